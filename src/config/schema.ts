@@ -74,6 +74,7 @@ export const RouteSchema = z
       .describe('Which requests the route takes; routes are tried in file order and the first match wins.'),
     targets: z.array(TargetSchema).min(1).describe('Targets in order: the primary first.'),
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),
+    minAttemptMs: ms('A wait (backoff, wait hint) is only taken if at least this much time is left for the attempt after it, before the deadline; otherwise the gateway answers at once. Default: 1000.').default(1000),
     deadlineMarginMs: ms('Time kept back before the client\'s deadline so the gateway answers before the client gives up. Optional; default: the larger of 250 ms and 5% of the deadline.').optional(),
     retry: RetrySchema.default({
       maxAttempts: 3,

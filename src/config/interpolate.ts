@@ -1,0 +1,118 @@
+// `${VAR}` and `${VAR:-default}` in config values. This runs on the parsed YAML tree, one string scalar at a
+// time, so an environment value can never add keys or change the file's structure; keys are never interpolated.
+import { isMap, isScalar, isSeq, type Document, type Node, type Scalar, type ScalarTag } from 'yaml';
+
+type Part = { literal: string } | { name: string; fallback?: string };
+
+/** A reference that could not be resolved, with the YAML path of the value that holds it. */
+export interface InterpolationIssue {
+  path: Array<string | number>;
+  node: Node;
+  message: string;
+  /** Set when the problem is an unset variable. */
+  missingVar?: string;
+}
+
+const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** Splits a value into literals and references; `$${` is a literal `${`. Throws on a malformed reference. */
+export function parseTemplate(value: string): Part[] {
+  const parts: Part[] = [];
+  let literal = '';
+  let i = 0;
+  while (i < value.length) {
+    if (value.startsWith('$${', i)) {
+      literal += '${';
+      i += 3;
+    } else if (value.startsWith('${', i)) {
+      const end = value.indexOf('}', i + 2);
+      if (end === -1) throw new Error(`unterminated "\${" in "${value}"; write "$\${" for a literal "\${"`);
+      const body = value.slice(i + 2, end);
+      const sep = body.indexOf(':-');
+      const name = sep === -1 ? body : body.slice(0, sep);
+      if (!NAME.test(name)) {
+        throw new Error(`invalid reference "\${${body}}"; expected \${NAME} or \${NAME:-default}`);
+      }
+      if (literal) parts.push({ literal });
+      literal = '';
+      parts.push(sep === -1 ? { name } : { name, fallback: body.slice(sep + 2) });
+      i = end + 1;
+    } else {
+      literal += value[i];
+      i += 1;
+    }
+  }
+  if (literal) parts.push({ literal });
+  return parts;
+}
+
+/**
+ * Replaces references in every string value of `doc`, in place. `${VAR}` needs VAR set (an empty value is kept);
+ * `${VAR:-default}` takes the default when VAR is unset or empty, as the shell does. An unset VAR becomes ""
+ * so that validation can still report the file's other problems.
+ */
+export function interpolateDocument(doc: Document, env: NodeJS.ProcessEnv = process.env): InterpolationIssue[] {
+  const issues: InterpolationIssue[] = [];
+  forEachStringScalar(doc.contents, [], (node, path) => {
+    let parts: Part[];
+    try {
+      parts = parseTemplate(node.value as string);
+    } catch (err) {
+      issues.push({ path, node, message: (err as Error).message });
+      return;
+    }
+    if (parts.every((p) => 'literal' in p) && !(node.value as string).includes('$${')) return;
+    let out = '';
+    for (const part of parts) {
+      if ('literal' in part) out += part.literal;
+      else if (part.fallback !== undefined) out += env[part.name] || part.fallback;
+      else if (env[part.name] !== undefined) out += env[part.name];
+      else issues.push({ path, node, message: `environment variable ${part.name} is not set`, missingVar: part.name });
+    }
+    node.value = node.type === 'PLAIN' ? resolvePlain(doc, out) : out;
+  });
+  return issues;
+}
+
+/** Names of the variables the document references, each once, in file order. */
+export function referencedEnvVars(doc: Document): string[] {
+  const names = new Set<string>();
+  forEachStringScalar(doc.contents, [], (node) => {
+    try {
+      for (const part of parseTemplate(node.value as string)) if ('name' in part) names.add(part.name);
+    } catch {
+      // A malformed reference names no variable; interpolateDocument reports it.
+    }
+  });
+  return [...names];
+}
+
+// An unquoted `port: ${PORT:-8080}` should read as if 8080 were written there, so a plain scalar's result gets
+// YAML's own scalar typing (number, boolean, null); quoted scalars stay strings. Only scalar tags are tried,
+// so the result is never a collection.
+function resolvePlain(doc: Document, value: string): unknown {
+  for (const tag of doc.schema.tags) {
+    const scalarTag = tag as ScalarTag;
+    if (!scalarTag.collection && scalarTag.default && scalarTag.test?.test(value)) {
+      return scalarTag.resolve(value, () => {}, {});
+    }
+  }
+  return value;
+}
+
+function forEachStringScalar(
+  node: unknown,
+  path: Array<string | number>,
+  visit: (node: Scalar, path: Array<string | number>) => void,
+): void {
+  if (isMap(node)) {
+    for (const pair of node.items) {
+      const key = isScalar(pair.key) ? String(pair.key.value) : String(pair.key);
+      forEachStringScalar(pair.value, [...path, key], visit);
+    }
+  } else if (isSeq(node)) {
+    node.items.forEach((item, i) => forEachStringScalar(item, [...path, i], visit));
+  } else if (isScalar(node) && typeof node.value === 'string') {
+    visit(node, path);
+  }
+}

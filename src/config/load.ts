@@ -1,0 +1,95 @@
+// Reads the gateway's YAML config: parse, interpolate ${ENV}, validate, and report every problem at once
+// with the file and line, so a bad config fails at startup with a message that says what to fix.
+import { readFileSync } from 'node:fs';
+import { LineCounter, parseDocument, type Document } from 'yaml';
+import { ConfigError, formatPath, type ConfigIssue } from './errors.ts';
+import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
+import { keyAtOffset, lineOf } from './locate.ts';
+import { ConfigSchema, type Config } from './schema.ts';
+import { describeZodIssues } from './zod-issues.ts';
+
+export { ConfigError, type ConfigIssue } from './errors.ts';
+
+/** Loads and validates a config file; throws ConfigError listing every problem. */
+export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.env): Config {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new ConfigError(file, [{ path: '', message: `cannot read the config file: ${(err as Error).message}` }]);
+  }
+  return parseConfig(text, file, env);
+}
+
+/** Validates config text; `file` is only used in messages. Throws ConfigError listing every problem. */
+export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv = process.env): Config {
+  const lineCounter = new LineCounter();
+  const doc = parseYaml(text, file, lineCounter);
+  const locate = (path: readonly PropertyKey[]) => lineOf(doc, lineCounter, path);
+
+  const envIssues = interpolateDocument(doc, env);
+  const missingEnv = [...new Set(envIssues.flatMap((i) => (i.missingVar ? [i.missingVar] : [])))];
+  const issues: Array<ConfigIssue & { at: readonly PropertyKey[] }> = envIssues.map((i) => ({
+    at: i.path,
+    path: formatPath(i.path),
+    line: locate(i.path),
+    message: i.message,
+  }));
+
+  let data: unknown;
+  try {
+    data = doc.toJS({ maxAliasCount: 100 });
+  } catch (err) {
+    // Unknown aliases and alias bombs only surface when the tree is built.
+    throw new ConfigError(file, [{ path: '', message: (err as Error).message }]);
+  }
+  if (data === null || data === undefined) {
+    throw new ConfigError(file, [{ path: '', line: 1, message: 'the file is empty; expected a mapping with `providers` and `routes`' }]);
+  }
+
+  const result = ConfigSchema.safeParse(data);
+  if (result.success && issues.length === 0) return result.data;
+  for (const issue of result.success ? [] : describeZodIssues(ConfigSchema, result.error.issues, data)) {
+    // A value whose reference failed already has its issue; what zod says about the "" left behind is noise.
+    const at = issue.at ?? issue.path;
+    if (issues.some((i) => startsWith(at, i.at))) continue;
+    issues.push({ at, path: formatPath(issue.path), line: locate(at), message: issue.message });
+  }
+  throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv);
+}
+
+/** Names of the environment variables a config text references, for `--check`-style reporting. */
+export function configEnvVars(text: string): string[] {
+  return referencedEnvVars(parseDocument(text));
+}
+
+function parseYaml(text: string, file: string, lineCounter: LineCounter): Document {
+  const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true });
+  const problems = [...doc.errors, ...doc.warnings];
+  if (problems.length === 0) return doc;
+  throw new ConfigError(
+    file,
+    problems.map((e) => {
+      const pos = e.linePos?.[0];
+      // prettyErrors appends "at line L, column C:" and a source excerpt; the location goes in front instead.
+      let message = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '');
+      let path = '';
+      if (e.code === 'DUPLICATE_KEY') {
+        const dup = keyAtOffset(doc, e.pos[0]);
+        if (dup) {
+          message = `duplicate key "${dup.key}"`;
+          path = formatPath(dup.path);
+        }
+      }
+      return { path, line: pos?.line, col: pos?.col, message };
+    }),
+  );
+}
+
+function startsWith(path: readonly PropertyKey[], prefix: readonly PropertyKey[]): boolean {
+  return prefix.length <= path.length && prefix.every((seg, i) => String(seg) === String(path[i]));
+}
+
+function sortByLine(issues: ConfigIssue[]): ConfigIssue[] {
+  return [...issues].sort((a, b) => (a.line ?? Number.MAX_SAFE_INTEGER) - (b.line ?? Number.MAX_SAFE_INTEGER));
+}

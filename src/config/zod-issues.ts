@@ -1,0 +1,133 @@
+// Turns zod's issues into plain sentences about the YAML file: what was expected, what was found.
+import type { core } from 'zod';
+import { closest, explainUnknownKey } from './unknown-key.ts';
+
+/**
+ * A zod issue restated for a config file. `path` is the data path the message is about; `at`, when set, is a
+ * more precise place to point at (the unknown key itself rather than the object that holds it).
+ */
+export interface PlainIssue {
+  path: PropertyKey[];
+  at?: PropertyKey[];
+  message: string;
+}
+
+// Values at these keys may be credentials, so messages never repeat them.
+const SECRET_KEY = /key|token|secret|password|credential/i;
+
+export function describeZodIssues(root: core.$ZodType, issues: readonly core.$ZodIssue[], data: unknown): PlainIssue[] {
+  return issues.flatMap((issue) => describe(root, issue, [], data));
+}
+
+function describe(root: core.$ZodType, issue: core.$ZodIssue, base: PropertyKey[], data: unknown): PlainIssue[] {
+  const path = [...base, ...issue.path];
+  const value = valueAt(data, path);
+  switch (issue.code) {
+    case 'unrecognized_keys':
+      return issue.keys.map((key) => ({ path, at: [...path, key], message: explainUnknownKey(root, path, key) }));
+    case 'invalid_union':
+      return describeUnion(root, issue, path, data);
+    case 'invalid_key':
+      return [{ path, message: `invalid name "${String(path.at(-1))}": ${issue.issues.map((i) => briefly(i, undefined, [])).join('; ')}` }];
+    default:
+      if (issue.code === 'invalid_type' && value === undefined && path.length > 0) {
+        return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected)})` }];
+      }
+      return [{ path, message: briefly(issue, value, path) }];
+  }
+}
+
+// A union lists what each option wanted, unless the value had the right type for exactly one option:
+// then that option's complaint is the useful one (`600` in retryOn is a number, so "must be <= 599").
+function describeUnion(
+  root: core.$ZodType,
+  issue: core.$ZodIssueInvalidUnion,
+  path: PropertyKey[],
+  data: unknown,
+): PlainIssue[] {
+  const value = valueAt(data, path);
+  const typed = issue.errors.filter((branch) => branch.every((i) => i.path.length > 0 || fitsType(i, value)));
+  if (typed.length === 1) return typed[0]!.flatMap((i) => describe(root, i, path, data));
+  const wanted = issue.errors.map((branch) => {
+    const first = branch[0];
+    if (first?.code === 'invalid_type') return typeName(first.expected);
+    if (first?.code === 'invalid_value') return `one of: ${first.values.map(String).join(', ')}`;
+    return first ? briefly(first, undefined, []) : 'something else';
+  });
+  return [{ path, message: `expected ${wanted.join(' or ')}${received(value, path)}` }];
+}
+
+// Whether a root-level issue means "right type, wrong value" rather than "wrong type".
+function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
+  if (issue.code === 'invalid_type') return false;
+  if (issue.code === 'invalid_value') return issue.values.some((v) => typeof v === typeof value);
+  return true;
+}
+
+function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
+  switch (issue.code) {
+    case 'invalid_type':
+      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}`;
+    case 'invalid_value': {
+      const options = issue.values.map(String);
+      const guess = typeof value === 'string' ? closest(value, options) : undefined;
+      return `expected one of: ${options.join(', ')}${received(value, path)}${guess ? `; did you mean "${guess}"?` : ''}`;
+    }
+    case 'too_small':
+    case 'too_big':
+      return bound(issue, value);
+    case 'invalid_format':
+      return invalidFormat(issue, value, path);
+    default:
+      return stripPrefix(issue.message);
+  }
+}
+
+function bound(issue: core.$ZodIssueTooSmall | core.$ZodIssueTooBig, value: unknown): string {
+  const small = issue.code === 'too_small';
+  const limit = Number(small ? issue.minimum : issue.maximum);
+  const op = small ? (issue.inclusive ? '>=' : '>') : issue.inclusive ? '<=' : '<';
+  if (issue.origin === 'array') return small ? `needs at least ${limit} item${limit === 1 ? '' : 's'}` : `takes at most ${limit} items`;
+  if (issue.origin === 'string') return small && limit === 1 ? 'must not be empty' : `length must be ${op} ${limit}`;
+  if (issue.origin === 'number') return `must be ${op} ${limit}, got ${String(value)}`;
+  return stripPrefix(issue.message);
+}
+
+function invalidFormat(issue: core.$ZodIssueInvalidStringFormat, value: unknown, path: PropertyKey[]): string {
+  const got = received(value, path);
+  if (issue.format === 'url') return `expected a URL such as https://api.example.com/v1${got}`;
+  if (issue.format === 'starts_with' && 'prefix' in issue) return `must start with "${String(issue.prefix)}"${got}`;
+  // A regex with its own message ("letters, digits...") says what is allowed; zod's default only says "Invalid".
+  if (issue.format === 'regex' && !issue.message.startsWith('Invalid')) return `expected ${issue.message}${got}`;
+  return `${stripPrefix(issue.message)}${got}`;
+}
+
+function received(value: unknown, path: PropertyKey[]): string {
+  if (value === undefined) return '';
+  if (typeof value === 'string' && SECRET_KEY.test(String(path.at(-1)))) return ', received a string';
+  if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
+  return `, received ${kindOf(value)}`;
+}
+
+function typeName(expected: string): string {
+  return expected === 'int' ? 'integer' : expected;
+}
+
+function kindOf(value: unknown): string {
+  if (value === null) return 'null (empty value)';
+  if (Array.isArray(value)) return 'array';
+  return typeof value;
+}
+
+function stripPrefix(message: string): string {
+  return message.replace(/^(Invalid input|Invalid string|Too small|Too big): /, '');
+}
+
+function valueAt(data: unknown, path: readonly PropertyKey[]): unknown {
+  let v = data;
+  for (const seg of path) {
+    if (v === null || typeof v !== 'object') return undefined;
+    v = (v as Record<PropertyKey, unknown>)[seg];
+  }
+  return v;
+}

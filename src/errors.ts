@@ -1,0 +1,108 @@
+// One table of the gateway's own errors and one builder of the OpenAI error body: every path uses these,
+// so clients and SDKs always see `{"error":{"message","type","param","code"}}` with a status that fits.
+
+export type OpenAIErrorType = 'invalid_request_error' | 'server_error' | 'rate_limit_error' | 'authentication_error';
+
+export interface OpenAIErrorBody {
+  error: { message: string; type: string; param: string | null; code: string | null };
+}
+
+interface ErrorDef {
+  status: number;
+  type: OpenAIErrorType;
+}
+
+/** Every error code the gateway itself answers with. The README's "Errors" table lists the same codes (a test checks). */
+export const ERROR_CODES = {
+  invalid_json: { status: 400, type: 'invalid_request_error' },
+  invalid_body: { status: 400, type: 'invalid_request_error' },
+  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  request_too_large: { status: 413, type: 'invalid_request_error' },
+  unknown_url: { status: 404, type: 'invalid_request_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
+  model_not_found: { status: 404, type: 'invalid_request_error' },
+  upstream_auth_error: { status: 502, type: 'server_error' },
+  upstream_unavailable: { status: 502, type: 'server_error' },
+  upstream_bad_response: { status: 502, type: 'server_error' },
+  upstream_timeout: { status: 504, type: 'server_error' },
+  deadline_exceeded: { status: 504, type: 'server_error' },
+  stream_interrupted: { status: 502, type: 'server_error' },
+  internal_error: { status: 500, type: 'server_error' },
+} as const satisfies Record<string, ErrorDef>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** An error the gateway answers with. `headers` carries retry-after and friends; x-should-retry is decided by `shouldRetry`. */
+export class GatewayError extends Error {
+  readonly status: number;
+  readonly type: string;
+  readonly param: string | null;
+  /** True only when the gateway itself asks the client to come back after a known, short wait. */
+  readonly shouldRetry: boolean;
+  /** Wait the client should observe before coming back, when known. */
+  readonly retryAfterMs: number | undefined;
+
+  constructor(
+    readonly code: ErrorCode,
+    message: string,
+    opts: { param?: string | null; shouldRetry?: boolean; retryAfterMs?: number; status?: number } = {},
+  ) {
+    super(message);
+    const def = ERROR_CODES[code];
+    this.status = opts.status ?? def.status;
+    this.type = def.type;
+    this.param = opts.param ?? null;
+    this.shouldRetry = opts.shouldRetry ?? false;
+    this.retryAfterMs = opts.retryAfterMs;
+  }
+
+  toBody(): OpenAIErrorBody {
+    return errorBody(this.message, this.type, this.code, this.param);
+  }
+}
+
+export function errorBody(message: string, type: string, code: string | null, param: string | null = null): OpenAIErrorBody {
+  return { error: { message, type, param, code } };
+}
+
+/** The x-should-retry rule in one place: only a short wait the gateway knows the end of invites the SDK back. */
+export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefined): Record<string, string> {
+  const headers: Record<string, string> = { 'x-should-retry': 'false' };
+  if (retryAfterMs !== undefined) {
+    headers['retry-after-ms'] = String(Math.ceil(retryAfterMs));
+    headers['retry-after'] = String(Math.ceil(retryAfterMs / 1000));
+    // The OpenAI SDK ignores hints over 60 s and would then use its own backoff: never invite that.
+    if (shouldRetry && retryAfterMs <= 60_000) headers['x-should-retry'] = 'true';
+  }
+  return headers;
+}
+
+/**
+ * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error passes
+ * as it is; anything else (an HTML page from a load balancer, an Anthropic-shaped body) is wrapped.
+ */
+export function normaliseUpstreamErrorBody(status: number, raw: Buffer | undefined): OpenAIErrorBody {
+  if (raw && raw.length > 0) {
+    try {
+      const parsed = JSON.parse(raw.toString('utf8')) as unknown;
+      if (isOpenAIErrorBody(parsed)) {
+        const e = parsed.error;
+        return errorBody(e.message, e.type ?? 'server_error', e.code ?? null, e.param ?? null);
+      }
+      const anthropic = parsed as { type?: unknown; error?: { type?: unknown; message?: unknown } };
+      if (anthropic?.type === 'error' && typeof anthropic.error?.message === 'string') {
+        return errorBody(anthropic.error.message, String(anthropic.error.type ?? 'server_error'), String(anthropic.error.type ?? '') || null);
+      }
+    } catch {
+      // not JSON: fall through to the wrapped form
+    }
+  }
+  const type = status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
+  const text = raw ? raw.toString('utf8', 0, Math.min(raw.length, 200)).replace(/\s+/g, ' ').trim() : '';
+  return errorBody(`upstream answered ${status}${text ? `: ${text}` : ''}`, type, null);
+}
+
+function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: string; code?: string | null; param?: string | null } } {
+  const e = (v as { error?: { message?: unknown } } | null)?.error;
+  return typeof e === 'object' && e !== null && typeof e.message === 'string';
+}

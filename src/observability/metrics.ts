@@ -1,0 +1,60 @@
+// Every stormgate_* metric, in one file. Labels are bounded: route and target names come from the config,
+// reasons and outcomes from fixed sets; never user ids or raw model strings from clients.
+import { Counter, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+export interface Metrics {
+  readonly registry: Registry;
+  readonly requests: Counter<'route' | 'target' | 'outcome'>;
+  readonly upstreamAttempts: Counter<'target' | 'status_class'>;
+  readonly retries: Counter<'route' | 'target' | 'reason'>;
+  readonly requestDuration: Histogram<'route' | 'attempt'>;
+  readonly ttft: Histogram<'route'>;
+  readonly streamEnds: Counter<'route' | 'end'>;
+}
+
+export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics {
+  const registry = new Registry();
+  if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: registry });
+  const registers = [registry];
+  return {
+    registry,
+    requests: new Counter({
+      name: 'stormgate_requests_total',
+      help: 'Client requests answered, by route, the target that answered, and outcome.',
+      labelNames: ['route', 'target', 'outcome'] as const,
+      registers,
+    }),
+    upstreamAttempts: new Counter({
+      name: 'stormgate_upstream_attempts_total',
+      help: 'Requests sent upstream, by target and status class (2xx, 4xx, 5xx, network, timeout, aborted).',
+      labelNames: ['target', 'status_class'] as const,
+      registers,
+    }),
+    retries: new Counter({
+      name: 'stormgate_retry_count_total',
+      help: 'Retries the gateway made, by route, target and the reason of the failed attempt.',
+      labelNames: ['route', 'target', 'reason'] as const,
+      registers,
+    }),
+    requestDuration: new Histogram({
+      name: 'stormgate_request_duration_seconds',
+      help: 'Time from a request arriving to its answer starting, by whether it needed a retry.',
+      labelNames: ['route', 'attempt'] as const,
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+      registers,
+    }),
+    ttft: new Histogram({
+      name: 'stormgate_ttft_seconds',
+      help: 'Time to the first output event of streamed answers.',
+      labelNames: ['route'] as const,
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30],
+      registers,
+    }),
+    streamEnds: new Counter({
+      name: 'stormgate_stream_ends_total',
+      help: 'How streamed answers ended: complete, done-added, cut, stalled, upstream-error, client-gone.',
+      labelNames: ['route', 'end'] as const,
+      registers,
+    }),
+  };
+}

@@ -1,0 +1,177 @@
+// One upstream attempt: send, time it, and report the outcome. For a stream the attempt ends at the first
+// output-bearing event (or its failure); what follows is the LiveStream's job. Timers run on this attempt's own
+// AbortController, linked to the request's signal (client gone or deadline).
+import type { Dispatcher } from 'undici';
+import type { ProviderClient } from '../providers/provider-client.ts';
+import type { AttemptOutcome } from '../policy/outcome.ts';
+import { parseWaitHint } from '../policy/wait-hint.ts';
+import { transportOutcome } from '../providers/transport-errors.ts';
+import type { ApiKind } from '../routing/router.ts';
+import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { eventMeaning } from '../streaming/stream-events.ts';
+import { AttemptTimeout, ClientGone, DeadlineReached } from './abort-reasons.ts';
+import { LiveStream } from './live-stream.ts';
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+export interface AttemptRequest {
+  client: ProviderClient;
+  api: ApiKind;
+  path: string;
+  headers: Record<string, string>;
+  body: Buffer | string;
+  stream: boolean;
+  /** Aborted with ClientGone or DeadlineReached. */
+  requestSignal: AbortSignal;
+  now: () => number;
+}
+
+export interface AttemptResult {
+  outcome: AttemptOutcome;
+  status?: number;
+  headers?: HeaderBag;
+  /** The whole body of a finished answer, or (capped) of an error. */
+  body?: Buffer;
+  /** For a stream that produced its first output. */
+  stream?: LiveStream;
+  /** Time from sending to the first output event, for streams. */
+  ttftMs?: number;
+}
+
+/** Error bodies are read for classification and pass-through; a provider sending megabytes of error gets cut. */
+const MAX_ERROR_BODY_BYTES = 64 * 1024;
+
+export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
+  if (req.requestSignal.aborted) return { outcome: abortOutcome(req.requestSignal.reason) };
+  const ctl = new AbortController();
+  const forward = () => ctl.abort(req.requestSignal.reason);
+  req.requestSignal.addEventListener('abort', forward, { once: true });
+  const { firstTokenMs, responseMs } = req.client.config.timeouts;
+  const phase = req.stream ? 'first-token' : 'response';
+  const limitMs = req.stream ? firstTokenMs : responseMs;
+  const timer = limitMs === undefined ? undefined : setTimeout(() => ctl.abort(new AttemptTimeout(phase, limitMs)), limitMs);
+  const startedAt = req.now();
+  let handedOff = false;
+  const release = () => {
+    clearTimeout(timer);
+    req.requestSignal.removeEventListener('abort', forward);
+  };
+  try {
+    const res = await req.client.dispatcher.request({
+      path: req.path,
+      method: 'POST',
+      headers: req.headers,
+      body: req.body,
+      signal: ctl.signal,
+    });
+    const { statusCode: status, headers } = res;
+    if (status < 200 || status >= 300) {
+      const body = await readCapped(res.body, MAX_ERROR_BODY_BYTES);
+      return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
+    }
+    if (!req.stream || !isEventStream(headers)) {
+      const body = Buffer.from(await res.body.arrayBuffer());
+      return { outcome: { kind: 'ok', status }, status, headers, body };
+    }
+    const first = await readUntilFirstOutput(req.api, res.body);
+    if ('failure' in first) {
+      res.body.destroy();
+      return { outcome: { kind: 'bad-stream', detail: first.failure }, status, headers };
+    }
+    handedOff = true;
+    const stream = new LiveStream({
+      api: req.api,
+      head: first.head,
+      pending: first.pending,
+      parser: first.parser,
+      iterator: first.iterator,
+      controller: ctl,
+      requestSignal: req.requestSignal,
+      detach: release,
+      idleMs: req.client.config.timeouts.idleMs,
+    });
+    return { outcome: { kind: 'ok', status }, status, headers, stream, ttftMs: req.now() - startedAt };
+  } catch (err) {
+    if (ctl.signal.aborted) return { outcome: abortOutcome(ctl.signal.reason) };
+    return { outcome: transportOutcome(err) };
+  } finally {
+    if (!handedOff) {
+      release();
+      // Nothing may keep the socket busy after the attempt: abort whatever is still in flight.
+      if (!ctl.signal.aborted) ctl.abort();
+    }
+  }
+}
+
+export function abortOutcome(reason: unknown): AttemptOutcome {
+  if (reason instanceof AttemptTimeout) return { kind: 'timeout', phase: reason.phase };
+  if (reason instanceof DeadlineReached) return { kind: 'aborted', by: 'deadline' };
+  if (reason instanceof ClientGone) return { kind: 'aborted', by: 'client' };
+  return { kind: 'aborted', by: 'client' };
+}
+
+function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
+  return { kind: 'http', status, errorCode: errorCodeOf(body), hint: parseWaitHint(headers, nowMs) };
+}
+
+/** The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. */
+function errorCodeOf(body: Buffer): string | null {
+  if (body.length === 0) return null;
+  try {
+    const parsed = JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } };
+    const code = parsed?.error?.code ?? parsed?.error?.type;
+    return typeof code === 'string' ? code : null;
+  } catch {
+    return null;
+  }
+}
+
+function isEventStream(headers: HeaderBag): boolean {
+  const ct = headers['content-type'];
+  return (Array.isArray(ct) ? ct[0] : ct)?.startsWith('text/event-stream') ?? false;
+}
+
+async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    const buf = chunk as Buffer;
+    if (size + buf.length > maxBytes) {
+      chunks.push(buf.subarray(0, maxBytes - size));
+      body.destroy();
+      break;
+    }
+    chunks.push(buf);
+    size += buf.length;
+  }
+  return Buffer.concat(chunks);
+}
+
+type FirstOutput =
+  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer> }
+  | { failure: string };
+
+/** Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order. */
+async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body']): Promise<FirstOutput> {
+  const parser = new SseParser();
+  const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let head = '';
+  for (;;) {
+    const { value, done } = await iterator.next();
+    if (done) return { failure: 'stream ended before any output' };
+    const events = parser.push(value);
+    for (let i = 0; i < events.length; i++) {
+      const ev = events[i]!;
+      const meaning = eventMeaning(api, ev);
+      if (meaning === 'malformed') return { failure: 'malformed event before any output' };
+      if (meaning === 'error') return { failure: 'error event before any output' };
+      if (meaning === 'done') return { failure: 'stream ended before any output' };
+      head += `${ev.raw}\n\n`;
+      if (meaning === 'output' || meaning === 'finish') {
+        // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
+        head = head.slice(0, head.length - ev.raw.length - 2);
+        return { head, pending: events.slice(i), parser, iterator };
+      }
+    }
+  }
+}

@@ -1,0 +1,134 @@
+// A stream whose first output has arrived: from here on the gateway only passes events through as they come.
+// It never retries (bytes have reached the client) and never ends a broken answer cleanly: a cut or a stall ends
+// with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
+import { type ApiKind } from '../routing/router.ts';
+import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
+import { eventMeaning, streamErrorEvent, usesDoneSentinel } from '../streaming/stream-events.ts';
+import { AttemptTimeout } from './abort-reasons.ts';
+
+export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone';
+
+export interface StreamEnd {
+  kind: StreamEndKind;
+  events: number;
+  droppedMalformed: number;
+}
+
+export interface LiveStreamOptions {
+  api: ApiKind;
+  /** Events before the first output (role chunk, pings), already framed. */
+  head: string;
+  /** Events already parsed, starting with the first output event. */
+  pending: SseEvent[];
+  parser: SseParser;
+  iterator: AsyncIterator<Buffer>;
+  controller: AbortController;
+  requestSignal: AbortSignal;
+  /** Releases the attempt's listeners once the stream is over. */
+  detach: () => void;
+  idleMs: number;
+}
+
+/** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
+const AFTER_FINISH_GRACE_MS = 1_000;
+
+export class LiveStream {
+  #ended: StreamEnd | undefined;
+  readonly #opts: LiveStreamOptions;
+  onEnd: ((end: StreamEnd) => void) | undefined;
+
+  constructor(opts: LiveStreamOptions) {
+    this.#opts = opts;
+  }
+
+  /** The text to write to the client, event by event. Stopping the iteration early (client gone) aborts upstream. */
+  async *body(): AsyncGenerator<string> {
+    const { api, controller, iterator, parser } = this.#opts;
+    let events = 0;
+    let dropped = 0;
+    let finished = false;
+    let kind: StreamEndKind = 'client-gone';
+    let idle = this.#armIdle(this.#opts.idleMs);
+    // One pass over a batch of events; returns true when the answer is over.
+    const take = (batch: SseEvent[], out: string[]): boolean => {
+      for (const ev of batch) {
+        const meaning = eventMeaning(api, ev);
+        if (meaning === 'malformed') {
+          dropped++;
+          continue;
+        }
+        events++;
+        out.push(`${ev.raw}\n\n`);
+        if (meaning === 'done') {
+          kind = 'complete';
+          return true;
+        }
+        if (meaning === 'error') {
+          kind = 'upstream-error';
+          return true;
+        }
+        if (meaning === 'finish') {
+          finished = true;
+          if (!usesDoneSentinel(api)) {
+            kind = 'complete';
+            return true;
+          }
+          clearTimeout(idle);
+          idle = this.#armIdle(Math.min(AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
+        }
+      }
+      return false;
+    };
+    try {
+      const out: string[] = [this.#opts.head];
+      let over = take(this.#opts.pending, out);
+      yield out.join('');
+      while (!over) {
+        const { value, done } = await iterator.next();
+        if (done) break;
+        idle.refresh();
+        const batch: string[] = [];
+        over = take(parser.push(value), batch);
+        if (batch.length > 0) yield batch.join('');
+      }
+      if (!over) {
+        const tail = parser.flush();
+        const batch: string[] = [];
+        over = tail ? take([tail], batch) : false;
+        if (batch.length > 0) yield batch.join('');
+      }
+      if (!over) {
+        kind = finished ? 'done-added' : 'cut';
+        yield finished ? 'data: [DONE]\n\n' : streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
+      }
+    } catch (err) {
+      const reason: unknown = controller.signal.reason;
+      if (this.#opts.requestSignal.aborted) {
+        kind = 'client-gone';
+      } else if (reason instanceof AttemptTimeout && finished) {
+        kind = 'done-added';
+        yield 'data: [DONE]\n\n';
+      } else if (reason instanceof AttemptTimeout) {
+        kind = 'stalled';
+        yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
+      } else {
+        kind = 'cut';
+        yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
+      }
+    } finally {
+      clearTimeout(idle);
+      if (!controller.signal.aborted) controller.abort();
+      this.#opts.detach();
+      this.#ended = { kind, events, droppedMalformed: dropped };
+      this.onEnd?.(this.#ended);
+    }
+  }
+
+  get ended(): StreamEnd | undefined {
+    return this.#ended;
+  }
+
+  #armIdle(ms: number): NodeJS.Timeout {
+    return setTimeout(() => this.#opts.controller.abort(new AttemptTimeout('idle', ms)), ms);
+  }
+}

@@ -1,0 +1,63 @@
+// How long the gateway may spend on one request. The client's own timeout wins when it is shorter: an SDK that
+// times out by itself retries whatever the gateway would have said, so the gateway must answer first.
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+export interface DeadlineInputs {
+  routeTimeoutMs: number;
+  /** The route's configured margin; undefined means max(250 ms, 5% of the budget). */
+  marginMs: number | undefined;
+  headers: HeaderBag;
+}
+
+export interface Deadline {
+  /** Time the gateway may spend, margin already taken off. */
+  budgetMs: number;
+  /** The smallest timeout that applied, before the margin. */
+  timeoutMs: number;
+  /** Which timeout won, for logs. */
+  source: 'route' | 'x-stormgate-timeout-ms' | 'x-stainless-timeout' | 'x-stainless-read-timeout';
+}
+
+const MIN_MARGIN_MS = 250;
+const MARGIN_SHARE = 0.05;
+
+export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineInputs): Deadline {
+  let timeoutMs = routeTimeoutMs;
+  let source: Deadline['source'] = 'route';
+  const consider = (ms: number | undefined, from: Deadline['source']) => {
+    if (ms !== undefined && ms < timeoutMs) {
+      timeoutMs = ms;
+      source = from;
+    }
+  };
+  consider(positiveNumber(header(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
+  consider(stainlessSeconds(header(headers, 'x-stainless-timeout')), 'x-stainless-timeout');
+  consider(stainlessSeconds(header(headers, 'x-stainless-read-timeout')), 'x-stainless-read-timeout');
+  const margin = marginMs ?? Math.max(MIN_MARGIN_MS, Math.round(timeoutMs * MARGIN_SHARE));
+  // A margin larger than the timeout would leave nothing: keep at least a sliver so the request is tried.
+  const budgetMs = Math.max(Math.min(timeoutMs, 50), timeoutMs - margin);
+  return { budgetMs, timeoutMs, source };
+}
+
+function header(headers: HeaderBag, name: string): string | undefined {
+  const v = headers[name];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+function positiveNumber(v: string | undefined): number | undefined {
+  if (v === undefined || v.trim() === '') return undefined;
+  const n = Number(v);
+  return Number.isFinite(n) && n > 0 ? n : undefined;
+}
+
+/**
+ * The SDKs send their timeout in seconds (the JS SDK truncates to whole seconds, so a sub-second timeout arrives as 0,
+ * which we read as 1 s; the Python SDK may send fractions).
+ */
+function stainlessSeconds(v: string | undefined): number | undefined {
+  if (v === undefined || v.trim() === '') return undefined;
+  const s = Number(v);
+  if (!Number.isFinite(s) || s < 0) return undefined;
+  return Math.max(s, 1) * 1000;
+}

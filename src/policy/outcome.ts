@@ -1,0 +1,105 @@
+// The one outcome table: every upstream outcome maps to what it means for retry (and, as later policies arrive,
+// for the breaker, adaptive limits and hold-offs). A new policy adds a column here, never a branch in the pipeline.
+import type { RetryOn } from '../config/schema.ts';
+import type { WaitHint } from './wait-hint.ts';
+
+/** Which per-attempt timer fired. */
+export type TimeoutPhase = 'connect' | 'headers' | 'first-token' | 'idle' | 'response';
+
+/** What one attempt ended with, as seen by the pipeline. */
+export type AttemptOutcome =
+  | { kind: 'ok'; status: number }
+  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined }
+  | { kind: 'network'; code: string }
+  | { kind: 'timeout'; phase: TimeoutPhase }
+  /** The stream broke before its first output event: a malformed event, an error event, or an early end. */
+  | { kind: 'bad-stream'; detail: string }
+  | { kind: 'aborted'; by: 'client' | 'deadline' };
+
+export type OutcomeClass =
+  | 'success'
+  | 'client-error'
+  | 'context-length'
+  | 'content-policy'
+  | 'credentials'
+  | 'rate-limited'
+  | 'server-error'
+  | 'overloaded'
+  | 'network'
+  | 'timeout'
+  | 'bad-stream'
+  | 'aborted';
+
+interface OutcomeRow {
+  /** May this class be retried at all (then `retryOn` decides)? */
+  retryable: boolean;
+  /** Does the client get the upstream's own status and body (its request was wrong), or the gateway's error? */
+  passThrough: boolean;
+}
+
+/** Columns grow with later policies (breaker, adaptive limits, hold-offs, fallback). */
+export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
+  success: { retryable: false, passThrough: true },
+  'client-error': { retryable: true, passThrough: true }, // only statuses listed in retryOn (e.g. 408, 409), never NEVER_RETRY
+  'context-length': { retryable: false, passThrough: true },
+  'content-policy': { retryable: false, passThrough: true },
+  credentials: { retryable: false, passThrough: false }, // the gateway's key or billing: the provider's body can echo the key
+  'rate-limited': { retryable: true, passThrough: true },
+  'server-error': { retryable: true, passThrough: true },
+  overloaded: { retryable: true, passThrough: true },
+  network: { retryable: true, passThrough: false },
+  timeout: { retryable: true, passThrough: false },
+  'bad-stream': { retryable: true, passThrough: false },
+  aborted: { retryable: false, passThrough: false },
+};
+
+/** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */
+const NEVER_RETRY = new Set([400, 401, 403, 404, 422]);
+const CONTEXT_LENGTH_CODES = new Set(['context_length_exceeded', 'string_above_max_length']);
+const CONTENT_POLICY_CODES = new Set(['content_policy_violation', 'content_filter']);
+
+export interface Classification {
+  cls: OutcomeClass;
+  /** Which `retryOn` entry governs this outcome; null when none can. */
+  retryKey: RetryOn | null;
+  /** Short, bounded reason for x-retry-reason, logs and metric labels. */
+  reason: string;
+}
+
+export function classify(outcome: AttemptOutcome): Classification {
+  switch (outcome.kind) {
+    case 'ok':
+      return { cls: 'success', retryKey: null, reason: 'ok' };
+    case 'network':
+      return { cls: 'network', retryKey: 'network', reason: 'network' };
+    case 'timeout':
+      return { cls: 'timeout', retryKey: 'timeout', reason: `timeout_${outcome.phase.replace('-', '_')}` };
+    case 'bad-stream':
+      // A broken stream before any output is a broken answer in transit, like a reset connection.
+      return { cls: 'bad-stream', retryKey: 'network', reason: 'bad_stream' };
+    case 'aborted':
+      return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : 'deadline' };
+    case 'http':
+      return classifyStatus(outcome.status, outcome.errorCode);
+  }
+}
+
+function classifyStatus(status: number, errorCode: string | null): Classification {
+  const reason = `status_${status}`;
+  if (status === 401 || status === 403 || (status === 429 && errorCode === 'insufficient_quota')) {
+    return { cls: 'credentials', retryKey: null, reason: status === 429 ? 'insufficient_quota' : reason };
+  }
+  if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
+  if (errorCode && CONTEXT_LENGTH_CODES.has(errorCode)) return { cls: 'context-length', retryKey: null, reason: 'context_length' };
+  if (status === 429) return { cls: 'rate-limited', retryKey: 429, reason };
+  if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
+  if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
+  if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
+  // 1xx/3xx from an API endpoint: nothing the client can use; treat like a bad gateway.
+  return { cls: 'server-error', retryKey: 502, reason };
+}
+
+/** May this outcome be retried under the route's `retryOn`? */
+export function isRetryable(c: Classification, retryOn: readonly RetryOn[]): boolean {
+  return OUTCOME_TABLE[c.cls].retryable && c.retryKey !== null && retryOn.includes(c.retryKey);
+}

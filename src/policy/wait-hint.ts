@@ -1,0 +1,142 @@
+// Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
+// One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
+export type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset';
+
+export interface WaitHint {
+  /** Whole ms to wait, rounded up, at most MAX_WAIT_HINT_MS. */
+  delayMs: number;
+  source: WaitHintSource;
+  /** true when the hint may hold off a whole fleet (retry-after, retry-after-ms); x-ratelimit-reset-* are hints for the one request only */
+  fleetWide: boolean;
+}
+
+/** Response headers with lower-case names, as undici's `request()` returns them. */
+export type ResponseHeaders = Record<string, string | string[] | undefined>;
+
+/** Longest hint reported (24 h); longer valid hints are clamped, not dropped, so the caller still sees it must not wait. */
+export const MAX_WAIT_HINT_MS = 24 * 60 * 60 * 1000;
+
+type LimitHeaders = readonly (readonly [reset: string, remaining: string])[];
+const ANTHROPIC_LIMITS: LimitHeaders = ['requests', 'tokens', 'input-tokens', 'output-tokens']
+  .map(l => [`anthropic-ratelimit-${l}-reset`, `anthropic-ratelimit-${l}-remaining`] as const);
+const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimit-reset-${l}`, `x-ratelimit-remaining-${l}`] as const);
+
+/** The upstream's wait hint: the first present and valid of retry-after-ms, retry-after, anthropic-ratelimit-*-reset, x-ratelimit-reset-*; never throws. */
+export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
+  const retryAfterMs = header(headers, 'retry-after-ms');
+  const fromMs = retryAfterMs === undefined ? undefined : parseNonNegativeDecimal(retryAfterMs);
+  if (fromMs !== undefined) return hint(fromMs, 'retry-after-ms', true);
+
+  const retryAfter = header(headers, 'retry-after');
+  const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
+  if (fromRetryAfter !== undefined) return hint(fromRetryAfter, 'retry-after', true);
+
+  const anthropic = latestExhaustedResetMs(headers, ANTHROPIC_LIMITS, v => {
+    const atMs = parseRfc3339Ms(v);
+    return atMs === undefined ? undefined : atMs - nowMs;
+  });
+  if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
+
+  const openai = latestExhaustedResetMs(headers, OPENAI_LIMITS, parseDurationMs);
+  if (openai !== undefined) return hint(openai, 'x-ratelimit-reset', false);
+  return undefined;
+}
+
+/** Retry-After as delta-seconds (a non-negative decimal like "1.5" is accepted too) or an IMF-fixdate HTTP-date; a past date is 0. */
+export function parseRetryAfterMs(value: string, nowMs: number): number | undefined {
+  const seconds = parseNonNegativeDecimal(value);
+  if (seconds !== undefined) return seconds * 1000;
+  const at = parseImfFixdateMs(value.trim());
+  return at === undefined ? undefined : Math.max(0, at - nowMs);
+}
+
+// Go accepts both micro signs: U+00B5 and U+03BC.
+const GO_UNIT_MS: Record<string, number> = { ns: 1e-6, us: 1e-3, 'µs': 1e-3, 'μs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+const GO_PART = '(\\d+\\.?\\d*|\\.\\d+)(ns|us|µs|μs|ms|s|m|h)';
+const GO_DURATION = new RegExp(`^(?:${GO_PART})+$`);
+const GO_PARTS = new RegExp(GO_PART, 'g');
+
+/** A Go time.Duration string ("20ms", "6m0s", "1h2m3.5s", "0") in ms; undefined for negative or malformed values. */
+export function parseDurationMs(s: string): number | undefined {
+  let text = s.trim();
+  if (text.startsWith('+')) text = text.slice(1);
+  if (text === '0') return 0;
+  if (!GO_DURATION.test(text)) return undefined;
+  let total = 0;
+  for (const [, amount, unit] of text.matchAll(GO_PARTS)) total += Number(amount) * (GO_UNIT_MS[unit ?? ''] ?? Number.NaN);
+  return Number.isFinite(total) ? total : undefined;
+}
+
+function hint(delayMs: number, source: WaitHintSource, fleetWide: boolean): WaitHint {
+  return { delayMs: Math.min(MAX_WAIT_HINT_MS, Math.ceil(delayMs)), source, fleetWide };
+}
+
+function header(headers: ResponseHeaders, name: string): string | undefined {
+  const raw = headers[name];
+  const value = Array.isArray(raw) ? raw[0] : raw;
+  const trimmed = value?.trim();
+  return trimmed === undefined || trimmed === '' ? undefined : trimmed;
+}
+
+// Rejects what Number() would let through: "-1", "Infinity", "1e3", "0x10", "".
+function parseNonNegativeDecimal(value: string): number | undefined {
+  const text = value.trim();
+  if (!/^\d+(\.\d+)?$/.test(text)) return undefined;
+  const n = Number(text);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * The latest reset, in ms from now, among the limits that are used up.
+ * When the upstream sends any `remaining` header of the family, only limits whose remaining is 0 count: a reset of a limit
+ * with room left says nothing about this refusal, and waiting for it would over-wait. With no remaining headers every reset
+ * counts, and the latest one is the safe choice. Resets already past are skipped; none left means no hint from this family.
+ */
+function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined): number | undefined {
+  const anyRemaining = pairs.some(([, remaining]) => header(headers, remaining) !== undefined);
+  let latest: number | undefined;
+  for (const [reset, remaining] of pairs) {
+    if (anyRemaining && !isZero(header(headers, remaining))) continue;
+    const value = header(headers, reset);
+    const resetMs = value === undefined ? undefined : parseResetMs(value);
+    if (resetMs === undefined || resetMs < 0) continue;
+    if (latest === undefined || resetMs > latest) latest = resetMs;
+  }
+  return latest;
+}
+
+function isZero(value: string | undefined): boolean {
+  return value !== undefined && /^0+$/.test(value);
+}
+
+const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+const IMF_FIXDATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\d{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT$/;
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:([Zz])|([+-])(\d{2}):(\d{2}))$/;
+
+// A strict grammar instead of Date.parse, which reads "1" or "May 5" as dates in the local time zone.
+function parseImfFixdateMs(value: string): number | undefined {
+  const m = IMF_FIXDATE.exec(value);
+  if (m === null) return undefined;
+  return utcMs(Number(m[3]), MONTHS.indexOf(m[2] ?? ''), Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+}
+
+function parseRfc3339Ms(value: string): number | undefined {
+  const m = RFC3339.exec(value);
+  if (m === null) return undefined;
+  const at = utcMs(Number(m[1]), Number(m[2]) - 1, Number(m[3]), Number(m[4]), Number(m[5]), Number(m[6]));
+  if (at === undefined) return undefined;
+  const fractionMs = m[7] === undefined ? 0 : Number(m[7]) * 1000;
+  if (m[8] !== undefined) return at + fractionMs;
+  const offsetH = Number(m[10]), offsetM = Number(m[11]);
+  if (offsetH > 23 || offsetM > 59) return undefined;
+  const sign = m[9] === '-' ? -1 : 1;
+  return at + fractionMs - sign * (offsetH * 60 + offsetM) * 60_000;
+}
+
+// Date.UTC silently rolls "Feb 30" into March; the round trip rejects such dates. A leap second (:60) is read as :59.
+function utcMs(year: number, month: number, day: number, hour: number, minute: number, second: number): number | undefined {
+  if (month < 0 || month > 11 || hour > 23 || minute > 59 || second > 60) return undefined;
+  const at = Date.UTC(year, month, day, hour, minute, Math.min(second, 59));
+  const date = new Date(at);
+  return date.getUTCFullYear() === year && date.getUTCMonth() === month && date.getUTCDate() === day ? at : undefined;
+}

@@ -1,0 +1,52 @@
+// Which headers cross the gateway, in each direction. Allowlists, not denylists: the client's credentials,
+// cookies and hop-by-hop headers must never reach a provider, and the provider's account details never reach clients.
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+/** Client headers a provider may need (README: "Headers"). `x-stainless-*` describe the SDK and help provider support. */
+const FORWARD_REQUEST = new Set([
+  'accept',
+  'user-agent',
+  'openai-beta',
+  'anthropic-beta',
+  'traceparent',
+  'tracestate',
+  'baggage',
+  'idempotency-key',
+]);
+/** The SDK's timeout headers describe the client's deadline, which the gateway enforces itself. */
+const STAINLESS_SKIP = new Set(['x-stainless-timeout', 'x-stainless-read-timeout']);
+
+/** Upstream response headers the client sees; the SDKs expose x-request-id and provider support asks for it. */
+const FORWARD_RESPONSE = new Set([
+  'content-type',
+  'x-request-id',
+  'request-id',
+  'openai-processing-ms',
+  'openai-version',
+  'openai-model',
+]);
+
+export function forwardedRequestHeaders(client: HeaderBag): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name in client) {
+    const value = client[name];
+    if (value === undefined) continue;
+    if (FORWARD_REQUEST.has(name) || (name.startsWith('x-stainless-') && !STAINLESS_SKIP.has(name))) {
+      out[name] = Array.isArray(value) ? value.join(', ') : value;
+    }
+  }
+  return out;
+}
+
+export function forwardedResponseHeaders(upstream: HeaderBag): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name of FORWARD_RESPONSE) {
+    const value = upstream[name];
+    if (value !== undefined) out[name] = Array.isArray(value) ? value[0]! : value;
+  }
+  return out;
+}
+
+export const FORWARDED_REQUEST_HEADERS: readonly string[] = [...FORWARD_REQUEST, 'x-stainless-* (except x-stainless-timeout, x-stainless-read-timeout)'];
+export const FORWARDED_RESPONSE_HEADERS: readonly string[] = [...FORWARD_RESPONSE];

@@ -1,0 +1,59 @@
+// One keep-alive undici Pool per provider, and the provider's API family (how to address and authenticate it).
+// undici's own timers are coarse backstops here: the precise first-token, idle and response timers run on the
+// request's signal in pipeline/attempt.ts.
+import { Pool, type Dispatcher } from 'undici';
+import type { Config, ProviderConfig } from '../config/schema.ts';
+
+export interface ProviderClient {
+  readonly name: string;
+  readonly config: ProviderConfig;
+  readonly dispatcher: Dispatcher;
+  /** Upstream path for a client path under /v1 (the provider's base path replaces /v1). */
+  upstreamPath(clientPath: string, query: string): string;
+  /** Credential headers for the upstream request. */
+  authHeaders(): Record<string, string>;
+}
+
+export interface ProviderClientOptions {
+  /** Tests and embedders may pass their own dispatcher (e.g. an undici MockAgent). */
+  dispatcher?: Dispatcher;
+  /** Coarse backstop for headers and body reads, in ms: above every route timeout. */
+  backstopMs: number;
+}
+
+export function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
+  const url = new URL(config.baseUrl);
+  const basePath = url.pathname.replace(/\/+$/, '');
+  const dispatcher =
+    opts.dispatcher ??
+    new Pool(url.origin, {
+      // An unset `connections` means unlimited in undici: always bound it.
+      connections: config.maxConnections,
+      connect: { timeout: config.timeouts.connectMs },
+      headersTimeout: opts.backstopMs,
+      bodyTimeout: opts.backstopMs,
+      keepAliveTimeout: 30_000,
+    });
+  const auth = { authorization: `Bearer ${config.apiKey}` };
+  return {
+    name,
+    config,
+    dispatcher,
+    upstreamPath: (clientPath, query) => `${basePath}${clientPath.replace(/^\/v1(?=\/|$)/, '')}${query}`,
+    authHeaders: () => auth,
+  };
+}
+
+export function createProviderClients(config: Config, dispatcher?: Dispatcher): Map<string, ProviderClient> {
+  const backstopMs = Math.max(...config.routes.map((r) => r.timeoutMs)) + 5_000;
+  const clients = new Map<string, ProviderClient>();
+  for (const [name, provider] of Object.entries(config.providers)) {
+    clients.set(name, createProviderClient(name, provider, { dispatcher, backstopMs }));
+  }
+  return clients;
+}
+
+export async function closeProviderClients(clients: Map<string, ProviderClient>, ownDispatcher: boolean): Promise<void> {
+  if (!ownDispatcher) return;
+  await Promise.all([...clients.values()].map((c) => c.dispatcher.close()));
+}

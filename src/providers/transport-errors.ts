@@ -1,0 +1,28 @@
+// One table from transport error codes (undici's `code`, Node's errno) to outcomes. Classify by code, never by message.
+import type { AttemptOutcome } from '../policy/outcome.ts';
+
+const TIMEOUT_CODES: Record<string, 'connect' | 'headers' | 'idle'> = {
+  UND_ERR_CONNECT_TIMEOUT: 'connect',
+  UND_ERR_HEADERS_TIMEOUT: 'headers',
+  UND_ERR_BODY_TIMEOUT: 'idle',
+  ETIMEDOUT: 'connect',
+};
+
+/** Maps an error thrown by undici (or the socket under it) to an attempt outcome. Unknown errors count as network failures. */
+export function transportOutcome(err: unknown): AttemptOutcome {
+  const code = errorCode(err);
+  const phase = code ? TIMEOUT_CODES[code] : undefined;
+  if (phase) return { kind: 'timeout', phase };
+  return { kind: 'network', code: code ?? 'UNKNOWN' };
+}
+
+function errorCode(err: unknown): string | undefined {
+  let e = err as { code?: unknown; cause?: unknown } | undefined;
+  // undici wraps socket errors; the errno code sits on the cause.
+  for (let depth = 0; e && depth < 3; depth++) {
+    if (typeof e.code === 'string' && e.code !== 'UND_ERR_SOCKET') return e.code;
+    if (typeof e.code === 'string' && !e.cause) return e.code;
+    e = e.cause as typeof e;
+  }
+  return undefined;
+}

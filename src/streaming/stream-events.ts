@@ -1,0 +1,86 @@
+// What one SSE event means for the gateway, per API: does it carry output (so the first-token timer stops and
+// headers may go to the client), does it end the answer, is it broken?
+import type { ApiKind } from '../routing/router.ts';
+import type { SseEvent } from './sse-parser.ts';
+
+export type EventMeaning =
+  /** A comment, a ping, a role-only chunk, a usage chunk: keeps the stream alive, carries no output. */
+  | 'keepalive'
+  | 'output'
+  /** Output that also ends the answer (a finish_reason, or the Responses API's terminal event). */
+  | 'finish'
+  | 'done'
+  | 'error'
+  | 'malformed';
+
+interface ChatChoice {
+  delta?: { content?: unknown; tool_calls?: unknown[]; reasoning_content?: unknown; reasoning?: unknown; refusal?: unknown; function_call?: unknown };
+  text?: unknown;
+  finish_reason?: unknown;
+}
+
+const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
+
+const RESPONSES_OUTPUT = new Set([
+  'response.output_text.delta',
+  'response.function_call_arguments.delta',
+  'response.reasoning_text.delta',
+  'response.reasoning_summary_text.delta',
+  'response.refusal.delta',
+  'response.custom_tool_call_input.delta',
+]);
+const RESPONSES_FINISH = new Set(['response.completed', 'response.incomplete']);
+const RESPONSES_ERROR = new Set(['error', 'response.failed']);
+
+export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
+  if (ev.data === null) return 'keepalive';
+  if (api !== 'responses' && ev.data === '[DONE]') return 'done';
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(ev.data);
+  } catch {
+    return 'malformed';
+  }
+  if (typeof parsed !== 'object' || parsed === null) return 'malformed';
+  return api === 'responses' ? responsesMeaning(parsed as { type?: unknown }, ev.event) : choicesMeaning(parsed);
+}
+
+function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMeaning {
+  if (chunk.error !== undefined && chunk.error !== null) return 'error';
+  if (!Array.isArray(chunk.choices)) return 'keepalive';
+  let meaning: EventMeaning = 'keepalive';
+  for (const choice of chunk.choices as ChatChoice[]) {
+    if (choice.finish_reason !== null && choice.finish_reason !== undefined) return 'finish';
+    const d = choice.delta;
+    if (
+      nonEmpty(choice.text) ||
+      (d && (nonEmpty(d.content) || nonEmpty(d.reasoning_content) || nonEmpty(d.reasoning) || nonEmpty(d.refusal) ||
+        (Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || d.function_call !== undefined))
+    ) {
+      meaning = 'output';
+    }
+  }
+  return meaning;
+}
+
+function responsesMeaning(ev: { type?: unknown }, eventField: string | null): EventMeaning {
+  const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
+  if (RESPONSES_ERROR.has(type)) return 'error';
+  if (RESPONSES_FINISH.has(type)) return 'finish';
+  if (RESPONSES_OUTPUT.has(type)) return 'output';
+  return 'keepalive';
+}
+
+/** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */
+export function usesDoneSentinel(api: ApiKind): boolean {
+  return api !== 'responses';
+}
+
+/** The event that ends a broken stream so that the SDKs raise it instead of treating the answer as complete. */
+export function streamErrorEvent(api: ApiKind, message: string, code: string): string {
+  const error = { message, type: 'server_error', param: null, code };
+  if (api === 'responses') {
+    return `event: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: null, error })}\n\n`;
+  }
+  return `data: ${JSON.stringify({ error })}\n\n`;
+}

@@ -1,0 +1,44 @@
+// The config reference is generated from the schema; these tests fail when the docs drift from it
+// (the way fastify's test fails when an error code is missing from Errors.md).
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import {
+  DOCS_PAGE,
+  README,
+  WRITE_COMMAND,
+  configFields,
+  extractBlock,
+  renderConfigReference,
+  renderDocsPage,
+  replaceBlock,
+} from '../scripts/config-reference.ts';
+
+const stale = `the config reference is out of date with src/config/schema.ts; run \`${WRITE_COMMAND}\``;
+
+describe('config reference', () => {
+  it('README.md holds the reference generated from the schema', () => {
+    const block = extractBlock(readFileSync(README, 'utf8'));
+    expect(block, `README.md has no config-reference markers; ${stale}`).toBeDefined();
+    expect(block, stale).toBe(renderConfigReference());
+  });
+
+  it('docs/config-reference.md is generated from the schema', () => {
+    expect(readFileSync(DOCS_PAGE, 'utf8'), stale).toBe(renderDocsPage());
+  });
+
+  it('every config key has a description', () => {
+    const undocumented = configFields().filter((f) => !f.description?.trim()).map((f) => f.path);
+    expect(undocumented, 'add .describe() to these keys in src/config/schema.ts').toEqual([]);
+  });
+
+  it('documents keys by their full path', () => {
+    const paths = configFields().map((f) => f.path);
+    expect(paths).toContain('routes[].retry.backoff.capMs');
+    expect(paths).toContain('providers.<name>.timeouts.connectMs');
+  });
+
+  it('replaces only the text between the markers', () => {
+    const readme = 'intro\n<!-- config-reference:start -->\nold\n<!-- config-reference:end -->\noutro\n';
+    expect(replaceBlock(readme, 'new')).toBe('intro\n<!-- config-reference:start -->\nnew\n<!-- config-reference:end -->\noutro\n');
+  });
+});

@@ -1,0 +1,233 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { ConfigError, configEnvVars, loadConfigFile, parseConfig } from '../src/config/load.ts';
+import { describeZodIssues } from '../src/config/zod-issues.ts';
+
+const GATEWAY_YAML = resolve(import.meta.dirname, '../config/gateway.yaml');
+const env = { OPENAI_API_KEY: 'sk-test' };
+
+// A valid config; tests splice mistakes into it. Line numbers in assertions refer to this text.
+const valid = (extra = '') => `providers:
+  openai:
+    family: openai
+    baseUrl: https://api.openai.com/v1
+    apiKey: \${OPENAI_API_KEY}
+routes:
+  - name: chat
+    match: { path: /v1/chat/completions }
+    targets: [ { provider: openai } ]
+${extra}`;
+
+/** The ConfigError that parsing `text` throws. */
+function configError(text: string, e: NodeJS.ProcessEnv = env): ConfigError {
+  try {
+    parseConfig(text, 'gw.yaml', e);
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    return err as ConfigError;
+  }
+  throw new Error('expected the config to be rejected');
+}
+
+describe('loadConfigFile', () => {
+  it('loads config/gateway.yaml as shipped, with defaults filled in', () => {
+    const config = loadConfigFile(GATEWAY_YAML, env);
+    expect(config.server).toMatchObject({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10485760, logLevel: 'info' });
+    expect(config.providers.openai).toMatchObject({
+      family: 'openai',
+      baseUrl: 'https://api.openai.com/v1',
+      apiKey: 'sk-test',
+      timeouts: { connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 },
+      maxConnections: 128,
+    });
+    expect(config.routes.map((r) => [r.name, r.match.path])).toEqual([
+      ['chat', '/v1/chat/completions'],
+      ['embeddings', '/v1/embeddings'],
+      ['completions', '/v1/completions'],
+      ['responses', '/v1/responses'],
+    ]);
+    const embeddings = config.routes[1]!;
+    expect(embeddings.retry.maxAttempts).toBe(3);
+    expect(embeddings.retry.backoff).toEqual({ strategy: 'full-jitter', baseMs: 200, capMs: 3000 });
+    expect(embeddings.timeoutMs).toBe(120000);
+    expect(config.routes[0]!.retry.retryOn).toEqual([429, 500, 502, 503, 504, 529, 'network', 'timeout']);
+  });
+
+  it('takes the provider base URL from OPENAI_BASE_URL when set', () => {
+    const config = loadConfigFile(GATEWAY_YAML, { ...env, OPENAI_BASE_URL: 'http://127.0.0.1:9999/v1' });
+    expect(config.providers.openai!.baseUrl).toBe('http://127.0.0.1:9999/v1');
+  });
+
+  it('fails naming OPENAI_API_KEY, its key path and line when it is unset', () => {
+    let error: unknown;
+    try {
+      loadConfigFile(GATEWAY_YAML, {});
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const e = error as ConfigError;
+    expect(e.code).toBe('STORMGATE_CONFIG_INVALID');
+    expect(e.missingEnv).toEqual(['OPENAI_API_KEY']);
+    expect(e.issues).toHaveLength(1);
+    expect(e.message).toMatch(/gateway\.yaml:\d+: providers\.openai\.apiKey: environment variable OPENAI_API_KEY is not set$/);
+  });
+
+  it('reports a file that cannot be read as a ConfigError', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'stormgate-config-'));
+    try {
+      expect(() => loadConfigFile(join(dir, 'missing.yaml'), env)).toThrow(/missing\.yaml: cannot read the config file/);
+      const file = join(dir, 'gw.yaml');
+      writeFileSync(file, valid());
+      expect(loadConfigFile(file, env).routes[0]!.name).toBe('chat');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('lists the variables a file references', () => {
+    expect(configEnvVars('a: ${A}\nb: [ "${B:-x}", "$${C}" ]\nc: "${A}"\n')).toEqual(['A', 'B']);
+  });
+});
+
+describe('${VAR} interpolation', () => {
+  const withKey = (apiKey: string, e: NodeJS.ProcessEnv) =>
+    // A replacer function, because a replacement string would read "$$" as "$".
+    parseConfig(valid().replace('${OPENAI_API_KEY}', () => apiKey), 'gw.yaml', e).providers.openai!.apiKey;
+
+  it('uses the default of ${VAR:-default} when VAR is unset or empty', () => {
+    expect(withKey('"${KEY:-fallback}"', {})).toBe('fallback');
+    expect(withKey('"${KEY:-fallback}"', { KEY: '' })).toBe('fallback');
+    expect(withKey('"${KEY:-fallback}"', { KEY: 'set' })).toBe('set');
+  });
+
+  it('keeps an empty ${VAR} empty, since only an unset one is an error', () => {
+    expect(withKey('"${KEY}"', { KEY: '' })).toBe('');
+  });
+
+  it('reads $${ as a literal ${ and substitutes nothing there', () => {
+    expect(withKey('"$${KEY} and ${KEY}"', { KEY: 'v' })).toBe('${KEY} and v');
+    expect(withKey('"a$$b$c"', {})).toBe('a$$b$c');
+  });
+
+  it('substitutes into string values only, so a value cannot add YAML structure', () => {
+    const config = parseConfig(valid(), 'gw.yaml', { OPENAI_API_KEY: 'x\nevil: [1]\n{ a: b }' });
+    expect(config.providers.openai!.apiKey).toBe('x\nevil: [1]\n{ a: b }');
+  });
+
+  it('types an unquoted ${VAR} as YAML would type the value written there', () => {
+    const text = valid().replace('providers:', 'server:\n  port: ${PORT:-9090}\nproviders:');
+    expect(parseConfig(text, 'gw.yaml', env).server.port).toBe(9090);
+    expect(parseConfig(text, 'gw.yaml', { ...env, PORT: '7070' }).server.port).toBe(7070);
+  });
+
+  it('reports every unset variable with the path and line where it is used', () => {
+    const text = valid().replace('https://api.openai.com/v1', '${BASE_URL}');
+    const e = configError(text, {});
+    expect(e.missingEnv).toEqual(['BASE_URL', 'OPENAI_API_KEY']);
+    expect(e.message.split('\n')).toEqual([
+      'gw.yaml:4: providers.openai.baseUrl: environment variable BASE_URL is not set',
+      'gw.yaml:5: providers.openai.apiKey: environment variable OPENAI_API_KEY is not set',
+    ]);
+  });
+
+  it('rejects a malformed reference', () => {
+    expect(configError(valid().replace('${OPENAI_API_KEY}', '"${OPENAI API KEY}"')).message).toContain(
+      'gw.yaml:5: providers.openai.apiKey: invalid reference "${OPENAI API KEY}"',
+    );
+    expect(configError(valid().replace('${OPENAI_API_KEY}', '"${OPENAI_API_KEY"')).message).toContain('unterminated "${"');
+  });
+});
+
+describe('config errors', () => {
+  it('rejects an unknown key, pointing at its line and the closest valid key', () => {
+    const e = configError(valid().replace('    apiKey:', '    timeoutz: {}\n    apiKey:'));
+    expect(e.issues).toEqual([{ path: 'providers.openai', line: 5, message: 'unknown key "timeoutz"; did you mean "timeouts"?' }]);
+    expect(e.message).toBe('gw.yaml:5: providers.openai: unknown key "timeoutz"; did you mean "timeouts"?');
+  });
+
+  it('lists the valid keys when no key is close', () => {
+    expect(configError(valid('logging: {}\n')).message).toBe(
+      'gw.yaml:10: unknown key "logging"; valid keys: server, providers, routes, passthrough',
+    );
+  });
+
+  it('points a renamed key to its new name', () => {
+    const e = configError(valid('    timeout: 5000\n    retry:\n      attempts: 2\n'));
+    expect(e.message.split('\n')).toEqual([
+      'gw.yaml:10: routes[0]: unknown key "timeout"; it was renamed to "timeoutMs"',
+      'gw.yaml:12: routes[0].retry: unknown key "attempts"; it was renamed to "maxAttempts"',
+    ]);
+  });
+
+  it('names the path, line and expected type of a wrong value', () => {
+    const e = configError(valid('    retry:\n      backoff: { capMs: "3s" }\n'));
+    expect(e.message).toBe('gw.yaml:11: routes[0].retry.backoff.capMs: expected number, received string');
+  });
+
+  it('lists the options of an enum', () => {
+    const e = configError(valid('    retry:\n      backoff: { strategy: jitter }\n'));
+    expect(e.issues[0]).toEqual({
+      path: 'routes[0].retry.backoff.strategy',
+      line: 11,
+      message: 'expected one of: full-jitter, equal-jitter, decorrelated-jitter, exponential, fixed, received "jitter"',
+    });
+  });
+
+  it('says which bound a number breaks and what each retryOn entry may be', () => {
+    const e = configError(valid('    retry:\n      maxAttempts: 0\n      retryOn: [200, flaky]\n'));
+    expect(e.message.split('\n')).toEqual([
+      'gw.yaml:11: routes[0].retry.maxAttempts: must be >= 1, got 0',
+      'gw.yaml:12: routes[0].retry.retryOn[0]: must be >= 400, got 200',
+      'gw.yaml:12: routes[0].retry.retryOn[1]: expected one of: network, timeout, received "flaky"',
+    ]);
+  });
+
+  it('reports a missing required key at its parent', () => {
+    const e = configError(valid().replace('match: { path: /v1/chat/completions }', 'match: {}'));
+    expect(e.message).toBe('gw.yaml:8: routes[0].match: missing required key "path" (expected string)');
+  });
+
+  it('repeats a wrong value in the message, but never the value of a credential key', () => {
+    const bad = configError(valid().replace('family: openai', 'family: sk-secret'));
+    expect(bad.message).toContain('expected one of: openai, received "sk-secret"');
+    expect(configError(valid().replace('${OPENAI_API_KEY}', '[sk-secret]')).message).not.toContain('sk-secret');
+    const schema = z.strictObject({ apiKey: z.enum(['a', 'b']) });
+    const data = { apiKey: 'sk-secret' };
+    const [issue] = describeZodIssues(schema, schema.safeParse(data).error!.issues, data);
+    expect(issue!.message).toBe('expected one of: a, b, received a string');
+  });
+
+  it('rejects a target naming an unknown provider', () => {
+    const e = configError(valid().replace('{ provider: openai }', '{ provider: anthropic }'));
+    expect(e.message).toBe('gw.yaml:9: routes[0].targets[0].provider: unknown provider "anthropic"; expected one of: openai');
+  });
+
+  it('rejects a duplicate key with its line and column', () => {
+    const e = configError(valid().replace('    family: openai\n', '    family: openai\n    family: openai\n'));
+    expect(e.issues).toEqual([{ path: 'providers.openai', line: 4, col: 5, message: 'duplicate key "family"' }]);
+    expect(e.message).toBe('gw.yaml:4:5: providers.openai: duplicate key "family"');
+  });
+
+  it('reports a YAML syntax error with its line and column', () => {
+    const e = configError(valid().replace('match: { path: /v1/chat/completions }', 'match: { path: /v1/chat/completions'));
+    expect(e.issues[0]!.line).toBe(9);
+    expect(e.message).toMatch(/^gw\.yaml:9:\d+: /);
+  });
+
+  it('reports an empty file', () => {
+    expect(configError('# nothing here\n').message).toBe('gw.yaml:1: the file is empty; expected a mapping with `providers` and `routes`');
+  });
+
+  it('reports every problem at once, in line order', () => {
+    const text = valid('    timeoutMs: soon\n').replace('family: openai', 'family: openia');
+    expect(configError(text, {}).message.split('\n')).toEqual([
+      'gw.yaml:3: providers.openai.family: expected one of: openai, received "openia"; did you mean "openai"?',
+      'gw.yaml:5: providers.openai.apiKey: environment variable OPENAI_API_KEY is not set',
+      'gw.yaml:10: routes[0].timeoutMs: expected number, received string',
+    ]);
+  });
+});

@@ -1,0 +1,85 @@
+// Starts the bundled mock provider and a gateway in front of it over real HTTP, for integration and e2e tests.
+import { Writable } from 'node:stream';
+import type { FastifyInstance } from 'fastify';
+import { ConfigSchema, type Config, type ConfigInput } from '../../src/config/schema.ts';
+import { buildServer, type ServerDeps } from '../../src/server.ts';
+import { createLogger } from '../../src/observability/logger.ts';
+import { createMetrics } from '../../src/observability/metrics.ts';
+import { startMock, type MockServer } from '../../src/mock/server.ts';
+import type { FaultSpec } from '../../src/mock/faults.ts';
+
+export const TEST_KEY = 'sk-test-stormgate-0123456789';
+
+type RouteInput = ConfigInput['routes'][number];
+type ProviderInput = ConfigInput['providers'][string];
+
+export interface StackOptions {
+  faults?: FaultSpec;
+  /** Overrides merged into every route (retry, timeoutMs, ...). */
+  route?: Partial<RouteInput>;
+  provider?: Partial<ProviderInput>;
+  /** Replaces the whole config; gets the mock's base URL. */
+  config?: (mockUrl: string) => ConfigInput;
+  deps?: ServerDeps;
+}
+
+export interface Stack {
+  mock: MockServer;
+  gateway: FastifyInstance;
+  config: Config;
+  /** The gateway's base URL including /v1, ready for `new OpenAI({ baseURL })`. */
+  baseURL: string;
+  url: string;
+  logs: string[];
+  close(): Promise<void>;
+}
+
+export function defaultConfig(mockUrl: string, opts: Pick<StackOptions, 'route' | 'provider'> = {}): ConfigInput {
+  const route = (name: string, path: string): RouteInput => ({
+    name,
+    match: { path },
+    targets: [{ provider: 'mock' }],
+    ...opts.route,
+  });
+  return {
+    server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+    providers: { mock: { family: 'openai', baseUrl: `${mockUrl}/v1`, apiKey: TEST_KEY, maxConnections: 64, ...opts.provider } },
+    routes: [
+      route('chat', '/v1/chat/completions'),
+      route('embeddings', '/v1/embeddings'),
+      route('completions', '/v1/completions'),
+      route('responses', '/v1/responses'),
+    ],
+  };
+}
+
+export async function startStack(opts: StackOptions = {}): Promise<Stack> {
+  const mock = await startMock({ faults: opts.faults, quiet: true, apiKey: TEST_KEY });
+  const input = opts.config ? opts.config(mock.url) : defaultConfig(mock.url, opts);
+  const config = ConfigSchema.parse(input);
+  const logs: string[] = [];
+  const sink = new Writable({
+    write(chunk, _enc, cb) {
+      logs.push(String(chunk));
+      cb();
+    },
+  });
+  const gateway = await buildServer(config, {
+    logger: createLogger(config, sink),
+    metrics: createMetrics({ defaultMetrics: false }),
+    ...opts.deps,
+  });
+  const url = await gateway.listen({ host: '127.0.0.1', port: 0 });
+  return {
+    mock,
+    gateway,
+    config,
+    url,
+    baseURL: `${url}/v1`,
+    logs,
+    async close() {
+      await gateway.close();
+      await mock.close();
+    },
+  };
+}

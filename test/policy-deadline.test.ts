@@ -1,0 +1,36 @@
+import { describe, expect, it } from 'vitest';
+import { computeDeadline } from '../src/policy/deadline.ts';
+
+describe('the request deadline', () => {
+  it('uses the route timeout minus the larger of 250 ms and 5% when the client sends nothing', () => {
+    expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: {} })).toEqual({ budgetMs: 114_000, timeoutMs: 120_000, source: 'route' });
+    expect(computeDeadline({ routeTimeoutMs: 2_000, marginMs: undefined, headers: {} }).budgetMs).toBe(1_750);
+  });
+
+  it('takes x-stormgate-timeout-ms when it is shorter', () => {
+    const d = computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: { 'x-stormgate-timeout-ms': '10000' } });
+    expect(d).toEqual({ budgetMs: 9_500, timeoutMs: 10_000, source: 'x-stormgate-timeout-ms' });
+  });
+
+  it('reads the SDK timeout in whole seconds, 0 as 1 s', () => {
+    expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: { 'x-stainless-timeout': '10' } }).timeoutMs).toBe(10_000);
+    expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: { 'x-stainless-timeout': '0' } }).timeoutMs).toBe(1_000);
+    expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: { 'x-stainless-read-timeout': '2.5' } })).toMatchObject({ timeoutMs: 2_500, source: 'x-stainless-read-timeout' });
+  });
+
+  it('keeps the smallest of every timeout', () => {
+    const d = computeDeadline({
+      routeTimeoutMs: 60_000,
+      marginMs: 100,
+      headers: { 'x-stormgate-timeout-ms': '30000', 'x-stainless-timeout': '20', 'x-stainless-read-timeout': '25' },
+    });
+    expect(d).toEqual({ budgetMs: 19_900, timeoutMs: 20_000, source: 'x-stainless-timeout' });
+  });
+
+  it('ignores a longer client timeout and malformed values', () => {
+    expect(computeDeadline({ routeTimeoutMs: 5_000, marginMs: 0, headers: { 'x-stainless-timeout': '600', 'x-stormgate-timeout-ms': '9000' } }).timeoutMs).toBe(5_000);
+    for (const value of ['abc', '-5', '', 'Infinity']) {
+      expect(computeDeadline({ routeTimeoutMs: 5_000, marginMs: 0, headers: { 'x-stainless-timeout': value, 'x-stormgate-timeout-ms': value } }).timeoutMs).toBe(5_000);
+    }
+  });
+});

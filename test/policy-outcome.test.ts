@@ -1,0 +1,75 @@
+import { describe, expect, it } from 'vitest';
+import { classify, isRetryable, OUTCOME_TABLE, type AttemptOutcome } from '../src/policy/outcome.ts';
+import type { RetryOn } from '../src/config/schema.ts';
+
+const DEFAULT_RETRY_ON: RetryOn[] = [429, 500, 502, 503, 504, 529, 'network', 'timeout'];
+const http = (status: number, errorCode: string | null = null, hint?: number): AttemptOutcome => ({
+  kind: 'http',
+  status,
+  errorCode,
+  hint: hint === undefined ? undefined : { delayMs: hint, source: 'retry-after', fleetWide: true },
+});
+
+describe('the outcome table', () => {
+  const cases: Array<[string, AttemptOutcome, string, boolean]> = [
+    ['2xx', { kind: 'ok', status: 200 }, 'success', false],
+    ['400', http(400, 'invalid_value'), 'client-error', false],
+    ['404', http(404), 'client-error', false],
+    ['422', http(422), 'client-error', false],
+    ['400 context_length_exceeded', http(400, 'context_length_exceeded'), 'context-length', false],
+    ['400 content_policy_violation', http(400, 'content_policy_violation'), 'content-policy', false],
+    ['401', http(401, 'invalid_api_key'), 'credentials', false],
+    ['403', http(403), 'credentials', false],
+    ['429 insufficient_quota', http(429, 'insufficient_quota'), 'credentials', false],
+    ['429 without a hint', http(429, 'rate_limit_exceeded'), 'rate-limited', true],
+    ['429 with a hint', http(429, 'rate_limit_exceeded', 1000), 'rate-limited', true],
+    ['500', http(500), 'server-error', true],
+    ['502', http(502), 'server-error', true],
+    ['503', http(503), 'server-error', true],
+    ['504', http(504), 'server-error', true],
+    ['501 (not in retryOn)', http(501), 'server-error', false],
+    ['529', http(529, 'overloaded_error'), 'overloaded', true],
+    ['connect error', { kind: 'network', code: 'ECONNREFUSED' }, 'network', true],
+    ['connect timeout', { kind: 'timeout', phase: 'connect' }, 'timeout', true],
+    ['first-token timeout', { kind: 'timeout', phase: 'first-token' }, 'timeout', true],
+    ['malformed stream before output', { kind: 'bad-stream', detail: 'malformed' }, 'bad-stream', true],
+    ['client abort', { kind: 'aborted', by: 'client' }, 'aborted', false],
+    ['deadline', { kind: 'aborted', by: 'deadline' }, 'aborted', false],
+  ];
+  for (const [name, outcome, cls, retryable] of cases) {
+    it(`maps ${name} to ${cls}, ${retryable ? 'retryable' : 'not retried'} under the default retryOn`, () => {
+      const c = classify(outcome);
+      expect(c.cls).toBe(cls);
+      expect(isRetryable(c, DEFAULT_RETRY_ON)).toBe(retryable);
+    });
+  }
+
+  it('never retries 400, 401, 403, 404 or 422 even when retryOn lists them', () => {
+    for (const status of [400, 401, 403, 404, 422]) {
+      expect(isRetryable(classify(http(status)), [status, 'network'])).toBe(false);
+    }
+  });
+
+  it('retries other 4xx only when retryOn lists them', () => {
+    expect(isRetryable(classify(http(409)), DEFAULT_RETRY_ON)).toBe(false);
+    expect(isRetryable(classify(http(409)), [...DEFAULT_RETRY_ON, 409])).toBe(true);
+  });
+
+  it('retries nothing that retryOn leaves out', () => {
+    expect(isRetryable(classify(http(503)), [429])).toBe(false);
+    expect(isRetryable(classify({ kind: 'network', code: 'ECONNRESET' }), [503, 'timeout'])).toBe(false);
+    expect(isRetryable(classify({ kind: 'timeout', phase: 'idle' }), [503, 'network'])).toBe(false);
+  });
+
+  it('hides the provider body of credential errors and passes the client its own mistakes', () => {
+    expect(OUTCOME_TABLE.credentials.passThrough).toBe(false);
+    expect(OUTCOME_TABLE['client-error'].passThrough).toBe(true);
+    expect(OUTCOME_TABLE['content-policy'].passThrough).toBe(true);
+  });
+
+  it('gives short, bounded reasons for x-retry-reason and metrics', () => {
+    expect(classify(http(503)).reason).toBe('status_503');
+    expect(classify({ kind: 'timeout', phase: 'first-token' }).reason).toBe('timeout_first_token');
+    expect(classify({ kind: 'network', code: 'ECONNRESET' }).reason).toBe('network');
+  });
+});

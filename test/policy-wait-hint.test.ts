@@ -1,0 +1,151 @@
+import { describe, expect, it } from 'vitest';
+import { MAX_WAIT_HINT_MS, parseDurationMs, parseRetryAfterMs, parseWaitHint } from '../src/policy/wait-hint.ts';
+
+const now = Date.UTC(2015, 9, 21, 7, 28, 0); // Wed, 21 Oct 2015 07:28:00 GMT
+const iso = (offsetMs: number) => new Date(now + offsetMs).toISOString();
+
+describe('parseDurationMs (Go durations)', () => {
+  it.each([
+    ['20ms', 20], ['17ms', 17], ['1s', 1000], ['0.5s', 500], ['.5s', 500], ['6m0s', 360_000], ['1m30.5s', 90_500],
+    ['2h', 7_200_000], ['1h2m3.5s', 3_723_500], ['0', 0], ['0s', 0], ['+1s', 1000], ['500us', 0.5], ['500µs', 0.5],
+    ['500μs', 0.5], ['1000000ns', 1], ['1.5ms', 1.5],
+  ])('reads %s as %d ms', (text, ms) => {
+    expect(parseDurationMs(text)).toBeCloseTo(ms, 9);
+  });
+
+  it.each(['', ' ', '-1s', '1', '1x', 's', '1 s', '1s2', 'Infinity', 'NaN', '1d', '1e3s', '1..5s', `${'9'.repeat(400)}h`])(
+    'rejects %j', text => {
+      expect(parseDurationMs(text)).toBeUndefined();
+    });
+});
+
+describe('parseRetryAfterMs', () => {
+  it.each([['0', 0], ['1', 1000], ['120', 120_000], ['1.5', 1500], [' 2 ', 2000]])('reads delta-seconds %j', (value, ms) => {
+    expect(parseRetryAfterMs(value, now)).toBe(ms);
+  });
+
+  it('reads an HTTP-date in the future as the time until it', () => {
+    expect(parseRetryAfterMs('Wed, 21 Oct 2015 07:28:30 GMT', now)).toBe(30_000);
+  });
+
+  it('reads an HTTP-date in the past as 0', () => {
+    expect(parseRetryAfterMs('Wed, 21 Oct 2015 07:27:00 GMT', now)).toBe(0);
+  });
+
+  it.each(['-1', '1e3', '0x10', 'Infinity', 'NaN', '', 'soon', '1.', '21 Oct 2015 07:28:30 GMT',
+    'Wed, 21 Oct 2015 07:28:30 PST', 'Wed, 30 Feb 2015 07:28:30 GMT', 'Wed, 21 Oct 2015 25:28:30 GMT', '2015-10-21T07:28:30Z'])(
+    'rejects %j', value => {
+      expect(parseRetryAfterMs(value, now)).toBeUndefined();
+    });
+});
+
+describe('parseWaitHint', () => {
+  it('reads retry-after-ms, fractional values rounded up, as a fleet-wide hint', () => {
+    expect(parseWaitHint({ 'retry-after-ms': '150' }, now)).toEqual({ delayMs: 150, source: 'retry-after-ms', fleetWide: true });
+    expect(parseWaitHint({ 'retry-after-ms': '1500.5' }, now)?.delayMs).toBe(1501);
+  });
+
+  it('reads retry-after as seconds, fractional seconds or an HTTP-date, as a fleet-wide hint', () => {
+    expect(parseWaitHint({ 'retry-after': '2' }, now)).toEqual({ delayMs: 2000, source: 'retry-after', fleetWide: true });
+    expect(parseWaitHint({ 'retry-after': '1.5' }, now)?.delayMs).toBe(1500);
+    expect(parseWaitHint({ 'retry-after': 'Wed, 21 Oct 2015 07:28:05 GMT' }, now)?.delayMs).toBe(5000);
+    expect(parseWaitHint({ 'retry-after': 'Tue, 20 Oct 2015 07:28:05 GMT' }, now)?.delayMs).toBe(0);
+  });
+
+  it('prefers retry-after-ms over retry-after over anthropic resets over x-ratelimit resets', () => {
+    const all = {
+      'retry-after-ms': '100', 'retry-after': '2',
+      'anthropic-ratelimit-requests-reset': iso(3000), 'x-ratelimit-reset-requests': '4s',
+    };
+    expect(parseWaitHint(all, now)?.source).toBe('retry-after-ms');
+    const { 'retry-after-ms': _ms, ...noMs } = all;
+    expect(parseWaitHint(noMs, now)?.source).toBe('retry-after');
+    const { 'retry-after': _s, ...noRetryAfter } = noMs;
+    expect(parseWaitHint(noRetryAfter, now)).toEqual({ delayMs: 3000, source: 'anthropic-ratelimit-reset', fleetWide: false });
+    const { 'anthropic-ratelimit-requests-reset': _a, ...openaiOnly } = noRetryAfter;
+    expect(parseWaitHint(openaiOnly, now)).toEqual({ delayMs: 4000, source: 'x-ratelimit-reset', fleetWide: false });
+  });
+
+  it('falls through to the next source when a value is malformed', () => {
+    expect(parseWaitHint({ 'retry-after-ms': 'soon', 'retry-after': '3' }, now)?.source).toBe('retry-after');
+    expect(parseWaitHint({ 'retry-after': '-5', 'x-ratelimit-reset-tokens': '1s' }, now)?.source).toBe('x-ratelimit-reset');
+  });
+
+  it.each([
+    ['retry-after-ms', '-1'], ['retry-after-ms', 'NaN'], ['retry-after-ms', 'Infinity'], ['retry-after-ms', ''],
+    ['retry-after-ms', '1e3'], ['retry-after', 'garbage'], ['retry-after', '-1'], ['retry-after', 'Infinity'],
+    ['retry-after', ''], ['anthropic-ratelimit-requests-reset', 'tomorrow'], ['anthropic-ratelimit-requests-reset', '2015-13-01T00:00:00Z'],
+    ['x-ratelimit-reset-requests', '-1s'], ['x-ratelimit-reset-requests', '5'], ['x-ratelimit-reset-requests', '1y'],
+  ])('ignores %s: %j without throwing', (name, value) => {
+    expect(() => parseWaitHint({ [name]: value }, now)).not.toThrow();
+    expect(parseWaitHint({ [name]: value }, now)).toBeUndefined();
+  });
+
+  it('returns undefined when no hint header is present', () => {
+    expect(parseWaitHint({}, now)).toBeUndefined();
+    expect(parseWaitHint({ 'content-type': 'application/json', 'retry-after': undefined }, now)).toBeUndefined();
+  });
+
+  it('uses the first element of an array value', () => {
+    expect(parseWaitHint({ 'retry-after': ['3', '9'] }, now)?.delayMs).toBe(3000);
+    expect(parseWaitHint({ 'retry-after-ms': [], 'retry-after': '1' }, now)?.source).toBe('retry-after');
+  });
+
+  it('clamps a huge but valid hint to 24 h so the caller can still refuse to wait', () => {
+    expect(parseWaitHint({ 'retry-after': '999999999' }, now)?.delayMs).toBe(MAX_WAIT_HINT_MS);
+    expect(parseWaitHint({ 'x-ratelimit-reset-requests': '9999h' }, now)?.delayMs).toBe(MAX_WAIT_HINT_MS);
+  });
+
+  describe('anthropic-ratelimit-*-reset', () => {
+    it('reads RFC 3339 with an offset and fractional seconds, rounded up to whole ms', () => {
+      const at = '2015-10-21T09:28:02.5005+02:00'; // 07:28:02.5005Z
+      expect(parseWaitHint({ 'anthropic-ratelimit-tokens-reset': at }, now)?.delayMs).toBe(2501);
+      expect(parseWaitHint({ 'anthropic-ratelimit-tokens-reset': '2015-10-21T02:58:01-04:30' }, now)?.delayMs).toBe(1000);
+    });
+
+    it('uses the latest future reset when no remaining headers are sent', () => {
+      const headers = {
+        'anthropic-ratelimit-requests-reset': iso(1000), 'anthropic-ratelimit-tokens-reset': iso(7000),
+        'anthropic-ratelimit-input-tokens-reset': iso(-5000), 'anthropic-ratelimit-output-tokens-reset': iso(4000),
+      };
+      expect(parseWaitHint(headers, now)?.delayMs).toBe(7000);
+    });
+
+    it('uses only the resets of exhausted limits when remaining headers are sent', () => {
+      const headers = {
+        'anthropic-ratelimit-requests-reset': iso(1000), 'anthropic-ratelimit-requests-remaining': '0',
+        'anthropic-ratelimit-tokens-reset': iso(60_000), 'anthropic-ratelimit-tokens-remaining': '12000',
+        'anthropic-ratelimit-output-tokens-reset': iso(2000), 'anthropic-ratelimit-output-tokens-remaining': '0',
+      };
+      expect(parseWaitHint(headers, now)?.delayMs).toBe(2000);
+    });
+
+    it('gives no hint when remaining headers show no limit exhausted', () => {
+      const headers = { 'anthropic-ratelimit-requests-reset': iso(1000), 'anthropic-ratelimit-requests-remaining': '3' };
+      expect(parseWaitHint(headers, now)).toBeUndefined();
+    });
+
+    it('gives no hint when every reset is in the past', () => {
+      expect(parseWaitHint({ 'anthropic-ratelimit-requests-reset': iso(-1000) }, now)).toBeUndefined();
+    });
+  });
+
+  describe('x-ratelimit-reset-*', () => {
+    it('uses the larger reset when no remaining headers are sent', () => {
+      const headers = { 'x-ratelimit-reset-requests': '1s', 'x-ratelimit-reset-tokens': '6m0s' };
+      expect(parseWaitHint(headers, now)).toEqual({ delayMs: 360_000, source: 'x-ratelimit-reset', fleetWide: false });
+    });
+
+    it('uses only the exhausted limit when remaining headers are sent', () => {
+      const headers = {
+        'x-ratelimit-reset-requests': '17ms', 'x-ratelimit-remaining-requests': '0',
+        'x-ratelimit-reset-tokens': '6m0s', 'x-ratelimit-remaining-tokens': '149984',
+      };
+      expect(parseWaitHint(headers, now)?.delayMs).toBe(17);
+    });
+
+    it('rounds a sub-millisecond reset up to 1 ms', () => {
+      expect(parseWaitHint({ 'x-ratelimit-reset-tokens': '500us' }, now)?.delayMs).toBe(1);
+    });
+  });
+});
