@@ -80,6 +80,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
   // The managed API lives in its own context, with a JSON parser that keeps the raw bytes to forward unchanged.
   await app.register(async (api) => {
+    // Only JSON is accepted on the managed API; anything else gets 415 from fastify.
+    api.removeAllContentTypeParsers();
     api.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
       const raw = body as Buffer;
       let json: unknown;

@@ -130,8 +130,18 @@ export const ConfigSchema = z
       });
     });
     if (cfg.passthrough && !(cfg.passthrough.provider in cfg.providers)) {
-      ctx.addIssue({ code: 'custom', path: ['passthrough', 'provider'], message: `unknown provider "${cfg.passthrough.provider}"` });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['passthrough', 'provider'],
+        message: `unknown provider "${cfg.passthrough.provider}"; expected one of: ${Object.keys(cfg.providers).join(', ')}`,
+      });
     }
+    const managed = new Set(cfg.routes.map((r) => r.match.path));
+    cfg.passthrough?.paths.forEach((p, i) => {
+      if (managed.has(p)) {
+        ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is a managed route's path; passthrough is for paths no route serves` });
+      }
+    });
   });
 
 export type Config = z.infer<typeof ConfigSchema>;

@@ -1,0 +1,116 @@
+// Deterministic content of the mock's answers: text, token counts, ids, embeddings.
+// Everything here is cheap and allocation-light because it runs on every request of a benchmark.
+import { randomBytes } from 'node:crypto';
+
+/** Characters of the prompt echoed back in an answer. */
+const ECHO_CHARS = 40;
+
+/** The answer text for a prompt: the same prompt always gives the same text. */
+export function answerText(prompt: string): string {
+  return `Mock answer to: ${prompt.slice(0, ECHO_CHARS)}`;
+}
+
+/** The text that continues an assistant prefill (Anthropic), deterministic like answerText. */
+export function continuationText(prefill: string): string {
+  return ` and so the mock continues after ${prefill.length} characters.`;
+}
+
+/** Arguments of every mock tool call. */
+export const TOOL_ARGUMENTS = '{"x":1}';
+
+/** Splits text into n consecutive pieces (some may be empty when n > text length). */
+export function splitText(text: string, n: number): string[] {
+  const count = Math.max(1, Math.floor(n));
+  const out: string[] = new Array(count);
+  for (let i = 0; i < count; i++) {
+    out[i] = text.slice(Math.floor((i * text.length) / count), Math.floor(((i + 1) * text.length) / count));
+  }
+  return out;
+}
+
+/** A rough token count (4 characters a token), never 0, so usage numbers look plausible. */
+export function countTokens(text: string): number {
+  return Math.max(1, Math.ceil(text.length / 4));
+}
+
+/** Text of a message `content`: a string, or an array of parts with `text` (OpenAI and Anthropic). */
+export function contentText(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  let out = '';
+  for (const part of content) {
+    if (typeof part === 'string') out += part;
+    else if (part !== null && typeof part === 'object' && typeof (part as { text?: unknown }).text === 'string') {
+      out += (part as { text: string }).text;
+    }
+  }
+  return out;
+}
+
+/** Total characters of every message's text, for prompt token counts. */
+export function promptChars(messages: unknown): number {
+  if (!Array.isArray(messages)) return contentText(messages).length;
+  let n = 0;
+  for (const m of messages) n += contentText((m as { content?: unknown } | null)?.content).length;
+  return n;
+}
+
+/** The text of the last message with the given role ('' when there is none). */
+export function lastText(messages: unknown, role: string): string {
+  if (!Array.isArray(messages)) return '';
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as { role?: unknown; content?: unknown } | null;
+    if (m?.role === role) return contentText(m.content);
+  }
+  return '';
+}
+
+/**
+ * Makes unique ids cheaply: a random per-process prefix plus a counter, instead of
+ * random bytes per id (ids only need to be unique, not unguessable).
+ */
+export function idSource(): (prefix: string) => string {
+  const base = randomBytes(6).toString('hex');
+  let n = 0;
+  return (prefix) => `${prefix}${base}${(n++).toString(16).padStart(10, '0')}`;
+}
+
+/** mulberry32: a tiny seeded PRNG, so latency jitter is reproducible run to run. */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Dimensions of every mock embedding. */
+export const EMBEDDING_DIMENSIONS = 8;
+
+/** A deterministic unit vector for a text; values are float32-exact so base64 and float agree. */
+export function embeddingOf(text: string): number[] {
+  // FNV-1a over the text seeds the PRNG: same text, same vector.
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
+  const random = seededRandom(h);
+  const v: number[] = new Array(EMBEDDING_DIMENSIONS);
+  let norm = 0;
+  for (let i = 0; i < EMBEDDING_DIMENSIONS; i++) {
+    const x = random() * 2 - 1;
+    v[i] = x;
+    norm += x * x;
+  }
+  norm = Math.sqrt(norm) || 1;
+  for (let i = 0; i < EMBEDDING_DIMENSIONS; i++) v[i] = Math.fround(v[i]! / norm);
+  return v;
+}
+
+/** Little-endian float32 base64, the format the openai SDK decodes by default. */
+export function float32Base64(v: number[]): string {
+  const buf = Buffer.allocUnsafe(v.length * 4);
+  for (let i = 0; i < v.length; i++) buf.writeFloatLE(v[i]!, i * 4);
+  return buf.toString('base64');
+}

@@ -1,0 +1,59 @@
+// The mock's control API over HTTP (`/_mock/*`), for the CLI, the demo and scripts in other processes.
+// These requests bypass faults, stats and the request log, so watching the mock never disturbs it.
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { parseJsonObject, readBody } from './body.ts';
+import type { BrownoutMode, FaultSpec } from './faults.ts';
+import type { MockServer } from './server.ts';
+
+function reply(res: ServerResponse, status: number, payload: unknown): void {
+  const body = JSON.stringify(payload);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+function lastN<T>(items: T[], limit: string | null): T[] {
+  const n = limit === null ? NaN : Number(limit);
+  return Number.isInteger(n) && n >= 0 ? items.slice(Math.max(0, items.length - n)) : items;
+}
+
+/** Answers one control request. */
+export function handleControl(mock: MockServer, req: IncomingMessage, res: ServerResponse, path: string): void {
+  readBody(req, (raw) => {
+    try {
+      const body = raw === undefined ? undefined : parseJsonObject(raw);
+      const route = `${req.method ?? 'GET'} ${path}`;
+      switch (route) {
+        case 'GET /_mock/health':
+          return reply(res, 200, { ok: true });
+        case 'GET /_mock/stats':
+          return reply(res, 200, mock.stats());
+        case 'GET /_mock/requests': {
+          const limit = new URL(req.url ?? '/', 'http://mock').searchParams.get('limit');
+          return reply(res, 200, lastN(mock.requests(), limit));
+        }
+        case 'GET /_mock/faults':
+          return reply(res, 200, mock.faults());
+        case 'PUT /_mock/faults':
+          mock.setFaults((body ?? {}) as FaultSpec);
+          return reply(res, 200, mock.faults());
+        case 'PATCH /_mock/faults':
+          mock.patchFaults((body ?? {}) as Partial<FaultSpec>);
+          return reply(res, 200, mock.faults());
+        case 'POST /_mock/reset':
+          mock.reset();
+          return reply(res, 200, { ok: true });
+        case 'POST /_mock/brownout': {
+          const mode = String(body?.['mode'] ?? '503') as BrownoutMode;
+          const durationMs = Number(body?.['durationMs'] ?? 10_000);
+          if (!Number.isFinite(durationMs) || durationMs < 0) throw new Error('durationMs must be a non-negative number');
+          mock.brownout(mode, durationMs);
+          return reply(res, 200, { ok: true, mode, durationMs });
+        }
+        default:
+          return reply(res, 404, { error: `unknown control endpoint ${route}` });
+      }
+    } catch (err) {
+      reply(res, 400, { error: err instanceof Error ? err.message : String(err) });
+    }
+  });
+}

@@ -1,0 +1,226 @@
+// Fault specification of the mock provider and the one function that decides a request's fate.
+// Decisions are deterministic (counters, not Math.random), so a test that asks for "30% 503s"
+// gets exactly 3 failures in every 10 matching requests and never flakes.
+
+/** One way to fail with an HTTP error; rules are checked in order and the first that fires answers. */
+export interface ErrorRule {
+  /** HTTP status to answer, e.g. 503, 429, 400, 401, 500, 529. */
+  status: number;
+  /** Share (0..1) of matching requests that fail, spread evenly: 0.3 fails exactly 3 of every 10. Default: 1. */
+  rate?: number;
+  /** Only requests without an `x-retry-attempt` header (or with "0") count and can fail; retries pass. */
+  firstAttemptsOnly?: boolean;
+  /** OpenAI error body fields; unset ones get defaults by status. Anthropic paths use only `message`. */
+  code?: string;
+  type?: string;
+  message?: string;
+  param?: string | null;
+  /** Extra response headers, e.g. { "retry-after": "2" }. */
+  headers?: Record<string, string>;
+  /** Fail at most this many times in total; after that the rule no longer matches. */
+  times?: number;
+}
+
+/** Faults applied to streamed answers; "content chunks" are the events that carry output. */
+export interface StreamFaults {
+  /** Delay after the headers (and the role-only chunk) before the first content chunk, in ms. Default: 0. */
+  firstTokenDelayMs?: number;
+  /** Delay between content chunks, in ms. Default: 0. */
+  chunkDelayMs?: number;
+  /** Number of content chunks. Default: 5. */
+  chunks?: number;
+  /** Destroy the socket after this many content chunks (no finish event, no [DONE]). */
+  cutAfterChunks?: number;
+  /** Stop sending after this many content chunks and keep the connection open until the client leaves. */
+  stallAfterChunks?: number;
+  /** Send `data: {not json` in place of content chunk N (0-based), then continue. */
+  malformedAtChunk?: number;
+  /** Send the finish event but not the terminal one (`data: [DONE]`, message_stop, response.completed). */
+  omitDone?: boolean;
+  /** Send an SSE comment `: ping` before the first content chunk (before firstTokenDelayMs). */
+  pingBeforeFirstToken?: boolean;
+}
+
+/** Everything the mock can do wrong; see `decide` for the order in which the checks run. */
+export interface FaultSpec {
+  /** Delay before the response headers (non-stream: before the whole response), in ms. Default: 0. */
+  latencyMs?: number;
+  /** Adds a uniform random 0..this ms (seeded PRNG) to the latency. Default: 0. */
+  latencyJitterMs?: number;
+  /** Adds this many ms per other request in flight: a server that slows down with load. Default: 0. */
+  latencyPerInflightMs?: number;
+  /** Requests in flight beyond this get 429 rate_limit_exceeded at once. Default: unlimited. */
+  capacity?: number;
+  /** Headers on the capacity 429s. Default: none. */
+  capacityHeaders?: Record<string, string>;
+  /** Error rules, checked in order; the first that fires answers. */
+  errors?: ErrorRule[];
+  /** Deterministic share of requests whose socket is destroyed before any response byte. */
+  resetRate?: number;
+  /** Deterministic share of requests that never get an answer. */
+  hangRate?: number;
+  stream?: StreamFaults;
+  /** Per model name: fields here replace the global ones (shallow) for requests with that `model`. */
+  models?: Record<string, Omit<FaultSpec, 'models'>>;
+}
+
+export type BrownoutMode = '503' | 'hang' | '429';
+
+/** What the server must do with one request. */
+export type Decision =
+  | { kind: 'brownout'; mode: BrownoutMode }
+  | { kind: 'capacity'; headers: Record<string, string> | undefined }
+  | { kind: 'reset' }
+  | { kind: 'hang' }
+  | { kind: 'error'; rule: ErrorRule }
+  | { kind: 'answer'; latencyMs: number; stream: StreamFaults };
+
+/** Facts about a request that the decision depends on. */
+export interface RequestFacts {
+  model: string | undefined;
+  /** True when the request carries a non-zero `x-retry-attempt` header. */
+  isRetry: boolean;
+  /** Admitted requests in flight, this one excluded. */
+  inflight: number;
+  /** Admitted requests in flight for this request's model, this one excluded. */
+  modelInflight: number;
+  /** Active brownout, if any. */
+  brownout: BrownoutMode | undefined;
+}
+
+interface Counter {
+  /** Requests counted so far. */
+  n: number;
+  /** Times the fault fired (for ErrorRule.times). */
+  fired: number;
+}
+
+// Keys look like `resetRate@*` or `errors.2@gpt-4o`: field first, because model names may hold ':' or '.'.
+function counterKey(field: keyof FaultSpec, scope: string, index?: number): string {
+  return index === undefined ? `${field}@${scope}` : `${field}.${index}@${scope}`;
+}
+
+/**
+ * Per-fault counters. A counter belongs to the scope its setting came from: '*' for the global
+ * spec, the model name for a per-model override, so each override counts its own requests.
+ */
+export class FaultCounters {
+  private readonly map = new Map<string, Counter>();
+
+  get(key: string): Counter {
+    let c = this.map.get(key);
+    if (c === undefined) {
+      c = { n: 0, fired: 0 };
+      this.map.set(key, c);
+    }
+    return c;
+  }
+
+  clear(): void {
+    this.map.clear();
+  }
+
+  /** Forgets the counters of the settings a patch replaces, so their counting restarts. */
+  forgetPatched(patch: Partial<FaultSpec>): void {
+    for (const key of [...this.map.keys()]) {
+      const field = key.slice(0, key.search(/[.@]/));
+      const scope = key.slice(key.indexOf('@') + 1);
+      if (scope !== '*' ? 'models' in patch : field in patch) this.map.delete(key);
+    }
+  }
+}
+
+// Float products land just below whole numbers (100 * 0.29 = 28.999999999999996); without the
+// epsilon such a failure would slip into the next period and break "exactly k of every n".
+const EPS = 1e-9;
+
+/** Whether the n-th counted request (0-based) fails at this rate: evenly spread, exact per period. */
+export function firesAt(n: number, rate: number): boolean {
+  if (rate <= 0) return false;
+  if (rate >= 1) return true;
+  return Math.floor((n + 1) * rate + EPS) > Math.floor(n * rate + EPS);
+}
+
+function countAndFire(counters: FaultCounters, key: string, rate: number): boolean {
+  const c = counters.get(key);
+  const fires = firesAt(c.n, rate);
+  c.n++;
+  if (fires) c.fired++;
+  return fires;
+}
+
+/** Where an effective setting came from: the model's override or the global spec. */
+function scopeOf(override: Omit<FaultSpec, 'models'> | undefined, model: string | undefined, field: keyof Omit<FaultSpec, 'models'>): string {
+  return override !== undefined && model !== undefined && override[field] !== undefined ? model : '*';
+}
+
+/** The spec that applies to a model: the model's override fields replace the global ones. */
+export function effectiveSpec(spec: FaultSpec, model: string | undefined): Omit<FaultSpec, 'models'> {
+  const override = model === undefined ? undefined : spec.models?.[model];
+  if (override === undefined) return spec;
+  const merged: Omit<FaultSpec, 'models'> = { ...spec };
+  for (const [k, v] of Object.entries(override)) if (v !== undefined) (merged as Record<string, unknown>)[k] = v;
+  return merged;
+}
+
+/**
+ * Decides one request. Order: brownout, capacity, resetRate, hangRate, errors, then latency and a
+ * normal answer. Mutates only `counters`; `random` feeds the latency jitter alone.
+ */
+export function decide(spec: FaultSpec, counters: FaultCounters, facts: RequestFacts, random: () => number): Decision {
+  if (facts.brownout !== undefined) return { kind: 'brownout', mode: facts.brownout };
+
+  const override = facts.model === undefined ? undefined : spec.models?.[facts.model];
+  const eff = effectiveSpec(spec, facts.model);
+  const capacityScope = scopeOf(override, facts.model, 'capacity');
+  // A per-model capacity limits that model's concurrency; the global one limits the whole server.
+  const inflight = capacityScope === '*' ? facts.inflight : facts.modelInflight;
+
+  if (eff.capacity !== undefined && inflight >= eff.capacity) {
+    return { kind: 'capacity', headers: eff.capacityHeaders };
+  }
+  if (eff.resetRate !== undefined && eff.resetRate > 0) {
+    if (countAndFire(counters, counterKey('resetRate', scopeOf(override, facts.model, 'resetRate')), eff.resetRate)) return { kind: 'reset' };
+  }
+  if (eff.hangRate !== undefined && eff.hangRate > 0) {
+    if (countAndFire(counters, counterKey('hangRate', scopeOf(override, facts.model, 'hangRate')), eff.hangRate)) return { kind: 'hang' };
+  }
+  if (eff.errors !== undefined) {
+    const scope = scopeOf(override, facts.model, 'errors');
+    for (let i = 0; i < eff.errors.length; i++) {
+      const rule = eff.errors[i]!;
+      if (rule.firstAttemptsOnly === true && facts.isRetry) continue;
+      const key = counterKey('errors', scope, i);
+      if (rule.times !== undefined && counters.get(key).fired >= rule.times) continue;
+      if (countAndFire(counters, key, rule.rate ?? 1)) return { kind: 'error', rule };
+    }
+  }
+
+  const latencyInflight = scopeOf(override, facts.model, 'latencyPerInflightMs') === '*' ? facts.inflight : facts.modelInflight;
+  const latencyMs =
+    (eff.latencyMs ?? 0) +
+    (eff.latencyJitterMs !== undefined && eff.latencyJitterMs > 0 ? random() * eff.latencyJitterMs : 0) +
+    (eff.latencyPerInflightMs ?? 0) * latencyInflight;
+  return { kind: 'answer', latencyMs, stream: eff.stream ?? {} };
+}
+
+/** Throws a readable error when a value (e.g. a PUT body) is not a plausible FaultSpec. */
+export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('fault spec must be a JSON object');
+  const spec = value as Record<string, unknown>;
+  if (spec['errors'] !== undefined) {
+    if (!Array.isArray(spec['errors'])) throw new Error('errors must be an array');
+    for (const r of spec['errors']) {
+      if (typeof r !== 'object' || r === null || typeof (r as ErrorRule).status !== 'number') {
+        throw new Error('each error rule needs a numeric status');
+      }
+    }
+  }
+  for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {
+    if (spec[k] !== undefined && typeof spec[k] !== 'number') throw new Error(`${k} must be a number`);
+  }
+  if (spec['models'] !== undefined) {
+    if (typeof spec['models'] !== 'object' || spec['models'] === null) throw new Error('models must be an object');
+    for (const m of Object.values(spec['models'] as Record<string, unknown>)) assertFaultSpec(m);
+  }
+}

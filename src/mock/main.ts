@@ -1,0 +1,108 @@
+// CLI of the mock provider: `npm run mock -- --port 9000 --error 503:0.3 --latency-ms 50`.
+import { readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { assertFaultSpec, type ErrorRule, type FaultSpec } from './faults.ts';
+import { startMock } from './server.ts';
+
+const USAGE = `usage: npm run mock -- [options]
+  --port N              port (default 9000; 0 picks a free one)
+  --host H              host (default 127.0.0.1)
+  --latency-ms N        delay before every answer
+  --capacity N          requests in flight beyond N get 429
+  --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1
+  --reset-rate R        share of requests whose socket is destroyed
+  --hang-rate R         share of requests never answered
+  --faults JSON         full fault spec (flags above override its fields)
+  --faults-file PATH    fault spec from a JSON file
+  --api-key KEY         require this key (Bearer or x-api-key)
+  --quiet               no notes on stderr
+Control at runtime: GET/PUT/PATCH /_mock/faults, GET /_mock/stats, GET /_mock/requests,
+POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000}`;
+
+function num(name: string, value: string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0) throw new Error(`--${name} must be a non-negative number, got "${value}"`);
+  return n;
+}
+
+/** "503:0.3" -> { status: 503, rate: 0.3 }; the rate defaults to 1. */
+function parseErrorFlag(flag: string): ErrorRule {
+  const [status, rate] = flag.split(':');
+  const s = Number(status);
+  const r = rate === undefined ? 1 : Number(rate);
+  if (!Number.isInteger(s) || s < 100 || s > 599 || !Number.isFinite(r) || r < 0 || r > 1) {
+    throw new Error(`--error expects STATUS:RATE such as 503:0.3, got "${flag}"`);
+  }
+  return { status: s, rate: r };
+}
+
+/** Builds the fault spec from the flags: --faults/--faults-file first, then the single-field flags. */
+function faultsFromArgs(values: Record<string, string | boolean | string[] | undefined>): FaultSpec {
+  let spec: FaultSpec = {};
+  if (typeof values['faults-file'] === 'string') spec = JSON.parse(readFileSync(values['faults-file'], 'utf8')) as FaultSpec;
+  if (typeof values['faults'] === 'string') spec = JSON.parse(values['faults']) as FaultSpec;
+  const str = (k: string) => (typeof values[k] === 'string' ? values[k] : undefined);
+  const latencyMs = num('latency-ms', str('latency-ms'));
+  const capacity = num('capacity', str('capacity'));
+  const resetRate = num('reset-rate', str('reset-rate'));
+  const hangRate = num('hang-rate', str('hang-rate'));
+  if (latencyMs !== undefined) spec.latencyMs = latencyMs;
+  if (capacity !== undefined) spec.capacity = capacity;
+  if (resetRate !== undefined) spec.resetRate = resetRate;
+  if (hangRate !== undefined) spec.hangRate = hangRate;
+  const errors = values['error'];
+  if (Array.isArray(errors) && errors.length > 0) spec.errors = [...(spec.errors ?? []), ...errors.map(parseErrorFlag)];
+  assertFaultSpec(spec);
+  return spec;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      port: { type: 'string', default: '9000' },
+      host: { type: 'string', default: '127.0.0.1' },
+      'latency-ms': { type: 'string' },
+      capacity: { type: 'string' },
+      error: { type: 'string', multiple: true },
+      'reset-rate': { type: 'string' },
+      'hang-rate': { type: 'string' },
+      faults: { type: 'string' },
+      'faults-file': { type: 'string' },
+      'api-key': { type: 'string' },
+      quiet: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
+  const mock = await startMock({
+    port: num('port', values.port),
+    host: values.host,
+    faults: faultsFromArgs(values),
+    apiKey: values['api-key'],
+    quiet: values.quiet,
+  });
+  console.log(`stormgate mock provider listening on ${mock.url} (OpenAI base URL ${mock.url}/v1)`);
+
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    if (!values.quiet) process.stderr.write(`[mock] ${signal}, closing\n`);
+    mock.close().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
+  };
+  process.on('SIGINT', () => stop('SIGINT'));
+  process.on('SIGTERM', () => stop('SIGTERM'));
+}
+
+main().catch((err: unknown) => {
+  console.error(`mock: ${err instanceof Error ? err.message : String(err)}\n\n${USAGE}`);
+  process.exit(1);
+});

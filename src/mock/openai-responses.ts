@@ -1,0 +1,229 @@
+// OpenAI answers of the mock: chat completions, legacy completions, embeddings and the model list,
+// shaped as the official SDK parses them. Builders are pure: (request body, context) -> JSON / StreamPlan.
+import {
+  answerText,
+  countTokens,
+  embeddingOf,
+  float32Base64,
+  lastText,
+  promptChars,
+  splitText,
+  TOOL_ARGUMENTS,
+} from './content.ts';
+import { MockRequestError } from './errors.ts';
+import { dataEvent, DONE_EVENT, type StreamPlan } from './sse.ts';
+
+/** What every builder needs besides the request body. */
+export interface AnswerContext {
+  id(prefix: string): string;
+  /** Unix seconds. */
+  created: number;
+  /** Content chunks of a streamed answer. */
+  chunks: number;
+}
+
+export const SYSTEM_FINGERPRINT = 'fp_mock0001';
+const MALFORMED = 'data: {not json\n\n';
+
+/** A loosely typed JSON request body; builders check the fields they use. */
+export type Body = Record<string, unknown>;
+
+export function requireModel(body: Body): string {
+  const model = body['model'];
+  if (typeof model !== 'string' || model === '') throw new MockRequestError(400, 'you must provide a model parameter');
+  return model;
+}
+
+function requireField(body: Body, name: string): unknown {
+  const v = body[name];
+  if (v === undefined || v === null) {
+    throw new MockRequestError(400, `Missing required parameter: '${name}'.`, { code: 'missing_required_parameter', param: name });
+  }
+  return v;
+}
+
+function includeUsage(body: Body): boolean {
+  return (body['stream_options'] as { include_usage?: unknown } | undefined)?.include_usage === true;
+}
+
+// ---------- chat completions ----------
+
+type ChatAnswer = { kind: 'text'; text: string } | { kind: 'tool'; name: string };
+
+function chatAnswer(body: Body): ChatAnswer {
+  const messages = requireField(body, 'messages');
+  if (!Array.isArray(messages)) throw new MockRequestError(400, "Invalid type for 'messages': expected an array.", { param: 'messages' });
+  const tools = body['tools'];
+  const last = messages[messages.length - 1] as { role?: unknown } | undefined;
+  // Like a model that calls a tool once and then answers from its result.
+  if (Array.isArray(tools) && tools.length > 0 && last?.role !== 'tool' && body['tool_choice'] !== 'none') {
+    const fn = (tools[0] as { function?: { name?: unknown } }).function;
+    return { kind: 'tool', name: typeof fn?.name === 'string' ? fn.name : 'tool' };
+  }
+  return { kind: 'text', text: answerText(lastText(messages, 'user')) };
+}
+
+function choiceCount(body: Body): number {
+  const n = body['n'];
+  return typeof n === 'number' && n > 1 ? Math.min(Math.floor(n), 128) : 1;
+}
+
+function chatUsage(body: Body, completionText: string, n: number) {
+  const prompt = Math.max(1, Math.ceil(promptChars(body['messages']) / 4));
+  const completion = countTokens(completionText) * n;
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+/** Non-stream `chat.completion`. */
+export function chatCompletion(body: Body, ctx: AnswerContext): unknown {
+  const model = requireModel(body);
+  const answer = chatAnswer(body);
+  const n = choiceCount(body);
+  const choices = [];
+  for (let index = 0; index < n; index++) {
+    const message =
+      answer.kind === 'text'
+        ? { role: 'assistant', content: answer.text, refusal: null, annotations: [] }
+        : {
+            role: 'assistant',
+            content: null,
+            refusal: null,
+            annotations: [],
+            tool_calls: [{ id: ctx.id('call_'), type: 'function', function: { name: answer.name, arguments: TOOL_ARGUMENTS } }],
+          };
+    choices.push({ index, message, logprobs: null, finish_reason: answer.kind === 'text' ? 'stop' : 'tool_calls' });
+  }
+  return {
+    id: ctx.id('chatcmpl-'),
+    object: 'chat.completion',
+    created: ctx.created,
+    model,
+    choices,
+    usage: chatUsage(body, answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, n),
+    service_tier: 'default',
+    system_fingerprint: SYSTEM_FINGERPRINT,
+  };
+}
+
+/** Streamed `chat.completion.chunk` events, one event per choice at each step as the real API sends. */
+export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
+  const model = requireModel(body);
+  const answer = chatAnswer(body);
+  const n = choiceCount(body);
+  const usage = includeUsage(body);
+  const base = { id: ctx.id('chatcmpl-'), object: 'chat.completion.chunk', created: ctx.created, model, service_tier: 'default', system_fingerprint: SYSTEM_FINGERPRINT };
+  const event = (index: number, delta: unknown, finish: string | null) =>
+    dataEvent({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: finish }], ...(usage ? { usage: null } : {}) });
+  const perChoice = (make: (index: number) => string) => {
+    let s = '';
+    for (let i = 0; i < n; i++) s += make(i);
+    return s;
+  };
+
+  const finish = answer.kind === 'text' ? 'stop' : 'tool_calls';
+  const pieces = splitText(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, ctx.chunks);
+  const callIds = answer.kind === 'tool' ? Array.from({ length: n }, () => ctx.id('call_')) : [];
+  const head =
+    answer.kind === 'text'
+      ? perChoice((i) => event(i, { role: 'assistant', content: '', refusal: null }, null))
+      : perChoice((i) =>
+          event(i, { role: 'assistant', content: null, refusal: null, tool_calls: [{ index: 0, id: callIds[i], type: 'function', function: { name: answer.name, arguments: '' } }] }, null),
+        );
+  const chunks = pieces.map((piece) =>
+    perChoice((i) =>
+      event(i, answer.kind === 'text' ? { content: piece } : { tool_calls: [{ index: 0, function: { arguments: piece } }] }, null),
+    ),
+  );
+  let tail = perChoice((i) => event(i, {}, finish));
+  if (usage) {
+    tail += dataEvent({ ...base, choices: [], usage: chatUsage(body, answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, n) });
+  }
+  return { head, chunks, tail, done: DONE_EVENT, malformed: MALFORMED };
+}
+
+// ---------- legacy completions ----------
+
+function promptText(body: Body): string {
+  const prompt = requireField(body, 'prompt');
+  if (typeof prompt === 'string') return prompt;
+  if (Array.isArray(prompt) && typeof prompt[0] === 'string') return prompt[0];
+  return JSON.stringify(prompt);
+}
+
+function completionUsage(prompt: string, text: string) {
+  const p = countTokens(prompt);
+  const c = countTokens(text);
+  return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
+}
+
+/** Non-stream `text_completion`. */
+export function textCompletion(body: Body, ctx: AnswerContext): unknown {
+  const model = requireModel(body);
+  const prompt = promptText(body);
+  const text = answerText(prompt);
+  return {
+    id: ctx.id('cmpl-'),
+    object: 'text_completion',
+    created: ctx.created,
+    model,
+    choices: [{ text, index: 0, logprobs: null, finish_reason: 'stop' }],
+    usage: completionUsage(prompt, text),
+    system_fingerprint: SYSTEM_FINGERPRINT,
+  };
+}
+
+/** Streamed `text_completion` events. */
+export function textCompletionStream(body: Body, ctx: AnswerContext): StreamPlan {
+  const model = requireModel(body);
+  const prompt = promptText(body);
+  const text = answerText(prompt);
+  const base = { id: ctx.id('cmpl-'), object: 'text_completion', created: ctx.created, model, system_fingerprint: SYSTEM_FINGERPRINT };
+  const event = (piece: string, finish: string | null) =>
+    dataEvent({ ...base, choices: [{ text: piece, index: 0, logprobs: null, finish_reason: finish }] });
+  let tail = event('', 'stop');
+  if (includeUsage(body)) tail += dataEvent({ ...base, choices: [], usage: completionUsage(prompt, text) });
+  return { head: '', chunks: splitText(text, ctx.chunks).map((p) => event(p, null)), tail, done: DONE_EVENT, malformed: MALFORMED };
+}
+
+// ---------- embeddings ----------
+
+function embeddingInputs(body: Body): string[] {
+  const input = requireField(body, 'input');
+  if (typeof input === 'string') return [input];
+  if (!Array.isArray(input) || input.length === 0) {
+    throw new MockRequestError(400, "Invalid 'input': expected a string or a non-empty array.", { param: 'input' });
+  }
+  // An array of numbers is one pre-tokenised input; anything else is one input per element.
+  if (input.every((x) => typeof x === 'number')) return [JSON.stringify(input)];
+  return input.map((x) => (typeof x === 'string' ? x : JSON.stringify(x)));
+}
+
+/** `{ object: 'list', data: [embedding...] }`, base64 when asked (the openai SDK asks by default). */
+export function embeddings(body: Body): unknown {
+  const model = requireModel(body);
+  const inputs = embeddingInputs(body);
+  const base64 = body['encoding_format'] === 'base64';
+  let tokens = 0;
+  const data = inputs.map((text, index) => {
+    tokens += countTokens(text);
+    const v = embeddingOf(text);
+    return { object: 'embedding', index, embedding: base64 ? float32Base64(v) : v };
+  });
+  return { object: 'list', data, model, usage: { prompt_tokens: tokens, total_tokens: tokens } };
+}
+
+// ---------- models ----------
+
+const MODELS: ReadonlyArray<[id: string, ownedBy: string]> = [
+  ['gpt-4o', 'system'],
+  ['gpt-4o-mini', 'system'],
+  ['gpt-4.1', 'system'],
+  ['text-embedding-3-small', 'system'],
+  ['claude-sonnet-4-5', 'anthropic'],
+];
+
+/** Built once: the model list never changes. */
+export const MODELS_BODY = JSON.stringify({
+  object: 'list',
+  data: MODELS.map(([id, owned_by]) => ({ id, object: 'model', created: 1_715_367_049, owned_by })),
+});

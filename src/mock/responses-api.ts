@@ -1,0 +1,107 @@
+// OpenAI Responses API (`POST /v1/responses`): the Response object and its real event sequence.
+import { answerText, contentText, countTokens, lastText, promptChars, splitText } from './content.ts';
+import { requireModel, type AnswerContext, type Body } from './openai-responses.ts';
+import { namedEvent, type StreamPlan } from './sse.ts';
+
+function promptOf(body: Body): string {
+  const input = body['input'];
+  return typeof input === 'string' ? input : lastText(input, 'user');
+}
+
+function promptTokens(body: Body): number {
+  const input = body['input'];
+  const chars = (typeof input === 'string' ? input.length : promptChars(input)) + contentText(body['instructions']).length;
+  return Math.max(1, Math.ceil(chars / 4));
+}
+
+interface Parts {
+  model: string;
+  respId: string;
+  msgId: string;
+  createdAt: number;
+  text: string;
+  inputTokens: number;
+}
+
+function parts(body: Body, ctx: AnswerContext): Parts {
+  const model = requireModel(body);
+  const text = answerText(promptOf(body));
+  return { model, respId: ctx.id('resp_'), msgId: ctx.id('msg_'), createdAt: ctx.created, text, inputTokens: promptTokens(body) };
+}
+
+function message(p: Parts, status: 'in_progress' | 'completed', text: string | undefined) {
+  return {
+    id: p.msgId,
+    type: 'message',
+    status,
+    role: 'assistant',
+    content: text === undefined ? [] : [{ type: 'output_text', text, annotations: [], logprobs: [] }],
+  };
+}
+
+/** The Response object; fields the SDK types declare non-optional are all present. */
+function response(p: Parts, body: Body, status: 'in_progress' | 'completed') {
+  const done = status === 'completed';
+  const outputTokens = countTokens(p.text);
+  return {
+    id: p.respId,
+    object: 'response',
+    created_at: p.createdAt,
+    status,
+    background: false,
+    error: null,
+    incomplete_details: null,
+    instructions: typeof body['instructions'] === 'string' ? body['instructions'] : null,
+    max_output_tokens: typeof body['max_output_tokens'] === 'number' ? body['max_output_tokens'] : null,
+    model: p.model,
+    output: done ? [message(p, 'completed', p.text)] : [],
+    parallel_tool_calls: true,
+    previous_response_id: null,
+    reasoning: { effort: null, summary: null },
+    service_tier: 'default',
+    store: body['store'] !== false,
+    temperature: typeof body['temperature'] === 'number' ? body['temperature'] : 1,
+    text: { format: { type: 'text' } },
+    tool_choice: 'auto',
+    tools: [],
+    top_p: 1,
+    truncation: 'disabled',
+    usage: done
+      ? {
+          input_tokens: p.inputTokens,
+          input_tokens_details: { cached_tokens: 0 },
+          output_tokens: outputTokens,
+          output_tokens_details: { reasoning_tokens: 0 },
+          total_tokens: p.inputTokens + outputTokens,
+        }
+      : null,
+    user: null,
+    metadata: {},
+  };
+}
+
+/** Non-stream Response. */
+export function responseObject(body: Body, ctx: AnswerContext): unknown {
+  return response(parts(body, ctx), body, 'completed');
+}
+
+/** created, in_progress, output_item.added, content_part.added, deltas, *.done, completed. */
+export function responseStream(body: Body, ctx: AnswerContext): StreamPlan {
+  const p = parts(body, ctx);
+  let seq = 0;
+  const ev = (type: string, fields: Record<string, unknown>) => namedEvent(type, { type, sequence_number: seq++, ...fields });
+  const where = { item_id: p.msgId, output_index: 0, content_index: 0 };
+
+  const head =
+    ev('response.created', { response: response(p, body, 'in_progress') }) +
+    ev('response.in_progress', { response: response(p, body, 'in_progress') }) +
+    ev('response.output_item.added', { output_index: 0, item: message(p, 'in_progress', undefined) }) +
+    ev('response.content_part.added', { ...where, part: { type: 'output_text', text: '', annotations: [], logprobs: [] } });
+  const chunks = splitText(p.text, ctx.chunks).map((delta) => ev('response.output_text.delta', { ...where, delta, logprobs: [] }));
+  const tail =
+    ev('response.output_text.done', { ...where, text: p.text, logprobs: [] }) +
+    ev('response.content_part.done', { ...where, part: { type: 'output_text', text: p.text, annotations: [], logprobs: [] } }) +
+    ev('response.output_item.done', { output_index: 0, item: message(p, 'completed', p.text) });
+  const done = ev('response.completed', { response: response(p, body, 'completed') });
+  return { head, chunks, tail, done, malformed: 'event: response.output_text.delta\ndata: {not json\n\n' };
+}

@@ -1,0 +1,394 @@
+// The fault-injecting mock LLM provider: raw node:http with keep-alive, so it costs the gateway's
+// benchmarks next to nothing, and deterministic faults, so the gateway's tests never flake.
+import { createServer, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { performance } from 'node:perf_hooks';
+import { message, messageStream } from './anthropic-responses.ts';
+import { flattenHeaders, parseJsonObject, pathOf, readBody } from './body.ts';
+import { idSource, seededRandom } from './content.ts';
+import { handleControl } from './control.ts';
+import { Exchange, streamIO, type Family } from './exchange.ts';
+import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, type ErrorDetails } from './errors.ts';
+import { assertFaultSpec, decide, FaultCounters, type BrownoutMode, type Decision, type FaultSpec } from './faults.ts';
+import { chatCompletion, chatStream, embeddings, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
+import { responseObject, responseStream } from './responses-api.ts';
+import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
+import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
+
+export type { MockRequestLog, MockStats } from './stats.ts';
+export type { BrownoutMode, ErrorRule, FaultSpec, StreamFaults } from './faults.ts';
+
+export interface MockOptions {
+  /** Port to listen on; 0 picks a free one. Default: 0. */
+  port?: number;
+  /** Default: 127.0.0.1. */
+  host?: string;
+  /** Initial fault spec. Default: none (every request answered at once). */
+  faults?: FaultSpec;
+  /** When set, requests with another key get 401. Default: any key is accepted. */
+  apiKey?: string;
+  /** Suppresses the notes on stderr (brownouts, fault changes). Default: false. */
+  quiet?: boolean;
+  /** Seed of the latency-jitter PRNG. Default: 1. */
+  seed?: number;
+}
+
+export interface MockServer {
+  /** e.g. http://127.0.0.1:41234 (no trailing slash, no /v1). */
+  url: string;
+  port: number;
+  /** Replaces the fault spec; fault counters restart. */
+  setFaults(spec: FaultSpec): void;
+  /** Merges fields into the spec (shallow; null or undefined removes a field); their counters restart. */
+  patchFaults(spec: Partial<FaultSpec>): void;
+  /** Current fault spec. */
+  faults(): FaultSpec;
+  /** Every request gets the brownout answer for durationMs from now. */
+  brownout(mode: BrownoutMode, durationMs: number): void;
+  stats(): MockStats;
+  /** The last 10000 requests, oldest first. */
+  requests(): MockRequestLog[];
+  /** Clears stats, the request log and fault counters (not the fault spec). */
+  reset(): void;
+  /** Closes the server and destroys every socket, hanging requests included. */
+  close(): Promise<void>;
+}
+
+interface Route {
+  family: Family;
+  answer(body: Body, ctx: AnswerContext): string;
+  stream?: (body: Body, ctx: AnswerContext) => StreamPlan;
+}
+
+const json = (build: (body: Body, ctx: AnswerContext) => unknown) => (body: Body, ctx: AnswerContext) => JSON.stringify(build(body, ctx));
+
+const ROUTES: Record<string, Route> = {
+  'POST /v1/chat/completions': { family: 'openai', answer: json(chatCompletion), stream: chatStream },
+  'POST /v1/completions': { family: 'openai', answer: json(textCompletion), stream: textCompletionStream },
+  'POST /v1/embeddings': { family: 'openai', answer: json(embeddings) },
+  'POST /v1/responses': { family: 'openai', answer: json(responseObject), stream: responseStream },
+  'POST /v1/messages': { family: 'anthropic', answer: json(message), stream: messageStream },
+  'GET /v1/models': { family: 'openai', answer: () => MODELS_BODY },
+};
+
+/** Requests per second advertised in x-ratelimit-limit-requests when no capacity is set. */
+const DEFAULT_LIMIT = 10_000;
+
+class MockProvider implements MockServer {
+  url = '';
+  port = 0;
+  private spec: FaultSpec;
+  private readonly counters = new FaultCounters();
+  private readonly statsCollector = new StatsCollector();
+  private readonly log = new RequestLogRing(10_000);
+  private readonly modelInflight = new Map<string, number>();
+  private readonly ids = idSource();
+  private readonly random: () => number;
+  private brownoutState: { mode: BrownoutMode; until: number } | undefined = undefined;
+  private seq = 0;
+  private closing = false;
+  private closed: Promise<void> | undefined = undefined;
+  readonly server: Server;
+  private readonly opts: MockOptions;
+
+  constructor(opts: MockOptions) {
+    this.opts = opts;
+    this.spec = opts.faults ?? {};
+    if (opts.faults !== undefined) assertFaultSpec(opts.faults);
+    this.random = seededRandom(opts.seed ?? 1);
+    this.server = createServer({ keepAlive: true, noDelay: true, requestTimeout: 0 }, (req, res) => this.onRequest(req, res));
+    // Longer than undici's 4 s keep-alive default, so the client always closes idle sockets first.
+    this.server.keepAliveTimeout = 65_000;
+    this.server.headersTimeout = 66_000;
+  }
+
+  // ---------- control ----------
+
+  setFaults(spec: FaultSpec): void {
+    assertFaultSpec(spec);
+    this.spec = spec;
+    this.counters.clear();
+    this.note(`faults set: ${JSON.stringify(spec)}`);
+  }
+
+  patchFaults(patch: Partial<FaultSpec>): void {
+    const merged: Record<string, unknown> = { ...this.spec };
+    for (const [k, v] of Object.entries(patch)) {
+      if (v === null || v === undefined) delete merged[k];
+      else merged[k] = v;
+    }
+    assertFaultSpec(merged);
+    this.spec = merged as FaultSpec;
+    this.counters.forgetPatched(patch);
+    this.note(`faults patched: ${JSON.stringify(patch)}`);
+  }
+
+  faults(): FaultSpec {
+    return this.spec;
+  }
+
+  brownout(mode: BrownoutMode, durationMs: number): void {
+    if (mode !== '503' && mode !== 'hang' && mode !== '429') throw new Error(`unknown brownout mode ${String(mode)}`);
+    this.brownoutState = { mode, until: Date.now() + durationMs };
+    this.note(`brownout ${mode} for ${durationMs} ms`);
+  }
+
+  stats(): MockStats {
+    return this.statsCollector.snapshot();
+  }
+
+  requests(): MockRequestLog[] {
+    return this.log.list();
+  }
+
+  reset(): void {
+    this.statsCollector.reset();
+    this.log.clear();
+    this.counters.clear();
+  }
+
+  close(): Promise<void> {
+    if (this.closed !== undefined) return this.closed;
+    this.closing = true;
+    this.closed = new Promise((resolve) => {
+      this.server.close(() => resolve());
+      // Destroys hanging and keep-alive sockets too; server.close alone would wait for them.
+      this.server.closeAllConnections();
+    });
+    return this.closed;
+  }
+
+  private note(msg: string): void {
+    if (this.opts.quiet !== true) process.stderr.write(`[mock] ${msg}\n`);
+  }
+
+  // ---------- requests ----------
+
+  private onRequest(req: IncomingMessage, res: ServerResponse): void {
+    const path = pathOf(req.url);
+    if (path.startsWith('/_mock/')) {
+      handleControl(this, req, res, path);
+      return;
+    }
+    const method = req.method ?? 'GET';
+    const route = ROUTES[`${method} ${path}`];
+    const now = Date.now();
+    const entry: MockRequestLog = {
+      id: ++this.seq,
+      receivedAt: now,
+      method,
+      path,
+      stream: false,
+      headers: flattenHeaders(req.headers),
+      aborted: false,
+    };
+    this.log.add(entry);
+    this.statsCollector.arrived(route === undefined ? 'other' : path, now);
+    const family: Family = route?.family ?? (path.startsWith('/v1/messages') ? 'anthropic' : 'openai');
+    const x = new Exchange(req, res, entry, family, this.ids('req_'));
+    res.on('close', () => this.onClose(x));
+    readBody(req, (raw) => {
+      if (x.closed) return;
+      try {
+        this.onBody(x, route, raw);
+      } catch (err) {
+        this.fail(x, err);
+      }
+    });
+  }
+
+  private onBody(x: Exchange, route: Route | undefined, raw: Buffer | undefined): void {
+    const { entry } = x;
+    if (route === undefined) {
+      this.sendError(x, { ...errorDetails(404), message: `Invalid URL (${entry.method} ${entry.path})` });
+      return;
+    }
+    if (raw === undefined) {
+      this.sendError(x, { ...errorDetails(413), type: 'invalid_request_error', message: 'Request body too large (mock).' });
+      return;
+    }
+    let body: Body;
+    try {
+      body = parseJsonObject(raw);
+    } catch {
+      this.sendError(x, { ...errorDetails(400), message: 'We could not parse the JSON body of your request (mock).' });
+      return;
+    }
+    if (typeof body['model'] === 'string') entry.model = body['model'];
+    entry.stream = body['stream'] === true && route.stream !== undefined;
+    if (!this.authorized(x)) {
+      this.sendError(x, errorDetails(401));
+      return;
+    }
+
+    const attempt = entry.headers['x-retry-attempt'];
+    const model = entry.model;
+    const decision = decide(
+      this.spec,
+      this.counters,
+      {
+        model,
+        isRetry: attempt !== undefined && attempt !== '' && attempt !== '0',
+        inflight: this.statsCollector.inflight,
+        modelInflight: model === undefined ? 0 : (this.modelInflight.get(model) ?? 0),
+        brownout: this.activeBrownout(),
+      },
+      this.random,
+    );
+    if (decision.kind !== 'capacity') this.admit(x);
+    this.act(x, route, body, decision);
+  }
+
+  private act(x: Exchange, route: Route, body: Body, d: Decision): void {
+    switch (d.kind) {
+      case 'brownout':
+        if (d.mode === 'hang') x.entry.status = 'hang';
+        else if (d.mode === '503') this.sendError(x, errorDetails(503));
+        else {
+          const seconds = Math.max(1, Math.ceil((this.brownoutState!.until - Date.now()) / 1000));
+          this.sendError(x, errorDetails(429), { 'retry-after': String(seconds) });
+        }
+        return;
+      case 'capacity':
+        this.sendError(x, errorDetails(429), d.headers);
+        return;
+      case 'reset':
+        x.entry.status = 'reset';
+        x.destroy();
+        return;
+      case 'hang':
+        // Never answered: the socket's close (client abort or close()) ends it.
+        x.entry.status = 'hang';
+        return;
+      case 'error':
+        this.sendError(x, errorDetails(d.rule.status, d.rule), d.rule.headers);
+        return;
+      case 'answer':
+        this.answer(x, route, body, d).catch((err: unknown) => this.fail(x, err));
+        return;
+    }
+  }
+
+  private async answer(x: Exchange, route: Route, body: Body, d: Extract<Decision, { kind: 'answer' }>): Promise<void> {
+    const ctx: AnswerContext = { id: this.ids, created: Math.floor(Date.now() / 1000), chunks: d.stream.chunks ?? DEFAULT_CHUNKS };
+    // Build first: a request the provider would reject is rejected at once, without the latency.
+    let text: string | undefined;
+    let plan: StreamPlan | undefined;
+    try {
+      if (x.entry.stream) plan = route.stream!(body, ctx);
+      else text = route.answer(body, ctx);
+    } catch (err) {
+      if (!(err instanceof MockRequestError)) throw err;
+      this.sendError(x, err.details());
+      return;
+    }
+    if (d.latencyMs > 0 && !(await x.wait(d.latencyMs))) return;
+
+    const { res } = x;
+    x.entry.status = 200;
+    if (plan === undefined) {
+      const headers = this.headers(x, 'application/json');
+      headers['content-length'] = Buffer.byteLength(text!);
+      res.writeHead(200, headers);
+      res.end(text);
+      return;
+    }
+    const headers = this.headers(x, 'text/event-stream; charset=utf-8');
+    headers['cache-control'] = 'no-cache';
+    res.writeHead(200, headers);
+    res.flushHeaders();
+    x.entry.chunksSent = 0;
+    await runStream(plan, d.stream, streamIO(x));
+  }
+
+  private headers(x: Exchange, contentType: string): OutgoingHttpHeaders {
+    const limit = this.spec.capacity ?? DEFAULT_LIMIT;
+    const h: OutgoingHttpHeaders = {
+      'content-type': contentType,
+      'x-request-id': x.requestId,
+      'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
+      'x-ratelimit-limit-requests': String(limit),
+      'x-ratelimit-remaining-requests': String(Math.max(0, limit - this.statsCollector.inflight)),
+      'x-ratelimit-reset-requests': '1s',
+    };
+    if (x.family === 'anthropic') h['request-id'] = x.requestId;
+    return h;
+  }
+
+  private sendError(x: Exchange, d: ErrorDetails, extra?: Record<string, string>): void {
+    if (x.closed || x.res.headersSent) return;
+    const body = x.family === 'anthropic' ? anthropicErrorBody(d, x.requestId) : openaiErrorBody(d);
+    const headers = this.headers(x, 'application/json');
+    headers['content-length'] = Buffer.byteLength(body);
+    if (extra !== undefined) for (const k in extra) headers[k.toLowerCase()] = extra[k];
+    x.entry.status = d.status;
+    x.res.writeHead(d.status, headers);
+    x.res.end(body);
+  }
+
+  /** A bug in the mock: answer 500 if nothing was sent yet, else drop the connection. */
+  private fail(x: Exchange, err: unknown): void {
+    this.note(`internal error: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
+    if (x.res.headersSent) x.destroy();
+    else this.sendError(x, { ...errorDetails(500), message: `mock internal error: ${String(err)}` });
+  }
+
+  private authorized(x: Exchange): boolean {
+    const key = this.opts.apiKey;
+    if (key === undefined) return true;
+    const h = x.entry.headers;
+    if (h['authorization'] === `Bearer ${key}`) return true;
+    return x.family === 'anthropic' && h['x-api-key'] === key;
+  }
+
+  private activeBrownout(): BrownoutMode | undefined {
+    const b = this.brownoutState;
+    if (b === undefined) return undefined;
+    if (Date.now() < b.until) return b.mode;
+    this.brownoutState = undefined;
+    this.note('brownout over');
+    return undefined;
+  }
+
+  private admit(x: Exchange): void {
+    x.admitted = true;
+    this.statsCollector.admit();
+    const m = x.entry.model;
+    if (m !== undefined) this.modelInflight.set(m, (this.modelInflight.get(m) ?? 0) + 1);
+  }
+
+  private onClose(x: Exchange): void {
+    x.markClosed();
+    const { entry } = x;
+    const now = Date.now();
+    entry.endedAt = now;
+    entry.aborted = !x.res.writableFinished && !x.destroyedByUs && !this.closing;
+    if (x.admitted) {
+      this.statsCollector.release();
+      const m = entry.model;
+      if (m !== undefined) {
+        const n = (this.modelInflight.get(m) ?? 1) - 1;
+        if (n === 0) this.modelInflight.delete(m);
+        else this.modelInflight.set(m, n);
+      }
+    }
+    this.statsCollector.ended(String(entry.status ?? 'aborted'), entry.aborted, now);
+  }
+}
+
+/** Starts the mock provider and resolves once it listens. */
+export async function startMock(opts: MockOptions = {}): Promise<MockServer> {
+  const mock = new MockProvider(opts);
+  const host = opts.host ?? '127.0.0.1';
+  await new Promise<void>((resolve, reject) => {
+    mock.server.once('error', reject);
+    mock.server.listen(opts.port ?? 0, host, () => {
+      mock.server.off('error', reject);
+      resolve();
+    });
+  });
+  const { port } = mock.server.address() as AddressInfo;
+  mock.port = port;
+  mock.url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+  return mock;
+}

@@ -1,0 +1,170 @@
+// The gateway's own edges: error shapes for bad input, which headers cross, request ids, /v1/models, passthrough.
+import { afterEach, describe, expect, it } from 'vitest';
+import { defaultConfig, startStack, TEST_KEY, type Stack } from './helpers/stack.ts';
+
+let stack: Stack | undefined;
+afterEach(async () => {
+  await stack?.close();
+  stack = undefined;
+});
+
+function expectOpenAIError(body: unknown, code: string, type = 'invalid_request_error') {
+  const e = (body as { error: Record<string, unknown> }).error;
+  expect(Object.keys(e).sort()).toEqual(['code', 'message', 'param', 'type']);
+  expect(e.code).toBe(code);
+  expect(e.type).toBe(type);
+  expect(typeof e.message).toBe('string');
+}
+
+describe('bad input gets an OpenAI-shaped error', () => {
+  it('answers malformed JSON with 400 invalid_json', async () => {
+    stack = await startStack({});
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, payload: '{"model": "gpt-4o",' });
+    expect(res.statusCode).toBe(400);
+    expectOpenAIError(res.json(), 'invalid_json');
+    expect(stack.mock.stats().total).toBe(0);
+  });
+
+  it('answers a JSON body that is not an object with 400', async () => {
+    stack = await startStack({});
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, payload: '[1,2]' });
+    expect(res.statusCode).toBe(400);
+    expectOpenAIError(res.json(), 'invalid_body');
+  });
+
+  it('answers a body over bodyLimitBytes with 413', async () => {
+    stack = await startStack({ config: (url) => ({ ...defaultConfig(url), server: { port: 0, bodyLimitBytes: 1024 } }) });
+    const res = await fetch(`${stack.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(5000) }] }),
+    });
+    expect(res.status).toBe(413);
+    expectOpenAIError(await res.json(), 'request_too_large');
+  });
+
+  it('answers an unknown path with 404 unknown_url and a wrong method with 405', async () => {
+    stack = await startStack({});
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/files', payload: {} });
+    expect(res.statusCode).toBe(404);
+    expectOpenAIError(res.json(), 'unknown_url');
+    const get = await stack.gateway.inject({ method: 'GET', url: '/v1/chat/completions' });
+    expect(get.statusCode).toBe(405);
+    expectOpenAIError(get.json(), 'method_not_allowed');
+  });
+
+  it('answers a model no route serves with 404 model_not_found', async () => {
+    stack = await startStack({ route: { match: { path: '/v1/chat/completions', models: ['gpt-4o*'] } } });
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'llama-3', messages: [] } });
+    expect(res.statusCode).toBe(404);
+    expectOpenAIError(res.json(), 'model_not_found');
+    expect((res.json() as { error: { param: string } }).error.param).toBe('model');
+    const ok = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }] } });
+    expect(ok.statusCode).toBe(200);
+  });
+
+  it('answers a non-JSON content type with 415', async () => {
+    stack = await startStack({});
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', headers: { 'content-type': 'text/plain' }, payload: 'hello' });
+    expect(res.statusCode).toBe(415);
+    expectOpenAIError(res.json(), 'unsupported_media_type');
+  });
+});
+
+describe('headers across the gateway', () => {
+  it('sends the provider key, never the client\'s credentials or cookies, and forwards what providers need', async () => {
+    stack = await startStack({});
+    await fetch(`${stack.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        authorization: 'Bearer client-secret',
+        'x-api-key': 'client-x-api-key',
+        'api-key': 'client-azure-key',
+        cookie: 'session=abc',
+        'openai-beta': 'assistants=v2',
+        traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',
+        'x-stainless-timeout': '30',
+        'x-request-id': 'client-req-42',
+      },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    const h = stack.mock.requests()[0]!.headers;
+    expect(h.authorization).toBe(`Bearer ${TEST_KEY}`);
+    expect(h['x-api-key']).toBeUndefined();
+    expect(h['api-key']).toBeUndefined();
+    expect(h.cookie).toBeUndefined();
+    expect(h['openai-beta']).toBe('assistants=v2');
+    expect(h.traceparent).toMatch(/^00-/);
+    expect(h['x-stainless-timeout']).toBeUndefined();
+    expect(h['x-client-request-id']).toBe('client-req-42');
+  });
+
+  it('returns its own request id and passes the upstream x-request-id back untouched', async () => {
+    stack = await startStack({});
+    const res = await fetch(`${stack.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-request-id': 'client-req-7' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    expect(res.headers.get('x-stormgate-request-id')).toBe('client-req-7');
+    expect(res.headers.get('x-request-id')).toMatch(/^req_/);
+    const generated = await fetch(`${stack.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    expect(generated.headers.get('x-stormgate-request-id')).toMatch(/^[0-9a-f-]{36}$/);
+    const line = stack.logs.map((l) => JSON.parse(l)).find((l) => l.reqId === 'client-req-7');
+    expect(line).toMatchObject({ route: 'chat', target: 'mock', outcome: 'success', status: 200 });
+    expect(line.upstreamRequestId).toMatch(/^req_/);
+  });
+
+  it('rewrites the model for a target that names one', async () => {
+    stack = await startStack({ route: { targets: [{ provider: 'mock', model: 'gpt-4.1' }] } });
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] } });
+    expect(res.statusCode).toBe(200);
+    expect(stack.mock.requests()[0]!.model).toBe('gpt-4.1');
+    expect(res.headers['x-stormgate-target']).toBe('mock/gpt-4.1');
+  });
+
+  it('never writes a provider key or client credential into its logs', async () => {
+    stack = await startStack({ faults: { errors: [{ status: 401, rate: 1, message: `bad key ${TEST_KEY}` }] } });
+    await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', headers: { authorization: 'Bearer client-secret' }, payload: { model: 'gpt-4o', messages: [] } });
+    const all = stack.logs.join('\n');
+    expect(all).not.toContain(TEST_KEY);
+    expect(all).not.toContain('client-secret');
+  });
+});
+
+describe('passthrough', () => {
+  it('is off by default: the gateway is no open relay for the provider key', async () => {
+    stack = await startStack({});
+    const res = await stack.gateway.inject({ method: 'GET', url: '/v1/models/gpt-4o' });
+    expect(res.statusCode).toBe(404);
+    expect(stack.mock.stats().total).toBe(0);
+  });
+
+  it('forwards exactly the configured paths and methods with the provider credentials and no retries', async () => {
+    stack = await startStack({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      config: (url) => {
+        const base = defaultConfig(url);
+        return { ...base, routes: base.routes.filter((r) => r.name !== 'embeddings'), passthrough: { provider: 'mock', paths: ['/v1/embeddings'], methods: ['POST'] } };
+      },
+    });
+    const res = await fetch(`${stack.url}/v1/embeddings`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer client-secret', cookie: 'a=b', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'text-embedding-3-small', input: 'x' }),
+    });
+    expect(res.status).toBe(503);
+    expect(stack.mock.stats().total).toBe(1);
+    const h = stack.mock.requests()[0]!.headers;
+    expect(h.authorization).toBe(`Bearer ${TEST_KEY}`);
+    expect(h.cookie).toBeUndefined();
+    const get = await fetch(`${stack.url}/v1/embeddings`);
+    expect(get.status).toBe(404);
+    expect(stack.mock.stats().total).toBe(1);
+  });
+});

@@ -1,0 +1,141 @@
+// Streaming through the gateway: headers held until the first output, events passed through as they arrive,
+// retries only before the first byte, and broken streams ending in an error the SDK raises.
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import { startStack, type Stack, type StackOptions } from './helpers/stack.ts';
+
+let stack: Stack | undefined;
+afterEach(async () => {
+  await stack?.close();
+  stack = undefined;
+});
+
+async function start(opts: StackOptions): Promise<Stack> {
+  stack = await startStack(opts);
+  return stack;
+}
+
+const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 2 });
+
+async function collect(s: Stack): Promise<string> {
+  const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'tell me' }], stream: true });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  return text;
+}
+
+async function rawStream(s: Stack): Promise<{ status: number; text: string }> {
+  const res = await fetch(`${s.baseURL}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true }),
+  });
+  return { status: res.status, text: await res.text() };
+}
+
+describe('streaming', () => {
+  it('passes events through as they arrive: the client reads the first chunk before the mock has sent the last', async () => {
+    const s = await start({ faults: { stream: { chunks: 6, chunkDelayMs: 150 } } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    let firstContentAt: number | undefined;
+    for await (const chunk of stream) {
+      if (firstContentAt === undefined && chunk.choices[0]?.delta?.content) firstContentAt = Date.now();
+    }
+    const upstreamEnded = s.mock.requests()[0]!.endedAt!;
+    expect(firstContentAt).toBeDefined();
+    expect(upstreamEnded - firstContentAt!).toBeGreaterThan(400);
+  });
+
+  it('delivers the same text as the non-streaming answer, with [DONE] at the end', async () => {
+    const s = await start({});
+    const text = await collect(s);
+    const whole = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'tell me' }] });
+    expect(text).toBe(whole.choices[0]!.message.content);
+    const raw = await rawStream(s);
+    expect(raw.text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+  });
+
+  it('retries a first-token timeout before any byte reaches the client, and answers 504 when every attempt is silent', async () => {
+    const s = await start({
+      faults: { stream: { firstTokenDelayMs: 1_000 } },
+      provider: { timeouts: { firstTokenMs: 200 } },
+      route: { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10, capMs: 10 } } },
+    });
+    const started = Date.now();
+    const raw = await rawStream(s);
+    expect(raw.status).toBe(504);
+    expect(JSON.parse(raw.text).error.code).toBe('upstream_timeout');
+    expect(s.mock.stats().total).toBe(2);
+    expect(Date.now() - started).toBeLessThan(1_000);
+  });
+
+  it('does not count a role-only chunk or a ping as the first token, but a slow first token within the limit succeeds', async () => {
+    const s = await start({ faults: { stream: { firstTokenDelayMs: 300, pingBeforeFirstToken: true } }, provider: { timeouts: { firstTokenMs: 2_000 } } });
+    const text = await collect(s);
+    expect(text.length).toBeGreaterThan(0);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('retries a stream that is malformed before its first output', async () => {
+    const s = await start({
+      faults: { stream: { malformedAtChunk: 0 } },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+    });
+    const raw = await rawStream(s);
+    expect(raw.status).toBe(502);
+    expect(JSON.parse(raw.text).error.code).toBe('upstream_bad_response');
+    expect(s.mock.stats().total).toBe(3);
+  });
+
+  it('ends a stream cut after the first byte with an error event that the SDK raises, without retrying', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, cutAfterChunks: 2 } } });
+    await expect(collect(s)).rejects.toThrow(/cut|ended before the answer was complete/);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('ends a stalled stream after idleMs with an error event that the SDK raises', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, stallAfterChunks: 2 } }, provider: { timeouts: { idleMs: 300 } } });
+    const started = Date.now();
+    await expect(collect(s)).rejects.toThrow(/stalled/);
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('drops a malformed event after the first byte and completes the answer', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, malformedAtChunk: 2 } } });
+    const raw = await rawStream(s);
+    expect(raw.text).not.toContain('{not json');
+    const text = await collect(s);
+    expect(text.length).toBeGreaterThan(0);
+  });
+
+  it('finalises a finished stream that ends without [DONE]', async () => {
+    const s = await start({ faults: { stream: { omitDone: true } } });
+    const raw = await rawStream(s);
+    expect(raw.text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    expect((await collect(s)).length).toBeGreaterThan(0);
+  });
+
+  it('streams the Responses API through the SDK', async () => {
+    const s = await start({ faults: { stream: { chunks: 4 } } });
+    const stream = await sdk(s).responses.create({ model: 'gpt-4o', input: 'hello', stream: true });
+    let text = '';
+    let completed = false;
+    for await (const ev of stream) {
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      if (ev.type === 'response.completed') completed = true;
+    }
+    expect(text.length).toBeGreaterThan(0);
+    expect(completed).toBe(true);
+  });
+
+  it('ends a cut Responses API stream with an error the SDK raises', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, cutAfterChunks: 2 } } });
+    const stream = await sdk(s).responses.create({ model: 'gpt-4o', input: 'hello', stream: true });
+    await expect(
+      (async () => {
+        for await (const _ of stream) void _;
+      })(),
+    ).rejects.toThrow(/cut|ended before the answer was complete/);
+  });
+});
