@@ -1,18 +1,10 @@
 // Deadlines and client disconnects over real HTTP: no attempt after the deadline, no ghost requests.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startStack, type Stack, type StackOptions } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { useStacks, type Stack } from './helpers/stack.ts';
 
-let stack: Stack | undefined;
-afterEach(async () => {
-  await stack?.close();
-  stack = undefined;
-});
+const start = useStacks();
 
-async function start(opts: StackOptions): Promise<Stack> {
-  stack = await startStack(opts);
-  return stack;
-}
 
 function post(s: Stack, headers: Record<string, string> = {}, signal?: AbortSignal, body: Record<string, unknown> = {}) {
   return fetch(`${s.baseURL}/chat/completions`, {

@@ -1,13 +1,10 @@
 // End to end, as a user runs it: the official openai SDK, its base URL pointed at the gateway, a flaky upstream.
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startStack, type Stack } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { useStacks, type Stack } from './helpers/stack.ts';
 
-let stack: Stack | undefined;
-afterEach(async () => {
-  await stack?.close();
-  stack = undefined;
-});
+const startStack = useStacks();
+let stack: Stack;
 
 /** An SDK client with its default retries (2) whose HTTP requests are counted. */
 function countingClient(s: Stack) {

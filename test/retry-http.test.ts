@@ -1,20 +1,12 @@
 // Retry behaviour over real HTTP against the bundled mock: attempts per status, fail-fast statuses, wait hints,
 // retry headers and the client's view of a failure.
-import { afterEach, describe, expect, it } from 'vitest';
-import { startStack, type Stack, type StackOptions } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { startStack, useStacks, type Stack } from './helpers/stack.ts';
 
 const FAST_RETRY = { maxAttempts: 3, backoff: { strategy: 'full-jitter' as const, baseMs: 5, capMs: 20 } };
 
-let stack: Stack | undefined;
-afterEach(async () => {
-  await stack?.close();
-  stack = undefined;
-});
 
-async function start(opts: StackOptions): Promise<Stack> {
-  stack = await startStack({ ...opts, route: { retry: FAST_RETRY, ...opts.route } });
-  return stack;
-}
+const start = useStacks({ route: { retry: FAST_RETRY } });
 
 async function chat(s: Stack, body: Record<string, unknown> = {}, headers: Record<string, string> = {}) {
   const res = await fetch(`${s.baseURL}/chat/completions`, {
@@ -132,8 +124,6 @@ describe('retries over HTTP', () => {
     const s = await start({ faults: { resetRate: 0.5 } });
     const { res } = await chat(s);
     expect(res.status).toBe(200);
-    await stack!.close();
-    stack = undefined;
     const dead = await startStack({ route: { retry: FAST_RETRY } });
     await dead.mock.close();
     const r = await chat(dead);

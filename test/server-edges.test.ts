@@ -1,12 +1,9 @@
 // The gateway's own edges: error shapes for bad input, which headers cross, request ids, /v1/models, passthrough.
-import { afterEach, describe, expect, it } from 'vitest';
-import { defaultConfig, startStack, TEST_KEY, type Stack } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { defaultConfig, useStacks, TEST_KEY, type Stack } from './helpers/stack.ts';
 
-let stack: Stack | undefined;
-afterEach(async () => {
-  await stack?.close();
-  stack = undefined;
-});
+const startStack = useStacks();
+let stack: Stack;
 
 function expectOpenAIError(body: unknown, code: string, type = 'invalid_request_error') {
   const e = (body as { error: Record<string, unknown> }).error;

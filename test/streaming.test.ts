@@ -1,19 +1,11 @@
 // Streaming through the gateway: headers held until the first output, events passed through as they arrive,
 // retries only before the first byte, and broken streams ending in an error the SDK raises.
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startStack, type Stack, type StackOptions } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { useStacks, type Stack } from './helpers/stack.ts';
 
-let stack: Stack | undefined;
-afterEach(async () => {
-  await stack?.close();
-  stack = undefined;
-});
+const start = useStacks();
 
-async function start(opts: StackOptions): Promise<Stack> {
-  stack = await startStack(opts);
-  return stack;
-}
 
 const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 2 });
 

@@ -1,6 +1,7 @@
 // Deterministic content of the mock's answers: text, token counts, ids, embeddings.
 // Everything here is cheap and allocation-light because it runs on every request of a benchmark.
 import { randomBytes } from 'node:crypto';
+import { seededRandom } from '../policy/random.ts';
 
 /** Characters of the prompt echoed back in an answer. */
 const ECHO_CHARS = 40;
@@ -73,18 +74,6 @@ export function idSource(): (prefix: string) => string {
   const base = randomBytes(6).toString('hex');
   let n = 0;
   return (prefix) => `${prefix}${base}${(n++).toString(16).padStart(10, '0')}`;
-}
-
-/** mulberry32: a tiny seeded PRNG, so latency jitter is reproducible run to run. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** Dimensions of every mock embedding. */

@@ -1,5 +1,6 @@
 // Starts the bundled mock provider and a gateway in front of it over real HTTP, for integration and e2e tests.
 import { Writable } from 'node:stream';
+import { afterEach } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { ConfigSchema, type Config, type ConfigInput } from '../../src/config/schema.ts';
 import { buildServer, type ServerDeps } from '../../src/server.ts';
@@ -81,5 +82,18 @@ export async function startStack(opts: StackOptions = {}): Promise<Stack> {
       await gateway.close();
       await mock.close();
     },
+  };
+}
+
+/** Starts stacks for one test file and closes whatever the last test started, after each test. */
+export function useStacks(defaults: StackOptions = {}): (opts?: StackOptions) => Promise<Stack> {
+  let current: Stack | undefined;
+  afterEach(async () => {
+    await current?.close();
+    current = undefined;
+  });
+  return async (opts = {}) => {
+    current = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route } });
+    return current;
   };
 }

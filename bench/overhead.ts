@@ -1,0 +1,144 @@
+// `npm run bench`: what the gateway costs compared to calling the provider directly. Starts the bundled mock
+// provider and the gateway in their own processes, measures throughput, latency under a fixed rate and streams'
+// time to first token, each directly and through the gateway, and writes bench/results/overhead.{md,json}.
+//   npm run bench -- [--strict] [--rounds N] [--profile]
+// Exits 0 even when a target is missed (the table says so), unless --strict is given.
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, statSync } from 'node:fs';
+import { availableParallelism, cpus, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { request } from 'undici';
+import { CHAT_PATH, closedLoop, openLoop, streamTtft } from './lib/load.ts';
+import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
+import { figures, markdownTable, writeReport, type Round, type Side } from './lib/report.ts';
+
+const SETTINGS = {
+  throughput: { connections: 64, warmupMs: 1_000, durationMs: 5_000 },
+  latency: { rate: 500, connections: 64, warmupMs: 1_000, durationMs: 5_000 },
+  ttft: { count: 200, warmup: 20, parallel: 1 },
+  // latencyMs 0: the mock answers at once, so everything measured beyond it is HTTP and the gateway.
+  mockFaults: { latencyMs: 0, stream: { chunks: 5, chunkDelayMs: 5 } },
+};
+
+const RESULTS_DIR = 'bench/results';
+const WORK_DIR = join(tmpdir(), 'stormgate-bench');
+
+function log(line: string): void {
+  process.stderr.write(`${line}\n`);
+}
+
+function commit(): string {
+  try {
+    const sha = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
+    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src'], { encoding: 'utf8' }).trim() !== '';
+    return dirty ? `${sha} (src/ has uncommitted changes)` : sha;
+  } catch {
+    return 'unknown';
+  }
+}
+
+/** One request each way before measuring: a broken setup should fail loudly, not produce a table of zeros. */
+async function smokeTest(url: string, name: string): Promise<void> {
+  const res = await request(`${url}${CHAT_PATH}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: 'Bearer sk-bench' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  const text = await res.body.text();
+  if (res.statusCode !== 200) throw new Error(`${name} answered ${res.statusCode} to a chat completion: ${text.slice(0, 300)}`);
+}
+
+/** Runs one measurement on both sides, in the given order, and logs each result as it lands. */
+async function both<T>(order: Array<keyof Side<T>>, urls: Side<string>, run: (url: string) => Promise<T>, show: (r: T) => string): Promise<Side<T>> {
+  const out: Partial<Side<T>> = {};
+  for (const side of order) {
+    const r = await run(urls[side]);
+    out[side] = r;
+    log(`    ${side.padEnd(7)} ${show(r)}`);
+  }
+  return out as Side<T>;
+}
+
+async function round(i: number, urls: Side<string>): Promise<Round> {
+  // Alternate which side goes first, so a slow drift of the machine (thermal, a neighbour) does not favour one side.
+  const order: Array<'direct' | 'gateway'> = i % 2 === 0 ? ['direct', 'gateway'] : ['gateway', 'direct'];
+  log(`round ${i + 1}`);
+  log('  throughput');
+  const throughput = await both(order, urls, (u) => closedLoop(u, SETTINGS.throughput), (r) => `${Math.round(r.rps)} req/s, ${r.errors} errors`);
+  log('  latency');
+  const latency = await both(order, urls, (u) => openLoop(u, SETTINGS.latency), (r) => `p50 ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors, max send lag ${r.maxSendLagMs.toFixed(1)} ms`);
+  log('  time to first token');
+  const ttft = await both(order, urls, (u) => streamTtft(u, SETTINGS.ttft), (r) => `median ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors`);
+  // The raw samples served their percentiles; the JSON keeps only the summaries.
+  for (const side of order) {
+    latency[side].samplesMs = [];
+    ttft[side].samplesMs = [];
+  }
+  return { throughput, latency, ttft };
+}
+
+async function main(): Promise<number> {
+  const { values } = parseArgs({
+    options: {
+      strict: { type: 'boolean', default: false },
+      rounds: { type: 'string', default: '3' },
+      profile: { type: 'boolean', default: false },
+    },
+    strict: true,
+  });
+  const rounds = Number(values.rounds);
+  if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a positive integer, got ${values.rounds}`);
+  mkdirSync(WORK_DIR, { recursive: true });
+  const profileDir = join(WORK_DIR, 'profiles');
+  const gatewayLog = join(WORK_DIR, 'gateway.log');
+
+  const mock = await startMockProcess({ faults: SETTINGS.mockFaults, logFile: join(WORK_DIR, 'mock.log') });
+  let gateway: Child | undefined;
+  const results: Round[] = [];
+  try {
+    gateway = await startGatewayProcess({
+      mockUrl: mock.url,
+      configFile: join(WORK_DIR, 'gateway.yaml'),
+      logFile: gatewayLog,
+      nodeFlags: values.profile ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : [],
+    });
+    log(`mock ${mock.url}, gateway ${gateway.url} (logs in ${WORK_DIR})`);
+    const urls = { direct: mock.url, gateway: gateway.url };
+    await smokeTest(urls.direct, 'the mock');
+    await smokeTest(urls.gateway, 'the gateway');
+    for (let i = 0; i < rounds; i++) results.push(await round(i, urls));
+  } finally {
+    // SIGTERM lets the gateway close cleanly, which is also when node writes its --cpu-prof file.
+    await gateway?.stop();
+    await mock.stop();
+  }
+
+  const figs = figures(results, { connections: SETTINGS.throughput.connections, rate: SETTINGS.latency.rate });
+  const errors = (side: 'direct' | 'gateway') =>
+    results.reduce((n, r) => n + r.throughput[side].errors + r.latency[side].errors + r.ttft[side].errors, 0);
+  writeReport(join(RESULTS_DIR, 'overhead.md'), join(RESULTS_DIR, 'overhead.json'), figs, {
+    date: new Date().toISOString(),
+    node: process.version,
+    nproc: availableParallelism(),
+    cpu: cpus()[0]?.model.trim() ?? 'unknown',
+    commit: commit(),
+    rounds,
+    settings: SETTINGS,
+    errors: { direct: errors('direct'), gateway: errors('gateway') },
+    gatewayLog: { path: gatewayLog, bytes: statSync(gatewayLog).size },
+  });
+  process.stdout.write(`\n${markdownTable(figs)}\n\nWritten to ${RESULTS_DIR}/overhead.md and overhead.json.\n`);
+  if (values.profile) process.stdout.write(`Gateway CPU profile (.cpuprofile) in ${profileDir}\n`);
+  const missed = figs.filter((f) => f.pass === false).map((f) => f.name);
+  if (missed.length > 0) process.stdout.write(`Missed: ${missed.join('; ')}\n`);
+  return values.strict && missed.length > 0 ? 1 : 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    process.stderr.write(`bench: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exit(1);
+  },
+);
