@@ -44,6 +44,48 @@ export const TimeoutsSchema = z
   })
   .describe('Per-attempt timers of a provider.');
 
+const BREAKER_DEFAULTS = {
+  failureRate: 0.5,
+  windowS: 10,
+  minRequests: 20,
+  consecutiveFailures: 5,
+  slowCallMs: 5000,
+  openS: 30,
+  halfOpenProbes: 3,
+  closeAfter: 3,
+  probeWhileParkedMs: 1000,
+};
+
+const breakerFields = {
+  failureRate: z.number().gt(0).lte(1).describe('Share of failed requests in the window that opens the breaker (with at least minRequests). Default: 0.5.'),
+  windowS: z.number().int().min(1).max(300).describe('Sliding window of the failure rate, in seconds. Default: 10.'),
+  minRequests: z.number().int().min(1).describe('Requests the window needs before the failure rate can open the breaker. Default: 20.'),
+  consecutiveFailures: z.number().int().min(1).describe('Failures in a row seen by one instance that open the breaker fleet-wide at once (as Envoy\'s consecutive_5xx). Default: 5.'),
+  slowCallMs: positiveMs('An attempt cut short by the client\'s deadline or disconnect counts as a failure only if it had waited longer than this. Default: 5000.'),
+  openS: z.number().positive().describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
+  halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),
+  closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker; one failure reopens it. Default: 3.'),
+  probeWhileParkedMs: positiveMs('While requests are parked on an open target, a probe runs this often whatever openS says. Default: 1000.'),
+};
+
+export const BreakerSchema = z
+  .strictObject({
+    failureRate: breakerFields.failureRate.default(BREAKER_DEFAULTS.failureRate),
+    windowS: breakerFields.windowS.default(BREAKER_DEFAULTS.windowS),
+    minRequests: breakerFields.minRequests.default(BREAKER_DEFAULTS.minRequests),
+    consecutiveFailures: breakerFields.consecutiveFailures.default(BREAKER_DEFAULTS.consecutiveFailures),
+    slowCallMs: breakerFields.slowCallMs.default(BREAKER_DEFAULTS.slowCallMs),
+    openS: breakerFields.openS.default(BREAKER_DEFAULTS.openS),
+    halfOpenProbes: breakerFields.halfOpenProbes.default(BREAKER_DEFAULTS.halfOpenProbes),
+    closeAfter: breakerFields.closeAfter.default(BREAKER_DEFAULTS.closeAfter),
+    probeWhileParkedMs: breakerFields.probeWhileParkedMs.default(BREAKER_DEFAULTS.probeWhileParkedMs),
+    models: z
+      .record(z.string().min(1), z.strictObject(breakerFields).partial().describe('Fields that differ for this model.'))
+      .default({})
+      .describe('Per-model overrides of the fields above, by upstream model name.'),
+  })
+  .describe('Circuit breaker per target (provider and model); `false` turns it off.');
+
 export const ProviderSchema = z
   .strictObject({
     family: z.enum(['openai']).describe('API family the provider speaks: openai (also any OpenAI-compatible server such as vLLM, Ollama or OpenRouter).'),
@@ -52,6 +94,8 @@ export const ProviderSchema = z
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 }),
     maxConnections: z.number().int().positive().default(128)
       .describe('Size of the keep-alive connection pool to this provider. Default: 128.'),
+    breaker: z.union([z.literal(false), BreakerSchema]).default({ ...BREAKER_DEFAULTS, models: {} })
+      .describe('Circuit breaker of each target of this provider, or false to turn it off. Default: on, with the defaults below.'),
   })
   .describe('An upstream provider.');
 
@@ -61,6 +105,21 @@ export const TargetSchema = z
     model: z.string().min(1).optional().describe('Upstream model to send instead of the client\'s. Optional; default: the client\'s model.'),
   })
   .describe('Where a route sends a request: a provider and, optionally, the upstream model.');
+
+export const BudgetSchema = z
+  .strictObject({
+    ratio: z.number().min(0).max(10).default(0.1).describe('Retries allowed as a share of requests over the window. Default: 0.1.'),
+    windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
+    minRetriesPerSecond: z.number().min(0).default(1).describe('Fleet-wide floor, so a quiet route can still retry. Default: 1.'),
+  })
+  .describe('Retry budget, kept per route and target: retries stay a fixed share of traffic however bad the upstream gets.');
+
+export const ParkSchema = z
+  .strictObject({
+    maxQueue: z.number().int().min(1).default(10000).describe('Requests that may wait for an unavailable target at once, per route; more get 503. Default: 10000.'),
+    maxWaitMs: positiveMs('Longest a request waits parked. Optional; default: no limit but its deadline.').optional(),
+  })
+  .describe('Requests wait here while their target is unavailable (breaker open, hold-off) and no other target can take them. `false` turns it off.');
 
 export const RouteSchema = z
   .strictObject({
@@ -82,6 +141,9 @@ export const RouteSchema = z
       retryOn: [429, 500, 502, 503, 504, 529, 'network', 'timeout'],
       maxWaitHintMs: 20000,
     }),
+    budget: BudgetSchema.default({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 }),
+    park: z.union([z.literal(false), ParkSchema]).default({ maxQueue: 10000 })
+      .describe('Parking while the target is unavailable, or false to fail at once instead. Default: on, maxQueue 10000.'),
   })
   .describe('A route: which requests, which targets, which policies.');
 
@@ -93,6 +155,31 @@ export const PassthroughSchema = z
       .describe('HTTP methods forwarded on those paths. Default: [GET].'),
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
+
+const HostPort = z.strictObject({ host: z.string().min(1), port: z.number().int().min(1).max(65535) });
+
+export const RedisSchema = z.union([
+  z.string().describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
+  z
+    .strictObject({
+      sentinels: z.array(HostPort).min(1).optional().describe('Redis Sentinel nodes; needs `name`.'),
+      name: z.string().optional().describe('Sentinel master name.'),
+      cluster: z.array(HostPort).min(1).optional().describe('Redis Cluster seed nodes.'),
+      username: z.string().optional(),
+      password: z.string().optional().describe('Usually "${REDIS_PASSWORD}"; never logged.'),
+      db: z.number().int().min(0).optional(),
+      tls: z.boolean().optional().describe('Connect with TLS.'),
+    })
+    .describe('Sentinel or Cluster settings, as ioredis takes them.'),
+]);
+
+export const StateSchema = z
+  .strictObject({
+    redis: RedisSchema.optional().describe('Shared state for a fleet of gateways. Optional; default: in-process state (one instance).'),
+    commandTimeoutMs: positiveMs('Longest wait for Redis on the request path (a probe permit, a retry from the budget); past it the gateway decides on local state. Default: 50.').default(50),
+    keyPrefix: z.string().regex(/^[A-Za-z0-9_:.-]*$/).default('stormgate').describe('Prefix of every Redis key and channel. Default: stormgate.'),
+  })
+  .describe('Where the retry budget, breakers and hold-offs are kept.');
 
 export const ServerSchema = z
   .strictObject({
@@ -111,6 +198,7 @@ export const ConfigSchema = z
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),
+    state: StateSchema.default({ commandTimeoutMs: 50, keyPrefix: 'stormgate' }),
   })
   .superRefine((cfg, ctx) => {
     const names = new Set<string>();
@@ -152,3 +240,7 @@ export type RetryConfig = z.infer<typeof RetrySchema>;
 export type BackoffConfig = z.infer<typeof BackoffSchema>;
 export type TargetConfig = z.infer<typeof TargetSchema>;
 export type RetryOn = z.infer<typeof RetryOnEntry>;
+export type BreakerConfig = z.infer<typeof BreakerSchema>;
+export type BudgetSettings = z.infer<typeof BudgetSchema>;
+export type ParkConfig = z.infer<typeof ParkSchema>;
+export type StateConfig = z.infer<typeof StateSchema>;

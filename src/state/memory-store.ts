@@ -1,0 +1,135 @@
+// The in-process state store: the default when no Redis is configured, and the Redis store's stand-in while Redis
+// cannot be reached. Same semantics as the Redis store, for one instance.
+import { randomUUID } from 'node:crypto';
+import {
+  retryAllowance,
+  type BreakerRecord,
+  type BudgetConfig,
+  type BudgetWindow,
+  type OutcomeWindow,
+  type StateChange,
+  type StateStore,
+} from './store.ts';
+
+/** Per-second buckets; the window is the sum over the last windowS seconds. */
+class SecondBuckets {
+  readonly #buckets = new Map<number, number[]>();
+
+  add(nowMs: number, values: number[]): void {
+    const sec = Math.floor(nowMs / 1000);
+    const b = this.#buckets.get(sec);
+    if (b) values.forEach((v, i) => (b[i] = (b[i] ?? 0) + v));
+    else this.#buckets.set(sec, [...values]);
+  }
+
+  sum(nowMs: number, windowS: number, width: number): number[] {
+    const sec = Math.floor(nowMs / 1000);
+    const out = new Array<number>(width).fill(0);
+    for (const [s, values] of this.#buckets) {
+      if (s <= sec - windowS) {
+        this.#buckets.delete(s);
+        continue;
+      }
+      values.forEach((v, i) => (out[i] = (out[i] ?? 0) + v));
+    }
+    return out;
+  }
+}
+
+export class MemoryStore implements StateStore {
+  readonly kind = 'memory';
+  readonly degraded = false;
+  readonly #outcomes = new Map<string, { generation: number; buckets: SecondBuckets }>();
+  readonly #breakers = new Map<string, BreakerRecord>();
+  readonly #permits = new Map<string, Map<string, number>>();
+  readonly #budgets = new Map<string, SecondBuckets>();
+  readonly #holdOffs = new Map<string, number>();
+  readonly #listeners = new Set<(change: StateChange) => void>();
+
+  async addOutcomes(target: string, generation: number, delta: OutcomeWindow, nowMs: number, windowS: number): Promise<OutcomeWindow> {
+    let w = this.#outcomes.get(target);
+    if (!w || w.generation !== generation) {
+      w = { generation, buckets: new SecondBuckets() };
+      this.#outcomes.set(target, w);
+    }
+    w.buckets.add(nowMs, [delta.requests, delta.failures]);
+    const [requests = 0, failures = 0] = w.buckets.sum(nowMs, windowS, 2);
+    return { requests, failures };
+  }
+
+  getBreaker(target: string): BreakerRecord | undefined {
+    return this.#breakers.get(target);
+  }
+
+  async casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
+    const current = this.#breakers.get(target)?.generation ?? 0;
+    if (current !== expectedGeneration) return false;
+    this.#breakers.set(target, next);
+    this.#emit({ kind: 'breaker', target, record: next });
+    return true;
+  }
+
+  async takePermit(target: string, max: number, ttlMs: number, nowMs: number): Promise<string | null> {
+    let permits = this.#permits.get(target);
+    if (!permits) this.#permits.set(target, (permits = new Map()));
+    for (const [id, expiresAt] of permits) if (expiresAt <= nowMs) permits.delete(id);
+    if (permits.size >= max) return null;
+    const id = randomUUID();
+    permits.set(id, nowMs + ttlMs);
+    return id;
+  }
+
+  async releasePermit(target: string, permitId: string): Promise<void> {
+    this.#permits.get(target)?.delete(permitId);
+  }
+
+  addRequests(budgetKey: string, n: number, nowMs: number): void {
+    this.#budget(budgetKey).add(nowMs, [n, 0]);
+  }
+
+  async takeRetry(budgetKey: string, cfg: BudgetConfig, nowMs: number, force = false): Promise<boolean> {
+    const buckets = this.#budget(budgetKey);
+    const [requests = 0, retries = 0] = buckets.sum(nowMs, cfg.windowS, 2);
+    const allowed = retries + 1 <= retryAllowance(cfg, requests);
+    if (allowed || force) buckets.add(nowMs, [0, 1]);
+    return allowed;
+  }
+
+  async budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow> {
+    const [requests = 0, retries = 0] = this.#budget(budgetKey).sum(nowMs, cfg.windowS, 2);
+    return { requests, retries };
+  }
+
+  getHoldOff(target: string): number | undefined {
+    return this.#holdOffs.get(target);
+  }
+
+  async setHoldOff(target: string, untilMs: number): Promise<void> {
+    if ((this.#holdOffs.get(target) ?? 0) >= untilMs) return;
+    this.#holdOffs.set(target, untilMs);
+    this.#emit({ kind: 'hold-off', target, untilMs });
+  }
+
+  onChange(listener: (change: StateChange) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  onDegradedChange(): () => void {
+    return () => {};
+  }
+
+  async close(): Promise<void> {
+    this.#listeners.clear();
+  }
+
+  #budget(key: string): SecondBuckets {
+    let b = this.#budgets.get(key);
+    if (!b) this.#budgets.set(key, (b = new SecondBuckets()));
+    return b;
+  }
+
+  #emit(change: StateChange): void {
+    for (const l of this.#listeners) l(change);
+  }
+}

@@ -1,0 +1,90 @@
+// Where the fleet's shared counters live. One interface, two implementations: in-process (memory-store.ts, the
+// default) and Redis (redis-store.ts). The pipeline never knows which it has. Policy (when to trip, how much budget)
+// is pure code in policy/; a store only counts, compares-and-sets, and tells every instance what changed.
+
+/** The breaker state of one target, as the whole fleet sees it. Serialisable; `generation` is the CAS token. */
+export interface BreakerRecord {
+  state: 'closed' | 'open' | 'half-open';
+  /** When the current state began, ms since the epoch. */
+  sinceMs: number;
+  /** While open: when probing may begin (openS with jitter after sinceMs). */
+  openUntilMs: number;
+  /** While half-open: probe successes so far. */
+  probeSuccesses: number;
+  /** Bumped by every transition; a fresh window starts with each generation. */
+  generation: number;
+}
+
+export const INITIAL_BREAKER: BreakerRecord = { state: 'closed', sinceMs: 0, openUntilMs: 0, probeSuccesses: 0, generation: 0 };
+
+/** Sums over a sliding window of whole seconds. */
+export interface OutcomeWindow {
+  requests: number;
+  failures: number;
+}
+
+export interface BudgetWindow {
+  requests: number;
+  retries: number;
+}
+
+export interface BudgetConfig {
+  ratio: number;
+  windowS: number;
+  minRetriesPerSecond: number;
+}
+
+/** Something another instance (or this one) changed. */
+export type StateChange =
+  | { kind: 'breaker'; target: string; record: BreakerRecord }
+  | { kind: 'hold-off'; target: string; untilMs: number };
+
+export interface StateStore {
+  readonly kind: 'memory' | 'redis';
+  /** True while the shared store cannot be reached and local state stands in for it. */
+  readonly degraded: boolean;
+
+  /**
+   * Adds outcome counts to the target's window for the breaker `generation` (a new generation starts a fresh window)
+   * and returns the window's fleet-wide sums over the last `windowS` seconds, the current one included.
+   * Called in batches (at most every 50 ms), never awaited on the request path.
+   */
+  addOutcomes(target: string, generation: number, delta: OutcomeWindow, nowMs: number, windowS: number): Promise<OutcomeWindow>;
+
+  /** The breaker record as last seen (pushed by every instance); undefined when nothing was ever written. Synchronous. */
+  getBreaker(target: string): BreakerRecord | undefined;
+  /** Writes `next` only if the stored generation is still `expectedGeneration`; on success tells every instance. */
+  casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean>;
+
+  /** Takes one of at most `max` half-open probe permits; permits expire after ttlMs so a dead instance cannot hold them. */
+  takePermit(target: string, max: number, ttlMs: number, nowMs: number): Promise<string | null>;
+  releasePermit(target: string, permitId: string): Promise<void>;
+
+  /** Counts first attempts (requests) towards a retry budget; batched, never awaited on the request path. */
+  addRequests(budgetKey: string, n: number, nowMs: number): void;
+  /**
+   * Takes one retry from the budget: allowed while retries < max(ratio * requests, minRetriesPerSecond * windowS) over
+   * the window. With `force`, the retry is counted even when the budget is spent (the client retried on its own; it is
+   * served once anyway). Returns whether the budget had room. One round trip.
+   */
+  takeRetry(budgetKey: string, cfg: BudgetConfig, nowMs: number, force?: boolean): Promise<boolean>;
+  /** The budget's sums over the window, for the remaining-budget metric. */
+  budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow>;
+
+  /** When the target's hold-off ends, as last seen; undefined when none. Synchronous. */
+  getHoldOff(target: string): number | undefined;
+  /** Extends (never shortens) the target's hold-off to untilMs and tells every instance. */
+  setHoldOff(target: string, untilMs: number): Promise<void>;
+
+  /** Called for every change, from this instance or another. Returns an unsubscribe function. */
+  onChange(listener: (change: StateChange) => void): () => void;
+  /** Called when `degraded` flips. */
+  onDegradedChange(listener: (degraded: boolean) => void): () => void;
+
+  close(): Promise<void>;
+}
+
+/** Allowed retries in a window: the ratio of requests, with a fleet-wide floor so a quiet route can still retry. */
+export function retryAllowance(cfg: BudgetConfig, requests: number): number {
+  return Math.max(cfg.ratio * requests, cfg.minRetriesPerSecond * cfg.windowS);
+}
