@@ -26,6 +26,10 @@ export const ERROR_CODES = {
   upstream_bad_response: { status: 502, type: 'server_error' },
   upstream_timeout: { status: 504, type: 'server_error' },
   deadline_exceeded: { status: 504, type: 'server_error' },
+  circuit_open: { status: 503, type: 'server_error' },
+  provider_held_off: { status: 429, type: 'rate_limit_error' },
+  park_queue_full: { status: 503, type: 'server_error' },
+  gateway_draining: { status: 503, type: 'server_error' },
   stream_interrupted: { status: 502, type: 'server_error' },
   internal_error: { status: 500, type: 'server_error' },
 } as const satisfies Record<string, ErrorDef>;

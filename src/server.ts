@@ -2,32 +2,21 @@
 // the request path only parses, matches and hands over to the pipeline.
 import { randomUUID } from 'node:crypto';
 import { Readable } from 'node:stream';
-import { setTimeout as sleep } from 'node:timers/promises';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import type { Dispatcher } from 'undici';
 import type { Logger } from 'pino';
 import type { Config } from './config/schema.ts';
 import { GatewayError } from './errors.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
-import { handleManagedRequest, type PipelineAnswer, type PipelineDeps } from './pipeline/handle-request.ts';
-import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
+import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
 import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics, type Metrics } from './observability/metrics.ts';
-import { metricsObserver } from './observability/pipeline-metrics.ts';
+import { recordRequest } from './observability/pipeline-metrics.ts';
+import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
-import type { Random } from './policy/random.ts';
 
-export interface ServerDeps {
-  logger?: Logger;
-  metrics?: Metrics;
-  /** Replaces every provider's undici Pool (tests pass a MockAgent or a shared Agent). */
-  dispatcher?: Dispatcher;
-  now?: () => number;
-  random?: Random;
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
-}
+export type ServerDeps = Partial<RuntimeDeps>;
 
 interface ParsedBody {
   raw: Buffer;
@@ -45,16 +34,9 @@ const REQUEST_ID = /^[\w.:@-]{1,128}$/;
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
   const logger = deps.logger ?? createLogger(config);
   const metrics = deps.metrics ?? createMetrics();
-  const providers = createProviderClients(config, deps.dispatcher);
+  const runtime = await createRuntime(config, { ...deps, logger, metrics });
   const router = createRouter(config);
-  const models = createModelsList(router, providers);
-  const pipelineDeps: PipelineDeps = {
-    providers,
-    now: deps.now ?? Date.now,
-    random: deps.random ?? Math.random,
-    sleep: deps.sleep ?? sleepWithSignal,
-    ...metricsObserver(metrics),
-  };
+  const models = createModelsList(router, runtime.pipeline.providers);
 
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
@@ -70,8 +52,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-stormgate-request-id', request.id);
   });
-  app.addHook('onResponse', async (request, reply) => logRequest(request, reply));
-  app.addHook('onClose', async () => closeProviderClients(providers, deps.dispatcher === undefined));
+  app.addHook('onResponse', async (request, reply) => {
+    if (request.stormgate) recordRequest(metrics, request.stormgate, reply.elapsedTime / 1000);
+    logRequest(request, reply);
+  });
+  // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines.
+  app.addHook('preClose', async () => runtime.lot.close());
+  app.addHook('onClose', async () => runtime.close());
 
   app.setErrorHandler((err, request, reply) => sendError(reply, toGatewayError(err, request)));
   app.setNotFoundHandler((request, reply) =>
@@ -117,7 +104,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
             requestId: request.id,
             clientSignal: clientGoneSignal(request, reply),
           },
-          pipelineDeps,
+          runtime.pipeline,
         );
         request.stormgate = answer.summary;
         reply.code(answer.status).headers(answer.headers);
@@ -191,7 +178,6 @@ function queryOf(url: string): string {
 function logRequest(request: FastifyRequest, reply: FastifyReply): void {
   const s = request.stormgate;
   const line = {
-    reqId: request.id,
     method: request.method,
     path: request.routeOptions.url ?? request.url.split('?')[0],
     status: reply.statusCode,
@@ -212,6 +198,3 @@ function logRequest(request: FastifyRequest, reply: FastifyReply): void {
   else request.log.info(line, 'request');
 }
 
-async function sleepWithSignal(ms: number, signal: AbortSignal): Promise<void> {
-  await sleep(ms, undefined, { signal });
-}

@@ -1,9 +1,9 @@
 // Deadlines and client disconnects over real HTTP: no attempt after the deadline, no ghost requests.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { useStacks, type Stack } from './helpers/stack.ts';
+import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
-const start = useStacks();
+const start = useStacks(RETRY_LOOP_ONLY);
 
 
 function post(s: Stack, headers: Record<string, string> = {}, signal?: AbortSignal, body: Record<string, unknown> = {}) {

@@ -1,9 +1,9 @@
 // End to end, as a user runs it: the official openai SDK, its base URL pointed at the gateway, a flaky upstream.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useStacks, type Stack } from './helpers/stack.ts';
+import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
-const startStack = useStacks();
+const startStack = useStacks(RETRY_LOOP_ONLY);
 let stack: Stack;
 
 /** An SDK client with its default retries (2) whose HTTP requests are counted. */

@@ -1,12 +1,12 @@
 // Retry behaviour over real HTTP against the bundled mock: attempts per status, fail-fast statuses, wait hints,
 // retry headers and the client's view of a failure.
 import { describe, expect, it } from 'vitest';
-import { startStack, useStacks, type Stack } from './helpers/stack.ts';
+import { startStack, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 const FAST_RETRY = { maxAttempts: 3, backoff: { strategy: 'full-jitter' as const, baseMs: 5, capMs: 20 } };
 
 
-const start = useStacks({ route: { retry: FAST_RETRY } });
+const start = useStacks({ ...RETRY_LOOP_ONLY, route: { ...RETRY_LOOP_ONLY.route, retry: FAST_RETRY } });
 
 async function chat(s: Stack, body: Record<string, unknown> = {}, headers: Record<string, string> = {}) {
   const res = await fetch(`${s.baseURL}/chat/completions`, {
@@ -72,7 +72,7 @@ describe('retries over HTTP', () => {
     expect(res.status).toBe(200);
     expect(body.object).toBe('chat.completion');
     expect(res.headers.get('x-stormgate-attempts')).toBe('3');
-    expect(res.headers.get('x-stormgate-target')).toBe('mock');
+    expect(res.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
   });
 
   it('marks every retried upstream request with x-retry-attempt and x-retry-reason', async () => {

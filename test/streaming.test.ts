@@ -2,9 +2,9 @@
 // retries only before the first byte, and broken streams ending in an error the SDK raises.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useStacks, type Stack } from './helpers/stack.ts';
+import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
-const start = useStacks();
+const start = useStacks(RETRY_LOOP_ONLY);
 
 
 const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 2 });

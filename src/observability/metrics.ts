@@ -1,6 +1,6 @@
 // Every stormgate_* metric, in one file. Labels are bounded: route and target names come from the config,
 // reasons and outcomes from fixed sets; never user ids or raw model strings from clients.
-import { Counter, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 export interface Metrics {
   readonly registry: Registry;
@@ -10,6 +10,12 @@ export interface Metrics {
   readonly requestDuration: Histogram<'route' | 'attempt'>;
   readonly ttft: Histogram<'route'>;
   readonly streamEnds: Counter<'route' | 'end'>;
+  readonly budgetExhausted: Counter<'route' | 'target'>;
+  readonly parked: Gauge<'route'>;
+  readonly parkOutcomes: Counter<'route' | 'outcome'>;
+  readonly breakerState: Gauge<'target'>;
+  readonly breakerTransitions: Counter<'target' | 'to'>;
+  readonly stateDegraded: Gauge;
 }
 
 export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics {
@@ -54,6 +60,41 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_stream_ends_total',
       help: 'How streamed answers ended: complete, done-added, cut, stalled, upstream-error, client-gone.',
       labelNames: ['route', 'end'] as const,
+      registers,
+    }),
+    budgetExhausted: new Counter({
+      name: 'stormgate_retry_budget_exhausted_total',
+      help: 'Retries the retry budget refused, by route and target.',
+      labelNames: ['route', 'target'] as const,
+      registers,
+    }),
+    parked: new Gauge({
+      name: 'stormgate_parked_requests',
+      help: 'Requests waiting for an unavailable target, by route.',
+      labelNames: ['route'] as const,
+      registers,
+    }),
+    parkOutcomes: new Counter({
+      name: 'stormgate_park_outcomes_total',
+      help: 'How parked requests left the queue: released, full (rejected), timeout, aborted (deadline or client), closing.',
+      labelNames: ['route', 'outcome'] as const,
+      registers,
+    }),
+    breakerState: new Gauge({
+      name: 'stormgate_breaker_state',
+      help: 'Circuit breaker state by target: 0 closed, 1 open, 2 half-open.',
+      labelNames: ['target'] as const,
+      registers,
+    }),
+    breakerTransitions: new Counter({
+      name: 'stormgate_breaker_transitions_total',
+      help: 'Breaker transitions this instance made, by target and new state.',
+      labelNames: ['target', 'to'] as const,
+      registers,
+    }),
+    stateDegraded: new Gauge({
+      name: 'stormgate_state_degraded',
+      help: '1 while the shared state store (Redis) cannot be reached and local state stands in, else 0.',
       registers,
     }),
   };

@@ -16,11 +16,12 @@ function statusClass(result: AttemptResult): string {
   }
 }
 
-export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'onRetry' | 'onStreamEnd'> {
+export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'onRetry' | 'onStreamEnd' | 'onBudgetExhausted'> {
   return {
     onAttempt: (_route, target, result) => m.upstreamAttempts.inc({ target, status_class: statusClass(result) }),
     onRetry: (route, target, reason) => m.retries.inc({ route, target, reason }),
     onStreamEnd: (route, end) => m.streamEnds.inc({ route, end: end.kind }),
+    onBudgetExhausted: (route, target) => m.budgetExhausted.inc({ route, target }),
   };
 }
 

@@ -58,3 +58,14 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       return new GatewayError('internal_error', 'a successful attempt was treated as a failure', opts);
   }
 }
+
+/**
+ * A target that cannot take the request now. A breaker is the provider's problem: x-should-retry stays false. A
+ * hold-off is a window the gateway knows the end of: the SDK is invited back when that is at most 60 s away.
+ */
+export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number }): ErrorAnswer {
+  const seconds = Math.ceil(u.retryAfterMs / 1000);
+  return u.reason === 'breaker'
+    ? errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs: u.retryAfterMs }))
+    : errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s`, { retryAfterMs: u.retryAfterMs, shouldRetry: true }));
+}

@@ -1,16 +1,19 @@
-// The request pipeline, top to bottom: deadline -> for each target (primary, then the next ones): attempt loop ->
-// answer (whole body, or a stream whose first output has arrived) or the final error.
+// The request pipeline, top to bottom: deadline -> plans for each target -> serve the targets (attempt loops,
+// failover, parking) -> answer (whole body, or a stream whose first output has arrived) or the final error.
 import { Readable } from 'node:stream';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import { forwardedRequestHeaders, forwardedResponseHeaders } from '../providers/headers.ts';
 import { computeDeadline } from '../policy/deadline.ts';
 import type { CompiledRoute } from '../routing/router.ts';
-import type { TargetConfig } from '../config/schema.ts';
+import type { TargetKeys } from '../routing/target-keys.ts';
 import { GatewayError, type OpenAIErrorBody } from '../errors.ts';
+import { RetryBudget } from '../state/retry-budget.ts';
 import { ClientGone, DeadlineReached } from './abort-reasons.ts';
-import { errorAnswer, failureAnswer } from './final-answer.ts';
-import { tryTarget, type AttemptRecord, type TargetDeps, type TargetResult } from './target-attempts.ts';
+import type { AttemptResult } from './attempt.ts';
+import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from './final-answer.ts';
 import type { StreamEnd } from './live-stream.ts';
+import { serveTargets, type ServeDeps, type Served } from './serve-targets.ts';
+import type { AttemptRecord, TargetPlan } from './target-attempts.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -27,8 +30,9 @@ export interface ManagedRequest {
   clientSignal: AbortSignal;
 }
 
-export interface PipelineDeps extends TargetDeps {
+export interface PipelineDeps extends ServeDeps {
   providers: ReadonlyMap<string, ProviderClient>;
+  targetKeys: TargetKeys;
   onStreamEnd?: (route: string, end: StreamEnd) => void;
 }
 
@@ -42,8 +46,9 @@ export interface PipelineAnswer {
 
 export interface RequestSummary {
   route: string;
+  /** The target that answered (or failed last), as `<provider>/<model or other>`. */
   target: string | undefined;
-  outcome: 'success' | 'upstream_error' | 'gateway_error' | 'deadline' | 'client_gone';
+  outcome: 'success' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'deadline' | 'client_gone';
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
@@ -51,10 +56,6 @@ export interface RequestSummary {
   upstreamRequestId?: string;
   /** For streams, filled in when the stream ends. */
   streamEnd?: StreamEnd;
-}
-
-export function targetLabel(target: TargetConfig): string {
-  return target.model ? `${target.provider}/${target.model}` : target.provider;
 }
 
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
@@ -66,7 +67,6 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const onClientGone = () => controller.abort(new ClientGone());
   if (req.clientSignal.aborted) onClientGone();
   else req.clientSignal.addEventListener('abort', onClientGone, { once: true });
-  const stream = req.json.stream === true;
   const summary: RequestSummary = {
     route: route.name,
     target: undefined,
@@ -75,59 +75,32 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     budgetMs: deadline.budgetMs,
     deadlineSource: deadline.source,
   };
-  const baseHeaders = {
-    ...forwardedRequestHeaders(req.headers),
-    'content-type': 'application/json',
-    'x-client-request-id': req.requestId,
-  };
   let handedToStream = false;
   try {
-    let last: (TargetResult & { ok: false }) | undefined;
-    let lastTarget = '';
-    for (const target of route.config.targets) {
-      const client = deps.providers.get(target.provider)!;
-      const label = targetLabel(target);
-      const result = await tryTarget(
-        {
-          route,
-          api: route.api,
-          targetLabel: label,
-          client,
-          path: client.upstreamPath(req.path, req.query),
-          headers: { ...baseHeaders, ...client.authHeaders() },
-          body: upstreamBody(req, target),
-          stream,
-          signal: controller.signal,
-          deadlineAtMs,
-          attempts: summary.attempts,
-        },
-        deps,
-      );
-      lastTarget = label;
-      if (result.ok) {
-        summary.target = label;
-        summary.outcome = 'success';
-        const answer = successAnswer(req, result.result, summary, deps);
-        handedToStream = answer.body instanceof Readable;
-        return answer;
-      }
-      last = result;
-      // The client's own mistakes and its disconnects end the request; other failures move on to the next target.
-      if (result.cls.cls === 'aborted' || result.cls.cls === 'client-error' || result.cls.cls === 'context-length' || result.cls.cls === 'content-policy') break;
+    const served = await serveTargets(
+      {
+        route,
+        api: route.api,
+        stream: req.json.stream === true,
+        signal: controller.signal,
+        deadlineAtMs,
+        attempts: summary.attempts,
+        parkable: route.config.park !== false,
+        clientRetries: clientRetryCount(req.headers),
+      },
+      planTargets(req, deps),
+      route.config.park,
+      deps,
+    );
+    summary.target = served.plan.key;
+    if (served.kind === 'ok') {
+      summary.outcome = 'success';
+      const answer = successAnswer(req, served.plan, served.result, summary, deps);
+      handedToStream = answer.body instanceof Readable;
+      return answer;
     }
-    const failed = last!;
-    summary.target = lastTarget;
-    const outcome = failed.result.outcome;
-    summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
-    const answer = failureAnswer({
-      result: failed.result,
-      cls: failed.cls,
-      retryAfterMs: failed.retryAfterMs,
-      attempts: summary.attempts.length,
-      target: lastTarget,
-      budgetMs: deadline.budgetMs,
-    });
-    return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary) }, summary };
+    const answer = errorFor(served, summary, deadline.budgetMs, deps.now());
+    return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
   } catch (err) {
     const answer = errorAnswer(new GatewayError('internal_error', `the gateway failed: ${(err as Error).message}`));
     return { ...answer, summary };
@@ -138,24 +111,76 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   }
 }
 
-function upstreamBody(req: ManagedRequest, target: TargetConfig): Buffer | string {
-  if (!target.model || target.model === req.json.model) return req.rawBody;
-  return JSON.stringify({ ...req.json, model: target.model });
+function planTargets(req: ManagedRequest, deps: PipelineDeps): TargetPlan[] {
+  const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
+  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
+  return req.route.config.targets.map((target) => {
+    const client = deps.providers.get(target.provider)!;
+    const model = req.route.upstreamModel(target, clientModel);
+    const key = deps.targetKeys.key(target.provider, model);
+    return {
+      key,
+      label: model ? `${target.provider}/${model}` : target.provider,
+      client,
+      path: client.upstreamPath(req.path, req.query),
+      headers: { ...forwarded, ...client.authHeaders() },
+      body: !target.model || target.model === clientModel ? req.rawBody : JSON.stringify({ ...req.json, model: target.model }),
+      breaker: deps.targetKeys.breakerSettings(key),
+      budgetKey: RetryBudget.key(req.route.name, key),
+    };
+  });
 }
 
-function stormgateHeaders(summary: RequestSummary): Record<string, string> {
+function clientRetryCount(headers: HeaderBag): number {
+  const v = headers['x-stainless-retry-count'];
+  const n = Number(Array.isArray(v) ? v[0] : v);
+  return Number.isInteger(n) && n > 0 ? n : 0;
+}
+
+function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number): ErrorAnswer {
+  switch (served.kind) {
+    case 'failed': {
+      const outcome = served.failure.result.outcome;
+      summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
+      return failureAnswer({
+        result: served.failure.result,
+        cls: served.failure.cls,
+        retryAfterMs: served.failure.retryAfterMs,
+        attempts: summary.attempts.length,
+        target: served.plan.label,
+        budgetMs,
+      });
+    }
+    case 'unavailable':
+      summary.outcome = 'unavailable';
+      return unavailableAnswer({ reason: served.reason, target: served.plan.key, retryAfterMs: Math.max(0, served.availableAtMs - nowMs) });
+    case 'park-full':
+      summary.outcome = 'unavailable';
+      return errorAnswer(
+        new GatewayError('park_queue_full', `target ${served.plan.key} is unavailable and the queue of waiting requests is full`, {
+          shouldRetry: true,
+          retryAfterMs: Math.max(1_000, served.availableAtMs - nowMs),
+        }),
+      );
+    case 'closing':
+      summary.outcome = 'unavailable';
+      return errorAnswer(new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 }));
+  }
+}
+
+function stormgateHeaders(summary: RequestSummary, label: string): Record<string, string> {
   return {
     'x-stormgate-attempts': String(summary.attempts.length),
-    'x-stormgate-target': summary.target ?? '',
+    'x-stormgate-target': label,
     'x-stormgate-route': summary.route,
   };
 }
 
-function successAnswer(req: ManagedRequest, result: TargetResult['result'], summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {
+function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {
   const upstream = result.headers ?? {};
   const upstreamId = upstream['x-request-id'];
   if (upstreamId !== undefined) summary.upstreamRequestId = Array.isArray(upstreamId) ? upstreamId[0] : upstreamId;
-  const headers = { ...forwardedResponseHeaders(upstream), ...stormgateHeaders(summary) };
+  const headers = { ...forwardedResponseHeaders(upstream), ...stormgateHeaders(summary, plan.label) };
   if (result.stream) {
     summary.ttftMs = result.ttftMs;
     const live = result.stream;

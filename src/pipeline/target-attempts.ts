@@ -1,12 +1,17 @@
-// The attempt loop on one target: attempt, classify, and either answer, wait and retry, or give up on this target.
-// Every wait goes through the one wait rule and is cut short when the request's signal fires.
-import type { CompiledRoute } from '../routing/router.ts';
+// The attempt loop on one target: gate (hold-off, breaker) -> attempt -> record -> classify -> answer, or take a
+// retry from the budget, wait by the one wait rule, and go again. Every wait is cut short by the request's signal.
 import type { ProviderClient } from '../providers/provider-client.ts';
-import { classify, isRetryable, type Classification } from '../policy/outcome.ts';
-import { decideRetryWait } from '../policy/retry-wait.ts';
+import { classify, isRetryable, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+import { canWait, decideRetryWait } from '../policy/retry-wait.ts';
+import type { BreakerSettings } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
-import type { ApiKind } from '../routing/router.ts';
+import type { ApiKind, CompiledRoute } from '../routing/router.ts';
+import type { BreakerBoard } from '../state/breaker-board.ts';
+import type { HoldOffs } from '../state/hold-offs.ts';
+import { startsHoldOff } from '../state/hold-offs.ts';
+import type { RetryBudget } from '../state/retry-budget.ts';
 import { abortOutcome, runAttempt, type AttemptResult } from './attempt.ts';
+import type { Ticket } from './parking-lot.ts';
 
 export interface AttemptRecord {
   target: string;
@@ -17,79 +22,176 @@ export interface AttemptRecord {
   /** The wait before this attempt. */
   waitMs: number;
   durationMs: number;
+  probe?: boolean;
 }
 
-export interface TargetContext {
-  route: CompiledRoute;
-  api: ApiKind;
-  targetLabel: string;
+/** Everything about one target of one request that does not change between attempts. */
+export interface TargetPlan {
+  /** Breaker, hold-off and budget key, and the metric label: `<provider>/<model or other>`. */
+  key: string;
+  /** For x-stormgate-target: the provider and the upstream model as sent. */
+  label: string;
   client: ProviderClient;
   path: string;
+  /** The request's headers for this provider: the forwarded client headers and the provider's credentials. */
   headers: Record<string, string>;
   body: Buffer | string;
+  breaker: BreakerSettings | undefined;
+  budgetKey: string;
+}
+
+/** What changes between attempts on one target of one request. */
+export interface TargetRun {
+  /** Attempts that count towards maxAttempts. */
+  attempts: number;
+  /** Requests sent to the target, probes included (numbers x-retry-attempt). */
+  sent: number;
+  prevDelayMs: number | undefined;
+  waitMs: number;
+  /** The client already retried on its own and the budget is spent: serve once, never retry. */
+  noRetries: boolean;
+  /** The next attempt is a retry already taken from the budget. */
+  retryPaid: boolean;
+  /** The last failure, answered if a deferred retry (after parking) is refused by the budget. */
+  lastFailure: (TargetResult & { kind: 'failed' }) | undefined;
+  done: boolean;
+}
+
+export interface RequestContext {
+  route: CompiledRoute;
+  api: ApiKind;
   stream: boolean;
   signal: AbortSignal;
   deadlineAtMs: number;
   attempts: AttemptRecord[];
+  /** May the request park while its targets are unavailable? */
+  parkable: boolean;
+  /** The client's own retry count (x-stainless-retry-count), 0 when none. */
+  clientRetries: number;
+}
+
+export interface Guards {
+  board: BreakerBoard;
+  holdOffs: HoldOffs;
+  budget: RetryBudget;
 }
 
 export interface TargetDeps {
   now: () => number;
   random: Random;
   sleep: (ms: number, signal: AbortSignal) => Promise<void>;
+  guards: Guards;
   onAttempt?: (route: string, target: string, result: AttemptResult, durationMs: number) => void;
   onRetry?: (route: string, target: string, reason: string, waitMs: number) => void;
+  onBudgetExhausted?: (route: string, target: string) => void;
 }
 
 export type TargetResult =
-  | { ok: true; result: AttemptResult }
-  | { ok: false; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined };
+  | { kind: 'ok'; result: AttemptResult }
+  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined }
+  | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
-export async function tryTarget(ctx: TargetContext, deps: TargetDeps): Promise<TargetResult> {
-  const { retry, minAttemptMs } = ctx.route.config;
-  let prevDelayMs: number | undefined;
-  let waitMs = 0;
-  for (let attempt = 0; ; attempt++) {
-    const startedAt = deps.now();
-    const result = await runAttempt({
-      client: ctx.client,
-      api: ctx.api,
-      path: ctx.path,
-      headers: ctx.headers,
-      body: ctx.body,
-      stream: ctx.stream,
-      requestSignal: ctx.signal,
-      now: deps.now,
-    });
-    const durationMs = deps.now() - startedAt;
-    const cls = classify(result.outcome);
-    ctx.attempts.push({ target: ctx.targetLabel, attempt, reason: cls.reason, status: result.status, waitMs, durationMs });
-    deps.onAttempt?.(ctx.route.name, ctx.targetLabel, result, durationMs);
-    if (cls.cls === 'success') return { ok: true, result };
-    const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
-    if (!isRetryable(cls, retry.retryOn) || attempt + 1 >= retry.maxAttempts) {
-      return { ok: false, result, cls, retryAfterMs: hint?.delayMs };
+export function newRun(): TargetRun {
+  return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, lastFailure: undefined, done: false };
+}
+
+export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, ticket?: Ticket): Promise<TargetResult> {
+  const { retry, minAttemptMs, budget } = ctx.route.config;
+  const { board, holdOffs } = deps.guards;
+  for (;;) {
+    const heldUntil = holdOffs.until(plan.key);
+    if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
+    const permitTtlMs = Math.min(plan.client.config.timeouts.firstTokenMs, ctx.deadlineAtMs - deps.now());
+    const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1));
+    if (!admission.admitted) {
+      // A request that may park learns of a recovery within probeWhileParkedMs; one that may not waits for openS.
+      const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
+      return { kind: 'unavailable', reason: 'breaker', availableAtMs: parkedView.kind === 'open' ? parkedView.probeAtMs : admission.availableAtMs };
     }
+    if (run.sent === 0) await countFirstAttempt(ctx, plan, run, deps);
+    else if (!run.retryPaid && !admission.permit && !(await takeRetry(ctx, plan, deps))) return run.lastFailure!;
+    run.retryPaid = false;
+
+    const startedAt = deps.now();
+    const previous = ctx.attempts.at(-1);
+    const headers = previous?.target === plan.label ? { ...plan.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : plan.headers;
+    const result = await runAttempt({ client: plan.client, api: ctx.api, path: plan.path, headers, body: plan.body, stream: ctx.stream, requestSignal: ctx.signal, now: deps.now });
+    const durationMs = deps.now() - startedAt;
+    run.sent++;
+    const cls = classify(result.outcome);
+    const row = OUTCOME_TABLE[cls.cls];
+    ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.permit && { probe: true }) });
+    // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
+    if (!admission.permit || cls.cls === 'success') run.attempts++;
+    deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
+    // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
+    await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.permit);
+    ticket?.done(row.breaker === 'success');
+    ticket = undefined;
+
+    const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
+    const ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint, retry.maxWaitHintMs) ? holdOffs.start(plan.key, hint) : undefined;
+    if (cls.cls === 'success') return { kind: 'ok', result };
+    const failed = (retryAfterMs: number | undefined) => (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs });
+    if (!isRetryable(cls, retry.retryOn) || run.attempts >= retry.maxAttempts || run.noRetries) return failed(hint?.delayMs);
     const decision = decideRetryWait({
       retry,
       hint,
-      retryIndex: attempt,
-      prevDelayMs,
+      retryIndex: run.attempts - 1,
+      prevDelayMs: run.prevDelayMs,
       nowMs: deps.now(),
       deadlineAtMs: ctx.deadlineAtMs,
       minAttemptMs,
       random: deps.random,
     });
-    if (!decision.wait) return { ok: false, result, cls, retryAfterMs: decision.retryAfterMs };
-    deps.onRetry?.(ctx.route.name, ctx.targetLabel, cls.reason, decision.delayMs);
+    if (!decision.wait) return failed(decision.retryAfterMs);
+    failed(hint?.delayMs);
+    // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
+    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
+    const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
+    if (unavailable) return unavailable;
+    const delayMs = Math.max(decision.delayMs, (holdOffs.until(plan.key) ?? 0) - deps.now());
+    if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs);
+    if (!(await takeRetry(ctx, plan, deps))) return run.lastFailure!;
+    deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
-      await deps.sleep(decision.delayMs, ctx.signal);
+      await deps.sleep(delayMs, ctx.signal);
     } catch {
       const aborted = { outcome: abortOutcome(ctx.signal.reason) };
-      return { ok: false, result: aborted, cls: classify(aborted.outcome), retryAfterMs: undefined };
+      return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: undefined };
     }
-    if (!decision.fromHint) prevDelayMs = decision.delayMs;
-    waitMs = decision.delayMs;
-    ctx.headers = { ...ctx.headers, 'x-retry-attempt': String(attempt + 1), 'x-retry-reason': cls.reason };
+    if (!decision.fromHint) run.prevDelayMs = decision.delayMs;
+    run.waitMs = delayMs;
+    run.retryPaid = true;
   }
+}
+
+async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Promise<boolean> {
+  if (await deps.guards.budget.tryRetry(plan.budgetKey, ctx.route.config.budget)) return true;
+  deps.onBudgetExhausted?.(ctx.route.name, plan.key);
+  return false;
+}
+
+function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
+  const heldUntil = deps.guards.holdOffs.until(plan.key);
+  if (heldUntil !== undefined && heldUntil > (ownHoldOffUntil ?? deps.now() + waitMs)) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
+  const a = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
+  return a.kind === 'open' ? { kind: 'unavailable', reason: 'breaker', availableAtMs: a.probeAtMs } : undefined;
+}
+
+/**
+ * A request's first attempt on a target is a request, not a retry, for the budget; unless the client says it is
+ * retrying on its own (x-stainless-retry-count > 0): then it counts as a retry, and when the budget is spent it is
+ * served once but never retried by the gateway.
+ */
+async function countFirstAttempt(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
+  const { budget } = deps.guards;
+  if (ctx.clientRetries > 0 && ctx.attempts.length === 0) {
+    if (!(await budget.countClientRetry(plan.budgetKey, ctx.route.config.budget))) {
+      run.noRetries = true;
+      deps.onBudgetExhausted?.(ctx.route.name, plan.key);
+    }
+    return;
+  }
+  budget.countRequest(plan.budgetKey);
 }

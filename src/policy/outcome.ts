@@ -35,22 +35,29 @@ interface OutcomeRow {
   retryable: boolean;
   /** Does the client get the upstream's own status and body (its request was wrong), or the gateway's error? */
   passThrough: boolean;
+  /** What the outcome tells the target's circuit breaker; `slow-call` means failure only past slowCallMs. */
+  breaker: 'success' | 'failure' | 'ignore' | 'slow-call';
+  /** May a fleet-wide wait hint (retry-after, retry-after-ms) on this outcome hold the target off for every instance? */
+  holdOff: boolean;
 }
 
-/** Columns grow with later policies (breaker, adaptive limits, hold-offs, fallback). */
+/** Columns grow with later policies (adaptive limits, fallback). */
 export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
-  success: { retryable: false, passThrough: true },
-  'client-error': { retryable: true, passThrough: true }, // only statuses listed in retryOn (e.g. 408, 409), never NEVER_RETRY
-  'context-length': { retryable: false, passThrough: true },
-  'content-policy': { retryable: false, passThrough: true },
-  credentials: { retryable: false, passThrough: false }, // the gateway's key or billing: the provider's body can echo the key
-  'rate-limited': { retryable: true, passThrough: true },
-  'server-error': { retryable: true, passThrough: true },
-  overloaded: { retryable: true, passThrough: true },
-  network: { retryable: true, passThrough: false },
-  timeout: { retryable: true, passThrough: false },
-  'bad-stream': { retryable: true, passThrough: false },
-  aborted: { retryable: false, passThrough: false },
+  success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
+  // A client's mistake says the provider is up and answering.
+  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false }, // only statuses in retryOn (408, 409), never NEVER_RETRY
+  'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
+  'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
+  // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
+  credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false },
+  // A rate limit is the provider protecting itself, not failing: the breaker stays out of it; hold-offs handle it.
+  'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true },
+  'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true },
+  overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true },
+  network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
+  timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
+  'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
+  aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false },
 };
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */

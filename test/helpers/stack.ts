@@ -14,6 +14,15 @@ export const TEST_KEY = 'sk-test-stormgate-0123456789';
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
 
+/**
+ * For tests that count attempts through failures: no breaker, a budget that never refuses, no parking, so what they
+ * check is the retry loop alone.
+ */
+export const RETRY_LOOP_ONLY: Pick<StackOptions, 'route' | 'provider'> = {
+  route: { budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 }, park: false },
+  provider: { breaker: false },
+};
+
 export interface StackOptions {
   faults?: FaultSpec;
   /** Overrides merged into every route (retry, timeoutMs, ...). */
@@ -93,7 +102,7 @@ export function useStacks(defaults: StackOptions = {}): (opts?: StackOptions) =>
     current = undefined;
   });
   return async (opts = {}) => {
-    current = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route } });
+    current = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route }, provider: { ...defaults.provider, ...opts.provider } });
     return current;
   };
 }

@@ -1,0 +1,78 @@
+// The circuit breaker's state machine, pure: (record, event, now, random) -> next record, or undefined for "no change".
+// Split as in cockatiel: the trip rules (failure rate over a window, consecutive failures) decide *when*; the
+// transitions decide *what*. The record is shared by the fleet through the state store, so every function here is
+// safe to re-run on another instance's record.
+import type { BreakerConfig } from '../config/schema.ts';
+import type { BreakerRecord, OutcomeWindow } from '../state/store.ts';
+import type { Random } from './random.ts';
+
+/** The settings that apply to one target: the provider's, with the model's overrides. */
+export type BreakerSettings = Omit<BreakerConfig, 'models'>;
+
+export function settingsForModel(cfg: BreakerConfig, model: string | undefined): BreakerSettings {
+  const { models, ...base } = cfg;
+  const override = model === undefined ? undefined : models[model];
+  return override ? { ...base, ...override } : base;
+}
+
+/** What an attempt's outcome means to the breaker. */
+export type BreakerVerdict = 'success' | 'failure' | 'ignore';
+
+/** Where a target stands, for the pipeline and the parking lot. */
+export type Availability =
+  | { kind: 'closed' }
+  /**
+   * Probes may go through, at most `probes` at a time fleet-wide: one while the breaker is still open (the first probe
+   * after an outage), halfOpenProbes once a probe has succeeded.
+   */
+  | { kind: 'probing'; probes: number }
+  | { kind: 'open'; probeAtMs: number };
+
+/**
+ * Whether requests may go to the target now. While requests are parked on it, probes run every probeWhileParkedMs
+ * whatever openS says, so parked requests learn of a recovery within that time.
+ */
+export function availability(rec: BreakerRecord, s: BreakerSettings, nowMs: number, parked: boolean): Availability {
+  if (rec.state === 'closed') return { kind: 'closed' };
+  if (rec.state === 'half-open') return { kind: 'probing', probes: s.halfOpenProbes };
+  const probeAtMs = parked ? Math.min(rec.openUntilMs, rec.sinceMs + s.probeWhileParkedMs) : rec.openUntilMs;
+  return nowMs >= probeAtMs ? { kind: 'probing', probes: 1 } : { kind: 'open', probeAtMs };
+}
+
+/** Opens the breaker: openS plus up to 10% random jitter, so instances do not probe in lockstep. */
+export function opened(rec: BreakerRecord, s: BreakerSettings, nowMs: number, random: Random): BreakerRecord {
+  return {
+    state: 'open',
+    sinceMs: nowMs,
+    openUntilMs: nowMs + Math.round(s.openS * 1000 * (1 + 0.1 * random())),
+    probeSuccesses: 0,
+    generation: rec.generation + 1,
+  };
+}
+
+/** The failure-rate rule: at least minRequests in the window and a failure share of at least failureRate. */
+export function tripsOnWindow(rec: BreakerRecord, w: OutcomeWindow, s: BreakerSettings): boolean {
+  return rec.state === 'closed' && w.requests >= s.minRequests && w.failures / w.requests >= s.failureRate;
+}
+
+/** The consecutive-failures rule: one instance seeing that many failures in a row opens the breaker for the fleet. */
+export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: number, s: BreakerSettings): boolean {
+  return rec.state === 'closed' && consecutiveFailures >= s.consecutiveFailures;
+}
+
+/** A probe's result: closeAfter successes close the breaker (a fresh window: a new generation), one failure reopens it. */
+export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random): BreakerRecord | undefined {
+  if (rec.state === 'closed' || verdict === 'ignore') return undefined;
+  if (verdict === 'failure') return opened(rec, s, nowMs, random);
+  const successes = rec.probeSuccesses + 1;
+  if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };
+  return { ...rec, state: 'half-open', sinceMs: rec.state === 'half-open' ? rec.sinceMs : nowMs, probeSuccesses: successes, generation: rec.generation + 1 };
+}
+
+/**
+ * An attempt cut short by the client's deadline or disconnect counts as a failure only if it had already waited longer
+ * than slowCallMs: impatient clients must not open the breaker on a healthy provider, yet a silent one still trips it.
+ */
+export function abortedVerdict(durationMs: number, s: BreakerSettings): BreakerVerdict {
+  return durationMs > s.slowCallMs ? 'failure' : 'ignore';
+}

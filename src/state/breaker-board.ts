@@ -1,0 +1,134 @@
+// The breakers of every target, over the state store: admits attempts (taking a half-open probe permit when one is
+// needed: the only breaker decision that waits for the store), records outcomes (batched, at most 50 ms apart, off the
+// request path), and applies the pure transitions of policy/breaker.ts with compare-and-set so the fleet agrees.
+import type { Logger } from 'pino';
+import {
+  abortedVerdict,
+  afterProbe,
+  availability,
+  opened,
+  tripsOnConsecutive,
+  tripsOnWindow,
+  type Availability,
+  type BreakerSettings,
+  type BreakerVerdict,
+} from '../policy/breaker.ts';
+import type { Random } from '../policy/random.ts';
+import { INITIAL_BREAKER, type BreakerRecord, type StateStore } from './store.ts';
+
+const FLUSH_MS = 50;
+
+export type Admission =
+  | { admitted: true; permit: string | undefined }
+  | { admitted: false; availableAtMs: number };
+
+interface Pending {
+  requests: number;
+  failures: number;
+}
+
+export interface BreakerBoardDeps {
+  store: StateStore;
+  now: () => number;
+  random: Random;
+  logger?: Logger;
+  /** Called when this instance made a transition (and only then: the fleet logs each change once). */
+  onTransition?: (target: string, from: BreakerRecord, to: BreakerRecord) => void;
+}
+
+export class BreakerBoard {
+  readonly #deps: BreakerBoardDeps;
+  readonly #consecutive = new Map<string, number>();
+  readonly #pending = new Map<string, Pending & { settings: BreakerSettings }>();
+  #timer: NodeJS.Timeout | undefined;
+
+  constructor(deps: BreakerBoardDeps) {
+    this.#deps = deps;
+  }
+
+  current(target: string): BreakerRecord {
+    return this.#deps.store.getBreaker(target) ?? INITIAL_BREAKER;
+  }
+
+  availability(target: string, s: BreakerSettings | undefined, parked: boolean): Availability {
+    if (!s) return { kind: 'closed' };
+    return availability(this.current(target), s, this.#deps.now(), parked);
+  }
+
+  /** May an attempt go to the target now? While probing, only permit holders may, at most halfOpenProbes fleet-wide. */
+  async admit(target: string, s: BreakerSettings | undefined, parked: boolean, permitTtlMs: number): Promise<Admission> {
+    const a = this.availability(target, s, parked);
+    if (a.kind === 'closed') return { admitted: true, permit: undefined };
+    if (a.kind === 'open') return { admitted: false, availableAtMs: a.probeAtMs };
+    const now = this.#deps.now();
+    const permit = await this.#deps.store.takePermit(target, a.probes, permitTtlMs, now);
+    // Other probes are out: the answer comes within a probe's round trip.
+    return permit ? { admitted: true, permit } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
+  }
+
+  /**
+   * Records one attempt's outcome; `attemptMs` decides whether an aborted attempt was slow enough to count. Resolves
+   * once a transition the outcome causes at once (a probe's result, a run of failures) is written; the window's
+   * failure rate is applied later, in batches.
+   */
+  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, permit: string | undefined): Promise<void> {
+    if (!s) return;
+    const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
+    if (permit !== undefined) {
+      void this.#deps.store.releasePermit(target, permit);
+      await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random));
+      return;
+    }
+    if (v === 'ignore') return;
+    const count = v === 'failure' ? (this.#consecutive.get(target) ?? 0) + 1 : 0;
+    this.#consecutive.set(target, count);
+    this.#pendingOutcome(target, s, v);
+    if (tripsOnConsecutive(this.current(target), count, s)) {
+      this.#consecutive.set(target, 0);
+      await this.#transition(target, (rec) => (tripsOnConsecutive(rec, count, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined));
+    }
+  }
+
+  #pendingOutcome(target: string, s: BreakerSettings, v: BreakerVerdict): void {
+    const p = this.#pending.get(target) ?? { requests: 0, failures: 0, settings: s };
+    p.requests++;
+    if (v === 'failure') p.failures++;
+    this.#pending.set(target, p);
+    this.#timer ??= setTimeout(() => void this.flush(), FLUSH_MS).unref();
+  }
+
+  /** Writes the batched outcome counts and applies the failure-rate rule to the fleet-wide window. */
+  async flush(): Promise<void> {
+    this.#timer = undefined;
+    const batch = [...this.#pending];
+    this.#pending.clear();
+    await Promise.all(
+      batch.map(async ([target, p]) => {
+        const rec = this.current(target);
+        if (rec.state !== 'closed') return;
+        const window = await this.#deps.store.addOutcomes(target, rec.generation, p, this.#deps.now(), p.settings.windowS);
+        if (tripsOnWindow(rec, window, p.settings)) {
+          await this.#transition(target, (r) => (r.generation === rec.generation ? opened(r, p.settings, this.#deps.now(), this.#deps.random) : undefined));
+        }
+      }),
+    );
+  }
+
+  close(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+
+  /** Compare-and-set with one re-read: another instance may have moved first, and then its move stands. */
+  async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined): Promise<void> {
+    for (let i = 0; i < 2; i++) {
+      const from = this.current(target);
+      const to = step(from);
+      if (!to) return;
+      if (await this.#deps.store.casBreaker(target, from.generation, to)) {
+        this.#deps.onTransition?.(target, from, to);
+        return;
+      }
+    }
+  }
+}

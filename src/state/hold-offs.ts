@@ -1,0 +1,37 @@
+// Fleet-wide hold-offs: when a provider says "come back in N seconds" (retry-after, retry-after-ms on a 429, 503 or
+// 529), no instance sends that target new attempts until then. x-ratelimit-reset-* hints never start one: a token
+// bucket refills continuously, and one large prompt must not stop a fleet for minutes.
+import type { WaitHint } from '../policy/wait-hint.ts';
+import type { Random } from '../policy/random.ts';
+import type { StateStore } from './store.ts';
+
+const HOLD_OFF_STATUSES = new Set([429, 503, 529]);
+/** Spread added to a hold-off's end so a fleet told the same time does not come back at the same millisecond. */
+const MAX_SPREAD_MS = 1_000;
+
+/** Does this answer start a fleet-wide hold-off? Only a fleet-wide hint the route would wait out. */
+export function startsHoldOff(status: number, hint: WaitHint | undefined, maxWaitHintMs: number): hint is WaitHint {
+  return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0 && hint.delayMs <= maxWaitHintMs;
+}
+
+export class HoldOffs {
+  constructor(
+    private readonly store: StateStore,
+    private readonly now: () => number,
+    private readonly random: Random,
+  ) {}
+
+  /** When the target's hold-off ends, if it is still in force. */
+  until(target: string): number | undefined {
+    const until = this.store.getHoldOff(target);
+    return until !== undefined && until > this.now() ? until : undefined;
+  }
+
+  /** Starts (or extends) the target's hold-off; returns when it ends. */
+  start(target: string, hint: WaitHint): number {
+    const spread = this.random() * Math.min(MAX_SPREAD_MS, hint.delayMs * 0.1);
+    const untilMs = Math.ceil(this.now() + hint.delayMs + spread);
+    void this.store.setHoldOff(target, untilMs);
+    return untilMs;
+  }
+}

@@ -1,0 +1,204 @@
+// Breaker, hold-off, retry budget and parking on one gateway instance (in-process state), over real HTTP.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { describe, expect, it } from 'vitest';
+import { defaultConfig, useStacks, type Stack } from './helpers/stack.ts';
+import { startMock } from '../src/mock/server.ts';
+
+const start = useStacks();
+const FAST = { maxAttempts: 3, backoff: { strategy: 'fixed' as const, baseMs: 5, capMs: 5 } };
+
+async function chat(s: Stack, headers: Record<string, string> = {}, model = 'gpt-4o') {
+  const res = await fetch(`${s.baseURL}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  return { res, body: (await res.json()) as { error?: { code: string; message: string } } };
+}
+
+/** Five failures in a row open the breaker; short deadlines keep these requests from parking for long. */
+async function openBreaker(s: Stack): Promise<void> {
+  await Promise.all(Array.from({ length: 5 }, () => chat(s, { 'x-stormgate-timeout-ms': '600' })));
+}
+
+async function metric(s: Stack, name: string): Promise<number> {
+  const text = await (await fetch(`${s.url}/metrics`)).text();
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(name))
+    .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+}
+
+describe('the circuit breaker', () => {
+  it('opens after five failures in a row; then requests fail fast with 503 circuit_open and reach no upstream', async () => {
+    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: { maxAttempts: 1 }, park: false } });
+    for (let i = 0; i < 5; i++) expect((await chat(s)).res.status).toBe(503);
+    await sleep(20);
+    const { res, body } = await chat(s);
+    expect(res.status).toBe(503);
+    expect(body.error?.code).toBe('circuit_open');
+    expect(body.error?.message).toContain('mock/other');
+    expect(res.headers.get('x-should-retry')).toBe('false');
+    expect(Number(res.headers.get('retry-after'))).toBeGreaterThan(25);
+    expect(s.mock.stats().total).toBe(5);
+    expect(await metric(s, 'stormgate_breaker_state{target="mock/other"}')).toBe(1);
+  });
+
+  it('keeps one model\'s outage from opening the breaker of the provider\'s other models', async () => {
+    const s = await start({
+      faults: { models: { 'gpt-4o': { errors: [{ status: 503, rate: 1 }] } } },
+      route: { retry: { maxAttempts: 1 }, park: false, match: { path: '/v1/chat/completions', models: ['gpt-4o', 'gpt-4o-mini'] } },
+    });
+    for (let i = 0; i < 6; i++) await chat(s);
+    expect((await chat(s)).body.error?.code).toBe('circuit_open');
+    expect((await chat(s, {}, 'gpt-4o-mini')).res.status).toBe(200);
+  });
+
+  it('parks requests during an outage, sends only probes upstream, and answers them when the provider recovers', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, timeoutMs: 10_000 },
+      provider: { breaker: { probeWhileParkedMs: 300, closeAfter: 2 } },
+    });
+    await openBreaker(s);
+    await sleep(20);
+    const before = s.mock.stats().total;
+    const pending = Array.from({ length: 20 }, () => chat(s));
+    await sleep(1_000);
+    const duringOutage = s.mock.stats().total - before;
+    expect(duringOutage).toBeGreaterThanOrEqual(1);
+    expect(duringOutage).toBeLessThanOrEqual(5);
+    s.mock.setFaults({});
+    const results = await Promise.all(pending);
+    if (results.some((r) => r.res.status !== 200)) console.log(s.logs.filter((l) => l.includes('"status":503')).join('\n'));
+    expect(results.map((r) => r.res.status)).toEqual(new Array(20).fill(200));
+    expect(await metric(s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBeGreaterThanOrEqual(20);
+    expect(await metric(s, 'stormgate_parked_requests')).toBe(0);
+  });
+
+  it('answers a parked request at its deadline with 504 and x-should-retry: false', async () => {
+    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: FAST, minAttemptMs: 100 } });
+    await openBreaker(s);
+    // The provider now hangs: the probe released after probeWhileParkedMs never answers.
+    s.mock.setFaults({ hangRate: 1 });
+    const started = Date.now();
+    const { res, body } = await chat(s, { 'x-stormgate-timeout-ms': '1500' });
+    expect(res.status).toBe(504);
+    expect(body.error?.code).toBe('deadline_exceeded');
+    expect(res.headers.get('x-should-retry')).toBe('false');
+    expect(Date.now() - started).toBeLessThan(1_500);
+  });
+
+  it('sends requests to the next target at once while the primary\'s breaker is open', async () => {
+    const backup = await startMock({ quiet: true });
+    try {
+      const s = await start({
+        faults: { errors: [{ status: 503, rate: 1 }] },
+        config: (url) => {
+          const base = defaultConfig(url, { route: { retry: { maxAttempts: 1 } } });
+          return {
+            ...base,
+            providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'k' } },
+            routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }] })),
+          };
+        },
+      });
+      for (let i = 0; i < 5; i++) expect((await chat(s)).res.status).toBe(200);
+      await sleep(20);
+      const primaryBefore = s.mock.stats().total;
+      const { res } = await chat(s);
+      expect(res.status).toBe(200);
+      expect(res.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
+      expect(res.headers.get('x-stormgate-attempts')).toBe('1');
+      expect(s.mock.stats().total).toBe(primaryBefore);
+    } finally {
+      await backup.close();
+    }
+  });
+});
+
+describe('hold-offs', () => {
+  it('sends nothing to a target inside the window it asked for, then carries on', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '800' } }] },
+      route: { retry: FAST },
+      provider: { breaker: false },
+    });
+    const first = chat(s);
+    await sleep(50);
+    const others = Array.from({ length: 5 }, () => chat(s));
+    const results = await Promise.all([first, ...others]);
+    expect(results.every((r) => r.res.status === 200)).toBe(true);
+    const [limited, ...rest] = s.mock.requests();
+    expect(limited!.status).toBe(429);
+    for (const r of rest) expect(r.receivedAt - limited!.receivedAt).toBeGreaterThanOrEqual(790);
+  });
+
+  it('answers 429 provider_held_off with retry-after and x-should-retry: true when it cannot park', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': '5' } }] },
+      route: { retry: { maxAttempts: 1 }, park: false },
+    });
+    expect((await chat(s)).res.status).toBe(429);
+    const { res, body } = await chat(s);
+    expect(res.status).toBe(429);
+    expect(body.error?.code).toBe('provider_held_off');
+    expect(res.headers.get('x-should-retry')).toBe('true');
+    expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(4);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('never holds a fleet off on x-ratelimit-reset-* hints', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'x-ratelimit-reset-requests': '5s', 'x-ratelimit-remaining-requests': '0' } }] },
+      route: { retry: { maxAttempts: 1 }, park: false },
+    });
+    expect((await chat(s)).res.status).toBe(429);
+    expect((await chat(s)).res.status).toBe(200);
+  });
+});
+
+describe('the retry budget', () => {
+  it('keeps retries within ratio x requests (with the floor) however bad the upstream is', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, park: false, budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+      provider: { breaker: false },
+    });
+    for (let i = 0; i < 30; i++) {
+      const { res } = await chat(s);
+      expect(res.status).toBe(503);
+      expect(res.headers.get('x-should-retry')).toBe('false');
+    }
+    const retries = s.mock.stats().total - 30;
+    expect(retries).toBeLessThanOrEqual(3);
+    expect(retries).toBeGreaterThanOrEqual(1);
+    expect(await metric(s, 'stormgate_retry_budget_exhausted_total')).toBeGreaterThan(0);
+  });
+
+  it('serves a client-declared retry once but never retries it when the budget is spent', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, park: false, budget: { ratio: 0, windowS: 10, minRetriesPerSecond: 0 } },
+      provider: { breaker: false },
+    });
+    const { res } = await chat(s, { 'x-stainless-retry-count': '1' });
+    expect(res.status).toBe(503);
+    expect(s.mock.stats().total).toBe(1);
+  });
+});
+
+describe('parking limits', () => {
+  it('rejects with 503 park_queue_full, retry-after and x-should-retry: true when the queue is full', async () => {
+    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: { maxAttempts: 1 }, park: { maxQueue: 1 } } });
+    await openBreaker(s);
+    const parked = chat(s, { 'x-stormgate-timeout-ms': '3000' });
+    await sleep(50);
+    const { res, body } = await chat(s);
+    expect(res.status).toBe(503);
+    expect(body.error?.code).toBe('park_queue_full');
+    expect(res.headers.get('x-should-retry')).toBe('true');
+    expect(res.headers.get('retry-after')).toBeTruthy();
+    await parked;
+  });
+});

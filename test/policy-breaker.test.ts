@@ -1,0 +1,126 @@
+// The breaker's state machine and the board that runs it over a state store, with a fake clock.
+import { describe, expect, it } from 'vitest';
+import { BreakerSchema } from '../src/config/schema.ts';
+import { abortedVerdict, afterProbe, availability, opened, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
+import { BreakerBoard } from '../src/state/breaker-board.ts';
+import { MemoryStore } from '../src/state/memory-store.ts';
+import { INITIAL_BREAKER, type BreakerRecord } from '../src/state/store.ts';
+
+const cfg = BreakerSchema.parse({ models: { 'gpt-4o': { openS: 60 } } });
+const s = settingsForModel(cfg, undefined);
+const closed: BreakerRecord = INITIAL_BREAKER;
+
+describe('the breaker state machine', () => {
+  it('opens on a 50% failure rate once the window holds minRequests', () => {
+    expect(tripsOnWindow(closed, { requests: 19, failures: 19 }, s)).toBe(false);
+    expect(tripsOnWindow(closed, { requests: 20, failures: 9 }, s)).toBe(false);
+    expect(tripsOnWindow(closed, { requests: 20, failures: 10 }, s)).toBe(true);
+  });
+
+  it('opens at once on consecutiveFailures failures in a row', () => {
+    expect(tripsOnConsecutive(closed, 4, s)).toBe(false);
+    expect(tripsOnConsecutive(closed, 5, s)).toBe(true);
+  });
+
+  it('stays open for openS plus up to 10% jitter, and a new generation starts', () => {
+    expect(opened(closed, s, 1_000, () => 0)).toEqual({ state: 'open', sinceMs: 1_000, openUntilMs: 31_000, probeSuccesses: 0, generation: 1 });
+    expect(opened(closed, s, 1_000, () => 0.999).openUntilMs).toBe(33_997);
+  });
+
+  it('probes after openS, or every probeWhileParkedMs while requests are parked', () => {
+    const open = opened(closed, s, 0, () => 0);
+    expect(availability(open, s, 29_999, false)).toEqual({ kind: 'open', probeAtMs: 30_000 });
+    expect(availability(open, s, 30_000, false)).toEqual({ kind: 'probing', probes: 1 });
+    expect(availability(open, s, 500, true)).toEqual({ kind: 'open', probeAtMs: 1_000 });
+    expect(availability(open, s, 1_000, true)).toEqual({ kind: 'probing', probes: 1 });
+    expect(availability({ ...open, state: 'half-open' }, s, 1_000, true)).toEqual({ kind: 'probing', probes: 3 });
+  });
+
+  it('closes after closeAfter probe successes with a fresh window, and one failure reopens it', () => {
+    let rec = opened(closed, s, 0, () => 0);
+    rec = afterProbe(rec, 'success', s, 31_000, () => 0)!;
+    expect(rec).toMatchObject({ state: 'half-open', probeSuccesses: 1 });
+    rec = afterProbe(rec, 'success', s, 31_100, () => 0)!;
+    expect(rec).toMatchObject({ state: 'half-open', probeSuccesses: 2 });
+    const reopened = afterProbe(rec, 'failure', s, 31_200, () => 0)!;
+    expect(reopened).toMatchObject({ state: 'open', sinceMs: 31_200, openUntilMs: 61_200 });
+    const closedAgain = afterProbe(rec, 'success', s, 31_300, () => 0)!;
+    expect(closedAgain).toMatchObject({ state: 'closed', probeSuccesses: 0 });
+    expect(closedAgain.generation).toBeGreaterThan(rec.generation);
+  });
+
+  it('counts an attempt cut short by the client as a failure only past slowCallMs', () => {
+    expect(abortedVerdict(4_999, s)).toBe('ignore');
+    expect(abortedVerdict(5_001, s)).toBe('failure');
+  });
+
+  it('applies per-model overrides', () => {
+    expect(settingsForModel(cfg, 'gpt-4o').openS).toBe(60);
+    expect(settingsForModel(cfg, 'gpt-4.1').openS).toBe(30);
+  });
+});
+
+describe('the breaker board over a store', () => {
+  function board() {
+    let now = 10_000;
+    const store = new MemoryStore();
+    const transitions: string[] = [];
+    const b = new BreakerBoard({ store, now: () => now, random: () => 0, onTransition: (t, from, to) => transitions.push(`${t}:${from.state}->${to.state}`) });
+    return { b, store, transitions, advance: (ms: number) => (now += ms), now: () => now };
+  }
+
+  it('opens the breaker on the fifth failure in a row and refuses attempts until the probe time', async () => {
+    const { b, transitions, advance } = board();
+    for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);
+    expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(true);
+    b.record('p/m', s, 'failure', 10, undefined);
+    await Promise.resolve();
+    expect(transitions).toEqual(['p/m:closed->open']);
+    expect(await b.admit('p/m', s, false, 1_000)).toEqual({ admitted: false, availableAtMs: 40_000 });
+    advance(30_000);
+    const probe = await b.admit('p/m', s, false, 1_000);
+    expect(probe.admitted && probe.permit).toBeTruthy();
+  });
+
+  it('a success resets the run of failures', async () => {
+    const { b, transitions } = board();
+    for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);
+    b.record('p/m', s, 'success', 10, undefined);
+    for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);
+    await b.flush();
+    expect(transitions).toEqual([]);
+  });
+
+  it('opens on the failure rate over the window when failures are not consecutive', async () => {
+    const { b, transitions } = board();
+    for (let i = 0; i < 20; i++) b.record('p/m', s, i % 2 === 0 ? 'failure' : 'success', 10, undefined);
+    await b.flush();
+    expect(transitions).toEqual(['p/m:closed->open']);
+  });
+
+  it('sends one probe after an outage, then at most halfOpenProbes, and closes after closeAfter successes', async () => {
+    const { b, transitions, advance } = board();
+    for (let i = 0; i < 5; i++) await b.record('p/m', s, 'failure', 10, undefined);
+    advance(31_000);
+    const first = await Promise.all([1, 2].map(() => b.admit('p/m', s, false, 5_000)));
+    expect(first.filter((p) => p.admitted)).toHaveLength(1);
+    const probe = first.find((p) => p.admitted)!;
+    await b.record('p/m', s, 'success', 10, probe.admitted ? probe.permit : undefined);
+    const next = await Promise.all([1, 2, 3, 4].map(() => b.admit('p/m', s, false, 5_000)));
+    expect(next.filter((p) => p.admitted)).toHaveLength(3);
+    for (const p of next) if (p.admitted) await b.record('p/m', s, 'success', 10, p.permit);
+    expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->half-open', 'p/m:half-open->closed']);
+    expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(true);
+  });
+
+  it('ignores rate limits and short aborted attempts', async () => {
+    const { b, transitions } = board();
+    for (let i = 0; i < 10; i++) b.record('p/m', s, 'ignore', 10, undefined);
+    for (let i = 0; i < 10; i++) b.record('p/m', s, 'slow-call', 100, undefined);
+    await b.flush();
+    expect(transitions).toEqual([]);
+    for (let i = 0; i < 5; i++) b.record('p/m', s, 'slow-call', 6_000, undefined);
+    await Promise.resolve();
+    expect(transitions).toEqual(['p/m:closed->open']);
+  });
+});
