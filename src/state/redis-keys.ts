@@ -1,0 +1,106 @@
+// The Redis wire format of the state store: key layout, the breaker hash, and the pub/sub messages.
+// Every key of one target (or budget) carries the same hash tag `{...}`, so each script touches one slot and runs on
+// Redis Cluster unchanged.
+import type { BreakerRecord, StateChange } from './store.ts';
+
+/** Key and channel names under one prefix. */
+export class RedisKeys {
+  readonly #prefix: string;
+  /** The one channel every instance publishes changes on. */
+  readonly events: string;
+
+  constructor(keyPrefix: string) {
+    this.#prefix = keyPrefix ? `${keyPrefix}:` : '';
+    this.events = `${this.#prefix}events`;
+  }
+
+  /** Per-second outcome counts of one breaker generation; a new generation is a new key, hence a fresh window. */
+  outcomes(target: string, generation: number): string {
+    return `${this.#prefix}{${target}}:outcomes:${generation}`;
+  }
+
+  /** The breaker record, one hash field per BreakerRecord field. */
+  breaker(target: string): string {
+    return `${this.#prefix}{${target}}:breaker`;
+  }
+
+  /** Sorted set of half-open probe permits, scored by expiry (ms). */
+  permits(target: string): string {
+    return `${this.#prefix}{${target}}:permits`;
+  }
+
+  /** The hold-off's end (ms), expiring a while after it. */
+  holdOff(target: string): string {
+    return `${this.#prefix}{${target}}:hold-off`;
+  }
+
+  /** Per-second request (`r:<sec>`) and retry (`x:<sec>`) counts of one retry budget. */
+  budget(budgetKey: string): string {
+    return `${this.#prefix}{${budgetKey}}:budget`;
+  }
+}
+
+const BREAKER_STATES = new Set<BreakerRecord['state']>(['closed', 'open', 'half-open']);
+
+/** The record as the flat `field, value, ...` list HSET takes. */
+export function encodeBreaker(r: BreakerRecord): string[] {
+  return [
+    'state', r.state,
+    'sinceMs', String(r.sinceMs),
+    'openUntilMs', String(r.openUntilMs),
+    'probeSuccesses', String(r.probeSuccesses),
+    'generation', String(r.generation),
+  ];
+}
+
+/** Reads a record from HGETALL's object or a script's flat list; undefined when absent or malformed. */
+export function decodeBreaker(raw: Record<string, string> | string[]): BreakerRecord | undefined {
+  const h: Record<string, string | undefined> = Array.isArray(raw) ? pairsToObject(raw) : raw;
+  const state = h.state as BreakerRecord['state'] | undefined;
+  if (!state || !BREAKER_STATES.has(state)) return undefined;
+  const record: BreakerRecord = {
+    state,
+    sinceMs: Number(h.sinceMs),
+    openUntilMs: Number(h.openUntilMs),
+    probeSuccesses: Number(h.probeSuccesses),
+    generation: Number(h.generation),
+  };
+  return Object.values(record).every((v) => typeof v === 'string' || Number.isFinite(v)) ? record : undefined;
+}
+
+function pairsToObject(flat: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (let i = 0; i + 1 < flat.length; i += 2) out[flat[i]!] = flat[i + 1]!;
+  return out;
+}
+
+/** A change as published; `src` names the instance that made it, so it can skip its own. */
+export type ChangeMessage = StateChange & { src: string };
+
+export function encodeChange(change: StateChange, src: string): string {
+  return JSON.stringify({ ...change, src });
+}
+
+/** Parses a published change; undefined for anything that is not one (another tool on the channel, an old format). */
+export function decodeChange(message: string): ChangeMessage | undefined {
+  let m: unknown;
+  try {
+    m = JSON.parse(message);
+  } catch {
+    return undefined;
+  }
+  if (typeof m !== 'object' || m === null) return undefined;
+  const { kind, target, src } = m as Record<string, unknown>;
+  if (typeof target !== 'string' || typeof src !== 'string') return undefined;
+  if (kind === 'hold-off') {
+    const untilMs = (m as { untilMs?: unknown }).untilMs;
+    return typeof untilMs === 'number' && Number.isFinite(untilMs) ? { kind, target, untilMs, src } : undefined;
+  }
+  if (kind === 'breaker') {
+    const raw = (m as { record?: unknown }).record;
+    if (typeof raw !== 'object' || raw === null) return undefined;
+    const record = decodeBreaker(Object.fromEntries(Object.entries(raw).map(([k, v]) => [k, String(v)])));
+    return record ? { kind, target, record, src } : undefined;
+  }
+  return undefined;
+}

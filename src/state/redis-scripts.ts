@@ -1,0 +1,136 @@
+// The Lua scripts of the Redis state store. Each multi-step operation is one script, so it is atomic across the fleet
+// and costs one round trip; each touches the keys of one hash tag only, so it also runs on Redis Cluster. Time is
+// always passed in (the caller's injected clock), never read from Redis, so both stores agree to the millisecond.
+import type { Cluster, Redis } from 'ioredis';
+
+/** Longest window any config may ask for (schema: windowS <= 300); bounds what a flush of requests keeps. */
+export const MAX_WINDOW_S = 300;
+
+// Sums the per-second fields `<kind>:<sec>` of a hash over the last windowS seconds (the current one included) and
+// deletes older or malformed fields, so a hash never holds more than a window's worth of seconds.
+const WINDOW_LUA = `
+local function window(key, sec, windowS)
+  local sums = {}
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local kind, s = string.match(all[i], '^(%a+):(%-?%d+)$')
+    s = tonumber(s)
+    if s == nil or s <= sec - windowS then
+      redis.call('HDEL', key, all[i])
+    else
+      sums[kind] = (sums[kind] or 0) + tonumber(all[i + 1])
+    end
+  end
+  return sums
+end
+`;
+
+/** KEYS: outcomes hash. ARGV: sec, windowS, requests, failures, ttlMs. Returns [requests, failures]. */
+const ADD_OUTCOMES = `${WINDOW_LUA}
+local key = KEYS[1]
+if tonumber(ARGV[3]) ~= 0 then redis.call('HINCRBY', key, 'r:' .. ARGV[1], ARGV[3]) end
+if tonumber(ARGV[4]) ~= 0 then redis.call('HINCRBY', key, 'f:' .. ARGV[1], ARGV[4]) end
+local sums = window(key, tonumber(ARGV[1]), tonumber(ARGV[2]))
+redis.call('PEXPIRE', key, ARGV[5])
+return { sums.r or 0, sums.f or 0 }
+`;
+
+/**
+ * KEYS: breaker hash. ARGV: expectedGeneration, channel, message, field, value, ...
+ * Returns [1] when written (and published), else [0, field, value, ...] with the stored record, so the caller's stale
+ * view heals on the spot.
+ */
+const CAS_BREAKER = `
+local current = tonumber(redis.call('HGET', KEYS[1], 'generation') or '0')
+if current ~= tonumber(ARGV[1]) then
+  local out = redis.call('HGETALL', KEYS[1])
+  table.insert(out, 1, 0)
+  return out
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return { 1 }
+`;
+
+/** KEYS: permits zset. ARGV: nowMs, max, expiresAtMs, ttlMs, id. Returns the id, or nil when all are taken. */
+const TAKE_PERMIT = `
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return false end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return ARGV[5]
+`;
+
+/**
+ * KEYS: hold-off key. ARGV: untilMs, ttlMs, channel, message. Extends only.
+ * Returns [1, untilMs] when extended (and published), else [0, storedUntilMs].
+ */
+const SET_HOLD_OFF = `
+local current = redis.call('GET', KEYS[1])
+if current and tonumber(current) >= tonumber(ARGV[1]) then return { 0, current } end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return { 1, ARGV[1] }
+`;
+
+/**
+ * KEYS: budget hash. ARGV: sec, windowS, ratio, floor, mode ('peek' | 'take' | 'force'), ttlMs, then pending request
+ * counts not yet flushed as sec, n, ... (counted first, so a retry sees every request this instance has seen).
+ * Returns [requests, retries, allowed] with retries as they were before this take.
+ */
+const BUDGET = `${WINDOW_LUA}
+local key = KEYS[1]
+for i = 7, #ARGV, 2 do redis.call('HINCRBY', key, 'r:' .. ARGV[i], ARGV[i + 1]) end
+local sums = window(key, tonumber(ARGV[1]), tonumber(ARGV[2]))
+local requests, retries = sums.r or 0, sums.x or 0
+local allowed = retries + 1 <= math.max(tonumber(ARGV[3]) * requests, tonumber(ARGV[4]))
+if ARGV[5] == 'force' or (ARGV[5] == 'take' and allowed) then
+  redis.call('HINCRBY', key, 'x:' .. ARGV[1], 1)
+end
+redis.call('PEXPIRE', key, ARGV[6])
+return { requests, retries, allowed and 1 or 0 }
+`;
+
+/**
+ * KEYS: budget hash. ARGV: ttlMs, maxWindowS, then sec, n, ... Adds batched request counts. Cleans stale seconds
+ * only when a new second's field appears (about once a second per key), since it does not know the budget's window.
+ */
+const ADD_REQUESTS = `${WINDOW_LUA}
+local key = KEYS[1]
+local created, newest = false, 0
+for i = 3, #ARGV, 2 do
+  if redis.call('HINCRBY', key, 'r:' .. ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then created = true end
+  newest = math.max(newest, tonumber(ARGV[i]))
+end
+if created then window(key, newest, tonumber(ARGV[2])) end
+redis.call('PEXPIRE', key, ARGV[1])
+return 1
+`;
+
+type Arg = string | number;
+
+/** The scripts as methods on the client, after `defineScripts`. */
+export interface ScriptCommands {
+  sgAddOutcomes(key: string, ...args: Arg[]): Promise<[number, number]>;
+  sgCasBreaker(key: string, ...args: Arg[]): Promise<[number, ...string[]]>;
+  sgTakePermit(key: string, ...args: Arg[]): Promise<string | null>;
+  sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
+  sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
+  sgAddRequests(key: string, ...args: Arg[]): Promise<number>;
+}
+
+export type ScriptClient = (Redis | Cluster) & ScriptCommands;
+
+/** Registers every script on the client (ioredis sends EVALSHA and falls back to EVAL after a Redis restart). */
+export function defineScripts(client: Redis | Cluster): ScriptClient {
+  const scripts = {
+    sgAddOutcomes: ADD_OUTCOMES,
+    sgCasBreaker: CAS_BREAKER,
+    sgTakePermit: TAKE_PERMIT,
+    sgSetHoldOff: SET_HOLD_OFF,
+    sgBudget: BUDGET,
+    sgAddRequests: ADD_REQUESTS,
+  } satisfies Record<keyof ScriptCommands, string>;
+  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: 1, lua });
+  return client as ScriptClient;
+}

@@ -1,0 +1,75 @@
+// This instance's view of the fleet's breaker records and hold-offs: what getBreaker/getHoldOff answer synchronously
+// on the request path. The Redis store feeds it from its own writes, pub/sub messages and re-reads, and it fires
+// onChange exactly once for each change it takes in, whichever of those brought it.
+import type { BreakerRecord, StateChange } from './store.ts';
+
+export class FleetView {
+  readonly #breakers = new Map<string, BreakerRecord>();
+  readonly #holdOffs = new Map<string, number>();
+  readonly #listeners = new Set<(change: StateChange) => void>();
+  readonly #onListenerError: (err: unknown) => void;
+
+  constructor(onListenerError: (err: unknown) => void) {
+    this.#onListenerError = onListenerError;
+  }
+
+  breaker(target: string): BreakerRecord | undefined {
+    return this.#breakers.get(target);
+  }
+
+  holdOff(target: string): number | undefined {
+    return this.#holdOffs.get(target);
+  }
+
+  /**
+   * Takes in a breaker record. A message or our own write only moves forward (every transition bumps the generation,
+   * and a late message must not undo a newer one); what Redis answered to a read is the truth as it stands, even when
+   * it is older (Redis lost data, or we changed things alone while degraded).
+   */
+  putBreaker(target: string, record: BreakerRecord, authoritative: boolean): void {
+    const current = this.#breakers.get(target);
+    if (current && (authoritative ? sameBreaker(current, record) : current.generation >= record.generation)) return;
+    this.#breakers.set(target, record);
+    this.#emit({ kind: 'breaker', target, record });
+  }
+
+  /** Compare-and-set on the view alone: the degraded stand-in for the Redis script, with the same rule. */
+  casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): boolean {
+    if ((this.#breakers.get(target)?.generation ?? 0) !== expectedGeneration) return false;
+    this.#breakers.set(target, next);
+    this.#emit({ kind: 'breaker', target, record: next });
+    return true;
+  }
+
+  /** Extends the hold-off (never shortens it) and fires onChange if it moved. */
+  putHoldOff(target: string, untilMs: number): void {
+    if ((this.#holdOffs.get(target) ?? 0) >= untilMs) return;
+    this.#holdOffs.set(target, untilMs);
+    this.#emit({ kind: 'hold-off', target, untilMs });
+  }
+
+  onChange(listener: (change: StateChange) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  clearListeners(): void {
+    this.#listeners.clear();
+  }
+
+  #emit(change: StateChange): void {
+    // A throwing listener must not break the store's message handling or the other listeners.
+    for (const listener of this.#listeners) {
+      try {
+        listener(change);
+      } catch (err) {
+        this.#onListenerError(err);
+      }
+    }
+  }
+}
+
+function sameBreaker(a: BreakerRecord, b: BreakerRecord): boolean {
+  return a.generation === b.generation && a.state === b.state && a.sinceMs === b.sinceMs
+    && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses;
+}

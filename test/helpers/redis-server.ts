@@ -1,0 +1,93 @@
+// Starts a real, throwaway redis-server on a free loopback port for integration tests. Every process it starts is
+// killed when the test process exits, even after a failed test, so no server outlives its run.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createConnection, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+
+export interface RedisHandle {
+  /** redis://127.0.0.1:<port> */
+  url: string;
+  port: number;
+  /** SIGTERM, then waits for the process to exit. */
+  stop(): Promise<void>;
+  /** Starts a fresh (empty) server on the same port, as after a crash or failover. */
+  restart(): Promise<void>;
+  /** SIGKILL, without waiting. */
+  kill(): void;
+}
+
+const children = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const child of children) child.kill('SIGKILL');
+});
+
+/** Starts redis-server on a free port and resolves once it answers PING. */
+export async function startRedis(): Promise<RedisHandle> {
+  const port = await freePort();
+  let child = await launch(port);
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    stop: () => stop(child),
+    restart: async () => {
+      await stop(child);
+      child = await launch(port);
+    },
+    kill: () => void child.kill('SIGKILL'),
+  };
+}
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const address = server.address();
+  server.close();
+  if (address === null || typeof address === 'string') throw new Error('no port');
+  return address.port;
+}
+
+async function launch(port: number): Promise<ChildProcess> {
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--daemonize', 'no', '--protected-mode', 'no', '--dir', tmpdir()];
+  const child = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.add(child);
+  child.once('exit', () => children.delete(child));
+  let output = '';
+  const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-2000));
+  child.stdout?.on('data', keep);
+  child.stderr?.on('data', keep);
+  const spawnError = new Promise<never>((_, reject) => child.once('error', reject));
+  spawnError.catch(() => undefined);
+
+  const deadline = Date.now() + 10_000;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`redis-server exited with ${child.exitCode}:\n${output}`);
+    if (await Promise.race([ping(port), spawnError])) return child;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  child.kill('SIGKILL');
+  throw new Error(`redis-server on port ${port} did not answer PING within 10 s:\n${output}`);
+}
+
+/** One raw PING over TCP: true on +PONG. */
+function ping(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = createConnection({ host: '127.0.0.1', port });
+    const done = (ok: boolean) => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.setTimeout(500, () => done(false));
+    socket.once('error', () => done(false));
+    socket.once('connect', () => socket.write('PING\r\n'));
+    socket.once('data', (data) => done(data.toString().startsWith('+PONG')));
+  });
+}
+
+async function stop(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill('SIGTERM');
+  await exited;
+}

@@ -1,0 +1,202 @@
+// Two gateway instances sharing one redis-server: what one does, the other sees; and when Redis goes away, both keep
+// answering from local state and come back by themselves.
+import { randomUUID } from 'node:crypto';
+import { Writable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import pino from 'pino';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { RedisStore } from '../src/state/redis-store.ts';
+import type { BreakerRecord, StateChange } from '../src/state/store.ts';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+
+const OPEN: BreakerRecord = { state: 'open', sinceMs: 1000, openUntilMs: 6000, probeSuccesses: 0, generation: 1 };
+const BUDGET = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0 };
+
+let redis: RedisHandle;
+const stores: RedisStore[] = [];
+
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis?.stop();
+});
+afterEach(async () => {
+  await Promise.all(stores.splice(0).map((s) => s.close()));
+});
+
+interface FleetOptions {
+  server?: RedisHandle;
+  commandTimeoutMs?: number;
+  /** Collects every log line of the instances; each line carries `"instance":<index in this file's stores>`. */
+  logs?: string[];
+}
+
+/** n stores sharing one key prefix on one server, as a fleet would; `join` starts more of the same fleet. */
+async function fleet(n: number, opts: FleetOptions = {}): Promise<{ stores: RedisStore[]; join: (n: number) => Promise<RedisStore[]> }> {
+  const keyPrefix = `t-${randomUUID()}`;
+  const join = async (count: number): Promise<RedisStore[]> => {
+    const out: RedisStore[] = [];
+    for (let i = 0; i < count; i++) {
+      const logs = opts.logs;
+      const base = { instance: stores.length };
+      const logger = logs ? pino({ level: 'info', base }, new Writable({ write: (c, _e, cb) => cb(void logs.push(String(c))) })) : undefined;
+      const url = (opts.server ?? redis).url;
+      const store = new RedisStore({ config: { redis: url, commandTimeoutMs: opts.commandTimeoutMs ?? 200, keyPrefix }, logger });
+      stores.push(store);
+      out.push(store);
+    }
+    for (const s of out) expect(await s.ready()).toBe(true);
+    return out;
+  };
+  return { stores: await join(n), join };
+}
+
+/** Polls until check() holds; returns how long it took. */
+async function eventually(check: () => boolean, withinMs: number): Promise<number> {
+  const start = Date.now();
+  while (!check()) {
+    if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
+    await sleep(5);
+  }
+  return Date.now() - start;
+}
+
+/** Awaits p and returns how long it took. */
+async function timed(p: Promise<unknown>): Promise<number> {
+  const start = Date.now();
+  await p;
+  return Date.now() - start;
+}
+
+describe('two instances on one Redis', () => {
+  it('shows a breaker change on A to B synchronously within 500 ms, firing B.onChange once', async () => {
+    const [a, b] = (await fleet(2)).stores;
+    const seen: StateChange[] = [];
+    b!.onChange((c) => seen.push(c));
+    expect(await a!.casBreaker('t1', 0, OPEN)).toBe(true);
+    await eventually(() => b!.getBreaker('t1')?.generation === 1, 500);
+    expect(b!.getBreaker('t1')).toEqual(OPEN);
+    // B's CAS with the generation it now sees succeeds; a stale one fails.
+    expect(await b!.casBreaker('t1', 0, { ...OPEN, generation: 9 })).toBe(false);
+    await sleep(100);
+    expect(seen).toEqual([{ kind: 'breaker', target: 't1', record: OPEN }]);
+  });
+
+  it('shows a hold-off set on A to B within 500 ms', async () => {
+    const [a, b] = (await fleet(2)).stores;
+    await a!.setHoldOff('t1', 5000);
+    await eventually(() => b!.getHoldOff('t1') === 5000, 500);
+    // B cannot shorten it, and learns the stored end from the refusal.
+    await b!.setHoldOff('t1', 4000);
+    expect(b!.getHoldOff('t1')).toBe(5000);
+  });
+
+  it('teaches a newly started instance the fleet state on first look', async () => {
+    const { stores: [a], join } = await fleet(1);
+    await a!.casBreaker('t1', 0, OPEN);
+    const [late] = await join(1);
+    expect(late!.getBreaker('t1')).toBeUndefined(); // first look: not cached yet, read in the background
+    await eventually(() => late!.getBreaker('t1')?.generation === 1, 500);
+  });
+
+  it('shares probe permits across the fleet', async () => {
+    const [a, b] = (await fleet(2)).stores;
+    const now = Date.now();
+    expect(await a!.takePermit('t1', 3, 5000, now)).not.toBeNull();
+    expect(await a!.takePermit('t1', 3, 5000, now)).not.toBeNull();
+    expect(await b!.takePermit('t1', 3, 5000, now)).not.toBeNull();
+    expect(await b!.takePermit('t1', 3, 5000, now)).toBeNull();
+  });
+
+  it('shares one retry budget: requests counted on A pay for retries on B', async () => {
+    const [a, b] = (await fleet(2)).stores;
+    const now = Date.now();
+    a!.addRequests('r1', 100, now);
+    await sleep(150); // A flushes its batched counts at most 50 ms apart
+    for (let i = 0; i < 6; i++) expect(await b!.takeRetry('r1', BUDGET, now)).toBe(true);
+    for (let i = 0; i < 4; i++) expect(await a!.takeRetry('r1', BUDGET, now)).toBe(true);
+    expect(await a!.takeRetry('r1', BUDGET, now)).toBe(false);
+    expect(await b!.budgetWindow('r1', BUDGET, now)).toEqual({ requests: 100, retries: 10 });
+  });
+});
+
+describe('when Redis goes away', () => {
+  const TIMEOUT_MS = 100;
+  const BOUND_MS = TIMEOUT_MS * 3 + 100;
+  let server: RedisHandle;
+  beforeAll(async () => {
+    server = await startRedis();
+  });
+  afterEach(async () => {
+    await server.restart(); // a failed test may leave it stopped or paused
+  });
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  it('answers every call from local state within the timeout, says so once, and returns to Redis by itself', async () => {
+    const logs: string[] = [];
+    const { stores: [a, b], join } = await fleet(2, { server, commandTimeoutMs: TIMEOUT_MS, logs });
+    const flips: boolean[] = [];
+    a!.onDegradedChange((d) => flips.push(d));
+    await a!.casBreaker('kept', 0, OPEN);
+    await eventually(() => b!.getBreaker('kept')?.generation === 1, 500);
+
+    await server.stop();
+    const now = Date.now();
+    expect(await timed(a!.addOutcomes('t1', 0, { requests: 1, failures: 1 }, now, 10))).toBeLessThan(BOUND_MS);
+    expect(await timed(a!.takePermit('t1', 1, 5000, now))).toBeLessThan(BOUND_MS);
+    expect(await timed(a!.releasePermit('t1', 'nope'))).toBeLessThan(BOUND_MS);
+    a!.addRequests('r1', 10, now);
+    expect(await timed(a!.takeRetry('r1', BUDGET, now))).toBeLessThan(BOUND_MS);
+    expect(await timed(a!.budgetWindow('r1', BUDGET, now))).toBeLessThan(BOUND_MS);
+    expect(await timed(a!.setHoldOff('t1', now + 60_000))).toBeLessThan(BOUND_MS);
+    expect(await timed(a!.casBreaker('t1', 0, OPEN))).toBeLessThan(BOUND_MS);
+    expect(a!.degraded).toBe(true);
+    // Local state stands in: the window, budget, breaker and hold-off written above are all there.
+    expect(await a!.addOutcomes('t1', 0, { requests: 0, failures: 0 }, now, 10)).toEqual({ requests: 1, failures: 1 });
+    expect(await a!.budgetWindow('r1', BUDGET, now)).toEqual({ requests: 10, retries: 1 });
+    expect(a!.getBreaker('t1')).toEqual(OPEN);
+    expect(a!.getHoldOff('t1')).toBe(now + 60_000);
+    const changes: StateChange[] = [];
+    a!.onChange((c) => changes.push(c));
+    expect(await a!.casBreaker('t2', 0, OPEN)).toBe(true);
+    expect(changes).toEqual([{ kind: 'breaker', target: 't2', record: OPEN }]);
+
+    await sleep(500); // several failed reconnects later: still one flip, one warning
+    expect(flips).toEqual([true]);
+    const linesOfA = (msg: string) => logs.filter((l) => l.includes('"instance":0') && l.includes(msg));
+    expect(linesOfA('state store degraded: using local state')).toHaveLength(1);
+
+    await server.restart();
+    await eventually(() => !a!.degraded && !b!.degraded, 8000);
+    expect(flips).toEqual([true, false]);
+    expect(linesOfA('state store recovered: using Redis')).toHaveLength(1);
+    expect(await a!.ready()).toBe(true);
+    expect(await b!.ready()).toBe(true);
+    expect(await a!.casBreaker('after', 0, OPEN)).toBe(true);
+    await eventually(() => b!.getBreaker('after')?.generation === 1, 500);
+    // The restarted Redis came back empty; the instances wrote back the breakers they held.
+    const [late] = await join(1);
+    late!.getBreaker('kept');
+    await eventually(() => late!.getBreaker('kept')?.generation === 1, 1000);
+  });
+
+  it('treats a Redis that stops answering like one that is gone, and returns when it answers again', async () => {
+    const { stores: [a] } = await fleet(1, { server, commandTimeoutMs: TIMEOUT_MS });
+    const admin = new Redis(server.url);
+    try {
+      await admin.call('CLIENT', 'PAUSE', '700', 'ALL');
+      expect(await timed(a!.takeRetry('r1', BUDGET, Date.now()))).toBeLessThan(BOUND_MS);
+      expect(a!.degraded).toBe(true);
+      // While degraded the store does not wait on Redis at all.
+      expect(await timed(a!.takePermit('t1', 1, 5000, Date.now()))).toBeLessThan(50);
+      await eventually(() => !a!.degraded, 3000);
+      expect(await a!.takePermit('t1', 1, 5000, Date.now())).not.toBeNull();
+    } finally {
+      admin.disconnect();
+    }
+  });
+});
