@@ -1,0 +1,136 @@
+// Three gateway instances sharing one real redis-server: breakers, budgets and probe limits hold fleet-wide, and the
+// fleet keeps answering when Redis goes away, then shares state again when it is back.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Writable } from 'node:stream';
+import type { FastifyInstance } from 'fastify';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { buildServer } from '../src/server.ts';
+import { createLogger } from '../src/observability/logger.ts';
+import { createMetrics } from '../src/observability/metrics.ts';
+import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import { defaultConfig, TEST_KEY } from './helpers/stack.ts';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+
+let redis: RedisHandle;
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis.stop();
+});
+
+interface Fleet {
+  mock: MockServer;
+  urls: string[];
+  logs: string[];
+  gateways: FastifyInstance[];
+}
+
+let fleet: Fleet | undefined;
+afterEach(async () => {
+  if (!fleet) return;
+  await Promise.all(fleet.gateways.map((g) => g.close()));
+  await fleet.mock.close();
+  fleet = undefined;
+});
+
+let prefixCounter = 0;
+
+async function startFleet(faults: FaultSpec, overrides: Pick<Parameters<typeof defaultConfig>[1] & object, 'route' | 'provider'>): Promise<Fleet> {
+  const mock = await startMock({ faults, quiet: true, apiKey: TEST_KEY });
+  // Each test gets its own key prefix, so state from one test never leaks into the next.
+  const keyPrefix = `fleet${process.pid}-${prefixCounter++}`;
+  const input: ConfigInput = { ...defaultConfig(mock.url, overrides), state: { redis: redis.url, keyPrefix, commandTimeoutMs: 100 } };
+  const config = ConfigSchema.parse(input);
+  const logs: string[] = [];
+  const gateways: FastifyInstance[] = [];
+  const urls: string[] = [];
+  for (let i = 0; i < 3; i++) {
+    const sink = new Writable({ write: (c, _e, cb) => (logs.push(String(c)), cb()) });
+    const g = await buildServer(config, { logger: createLogger(config, sink), metrics: createMetrics({ defaultMetrics: false }) });
+    gateways.push(g);
+    urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));
+  }
+  fleet = { mock, urls, logs, gateways };
+  return fleet;
+}
+
+async function chat(url: string, headers: Record<string, string> = {}) {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  return { status: res.status, body: (await res.json()) as { error?: { code: string } } };
+}
+
+async function metricValue(url: string, name: string): Promise<number | undefined> {
+  const line = (await (await fetch(`${url}/metrics`)).text()).split('\n').find((l) => l.startsWith(name));
+  return line === undefined ? undefined : Number(line.split(' ').at(-1));
+}
+
+async function eventually(check: () => Promise<boolean> | boolean, timeoutMs = 3_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await sleep(20);
+  }
+}
+
+describe('a fleet of three gateways on one Redis', () => {
+  it('opens the breaker on B and C from failures seen through A, with no upstream request from them', async () => {
+    const f = await startFleet({ errors: [{ status: 503, rate: 1 }] }, { route: { retry: { maxAttempts: 1 }, park: false } });
+    for (let i = 0; i < 5; i++) expect((await chat(f.urls[0]!)).status).toBe(503);
+    const before = f.mock.stats().total;
+    await eventually(async () => (await chat(f.urls[1]!)).body.error?.code === 'circuit_open');
+    expect((await chat(f.urls[2]!)).body.error?.code).toBe('circuit_open');
+    expect(f.mock.stats().total).toBe(before);
+    // The transition is logged once, by the instance that made it.
+    expect(f.logs.filter((l) => l.includes('"msg":"breaker open"'))).toHaveLength(1);
+  });
+
+  it('keeps the fleet\'s total retries within the shared budget', async () => {
+    const f = await startFleet(
+      { errors: [{ status: 503, rate: 1 }] },
+      {
+        route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false, budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+        provider: { breaker: false },
+      },
+    );
+    for (let i = 0; i < 60; i++) expect((await chat(f.urls[i % 3]!)).status).toBe(503);
+    const retries = f.mock.stats().total - 60;
+    expect(retries).toBeGreaterThanOrEqual(1);
+    expect(retries).toBeLessThanOrEqual(6);
+  });
+
+  it('lets a single probe through, fleet-wide, when the breaker first half-opens', async () => {
+    const f = await startFleet({ errors: [{ status: 503, rate: 1 }] }, { route: { retry: { maxAttempts: 1 }, park: false }, provider: { breaker: { openS: 1 } } });
+    for (let i = 0; i < 5; i++) await chat(f.urls[0]!);
+    await sleep(1_300);
+    f.mock.setFaults({ latencyMs: 600 });
+    f.mock.reset();
+    const results = await Promise.all(Array.from({ length: 12 }, (_, i) => chat(f.urls[i % 3]!)));
+    expect(f.mock.stats().total).toBe(1);
+    expect(results.filter((r) => r.status === 200)).toHaveLength(1);
+    expect(results.filter((r) => r.body.error?.code === 'circuit_open')).toHaveLength(11);
+  });
+
+  it('answers every request while Redis is down, reports degraded, and shares state again once it is back', async () => {
+    const f = await startFleet({}, { route: { retry: { maxAttempts: 1 }, park: false } });
+    expect((await chat(f.urls[0]!)).status).toBe(200);
+    await redis.stop();
+    try {
+      const during = await Promise.all(f.urls.flatMap((u) => [chat(u), chat(u)]));
+      expect(during.every((r) => r.status === 200)).toBe(true);
+      await eventually(async () => (await metricValue(f.urls[0]!, 'stormgate_state_degraded')) === 1);
+    } finally {
+      await redis.restart();
+    }
+    await eventually(async () => (await metricValue(f.urls[0]!, 'stormgate_state_degraded')) === 0, 8_000);
+    // Shared again: a breaker opened through A is seen by B.
+    f.mock.setFaults({ errors: [{ status: 503, rate: 1 }] });
+    for (let i = 0; i < 5; i++) await chat(f.urls[0]!);
+    await eventually(async () => (await chat(f.urls[1]!)).body.error?.code === 'circuit_open');
+  });
+});
