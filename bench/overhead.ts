@@ -9,9 +9,10 @@ import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { request } from 'undici';
+import { cpuWindow, readCpu } from './lib/cpu.ts';
 import { CHAT_PATH, closedLoop, openLoop, streamTtft } from './lib/load.ts';
 import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
-import { figures, markdownTable, writeReport, type Round, type Side } from './lib/report.ts';
+import { figures, markdownTable, otherLoad, writeReport, type Measured, type Round, type Side } from './lib/report.ts';
 
 const SETTINGS = {
   throughput: { connections: 64, warmupMs: 1_000, durationMs: 5_000 },
@@ -49,27 +50,51 @@ async function smokeTest(url: string, name: string): Promise<void> {
   if (res.statusCode !== 200) throw new Error(`${name} answered ${res.statusCode} to a chat completion: ${text.slice(0, 300)}`);
 }
 
-/** Runs one measurement on both sides, in the given order, and logs each result as it lands. */
-async function both<T>(order: Array<keyof Side<T>>, urls: Side<string>, run: (url: string) => Promise<T>, show: (r: T) => string): Promise<Side<T>> {
-  const out: Partial<Side<T>> = {};
-  for (const side of order) {
-    const r = await run(urls[side]);
-    out[side] = r;
-    log(`    ${side.padEnd(7)} ${show(r)}`);
-  }
-  return out as Side<T>;
+interface Target {
+  url: string;
+  /** The process that serves this side's requests: the mock (direct) or the gateway. */
+  serverPid: number;
+  /** Every process of the bench, for telling their CPU use from other processes'. */
+  benchPids: number[];
 }
 
-async function round(i: number, urls: Side<string>): Promise<Round> {
+/** Runs one measurement on both sides, in the given order, and logs each result as it lands. */
+async function both<T>(order: Array<keyof Side<T>>, targets: Side<Target>, run: (url: string) => Promise<T>, show: (r: T) => string): Promise<Side<Measured<T>>> {
+  const out: Partial<Side<Measured<T>>> = {};
+  for (const side of order) {
+    const { url, serverPid, benchPids } = targets[side];
+    const before = readCpu(serverPid, benchPids);
+    const r = await run(url);
+    const cpu = cpuWindow(before, readCpu(serverPid, benchPids), availableParallelism());
+    out[side] = { ...r, cpu };
+    const other = cpu.otherShare === undefined ? '' : `, other processes ${(100 * cpu.otherShare).toFixed(0)}% CPU`;
+    log(`    ${side.padEnd(7)} ${show(r)}${other}`);
+  }
+  return out as Side<Measured<T>>;
+}
+
+/**
+ * Untimed load on both sides first: the load generator, the mock and the gateway all start with cold JIT
+ * and empty pools, and whichever side the first round measured first would pay for that.
+ */
+async function warmUp(targets: Side<Target>): Promise<void> {
+  log('warm-up');
+  for (const { url } of [targets.direct, targets.gateway]) {
+    await closedLoop(url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
+    await streamTtft(url, { count: 50, warmup: 0, parallel: 1 });
+  }
+}
+
+async function round(i: number, targets: Side<Target>): Promise<Round> {
   // Alternate which side goes first, so a slow drift of the machine (thermal, a neighbour) does not favour one side.
   const order: Array<'direct' | 'gateway'> = i % 2 === 0 ? ['direct', 'gateway'] : ['gateway', 'direct'];
   log(`round ${i + 1}`);
   log('  throughput');
-  const throughput = await both(order, urls, (u) => closedLoop(u, SETTINGS.throughput), (r) => `${Math.round(r.rps)} req/s, ${r.errors} errors`);
+  const throughput = await both(order, targets, (u) => closedLoop(u, SETTINGS.throughput), (r) => `${Math.round(r.rps)} req/s, ${r.errors} errors`);
   log('  latency');
-  const latency = await both(order, urls, (u) => openLoop(u, SETTINGS.latency), (r) => `p50 ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors, max send lag ${r.maxSendLagMs.toFixed(1)} ms`);
+  const latency = await both(order, targets, (u) => openLoop(u, SETTINGS.latency), (r) => `p50 ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors, max send lag ${r.maxSendLagMs.toFixed(1)} ms`);
   log('  time to first token');
-  const ttft = await both(order, urls, (u) => streamTtft(u, SETTINGS.ttft), (r) => `median ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors`);
+  const ttft = await both(order, targets, (u) => streamTtft(u, SETTINGS.ttft), (r) => `median ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors`);
   // The raw samples served their percentiles; the JSON keeps only the summaries.
   for (const side of order) {
     latency[side].samplesMs = [];
@@ -104,10 +129,15 @@ async function main(): Promise<number> {
       nodeFlags: values.profile ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : [],
     });
     log(`mock ${mock.url}, gateway ${gateway.url} (logs in ${WORK_DIR})`);
-    const urls = { direct: mock.url, gateway: gateway.url };
-    await smokeTest(urls.direct, 'the mock');
-    await smokeTest(urls.gateway, 'the gateway');
-    for (let i = 0; i < rounds; i++) results.push(await round(i, urls));
+    const benchPids = [process.pid, mock.proc.pid!, gateway.proc.pid!];
+    const targets = {
+      direct: { url: mock.url, serverPid: mock.proc.pid!, benchPids },
+      gateway: { url: gateway.url, serverPid: gateway.proc.pid!, benchPids },
+    };
+    await smokeTest(mock.url, 'the mock');
+    await smokeTest(gateway.url, 'the gateway');
+    await warmUp(targets);
+    for (let i = 0; i < rounds; i++) results.push(await round(i, targets));
   } finally {
     // SIGTERM lets the gateway close cleanly, which is also when node writes its --cpu-prof file.
     await gateway?.stop();
@@ -126,6 +156,7 @@ async function main(): Promise<number> {
     rounds,
     settings: SETTINGS,
     errors: { direct: errors('direct'), gateway: errors('gateway') },
+    otherLoad: otherLoad(results),
     gatewayLog: { path: gatewayLog, bytes: statSync(gatewayLog).size },
   });
   process.stdout.write(`\n${markdownTable(figs)}\n\nWritten to ${RESULTS_DIR}/overhead.md and overhead.json.\n`);

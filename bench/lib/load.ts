@@ -33,7 +33,10 @@ async function chat(pool: Pool): Promise<boolean> {
 
 export interface ThroughputResult extends Failures {
   rps: number;
+  /** Answers inside the measuring window. */
   requests: number;
+  /** Answers of the whole run, warm-up included: the divisor for CPU time sampled around the whole run. */
+  allRequests: number;
 }
 
 /**
@@ -47,9 +50,11 @@ export async function closedLoop(url: string, o: { connections: number; warmupMs
   const end = measureFrom + o.durationMs;
   let ok = 0;
   let errors = 0;
+  let all = 0;
   const worker = async () => {
     while (performance.now() < end) {
       const good = await chat(pool);
+      all++;
       const t = performance.now();
       if (t < measureFrom || t > end) continue;
       if (good) ok++;
@@ -58,7 +63,7 @@ export async function closedLoop(url: string, o: { connections: number; warmupMs
   };
   await Promise.all(Array.from({ length: o.connections }, worker));
   await pool.close();
-  return { rps: ok / (o.durationMs / 1000), requests: ok, errors };
+  return { rps: ok / (o.durationMs / 1000), requests: ok, allRequests: all, errors };
 }
 
 export interface LatencyResult extends Failures {
