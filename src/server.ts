@@ -102,7 +102,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
             json: body.json,
             headers: request.headers,
             requestId: request.id,
-            clientSignal: clientGoneSignal(request, reply),
+            onClientGone: (listener) => onClientGone(request, reply, listener),
           },
           runtime.pipeline,
         );
@@ -158,16 +158,18 @@ function toGatewayError(err: unknown, request: FastifyRequest): GatewayError {
   return new GatewayError('internal_error', 'the gateway failed to handle the request');
 }
 
-/** Aborts when the client closes the connection before its answer is complete. */
-function clientGoneSignal(request: FastifyRequest, reply: FastifyReply): AbortSignal {
-  const ctl = new AbortController();
+/** Calls `listener` when the client closes the connection before its answer is complete; returns its removal. */
+function onClientGone(request: FastifyRequest, reply: FastifyReply, listener: () => void): () => void {
   const res = reply.raw;
+  if (request.raw.destroyed) {
+    listener();
+    return () => {};
+  }
   const onClose = () => {
-    if (!res.writableFinished) ctl.abort();
+    if (!res.writableFinished) listener();
   };
   res.once('close', onClose);
-  if (request.raw.destroyed) ctl.abort();
-  return ctl.signal;
+  return () => res.removeListener('close', onClose);
 }
 
 function queryOf(url: string): string {

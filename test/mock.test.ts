@@ -342,6 +342,29 @@ describe('mock provider over HTTP', () => {
       expect(entry!.endedAt! - entry!.receivedAt).toBeLessThan(1000);
     });
 
+    it('keeps an abandoned request in flight until its latency has passed with holdAbandoned', async () => {
+      mock.setFaults({ latencyMs: 400, capacity: 1, holdAbandoned: true });
+      await post('/v1/chat/completions', chatBody(), { signal: AbortSignal.timeout(50) }).catch(() => undefined);
+      await waitForLog((log) => log[0]?.aborted === true);
+      // The provider is still working on it: the slot stays taken and a newcomer is turned away.
+      expect(mock.stats().inflight).toBe(1);
+      expect((await post('/v1/chat/completions', chatBody())).status).toBe(429);
+      await new Promise((r) => setTimeout(r, 450));
+      expect(mock.stats().inflight).toBe(0);
+      expect((await post('/v1/chat/completions', chatBody())).status).toBe(200);
+    });
+
+    it('holds a request hung by a brownout for the latency it would have had, with holdAbandoned', async () => {
+      mock.setFaults({ latencyMs: 300, holdAbandoned: true });
+      mock.brownout('hang', 5000);
+      await post('/v1/chat/completions', chatBody(), { signal: AbortSignal.timeout(50) }).catch(() => undefined);
+      await waitForLog((log) => log[0]?.aborted === true);
+      expect(mock.stats().inflight).toBe(1);
+      await new Promise((r) => setTimeout(r, 350));
+      expect(mock.stats().inflight).toBe(0);
+      mock.brownout('hang', 0);
+    });
+
     it('cuts a stream after N content chunks: no finish, no [DONE]', async () => {
       mock.setFaults({ stream: { cutAfterChunks: 2 } });
       const { text, failed } = await readAll(await post('/v1/chat/completions', chatBody({ stream: true })));

@@ -68,6 +68,13 @@ describe('streaming', () => {
     expect(s.mock.stats().total).toBe(1);
   });
 
+  it('lets a stream run longer than firstTokenMs once its first token has arrived', async () => {
+    const s = await start({ faults: { stream: { chunks: 10, chunkDelayMs: 60 } }, provider: { timeouts: { firstTokenMs: 300, idleMs: 1_000 } } });
+    const text = await collect(s);
+    expect(text.length).toBeGreaterThan(0);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
   it('retries a stream that is malformed before its first output', async () => {
     const s = await start({
       faults: { stream: { malformedAtChunk: 0 } },

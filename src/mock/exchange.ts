@@ -13,6 +13,8 @@ export class Exchange {
   admitted = false;
   closed = false;
   destroyedByUs = false;
+  /** performance.now() at which the provider would have finished it (set only with holdAbandoned). */
+  wouldEndAt: number | undefined = undefined;
   private timer: NodeJS.Timeout | undefined = undefined;
   private wake: ((ok: boolean) => void) | undefined = undefined;
   readonly req: IncomingMessage;

@@ -53,6 +53,13 @@ export interface FaultSpec {
   capacity?: number;
   /** Headers on the capacity 429s. Default: none. */
   capacityHeaders?: Record<string, string>;
+  /**
+   * A request whose client leaves before its answer keeps its place in `inflight` (and so its capacity slot, and its
+   * share of latencyPerInflightMs) until the latency it was given, counted from its arrival, has passed: a real provider
+   * keeps working on a request its client gave up on. A hung request (hangRate, a `hang` brownout) is held for the
+   * latency it would have been given. Default: false (the slot is freed when the client leaves).
+   */
+  holdAbandoned?: boolean;
   /** Error rules, checked in order; the first that fires answers. */
   errors?: ErrorRule[];
   /** Deterministic share of requests whose socket is destroyed before any response byte. */
@@ -196,12 +203,22 @@ export function decide(spec: FaultSpec, counters: FaultCounters, facts: RequestF
     }
   }
 
+  return { kind: 'answer', latencyMs: latencyFor(spec, facts, random), stream: eff.stream ?? {} };
+}
+
+/**
+ * The latency an answer to this request gets: base, jitter and the slowdown per request in flight. Also what a hung
+ * request would have been given, for holdAbandoned.
+ */
+export function latencyFor(spec: FaultSpec, facts: RequestFacts, random: () => number): number {
+  const override = facts.model === undefined ? undefined : spec.models?.[facts.model];
+  const eff = effectiveSpec(spec, facts.model);
   const latencyInflight = scopeOf(override, facts.model, 'latencyPerInflightMs') === '*' ? facts.inflight : facts.modelInflight;
-  const latencyMs =
+  return (
     (eff.latencyMs ?? 0) +
     (eff.latencyJitterMs !== undefined && eff.latencyJitterMs > 0 ? random() * eff.latencyJitterMs : 0) +
-    (eff.latencyPerInflightMs ?? 0) * latencyInflight;
-  return { kind: 'answer', latencyMs, stream: eff.stream ?? {} };
+    (eff.latencyPerInflightMs ?? 0) * latencyInflight
+  );
 }
 
 /** Throws a readable error when a value (e.g. a PUT body) is not a plausible FaultSpec. */
@@ -219,6 +236,7 @@ export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {
     if (spec[k] !== undefined && typeof spec[k] !== 'number') throw new Error(`${k} must be a number`);
   }
+  if (spec['holdAbandoned'] !== undefined && typeof spec['holdAbandoned'] !== 'boolean') throw new Error('holdAbandoned must be a boolean');
   if (spec['models'] !== undefined) {
     if (typeof spec['models'] !== 'object' || spec['models'] === null) throw new Error('models must be an object');
     for (const m of Object.values(spec['models'] as Record<string, unknown>)) assertFaultSpec(m);

@@ -10,7 +10,7 @@ import { seededRandom } from '../policy/random.ts';
 import { handleControl } from './control.ts';
 import { Exchange, streamIO, type Family } from './exchange.ts';
 import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, type ErrorDetails } from './errors.ts';
-import { assertFaultSpec, decide, FaultCounters, type BrownoutMode, type Decision, type FaultSpec } from './faults.ts';
+import { assertFaultSpec, decide, effectiveSpec, FaultCounters, latencyFor, type BrownoutMode, type Decision, type FaultSpec, type RequestFacts } from './faults.ts';
 import { chatCompletion, chatStream, embeddings, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
@@ -87,6 +87,8 @@ class MockProvider implements MockServer {
   private readonly random: () => number;
   private brownoutState: { mode: BrownoutMode; until: number } | undefined = undefined;
   private seq = 0;
+  /** Slots of abandoned requests still held (holdAbandoned), cleared on close. */
+  private readonly holds = new Set<NodeJS.Timeout>();
   private closing = false;
   private closed: Promise<void> | undefined = undefined;
   readonly server: Server;
@@ -151,6 +153,8 @@ class MockProvider implements MockServer {
   close(): Promise<void> {
     if (this.closed !== undefined) return this.closed;
     this.closing = true;
+    for (const timer of this.holds) clearTimeout(timer);
+    this.holds.clear();
     this.closed = new Promise((resolve) => {
       this.server.close(() => resolve());
       // Destroys hanging and keep-alive sockets too; server.close alone would wait for them.
@@ -224,20 +228,27 @@ class MockProvider implements MockServer {
 
     const attempt = entry.headers['x-retry-attempt'];
     const model = entry.model;
-    const decision = decide(
-      this.spec,
-      this.counters,
-      {
-        model,
-        isRetry: attempt !== undefined && attempt !== '' && attempt !== '0',
-        inflight: this.statsCollector.inflight,
-        modelInflight: model === undefined ? 0 : (this.modelInflight.get(model) ?? 0),
-        brownout: this.activeBrownout(),
-      },
-      this.random,
-    );
-    if (decision.kind !== 'capacity') this.admit(x);
+    const facts: RequestFacts = {
+      model,
+      isRetry: attempt !== undefined && attempt !== '' && attempt !== '0',
+      inflight: this.statsCollector.inflight,
+      modelInflight: model === undefined ? 0 : (this.modelInflight.get(model) ?? 0),
+      brownout: this.activeBrownout(),
+    };
+    const decision = decide(this.spec, this.counters, facts, this.random);
+    if (decision.kind !== 'capacity') {
+      this.admit(x);
+      if (effectiveSpec(this.spec, model).holdAbandoned === true) x.wouldEndAt = x.startedAt + this.wouldBeLatency(decision, facts);
+    }
     this.act(x, route, body, decision);
+  }
+
+  /** How long the provider would have worked on an admitted request, for holdAbandoned. */
+  private wouldBeLatency(d: Decision, facts: RequestFacts): number {
+    if (d.kind === 'answer') return d.latencyMs;
+    if (d.kind === 'hang' || (d.kind === 'brownout' && d.mode === 'hang')) return latencyFor(this.spec, facts, this.random);
+    // Answered at once (an error, a 503 or 429 brownout, a reset): nothing left to hold.
+    return 0;
   }
 
   private act(x: Exchange, route: Route, body: Body, d: Decision): void {
@@ -365,15 +376,29 @@ class MockProvider implements MockServer {
     entry.endedAt = now;
     entry.aborted = !x.res.writableFinished && !x.destroyedByUs && !this.closing;
     if (x.admitted) {
-      this.statsCollector.release();
-      const m = entry.model;
-      if (m !== undefined) {
-        const n = (this.modelInflight.get(m) ?? 1) - 1;
-        if (n === 0) this.modelInflight.delete(m);
-        else this.modelInflight.set(m, n);
+      // holdAbandoned: the provider goes on working on what its client gave up on, so the slot stays taken.
+      const holdMs = entry.aborted && x.wouldEndAt !== undefined ? x.wouldEndAt - performance.now() : 0;
+      if (holdMs > 0) {
+        const timer = setTimeout(() => {
+          this.holds.delete(timer);
+          this.release(entry.model);
+        }, holdMs);
+        timer.unref();
+        this.holds.add(timer);
+      } else {
+        this.release(entry.model);
       }
     }
     this.statsCollector.ended(String(entry.status ?? 'aborted'), entry.aborted, now);
+  }
+
+  private release(model: string | undefined): void {
+    this.statsCollector.release();
+    if (model !== undefined) {
+      const n = (this.modelInflight.get(model) ?? 1) - 1;
+      if (n === 0) this.modelInflight.delete(model);
+      else this.modelInflight.set(model, n);
+    }
   }
 }
 

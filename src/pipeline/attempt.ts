@@ -43,27 +43,26 @@ const MAX_ERROR_BODY_BYTES = 64 * 1024;
 
 export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   if (req.requestSignal.aborted) return { outcome: abortOutcome(req.requestSignal.reason) };
-  const ctl = new AbortController();
-  const forward = () => ctl.abort(req.requestSignal.reason);
-  req.requestSignal.addEventListener('abort', forward, { once: true });
-  const { firstTokenMs, responseMs } = req.client.config.timeouts;
-  const phase = req.stream ? 'first-token' : 'response';
+  const { firstTokenMs, responseMs, idleMs } = req.client.config.timeouts;
   const limitMs = req.stream ? firstTokenMs : responseMs;
-  const timer = limitMs === undefined ? undefined : setTimeout(() => ctl.abort(new AttemptTimeout(phase, limitMs)), limitMs);
-  const startedAt = req.now();
-  let handedOff = false;
+  // Without a timer of its own (a non-streaming request without responseMs), the attempt runs on the request's
+  // signal: one AbortController less per request on the hot path.
+  const own = limitMs === undefined ? undefined : new AbortController();
+  const signal = own?.signal ?? req.requestSignal;
+  const forward = () => own!.abort(req.requestSignal.reason);
+  let timer: NodeJS.Timeout | undefined;
+  if (own) {
+    req.requestSignal.addEventListener('abort', forward, { once: true });
+    timer = setTimeout(() => own.abort(new AttemptTimeout(req.stream ? 'first-token' : 'response', limitMs!)), limitMs);
+  }
   const release = () => {
     clearTimeout(timer);
-    req.requestSignal.removeEventListener('abort', forward);
+    if (own) req.requestSignal.removeEventListener('abort', forward);
   };
+  const startedAt = req.now();
+  let handedOff = false;
   try {
-    const res = await req.client.dispatcher.request({
-      path: req.path,
-      method: 'POST',
-      headers: req.headers,
-      body: req.body,
-      signal: ctl.signal,
-    });
+    const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal });
     const { statusCode: status, headers } = res;
     if (status < 200 || status >= 300) {
       const body = await readCapped(res.body, MAX_ERROR_BODY_BYTES);
@@ -79,27 +78,26 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return { outcome: { kind: 'bad-stream', detail: first.failure }, status, headers };
     }
     handedOff = true;
+    // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
+    clearTimeout(timer);
     const stream = new LiveStream({
       api: req.api,
       head: first.head,
       pending: first.pending,
       parser: first.parser,
       iterator: first.iterator,
-      controller: ctl,
+      controller: own!,
       requestSignal: req.requestSignal,
       detach: release,
-      idleMs: req.client.config.timeouts.idleMs,
+      idleMs,
     });
     return { outcome: { kind: 'ok', status }, status, headers, stream, ttftMs: req.now() - startedAt };
   } catch (err) {
-    if (ctl.signal.aborted) return { outcome: abortOutcome(ctl.signal.reason) };
+    if (signal.aborted) return { outcome: abortOutcome(signal.reason) };
     return { outcome: transportOutcome(err) };
   } finally {
-    if (!handedOff) {
-      release();
-      // Nothing may keep the socket busy after the attempt: abort whatever is still in flight.
-      if (!ctl.signal.aborted) ctl.abort();
-    }
+    // Every path above has read the body to its end or destroyed it, so the connection is already free.
+    if (!handedOff) release();
   }
 }
 

@@ -26,8 +26,8 @@ export interface ManagedRequest {
   json: Record<string, unknown>;
   headers: HeaderBag;
   requestId: string;
-  /** Fires when the client goes away. */
-  clientSignal: AbortSignal;
+  /** Registers a call for when the client goes away (at once if it already has); returns its removal. */
+  onClientGone: (listener: () => void) => () => void;
 }
 
 export interface PipelineDeps extends ServeDeps {
@@ -64,9 +64,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const deadlineAtMs = deps.now() + deadline.budgetMs;
   const controller = new AbortController();
   const deadlineTimer = setTimeout(() => controller.abort(new DeadlineReached(deadline.budgetMs)), deadline.budgetMs);
-  const onClientGone = () => controller.abort(new ClientGone());
-  if (req.clientSignal.aborted) onClientGone();
-  else req.clientSignal.addEventListener('abort', onClientGone, { once: true });
+  const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
   const summary: RequestSummary = {
     route: route.name,
     target: undefined,
@@ -107,7 +105,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   } finally {
     // The deadline bounds the time until the answer starts; a stream that has started is bounded by its idle timer.
     clearTimeout(deadlineTimer);
-    if (!handedToStream) req.clientSignal.removeEventListener('abort', onClientGone);
+    if (!handedToStream) stopWatchingClient();
   }
 }
 
