@@ -29,6 +29,7 @@ export const ERROR_CODES = {
   circuit_open: { status: 503, type: 'server_error' },
   provider_held_off: { status: 429, type: 'rate_limit_error' },
   park_queue_full: { status: 503, type: 'server_error' },
+  load_shed: { status: 503, type: 'server_error' },
   gateway_draining: { status: 503, type: 'server_error' },
   stream_interrupted: { status: 502, type: 'server_error' },
   internal_error: { status: 500, type: 'server_error' },
@@ -54,7 +55,7 @@ export class GatewayError extends Error {
     super(message);
     const def = ERROR_CODES[code];
     this.status = opts.status ?? def.status;
-    this.type = def.type;
+    this.type = this.status === 429 ? 'rate_limit_error' : def.type;
     this.param = opts.param ?? null;
     this.shouldRetry = opts.shouldRetry ?? false;
     this.retryAfterMs = opts.retryAfterMs;

@@ -14,6 +14,7 @@ import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
 import { ParkingLot, type TargetState } from './pipeline/parking-lot.ts';
+import { Pools } from './pools/pools.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { metricsObserver } from './observability/pipeline-metrics.ts';
@@ -57,6 +58,11 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   });
   const holdOffs = new HoldOffs(store, now, random);
   const targetKeys = new TargetKeys(config);
+  const pools = new Pools(config, now, {
+    onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
+    onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
+  });
+  const poolOf = (target: string) => pools.of(target.slice(0, target.indexOf('/')));
   const lot = new ParkingLot({
     now,
     stateOf: (target) => targetState(target),
@@ -68,23 +74,36 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   function targetState(target: string): TargetState {
     const held = holdOffs.until(target);
     if (held !== undefined) return { mode: 'blocked', availableAtMs: held };
+    const available: TargetState = { mode: 'available', slots: Math.max(1, Math.floor(poolOf(target).limitOf(target))) };
     const s = targetKeys.breakerSettings(target);
-    if (!s) return { mode: 'available' };
+    if (!s) return available;
     const a = availability(board.current(target), s, now(), true);
-    if (a.kind === 'closed') return { mode: 'available' };
+    if (a.kind === 'closed') return available;
     if (a.kind === 'probing') return { mode: 'probing', slots: a.probes };
     return { mode: 'blocked', availableAtMs: a.probeAtMs };
   }
 
+  // After an outage (a breaker that closes again, a provider that asked for a pause), the target's adaptive limit
+  // restarts at half and slow-starts: new and parked requests ramp up together under that one limit.
+  const lastBreakerState = new Map<string, string>();
   const unsubscribe = store.onChange((change) => {
-    if (change.kind === 'breaker') metrics.breakerState.set({ target: change.target }, BREAKER_STATE_VALUE[change.record.state]);
+    if (change.kind === 'breaker') {
+      metrics.breakerState.set({ target: change.target }, BREAKER_STATE_VALUE[change.record.state]);
+      const before = lastBreakerState.get(change.target) ?? 'closed';
+      lastBreakerState.set(change.target, change.record.state);
+      if (change.record.state === 'closed' && before !== 'closed') poolOf(change.target).recovered(change.target);
+    } else {
+      poolOf(change.target).recovered(change.target);
+    }
     lot.notify(change.target);
   });
+  collectPoolMetrics(metrics, pools);
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
 
   const pipeline: PipelineDeps = {
     providers,
+    pools,
     targetKeys,
     now,
     random,
@@ -101,12 +120,28 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     async close() {
       lot.close();
       board.close();
+      pools.close();
       unsubscribe();
       unsubscribeDegraded();
       await store.close();
       await closeProviderClients(providers, deps.dispatcher === undefined);
     },
   };
+}
+
+/** Pool gauges are read from the pools when Prometheus scrapes, never kept up to date on the request path. */
+function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
+  const collect = () => {
+    for (const pool of pools.all()) {
+      const snap = pool.snapshot();
+      pool.settings.classes.forEach((c, i) => {
+        metrics.poolInUse.set({ provider: pool.settings.provider, priority: c.name }, snap.inUse[i] ?? 0);
+        metrics.poolQueueDepth.set({ provider: pool.settings.provider, priority: c.name }, snap.queued[i] ?? 0);
+      });
+      for (const [target, limit] of snap.limits) metrics.poolLimit.set({ target }, Math.floor(limit));
+    }
+  };
+  metrics.collectPools = collect;
 }
 
 async function createStore(config: Config, logger: Logger, now: () => number): Promise<StateStore> {

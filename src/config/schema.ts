@@ -86,6 +86,29 @@ export const BreakerSchema = z
   })
   .describe('Circuit breaker per target (provider and model); `false` turns it off.');
 
+export const PoolClassSchema = z
+  .strictObject({
+    minShare: z.number().min(0).max(1).default(0).describe('Share of maxConcurrent this class keeps under contention; idle capacity is open to any class. Default: 0.'),
+    maxQueue: z.number().int().min(0).default(1000).describe('Requests of this class that may wait for a slot; more are shed. Default: 1000.'),
+  })
+  .describe('A priority class of the provider\'s pool.');
+
+export const DEFAULT_POOL_CLASSES = { online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10000 } };
+
+export const PoolsSchema = z
+  .strictObject({
+    maxConcurrent: z.number().int().positive().optional()
+      .describe('Attempts in flight to this provider, all classes together; at most maxConnections. Optional; default: maxConnections.'),
+    maxConcurrentRetries: z.number().int().positive().optional()
+      .describe('Retries in flight to this provider; retries never bypass the pool. Optional; default: a fifth of maxConcurrent (at least 1).'),
+    classes: z.record(z.string().regex(/^[a-z][a-z0-9_-]*$/), PoolClassSchema).default(DEFAULT_POOL_CLASSES)
+      .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000).'),
+    decrease: z.number().gt(0).lt(1).default(0.9)
+      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529, at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
+    minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit. Default: 1.'),
+  })
+  .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
+
 export const ProviderSchema = z
   .strictObject({
     family: z.enum(['openai']).describe('API family the provider speaks: openai (also any OpenAI-compatible server such as vLLM, Ollama or OpenRouter).'),
@@ -94,6 +117,7 @@ export const ProviderSchema = z
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 }),
     maxConnections: z.number().int().positive().default(128)
       .describe('Size of the keep-alive connection pool to this provider. Default: 128.'),
+    pools: PoolsSchema.default({ classes: DEFAULT_POOL_CLASSES, decrease: 0.9, minLimit: 1 }),
     breaker: z.union([z.literal(false), BreakerSchema]).default({ ...BREAKER_DEFAULTS, models: {} })
       .describe('Circuit breaker of each target of this provider, or false to turn it off. Default: on, with the defaults below.'),
   })
@@ -141,6 +165,8 @@ export const RouteSchema = z
       retryOn: [429, 500, 502, 503, 504, 529, 'network', 'timeout'],
       maxWaitHintMs: 20000,
     }),
+    priority: z.string().default('online')
+      .describe('Priority class of the route\'s requests in its providers\' pools; the x-stormgate-priority header can only lower it. Default: online.'),
     budget: BudgetSchema.default({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 }),
     park: z.union([z.literal(false), ParkSchema]).default({ maxQueue: 10000 })
       .describe('Parking while the target is unavailable, or false to fail at once instead. Default: on, maxQueue 10000.'),
@@ -224,6 +250,28 @@ export const ConfigSchema = z
         message: `unknown provider "${cfg.passthrough.provider}"; expected one of: ${Object.keys(cfg.providers).join(', ')}`,
       });
     }
+    for (const [name, p] of Object.entries(cfg.providers)) {
+      if (p.pools.maxConcurrent !== undefined && p.pools.maxConcurrent > p.maxConnections) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['providers', name, 'pools', 'maxConcurrent'],
+          message: `maxConcurrent (${p.pools.maxConcurrent}) must not exceed maxConnections (${p.maxConnections}), or undici would queue behind the gateway's back`,
+        });
+      }
+      if (Object.keys(p.pools.classes).length === 0) ctx.addIssue({ code: 'custom', path: ['providers', name, 'pools', 'classes'], message: 'at least one class is needed' });
+    }
+    cfg.routes.forEach((route, i) => {
+      route.targets.forEach((t) => {
+        const classes = cfg.providers[t.provider]?.pools.classes;
+        if (classes && !(route.priority in classes)) {
+          ctx.addIssue({
+            code: 'custom',
+            path: ['routes', i, 'priority'],
+            message: `priority "${route.priority}" is not a class of provider "${t.provider}"; expected one of: ${Object.keys(classes).join(', ')}`,
+          });
+        }
+      });
+    });
     const managed = new Set(cfg.routes.map((r) => r.match.path));
     cfg.passthrough?.paths.forEach((p, i) => {
       if (managed.has(p)) {
@@ -244,3 +292,4 @@ export type BreakerConfig = z.infer<typeof BreakerSchema>;
 export type BudgetSettings = z.infer<typeof BudgetSchema>;
 export type ParkConfig = z.infer<typeof ParkSchema>;
 export type StateConfig = z.infer<typeof StateSchema>;
+export type PoolsConfig = z.infer<typeof PoolsSchema>;

@@ -16,13 +16,23 @@ export interface Metrics {
   readonly breakerState: Gauge<'target'>;
   readonly breakerTransitions: Counter<'target' | 'to'>;
   readonly stateDegraded: Gauge;
+  readonly poolInUse: Gauge<'provider' | 'priority'>;
+  readonly poolQueueDepth: Gauge<'provider' | 'priority'>;
+  readonly poolWait: Histogram<'provider' | 'priority'>;
+  readonly poolLimit: Gauge<'target'>;
+  readonly shed: Counter<'priority' | 'reason'>;
+  /** Fills the pool gauges at scrape time; set by the runtime that owns the pools. */
+  collectPools: () => void;
 }
 
 export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics {
   const registry = new Registry();
+  // Replaced by the runtime; the gauges below call it through `metrics`, which exists by the time anyone scrapes.
+  let metrics: Metrics;
   if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: registry });
   const registers = [registry];
-  return {
+  metrics = {
+    collectPools: () => {},
     registry,
     requests: new Counter({
       name: 'stormgate_requests_total',
@@ -97,5 +107,38 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       help: '1 while the shared state store (Redis) cannot be reached and local state stands in, else 0.',
       registers,
     }),
+    poolInUse: new Gauge({
+      name: 'stormgate_pool_in_use',
+      help: 'Attempts in flight in a provider\'s pool, by priority class.',
+      labelNames: ['provider', 'priority'] as const,
+      registers,
+      collect: () => metrics.collectPools(),
+    }),
+    poolQueueDepth: new Gauge({
+      name: 'stormgate_pool_queue_depth',
+      help: 'Requests waiting for a slot in a provider\'s pool, by priority class.',
+      labelNames: ['provider', 'priority'] as const,
+      registers,
+    }),
+    poolWait: new Histogram({
+      name: 'stormgate_pool_wait_seconds',
+      help: 'Time requests waited for a pool slot, by provider and priority class.',
+      labelNames: ['provider', 'priority'] as const,
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    }),
+    poolLimit: new Gauge({
+      name: 'stormgate_pool_limit',
+      help: 'The adaptive concurrency limit of a target (provider and model).',
+      labelNames: ['target'] as const,
+      registers,
+    }),
+    shed: new Counter({
+      name: 'stormgate_shed_total',
+      help: 'Requests shed by a pool (its class queue full, or no slot expected before the deadline), by priority and reason.',
+      labelNames: ['priority', 'reason'] as const,
+      registers,
+    }),
   };
+  return metrics;
 }

@@ -6,6 +6,7 @@ import { forwardedRequestHeaders, forwardedResponseHeaders } from '../providers/
 import { computeDeadline } from '../policy/deadline.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
+import type { Pools } from '../pools/pools.ts';
 import { GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { RetryBudget } from '../state/retry-budget.ts';
 import { ClientGone, DeadlineReached } from './abort-reasons.ts';
@@ -32,6 +33,7 @@ export interface ManagedRequest {
 
 export interface PipelineDeps extends ServeDeps {
   providers: ReadonlyMap<string, ProviderClient>;
+  pools: Pools;
   targetKeys: TargetKeys;
   onStreamEnd?: (route: string, end: StreamEnd) => void;
 }
@@ -48,7 +50,9 @@ export interface RequestSummary {
   route: string;
   /** The target that answered (or failed last), as `<provider>/<model or other>`. */
   target: string | undefined;
-  outcome: 'success' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'deadline' | 'client_gone';
+  outcome: 'success' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone';
+  /** The request's priority class in the first target's pool. */
+  priority?: string;
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
@@ -74,6 +78,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     deadlineSource: deadline.source,
   };
   let handedToStream = false;
+  const plans = planTargets(req, deps);
+  summary.priority = plans[0]?.className;
   try {
     const served = await serveTargets(
       {
@@ -86,7 +92,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         parkable: route.config.park !== false,
         clientRetries: clientRetryCount(req.headers),
       },
-      planTargets(req, deps),
+      plans,
       route.config.park,
       deps,
     );
@@ -112,10 +118,13 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
 function planTargets(req: ManagedRequest, deps: PipelineDeps): TargetPlan[] {
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
   const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
+  const askedPriority = req.headers['x-stormgate-priority'];
   return req.route.config.targets.map((target) => {
     const client = deps.providers.get(target.provider)!;
     const model = req.route.upstreamModel(target, clientModel);
     const key = deps.targetKeys.key(target.provider, model);
+    const pool = deps.pools.of(target.provider);
+    const cls = deps.pools.classFor(target.provider, req.route.config.priority, Array.isArray(askedPriority) ? askedPriority[0] : askedPriority);
     return {
       key,
       label: model ? `${target.provider}/${model}` : target.provider,
@@ -125,6 +134,10 @@ function planTargets(req: ManagedRequest, deps: PipelineDeps): TargetPlan[] {
       body: !target.model || target.model === clientModel ? req.rawBody : JSON.stringify({ ...req.json, model: target.model }),
       breaker: deps.targetKeys.breakerSettings(key),
       budgetKey: RetryBudget.key(req.route.name, key),
+      pool,
+      cls,
+      className: pool.settings.classes[cls]!.name,
+      lowestClass: cls === pool.settings.classes.length - 1,
     };
   });
 }
@@ -160,6 +173,18 @@ function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSumma
           retryAfterMs: Math.max(1_000, served.availableAtMs - nowMs),
         }),
       );
+    case 'shed': {
+      summary.outcome = 'shed';
+      const { className, lowestClass, retryAfterMs, reason } = served.shed;
+      const why = reason === 'queue_full' ? `its queue for class ${className} is full` : `a ${className} slot cannot be expected before the request's deadline`;
+      return errorAnswer(
+        new GatewayError('load_shed', `provider ${served.plan.client.name} is at capacity and ${why}; retry later`, {
+          status: lowestClass ? 429 : 503,
+          shouldRetry: true,
+          retryAfterMs: Math.max(100, retryAfterMs),
+        }),
+      );
+    }
     case 'closing':
       summary.outcome = 'unavailable';
       return errorAnswer(new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 }));
@@ -189,7 +214,10 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';
-    return { status: result.status ?? 200, headers, body: Readable.from(live.body(), { objectMode: false }), summary };
+    const body = Readable.from(live.body(), { objectMode: false });
+    // If the client leaves before the stream is ever read, the generator never runs its cleanup: do it here.
+    body.once('close', () => live.abandon());
+    return { status: result.status ?? 200, headers, body, summary };
   }
   return { status: result.status ?? 200, headers, body: result.body ?? Buffer.alloc(0), summary };
 }

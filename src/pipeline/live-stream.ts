@@ -35,6 +35,7 @@ const AFTER_FINISH_GRACE_MS = 1_000;
 export class LiveStream {
   #ended: StreamEnd | undefined;
   readonly #opts: LiveStreamOptions;
+  readonly #finishers: Array<() => void> = [];
   onEnd: ((end: StreamEnd) => void) | undefined;
 
   constructor(opts: LiveStreamOptions) {
@@ -117,11 +118,28 @@ export class LiveStream {
       }
     } finally {
       clearTimeout(idle);
-      if (!controller.signal.aborted) controller.abort();
-      this.#opts.detach();
-      this.#ended = { kind, events, droppedMalformed: dropped };
-      this.onEnd?.(this.#ended);
+      this.#finish({ kind, events, droppedMalformed: dropped });
     }
+  }
+
+  /** Runs `fn` once the stream is over, however it ends (the pool slot is given back then). */
+  whenDone(fn: () => void): void {
+    if (this.#ended) fn();
+    else this.#finishers.push(fn);
+  }
+
+  /** The client went away before the stream was read at all: free the upstream connection and the slot. */
+  abandon(): void {
+    this.#finish({ kind: 'client-gone', events: 0, droppedMalformed: 0 });
+  }
+
+  #finish(end: StreamEnd): void {
+    if (this.#ended) return;
+    this.#ended = end;
+    if (!this.#opts.controller.signal.aborted) this.#opts.controller.abort();
+    this.#opts.detach();
+    this.onEnd?.(end);
+    for (const fn of this.#finishers.splice(0)) fn();
   }
 
   get ended(): StreamEnd | undefined {

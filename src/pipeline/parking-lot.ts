@@ -1,17 +1,19 @@
 // Park, do not drop: requests for a target that is unavailable (breaker open, hold-off) wait here, holding no
-// connection and no slot, and are released in deadline order when it is available again, at a slow-start pace
-// (begin small, grow while answers succeed) so the recovery is not a new storm. While the target is unavailable
-// nothing parked is sent, except one request per probe interval, which is the breaker's half-open probe.
+// connection and no slot, and are released in deadline order when it is available again, at most as many at a time as
+// the target's adaptive limit allows (after an outage it restarts at half and slow-starts: one controller for new and
+// parked traffic), so the recovery is not a new storm. While the target is unavailable nothing parked is sent, except
+// the breaker's probes.
 
 export type TargetState =
-  | { mode: 'available' }
+  /** Released requests may be in flight up to `slots` at a time: the target's adaptive limit. */
+  | { mode: 'available'; slots: number }
   /** Probes may go: at most `slots` at a time. */
   | { mode: 'probing'; slots: number }
   | { mode: 'blocked'; availableAtMs: number };
 
 export interface Ticket {
-  /** Tells the lot how the released request's attempt went, so the pace grows or shrinks. */
-  done(success: boolean): void;
+  /** Tells the lot the released request's attempt is over, so the next may go. */
+  done(): void;
 }
 
 export type ParkResult =
@@ -45,13 +47,10 @@ interface Entry {
 interface Queue {
   entries: Entry[];
   inflight: number;
-  /** Slow-start window: released requests allowed in flight while the target is available. */
-  window: number;
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
 }
 
-const INITIAL_WINDOW = 2;
 const NO_TIMER = Number.POSITIVE_INFINITY;
 
 export class ParkingLot {
@@ -120,21 +119,18 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, window: INITIAL_WINDOW, timer: undefined, timerAtMs: NO_TIMER }));
+    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER }));
     return q;
   }
 
   #pump(target: string, q: Queue): void {
-    if (q.entries.length === 0) {
-      if (q.inflight === 0) q.window = INITIAL_WINDOW;
-      return;
-    }
+    if (q.entries.length === 0) return;
     const state = this.#deps.stateOf(target);
     if (state.mode === 'blocked') {
       this.#wakeAt(target, q, state.availableAtMs);
       return;
     }
-    const limit = state.mode === 'probing' ? state.slots : q.window;
+    const limit = state.slots;
     while (q.entries.length > 0 && q.inflight < limit) {
       const entry = q.entries.shift()!;
       q.inflight++;
@@ -142,19 +138,17 @@ export class ParkingLot {
       entry.settle({
         kind: 'released',
         ticket: {
-          done: (success) => {
+          done: () => {
             if (reported) return;
             reported = true;
             q.inflight--;
-            // Slow start: +1 per success doubles the window each round trip; a failure halves it.
-            q.window = success ? q.window + 1 : Math.max(1, Math.floor(q.window / 2));
             this.#pump(target, q);
           },
         },
       });
     }
-    // While probing, a probe's answer moves the breaker; re-check soon in case it never reports back.
-    if (q.entries.length > 0 && state.mode === 'probing') this.#wakeAt(target, q, this.#deps.now() + 250);
+    // A probe's answer moves the breaker and answers raise the limit; re-check soon in case nothing reports back.
+    if (q.entries.length > 0) this.#wakeAt(target, q, this.#deps.now() + 250);
   }
 
   #wakeAt(target: string, q: Queue, atMs: number): void {

@@ -16,6 +16,7 @@ export type Served =
   | { kind: 'failed'; plan: TargetPlan; failure: TargetResult & { kind: 'failed' } }
   | { kind: 'unavailable'; plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs: number }
   | { kind: 'park-full'; plan: TargetPlan; availableAtMs: number }
+  | { kind: 'shed'; plan: TargetPlan; shed: TargetResult & { kind: 'shed' } }
   | { kind: 'closing'; plan: TargetPlan };
 
 export interface ServeDeps extends TargetDeps {
@@ -27,6 +28,7 @@ type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs
 export async function serveTargets(ctx: RequestContext, plans: TargetPlan[], park: ParkConfig | false, deps: ServeDeps): Promise<Served> {
   const runs = plans.map(() => newRun());
   let lastFailure: Served | undefined;
+  let shed: Served | undefined;
   let released: { index: number; ticket: Ticket } | undefined;
   for (;;) {
     const blocked: Blocked[] = [];
@@ -46,18 +48,24 @@ export async function serveTargets(ctx: RequestContext, plans: TargetPlan[], par
         blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });
         continue;
       }
+      if (r.kind === 'shed') {
+        // The provider's pool is full for this request's class: another provider may have room.
+        run.done = true;
+        shed ??= { kind: 'shed', plan, shed: r };
+        continue;
+      }
       run.done = true;
       lastFailure = { kind: 'failed', plan, failure: r };
       if (ENDS_REQUEST.has(r.cls.cls)) return lastFailure;
     }
-    released?.ticket.done(false);
+    released?.ticket.done();
     released = undefined;
-    if (blocked.length === 0) return lastFailure!;
+    if (blocked.length === 0) return (lastFailure ?? shed)!;
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
     const now = deps.now();
     if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
-      return lastFailure ?? unavailable;
+      return lastFailure ?? shed ?? unavailable;
     }
     const parked = await deps.lot.park(first.plan.key, {
       route: ctx.route.name,

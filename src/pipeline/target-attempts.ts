@@ -10,7 +10,9 @@ import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
 import { startsHoldOff } from '../state/hold-offs.ts';
 import type { RetryBudget } from '../state/retry-budget.ts';
-import { abortOutcome, runAttempt, type AttemptResult } from './attempt.ts';
+import { abortOutcome, type AttemptResult } from './attempt.ts';
+import { attemptInSlot } from './slot-attempt.ts';
+import type { ProviderPool } from '../pools/provider-pool.ts';
 import type { Ticket } from './parking-lot.ts';
 
 export interface AttemptRecord {
@@ -38,6 +40,12 @@ export interface TargetPlan {
   body: Buffer | string;
   breaker: BreakerSettings | undefined;
   budgetKey: string;
+  pool: ProviderPool;
+  /** The request's class in the pool: index (0 = highest) and name. */
+  cls: number;
+  className: string;
+  /** Is it the pool's lowest class (shed with 429, not 503)? */
+  lowestClass: boolean;
 }
 
 /** What changes between attempts on one target of one request. */
@@ -88,6 +96,8 @@ export interface TargetDeps {
 
 export type TargetResult =
   | { kind: 'ok'; result: AttemptResult }
+  /** The provider's pool could not give the request a slot in time (or its class queue is full). */
+  | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined }
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
@@ -112,13 +122,15 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     else if (!run.retryPaid && !admission.permit && !(await takeRetry(ctx, plan, deps))) return run.lastFailure!;
     run.retryPaid = false;
 
-    const startedAt = deps.now();
     const previous = ctx.attempts.at(-1);
     const headers = previous?.target === plan.label ? { ...plan.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : plan.headers;
-    const result = await runAttempt({ client: plan.client, api: ctx.api, path: plan.path, headers, body: plan.body, stream: ctx.stream, requestSignal: ctx.signal, now: deps.now });
-    const durationMs = deps.now() - startedAt;
+    const attempt = await attemptInSlot(ctx, plan, headers, run.sent > 0, deps.now);
+    if (attempt.kind === 'shed') {
+      ticket?.done();
+      return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
+    }
+    const { result, cls, durationMs } = attempt;
     run.sent++;
-    const cls = classify(result.outcome);
     const row = OUTCOME_TABLE[cls.cls];
     ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.permit && { probe: true }) });
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
@@ -126,7 +138,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
     // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
     await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.permit);
-    ticket?.done(row.breaker === 'success');
+    ticket?.done();
     ticket = undefined;
 
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;

@@ -39,25 +39,27 @@ interface OutcomeRow {
   breaker: 'success' | 'failure' | 'ignore' | 'slow-call';
   /** May a fleet-wide wait hint (retry-after, retry-after-ms) on this outcome hold the target off for every instance? */
   holdOff: boolean;
+  /** What it does to the target's adaptive concurrency limit: other 5xx are the breaker's business, not the limit's. */
+  limit: 'success' | 'rate-limited' | 'none';
 }
 
-/** Columns grow with later policies (adaptive limits, fallback). */
+/** Columns grow with later policies (fallback). */
 export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
-  success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
+  success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'success' },
   // A client's mistake says the provider is up and answering.
-  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false }, // only statuses in retryOn (408, 409), never NEVER_RETRY
-  'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
-  'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false },
+  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' }, // only statuses in retryOn (408, 409), never NEVER_RETRY
+  'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' },
+  'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' },
   // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
-  credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false },
+  credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
   // A rate limit is the provider protecting itself, not failing: the breaker stays out of it; hold-offs handle it.
-  'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true },
-  'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true },
-  overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true },
-  network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
-  timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
-  'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false },
-  aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false },
+  'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true, limit: 'rate-limited' },
+  'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none' },
+  overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited' },
+  network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none' },
 };
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */

@@ -120,7 +120,7 @@ function parseImfFixdateMs(value: string): number | undefined {
   return utcMs(Number(m[3]), MONTHS.indexOf(m[2] ?? ''), Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
 }
 
-function parseRfc3339Ms(value: string): number | undefined {
+export function parseRfc3339Ms(value: string): number | undefined {
   const m = RFC3339.exec(value);
   if (m === null) return undefined;
   const at = utcMs(Number(m[1]), Number(m[2]) - 1, Number(m[3]), Number(m[4]), Number(m[5]), Number(m[6]));

@@ -1,0 +1,266 @@
+// One provider's concurrency, shared by priority classes. An attempt takes a slot and gives it back when its answer is
+// over (a stream: when it ends); a request waiting for anything else (backoff, parking) holds none. Waiting requests
+// queue by class, then arrival; a class may use whatever the others leave idle, keeps its minShare under contention,
+// and each target (provider and model) also lives under its adaptive limit (policy/adaptive-limit.ts).
+import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
+import { canWait } from '../policy/retry-wait.ts';
+
+export interface PoolClass {
+  name: string;
+  minShare: number;
+  maxQueue: number;
+}
+
+export interface PoolSettings {
+  provider: string;
+  capacity: number;
+  retryCapacity: number;
+  classes: readonly PoolClass[];
+  decrease: number;
+  minLimit: number;
+}
+
+export interface SlotRequest {
+  cls: number;
+  target: string;
+  retry: boolean;
+  deadlineAtMs: number;
+  minAttemptMs: number;
+  signal: AbortSignal;
+}
+
+export interface Slot {
+  /** Gives the slot back; `roundTripMs` feeds the wait estimates. Safe to call twice. */
+  release(roundTripMs: number): void;
+}
+
+export type Acquired =
+  | { ok: true; slot: Slot; waitedMs: number }
+  | { ok: false; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
+  | { ok: false; reason: 'aborted' };
+
+interface TargetUse {
+  inUse: number;
+  byClass: number[];
+  limit: LimitState;
+  /** Lower classes wait until then: the provider's quota is nearly spent. */
+  lowerHeldUntilMs: number;
+}
+
+interface Waiter {
+  req: SlotRequest;
+  enqueuedAtMs: number;
+  grant: (slot: Slot) => void;
+}
+
+export interface PoolObserver {
+  onWait?: (provider: string, cls: string, seconds: number) => void;
+  onShed?: (cls: string, reason: string) => void;
+}
+
+/** Round trip assumed before any answer has been timed. */
+const INITIAL_ROUND_TRIP_MS = 1_000;
+/** How far down a class queue to look for a waiter whose target has room. */
+const SCAN_DEPTH = 256;
+
+export class ProviderPool {
+  readonly settings: PoolSettings;
+  readonly #limitSettings: LimitSettings;
+  readonly #targets = new Map<string, TargetUse>();
+  readonly #queues: Waiter[][];
+  readonly #inUseByClass: number[];
+  #inUse = 0;
+  #retriesInUse = 0;
+  #roundTripMs = INITIAL_ROUND_TRIP_MS;
+  #holdTimer: NodeJS.Timeout | undefined;
+
+  constructor(
+    settings: PoolSettings,
+    private readonly now: () => number,
+    private readonly observer: PoolObserver = {},
+  ) {
+    this.settings = settings;
+    this.#limitSettings = { max: settings.capacity, min: settings.minLimit, decrease: settings.decrease, minShares: settings.classes.map((c) => c.minShare) };
+    this.#queues = settings.classes.map(() => []);
+    this.#inUseByClass = settings.classes.map(() => 0);
+  }
+
+  /** Index of a class by name, or undefined. */
+  classIndex(name: string | undefined): number | undefined {
+    const i = this.settings.classes.findIndex((c) => c.name === name);
+    return i === -1 ? undefined : i;
+  }
+
+  async acquire(req: SlotRequest): Promise<Acquired> {
+    if (req.signal.aborted) return { ok: false, reason: 'aborted' };
+    const t = this.#target(req.target);
+    if (!this.#queuedAhead(req.cls) && this.#admissible(req, t)) return { ok: true, slot: this.#take(req, t), waitedMs: 0 };
+    const cls = this.settings.classes[req.cls]!;
+    const queue = this.#queues[req.cls]!;
+    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target);
+    if (queue.length >= cls.maxQueue) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
+    // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
+    if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
+    return new Promise<Acquired>((resolve) => {
+      const waiter: Waiter = {
+        req,
+        enqueuedAtMs: this.now(),
+        grant: (slot) => {
+          req.signal.removeEventListener('abort', onAbort);
+          const waitedMs = this.now() - waiter.enqueuedAtMs;
+          this.observer.onWait?.(this.settings.provider, cls.name, waitedMs / 1000);
+          resolve({ ok: true, slot, waitedMs });
+        },
+      };
+      const onAbort = () => {
+        const i = queue.indexOf(waiter);
+        if (i !== -1) queue.splice(i, 1);
+        resolve({ ok: false, reason: 'aborted' });
+      };
+      req.signal.addEventListener('abort', onAbort, { once: true });
+      queue.push(waiter);
+    });
+  }
+
+  /** A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip. */
+  expectedWaitMs(cls: number, target: string): number {
+    let ahead = 0;
+    for (let k = 0; k <= cls; k++) ahead += this.#queues[k]!.length;
+    const t = this.#target(target);
+    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.settings.capacity));
+    return Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
+  }
+
+  /** The upstream answered an attempt: adapt the target's limit (429/529 shrink it, success grows it). */
+  observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
+    if (signal === 'none') return;
+    const t = this.#target(target);
+    t.limit = signal === 'success' ? onSuccess(t.limit, this.#limitSettings) : onRateLimited(t.limit, this.#limitSettings, this.now(), roundTripMs);
+    if (signal === 'success') this.#drain();
+  }
+
+  /** The target's breaker closed after an outage: restart its limit at half and slow-start back. */
+  recovered(target: string): void {
+    const t = this.#target(target);
+    t.limit = onRecovered(t.limit, this.#limitSettings);
+  }
+
+  /** Holds lower classes back from the target until the provider's quota resets. */
+  holdLowerClasses(target: string, untilMs: number): void {
+    const t = this.#target(target);
+    if (untilMs <= t.lowerHeldUntilMs) return;
+    t.lowerHeldUntilMs = untilMs;
+    clearTimeout(this.#holdTimer);
+    this.#holdTimer = setTimeout(() => this.#drain(), Math.max(0, untilMs - this.now()) + 1).unref();
+  }
+
+  limitOf(target: string): number {
+    return this.#target(target).limit.limit;
+  }
+
+  /** For metrics: in use and queued per class, and each target's limit. */
+  snapshot(): { inUse: number[]; queued: number[]; limits: Array<[string, number]> } {
+    return {
+      inUse: [...this.#inUseByClass],
+      queued: this.#queues.map((q) => q.length),
+      limits: [...this.#targets].map(([k, t]) => [k, t.limit.limit]),
+    };
+  }
+
+  close(): void {
+    clearTimeout(this.#holdTimer);
+  }
+
+  #target(key: string): TargetUse {
+    let t = this.#targets.get(key);
+    if (!t) {
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0 };
+      this.#targets.set(key, t);
+    }
+    return t;
+  }
+
+  #queuedAhead(cls: number): boolean {
+    for (let k = 0; k <= cls; k++) if (this.#queues[k]!.length > 0) return true;
+    return false;
+  }
+
+  #admissible(req: SlotRequest, t: TargetUse): boolean {
+    if (this.#inUse >= this.settings.capacity) return false;
+    if (req.retry && this.#retriesInUse >= this.settings.retryCapacity) return false;
+    if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
+    if (req.cls > 0 && t.byClass[req.cls]! >= classLimit(t.limit, req.cls)) return false;
+    if (req.cls > 0 && t.lowerHeldUntilMs > this.now()) return false;
+    return true;
+  }
+
+  #take(req: SlotRequest, t: TargetUse): Slot {
+    this.#inUse++;
+    this.#inUseByClass[req.cls]!++;
+    t.inUse++;
+    t.byClass[req.cls]!++;
+    if (req.retry) this.#retriesInUse++;
+    let released = false;
+    return {
+      release: (roundTripMs) => {
+        if (released) return;
+        released = true;
+        this.#inUse--;
+        this.#inUseByClass[req.cls]!--;
+        t.inUse--;
+        t.byClass[req.cls]!--;
+        if (req.retry) this.#retriesInUse--;
+        if (roundTripMs > 0) this.#roundTripMs = 0.8 * this.#roundTripMs + 0.2 * roundTripMs;
+        this.#drain();
+      },
+    };
+  }
+
+  /** Grants free slots: first to classes under their minShare floor, then by class, then by arrival. */
+  #drain(): void {
+    for (;;) {
+      const waiter = this.#nextUnderFloor() ?? this.#nextByPriority();
+      if (!waiter) return;
+      waiter.grant(this.#take(waiter.req, this.#target(waiter.req.target)));
+    }
+  }
+
+  #nextUnderFloor(): Waiter | undefined {
+    for (let k = this.#queues.length - 1; k >= 1; k--) {
+      const floor = Math.floor(this.settings.classes[k]!.minShare * this.settings.capacity);
+      if (this.#inUseByClass[k]! < floor) {
+        const w = this.#pick(k);
+        if (w) return w;
+      }
+    }
+    return undefined;
+  }
+
+  /** Higher classes first; a lower class gets a slot only when no higher waiter can use it (idle capacity is anyone's). */
+  #nextByPriority(): Waiter | undefined {
+    for (let k = 0; k < this.#queues.length; k++) {
+      const w = this.#pick(k);
+      if (w) return w;
+    }
+    return undefined;
+  }
+
+  #pick(cls: number): Waiter | undefined {
+    const queue = this.#queues[cls]!;
+    const depth = Math.min(queue.length, SCAN_DEPTH);
+    for (let i = 0; i < depth; i++) {
+      const w = queue[i]!;
+      if (this.#admissible(w.req, this.#target(w.req.target))) {
+        queue.splice(i, 1);
+        return w;
+      }
+    }
+    return undefined;
+  }
+
+  #shed(cls: string, reason: 'queue_full' | 'deadline', retryAfterMs: number): Acquired {
+    this.observer.onShed?.(cls, reason);
+    return { ok: false, reason, retryAfterMs };
+  }
+}
+

@@ -1,0 +1,10 @@
+// Translation between the OpenAI chat.completions API (what clients speak) and the Anthropic Messages API (a
+// failover target). Pure functions and one stateful stream translator; no I/O, no SDK at runtime.
+//   request:  toAnthropicRequest  chat.completions request -> Messages request, or why the target cannot serve it
+//   response: toOpenAIResponse    Messages answer -> chat.completion
+//             toOpenAIError       Anthropic error (status + body) -> OpenAI error body, status kept
+//   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
+export { toAnthropicRequest, type AnthropicRequestOptions, type AnthropicRequestResult, type SamplingMode } from './request.ts';
+export { toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage } from './response.ts';
+export { AnthropicStreamError, AnthropicStreamTranslator, type AnthropicStreamErrorCode, type AnthropicStreamOptions } from './stream.ts';
+export type * from './types.ts';

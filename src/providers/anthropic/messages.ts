@@ -1,0 +1,180 @@
+// OpenAI's message list -> Anthropic's top-level `system` plus user/assistant turns. Anthropic has no `tool` role
+// (tool results are user content), needs tool calls as content blocks, rejects empty text blocks, and wants turns
+// to alternate starting with the user; OpenAI allows all of these. Anything with no Anthropic form throws
+// `Inexpressible`, which toAnthropicRequest turns into `{ ok: false }`.
+import type {
+  AnthropicAssistantBlock,
+  AnthropicImageBlock,
+  AnthropicImageMediaType,
+  AnthropicMessageParam,
+  AnthropicTextBlock,
+  AnthropicUserBlock,
+  OpenAIMessage,
+  OpenAITextPart,
+} from './types.ts';
+
+/** The request asks for something the Anthropic target cannot do; the message says what. */
+export class Inexpressible extends Error {}
+
+/** What the conversation becomes: the system prompt (if any) and turns that alternate, starting with the user. */
+export interface AnthropicConversation {
+  system: string | undefined;
+  messages: AnthropicMessageParam[];
+}
+
+const IMAGE_TYPES: ReadonlySet<string> = new Set(['image/jpeg', 'image/png', 'image/gif', 'image/webp']);
+const DATA_URL = /^data:([^;,]+)[^,]*;base64,(.*)$/s;
+// Anthropic refuses a conversation that opens with the assistant on some platforms (Bedrock, Vertex); a minimal
+// user turn keeps such a history (a greeting-first chat UI) sendable without rewriting what the assistant said.
+const OPENING_USER_TURN = '.';
+
+/** Translates the whole message list; throws Inexpressible. */
+export function toAnthropicConversation(input: unknown): AnthropicConversation {
+  if (!Array.isArray(input)) throw new Inexpressible('messages must be an array');
+  const system: string[] = [];
+  const turns: AnthropicMessageParam[] = [];
+  for (const [i, raw] of (input as OpenAIMessage[]).entries()) {
+    const msg = raw as OpenAIMessage | null;
+    switch (msg?.role) {
+      case 'system':
+      case 'developer': {
+        // Anthropic has one system prompt; a late system message joins it (its position in the chat is lost).
+        const text = textOf(msg.content, `messages[${i}]`);
+        if (text) system.push(text);
+        break;
+      }
+      case 'user':
+        append(turns, 'user', userBlocks(msg.content, `messages[${i}]`));
+        break;
+      case 'assistant':
+        append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`));
+        break;
+      case 'tool':
+        if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`);
+        append(turns, 'user', [{ type: 'tool_result', tool_use_id: msg.tool_call_id, content: toolResultContent(msg.content, i) }]);
+        break;
+      case 'function':
+        throw new Inexpressible(`messages[${i}]: the legacy "function" role is not supported for an Anthropic target; use tools`);
+      default:
+        throw new Inexpressible(`messages[${i}]: unknown role ${JSON.stringify((msg as { role?: unknown } | null)?.role)}`);
+    }
+  }
+  if (turns.length === 0) throw new Inexpressible('messages: an Anthropic target needs at least one user or assistant message');
+  if (turns[0]?.role === 'assistant') turns.unshift({ role: 'user', content: [{ type: 'text', text: OPENING_USER_TURN }] });
+  return { system: system.length > 0 ? system.join('\n\n') : undefined, messages: turns };
+}
+
+/** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
+function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', blocks: AnthropicUserBlock[] | AnthropicAssistantBlock[]): void {
+  if (blocks.length === 0) return; // an empty turn is a 400 upstream and carries nothing
+  const last = turns[turns.length - 1];
+  if (last?.role === role) {
+    (last.content as Array<AnthropicUserBlock | AnthropicAssistantBlock>).push(...blocks);
+    // A user turn that answers tool calls must list its tool_result blocks before anything else.
+    if (role === 'user') last.content.sort((a, b) => Number(b.type === 'tool_result') - Number(a.type === 'tool_result'));
+    return;
+  }
+  turns.push({ role, content: blocks } as AnthropicMessageParam);
+}
+
+function textOf(content: unknown, where: string): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of text parts`);
+  return content
+    .map((part: { type?: unknown; text?: unknown }, j) => {
+      if (part?.type !== 'text' || typeof part.text !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text part`);
+      return part.text;
+    })
+    .join('\n');
+}
+
+function text(t: string): AnthropicTextBlock[] {
+  return t.length > 0 ? [{ type: 'text', text: t }] : [];
+}
+
+function userBlocks(content: unknown, where: string): AnthropicUserBlock[] {
+  if (typeof content === 'string') return text(content);
+  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of parts`);
+  return content.flatMap((part: Record<string, unknown> | null, j): AnthropicUserBlock[] => {
+    const at = `${where}.content[${j}]`;
+    switch (part?.['type']) {
+      case 'text':
+        if (typeof part['text'] !== 'string') throw new Inexpressible(`${at}.text must be a string`);
+        return text(part['text']);
+      case 'image_url':
+        return [imageBlock((part['image_url'] as { url?: unknown } | undefined)?.url, at)];
+      case 'file':
+        return [pdfBlock(part['file'] as { file_data?: unknown; filename?: unknown } | undefined, at)];
+      case 'input_audio':
+        throw new Inexpressible(`${at}: audio input is not supported by an Anthropic target`);
+      default:
+        throw new Inexpressible(`${at}: unsupported content part type ${JSON.stringify(part?.['type'])}`);
+    }
+  });
+}
+
+function imageBlock(url: unknown, at: string): AnthropicImageBlock {
+  if (typeof url !== 'string') throw new Inexpressible(`${at}.image_url.url must be a string`);
+  if (/^https?:\/\//i.test(url)) return { type: 'image', source: { type: 'url', url } };
+  const m = DATA_URL.exec(url);
+  const mediaType = m?.[1]?.toLowerCase();
+  if (!m || mediaType === undefined) throw new Inexpressible(`${at}: an image must be an http(s) URL or a base64 data: URL`);
+  if (!IMAGE_TYPES.has(mediaType)) throw new Inexpressible(`${at}: image type ${mediaType} is not supported (jpeg, png, gif, webp)`);
+  return { type: 'image', source: { type: 'base64', media_type: mediaType as AnthropicImageMediaType, data: m[2] ?? '' } };
+}
+
+// Only inline PDFs have an Anthropic form: an OpenAI file_id points into OpenAI's own file store.
+function pdfBlock(file: { file_data?: unknown; filename?: unknown } | undefined, at: string): AnthropicUserBlock {
+  const m = typeof file?.file_data === 'string' ? DATA_URL.exec(file.file_data) : null;
+  if (!m || m[1]?.toLowerCase() !== 'application/pdf') {
+    throw new Inexpressible(`${at}: only inline PDF files (file_data as a base64 data: URL) are supported by an Anthropic target`);
+  }
+  const title = typeof file?.filename === 'string' ? { title: file.filename } : {};
+  return { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: m[2] ?? '' }, ...title };
+}
+
+function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string): AnthropicAssistantBlock[] {
+  if (msg.function_call != null) throw new Inexpressible(`${where}.function_call (legacy) is not supported; use tool_calls`);
+  if (msg.audio != null) throw new Inexpressible(`${where}.audio is not supported by an Anthropic target`);
+  const blocks: AnthropicAssistantBlock[] = [];
+  const content = msg.content;
+  if (typeof content === 'string') blocks.push(...text(content));
+  else if (Array.isArray(content)) {
+    for (const [j, part] of content.entries()) {
+      // What the assistant refused with is still what it said.
+      const t = part?.type === 'text' ? part.text : part?.type === 'refusal' ? part.refusal : undefined;
+      if (typeof t !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text or refusal part`);
+      blocks.push(...text(t));
+    }
+  } else if (content != null) throw new Inexpressible(`${where}.content must be a string, an array of parts or null`);
+  if (blocks.length === 0 && typeof msg.refusal === 'string') blocks.push(...text(msg.refusal));
+  for (const [j, call] of (msg.tool_calls ?? []).entries()) {
+    const at = `${where}.tool_calls[${j}]`;
+    if (call?.type !== 'function') throw new Inexpressible(`${at}: only function tool calls are supported by an Anthropic target`);
+    if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') throw new Inexpressible(`${at} needs an id and a function name`);
+    blocks.push({ type: 'tool_use', id: call.id, name: call.function.name, input: toolInput(call.function.arguments, at) });
+  }
+  return blocks;
+}
+
+// Anthropic takes tool input as a JSON object, OpenAI as a string: a string that is not an object cannot cross.
+function toolInput(args: unknown, at: string): Record<string, unknown> {
+  if (args === undefined || args === '') return {};
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(String(args));
+  } catch {
+    throw new Inexpressible(`${at}.function.arguments is not valid JSON`);
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    throw new Inexpressible(`${at}.function.arguments must be a JSON object`);
+  }
+  return parsed as Record<string, unknown>;
+}
+
+function toolResultContent(content: unknown, i: number): string | AnthropicTextBlock[] {
+  if (typeof content === 'string') return content;
+  textOf(content, `messages[${i}]`); // only text parts may pass
+  const blocks = (content as OpenAITextPart[]).flatMap((p) => text(p.text));
+  return blocks.length > 0 ? blocks : '';
+}

@@ -1,0 +1,131 @@
+// An OpenAI chat.completions request -> an Anthropic Messages request, or a reason why the target cannot serve it.
+// The rule: translate what has a faithful Anthropic form; refuse (never silently drop) what changes the answer's
+// shape or content; ignore only hints about OpenAI's own storage, billing or latency. Choices, field by field:
+//   refused  n > 1, logprobs / top_logprobs, logit_bias, non-zero presence/frequency_penalty, audio and
+//            modalities with audio, functions / function_call (legacy), response_format json_object (Anthropic has
+//            no schema-less JSON mode), web_search_options, custom tools and custom tool choices, input_audio parts,
+//            files other than inline PDFs
+//   mapped   response_format json_schema -> output_config.format; safety_identifier (else user) -> metadata.user_id;
+//            parallel_tool_calls false -> disable_parallel_tool_use; allowed_tools -> the listed tools only
+//   sampling temperature / top_p: see SamplingMode
+//   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
+//            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
+import { Inexpressible, toAnthropicConversation } from './messages.ts';
+import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
+
+/**
+ * What to do with temperature and top_p. Anthropic API version 2026-10-21 (what @anthropic-ai/sdk 1.x sends) answers
+ * 400 to either, even at default values, and recent models reject them on 2023-06-01 too. So by default they are
+ * left out ('drop'): a failover that refused every request carrying a habitual `temperature: 0.7` would be no failover.
+ * 'refuse' answers `{ ok: false }` instead; 'forward' sends them (targets pinned to 2023-06-01), with temperature
+ * clamped to Anthropic's 0..1 (OpenAI allows up to 2; clamping keeps the value's meaning at the low end, where most are).
+ */
+export type SamplingMode = 'drop' | 'refuse' | 'forward';
+
+export interface AnthropicRequestOptions {
+  /** The upstream model name; the client's `model` is not sent. */
+  model: string;
+  /** max_tokens when the client sets none: Anthropic requires one, OpenAI does not. */
+  defaultMaxTokens: number;
+  /** temperature / top_p handling. Default: 'drop'. */
+  sampling?: SamplingMode;
+}
+
+export type AnthropicRequestResult =
+  /** `includeUsage`: the client asked for a usage chunk (stream_options.include_usage); give it to the stream translator. */
+  | { ok: true; body: AnthropicMessagesRequest; includeUsage: boolean }
+  | { ok: false; reason: string };
+
+/** Translates a chat.completions request into a Messages request; `{ ok: false }` when the target cannot express it. */
+export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicRequestOptions): AnthropicRequestResult {
+  try {
+    refuseInexpressible(body, opts.sampling ?? 'drop');
+    const { system, messages } = toAnthropicConversation(body.messages);
+    const out: AnthropicMessagesRequest = { model: opts.model, max_tokens: maxTokens(body, opts.defaultMaxTokens), messages };
+    if (system !== undefined) out.system = system;
+    const stop = stopSequences(body.stop);
+    if (stop.length > 0) out.stop_sequences = stop;
+    if (opts.sampling === 'forward') {
+      if (typeof body.temperature === 'number') out.temperature = Math.min(1, Math.max(0, body.temperature));
+      if (typeof body.top_p === 'number') out.top_p = body.top_p;
+    }
+    Object.assign(out, toolFields(body));
+    const format = body.response_format;
+    if (format?.type === 'json_schema') {
+      const schema = format.json_schema?.schema;
+      if (typeof schema !== 'object' || schema === null) throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target');
+      out.output_config = { format: { type: 'json_schema', schema } };
+    }
+    const userId = body.safety_identifier ?? body.user;
+    if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: userId };
+    const stream = body.stream === true;
+    if (stream) out.stream = true;
+    return { ok: true, body: out, includeUsage: stream && body.stream_options?.include_usage === true };
+  } catch (err) {
+    if (err instanceof Inexpressible) return { ok: false, reason: err.message };
+    throw err;
+  }
+}
+
+function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): void {
+  const refuse = (why: string) => {
+    throw new Inexpressible(`${why} is not supported by an Anthropic target`);
+  };
+  if (typeof body !== 'object' || body === null) throw new Inexpressible('the request body must be a JSON object');
+  if (typeof body.n === 'number' && body.n > 1) refuse('n > 1');
+  if (body.logprobs === true || (typeof body.top_logprobs === 'number' && body.top_logprobs > 0)) refuse('logprobs');
+  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) refuse('logit_bias');
+  // A zero penalty is the default and changes nothing, so only a real one is refused.
+  if (typeof body.presence_penalty === 'number' && body.presence_penalty !== 0) refuse('presence_penalty');
+  if (typeof body.frequency_penalty === 'number' && body.frequency_penalty !== 0) refuse('frequency_penalty');
+  if (body.audio != null || (Array.isArray(body.modalities) && body.modalities.includes('audio'))) refuse('audio output');
+  if ((Array.isArray(body.functions) && body.functions.length > 0) || body.function_call != null) refuse('functions / function_call (legacy; use tools)');
+  if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)');
+  if (body.web_search_options != null) refuse('web_search_options');
+  if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p');
+}
+
+function maxTokens(body: OpenAIChatRequest, fallback: number): number {
+  // max_completion_tokens replaced max_tokens in OpenAI's API; a client sending both means the newer one.
+  const n = body.max_completion_tokens ?? body.max_tokens;
+  return typeof n === 'number' ? n : fallback;
+}
+
+function stopSequences(stop: OpenAIChatRequest['stop']): string[] {
+  const list = typeof stop === 'string' ? [stop] : Array.isArray(stop) ? stop : [];
+  return list.filter((s): s is string => typeof s === 'string' && s !== '');
+}
+
+function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'> {
+  const choice = body.tool_choice;
+  if (choice !== undefined && typeof choice === 'object' && choice?.type === 'custom') throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target');
+  if (!Array.isArray(body.tools) || body.tools.length === 0) return {};
+  let tools = body.tools.map((tool, i): AnthropicTool => {
+    if (tool?.type !== 'function') throw new Inexpressible(`tools[${i}]: only function tools are supported by an Anthropic target`);
+    const fn = tool.function;
+    if (typeof fn?.name !== 'string') throw new Inexpressible(`tools[${i}].function.name must be a string`);
+    const params = fn.parameters ?? {};
+    if (params['type'] !== undefined && params['type'] !== 'object') throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`);
+    return {
+      name: fn.name,
+      ...(typeof fn.description === 'string' ? { description: fn.description } : {}),
+      input_schema: { ...params, type: 'object' },
+      ...(fn.strict === true ? { strict: true } : {}),
+    };
+  });
+  let mapped: AnthropicToolChoice | undefined;
+  if (choice === 'auto') mapped = { type: 'auto' };
+  else if (choice === 'required') mapped = { type: 'any' };
+  else if (choice === 'none') mapped = { type: 'none' }; // tools stay: earlier tool_use blocks need their definitions
+  else if (choice?.type === 'function') mapped = { type: 'tool', name: choice.function.name };
+  else if (choice?.type === 'allowed_tools') {
+    const allowed = new Set(choice.allowed_tools.tools.map((t) => (t['function'] as { name?: unknown } | undefined)?.name));
+    tools = tools.filter((t) => allowed.has(t.name));
+    if (tools.length === 0) throw new Inexpressible('tool_choice.allowed_tools names none of the function tools');
+    mapped = { type: choice.allowed_tools.mode === 'required' ? 'any' : 'auto' };
+  }
+  if (body.parallel_tool_calls === false && mapped?.type !== 'none') {
+    mapped = { ...(mapped ?? { type: 'auto' }), disable_parallel_tool_use: true };
+  }
+  return mapped ? { tools, tool_choice: mapped } : { tools };
+}

@@ -1,0 +1,136 @@
+// An Anthropic Messages answer -> an OpenAI chat.completion, and an Anthropic error -> an OpenAI error body.
+// The status of an error is kept: the gateway's outcome table classifies by status and `error.code`.
+import { errorBody, type OpenAIErrorBody } from '../../errors.ts';
+import type {
+  AnthropicBlockLike,
+  AnthropicMessage,
+  AnthropicUsage,
+  OpenAIChatCompletion,
+  OpenAIFinishReason,
+  OpenAIFunctionToolCall,
+  OpenAIUsage,
+} from './types.ts';
+
+const FINISH: Record<string, OpenAIFinishReason> = {
+  end_turn: 'stop',
+  stop_sequence: 'stop',
+  // A paused server-tool turn: the text so far is a complete answer for a client that cannot resume it.
+  pause_turn: 'stop',
+  max_tokens: 'length',
+  model_context_window_exceeded: 'length',
+  tool_use: 'tool_calls',
+  refusal: 'content_filter',
+};
+
+/** Anthropic stop_reason -> OpenAI finish_reason; an unknown or missing reason reads as a normal stop. */
+export function toFinishReason(stopReason: string | null | undefined): OpenAIFinishReason {
+  return (stopReason && FINISH[stopReason]) || 'stop';
+}
+
+const count = (n: number | null | undefined) => (typeof n === 'number' ? n : 0);
+
+/** Anthropic usage -> OpenAI usage. OpenAI's prompt_tokens include cached tokens; Anthropic counts them apart. */
+export function toOpenAIUsage(u: AnthropicUsage): OpenAIUsage {
+  const cacheRead = count(u.cache_read_input_tokens);
+  const prompt = count(u.input_tokens) + cacheRead + count(u.cache_creation_input_tokens);
+  const completion = count(u.output_tokens);
+  const usage: OpenAIUsage = {
+    prompt_tokens: prompt,
+    completion_tokens: completion,
+    total_tokens: prompt + completion,
+    prompt_tokens_details: { cached_tokens: cacheRead },
+  };
+  const thinking = u.output_tokens_details?.thinking_tokens;
+  if (typeof thinking === 'number') usage.completion_tokens_details = { reasoning_tokens: thinking };
+  return usage;
+}
+
+function isBlock<T extends string>(b: AnthropicBlockLike, type: T): b is AnthropicBlockLike & { type: T } & Record<string, unknown> {
+  return b?.type === type;
+}
+
+/** Translates a non-streamed Messages answer. `model` is the answering model, else `opts.model`. */
+export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; created?: number }): OpenAIChatCompletion {
+  const text: string[] = [];
+  const thinking: string[] = [];
+  const toolCalls: OpenAIFunctionToolCall[] = [];
+  // Server-tool and redacted-thinking blocks have no chat.completions form; the gateway never asks for server tools.
+  for (const block of msg.content ?? []) {
+    if (isBlock(block, 'text') && typeof block['text'] === 'string') text.push(block['text']);
+    else if (isBlock(block, 'thinking') && typeof block['thinking'] === 'string') thinking.push(block['thinking']);
+    else if (isBlock(block, 'tool_use')) {
+      toolCalls.push({
+        id: String(block['id']),
+        type: 'function',
+        function: { name: String(block['name']), arguments: JSON.stringify(block['input'] ?? {}) },
+      });
+    }
+  }
+  const message: OpenAIChatCompletion['choices'][number]['message'] = {
+    role: 'assistant',
+    // Text blocks are pieces of one answer (split at citations); streaming concatenates them the same way.
+    content: text.length > 0 ? text.join('') : null,
+    refusal: null,
+  };
+  if (toolCalls.length > 0) message.tool_calls = toolCalls;
+  if (thinking.length > 0) message.reasoning_content = thinking.join('');
+  return {
+    id: `chatcmpl-${msg.id}`,
+    object: 'chat.completion',
+    created: opts.created ?? Math.floor(Date.now() / 1000),
+    model: msg.model || opts.model,
+    choices: [{ index: 0, message, logprobs: null, finish_reason: toFinishReason(msg.stop_reason) }],
+    usage: toOpenAIUsage(msg.usage ?? {}),
+  };
+}
+
+interface ErrorDef {
+  status: number;
+  type: string;
+  code: string | null;
+}
+
+// Anthropic error type -> the OpenAI error a client expects for the same condition.
+const ERRORS: Record<string, ErrorDef> = {
+  invalid_request_error: { status: 400, type: 'invalid_request_error', code: null },
+  authentication_error: { status: 401, type: 'authentication_error', code: 'invalid_api_key' },
+  billing_error: { status: 402, type: 'insufficient_quota', code: 'insufficient_quota' },
+  permission_error: { status: 403, type: 'permission_error', code: null },
+  not_found_error: { status: 404, type: 'invalid_request_error', code: null },
+  request_too_large: { status: 413, type: 'invalid_request_error', code: 'request_too_large' },
+  rate_limit_error: { status: 429, type: 'rate_limit_error', code: 'rate_limit_exceeded' },
+  api_error: { status: 500, type: 'server_error', code: null },
+  timeout_error: { status: 504, type: 'server_error', code: 'timeout' },
+  overloaded_error: { status: 529, type: 'server_error', code: 'overloaded' },
+};
+
+// Anthropic reports an over-long prompt as a plain invalid_request_error; only the message tells. Wording seen:
+// "prompt is too long: 215000 tokens > 200000 maximum", "input length and `max_tokens` exceed context limit: ...".
+const CONTEXT_LENGTH = /prompt is too long|exceeds? (the )?context limit|context window/i;
+
+/** Maps an Anthropic error answer (status + body, parsed or raw) to an OpenAI error; keeps the upstream status. */
+export function toOpenAIError(status: number, body: unknown): { status: number; body: OpenAIErrorBody } {
+  const parsed = typeof body === 'string' ? tryJson(body) : body;
+  const error = (parsed as { error?: { type?: unknown; message?: unknown; details?: { error_code?: unknown } } } | null)?.error;
+  const type = typeof error?.type === 'string' ? error.type : undefined;
+  const def = (type !== undefined ? ERRORS[type] : undefined) ?? byStatus(status);
+  const finalStatus = status >= 400 ? status : def.status; // an error event inside a 200 stream has no status of its own
+  const message = typeof error?.message === 'string' ? error.message : `the Anthropic target answered HTTP ${status}`;
+  const detailCode = typeof error?.details?.error_code === 'string' ? error.details.error_code : null;
+  const code = type === 'invalid_request_error' && CONTEXT_LENGTH.test(message) ? 'context_length_exceeded' : (def.code ?? detailCode);
+  return { status: finalStatus, body: errorBody(message, def.type, code) };
+}
+
+function byStatus(status: number): ErrorDef {
+  const known = Object.values(ERRORS).find((d) => d.status === status);
+  if (known) return known;
+  return status >= 500 || status < 400 ? { status: 502, type: 'server_error', code: null } : { status, type: 'invalid_request_error', code: null };
+}
+
+function tryJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}

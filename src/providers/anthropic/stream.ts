@@ -1,0 +1,214 @@
+// Anthropic's named SSE events -> OpenAI chat.completion.chunk events, one upstream event at a time.
+// Anthropic numbers content blocks (text, thinking, tool_use, ...) in one sequence; OpenAI numbers tool calls
+// alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
+// a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
+import { toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
+import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
+
+export type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
+
+/** An upstream event the translator cannot read; the gateway treats it as a malformed event (a broken stream). */
+export class AnthropicStreamError extends Error {
+  constructor(
+    readonly code: AnthropicStreamErrorCode,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'AnthropicStreamError';
+  }
+}
+
+export interface AnthropicStreamOptions {
+  /** Used until message_start names the answering model, and if it never does. */
+  model?: string;
+  /** The client asked for stream_options.include_usage: send a usage chunk before [DONE]. */
+  includeUsage: boolean;
+  /** Chunk id; default `chatcmpl-` + the Anthropic message id. */
+  id?: string;
+  /** Unix seconds; default now. */
+  created?: number;
+}
+
+type Block = { kind: 'text' | 'thinking' | 'other' } | { kind: 'tool'; toolIndex: number; args: boolean; input: unknown };
+
+interface Data {
+  type?: unknown;
+  index?: unknown;
+  message?: { id?: unknown; model?: unknown; usage?: AnthropicUsage };
+  content_block?: { type?: unknown; id?: unknown; name?: unknown; input?: unknown; text?: unknown; thinking?: unknown };
+  delta?: { type?: unknown; text?: unknown; partial_json?: unknown; thinking?: unknown; stop_reason?: unknown };
+  usage?: AnthropicUsage;
+}
+
+const DONE = 'data: [DONE]\n\n';
+// Sent for Anthropic's ping so that the gateway's idle timer sees the stream is alive; SSE readers skip comments.
+const PING = ': ping\n\n';
+
+/** Translates Anthropic stream events into OpenAI chunk SSE text. One instance per upstream stream. */
+export class AnthropicStreamTranslator {
+  readonly #includeUsage: boolean;
+  readonly #created: number;
+  #id: string | undefined;
+  #model: string;
+  #started = false;
+  #finish: OpenAIFinishReason | null = null;
+  #over = false;
+  #tools = 0;
+  readonly #blocks = new Map<number, Block>();
+  #usage: AnthropicUsage = {};
+
+  constructor(opts: AnthropicStreamOptions) {
+    this.#includeUsage = opts.includeUsage;
+    this.#id = opts.id;
+    this.#model = opts.model ?? '';
+    this.#created = opts.created ?? Math.floor(Date.now() / 1000);
+  }
+
+  /** Takes one upstream event; returns the complete SSE events (`data: ...\n\n`) to send, possibly none. */
+  push(event: { event: string | null; data: string | null }): string[] {
+    if (this.#over || event.data === null) return [];
+    let data: Data;
+    try {
+      data = JSON.parse(event.data) as Data;
+    } catch {
+      throw new AnthropicStreamError('malformed_event', `malformed ${event.event ?? 'unnamed'} event: ${event.data.slice(0, 200)}`);
+    }
+    if (typeof data !== 'object' || data === null || Array.isArray(data)) {
+      throw new AnthropicStreamError('malformed_event', `the ${event.event ?? 'unnamed'} event's data is not a JSON object`);
+    }
+    const type = typeof data.type === 'string' ? data.type : event.event;
+    switch (type) {
+      case 'message_start':
+        return this.#start(data);
+      case 'content_block_start':
+        return this.#blockStart(data);
+      case 'content_block_delta':
+        return this.#blockDelta(data);
+      case 'content_block_stop':
+        return this.#blockStop(data);
+      case 'message_delta':
+        return this.#messageDelta(data);
+      case 'message_stop':
+        return this.#stop();
+      case 'ping':
+        return [PING];
+      case 'error':
+        this.#over = true;
+        return [`data: ${JSON.stringify({ error: toOpenAIError(0, data).body.error })}\n\n`];
+      default:
+        return []; // Anthropic may add event types within an API version; ignoring them is the documented contract
+    }
+  }
+
+  /** Call when the upstream stream ends: completes an answer that finished without its message_stop. */
+  end(): string[] {
+    if (this.#over || this.#finish === null) return [];
+    return this.#stop();
+  }
+
+  #start(data: Data): string[] {
+    const msg = data.message ?? {};
+    if (this.#id === undefined && typeof msg.id === 'string') this.#id = `chatcmpl-${msg.id}`;
+    if (typeof msg.model === 'string' && msg.model !== '') this.#model = msg.model;
+    this.#usage = { ...msg.usage };
+    return this.#role();
+  }
+
+  // The first chunk OpenAI sends carries only the role; clients (and the gateway) expect it before any content.
+  #role(): string[] {
+    if (this.#started) return [];
+    this.#started = true;
+    return [this.#chunk({ role: 'assistant', content: '' })];
+  }
+
+  #blockStart(data: Data): string[] {
+    const index = blockIndex(data);
+    const block = data.content_block ?? {};
+    const out = this.#role();
+    if (block.type === 'tool_use') {
+      const toolIndex = this.#tools++;
+      this.#blocks.set(index, { kind: 'tool', toolIndex, args: false, input: block.input });
+      const call = { index: toolIndex, id: String(block.id), type: 'function' as const, function: { name: String(block.name), arguments: '' } };
+      out.push(this.#chunk({ tool_calls: [call] }));
+    } else if (block.type === 'text' || block.type === 'thinking') {
+      this.#blocks.set(index, { kind: block.type });
+      const initial = block.type === 'text' ? block.text : block.thinking;
+      if (typeof initial === 'string' && initial !== '') out.push(this.#chunk(block.type === 'text' ? { content: initial } : { reasoning_content: initial }));
+    } else {
+      this.#blocks.set(index, { kind: 'other' }); // redacted thinking, server tools: no chat.completions form
+    }
+    return out;
+  }
+
+  #blockDelta(data: Data): string[] {
+    const delta = data.delta ?? {};
+    const block = this.#blocks.get(blockIndex(data));
+    const out = this.#role();
+    if (delta.type === 'text_delta' && typeof delta.text === 'string' && delta.text !== '') {
+      out.push(this.#chunk({ content: delta.text }));
+    } else if (delta.type === 'thinking_delta' && typeof delta.thinking === 'string' && delta.thinking !== '') {
+      out.push(this.#chunk({ reasoning_content: delta.thinking }));
+    } else if (delta.type === 'input_json_delta') {
+      // Arguments with nowhere to go would silently corrupt a tool call: better to fail the stream.
+      if (block?.kind !== 'tool') throw new AnthropicStreamError('unexpected_event', `input_json_delta for block ${String(data.index)}, which is not a tool_use block`);
+      if (typeof delta.partial_json === 'string' && delta.partial_json !== '') {
+        block.args = true;
+        out.push(this.#chunk({ tool_calls: [{ index: block.toolIndex, function: { arguments: delta.partial_json } }] }));
+      }
+    }
+    return out; // signature_delta and citations_delta have no chat.completions form
+  }
+
+  #blockStop(data: Data): string[] {
+    const block = this.#blocks.get(blockIndex(data));
+    // A tool without parameters streams no input at all; OpenAI clients JSON.parse the arguments, so send "{}".
+    if (block?.kind !== 'tool' || block.args) return [];
+    block.args = true;
+    const input = block.input !== null && typeof block.input === 'object' ? block.input : {};
+    return [this.#chunk({ tool_calls: [{ index: block.toolIndex, function: { arguments: JSON.stringify(input) } }] })];
+  }
+
+  #messageDelta(data: Data): string[] {
+    const u = data.usage ?? {};
+    // message_delta usage is cumulative; a null field means "unchanged since message_start".
+    for (const key of ['input_tokens', 'output_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens_details'] as const) {
+      if (u[key] != null) (this.#usage as Record<string, unknown>)[key] = u[key];
+    }
+    const stop = data.delta?.stop_reason;
+    if (typeof stop !== 'string' || this.#finish !== null) return [];
+    this.#finish = toFinishReason(stop);
+    return [...this.#role(), this.#chunk({}, this.#finish)];
+  }
+
+  #stop(): string[] {
+    this.#over = true;
+    const out = this.#role();
+    if (this.#finish === null) {
+      this.#finish = 'stop';
+      out.push(this.#chunk({}, 'stop'));
+    }
+    if (this.#includeUsage) out.push(this.#frame({ ...this.#base(), choices: [], usage: toOpenAIUsage(this.#usage) }));
+    out.push(DONE);
+    return out;
+  }
+
+  #base(): Omit<OpenAIChatCompletionChunk, 'choices'> {
+    return { id: this.#id ?? 'chatcmpl-anthropic', object: 'chat.completion.chunk', created: this.#created, model: this.#model, system_fingerprint: null };
+  }
+
+  #chunk(delta: OpenAIChunkDelta, finish: OpenAIFinishReason | null = null): string {
+    const chunk: OpenAIChatCompletionChunk = { ...this.#base(), choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] };
+    // OpenAI marks every chunk but the last with usage: null when usage was asked for.
+    if (this.#includeUsage) chunk.usage = null;
+    return this.#frame(chunk);
+  }
+
+  #frame(chunk: OpenAIChatCompletionChunk): string {
+    return `data: ${JSON.stringify(chunk)}\n\n`;
+  }
+}
+
+function blockIndex(data: Data): number {
+  if (typeof data.index !== 'number') throw new AnthropicStreamError('malformed_event', `${String(data.type)} event without a block index`);
+  return data.index;
+}
