@@ -187,6 +187,7 @@ function logRequest(request: FastifyRequest, reply: FastifyReply): void {
     ...(s && {
       route: s.route,
       target: s.target,
+      priority: s.priority,
       outcome: s.outcome,
       attempts: s.attempts,
       budgetMs: s.budgetMs,

@@ -51,6 +51,8 @@ export interface FaultSpec {
   latencyPerInflightMs?: number;
   /** Requests in flight beyond this get 429 rate_limit_exceeded at once. Default: unlimited. */
   capacity?: number;
+  /** The requests-per-minute quota advertised in x-ratelimit-* headers (not enforced). Default: 100000. */
+  requestsPerMinute?: number;
   /** Headers on the capacity 429s. Default: none. */
   capacityHeaders?: Record<string, string>;
   /**

@@ -72,8 +72,8 @@ const ROUTES: Record<string, Route> = {
   'GET /v1/models': { family: 'openai', answer: () => MODELS_BODY },
 };
 
-/** Requests per second advertised in x-ratelimit-limit-requests when no capacity is set. */
-const DEFAULT_LIMIT = 10_000;
+/** Requests per minute advertised in x-ratelimit-limit-requests when the spec sets no requestsPerMinute. */
+const DEFAULT_RPM = 100_000;
 
 class MockProvider implements MockServer {
   url = '';
@@ -81,6 +81,8 @@ class MockProvider implements MockServer {
   private spec: FaultSpec;
   private readonly counters = new FaultCounters();
   private readonly statsCollector = new StatsCollector();
+  private quotaMinute = 0;
+  private quotaUsed = 0;
   private readonly log = new RequestLogRing(10_000);
   private readonly modelInflight = new Map<string, number>();
   private readonly ids = idSource();
@@ -313,15 +315,26 @@ class MockProvider implements MockServer {
     await runStream(plan, d.stream, streamIO(x));
   }
 
+  /**
+   * Quota headers as OpenAI sends them: a requests-per-minute limit, what is left of it in the current minute, and the
+   * time until the minute (and so the quota) resets. Concurrency (`capacity`) is a separate limit, as at real providers.
+   */
   private headers(x: Exchange, contentType: string): OutgoingHttpHeaders {
-    const limit = this.spec.capacity ?? DEFAULT_LIMIT;
+    const limit = this.spec.requestsPerMinute ?? DEFAULT_RPM;
+    const nowMs = Date.now();
+    const minute = Math.floor(nowMs / 60_000);
+    if (minute !== this.quotaMinute) {
+      this.quotaMinute = minute;
+      this.quotaUsed = 0;
+    }
+    this.quotaUsed++;
     const h: OutgoingHttpHeaders = {
       'content-type': contentType,
       'x-request-id': x.requestId,
       'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
       'x-ratelimit-limit-requests': String(limit),
-      'x-ratelimit-remaining-requests': String(Math.max(0, limit - this.statsCollector.inflight)),
-      'x-ratelimit-reset-requests': '1s',
+      'x-ratelimit-remaining-requests': String(Math.max(0, limit - this.quotaUsed)),
+      'x-ratelimit-reset-requests': `${((minute + 1) * 60_000 - nowMs) / 1000}s`,
     };
     if (x.family === 'anthropic') h['request-id'] = x.requestId;
     return h;

@@ -119,6 +119,8 @@ export class ProviderPool {
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       queue.push(waiter);
+      // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
+      this.#drain();
     });
   }
 

@@ -64,8 +64,10 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
   return { system: system.length > 0 ? system.join('\n\n') : undefined, messages: turns };
 }
 
+type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
+
 /** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
-function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', blocks: AnthropicUserBlock[] | AnthropicAssistantBlock[]): void {
+function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', blocks: Blocks): void {
   if (blocks.length === 0) return; // an empty turn is a 400 upstream and carries nothing
   const last = turns[turns.length - 1];
   if (last?.role === role) {
@@ -148,10 +150,13 @@ function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, whe
     }
   } else if (content != null) throw new Inexpressible(`${where}.content must be a string, an array of parts or null`);
   if (blocks.length === 0 && typeof msg.refusal === 'string') blocks.push(...text(msg.refusal));
+  if (msg.tool_calls != null && !Array.isArray(msg.tool_calls)) throw new Inexpressible(`${where}.tool_calls must be an array`);
   for (const [j, call] of (msg.tool_calls ?? []).entries()) {
     const at = `${where}.tool_calls[${j}]`;
     if (call?.type !== 'function') throw new Inexpressible(`${at}: only function tool calls are supported by an Anthropic target`);
-    if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') throw new Inexpressible(`${at} needs an id and a function name`);
+    if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') {
+      throw new Inexpressible(`${at} needs an id and a function name`);
+    }
     blocks.push({ type: 'tool_use', id: call.id, name: call.function.name, input: toolInput(call.function.arguments, at) });
   }
   return blocks;

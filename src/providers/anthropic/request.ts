@@ -53,7 +53,9 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     const format = body.response_format;
     if (format?.type === 'json_schema') {
       const schema = format.json_schema?.schema;
-      if (typeof schema !== 'object' || schema === null) throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target');
+      if (typeof schema !== 'object' || schema === null) {
+        throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target');
+      }
       out.output_config = { format: { type: 'json_schema', schema } };
     }
     const userId = body.safety_identifier ?? body.user;
@@ -79,7 +81,8 @@ function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): v
   if (typeof body.presence_penalty === 'number' && body.presence_penalty !== 0) refuse('presence_penalty');
   if (typeof body.frequency_penalty === 'number' && body.frequency_penalty !== 0) refuse('frequency_penalty');
   if (body.audio != null || (Array.isArray(body.modalities) && body.modalities.includes('audio'))) refuse('audio output');
-  if ((Array.isArray(body.functions) && body.functions.length > 0) || body.function_call != null) refuse('functions / function_call (legacy; use tools)');
+  const legacyFunctions = (Array.isArray(body.functions) && body.functions.length > 0) || body.function_call != null;
+  if (legacyFunctions) refuse('functions / function_call (legacy; use tools)');
   if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)');
   if (body.web_search_options != null) refuse('web_search_options');
   if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p');
@@ -98,14 +101,18 @@ function stopSequences(stop: OpenAIChatRequest['stop']): string[] {
 
 function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'> {
   const choice = body.tool_choice;
-  if (choice !== undefined && typeof choice === 'object' && choice?.type === 'custom') throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target');
+  if (typeof choice === 'object' && choice?.type === 'custom') {
+    throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target');
+  }
   if (!Array.isArray(body.tools) || body.tools.length === 0) return {};
   let tools = body.tools.map((tool, i): AnthropicTool => {
     if (tool?.type !== 'function') throw new Inexpressible(`tools[${i}]: only function tools are supported by an Anthropic target`);
     const fn = tool.function;
     if (typeof fn?.name !== 'string') throw new Inexpressible(`tools[${i}].function.name must be a string`);
     const params = fn.parameters ?? {};
-    if (params['type'] !== undefined && params['type'] !== 'object') throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`);
+    if (params['type'] !== undefined && params['type'] !== 'object') {
+      throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`);
+    }
     return {
       name: fn.name,
       ...(typeof fn.description === 'string' ? { description: fn.description } : {}),
@@ -117,12 +124,15 @@ function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'to
   if (choice === 'auto') mapped = { type: 'auto' };
   else if (choice === 'required') mapped = { type: 'any' };
   else if (choice === 'none') mapped = { type: 'none' }; // tools stay: earlier tool_use blocks need their definitions
-  else if (choice?.type === 'function') mapped = { type: 'tool', name: choice.function.name };
-  else if (choice?.type === 'allowed_tools') {
-    const allowed = new Set(choice.allowed_tools.tools.map((t) => (t['function'] as { name?: unknown } | undefined)?.name));
+  else if (choice?.type === 'function') {
+    if (typeof choice.function?.name !== 'string') throw new Inexpressible('tool_choice.function.name must be a string');
+    mapped = { type: 'tool', name: choice.function.name };
+  } else if (choice?.type === 'allowed_tools') {
+    const listed = Array.isArray(choice.allowed_tools?.tools) ? choice.allowed_tools.tools : [];
+    const allowed = new Set(listed.map((t) => (t?.['function'] as { name?: unknown } | undefined)?.name));
     tools = tools.filter((t) => allowed.has(t.name));
     if (tools.length === 0) throw new Inexpressible('tool_choice.allowed_tools names none of the function tools');
-    mapped = { type: choice.allowed_tools.mode === 'required' ? 'any' : 'auto' };
+    mapped = { type: choice.allowed_tools?.mode === 'required' ? 'any' : 'auto' };
   }
   if (body.parallel_tool_calls === false && mapped?.type !== 'none') {
     mapped = { ...(mapped ?? { type: 'auto' }), disable_parallel_tool_use: true };

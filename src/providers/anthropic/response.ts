@@ -124,7 +124,8 @@ export function toOpenAIError(status: number, body: unknown): { status: number; 
 function byStatus(status: number): ErrorDef {
   const known = Object.values(ERRORS).find((d) => d.status === status);
   if (known) return known;
-  return status >= 500 || status < 400 ? { status: 502, type: 'server_error', code: null } : { status, type: 'invalid_request_error', code: null };
+  if (status >= 400 && status < 500) return { status, type: 'invalid_request_error', code: null };
+  return { status: 502, type: 'server_error', code: null };
 }
 
 function tryJson(text: string): unknown {

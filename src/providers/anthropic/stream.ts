@@ -128,12 +128,14 @@ export class AnthropicStreamTranslator {
     if (block.type === 'tool_use') {
       const toolIndex = this.#tools++;
       this.#blocks.set(index, { kind: 'tool', toolIndex, args: false, input: block.input });
-      const call = { index: toolIndex, id: String(block.id), type: 'function' as const, function: { name: String(block.name), arguments: '' } };
-      out.push(this.#chunk({ tool_calls: [call] }));
+      const fn = { name: String(block.name), arguments: '' };
+      out.push(this.#chunk({ tool_calls: [{ index: toolIndex, id: String(block.id), type: 'function', function: fn }] }));
     } else if (block.type === 'text' || block.type === 'thinking') {
       this.#blocks.set(index, { kind: block.type });
       const initial = block.type === 'text' ? block.text : block.thinking;
-      if (typeof initial === 'string' && initial !== '') out.push(this.#chunk(block.type === 'text' ? { content: initial } : { reasoning_content: initial }));
+      if (typeof initial === 'string' && initial !== '') {
+        out.push(this.#chunk(block.type === 'text' ? { content: initial } : { reasoning_content: initial }));
+      }
     } else {
       this.#blocks.set(index, { kind: 'other' }); // redacted thinking, server tools: no chat.completions form
     }
@@ -150,7 +152,9 @@ export class AnthropicStreamTranslator {
       out.push(this.#chunk({ reasoning_content: delta.thinking }));
     } else if (delta.type === 'input_json_delta') {
       // Arguments with nowhere to go would silently corrupt a tool call: better to fail the stream.
-      if (block?.kind !== 'tool') throw new AnthropicStreamError('unexpected_event', `input_json_delta for block ${String(data.index)}, which is not a tool_use block`);
+      if (block?.kind !== 'tool') {
+        throw new AnthropicStreamError('unexpected_event', `input_json_delta for block ${String(data.index)}, which is not a tool_use block`);
+      }
       if (typeof delta.partial_json === 'string' && delta.partial_json !== '') {
         block.args = true;
         out.push(this.#chunk({ tool_calls: [{ index: block.toolIndex, function: { arguments: delta.partial_json } }] }));
@@ -171,9 +175,8 @@ export class AnthropicStreamTranslator {
   #messageDelta(data: Data): string[] {
     const u = data.usage ?? {};
     // message_delta usage is cumulative; a null field means "unchanged since message_start".
-    for (const key of ['input_tokens', 'output_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens_details'] as const) {
-      if (u[key] != null) (this.#usage as Record<string, unknown>)[key] = u[key];
-    }
+    const usage = this.#usage as Record<string, unknown>;
+    for (const [key, value] of Object.entries(u)) if (value != null) usage[key] = value;
     const stop = data.delta?.stop_reason;
     if (typeof stop !== 'string' || this.#finish !== null) return [];
     this.#finish = toFinishReason(stop);
@@ -193,7 +196,8 @@ export class AnthropicStreamTranslator {
   }
 
   #base(): Omit<OpenAIChatCompletionChunk, 'choices'> {
-    return { id: this.#id ?? 'chatcmpl-anthropic', object: 'chat.completion.chunk', created: this.#created, model: this.#model, system_fingerprint: null };
+    const id = this.#id ?? 'chatcmpl-anthropic';
+    return { id, object: 'chat.completion.chunk', created: this.#created, model: this.#model, system_fingerprint: null };
   }
 
   #chunk(delta: OpenAIChunkDelta, finish: OpenAIFinishReason | null = null): string {

@@ -1,0 +1,69 @@
+// Noisy neighbour over real HTTP: a batch flood at ten times the provider's capacity next to steady online traffic.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { describe, expect, it } from 'vitest';
+import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+
+const start = useStacks(RETRY_LOOP_ONLY);
+
+async function chat(s: Stack, headers: Record<string, string>) {
+  const res = await fetch(`${s.baseURL}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  await res.arrayBuffer();
+  return res.status;
+}
+
+describe('priority pools under a batch flood', () => {
+  it('keeps online traffic flowing, gives batch the rest, and adapts until the provider stops answering 429', async () => {
+    const capacity = 10;
+    const s = await start({
+      faults: { latencyMs: 100, capacity },
+      provider: { maxConnections: 64, pools: { maxConcurrent: 60 } },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 20, capMs: 100 } } },
+    });
+    const until = Date.now() + 5_000;
+    const batch = { ok: 0, other: 0 };
+    const online: number[] = [];
+    const batchClient = async () => {
+      while (Date.now() < until) {
+        const status = await chat(s, { 'x-stormgate-priority': 'batch', 'x-stormgate-timeout-ms': '3000' });
+        if (status === 200) batch.ok++;
+        else {
+          batch.other++;
+          await sleep(20);
+        }
+      }
+    };
+    const onlineClient = async () => {
+      await sleep(500);
+      while (Date.now() < until) {
+        online.push(await chat(s, { 'x-stormgate-timeout-ms': '5000' }));
+        await sleep(50);
+      }
+    };
+    const secondsBefore = new Set(s.mock.stats().perSecond.map((p) => p.second));
+    await Promise.all([...Array.from({ length: capacity * 10 }, batchClient), ...Array.from({ length: 4 }, onlineClient)]);
+
+    expect(online.length).toBeGreaterThan(8);
+    expect(online.filter((status) => status !== 200)).toEqual([]);
+    expect(batch.ok).toBeGreaterThan(30);
+    // After the limit has adapted (the last two full seconds), the provider answers almost nothing with 429.
+    const seconds = s.mock.stats().perSecond.filter((p) => !secondsBefore.has(p.second));
+    const late = seconds.slice(-3, -1);
+    const total = late.reduce((n, p) => n + p.total, 0);
+    const limited = late.reduce((n, p) => n + (p.byStatus['429'] ?? 0), 0);
+    expect(total).toBeGreaterThan(0);
+    expect(limited / total).toBeLessThan(0.05);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/other"\} \d+/);
+  });
+
+  it('never lets a request promote itself with x-stormgate-priority', async () => {
+    const s = await start({ route: { priority: 'batch' } });
+    await chat(s, { 'x-stormgate-priority': 'online' });
+    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    expect(line.priority).toBe('batch');
+  });
+});

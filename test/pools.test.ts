@@ -1,0 +1,156 @@
+// Priority pools and adaptive limits, with a fake clock: class order, bounded queues, deadline-aware rejection,
+// AIMD steps, and batch shrinking before online.
+import { describe, expect, it } from 'vitest';
+import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings } from '../src/policy/adaptive-limit.ts';
+import { quotaLowUntil } from '../src/policy/quota-headers.ts';
+import { ProviderPool, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+
+const flush = () => new Promise((r) => setImmediate(r));
+const settings: LimitSettings = { max: 100, min: 1, decrease: 0.9, minShares: [0.5, 0.1] };
+
+describe('the adaptive limit', () => {
+  it('shrinks batch to its floor before it cuts the limit online lives under', () => {
+    let st = initialLimit(settings);
+    let now = 0;
+    const seen: Array<[number, number]> = [];
+    for (let i = 0; i < 40; i++) {
+      st = onRateLimited(st, settings, (now += 1_000), 500);
+      seen.push([Math.floor(st.limit), classLimit(st, 1)]);
+    }
+    // First the batch cap falls while the limit stays at 100 ...
+    expect(seen[0]).toEqual([100, 90]);
+    const atFloor = seen.findIndex(([, batch]) => batch === 10);
+    expect(atFloor).toBeGreaterThan(10);
+    expect(seen.slice(0, atFloor).every(([limit]) => limit === 100)).toBe(true);
+    // ... and only then the limit itself.
+    expect(seen.at(-1)![0]).toBeLessThan(100);
+  });
+
+  it('cuts at most once per round trip', () => {
+    const st = onRateLimited(initialLimit(settings), settings, 1_000, 500);
+    expect(onRateLimited(st, settings, 1_200, 500)).toBe(st);
+    expect(onRateLimited(st, settings, 1_500, 500)).not.toBe(st);
+  });
+
+  it('multiplies the limit by `decrease` and adds one per round trip of successes', () => {
+    let st = { ...initialLimit(settings), caps: [100, 10] };
+    st = onRateLimited(st, settings, 0, 1);
+    expect(st.limit).toBeCloseTo(90);
+    const before = st.limit;
+    for (let i = 0; i < 90; i++) st = onSuccess(st, settings);
+    expect(st.limit).toBeGreaterThan(before + 0.9);
+    expect(st.limit).toBeLessThan(before + 1.1);
+  });
+
+  it('restarts at half after an outage and slow-starts back, doubling per round trip', () => {
+    let st = onRecovered({ ...initialLimit(settings), limit: 80 }, settings);
+    expect(st.limit).toBe(40);
+    for (let i = 0; i < 40; i++) st = onSuccess(st, settings);
+    expect(st.limit).toBe(80);
+    st = onSuccess(st, settings);
+    expect(st.limit).toBeLessThan(81);
+  });
+
+  it('never goes below minLimit', () => {
+    let st = { ...initialLimit(settings), caps: [100, 10] };
+    for (let i = 0; i < 200; i++) st = onRateLimited(st, settings, i * 10, 1);
+    expect(st.limit).toBe(1);
+  });
+});
+
+describe('the provider pool', () => {
+  function pool(capacity = 2, maxQueue = 3) {
+    let now = 0;
+    const p = new ProviderPool(
+      { provider: 'p', capacity, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue }, { name: 'batch', minShare: 0, maxQueue }], decrease: 0.9, minLimit: 1 },
+      () => now,
+    );
+    return { p, tick: (ms: number) => (now += ms) };
+  }
+  const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
+  const slot = async (p: ProviderPool, r: SlotRequest): Promise<Slot> => {
+    const a = await p.acquire(r);
+    if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
+    return a.slot;
+  };
+
+  it('serves waiting online requests before batch ones that came earlier', async () => {
+    const { p } = pool();
+    const held = [await slot(p, req(1)), await slot(p, req(1))];
+    const order: string[] = [];
+    void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
+    void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
+    held[0]!.release(100);
+    await flush();
+    held[1]!.release(100);
+    await flush();
+    expect(order).toEqual(['online', 'batch']);
+  });
+
+  it('lets batch use capacity online leaves idle', async () => {
+    const { p } = pool(4);
+    for (let i = 0; i < 4; i++) await slot(p, req(1));
+    expect(p.snapshot().inUse).toEqual([0, 4]);
+  });
+
+  it('bounds each class queue and sheds the overflow with an estimated retry-after', async () => {
+    const { p } = pool(1, 2);
+    await slot(p, req(1));
+    void p.acquire(req(1));
+    void p.acquire(req(1));
+    const shed = await p.acquire(req(1));
+    expect(shed).toMatchObject({ ok: false, reason: 'queue_full' });
+    expect((shed as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(0);
+  });
+
+  it('rejects at once a request that cannot expect a slot before its deadline', async () => {
+    const { p } = pool(1);
+    const s = await slot(p, req(0));
+    s.release(2_000); // round trips take ~2 s now
+    await slot(p, req(0));
+    expect(await p.acquire(req(0, { deadlineAtMs: 300 }))).toMatchObject({ ok: false, reason: 'deadline' });
+  });
+
+  it('caps retries in flight', async () => {
+    const { p } = pool(4);
+    await slot(p, req(0, { retry: true }));
+    let second = false;
+    void p.acquire(req(0, { retry: true })).then(() => (second = true));
+    await flush();
+    expect(second).toBe(false);
+    expect((await p.acquire(req(0))).ok).toBe(true);
+  });
+
+  it('leaves the queue at once when the request is aborted', async () => {
+    const { p } = pool(1);
+    await slot(p, req(0));
+    const ctl = new AbortController();
+    const waiting = p.acquire(req(0, { signal: ctl.signal }));
+    ctl.abort();
+    expect(await waiting).toEqual({ ok: false, reason: 'aborted' });
+    expect(p.snapshot().queued).toEqual([0, 0]);
+  });
+
+  it('holds batch back while the provider\'s quota is nearly spent, online still goes', async () => {
+    const { p, tick } = pool(4);
+    p.holdLowerClasses('p/m', 1_000);
+    expect((await p.acquire(req(0))).ok).toBe(true);
+    let batch = false;
+    void p.acquire(req(1)).then((a) => (batch = a.ok));
+    await flush();
+    expect(batch).toBe(false);
+    tick(1_001);
+    p.observe('p/m', 'success', 10);
+    await flush();
+    expect(batch).toBe(true);
+  });
+});
+
+describe('quota headers', () => {
+  it('says when a nearly spent quota resets', () => {
+    expect(quotaLowUntil({ 'x-ratelimit-limit-requests': '1000', 'x-ratelimit-remaining-requests': '3', 'x-ratelimit-reset-requests': '2s' }, 10_000)).toBe(12_000);
+    expect(quotaLowUntil({ 'x-ratelimit-limit-requests': '1000', 'x-ratelimit-remaining-requests': '500', 'x-ratelimit-reset-requests': '2s' }, 10_000)).toBeUndefined();
+    expect(quotaLowUntil({ 'anthropic-ratelimit-requests-limit': '50', 'anthropic-ratelimit-requests-remaining': '0', 'anthropic-ratelimit-requests-reset': '2026-01-01T00:00:05Z' }, Date.parse('2026-01-01T00:00:00Z'))).toBe(Date.parse('2026-01-01T00:00:05Z'));
+    expect(quotaLowUntil({ 'x-ratelimit-remaining-requests': 'lots' }, 0)).toBeUndefined();
+  });
+});
