@@ -15,6 +15,7 @@ import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
 import { ParkingLot, type TargetState } from './pipeline/parking-lot.ts';
 import { Pools } from './pools/pools.ts';
+import { shareFleetCapacity } from './pools/fleet-share.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { metricsObserver } from './observability/pipeline-metrics.ts';
@@ -63,6 +64,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
   });
   const poolOf = (target: string) => pools.of(target.slice(0, target.indexOf('/')));
+  const stopSharing = store.kind === 'redis' ? shareFleetCapacity(pools, store, now) : () => {};
   const lot = new ParkingLot({
     now,
     stateOf: (target) => targetState(target),
@@ -120,6 +122,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     async close() {
       lot.close();
       board.close();
+      stopSharing();
       pools.close();
       unsubscribe();
       unsubscribeDegraded();

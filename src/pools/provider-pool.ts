@@ -72,6 +72,9 @@ export class ProviderPool {
   #inUse = 0;
   #retriesInUse = 0;
   #roundTripMs = INITIAL_ROUND_TRIP_MS;
+  /** This instance's share of the fleet's capacity (1 alone; demand-weighted with a shared state store). */
+  #capacity: number;
+  #retryCapacity: number;
   #holdTimer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -81,6 +84,8 @@ export class ProviderPool {
   ) {
     this.settings = settings;
     this.#limitSettings = { max: settings.capacity, min: settings.minLimit, decrease: settings.decrease, minShares: settings.classes.map((c) => c.minShare) };
+    this.#capacity = settings.capacity;
+    this.#retryCapacity = settings.retryCapacity;
     this.#queues = settings.classes.map(() => []);
     this.#inUseByClass = settings.classes.map(() => 0);
   }
@@ -129,7 +134,7 @@ export class ProviderPool {
     let ahead = 0;
     for (let k = 0; k <= cls; k++) ahead += this.#queues[k]!.length;
     const t = this.#target(target);
-    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.settings.capacity));
+    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#capacity));
     return Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
   }
 
@@ -157,7 +162,20 @@ export class ProviderPool {
   }
 
   limitOf(target: string): number {
-    return this.#target(target).limit.limit;
+    return Math.min(this.#target(target).limit.limit, this.#capacity);
+  }
+
+  /** Demand on this pool: slots in use plus requests waiting. */
+  demand(): number {
+    return this.#inUse + this.#queues.reduce((n, q) => n + q.length, 0);
+  }
+
+  /** Takes `share` (0..1] of the configured capacity, so a fleet together stays within maxConcurrent. */
+  setShare(share: number): void {
+    const grew = this.settings.capacity * share > this.#capacity;
+    this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
+    this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
+    if (grew) this.#drain();
   }
 
   /** For metrics: in use and queued per class, and each target's limit. */
@@ -188,8 +206,8 @@ export class ProviderPool {
   }
 
   #admissible(req: SlotRequest, t: TargetUse): boolean {
-    if (this.#inUse >= this.settings.capacity) return false;
-    if (req.retry && this.#retriesInUse >= this.settings.retryCapacity) return false;
+    if (this.#inUse >= this.#capacity) return false;
+    if (req.retry && this.#retriesInUse >= this.#retryCapacity) return false;
     if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
     if (req.cls > 0 && t.byClass[req.cls]! >= classLimit(t.limit, req.cls)) return false;
     if (req.cls > 0 && t.lowerHeldUntilMs > this.now()) return false;
@@ -229,7 +247,7 @@ export class ProviderPool {
 
   #nextUnderFloor(): Waiter | undefined {
     for (let k = this.#queues.length - 1; k >= 1; k--) {
-      const floor = Math.floor(this.settings.classes[k]!.minShare * this.settings.capacity);
+      const floor = Math.floor(this.settings.classes[k]!.minShare * this.#capacity);
       if (this.#inUseByClass[k]! < floor) {
         const w = this.#pick(k);
         if (w) return w;

@@ -110,6 +110,10 @@ export class MemoryStore implements StateStore {
     this.#emit({ kind: 'hold-off', target, untilMs });
   }
 
+  async exchangeDemand(_pool: string, demand: number): Promise<{ total: number; instances: number }> {
+    return { total: demand, instances: 1 };
+  }
+
   onChange(listener: (change: StateChange) => void): () => void {
     this.#listeners.add(listener);
     return () => this.#listeners.delete(listener);

@@ -34,6 +34,11 @@ export class RedisKeys {
     return `${this.#prefix}{${target}}:hold-off`;
   }
 
+  /** Each instance's demand on a provider's pool: field = instance id, value = `<demand>:<ms>`. */
+  demand(pool: string): string {
+    return `${this.#prefix}{pool/${pool}}:demand`;
+  }
+
   /** Per-second request (`r:<sec>`) and retry (`x:<sec>`) counts of one retry budget. */
   budget(budgetKey: string): string {
     return `${this.#prefix}{${budgetKey}}:budget`;

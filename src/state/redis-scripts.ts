@@ -107,6 +107,28 @@ redis.call('PEXPIRE', key, ARGV[1])
 return 1
 `;
 
+/**
+ * KEYS: demand hash. ARGV: instance id, demand, nowMs, staleMs. Writes this instance's demand, drops instances not
+ * heard from within staleMs, and returns [sum of demand, instances].
+ */
+const EXCHANGE_DEMAND = `
+local key = KEYS[1]
+local now, stale = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('HSET', key, ARGV[1], ARGV[2] .. ':' .. ARGV[3])
+local all = redis.call('HGETALL', key)
+local total, n = 0, 0
+for i = 1, #all, 2 do
+  local d, t = string.match(all[i + 1], '^([%d.]+):(%d+)$')
+  if d == nil or now - tonumber(t) > stale then
+    redis.call('HDEL', key, all[i])
+  else
+    total, n = total + tonumber(d), n + 1
+  end
+end
+redis.call('PEXPIRE', key, stale * 2)
+return { tostring(total), n }
+`;
+
 type Arg = string | number;
 
 /** The scripts as methods on the client, after `defineScripts`. */
@@ -117,6 +139,7 @@ export interface ScriptCommands {
   sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddRequests(key: string, ...args: Arg[]): Promise<number>;
+  sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
 }
 
 export type ScriptClient = (Redis | Cluster) & ScriptCommands;
@@ -130,6 +153,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgSetHoldOff: SET_HOLD_OFF,
     sgBudget: BUDGET,
     sgAddRequests: ADD_REQUESTS,
+    sgExchangeDemand: EXCHANGE_DEMAND,
   } satisfies Record<keyof ScriptCommands, string>;
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: 1, lua });
   return client as ScriptClient;

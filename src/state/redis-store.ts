@@ -23,6 +23,9 @@ export interface RedisStoreOptions {
 
 /** Batched request counts are sent at most this far apart. */
 const FLUSH_INTERVAL_MS = 50;
+/** An instance whose demand is older than this has left the fleet's share computation. */
+const DEMAND_STALE_MS = 3_000;
+
 /** While degraded on a live connection (timeouts), how often a PING checks whether Redis answers again. */
 const PROBE_INTERVAL_MS = 1000;
 /** How long close() waits for QUIT before it drops the connections. */
@@ -175,6 +178,16 @@ export class RedisStore implements StateStore {
 
   onChange(listener: (change: StateChange) => void): () => void {
     return this.#view.onChange(listener);
+  }
+
+  async exchangeDemand(pool: string, demand: number, nowMs: number): Promise<{ total: number; instances: number } | undefined> {
+    return this.#run(
+      async (c) => {
+        const [total, instances] = await c.sgExchangeDemand(this.#keys.demand(pool), this.#id, demand, nowMs, DEMAND_STALE_MS);
+        return { total: Number(total), instances };
+      },
+      () => undefined,
+    );
   }
 
   onDegradedChange(listener: (degraded: boolean) => void): () => void {

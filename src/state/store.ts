@@ -76,6 +76,13 @@ export interface StateStore {
   /** Extends (never shortens) the target's hold-off to untilMs and tells every instance. */
   setHoldOff(target: string, untilMs: number): Promise<void>;
 
+  /**
+   * Tells the fleet this instance's demand on a provider's pool (slots in use plus waiting) and returns the fleet's
+   * total demand and instance count, so each instance can take a share of the pool weighted by its demand. Undefined
+   * when the fleet cannot be asked (Redis away): the caller then keeps the share it had.
+   */
+  exchangeDemand(pool: string, demand: number, nowMs: number): Promise<{ total: number; instances: number } | undefined>;
+
   /** Called for every change, from this instance or another. Returns an unsubscribe function. */
   onChange(listener: (change: StateChange) => void): () => void;
   /** Called when `degraded` flips. */
