@@ -31,6 +31,7 @@ export const ERROR_CODES = {
   park_queue_full: { status: 503, type: 'server_error' },
   load_shed: { status: 503, type: 'server_error' },
   gateway_draining: { status: 503, type: 'server_error' },
+  no_target: { status: 503, type: 'server_error' },
   stream_interrupted: { status: 502, type: 'server_error' },
   internal_error: { status: 500, type: 'server_error' },
 } as const satisfies Record<string, ErrorDef>;

@@ -15,6 +15,8 @@ import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
 import { ParkingLot, type TargetState } from './pipeline/parking-lot.ts';
 import { Pools } from './pools/pools.ts';
+import { WeightedPicker } from './routing/weighted.ts';
+import type { TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
@@ -103,8 +105,15 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
 
+  for (const p of providers.values()) {
+    if (p.disabled) logger.warn({ provider: p.name }, `provider ${p.name} is optional and has no key: disabled, its targets are skipped`);
+  }
+  const weighted = new WeightedPicker<TargetPlan>(
+    (plan) => holdOffs.until(plan.key) === undefined && board.availability(plan.key, plan.breaker, false).kind !== 'open',
+  );
   const pipeline: PipelineDeps = {
     providers,
+    weighted,
     pools,
     targetKeys,
     now,

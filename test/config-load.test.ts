@@ -193,7 +193,7 @@ describe('config errors', () => {
 
   it('repeats a wrong value in the message, but never the value of a credential key', () => {
     const bad = configError(valid().replace('family: openai', 'family: sk-secret'));
-    expect(bad.message).toContain('expected one of: openai, received "sk-secret"');
+    expect(bad.message).toContain('expected one of: openai, anthropic, azure-openai, received "sk-secret"');
     expect(configError(valid().replace('${OPENAI_API_KEY}', '[sk-secret]')).message).not.toContain('sk-secret');
     const schema = z.strictObject({ apiKey: z.enum(['a', 'b']) });
     const data = { apiKey: 'sk-secret' };
@@ -225,7 +225,7 @@ describe('config errors', () => {
   it('reports every problem at once, in line order', () => {
     const text = valid('    timeoutMs: soon\n').replace('family: openai', 'family: openia');
     expect(configError(text, {}).message.split('\n')).toEqual([
-      'gw.yaml:3: providers.openai.family: expected one of: openai, received "openia"; did you mean "openai"?',
+      'gw.yaml:3: providers.openai.family: expected one of: openai, anthropic, azure-openai, received "openia"; did you mean "openai"?',
       'gw.yaml:5: providers.openai.apiKey: environment variable OPENAI_API_KEY is not set',
       'gw.yaml:10: routes[0].timeoutMs: expected number, received string',
     ]);

@@ -21,7 +21,7 @@ describe('priority pools under a batch flood', () => {
     const s = await start({
       faults: { latencyMs: 100, capacity },
       provider: { maxConnections: 64, pools: { maxConcurrent: 60 } },
-      route: { retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 20, capMs: 100 } } },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 1000 } } },
     });
     const until = Date.now() + 5_000;
     const batch = { ok: 0, other: 0 };
@@ -37,9 +37,12 @@ describe('priority pools under a batch flood', () => {
       }
     };
     const onlineClient = async () => {
-      await sleep(500);
+      // Online traffic joins a flood already under way, once the limit has had a second to find the capacity.
+      await sleep(1_000);
       while (Date.now() < until) {
-        online.push(await chat(s, { 'x-stormgate-timeout-ms': '5000' }));
+        const st = await chat(s, { 'x-stormgate-timeout-ms': '5000' });
+        online.push(st);
+
         await sleep(50);
       }
     };
@@ -55,7 +58,7 @@ describe('priority pools under a batch flood', () => {
     const total = late.reduce((n, p) => n + p.total, 0);
     const limited = late.reduce((n, p) => n + (p.byStatus['429'] ?? 0), 0);
     expect(total).toBeGreaterThan(0);
-    expect(limited / total).toBeLessThan(0.05);
+    expect(limited / total).toBeLessThan(0.03);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/other"\} \d+/);
   });

@@ -5,16 +5,17 @@ import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type L
 import { quotaLowUntil } from '../src/policy/quota-headers.ts';
 import { ProviderPool, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
 
+const NONE = { total: 0, byClass: [0, 0] };
 const flush = () => new Promise((r) => setImmediate(r));
 const settings: LimitSettings = { max: 100, min: 1, decrease: 0.9, minShares: [0.5, 0.1] };
 
 describe('the adaptive limit', () => {
   it('shrinks batch to its floor before it cuts the limit online lives under', () => {
-    let st = initialLimit(settings);
+    let st = { ...initialLimit(settings), caps: [100, 100] };
     let now = 0;
     const seen: Array<[number, number]> = [];
     for (let i = 0; i < 40; i++) {
-      st = onRateLimited(st, settings, (now += 1_000), 500);
+      st = onRateLimited(st, settings, (now += 1_000), 500, { total: 0, byClass: [0, 0] });
       seen.push([Math.floor(st.limit), classLimit(st, 1)]);
     }
     // First the batch cap falls while the limit stays at 100 ...
@@ -27,17 +28,24 @@ describe('the adaptive limit', () => {
   });
 
   it('cuts at most once per round trip', () => {
-    const st = onRateLimited(initialLimit(settings), settings, 1_000, 500);
-    expect(onRateLimited(st, settings, 1_200, 500)).toBe(st);
-    expect(onRateLimited(st, settings, 1_500, 500)).not.toBe(st);
+    const st = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 1_000, 500, NONE);
+    expect(onRateLimited(st, settings, 1_200, 500, NONE).caps).toEqual(st.caps);
+    expect(onRateLimited(st, settings, 1_500, 500, NONE).caps).not.toEqual(st.caps);
   });
 
-  it('multiplies the limit by `decrease` and adds one per round trip of successes', () => {
+  it('multiplies the limit by `decrease`, then grows batch back before the limit', () => {
     let st = { ...initialLimit(settings), caps: [100, 10] };
-    st = onRateLimited(st, settings, 0, 1);
+    st = onRateLimited(st, settings, 0, 1, NONE);
     expect(st.limit).toBeCloseTo(90);
+    expect(st.caps[1]).toBe(10);
+    // Batch's cap grows first (one per round trip of its own size) ...
+    for (let i = 0; i < 10; i++) st = onSuccess(st, settings, 1e9, 1);
+    expect(st.caps[1]).toBeGreaterThan(10.9);
+    expect(st.limit).toBeCloseTo(90);
+    // ... and the limit once batch has caught up with it: one per round trip.
+    st = { ...st, caps: [90, 90] };
     const before = st.limit;
-    for (let i = 0; i < 90; i++) st = onSuccess(st, settings);
+    for (let i = 0; i < 90; i++) st = onSuccess(st, settings, 1e9, 1);
     expect(st.limit).toBeGreaterThan(before + 0.9);
     expect(st.limit).toBeLessThan(before + 1.1);
   });
@@ -45,15 +53,31 @@ describe('the adaptive limit', () => {
   it('restarts at half after an outage and slow-starts back, doubling per round trip', () => {
     let st = onRecovered({ ...initialLimit(settings), limit: 80 }, settings);
     expect(st.limit).toBe(40);
-    for (let i = 0; i < 40; i++) st = onSuccess(st, settings);
+    for (let i = 0; i < 40; i++) st = onSuccess(st, settings, 1e9, 1);
     expect(st.limit).toBe(80);
-    st = onSuccess(st, settings);
+    st = onSuccess(st, settings, 1e9, 1);
     expect(st.limit).toBeLessThan(81);
+  });
+
+  it('clamps at once to one below what was in flight when the provider said no', () => {
+    // Batch had 20 in flight (above its floor of 10): clamped to 19, then the round trip's cut: 19 x 0.9.
+    const st = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 21, byClass: [1, 20] });
+    expect(classLimit(st, 1)).toBe(17);
+    expect(st.limit).toBe(100);
+    // Batch at its floor: the limit itself is clamped to what was in flight, less one.
+    const low = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 11, byClass: [6, 5] });
+    expect(Math.floor(low.limit)).toBe(10);
+  });
+
+  it('grows again only after some quiet round trips', () => {
+    const st = onRateLimited({ ...initialLimit(settings), caps: [100, 50] }, settings, 1_000, 100, NONE);
+    expect(onSuccess(st, settings, 1_500, 100)).toBe(st);
+    expect(onSuccess(st, settings, 2_100, 100)).not.toBe(st);
   });
 
   it('never goes below minLimit', () => {
     let st = { ...initialLimit(settings), caps: [100, 10] };
-    for (let i = 0; i < 200; i++) st = onRateLimited(st, settings, i * 10, 1);
+    for (let i = 0; i < 200; i++) st = onRateLimited(st, settings, i * 10, 1, NONE);
     expect(st.limit).toBe(1);
   });
 });
@@ -80,9 +104,9 @@ describe('the provider pool', () => {
     const order: string[] = [];
     void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
     void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
-    held[0]!.release(100);
+    held[0]!.release();
     await flush();
-    held[1]!.release(100);
+    held[1]!.release();
     await flush();
     expect(order).toEqual(['online', 'batch']);
   });
@@ -106,7 +130,8 @@ describe('the provider pool', () => {
   it('rejects at once a request that cannot expect a slot before its deadline', async () => {
     const { p } = pool(1);
     const s = await slot(p, req(0));
-    s.release(2_000); // round trips take ~2 s now
+    p.observe('p/m', 'success', 2_000); // round trips take ~2 s now
+    s.release();
     await slot(p, req(0));
     expect(await p.acquire(req(0, { deadlineAtMs: 300 }))).toMatchObject({ ok: false, reason: 'deadline' });
   });

@@ -111,7 +111,18 @@ export const PoolsSchema = z
 
 export const ProviderSchema = z
   .strictObject({
-    family: z.enum(['openai']).describe('API family the provider speaks: openai (also any OpenAI-compatible server such as vLLM, Ollama or OpenRouter).'),
+    family: z.enum(['openai', 'anthropic', 'azure-openai'])
+      .describe('API family the provider speaks: openai (also any OpenAI-compatible server such as vLLM, Ollama or OpenRouter), anthropic (Messages API, chat completions translated both ways), azure-openai (deployments, api-key header).'),
+    optional: z.boolean().default(false)
+      .describe('With an empty apiKey, the provider is disabled (skipped as a target, said once at start-up) instead of failing start-up. Default: false.'),
+    apiVersion: z.string().min(1).optional().describe('azure-openai only: the api-version query parameter, e.g. 2024-10-21. Required for azure-openai.'),
+    anthropicVersion: z.string().min(1).default('2023-06-01').describe('anthropic only: the anthropic-version header. Default: 2023-06-01.'),
+    defaultMaxTokens: z.number().int().positive().default(4096)
+      .describe('anthropic only: max_tokens sent when the client sets none (the Messages API requires it). Default: 4096.'),
+    sampling: z.enum(['drop', 'forward', 'refuse']).default('drop')
+      .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (clamped to 0..1), or refuse the request for this target. Default: drop.'),
+    authHoldS: z.number().positive().default(60)
+      .describe('After the provider rejects the gateway\'s own credentials or billing (401, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z.url().describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
     apiKey: z.string().describe('API key, usually from the environment: "${OPENAI_API_KEY}". Sent upstream as the credential; never logged.'),
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 }),
@@ -127,6 +138,8 @@ export const TargetSchema = z
   .strictObject({
     provider: z.string().min(1).describe('Name of a provider under `providers`.'),
     model: z.string().min(1).optional().describe('Upstream model to send instead of the client\'s. Optional; default: the client\'s model.'),
+    weight: z.number().int().positive().default(1).describe('Share of requests with `strategy: weighted` (smooth weighted round-robin). Default: 1.'),
+    retry: RetrySchema.optional().describe('Retry policy on this target instead of the route\'s. Optional.'),
   })
   .describe('Where a route sends a request: a provider and, optionally, the upstream model.');
 
@@ -155,7 +168,13 @@ export const RouteSchema = z
           .describe('Model names the route serves; exact names or `*` globs. Optional; default: every model.'),
       })
       .describe('Which requests the route takes; routes are tried in file order and the first match wins.'),
-    targets: z.array(TargetSchema).min(1).describe('Targets in order: the primary first.'),
+    targets: z.array(TargetSchema).min(1).describe('Targets in order: the primary first, then the fallbacks.'),
+    strategy: z.enum(['fallback', 'weighted']).default('fallback')
+      .describe('fallback: always the primary first; weighted: spread requests by `weight` (smooth weighted round-robin), skipping targets whose breaker is open or that are held off; the others remain fallbacks. Default: fallback.'),
+    contextWindowFallback: TargetSchema.optional()
+      .describe('Target for requests the chosen target rejects with context_length_exceeded (e.g. a model with a larger window). Optional.'),
+    degraded: z.strictObject({ message: z.string().min(1).describe('Text of the degraded answer.') }).optional()
+      .describe('When every target failed or is unavailable and nothing can be parked, answer a normal-looking completion with this text (x-stormgate-degraded: true) instead of an error. Optional; chat completions only.'),
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),
     minAttemptMs: ms('A wait (backoff, wait hint) is only taken if at least this much time is left for the attempt after it, before the deadline; otherwise the gateway answers at once. Default: 1000.').default(1000),
     deadlineMarginMs: ms('Time kept back before the client\'s deadline so the gateway answers before the client gives up. Optional; default: the larger of 250 ms and 5% of the deadline.').optional(),
@@ -272,6 +291,12 @@ export const ConfigSchema = z
         }
       });
     });
+    for (const [name, p] of Object.entries(cfg.providers)) {
+      if (p.family === 'azure-openai' && !p.apiVersion) {
+        ctx.addIssue({ code: 'custom', path: ['providers', name, 'apiVersion'], message: 'azure-openai needs apiVersion (e.g. "2024-10-21")' });
+      }
+    }
+    cfg.routes.forEach((route, i) => checkRouteFamilies(cfg, route, i, ctx));
     const managed = new Set(cfg.routes.map((r) => r.match.path));
     cfg.passthrough?.paths.forEach((p, i) => {
       if (managed.has(p)) {
@@ -279,6 +304,35 @@ export const ConfigSchema = z
       }
     });
   });
+
+type ProvidersOf = Record<string, { family: 'openai' | 'anthropic' | 'azure-openai' }>;
+type RouteOf = { match: { path: string }; targets: Array<{ provider: string; model?: string | undefined }>; contextWindowFallback?: { provider: string; model?: string | undefined } | undefined };
+
+/**
+ * Which fallbacks make sense for a path: an embedding from another model lives in another space (it would corrupt an
+ * index), and a Responses API conversation lives at one family's servers.
+ */
+function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: number, ctx: z.RefinementCtx): void {
+  const targets = [...route.targets, ...(route.contextWindowFallback ? [route.contextWindowFallback] : [])];
+  const family = (t: { provider: string }) => cfg.providers[t.provider]?.family;
+  const at = (j: number) => (j < route.targets.length ? ['routes', i, 'targets', j] : ['routes', i, 'contextWindowFallback']);
+  if (route.match.path === '/v1/embeddings') {
+    targets.forEach((t, j) => {
+      if (family(t) === 'anthropic') ctx.addIssue({ code: 'custom', path: at(j), message: 'anthropic has no embeddings API; embeddings fall back only to the same model at another OpenAI-compatible provider' });
+      if (j > 0 && t.model !== targets[0]!.model) {
+        ctx.addIssue({ code: 'custom', path: [...at(j), 'model'], message: 'embeddings fall back only to the same model (a vector from another model lives in another space): every target needs the same `model`' });
+      }
+    });
+  }
+  if (route.match.path === '/v1/responses' || route.match.path === '/v1/completions') {
+    targets.forEach((t, j) => {
+      if (family(t) === 'anthropic') ctx.addIssue({ code: 'custom', path: at(j), message: `anthropic targets serve /v1/chat/completions only, not ${route.match.path}` });
+      else if (j > 0 && route.match.path === '/v1/responses' && family(t) !== family(targets[0]!)) {
+        ctx.addIssue({ code: 'custom', path: at(j), message: '/v1/responses falls back only within the same API family' });
+      }
+    });
+  }
+}
 
 export type Config = z.infer<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;

@@ -21,6 +21,8 @@ export interface Metrics {
   readonly poolWait: Histogram<'provider' | 'priority'>;
   readonly poolLimit: Gauge<'target'>;
   readonly shed: Counter<'priority' | 'reason'>;
+  readonly fallbacks: Counter<'route' | 'from' | 'to' | 'reason'>;
+  readonly degraded: Counter<'route' | 'reason'>;
   /** Fills the pool gauges at scrape time; set by the runtime that owns the pools. */
   collectPools: () => void;
 }
@@ -131,6 +133,18 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_pool_limit',
       help: 'The adaptive concurrency limit of a target (provider and model).',
       labelNames: ['target'] as const,
+      registers,
+    }),
+    fallbacks: new Counter({
+      name: 'stormgate_fallbacks_total',
+      help: 'Requests handed from one target to the next, by route, from, to and reason.',
+      labelNames: ['route', 'from', 'to', 'reason'] as const,
+      registers,
+    }),
+    degraded: new Counter({
+      name: 'stormgate_degraded_total',
+      help: 'Requests answered with the route\'s degraded answer, by route and reason.',
+      labelNames: ['route', 'reason'] as const,
       registers,
     }),
     shed: new Counter({

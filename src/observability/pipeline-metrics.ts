@@ -16,12 +16,14 @@ function statusClass(result: AttemptResult): string {
   }
 }
 
-export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'onRetry' | 'onStreamEnd' | 'onBudgetExhausted'> {
+export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'onRetry' | 'onStreamEnd' | 'onBudgetExhausted' | 'onFallback' | 'onDegraded'> {
   return {
     onAttempt: (_route, target, result) => m.upstreamAttempts.inc({ target, status_class: statusClass(result) }),
     onRetry: (route, target, reason) => m.retries.inc({ route, target, reason }),
     onStreamEnd: (route, end) => m.streamEnds.inc({ route, end: end.kind }),
     onBudgetExhausted: (route, target) => m.budgetExhausted.inc({ route, target }),
+    onFallback: (route, from, to, reason) => m.fallbacks.inc({ route, from, to, reason }),
+    onDegraded: (route, reason) => m.degraded.inc({ route, reason }),
   };
 }
 

@@ -11,6 +11,7 @@ import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
+import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -21,6 +22,8 @@ export interface AttemptRequest {
   headers: Record<string, string>;
   body: Buffer | string;
   stream: boolean;
+  /** Turns another family's answers (Anthropic) into the OpenAI shape; undefined for OpenAI-compatible targets. */
+  translator: ResponseTranslator | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
   requestSignal: AbortSignal;
   now: () => number;
@@ -63,16 +66,21 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   let handedOff = false;
   try {
     const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal });
-    const { statusCode: status, headers } = res;
-    if (status < 200 || status >= 300) {
-      const body = await readCapped(res.body, MAX_ERROR_BODY_BYTES);
+    const { headers } = res;
+    if (res.statusCode < 200 || res.statusCode >= 300) {
+      const raw = await readCapped(res.body, MAX_ERROR_BODY_BYTES);
+      const { status, body } = req.translator ? req.translator.error(res.statusCode, raw) : { status: res.statusCode, body: raw };
       return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
     }
+    const status = res.statusCode;
     if (!req.stream || !isEventStream(headers)) {
-      const body = Buffer.from(await res.body.arrayBuffer());
+      const raw = Buffer.from(await res.body.arrayBuffer());
+      const body = req.translator ? translateBody(req.translator, raw) : raw;
+      if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
       return { outcome: { kind: 'ok', status }, status, headers, body };
     }
-    const first = await readUntilFirstOutput(req.api, res.body);
+    const translate = req.translator?.stream();
+    const first = await readUntilFirstOutput(req.api, res.body, translate);
     if ('failure' in first) {
       res.body.destroy();
       return { outcome: { kind: 'bad-stream', detail: first.failure }, status, headers };
@@ -86,6 +94,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       pending: first.pending,
       parser: first.parser,
       iterator: first.iterator,
+      translate,
       controller: own!,
       requestSignal: req.requestSignal,
       detach: release,
@@ -124,6 +133,22 @@ function errorCodeOf(body: Buffer): string | null {
   }
 }
 
+/** Another family's events, as OpenAI events; throws on a malformed one (the caller treats it as such). */
+export function translateEvents(events: SseEvent[], translate: StreamTranslator | undefined): SseEvent[] {
+  if (!translate) return events;
+  const out: SseEvent[] = [];
+  for (const ev of events) out.push(...translate.push(ev));
+  return out;
+}
+
+function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | undefined {
+  try {
+    return translator.body(raw);
+  } catch {
+    return undefined;
+  }
+}
+
 function isEventStream(headers: HeaderBag): boolean {
   const ct = headers['content-type'];
   return (Array.isArray(ct) ? ct[0] : ct)?.startsWith('text/event-stream') ?? false;
@@ -150,14 +175,19 @@ type FirstOutput =
   | { failure: string };
 
 /** Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order. */
-async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body']): Promise<FirstOutput> {
+async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body'], translate: StreamTranslator | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let head = '';
   for (;;) {
     const { value, done } = await iterator.next();
     if (done) return { failure: 'stream ended before any output' };
-    const events = parser.push(value);
+    let events: SseEvent[];
+    try {
+      events = translateEvents(parser.push(value), translate);
+    } catch {
+      return { failure: 'malformed event before any output' };
+    }
     for (let i = 0; i < events.length; i++) {
       const ev = events[i]!;
       const meaning = eventMeaning(api, ev);

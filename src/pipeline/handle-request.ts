@@ -13,7 +13,10 @@ import { ClientGone, DeadlineReached } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from './final-answer.ts';
 import type { StreamEnd } from './live-stream.ts';
-import { serveTargets, type ServeDeps, type Served } from './serve-targets.ts';
+import { serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
+import { planTargets } from './plan-targets.ts';
+import { degradedAnswer, degradedReason } from './degraded-answer.ts';
+import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, TargetPlan } from './target-attempts.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
@@ -33,6 +36,8 @@ export interface ManagedRequest {
 
 export interface PipelineDeps extends ServeDeps {
   providers: ReadonlyMap<string, ProviderClient>;
+  weighted: WeightedPicker<TargetPlan>;
+  onDegraded?: (route: string, reason: string) => void;
   pools: Pools;
   targetKeys: TargetKeys;
   onStreamEnd?: (route: string, end: StreamEnd) => void;
@@ -50,7 +55,7 @@ export interface RequestSummary {
   route: string;
   /** The target that answered (or failed last), as `<provider>/<model or other>`. */
   target: string | undefined;
-  outcome: 'success' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone';
+  outcome: 'success' | 'degraded' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone';
   /** The request's priority class in the first target's pool. */
   priority?: string;
   attempts: AttemptRecord[];
@@ -60,6 +65,10 @@ export interface RequestSummary {
   upstreamRequestId?: string;
   /** For streams, filled in when the stream ends. */
   streamEnd?: StreamEnd;
+  /** Why a fallback target answered, when one did. */
+  fallback?: FallbackReason;
+  /** Targets left out for this request, with the reason. */
+  skipped?: Array<{ target: string; reason: string }>;
 }
 
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
@@ -78,9 +87,14 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     deadlineSource: deadline.source,
   };
   let handedToStream = false;
-  const plans = planTargets(req, deps);
+  const { plans, contextFallback, skipped } = planTargets(req, deps);
   summary.priority = plans[0]?.className;
+  if (skipped.length > 0) summary.skipped = skipped;
   try {
+    if (plans.length === 0) {
+      const answer = errorAnswer(new GatewayError('no_target', `no target of route ${route.name} can serve this request: ${skipped.map((s) => `${s.target}: ${s.reason}`).join('; ')}`));
+      return { ...answer, summary };
+    }
     const served = await serveTargets(
       {
         route,
@@ -93,15 +107,24 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         clientRetries: clientRetryCount(req.headers),
       },
       plans,
+      contextFallback,
       route.config.park,
       deps,
     );
     summary.target = served.plan.key;
     if (served.kind === 'ok') {
       summary.outcome = 'success';
+      if (served.fallback) summary.fallback = served.fallback;
       const answer = successAnswer(req, served.plan, served.result, summary, deps);
       handedToStream = answer.body instanceof Readable;
       return answer;
+    }
+    const degraded = route.config.degraded && degradedReason(served);
+    if (degraded) {
+      summary.outcome = 'degraded';
+      deps.onDegraded?.(route.name, degraded);
+      const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
+      return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
     }
     const answer = errorFor(served, summary, deadline.budgetMs, deps.now());
     return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
@@ -113,33 +136,6 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     clearTimeout(deadlineTimer);
     if (!handedToStream) stopWatchingClient();
   }
-}
-
-function planTargets(req: ManagedRequest, deps: PipelineDeps): TargetPlan[] {
-  const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
-  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
-  const askedPriority = req.headers['x-stormgate-priority'];
-  return req.route.config.targets.map((target) => {
-    const client = deps.providers.get(target.provider)!;
-    const model = req.route.upstreamModel(target, clientModel);
-    const key = deps.targetKeys.key(target.provider, model);
-    const pool = deps.pools.of(target.provider);
-    const cls = deps.pools.classFor(target.provider, req.route.config.priority, Array.isArray(askedPriority) ? askedPriority[0] : askedPriority);
-    return {
-      key,
-      label: model ? `${target.provider}/${model}` : target.provider,
-      client,
-      path: client.upstreamPath(req.path, req.query),
-      headers: { ...forwarded, ...client.authHeaders() },
-      body: !target.model || target.model === clientModel ? req.rawBody : JSON.stringify({ ...req.json, model: target.model }),
-      breaker: deps.targetKeys.breakerSettings(key),
-      budgetKey: RetryBudget.key(req.route.name, key),
-      pool,
-      cls,
-      className: pool.settings.classes[cls]!.name,
-      lowestClass: cls === pool.settings.classes.length - 1,
-    };
-  });
 }
 
 function clientRetryCount(headers: HeaderBag): number {
@@ -192,11 +188,13 @@ function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSumma
 }
 
 function stormgateHeaders(summary: RequestSummary, label: string): Record<string, string> {
-  return {
+  const headers: Record<string, string> = {
     'x-stormgate-attempts': String(summary.attempts.length),
     'x-stormgate-target': label,
     'x-stormgate-route': summary.route,
   };
+  if (summary.fallback) headers['x-stormgate-fallback'] = summary.fallback;
+  return headers;
 }
 
 function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {

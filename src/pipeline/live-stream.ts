@@ -4,6 +4,7 @@
 import { type ApiKind } from '../routing/router.ts';
 import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
 import { eventMeaning, streamErrorEvent, usesDoneSentinel } from '../streaming/stream-events.ts';
+import type { StreamTranslator } from '../providers/families.ts';
 import { AttemptTimeout } from './abort-reasons.ts';
 
 export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone';
@@ -22,6 +23,8 @@ export interface LiveStreamOptions {
   pending: SseEvent[];
   parser: SseParser;
   iterator: AsyncIterator<Buffer>;
+  /** Another family's events into OpenAI ones (Anthropic); undefined for OpenAI-compatible targets. */
+  translate: StreamTranslator | undefined;
   controller: AbortController;
   requestSignal: AbortSignal;
   /** Releases the attempt's listeners once the stream is over. */
@@ -36,6 +39,7 @@ export class LiveStream {
   #ended: StreamEnd | undefined;
   readonly #opts: LiveStreamOptions;
   readonly #finishers: Array<() => void> = [];
+  #droppedByTranslator = 0;
   onEnd: ((end: StreamEnd) => void) | undefined;
 
   constructor(opts: LiveStreamOptions) {
@@ -89,13 +93,13 @@ export class LiveStream {
         if (done) break;
         idle.refresh();
         const batch: string[] = [];
-        over = take(parser.push(value), batch);
+        over = take(this.#translated(parser.push(value)), batch);
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
         const tail = parser.flush();
         const batch: string[] = [];
-        over = tail ? take([tail], batch) : false;
+        over = take([...this.#translated(tail ? [tail] : []), ...(this.#opts.translate?.end() ?? [])], batch);
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
@@ -118,7 +122,7 @@ export class LiveStream {
       }
     } finally {
       clearTimeout(idle);
-      this.#finish({ kind, events, droppedMalformed: dropped });
+      this.#finish({ kind, events, droppedMalformed: dropped + this.#droppedByTranslator });
     }
   }
 
@@ -144,6 +148,21 @@ export class LiveStream {
 
   get ended(): StreamEnd | undefined {
     return this.#ended;
+  }
+
+  /** Translated events; an event the translator cannot read is dropped like any malformed one. */
+  #translated(events: SseEvent[]): SseEvent[] {
+    const t = this.#opts.translate;
+    if (!t) return events;
+    const out: SseEvent[] = [];
+    for (const ev of events) {
+      try {
+        out.push(...t.push(ev));
+      } catch {
+        this.#droppedByTranslator++;
+      }
+    }
+    return out;
   }
 
   #armIdle(ms: number): NodeJS.Timeout {

@@ -30,12 +30,13 @@ export async function attemptInSlot(
     return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0 };
   }
   const startedAt = now();
-  const result = await runAttempt({ client: plan.client, api: ctx.api, path: plan.path, headers, body: plan.body, stream: ctx.stream, requestSignal: ctx.signal, now });
+  const result = await runAttempt({ client: plan.client, api: ctx.api, path: plan.path, headers, body: plan.body, stream: ctx.stream, translator: plan.translator, requestSignal: ctx.signal, now });
   const durationMs = now() - startedAt;
-  if (result.stream) result.stream.whenDone(() => acquired.slot.release(durationMs));
-  else acquired.slot.release(durationMs);
   const cls = classify(result.outcome);
+  // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
   plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
+  if (result.stream) result.stream.whenDone(() => acquired.slot.release());
+  else acquired.slot.release();
   if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());
     if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.key, lowUntil);

@@ -13,6 +13,8 @@ import type { RetryBudget } from '../state/retry-budget.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
 import { attemptInSlot } from './slot-attempt.ts';
 import type { ProviderPool } from '../pools/provider-pool.ts';
+import type { ResponseTranslator } from '../providers/families.ts';
+import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
 
 export interface AttemptRecord {
@@ -38,6 +40,11 @@ export interface TargetPlan {
   /** The request's headers for this provider: the forwarded client headers and the provider's credentials. */
   headers: Record<string, string>;
   body: Buffer | string;
+  /** Turns another family's answers into the OpenAI shape (Anthropic); undefined for OpenAI-compatible targets. */
+  translator: ResponseTranslator | undefined;
+  /** The retry policy on this target: its own, else the route's. */
+  retry: RetryConfig;
+  weight: number;
   breaker: BreakerSettings | undefined;
   budgetKey: string;
   pool: ProviderPool;
@@ -98,15 +105,17 @@ export type TargetResult =
   | { kind: 'ok'; result: AttemptResult }
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
-  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined }
+  /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
+  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'timeout' }
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
 export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, lastFailure: undefined, done: false };
 }
 
-export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, ticket?: Ticket): Promise<TargetResult> {
-  const { retry, minAttemptMs, budget } = ctx.route.config;
+export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, hasNext: boolean, ticket?: Ticket): Promise<TargetResult> {
+  const { minAttemptMs } = ctx.route.config;
+  const { retry } = plan;
   const { board, holdOffs } = deps.guards;
   for (;;) {
     const heldUntil = holdOffs.until(plan.key);
@@ -119,7 +128,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return { kind: 'unavailable', reason: 'breaker', availableAtMs: parkedView.kind === 'open' ? parkedView.probeAtMs : admission.availableAtMs };
     }
     if (run.sent === 0) await countFirstAttempt(ctx, plan, run, deps);
-    else if (!run.retryPaid && !admission.permit && !(await takeRetry(ctx, plan, deps))) return run.lastFailure!;
+    else if (!run.retryPaid && !admission.permit && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
@@ -144,8 +153,15 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
     const ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint, retry.maxWaitHintMs) ? holdOffs.start(plan.key, hint) : undefined;
     if (cls.cls === 'success') return { kind: 'ok', result };
-    const failed = (retryAfterMs: number | undefined) => (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs });
-    if (!isRetryable(cls, retry.retryOn) || run.attempts >= retry.maxAttempts || run.noRetries) return failed(hint?.delayMs);
+    type Why = NonNullable<(TargetResult & { kind: 'failed' })['why']>;
+    const failed = (retryAfterMs: number | undefined, why?: Why): TargetResult & { kind: 'failed' } =>
+      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs, ...(why && { why }) });
+    // The gateway's own credentials or billing: no request goes to this target for authHoldS.
+    if (cls.cls === 'credentials') holdOffs.hold(plan.key, plan.client.config.authHoldS * 1000);
+    if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
+    if (run.attempts >= retry.maxAttempts || run.noRetries) return failed(hint?.delayMs, 'retries_exhausted');
+    // A silent target (no headers, no first token in time) is not retried when another target can answer.
+    if (cls.cls === 'timeout' && hasNext) return failed(undefined, 'timeout');
     const decision = decideRetryWait({
       retry,
       hint,
@@ -156,15 +172,15 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       minAttemptMs,
       random: deps.random,
     });
-    if (!decision.wait) return failed(decision.retryAfterMs);
-    failed(hint?.delayMs);
+    if (!decision.wait) return failed(decision.retryAfterMs, 'wait_hint');
+    failed(hint?.delayMs, 'retries_exhausted');
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) return unavailable;
     const delayMs = Math.max(decision.delayMs, (holdOffs.until(plan.key) ?? 0) - deps.now());
-    if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs);
-    if (!(await takeRetry(ctx, plan, deps))) return run.lastFailure!;
+    if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
+    if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
       await deps.sleep(delayMs, ctx.signal);

@@ -20,10 +20,15 @@ export interface LimitState {
   /** While set and above `limit`, the limit is in slow start (+1 per success, doubling per round trip). */
   slowStartTo: number | undefined;
   lastDecreaseAtMs: number;
+  /** The last rate-limit signal of any kind: growth waits a few round trips after it, so probing stays rare. */
+  lastSignalAtMs: number;
 }
 
+/** Round trips without a rate-limit signal before the limit grows again: at most ~1% of attempts probe too far. */
+const QUIET_ROUND_TRIPS = 10;
+
 export function initialLimit(s: LimitSettings): LimitState {
-  return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY };
+  return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
 }
 
 /** A class's floor under the current limit: its minShare of it, at least one slot. */
@@ -37,36 +42,70 @@ export function classLimit(st: LimitState, cls: number): number {
   return Math.max(1, Math.floor(cap));
 }
 
-/** The upstream said "too many" (429, 529): shrink the lowest class above its floor, else the limit itself. */
-export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
-  if (nowMs - st.lastDecreaseAtMs < roundTripMs) return st;
-  const caps = [...st.caps];
+/**
+ * The upstream said "too many" (429, 529) while `inUse` of our attempts (this one included) were in flight to it, so
+ * it takes fewer than that. At once, the lowest class above its floor is clamped to one below what it had in flight
+ * (else the limit itself): without this, every slot a 429 frees is taken by the next waiter and answered 429 again.
+ * And at most once per round trip, the multiplicative cut (x decrease), lowest class first, then the limit.
+ */
+export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse): LimitState {
+  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs };
+  if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
+  const caps = [...clamped.caps];
   for (let k = caps.length - 1; k >= 1; k--) {
-    const floor = classFloor(st, s, k);
-    if (Math.min(caps[k]!, st.limit) > floor) {
-      caps[k] = Math.max(floor, Math.min(caps[k]!, st.limit) * s.decrease);
-      return { ...st, caps, slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+    const floor = classFloor(clamped, s, k);
+    if (Math.min(caps[k]!, clamped.limit) > floor) {
+      caps[k] = Math.max(floor, Math.min(caps[k]!, clamped.limit) * s.decrease);
+      return { ...clamped, caps, slowStartTo: undefined, lastDecreaseAtMs: nowMs };
     }
   }
-  const limit = Math.max(s.min, st.limit * s.decrease);
-  return { ...st, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+  const limit = Math.max(s.min, clamped.limit * s.decrease);
+  return { ...clamped, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
 }
 
-/** An answer came back fine: grow the limit (slow start, then additive); once it is at its maximum, the classes' caps, top first. */
-export function onSuccess(st: LimitState, s: LimitSettings): LimitState {
-  if (st.limit < s.max) {
-    const step = st.slowStartTo !== undefined && st.limit < st.slowStartTo ? 1 : 1 / st.limit;
-    const limit = Math.min(s.max, st.limit + step);
-    return { ...st, limit, slowStartTo: st.slowStartTo !== undefined && limit < st.slowStartTo ? st.slowStartTo : undefined };
+/** Attempts of one target in flight when a signal came, all classes and per class (highest first). */
+export interface InUse {
+  total: number;
+  byClass: readonly number[];
+}
+
+function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitState {
+  if (inUse.total <= 0) return st;
+  for (let k = st.caps.length - 1; k >= 1; k--) {
+    const floor = classFloor(st, s, k);
+    const had = inUse.byClass[k] ?? 0;
+    if (had > floor && classLimit(st, k) >= had) {
+      const caps = [...st.caps];
+      caps[k] = Math.max(floor, had - 1);
+      return { ...st, caps };
+    }
+  }
+  const limit = Math.max(s.min, Math.min(st.limit, inUse.total - 1));
+  return limit < st.limit ? { ...st, limit, caps: st.caps.map((c) => Math.min(c, limit)) } : st;
+}
+
+/**
+ * An answer came back fine: grow back what was cut, top class first (online's cap before batch's), and the limit
+ * itself last. Batch thus takes the sawtooth of probing for capacity, and online's room is left alone. In slow start
+ * (after an outage) the limit comes first, +1 per success.
+ */
+export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
+  const slowStart = st.slowStartTo !== undefined && st.limit < st.slowStartTo;
+  if (!slowStart && nowMs - st.lastSignalAtMs < QUIET_ROUND_TRIPS * roundTripMs) return st;
+  if (slowStart) {
+    const limit = Math.min(s.max, st.limit + 1);
+    return { ...st, limit, slowStartTo: limit < st.slowStartTo! ? st.slowStartTo : undefined };
   }
   for (let k = 1; k < st.caps.length; k++) {
     if (st.caps[k]! < st.limit) {
       const caps = [...st.caps];
       caps[k] = Math.min(st.limit, caps[k]! + 1 / Math.max(1, caps[k]!));
-      return { ...st, caps };
+      return { ...st, caps, slowStartTo: undefined };
     }
   }
-  return st;
+  if (st.limit >= s.max) return st;
+  const limit = Math.min(s.max, st.limit + 1 / st.limit);
+  return { ...st, limit, caps: st.caps.map((c) => Math.max(c, Math.min(c + 1 / st.limit, limit))), slowStartTo: undefined };
 }
 
 /** The target is back after an outage (its breaker closed): restart at half the limit it had, and slow-start back. */

@@ -30,8 +30,8 @@ export interface SlotRequest {
 }
 
 export interface Slot {
-  /** Gives the slot back; `roundTripMs` feeds the wait estimates. Safe to call twice. */
-  release(roundTripMs: number): void;
+  /** Gives the slot back. Safe to call twice. */
+  release(): void;
 }
 
 export type Acquired =
@@ -59,7 +59,7 @@ export interface PoolObserver {
 }
 
 /** Round trip assumed before any answer has been timed. */
-const INITIAL_ROUND_TRIP_MS = 1_000;
+const INITIAL_ROUND_TRIP_MS = 100;
 /** How far down a class queue to look for a waiter whose target has room. */
 const SCAN_DEPTH = 256;
 
@@ -138,12 +138,18 @@ export class ProviderPool {
     return Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
   }
 
-  /** The upstream answered an attempt: adapt the target's limit (429/529 shrink it, success grows it). */
+  /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 shrink it, success grows it). */
   observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
     if (signal === 'none') return;
     const t = this.#target(target);
-    t.limit = signal === 'success' ? onSuccess(t.limit, this.#limitSettings) : onRateLimited(t.limit, this.#limitSettings, this.now(), roundTripMs);
-    if (signal === 'success') this.#drain();
+    if (signal === 'success') {
+      // Round trips of answers, not of the instant 429s, pace both the wait estimates and the once-per-round-trip cut.
+      if (roundTripMs > 0) this.#roundTripMs = 0.8 * this.#roundTripMs + 0.2 * roundTripMs;
+      t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
+      this.#drain();
+    } else {
+      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass });
+    }
   }
 
   /** The target's breaker closed after an outage: restart its limit at half and slow-start back. */
@@ -222,7 +228,7 @@ export class ProviderPool {
     if (req.retry) this.#retriesInUse++;
     let released = false;
     return {
-      release: (roundTripMs) => {
+      release: () => {
         if (released) return;
         released = true;
         this.#inUse--;
@@ -230,7 +236,6 @@ export class ProviderPool {
         t.inUse--;
         t.byClass[req.cls]!--;
         if (req.retry) this.#retriesInUse--;
-        if (roundTripMs > 0) this.#roundTripMs = 0.8 * this.#roundTripMs + 0.2 * roundTripMs;
         this.#drain();
       },
     };

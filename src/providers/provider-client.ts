@@ -8,10 +8,8 @@ export interface ProviderClient {
   readonly name: string;
   readonly config: ProviderConfig;
   readonly dispatcher: Dispatcher;
-  /** Upstream path for a client path under /v1 (the provider's base path replaces /v1). */
-  upstreamPath(clientPath: string, query: string): string;
-  /** Credential headers for the upstream request. */
-  authHeaders(): Record<string, string>;
+  /** An optional provider without a key: skipped as a target. */
+  readonly disabled: boolean;
 }
 
 export interface ProviderClientOptions {
@@ -23,7 +21,6 @@ export interface ProviderClientOptions {
 
 export function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
   const url = new URL(config.baseUrl);
-  const basePath = url.pathname.replace(/\/+$/, '');
   const dispatcher =
     opts.dispatcher ??
     new Pool(url.origin, {
@@ -34,14 +31,7 @@ export function createProviderClient(name: string, config: ProviderConfig, opts:
       bodyTimeout: opts.backstopMs,
       keepAliveTimeout: 30_000,
     });
-  const auth = { authorization: `Bearer ${config.apiKey}` };
-  return {
-    name,
-    config,
-    dispatcher,
-    upstreamPath: (clientPath, query) => `${basePath}${clientPath.replace(/^\/v1(?=\/|$)/, '')}${query}`,
-    authHeaders: () => auth,
-  };
+  return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
 
 export function createProviderClients(config: Config, dispatcher?: Dispatcher): Map<string, ProviderClient> {

@@ -13,6 +13,16 @@ interface ModelEntry {
 const CACHE_MS = 5 * 60_000;
 const FETCH_TIMEOUT_MS = 5_000;
 
+/** How a family lists its models; azure-openai deployments are not listable with a key, and disabled providers are not asked. */
+function modelsRequest(client: ProviderClient): { path: string; headers: Record<string, string> } | undefined {
+  const { config } = client;
+  if (client.disabled) return undefined;
+  const basePath = new URL(config.baseUrl).pathname.replace(/\/+$/, '');
+  if (config.family === 'openai') return { path: `${basePath}/models`, headers: { authorization: `Bearer ${config.apiKey}` } };
+  if (config.family === 'anthropic') return { path: `${basePath.replace(/\/v1$/, '')}/v1/models`, headers: { 'x-api-key': config.apiKey, 'anthropic-version': config.anthropicVersion } };
+  return undefined;
+}
+
 export function createModelsList(router: Router, providers: ReadonlyMap<string, ProviderClient>) {
   const cache = new Map<string, { at: number; ids: string[] }>();
 
@@ -20,11 +30,13 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     const hit = cache.get(name);
     if (hit && Date.now() - hit.at < CACHE_MS) return hit.ids;
     const client = providers.get(name)!;
+    const listing = modelsRequest(client);
+    if (!listing) return [];
     try {
       const res = await client.dispatcher.request({
-        path: client.upstreamPath('/v1/models', ''),
+        path: listing.path,
         method: 'GET',
-        headers: client.authHeaders(),
+        headers: listing.headers,
         signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
       });
       const body = (await res.body.json()) as { data?: Array<{ id?: unknown }> };

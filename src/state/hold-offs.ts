@@ -27,6 +27,11 @@ export class HoldOffs {
     return until !== undefined && until > this.now() ? until : undefined;
   }
 
+  /** Holds the target off for a fixed time (the gateway's own credentials were refused). */
+  hold(target: string, ms: number): void {
+    void this.store.setHoldOff(target, Math.ceil(this.now() + ms));
+  }
+
   /** Starts (or extends) the target's hold-off; returns when it ends. */
   start(target: string, hint: WaitHint): number {
     const spread = this.random() * Math.min(MAX_SPREAD_MS, hint.delayMs * 0.1);

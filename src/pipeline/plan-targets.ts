@@ -1,0 +1,69 @@
+// The request's targets, in the order they will be tried: each one prepared in its family's terms (path, headers,
+// body, answer translation), with its state key, pool class and retry policy. A target that cannot serve this request
+// (a disabled provider, a request its family cannot express, a Responses conversation that lives elsewhere) is left
+// out with the reason, for the log.
+import type { TargetConfig } from '../config/schema.ts';
+import { forwardedRequestHeaders } from '../providers/headers.ts';
+import { prepareUpstream } from '../providers/families.ts';
+import { RetryBudget } from '../state/retry-budget.ts';
+import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
+import type { TargetPlan } from './target-attempts.ts';
+
+export interface Plans {
+  plans: TargetPlan[];
+  /** For a context_length_exceeded answer, when the route names one. */
+  contextFallback: TargetPlan | undefined;
+  skipped: Array<{ target: string; reason: string }>;
+}
+
+export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
+  const { route } = req;
+  const skipped: Plans['skipped'] = [];
+  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
+  const asked = req.headers['x-stormgate-priority'];
+  const askedPriority = Array.isArray(asked) ? asked[0] : asked;
+  const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
+
+  const plan = (target: TargetConfig): TargetPlan | undefined => {
+    const client = deps.providers.get(target.provider)!;
+    const model = route.upstreamModel(target, clientModel);
+    const label = model ? `${target.provider}/${model}` : target.provider;
+    if (client.disabled) {
+      skipped.push({ target: label, reason: 'provider disabled (optional, no key)' });
+      return undefined;
+    }
+    const prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model });
+    if (!prepared.ok) {
+      skipped.push({ target: label, reason: prepared.reason });
+      return undefined;
+    }
+    const key = deps.targetKeys.key(target.provider, model);
+    const pool = deps.pools.of(target.provider);
+    const cls = deps.pools.classFor(target.provider, route.config.priority, askedPriority);
+    return {
+      key,
+      label,
+      client,
+      path: prepared.request.path,
+      headers: { ...forwarded, ...prepared.request.headers },
+      body: prepared.request.body,
+      translator: prepared.request.translator,
+      retry: target.retry ?? route.config.retry,
+      weight: target.weight,
+      breaker: deps.targetKeys.breakerSettings(key),
+      budgetKey: RetryBudget.key(route.name, key),
+      pool,
+      cls,
+      className: pool.settings.classes[cls]!.name,
+      lowestClass: cls === pool.settings.classes.length - 1,
+    };
+  };
+
+  let targets = route.config.targets;
+  // A Responses API conversation (previous_response_id) lives at the provider that holds it: no failover.
+  if (route.api === 'responses' && req.json.previous_response_id) targets = targets.slice(0, 1);
+  const plans = targets.map(plan).filter((p): p is TargetPlan => p !== undefined);
+  const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;
+  const fallback = route.config.contextWindowFallback;
+  return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped };
+}

@@ -1,0 +1,99 @@
+// API families: how to address, authenticate and (for Anthropic) translate a request for one target, and how to read
+// its answers back in the OpenAI shape the client speaks. The pipeline sees only OpenAI-shaped answers.
+import type { ProviderConfig } from '../config/schema.ts';
+import type { ApiKind } from '../routing/router.ts';
+import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { AnthropicStreamTranslator, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
+
+/** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
+export interface ResponseTranslator {
+  error(status: number, body: Buffer): { status: number; body: Buffer };
+  body(body: Buffer): Buffer;
+  stream(): StreamTranslator;
+}
+
+export interface StreamTranslator {
+  push(ev: SseEvent): SseEvent[];
+  end(): SseEvent[];
+}
+
+export interface UpstreamRequest {
+  path: string;
+  /** The family's own headers: credentials and version headers. */
+  headers: Record<string, string>;
+  body: Buffer | string;
+  translator: ResponseTranslator | undefined;
+}
+
+export interface FamilyInput {
+  api: ApiKind;
+  /** The client's path (e.g. /v1/chat/completions) and query string. */
+  clientPath: string;
+  query: string;
+  json: Record<string, unknown>;
+  rawBody: Buffer;
+  /** The upstream model: the target's override, else the client's. */
+  model: string | undefined;
+}
+
+export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; reason: string };
+
+/** The request for one target, in its family's terms; or why the target cannot serve it. */
+export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): Prepared {
+  const url = new URL(provider.baseUrl);
+  const basePath = url.pathname.replace(/\/+$/, '');
+  const body = input.model === undefined || input.model === input.json.model ? input.rawBody : JSON.stringify({ ...input.json, model: input.model });
+  switch (provider.family) {
+    case 'openai':
+      return {
+        ok: true,
+        request: { path: `${basePath}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}${input.query}`, headers: { authorization: `Bearer ${provider.apiKey}` }, body, translator: undefined },
+      };
+    case 'azure-openai': {
+      if (!input.model) return { ok: false, reason: 'azure-openai needs a model (its deployment name) and the request has none' };
+      const query = new URLSearchParams(input.query.slice(1));
+      query.set('api-version', provider.apiVersion!);
+      const path = `${basePath}/openai/deployments/${encodeURIComponent(input.model)}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}?${query}`;
+      return { ok: true, request: { path, headers: { 'api-key': provider.apiKey }, body, translator: undefined } };
+    }
+    case 'anthropic':
+      return prepareAnthropic(provider, basePath, input);
+  }
+}
+
+function prepareAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput): Prepared {
+  if (input.api !== 'chat') return { ok: false, reason: `anthropic targets serve chat completions only, not ${input.clientPath}` };
+  if (!input.model) return { ok: false, reason: 'anthropic needs a model and the request has none' };
+  const translated = toAnthropicRequest(input.json as unknown as OpenAIChatRequest, { model: input.model, defaultMaxTokens: provider.defaultMaxTokens, sampling: provider.sampling });
+  if (!translated.ok) return { ok: false, reason: `anthropic cannot express this request: ${translated.reason}` };
+  const path = `${basePath.replace(/\/v1$/, '')}/v1/messages`;
+  const headers = { 'x-api-key': provider.apiKey, 'anthropic-version': provider.anthropicVersion };
+  return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator: anthropicTranslator(input.model, translated.includeUsage) } };
+}
+
+function anthropicTranslator(model: string, includeUsage: boolean): ResponseTranslator {
+  return {
+    error(status, body) {
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(body.toString('utf8'));
+      } catch {
+        parsed = body.toString('utf8');
+      }
+      const t = toOpenAIError(status, parsed);
+      return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
+    },
+    body(body) {
+      const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage;
+      return Buffer.from(JSON.stringify(toOpenAIResponse(msg, { model })));
+    },
+    stream() {
+      const translator = new AnthropicStreamTranslator({ model, includeUsage });
+      const reframe = (texts: string[]) => (texts.length === 0 ? [] : new SseParser().push(Buffer.from(texts.join(''))));
+      return {
+        push: (ev) => reframe(translator.push({ event: ev.event, data: ev.data })),
+        end: () => reframe(translator.end()),
+      };
+    },
+  };
+}

@@ -1,0 +1,32 @@
+// strategy: weighted. Smooth weighted round-robin (as nginx does it): deterministic, evenly interleaved, exact over
+// every cycle of the weights, unlike random draws. Targets that cannot take requests now (breaker open, held off)
+// sit the round out; the others stay behind the chosen one as fallbacks.
+
+export interface Weighted {
+  readonly key: string;
+  readonly weight: number;
+}
+
+export class WeightedPicker<W extends Weighted = Weighted> {
+  readonly #current = new Map<string, Map<string, number>>();
+
+  constructor(private readonly available: (target: W) => boolean) {}
+
+  /** The targets in the order to try them: this round's pick first, then the rest in config order. */
+  order<T extends W>(route: string, targets: T[]): T[] {
+    const eligible = targets.filter((t) => this.available(t));
+    if (eligible.length === 0) return targets;
+    let current = this.#current.get(route);
+    if (!current) this.#current.set(route, (current = new Map()));
+    let total = 0;
+    let best: T | undefined;
+    for (const t of eligible) {
+      const c = (current.get(t.key) ?? 0) + t.weight;
+      current.set(t.key, c);
+      total += t.weight;
+      if (!best || c > current.get(best.key)!) best = t;
+    }
+    current.set(best!.key, current.get(best!.key)! - total);
+    return [best!, ...targets.filter((t) => t !== best)];
+  }
+}
