@@ -1,0 +1,205 @@
+// Failover, end to end with the openai SDK: to another OpenAI-compatible provider, to Anthropic through the format
+// translation (streams and tool calls included), context-window fallback, weighted spreading, degraded answers.
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
+import { ConfigSchema } from '../src/config/schema.ts';
+import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+
+const startStack = useStacks();
+let backup: MockServer | undefined;
+afterEach(async () => {
+  await backup?.close();
+  backup = undefined;
+});
+
+type RouteInput = ConfigInput['routes'][number];
+
+/** The stack's mock as the OpenAI primary, a second mock as `backup` of the given family. */
+async function withBackup(opts: {
+  faults?: FaultSpec;
+  backupFaults?: FaultSpec;
+  family?: 'openai' | 'anthropic';
+  route?: Partial<RouteInput>;
+  backupModel?: string;
+  primaryFirstTokenMs?: number;
+}): Promise<Stack> {
+  backup = await startMock({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
+  const family = opts.family ?? 'anthropic';
+  return startStack({
+    faults: opts.faults,
+    config: (url) => {
+      const base = defaultConfig(url, {
+        provider: { ...RETRY_LOOP_ONLY.provider, ...(opts.primaryFirstTokenMs && { timeouts: { firstTokenMs: opts.primaryFirstTokenMs } }) },
+        route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+      });
+      return {
+        ...base,
+        providers: {
+          ...base.providers,
+          backup: { family, baseUrl: family === 'anthropic' ? backup!.url : `${backup!.url}/v1`, apiKey: 'backup-key', breaker: false },
+        },
+        routes: base.routes.map((r) =>
+          r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup', model: opts.backupModel ?? 'claude-sonnet-4-5' }], ...opts.route } : r,
+        ),
+      };
+    },
+  });
+}
+
+const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+const messages = [{ role: 'user' as const, content: 'Where is my order?' }];
+
+describe('failover to another provider', () => {
+  it('answers from the Anthropic backup while the OpenAI primary is in a brownout, with the backup\'s model and usage', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
+    const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(data.object).toBe('chat.completion');
+    expect(data.model).toBe('claude-sonnet-4-5');
+    expect(data.choices[0]!.message.content).toMatch(/Mock answer/);
+    expect(data.usage!.total_tokens).toBeGreaterThan(0);
+    expect(response.headers.get('x-stormgate-target')).toBe('backup/claude-sonnet-4-5');
+    expect(response.headers.get('x-stormgate-fallback')).toBe('retries_exhausted');
+    expect(backup!.requests()[0]!.path).toBe('/v1/messages');
+    expect(backup!.requests()[0]!.headers['x-api-key']).toBe('backup-key');
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/stormgate_fallbacks_total\{route="chat",from="mock\/other",to="backup\/claude-sonnet-4-5",reason="retries_exhausted"\} 1/);
+  });
+
+  it('streams the Anthropic backup\'s answer as chat.completion.chunk events', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] }, backupFaults: { stream: { chunks: 4 } } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true, stream_options: { include_usage: true } });
+    let text = '';
+    let finish: string | null | undefined;
+    let usage: OpenAI.CompletionUsage | undefined | null;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      usage = chunk.usage ?? usage;
+    }
+    expect(text).toMatch(/Mock answer/);
+    expect(finish).toBe('stop');
+    expect(usage?.total_tokens).toBeGreaterThan(0);
+  });
+
+  it('carries a tool-call round trip through Anthropic, streamed and not', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
+    const tools: OpenAI.ChatCompletionTool[] = [{ type: 'function', function: { name: 'lookup_order', description: 'Find an order', parameters: { type: 'object', properties: { x: { type: 'number' } } } } }];
+    const first = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, tools });
+    const call = first.choices[0]!.message.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall;
+    expect(first.choices[0]!.finish_reason).toBe('tool_calls');
+    expect(call.function.name).toBe('lookup_order');
+    expect(JSON.parse(call.function.arguments)).toEqual({ x: 1 });
+    const second = await sdk(s).chat.completions.create({
+      model: 'gpt-4o',
+      tools,
+      messages: [...messages, first.choices[0]!.message, { role: 'tool', tool_call_id: call.id, content: '{"status":"shipped"}' }],
+    });
+    expect(second.choices[0]!.message.content).toMatch(/Mock answer/);
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, tools, stream: true });
+    let args = '';
+    let name = '';
+    for await (const chunk of stream) {
+      const tc = chunk.choices[0]?.delta?.tool_calls?.[0];
+      if (tc?.function?.name) name = tc.function.name;
+      args += tc?.function?.arguments ?? '';
+    }
+    expect(name).toBe('lookup_order');
+    expect(JSON.parse(args)).toEqual({ x: 1 });
+  });
+
+  it('moves on after a first-token timeout instead of retrying the silent target', async () => {
+    const s = await withBackup({ faults: { stream: { firstTokenDelayMs: 3_000 } }, family: 'openai', backupModel: 'gpt-4o', primaryFirstTokenMs: 300 });
+    const started = Date.now();
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true }).withResponse();
+    let text = '';
+    for await (const chunk of stream.data) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text).toMatch(/Mock answer/);
+    expect(stream.response.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
+    expect(stream.response.headers.get('x-stormgate-fallback')).toBe('timeout');
+    expect(s.mock.stats().total).toBe(1);
+    expect(Date.now() - started).toBeLessThan(2_500);
+  });
+
+  it('never fails over a content-policy rejection, and passes the provider\'s reason on', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 400, rate: 1, code: 'content_policy_violation', message: 'flagged by policy' }] } });
+    const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(400);
+    expect(err.message).toMatch(/flagged by policy/);
+    expect(backup!.stats().total).toBe(0);
+  });
+
+  it('fails over on the gateway\'s own credential problem and holds the primary off', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 401, rate: 1 }] } });
+    const first = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(first.response.headers.get('x-stormgate-fallback')).toBe('credentials');
+    await sdk(s).chat.completions.create({ model: 'gpt-4o', messages });
+    expect(s.mock.stats().total).toBe(1);
+    expect(backup!.stats().total).toBe(2);
+  });
+
+  it('sends a context_length_exceeded request to contextWindowFallback', async () => {
+    const s = await withBackup({
+      faults: { errors: [{ status: 400, rate: 1, code: 'context_length_exceeded', message: 'too long' }] },
+      family: 'openai',
+      route: { contextWindowFallback: { provider: 'backup', model: 'gpt-4.1' } },
+    });
+    const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(data.model).toBe('gpt-4.1');
+    expect(response.headers.get('x-stormgate-fallback')).toBe('context_length');
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('answers the route\'s degraded message when every target fails, streamed and not', async () => {
+    const s = await withBackup({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      backupFaults: { errors: [{ status: 529, rate: 1 }] },
+      route: { degraded: { message: 'We are busy; your order status will be emailed.' } },
+    });
+    const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(data.choices[0]!.message.content).toBe('We are busy; your order status will be emailed.');
+    expect(response.headers.get('x-stormgate-degraded')).toBe('true');
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text).toBe('We are busy; your order status will be emailed.');
+  });
+});
+
+describe('weighted spreading', () => {
+  it('spreads 1,000 requests within 5% of the weights', async () => {
+    const s = await withBackup({ family: 'openai', backupModel: 'gpt-4o', route: { strategy: 'weighted', targets: [{ provider: 'mock', weight: 3 }, { provider: 'backup', model: 'gpt-4o', weight: 1 }] } });
+    for (let i = 0; i < 1_000; i += 50) {
+      await Promise.all(Array.from({ length: 50 }, () => s.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'gpt-4o', messages } })));
+    }
+    const primary = s.mock.stats().total;
+    expect(primary + backup!.stats().total).toBe(1_000);
+    expect(Math.abs(primary / 1_000 - 0.75)).toBeLessThan(0.05);
+  });
+});
+
+describe('config rules for fallbacks', () => {
+  const providers = {
+    openai: { family: 'openai' as const, baseUrl: 'https://api.openai.com/v1', apiKey: 'k' },
+    other: { family: 'openai' as const, baseUrl: 'https://other.example/v1', apiKey: 'k' },
+    anthropic: { family: 'anthropic' as const, baseUrl: 'https://api.anthropic.com', apiKey: 'k' },
+  };
+  it('rejects an embeddings fallback to another model', () => {
+    const r = ConfigSchema.safeParse({ providers, routes: [{ name: 'e', match: { path: '/v1/embeddings' }, targets: [{ provider: 'openai' }, { provider: 'other', model: 'text-embedding-3-large' }] }] });
+    expect(r.success).toBe(false);
+    expect(JSON.stringify(r.error?.issues)).toMatch(/same model/);
+  });
+  it('rejects a Responses API fallback to another family', () => {
+    const r = ConfigSchema.safeParse({ providers, routes: [{ name: 'r', match: { path: '/v1/responses' }, targets: [{ provider: 'openai' }, { provider: 'anthropic', model: 'claude-sonnet-4-5' }] }] });
+    expect(r.success).toBe(false);
+  });
+  it('accepts the issue\'s example with an optional Azure provider without a key, and disables it', async () => {
+    const r = ConfigSchema.safeParse({
+      providers: { ...providers, azure: { family: 'azure-openai', baseUrl: 'https://example.openai.azure.com', apiKey: '', apiVersion: '2024-10-21', optional: true } },
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions', models: ['gpt-4o*'] }, targets: [{ provider: 'openai' }, { provider: 'anthropic', model: 'claude-sonnet-4-5' }], contextWindowFallback: { provider: 'openai', model: 'gpt-4.1' } }],
+    });
+    expect(r.success).toBe(true);
+  });
+});
+
