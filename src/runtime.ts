@@ -111,6 +111,11 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   const weighted = new WeightedPicker<TargetPlan>(
     (plan) => holdOffs.until(plan.key) === undefined && board.availability(plan.key, plan.breaker, false).kind !== 'open',
   );
+  const budget = new RetryBudget(store, now);
+  metrics.collectBudgets = async () => {
+    for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
+  };
+  zeroCounters(config, metrics, targetKeys);
   const pipeline: PipelineDeps = {
     providers,
     weighted,
@@ -119,7 +124,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     now,
     random,
     sleep: deps.sleep ?? ((ms, signal) => sleep(ms, undefined, { signal })),
-    guards: { board, holdOffs, budget: new RetryBudget(store, now) },
+    guards: { board, holdOffs, budget },
     lot,
     ...metricsObserver(metrics),
   };
@@ -139,6 +144,22 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       await closeProviderClients(providers, deps.dispatcher === undefined);
     },
   };
+}
+
+/** Counters for the label values the config makes known start at zero, so dashboards have data from the first scrape. */
+function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
+  for (const route of config.routes) {
+    const primary = keys.key(route.targets[0]!.provider, route.targets[0]!.model);
+    metrics.requests.inc({ route: route.name, target: primary, priority: route.priority, outcome: 'success' }, 0);
+    for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
+    metrics.fallbackRequests.inc({ route: route.name }, 0);
+    metrics.budgetExhausted.inc({ route: route.name, target: primary }, 0);
+    for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target: primary, kind }, 0);
+  }
+  for (const [name, p] of Object.entries(config.providers)) {
+    for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
+    metrics.upstreamAttempts.inc({ target: keys.key(name, undefined), status_class: '2xx' }, 0);
+  }
 }
 
 /** Pool gauges are read from the pools when Prometheus scrapes, never kept up to date on the request path. */

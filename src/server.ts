@@ -11,7 +11,7 @@ import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-req
 import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics, type Metrics } from './observability/metrics.ts';
-import { recordRequest } from './observability/pipeline-metrics.ts';
+import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
@@ -35,6 +35,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const logger = deps.logger ?? createLogger(config);
   const metrics = deps.metrics ?? createMetrics();
   const runtime = await createRuntime(config, { ...deps, logger, metrics });
+  const recorder = new RequestRecorder(metrics, deps.now ?? Date.now);
   const router = createRouter(config);
   const models = createModelsList(router, runtime.pipeline.providers);
 
@@ -53,7 +54,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     reply.header('x-stormgate-request-id', request.id);
   });
   app.addHook('onResponse', async (request, reply) => {
-    if (request.stormgate) recordRequest(metrics, request.stormgate, reply.elapsedTime / 1000);
+    if (request.stormgate) recorder.record(request.stormgate, reply.elapsedTime / 1000);
     logRequest(request, reply);
   });
   // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines.

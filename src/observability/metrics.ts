@@ -4,7 +4,13 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 
 export interface Metrics {
   readonly registry: Registry;
-  readonly requests: Counter<'route' | 'target' | 'outcome'>;
+  readonly requests: Counter<'route' | 'target' | 'priority' | 'outcome'>;
+  readonly retriedRequests: Counter<'route' | 'result'>;
+  readonly fallbackRequests: Counter<'route'>;
+  readonly retrySuccessRate: Gauge<'route'>;
+  readonly fallbackRate: Gauge<'route'>;
+  readonly tokens: Counter<'route' | 'target' | 'kind'>;
+  readonly budgetRemaining: Gauge<'route'>;
   readonly upstreamAttempts: Counter<'target' | 'status_class'>;
   readonly retries: Counter<'route' | 'target' | 'reason'>;
   readonly requestDuration: Histogram<'route' | 'attempt'>;
@@ -23,8 +29,10 @@ export interface Metrics {
   readonly shed: Counter<'priority' | 'reason'>;
   readonly fallbacks: Counter<'route' | 'from' | 'to' | 'reason'>;
   readonly degraded: Counter<'route' | 'reason'>;
-  /** Fills the pool gauges at scrape time; set by the runtime that owns the pools. */
+  /** Fill gauges at scrape time; set by whoever owns the numbers (the runtime, the request recorder). */
   collectPools: () => void;
+  collectRates: () => void;
+  collectBudgets: () => Promise<void> | void;
 }
 
 export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics {
@@ -35,12 +43,52 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
   const registers = [registry];
   metrics = {
     collectPools: () => {},
+    collectRates: () => {},
+    collectBudgets: () => {},
     registry,
     requests: new Counter({
       name: 'stormgate_requests_total',
-      help: 'Client requests answered, by route, the target that answered, and outcome.',
-      labelNames: ['route', 'target', 'outcome'] as const,
+      help: 'Client requests answered, by route, the target that answered (or failed last), priority class and outcome.',
+      labelNames: ['route', 'target', 'priority', 'outcome'] as const,
       registers,
+    }),
+    retriedRequests: new Counter({
+      name: 'stormgate_retried_requests_total',
+      help: 'Client requests that needed more than one attempt, by route and whether they finally succeeded (result: success|failure).',
+      labelNames: ['route', 'result'] as const,
+      registers,
+    }),
+    fallbackRequests: new Counter({
+      name: 'stormgate_fallback_requests_total',
+      help: 'Client requests answered by a fallback target, by route.',
+      labelNames: ['route'] as const,
+      registers,
+    }),
+    retrySuccessRate: new Gauge({
+      name: 'stormgate_retry_success_rate',
+      help: 'Share of retried requests that finally succeeded, over this instance\'s last 60 s (fleet figure: the recording rule stormgate:retry_success:ratio_rate5m).',
+      labelNames: ['route'] as const,
+      registers,
+      collect: () => metrics.collectRates(),
+    }),
+    fallbackRate: new Gauge({
+      name: 'stormgate_fallback_rate',
+      help: 'Share of requests answered by a fallback target, over this instance\'s last 60 s (fleet figure: the recording rule stormgate:fallback:ratio_rate5m).',
+      labelNames: ['route'] as const,
+      registers,
+    }),
+    tokens: new Counter({
+      name: 'stormgate_tokens_total',
+      help: 'Tokens in the answers\' usage, by route, the target that answered, and kind (prompt|completion).',
+      labelNames: ['route', 'target', 'kind'] as const,
+      registers,
+    }),
+    budgetRemaining: new Gauge({
+      name: 'stormgate_retry_budget_remaining',
+      help: 'Retries the route\'s budget still allows in its current window (summed over its targets).',
+      labelNames: ['route'] as const,
+      registers,
+      collect: () => metrics.collectBudgets(),
     }),
     upstreamAttempts: new Counter({
       name: 'stormgate_upstream_attempts_total',

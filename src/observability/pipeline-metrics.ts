@@ -2,6 +2,7 @@
 import type { AttemptResult } from '../pipeline/attempt.ts';
 import type { PipelineDeps, RequestSummary } from '../pipeline/handle-request.ts';
 import type { Metrics } from './metrics.ts';
+import { RateWindow } from './rate-window.ts';
 
 function statusClass(result: AttemptResult): string {
   const o = result.outcome;
@@ -27,11 +28,39 @@ export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'o
   };
 }
 
-/** One client request, once its answer is complete (for streams: once the stream ended). */
-export function recordRequest(m: Metrics, s: RequestSummary, durationS: number): void {
-  const route = s.route;
-  m.requests.inc({ route, target: s.target ?? 'none', outcome: s.outcome });
-  const retried = s.attempts.length > 1;
-  m.requestDuration.observe({ route, attempt: retried ? 'retry' : 'first' }, durationS);
-  if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
+/** Records each client request once its answer is complete (a stream: once it ended), and keeps the rate window. */
+export class RequestRecorder {
+  readonly #window: RateWindow;
+
+  constructor(
+    private readonly m: Metrics,
+    now: () => number,
+  ) {
+    this.#window = new RateWindow(60, now);
+    m.collectRates = () => {
+      for (const route of this.#window.routes()) {
+        const r = this.#window.rates(route);
+        if (r.retrySuccess !== undefined) m.retrySuccessRate.set({ route }, r.retrySuccess);
+        if (r.fallback !== undefined) m.fallbackRate.set({ route }, r.fallback);
+      }
+    };
+  }
+
+  record(s: RequestSummary, durationS: number): void {
+    const { m } = this;
+    const route = s.route;
+    const target = s.target ?? 'none';
+    m.requests.inc({ route, target, priority: s.priority ?? 'none', outcome: s.outcome });
+    const retried = s.attempts.length > 1;
+    const ok = s.outcome === 'success';
+    m.requestDuration.observe({ route, attempt: retried ? 'retry' : 'first' }, durationS);
+    if (retried) m.retriedRequests.inc({ route, result: ok ? 'success' : 'failure' });
+    if (ok && s.fallback) m.fallbackRequests.inc({ route });
+    if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
+    if (s.usage) {
+      m.tokens.inc({ route, target, kind: 'prompt' }, s.usage.prompt);
+      m.tokens.inc({ route, target, kind: 'completion' }, s.usage.completion);
+    }
+    if (s.outcome !== 'client_gone') this.#window.record(route, { retried, ok, fallback: ok && s.fallback !== undefined });
+  }
 }

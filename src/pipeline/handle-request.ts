@@ -15,6 +15,7 @@ import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from 
 import type { StreamEnd } from './live-stream.ts';
 import { serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
+import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, TargetPlan } from './target-attempts.ts';
@@ -69,6 +70,8 @@ export interface RequestSummary {
   fallback?: FallbackReason;
   /** Targets left out for this request, with the reason. */
   skipped?: Array<{ target: string; reason: string }>;
+  /** Tokens of the answer, for the cost metrics. */
+  usage?: Usage;
 }
 
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
@@ -207,6 +210,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     const live = result.stream;
     live.onEnd = (end) => {
       summary.streamEnd = end;
+      if (end.usage) summary.usage = end.usage;
       deps.onStreamEnd?.(req.route.name, end);
     };
     headers['content-type'] = 'text/event-stream; charset=utf-8';
@@ -217,5 +221,8 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     body.once('close', () => live.abandon());
     return { status: result.status ?? 200, headers, body, summary };
   }
-  return { status: result.status ?? 200, headers, body: result.body ?? Buffer.alloc(0), summary };
+  const body = result.body ?? Buffer.alloc(0);
+  const usage = usageOfBody(body);
+  if (usage) summary.usage = usage;
+  return { status: result.status ?? 200, headers, body, summary };
 }

@@ -5,6 +5,7 @@ import { type ApiKind } from '../routing/router.ts';
 import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
 import { eventMeaning, streamErrorEvent, usesDoneSentinel } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
+import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout } from './abort-reasons.ts';
 
 export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone';
@@ -13,6 +14,8 @@ export interface StreamEnd {
   kind: StreamEndKind;
   events: number;
   droppedMalformed: number;
+  /** The usage the stream reported (chat with include_usage, the Responses API's completed event). */
+  usage?: Usage;
 }
 
 export interface LiveStreamOptions {
@@ -53,6 +56,7 @@ export class LiveStream {
     let dropped = 0;
     let finished = false;
     let kind: StreamEndKind = 'client-gone';
+    let usage: Usage | undefined;
     let idle = this.#armIdle(this.#opts.idleMs);
     // One pass over a batch of events; returns true when the answer is over.
     const take = (batch: SseEvent[], out: string[]): boolean => {
@@ -64,6 +68,13 @@ export class LiveStream {
         }
         events++;
         out.push(`${ev.raw}\n\n`);
+        if (ev.data !== null && ev.data.includes('"usage"')) {
+          try {
+            usage = usageOf(JSON.parse(ev.data)) ?? usage;
+          } catch {
+            // eventMeaning already judged it well-formed; nothing to count otherwise
+          }
+        }
         if (meaning === 'done') {
           kind = 'complete';
           return true;
@@ -122,7 +133,7 @@ export class LiveStream {
       }
     } finally {
       clearTimeout(idle);
-      this.#finish({ kind, events, droppedMalformed: dropped + this.#droppedByTranslator });
+      this.#finish({ kind, events, droppedMalformed: dropped + this.#droppedByTranslator, ...(usage && { usage }) });
     }
   }
 

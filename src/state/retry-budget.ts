@@ -2,9 +2,12 @@
 // a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
 // retries too, so the budget sees retries from every layer.
 import type { BudgetSettings } from '../config/schema.ts';
-import type { StateStore } from './store.ts';
+import { retryAllowance, type StateStore } from './store.ts';
 
 export class RetryBudget {
+  /** Every budget used so far, for the remaining-budget gauge. */
+  readonly #seen = new Map<string, { route: string; cfg: BudgetSettings }>();
+
   constructor(
     private readonly store: StateStore,
     private readonly now: () => number,
@@ -21,7 +24,18 @@ export class RetryBudget {
 
   /** May the gateway retry? Takes the retry from the budget when it may. */
   tryRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
+    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
     return this.store.takeRetry(key, cfg, this.now());
+  }
+
+  /** Retries each route's budgets still allow in their current window, summed over the route's targets. */
+  async remainingByRoute(): Promise<Map<string, number>> {
+    const out = new Map<string, number>();
+    for (const [key, { route, cfg }] of this.#seen) {
+      const w = await this.store.budgetWindow(key, cfg, this.now());
+      out.set(route, (out.get(route) ?? 0) + Math.max(0, Math.floor(retryAllowance(cfg, w.requests) - w.retries)));
+    }
+    return out;
   }
 
   /** A retry the client made on its own: always served once, counted even when the budget is spent. Resolves to whether it fit. */
