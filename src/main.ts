@@ -38,7 +38,8 @@ async function main(): Promise<void> {
     if (closing) return;
     closing = true;
     app.log.info({ signal }, 'shutting down');
-    app.close().then(
+    // SIGINT (a person at a terminal) closes at once; SIGTERM (an orchestrator) drains.
+    (signal === 'SIGTERM' ? app.drain() : app.close()).then(
       () => process.exit(0),
       (err: unknown) => {
         app.log.error({ err }, 'shutdown failed');

@@ -1,6 +1,7 @@
 // buildServer(config, deps): the fastify routes and hooks, nothing else. Per-route work is resolved here, once;
 // the request path only parses, matches and hands over to the pipeline.
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
@@ -27,7 +28,13 @@ declare module 'fastify' {
   interface FastifyRequest {
     stormgate?: PipelineAnswer['summary'];
   }
+  interface FastifyInstance {
+    /** SIGTERM's graceful shutdown: readiness off, preStopMs of service, then parked answered, new refused, in-flight given graceMs. */
+    drain(): Promise<void>;
+  }
 }
+
+type Phase = 'serving' | 'draining' | 'closing';
 
 const REQUEST_ID = /^[\w.:@-]{1,128}$/;
 
@@ -43,15 +50,35 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     loggerInstance: logger as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.server.bodyLimitBytes,
-    return503OnClosing: true,
+    // Our own onRequest hook answers during shutdown, in the OpenAI error shape and with x-should-retry.
+    return503OnClosing: false,
+    forceCloseConnections: 'idle',
     genReqId: (req) => {
       const given = req.headers['x-request-id'];
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
     },
   });
 
+  let phase: Phase = 'serving';
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-stormgate-request-id', request.id);
+    if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) {
+      return sendError(reply, new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 }));
+    }
+  });
+  app.decorate('drain', async () => {
+    if (phase !== 'serving') return;
+    phase = 'draining';
+    logger.info({ preStopMs: config.drain.preStopMs }, 'draining: readiness off');
+    await sleep(config.drain.preStopMs);
+    phase = 'closing';
+    runtime.lot.close();
+    logger.info({ graceMs: config.drain.graceMs }, 'closing: parked requests answered, new requests refused');
+    const grace = sleep(config.drain.graceMs).then(() => logger.warn('grace period over: closing the remaining connections'));
+    // A keep-alive connection that turns idle after close() began would otherwise hold the server open until it times out.
+    const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
+    await Promise.race([app.close(), grace]);
+    clearInterval(sweep);
   });
   app.addHook('onResponse', async (request, reply) => {
     if (request.stormgate) recorder.record(request.stormgate, reply.elapsedTime / 1000);
@@ -131,7 +158,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     return metrics.registry.metrics();
   });
   app.get('/healthz', async () => ({ status: 'ok' }));
-  app.get('/readyz', async () => ({ status: 'ready' }));
+  app.get('/readyz', async (_request, reply) => {
+    const state = { store: runtime.store.kind, degraded: runtime.store.degraded };
+    if (phase !== 'serving') return reply.code(503).send({ status: phase, ...state });
+    // Degraded (Redis away) is still ready: the gateway serves on local state; the body names it.
+    return { status: runtime.store.degraded ? 'ready (degraded: local state)' : 'ready', ...state };
+  });
 
   return app;
 }

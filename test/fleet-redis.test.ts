@@ -1,7 +1,6 @@
 // Three gateway instances sharing one real redis-server: breakers, budgets and probe limits hold fleet-wide, and the
 // fleet keeps answering when Redis goes away, then shares state again when it is back.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Writable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
@@ -9,7 +8,7 @@ import { buildServer } from '../src/server.ts';
 import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, TEST_KEY } from './helpers/stack.ts';
+import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
 
 let redis: RedisHandle;
@@ -47,7 +46,7 @@ async function startFleet(faults: FaultSpec, overrides: Pick<Parameters<typeof d
   const gateways: FastifyInstance[] = [];
   const urls: string[] = [];
   for (let i = 0; i < 3; i++) {
-    const sink = new Writable({ write: (c, _e, cb) => (logs.push(String(c)), cb()) });
+    const sink = testLogSink(logs);
     const g = await buildServer(config, { logger: createLogger(config, sink), metrics: createMetrics({ defaultMetrics: false }) });
     gateways.push(g);
     urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));

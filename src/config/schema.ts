@@ -237,6 +237,13 @@ export const ServerSchema = z
   })
   .describe('The gateway\'s own HTTP listener.');
 
+export const DrainSchema = z
+  .strictObject({
+    preStopMs: ms('After SIGTERM, /readyz fails at once while requests are still served this long, so a load balancer can take the instance out. Default: 5000.').default(5000),
+    graceMs: ms('Then parked requests are answered at once, new ones get 503 (x-should-retry: true), and in-flight requests and streams get this long to finish before the process exits. Default: 30000.').default(30000),
+  })
+  .describe('Graceful shutdown on SIGTERM.');
+
 export const ConfigSchema = z
   .strictObject({
     server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, logLevel: 'info' }),
@@ -244,6 +251,7 @@ export const ConfigSchema = z
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),
     state: StateSchema.default({ commandTimeoutMs: 50, keyPrefix: 'stormgate' }),
+    drain: DrainSchema.default({ preStopMs: 5000, graceMs: 30000 }),
   })
   .superRefine((cfg, ctx) => {
     const names = new Set<string>();

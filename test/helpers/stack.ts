@@ -1,4 +1,6 @@
 // Starts the bundled mock provider and a gateway in front of it over real HTTP, for integration and e2e tests.
+import { appendFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import { afterEach } from 'vitest';
 import type { FastifyInstance } from 'fastify';
@@ -68,12 +70,7 @@ export async function startStack(opts: StackOptions = {}): Promise<Stack> {
   const input = opts.config ? opts.config(mock.url) : defaultConfig(mock.url, opts);
   const config = ConfigSchema.parse(input);
   const logs: string[] = [];
-  const sink = new Writable({
-    write(chunk, _enc, cb) {
-      logs.push(String(chunk));
-      cb();
-    },
-  });
+  const sink = testLogSink(logs);
   const gateway = await buildServer(config, {
     logger: createLogger(config, sink),
     metrics: createMetrics({ defaultMetrics: false }),
@@ -92,6 +89,19 @@ export async function startStack(opts: StackOptions = {}): Promise<Stack> {
       await mock.close();
     },
   };
+}
+
+/** Keeps a gateway's log lines for the test, and appends them to the run's log directory for the secrecy check. */
+export function testLogSink(lines: string[]): Writable {
+  const dir = process.env.STORMGATE_TEST_LOG_DIR;
+  const file = dir ? join(dir, `${process.pid}.log`) : undefined;
+  return new Writable({
+    write(chunk, _enc, cb) {
+      lines.push(String(chunk));
+      if (file) appendFileSync(file, chunk);
+      cb();
+    },
+  });
 }
 
 /** Starts stacks for one test file and closes whatever the last test started, after each test. */

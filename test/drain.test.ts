@@ -1,0 +1,88 @@
+// SIGTERM drains the real process: readiness off at once, requests still served for preStopMs, then new requests
+// refused with an OpenAI-shaped 503 (x-should-retry: true), in-flight streams finish, and the process exits 0.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { startMock, type MockServer } from '../src/mock/server.ts';
+
+let mock: MockServer | undefined;
+let proc: ChildProcess | undefined;
+let dir: string | undefined;
+afterEach(async () => {
+  if (proc && proc.exitCode === null) proc.kill('SIGKILL');
+  await mock?.close();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+  mock = proc = dir = undefined;
+});
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const { port } = srv.address() as { port: number };
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+describe('SIGTERM', () => {
+  it('drains: readiness off, then new requests refused, the stream in flight completes, exit 0', async () => {
+    mock = await startMock({ quiet: true, faults: { stream: { chunks: 12, chunkDelayMs: 150 } } });
+    const port = await freePort();
+    dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
+    const file = join(dir, 'gateway.yaml');
+    writeFileSync(
+      file,
+      stringify({
+        server: { host: '127.0.0.1', port, logLevel: 'warn' },
+        providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
+        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+        drain: { preStopMs: 400, graceMs: 10_000 },
+      }),
+    );
+    proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: 'ignore' });
+    const url = `http://127.0.0.1:${port}`;
+    for (let i = 0; i < 100; i++) {
+      if (await fetch(`${url}/healthz`).then((r) => r.ok, () => false)) break;
+      await sleep(100);
+    }
+    expect((await fetch(`${url}/readyz`)).status).toBe(200);
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    const exited = once(proc, 'exit');
+    proc.kill('SIGTERM');
+    await sleep(100);
+    const ready = await fetch(`${url}/readyz`);
+    expect(ready.status).toBe(503);
+    expect(((await ready.json()) as { status: string }).status).toBe('draining');
+    await sleep(600);
+    // After preStopMs: a new request is refused (an OpenAI-shaped 503, or no connection at all).
+    const late = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [] }),
+    }).then(
+      async (r) => ({ status: r.status, retry: r.headers.get('x-should-retry'), code: ((await r.json()) as { error: { code: string } }).error.code }),
+      () => ({ status: 0, retry: null, code: 'refused' }),
+    );
+    if (late.status !== 0) expect(late).toEqual({ status: 503, retry: 'true', code: 'gateway_draining' });
+    let text = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+    expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    const [code] = await exited;
+    expect(code).toBe(0);
+  });
+});
