@@ -112,6 +112,9 @@ async function main(): Promise<void> {
       return { attempts: all.length, retries, fallbacks };
     });
     console.log(table([direct, through]));
+    const metrics = await (await fetch(`${gatewayUrl}/metrics`)).text();
+    const opened = metrics.split('\n').filter((l) => l.startsWith('stormgate_breaker_transitions_total') && l.includes('to="open"'));
+    if (opened.length > 0) console.log(`\nThe primary's circuit breaker opened (${opened.map((l) => l.match(/target="([^"]+)"/)?.[1]).join(', ')}): its traffic went to the backup at once, and probes check when it is back.`);
     console.log(
       `\nThrough the gateway every failure is absorbed before the client sees it (retries with jitter, Retry-After honoured,` +
         `\nthe backup taking what the primary cannot serve), and SDK retries never multiply the gateway's (x-should-retry: false).` +
