@@ -40,8 +40,7 @@ export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; rea
 
 /** The request for one target, in its family's terms; or why the target cannot serve it. */
 export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): Prepared {
-  const url = new URL(provider.baseUrl);
-  const basePath = url.pathname.replace(/\/+$/, '');
+  const basePath = basePathOf(provider);
   const body = input.model === undefined || input.model === input.json.model ? input.rawBody : JSON.stringify({ ...input.json, model: input.model });
   switch (provider.family) {
     case 'openai':
@@ -59,6 +58,15 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
     case 'anthropic':
       return prepareAnthropic(provider, basePath, input);
   }
+}
+
+const basePaths = new WeakMap<ProviderConfig, string>();
+
+/** The base URL's path without its trailing slash, parsed once per provider (URL parsing is not free per request). */
+function basePathOf(provider: ProviderConfig): string {
+  let p = basePaths.get(provider);
+  if (p === undefined) basePaths.set(provider, (p = new URL(provider.baseUrl).pathname.replace(/\/+$/, '')));
+  return p;
 }
 
 function prepareAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput): Prepared {
