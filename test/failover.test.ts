@@ -167,6 +167,42 @@ describe('failover to another provider', () => {
   });
 });
 
+describe('recovery', () => {
+  it('serves from the backup at once while the primary\'s breaker is open, and returns to the primary once it recovers', async () => {
+    backup = await startMock({ quiet: true, apiKey: 'backup-key' });
+    const s = await startStack({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      config: (url) => {
+        const base = defaultConfig(url, { route: { retry: { maxAttempts: 1 }, park: false } });
+        return {
+          ...base,
+          providers: {
+            mock: { ...base.providers.mock!, breaker: { openS: 1, closeAfter: 2 } },
+            backup: { family: 'openai', baseUrl: `${backup!.url}/v1`, apiKey: 'backup-key' },
+          },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup', model: 'gpt-4o' }] } : r)),
+        };
+      },
+    });
+    const target = async () => (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse()).response.headers.get('x-stormgate-target');
+    for (let i = 0; i < 5; i++) expect(await target()).toBe('backup/gpt-4o');
+    const primaryBefore = s.mock.stats().total;
+    // Open: no request reaches the primary, not even a failed first attempt.
+    expect(await target()).toBe('backup/gpt-4o');
+    expect(s.mock.stats().total).toBe(primaryBefore);
+    s.mock.setFaults({});
+    const started = Date.now();
+    let back = false;
+    while (!back && Date.now() - started < 5_000) {
+      back = (await target()) === 'mock/gpt-4o' && (await target()) === 'mock/gpt-4o' && (await target()) === 'mock/gpt-4o';
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(back).toBe(true);
+    // Within 1.1 x openS plus closeAfter probe round trips (and this test's own pace).
+    expect(Date.now() - started).toBeLessThan(2_500);
+  });
+});
+
 describe('weighted spreading', () => {
   it('spreads 1,000 requests within 5% of the weights', async () => {
     const s = await withBackup({ family: 'openai', backupModel: 'gpt-4o', route: { strategy: 'weighted', targets: [{ provider: 'mock', weight: 3 }, { provider: 'backup', model: 'gpt-4o', weight: 1 }] } });

@@ -3,11 +3,12 @@
 // the test stops it, and killed/removed when the test process exits, even after a failed test.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { isAbsolute, join, resolve } from 'node:path';
-import { stringify } from 'yaml';
+import { fileURLToPath } from 'node:url';
+import { parse as parseYaml, stringify } from 'yaml';
 
 export interface PrometheusOptions {
   /** host:port of every endpoint to scrape at /metrics. */
@@ -126,4 +127,131 @@ async function freePort(): Promise<number> {
   server.close();
   if (address === null || typeof address === 'string') throw new Error('no port');
   return address.port;
+}
+
+// --- The shipped observability files, for the dashboard and Prometheus tests ----------------------------------------
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+
+/** Paths (absolute) of the files grafana/README.md describes. */
+export const SHIPPED = {
+  root: ROOT,
+  dashboard: join(ROOT, 'grafana/dashboards/stormgate.json'),
+  datasources: join(ROOT, 'grafana/provisioning/datasources/prometheus.yml'),
+  dashboardProvider: join(ROOT, 'grafana/provisioning/dashboards/stormgate.yml'),
+  prometheusConfig: join(ROOT, 'grafana/prometheus/prometheus.yml'),
+  recordingRules: join(ROOT, 'grafana/prometheus/rules/recording.yml'),
+  alertRules: join(ROOT, 'grafana/prometheus/rules/alerts.yml'),
+  ruleTests: join(ROOT, 'grafana/prometheus/tests/rules.test.yml'),
+  compose: join(ROOT, 'docker-compose.yml'),
+  dockerConfig: join(ROOT, 'config/docker.yaml'),
+} as const;
+
+export interface DashboardTarget {
+  refId?: string;
+  expr?: string;
+  datasource?: { type?: string; uid?: string };
+}
+
+export interface DashboardPanel {
+  id?: number;
+  type: string;
+  title?: string;
+  datasource?: { type?: string; uid?: string };
+  gridPos?: { h: number; w: number; x: number; y: number };
+  targets?: DashboardTarget[];
+  panels?: DashboardPanel[];
+}
+
+export interface DashboardVariable {
+  name: string;
+  type: string;
+  datasource?: { type?: string; uid?: string };
+  query?: string | { query?: string };
+  definition?: string;
+}
+
+export interface Dashboard {
+  uid: string;
+  title: string;
+  panels: DashboardPanel[];
+  templating?: { list: DashboardVariable[] };
+}
+
+export function readDashboard(): Dashboard {
+  return JSON.parse(readFileSync(SHIPPED.dashboard, 'utf8')) as Dashboard;
+}
+
+/** Every panel, those inside collapsed rows included. */
+export function allPanels(dashboard: Dashboard): DashboardPanel[] {
+  return dashboard.panels.flatMap((p) => [p, ...(p.panels ?? [])]);
+}
+
+/** Every PromQL expression of the dashboard's panels, with the panel it belongs to. */
+export function dashboardQueries(dashboard: Dashboard): Array<{ panel: string; refId: string; expr: string }> {
+  return allPanels(dashboard).flatMap((p) =>
+    (p.targets ?? []).map((t) => ({ panel: `${p.id} ${p.title ?? ''}`, refId: t.refId ?? '?', expr: t.expr ?? '' })),
+  );
+}
+
+/** `label_values(metric, label)` of each query variable. */
+export function dashboardVariables(dashboard: Dashboard): Array<{ name: string; metric: string; label: string }> {
+  return (dashboard.templating?.list ?? [])
+    .filter((v) => v.type === 'query')
+    .map((v) => {
+      const text = typeof v.query === 'string' ? v.query : (v.query?.query ?? v.definition ?? '');
+      const m = /^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$/.exec(text.trim());
+      if (!m) throw new Error(`dashboard variable ${v.name}: expected label_values(metric, label), got "${text}"`);
+      return { name: v.name, metric: m[1]!, label: m[2]! };
+    });
+}
+
+/** Replaces Grafana's variables with what Prometheus can run: intervals by 1m (5m for the range), the rest by `.*`. */
+export function withoutGrafanaVariables(expr: string): string {
+  return expr
+    .replace(/\$\{?__rate_interval\}?/g, '1m')
+    .replace(/\$\{?__interval\}?/g, '1m')
+    .replace(/\$\{?__range\}?/g, '5m')
+    .replace(/\$\{(\w+)(:\w+)?\}|\$(\w+)/g, '.*');
+}
+
+export interface RuleFile {
+  groups: Array<{
+    name: string;
+    rules: Array<{ record?: string; alert?: string; expr: string; for?: string; labels?: Record<string, string>; annotations?: Record<string, string> }>;
+  }>;
+}
+
+export function readRules(file: string): RuleFile {
+  return parseYaml(readFileSync(file, 'utf8')) as RuleFile;
+}
+
+/** Names the shipped recording rules define. */
+export function recordedNames(): string[] {
+  return readRules(SHIPPED.recordingRules).groups.flatMap((g) => g.rules.flatMap((r) => (r.record ? [r.record] : [])));
+}
+
+/** `<figure> > 0.15` -> `<figure>`: an alert expression without its final threshold comparison; undefined if it has none. */
+export function withoutThreshold(expr: string): string | undefined {
+  const m = /^([\s\S]*?)\s*(?:>=|<=|==|!=|>|<)\s*(?:bool\s+)?[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?\s*$/i.exec(expr.trim());
+  return m ? m[1] : undefined;
+}
+
+const PROMQL_WORDS = new Set(['by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'bool', 'and', 'or', 'unless', 'offset', 'inf', 'nan', 'atan2']);
+
+/** Metric names a PromQL expression reads (functions, keywords, label names and durations left out). */
+export function metricNames(expr: string): string[] {
+  const bare = withoutGrafanaVariables(expr)
+    .replace(/"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`/g, '""') // strings
+    .replace(/\{[^}]*\}/g, ' ') // label matchers
+    .replace(/\[[^\]]*\]/g, ' ') // ranges and subqueries
+    .replace(/\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)/g, ' ') // label lists
+    .replace(/\boffset\s+-?[0-9a-z]+/g, ' ');
+  const names = new Set<string>();
+  for (const m of bare.matchAll(/(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?/g)) {
+    if (m[2] !== undefined) continue; // a function or an aggregation
+    if (PROMQL_WORDS.has(m[1]!.toLowerCase())) continue;
+    names.add(m[1]!);
+  }
+  return [...names];
 }
