@@ -101,7 +101,15 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     }
     lot.notify(change.target);
   });
-  collectPoolMetrics(metrics, pools);
+  const knownTargets = configuredTargetKeys(config, targetKeys);
+  collectPoolMetrics(metrics, pools, () => {
+    // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
+    // instance reports an open breaker it learnt from Redis) without waiting for a transition.
+    for (const target of new Set([...knownTargets, ...lastBreakerState.keys()])) {
+      metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[board.current(target).state]);
+    }
+  });
+  for (const route of config.routes) if (route.park !== false) metrics.parked.inc({ route: route.name }, 0);
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
 
@@ -162,9 +170,22 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void 
   }
 }
 
-/** Pool gauges are read from the pools when Prometheus scrapes, never kept up to date on the request path. */
-function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
+/** Every target key the config names: each route target's model, or the models the route matches, or `other`. */
+function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
+  const out = new Set<string>();
+  for (const route of config.routes) {
+    for (const t of route.targets) {
+      if (t.model) out.add(keys.key(t.provider, t.model));
+      else for (const m of route.match.models?.filter((x) => !x.includes('*')) ?? [undefined]) out.add(keys.key(t.provider, m));
+    }
+  }
+  return [...out];
+}
+
+/** Pool (and breaker) gauges are read when Prometheus scrapes, never kept up to date on the request path. */
+function collectPoolMetrics(metrics: Metrics, pools: Pools, alsoCollect: () => void): void {
   const collect = () => {
+    alsoCollect();
     for (const pool of pools.all()) {
       const snap = pool.snapshot();
       pool.settings.classes.forEach((c, i) => {
