@@ -56,7 +56,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     logger,
     onTransition: (target, from, to) => {
       metrics.breakerTransitions.inc({ target, to: to.state });
-      logger.warn({ target, from: from.state, to: to.state, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
+      // A failed probe reopens an open breaker: worth a line, not a warning each second of an outage.
+      logger[from.state === 'open' && to.state === 'open' ? 'info' : 'warn']({ target, from: from.state, to: to.state, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
     },
   });
   const holdOffs = new HoldOffs(store, now, random);

@@ -179,3 +179,19 @@ describe('quota headers', () => {
     expect(quotaLowUntil({ 'x-ratelimit-remaining-requests': 'lots' }, 0)).toBeUndefined();
   });
 });
+
+describe('the pool and the one wait rule', () => {
+  it('does not grant a slot to a waiter whose deadline no longer leaves time for an attempt', async () => {
+    let now = 0;
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 1, retryCapacity: 1, classes: [{ name: 'online', minShare: 0, maxQueue: 10 }], decrease: 0.9, minLimit: 1 },
+      () => now,
+    );
+    const held = await p.acquire({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal: new AbortController().signal });
+    const waiting = p.acquire({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 1_500, minAttemptMs: 1_000, signal: new AbortController().signal });
+    now = 800; // only 700 ms left: less than minAttemptMs
+    if (held.ok) held.slot.release();
+    expect(await waiting).toMatchObject({ ok: false, reason: 'deadline' });
+    expect(p.snapshot().inUse).toEqual([0]);
+  });
+});

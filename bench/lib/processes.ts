@@ -78,15 +78,17 @@ export interface GatewayOptions {
   mockUrl: string;
   configFile: string;
   logFile: string;
-  /** Extra node flags for the gateway process, e.g. ['--cpu-prof', '--cpu-prof-dir=...']. */
-  nodeFlags: string[];
+  /** Extra node flags for the gateway process, e.g. ['--cpu-prof', '--cpu-prof-dir=...']. Default: none. */
+  nodeFlags?: string[];
+  /** Writes the gateway's YAML config for its port and the mock's URL. Default: the overhead bench's chat route. */
+  config?: (port: number, mockUrl: string) => string;
 }
 
 /** The gateway (src/main.ts) with request logging at info, in front of the mock. */
 export async function startGatewayProcess(opts: GatewayOptions): Promise<Child> {
   const port = await freePort();
-  writeFileSync(opts.configFile, gatewayConfig(port, opts.mockUrl));
-  const proc = spawnTs('src/main.ts', ['--config', opts.configFile], opts.logFile, opts.nodeFlags);
+  writeFileSync(opts.configFile, (opts.config ?? gatewayConfig)(port, opts.mockUrl));
+  const proc = spawnTs('src/main.ts', ['--config', opts.configFile], opts.logFile, opts.nodeFlags ?? []);
   const url = `http://127.0.0.1:${port}`;
   await waitReady(`${url}/healthz`, proc, 'gateway', opts.logFile);
   return { url, proc, stop: stopper(proc) };

@@ -51,6 +51,8 @@ interface Waiter {
   req: SlotRequest;
   enqueuedAtMs: number;
   grant: (slot: Slot) => void;
+  /** Leaves the queue without a slot: the one wait rule no longer holds for it. */
+  expire: () => void;
 }
 
 export interface PoolObserver {
@@ -109,6 +111,7 @@ export class ProviderPool {
     return new Promise<Acquired>((resolve) => {
       const waiter: Waiter = {
         req,
+        expire: () => {},
         enqueuedAtMs: this.now(),
         grant: (slot) => {
           req.signal.removeEventListener('abort', onAbort);
@@ -121,6 +124,10 @@ export class ProviderPool {
         const i = queue.indexOf(waiter);
         if (i !== -1) queue.splice(i, 1);
         resolve({ ok: false, reason: 'aborted' });
+      };
+      waiter.expire = () => {
+        req.signal.removeEventListener('abort', onAbort);
+        resolve(this.#shed(cls.name, 'deadline', this.expectedWaitMs(req.cls, req.target)));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       queue.push(waiter);
@@ -272,13 +279,18 @@ export class ProviderPool {
 
   #pick(cls: number): Waiter | undefined {
     const queue = this.#queues[cls]!;
-    const depth = Math.min(queue.length, SCAN_DEPTH);
-    for (let i = 0; i < depth; i++) {
+    const now = this.now();
+    for (let i = 0; i < Math.min(queue.length, SCAN_DEPTH); i++) {
       const w = queue[i]!;
-      if (this.#admissible(w.req, this.#target(w.req.target))) {
-        queue.splice(i, 1);
-        return w;
+      if (!this.#admissible(w.req, this.#target(w.req.target))) continue;
+      queue.splice(i, 1);
+      // The one wait rule again at the moment of the grant: a slot is no use to an attempt with no time left.
+      if (!canWait(now, 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
+        w.expire();
+        i--;
+        continue;
       }
+      return w;
     }
     return undefined;
   }
