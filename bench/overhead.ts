@@ -3,7 +3,6 @@
 // time to first token, each directly and through the gateway, and writes bench/results/overhead.{md,json}.
 //   npm run bench -- [--strict] [--rounds N] [--profile]
 // Exits 0 even when a target is missed (the table says so), unless --strict is given.
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, statSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,6 +12,7 @@ import { cpuWindow, readCpu } from './lib/cpu.ts';
 import { CHAT_PATH, closedLoop, openLoop, streamTtft } from './lib/load.ts';
 import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
 import { figures, markdownTable, otherLoad, writeReport, type Measured, type Round, type Side } from './lib/report.ts';
+import { commit, log } from './lib/run-info.ts';
 
 const SETTINGS = {
   throughput: { connections: 64, warmupMs: 1_000, durationMs: 5_000 },
@@ -24,20 +24,6 @@ const SETTINGS = {
 
 const RESULTS_DIR = 'bench/results';
 const WORK_DIR = join(tmpdir(), 'stormgate-bench');
-
-function log(line: string): void {
-  process.stderr.write(`${line}\n`);
-}
-
-function commit(): string {
-  try {
-    const sha = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
-    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src'], { encoding: 'utf8' }).trim() !== '';
-    return dirty ? `${sha} (src/ has uncommitted changes)` : sha;
-  } catch {
-    return 'unknown';
-  }
-}
 
 /** One request each way before measuring: a broken setup should fail loudly, not produce a table of zeros. */
 async function smokeTest(url: string, name: string): Promise<void> {

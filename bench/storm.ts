@@ -4,7 +4,6 @@
 // and the charts storm.svg (scenario 1) and storm-hang.svg (scenario 2).
 //   npm run bench:storm -- [--strict] [--only brownout-503|hang|propagation]
 // Exits 0 even when a target is missed (the table says so), unless --strict is given.
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,26 +15,13 @@ import { writeStormReport, type ScenarioReport } from './storm/report.ts';
 import { runMode, type RunResult } from './storm/run.ts';
 import { BROWNOUT_503, HANG, MODE_LABELS, MODES, type Mode, type Scenario } from './storm/scenarios.ts';
 import { checkBrownout503, checkHang, checkPropagation, type TargetCheck } from './storm/targets.ts';
+import { commit, log } from './lib/run-info.ts';
 
 const RESULTS_DIR = 'bench/results';
 const WORK_DIR = join(tmpdir(), 'stormgate-bench', 'storm');
 const COLORS: Record<Mode, string> = { 'direct-sdk': '#d62728', 'direct-naive': '#ff7f0e', gateway: '#1f77b4' };
 /** The gateway config's breaker openS (scenarios.ts), for the recovery target. */
 const OPEN_S = 5;
-
-function log(line: string): void {
-  process.stderr.write(`${line}\n`);
-}
-
-function commit(): string {
-  try {
-    const sha = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
-    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src'], { encoding: 'utf8' }).trim() !== '';
-    return dirty ? `${sha} (src/ has uncommitted changes)` : sha;
-  } catch {
-    return 'unknown';
-  }
-}
 
 function summary(f: RunFigures): string {
   const rec = f.recoveryS === null ? 'never' : `${f.recoveryS} s`;
