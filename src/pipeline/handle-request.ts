@@ -2,13 +2,12 @@
 // failover, parking) -> answer (whole body, or a stream whose first output has arrived) or the final error.
 import { Readable } from 'node:stream';
 import type { ProviderClient } from '../providers/provider-client.ts';
-import { forwardedRequestHeaders, forwardedResponseHeaders } from '../providers/headers.ts';
+import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { computeDeadline } from '../policy/deadline.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
 import { GatewayError, type OpenAIErrorBody } from '../errors.ts';
-import { RetryBudget } from '../state/retry-budget.ts';
 import { ClientGone, DeadlineReached } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from './final-answer.ts';
