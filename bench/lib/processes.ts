@@ -104,5 +104,7 @@ routes:
   - name: chat
     match: { path: /v1/chat/completions }
     targets: [ { provider: mock } ]
+# The bench stops the gateway with SIGTERM: no load balancer to wait for, so no pre-stop pause.
+drain: { preStopMs: 0, graceMs: 2000 }
 `;
 }

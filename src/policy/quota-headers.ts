@@ -22,20 +22,29 @@ function num(v: string | undefined): number | undefined {
  */
 export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undefined {
   let until: number | undefined;
-  const consider = (limit: string | undefined, remaining: string | undefined, resetAtMs: number | undefined) => {
-    const l = num(limit);
+  // Remaining first: on almost every answer it is far from zero, and then no reset needs parsing.
+  const consider = (limit: string | undefined, remaining: string | undefined, resetAtMs: () => number | undefined) => {
     const r = num(remaining);
-    if (r === undefined || resetAtMs === undefined || resetAtMs <= nowMs) return;
-    if (r <= Math.max(1, (l ?? 0) * LOW_SHARE)) until = Math.max(until ?? 0, resetAtMs);
+    if (r === undefined || r > Math.max(1, (num(limit) ?? 0) * LOW_SHARE)) return;
+    const at = resetAtMs();
+    if (at !== undefined && at > nowMs) until = Math.max(until ?? 0, at);
   };
-  for (const kind of ['requests', 'tokens']) {
-    const reset = header(h, `x-ratelimit-reset-${kind}`);
-    const resetMs = reset === undefined ? undefined : parseDurationMs(reset);
-    consider(header(h, `x-ratelimit-limit-${kind}`), header(h, `x-ratelimit-remaining-${kind}`), resetMs === undefined ? undefined : nowMs + resetMs);
+  for (const kind of OPENAI_KINDS) {
+    consider(header(h, `x-ratelimit-limit-${kind}`), header(h, `x-ratelimit-remaining-${kind}`), () => {
+      const reset = header(h, `x-ratelimit-reset-${kind}`);
+      const ms = reset === undefined ? undefined : parseDurationMs(reset);
+      return ms === undefined ? undefined : nowMs + ms;
+    });
   }
-  for (const kind of ['requests', 'tokens', 'input-tokens', 'output-tokens']) {
-    const reset = header(h, `anthropic-ratelimit-${kind}-reset`);
-    consider(header(h, `anthropic-ratelimit-${kind}-limit`), header(h, `anthropic-ratelimit-${kind}-remaining`), reset === undefined ? undefined : parseRfc3339Ms(reset));
+  if (h['anthropic-ratelimit-requests-remaining'] === undefined && h['anthropic-ratelimit-tokens-remaining'] === undefined) return until;
+  for (const kind of ANTHROPIC_KINDS) {
+    consider(header(h, `anthropic-ratelimit-${kind}-limit`), header(h, `anthropic-ratelimit-${kind}-remaining`), () => {
+      const reset = header(h, `anthropic-ratelimit-${kind}-reset`);
+      return reset === undefined ? undefined : parseRfc3339Ms(reset);
+    });
   }
   return until;
 }
+
+const OPENAI_KINDS = ['requests', 'tokens'];
+const ANTHROPIC_KINDS = ['requests', 'tokens', 'input-tokens', 'output-tokens'];

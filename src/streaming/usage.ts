@@ -15,13 +15,21 @@ export function usageOf(parsed: unknown): Usage | undefined {
   return Number.isFinite(prompt) && Number.isFinite(completion) ? { prompt, completion } : undefined;
 }
 
-/** Usage from a whole answer's body; undefined for bodies that are not JSON or carry none. */
+const USAGE_FIELDS = /"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)/g;
+
+/**
+ * Usage from a whole answer's body; undefined for bodies that carry none. Read from the usage object's text rather
+ * than by parsing the whole answer, which would cost every request a second JSON.parse of its body.
+ */
 export function usageOfBody(body: Buffer): Usage | undefined {
-  // Cheap check first: most of the cost of parsing is wasted on bodies without usage.
-  if (body.indexOf('"usage"') === -1) return undefined;
-  try {
-    return usageOf(JSON.parse(body.toString('utf8')));
-  } catch {
-    return undefined;
+  const at = body.lastIndexOf('"usage"');
+  if (at === -1) return undefined;
+  const text = body.toString('utf8', at, Math.min(body.length, at + 600));
+  let prompt: number | undefined;
+  let completion: number | undefined;
+  for (const m of text.matchAll(USAGE_FIELDS)) {
+    if (m[1] === 'prompt_tokens' || m[1] === 'input_tokens') prompt ??= Number(m[2]);
+    else completion ??= Number(m[2]);
   }
+  return prompt === undefined && completion === undefined ? undefined : { prompt: prompt ?? 0, completion: completion ?? 0 };
 }

@@ -1,0 +1,19 @@
+import { describe, expect, it } from 'vitest';
+import { usageOf, usageOfBody } from '../src/streaming/usage.ts';
+
+describe('token usage', () => {
+  it('reads chat, embeddings and Responses API usage from a whole body', () => {
+    const chat = { id: 'x', choices: [{ message: { content: 'the "usage" word in text' } }], usage: { prompt_tokens: 12, completion_tokens: 34, total_tokens: 46 } };
+    expect(usageOfBody(Buffer.from(JSON.stringify(chat)))).toEqual({ prompt: 12, completion: 34 });
+    expect(usageOfBody(Buffer.from(JSON.stringify({ data: [], usage: { prompt_tokens: 5, total_tokens: 5 } })))).toEqual({ prompt: 5, completion: 0 });
+    const responses = { output: [], usage: { input_tokens: 7, input_tokens_details: { cached_tokens: 3 }, output_tokens: 9, output_tokens_details: { reasoning_tokens: 1 } } };
+    expect(usageOfBody(Buffer.from(JSON.stringify(responses)))).toEqual({ prompt: 7, completion: 9 });
+    expect(usageOfBody(Buffer.from('{"id":"no usage here"}'))).toBeUndefined();
+  });
+
+  it('reads a stream event\'s usage, the Responses API\'s completed event included', () => {
+    expect(usageOf({ choices: [], usage: { prompt_tokens: 1, completion_tokens: 2 } })).toEqual({ prompt: 1, completion: 2 });
+    expect(usageOf({ type: 'response.completed', response: { usage: { input_tokens: 3, output_tokens: 4 } } })).toEqual({ prompt: 3, completion: 4 });
+    expect(usageOf({ choices: [], usage: null })).toBeUndefined();
+  });
+});
