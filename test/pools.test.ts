@@ -5,7 +5,8 @@ import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type L
 import { quotaLowUntil } from '../src/policy/quota-headers.ts';
 import { ProviderPool, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
 
-const NONE = { total: 0, byClass: [0, 0] };
+/** In flight at the limit: the limit binds, so 429s count (no clamp: nothing was seen above the floors). */
+const NONE = { total: 1_000, byClass: [0, 0] };
 const flush = () => new Promise((r) => setImmediate(r));
 const settings: LimitSettings = { max: 100, min: 1, decrease: 0.9, minShares: [0.5, 0.1] };
 
@@ -15,7 +16,7 @@ describe('the adaptive limit', () => {
     let now = 0;
     const seen: Array<[number, number]> = [];
     for (let i = 0; i < 40; i++) {
-      st = onRateLimited(st, settings, (now += 1_000), 500, { total: 0, byClass: [0, 0] });
+      st = onRateLimited(st, settings, (now += 1_000), 500, NONE);
       seen.push([Math.floor(st.limit), classLimit(st, 1)]);
     }
     // First the batch cap falls while the limit stays at 100 ...
@@ -61,11 +62,11 @@ describe('the adaptive limit', () => {
 
   it('clamps at once to one below what was in flight when the provider said no', () => {
     // Batch had 20 in flight (above its floor of 10): clamped to 19, then the round trip's cut: 19 x 0.9.
-    const st = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 21, byClass: [1, 20] });
+    const st = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 21, byClass: [1, 20], waiting: 5 });
     expect(classLimit(st, 1)).toBe(17);
     expect(st.limit).toBe(100);
     // Batch at its floor: the limit itself is clamped to what was in flight, less one.
-    const low = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 11, byClass: [6, 5] });
+    const low = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 11, byClass: [6, 5], waiting: 5 });
     expect(Math.floor(low.limit)).toBe(10);
   });
 
@@ -73,6 +74,14 @@ describe('the adaptive limit', () => {
     const st = onRateLimited({ ...initialLimit(settings), caps: [100, 50] }, settings, 1_000, 100, NONE);
     expect(onSuccess(st, settings, 1_500, 100)).toBe(st);
     expect(onSuccess(st, settings, 2_100, 100)).not.toBe(st);
+  });
+
+  it('ignores 429s that come while the limit is far from binding (a quota window, not our concurrency)', () => {
+    const st = initialLimit(settings);
+    let now = 0;
+    let cur = st;
+    for (let i = 0; i < 100; i++) cur = onRateLimited(cur, settings, (now += 700), 200, { total: 30, byClass: [30, 0] });
+    expect(cur).toBe(st);
   });
 
   it('never goes below minLimit', () => {

@@ -49,6 +49,9 @@ export function classLimit(st: LimitState, cls: number): number {
  * And at most once per round trip, the multiplicative cut (x decrease), lowest class first, then the limit.
  */
 export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse): LimitState {
+  // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
+  // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
+  if (!binding(st, inUse)) return st;
   const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
   const caps = [...clamped.caps];
@@ -63,10 +66,18 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   return { ...clamped, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
 }
 
-/** Attempts of one target in flight when a signal came, all classes and per class (highest first). */
+/** Attempts of one target in flight when a signal came, all classes and per class (highest first), and requests waiting for it. */
 export interface InUse {
   total: number;
   byClass: readonly number[];
+  waiting?: number;
+}
+
+/** Is the limit (or a class's cap) what holds the target's traffic back right now: requests wait, or in flight within a tenth of it? */
+function binding(st: LimitState, inUse: InUse): boolean {
+  if ((inUse.waiting ?? 0) > 0 || inUse.total >= Math.floor(st.limit * 0.9)) return true;
+  for (let k = 1; k < st.caps.length; k++) if ((inUse.byClass[k] ?? 0) >= Math.floor(classLimit(st, k) * 0.9)) return true;
+  return false;
 }
 
 function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitState {

@@ -45,6 +45,8 @@ interface TargetUse {
   limit: LimitState;
   /** Lower classes wait until then: the provider's quota is nearly spent. */
   lowerHeldUntilMs: number;
+  /** Requests queued for a slot on this target. */
+  waiting: number;
 }
 
 interface Waiter {
@@ -122,7 +124,10 @@ export class ProviderPool {
       };
       const onAbort = () => {
         const i = queue.indexOf(waiter);
-        if (i !== -1) queue.splice(i, 1);
+        if (i !== -1) {
+          queue.splice(i, 1);
+          t.waiting--;
+        }
         resolve({ ok: false, reason: 'aborted' });
       };
       waiter.expire = () => {
@@ -131,6 +136,7 @@ export class ProviderPool {
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       queue.push(waiter);
+      t.waiting++;
       // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
       this.#drain();
     });
@@ -155,7 +161,7 @@ export class ProviderPool {
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
       this.#drain();
     } else {
-      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass });
+      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
     }
   }
 
@@ -207,7 +213,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0 };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0 };
       this.#targets.set(key, t);
     }
     return t;
@@ -282,8 +288,10 @@ export class ProviderPool {
     const now = this.now();
     for (let i = 0; i < Math.min(queue.length, SCAN_DEPTH); i++) {
       const w = queue[i]!;
-      if (!this.#admissible(w.req, this.#target(w.req.target))) continue;
+      const t = this.#target(w.req.target);
+      if (!this.#admissible(w.req, t)) continue;
       queue.splice(i, 1);
+      t.waiting--;
       // The one wait rule again at the moment of the grant: a slot is no use to an attempt with no time left.
       if (!canWait(now, 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
         w.expire();
