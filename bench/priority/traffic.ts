@@ -6,6 +6,7 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'undici';
+import { seededRandom } from '../../src/policy/random.ts';
 
 const PATH = '/v1/chat/completions';
 const BODY = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
@@ -86,18 +87,6 @@ export interface OnlineResult {
   maxSendLagMs: number;
 }
 
-/** A small seeded PRNG (mulberry32): the same Poisson schedule on every run. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Scheduled send times, ms since the epoch, in [startAt, endAt). */
 export function arrivalTimes(o: Pick<OnlineOptions, 'rate' | 'startAt' | 'endAt' | 'arrivals'>): number[] {
   const out: number[] = [];
@@ -106,7 +95,7 @@ export function arrivalTimes(o: Pick<OnlineOptions, 'rate' | 'startAt' | 'endAt'
     for (let at = o.startAt; at < o.endAt; at = o.startAt + out.length * meanMs) out.push(at);
     return out;
   }
-  const random = seeded(20_240_601);
+  const random = seededRandom(20_240_601);
   for (let at = o.startAt; at < o.endAt; at += -Math.log(1 - random()) * meanMs) out.push(at);
   return out;
 }

@@ -2,8 +2,9 @@
 // killed when the test process exits, even after a failed test, so no server outlives its run.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { createConnection, createServer } from 'node:net';
+import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
+import { freePort } from './free-port.ts';
 
 export interface RedisHandle {
   /** redis://127.0.0.1:<port> */
@@ -36,16 +37,6 @@ export async function startRedis(): Promise<RedisHandle> {
     },
     kill: () => void child.kill('SIGKILL'),
   };
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
 }
 
 async function launch(port: number): Promise<ChildProcess> {
