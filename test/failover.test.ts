@@ -167,6 +167,51 @@ describe('failover to another provider', () => {
   });
 });
 
+describe('stream recovery (streamRecovery: continue)', () => {
+  async function rawText(s: Stack): Promise<string> {
+    const res = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages, stream: true }),
+    });
+    return res.text();
+  }
+
+  it('finishes a cut stream at an Anthropic target with the delivered text as a prefill', async () => {
+    const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 2 } }, route: { streamRecovery: 'continue' } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(backup!.stats().total).toBe(1);
+    expect(text.length).toBeGreaterThan(0);
+    expect(await rawText(s)).toContain(': stormgate stream recovered');
+  });
+
+  it('splices an OpenAI-compatible target\'s answer on only when it starts with exactly the delivered text', async () => {
+    const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 2 } }, family: 'openai', backupModel: 'gpt-4o', route: { streamRecovery: 'continue' } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    // The mock answers the same request with the same text: the splice gives the client the answer exactly once.
+    expect(text).toMatch(/^Mock answer to: Where is my order\?/);
+    expect(text.split('Mock answer').length).toBe(2);
+  });
+
+  it('leaves the client the original failure when the next target rejects the attempt', async () => {
+    const s = await withBackup({
+      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
+      backupFaults: { errors: [{ status: 400, rate: 1, message: 'prefill rejected' }] },
+      route: { streamRecovery: 'continue' },
+    });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    const err = await (async () => {
+      for await (const _ of stream) void _;
+    })().catch((e: unknown) => e as Error);
+    expect(String(err)).toMatch(/cut|ended before the answer was complete/);
+    expect(String(err)).not.toMatch(/prefill rejected/);
+  });
+});
+
 describe('recovery', () => {
   it('serves from the backup at once while the primary\'s breaker is open, and returns to the primary once it recovers', async () => {
     backup = await startMock({ quiet: true, apiKey: 'backup-key' });

@@ -121,6 +121,8 @@ export const ProviderSchema = z
       .describe('anthropic only: max_tokens sent when the client sets none (the Messages API requires it). Default: 4096.'),
     sampling: z.enum(['drop', 'forward', 'refuse']).default('drop')
       .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (clamped to 0..1), or refuse the request for this target. Default: drop.'),
+    prefill: z.boolean().default(false)
+      .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
     authHoldS: z.number().positive().default(60)
       .describe('After the provider rejects the gateway\'s own credentials or billing (401, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z.url().describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
@@ -173,6 +175,8 @@ export const RouteSchema = z
       .describe('fallback: always the primary first; weighted: spread requests by `weight` (smooth weighted round-robin), skipping targets whose breaker is open or that are held off; the others remain fallbacks. Default: fallback.'),
     contextWindowFallback: TargetSchema.optional()
       .describe('Target for requests the chosen target rejects with context_length_exceeded (e.g. a model with a larger window). Optional.'),
+    streamRecovery: z.enum(['off', 'continue']).default('off')
+      .describe('Experimental, chat only: on a stream cut or stalled after its first byte, `continue` asks the next target for the rest of a text answer (never a half-sent tool call); otherwise the stream ends with an error event. Default: off.'),
     degraded: z.strictObject({ message: z.string().min(1).describe('Text of the degraded answer.') }).optional()
       .describe('When every target failed or is unavailable and nothing can be parked, answer a normal-looking completion with this text (x-stormgate-degraded: true) instead of an error. Optional; chat completions only.'),
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),

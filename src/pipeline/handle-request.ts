@@ -14,6 +14,7 @@ import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from 
 import type { StreamEnd } from './live-stream.ts';
 import { serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
+import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
@@ -117,6 +118,9 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     if (served.kind === 'ok') {
       summary.outcome = 'success';
       if (served.fallback) summary.fallback = served.fallback;
+      const servedAt = plans.indexOf(served.plan);
+      const next = servedAt === -1 ? undefined : plans[servedAt + 1];
+      served.result.stream?.recoverWith(streamRecovery(req, next, controller.signal, deps.now));
       const answer = successAnswer(req, served.plan, served.result, summary, deps);
       handedToStream = answer.body instanceof Readable;
       return answer;

@@ -8,7 +8,13 @@ import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout } from './abort-reasons.ts';
 
-export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone';
+export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'recovered';
+
+/**
+ * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
+ * the SSE text to send after what was delivered, or undefined when it cannot (the client then gets the original error).
+ */
+export type StreamRecovery = (delivered: string) => Promise<AsyncIterable<string> | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -68,6 +74,7 @@ export class LiveStream {
         }
         events++;
         out.push(`${ev.raw}\n\n`);
+        if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
         if (ev.data !== null && ev.data.includes('"usage"')) {
           try {
             usage = usageOf(JSON.parse(ev.data)) ?? usage;
@@ -115,7 +122,9 @@ export class LiveStream {
       }
       if (!over) {
         kind = finished ? 'done-added' : 'cut';
-        yield finished ? 'data: [DONE]\n\n' : streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
+        if (finished) yield 'data: [DONE]\n\n';
+        else if (yield* this.#recovered()) kind = 'recovered';
+        else yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
       }
     } catch (err) {
       const reason: unknown = controller.signal.reason;
@@ -126,15 +135,54 @@ export class LiveStream {
         yield 'data: [DONE]\n\n';
       } else if (reason instanceof AttemptTimeout) {
         kind = 'stalled';
-        yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
+        if (yield* this.#recovered()) kind = 'recovered';
+        else yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
       } else {
         kind = 'cut';
-        yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
+        if (yield* this.#recovered()) kind = 'recovered';
+        else yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
       }
     } finally {
       clearTimeout(idle);
       this.#finish({ kind, events, droppedMalformed: dropped + this.#droppedByTranslator, ...(usage && { usage }) });
     }
+  }
+
+  #delivered = '';
+  #toolCallSeen = false;
+  #recover: StreamRecovery | undefined;
+
+  /** Turns on streamRecovery for this stream (before it is read). */
+  recoverWith(recover: StreamRecovery | undefined): void {
+    this.#recover = recover;
+  }
+
+  /** The text delivered so far, and whether a tool call started (then no recovery: never a half-sent tool call). */
+  #trackDelivered(data: string): void {
+    try {
+      const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown; tool_calls?: unknown[] } }> };
+      const delta = chunk.choices?.[0]?.delta;
+      if (typeof delta?.content === 'string') this.#delivered += delta.content;
+      if (Array.isArray(delta?.tool_calls) && delta.tool_calls.length > 0) this.#toolCallSeen = true;
+    } catch {
+      // malformed events are not forwarded and deliver nothing
+    }
+  }
+
+  /** Tries the route's stream recovery; yields the marker and the continuation, and says whether it worked. */
+  async *#recovered(): AsyncGenerator<string, boolean> {
+    const recover = this.#recover;
+    if (!recover || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
+    let rest: AsyncIterable<string> | undefined;
+    try {
+      rest = await recover(this.#delivered);
+    } catch {
+      rest = undefined;
+    }
+    if (!rest) return false;
+    yield ': stormgate stream recovered from the next target\n\n';
+    for await (const text of rest) yield text;
+    return true;
   }
 
   /** Runs `fn` once the stream is over, however it ends (the pool slot is given back then). */

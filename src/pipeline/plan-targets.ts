@@ -43,6 +43,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     return {
       key,
       label,
+      model,
       client,
       path: prepared.request.path,
       headers: { ...forwarded, ...prepared.request.headers },

@@ -35,6 +35,8 @@ export interface TargetPlan {
   key: string;
   /** For x-stormgate-target: the provider and the upstream model as sent. */
   label: string;
+  /** The upstream model: the target's override, else the client's. */
+  model: string | undefined;
   client: ProviderClient;
   path: string;
   /** The request's headers for this provider: the forwarded client headers and the provider's credentials. */

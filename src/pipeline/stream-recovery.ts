@@ -1,0 +1,81 @@
+// streamRecovery: continue (experimental): a text answer that broke after its first byte is finished by the next
+// target. A target that continues an assistant prefill (Anthropic, or `prefill: true`) is sent the text already
+// delivered and streams the rest; any other is sent the original request, and its answer is spliced on only if it
+// begins with exactly the delivered text. Anything else leaves the client with the original failure.
+import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { prepareUpstream } from '../providers/families.ts';
+import { runAttempt } from './attempt.ts';
+import type { StreamRecovery } from './live-stream.ts';
+import type { ManagedRequest } from './handle-request.ts';
+import type { TargetPlan } from './target-attempts.ts';
+
+export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined, signal: AbortSignal, now: () => number): StreamRecovery | undefined {
+  if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
+  return async (delivered) => {
+    const provider = next.client.config;
+    const prefill = provider.family === 'anthropic' || provider.prefill;
+    const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
+    const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: delivered }] } : req.json;
+    const prepared = prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model });
+    if (!prepared.ok) return undefined;
+    const result = await runAttempt({
+      client: next.client,
+      api: 'chat',
+      path: prepared.request.path,
+      headers: { ...next.headers, ...prepared.request.headers },
+      body: prepared.request.body,
+      stream: true,
+      translator: prepared.request.translator,
+      requestSignal: signal,
+      now,
+    });
+    if (!result.stream) return undefined;
+    const body = result.stream.body();
+    return prefill ? body : splice(body, delivered, () => result.stream!.abandon());
+  };
+}
+
+function contentOf(ev: SseEvent): string | undefined {
+  if (ev.data === null || ev.data === '[DONE]') return undefined;
+  try {
+    const c = (JSON.parse(ev.data) as { choices?: Array<{ delta?: { content?: unknown } }> }).choices?.[0]?.delta?.content;
+    return typeof c === 'string' ? c : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Reads the new answer until it is as long as what was delivered; splices it on only if it starts with exactly that. */
+async function splice(body: AsyncGenerator<string>, delivered: string, abandon: () => void): Promise<AsyncIterable<string> | undefined> {
+  const parser = new SseParser();
+  let text = '';
+  const after: string[] = [];
+  let template: Record<string, unknown> | undefined;
+  for (;;) {
+    const { value, done } = await body.next();
+    if (done) break;
+    for (const ev of parser.push(Buffer.from(value))) {
+      if (text.length >= delivered.length) {
+        after.push(`${ev.raw}\n\n`);
+        continue;
+      }
+      const c = contentOf(ev);
+      if (c === undefined) continue;
+      template ??= JSON.parse(ev.data!) as Record<string, unknown>;
+      text += c;
+    }
+    if (text.length >= delivered.length) break;
+  }
+  if (text.length < delivered.length || !text.startsWith(delivered)) {
+    await body.return(undefined);
+    abandon();
+    return undefined;
+  }
+  const remainder = text.slice(delivered.length);
+  const first = remainder && template ? `data: ${JSON.stringify({ ...template, choices: [{ index: 0, delta: { content: remainder }, logprobs: null, finish_reason: null }] })}\n\n` : '';
+  return (async function* () {
+    if (first) yield first;
+    if (after.length > 0) yield after.join('');
+    yield* body;
+  })();
+}
