@@ -67,6 +67,11 @@ export class GatewayError extends Error {
   }
 }
 
+/** A draining instance's answer to new work: another instance can serve it, so the SDK is invited back. */
+export function drainingError(): GatewayError {
+  return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 });
+}
+
 export function errorBody(message: string, type: string, code: string | null, param: string | null = null): OpenAIErrorBody {
   return { error: { message, type, param, code } };
 }

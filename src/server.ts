@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
-import { GatewayError } from './errors.ts';
+import { drainingError, GatewayError } from './errors.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
 import { createRouter } from './routing/router.ts';
@@ -62,7 +62,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-stormgate-request-id', request.id);
     if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) {
-      return sendError(reply, new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 }));
+      return sendError(reply, drainingError());
     }
   });
   app.decorate('drain', async () => {
@@ -227,6 +227,8 @@ function logRequest(request: FastifyRequest, reply: FastifyReply): void {
       ttftMs: s.ttftMs,
       upstreamRequestId: s.upstreamRequestId,
       streamEnd: s.streamEnd?.kind,
+      fallback: s.fallback,
+      ...(s.skipped.length > 0 && { skipped: s.skipped }),
     }),
   };
   if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') request.log.warn(line, 'stream ended abnormally');

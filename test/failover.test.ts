@@ -122,6 +122,16 @@ describe('failover to another provider', () => {
     expect(Date.now() - started).toBeLessThan(2_500);
   });
 
+  it('skips a target whose family cannot express the request, with the reason in the log', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
+    const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, n: 2 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(503);
+    expect(backup!.stats().total).toBe(0);
+    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    expect(line.skipped[0].target).toBe('backup/claude-sonnet-4-5');
+    expect(line.skipped[0].reason).toMatch(/n/);
+  });
+
   it('never fails over a content-policy rejection, and passes the provider\'s reason on', async () => {
     const s = await withBackup({ faults: { errors: [{ status: 400, rate: 1, code: 'content_policy_violation', message: 'flagged by policy' }] } });
     const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;

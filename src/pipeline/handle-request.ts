@@ -7,7 +7,7 @@ import { computeDeadline } from '../policy/deadline.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
-import { GatewayError, type OpenAIErrorBody } from '../errors.ts';
+import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { ClientGone, DeadlineReached } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from './final-answer.ts';
@@ -69,7 +69,7 @@ export interface RequestSummary {
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
   /** Targets left out for this request, with the reason. */
-  skipped?: Array<{ target: string; reason: string }>;
+  skipped: Array<{ target: string; reason: string }>;
   /** Tokens of the answer, for the cost metrics. */
   usage?: Usage;
 }
@@ -86,18 +86,16 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     target: undefined,
     outcome: 'gateway_error',
     attempts: [],
+    skipped: [],
     budgetMs: deadline.budgetMs,
     deadlineSource: deadline.source,
   };
   let handedToStream = false;
   const { plans, contextFallback, skipped } = planTargets(req, deps);
   summary.priority = plans[0]?.className;
-  if (skipped.length > 0) summary.skipped = skipped;
+  summary.skipped = skipped;
   try {
-    if (plans.length === 0) {
-      const answer = errorAnswer(new GatewayError('no_target', `no target of route ${route.name} can serve this request: ${skipped.map((s) => `${s.target}: ${s.reason}`).join('; ')}`));
-      return { ...answer, summary };
-    }
+    if (plans.length === 0) return { ...errorAnswer(noTargetError(summary)), summary };
     const served = await serveTargets(
       {
         route,
@@ -106,6 +104,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         signal: controller.signal,
         deadlineAtMs,
         attempts: summary.attempts,
+        skipped: summary.skipped,
         parkable: route.config.park !== false,
         clientRetries: clientRetryCount(req.headers),
       },
@@ -189,8 +188,15 @@ function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSumma
     }
     case 'closing':
       summary.outcome = 'unavailable';
-      return errorAnswer(new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 }));
+      return errorAnswer(drainingError());
+    case 'no-target':
+      return errorAnswer(noTargetError(summary));
   }
+}
+
+function noTargetError(summary: RequestSummary): GatewayError {
+  const why = summary.skipped.map((s) => `${s.target}: ${s.reason}`).join('; ');
+  return new GatewayError('no_target', `no target of route ${summary.route} can serve this request: ${why}`);
 }
 
 function stormgateHeaders(summary: RequestSummary, label: string): Record<string, string> {

@@ -1,10 +1,10 @@
-// The request's targets, in the order they will be tried: each one prepared in its family's terms (path, headers,
-// body, answer translation), with its state key, pool class and retry policy. A target that cannot serve this request
-// (a disabled provider, a request its family cannot express, a Responses conversation that lives elsewhere) is left
-// out with the reason, for the log.
+// The request's targets, in the order they will be tried, with their state key, pool class and retry policy, and how
+// to prepare the request in each family's terms (path, headers, body, answer translation) when the target is tried.
+// A disabled provider, or a Responses conversation that lives elsewhere, leaves a target out; a request a family
+// cannot express skips that target when it comes to it (both logged with the reason).
 import type { TargetConfig } from '../config/schema.ts';
 import { forwardedRequestHeaders } from '../providers/headers.ts';
-import { prepareUpstream } from '../providers/families.ts';
+import { prepareUpstream, type Prepared } from '../providers/families.ts';
 import { RetryBudget } from '../state/retry-budget.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
 import type { TargetPlan } from './target-attempts.ts';
@@ -32,11 +32,15 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
       skipped.push({ target: label, reason: 'provider disabled (optional, no key)' });
       return undefined;
     }
-    const prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model });
-    if (!prepared.ok) {
-      skipped.push({ target: label, reason: prepared.reason });
-      return undefined;
-    }
+    // Prepared when the target is first tried: a fallback's request (an Anthropic translation, say) costs nothing
+    // on the many requests the primary answers.
+    let prepared: Prepared | undefined;
+    const upstream = (): Prepared => {
+      if (prepared) return prepared;
+      prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model });
+      if (prepared.ok) prepared = { ok: true, request: { ...prepared.request, headers: { ...forwarded, ...prepared.request.headers } } };
+      return prepared;
+    };
     const key = deps.targetKeys.key(target.provider, model);
     const pool = deps.pools.of(target.provider);
     const cls = deps.pools.classFor(target.provider, route.config.priority, askedPriority);
@@ -45,10 +49,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
       label,
       model,
       client,
-      path: prepared.request.path,
-      headers: { ...forwarded, ...prepared.request.headers },
-      body: prepared.request.body,
-      translator: prepared.request.translator,
+      upstream,
       retry: target.retry ?? route.config.retry,
       weight: target.weight,
       breaker: deps.targetKeys.breakerSettings(key),

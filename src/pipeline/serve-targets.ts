@@ -30,7 +30,9 @@ export type Served =
   | { kind: 'unavailable'; plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs: number }
   | { kind: 'park-full'; plan: TargetPlan; availableAtMs: number }
   | { kind: 'shed'; plan: TargetPlan; shed: TargetResult & { kind: 'shed' } }
-  | { kind: 'closing'; plan: TargetPlan };
+  | { kind: 'closing'; plan: TargetPlan }
+  /** No target could even be tried: each one's family cannot express the request. */
+  | { kind: 'no-target'; plan: TargetPlan };
 
 export interface ServeDeps extends TargetDeps {
   lot: ParkingLot;
@@ -80,6 +82,10 @@ export async function serveTargets(
         continue;
       }
       run.done = true;
+      if (r.kind === 'skipped') {
+        ctx.skipped.push({ target: plan.label, reason: r.reason });
+        continue;
+      }
       if (r.kind === 'shed') {
         // The provider's pool is full for this request's class: another provider may have room.
         shed ??= { kind: 'shed', plan, shed: r };
@@ -91,6 +97,7 @@ export async function serveTargets(
         left = { plan, reason: 'context_length' };
         const c = await attempt(contextFallback, newRun(), false);
         if (c.kind === 'ok') return { kind: 'ok', plan: contextFallback, result: c.result, fallback };
+        if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
         return c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : lastFailure;
       }
       if (ENDS_REQUEST.has(r.cls.cls)) return lastFailure;
@@ -98,7 +105,7 @@ export async function serveTargets(
     }
     released?.ticket.done();
     released = undefined;
-    if (blocked.length === 0) return (lastFailure ?? shed)!;
+    if (blocked.length === 0) return lastFailure ?? shed ?? { kind: 'no-target', plan: plans[0]! };
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
     const now = deps.now();

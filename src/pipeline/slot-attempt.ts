@@ -4,6 +4,7 @@ import { classify, OUTCOME_TABLE, type Classification } from '../policy/outcome.
 import { quotaLowUntil } from '../policy/quota-headers.ts';
 import { abortOutcome, runAttempt, type AttemptResult } from './attempt.ts';
 import type { RequestContext, TargetPlan } from './target-attempts.ts';
+import type { UpstreamRequest } from '../providers/families.ts';
 
 export type SlotAttempt =
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
@@ -12,7 +13,7 @@ export type SlotAttempt =
 export async function attemptInSlot(
   ctx: RequestContext,
   plan: TargetPlan,
-  headers: Record<string, string>,
+  upstream: UpstreamRequest,
   retry: boolean,
   now: () => number,
 ): Promise<SlotAttempt> {
@@ -30,7 +31,8 @@ export async function attemptInSlot(
     return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0 };
   }
   const startedAt = now();
-  const result = await runAttempt({ client: plan.client, api: ctx.api, path: plan.path, headers, body: plan.body, stream: ctx.stream, translator: plan.translator, requestSignal: ctx.signal, now });
+  const { path, headers, body, translator } = upstream;
+  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, translator, requestSignal: ctx.signal, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.

@@ -16,13 +16,14 @@ export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined
     const prefill = provider.family === 'anthropic' || provider.prefill;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
     const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: delivered }] } : req.json;
-    const prepared = prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model });
-    if (!prepared.ok) return undefined;
+    const prepared = prefill ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
+    const planned = next.upstream();
+    if (!prepared.ok || !planned.ok) return undefined;
     const result = await runAttempt({
       client: next.client,
       api: 'chat',
       path: prepared.request.path,
-      headers: { ...next.headers, ...prepared.request.headers },
+      headers: { ...planned.request.headers, ...prepared.request.headers },
       body: prepared.request.body,
       stream: true,
       translator: prepared.request.translator,

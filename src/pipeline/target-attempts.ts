@@ -13,7 +13,7 @@ import type { RetryBudget } from '../state/retry-budget.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
 import { attemptInSlot } from './slot-attempt.ts';
 import type { ProviderPool } from '../pools/provider-pool.ts';
-import type { ResponseTranslator } from '../providers/families.ts';
+import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
 
@@ -38,12 +38,8 @@ export interface TargetPlan {
   /** The upstream model: the target's override, else the client's. */
   model: string | undefined;
   client: ProviderClient;
-  path: string;
-  /** The request's headers for this provider: the forwarded client headers and the provider's credentials. */
-  headers: Record<string, string>;
-  body: Buffer | string;
-  /** Turns another family's answers into the OpenAI shape (Anthropic); undefined for OpenAI-compatible targets. */
-  translator: ResponseTranslator | undefined;
+  /** The request in this family's terms (headers: the forwarded client headers and the provider's credentials), prepared once, on first use. */
+  upstream: () => Prepared;
   /** The retry policy on this target: its own, else the route's. */
   retry: RetryConfig;
   weight: number;
@@ -81,6 +77,8 @@ export interface RequestContext {
   signal: AbortSignal;
   deadlineAtMs: number;
   attempts: AttemptRecord[];
+  /** Targets this request skipped, with the reason (shared with the request's log line). */
+  skipped: Array<{ target: string; reason: string }>;
   /** May the request park while its targets are unavailable? */
   parkable: boolean;
   /** The client's own retry count (x-stainless-retry-count), 0 when none. */
@@ -105,6 +103,8 @@ export interface TargetDeps {
 
 export type TargetResult =
   | { kind: 'ok'; result: AttemptResult }
+  /** The target's API family cannot express this request. */
+  | { kind: 'skipped'; reason: string }
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
@@ -119,6 +119,9 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
   const { minAttemptMs } = ctx.route.config;
   const { retry } = plan;
   const { board, holdOffs } = deps.guards;
+  const prepared = plan.upstream();
+  if (!prepared.ok) return { kind: 'skipped', reason: prepared.reason };
+  const upstream = prepared.request;
   for (;;) {
     const heldUntil = holdOffs.until(plan.key);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
@@ -134,8 +137,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
-    const headers = previous?.target === plan.label ? { ...plan.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : plan.headers;
-    const attempt = await attemptInSlot(ctx, plan, headers, run.sent > 0, deps.now);
+    const headers = previous?.target === plan.label ? { ...upstream.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : upstream.headers;
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now);
     if (attempt.kind === 'shed') {
       ticket?.done();
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
