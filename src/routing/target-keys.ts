@@ -25,10 +25,15 @@ export class TargetKeys {
     return `${provider}/${upstreamModel !== undefined && this.#known.has(upstreamModel) ? upstreamModel : 'other'}`;
   }
 
-  /** The breaker settings of a target key; undefined when its provider has the breaker off. */
+  readonly #settings = new Map<string, BreakerSettings | undefined>();
+
+  /** The breaker settings of a target key; undefined when its provider has the breaker off. Merged once per key. */
   breakerSettings(key: string): BreakerSettings | undefined {
+    if (this.#settings.has(key)) return this.#settings.get(key);
     const slash = key.indexOf('/');
     const breaker = this.#config.providers[key.slice(0, slash)]?.breaker;
-    return breaker ? settingsForModel(breaker, key.slice(slash + 1)) : undefined;
+    const settings = breaker ? settingsForModel(breaker, key.slice(slash + 1)) : undefined;
+    this.#settings.set(key, settings);
+    return settings;
   }
 }
