@@ -11,7 +11,8 @@ import { request } from 'undici';
 import { cpuWindow, readCpu } from './lib/cpu.ts';
 import { CHAT_PATH, closedLoop, openLoop, streamTtft } from './lib/load.ts';
 import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
-import { figures, markdownTable, otherLoad, writeReport, type Measured, type Round, type Side } from './lib/report.ts';
+import { figures, markdownTable, otherLoad, referenceFigures, referenceTable, writeReport, type Measured, type Round, type Side } from './lib/report.ts';
+import { startReferences, type Reference } from './lib/references.ts';
 import { commit, log } from './lib/run-info.ts';
 
 const SETTINGS = {
@@ -63,20 +64,36 @@ async function both<T>(order: Array<keyof Side<T>>, targets: Side<Target>, run: 
  * Untimed load on both sides first: the load generator, the mock and the gateway all start with cold JIT
  * and empty pools, and whichever side the first round measured first would pay for that.
  */
-async function warmUp(targets: Side<Target>): Promise<void> {
+async function warmUp(targets: Side<Target>, refs: Reference[]): Promise<void> {
   log('warm-up');
   for (const { url } of [targets.direct, targets.gateway]) {
     await closedLoop(url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
     await streamTtft(url, { count: 50, warmup: 0, parallel: 1 });
   }
+  for (const ref of refs) if (ref.child) await closedLoop(ref.child.url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
 }
 
-async function round(i: number, targets: Side<Target>): Promise<Round> {
+/** The throughput closed loop through each reference proxy that runs here. */
+async function referenceRuns(refs: Reference[], benchPids: number[]): Promise<Round['references']> {
+  const out: Round['references'] = {};
+  for (const ref of refs) {
+    if (!ref.child) continue;
+    const pid = ref.servingPid ?? ref.child.proc.pid!;
+    const before = readCpu(pid, [...benchPids, pid]);
+    const r = await closedLoop(ref.child.url, SETTINGS.throughput);
+    out[ref.name] = { ...r, cpu: cpuWindow(before, readCpu(pid, [...benchPids, pid]), availableParallelism()) };
+    log(`    ${ref.name}: ${Math.round(r.rps)} req/s, ${r.errors} errors`);
+  }
+  return out;
+}
+
+async function round(i: number, targets: Side<Target>, refs: Reference[]): Promise<Round> {
   // Alternate which side goes first, so a slow drift of the machine (thermal, a neighbour) does not favour one side.
   const order: Array<'direct' | 'gateway'> = i % 2 === 0 ? ['direct', 'gateway'] : ['gateway', 'direct'];
   log(`round ${i + 1}`);
   log('  throughput');
   const throughput = await both(order, targets, (u) => closedLoop(u, SETTINGS.throughput), (r) => `${Math.round(r.rps)} req/s, ${r.errors} errors`);
+  const references = await referenceRuns(refs, targets.direct.benchPids);
   log('  latency');
   const latency = await both(order, targets, (u) => openLoop(u, SETTINGS.latency), (r) => `p50 ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors, max send lag ${r.maxSendLagMs.toFixed(1)} ms`);
   log('  time to first token');
@@ -86,7 +103,7 @@ async function round(i: number, targets: Side<Target>): Promise<Round> {
     latency[side].samplesMs = [];
     ttft[side].samplesMs = [];
   }
-  return { throughput, latency, ttft };
+  return { throughput, latency, ttft, references };
 }
 
 async function main(): Promise<number> {
@@ -106,6 +123,7 @@ async function main(): Promise<number> {
 
   const mock = await startMockProcess({ faults: SETTINGS.mockFaults, logFile: join(WORK_DIR, 'mock.log') });
   let gateway: Child | undefined;
+  let refs: Reference[] = [];
   const results: Round[] = [];
   try {
     gateway = await startGatewayProcess({
@@ -122,18 +140,25 @@ async function main(): Promise<number> {
     };
     await smokeTest(mock.url, 'the mock');
     await smokeTest(gateway.url, 'the gateway');
-    await warmUp(targets);
-    for (let i = 0; i < rounds; i++) results.push(await round(i, targets));
+    refs = await startReferences(mock.url, WORK_DIR);
+    for (const ref of refs) {
+      if (ref.child) await smokeTest(ref.child.url, ref.name);
+      else log(`${ref.name}: ${ref.missing}`);
+    }
+    await warmUp(targets, refs);
+    for (let i = 0; i < rounds; i++) results.push(await round(i, targets, refs));
   } finally {
     // SIGTERM lets the gateway close cleanly, which is also when node writes its --cpu-prof file.
     await gateway?.stop();
+    for (const ref of refs) await ref.child?.stop();
     await mock.stop();
   }
 
   const figs = figures(results, { connections: SETTINGS.throughput.connections, rate: SETTINGS.latency.rate });
+  const refFigs = referenceFigures(results, refs);
   const errors = (side: 'direct' | 'gateway') =>
     results.reduce((n, r) => n + r.throughput[side].errors + r.latency[side].errors + r.ttft[side].errors, 0);
-  writeReport(join(RESULTS_DIR, 'overhead.md'), join(RESULTS_DIR, 'overhead.json'), figs, {
+  writeReport(join(RESULTS_DIR, 'overhead.md'), join(RESULTS_DIR, 'overhead.json'), figs, refFigs, {
     date: new Date().toISOString(),
     node: process.version,
     nproc: availableParallelism(),
@@ -145,7 +170,7 @@ async function main(): Promise<number> {
     otherLoad: otherLoad(results),
     gatewayLog: { path: gatewayLog, bytes: statSync(gatewayLog).size },
   });
-  process.stdout.write(`\n${markdownTable(figs)}\n\nWritten to ${RESULTS_DIR}/overhead.md and overhead.json.\n`);
+  process.stdout.write(`\n${markdownTable(figs)}\n\n${referenceTable(figs, refFigs)}\n\nWritten to ${RESULTS_DIR}/overhead.md and overhead.json.\n`);
   if (values.profile) process.stdout.write(`Gateway CPU profile (.cpuprofile) in ${profileDir}\n`);
   const missed = figs.filter((f) => f.pass === false).map((f) => f.name);
   if (missed.length > 0) process.stdout.write(`Missed: ${missed.join('; ')}\n`);

@@ -1,6 +1,8 @@
 // Starts the mock provider and the gateway as child processes. Each gets its own process so the load generator,
 // the gateway and the mock never share an event loop: a shared loop would charge the client's work to the gateway.
-import { spawn, type ChildProcess } from 'node:child_process';
+// Both run as compiled JavaScript (`npm run build`, then `node dist/...`), as the Docker image runs the gateway:
+// under tsx's loader every function creation also pays for esbuild's name-keeping helper.
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { openSync, closeSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -23,16 +25,25 @@ export async function freePort(): Promise<number> {
   return address.port;
 }
 
-/** Runs a TypeScript entry point with tsx's loader in plain node, so `--cpu-prof` and friends apply to it directly. */
-function spawnTs(entry: string, args: string[], logFile: string, nodeFlags: string[]): ChildProcess {
+let built = false;
+
+/** Compiles src/ to dist/ once per bench run, so the processes run the code of this checkout. */
+function ensureBuilt(): void {
+  if (built) return;
+  execFileSync(process.platform === 'win32' ? 'npm.cmd' : 'npm', ['run', '--silent', 'build'], { stdio: 'inherit' });
+  built = true;
+}
+
+/** Runs a compiled entry point (dist/...) in plain node, so `--cpu-prof` and friends apply to it directly. */
+export function spawnNode(entry: string, args: string[], logFile: string, nodeFlags: string[] = []): ChildProcess {
   const out = openSync(logFile, 'w');
-  const proc = spawn(process.execPath, [...nodeFlags, '--import', 'tsx', entry, ...args], { stdio: ['ignore', out, out] });
+  const proc = spawn(process.execPath, [...nodeFlags, entry, ...args], { stdio: ['ignore', out, out] });
   // The child holds its own copy of the descriptor.
   closeSync(out);
   return proc;
 }
 
-async function waitReady(url: string, proc: ChildProcess, name: string, logFile: string): Promise<void> {
+export async function waitReady(url: string, proc: ChildProcess, name: string, logFile: string): Promise<void> {
   const deadline = Date.now() + 20_000;
   while (Date.now() < deadline) {
     if (proc.exitCode !== null) throw new Error(`${name} exited with code ${proc.exitCode} before it was ready; see ${logFile}`);
@@ -49,7 +60,7 @@ async function waitReady(url: string, proc: ChildProcess, name: string, logFile:
   throw new Error(`${name} was not ready within 20 s; see ${logFile}`);
 }
 
-function stopper(proc: ChildProcess): () => Promise<void> {
+export function stopper(proc: ChildProcess): () => Promise<void> {
   return async () => {
     if (proc.exitCode !== null || proc.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
@@ -65,10 +76,11 @@ export interface MockOptions {
   logFile: string;
 }
 
-/** The bundled mock provider (src/mock/main.ts) on a free port. */
+/** The bundled mock provider (src/mock/main.ts, compiled) on a free port. */
 export async function startMockProcess(opts: MockOptions): Promise<Child> {
+  ensureBuilt();
   const port = await freePort();
-  const proc = spawnTs('src/mock/main.ts', ['--port', String(port), '--quiet', '--faults', JSON.stringify(opts.faults)], opts.logFile, []);
+  const proc = spawnNode('dist/mock/main.js', ['--port', String(port), '--quiet', '--faults', JSON.stringify(opts.faults)], opts.logFile, []);
   const url = `http://127.0.0.1:${port}`;
   await waitReady(`${url}/healthz`, proc, 'mock', opts.logFile);
   return { url, proc, stop: stopper(proc) };
@@ -84,11 +96,12 @@ export interface GatewayOptions {
   config?: (port: number, mockUrl: string) => string;
 }
 
-/** The gateway (src/main.ts) with request logging at info, in front of the mock. */
+/** The gateway (src/main.ts, compiled) with request logging at info, in front of the mock. */
 export async function startGatewayProcess(opts: GatewayOptions): Promise<Child> {
   const port = await freePort();
   writeFileSync(opts.configFile, (opts.config ?? gatewayConfig)(port, opts.mockUrl));
-  const proc = spawnTs('src/main.ts', ['--config', opts.configFile], opts.logFile, opts.nodeFlags ?? []);
+  ensureBuilt();
+  const proc = spawnNode('dist/main.js', ['--config', opts.configFile], opts.logFile, opts.nodeFlags ?? []);
   const url = `http://127.0.0.1:${port}`;
   await waitReady(`${url}/healthz`, proc, 'gateway', opts.logFile);
   return { url, proc, stop: stopper(proc) };

@@ -19,6 +19,45 @@ export interface Round {
   throughput: Side<Measured<ThroughputResult>>;
   latency: Side<Measured<LatencyResult>>;
   ttft: Side<Measured<TtftResult>>;
+  /** The throughput closed loop through each reference proxy (lib/references.ts), by name. */
+  references: Record<string, Measured<ThroughputResult>>;
+}
+
+/** A reference proxy's throughput against the same round's direct run, as a median over rounds. */
+export interface ReferenceFigure {
+  name: string;
+  rps: number;
+  ratio: number;
+  cpuUsPerRequest: number;
+  /** Why it did not run, when it did not. */
+  missing?: string;
+}
+
+export function referenceFigures(rounds: Round[], refs: Array<{ name: string; missing?: string }>): ReferenceFigure[] {
+  return refs.map(({ name, missing }) => {
+    if (missing !== undefined) return { name, rps: Number.NaN, ratio: Number.NaN, cpuUsPerRequest: Number.NaN, missing };
+    const runs = rounds.map((r) => ({ run: r.references[name]!, direct: r.throughput.direct.rps }));
+    return {
+      name,
+      rps: median(runs.map((x) => x.run.rps)),
+      ratio: median(runs.map((x) => x.run.rps / x.direct)),
+      cpuUsPerRequest: median(runs.map((x) => cpuPerRequestUs(x.run))),
+    };
+  });
+}
+
+export function referenceTable(figs: Figure[], refs: ReferenceFigure[]): string {
+  const gateway = figs[0]!;
+  const cpu = figs.find((f) => f.name.startsWith('Server CPU'));
+  const rows = [
+    ...refs.map((r) =>
+      r.missing !== undefined
+        ? `| ${r.name} | – | – | – | not run: ${r.missing} |`
+        : `| ${r.name} | ${num(r.rps, 'req/s')} req/s | ratio ${r.ratio.toFixed(2)} | ${num(r.cpuUsPerRequest, 'µs')} µs | |`,
+    ),
+    `| stormgate (from the table above) | ${num(gateway.gateway, 'req/s')} req/s | ratio ${gateway.value.toFixed(2)} | ${cpu ? `${num(cpu.gateway, 'µs')} µs` : 'n/a'} | |`,
+  ];
+  return ['| Proxy, same closed loop | Throughput | vs direct | CPU per request | |', '|---|---:|---:|---:|---|', ...rows].join('\n');
 }
 
 export interface Figure {
@@ -119,7 +158,7 @@ function perRoundTable(figs: Figure[]): string {
   return [`| Figure | ${head.join(' | ')} |`, `|---|${head.map(() => '---:').join('|')}|`, ...rows].join('\n');
 }
 
-export function markdownReport(figs: Figure[], info: RunInfo): string {
+export function markdownReport(figs: Figure[], refs: ReferenceFigure[], info: RunInfo): string {
   const errorNote =
     info.errors.direct + info.errors.gateway === 0
       ? 'Every measured request got a 2xx answer (streams: a content event).'
@@ -139,6 +178,15 @@ ${markdownTable(figs)}
 
 ${errorNote} ${noise}
 
+## Reference proxies
+
+The throughput closed loop, in the same rounds, through proxies that apply no policy at all: what proxying alone
+costs on this machine. The minimal fastify proxy (bench/reference/fastify-proxy.mjs) is stormgate's own stack with
+one request log line and nothing else; what separates it from stormgate is the pipeline (deadline, pool, budget,
+breaker, metrics, retries and the fuller log line).
+
+${referenceTable(figs, refs)}
+
 ## Per round
 
 ${perRoundTable(figs)}
@@ -151,8 +199,8 @@ ${JSON.stringify(info.settings, null, 2)}
 `;
 }
 
-export function writeReport(mdFile: string, jsonFile: string, figs: Figure[], info: RunInfo): void {
+export function writeReport(mdFile: string, jsonFile: string, figs: Figure[], refs: ReferenceFigure[], info: RunInfo): void {
   mkdirSync(dirname(mdFile), { recursive: true });
-  writeFileSync(mdFile, markdownReport(figs, info));
-  writeFileSync(jsonFile, `${JSON.stringify({ ...info, figures: figs }, null, 2)}\n`);
+  writeFileSync(mdFile, markdownReport(figs, refs, info));
+  writeFileSync(jsonFile, `${JSON.stringify({ ...info, figures: figs, references: refs }, null, 2)}\n`);
 }
