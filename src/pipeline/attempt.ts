@@ -73,8 +73,17 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
     }
     const status = res.statusCode;
-    if (!req.stream || !isEventStream(headers)) {
+    const streamed = req.stream && STREAMING_APIS.has(req.api);
+    if (!streamed || !isEventStream(headers)) {
       const raw = Buffer.from(await res.body.arrayBuffer());
+      // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
+      // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
+      const wrong = streamed
+        ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
+        : req.api === 'other'
+          ? undefined
+          : notJson(headers, raw);
+      if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
       const body = req.translator ? translateBody(req.translator, raw) : raw;
       if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
       return { outcome: { kind: 'ok', status }, status, headers, body };
@@ -149,9 +158,34 @@ function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | un
   }
 }
 
-function isEventStream(headers: HeaderBag): boolean {
+/** The APIs whose `stream: true` makes the provider answer with server-sent events; all four known APIs answer JSON otherwise. */
+const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses']);
+
+function contentTypeOf(headers: HeaderBag): string | undefined {
   const ct = headers['content-type'];
-  return (Array.isArray(ct) ? ct[0] : ct)?.startsWith('text/event-stream') ?? false;
+  return Array.isArray(ct) ? ct[0] : ct;
+}
+
+function isEventStream(headers: HeaderBag): boolean {
+  return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
+}
+
+const WHITESPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
+
+/**
+ * Why a whole answer is not a JSON object, or undefined when it looks like one. A look at the content-type and
+ * the first and last bytes, not a parse: the hot path does not parse answers it only forwards.
+ */
+function notJson(headers: HeaderBag, body: Buffer): string | undefined {
+  const ct = contentTypeOf(headers);
+  if (ct !== undefined && !ct.includes('json')) return `the upstream answered ${ct.split(';')[0]}, not JSON`;
+  let first = 0;
+  while (first < body.length && WHITESPACE.has(body[first]!)) first++;
+  let last = body.length - 1;
+  while (last > first && WHITESPACE.has(body[last]!)) last--;
+  if (first >= body.length) return 'the upstream answered with an empty body';
+  if (body[first] !== 0x7b || body[last] !== 0x7d) return 'the upstream answer is not a whole JSON object';
+  return undefined;
 }
 
 async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<Buffer> {

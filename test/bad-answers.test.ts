@@ -1,0 +1,118 @@
+// A 2xx that is not the answer: a captive portal's HTML, an empty body, JSON where a stream was asked for. Passed
+// on, the SDK returns the HTML as the completion, crashes, or ends a stream with no chunks and no error. The gateway
+// treats them as failed attempts: retried, then failed over, and never counted as a success.
+import { createServer, type Server } from 'node:http';
+import { once } from 'node:events';
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+
+type Wrong = { status?: number; contentType?: string; body: string };
+
+const WRONG: Record<string, Wrong> = {
+  html: { contentType: 'text/html; charset=utf-8', body: '<html><body>Please log in to the Wi-Fi</body></html>' },
+  empty: { contentType: 'application/json', body: '' },
+  truncated: { contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.comp' },
+};
+
+let upstream: Server | undefined;
+let hits = 0;
+afterEach(async () => {
+  upstream?.closeAllConnections();
+  await new Promise((resolve) => upstream?.close(resolve) ?? resolve(undefined));
+  upstream = undefined;
+  hits = 0;
+});
+
+/** An OpenAI-compatible "provider" that answers every request with the same wrong 2xx. */
+async function wrongProvider(answer: Wrong): Promise<string> {
+  upstream = createServer((req, res) => {
+    hits++;
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(answer.status ?? 200, answer.contentType ? { 'content-type': answer.contentType } : {});
+      res.end(answer.body);
+    });
+  });
+  upstream.listen(0, '127.0.0.1');
+  await once(upstream, 'listening');
+  const address = upstream.address() as { port: number };
+  return `http://127.0.0.1:${address.port}/v1`;
+}
+
+const startStack = useStacks();
+
+/** The wrong provider first (2 attempts), the healthy mock as the fallback. */
+async function stack(answer: Wrong, withFallback = true): Promise<Stack> {
+  const wrongUrl = await wrongProvider(answer);
+  return startStack({
+    config: (mockUrl) => {
+      const base = defaultConfig(mockUrl, {
+        ...RETRY_LOOP_ONLY,
+        route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+      });
+      return {
+        ...base,
+        providers: { ...base.providers, wrong: { family: 'openai', baseUrl: wrongUrl, apiKey: 'wrong-key', breaker: false } },
+        routes: base.routes.map((r) => ({ ...r, targets: withFallback ? [{ provider: 'wrong' }, { provider: 'mock' }] : [{ provider: 'wrong' }] })),
+      };
+    },
+  });
+}
+
+const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+const messages = [{ role: 'user' as const, content: 'hi' }];
+
+describe('a 2xx that is not the answer', () => {
+  for (const [name, answer] of Object.entries(WRONG)) {
+    it(`retries and fails over on a 200 with ${name} body`, async () => {
+      const s = await stack(answer);
+      const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+      expect(data.choices[0]!.message.content).toMatch(/Mock answer/);
+      expect(hits).toBe(2);
+      expect(response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+      expect(response.headers.get('x-stormgate-attempts')).toBe('3');
+    });
+  }
+
+  it('treats JSON where a stream was asked for as a failed attempt, so the SDK never sees an empty stream', async () => {
+    const s = await stack({ contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.completion","choices":[]}' });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text).toMatch(/Mock answer/);
+    expect(hits).toBe(2);
+  });
+
+  it('ends in a 502 in the OpenAI shape, logged as a failure, when no target gives a real answer', async () => {
+    const s = await stack(WRONG.html!, false);
+    const err = await sdk(s)
+      .chat.completions.create({ model: 'gpt-4o', messages })
+      .then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    const apiErr = err as InstanceType<typeof OpenAI.APIError>;
+    expect(apiErr.status).toBe(502);
+    expect(apiErr.headers?.get('x-should-retry')).toBe('false');
+    expect(apiErr.message).toMatch(/text\/html, not JSON/);
+    expect(hits).toBe(2);
+    const line = s.logs.map((l) => JSON.parse(l) as { msg: string; outcome?: string }).find((l) => l.msg === 'request' || l.msg === 'stream ended abnormally');
+    expect(line?.outcome).not.toBe('success');
+  });
+
+  it('leaves the answers of paths it does not know (api "other") alone', async () => {
+    const wrongUrl = await wrongProvider({ contentType: 'audio/mpeg', body: 'ID3...' });
+    const s = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, wrong: { family: 'openai', baseUrl: wrongUrl, apiKey: 'wrong-key', breaker: false } },
+          routes: [...base.routes, { name: 'speech', match: { path: '/v1/audio/speech' }, targets: [{ provider: 'wrong' }] }],
+        };
+      },
+    });
+    const res = await fetch(`${s.url}/v1/audio/speech`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tts-1', input: 'hi', voice: 'alloy' }) });
+    expect(res.status).toBe(200);
+    expect(await res.text()).toBe('ID3...');
+  });
+});
