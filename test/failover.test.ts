@@ -64,7 +64,7 @@ describe('failover to another provider', () => {
     expect(backup!.requests()[0]!.path).toBe('/v1/messages');
     expect(backup!.requests()[0]!.headers['x-api-key']).toBe('backup-key');
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
-    expect(metrics).toMatch(/stormgate_fallbacks_total\{route="chat",from="mock\/other",to="backup\/claude-sonnet-4-5",reason="retries_exhausted"\} 1/);
+    expect(metrics).toMatch(/stormgate_fallbacks_total\{route="chat",from="mock\/gpt-4o",to="backup\/claude-sonnet-4-5",reason="retries_exhausted"\} 1/);
   });
 
   it('streams the Anthropic backup\'s answer as chat.completion.chunk events', async () => {

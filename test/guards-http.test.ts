@@ -37,11 +37,11 @@ describe('the circuit breaker', () => {
     const { res, body } = await chat(s);
     expect(res.status).toBe(503);
     expect(body.error?.code).toBe('circuit_open');
-    expect(body.error?.message).toContain('mock/other');
+    expect(body.error?.message).toContain('mock/gpt-4o');
     expect(res.headers.get('x-should-retry')).toBe('false');
     expect(Number(res.headers.get('retry-after'))).toBeGreaterThan(25);
     expect(s.mock.stats().total).toBe(5);
-    expect(await metric(s, 'stormgate_breaker_state{target="mock/other"}')).toBe(1);
+    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
   });
 
   it('keeps one model\'s outage from opening the breaker of the provider\'s other models', async () => {
@@ -52,6 +52,20 @@ describe('the circuit breaker', () => {
     for (let i = 0; i < 6; i++) await chat(s);
     expect((await chat(s)).body.error?.code).toBe('circuit_open');
     expect((await chat(s, {}, 'gpt-4o-mini')).res.status).toBe(200);
+  });
+
+  it('gives models the config does not name their own breaker too (a route that serves any model)', async () => {
+    const s = await start({
+      faults: { models: { 'gpt-broken': { errors: [{ status: 503, rate: 1 }] } } },
+      route: { retry: { maxAttempts: 1 }, park: false },
+    });
+    for (let i = 0; i < 6; i++) await chat(s, {}, 'gpt-broken');
+    const broken = await chat(s, {}, 'gpt-broken');
+    expect(broken.body.error?.code).toBe('circuit_open');
+    expect(broken.body.error?.message).toContain('mock/gpt-broken');
+    const healthy = await chat(s, {}, 'gpt-4o');
+    expect(healthy.res.status).toBe(200);
+    expect(healthy.res.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
   });
 
   it('parks requests during an outage, sends only probes upstream, and answers them when the provider recovers', async () => {

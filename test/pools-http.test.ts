@@ -60,7 +60,7 @@ describe('priority pools under a batch flood', () => {
     expect(total).toBeGreaterThan(0);
     expect(limited / total).toBeLessThan(0.03);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
-    expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/other"\} \d+/);
+    expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/gpt-4o"\} \d+/);
   });
 
   it('never lets a request promote itself with x-stormgate-priority', async () => {

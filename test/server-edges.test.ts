@@ -113,7 +113,7 @@ describe('headers across the gateway', () => {
     });
     expect(generated.headers.get('x-stormgate-request-id')).toMatch(/^[0-9a-f-]{36}$/);
     const line = stack.logs.map((l) => JSON.parse(l)).find((l) => l.reqId === 'client-req-7');
-    expect(line).toMatchObject({ route: 'chat', target: 'mock/other', outcome: 'success', status: 200 });
+    expect(line).toMatchObject({ route: 'chat', target: 'mock/gpt-4o', outcome: 'success', status: 200 });
     expect(line.upstreamRequestId).toMatch(/^req_/);
   });
 

@@ -1,10 +1,20 @@
-// A target is a provider and an upstream model. State keys and metric labels name the model only when the config
-// names it; any other model a client sends shares `<provider>/other`, so clients cannot grow Redis keys or label sets.
+// A target is a provider and an upstream model: the unit providers rate-limit and fail by ("the model is
+// overloaded"), so each model gets its own breaker, hold-off, budget and metric label. Models the config names always
+// do; others a client sends are learned as they come, up to MAX_LEARNED_MODELS per provider, and past that share
+// `<provider>/other`, so clients cannot grow Redis keys or label sets without bound. Without learning, every model of
+// a route that serves any model (the default config) would share one breaker: one broken model would open it for all.
 import type { Config } from '../config/schema.ts';
 import { settingsForModel, type BreakerSettings } from '../policy/breaker.ts';
 
+/** Models learned from traffic per provider, beyond the configured ones. */
+export const MAX_LEARNED_MODELS = 32;
+
+/** Model names fit for a key and a metric label: no separators or control characters, and not too long. */
+const KEYABLE_MODEL = /^[A-Za-z0-9._:@/+-]{1,100}$/;
+
 export class TargetKeys {
   readonly #known: ReadonlySet<string>;
+  readonly #learned = new Map<string, Set<string>>();
   readonly #config: Config;
 
   constructor(config: Config) {
@@ -20,9 +30,21 @@ export class TargetKeys {
     this.#known = known;
   }
 
-  /** `<provider>/<model>` for a configured model, else `<provider>/other`. */
+  /** `<provider>/<model>` for a configured or learned model, else `<provider>/other`. */
   key(provider: string, upstreamModel: string | undefined): string {
-    return `${provider}/${upstreamModel !== undefined && this.#known.has(upstreamModel) ? upstreamModel : 'other'}`;
+    if (upstreamModel === undefined) return `${provider}/other`;
+    if (this.#known.has(upstreamModel) || this.#learn(provider, upstreamModel)) return `${provider}/${upstreamModel}`;
+    return `${provider}/other`;
+  }
+
+  #learn(provider: string, model: string): boolean {
+    let learned = this.#learned.get(provider);
+    if (learned === undefined) this.#learned.set(provider, (learned = new Set()));
+    if (learned.has(model)) return true;
+    // `other` is the overflow key itself; a name that could not be a label stays out too.
+    if (learned.size >= MAX_LEARNED_MODELS || model === 'other' || !KEYABLE_MODEL.test(model)) return false;
+    learned.add(model);
+    return true;
   }
 
   readonly #settings = new Map<string, BreakerSettings | undefined>();

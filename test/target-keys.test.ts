@@ -1,0 +1,33 @@
+// Which key (breaker, hold-off, budget, metric label) a provider and model get.
+import { describe, expect, it } from 'vitest';
+import { ConfigSchema } from '../src/config/schema.ts';
+import { MAX_LEARNED_MODELS, TargetKeys } from '../src/routing/target-keys.ts';
+
+const config = ConfigSchema.parse({
+  providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:1/v1', apiKey: 'k' } },
+  routes: [{ name: 'chat', match: { path: '/v1/chat/completions', models: ['gpt-4o'] }, targets: [{ provider: 'openai' }] }],
+});
+
+describe('target keys', () => {
+  it('names configured models, and learns others as clients send them', () => {
+    const keys = new TargetKeys(config);
+    expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
+    expect(keys.key('openai', 'o3-mini')).toBe('openai/o3-mini');
+    expect(keys.key('openai', 'meta-llama/Llama-3.1-8B')).toBe('openai/meta-llama/Llama-3.1-8B');
+    expect(keys.key('openai', undefined)).toBe('openai/other');
+  });
+
+  it(`learns at most ${MAX_LEARNED_MODELS} models per provider; past that, and for unfit names, models share <provider>/other`, () => {
+    const keys = new TargetKeys(config);
+    for (let i = 0; i < MAX_LEARNED_MODELS; i++) expect(keys.key('openai', `model-${i}`)).toBe(`openai/model-${i}`);
+    expect(keys.key('openai', 'one-too-many')).toBe('openai/other');
+    // Learned and configured ones keep their keys; another provider has its own allowance.
+    expect(keys.key('openai', 'model-0')).toBe('openai/model-0');
+    expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
+    expect(keys.key('backup', 'one-too-many')).toBe('backup/one-too-many');
+    const fresh = new TargetKeys(config);
+    expect(fresh.key('openai', 'gpt-4o\u202e<script>')).toBe('openai/other');
+    expect(fresh.key('openai', 'x'.repeat(101))).toBe('openai/other');
+    expect(fresh.key('openai', 'other')).toBe('openai/other');
+  });
+});
