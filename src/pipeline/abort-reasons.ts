@@ -13,8 +13,16 @@ export class DeadlineReached extends Error {
   }
 }
 
+const WHAT_DID_NOT_COME: Record<TimeoutPhase, string> = {
+  connect: 'no connection within',
+  headers: 'no response headers within',
+  'first-token': 'no first token within',
+  response: 'no whole answer within',
+  idle: 'no event for',
+};
+
 export class AttemptTimeout extends Error {
   constructor(readonly phase: TimeoutPhase, readonly limitMs: number) {
-    super(`no ${phase.replace('-', ' ')} within ${limitMs} ms`);
+    super(`${WHAT_DID_NOT_COME[phase]} ${limitMs} ms`);
   }
 }
