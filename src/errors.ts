@@ -18,6 +18,9 @@ export const ERROR_CODES = {
   invalid_body: { status: 400, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error' },
+  bad_request: { status: 400, type: 'invalid_request_error' },
+  headers_too_large: { status: 431, type: 'invalid_request_error' },
+  request_timeout: { status: 408, type: 'invalid_request_error' },
   unknown_url: { status: 404, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
@@ -47,11 +50,13 @@ export class GatewayError extends Error {
   readonly shouldRetry: boolean;
   /** Wait the client should observe before coming back, when known. */
   readonly retryAfterMs: number | undefined;
+  /** Headers the answer needs besides the retry ones (e.g. `allow` on a 405). */
+  readonly headers: Record<string, string>;
 
   constructor(
     readonly code: ErrorCode,
     message: string,
-    opts: { param?: string | null; shouldRetry?: boolean; retryAfterMs?: number; status?: number } = {},
+    opts: { param?: string | null; shouldRetry?: boolean; retryAfterMs?: number; status?: number; headers?: Record<string, string> } = {},
   ) {
     super(message);
     const def = ERROR_CODES[code];
@@ -60,6 +65,7 @@ export class GatewayError extends Error {
     this.param = opts.param ?? null;
     this.shouldRetry = opts.shouldRetry ?? false;
     this.retryAfterMs = opts.retryAfterMs;
+    this.headers = opts.headers ?? {};
   }
 
   toBody(): OpenAIErrorBody {
@@ -70,6 +76,17 @@ export class GatewayError extends Error {
 /** A draining instance's answer to new work: another instance can serve it, so the SDK is invited back. */
 export function drainingError(): GatewayError {
   return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: 1_000 });
+}
+
+/** A path called with a method it does not serve; `allow` lists the ones it does (RFC 9110, 15.5.6). */
+export function methodNotAllowed(method: string, path: string, allowed: readonly string[]): GatewayError {
+  return new GatewayError('method_not_allowed', `${method} is not allowed on ${path}; use ${allowed.join(' or ')}`, { headers: { allow: allowed.join(', ') } });
+}
+
+/** A managed request without a usable `model`, in the words OpenAI's own API uses. */
+export function missingModel(got: unknown): GatewayError {
+  const why = got === undefined || got === '' ? 'you must provide a model parameter' : `model must be a string, not ${got === null ? 'null' : Array.isArray(got) ? 'an array' : typeof got}`;
+  return new GatewayError('invalid_body', why, { param: 'model' });
 }
 
 export function errorBody(message: string, type: string, code: string | null, param: string | null = null): OpenAIErrorBody {

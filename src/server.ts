@@ -5,23 +5,22 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
-import { drainingError, GatewayError } from './errors.ts';
+import { drainingError, GatewayError, methodNotAllowed, missingModel } from './errors.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
-import { createRouter } from './routing/router.ts';
+import { createRouter, type CompiledRoute } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
+import { answerClientError, toGatewayError } from './http/client-errors.ts';
+import { safeHeaders } from './http/header-safe.ts';
+import { contentEncoding, decodeBody, parseJsonBody, shortModel, type ParsedBody } from './http/request-body.ts';
+import { logRequest, RequestEnds } from './http/request-log.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
-
-interface ParsedBody {
-  raw: Buffer;
-  json: Record<string, unknown>;
-}
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -36,6 +35,9 @@ declare module 'fastify' {
 type Phase = 'serving' | 'draining' | 'closing';
 
 const REQUEST_ID = /^[\w.:@-]{1,128}$/;
+
+/** Methods a path answers 405 for when it does not serve them; a method fastify does not route at all gets 404. */
+const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
 
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
   const logger = deps.logger ?? createLogger(config);
@@ -56,11 +58,27 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       const given = req.headers['x-request-id'];
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
     },
+    // Errors fastify raises before any route or hook runs (a URL it cannot decode): the OpenAI shape too.
+    // No hook runs for these, so the log line is written here.
+    frameworkErrors: (err, request, reply) => {
+      reply.header('x-stormgate-request-id', request.id);
+      sendError(reply, toGatewayError(err, request));
+      ends.answered(request, reply);
+    },
+    // Requests Node's HTTP parser refuses (headers or URL too large, a malformed request line, too slow to arrive).
+    clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
+  });
+
+  const ends = new RequestEnds((request, reply, gone) => {
+    const summary = request.stormgate;
+    if (summary) recorder.record(summary, reply.elapsedTime / 1000);
+    logRequest(request, reply, gone);
   });
 
   let phase: Phase = 'serving';
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-stormgate-request-id', request.id);
+    ends.watch(request, reply);
     if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) {
       return sendError(reply, drainingError());
     }
@@ -79,76 +97,110 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     await Promise.race([app.close(), grace]);
     clearInterval(sweep);
   });
-  app.addHook('onResponse', async (request, reply) => {
-    if (request.stormgate) recorder.record(request.stormgate, reply.elapsedTime / 1000);
-    logRequest(request, reply);
-  });
+  app.addHook('onResponse', async (request, reply) => ends.answered(request, reply));
   // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines.
   app.addHook('preClose', async () => runtime.lot.close());
   app.addHook('onClose', async () => runtime.close());
 
-  app.setErrorHandler((err, request, reply) => sendError(reply, toGatewayError(err, request)));
+  app.setErrorHandler((err, request, reply) => {
+    // Headers already on the wire (a stream that broke): nothing can be said in the OpenAI shape any more.
+    if (reply.raw.headersSent) {
+      request.log.warn({ err }, 'error after the answer started');
+      reply.raw.destroy();
+      return;
+    }
+    // Whatever the failed answer had set (a header that could not be written, a stream's content type) must not
+    // leak into the error, or writing the error would fail the same way.
+    clearHeaders(request, reply);
+    if (request.stormgate?.outcome === 'success') request.stormgate.outcome = 'gateway_error';
+    return sendError(reply, toGatewayError(err, request));
+  });
   app.setNotFoundHandler((request, reply) =>
     sendError(reply, new GatewayError('unknown_url', `no route for ${request.method} ${request.url.split('?')[0]}`)),
   );
 
   // The managed API lives in its own context, with a JSON parser that keeps the raw bytes to forward unchanged.
   await app.register(async (api) => {
+    const bodyLimit = config.server.bodyLimitBytes;
+    // A callback hook, not an async one: the common case (no content-encoding) costs no promise.
+    api.addHook('preParsing', (request, _reply, payload, done) => {
+      if (request.headers['content-encoding'] === undefined) return done(null, payload);
+      try {
+        const encoding = contentEncoding(request.headers['content-encoding']);
+        done(null, encoding ? decodeBody(payload, encoding, bodyLimit) : payload);
+      } catch (err) {
+        done(err as GatewayError);
+      }
+    });
     // Only JSON is accepted on the managed API; anything else gets 415 from fastify.
     api.removeAllContentTypeParsers();
     api.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
-      const raw = body as Buffer;
-      let json: unknown;
-      try {
-        json = JSON.parse(raw.toString('utf8'));
-      } catch (e) {
-        return done(new GatewayError('invalid_json', `the request body is not valid JSON: ${(e as Error).message}`), undefined);
-      }
-      if (typeof json !== 'object' || json === null || Array.isArray(json)) {
-        return done(new GatewayError('invalid_body', 'the request body must be a JSON object'), undefined);
-      }
-      done(null, { raw, json: json as Record<string, unknown> } satisfies ParsedBody);
+      const parsed = parseJsonBody(body as Buffer);
+      if (parsed instanceof GatewayError) return done(parsed, undefined);
+      done(null, parsed);
     });
     for (const path of router.paths) {
-      api.post(path, async (request, reply) => {
-        const body = request.body as ParsedBody | undefined;
-        if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
-        const model = typeof body.json.model === 'string' ? body.json.model : undefined;
-        const match = router.match(path, model);
-        if ('error' in match) {
-          throw match.error === 'model_not_found'
-            ? new GatewayError('model_not_found', `the model \`${model ?? ''}\` is not served by this gateway`, { param: 'model' })
-            : new GatewayError('unknown_url', `no route for POST ${path}`);
-        }
-        const answer = await handleManagedRequest(
-          {
-            route: match.route,
-            path,
-            query: queryOf(request.url),
-            rawBody: body.raw,
-            json: body.json,
-            headers: request.headers,
-            requestId: request.id,
-            onClientGone: (listener) => onClientGone(request, reply, listener),
-          },
-          runtime.pipeline,
-        );
-        request.stormgate = answer.summary;
-        reply.code(answer.status).headers(answer.headers);
-        if (answer.body instanceof Readable) return reply.send(answer.body);
-        if (Buffer.isBuffer(answer.body)) return reply.send(answer.body);
-        return reply.type('application/json').send(answer.body);
-      });
-      api.route({
-        method: ['GET', 'PUT', 'PATCH', 'DELETE'],
-        url: path,
-        handler: async (request) => {
-          throw new GatewayError('method_not_allowed', `${request.method} is not allowed on ${path}; use POST`);
-        },
-      });
+      api.post(path, async (request, reply) => serveManaged(path, request, reply));
+      methodGuard(api, path, ['POST']);
     }
     api.get('/v1/models', async () => models.list());
+    methodGuard(api, '/v1/models', ['GET', 'HEAD']);
+    // The SDK's models.retrieve(id). A wildcard, not a parameter: ids may hold a '/' (vLLM, OpenRouter) and run long.
+    api.get('/v1/models/*', async (request) => {
+      const id = (request.params as { '*': string })['*'];
+      if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
+      const found = await models.retrieve(id);
+      if (!found) throw new GatewayError('model_not_found', `the model \`${shortModel(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
+      return found;
+    });
+    methodGuard(api, '/v1/models/*', ['GET', 'HEAD']);
   });
+
+  /** A managed request: route it, run the pipeline, write its answer. */
+  async function serveManaged(path: string, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    const body = request.body as ParsedBody | undefined;
+    if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
+    const route = routeFor(path, body.json);
+    ends.enterPipeline(request);
+    let answer: PipelineAnswer;
+    try {
+      answer = await handleManagedRequest(
+        {
+          route,
+          path,
+          query: queryOf(request.url),
+          rawBody: body.raw,
+          json: body.json,
+          headers: request.headers,
+          requestId: request.id,
+          onClientGone: (listener) => onClientGone(request, reply, listener),
+        },
+        runtime.pipeline,
+      );
+    } catch (err) {
+      ends.leavePipeline(request, reply);
+      throw err;
+    }
+    request.stormgate = answer.summary;
+    ends.leavePipeline(request, reply, answer.body instanceof Readable ? answer.body : undefined);
+    return sendAnswer(reply, answer);
+  }
+
+  /** The route for a managed request, or the error for a request without a usable model or one no route serves. */
+  function routeFor(path: string, json: Record<string, unknown>): CompiledRoute {
+    const given = json.model;
+    if (given !== undefined && typeof given !== 'string') throw missingModel(given);
+    const model = given === '' ? undefined : given;
+    const match = router.match(path, model);
+    if ('error' in match) {
+      if (match.error === 'unknown_url') throw new GatewayError('unknown_url', `no route for POST ${path}`);
+      if (model === undefined) throw missingModel(given);
+      throw new GatewayError('model_not_found', `the model \`${shortModel(model)}\` is not served by this gateway`, { param: 'model' });
+    }
+    // A route that serves any model still needs one, unless every target names its own.
+    if (model === undefined && !match.route.config.targets.every((t) => t.model !== undefined)) throw missingModel(given);
+    return match.route;
+  }
 
   if (config.passthrough) await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!);
 
@@ -169,31 +221,52 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
 function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   const answer = errorAnswer(err);
-  return reply.code(answer.status).headers(answer.headers).type('application/json').send(answer.body);
+  return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(answer.body);
 }
 
-/** fastify's own errors (body too large, bad media type) in the OpenAI shape. */
-function toGatewayError(err: unknown, request: FastifyRequest): GatewayError {
-  if (err instanceof GatewayError) return err;
-  const e = err as { code?: string; statusCode?: number; message?: string };
-  switch (e.code) {
-    case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new GatewayError('request_too_large', `the request body is larger than the gateway accepts (${e.message ?? ''})`);
-    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new GatewayError('unsupported_media_type', `content-type ${String(request.headers['content-type'])} is not supported; send application/json`);
-    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
-    case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
-      return new GatewayError('invalid_body', e.message ?? 'the request body is empty or broken');
+/** Writes the pipeline's answer. A stream that cannot be sent is closed, so its upstream connection is not left open. */
+function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
+  reply.code(answer.status).headers(safeHeaders(answer.headers));
+  const { body } = answer;
+  if (!(body instanceof Readable)) return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
+  try {
+    return reply.send(body);
+  } catch (err) {
+    body.destroy();
+    throw err;
   }
-  if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) return new GatewayError('invalid_body', e.message ?? 'bad request');
-  request.log.error({ err }, 'unhandled error');
-  return new GatewayError('internal_error', 'the gateway failed to handle the request');
+}
+
+/** Forgets every header an answer had set (in fastify and on the raw response), keeping the request id. */
+function clearHeaders(request: FastifyRequest, reply: FastifyReply): void {
+  for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
+  for (const name of reply.raw.getHeaderNames()) reply.raw.removeHeader(name);
+  reply.header('x-stormgate-request-id', request.id);
+}
+
+/**
+ * 405 for the methods a path does not serve, with `allow`. It answers in onRequest, before the body is parsed, so a
+ * wrong method gets 405 whatever its content type.
+ */
+function methodGuard(api: FastifyInstance, url: string, allowed: readonly string[]): void {
+  const path = url.replace(/\/\*$/, '/{model}');
+  api.route({
+    method: ALL_METHODS.filter((m) => !allowed.includes(m)),
+    url,
+    // HEAD comes with GET unless told otherwise; it is allowed exactly when GET is.
+    exposeHeadRoute: false,
+    onRequest: async (request) => {
+      throw methodNotAllowed(request.method, path, allowed);
+    },
+    handler: async () => undefined,
+  });
 }
 
 /** Calls `listener` when the client closes the connection before its answer is complete; returns its removal. */
 function onClientGone(request: FastifyRequest, reply: FastifyReply, listener: () => void): () => void {
   const res = reply.raw;
-  if (request.raw.destroyed) {
+  // Not request.raw.destroyed: Node destroys a request once its body is read, which a compressed body's decoding outlasts.
+  if (res.destroyed || request.raw.socket?.destroyed) {
     listener();
     return () => {};
   }
@@ -207,31 +280,5 @@ function onClientGone(request: FastifyRequest, reply: FastifyReply, listener: ()
 function queryOf(url: string): string {
   const i = url.indexOf('?');
   return i === -1 ? '' : url.slice(i);
-}
-
-function logRequest(request: FastifyRequest, reply: FastifyReply): void {
-  const s = request.stormgate;
-  const line = {
-    method: request.method,
-    path: request.routeOptions.url ?? request.url.split('?')[0],
-    status: reply.statusCode,
-    durationMs: Math.round(reply.elapsedTime),
-    ...(s && {
-      route: s.route,
-      target: s.target,
-      priority: s.priority,
-      outcome: s.outcome,
-      attempts: s.attempts,
-      budgetMs: s.budgetMs,
-      deadlineSource: s.deadlineSource,
-      ttftMs: s.ttftMs,
-      upstreamRequestId: s.upstreamRequestId,
-      streamEnd: s.streamEnd?.kind,
-      fallback: s.fallback,
-      ...(s.skipped.length > 0 && { skipped: s.skipped }),
-    }),
-  };
-  if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') request.log.warn(line, 'stream ended abnormally');
-  else request.log.info(line, 'request');
 }
 

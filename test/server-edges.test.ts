@@ -137,7 +137,7 @@ describe('headers across the gateway', () => {
 describe('passthrough', () => {
   it('is off by default: the gateway is no open relay for the provider key', async () => {
     stack = await startStack({});
-    const res = await stack.gateway.inject({ method: 'GET', url: '/v1/models/gpt-4o' });
+    const res = await stack.gateway.inject({ method: 'GET', url: '/v1/files/file-abc/content' });
     expect(res.statusCode).toBe(404);
     expect(stack.mock.stats().total).toBe(0);
   });

@@ -1,17 +1,32 @@
-// GET /v1/models: the models the routes serve. Exact names come from the config; routes that serve any model (no
-// filter, or globs) add the provider's own list, filtered by their globs and cached so listing never adds load.
+// GET /v1/models and GET /v1/models/{model}: the models a client can request, by the router's own rule. Exact names
+// come from the config; routes that serve any model (no filter, or globs) add the lists of the providers that would get
+// the client's model, filtered by the route. Provider lists are fetched in parallel, once per provider, and cached
+// (failures too), so listing never adds load to a provider that is struggling.
 import type { ProviderClient } from '../providers/provider-client.ts';
-import { globToRegExp, type Router } from './router.ts';
+import type { CompiledRoute, Router } from './router.ts';
 
-interface ModelEntry {
+export interface ModelEntry {
   id: string;
   object: 'model';
   created: number;
   owned_by: string;
 }
 
-const CACHE_MS = 5 * 60_000;
-const FETCH_TIMEOUT_MS = 5_000;
+export interface ModelsListOptions {
+  now?: () => number;
+  /** How long a provider's list is kept: 5 minutes. */
+  cacheMs?: number;
+  /** How long a failed fetch stands before the provider is asked again: 30 s (the last good list is served meanwhile). */
+  failureCacheMs?: number;
+  /** A listing waits at most this long for a provider: 2 s. */
+  fetchTimeoutMs?: number;
+}
+
+interface CacheEntry {
+  at: number;
+  ok: boolean;
+  ids: string[];
+}
 
 /** How a family lists its models; azure-openai deployments are not listable with a key, and disabled providers are not asked. */
 function modelsRequest(client: ProviderClient): { path: string; headers: Record<string, string> } | undefined {
@@ -23,47 +38,81 @@ function modelsRequest(client: ProviderClient): { path: string; headers: Record<
   return undefined;
 }
 
-export function createModelsList(router: Router, providers: ReadonlyMap<string, ProviderClient>) {
-  const cache = new Map<string, { at: number; ids: string[] }>();
+/**
+ * The providers whose own models a route can serve: those of targets that pass the client's model on. A target with a
+ * `model:` override (a fallback to another provider's model) sends its own model whatever the client asked, so its
+ * provider's list says nothing about what clients may request.
+ */
+function listingProviders(route: CompiledRoute): string[] {
+  if (!route.open) return [];
+  return [...new Set(route.config.targets.filter((t) => t.model === undefined).map((t) => t.provider))];
+}
 
-  async function providerModels(name: string): Promise<string[]> {
-    const hit = cache.get(name);
-    if (hit && Date.now() - hit.at < CACHE_MS) return hit.ids;
-    const client = providers.get(name)!;
-    const listing = modelsRequest(client);
-    if (!listing) return [];
-    try {
-      const res = await client.dispatcher.request({
-        path: listing.path,
-        method: 'GET',
-        headers: listing.headers,
-        signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
-      });
-      const body = (await res.body.json()) as { data?: Array<{ id?: unknown }> };
-      const ids = res.statusCode === 200 && Array.isArray(body.data) ? body.data.map((m) => m.id).filter((id): id is string => typeof id === 'string') : [];
-      cache.set(name, { at: Date.now(), ids });
-      return ids;
-    } catch {
-      // A provider that cannot list its models must not break the listing; try again on the next call.
-      return hit?.ids ?? [];
+export function createModelsList(router: Router, providers: ReadonlyMap<string, ProviderClient>, opts: ModelsListOptions = {}) {
+  const now = opts.now ?? Date.now;
+  const cacheMs = opts.cacheMs ?? 5 * 60_000;
+  const failureCacheMs = opts.failureCacheMs ?? 30_000;
+  const fetchTimeoutMs = opts.fetchTimeoutMs ?? 2_000;
+  const cache = new Map<string, CacheEntry>();
+  // A fetch in flight is shared: concurrent listings never send a provider a second request.
+  const inFlight = new Map<string, Promise<string[]>>();
+
+  async function fetchIds(client: ProviderClient, listing: { path: string; headers: Record<string, string> }): Promise<string[]> {
+    const res = await client.dispatcher.request({ path: listing.path, method: 'GET', headers: listing.headers, signal: AbortSignal.timeout(fetchTimeoutMs) });
+    if (res.statusCode !== 200) {
+      await res.body.dump();
+      throw new Error(`status ${res.statusCode}`);
     }
+    const body = (await res.body.json()) as { data?: Array<{ id?: unknown }> };
+    if (!Array.isArray(body.data)) throw new Error('no data array');
+    return body.data.map((m) => m.id).filter((id): id is string => typeof id === 'string');
+  }
+
+  function providerModels(name: string): Promise<string[]> | string[] {
+    const hit = cache.get(name);
+    if (hit && now() - hit.at < (hit.ok ? cacheMs : failureCacheMs)) return hit.ids;
+    const pending = inFlight.get(name);
+    if (pending) return pending;
+    const client = providers.get(name);
+    const listing = client && modelsRequest(client);
+    if (!client || !listing) return [];
+    const fetching = fetchIds(client, listing).then(
+      (ids) => {
+        cache.set(name, { at: now(), ok: true, ids });
+        return ids;
+      },
+      () => {
+        // A provider that cannot list its models must not break the listing, nor be asked again at every listing:
+        // its last good list stands until the failure expires.
+        const ids = hit?.ids ?? [];
+        cache.set(name, { at: now(), ok: false, ids });
+        return ids;
+      },
+    );
+    inFlight.set(name, fetching);
+    void fetching.finally(() => inFlight.delete(name));
+    return fetching;
+  }
+
+  async function list(): Promise<{ object: 'list'; data: ModelEntry[] }> {
+    const names = [...new Set(router.routes.flatMap(listingProviders))];
+    const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
+    const owners = new Map<string, string>();
+    // File order, first wins, as in routing: a model's owner is the provider that would get it first.
+    for (const route of router.routes) {
+      for (const id of route.exactModels) if (!owners.has(id)) owners.set(id, route.config.targets[0]!.provider);
+      for (const provider of listingProviders(route)) {
+        for (const id of lists.get(provider) ?? []) if (!owners.has(id) && route.matchesModel(id)) owners.set(id, provider);
+      }
+    }
+    return { object: 'list', data: [...owners].map(([id, owned_by]) => ({ id, object: 'model', created: 0, owned_by })) };
   }
 
   return {
-    async list(): Promise<{ object: 'list'; data: ModelEntry[] }> {
-      const owners = new Map<string, string>();
-      for (const route of router.routes) {
-        for (const id of route.exactModels) owners.set(id, route.config.targets[0]!.provider);
-        for (const t of route.config.targets) if (t.model) owners.set(t.model, t.provider);
-        if (!route.open) continue;
-        const globs = route.config.match.models?.filter((p) => p.includes('*')).map(globToRegExp);
-        for (const provider of new Set(route.config.targets.map((t) => t.provider))) {
-          for (const id of await providerModels(provider)) {
-            if (!globs || globs.some((g) => g.test(id))) if (!owners.has(id)) owners.set(id, provider);
-          }
-        }
-      }
-      return { object: 'list', data: [...owners].map(([id, owned_by]) => ({ id, object: 'model', created: 0, owned_by })) };
+    list,
+    /** The model object for GET /v1/models/{model}, when the listing holds it. */
+    async retrieve(id: string): Promise<ModelEntry | undefined> {
+      return (await list()).data.find((m) => m.id === id);
     },
   };
 }

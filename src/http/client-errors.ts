@@ -1,0 +1,62 @@
+// Errors raised outside the pipeline, in the OpenAI error shape: what Node's HTTP parser refuses (on the raw socket,
+// before fastify sees a request), and fastify's own or passthrough's errors.
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
+import type { FastifyBaseLogger, FastifyRequest } from 'fastify';
+import { GatewayError } from '../errors.ts';
+import { errorAnswer } from '../pipeline/final-answer.ts';
+import { printable } from './request-body.ts';
+
+/** Node's HTTP parser refused the request: answer in the OpenAI shape on the raw socket, then close it. */
+export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger): void {
+  // A reset connection has no one to answer (https://nodejs.org/api/http.html#event-clienterror).
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const gatewayError =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? new GatewayError('headers_too_large', 'the request headers (the URL included) are larger than the gateway accepts')
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? new GatewayError('request_timeout', 'the request did not arrive in time')
+        : new GatewayError('bad_request', `the HTTP request is malformed (${err.code ?? 'parse error'})`);
+  log.info({ code: err.code, status: gatewayError.status }, 'client error');
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const answer = errorAnswer(gatewayError);
+  const body = JSON.stringify(answer.body);
+  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', ...answer.headers };
+  const head = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  socket.end(`HTTP/1.1 ${answer.status} ${STATUS_CODES[answer.status]}\r\n${head}\r\n${body}`);
+  // A client that keeps its side open must not hold the socket.
+  setTimeout(() => socket.destroy(), 1_000).unref();
+}
+
+/** fastify's own errors (body too large, bad media type, a URL it cannot decode) and passthrough's in the OpenAI shape. */
+export function toGatewayError(err: unknown, request: FastifyRequest): GatewayError {
+  if (err instanceof GatewayError) return err;
+  const e = err as { code?: string; statusCode?: number; message?: string };
+  switch (e.code) {
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new GatewayError('request_too_large', `the request body is larger than server.bodyLimitBytes (${e.message ?? ''})`);
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
+      const type = request.headers['content-type'];
+      return new GatewayError('unsupported_media_type', type ? `content-type ${printable(type)} is not supported; send application/json` : 'the request has a body but no content-type; send application/json');
+    }
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+    case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
+      return new GatewayError('invalid_body', e.message ?? 'the request body is empty or broken');
+    case 'FST_ERR_BAD_URL':
+      return new GatewayError('bad_request', `the URL cannot be decoded: ${printable(request.url)}`);
+  }
+  // Passthrough's proxy (reply-from, undici) could not get an answer from the provider.
+  if (e.code !== undefined && (e.code.startsWith('FST_REPLY_FROM_') || e.code.startsWith('UND_ERR_') || e.code === 'ECONNRESET')) {
+    return e.statusCode === 504
+      ? new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${e.code})`)
+      : new GatewayError('upstream_unavailable', `the provider could not be reached for the passthrough request (${e.code})`);
+  }
+  if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) {
+    return new GatewayError('bad_request', printable(e.message ?? 'bad request'), { status: e.statusCode });
+  }
+  request.log.error({ err }, 'unhandled error');
+  return new GatewayError('internal_error', 'the gateway failed to handle the request');
+}

@@ -1,0 +1,87 @@
+// The request's log line and count: exactly one per request, whichever way it ends, with what the pipeline decided
+// (route, target, attempts, outcome).
+import type { Readable } from 'node:stream';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+
+type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean) => void;
+
+/**
+ * Calls `onEnd` once per request. fastify runs onResponse only for an answer it finished writing, so a client that
+ * leaves first is caught by the response's 'close'. When it leaves while the pipeline still works, the end waits
+ * until the pipeline's answer settles (its summary is complete only then); for a stream, until the stream closes.
+ */
+export class RequestEnds {
+  readonly #ended = new WeakSet<FastifyRequest>();
+  readonly #clientLeft = new WeakSet<FastifyRequest>();
+  readonly #inPipeline = new WeakSet<FastifyRequest>();
+  readonly #streams = new WeakMap<FastifyRequest, Readable>();
+
+  constructor(private readonly onEnd: OnEnd) {}
+
+  /** From onRequest: notices a client that closes the connection before its answer is written. */
+  watch(request: FastifyRequest, reply: FastifyReply): void {
+    const res = reply.raw;
+    res.once('close', () => {
+      if (!res.writableFinished) this.#clientGone(request, reply);
+    });
+  }
+
+  /** The answer was written whole. */
+  answered(request: FastifyRequest, reply: FastifyReply): void {
+    this.#end(request, reply, false);
+  }
+
+  enterPipeline(request: FastifyRequest): void {
+    this.#inPipeline.add(request);
+  }
+
+  /** The pipeline settled (with a stream to watch, if it answered with one). */
+  leavePipeline(request: FastifyRequest, reply: FastifyReply, stream?: Readable): void {
+    this.#inPipeline.delete(request);
+    if (stream) this.#streams.set(request, stream);
+    if (this.#clientLeft.has(request)) this.#clientGone(request, reply);
+  }
+
+  #clientGone(request: FastifyRequest, reply: FastifyReply): void {
+    this.#clientLeft.add(request);
+    if (this.#inPipeline.has(request)) return;
+    const stream = this.#streams.get(request);
+    if (stream && !stream.closed) stream.once('close', () => this.#end(request, reply, true));
+    else this.#end(request, reply, true);
+  }
+
+  #end(request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
+    if (this.#ended.has(request)) return;
+    this.#ended.add(request);
+    if (clientGone && request.stormgate) request.stormgate.outcome = 'client_gone';
+    this.onEnd(request, reply, clientGone);
+  }
+}
+
+export function logRequest(request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
+  const s = request.stormgate;
+  const line = {
+    method: request.method,
+    path: request.routeOptions.url ?? request.url.split('?')[0],
+    // A client that left before any header was written never saw a status.
+    status: clientGone && !reply.raw.headersSent ? undefined : reply.statusCode,
+    durationMs: Math.round(reply.elapsedTime),
+    ...(clientGone && { clientGone: true }),
+    ...(s && {
+      route: s.route,
+      target: s.target,
+      priority: s.priority,
+      outcome: s.outcome,
+      attempts: s.attempts,
+      budgetMs: s.budgetMs,
+      deadlineSource: s.deadlineSource,
+      ttftMs: s.ttftMs,
+      upstreamRequestId: s.upstreamRequestId,
+      streamEnd: s.streamEnd?.kind,
+      fallback: s.fallback,
+      ...(s.skipped.length > 0 && { skipped: s.skipped }),
+    }),
+  };
+  if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') request.log.warn(line, 'stream ended abnormally');
+  else request.log.info(line, 'request');
+}

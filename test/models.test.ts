@@ -1,0 +1,108 @@
+// GET /v1/models and GET /v1/models/{model}: only models a client can request, provider lists fetched once, in
+// parallel and cached (failures too), and the SDK's models.list() and models.retrieve() over real HTTP.
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import { startMock, type MockServer } from '../src/mock/server.ts';
+import { TEST_KEY, useStacks, type Stack } from './helpers/stack.ts';
+import type { ConfigInput } from '../src/config/schema.ts';
+
+const startStack = useStacks();
+let stack: Stack;
+let extra: MockServer | undefined;
+
+afterEach(async () => {
+  await extra?.close();
+  extra = undefined;
+});
+
+const messages = [{ role: 'user' as const, content: 'hi' }];
+
+function sdk(s: Stack): OpenAI {
+  return new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+}
+
+/** The repro's config: a glob route whose Anthropic fallback names its own model, plus an exact route. */
+function fallbackConfig(mockUrl: string): ConfigInput {
+  return {
+    server: { host: '127.0.0.1', port: 0 },
+    providers: {
+      openai: { family: 'openai', baseUrl: `${mockUrl}/v1`, apiKey: TEST_KEY },
+      anthropic: { family: 'anthropic', baseUrl: mockUrl, apiKey: TEST_KEY },
+    },
+    routes: [
+      {
+        name: 'chat',
+        match: { path: '/v1/chat/completions', models: ['gpt-4o*'] },
+        targets: [{ provider: 'openai' }, { provider: 'anthropic', model: 'claude-sonnet-4-5' }],
+      },
+      { name: 'llama', match: { path: '/v1/chat/completions', models: ['meta-llama/Llama-3-8b'] }, targets: [{ provider: 'openai', model: 'gpt-4.1' }] },
+      { name: 'embeddings', match: { path: '/v1/embeddings', models: ['text-embedding-3-small'] }, targets: [{ provider: 'openai' }] },
+    ],
+  };
+}
+
+describe('GET /v1/models lists what a client can request', () => {
+  it('leaves out a model only a fallback target names, and every listed model can be requested', async () => {
+    stack = await startStack({ config: fallbackConfig });
+    const client = sdk(stack);
+    const ids: string[] = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    expect(ids.sort()).toEqual(['gpt-4o', 'gpt-4o-mini', 'meta-llama/Llama-3-8b', 'text-embedding-3-small']);
+    expect(ids).not.toContain('claude-sonnet-4-5');
+    await expect(client.chat.completions.create({ model: 'claude-sonnet-4-5', messages })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
+    for (const model of ids.filter((id) => id.startsWith('text-') === false)) {
+      const answer = await client.chat.completions.create({ model, messages });
+      expect(answer.choices[0]!.message.content, model).toBeTruthy();
+    }
+  });
+
+  it('retrieves a listed model with the SDK, and answers 404 model_not_found for one it does not list', async () => {
+    stack = await startStack({ config: fallbackConfig });
+    const client = sdk(stack);
+    const model = await client.models.retrieve('gpt-4o-mini');
+    expect(model).toMatchObject({ id: 'gpt-4o-mini', object: 'model', owned_by: 'openai' });
+    expect(typeof model.created).toBe('number');
+    expect((await client.models.retrieve('meta-llama/Llama-3-8b')).id).toBe('meta-llama/Llama-3-8b');
+    for (const id of ['claude-sonnet-4-5', 'gpt-4o-unlisted', 'nope']) {
+      const err = await client.models.retrieve(id).catch((e: unknown) => e);
+      expect(err, id).toBeInstanceOf(OpenAI.NotFoundError);
+      const e = err as InstanceType<typeof OpenAI.NotFoundError>;
+      expect(e.code).toBe('model_not_found');
+      expect(e.param).toBe('model');
+      expect(e.headers.get('x-should-retry')).toBe('false');
+    }
+  });
+});
+
+describe('GET /v1/models with a slow provider', () => {
+  it('asks each provider once, in parallel, with a short timeout, and keeps a failure for a while', async () => {
+    extra = await startMock({ quiet: true, apiKey: TEST_KEY, faults: { latencyMs: 20_000 } });
+    const slowUrl = extra.url;
+    stack = await startStack({
+      config: (fastUrl) => ({
+        server: { host: '127.0.0.1', port: 0 },
+        providers: {
+          fast: { family: 'openai', baseUrl: `${fastUrl}/v1`, apiKey: TEST_KEY },
+          slow: { family: 'openai', baseUrl: `${slowUrl}/v1`, apiKey: TEST_KEY },
+        },
+        // Three routes on each provider: the old listing asked the slow one three times in a row, at every listing.
+        routes: ['/v1/chat/completions', '/v1/embeddings', '/v1/completions'].flatMap((path, i) => [
+          { name: `fast-${i}`, match: { path, models: ['gpt-4o*'] }, targets: [{ provider: 'fast' }] },
+          { name: `slow-${i}`, match: { path, models: ['gpt-4.1*'] }, targets: [{ provider: 'slow' }] },
+        ]),
+      }),
+    });
+    const started = Date.now();
+    const listings = await Promise.all([1, 2, 3].map(() => sdk(stack).models.list()));
+    expect(Date.now() - started).toBeLessThan(4_000);
+    for (const page of listings) expect(page.data.map((m) => m.id).sort()).toEqual(['gpt-4o', 'gpt-4o-mini']);
+    expect(extra.stats().byPath['/v1/models']).toBe(1);
+    expect(stack.mock.stats().byPath['/v1/models']).toBe(1);
+    // The failure is cached: the next listing is immediate and the slow provider is not asked again.
+    const again = Date.now();
+    await sdk(stack).models.list();
+    expect(Date.now() - again).toBeLessThan(500);
+    expect(extra.stats().byPath['/v1/models']).toBe(1);
+    expect(stack.mock.stats().byPath['/v1/models']).toBe(1);
+  });
+});

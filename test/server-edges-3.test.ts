@@ -1,0 +1,83 @@
+// A client that leaves still gets its one log line and its one count (outcome client_gone), whenever it leaves:
+// while the pipeline waits for the upstream, or in the middle of a stream. Never two.
+import { describe, expect, it } from 'vitest';
+import { useStacks, type Stack } from './helpers/stack.ts';
+
+const startStack = useStacks();
+let stack: Stack;
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function requestLines(s: Stack, reqId: string): Array<Record<string, unknown>> {
+  return s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.reqId === reqId && (l.msg === 'request' || l.msg === 'stream ended abnormally'));
+}
+
+async function requestsTotal(s: Stack): Promise<Map<string, number>> {
+  const text = await (await fetch(`${s.url}/metrics`)).text();
+  const counts = new Map<string, number>();
+  for (const m of text.matchAll(/^stormgate_requests_total\{[^}]*outcome="([a-z_]+)"[^}]*\} (\d+)/gm)) counts.set(m[1]!, (counts.get(m[1]!) ?? 0) + Number(m[2]));
+  return counts;
+}
+
+/** Waits until `check` passes or a second went by (the line comes when the pipeline's answer settles). */
+async function eventually(check: () => boolean | Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 50 && !(await check()); i++) await sleep(20);
+}
+
+function chat(s: Stack, reqId: string, signal: AbortSignal, stream: boolean) {
+  return fetch(`${s.baseURL}/chat/completions`, {
+    method: 'POST',
+    signal,
+    headers: { 'content-type': 'application/json', 'x-request-id': reqId },
+    body: JSON.stringify({ model: 'gpt-4o', stream, messages: [{ role: 'user', content: 'x' }] }),
+  });
+}
+
+describe('a client that leaves', () => {
+  it('is logged once and counted once as client_gone when it leaves before the answer', async () => {
+    stack = await startStack({ faults: { latencyMs: 2_000 } });
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 200);
+    await expect(chat(stack, 'gone-early', ac.signal, false)).rejects.toThrow();
+    await eventually(() => requestLines(stack, 'gone-early').length > 0);
+    const lines = requestLines(stack, 'gone-early');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ route: 'chat', outcome: 'client_gone', clientGone: true });
+    expect(lines[0]!.status).toBeUndefined();
+    expect((await requestsTotal(stack)).get('client_gone')).toBe(1);
+    await sleep(100);
+    expect(requestLines(stack, 'gone-early')).toHaveLength(1);
+  });
+
+  it('is logged once and counted once as client_gone when it leaves in the middle of a stream', async () => {
+    stack = await startStack({ faults: { stream: { chunks: 30, chunkDelayMs: 50 } } });
+    const ac = new AbortController();
+    const res = await chat(stack, 'gone-mid-stream', ac.signal, true);
+    const reader = res.body!.getReader();
+    await reader.read();
+    await reader.read();
+    ac.abort();
+    await eventually(() => requestLines(stack, 'gone-mid-stream').length > 0);
+    const lines = requestLines(stack, 'gone-mid-stream');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ route: 'chat', outcome: 'client_gone', clientGone: true, status: 200, streamEnd: 'client-gone' });
+    const counts = await requestsTotal(stack);
+    expect(counts.get('client_gone')).toBe(1);
+    expect(counts.get('success') ?? 0).toBe(0);
+    await sleep(100);
+    expect(requestLines(stack, 'gone-mid-stream')).toHaveLength(1);
+  });
+
+  it('leaves a request answered in full with its single success line and count', async () => {
+    stack = await startStack({});
+    for (const stream of [false, true]) {
+      const res = await chat(stack, `whole-${stream}`, new AbortController().signal, stream);
+      await res.text();
+    }
+    await sleep(50);
+    for (const stream of [false, true]) expect(requestLines(stack, `whole-${stream}`)).toEqual([expect.objectContaining({ outcome: 'success', status: 200 })]);
+    const counts = await requestsTotal(stack);
+    expect(counts.get('success')).toBe(2);
+    expect(counts.get('client_gone') ?? 0).toBe(0);
+  });
+});
