@@ -9,7 +9,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { HoldOffs } from './state/hold-offs.ts';
+import { HoldOffs, isCredentialHoldKey } from './state/hold-offs.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -98,6 +98,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.set(change.target, change.record.state);
       if (change.record.state === 'closed' && before !== 'closed') poolOf(change.target).recovered(change.target);
     } else {
+      // A credential hold ends with no capacity to regain and nobody parked on it: parking never waits on credentials.
+      if (isCredentialHoldKey(change.target)) return;
       poolOf(change.target).recovered(change.target);
     }
     lot.notify(change.target);
@@ -118,7 +120,10 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     if (p.disabled) logger.warn({ provider: p.name }, `provider ${p.name} is optional and has no key: disabled, its targets are skipped`);
   }
   const weighted = new WeightedPicker<TargetPlan>(
-    (plan) => holdOffs.until(plan.key) === undefined && board.availability(plan.key, plan.breaker, false).kind !== 'open',
+    (plan) =>
+      holdOffs.until(plan.key) === undefined &&
+      holdOffs.credentialsHeldUntil(plan.key) === undefined &&
+      board.availability(plan.key, plan.breaker, false).kind !== 'open',
   );
   const budget = new RetryBudget(store, now);
   metrics.collectBudgets = async () => {

@@ -8,6 +8,7 @@ import type { Config } from './config/schema.ts';
 import { drainingError, GatewayError, methodNotAllowed, missingModel } from './errors.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
+import type { LiveStream } from './pipeline/live-stream.ts';
 import { createRouter, type CompiledRoute } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
@@ -35,6 +36,9 @@ declare module 'fastify' {
 type Phase = 'serving' | 'draining' | 'closing';
 
 const REQUEST_ID = /^[\w.:@-]{1,128}$/;
+
+/** After the drain's grace period, how long interrupted streams get to write their error event before the exit. */
+const STREAM_GOODBYE_MS = 200;
 
 /** Methods a path answers 405 for when it does not serve them; a method fastify does not route at all gets 404. */
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
@@ -75,6 +79,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     logRequest(request, reply, gone);
   });
 
+  /** Streams being sent, for the end of a drain. */
+  const live = new Set<LiveStream>();
   let phase: Phase = 'serving';
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-stormgate-request-id', request.id);
@@ -91,7 +97,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     phase = 'closing';
     runtime.lot.close();
     logger.info({ graceMs: config.drain.graceMs }, 'closing: parked requests answered, new requests refused');
-    const grace = sleep(config.drain.graceMs).then(() => logger.warn('grace period over: closing the remaining connections'));
+    const grace = sleep(config.drain.graceMs).then(async () => {
+      logger.warn({ streams: live.size }, 'grace period over: ending the remaining streams and closing the connections');
+      // A stream cut by the exit would end in a reset the SDKs report as a network error; an error event says why.
+      for (const stream of live) stream.interrupt();
+      await sleep(STREAM_GOODBYE_MS);
+    });
     // A keep-alive connection that turns idle after close() began would otherwise hold the server open until it times out.
     const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
     await Promise.race([app.close(), grace]);
@@ -183,6 +194,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     request.stormgate = answer.summary;
     ends.leavePipeline(request, reply, answer.body instanceof Readable ? answer.body : undefined);
+    if (answer.live && answer.body instanceof Readable) {
+      const stream = answer.live;
+      live.add(stream);
+      answer.body.once('close', () => live.delete(stream));
+    }
     return sendAnswer(reply, answer);
   }
 

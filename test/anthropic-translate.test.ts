@@ -135,20 +135,55 @@ describe('toAnthropicRequest', () => {
     expect(toAnthropicRequest(chat([hi]), OPTS)).toMatchObject({ ok: true, includeUsage: false });
   });
 
-  it.each<[string, Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>]>([
-    ['n > 1', { n: 2 }],
-    ['logprobs', { logprobs: true }],
-    ['logprobs', { top_logprobs: 3 }],
-    ['logit_bias', { logit_bias: { '50256': -100 } }],
-    ['presence_penalty', { presence_penalty: 0.5 }],
-    ['frequency_penalty', { frequency_penalty: -1 }],
-    ['audio', { modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } }],
-    ['function_call', { functions: [{ name: 'f' }], function_call: 'auto' }],
-    ['json_object', { response_format: { type: 'json_object' } }],
-    ['web_search_options', { web_search_options: {} }],
-    ['only function tools', { tools: [{ type: 'custom', custom: { name: 'grammar' } }] }],
-  ])('refuses what Anthropic cannot express: %s', (reason, extra) => {
-    expect(refusal(chat([hi], extra))).toEqual({ ok: false, reason: expect.stringContaining(reason) });
+  it.each<[string, Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>, string]>([
+    ['n > 1', { n: 2 }, 'n'],
+    ['logprobs', { logprobs: true }, 'logprobs'],
+    ['logprobs', { top_logprobs: 3 }, 'logprobs'],
+    ['logit_bias', { logit_bias: { '50256': -100 } }, 'logit_bias'],
+    ['presence_penalty', { presence_penalty: 0.5 }, 'presence_penalty'],
+    ['frequency_penalty', { frequency_penalty: -1 }, 'frequency_penalty'],
+    ['audio', { modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } }, 'audio'],
+    ['function_call', { functions: [{ name: 'f' }], function_call: 'auto' }, 'function_call'],
+    ['json_object', { response_format: { type: 'json_object' } }, 'response_format'],
+    ['web_search_options', { web_search_options: {} }, 'web_search_options'],
+    ['only function tools', { tools: [{ type: 'custom', custom: { name: 'grammar' } }] }, 'tools[0].type'],
+  ])('refuses what Anthropic cannot express: %s', (reason, extra, param) => {
+    expect(refusal(chat([hi], extra))).toEqual({ ok: false, reason: expect.stringContaining(reason), param });
+  });
+
+  // What OpenAI itself answers 400 to must not be spread, dropped or defaulted into something that looks fine.
+  it.each<[string, Record<string, unknown>, string]>([
+    ['a string tool schema', { tools: [{ type: 'function', function: { name: 'a', parameters: 'str' } }] }, 'tools[0].function.parameters'],
+    ['an array tool schema', { tools: [{ type: 'function', function: { name: 'a', parameters: ['x'] } }] }, 'tools[0].function.parameters'],
+    ['tools that are not a list', { tools: 'x' }, 'tools'],
+    ['tool_choice required without tools', { tool_choice: 'required' }, 'tool_choice'],
+    ['a named tool_choice without tools', { tool_choice: { type: 'function', function: { name: 'a' } } }, 'tool_choice'],
+    ['an unknown tool_choice', { tools: [{ type: 'function', function: { name: 'a' } }], tool_choice: 'always' }, 'tool_choice'],
+    ['a tool_choice of no known type', { tools: [{ type: 'function', function: { name: 'a' } }], tool_choice: { type: 'tool' } }, 'tool_choice'],
+    ['a function tool_choice without a name', { tools: [{ type: 'function', function: { name: 'a' } }], tool_choice: { type: 'function' } }, 'tool_choice.function.name'],
+    ['max_tokens that is not a number', { max_tokens: 'x' }, 'max_tokens'],
+    ['max_completion_tokens of 0', { max_completion_tokens: 0 }, 'max_completion_tokens'],
+    ['stop that is not text', { stop: 5 }, 'stop'],
+    ['two tools of one name', { tools: [{ type: 'function', function: { name: 'a' } }, { type: 'function', function: { name: 'a' } }] }, 'tools[1].function.name'],
+  ])('refuses a malformed request with its param: %s', (_name, extra, param) => {
+    const result = toAnthropicRequest({ model: 'gpt-5', messages: [hi], ...extra } as unknown as OpenAI.ChatCompletionCreateParams, OPTS);
+    expect(result).toMatchObject({ ok: false, param });
+  });
+
+  it.each<[string, unknown, string]>([
+    ['messages that are not a list', 'x', 'messages'],
+    ['user content that is a number', [{ role: 'user', content: 5 }], 'messages[0].content'],
+    ['a null content part', [{ role: 'user', content: [null] }], 'messages[0].content[0]'],
+  ])('names the message field at fault: %s', (_name, messages, param) => {
+    const result = toAnthropicRequest({ model: 'gpt-5', messages } as unknown as OpenAI.ChatCompletionCreateParams, OPTS);
+    expect(result).toMatchObject({ ok: false, param });
+  });
+
+  it('still drops tool_choice auto or none when there are no tools, and accepts a null schema', () => {
+    expect(translated(chat([hi], { tool_choice: 'auto' }))).not.toHaveProperty('tool_choice');
+    expect(translated(chat([hi], { tool_choice: 'none' }))).not.toHaveProperty('tools');
+    const nullSchema = { type: 'function', function: { name: 'a', parameters: null } } as unknown as OpenAI.ChatCompletionTool;
+    expect(translated(chat([hi], { tools: [nullSchema] })).tools).toEqual([{ name: 'a', input_schema: { type: 'object' } }]);
   });
 
   it('refuses audio input and the legacy function role, and accepts zero penalties', () => {

@@ -1,5 +1,6 @@
 // SIGTERM drains the real process: readiness off at once, requests still served for preStopMs, then new requests
-// refused with an OpenAI-shaped 503 (x-should-retry: true), in-flight streams finish, and the process exits 0.
+// refused with an OpenAI-shaped 503 (x-should-retry: true), in-flight streams finish (or, past the grace period, end
+// with an error event), and the process exits 0.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -29,35 +30,56 @@ async function freePort(): Promise<number> {
   return port;
 }
 
+/** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once healthy. */
+async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }): Promise<string> {
+  mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 } } });
+  const port = await freePort();
+  dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
+  const file = join(dir, 'gateway.yaml');
+  writeFileSync(
+    file,
+    stringify({
+      server: { host: '127.0.0.1', port, logLevel: 'warn' },
+      providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+      drain,
+    }),
+  );
+  proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: 'ignore' });
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 100; i++) {
+    if (await fetch(`${url}/healthz`).then((r) => r.ok, () => false)) break;
+    await sleep(100);
+  }
+  return url;
+}
+
+/** A stream through the gateway, with its first chunk read. */
+async function openStream(url: string): Promise<ReadableStreamDefaultReader<Uint8Array>> {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
+  });
+  const reader = res.body!.getReader();
+  await reader.read();
+  return reader;
+}
+
+async function readRest(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string> {
+  let text = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return text;
+    text += new TextDecoder().decode(value);
+  }
+}
+
 describe('SIGTERM', () => {
   it('drains: readiness off, then new requests refused, the stream in flight completes, exit 0', async () => {
-    mock = await startMock({ quiet: true, faults: { stream: { chunks: 12, chunkDelayMs: 150 } } });
-    const port = await freePort();
-    dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
-    const file = join(dir, 'gateway.yaml');
-    writeFileSync(
-      file,
-      stringify({
-        server: { host: '127.0.0.1', port, logLevel: 'warn' },
-        providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-        drain: { preStopMs: 400, graceMs: 10_000 },
-      }),
-    );
-    proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: 'ignore' });
-    const url = `http://127.0.0.1:${port}`;
-    for (let i = 0; i < 100; i++) {
-      if (await fetch(`${url}/healthz`).then((r) => r.ok, () => false)) break;
-      await sleep(100);
-    }
+    const url = await startGateway(12, { preStopMs: 400, graceMs: 10_000 });
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
-    const res = await fetch(`${url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
-    });
-    const reader = res.body!.getReader();
-    await reader.read();
+    const reader = await openStream(url);
     const exited = once(proc, 'exit');
     proc.kill('SIGTERM');
     await sleep(100);
@@ -75,13 +97,24 @@ describe('SIGTERM', () => {
       () => ({ status: 0, retry: null, code: 'refused' }),
     );
     if (late.status !== 0) expect(late).toEqual({ status: 503, retry: 'true', code: 'gateway_draining' });
-    let text = '';
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      text += new TextDecoder().decode(value);
-    }
+    const text = await readRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    const [code] = await exited;
+    expect(code).toBe(0);
+  });
+
+  it('ends a stream still running when the grace period is over with an error event the SDKs raise, not a reset', async () => {
+    const url = await startGateway(100, { preStopMs: 0, graceMs: 500 });
+    const reader = await openStream(url);
+    const exited = once(proc!, 'exit');
+    proc!.kill('SIGTERM');
+    // Reading ends cleanly (no network error), with the error event last and no [DONE] that would look complete.
+    const text = await readRest(reader);
+    const events = text.trim().split('\n\n');
+    const last = JSON.parse(events.at(-1)!.replace(/^data: /, '')) as { error: { code: string; message: string } };
+    expect(last.error.code).toBe('stream_interrupted');
+    expect(last.error.message).toMatch(/shutting down/);
+    expect(text).not.toContain('[DONE]');
     const [code] = await exited;
     expect(code).toBe(0);
   });

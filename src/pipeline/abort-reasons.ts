@@ -26,3 +26,10 @@ export class AttemptTimeout extends Error {
     super(`${WHAT_DID_NOT_COME[phase]} ${limitMs} ms`);
   }
 }
+
+/** The instance's drain grace period ran out with the stream still going: it ends with an error event, not a reset. */
+export class GatewayShutdown extends Error {
+  constructor() {
+    super('the gateway instance is shutting down');
+  }
+}

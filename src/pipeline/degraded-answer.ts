@@ -22,6 +22,8 @@ export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): string 
       return 'shed';
     case 'park-full':
       return 'park_full';
+    case 'auth-held':
+      return 'failed';
     case 'closing':
       return undefined;
   }

@@ -15,7 +15,9 @@ export interface FailureFacts {
   result: AttemptResult;
   cls: Classification;
   retryAfterMs: number | undefined;
-  attempts: number;
+  /** Attempts per target, in the order the targets were first tried (probes included). */
+  attempts: ReadonlyArray<readonly [target: string, count: number]>;
+  /** The target that failed last. */
   target: string;
   budgetMs: number;
 }
@@ -38,8 +40,36 @@ export function errorAnswer(err: GatewayError): ErrorAnswer {
   return { status: err.status, headers: retryHeaders(err.shouldRetry, err.retryAfterMs), body: err.toBody() };
 }
 
+/** Attempts per target, counted from the request's attempt records. */
+export function attemptsByTarget(records: ReadonlyArray<{ target: string }>): Array<[string, number]> {
+  const counts = new Map<string, number>();
+  for (const r of records) counts.set(r.target, (counts.get(r.target) ?? 0) + 1);
+  return [...counts];
+}
+
+/** "3 attempts": the attempts on `target`, the one named in the message. */
+function attemptsOn(attempts: FailureFacts['attempts'], target: string): string {
+  const n = attempts.find(([t]) => t === target)?.[1] ?? 0;
+  return `${n} attempt${n === 1 ? '' : 's'}`;
+}
+
+function totalOf(attempts: FailureFacts['attempts']): number {
+  return attempts.reduce((n, [, c]) => n + c, 0);
+}
+
+/** "a 2, b 3": attempts per target. */
+function perTarget(attempts: FailureFacts['attempts']): string {
+  return attempts.map(([t, c]) => `${t} ${c}`).join(', ');
+}
+
+/** "; 5 attempts in all: a 2, b 3" when other targets were tried too, else nothing. */
+function allAttempts(attempts: FailureFacts['attempts']): string {
+  return attempts.length < 2 ? '' : `; ${totalOf(attempts)} attempts in all: ${perTarget(attempts)}`;
+}
+
 function gatewayErrorFor(f: FailureFacts): GatewayError {
-  const tried = `${f.attempts} attempt${f.attempts === 1 ? '' : 's'}`;
+  const tried = attemptsOn(f.attempts, f.target);
+  const all = allAttempts(f.attempts);
   const { outcome } = f.result;
   const opts = { retryAfterMs: f.retryAfterMs };
   switch (outcome.kind) {
@@ -47,13 +77,16 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       // Only credential problems get here: the provider's body may echo part of the key, so it is never passed on.
       return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`, opts);
     case 'network':
-      return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})`, opts);
+      return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})${all}`, opts);
     case 'timeout':
-      return new GatewayError('upstream_timeout', `upstream ${f.target} timed out after ${tried} (last: ${outcome.phase.replace('-', ' ')} timeout)`, opts);
+      return new GatewayError('upstream_timeout', `upstream ${f.target} timed out after ${tried} (last: ${outcome.phase.replace('-', ' ')} timeout)${all}`, opts);
     case 'bad-stream':
-      return new GatewayError('upstream_bad_response', `upstream ${f.target} sent a broken stream after ${tried} (last: ${outcome.detail})`, opts);
-    case 'aborted':
-      return new GatewayError('deadline_exceeded', `the request's deadline of ${f.budgetMs} ms passed after ${tried} (last target: ${f.target})`, opts);
+      return new GatewayError('upstream_bad_response', `upstream ${f.target} sent a broken stream after ${tried} (last: ${outcome.detail})${all}`, opts);
+    case 'aborted': {
+      const total = totalOf(f.attempts);
+      const where = f.attempts.length < 2 ? '' : `; ${perTarget(f.attempts)}`;
+      return new GatewayError('deadline_exceeded', `the request's deadline of ${f.budgetMs} ms passed after ${total} attempt${total === 1 ? '' : 's'} (last target: ${f.target}${where})`, opts);
+    }
     case 'ok':
       return new GatewayError('internal_error', 'a successful attempt was treated as a failure', opts);
   }
@@ -68,4 +101,39 @@ export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: s
   return u.reason === 'breaker'
     ? errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs: u.retryAfterMs }))
     : errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s`, { retryAfterMs: u.retryAfterMs, shouldRetry: true }));
+}
+
+/**
+ * The provider refused the gateway's credentials moments ago and the hold (authHoldS) is still on: answered at once,
+ * without retry-after or an invitation to retry, since only a fix of the gateway's configuration helps.
+ */
+export function authHeldAnswer(u: { target: string; remainingMs: number }): ErrorAnswer {
+  const seconds = Math.ceil(u.remainingMs / 1000);
+  return errorAnswer(
+    new GatewayError('upstream_auth_error', `provider target ${u.target} rejected the gateway's credentials or billing and is not used for another ${seconds} s; this is a gateway configuration problem, not the request's`),
+  );
+}
+
+/**
+ * Every target was skipped because its family cannot express the request as sent (messages that are not a list,
+ * `n` > 1 for Anthropic, ...): the client can change that, so it is a 400 with the reasons, not a gateway failure.
+ */
+export function inexpressibleAnswer(route: string, skips: ReadonlyArray<{ target: string; reason: string; param?: string }>): ErrorAnswer {
+  const why = skips.map((s) => `${s.target}: ${s.reason}`).join('; ');
+  const param = skips.find((s) => s.param !== undefined)?.param ?? null;
+  return errorAnswer(new GatewayError('invalid_body', `no target of route ${route} can take this request as sent: ${why}`, { param }));
+}
+
+/** Appends the fallback's rejection to the earlier target's failure: both facts reach the client, the outage first. */
+export function withRejectionNote(answer: ErrorAnswer, rejection: { target: string; result: AttemptResult }): ErrorAnswer {
+  const { outcome } = rejection.result;
+  const status = outcome.kind === 'http' ? outcome.status : 400;
+  const why = normaliseUpstreamErrorBody(status, rejection.result.body).error.message;
+  const note = `the fallback ${rejection.target} rejected the request (${status}: ${truncate(why, 300)})`;
+  const message = answer.body.error.message.replace(/\.?\s*$/, '');
+  return { ...answer, body: { error: { ...answer.body.error, message: `${message}; ${note}` } } };
+}
+
+function truncate(s: string, max: number): string {
+  return s.length <= max ? s : `${s.slice(0, max - 1)}…`;
 }

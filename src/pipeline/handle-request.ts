@@ -10,15 +10,15 @@ import type { Pools } from '../pools/pools.ts';
 import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { ClientGone, DeadlineReached } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
-import { errorAnswer, failureAnswer, unavailableAnswer, type ErrorAnswer } from './final-answer.ts';
-import type { StreamEnd } from './live-stream.ts';
+import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, type ErrorAnswer } from './final-answer.ts';
+import type { LiveStream, StreamEnd } from './live-stream.ts';
 import { serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
-import type { AttemptRecord, TargetPlan } from './target-attempts.ts';
+import type { AttemptRecord, SkippedTarget, TargetPlan } from './target-attempts.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -50,6 +50,8 @@ export interface PipelineAnswer {
   headers: Record<string, string>;
   body: Buffer | OpenAIErrorBody | Readable;
   summary: RequestSummary;
+  /** The upstream stream behind a streamed body, so a shutting-down instance can end it with an error event. */
+  live?: LiveStream;
 }
 
 export interface RequestSummary {
@@ -69,7 +71,7 @@ export interface RequestSummary {
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
   /** Targets left out for this request, with the reason. */
-  skipped: Array<{ target: string; reason: string }>;
+  skipped: SkippedTarget[];
   /** Tokens of the answer, for the cost metrics. */
   usage?: Usage;
 }
@@ -124,6 +126,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       handedToStream = answer.body instanceof Readable;
       return answer;
     }
+    // A credential hold is a failure like the credential rejection that started it (degraded-answer.ts does not know the kind yet).
     const degraded = route.config.degraded && degradedReason(served);
     if (degraded) {
       summary.outcome = 'degraded';
@@ -150,6 +153,11 @@ function clientRetryCount(headers: HeaderBag): number {
 }
 
 function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number): ErrorAnswer {
+  const answer = errorOf(served, summary, budgetMs, nowMs);
+  return served.rejected ? withRejectionNote(answer, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : answer;
+}
+
+function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number): ErrorAnswer {
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
@@ -158,7 +166,7 @@ function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSumma
         result: served.failure.result,
         cls: served.failure.cls,
         retryAfterMs: served.failure.retryAfterMs,
-        attempts: summary.attempts.length,
+        attempts: attemptsByTarget(summary.attempts),
         target: served.plan.label,
         budgetMs,
       });
@@ -189,8 +197,11 @@ function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSumma
     case 'closing':
       summary.outcome = 'unavailable';
       return errorAnswer(drainingError());
+    case 'auth-held':
+      summary.outcome = 'unavailable';
+      return authHeldAnswer({ target: served.plan.label, remainingMs: Math.max(0, served.untilMs - nowMs) });
     case 'no-target':
-      return errorAnswer(noTargetError(summary));
+      return inexpressibleAnswer(summary.route, served.skips);
   }
 }
 
@@ -228,7 +239,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     const body = Readable.from(live.body(), { objectMode: false });
     // If the client leaves before the stream is ever read, the generator never runs its cleanup: do it here.
     body.once('close', () => live.abandon());
-    return { status: result.status ?? 200, headers, body, summary };
+    return { status: result.status ?? 200, headers, body, summary, live };
   }
   const body = result.body ?? Buffer.alloc(0);
   const usage = usageOfBody(body);

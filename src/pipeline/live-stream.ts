@@ -6,9 +6,9 @@ import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
 import { eventMeaning, streamErrorEvent, usesDoneSentinel } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
-import { AttemptTimeout } from './abort-reasons.ts';
+import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 
-export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'recovered';
+export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'recovered' | 'shutdown';
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
@@ -133,6 +133,9 @@ export class LiveStream {
       } else if (reason instanceof AttemptTimeout && finished) {
         kind = 'done-added';
         yield 'data: [DONE]\n\n';
+      } else if (reason instanceof GatewayShutdown) {
+        kind = 'shutdown';
+        yield streamErrorEvent(api, `${reason.message} before the answer was complete; send the request again`, 'stream_interrupted');
       } else if (reason instanceof AttemptTimeout) {
         kind = 'stalled';
         if (yield* this.#recovered()) kind = 'recovered';
@@ -189,6 +192,11 @@ export class LiveStream {
   whenDone(fn: () => void): void {
     if (this.#ended) fn();
     else this.#finishers.push(fn);
+  }
+
+  /** Ends the stream now with an error event the SDKs raise (the instance is shutting down), not with a reset. */
+  interrupt(): void {
+    if (!this.#ended) this.#opts.controller.abort(new GatewayShutdown());
   }
 
   /** The client went away before the stream was read at all: free the upstream connection and the slot. */

@@ -1,16 +1,22 @@
 // The targets of one request, in order: the primary, then the fallbacks. A target that is unavailable (breaker open,
-// hold-off) or full (shed) is passed over at once; one that failed after its retries hands over to the next. When no
-// target can take the request, it parks on the one expected back first, if the one wait rule allows it, and is tried
-// again when released. A context_length_exceeded answer goes to the route's contextWindowFallback, if any.
+// hold-off), full (shed) or held for refused credentials is passed over at once; one that failed after its retries
+// hands over to the next. When no target can take the request, it parks on the one expected back first, if the one
+// wait rule allows it, and is tried again when released. A context_length_exceeded answer goes to the route's
+// contextWindowFallback, if any.
+// A fallback that rejects the request (400, 404, 422, context too long) after an earlier target failed for
+// availability speaks about its own limits or translation, not about a request the primary might well have taken:
+// the client gets the earlier failure, with the rejection as a note, never a 4xx telling it to change its request.
 import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
 import { classify } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
-import { newRun, tryTarget, type RequestContext, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
+import { newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Outcome classes that end the request: the client's own mistakes, a safety decision, a disconnect or the deadline. */
 const ENDS_REQUEST = new Set(['aborted', 'client-error', 'context-length', 'content-policy']);
+/** Outcome classes by which a target rejects the request as it is: the client's fault only if no earlier target was down. */
+const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
 
 export type FallbackReason =
   | 'retries_exhausted'
@@ -24,20 +30,33 @@ export type FallbackReason =
   | 'shed'
   | 'context_length';
 
-export type Served =
+type Failure = TargetResult & { kind: 'failed' };
+
+/** A fallback that rejected the request after an earlier target failed for availability: a note on the answer. */
+export interface Rejection {
+  plan: TargetPlan;
+  failure: Failure;
+}
+
+export type Served = (
   | { kind: 'ok'; plan: TargetPlan; result: AttemptResult; fallback: FallbackReason | undefined }
-  | { kind: 'failed'; plan: TargetPlan; failure: TargetResult & { kind: 'failed' } }
+  | { kind: 'failed'; plan: TargetPlan; failure: Failure }
   | { kind: 'unavailable'; plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs: number }
   | { kind: 'park-full'; plan: TargetPlan; availableAtMs: number }
   | { kind: 'shed'; plan: TargetPlan; shed: TargetResult & { kind: 'shed' } }
   | { kind: 'closing'; plan: TargetPlan }
-  /** No target could even be tried: each one's family cannot express the request. */
-  | { kind: 'no-target'; plan: TargetPlan };
+  /** The provider refused the gateway's credentials lately and no other target could answer. */
+  | { kind: 'auth-held'; plan: TargetPlan; untilMs: number }
+  /** No target could even be tried: each one's family cannot express the request as sent (`skips` say why). */
+  | { kind: 'no-target'; plan: TargetPlan; skips: SkippedTarget[] }
+) & { rejected?: Rejection };
 
 export interface ServeDeps extends TargetDeps {
   lot: ParkingLot;
   onFallback?: (route: string, from: string, to: string, reason: FallbackReason) => void;
 }
+
+type Failed = Served & { kind: 'failed' };
 
 type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
@@ -49,8 +68,14 @@ export async function serveTargets(
   deps: ServeDeps,
 ): Promise<Served> {
   const runs = plans.map(() => newRun());
-  let lastFailure: Served | undefined;
+  /** The failure to answer with: the latest a target ended with (a fallback's rejection after an outage aside). */
+  let lastFailure: Failed | undefined;
   let shed: Served | undefined;
+  let authHeld: Served | undefined;
+  let rejected: Rejection | undefined;
+  /** Was a target down, full or held before the current one? Then the current one's rejection is not the client's fault. */
+  let outageBefore = false;
+  const skips: SkippedTarget[] = [];
   let released: { index: number; ticket: Ticket } | undefined;
   let left: { plan: TargetPlan; reason: FallbackReason } | undefined;
   let fallback: FallbackReason | undefined;
@@ -61,6 +86,8 @@ export async function serveTargets(
     }
     return tryTarget(ctx, plan, run, deps, hasNext, ticket);
   };
+  // Whatever the request ends with (a success aside) carries the fallback's rejection, if there was one.
+  const end = (served: Served): Served => (rejected && served.kind !== 'ok' ? { ...served, rejected } : served);
   for (;;) {
     const blocked: Blocked[] = [];
     for (let i = 0; i < plans.length; i++) {
@@ -71,46 +98,77 @@ export async function serveTargets(
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
         blocked.push({ plan, reason: 'breaker', availableAtMs: deps.now() });
         left = { plan, reason: 'breaker_open' };
+        outageBefore = true;
         continue;
       }
-      const r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), released?.ticket);
+      const ticket = released?.ticket;
       released = undefined;
+      const failedBefore = run.lastFailure;
+      const r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
+      // A released request gives its place in the lot back however the target answered (an early return included).
+      ticket?.done();
       if (r.kind === 'ok') return { kind: 'ok', plan, result: r.result, fallback };
       if (r.kind === 'unavailable') {
         blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });
+        // It failed before it went away (a failed probe, a breaker that opened during the retries). When the request
+        // is to end with a failure anyway, this is the latest one: the answer names the target that failed last.
+        if (lastFailure && run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
         left = { plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' };
+        outageBefore = true;
         continue;
       }
       run.done = true;
       if (r.kind === 'skipped') {
-        ctx.skipped.push({ target: plan.label, reason: r.reason });
+        const skip = { target: plan.label, reason: r.reason, ...(r.param !== undefined && { param: r.param }) };
+        ctx.skipped.push(skip);
+        skips.push(skip);
+        continue;
+      }
+      if (r.kind === 'auth-held') {
+        // Never parked for and never retried: a refused key comes back only when someone fixes the configuration.
+        authHeld ??= { kind: 'auth-held', plan, untilMs: r.untilMs };
+        ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused the gateway's credentials or billing` });
+        left = { plan, reason: 'credentials' };
+        outageBefore = true;
         continue;
       }
       if (r.kind === 'shed') {
         // The provider's pool is full for this request's class: another provider may have room.
         shed ??= { kind: 'shed', plan, shed: r };
         left = { plan, reason: 'shed' };
+        outageBefore = true;
         continue;
       }
-      lastFailure = { kind: 'failed', plan, failure: r };
       if (r.cls.cls === 'context-length' && contextFallback && plan !== contextFallback) {
         left = { plan, reason: 'context_length' };
         const c = await attempt(contextFallback, newRun(), false);
         if (c.kind === 'ok') return { kind: 'ok', plan: contextFallback, result: c.result, fallback };
         if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
-        return c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : lastFailure;
+        const last: Failed = c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : { kind: 'failed', plan, failure: r };
+        if (!outageBefore || !REJECTS_REQUEST.has(last.failure.cls.cls)) return end(last);
+        rejected ??= { plan: last.plan, failure: last.failure };
+        left = { plan, reason: 'error' };
+        continue;
       }
-      if (ENDS_REQUEST.has(r.cls.cls)) return lastFailure;
+      if (outageBefore && REJECTS_REQUEST.has(r.cls.cls)) {
+        // Not the client's mistake: the request moves on (or parks for the target that was down).
+        rejected ??= { plan, failure: r };
+        left = { plan, reason: 'error' };
+        continue;
+      }
+      lastFailure = { kind: 'failed', plan, failure: r };
+      if (ENDS_REQUEST.has(r.cls.cls)) return end(lastFailure);
       left = { plan, reason: fallbackReason(r) };
+      outageBefore = true;
     }
     released?.ticket.done();
     released = undefined;
-    if (blocked.length === 0) return lastFailure ?? shed ?? { kind: 'no-target', plan: plans[0]! };
+    if (blocked.length === 0) return end(lastFailure ?? authHeld ?? shed ?? rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
     const now = deps.now();
     if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
-      return lastFailure ?? shed ?? unavailable;
+      return end(lastFailure ?? authHeld ?? shed ?? unavailable);
     }
     const parked = await deps.lot.park(first.plan.key, {
       route: ctx.route.name,
@@ -124,17 +182,21 @@ export async function serveTargets(
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
         break;
       case 'full':
-        return { kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs };
+        return end({ kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });
       case 'closing':
-        return { kind: 'closing', plan: first.plan };
+        return end({ kind: 'closing', plan: first.plan });
       case 'timeout':
-        return lastFailure ?? unavailable;
+        return end(lastFailure ?? authHeld ?? unavailable);
       case 'aborted': {
         const result = { outcome: abortOutcome(ctx.signal.reason) };
-        return { kind: 'failed', plan: first.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } };
+        return end({ kind: 'failed', plan: first.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } });
       }
     }
   }
+}
+
+function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {
+  return rejected && { kind: 'failed', plan: rejected.plan, failure: rejected.failure };
 }
 
 function fallbackReason(r: TargetResult & { kind: 'failed' }): FallbackReason {

@@ -70,6 +70,13 @@ export interface TargetRun {
   done: boolean;
 }
 
+/** A target a request left out, and why; `param` when the request field at fault is known. */
+export interface SkippedTarget {
+  target: string;
+  reason: string;
+  param?: string;
+}
+
 export interface RequestContext {
   route: CompiledRoute;
   api: ApiKind;
@@ -78,7 +85,7 @@ export interface RequestContext {
   deadlineAtMs: number;
   attempts: AttemptRecord[];
   /** Targets this request skipped, with the reason (shared with the request's log line). */
-  skipped: Array<{ target: string; reason: string }>;
+  skipped: SkippedTarget[];
   /** May the request park while its targets are unavailable? */
   parkable: boolean;
   /** The client's own retry count (x-stainless-retry-count), 0 when none. */
@@ -103,8 +110,10 @@ export interface TargetDeps {
 
 export type TargetResult =
   | { kind: 'ok'; result: AttemptResult }
-  /** The target's API family cannot express this request. */
-  | { kind: 'skipped'; reason: string }
+  /** The target's API family cannot express this request; `param`: the request field at fault, when known. */
+  | { kind: 'skipped'; reason: string; param?: string }
+  /** The provider refused the gateway's credentials or billing lately: nothing is sent to it until `untilMs`. */
+  | { kind: 'auth-held'; untilMs: number }
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
@@ -120,9 +129,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
   const { retry } = plan;
   const { board, holdOffs } = deps.guards;
   const prepared = plan.upstream();
-  if (!prepared.ok) return { kind: 'skipped', reason: prepared.reason };
+  if (!prepared.ok) return { kind: 'skipped', reason: prepared.reason, ...paramOf(prepared) };
   const upstream = prepared.request;
   for (;;) {
+    // Checked before the hold-off: a refused key does not come back by itself, so this is never waited for.
+    const authHeldUntil = holdOffs.credentialsHeldUntil(plan.key);
+    if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffs.until(plan.key);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
     const permitTtlMs = Math.min(plan.client.config.timeouts.firstTokenMs, ctx.deadlineAtMs - deps.now());
@@ -162,7 +174,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const failed = (retryAfterMs: number | undefined, why?: Why): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs, ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
-    if (cls.cls === 'credentials') holdOffs.hold(plan.key, plan.client.config.authHoldS * 1000);
+    if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts || run.noRetries) return failed(hint?.delayMs, 'retries_exhausted');
     // A silent target (no headers, no first token in time) is not retried when another target can answer.
@@ -197,6 +209,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     run.waitMs = delayMs;
     run.retryPaid = true;
   }
+}
+
+/** The request field a family's refusal names, when the family says (a translator's `param`). */
+function paramOf(prepared: Prepared & { ok: false }): { param?: string } {
+  const param = 'param' in prepared ? prepared.param : undefined;
+  return typeof param === 'string' ? { param } : {};
 }
 
 async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Promise<boolean> {

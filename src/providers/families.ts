@@ -36,7 +36,7 @@ export interface FamilyInput {
   model: string | undefined;
 }
 
-export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; reason: string };
+export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; reason: string; param?: string };
 
 /** The request for one target, in its family's terms; or why the target cannot serve it. */
 export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): Prepared {
@@ -49,7 +49,7 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
         request: { path: `${basePath}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}${input.query}`, headers: { authorization: `Bearer ${provider.apiKey}` }, body, translator: undefined },
       };
     case 'azure-openai': {
-      if (!input.model) return { ok: false, reason: 'azure-openai needs a model (its deployment name) and the request has none' };
+      if (!input.model) return { ok: false, reason: 'azure-openai needs a model (its deployment name) and the request has none', param: 'model' };
       const query = new URLSearchParams(input.query.slice(1));
       query.set('api-version', provider.apiVersion!);
       const path = `${basePath}/openai/deployments/${encodeURIComponent(input.model)}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}?${query}`;
@@ -71,9 +71,11 @@ function basePathOf(provider: ProviderConfig): string {
 
 function prepareAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput): Prepared {
   if (input.api !== 'chat') return { ok: false, reason: `anthropic targets serve chat completions only, not ${input.clientPath}` };
-  if (!input.model) return { ok: false, reason: 'anthropic needs a model and the request has none' };
+  if (!input.model) return { ok: false, reason: 'anthropic needs a model and the request has none', param: 'model' };
   const translated = toAnthropicRequest(input.json as unknown as OpenAIChatRequest, { model: input.model, defaultMaxTokens: provider.defaultMaxTokens, sampling: provider.sampling });
-  if (!translated.ok) return { ok: false, reason: `anthropic cannot express this request: ${translated.reason}` };
+  if (!translated.ok) {
+    return { ok: false, reason: `anthropic cannot express this request: ${translated.reason}`, ...(translated.param !== undefined && { param: translated.param }) };
+  }
   const path = `${basePath.replace(/\/v1$/, '')}/v1/messages`;
   const headers = { 'x-api-key': provider.apiKey, 'anthropic-version': provider.anthropicVersion };
   return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator: anthropicTranslator(input.model, translated.includeUsage) } };

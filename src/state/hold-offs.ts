@@ -1,6 +1,9 @@
 // Fleet-wide hold-offs: when a provider says "come back in N seconds" (retry-after, retry-after-ms on a 429, 503 or
 // 529), no instance sends that target new attempts until then. x-ratelimit-reset-* hints never start one: a token
 // bucket refills continuously, and one large prompt must not stop a fleet for minutes.
+// Credential holds (the provider refused the gateway's own key or billing) are a second kind, kept under their own
+// state key: a hold-off ends by itself and is worth waiting for (park, retry-after), a refused key is not (someone has
+// to fix the configuration), so requests skip a credential-held target at once instead of waiting for it.
 import type { WaitHint } from '../policy/wait-hint.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from './store.ts';
@@ -8,6 +11,13 @@ import type { StateStore } from './store.ts';
 const HOLD_OFF_STATUSES = new Set([429, 503, 529]);
 /** Spread added to a hold-off's end so a fleet told the same time does not come back at the same millisecond. */
 const MAX_SPREAD_MS = 1_000;
+/** Suffix of a credential hold's state key: shared through the store like a hold-off, never read as one. */
+const CREDENTIALS_SUFFIX = '#credentials';
+
+/** Is this state key a credential hold (not a target's own key)? For listeners of the store's changes. */
+export function isCredentialHoldKey(key: string): boolean {
+  return key.endsWith(CREDENTIALS_SUFFIX);
+}
 
 /** Does this answer start a fleet-wide hold-off? Only a fleet-wide hint the route would wait out. */
 export function startsHoldOff(status: number, hint: WaitHint | undefined, maxWaitHintMs: number): hint is WaitHint {
@@ -27,9 +37,15 @@ export class HoldOffs {
     return until !== undefined && until > this.now() ? until : undefined;
   }
 
-  /** Holds the target off for a fixed time (the gateway's own credentials were refused). */
-  hold(target: string, ms: number): void {
-    void this.store.setHoldOff(target, Math.ceil(this.now() + ms));
+  /** Keeps requests off the target for a fixed time: the provider refused the gateway's own credentials or billing. */
+  holdCredentials(target: string, ms: number): void {
+    void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, Math.ceil(this.now() + ms));
+  }
+
+  /** When the target's credential hold ends, if it is still in force. */
+  credentialsHeldUntil(target: string): number | undefined {
+    const until = this.store.getHoldOff(target + CREDENTIALS_SUFFIX);
+    return until !== undefined && until > this.now() ? until : undefined;
   }
 
   /** Starts (or extends) the target's hold-off; returns when it ends. */

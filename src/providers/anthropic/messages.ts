@@ -13,8 +13,15 @@ import type {
   OpenAITextPart,
 } from './types.ts';
 
-/** The request asks for something the Anthropic target cannot do; the message says what. */
-export class Inexpressible extends Error {}
+/** The request asks for something the Anthropic target cannot do; the message says what, `param` which field. */
+export class Inexpressible extends Error {
+  constructor(
+    message: string,
+    readonly param?: string,
+  ) {
+    super(message);
+  }
+}
 
 /** What the conversation becomes: the system prompt (if any) and turns that alternate, starting with the user. */
 export interface AnthropicConversation {
@@ -30,7 +37,7 @@ const OPENING_USER_TURN = '.';
 
 /** Translates the whole message list; throws Inexpressible. */
 export function toAnthropicConversation(input: unknown): AnthropicConversation {
-  if (!Array.isArray(input)) throw new Inexpressible('messages must be an array');
+  if (!Array.isArray(input)) throw new Inexpressible('messages must be an array', 'messages');
   const system: string[] = [];
   const turns: AnthropicMessageParam[] = [];
   for (const [i, raw] of (input as OpenAIMessage[]).entries()) {
@@ -50,16 +57,16 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`));
         break;
       case 'tool':
-        if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`);
+        if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`);
         append(turns, 'user', [{ type: 'tool_result', tool_use_id: msg.tool_call_id, content: toolResultContent(msg.content, i) }]);
         break;
       case 'function':
-        throw new Inexpressible(`messages[${i}]: the legacy "function" role is not supported for an Anthropic target; use tools`);
+        throw new Inexpressible(`messages[${i}]: the legacy "function" role is not supported for an Anthropic target; use tools`, `messages[${i}].role`);
       default:
-        throw new Inexpressible(`messages[${i}]: unknown role ${JSON.stringify((msg as { role?: unknown } | null)?.role)}`);
+        throw new Inexpressible(`messages[${i}]: unknown role ${JSON.stringify((msg as { role?: unknown } | null)?.role)}`, `messages[${i}].role`);
     }
   }
-  if (turns.length === 0) throw new Inexpressible('messages: an Anthropic target needs at least one user or assistant message');
+  if (turns.length === 0) throw new Inexpressible('messages: an Anthropic target needs at least one user or assistant message', 'messages');
   if (turns[0]?.role === 'assistant') turns.unshift({ role: 'user', content: [{ type: 'text', text: OPENING_USER_TURN }] });
   return { system: system.length > 0 ? system.join('\n\n') : undefined, messages: turns };
 }
@@ -81,10 +88,10 @@ function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', bloc
 
 function textOf(content: unknown, where: string): string {
   if (typeof content === 'string') return content;
-  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of text parts`);
+  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of text parts`, `${where}.content`);
   return content
     .map((part: { type?: unknown; text?: unknown }, j) => {
-      if (part?.type !== 'text' || typeof part.text !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text part`);
+      if (part?.type !== 'text' || typeof part.text !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text part`, `${where}.content[${j}]`);
       return part.text;
     })
     .join('\n');
@@ -96,32 +103,32 @@ function text(t: string): AnthropicTextBlock[] {
 
 function userBlocks(content: unknown, where: string): AnthropicUserBlock[] {
   if (typeof content === 'string') return text(content);
-  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of parts`);
+  if (!Array.isArray(content)) throw new Inexpressible(`${where}.content must be a string or an array of parts`, `${where}.content`);
   return content.flatMap((part: Record<string, unknown> | null, j): AnthropicUserBlock[] => {
     const at = `${where}.content[${j}]`;
     switch (part?.['type']) {
       case 'text':
-        if (typeof part['text'] !== 'string') throw new Inexpressible(`${at}.text must be a string`);
+        if (typeof part['text'] !== 'string') throw new Inexpressible(`${at}.text must be a string`, `${at}.text`);
         return text(part['text']);
       case 'image_url':
         return [imageBlock((part['image_url'] as { url?: unknown } | undefined)?.url, at)];
       case 'file':
         return [pdfBlock(part['file'] as { file_data?: unknown; filename?: unknown } | undefined, at)];
       case 'input_audio':
-        throw new Inexpressible(`${at}: audio input is not supported by an Anthropic target`);
+        throw new Inexpressible(`${at}: audio input is not supported by an Anthropic target`, at);
       default:
-        throw new Inexpressible(`${at}: unsupported content part type ${JSON.stringify(part?.['type'])}`);
+        throw new Inexpressible(`${at}: unsupported content part type ${JSON.stringify(part?.['type'])}`, at);
     }
   });
 }
 
 function imageBlock(url: unknown, at: string): AnthropicImageBlock {
-  if (typeof url !== 'string') throw new Inexpressible(`${at}.image_url.url must be a string`);
+  if (typeof url !== 'string') throw new Inexpressible(`${at}.image_url.url must be a string`, `${at}.image_url.url`);
   if (/^https?:\/\//i.test(url)) return { type: 'image', source: { type: 'url', url } };
   const m = DATA_URL.exec(url);
   const mediaType = m?.[1]?.toLowerCase();
-  if (!m || mediaType === undefined) throw new Inexpressible(`${at}: an image must be an http(s) URL or a base64 data: URL`);
-  if (!IMAGE_TYPES.has(mediaType)) throw new Inexpressible(`${at}: image type ${mediaType} is not supported (jpeg, png, gif, webp)`);
+  if (!m || mediaType === undefined) throw new Inexpressible(`${at}: an image must be an http(s) URL or a base64 data: URL`, `${at}.image_url.url`);
+  if (!IMAGE_TYPES.has(mediaType)) throw new Inexpressible(`${at}: image type ${mediaType} is not supported (jpeg, png, gif, webp)`, `${at}.image_url.url`);
   return { type: 'image', source: { type: 'base64', media_type: mediaType as AnthropicImageMediaType, data: m[2] ?? '' } };
 }
 
@@ -129,15 +136,15 @@ function imageBlock(url: unknown, at: string): AnthropicImageBlock {
 function pdfBlock(file: { file_data?: unknown; filename?: unknown } | undefined, at: string): AnthropicUserBlock {
   const m = typeof file?.file_data === 'string' ? DATA_URL.exec(file.file_data) : null;
   if (!m || m[1]?.toLowerCase() !== 'application/pdf') {
-    throw new Inexpressible(`${at}: only inline PDF files (file_data as a base64 data: URL) are supported by an Anthropic target`);
+    throw new Inexpressible(`${at}: only inline PDF files (file_data as a base64 data: URL) are supported by an Anthropic target`, `${at}.file`);
   }
   const title = typeof file?.filename === 'string' ? { title: file.filename } : {};
   return { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: m[2] ?? '' }, ...title };
 }
 
 function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string): AnthropicAssistantBlock[] {
-  if (msg.function_call != null) throw new Inexpressible(`${where}.function_call (legacy) is not supported; use tool_calls`);
-  if (msg.audio != null) throw new Inexpressible(`${where}.audio is not supported by an Anthropic target`);
+  if (msg.function_call != null) throw new Inexpressible(`${where}.function_call (legacy) is not supported; use tool_calls`, `${where}.function_call`);
+  if (msg.audio != null) throw new Inexpressible(`${where}.audio is not supported by an Anthropic target`, `${where}.audio`);
   const blocks: AnthropicAssistantBlock[] = [];
   const content = msg.content;
   if (typeof content === 'string') blocks.push(...text(content));
@@ -145,17 +152,17 @@ function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, whe
     for (const [j, part] of content.entries()) {
       // What the assistant refused with is still what it said.
       const t = part?.type === 'text' ? part.text : part?.type === 'refusal' ? part.refusal : undefined;
-      if (typeof t !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text or refusal part`);
+      if (typeof t !== 'string') throw new Inexpressible(`${where}.content[${j}] must be a text or refusal part`, `${where}.content[${j}]`);
       blocks.push(...text(t));
     }
-  } else if (content != null) throw new Inexpressible(`${where}.content must be a string, an array of parts or null`);
+  } else if (content != null) throw new Inexpressible(`${where}.content must be a string, an array of parts or null`, `${where}.content`);
   if (blocks.length === 0 && typeof msg.refusal === 'string') blocks.push(...text(msg.refusal));
-  if (msg.tool_calls != null && !Array.isArray(msg.tool_calls)) throw new Inexpressible(`${where}.tool_calls must be an array`);
+  if (msg.tool_calls != null && !Array.isArray(msg.tool_calls)) throw new Inexpressible(`${where}.tool_calls must be an array`, `${where}.tool_calls`);
   for (const [j, call] of (msg.tool_calls ?? []).entries()) {
     const at = `${where}.tool_calls[${j}]`;
-    if (call?.type !== 'function') throw new Inexpressible(`${at}: only function tool calls are supported by an Anthropic target`);
+    if (call?.type !== 'function') throw new Inexpressible(`${at}: only function tool calls are supported by an Anthropic target`, `${at}.type`);
     if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') {
-      throw new Inexpressible(`${at} needs an id and a function name`);
+      throw new Inexpressible(`${at} needs an id and a function name`, at);
     }
     blocks.push({ type: 'tool_use', id: call.id, name: call.function.name, input: toolInput(call.function.arguments, at) });
   }
@@ -169,10 +176,10 @@ function toolInput(args: unknown, at: string): Record<string, unknown> {
   try {
     parsed = JSON.parse(String(args));
   } catch {
-    throw new Inexpressible(`${at}.function.arguments is not valid JSON`);
+    throw new Inexpressible(`${at}.function.arguments is not valid JSON`, `${at}.function.arguments`);
   }
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
-    throw new Inexpressible(`${at}.function.arguments must be a JSON object`);
+    throw new Inexpressible(`${at}.function.arguments must be a JSON object`, `${at}.function.arguments`);
   }
   return parsed as Record<string, unknown>;
 }

@@ -10,6 +10,9 @@
 //   sampling temperature / top_p: see SamplingMode
 //   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
 //            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
+//   malformed  what OpenAI itself would answer 400 to (messages not a list, content: 5, a non-object tool schema,
+//            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x") is refused too, with the
+//            field as `param`: when no target can take the request, the client gets a 400 naming it, not a 503.
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
 import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
 
@@ -34,7 +37,8 @@ export interface AnthropicRequestOptions {
 export type AnthropicRequestResult =
   /** `includeUsage`: the client asked for a usage chunk (stream_options.include_usage); give it to the stream translator. */
   | { ok: true; body: AnthropicMessagesRequest; includeUsage: boolean }
-  | { ok: false; reason: string };
+  /** `param`: the request field at fault, when one is (OpenAI's error `param`). */
+  | { ok: false; reason: string; param?: string };
 
 /** Translates a chat.completions request into a Messages request; `{ ok: false }` when the target cannot express it. */
 export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicRequestOptions): AnthropicRequestResult {
@@ -54,7 +58,7 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     if (format?.type === 'json_schema') {
       const schema = format.json_schema?.schema;
       if (typeof schema !== 'object' || schema === null) {
-        throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target');
+        throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target', 'response_format.json_schema.schema');
       }
       out.output_config = { format: { type: 'json_schema', schema } };
     }
@@ -64,78 +68,113 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     if (stream) out.stream = true;
     return { ok: true, body: out, includeUsage: stream && body.stream_options?.include_usage === true };
   } catch (err) {
-    if (err instanceof Inexpressible) return { ok: false, reason: err.message };
+    if (err instanceof Inexpressible) return { ok: false, reason: err.message, ...(err.param !== undefined && { param: err.param }) };
     throw err;
   }
 }
 
 function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): void {
-  const refuse = (why: string) => {
-    throw new Inexpressible(`${why} is not supported by an Anthropic target`);
+  const refuse = (why: string, param: string) => {
+    throw new Inexpressible(`${why} is not supported by an Anthropic target`, param);
   };
   if (typeof body !== 'object' || body === null) throw new Inexpressible('the request body must be a JSON object');
-  if (typeof body.n === 'number' && body.n > 1) refuse('n > 1');
-  if (body.logprobs === true || (typeof body.top_logprobs === 'number' && body.top_logprobs > 0)) refuse('logprobs');
-  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) refuse('logit_bias');
+  if (typeof body.n === 'number' && body.n > 1) refuse('n > 1', 'n');
+  if (body.logprobs === true || (typeof body.top_logprobs === 'number' && body.top_logprobs > 0)) refuse('logprobs', 'logprobs');
+  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) refuse('logit_bias', 'logit_bias');
   // A zero penalty is the default and changes nothing, so only a real one is refused.
-  if (typeof body.presence_penalty === 'number' && body.presence_penalty !== 0) refuse('presence_penalty');
-  if (typeof body.frequency_penalty === 'number' && body.frequency_penalty !== 0) refuse('frequency_penalty');
-  if (body.audio != null || (Array.isArray(body.modalities) && body.modalities.includes('audio'))) refuse('audio output');
+  if (typeof body.presence_penalty === 'number' && body.presence_penalty !== 0) refuse('presence_penalty', 'presence_penalty');
+  if (typeof body.frequency_penalty === 'number' && body.frequency_penalty !== 0) refuse('frequency_penalty', 'frequency_penalty');
+  if (body.audio != null || (Array.isArray(body.modalities) && body.modalities.includes('audio'))) refuse('audio output', body.audio != null ? 'audio' : 'modalities');
   const legacyFunctions = (Array.isArray(body.functions) && body.functions.length > 0) || body.function_call != null;
-  if (legacyFunctions) refuse('functions / function_call (legacy; use tools)');
-  if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)');
-  if (body.web_search_options != null) refuse('web_search_options');
-  if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p');
+  if (legacyFunctions) refuse('functions / function_call (legacy; use tools)', body.function_call != null ? 'function_call' : 'functions');
+  if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)', 'response_format');
+  if (body.web_search_options != null) refuse('web_search_options', 'web_search_options');
+  if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p', body.temperature != null ? 'temperature' : 'top_p');
 }
 
 function maxTokens(body: OpenAIChatRequest, fallback: number): number {
   // max_completion_tokens replaced max_tokens in OpenAI's API; a client sending both means the newer one.
-  const n = body.max_completion_tokens ?? body.max_tokens;
-  return typeof n === 'number' ? n : fallback;
+  const param = body.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
+  const n = body[param];
+  if (n == null) return fallback;
+  // A wrong type would silently become defaultMaxTokens here, while OpenAI answers 400: say so instead.
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1) throw new Inexpressible(`${param} must be a positive integer`, param);
+  return n;
 }
 
-function stopSequences(stop: OpenAIChatRequest['stop']): string[] {
-  const list = typeof stop === 'string' ? [stop] : Array.isArray(stop) ? stop : [];
-  return list.filter((s): s is string => typeof s === 'string' && s !== '');
+function stopSequences(stop: unknown): string[] {
+  if (stop == null) return [];
+  const list = typeof stop === 'string' ? [stop] : Array.isArray(stop) ? stop : undefined;
+  if (list === undefined || !list.every((s) => typeof s === 'string')) throw new Inexpressible('stop must be a string or an array of strings', 'stop');
+  return (list as string[]).filter((s) => s !== '');
 }
+
+/** tool_choice values that ask for a tool call, and so need tools to call. */
+const NEEDS_TOOLS = new Set(['required', 'function', 'allowed_tools']);
 
 function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'> {
   const choice = body.tool_choice;
   if (typeof choice === 'object' && choice?.type === 'custom') {
-    throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target');
+    throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target', 'tool_choice');
   }
-  if (!Array.isArray(body.tools) || body.tools.length === 0) return {};
+  checkToolChoiceShape(choice);
+  if (body.tools != null && !Array.isArray(body.tools)) throw new Inexpressible('tools must be an array', 'tools');
+  if (!Array.isArray(body.tools) || body.tools.length === 0) {
+    // Dropping a choice that forces a call would answer with text where the client waits for a tool call.
+    const kind = typeof choice === 'string' ? choice : choice?.type;
+    if (kind !== undefined && NEEDS_TOOLS.has(kind)) throw new Inexpressible(`tool_choice ${JSON.stringify(kind)} needs tools, and the request has none`, 'tool_choice');
+    return {};
+  }
   let tools = body.tools.map((tool, i): AnthropicTool => {
-    if (tool?.type !== 'function') throw new Inexpressible(`tools[${i}]: only function tools are supported by an Anthropic target`);
+    if (tool?.type !== 'function') throw new Inexpressible(`tools[${i}]: only function tools are supported by an Anthropic target`, `tools[${i}].type`);
     const fn = tool.function;
-    if (typeof fn?.name !== 'string') throw new Inexpressible(`tools[${i}].function.name must be a string`);
-    const params = fn.parameters ?? {};
-    if (params['type'] !== undefined && params['type'] !== 'object') {
-      throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`);
+    if (typeof fn?.name !== 'string') throw new Inexpressible(`tools[${i}].function.name must be a string`, `tools[${i}].function.name`);
+    const params: unknown = fn.parameters ?? {};
+    // Spread into input_schema, a string or an array would become {"0": ...}: only a JSON Schema object can cross.
+    const schemaType = typeof params === 'object' && !Array.isArray(params) ? (params as Record<string, unknown>)['type'] : 'not an object';
+    if (schemaType !== undefined && schemaType !== 'object') {
+      throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`, `tools[${i}].function.parameters`);
     }
     return {
       name: fn.name,
       ...(typeof fn.description === 'string' ? { description: fn.description } : {}),
-      input_schema: { ...params, type: 'object' },
+      input_schema: { ...(params as Record<string, unknown>), type: 'object' },
       ...(fn.strict === true ? { strict: true } : {}),
     };
   });
+  // Anthropic answers 400 to a repeated name, and a tool call could not say which of the two it means.
+  const seen = new Set<string>();
+  for (const [i, t] of tools.entries()) {
+    if (seen.has(t.name)) throw new Inexpressible(`tools[${i}].function.name ${JSON.stringify(t.name)} is already the name of another tool`, `tools[${i}].function.name`);
+    seen.add(t.name);
+  }
   let mapped: AnthropicToolChoice | undefined;
   if (choice === 'auto') mapped = { type: 'auto' };
   else if (choice === 'required') mapped = { type: 'any' };
   else if (choice === 'none') mapped = { type: 'none' }; // tools stay: earlier tool_use blocks need their definitions
   else if (choice?.type === 'function') {
-    if (typeof choice.function?.name !== 'string') throw new Inexpressible('tool_choice.function.name must be a string');
+    if (typeof choice.function?.name !== 'string') throw new Inexpressible('tool_choice.function.name must be a string', 'tool_choice.function.name');
     mapped = { type: 'tool', name: choice.function.name };
   } else if (choice?.type === 'allowed_tools') {
     const listed = Array.isArray(choice.allowed_tools?.tools) ? choice.allowed_tools.tools : [];
     const allowed = new Set(listed.map((t) => (t?.['function'] as { name?: unknown } | undefined)?.name));
     tools = tools.filter((t) => allowed.has(t.name));
-    if (tools.length === 0) throw new Inexpressible('tool_choice.allowed_tools names none of the function tools');
+    if (tools.length === 0) throw new Inexpressible('tool_choice.allowed_tools names none of the function tools', 'tool_choice.allowed_tools');
     mapped = { type: choice.allowed_tools?.mode === 'required' ? 'any' : 'auto' };
   }
   if (body.parallel_tool_calls === false && mapped?.type !== 'none') {
     mapped = { ...(mapped ?? { type: 'auto' }), disable_parallel_tool_use: true };
   }
   return mapped ? { tools, tool_choice: mapped } : { tools };
+}
+
+/** A tool_choice OpenAI would reject (an unknown mode, an object of no known type) is refused, never ignored. */
+function checkToolChoiceShape(choice: unknown): void {
+  if (choice == null) return;
+  if (typeof choice === 'string') {
+    if (choice !== 'auto' && choice !== 'none' && choice !== 'required') throw new Inexpressible(`tool_choice ${JSON.stringify(choice)} is not one of auto, none, required`, 'tool_choice');
+    return;
+  }
+  const type = typeof choice === 'object' && !Array.isArray(choice) ? (choice as { type?: unknown }).type : undefined;
+  if (type !== 'function' && type !== 'allowed_tools') throw new Inexpressible('tool_choice must be auto, none, required, or an object of type function or allowed_tools', 'tool_choice');
 }

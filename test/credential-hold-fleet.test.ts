@@ -1,0 +1,58 @@
+// A credential hold is shared by a fleet through Redis, like a hold-off, but read as its own kind: a gateway that
+// never saw the 401 itself skips the target at once with 502 upstream_auth_error, never parks, never answers 429.
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { FastifyInstance } from 'fastify';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { buildServer } from '../src/server.ts';
+import { createLogger } from '../src/observability/logger.ts';
+import { createMetrics } from '../src/observability/metrics.ts';
+import { startMock, type MockServer } from '../src/mock/server.ts';
+import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+
+let redis: RedisHandle;
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis.stop();
+});
+
+let mock: MockServer | undefined;
+const gateways: FastifyInstance[] = [];
+afterEach(async () => {
+  await Promise.all(gateways.splice(0).map((g) => g.close()));
+  await mock?.close();
+  mock = undefined;
+});
+
+async function chat(url: string) {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '2000' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  const body = (await res.json()) as { error?: { code: string } };
+  return { status: res.status, code: body.error?.code, shouldRetry: res.headers.get('x-should-retry') };
+}
+
+describe('a credential hold across a fleet on one Redis', () => {
+  it('makes the other gateway answer 502 upstream_auth_error at once, without sending anything upstream', async () => {
+    mock = await startMock({ faults: { errors: [{ status: 401 }] }, quiet: true, apiKey: TEST_KEY });
+    const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 100 } };
+    const config = ConfigSchema.parse(input);
+    const urls: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const g = await buildServer(config, { logger: createLogger(config, testLogSink([])), metrics: createMetrics({ defaultMetrics: false }) });
+      gateways.push(g);
+      urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));
+    }
+    expect(await chat(urls[0]!)).toMatchObject({ status: 502, code: 'upstream_auth_error' });
+    await sleep(200); // the hold reaches the other instance by pub/sub
+    const started = Date.now();
+    expect(await chat(urls[1]!)).toEqual({ status: 502, code: 'upstream_auth_error', shouldRetry: 'false' });
+    expect(Date.now() - started).toBeLessThan(500);
+    expect(mock.stats().total).toBe(1);
+  });
+});

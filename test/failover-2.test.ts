@@ -1,0 +1,253 @@
+// Failover edge cases, over real HTTP with the bundled mock: a credential hold skips its target at once (never parked,
+// never a 429), a fallback's rejection never hides the primary's outage, a request no target can express is the
+// client's 400, and the final error names the target that failed last.
+import { afterEach, describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
+import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+
+const startStack = useStacks();
+let backup: MockServer | undefined;
+afterEach(async () => {
+  await backup?.close();
+  backup = undefined;
+});
+
+type RouteInput = ConfigInput['routes'][number];
+type ProviderInput = ConfigInput['providers'][string];
+
+/** The stack's mock as the OpenAI primary (`mock`) and, unless `family` is null, a second mock as `backup`. */
+async function stackWith(opts: {
+  faults?: FaultSpec;
+  backupFaults?: FaultSpec;
+  family?: 'openai' | 'anthropic' | null;
+  route?: Partial<RouteInput>;
+  provider?: Partial<ProviderInput>;
+  backupProvider?: Partial<ProviderInput>;
+  /** The backup target's own retry policy. */
+  backupRetry?: RouteInput['retry'];
+  /** The chat route's targets: the primary then the backup (default), the backup alone, or the backup first. */
+  order?: 'primary-first' | 'backup-only' | 'backup-first';
+}): Promise<Stack> {
+  const family = opts.family === undefined ? 'anthropic' : opts.family;
+  if (family) backup = await startMock({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
+  return startStack({
+    faults: opts.faults,
+    config: (url) => {
+      const base = defaultConfig(url, {
+        provider: { ...RETRY_LOOP_ONLY.provider, ...opts.provider },
+        route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+      });
+      if (!family) return { ...base, routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, ...opts.route } : r)) };
+      const backupTarget = { provider: 'backup', model: family === 'anthropic' ? 'claude-sonnet-4-5' : 'gpt-4.1', ...(opts.backupRetry && { retry: opts.backupRetry }) };
+      return {
+        ...base,
+        providers: {
+          ...base.providers,
+          backup: { family, baseUrl: family === 'anthropic' ? backup!.url : `${backup!.url}/v1`, apiKey: 'backup-key', breaker: false, ...opts.backupProvider },
+        },
+        routes: base.routes.map((r) =>
+          r.name === 'chat' ? { ...r, targets: targetsIn(opts.order ?? 'primary-first', { provider: 'mock' }, backupTarget), ...opts.route } : r,
+        ),
+      };
+    },
+  });
+}
+
+type TargetInput = RouteInput['targets'][number];
+
+function targetsIn(order: 'primary-first' | 'backup-only' | 'backup-first', primary: TargetInput, backupTarget: TargetInput): TargetInput[] {
+  if (order === 'backup-only') return [backupTarget];
+  return order === 'backup-first' ? [backupTarget, primary] : [primary, backupTarget];
+}
+
+interface Answer {
+  status: number;
+  headers: Headers;
+  body: { error?: { message: string; type: string; code: string | null; param: string | null } };
+  ms: number;
+}
+
+async function chat(s: Stack, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}): Promise<Answer> {
+  const started = Date.now();
+  const res = await fetch(`${s.baseURL}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], ...extra }),
+  });
+  return { status: res.status, headers: res.headers, body: (await res.json()) as Answer['body'], ms: Date.now() - started };
+}
+
+function logLines(s: Stack): Array<Record<string, any>> {
+  return s.logs.map((l) => JSON.parse(l) as Record<string, any>).filter((l) => l.route === 'chat');
+}
+
+describe('credential hold', () => {
+  it.each<[string, FaultSpec['errors']]>([
+    ['401', [{ status: 401 }]],
+    ['403', [{ status: 403 }]],
+    ['429 insufficient_quota', [{ status: 429, code: 'insufficient_quota', type: 'insufficient_quota' }]],
+  ])('answers 502 upstream_auth_error at once while the only target is held after a %s, never parked, never a 429', async (_name, errors) => {
+    // Parking on (the default) and a breaker: what the hold must not fall into.
+    const s = await stackWith({ family: null, faults: { errors }, route: { park: {} }, provider: { breaker: {} } });
+    const first = await chat(s);
+    expect(first.status).toBe(502);
+    expect(first.body.error?.code).toBe('upstream_auth_error');
+    for (const headers of [{}, { 'x-stormgate-timeout-ms': '2000' }] as Array<Record<string, string>>) {
+      const held = await chat(s, {}, headers);
+      expect(held.status).toBe(502);
+      expect(held.body.error?.code).toBe('upstream_auth_error');
+      expect(held.body.error?.message).toMatch(/mock\/gpt-4o .*credentials.*not used for another (59|60) s/);
+      expect(held.headers.get('x-should-retry')).toBe('false');
+      expect(held.headers.get('retry-after')).toBeNull();
+      expect(held.ms).toBeLessThan(500);
+    }
+    expect(s.mock.stats().total).toBe(1);
+    const line = logLines(s).at(-1)!;
+    expect(line.skipped[0]).toMatchObject({ target: 'mock/gpt-4o', reason: expect.stringMatching(/credentials/) });
+  });
+
+  it('fails over at once to the next target while the primary is held, with x-stormgate-fallback: credentials', async () => {
+    const s = await stackWith({ family: 'openai', faults: { errors: [{ status: 401 }] }, route: { park: {} }, provider: { breaker: {} } });
+    expect((await chat(s)).headers.get('x-stormgate-fallback')).toBe('credentials');
+    const second = await chat(s, {}, { 'x-stormgate-timeout-ms': '2000' });
+    expect(second.status).toBe(200);
+    expect(second.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
+    expect(second.headers.get('x-stormgate-fallback')).toBe('credentials');
+    expect(second.ms).toBeLessThan(500);
+    expect(s.mock.stats().total).toBe(1);
+    expect(backup!.stats().total).toBe(2);
+    // The hold is not a hold-off: no 429 hint ever reaches a parked request or a later one.
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/stormgate_fallbacks_total\{route="chat",from="mock\/gpt-4o",to="backup\/gpt-4.1",reason="credentials"\} 2/);
+  });
+
+  it('gives the route\'s degraded answer while the only target is held, as for the rejection itself', async () => {
+    const s = await stackWith({ family: null, faults: { errors: [{ status: 401 }] }, route: { degraded: { message: 'Try again later.' } } });
+    for (let i = 0; i < 2; i++) {
+      const a = await chat(s);
+      expect(a.status).toBe(200);
+      expect(a.headers.get('x-stormgate-degraded')).toBe('true');
+    }
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('holds only the gateway\'s credentials: a retry-after hold-off on the same target still parks and succeeds', async () => {
+    const s = await stackWith({
+      family: null,
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '300' } }] },
+      route: { retry: { maxAttempts: 1 }, park: {} },
+    });
+    expect((await chat(s)).status).toBe(429);
+    const parked = await chat(s);
+    expect(parked.status).toBe(200);
+    expect(parked.ms).toBeGreaterThanOrEqual(150);
+  });
+});
+
+describe('a fallback that rejects the request', () => {
+  const maxTokensError = { status: 400, type: 'invalid_request_error', message: 'max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens' };
+
+  it('leaves the client the primary\'s 503, naming the fallback\'s rejection, when the primary was down', async () => {
+    const s = await stackWith({ faults: { errors: [{ status: 503, message: 'the primary is overloaded' }] }, backupFaults: { errors: [maxTokensError] } });
+    const a = await chat(s, { max_tokens: 100000 });
+    expect(a.status).toBe(503);
+    expect(a.body.error?.type).toBe('server_error');
+    expect(a.body.error?.message).toMatch(/the primary is overloaded/);
+    expect(a.body.error?.message).toMatch(/the fallback backup\/claude-sonnet-4-5 rejected the request \(400: max_tokens: 100000 > 64000/);
+    expect(a.headers.get('x-should-retry')).toBe('false');
+    expect(a.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(s.mock.stats().total).toBe(2);
+    expect(backup!.stats().total).toBe(1);
+  });
+
+  it('answers circuit_open with the rejection as a note while the primary\'s breaker is open', async () => {
+    const s = await stackWith({
+      faults: { errors: [{ status: 503 }] },
+      backupFaults: { errors: [maxTokensError] },
+      provider: { breaker: { consecutiveFailures: 2, openS: 60 } },
+    });
+    expect((await chat(s, { max_tokens: 100000 })).status).toBe(503);
+    const a = await chat(s, { max_tokens: 100000 });
+    expect(a.status).toBe(503);
+    expect(a.body.error?.code).toBe('circuit_open');
+    expect(a.body.error?.message).toMatch(/circuit breaker is open.*; the fallback backup\/claude-sonnet-4-5 rejected the request \(400: max_tokens/);
+    expect(a.headers.get('retry-after')).not.toBeNull();
+    expect(s.mock.stats().total).toBe(2);
+    expect(backup!.stats().total).toBe(2);
+  });
+
+  it('still fails fast with the primary\'s own 400, and never asks the fallback', async () => {
+    const s = await stackWith({ faults: { errors: [{ status: 400, message: 'messages[0].content is bad' }] } });
+    const a = await chat(s);
+    expect(a.status).toBe(400);
+    expect(a.body.error?.message).toBe('messages[0].content is bad');
+    expect(backup!.stats().total).toBe(0);
+  });
+
+  it('passes the fallback\'s 400 on when the primary could not take the request at all', async () => {
+    // The Anthropic primary cannot express n > 1, so the OpenAI fallback is the first to judge the request: its word stands.
+    const s = await stackWith({ order: 'backup-first', faults: { errors: [{ status: 400, message: 'n is too large' }] } });
+    const a = await chat(s, { n: 2 });
+    expect(a.status).toBe(400);
+    expect(a.body.error?.message).toBe('n is too large');
+    expect(backup!.stats().total).toBe(0);
+  });
+});
+
+describe('a request no target can express', () => {
+  it.each<[string, Record<string, unknown>, RegExp]>([
+    ['messages that are not a list', { messages: 'x' }, /messages must be an array/],
+    ['no messages', { messages: undefined }, /messages must be an array/],
+    ['content that is a number', { messages: [{ role: 'user', content: 5 }] }, /messages\[0\]\.content/],
+    ['n > 1', { n: 2 }, /n > 1/],
+    ['a string tool schema', { tools: [{ type: 'function', function: { name: 'a', parameters: 'str' } }] }, /parameters must be an object schema/],
+    ['tool_choice required without tools', { tool_choice: 'required' }, /tool_choice "required" needs tools/],
+    ['a named tool_choice without a name', { tools: [{ type: 'function', function: { name: 'a' } }], tool_choice: { type: 'function' } }, /tool_choice\.function\.name/],
+  ])('answers 400 invalid_request_error on an Anthropic-only route for %s, not 503', async (_name, extra, reason) => {
+    const s = await stackWith({ order: 'backup-only' });
+    const a = await chat(s, extra);
+    expect(a.status).toBe(400);
+    expect(a.body.error?.type).toBe('invalid_request_error');
+    expect(a.body.error?.message).toMatch(reason);
+    expect(a.body.error?.message).toMatch(/backup\/claude-sonnet-4-5/);
+    // The field at fault, as OpenAI's own 400s name it.
+    expect(a.body.error?.param).toBeTruthy();
+    expect(a.headers.get('x-should-retry')).toBe('false');
+    expect(backup!.stats().total).toBe(0);
+  });
+
+  it('keeps the primary\'s 503 when only the fallback cannot express the request', async () => {
+    const s = await stackWith({ faults: { errors: [{ status: 503 }] } });
+    const a = await chat(s, { n: 2 });
+    expect(a.status).toBe(503);
+    expect(backup!.stats().total).toBe(0);
+  });
+});
+
+describe('the final error after parking with probes', () => {
+  it('names the target that failed last, with the attempts per target', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { resetRate: 1 },
+      backupFaults: { resetRate: 1 },
+      // The primary fails all its attempts; the backup's breaker opens during its retries, so the request parks for
+      // the backup's probes, which fail too, until the deadline.
+      backupProvider: { breaker: { consecutiveFailures: 2, openS: 60, probeWhileParkedMs: 100 } },
+      backupRetry: { maxAttempts: 5, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
+      route: { park: {}, minAttemptMs: 100 },
+    });
+    const a = await chat(s, {}, { 'x-stormgate-timeout-ms': '1500' });
+    expect(a.status).toBe(502);
+    expect(a.body.error?.code).toBe('upstream_unavailable');
+    const attempts = logLines(s).at(-1)!.attempts as Array<{ target: string; probe?: boolean }>;
+    const last = attempts.at(-1)!.target;
+    expect(last).toBe('backup/gpt-4.1');
+    const count = (t: string) => attempts.filter((x) => x.target === t).length;
+    expect(attempts.some((x) => x.probe)).toBe(true);
+    expect(a.headers.get('x-stormgate-target')).toBe(last);
+    const other = last === 'mock/gpt-4o' ? 'backup/gpt-4.1' : 'mock/gpt-4o';
+    expect(a.body.error?.message).toContain(`upstream ${last} could not be reached after ${count(last)} attempts (last: `);
+    expect(a.body.error?.message).toMatch(new RegExp(`; ${attempts.length} attempts in all: .*${other} ${count(other)}`));
+  });
+});
