@@ -80,8 +80,8 @@ describe('SIGTERM', () => {
     const url = await startGateway(12, { preStopMs: 400, graceMs: 10_000 });
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
     const reader = await openStream(url);
-    const exited = once(proc, 'exit');
-    proc.kill('SIGTERM');
+    const exited = once(proc!, 'exit');
+    proc!.kill('SIGTERM');
     await sleep(100);
     const ready = await fetch(`${url}/readyz`);
     expect(ready.status).toBe(503);
