@@ -11,20 +11,13 @@ import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { startMock } from '../src/mock/server.ts';
 import { defaultConfig, testLogSink, useStacks, TEST_KEY, type Stack } from './helpers/stack.ts';
+import { expectOpenAIError } from './helpers/openai-error.ts';
 
 const startStack = useStacks();
 let stack: Stack;
 
 const messages = [{ role: 'user' as const, content: 'hi' }];
 
-function expectOpenAIError(body: unknown, code: string, type = 'invalid_request_error') {
-  const e = (body as { error: Record<string, unknown> }).error;
-  expect(Object.keys(e).sort()).toEqual(['code', 'message', 'param', 'type']);
-  expect(e.code).toBe(code);
-  expect(e.type).toBe(type);
-  expect(typeof e.message).toBe('string');
-  return e;
-}
 
 /** One request over real HTTP; the error checks every gateway error must pass. */
 async function expectError(res: Response, status: number, code: string, type = 'invalid_request_error') {

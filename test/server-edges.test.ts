@@ -1,17 +1,11 @@
 // The gateway's own edges: error shapes for bad input, which headers cross, request ids, /v1/models, passthrough.
 import { describe, expect, it } from 'vitest';
 import { defaultConfig, useStacks, TEST_KEY, type Stack } from './helpers/stack.ts';
+import { expectOpenAIError } from './helpers/openai-error.ts';
 
 const startStack = useStacks();
 let stack: Stack;
 
-function expectOpenAIError(body: unknown, code: string, type = 'invalid_request_error') {
-  const e = (body as { error: Record<string, unknown> }).error;
-  expect(Object.keys(e).sort()).toEqual(['code', 'message', 'param', 'type']);
-  expect(e.code).toBe(code);
-  expect(e.type).toBe(type);
-  expect(typeof e.message).toBe('string');
-}
 
 describe('bad input gets an OpenAI-shaped error', () => {
   it('answers malformed JSON with 400 invalid_json', async () => {
