@@ -56,8 +56,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     logger,
     onTransition: (target, from, to) => {
       metrics.breakerTransitions.inc({ target, to: to.state });
-      // A failed probe reopens an open breaker: worth a line, not a warning each second of an outage.
-      logger[from.state === 'open' && to.state === 'open' ? 'info' : 'warn']({ target, from: from.state, to: to.state, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
+      // Only real state changes come here: the board logs a probe that leaves the state as it was at debug level.
+      logger.warn({ target, from: from.state, to: to.state, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
     },
   });
   const holdOffs = new HoldOffs(store, now, random);
@@ -70,6 +70,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   const stopSharing = store.kind === 'redis' ? shareFleetCapacity(pools, store, now) : () => {};
   const lot = new ParkingLot({
     now,
+    random,
     stateOf: (target) => targetState(target),
     onParkedChange: (route, delta) => metrics.parked.inc({ route }, delta),
     onOutcome: (route, outcome) => metrics.parkOutcomes.inc({ route, outcome }),

@@ -4,13 +4,16 @@ import { ParkingLot, type TargetState } from '../src/pipeline/parking-lot.ts';
 
 let state: TargetState;
 let lot: ParkingLot;
+/** Where in the release window each request leaves; 0 (at once) unless a test spreads them. */
+let random: () => number;
 const outcomes: string[] = [];
 
 beforeEach(() => {
   vi.useFakeTimers({ now: 0 });
   state = { mode: 'blocked', availableAtMs: 1_000 };
   outcomes.length = 0;
-  lot = new ParkingLot({ now: () => Date.now(), stateOf: () => state, onOutcome: (_r, o) => outcomes.push(o) });
+  random = () => 0;
+  lot = new ParkingLot({ now: () => Date.now(), random: () => random(), stateOf: () => state, onOutcome: (_r, o) => outcomes.push(o) });
 });
 afterEach(() => {
   lot.close();
@@ -33,6 +36,43 @@ describe('the parking lot', () => {
     if (first.kind === 'released') first.ticket.done();
     await vi.advanceTimersByTimeAsync(0);
     expect(order).toEqual([3_000, 4_000, 5_000]);
+  });
+
+  it('spreads the requests released when the target comes back over a fifth of its time away, not all at once', async () => {
+    // A provider that said "come back in 1.5 s": 10 requests parked on its hold-off.
+    state = { mode: 'blocked', availableAtMs: 1_500 };
+    const draws = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
+    random = () => draws.shift()!;
+    const releasedAt: number[] = [];
+    for (let i = 0; i < 10; i++) void lot.park('t', opts(60_000 + i)).then((r) => r.kind === 'released' && releasedAt.push(Date.now()));
+    await vi.advanceTimersByTimeAsync(1_499);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    // Window: 0.2 x 1.5 s = 300 ms after the hold-off ends, each request at its own draw.
+    expect(releasedAt).toEqual([1_500, 1_530, 1_560, 1_590, 1_620, 1_650, 1_680, 1_710, 1_740, 1_770]);
+  });
+
+  it('caps the release window at a second, and at half of what is left of a request\'s deadline', async () => {
+    state = { mode: 'blocked', availableAtMs: 30_000 };
+    random = () => 0.99;
+    const releasedAt: number[] = [];
+    void lot.park('t', opts(120_000)).then((r) => r.kind === 'released' && releasedAt.push(Date.now()));
+    void lot.park('t', opts(30_400)).then((r) => r.kind === 'released' && releasedAt.push(Date.now()));
+    await vi.advanceTimersByTimeAsync(29_999);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(2_000);
+    expect(releasedAt).toEqual([30_200, 30_990]);
+  });
+
+  it('answers requests still waiting for their moment when the lot closes', async () => {
+    state = { mode: 'blocked', availableAtMs: 1_000 };
+    random = () => 0.5;
+    const result = lot.park('t', opts(60_000));
+    await vi.advanceTimersByTimeAsync(999);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(1);
+    lot.close();
+    expect((await result).kind).toBe('closing');
   });
 
   it('keeps released requests in flight within the target\'s limit, whatever it is now', async () => {

@@ -2,7 +2,9 @@
 // connection and no slot, and are released in deadline order when it is available again, at most as many at a time as
 // the target's adaptive limit allows (after an outage it restarts at half and slow-starts: one controller for new and
 // parked traffic), so the recovery is not a new storm. While the target is unavailable nothing parked is sent, except
-// the breaker's probes.
+// the breaker's probes. The requests parked when a target comes back leave spread over a short window (a fifth of how
+// long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
+// at T.
 
 export type TargetState =
   /** Released requests may be in flight up to `slots` at a time: the target's adaptive limit. */
@@ -33,6 +35,8 @@ export interface ParkOptions {
 
 export interface ParkingLotDeps {
   now: () => number;
+  /** Uniform in [0, 1): where in the release window each request leaves. */
+  random: () => number;
   stateOf: (target: string) => TargetState;
   onParkedChange?: (route: string, delta: number) => void;
   onOutcome?: (route: string, outcome: 'released' | 'full' | 'timeout' | 'aborted' | 'closing') => void;
@@ -41,6 +45,8 @@ export interface ParkingLotDeps {
 interface Entry {
   route: string;
   deadlineAtMs: number;
+  /** Its moment in the release window after the target came back; undefined: as soon as a slot is free. */
+  notBeforeMs: number | undefined;
   settle: (r: ParkResult) => void;
 }
 
@@ -49,9 +55,15 @@ interface Queue {
   inflight: number;
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
+  /** Since when the target has been unavailable to this queue, while it is. */
+  blockedSinceMs: number | undefined;
 }
 
 const NO_TIMER = Number.POSITIVE_INFINITY;
+/** The release window after an unavailable spell: this share of the spell, as the wait hints' random(1, 1.2)... */
+const RELEASE_SPREAD_SHARE = 0.2;
+/** ...and at most this long, so the end of a long outage does not hold the parked back for long. */
+const MAX_RELEASE_SPREAD_MS = 1_000;
 
 export class ParkingLot {
   readonly #deps: ParkingLotDeps;
@@ -78,6 +90,7 @@ export class ParkingLot {
       const entry: Entry = {
         route: opts.route,
         deadlineAtMs: opts.deadlineAtMs,
+        notBeforeMs: undefined,
         settle: (r) => {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
@@ -119,20 +132,29 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER }));
+    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined }));
     return q;
   }
 
   #pump(target: string, q: Queue): void {
     if (q.entries.length === 0) return;
     const state = this.#deps.stateOf(target);
+    const now = this.#deps.now();
     if (state.mode === 'blocked') {
+      q.blockedSinceMs ??= now;
       this.#wakeAt(target, q, state.availableAtMs);
       return;
     }
+    if (q.blockedSinceMs !== undefined) this.#spread(q, now);
     const limit = state.slots;
-    while (q.entries.length > 0 && q.inflight < limit) {
-      const entry = q.entries.shift()!;
+    let i = 0;
+    while (i < q.entries.length && q.inflight < limit) {
+      const entry = q.entries[i]!;
+      if (entry.notBeforeMs !== undefined && entry.notBeforeMs > now) {
+        i++;
+        continue;
+      }
+      q.entries.splice(i, 1);
       q.inflight++;
       let reported = false;
       entry.settle({
@@ -147,8 +169,18 @@ export class ParkingLot {
         },
       });
     }
-    // A probe's answer moves the breaker and answers raise the limit; re-check soon in case nothing reports back.
-    if (q.entries.length > 0) this.#wakeAt(target, q, this.#deps.now() + 250);
+    if (q.entries.length === 0) return;
+    // The next moment in the release window; and, since a probe's answer moves the breaker and answers raise the
+    // limit, a re-check soon in case nothing reports back.
+    const next = Math.min(...q.entries.map((e) => (e.notBeforeMs !== undefined && e.notBeforeMs > now ? e.notBeforeMs : Number.POSITIVE_INFINITY)));
+    this.#wakeAt(target, q, Math.min(next, now + 250));
+  }
+
+  /** The target is back: each request parked now gets its moment in the window, never past half its time left. */
+  #spread(q: Queue, now: number): void {
+    const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - q.blockedSinceMs!));
+    q.blockedSinceMs = undefined;
+    for (const e of q.entries) e.notBeforeMs = now + Math.min(windowMs * this.#deps.random(), (e.deadlineAtMs - now) / 2);
   }
 
   #wakeAt(target: string, q: Queue, atMs: number): void {

@@ -170,6 +170,7 @@ export async function serveTargets(
     if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       return end(lastFailure ?? authHeld ?? shed ?? unavailable);
     }
+    const parkedAtMs = deps.now();
     const parked = await deps.lot.park(first.plan.key, {
       route: ctx.route.name,
       deadlineAtMs: ctx.deadlineAtMs,
@@ -180,6 +181,8 @@ export async function serveTargets(
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
+        // The log's attempt record shows the time parked as the wait before the attempt it leads to.
+        runs[released.index]!.waitMs = deps.now() - parkedAtMs;
         break;
       case 'full':
         return end({ kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });

@@ -195,7 +195,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) return unavailable;
-    const delayMs = Math.max(decision.delayMs, (holdOffs.until(plan.key) ?? 0) - deps.now());
+    const delayMs = waitPastHoldOff(decision.delayMs, (holdOffs.until(plan.key) ?? 0) - deps.now(), deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
     if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
@@ -221,6 +221,16 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   if (await deps.guards.budget.tryRetry(plan.budgetKey, ctx.route.config.budget)) return true;
   deps.onBudgetExhausted?.(ctx.route.name, plan.key);
   return false;
+}
+
+/**
+ * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a
+ * jitter of its own (up to a fifth of the hold-off, at most a second), so requests that were all held do not all come
+ * back at the hold-off's last millisecond.
+ */
+export function waitPastHoldOff(ownMs: number, heldForMs: number, random: Random): number {
+  if (heldForMs <= ownMs) return ownMs;
+  return heldForMs + random() * Math.min(1_000, 0.2 * heldForMs);
 }
 
 function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
