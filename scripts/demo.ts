@@ -115,16 +115,30 @@ async function main(): Promise<void> {
     const metrics = await (await fetch(`${gatewayUrl}/metrics`)).text();
     const opened = metrics.split('\n').filter((l) => l.startsWith('stormgate_breaker_transitions_total') && l.includes('to="open"'));
     if (opened.length > 0) console.log(`\nThe primary's circuit breaker opened (${opened.map((l) => l.match(/target="([^"]+)"/)?.[1]).join(', ')}): its traffic went to the backup at once, and probes check when it is back.`);
+    const reasons = fallbackReasons(metrics);
+    if (reasons !== '') console.log(`Why requests went to the backup (stormgate_fallbacks_total by reason): ${reasons}.`);
     console.log(
       `\nThrough the gateway every failure is absorbed before the client sees it (retries with jitter, Retry-After honoured,` +
         `\nthe backup taking what the primary cannot serve), and SDK retries never multiply the gateway's (x-should-retry: false).` +
-        `\nMetrics: curl ${gatewayUrl}/metrics while it runs; the full numbers: npm run bench.`,
+        `\nA 429 with retry-after holds the primary off for every request until then, so new requests go to the backup meanwhile.` +
+        `\nTo watch the metrics yourself, run a gateway (npm start) and curl its /metrics; the full numbers: npm run bench.`,
     );
   } finally {
     await gateway.close();
     await primary.close();
     await backup.close();
   }
+}
+
+/** `held_off 200, breaker_open 40`: the fallback counter summed by reason, largest first. */
+function fallbackReasons(metrics: string): string {
+  const byReason = new Map<string, number>();
+  for (const line of metrics.split('\n')) {
+    if (!line.startsWith('stormgate_fallbacks_total{')) continue;
+    const reason = line.match(/reason="([^"]+)"/)?.[1] ?? 'unknown';
+    byReason.set(reason, (byReason.get(reason) ?? 0) + Number(line.split(' ').at(-1)));
+  }
+  return [...byReason].filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1]).map(([r, n]) => `${r} ${n}`).join(', ');
 }
 
 main().catch((err: unknown) => {
