@@ -115,6 +115,35 @@ describe('a fleet of three gateways on one Redis', () => {
     expect(results.filter((r) => r.body.error?.code === 'circuit_open')).toHaveLength(11);
   });
 
+  it('logs and counts each breaker state change once fleet-wide through a whole cycle, and never a probe that keeps the state', async () => {
+    const f = await startFleet({ errors: [{ status: 503, rate: 1 }] }, { route: { retry: { maxAttempts: 1 }, park: false }, provider: { breaker: { openS: 1, closeAfter: 3, halfOpenProbes: 3 } } });
+    for (let i = 0; i < 5; i++) expect((await chat(f.urls[0]!)).status).toBe(503);
+    await sleep(1_300);
+    expect((await chat(f.urls[1]!)).status).toBe(503); // the first probe fails: still open, for another openS
+    await sleep(1_300);
+    f.mock.setFaults({});
+    // Three successful probes, one per gateway: open -> half-open, half-open (no change), -> closed.
+    for (const url of [f.urls[1]!, f.urls[2]!, f.urls[0]!]) {
+      await sleep(100); // let pub/sub carry the last change to every gateway
+      expect((await chat(url)).status).toBe(200);
+    }
+    const transitions = async (to: string) => {
+      let sum = 0;
+      for (const url of f.urls) {
+        const text = await (await fetch(`${url}/metrics`)).text();
+        for (const line of text.split('\n')) if (line.startsWith('stormgate_breaker_transitions_total{') && line.includes(`to="${to}"`)) sum += Number(line.split(' ').at(-1));
+      }
+      return sum;
+    };
+    expect({ open: await transitions('open'), halfOpen: await transitions('half-open'), closed: await transitions('closed') }).toEqual({ open: 1, halfOpen: 1, closed: 1 });
+    const breakerLines = f.logs.filter((l) => l.includes('"msg":"breaker '));
+    expect(breakerLines.map((l) => (JSON.parse(l) as { msg: string }).msg)).toEqual(['breaker open', 'breaker half-open', 'breaker closed']);
+    for (const l of breakerLines) {
+      const { from, to } = JSON.parse(l) as { from: string; to: string };
+      expect(from).not.toBe(to);
+    }
+  });
+
   it('shares a provider pool\'s maxConcurrent across the fleet instead of multiplying it', async () => {
     const f = await startFleet({ latencyMs: 200 }, { provider: { maxConnections: 64, pools: { maxConcurrent: 6 } }, route: { retry: { maxAttempts: 1 } } });
     const until = Date.now() + 4_000;

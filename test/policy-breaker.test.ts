@@ -1,7 +1,7 @@
 // The breaker's state machine and the board that runs it over a state store, with a fake clock.
 import { describe, expect, it } from 'vitest';
 import { BreakerSchema } from '../src/config/schema.ts';
-import { abortedVerdict, afterProbe, availability, opened, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
+import { abortedVerdict, afterProbe, availability, changesState, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { INITIAL_BREAKER, type BreakerRecord } from '../src/state/store.ts';
@@ -52,6 +52,29 @@ describe('the breaker state machine', () => {
   it('counts an attempt cut short by the client as a failure only past slowCallMs', () => {
     expect(abortedVerdict(4_999, s)).toBe('ignore');
     expect(abortedVerdict(5_001, s)).toBe('failure');
+  });
+
+  it('tells a state change from a record that keeps the state (a probe that leaves it open or half-open)', () => {
+    const open = opened(closed, s, 0, () => 0);
+    const half = afterProbe(open, 'success', s, 31_000, () => 0)!;
+    expect(changesState(closed, open)).toBe(true);
+    expect(changesState(open, half)).toBe(true);
+    expect(changesState(half, afterProbe(half, 'success', s, 31_100, () => 0)!)).toBe(false);
+    expect(changesState(open, afterProbe(open, 'failure', s, 31_000, () => 0)!)).toBe(false);
+    expect(changesState(half, afterProbe(half, 'failure', s, 31_000, () => 0)!)).toBe(true);
+  });
+
+  it('after Redis was away, lets a breaker opened alone and still open outrank only an older record that is not open', () => {
+    const mine: BreakerRecord = { state: 'open', sinceMs: 50_000, openUntilMs: 80_000, probeSuccesses: 0, generation: 3 };
+    const closedBefore: BreakerRecord = { state: 'closed', sinceMs: 40_000, openUntilMs: 0, probeSuccesses: 0, generation: 7 };
+    expect(outranksFleet(mine, closedBefore, 60_000)).toBe(true);
+    expect(outranksFleet(mine, { ...closedBefore, state: 'half-open', probeSuccesses: 1 }, 60_000)).toBe(true);
+    expect(outranksFleet(mine, INITIAL_BREAKER, 60_000)).toBe(true);
+    // The fleet closed it after we opened it; ours has run its time; the fleet holds it open already; ours is not open.
+    expect(outranksFleet(mine, { ...closedBefore, sinceMs: 55_000 }, 60_000)).toBe(false);
+    expect(outranksFleet(mine, closedBefore, 80_000)).toBe(false);
+    expect(outranksFleet(mine, { ...closedBefore, state: 'open', openUntilMs: 70_000 }, 60_000)).toBe(false);
+    expect(outranksFleet({ ...mine, state: 'half-open' }, closedBefore, 60_000)).toBe(false);
   });
 
   it('applies per-model overrides', () => {
@@ -109,8 +132,29 @@ describe('the breaker board over a store', () => {
     const next = await Promise.all([1, 2, 3, 4].map(() => b.admit('p/m', s, false, 5_000)));
     expect(next.filter((p) => p.admitted)).toHaveLength(3);
     for (const p of next) if (p.admitted) await b.record('p/m', s, 'success', 10, p.permit);
-    expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->half-open', 'p/m:half-open->closed']);
+    // The second success keeps it half-open: a new record, not a transition (counted and logged once per change).
+    expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->closed']);
     expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(true);
+  });
+
+  it('keeps a breaker open after a failed probe with a new probe time, and reports no open->open transition', async () => {
+    const { b, store, transitions, advance } = board();
+    for (let i = 0; i < 5; i++) await b.record('p/m', s, 'failure', 10, undefined);
+    for (let cycle = 0; cycle < 3; cycle++) {
+      advance(31_000);
+      const probe = await b.admit('p/m', s, false, 5_000);
+      expect(probe.admitted).toBe(true);
+      await b.record('p/m', s, 'failure', 10, probe.admitted ? probe.permit : undefined);
+      expect(store.getBreaker('p/m')).toMatchObject({ state: 'open', generation: cycle + 2 });
+      expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(false);
+    }
+    // Half-open, then a failed probe: that one is a change.
+    advance(31_000);
+    const ok = await b.admit('p/m', s, false, 5_000);
+    await b.record('p/m', s, 'success', 10, ok.admitted ? ok.permit : undefined);
+    const bad = await b.admit('p/m', s, false, 5_000);
+    await b.record('p/m', s, 'failure', 10, bad.admitted ? bad.permit : undefined);
+    expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->open']);
   });
 
   it('ignores rate limits and short aborted attempts', async () => {

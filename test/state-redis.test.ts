@@ -6,6 +6,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { BreakerSchema } from '../src/config/schema.ts';
+import { settingsForModel } from '../src/policy/breaker.ts';
+import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord, StateChange } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
@@ -119,6 +122,49 @@ describe('two instances on one Redis', () => {
     for (let i = 0; i < 4; i++) expect(await a!.takeRetry('r1', BUDGET, now)).toBe(true);
     expect(await a!.takeRetry('r1', BUDGET, now)).toBe(false);
     expect(await b!.budgetWindow('r1', BUDGET, now)).toEqual({ requests: 100, retries: 10 });
+  });
+});
+
+describe('breaker transitions across the fleet', () => {
+  it('counts each state change once fleet-wide, by the instance that made it, through a whole open/probe/close cycle', async () => {
+    const [a, b] = (await fleet(2)).stores;
+    const s = settingsForModel(BreakerSchema.parse({ openS: 30, halfOpenProbes: 3, closeAfter: 3 }), undefined);
+    let now = Date.now();
+    const made: string[] = [];
+    const seen = { a: 0, b: 0 };
+    const board = (store: RedisStore, name: string) =>
+      new BreakerBoard({ store, now: () => now, random: () => 0, onTransition: (_t, from, to) => made.push(`${name}:${from.state}->${to.state}`) });
+    const boardA = board(a!, 'A');
+    const boardB = board(b!, 'B');
+    a!.onChange((c) => void (c.kind === 'breaker' && seen.a++));
+    b!.onChange((c) => void (c.kind === 'breaker' && seen.b++));
+    const probe = async (on: BreakerBoard, verdict: 'success' | 'failure') => {
+      const admission = await on.admit('p/m', s, false, 5_000);
+      expect(admission.admitted).toBe(true);
+      await on.record('p/m', s, verdict, 10, admission.admitted ? admission.permit : undefined);
+    };
+    /** Waits until both instances hold the same record, so the next step starts from the fleet's state. */
+    const settled = () => eventually(() => JSON.stringify(a!.getBreaker('p/m')) === JSON.stringify(b!.getBreaker('p/m')), 1_000);
+
+    for (let i = 0; i < 5; i++) await boardA.record('p/m', s, 'failure', 10, undefined);
+    await settled();
+    now += 31_000;
+    await probe(boardB, 'failure'); // a failed first probe: stays open, a new probe time
+    await settled();
+    now += 31_000;
+    await probe(boardB, 'success'); // open -> half-open, on B
+    await settled();
+    await probe(boardA, 'success'); // still half-open: no transition
+    await settled();
+    await probe(boardB, 'success'); // half-open -> closed, on B
+    await settled();
+
+    expect(made).toEqual(['A:closed->open', 'B:open->half-open', 'B:half-open->closed']);
+    expect(b!.getBreaker('p/m')).toMatchObject({ state: 'closed', generation: 5 });
+    // Every instance took in each of the five records once, whether it wrote it or learnt it through pub/sub.
+    expect(seen).toEqual({ a: 5, b: 5 });
+    boardA.close();
+    boardB.close();
   });
 });
 

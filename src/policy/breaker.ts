@@ -76,3 +76,18 @@ export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: Break
 export function abortedVerdict(durationMs: number, s: BreakerSettings): BreakerVerdict {
   return durationMs > s.slowCallMs ? 'failure' : 'ignore';
 }
+
+/**
+ * After Redis was away: does the breaker this instance opened on its own (from failures it saw while degraded) outrank
+ * the fleet's record? Yes while it is still open (before openUntilMs) and the fleet's record is not open and is older
+ * (began before it). Newest wins by sinceMs, as generations counted apart during the outage do not compare. Otherwise
+ * the fleet's record stands: it closed the breaker after we opened it, or holds it open already.
+ */
+export function outranksFleet(local: BreakerRecord, fleet: BreakerRecord, nowMs: number): boolean {
+  return local.state === 'open' && nowMs < local.openUntilMs && fleet.state !== 'open' && local.sinceMs > fleet.sinceMs;
+}
+
+/** Does this record change the breaker's state, or only its details (a probe that left it open or half-open)? */
+export function changesState(from: BreakerRecord, to: BreakerRecord): boolean {
+  return from.state !== to.state;
+}

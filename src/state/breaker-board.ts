@@ -6,6 +6,7 @@ import {
   abortedVerdict,
   afterProbe,
   availability,
+  changesState,
   opened,
   tripsOnConsecutive,
   tripsOnWindow,
@@ -32,7 +33,10 @@ export interface BreakerBoardDeps {
   now: () => number;
   random: Random;
   logger?: Logger;
-  /** Called when this instance made a transition (and only then: the fleet logs each change once). */
+  /**
+   * Called when this instance changed the breaker's state (and only then: the fleet logs and counts each change once).
+   * A write that keeps the state (a failed probe reopening an open breaker, a probe success while half-open) is not one.
+   */
   onTransition?: (target: string, from: BreakerRecord, to: BreakerRecord) => void;
 }
 
@@ -119,6 +123,12 @@ export class BreakerBoard {
     this.#timer = undefined;
   }
 
+  /** A probe that left the state as it was (a failed one reopens an open breaker): a detail, not a transition. */
+  #logKept(target: string, to: BreakerRecord): void {
+    const openUntil = to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined;
+    this.#deps.logger?.debug({ target, state: to.state, probeSuccesses: to.probeSuccesses, openUntil }, `breaker stays ${to.state}`);
+  }
+
   /** Compare-and-set with one re-read: another instance may have moved first, and then its move stands. */
   async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined): Promise<void> {
     for (let i = 0; i < 2; i++) {
@@ -126,7 +136,8 @@ export class BreakerBoard {
       const to = step(from);
       if (!to) return;
       if (await this.#deps.store.casBreaker(target, from.generation, to)) {
-        this.#deps.onTransition?.(target, from, to);
+        if (changesState(from, to)) this.#deps.onTransition?.(target, from, to);
+        else this.#logKept(target, to);
         return;
       }
     }

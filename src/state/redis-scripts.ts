@@ -92,14 +92,15 @@ return { requests, retries, allowed and 1 or 0 }
 `;
 
 /**
- * KEYS: budget hash. ARGV: ttlMs, maxWindowS, then sec, n, ... Adds batched request counts. Cleans stale seconds
- * only when a new second's field appears (about once a second per key), since it does not know the budget's window.
+ * KEYS: budget hash. ARGV: ttlMs, maxWindowS, field ('r' requests, 'x' retries), then sec, n, ... Adds batched
+ * request counts, or retries taken on local state while Redis was away. Cleans stale seconds only when a new second's
+ * field appears (about once a second per key), since it does not know the budget's window.
  */
-const ADD_REQUESTS = `${WINDOW_LUA}
+const ADD_COUNTS = `${WINDOW_LUA}
 local key = KEYS[1]
 local created, newest = false, 0
-for i = 3, #ARGV, 2 do
-  if redis.call('HINCRBY', key, 'r:' .. ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then created = true end
+for i = 4, #ARGV, 2 do
+  if redis.call('HINCRBY', key, ARGV[3] .. ':' .. ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then created = true end
   newest = math.max(newest, tonumber(ARGV[i]))
 end
 if created then window(key, newest, tonumber(ARGV[2])) end
@@ -138,7 +139,7 @@ export interface ScriptCommands {
   sgTakePermit(key: string, ...args: Arg[]): Promise<string | null>;
   sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
-  sgAddRequests(key: string, ...args: Arg[]): Promise<number>;
+  sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
 }
 
@@ -152,7 +153,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgTakePermit: TAKE_PERMIT,
     sgSetHoldOff: SET_HOLD_OFF,
     sgBudget: BUDGET,
-    sgAddRequests: ADD_REQUESTS,
+    sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
   } satisfies Record<keyof ScriptCommands, string>;
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: 1, lua });

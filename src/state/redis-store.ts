@@ -2,12 +2,16 @@
 // budgets through one Redis (or Sentinel, or Cluster). Every multi-step operation is one Lua script (redis-scripts.ts).
 // Breaker records and hold-offs are read synchronously on the request path, so they live in a local cache that every
 // instance keeps fresh through pub/sub. When Redis cannot answer, the store never throws: it serves from an in-process
-// MemoryStore (which it feeds all along, so local windows are warm), says so once, and returns to Redis by itself.
+// MemoryStore (which it feeds all along, so local windows are warm), says so once, and returns to Redis by itself,
+// writing back what it decided alone where that is newer than what Redis holds (a breaker it opened, a hold-off).
+// A Redis that refuses the configuration (password, db, ACL) is served around the same way, but reported as such.
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
+import { outranksFleet } from '../policy/breaker.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
+import { configProblem, safeError, type ConfigProblem } from './redis-errors.ts';
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, MAX_WINDOW_S, type ScriptClient } from './redis-scripts.ts';
 import { FleetView } from './redis-view.ts';
@@ -28,6 +32,11 @@ const DEMAND_STALE_MS = 3_000;
 
 /** While degraded on a live connection (timeouts), how often a PING checks whether Redis answers again. */
 const PROBE_INTERVAL_MS = 1000;
+/**
+ * After Redis refused a command for a configuration reason (an ACL without a command the gateway needs), how long the
+ * store stays on local state before it tries Redis again: a PING would pass at once, and flapping helps nobody.
+ */
+const CONFIG_RETRY_MS = 30_000;
 /** How long close() waits for QUIT before it drops the connections. */
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
@@ -49,10 +58,21 @@ export class RedisStore implements StateStore {
   readonly #toRead = new Set<string>();
   /** Request counts not yet sent, per budget key and second. */
   readonly #pending = new Map<string, Map<number, number>>();
+  /**
+   * Retries taken on local state (Redis not yet or no longer usable), per budget key and second: sent when Redis is
+   * back, so the fleet's budget counts them instead of granting the same retries again.
+   */
+  readonly #pendingRetries = new Map<string, Map<number, number>>();
   readonly #degradedListeners = new Set<(degraded: boolean) => void>();
   #flushTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
   #lastError: unknown;
+  /** A configuration problem Redis reported on the current command connection: it stays unused until a new one. */
+  #misconfigured: ConfigProblem | undefined;
+  /** Configuration problems already logged (once each, not at every reconnect); forgotten when a connection comes up sound. */
+  readonly #reported = new Set<string>();
+  /** When Redis last refused a command for a configuration reason (Date.now()). */
+  #refusedAtMs: number | undefined;
   #degraded = false;
   #subscribed = false;
   #closed = false;
@@ -65,13 +85,18 @@ export class RedisStore implements StateStore {
     this.#client = defineScripts(connectRedis(opts.config, { subscriber: false }));
     this.#sub = connectRedis(opts.config, { subscriber: true });
 
-    this.#client.on('ready', () => this.#onReady());
+    // 'connect' comes before AUTH and SELECT are answered: a new connection starts with a clean slate.
+    this.#client.on('connect', () => (this.#misconfigured = undefined));
+    this.#client.on('ready', () => this.#onConnected());
     this.#client.on('close', () => this.#setDegraded(true));
-    // Connection errors are expected while Redis is away; the degraded warning reports the last one.
-    this.#client.on('error', (err: unknown) => (this.#lastError = err));
+    // Connection errors are expected while Redis is away; the degraded warning reports the last one. Configuration
+    // errors are not: they are logged as such (once each).
+    this.#client.on('error', (err: unknown) => this.#connectionError(err, true));
+    this.#client.on('node error', (err: unknown) => this.#connectionError(err, true));
     this.#sub.on('ready', () => void this.#subscribe());
     this.#sub.on('close', () => (this.#subscribed = false));
-    this.#sub.on('error', (err: unknown) => this.#logger?.debug({ err }, 'state store subscriber connection error'));
+    this.#sub.on('error', (err: unknown) => this.#connectionError(err, false));
+    this.#sub.on('node error', (err: unknown) => this.#connectionError(err, false));
     this.#sub.on('message', (channel: string, message: string) => this.#onMessage(channel, message));
   }
 
@@ -82,7 +107,7 @@ export class RedisStore implements StateStore {
   /** Resolves true once both connections are up and subscribed, false after timeoutMs. Optional: the store works before. */
   async ready(timeoutMs = 5000): Promise<boolean> {
     const until = Date.now() + timeoutMs;
-    while (!(this.#client.status === 'ready' && this.#subscribed)) {
+    while (!(this.#client.status === 'ready' && this.#subscribed && !this.#misconfigured)) {
       if (this.#closed || Date.now() >= until) return false;
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
@@ -137,16 +162,18 @@ export class RedisStore implements StateStore {
 
   addRequests(budgetKey: string, n: number, nowMs: number): void {
     this.#local.addRequests(budgetKey, n, nowMs);
-    let seconds = this.#pending.get(budgetKey);
-    if (!seconds) this.#pending.set(budgetKey, (seconds = new Map()));
-    const sec = second(nowMs);
-    seconds.set(sec, (seconds.get(sec) ?? 0) + n);
+    addPending(this.#pending, budgetKey, nowMs, n);
     this.#flushTimer ??= setTimeout(() => this.#flush(), FLUSH_INTERVAL_MS).unref();
   }
 
   async takeRetry(budgetKey: string, cfg: BudgetConfig, nowMs: number, force = false): Promise<boolean> {
     const remote = await this.#budget(budgetKey, cfg, nowMs, force ? 'force' : 'take');
-    if (remote === undefined) return this.#local.takeRetry(budgetKey, cfg, nowMs, force);
+    if (remote === undefined) {
+      const allowed = await this.#local.takeRetry(budgetKey, cfg, nowMs, force);
+      // Sent with the next flush on a usable Redis (the one after 'ready' at the latest).
+      if (allowed || force) addPending(this.#pendingRetries, budgetKey, nowMs, 1);
+      return allowed;
+    }
     // Mirror the fleet's decision locally so the local window stays a fair stand-in.
     if (remote.allowed || force) await this.#local.takeRetry(budgetKey, cfg, nowMs, true);
     return remote.allowed;
@@ -276,30 +303,51 @@ export class RedisStore implements StateStore {
     }
   }
 
-  /** Sends the batched request counts: one script call per budget key. */
+  /** Sends the batched request counts, and retries taken on local state: one script call per budget key and kind. */
   #flush(): void {
     this.#flushTimer = undefined;
+    const kinds = [['r', this.#pending], ['x', this.#pendingRetries]] as const;
     if (!this.#usable()) {
       // Keep them for when Redis is back, but only what can still be inside a window.
       const oldest = second(this.#now()) - MAX_WINDOW_S;
-      for (const seconds of this.#pending.values()) for (const s of seconds.keys()) if (s <= oldest) seconds.delete(s);
+      for (const [, pending] of kinds) {
+        for (const seconds of pending.values()) for (const s of seconds.keys()) if (s <= oldest) seconds.delete(s);
+      }
       return;
     }
-    for (const [budgetKey, seconds] of this.#pending) {
-      this.#client
-        .sgAddRequests(this.#keys.budget(budgetKey), (MAX_WINDOW_S + 5) * 1000, MAX_WINDOW_S, ...pairs(seconds))
-        .catch((err: unknown) => this.#failed(err));
+    for (const [field, pending] of kinds) {
+      for (const [budgetKey, seconds] of pending) {
+        this.#client
+          .sgAddCounts(this.#keys.budget(budgetKey), (MAX_WINDOW_S + 5) * 1000, MAX_WINDOW_S, field, ...pairs(seconds))
+          .catch((err: unknown) => this.#failed(err));
+      }
+      pending.clear();
     }
-    this.#pending.clear();
   }
 
-  /** Re-reads one target; Redis wins where it has state, and gets ours back where it lost it. */
+  /**
+   * Re-reads one target and reconciles it with what this instance holds. Redis wins where it has newer state; where it
+   * lost ours (a restarted Redis) or holds something older than a breaker we opened while it was away, ours is written
+   * back (compare-and-set, so a change another instance makes meanwhile wins), and the fleet learns it by pub/sub.
+   */
   async #refreshOne(target: string): Promise<void> {
+    const before = this.#view.breaker(target);
     const [raw, hold] = await Promise.all([this.#client.hgetall(this.#keys.breaker(target)), this.#client.get(this.#keys.holdOff(target))]);
     const stored = decodeBreaker(raw);
     const cached = this.#view.breaker(target);
-    if (stored) this.#view.putBreaker(target, stored, true);
-    else if (cached) await this.#casRemote(target, 0, cached);
+    if (!stored) {
+      if (cached) await this.#casRemote(target, 0, cached);
+    } else if (cached && outranksFleet(cached, stored, this.#now())) {
+      // Generations were counted apart while we were away: ours must pass the fleet's for every view to take it.
+      const next = { ...cached, generation: Math.max(cached.generation, stored.generation) + 1 };
+      if (await this.#casRemote(target, stored.generation, next)) {
+        const openUntil = new Date(next.openUntilMs).toISOString();
+        this.#logger?.info({ target, openUntil }, 'breaker opened while Redis was away: written back, the fleet keeps it open');
+      }
+    } else {
+      // A message that landed while the read was in flight may be newer than the read: then only move forward.
+      this.#view.putBreaker(target, stored, cached === before);
+    }
 
     const storedUntil = hold === null ? 0 : Number(hold);
     const cachedUntil = this.#view.holdOff(target) ?? 0;
@@ -340,8 +388,19 @@ export class RedisStore implements StateStore {
     return !this.#degraded && !this.#closed && this.#client.status === 'ready';
   }
 
+  /** A new command connection is ready: configuration problems seen before it may be logged again if they come back. */
+  #onConnected(): void {
+    if (!this.#misconfigured) this.#reported.clear();
+    this.#onReady();
+  }
+
   #onReady(): void {
     if (this.#closed) return;
+    if (this.#misconfigured) {
+      // Up, but not as configured (a database that does not exist leaves the connection on db 0): keep off it.
+      this.#setDegraded(true);
+      return;
+    }
     this.#setDegraded(false);
     this.#flush();
     void this.refresh(this.#watched);
@@ -352,7 +411,9 @@ export class RedisStore implements StateStore {
       await this.#sub.subscribe(this.#keys.events);
       this.#subscribed = true;
     } catch (err) {
-      this.#logger?.warn({ err }, 'state store could not subscribe to changes; will retry on reconnect');
+      const problem = configProblem(err);
+      if (problem) this.#reportProblem(problem);
+      else this.#logger?.warn({ err: safeError(err) }, 'state store could not subscribe to changes; will retry on reconnect');
       return;
     }
     // Messages sent while we were not subscribed are lost; read the current state instead.
@@ -361,14 +422,42 @@ export class RedisStore implements StateStore {
 
   #failed(err: unknown): void {
     this.#lastError = err;
+    const problem = configProblem(err);
+    if (problem) {
+      this.#reportProblem(problem);
+      this.#refusedAtMs = Date.now();
+    }
     this.#setDegraded(true);
+  }
+
+  /** An 'error' event of a connection: a configuration problem is logged and, on the command connection, bars its use. */
+  #connectionError(err: unknown, commands: boolean): void {
+    const problem = configProblem(err);
+    if (problem) this.#reportProblem(problem);
+    if (commands) {
+      this.#lastError = err;
+      if (problem) this.#misconfigured = problem;
+    } else if (!problem) {
+      this.#logger?.debug({ err: safeError(err) }, 'state store subscriber connection error');
+    }
+  }
+
+  /**
+   * Logs a configuration problem at error level, once: ioredis reconnects every 2 s at most, and a wrong password
+   * would otherwise fill the log (or, as a mere outage warning, hide among them). Never logs the failed command.
+   */
+  #reportProblem(problem: ConfigProblem): void {
+    const key = `${problem.kind}:${problem.redisError}`;
+    if (this.#reported.has(key)) return;
+    this.#reported.add(key);
+    this.#logger?.error({ problem: problem.kind, setting: problem.setting, redisError: problem.redisError }, problem.message);
   }
 
   #setDegraded(degraded: boolean): void {
     if (this.#closed || this.#degraded === degraded) return;
     this.#degraded = degraded;
     if (degraded) {
-      this.#logger?.warn({ err: this.#lastError }, 'state store degraded: using local state');
+      this.#logger?.warn({ err: safeError(this.#lastError) }, 'state store degraded: using local state');
       // ioredis reconnects a dropped connection and emits 'ready'; a live but slow one needs a probe to come back.
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
@@ -381,6 +470,7 @@ export class RedisStore implements StateStore {
 
   #probe(): void {
     if (this.#client.status !== 'ready') return;
+    if (this.#refusedAtMs !== undefined && Date.now() - this.#refusedAtMs < CONFIG_RETRY_MS) return;
     this.#client.ping().then(
       () => this.#onReady(),
       (err: unknown) => (this.#lastError = err),
@@ -390,6 +480,14 @@ export class RedisStore implements StateStore {
 
 function second(ms: number): number {
   return Math.floor(ms / 1000);
+}
+
+/** Adds n to the key's count for nowMs's second. */
+function addPending(pending: Map<string, Map<number, number>>, key: string, nowMs: number, n: number): void {
+  let seconds = pending.get(key);
+  if (!seconds) pending.set(key, (seconds = new Map()));
+  const sec = second(nowMs);
+  seconds.set(sec, (seconds.get(sec) ?? 0) + n);
 }
 
 function pairs(seconds: Map<number, number> | undefined): number[] {

@@ -1,0 +1,84 @@
+// Telling a misconfigured Redis from one that is away, and describing Redis errors without leaking credentials.
+// Redis names an error by the first word of its reply (WRONGPASS, NOAUTH, NOPERM, ERR ...): that word is its code.
+// ioredis attaches the failed command to the error, and for AUTH that command carries the password, so an ioredis
+// error is never logged as it is.
+
+/** A Redis answer that says the gateway's Redis settings are wrong: waiting or reconnecting will not fix it. */
+export interface ConfigProblem {
+  /** Stable name of the problem, for tests and dashboards. */
+  kind: 'credentials' | 'password-missing' | 'permissions' | 'database';
+  /** The setting to check, in the config's own words. */
+  setting: string;
+  /** One line for the log: what is wrong and what to do. */
+  message: string;
+  /** Redis's own words (never a credential: Redis does not echo them). */
+  redisError: string;
+}
+
+const PROBLEMS: Array<{ test: RegExp; problem: Omit<ConfigProblem, 'redisError'> }> = [
+  {
+    test: /^(?:Ready check failed: )?WRONGPASS\b|^(?:Ready check failed: )?ERR invalid (?:username-)?password/,
+    problem: {
+      kind: 'credentials',
+      setting: 'state.redis username/password',
+      message: 'state store: Redis refused the configured credentials. This is a configuration problem, not an outage: '
+        + 'check the username and password in state.redis (the URL\'s user:password@ part, or state.redis.username and '
+        + 'password) against the server\'s ACL or requirepass. Serving from local state until Redis accepts them.',
+    },
+  },
+  {
+    test: /^(?:Ready check failed: )?NOAUTH\b/,
+    problem: {
+      kind: 'password-missing',
+      setting: 'state.redis password',
+      message: 'state store: Redis requires a password and state.redis gives none. This is a configuration problem, not '
+        + 'an outage: set the password in state.redis (redis://:PASSWORD@host:port, or state.redis.password). Serving '
+        + 'from local state until then.',
+    },
+  },
+  {
+    test: /^(?:Ready check failed: )?NOPERM\b/,
+    problem: {
+      kind: 'permissions',
+      setting: 'the ACL of the state.redis user',
+      message: 'state store: the Redis user in state.redis may not run a command the gateway needs. This is a '
+        + 'configuration problem, not an outage: check that user\'s ACL (it needs scripting, pub/sub, hashes, strings and '
+        + 'sorted sets on the keyPrefix keys and channel). Serving from local state where Redis refuses.',
+    },
+  },
+  {
+    test: /^ERR (?:DB index is out of range|invalid DB index|SELECT is not allowed in cluster mode)/,
+    problem: {
+      kind: 'database',
+      setting: 'state.redis db',
+      message: 'state store: Redis refused the configured database. This is a configuration problem, not an outage: '
+        + 'check the db index in state.redis (the URL\'s /<db> path, or state.redis.db) against the server\'s '
+        + '`databases` setting (Redis Cluster has only db 0). Not using Redis, so state stays local to this instance.',
+    },
+  },
+];
+
+/** The configuration problem an error from Redis reports, if it reports one; undefined for outages and the like. */
+export function configProblem(err: unknown): ConfigProblem | undefined {
+  // A Cluster that found no usable node keeps the last node's error beside its own.
+  for (const e of [err, (err as { lastNodeError?: unknown } | null)?.lastNodeError]) {
+    const message = errorMessage(e);
+    if (message === undefined) continue;
+    const found = PROBLEMS.find((p) => p.test.test(message));
+    if (found) return { ...found.problem, redisError: message.replace(/^Ready check failed: /, '') };
+  }
+  return undefined;
+}
+
+/** What may be logged of an error from ioredis: its type, message and code, never the command it failed (AUTH's password). */
+export function safeError(err: unknown): { type: string; message: string; code?: string } | undefined {
+  if (err === undefined || err === null) return undefined;
+  if (!(err instanceof Error)) return { type: typeof err, message: String(err) };
+  const code = (err as { code?: unknown }).code;
+  return { type: err.name, message: err.message, ...(typeof code === 'string' ? { code } : {}) };
+}
+
+function errorMessage(err: unknown): string | undefined {
+  if (err instanceof Error) return err.message;
+  return typeof err === 'string' ? err : undefined;
+}
