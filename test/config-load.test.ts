@@ -124,6 +124,13 @@ describe('${VAR} interpolation', () => {
     expect(parseConfig(text, 'gw.yaml', { ...env, PORT: '7070' }).server.port).toBe(7070);
   });
 
+  it('says how to write a quoted ${VAR} that should be a number', () => {
+    const text = valid().replace('providers:', 'server:\n  port: "${PORT}"\nproviders:');
+    expect(configError(text, { ...env, PORT: '7070' }).message).toBe(
+      'gw.yaml:2: server.port: expected number, received string ("7070"); write it without quotes (${VAR} too) so YAML reads it as a number',
+    );
+  });
+
   it('reports every unset variable with the path and line where it is used', () => {
     const text = valid().replace('https://api.openai.com/v1', '${BASE_URL}');
     const e = configError(text, {});

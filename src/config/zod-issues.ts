@@ -67,7 +67,7 @@ function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
 function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
   switch (issue.code) {
     case 'invalid_type':
-      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}`;
+      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}`;
     case 'invalid_value': {
       const options = issue.values.map(String);
       const guess = typeof value === 'string' ? closest(value, options) : undefined;
@@ -107,6 +107,13 @@ function received(value: unknown, path: PropertyKey[]): string {
   if (typeof value === 'string' && SECRET_KEY.test(String(path.at(-1)))) return ', received a string';
   if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
   return `, received ${kindOf(value)}`;
+}
+
+/** A number or boolean written in quotes (often "${VAR}") is a string in YAML: say how to write it. */
+function quotedHint(expected: string, value: unknown): string {
+  if (typeof value !== 'string') return '';
+  const fits = expected === 'boolean' ? value === 'true' || value === 'false' : (expected === 'number' || expected === 'int') && value.trim() !== '' && Number.isFinite(Number(value));
+  return fits ? ` ("${value}"); write it without quotes (\${VAR} too) so YAML reads it as a ${typeName(expected)}` : '';
 }
 
 function typeName(expected: string): string {
