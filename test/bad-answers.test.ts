@@ -99,6 +99,48 @@ describe('a 2xx that is not the answer', () => {
     expect(line?.outcome).not.toBe('success');
   });
 
+  it('streams an event-stream answer on a path it does not know, event by event, longer than firstTokenMs', async () => {
+    // Six events 150 ms apart (900 ms in all) against a 500 ms first-token limit: read whole, the answer would time out.
+    upstream = createServer((req, res) => {
+      hits++;
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      let n = 0;
+      const timer = setInterval(() => {
+        res.write(`data: {"choices":[{"delta":{"content":"part ${n}"}}]}\n\n`);
+        if (++n === 6) {
+          clearInterval(timer);
+          res.end('data: [DONE]\n\n');
+        }
+      }, 150);
+      res.on('close', () => clearInterval(timer));
+    });
+    upstream.listen(0, '127.0.0.1');
+    await once(upstream, 'listening');
+    const streamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}/v1`;
+    const s = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, { ...RETRY_LOOP_ONLY, provider: { breaker: false, timeouts: { firstTokenMs: 500 } } });
+        return {
+          ...base,
+          providers: { ...base.providers, custom: { family: 'openai', baseUrl: streamUrl, apiKey: 'k', breaker: false, timeouts: { firstTokenMs: 500 } } },
+          routes: [...base.routes, { name: 'custom', match: { path: '/v1/custom/stream' }, targets: [{ provider: 'custom' }] }],
+        };
+      },
+    });
+    const started = Date.now();
+    const res = await fetch(`${s.url}/v1/custom/stream`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream: true }) });
+    expect(res.status).toBe(200);
+    const reader = res.body!.getReader();
+    const first = await reader.read();
+    // The first event arrives long before the upstream has sent the last.
+    expect(Date.now() - started).toBeLessThan(600);
+    let text = new TextDecoder().decode(first.value);
+    for (let r = await reader.read(); !r.done; r = await reader.read()) text += new TextDecoder().decode(r.value);
+    expect(text).toContain('part 5');
+    expect(hits).toBe(1);
+  });
+
   it('leaves the answers of paths it does not know (api "other") alone', async () => {
     const wrongUrl = await wrongProvider({ contentType: 'audio/mpeg', body: 'ID3...' });
     const s = await startStack({

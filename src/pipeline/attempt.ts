@@ -73,16 +73,17 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
     }
     const status = res.statusCode;
-    const streamed = req.stream && STREAMING_APIS.has(req.api);
-    if (!streamed || !isEventStream(headers)) {
+    if (!req.stream || !isEventStream(headers)) {
       const raw = Buffer.from(await res.body.arrayBuffer());
       // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
       // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
-      const wrong = streamed
-        ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
-        : req.api === 'other'
+      // Paths the gateway does not know (api "other") may answer anything.
+      const wrong =
+        req.api === 'other'
           ? undefined
-          : notJson(headers, raw);
+          : req.stream && STREAMING_APIS.has(req.api)
+            ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
+            : notJson(headers, raw);
       if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
       const body = req.translator ? translateBody(req.translator, raw) : raw;
       if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
