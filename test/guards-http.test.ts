@@ -65,7 +65,17 @@ describe('the circuit breaker', () => {
     expect(broken.body.error?.message).toContain('mock/gpt-broken');
     const healthy = await chat(s, {}, 'gpt-4o');
     expect(healthy.res.status).toBe(200);
-    expect(healthy.res.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(0);
+  });
+
+  it('gives back the learned place of a model the provider answers 404', async () => {
+    const s = await start({ faults: { models: { 'no-such-model': { errors: [{ status: 404, code: 'model_not_found' }] } } } });
+    expect((await chat(s, {}, 'no-such-model')).res.status).toBe(404);
+    // Learned at first sight, forgotten at the 404: its next request is counted under mock/other.
+    await chat(s, {}, 'no-such-model');
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/no-such-model",status_class="4xx"\} 1/);
+    expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/other",status_class="4xx"\} 1/);
   });
 
   it('parks requests during an outage, sends only probes upstream, and answers them when the provider recovers', async () => {

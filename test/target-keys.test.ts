@@ -30,4 +30,18 @@ describe('target keys', () => {
     expect(fresh.key('openai', 'x'.repeat(101))).toBe('openai/other');
     expect(fresh.key('openai', 'other')).toBe('openai/other');
   });
+
+  it('gives back the place of a name the provider does not know (404), so made-up names cannot use the places up', () => {
+    const keys = new TargetKeys(config);
+    for (let i = 0; i < 100; i++) {
+      keys.key('openai', `made-up-${i}`);
+      keys.forget('openai', `made-up-${i}`);
+    }
+    expect(keys.key('openai', 'gpt-4.1')).toBe('openai/gpt-4.1');
+    // A refused name is not learned again.
+    expect(keys.key('openai', 'made-up-0')).toBe('openai/other');
+    // A configured model is never forgotten.
+    keys.forget('openai', 'gpt-4o');
+    expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
+  });
 });

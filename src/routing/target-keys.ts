@@ -1,13 +1,17 @@
 // A target is a provider and an upstream model: the unit providers rate-limit and fail by ("the model is
 // overloaded"), so each model gets its own breaker, hold-off, budget and metric label. Models the config names always
-// do; others a client sends are learned as they come, up to MAX_LEARNED_MODELS per provider, and past that share
-// `<provider>/other`, so clients cannot grow Redis keys or label sets without bound. Without learning, every model of
-// a route that serves any model (the default config) would share one breaker: one broken model would open it for all.
+// do; others are learned as clients send them, up to MAX_LEARNED_MODELS per provider, and past that share
+// `<provider>/other`, so clients cannot grow Redis keys or label sets without bound. A name the provider answers with
+// 404 (no such model) gives its place back, so made-up names cannot use the places up. Each instance learns for
+// itself. Without learning, every model of a route that serves any model (the default config) would share one
+// breaker, and one broken model would open it for all.
 import type { Config } from '../config/schema.ts';
 import { settingsForModel, type BreakerSettings } from '../policy/breaker.ts';
 
 /** Models learned from traffic per provider, beyond the configured ones. */
 export const MAX_LEARNED_MODELS = 32;
+/** Names remembered as refused (404), across providers. */
+const MAX_REFUSED = 1_024;
 
 /** Model names fit for a key and a metric label: no separators or control characters, and not too long. */
 const KEYABLE_MODEL = /^[A-Za-z0-9._:@/+-]{1,100}$/;
@@ -15,6 +19,8 @@ const KEYABLE_MODEL = /^[A-Za-z0-9._:@/+-]{1,100}$/;
 export class TargetKeys {
   readonly #known: ReadonlySet<string>;
   readonly #learned = new Map<string, Set<string>>();
+  /** `<provider>/<model>` names the provider answered 404: never learned again (until pushed out by newer ones). */
+  readonly #refused = new Set<string>();
   readonly #config: Config;
 
   constructor(config: Config) {
@@ -37,10 +43,19 @@ export class TargetKeys {
     return `${provider}/other`;
   }
 
+  /** The provider says the model does not exist (404): its place goes back, and the name is not learned again. */
+  forget(provider: string, model: string): void {
+    if (!this.#learned.get(provider)?.delete(model)) return;
+    this.#refused.add(`${provider}/${model}`);
+    // Bounded too: the oldest refusal goes first (a Set keeps insertion order).
+    if (this.#refused.size > MAX_REFUSED) this.#refused.delete(this.#refused.values().next().value!);
+  }
+
   #learn(provider: string, model: string): boolean {
     let learned = this.#learned.get(provider);
     if (learned === undefined) this.#learned.set(provider, (learned = new Set()));
     if (learned.has(model)) return true;
+    if (this.#refused.has(`${provider}/${model}`)) return false;
     // `other` is the overflow key itself; a name that could not be a label stays out too.
     if (learned.size >= MAX_LEARNED_MODELS || model === 'other' || !KEYABLE_MODEL.test(model)) return false;
     learned.add(model);
