@@ -64,6 +64,44 @@ describe('the parking lot', () => {
     expect(releasedAt).toEqual([30_200, 30_990]);
   });
 
+  it('parks a newcomer behind the requests spread over the release window', async () => {
+    state = { mode: 'blocked', availableAtMs: 1_000 };
+    random = () => 0.5;
+    const releasedAt: Array<[string, number]> = [];
+    void lot.park('t', opts(60_000)).then((r) => r.kind === 'released' && releasedAt.push(['parked', Date.now()]));
+    await vi.advanceTimersByTimeAsync(1_000);
+    state = { mode: 'available', slots: 64 };
+    lot.notify('t');
+    // Window: 0.2 x 1 s = 200 ms; the parked request leaves at +100, the newcomer (latest deadline or not) at +200.
+    void lot.park('t', opts(30_000)).then((r) => r.kind === 'released' && releasedAt.push(['newcomer', Date.now()]));
+    await vi.advanceTimersByTimeAsync(500);
+    expect(releasedAt).toEqual([
+      ['parked', 1_100],
+      ['newcomer', 1_200],
+    ]);
+  });
+
+  it('measures the release window from the spell the waiting requests saw, not an earlier one nobody waited out', async () => {
+    state = { mode: 'blocked', availableAtMs: 60_000 };
+    random = () => 0.99;
+    const gone = new AbortController();
+    void lot.park('t', opts(120_000, gone.signal));
+    await vi.advanceTimersByTimeAsync(10_000);
+    gone.abort();
+    // Much later, a short hold-off of 500 ms: its window is 100 ms, not a second.
+    await vi.advanceTimersByTimeAsync(20_000);
+    state = { mode: 'blocked', availableAtMs: 30_500 };
+    const releasedAt: number[] = [];
+    void lot.park('t', opts(120_000)).then((r) => r.kind === 'released' && releasedAt.push(Date.now()));
+    await vi.advanceTimersByTimeAsync(500);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    // About 30_600 (the timer ticks may add a millisecond or two); from the stale spell it would be about 31_500.
+    expect(releasedAt).toHaveLength(1);
+    expect(releasedAt[0]).toBeGreaterThanOrEqual(30_590);
+    expect(releasedAt[0]).toBeLessThan(30_650);
+  });
+
   it('answers requests still waiting for their moment when the lot closes', async () => {
     state = { mode: 'blocked', availableAtMs: 1_000 };
     random = () => 0.5;

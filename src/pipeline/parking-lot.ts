@@ -57,6 +57,8 @@ interface Queue {
   timerAtMs: number;
   /** Since when the target has been unavailable to this queue, while it is. */
   blockedSinceMs: number | undefined;
+  /** The end of the current release window: newcomers park behind the requests spread over it. */
+  spreadUntilMs: number;
 }
 
 const NO_TIMER = Number.POSITIVE_INFINITY;
@@ -90,7 +92,7 @@ export class ParkingLot {
       const entry: Entry = {
         route: opts.route,
         deadlineAtMs: opts.deadlineAtMs,
-        notBeforeMs: undefined,
+        notBeforeMs: q.spreadUntilMs > this.#deps.now() ? q.spreadUntilMs : undefined,
         settle: (r) => {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
@@ -103,6 +105,8 @@ export class ParkingLot {
         const i = q.entries.indexOf(entry);
         if (i === -1) return;
         q.entries.splice(i, 1);
+        // Nobody left waiting: a later spell away starts afresh (and so does its release window).
+        if (q.entries.length === 0) q.blockedSinceMs = undefined;
         entry.settle(r);
       };
       const onAbort = () => leave({ kind: 'aborted' });
@@ -132,7 +136,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined }));
+    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
     return q;
   }
 
@@ -147,13 +151,16 @@ export class ParkingLot {
     }
     if (q.blockedSinceMs !== undefined) this.#spread(q, now);
     const limit = state.slots;
+    let next = Number.POSITIVE_INFINITY;
     let i = 0;
-    while (i < q.entries.length && q.inflight < limit) {
+    while (i < q.entries.length) {
       const entry = q.entries[i]!;
       if (entry.notBeforeMs !== undefined && entry.notBeforeMs > now) {
+        next = Math.min(next, entry.notBeforeMs);
         i++;
         continue;
       }
+      if (q.inflight >= limit) break;
       q.entries.splice(i, 1);
       q.inflight++;
       let reported = false;
@@ -172,7 +179,6 @@ export class ParkingLot {
     if (q.entries.length === 0) return;
     // The next moment in the release window; and, since a probe's answer moves the breaker and answers raise the
     // limit, a re-check soon in case nothing reports back.
-    const next = Math.min(...q.entries.map((e) => (e.notBeforeMs !== undefined && e.notBeforeMs > now ? e.notBeforeMs : Number.POSITIVE_INFINITY)));
     this.#wakeAt(target, q, Math.min(next, now + 250));
   }
 
@@ -180,6 +186,7 @@ export class ParkingLot {
   #spread(q: Queue, now: number): void {
     const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - q.blockedSinceMs!));
     q.blockedSinceMs = undefined;
+    q.spreadUntilMs = now + windowMs;
     for (const e of q.entries) e.notBeforeMs = now + Math.min(windowMs * this.#deps.random(), (e.deadlineAtMs - now) / 2);
   }
 
