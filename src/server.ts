@@ -37,8 +37,8 @@ type Phase = 'serving' | 'draining' | 'closing';
 
 const REQUEST_ID = /^[\w.:@-]{1,128}$/;
 
-/** After the drain's grace period, how long interrupted streams get to write their error event before the exit. */
-const STREAM_GOODBYE_MS = 200;
+/** After the drain's grace period, how long interrupted streams get to write their error event (and close() to finish) before the exit. */
+const STREAM_GOODBYE_MS = 500;
 
 /** Methods a path answers 405 for when it does not serve them; a method fastify does not route at all gets 404. */
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
@@ -97,15 +97,21 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     phase = 'closing';
     runtime.lot.close();
     logger.info({ graceMs: config.drain.graceMs }, 'closing: parked requests answered, new requests refused');
-    const grace = sleep(config.drain.graceMs).then(async () => {
+    // A keep-alive connection that turns idle after close() began would otherwise hold the server open until it times out.
+    const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
+    const closed = app.close();
+    const graceOver = new AbortController();
+    const graceTimer = sleep(config.drain.graceMs, true, { signal: graceOver.signal }).catch(() => false);
+    const outOfTime = await Promise.race([closed.then(() => false), graceTimer]);
+    // Closed in time: the grace timer must not keep the process (or a test) alive, nor log a late warning.
+    graceOver.abort();
+    if (outOfTime) {
       logger.warn({ streams: live.size }, 'grace period over: ending the remaining streams and closing the connections');
       // A stream cut by the exit would end in a reset the SDKs report as a network error; an error event says why.
       for (const stream of live) stream.interrupt();
-      await sleep(STREAM_GOODBYE_MS);
-    });
-    // A keep-alive connection that turns idle after close() began would otherwise hold the server open until it times out.
-    const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
-    await Promise.race([app.close(), grace]);
+      // Ended streams let close() finish, which runs onClose (the state store's last flush); it gets a moment, no more.
+      await Promise.race([closed, sleep(STREAM_GOODBYE_MS)]);
+    }
     clearInterval(sweep);
   });
   app.addHook('onResponse', async (request, reply) => ends.answered(request, reply));

@@ -258,6 +258,24 @@ describe('compressed and BOM-prefixed bodies', () => {
     expect((await post('/v1/chat/completions', body)).status).toBe(200);
   });
 
+  it('logs a gzip upload the client drops half-way, and sends nothing upstream', async () => {
+    stack = await startStack({});
+    const bytes = gzipSync(body);
+    const { port } = new URL(stack.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\ncontent-length: ${bytes.length}\r\n\r\n`,
+    );
+    socket.write(bytes.subarray(0, 10));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    socket.destroy();
+    // The request ends (its one log line is written) instead of waiting for a body that will never come.
+    for (let i = 0; i < 40 && !stack.logs.some((l) => l.includes('"path":"/v1/chat/completions"')); i++) await new Promise((resolve) => setTimeout(resolve, 25));
+    expect(stack.logs.some((l) => l.includes('"path":"/v1/chat/completions"'))).toBe(true);
+    expect(stack.mock.requests()).toHaveLength(0);
+  });
+
   it('answers an encoding it cannot decode with 415 naming it', async () => {
     stack = await startStack({});
     const e = await expectError(await post('/v1/chat/completions', body, { 'content-type': 'application/json', 'content-encoding': 'zstd' }), 415, 'unsupported_media_type');

@@ -46,6 +46,16 @@ export function decodeBody(payload: Readable, encoding: string, limit: number): 
   });
   decoder.on('end', () => out.end());
   decoder.on('error', (err) => fail(new GatewayError('invalid_body', `the request body is not valid ${encoding} data: ${err.message}`)));
+  // pipe() forwards no errors: a client that drops the upload half-way must not leave the body parser waiting.
+  const aborted = (err?: Error) => {
+    if (out.destroyed) return;
+    decoder.destroy();
+    out.destroy(err ?? new Error('the client closed the connection before the request body was complete'));
+  };
+  payload.once('error', aborted);
+  payload.once('close', () => {
+    if (!payload.readableEnded) aborted();
+  });
   payload.pipe(decoder);
   return out;
 }
