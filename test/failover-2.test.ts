@@ -185,6 +185,43 @@ describe('a fallback that rejects the request', () => {
     expect(backup!.stats().total).toBe(0);
   });
 
+  it('ends with the primary\'s own 400, once and without a note, when it judges the request after a park', async () => {
+    // The primary is held off (300 ms), the fallback rejects, the request parks for the primary, which then rejects:
+    // the first target's word stands, whatever the fallback said before.
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '300' } }, { status: 400, message: 'PRIMARY says: bad messages' }] },
+      backupFaults: { errors: [{ status: 400, message: 'BACKUP says: max_tokens too large' }] },
+      route: { retry: { maxAttempts: 1 }, park: {} },
+    });
+    expect((await chat(s)).status).toBe(429);
+    const a = await chat(s);
+    expect(a.status).toBe(400);
+    expect(a.body.error?.message).toBe('PRIMARY says: bad messages');
+    expect(a.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(a.headers.get('x-stormgate-fallback')).toBeNull();
+    expect(s.mock.stats().total).toBe(2);
+    expect(backup!.stats().total).toBe(2);
+  });
+
+  it('records no fallback when a parked request goes back to the primary and it answers', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '300' } }] },
+      backupFaults: { errors: [{ status: 400, message: 'BACKUP says: max_tokens too large' }] },
+      route: { retry: { maxAttempts: 1 }, park: {} },
+    });
+    expect((await chat(s)).status).toBe(429);
+    const a = await chat(s);
+    expect(a.status).toBe(200);
+    expect(a.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(a.headers.get('x-stormgate-fallback')).toBeNull();
+    expect(logLines(s).at(-1)!.fallback).toBeUndefined();
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).not.toMatch(/stormgate_fallbacks_total\{route="chat",from="backup\/gpt-4.1",to="mock\/gpt-4o"/);
+    expect(metrics).not.toMatch(/stormgate_fallback_requests_total\{route="chat"\} [1-9]/);
+  });
+
   it('passes the fallback\'s 400 on when the primary could not take the request at all', async () => {
     // The Anthropic primary cannot express n > 1, so the OpenAI fallback is the first to judge the request: its word stands.
     const s = await stackWith({ order: 'backup-first', faults: { errors: [{ status: 400, message: 'n is too large' }] } });
@@ -214,6 +251,19 @@ describe('a request no target can express', () => {
     // The field at fault, as OpenAI's own 400s name it.
     expect(a.body.error?.param).toBeTruthy();
     expect(a.headers.get('x-should-retry')).toBe('false');
+    expect(backup!.stats().total).toBe(0);
+    // The client's error, not the gateway's: recorded like an upstream's 400 (there is no client-error outcome).
+    expect(logLines(s).at(-1)!.outcome).toBe('upstream_error');
+  });
+
+  it('answers 503 no_target, not a 400, when a disabled provider\'s target was left out', async () => {
+    // The disabled OpenAI primary could have sent n > 1: the request is valid, the configuration is short.
+    const s = await stackWith({ provider: { apiKey: '', optional: true } });
+    const a = await chat(s, { n: 2 });
+    expect(a.status).toBe(503);
+    expect(a.body.error?.code).toBe('no_target');
+    expect(a.body.error?.message).toMatch(/mock\/gpt-4o: provider disabled.*backup\/claude-sonnet-4-5: .*n > 1/);
+    expect(logLines(s).at(-1)!.outcome).toBe('unavailable');
     expect(backup!.stats().total).toBe(0);
   });
 

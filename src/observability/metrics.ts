@@ -92,7 +92,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     upstreamAttempts: new Counter({
       name: 'stormgate_upstream_attempts_total',
-      help: 'Requests sent upstream, by target and status class (2xx, 4xx, 5xx, network, timeout, aborted).',
+      help: 'Requests sent upstream, by target and status class (2xx, 4xx, 5xx, network, timeout, aborted, bad_stream: a 2xx that was not the answer or a stream broken before its first output).',
       labelNames: ['target', 'status_class'] as const,
       registers,
     }),
@@ -104,7 +104,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     requestDuration: new Histogram({
       name: 'stormgate_request_duration_seconds',
-      help: 'Time from a request arriving to its answer starting, by whether it needed a retry.',
+      help: 'Time from a request arriving to its answer ending (a stream: its last event; a client that left: its leaving), by whether it needed more than one attempt.',
       labelNames: ['route', 'attempt'] as const,
       buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
       registers,

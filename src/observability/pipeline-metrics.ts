@@ -54,7 +54,8 @@ export class RequestRecorder {
     const retried = s.attempts.length > 1;
     const ok = s.outcome === 'success';
     m.requestDuration.observe({ route, attempt: retried ? 'retry' : 'first' }, durationS);
-    if (retried) m.retriedRequests.inc({ route, result: ok ? 'success' : 'failure' });
+    // A client that left is neither a retry's success nor its failure: out of the counter, as out of the gauge below.
+    if (retried && s.outcome !== 'client_gone') m.retriedRequests.inc({ route, result: ok ? 'success' : 'failure' });
     if (ok && s.fallback) m.fallbackRequests.inc({ route });
     if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
     if (s.usage) {

@@ -93,11 +93,14 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     deadlineSource: deadline.source,
   };
   let handedToStream = false;
-  const { plans, contextFallback, skipped } = planTargets(req, deps);
+  const { plans, contextFallback, skipped, disabled } = planTargets(req, deps);
   summary.priority = plans[0]?.className;
   summary.skipped = skipped;
   try {
-    if (plans.length === 0) return { ...errorAnswer(noTargetError(summary)), summary };
+    if (plans.length === 0) {
+      summary.outcome = 'unavailable';
+      return { ...errorAnswer(noTargetError(summary)), summary };
+    }
     const served = await serveTargets(
       {
         route,
@@ -116,6 +119,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       deps,
     );
     summary.target = served.plan.key;
+    forgetUnknownModels(summary.attempts, plans, deps.targetKeys);
     if (served.kind === 'ok') {
       summary.outcome = 'success';
       if (served.fallback) summary.fallback = served.fallback;
@@ -126,7 +130,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       handedToStream = answer.body instanceof Readable;
       return answer;
     }
-    // A credential hold is a failure like the credential rejection that started it (degraded-answer.ts does not know the kind yet).
+    // A credential hold is a failure like the credential rejection that started it.
     const degraded = route.config.degraded && degradedReason(served);
     if (degraded) {
       summary.outcome = 'degraded';
@@ -134,7 +138,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
       return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
     }
-    const answer = errorFor(served, summary, deadline.budgetMs, deps.now());
+    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0);
     return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
   } catch (err) {
     const answer = errorAnswer(new GatewayError('internal_error', `the gateway failed: ${(err as Error).message}`));
@@ -146,18 +150,28 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   }
 }
 
+/** A target that answered 404 has no such model: its learned key is given back (see routing/target-keys.ts). */
+function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], keys: TargetKeys): void {
+  for (const a of attempts) {
+    if (a.status !== 404) continue;
+    const plan = plans.find((p) => p.label === a.target);
+    if (plan?.model !== undefined) keys.forget(plan.client.name, plan.model);
+  }
+}
+
 function clientRetryCount(headers: HeaderBag): number {
   const v = headers['x-stainless-retry-count'];
   const n = Number(Array.isArray(v) ? v[0] : v);
   return Number.isInteger(n) && n > 0 ? n : 0;
 }
 
-function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number): ErrorAnswer {
-  const answer = errorOf(served, summary, budgetMs, nowMs);
+/** `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request). */
+function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {
+  const answer = errorOf(served, summary, budgetMs, nowMs, disabled);
   return served.rejected ? withRejectionNote(answer, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : answer;
 }
 
-function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number): ErrorAnswer {
+function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
@@ -201,6 +215,13 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       summary.outcome = 'unavailable';
       return authHeldAnswer({ target: served.plan.label, remainingMs: Math.max(0, served.untilMs - nowMs) });
     case 'no-target':
+      // A disabled target might have taken the request: the gateway's configuration is short, not the request.
+      if (disabled) {
+        summary.outcome = 'unavailable';
+        return errorAnswer(noTargetError(summary));
+      }
+      // The client's to fix, as an upstream's 400 would be (recorded like one: there is no client-error outcome).
+      summary.outcome = 'upstream_error';
       return inexpressibleAnswer(summary.route, served.skips);
   }
 }

@@ -14,11 +14,14 @@ export interface Plans {
   /** For a context_length_exceeded answer, when the route names one. */
   contextFallback: TargetPlan | undefined;
   skipped: Array<{ target: string; reason: string }>;
+  /** Targets of the route left out because their provider is disabled: configuration, not the request. */
+  disabled: number;
 }
 
 export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const { route } = req;
   const skipped: Plans['skipped'] = [];
+  let disabled = 0;
   const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
   const asked = req.headers['x-stormgate-priority'];
   const askedPriority = Array.isArray(asked) ? asked[0] : asked;
@@ -65,7 +68,8 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   // A Responses API conversation (previous_response_id) lives at the provider that holds it: no failover.
   if (route.api === 'responses' && req.json.previous_response_id) targets = targets.slice(0, 1);
   const plans = targets.map(plan).filter((p): p is TargetPlan => p !== undefined);
+  disabled = skipped.length;
   const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;
   const fallback = route.config.contextWindowFallback;
-  return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped };
+  return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped, disabled };
 }

@@ -3,9 +3,11 @@
 // hands over to the next. When no target can take the request, it parks on the one expected back first, if the one
 // wait rule allows it, and is tried again when released. A context_length_exceeded answer goes to the route's
 // contextWindowFallback, if any.
-// A fallback that rejects the request (400, 404, 422, context too long) after an earlier target failed for
-// availability speaks about its own limits or translation, not about a request the primary might well have taken:
-// the client gets the earlier failure, with the rejection as a note, never a 4xx telling it to change its request.
+// The first target in order that judges the request has the last word on it: the primary's rejection (400, 404, 422,
+// context too long) ends the request, whatever happened before (a park included). A fallback that rejects the request
+// after an earlier target in order was down (failed, breaker open, held off, held for its credentials, shed) speaks
+// about its own limits or translation, not about a request the primary might well have taken: the client gets the
+// earlier failure, with the rejection as a note, never a 4xx telling it to change its request.
 import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
@@ -15,8 +17,10 @@ import { newRun, tryTarget, type RequestContext, type SkippedTarget, type Target
 
 /** Outcome classes that end the request: the client's own mistakes, a safety decision, a disconnect or the deadline. */
 const ENDS_REQUEST = new Set(['aborted', 'client-error', 'context-length', 'content-policy']);
-/** Outcome classes by which a target rejects the request as it is: the client's fault only if no earlier target was down. */
+/** Outcome classes by which a target rejects the request as it is: the client's fault unless an earlier target was down. */
 const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
+/** Outcome classes that are an upstream's verdict on the request: passed on as they are, never with a note. */
+const VERDICTS = new Set(['client-error', 'context-length', 'content-policy']);
 
 export type FallbackReason =
   | 'retries_exhausted'
@@ -73,21 +77,29 @@ export async function serveTargets(
   let shed: Served | undefined;
   let authHeld: Served | undefined;
   let rejected: Rejection | undefined;
-  /** Was a target down, full or held before the current one? Then the current one's rejection is not the client's fault. */
-  let outageBefore = false;
+  /** Targets (by their index in `plans`) that were down, full, held or failed: a later one's rejection is not the client's fault. */
+  const down = new Set<number>();
+  const downBefore = (at: number): boolean => [...down].some((i) => i < at);
   const skips: SkippedTarget[] = [];
   let released: { index: number; ticket: Ticket } | undefined;
   let left: { plan: TargetPlan; reason: FallbackReason } | undefined;
   let fallback: FallbackReason | undefined;
+  // A hand-over is recorded only to a target after the first: a parked request that goes back to the primary is not
+  // a fallback, whichever target it tried last.
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, hasNext: boolean, ticket?: Ticket) => {
-    if (left && left.plan !== plan) {
+    if (left && left.plan !== plan && plan !== plans[0]) {
       deps.onFallback?.(ctx.route.name, left.plan.key, plan.key, left.reason);
       fallback = left.reason;
     }
     return tryTarget(ctx, plan, run, deps, hasNext, ticket);
   };
-  // Whatever the request ends with (a success aside) carries the fallback's rejection, if there was one.
-  const end = (served: Served): Served => (rejected && served.kind !== 'ok' ? { ...served, rejected } : served);
+  const ok = (plan: TargetPlan, result: AttemptResult): Served => ({ kind: 'ok', plan, result, fallback: plan === plans[0] ? undefined : fallback });
+  // Whatever the request ends with carries the fallback's rejection, if there was one: not a success, and not a verdict
+  // on the request (the rejection itself, or the primary's own 400, 404, 422, context length or content policy).
+  const end = (served: Served): Served =>
+    rejected && served.kind !== 'ok' && !(served.kind === 'failed' && VERDICTS.has(served.failure.cls.cls)) ? { ...served, rejected } : served;
+  /** The failure to end with when no target answered: the latest failure, else a credential hold, else a shed, else `otherwise`. */
+  const worst = (otherwise: Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise);
   for (;;) {
     const blocked: Blocked[] = [];
     for (let i = 0; i < plans.length; i++) {
@@ -98,7 +110,7 @@ export async function serveTargets(
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
         blocked.push({ plan, reason: 'breaker', availableAtMs: deps.now() });
         left = { plan, reason: 'breaker_open' };
-        outageBefore = true;
+        down.add(i);
         continue;
       }
       const ticket = released?.ticket;
@@ -107,14 +119,14 @@ export async function serveTargets(
       const r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
       // A released request gives its place in the lot back however the target answered (an early return included).
       ticket?.done();
-      if (r.kind === 'ok') return { kind: 'ok', plan, result: r.result, fallback };
+      if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {
         blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });
         // It failed before it went away (a failed probe, a breaker that opened during the retries). When the request
         // is to end with a failure anyway, this is the latest one: the answer names the target that failed last.
         if (lastFailure && run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
         left = { plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' };
-        outageBefore = true;
+        down.add(i);
         continue;
       }
       run.done = true;
@@ -129,29 +141,29 @@ export async function serveTargets(
         authHeld ??= { kind: 'auth-held', plan, untilMs: r.untilMs };
         ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused the gateway's credentials or billing` });
         left = { plan, reason: 'credentials' };
-        outageBefore = true;
+        down.add(i);
         continue;
       }
       if (r.kind === 'shed') {
         // The provider's pool is full for this request's class: another provider may have room.
         shed ??= { kind: 'shed', plan, shed: r };
         left = { plan, reason: 'shed' };
-        outageBefore = true;
+        down.add(i);
         continue;
       }
       if (r.cls.cls === 'context-length' && contextFallback && plan !== contextFallback) {
         left = { plan, reason: 'context_length' };
         const c = await attempt(contextFallback, newRun(), false);
-        if (c.kind === 'ok') return { kind: 'ok', plan: contextFallback, result: c.result, fallback };
+        if (c.kind === 'ok') return ok(contextFallback, c.result);
         if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
         const last: Failed = c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : { kind: 'failed', plan, failure: r };
-        if (!outageBefore || !REJECTS_REQUEST.has(last.failure.cls.cls)) return end(last);
+        if (!downBefore(i) || !REJECTS_REQUEST.has(last.failure.cls.cls)) return end(last);
         rejected ??= { plan: last.plan, failure: last.failure };
         left = { plan, reason: 'error' };
         continue;
       }
-      if (outageBefore && REJECTS_REQUEST.has(r.cls.cls)) {
-        // Not the client's mistake: the request moves on (or parks for the target that was down).
+      if (downBefore(i) && REJECTS_REQUEST.has(r.cls.cls)) {
+        // A fallback's limits, not the client's mistake: the request moves on (or parks for the target that was down).
         rejected ??= { plan, failure: r };
         left = { plan, reason: 'error' };
         continue;
@@ -159,16 +171,16 @@ export async function serveTargets(
       lastFailure = { kind: 'failed', plan, failure: r };
       if (ENDS_REQUEST.has(r.cls.cls)) return end(lastFailure);
       left = { plan, reason: fallbackReason(r) };
-      outageBefore = true;
+      down.add(i);
     }
     released?.ticket.done();
     released = undefined;
-    if (blocked.length === 0) return end(lastFailure ?? authHeld ?? shed ?? rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
+    if (blocked.length === 0) return worst(rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
     const now = deps.now();
     if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
-      return end(lastFailure ?? authHeld ?? shed ?? unavailable);
+      return worst(unavailable);
     }
     const parkedAtMs = deps.now();
     const parked = await deps.lot.park(first.plan.key, {
@@ -189,7 +201,7 @@ export async function serveTargets(
       case 'closing':
         return end({ kind: 'closing', plan: first.plan });
       case 'timeout':
-        return end(lastFailure ?? authHeld ?? unavailable);
+        return worst(unavailable);
       case 'aborted': {
         const result = { outcome: abortOutcome(ctx.signal.reason) };
         return end({ kind: 'failed', plan: first.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } });
