@@ -9,7 +9,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { HoldOffs, isCredentialHoldKey } from './state/hold-offs.ts';
+import { HoldOffs, isCredentialHoldKey, targetOfCredentialHold } from './state/hold-offs.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -78,6 +78,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 
   // The parking lot asks where a target stands; breakers and hold-offs answer.
   function targetState(target: string): TargetState {
+    // Nothing waits for a credential hold: requests parked for another reason go, and skip the target at once.
+    if (holdOffs.credentialsHeldUntil(target) !== undefined) return { mode: 'available', slots: Number.MAX_SAFE_INTEGER };
     const held = holdOffs.until(target);
     if (held !== undefined) return { mode: 'blocked', availableAtMs: held };
     const available: TargetState = { mode: 'available', slots: Math.max(1, Math.floor(poolOf(target).limitOf(target))) };
@@ -99,8 +101,12 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.set(change.target, change.record.state);
       if (change.record.state === 'closed' && before !== 'closed') poolOf(change.target).recovered(change.target);
     } else {
-      // A credential hold ends with no capacity to regain and nobody parked on it: parking never waits on credentials.
-      if (isCredentialHoldKey(change.target)) return;
+      // A credential hold has no capacity to regain; requests parked on the target for another reason go at once and
+      // skip it (targetState), to the next target or to their 502.
+      if (isCredentialHoldKey(change.target)) {
+        lot.notify(targetOfCredentialHold(change.target));
+        return;
+      }
       poolOf(change.target).recovered(change.target);
     }
     lot.notify(change.target);

@@ -78,6 +78,24 @@ describe('the circuit breaker', () => {
     expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/other",status_class="4xx"\} 1/);
   });
 
+  it('lets requests parked on an open breaker go at once when a probe finds the gateway\'s credentials refused', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, timeoutMs: 10_000 },
+      provider: { breaker: { probeWhileParkedMs: 500, openS: 60 } },
+    });
+    await openBreaker(s);
+    await sleep(20);
+    // The key is revoked during the outage: the next probe gets 401 and starts a credential hold.
+    s.mock.setFaults({ errors: [{ status: 401, code: 'invalid_api_key' }] });
+    const started = Date.now();
+    const answers = await Promise.all(Array.from({ length: 5 }, () => chat(s).then((a) => ({ ...a, at: Date.now() - started }))));
+    for (const a of answers) expect(a.body.error?.code).toBe('upstream_auth_error');
+    // All soon after the first probe (about 500 ms), not one per probe interval or at the deadline.
+    expect(Math.max(...answers.map((a) => a.at))).toBeLessThan(2_000);
+    expect(s.mock.stats().byStatus['401']).toBe(1);
+  });
+
   it('parks requests during an outage, sends only probes upstream, and answers them when the provider recovers', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

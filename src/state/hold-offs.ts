@@ -19,6 +19,11 @@ export function isCredentialHoldKey(key: string): boolean {
   return key.endsWith(CREDENTIALS_SUFFIX);
 }
 
+/** The target a credential hold's state key is about. */
+export function targetOfCredentialHold(key: string): string {
+  return key.slice(0, -CREDENTIALS_SUFFIX.length);
+}
+
 /** Does this answer start a fleet-wide hold-off? Only a fleet-wide hint the route would wait out. */
 export function startsHoldOff(status: number, hint: WaitHint | undefined, maxWaitHintMs: number): hint is WaitHint {
   return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0 && hint.delayMs <= maxWaitHintMs;
