@@ -1,17 +1,14 @@
 // Failover edge cases, over real HTTP with the bundled mock: a credential hold skips its target at once (never parked,
 // never a 429), a fallback's rejection never hides the primary's outage, a request no target can express is the
 // client's 400, and the final error names the target that failed last.
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
-import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import type { FaultSpec, MockServer } from '../src/mock/server.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
+const startBackup = useExtraMocks();
 let backup: MockServer | undefined;
-afterEach(async () => {
-  await backup?.close();
-  backup = undefined;
-});
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
@@ -30,7 +27,7 @@ async function stackWith(opts: {
   order?: 'primary-first' | 'backup-only' | 'backup-first';
 }): Promise<Stack> {
   const family = opts.family === undefined ? 'anthropic' : opts.family;
-  if (family) backup = await startMock({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
+  if (family) backup = await startBackup({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
   return startStack({
     faults: opts.faults,
     config: (url) => {

@@ -1,18 +1,15 @@
 // Failover, end to end with the openai SDK: to another OpenAI-compatible provider, to Anthropic through the format
 // translation (streams and tool calls included), context-window fallback, weighted spreading, degraded answers.
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
-import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import type { FaultSpec, MockServer } from '../src/mock/server.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
+const startBackup = useExtraMocks();
 let backup: MockServer | undefined;
-afterEach(async () => {
-  await backup?.close();
-  backup = undefined;
-});
 
 type RouteInput = ConfigInput['routes'][number];
 
@@ -25,7 +22,7 @@ async function withBackup(opts: {
   backupModel?: string;
   primaryFirstTokenMs?: number;
 }): Promise<Stack> {
-  backup = await startMock({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
+  backup = await startBackup({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
   const family = opts.family ?? 'anthropic';
   return startStack({
     faults: opts.faults,
@@ -224,7 +221,7 @@ describe('stream recovery (streamRecovery: continue)', () => {
 
 describe('recovery', () => {
   it('serves from the backup at once while the primary\'s breaker is open, and returns to the primary once it recovers', async () => {
-    backup = await startMock({ quiet: true, apiKey: 'backup-key' });
+    backup = await startBackup({ quiet: true, apiKey: 'backup-key' });
     const s = await startStack({
       faults: { errors: [{ status: 503, rate: 1 }] },
       config: (url) => {

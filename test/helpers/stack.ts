@@ -8,7 +8,7 @@ import { ConfigSchema, type Config, type ConfigInput } from '../../src/config/sc
 import { buildServer, type ServerDeps } from '../../src/server.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { createMetrics } from '../../src/observability/metrics.ts';
-import { startMock, type MockServer } from '../../src/mock/server.ts';
+import { startMock, type MockOptions, type MockServer } from '../../src/mock/server.ts';
 import type { FaultSpec } from '../../src/mock/faults.ts';
 
 export const TEST_KEY = 'sk-test-stormgate-0123456789';
@@ -114,5 +114,18 @@ export function useStacks(defaults: StackOptions = {}): (opts?: StackOptions) =>
   return async (opts = {}) => {
     current = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route }, provider: { ...defaults.provider, ...opts.provider } });
     return current;
+  };
+}
+
+/** Starts extra mock providers (a backup, say) for one test file and closes them after each test. */
+export function useExtraMocks(): (opts?: MockOptions) => Promise<MockServer> {
+  const started: MockServer[] = [];
+  afterEach(async () => {
+    await Promise.all(started.splice(0).map((m) => m.close()));
+  });
+  return async (opts = {}) => {
+    const mock = await startMock({ quiet: true, ...opts });
+    started.push(mock);
+    return mock;
   };
 }
