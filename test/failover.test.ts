@@ -80,6 +80,19 @@ describe('failover to another provider', () => {
     expect(usage?.total_tokens).toBeGreaterThan(0);
   });
 
+  it('drops a malformed Anthropic event that arrives in the same read as the first text, and streams on', async () => {
+    // chunkDelayMs 0: the whole answer comes in one read, the broken event right after the first text.
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] }, backupFaults: { stream: { chunks: 6, chunkDelayMs: 0, malformedAtChunk: 1 } } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text.length).toBeGreaterThan(0);
+    // One attempt at the backup: the answer it produced (and billed) was delivered, not retried.
+    expect(backup!.stats().total).toBe(1);
+    const line = s.logs.map((l) => JSON.parse(l) as { msg: string; streamEnd?: string }).find((l) => l.msg === 'request' || l.msg === 'stream ended abnormally');
+    expect(line?.streamEnd).toBe('complete');
+  });
+
   it('carries a tool-call round trip through Anthropic, streamed and not', async () => {
     const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
     const tools: OpenAI.ChatCompletionTool[] = [{ type: 'function', function: { name: 'lookup_order', description: 'Find an order', parameters: { type: 'object', properties: { x: { type: 'number' } } } } }];

@@ -102,6 +102,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       api: req.api,
       head: first.head,
       pending: first.pending,
+      droppedBeforeStart: first.dropped,
       parser: first.parser,
       iterator: first.iterator,
       translate,
@@ -206,10 +207,14 @@ async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: numbe
 }
 
 type FirstOutput =
-  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer> }
+  | { head: string; pending: SseEvent[]; dropped: number; parser: SseParser; iterator: AsyncIterator<Buffer> }
   | { failure: string };
 
-/** Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order. */
+/**
+ * Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order.
+ * Events are translated one at a time: once output has come, an event the translator cannot read is dropped (as the
+ * LiveStream drops it later), even when it arrived in the same read; only before any output does it fail the attempt.
+ */
 async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body'], translate: StreamTranslator | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
@@ -217,24 +222,42 @@ async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData[
   for (;;) {
     const { value, done } = await iterator.next();
     if (done) return { failure: 'stream ended before any output' };
-    let events: SseEvent[];
-    try {
-      events = translateEvents(parser.push(value), translate);
-    } catch {
-      return { failure: 'malformed event before any output' };
-    }
-    for (let i = 0; i < events.length; i++) {
-      const ev = events[i]!;
-      const meaning = eventMeaning(api, ev);
-      if (meaning === 'malformed') return { failure: 'malformed event before any output' };
-      if (meaning === 'error') return { failure: 'error event before any output' };
-      if (meaning === 'done') return { failure: 'stream ended before any output' };
-      head += `${ev.raw}\n\n`;
-      if (meaning === 'output' || meaning === 'finish') {
-        // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
-        head = head.slice(0, head.length - ev.raw.length - 2);
-        return { head, pending: events.slice(i), parser, iterator };
+    const raw = parser.push(value);
+    for (let r = 0; r < raw.length; r++) {
+      let events: SseEvent[];
+      try {
+        events = translateEvents([raw[r]!], translate);
+      } catch {
+        return { failure: 'malformed event before any output' };
+      }
+      for (let i = 0; i < events.length; i++) {
+        const ev = events[i]!;
+        const meaning = eventMeaning(api, ev);
+        if (meaning === 'malformed') return { failure: 'malformed event before any output' };
+        if (meaning === 'error') return { failure: 'error event before any output' };
+        if (meaning === 'done') return { failure: 'stream ended before any output' };
+        if (meaning === 'output' || meaning === 'finish') {
+          // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
+          const rest = translateRest(raw.slice(r + 1), translate);
+          return { head, pending: [...events.slice(i), ...rest.events], dropped: rest.dropped, parser, iterator };
+        }
+        head += `${ev.raw}\n\n`;
       }
     }
   }
+}
+
+/** The events after the first output in the same read, translated; the ones the translator cannot read, counted. */
+function translateRest(raw: SseEvent[], translate: StreamTranslator | undefined): { events: SseEvent[]; dropped: number } {
+  if (!translate) return { events: raw, dropped: 0 };
+  const events: SseEvent[] = [];
+  let dropped = 0;
+  for (const ev of raw) {
+    try {
+      events.push(...translate.push(ev));
+    } catch {
+      dropped++;
+    }
+  }
+  return { events, dropped };
 }

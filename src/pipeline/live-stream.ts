@@ -30,6 +30,8 @@ export interface LiveStreamOptions {
   head: string;
   /** Events already parsed, starting with the first output event. */
   pending: SseEvent[];
+  /** Events of the first read that the translator could not read (dropped, counted as malformed). */
+  droppedBeforeStart?: number;
   parser: SseParser;
   iterator: AsyncIterator<Buffer>;
   /** Another family's events into OpenAI ones (Anthropic); undefined for OpenAI-compatible targets. */
@@ -53,6 +55,7 @@ export class LiveStream {
 
   constructor(opts: LiveStreamOptions) {
     this.#opts = opts;
+    this.#droppedByTranslator = opts.droppedBeforeStart ?? 0;
   }
 
   /** The text to write to the client, event by event. Stopping the iteration early (client gone) aborts upstream. */
