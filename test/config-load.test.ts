@@ -131,6 +131,16 @@ describe('${VAR} interpolation', () => {
     );
   });
 
+  it('rejects passthrough to a non-OpenAI family or onto the gateway\'s own paths, and degraded answers off chat routes', () => {
+    const anthropic = valid().replace('routes:', '  claude:\n    family: anthropic\n    baseUrl: https://api.anthropic.com\n    apiKey: k\nroutes:');
+    expect(configError(anthropic + 'passthrough: { provider: claude, paths: [/v1/messages/batches] }\n').message).toMatch(
+      /passthrough\.provider: passthrough forwards to openai-family providers only; "claude" is anthropic/,
+    );
+    expect(configError(valid() + 'passthrough: { provider: openai, paths: [/healthz] }\n').message).toMatch(/passthrough\.paths\[0\]: "\/healthz" is one of the gateway's own paths/);
+    const embeddings = valid().replace('/v1/chat/completions', '/v1/embeddings');
+    expect(configError(embeddings + '    degraded: { message: sorry }\n').message).toMatch(/routes\[0\]\.degraded: degraded answers are chat completions/);
+  });
+
   it('reports every unset variable with the path and line where it is used', () => {
     const text = valid().replace('https://api.openai.com/v1', '${BASE_URL}');
     const e = configError(text, {});

@@ -146,14 +146,24 @@ describe('passthrough', () => {
     });
     const res = await fetch(`${stack.url}/v1/embeddings`, {
       method: 'POST',
-      headers: { authorization: 'Bearer client-secret', cookie: 'a=b', 'content-type': 'application/json' },
+      headers: {
+        authorization: 'Bearer client-secret',
+        cookie: 'a=b',
+        'proxy-authorization': 'Basic client-proxy',
+        'openai-organization': 'org-someone-else',
+        'openai-project': 'proj-someone-else',
+        'x-stormgate-priority': 'batch',
+        'content-type': 'application/json',
+      },
       body: JSON.stringify({ model: 'text-embedding-3-small', input: 'x' }),
     });
     expect(res.status).toBe(503);
+    // The gateway does not ask the SDK to repeat a passthrough call (one rule for x-should-retry).
+    expect(res.headers.get('x-should-retry')).toBe('false');
     expect(stack.mock.stats().total).toBe(1);
     const h = stack.mock.requests()[0]!.headers;
     expect(h.authorization).toBe(`Bearer ${TEST_KEY}`);
-    expect(h.cookie).toBeUndefined();
+    for (const dropped of ['cookie', 'proxy-authorization', 'openai-organization', 'openai-project', 'x-stormgate-priority']) expect(h[dropped], dropped).toBeUndefined();
     const get = await fetch(`${stack.url}/v1/embeddings`);
     expect(get.status).toBe(404);
     expect(stack.mock.stats().total).toBe(1);

@@ -313,9 +313,25 @@ export const ConfigSchema = z
     cfg.passthrough?.paths.forEach((p, i) => {
       if (managed.has(p)) {
         ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is a managed route's path; passthrough is for paths no route serves` });
+      } else if (GATEWAY_PATHS.some((own) => p === own || p.startsWith(`${own}/`))) {
+        ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is one of the gateway's own paths (${GATEWAY_PATHS.join(', ')})` });
+      }
+    });
+    // Passthrough swaps in an OpenAI-style bearer key and keeps OpenAI's /v1 paths: Anthropic (x-api-key, no /v1)
+    // and Azure (api-key, deployments, api-version) would get requests they cannot read.
+    const passProvider = cfg.passthrough && cfg.providers[cfg.passthrough.provider];
+    if (passProvider && passProvider.family !== 'openai') {
+      ctx.addIssue({ code: 'custom', path: ['passthrough', 'provider'], message: `passthrough forwards to openai-family providers only; "${cfg.passthrough!.provider}" is ${passProvider.family}` });
+    }
+    cfg.routes.forEach((route, i) => {
+      if (route.degraded && route.match.path !== '/v1/chat/completions') {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'degraded'], message: `degraded answers are chat completions; route "${route.name}" serves ${route.match.path}` });
       }
     });
   });
+
+/** Paths the gateway serves itself, which passthrough may not take over. */
+const GATEWAY_PATHS = ['/healthz', '/readyz', '/metrics', '/v1/models'];
 
 type ProvidersOf = Record<string, { family: 'openai' | 'anthropic' | 'azure-openai' }>;
 type RouteOf = { match: { path: string }; targets: Array<{ provider: string; model?: string | undefined }>; contextWindowFallback?: { provider: string; model?: string | undefined } | undefined };

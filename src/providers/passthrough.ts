@@ -6,8 +6,12 @@ import type { Config, ProviderConfig } from '../config/schema.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
-/** Client headers that must not reach the provider: its credentials and cookies. */
-const STRIP = ['authorization', 'api-key', 'x-api-key', 'cookie', 'x-stormgate-timeout-ms'];
+/**
+ * Client headers that must not reach the provider: its credentials (proxy ones too) and cookies, the organization or
+ * project a client could pick to bill the company's key to, and the gateway's own x-stormgate-* headers.
+ */
+const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project']);
+const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-');
 
 export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
   const base = new URL(provider.baseUrl);
@@ -21,11 +25,13 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       undici: { connections: 16, connect: { timeout: provider.timeouts.connectMs } },
       replyOptions: {
         rewriteRequestHeaders: (_req, headers) => {
-          const out: Record<string, unknown> = { ...headers };
-          for (const name of STRIP) delete out[name];
+          const out: Record<string, unknown> = {};
+          for (const name in headers) if (!stripped(name)) out[name] = headers[name];
           out.authorization = `Bearer ${provider.apiKey}`;
           return out as typeof headers;
         },
+        // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.
+        rewriteHeaders: (headers) => ({ ...headers, 'x-should-retry': 'false' }),
       },
     });
   }
