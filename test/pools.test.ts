@@ -136,6 +136,18 @@ describe('the provider pool', () => {
     expect((shed as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(0);
   });
 
+  it('assumes a second per round trip until an answer is timed, then takes the first timing as it is', async () => {
+    const { p } = pool(1, 0);
+    await slot(p, req(1));
+    // Nothing timed yet: one slot, nobody ahead, about one round trip.
+    expect(p.expectedWaitMs(1, 'p/m')).toBe(1_000);
+    p.observe('p/m', 'success', 2_400);
+    expect(p.expectedWaitMs(1, 'p/m')).toBe(2_400);
+    // Later timings move it smoothly.
+    p.observe('p/m', 'success', 400);
+    expect(p.expectedWaitMs(1, 'p/m')).toBe(2_000);
+  });
+
   it('rejects at once a request that cannot expect a slot before its deadline', async () => {
     const { p } = pool(1);
     const s = await slot(p, req(0));

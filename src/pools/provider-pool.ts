@@ -62,8 +62,12 @@ export interface PoolObserver {
   onShed?: (cls: string, reason: string) => void;
 }
 
-/** Round trip assumed before any answer has been timed. */
-const INITIAL_ROUND_TRIP_MS = 100;
+/**
+ * Round trip assumed before any answer has been timed: an LLM answer takes seconds, and an estimate that is too short
+ * tells shed clients to come back before any slot can be free (an SDK then spends its retries in a few hundred ms).
+ * The first timed answer replaces it.
+ */
+const INITIAL_ROUND_TRIP_MS = 1_000;
 /** How far down a class queue to look for a waiter whose target has room. */
 const SCAN_DEPTH = 256;
 
@@ -76,6 +80,7 @@ export class ProviderPool {
   #inUse = 0;
   #retriesInUse = 0;
   #roundTripMs = INITIAL_ROUND_TRIP_MS;
+  #roundTripTimed = false;
   /** This instance's share of the fleet's capacity (1 alone; demand-weighted with a shared state store). */
   #capacity: number;
   #retryCapacity: number;
@@ -157,7 +162,8 @@ export class ProviderPool {
     const t = this.#target(target);
     if (signal === 'success') {
       // Round trips of answers, not of the instant 429s, pace both the wait estimates and the once-per-round-trip cut.
-      if (roundTripMs > 0) this.#roundTripMs = 0.8 * this.#roundTripMs + 0.2 * roundTripMs;
+      if (roundTripMs > 0) this.#roundTripMs = this.#roundTripTimed ? 0.8 * this.#roundTripMs + 0.2 * roundTripMs : roundTripMs;
+      this.#roundTripTimed ||= roundTripMs > 0;
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
       this.#drain();
     } else {
