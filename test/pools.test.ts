@@ -120,6 +120,14 @@ describe('the provider pool', () => {
     expect(order).toEqual(['online', 'batch']);
   });
 
+  it('reads a class name from a header whatever its case and surrounding spaces', () => {
+    const { p } = pool();
+    expect(p.classIndex('batch')).toBe(1);
+    expect(p.classIndex(' Batch ')).toBe(1);
+    expect(p.classIndex('ONLINE')).toBe(0);
+    expect(p.classIndex('bulk')).toBeUndefined();
+  });
+
   it('lets batch use capacity online leaves idle', async () => {
     const { p } = pool(4);
     for (let i = 0; i < 4; i++) await slot(p, req(1));

@@ -101,7 +101,10 @@ export class ProviderPool {
 
   /** Index of a class by name, or undefined. */
   classIndex(name: string | undefined): number | undefined {
-    const i = this.settings.classes.findIndex((c) => c.name === name);
+    if (name === undefined) return undefined;
+    // Header values are typed by people: `Batch` and ` batch` mean batch.
+    const wanted = name.trim().toLowerCase();
+    const i = this.settings.classes.findIndex((c) => c.name.toLowerCase() === wanted);
     return i === -1 ? undefined : i;
   }
 
