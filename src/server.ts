@@ -190,7 +190,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           json: body.json,
           headers: request.headers,
           requestId: request.id,
-          onClientGone: (listener) => onClientGone(request, reply, listener),
+          onClientGone: (listener) => ends.onClientGone(request, reply, listener),
         },
         runtime.pipeline,
       );
@@ -282,21 +282,6 @@ function methodGuard(api: FastifyInstance, url: string, allowed: readonly string
     },
     handler: async () => undefined,
   });
-}
-
-/** Calls `listener` when the client closes the connection before its answer is complete; returns its removal. */
-function onClientGone(request: FastifyRequest, reply: FastifyReply, listener: () => void): () => void {
-  const res = reply.raw;
-  // Not request.raw.destroyed: Node destroys a request once its body is read, which a compressed body's decoding outlasts.
-  if (res.destroyed || request.raw.socket?.destroyed) {
-    listener();
-    return () => {};
-  }
-  const onClose = () => {
-    if (!res.writableFinished) listener();
-  };
-  res.once('close', onClose);
-  return () => res.removeListener('close', onClose);
 }
 
 function queryOf(url: string): string {

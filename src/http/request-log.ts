@@ -1,5 +1,5 @@
 // The request's log line and count: exactly one per request, whichever way it ends, with what the pipeline decided
-// (route, target, attempts, outcome).
+// (route, target, attempts, outcome); and the one watch on the response that tells the pipeline its client has gone.
 import type { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 
@@ -15,6 +15,7 @@ export class RequestEnds {
   readonly #clientLeft = new WeakSet<FastifyRequest>();
   readonly #inPipeline = new WeakSet<FastifyRequest>();
   readonly #streams = new WeakMap<FastifyRequest, Readable>();
+  readonly #goneListeners = new WeakMap<FastifyRequest, () => void>();
 
   constructor(private readonly onEnd: OnEnd) {}
 
@@ -22,8 +23,24 @@ export class RequestEnds {
   watch(request: FastifyRequest, reply: FastifyReply): void {
     const res = reply.raw;
     res.once('close', () => {
-      if (!res.writableFinished) this.#clientGone(request, reply);
+      if (res.writableFinished) return;
+      this.#goneListeners.get(request)?.();
+      this.#clientGone(request, reply);
     });
+  }
+
+  /**
+   * Calls `listener` (the pipeline's abort) when the client closes the connection before its answer is complete, at
+   * once if it already has; returns its removal. The one 'close' listener of watch() serves both.
+   */
+  onClientGone(request: FastifyRequest, reply: FastifyReply, listener: () => void): () => void {
+    // Not request.raw.destroyed: Node destroys a request once its body is read, which a compressed body's decoding outlasts.
+    if (reply.raw.destroyed || request.raw.socket?.destroyed) {
+      listener();
+      return () => {};
+    }
+    this.#goneListeners.set(request, listener);
+    return () => this.#goneListeners.delete(request);
   }
 
   /** The answer was written whole. */
