@@ -1,7 +1,7 @@
 // The gateway's own log of the run, per priority class and phase: what it answered, how many upstream attempts it
 // made, how many of its requests met an upstream 429 on the way, and its warnings and errors. The clients' figures
 // say what happened; this says what the gateway did about it.
-import { readFileSync } from 'node:fs';
+import { readGatewayLog, type LogGroup } from '../lib/gateway-log.ts';
 
 export interface ClassLog {
   requests: number;
@@ -23,7 +23,7 @@ export interface GatewayLog {
   /** By phase name, then by priority class. */
   phases: Record<string, Record<string, ClassLog>>;
   /** Warn and above, by message: count and first example. */
-  problems: Array<{ level: number; msg: string; count: number; example: string }>;
+  problems: LogGroup[];
   unparsed: string[];
   /** The gateway's own time for each online request (its request line's durationMs: from parsed headers to the answer), by id. */
   onlineHandlerMs: Map<string, number>;
@@ -48,26 +48,10 @@ const inc = (r: Record<string, number>, k: string) => (r[k] = (r[k] ?? 0) + 1);
 /** `phases` maps a name to [from, to) in ms since the epoch; a request line counts in the phase in which it was logged (answered). */
 export function scanGatewayLog(path: string, phases: Record<string, [number, number]>): GatewayLog {
   const out: GatewayLog = { path, lines: 0, phases: {}, problems: [], unparsed: [], onlineHandlerMs: new Map() };
-  const groups = new Map<string, { level: number; msg: string; count: number; example: string }>();
   for (const name of Object.keys(phases)) out.phases[name] = {};
-  for (const raw of readFileSync(path, 'utf8').split('\n')) {
-    if (raw.trim() === '') continue;
-    out.lines++;
-    let line: Line;
-    try {
-      line = JSON.parse(raw) as Line;
-    } catch {
-      if (out.unparsed.length < 20) out.unparsed.push(raw.slice(0, 300));
-      continue;
-    }
-    if ((line.level ?? 0) >= 40) {
-      const key = `${line.level} ${line.msg}`;
-      const g = groups.get(key);
-      if (g) g.count++;
-      else groups.set(key, { level: line.level!, msg: line.msg ?? '', count: 1, example: raw.slice(0, 400) });
-    }
+  const read = readGatewayLog<Line>(path, (line) => {
     // Request lines of the chat route only: /metrics scrapes are logged too.
-    if (line.msg !== 'request' || line.time === undefined || line.path !== '/v1/chat/completions') continue;
+    if (line.msg !== 'request' || line.time === undefined || line.path !== '/v1/chat/completions') return;
     if (line.reqId?.startsWith('online-') && line.durationMs !== undefined) out.onlineHandlerMs.set(line.reqId, line.durationMs);
     for (const [name, [from, to]] of Object.entries(phases)) {
       if (line.time < from || line.time >= to) continue;
@@ -83,7 +67,6 @@ export function scanGatewayLog(path: string, phases: Record<string, [number, num
       if (n429 > 0) c.met429++;
       if (n429 > 0 && line.status === 200) c.retriedThen200++;
     }
-  }
-  out.problems = [...groups.values()].sort((a, b) => b.count - a.count);
-  return out;
+  });
+  return { ...out, ...read };
 }

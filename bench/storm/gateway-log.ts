@@ -2,16 +2,8 @@
 // breaker's transitions, request lines answered later than the deadline the gateway computed for them, and attempts
 // started too close to that deadline. The
 // bench's figures come from the clients and the mock; this is the gateway's side of the story, for the report.
-import { readFileSync } from 'node:fs';
+import { readGatewayLog, type LogGroup } from '../lib/gateway-log.ts';
 import { percentile } from '../lib/stats.ts';
-
-export interface LogGroup {
-  level: number;
-  msg: string;
-  count: number;
-  /** The first such line, shortened. */
-  example: string;
-}
 
 export interface GatewayLogSummary {
   path: string;
@@ -61,8 +53,6 @@ function leftAtStarts(line: Required<Pick<Line, 'durationMs' | 'budgetMs'>> & Li
   return lefts;
 }
 
-const EXAMPLE_CHARS = 400;
-
 export function scanGatewayLog(path: string, o: { minAttemptMs: number; clientTimeoutMs: number }): GatewayLogSummary {
   const s: GatewayLogSummary = {
     path,
@@ -79,17 +69,7 @@ export function scanGatewayLog(path: string, o: { minAttemptMs: number; clientTi
     unparsed: [],
   };
   const lateLefts: number[] = [];
-  const groups = new Map<string, LogGroup>();
-  for (const raw of readFileSync(path, 'utf8').split('\n')) {
-    if (raw.trim() === '') continue;
-    s.lines++;
-    let line: Line;
-    try {
-      line = JSON.parse(raw) as Line;
-    } catch {
-      if (s.unparsed.length < 20) s.unparsed.push(raw.slice(0, EXAMPLE_CHARS));
-      continue;
-    }
+  const read = readGatewayLog<Line>(path, (line) => {
     const msg = line.msg ?? '';
     if (msg === 'request' || msg === 'stream ended abnormally') {
       s.requestLines++;
@@ -104,16 +84,13 @@ export function scanGatewayLog(path: string, o: { minAttemptMs: number; clientTi
       }
     }
     // Breaker transitions are logged at warn by design: listed on their own, not as problems.
-    if (msg.startsWith('breaker ')) {
-      if (line.time !== undefined) s.breaker.push({ atMs: line.time, to: msg.slice('breaker '.length) });
-    } else if ((line.level ?? 0) >= 40) {
-      const key = `${line.level} ${msg}`;
-      const g = groups.get(key);
-      if (g) g.count++;
-      else groups.set(key, { level: line.level!, msg, count: 1, example: raw.slice(0, EXAMPLE_CHARS) });
-    }
-  }
-  s.problems = [...groups.values()].sort((a, b) => b.count - a.count);
+    if (!msg.startsWith('breaker ')) return false;
+    if (line.time !== undefined) s.breaker.push({ atMs: line.time, to: msg.slice('breaker '.length) });
+    return true;
+  });
+  s.lines = read.lines;
+  s.unparsed = read.unparsed;
+  s.problems = read.problems;
   s.lateStarts = lateLefts.length;
   s.lateStartMedianLeftMs = percentile(lateLefts, 50);
   return s;
