@@ -77,9 +77,12 @@ export async function serveTargets(
   let shed: Served | undefined;
   let authHeld: Served | undefined;
   let rejected: Rejection | undefined;
-  /** Targets (by their index in `plans`) that were down, full, held or failed: a later one's rejection is not the client's fault. */
-  const down = new Set<number>();
-  const downBefore = (at: number): boolean => [...down].some((i) => i < at);
+  /** The first target (by its index in `plans`) that was down, full, held or failed: a later one's rejection is not the client's fault. */
+  let firstDown = Number.POSITIVE_INFINITY;
+  const markDown = (i: number): void => {
+    firstDown = Math.min(firstDown, i);
+  };
+  const downBefore = (at: number): boolean => firstDown < at;
   const skips: SkippedTarget[] = [];
   let released: { index: number; ticket: Ticket } | undefined;
   let left: { plan: TargetPlan; reason: FallbackReason } | undefined;
@@ -110,7 +113,7 @@ export async function serveTargets(
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
         blocked.push({ plan, reason: 'breaker', availableAtMs: deps.now() });
         left = { plan, reason: 'breaker_open' };
-        down.add(i);
+        markDown(i);
         continue;
       }
       const ticket = released?.ticket;
@@ -126,7 +129,7 @@ export async function serveTargets(
         // is to end with a failure anyway, this is the latest one: the answer names the target that failed last.
         if (lastFailure && run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
         left = { plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' };
-        down.add(i);
+        markDown(i);
         continue;
       }
       run.done = true;
@@ -141,14 +144,14 @@ export async function serveTargets(
         authHeld ??= { kind: 'auth-held', plan, untilMs: r.untilMs };
         ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused the gateway's credentials or billing` });
         left = { plan, reason: 'credentials' };
-        down.add(i);
+        markDown(i);
         continue;
       }
       if (r.kind === 'shed') {
         // The provider's pool is full for this request's class: another provider may have room.
         shed ??= { kind: 'shed', plan, shed: r };
         left = { plan, reason: 'shed' };
-        down.add(i);
+        markDown(i);
         continue;
       }
       if (r.cls.cls === 'context-length' && contextFallback && plan !== contextFallback) {
@@ -171,7 +174,7 @@ export async function serveTargets(
       lastFailure = { kind: 'failed', plan, failure: r };
       if (ENDS_REQUEST.has(r.cls.cls)) return end(lastFailure);
       left = { plan, reason: fallbackReason(r) };
-      down.add(i);
+      markDown(i);
     }
     released?.ticket.done();
     released = undefined;
@@ -182,7 +185,6 @@ export async function serveTargets(
     if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       return worst(unavailable);
     }
-    const parkedAtMs = deps.now();
     const parked = await deps.lot.park(first.plan.key, {
       route: ctx.route.name,
       deadlineAtMs: ctx.deadlineAtMs,
@@ -194,7 +196,7 @@ export async function serveTargets(
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
         // The log's attempt record shows the time parked as the wait before the attempt it leads to.
-        runs[released.index]!.waitMs = deps.now() - parkedAtMs;
+        runs[released.index]!.waitMs = deps.now() - now;
         break;
       case 'full':
         return end({ kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });
