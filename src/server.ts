@@ -18,7 +18,7 @@ import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { answerClientError, toGatewayError } from './http/client-errors.ts';
 import { safeHeaders } from './http/header-safe.ts';
-import { contentEncoding, decodeBody, parseJsonBody, shortModel, type ParsedBody } from './http/request-body.ts';
+import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, RequestEnds } from './http/request-log.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
@@ -167,7 +167,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       const id = (request.params as { '*': string })['*'];
       if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
       const found = await models.retrieve(id);
-      if (!found) throw new GatewayError('model_not_found', `the model \`${shortModel(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
+      if (!found) throw new GatewayError('model_not_found', `the model \`${printable(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
       return found;
     });
     methodGuard(api, '/v1/models/*', ['GET', 'HEAD']);
@@ -217,7 +217,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if ('error' in match) {
       if (match.error === 'unknown_url') throw new GatewayError('unknown_url', `no route for POST ${path}`);
       if (model === undefined) throw missingModel(given);
-      throw new GatewayError('model_not_found', `the model \`${shortModel(model)}\` is not served by this gateway`, { param: 'model' });
+      throw new GatewayError('model_not_found', `the model \`${printable(model)}\` is not served by this gateway`, { param: 'model' });
     }
     // A route that serves any model still needs one, unless every target names its own.
     if (model === undefined && !match.route.config.targets.every((t) => t.model !== undefined)) throw missingModel(given);

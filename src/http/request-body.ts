@@ -16,7 +16,7 @@ export function contentEncoding(header: string | undefined): string | undefined 
   const encoding = header?.trim().toLowerCase();
   if (!encoding || encoding === 'identity') return undefined;
   if (!(encoding in DECODERS)) {
-    throw new GatewayError('unsupported_media_type', `content-encoding ${shortModel(encoding)} is not supported; send the body uncompressed or with gzip, deflate or br`);
+    throw new GatewayError('unsupported_media_type', `content-encoding ${printable(encoding)} is not supported; send the body uncompressed or with gzip, deflate or br`);
   }
   return encoding;
 }
@@ -75,12 +75,8 @@ export function parseJsonBody(body: Buffer): ParsedBody | GatewayError {
   return { raw, json: json as Record<string, unknown> };
 }
 
+/** Client text for an error message (a model name, a content-type): long text is cut, nothing unprintable echoed. */
 export function printable(text: string, max = 200): string {
   const clean = text.replace(/[\x00-\x1f\x7f-\x9f\ufffd]/g, '?');
   return clean.length > max ? `${clean.slice(0, max)}...` : clean;
-}
-
-/** A client's model name for an error message: long names are cut, and nothing unprintable is echoed. */
-export function shortModel(model: string): string {
-  return printable(model, 200);
 }
