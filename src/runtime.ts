@@ -112,13 +112,17 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     lot.notify(change.target);
   });
   const knownTargets = configuredTargetKeys(config, targetKeys);
-  collectPoolMetrics(metrics, pools, () => {
+  metrics.collectBreakers = () => {
     // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
     // instance reports an open breaker it learnt from Redis) without waiting for a transition.
+    // An open breaker whose time is over waits for a request to probe with: half-open, not open, for an alert on a
+    // target nobody sends to would otherwise fire forever.
     for (const target of new Set([...knownTargets, ...lastBreakerState.keys()])) {
-      metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[board.current(target).state]);
+      const rec = board.current(target);
+      metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
-  });
+  };
+  collectPoolMetrics(metrics, pools);
   for (const route of config.routes) if (route.park !== false) metrics.parked.inc({ route: route.name }, 0);
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
@@ -196,9 +200,8 @@ function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
 }
 
 /** Pool (and breaker) gauges are read when Prometheus scrapes, never kept up to date on the request path. */
-function collectPoolMetrics(metrics: Metrics, pools: Pools, alsoCollect: () => void): void {
+function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
   const collect = () => {
-    alsoCollect();
     for (const pool of pools.all()) {
       const snap = pool.snapshot();
       pool.settings.classes.forEach((c, i) => {
@@ -214,6 +217,14 @@ function collectPoolMetrics(metrics: Metrics, pools: Pools, alsoCollect: () => v
 async function createStore(config: Config, logger: Logger, now: () => number): Promise<StateStore> {
   const redis = config.state.redis;
   if (redis === undefined || redis === '') return new MemoryStore();
-  const { createStateStore } = await import('./state/create-store.ts');
-  return createStateStore(config.state, { logger, now });
+  const { RedisStore } = await import('./state/redis-store.ts');
+  const store = new RedisStore({ config: config.state, logger, now });
+  // An instance that served before it subscribed would miss what the fleet decides meanwhile (a breaker opened, a
+  // credential hold) for every target it has not asked Redis about yet. A Redis that is away does not hold up the
+  // start for long: the store serves on local state and catches up when Redis comes.
+  if (!(await store.ready(STORE_STARTUP_WAIT_MS))) logger.warn({ waitedMs: STORE_STARTUP_WAIT_MS }, 'starting on local state: Redis is not ready yet');
+  return store;
 }
+
+/** How long the start-up waits for Redis before serving on local state. */
+const STORE_STARTUP_WAIT_MS = 1_000;

@@ -2,7 +2,8 @@
 // the request path only parses, matches and hands over to the pipeline.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Readable } from 'node:stream';
+import type { OutgoingHttpHeaders } from 'node:http';
+import { pipeline, Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
 import { drainingError, GatewayError, methodNotAllowed, missingModel } from './errors.ts';
@@ -82,12 +83,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   /** Streams being sent, for the end of a drain. */
   const live = new Set<LiveStream>();
   let phase: Phase = 'serving';
-  app.addHook('onRequest', async (request, reply) => {
+  // A callback hook: an async one costs every request a promise and a tick.
+  app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-stormgate-request-id', request.id);
     ends.watch(request, reply);
-    if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) {
-      return sendError(reply, drainingError());
-    }
+    // Answered here, done() is not called: fastify goes no further.
+    if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
+    else done();
   });
   app.decorate('drain', async () => {
     if (phase !== 'serving') return;
@@ -114,7 +116,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     clearInterval(sweep);
   });
-  app.addHook('onResponse', async (request, reply) => ends.answered(request, reply));
+  app.addHook('onResponse', (request, reply, done) => {
+    ends.answered(request, reply);
+    done();
+  });
   // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines.
   app.addHook('preClose', async () => runtime.lot.close());
   app.addHook('onClose', async () => runtime.close());
@@ -252,11 +257,34 @@ function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
   const { body } = answer;
   if (!(body instanceof Readable)) return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
   try {
-    return reply.send(body);
+    return sendStream(reply, body);
   } catch (err) {
     body.destroy();
     throw err;
   }
+}
+
+/**
+ * A stream's first output is the time to first token: its head and first chunk leave now, in one write, not after
+ * the ticks reply.send(stream) takes to start its pipe (every pending promise of the request runs first). fastify
+ * still runs onResponse on the response's 'finish' (so the request is logged and counted once), and pipeline()
+ * destroys the body when the client leaves (its 'close' aborts the upstream) and the response when the body fails.
+ */
+function sendStream(reply: FastifyReply, body: Readable): FastifyReply {
+  const res = reply.raw;
+  // Throws before hijacking when a header value cannot be written: the error handler answers then.
+  res.writeHead(reply.statusCode, reply.getHeaders() as OutgoingHttpHeaders);
+  reply.hijack();
+  const first: unknown = body.read();
+  if (first !== null) {
+    res.write(first);
+    // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
+    res.socket?.uncork();
+  }
+  pipeline(body, res, (err) => {
+    if (err && err.code !== 'ERR_STREAM_PREMATURE_CLOSE') reply.log.warn({ err }, 'stream answer failed after it started');
+  });
+  return reply;
 }
 
 /** Forgets every header an answer had set (in fastify and on the raw response), keeping the request id. */

@@ -127,7 +127,7 @@ describe('${VAR} interpolation', () => {
   it('says how to write a quoted ${VAR} that should be a number', () => {
     const text = valid().replace('providers:', 'server:\n  port: "${PORT}"\nproviders:');
     expect(configError(text, { ...env, PORT: '7070' }).message).toBe(
-      'gw.yaml:2: server.port: expected number, received string ("7070"); write it without quotes (${VAR} too) so YAML reads it as a number',
+      'gw.yaml:2: server.port: expected number, received string ("7070"); write it without quotes (${VAR} too, in block style: key: ${VAR}) so YAML reads it as a number',
     );
   });
 
@@ -233,6 +233,13 @@ describe('config errors', () => {
     const e = configError(valid().replace('match: { path: /v1/chat/completions }', 'match: { path: /v1/chat/completions'));
     expect(e.issues[0]!.line).toBe(9);
     expect(e.message).toMatch(/^gw\.yaml:9:\d+: /);
+  });
+
+  it('says how to write a ${VAR} that an unquoted flow mapping cannot hold', () => {
+    const e = configError(`server: { host: 127.0.0.1, port: \${GW_PORT} }\n${valid()}`, { GW_PORT: '7070', OPENAI_API_KEY: 'sk-test' });
+    expect(e.message).toBe(
+      'gw.yaml:1: an unquoted ${VAR} inside a flow mapping or list ({ } or [ ]) is not valid YAML: quote it ("${VAR}") where the value is text, or write that mapping in block style (one key per line) where it is a number or true/false',
+    );
   });
 
   it('reports an empty file', () => {

@@ -40,7 +40,8 @@ async function chat(url: string) {
 describe('a credential hold across a fleet on one Redis', () => {
   it('makes the other gateway answer 502 upstream_auth_error at once, without sending anything upstream', async () => {
     mock = await startMock({ faults: { errors: [{ status: 401 }] }, quiet: true, apiKey: TEST_KEY });
-    const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 100 } };
+    // A generous command timeout: a busy machine's slow first command must not put the first instance on local state.
+    const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 1000 } };
     const config = ConfigSchema.parse(input);
     const urls: string[] = [];
     for (let i = 0; i < 2; i++) {

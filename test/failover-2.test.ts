@@ -201,6 +201,23 @@ describe('a fallback that rejects the request', () => {
     expect(backup!.stats().total).toBe(2);
   });
 
+  it('parks again for the primary when the fallback it was released for rejects the request', async () => {
+    // Both targets are held off, the fallback for less: the request parks for it, and it rejects the request. The
+    // primary was down, not judging: the request waits for it rather than taking the fallback's 400 as a verdict.
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '900' } }] },
+      backupFaults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '200' } }, { status: 400, message: 'BACKUP says: max_tokens too large' }] },
+      route: { retry: { maxAttempts: 1 }, park: {} },
+    });
+    expect((await chat(s)).status).toBe(429);
+    const a = await chat(s);
+    expect(a.status).toBe(200);
+    expect(a.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(s.mock.stats().total).toBe(2);
+    expect(backup!.stats().total).toBe(2);
+  });
+
   it('records no fallback when a parked request goes back to the primary and it answers', async () => {
     const s = await stackWith({
       family: 'openai',

@@ -160,6 +160,20 @@ describe('a fleet of three gateways on one Redis', () => {
     expect(f.mock.stats().maxInflight).toBeLessThanOrEqual(7);
   });
 
+  it('lets the request that got a wait hint wait out the hold-off it started, without tripping over it', async () => {
+    // The hold-off ends a little after the hint (its spread); the request's own wait must cover that, with Redis as
+    // without: the hold-off is in force locally at once, not after Redis answered.
+    const f = await startFleet(
+      { errors: [{ status: 429, firstAttemptsOnly: true, headers: { 'retry-after-ms': '150' } }] },
+      { route: { retry: { maxAttempts: 2 }, park: false, budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 } }, provider: { breaker: false } },
+    );
+    for (let i = 0; i < 12; i++) {
+      const r = await chat(f.urls[0]!);
+      expect(r.body.error?.code).toBeUndefined();
+      expect(r.status).toBe(200);
+    }
+  });
+
   it('answers every request while Redis is down, reports degraded, and shares state again once it is back', async () => {
     const f = await startFleet({}, { route: { retry: { maxAttempts: 1 }, park: false } });
     expect((await chat(f.urls[0]!)).status).toBe(200);

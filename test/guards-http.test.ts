@@ -44,6 +44,18 @@ describe('the circuit breaker', () => {
     expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
   });
 
+  it('reports an open breaker whose open time is over as half-open, though no request came to probe it', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: { maxAttempts: 1 }, park: false },
+      provider: { breaker: { consecutiveFailures: 2, openS: 0.2 } },
+    });
+    for (let i = 0; i < 2; i++) await chat(s);
+    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
+    await sleep(400);
+    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(2);
+  });
+
   it('keeps one model\'s outage from opening the breaker of the provider\'s other models', async () => {
     const s = await start({
       faults: { models: { 'gpt-4o': { errors: [{ status: 503, rate: 1 }] } } },
@@ -188,6 +200,24 @@ describe('hold-offs', () => {
     expect(res.headers.get('x-should-retry')).toBe('true');
     expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(4);
     expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('holds off on a hint longer than maxWaitHintMs too (not retried, but nobody else goes meanwhile), for at most a minute', async () => {
+    for (const [retryAfter, heldS] of [['30', 30], ['600', 60]] as const) {
+      const s = await start({
+        faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': retryAfter } }] },
+        route: { retry: { maxAttempts: 3, maxWaitHintMs: 20_000 }, park: false },
+      });
+      const first = await chat(s);
+      expect(first.res.status).toBe(429);
+      expect(first.res.headers.get('retry-after')).toBe(retryAfter);
+      const { res, body } = await chat(s);
+      expect(body.error?.code).toBe('provider_held_off');
+      const remaining = Number(res.headers.get('retry-after'));
+      expect(remaining).toBeGreaterThanOrEqual(heldS - 2);
+      expect(remaining).toBeLessThanOrEqual(heldS + 2);
+      expect(s.mock.stats().total).toBe(1);
+    }
   });
 
   it('never holds a fleet off on x-ratelimit-reset-* hints', async () => {

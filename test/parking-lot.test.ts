@@ -20,7 +20,7 @@ afterEach(() => {
   vi.useRealTimers();
 });
 
-const opts = (deadlineAtMs: number, signal = new AbortController().signal, maxQueue = 100) => ({ route: 'chat', deadlineAtMs, signal, maxQueue, maxWaitMs: undefined });
+const opts = (deadlineAtMs: number, signal = new AbortController().signal, maxQueue = 100) => ({ route: 'chat', deadlineAtMs, signal, maxQueue, maxWaitMs: undefined, minAttemptMs: 0 });
 
 describe('the parking lot', () => {
   it('releases nothing while the target is blocked, then in deadline order', async () => {
@@ -36,6 +36,19 @@ describe('the parking lot', () => {
     if (first.kind === 'released') first.ticket.done();
     await vi.advanceTimersByTimeAsync(0);
     expect(order).toEqual([3_000, 4_000, 5_000]);
+  });
+
+  it('times a request out when less than minAttemptMs would be left, instead of releasing it to a doomed attempt', async () => {
+    state = { mode: 'blocked', availableAtMs: 4_500 };
+    let result: string | undefined;
+    void lot.park('t', { ...opts(5_000), minAttemptMs: 1_000 }).then((r) => (result = r.kind));
+    await vi.advanceTimersByTimeAsync(3_999);
+    expect(result).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(1);
+    expect(result).toBe('timeout');
+    state = { mode: 'available', slots: 10 };
+    lot.notify('t');
+    expect(outcomes).toEqual(['timeout']);
   });
 
   it('spreads the requests released when the target comes back over a fifth of its time away, not all at once', async () => {

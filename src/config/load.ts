@@ -63,10 +63,27 @@ export function configEnvVars(text: string): string[] {
   return referencedEnvVars(parseDocument(text));
 }
 
+/** An unquoted ${...} after a flow mapping or list opened on the same line: `{ port: ${PORT} }`. */
+const UNQUOTED_REF_IN_FLOW = /[{[][^"'\n]*?[\s,:[]\$\{/;
+
 function parseYaml(text: string, file: string, lineCounter: LineCounter): Document {
   const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true });
   const problems = [...doc.errors, ...doc.warnings];
   if (problems.length === 0) return doc;
+  // The parser's own words for this one ("Unexpected flow-map-start at node end", and more on every later line)
+  // do not say what to change.
+  const firstLine = problems[0]!.linePos?.[0]?.line;
+  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1];
+  if (source !== undefined && UNQUOTED_REF_IN_FLOW.test(source)) {
+    throw new ConfigError(file, [
+      {
+        path: '',
+        line: firstLine,
+        message:
+          'an unquoted ${VAR} inside a flow mapping or list ({ } or [ ]) is not valid YAML: quote it ("${VAR}") where the value is text, or write that mapping in block style (one key per line) where it is a number or true/false',
+      },
+    ]);
+  }
   throw new ConfigError(
     file,
     problems.map((e) => {

@@ -113,7 +113,7 @@ function received(value: unknown, path: PropertyKey[]): string {
 function quotedHint(expected: string, value: unknown): string {
   if (typeof value !== 'string') return '';
   const fits = expected === 'boolean' ? value === 'true' || value === 'false' : (expected === 'number' || expected === 'int') && value.trim() !== '' && Number.isFinite(Number(value));
-  return fits ? ` ("${value}"); write it without quotes (\${VAR} too) so YAML reads it as a ${typeName(expected)}` : '';
+  return fits ? ` ("${value}"); write it without quotes (\${VAR} too, in block style: key: \${VAR}) so YAML reads it as a ${typeName(expected)}` : '';
 }
 
 function typeName(expected: string): string {

@@ -31,6 +31,7 @@ export interface Metrics {
   readonly degraded: Counter<'route' | 'reason'>;
   /** Fill gauges at scrape time; set by whoever owns the numbers (the runtime, the request recorder). */
   collectPools: () => void;
+  collectBreakers: () => void;
   collectRates: () => void;
   collectBudgets: () => Promise<void> | void;
 }
@@ -43,6 +44,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
   const registers = [registry];
   metrics = {
     collectPools: () => {},
+    collectBreakers: () => {},
     collectRates: () => {},
     collectBudgets: () => {},
     registry,
@@ -145,6 +147,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       help: 'Circuit breaker state by target: 0 closed, 1 open, 2 half-open.',
       labelNames: ['target'] as const,
       registers,
+      collect: () => metrics.collectBreakers(),
     }),
     breakerTransitions: new Counter({
       name: 'stormgate_breaker_transitions_total',

@@ -8,7 +8,7 @@ import { parseWaitHint } from '../policy/wait-hint.ts';
 import { transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { eventMeaning } from '../streaming/stream-events.ts';
+import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
@@ -22,6 +22,7 @@ export interface AttemptRequest {
   headers: Record<string, string>;
   body: Buffer | string;
   stream: boolean;
+  shape: StreamShape;
   /** Turns another family's answers (Anthropic) into the OpenAI shape; undefined for OpenAI-compatible targets. */
   translator: ResponseTranslator | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
@@ -100,6 +101,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     clearTimeout(timer);
     const stream = new LiveStream({
       api: req.api,
+      shape: req.shape,
       head: first.head,
       pending: first.pending,
       droppedBeforeStart: first.dropped,

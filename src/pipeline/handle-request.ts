@@ -16,6 +16,8 @@ import { serveTargets, type FallbackReason, type ServeDeps, type Served } from '
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
+import { eagerReadable } from '../streaming/eager-readable.ts';
+import { streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, SkippedTarget, TargetPlan } from './target-attempts.ts';
@@ -106,6 +108,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         route,
         api: route.api,
         stream: req.json.stream === true,
+        shape: streamShapeOf(route.api, req.json),
         signal: controller.signal,
         deadlineAtMs,
         attempts: summary.attempts,
@@ -257,8 +260,8 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';
-    const body = Readable.from(live.body(), { objectMode: false });
-    // If the client leaves before the stream is ever read, the generator never runs its cleanup: do it here.
+    const body = eagerReadable(live.body());
+    // If the client leaves before the stream is read to its end, the generator may wait on the upstream: end it here.
     body.once('close', () => live.abandon());
     return { status: result.status ?? 200, headers, body, summary, live };
   }

@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
-import { eventMeaning, streamErrorEvent, usesDoneSentinel } from '../streaming/stream-events.ts';
+import { eventMeaning, finishedChoices, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
@@ -26,6 +26,7 @@ export interface StreamEnd {
 
 export interface LiveStreamOptions {
   api: ApiKind;
+  shape: StreamShape;
   /** Events before the first output (role chunk, pings), already framed. */
   head: string;
   /** Events already parsed, starting with the first output event. */
@@ -60,10 +61,13 @@ export class LiveStream {
 
   /** The text to write to the client, event by event. Stopping the iteration early (client gone) aborts upstream. */
   async *body(): AsyncGenerator<string> {
-    const { api, controller, iterator, parser } = this.#opts;
+    const { api, shape, controller, iterator, parser } = this.#opts;
     let events = 0;
     let dropped = 0;
+    /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
     let finished = false;
+    const finishedIndexes = new Set<number>();
+    let graceArmed = false;
     let kind: StreamEndKind = 'client-gone';
     let usage: Usage | undefined;
     let idle = this.#armIdle(this.#opts.idleMs);
@@ -94,11 +98,16 @@ export class LiveStream {
           return true;
         }
         if (meaning === 'finish') {
-          finished = true;
           if (!usesDoneSentinel(api)) {
             kind = 'complete';
             return true;
           }
+          // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer.
+          for (const i of finishedChoices(ev)) finishedIndexes.add(i);
+          finished = finishedIndexes.size >= shape.choices;
+        }
+        if (finished && !graceArmed && (!shape.usage || usage !== undefined)) {
+          graceArmed = true;
           clearTimeout(idle);
           idle = this.#armIdle(Math.min(AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
         }
@@ -110,9 +119,13 @@ export class LiveStream {
       let over = take(this.#opts.pending, out);
       yield out.join('');
       while (!over) {
-        const { value, done } = await iterator.next();
-        if (done) break;
+        // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
+        // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
         idle.refresh();
+        this.#awaitingUpstream = true;
+        const { value, done } = await iterator.next();
+        this.#awaitingUpstream = false;
+        if (done) break;
         const batch: string[] = [];
         over = take(this.#translated(parser.push(value)), batch);
         if (batch.length > 0) yield batch.join('');
@@ -178,7 +191,8 @@ export class LiveStream {
   /** Tries the route's stream recovery; yields the marker and the continuation, and says whether it worked. */
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
-    if (!recover || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
+    // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
+    if (!recover || this.#ended || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
     let rest: AsyncIterable<string> | undefined;
     try {
       rest = await recover(this.#delivered);
@@ -235,7 +249,12 @@ export class LiveStream {
     return out;
   }
 
+  #awaitingUpstream = false;
+
+  /** Fires only while the upstream is being waited for; otherwise the next wait's refresh() re-arms it. */
   #armIdle(ms: number): NodeJS.Timeout {
-    return setTimeout(() => this.#opts.controller.abort(new AttemptTimeout('idle', ms)), ms);
+    return setTimeout(() => {
+      if (this.#awaitingUpstream) this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+    }, ms);
   }
 }

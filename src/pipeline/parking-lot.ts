@@ -31,6 +31,8 @@ export interface ParkOptions {
   signal: AbortSignal;
   maxQueue: number;
   maxWaitMs: number | undefined;
+  /** The one wait rule: a request is never released with less than this left before its deadline; it times out then. */
+  minAttemptMs: number;
 }
 
 export interface ParkingLotDeps {
@@ -111,7 +113,8 @@ export class ParkingLot {
       };
       const onAbort = () => leave({ kind: 'aborted' });
       opts.signal.addEventListener('abort', onAbort, { once: true });
-      if (opts.maxWaitMs !== undefined) waitTimer = setTimeout(() => leave({ kind: 'timeout' }), opts.maxWaitMs);
+      const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, opts.deadlineAtMs - opts.minAttemptMs - this.#deps.now());
+      waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
       this.#deps.onParkedChange?.(opts.route, 1);

@@ -105,10 +105,16 @@ export async function serveTargets(
   const worst = (otherwise: Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise);
   for (;;) {
     const blocked: Blocked[] = [];
+    /** Targets this pass did not look at (it was for the one the lot released): the next pass does. */
+    let passedOver = false;
     for (let i = 0; i < plans.length; i++) {
       const plan = plans[i]!;
       const run = runs[i]!;
-      if (run.done || (released && released.index !== i)) continue;
+      if (run.done) continue;
+      if (released && released.index !== i) {
+        passedOver = true;
+        continue;
+      }
       // Parked requests go first, in deadline order: a newcomer queues behind them.
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
         blocked.push({ plan, reason: 'breaker', availableAtMs: deps.now() });
@@ -178,6 +184,9 @@ export async function serveTargets(
     }
     released?.ticket.done();
     released = undefined;
+    // The target released for ended without an answer (a fallback's rejection, say): the others, still down when the
+    // request parked, are looked at again before the request ends.
+    if (blocked.length === 0 && passedOver) continue;
     if (blocked.length === 0) return worst(rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
@@ -191,6 +200,7 @@ export async function serveTargets(
       signal: ctx.signal,
       maxQueue: park.maxQueue,
       maxWaitMs: park.maxWaitMs,
+      minAttemptMs: ctx.route.config.minAttemptMs,
     });
     switch (parked.kind) {
       case 'released':

@@ -3,6 +3,7 @@
 // delivered and streams the rest; any other is sent the original request, and its answer is spliced on only if it
 // begins with exactly the delivered text. Anything else leaves the client with the original failure.
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { streamShapeOf } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
 import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
@@ -26,6 +27,7 @@ export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined
       headers: { ...planned.request.headers, ...prepared.request.headers },
       body: prepared.request.body,
       stream: true,
+      shape: streamShapeOf('chat', req.json),
       translator: prepared.request.translator,
       requestSignal: signal,
       now,

@@ -16,6 +16,7 @@ import type { ProviderPool } from '../pools/provider-pool.ts';
 import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
+import type { StreamShape } from '../streaming/stream-events.ts';
 
 export interface AttemptRecord {
   target: string;
@@ -81,6 +82,8 @@ export interface RequestContext {
   route: CompiledRoute;
   api: ApiKind;
   stream: boolean;
+  /** What a whole streamed answer holds (the request's `n`, include_usage). */
+  shape: StreamShape;
   signal: AbortSignal;
   deadlineAtMs: number;
   attempts: AttemptRecord[];
@@ -168,7 +171,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     ticket = undefined;
 
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
-    const ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint, retry.maxWaitHintMs) ? holdOffs.start(plan.key, hint) : undefined;
+    const ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
     if (cls.cls === 'success') return { kind: 'ok', result };
     type Why = NonNullable<(TargetResult & { kind: 'failed' })['why']>;
     const failed = (retryAfterMs: number | undefined, why?: Why): TargetResult & { kind: 'failed' } =>

@@ -24,9 +24,18 @@ export function targetOfCredentialHold(key: string): string {
   return key.slice(0, -CREDENTIALS_SUFFIX.length);
 }
 
-/** Does this answer start a fleet-wide hold-off? Only a fleet-wide hint the route would wait out. */
-export function startsHoldOff(status: number, hint: WaitHint | undefined, maxWaitHintMs: number): hint is WaitHint {
-  return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0 && hint.delayMs <= maxWaitHintMs;
+/**
+ * The longest hold-off one answer starts. A provider that asks for more (retry-after: 120) is asked again by one
+ * request when it ends; a hint that is wrong by hours cannot take a target out for hours.
+ */
+export const MAX_HOLD_OFF_MS = 60_000;
+
+/**
+ * Does this answer start a fleet-wide hold-off? A fleet-wide hint of any length: one longer than the route waits
+ * (maxWaitHintMs) is not retried, and the more reason for every other request to stay away meanwhile.
+ */
+export function startsHoldOff(status: number, hint: WaitHint | undefined): hint is WaitHint {
+  return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0;
 }
 
 export class HoldOffs {
@@ -55,8 +64,9 @@ export class HoldOffs {
 
   /** Starts (or extends) the target's hold-off; returns when it ends. */
   start(target: string, hint: WaitHint): number {
-    const spread = this.random() * Math.min(MAX_SPREAD_MS, hint.delayMs * 0.1);
-    const untilMs = Math.ceil(this.now() + hint.delayMs + spread);
+    const delayMs = Math.min(hint.delayMs, MAX_HOLD_OFF_MS);
+    const spread = this.random() * Math.min(MAX_SPREAD_MS, delayMs * 0.1);
+    const untilMs = Math.ceil(this.now() + delayMs + spread);
     void this.store.setHoldOff(target, untilMs);
     return untilMs;
   }

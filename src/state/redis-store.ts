@@ -104,11 +104,14 @@ export class RedisStore implements StateStore {
     return this.#degraded;
   }
 
-  /** Resolves true once both connections are up and subscribed, false after timeoutMs. Optional: the store works before. */
+  /**
+   * Resolves true once both connections are up and subscribed; false after timeoutMs, or at once when Redis refused
+   * the configuration (a wrong password does not fix itself). Optional: the store works before, on local state.
+   */
   async ready(timeoutMs = 5000): Promise<boolean> {
     const until = Date.now() + timeoutMs;
     while (!(this.#client.status === 'ready' && this.#subscribed && !this.#misconfigured)) {
-      if (this.#closed || Date.now() >= until) return false;
+      if (this.#closed || this.#misconfigured || Date.now() >= until) return false;
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
     return true;
@@ -192,15 +195,15 @@ export class RedisStore implements StateStore {
 
   async setHoldOff(target: string, untilMs: number): Promise<void> {
     this.#watched.add(target);
-    if (this.#usable()) {
-      try {
-        this.#view.putHoldOff(target, await this.#pushHoldOff(target, untilMs));
-        return;
-      } catch (err) {
-        this.#failed(err);
-      }
-    }
+    // In force here at once, not after the round trip: this instance's own requests (the one that got the hint
+    // included) must see it while Redis is being told. Hold-offs only extend, so Redis's answer can only add to it.
     this.#view.putHoldOff(target, untilMs);
+    if (!this.#usable()) return;
+    try {
+      this.#view.putHoldOff(target, await this.#pushHoldOff(target, untilMs));
+    } catch (err) {
+      this.#failed(err);
+    }
   }
 
   onChange(listener: (change: StateChange) => void): () => void {

@@ -71,6 +71,39 @@ function responsesMeaning(ev: { type?: unknown }, eventField: string | null): Ev
   return 'keepalive';
 }
 
+/**
+ * What a whole streamed answer holds: a finish_reason for each of `choices` choices (the request's `n`), and, when
+ * the client asked for it (stream_options.include_usage), a usage chunk after them. The Responses API ends with one
+ * terminal event, whatever the request.
+ */
+export interface StreamShape {
+  choices: number;
+  usage: boolean;
+}
+
+export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): StreamShape {
+  if (api === 'responses') return { choices: 1, usage: false };
+  const n = json.n;
+  const options = json.stream_options as { include_usage?: unknown } | null | undefined;
+  return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: options?.include_usage === true };
+}
+
+/** The indexes of the choices a chat or completions chunk finishes (its choices with a finish_reason). */
+export function finishedChoices(ev: SseEvent): number[] {
+  if (ev.data === null) return [];
+  try {
+    const chunk = JSON.parse(ev.data) as { choices?: Array<{ index?: unknown; finish_reason?: unknown }> };
+    if (!Array.isArray(chunk.choices)) return [];
+    const out: number[] = [];
+    chunk.choices.forEach((c, i) => {
+      if (c.finish_reason !== null && c.finish_reason !== undefined) out.push(typeof c.index === 'number' ? c.index : i);
+    });
+    return out;
+  } catch {
+    return [];
+  }
+}
+
 /** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */
 export function usesDoneSentinel(api: ApiKind): boolean {
   return api !== 'responses';

@@ -1,0 +1,117 @@
+// The LiveStream's end-of-answer rules, driven by a scripted upstream: an answer is whole only when every choice has
+// finished (n > 1), the usage chunk asked for is waited for, and a client that reads slowly is not an upstream stall.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { describe, expect, it } from 'vitest';
+import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
+import { SseParser } from '../src/streaming/sse-parser.ts';
+import type { StreamShape } from '../src/streaming/stream-events.ts';
+
+const chunk = (index: number, content: string, finish: string | null = null): string =>
+  `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index, delta: { content }, finish_reason: finish }] })}\n\n`;
+const usageChunk = `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 3, completion_tokens: 5, total_tokens: 8 } })}\n\n`;
+const DONE = 'data: [DONE]\n\n';
+
+/** A step of the upstream: text it sends, or a pause in ms. Like undici's body, it fails once its request is aborted. */
+type Step = string | number;
+
+function upstream(controller: AbortController, steps: Step[]): AsyncIterator<Buffer> {
+  return (async function* () {
+    for (const step of steps) {
+      controller.signal.throwIfAborted();
+      if (typeof step === 'number') await sleep(step, undefined, { signal: controller.signal });
+      else yield Buffer.from(step);
+    }
+    controller.signal.throwIfAborted();
+  })();
+}
+
+/** A stream whose first output (`first`) has arrived, as runAttempt hands it over, reading `rest` from the upstream. */
+function liveStream(first: string, rest: Step[], shape: StreamShape, idleMs = 2_000): { live: LiveStream; ended: Promise<StreamEnd> } {
+  const controller = new AbortController();
+  const parser = new SseParser();
+  const pending = parser.push(Buffer.from(first));
+  const live = new LiveStream({
+    api: 'chat',
+    shape,
+    head: '',
+    pending,
+    parser,
+    iterator: upstream(controller, rest),
+    translate: undefined,
+    controller,
+    requestSignal: new AbortController().signal,
+    detach: () => undefined,
+    idleMs,
+  });
+  const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
+  return { live, ended };
+}
+
+async function readAll(live: LiveStream, pauseAfterFirstMs = 0): Promise<string> {
+  let text = '';
+  let first = true;
+  for await (const part of live.body()) {
+    text += part;
+    if (first && pauseAfterFirstMs > 0) await sleep(pauseAfterFirstMs);
+    first = false;
+  }
+  return text;
+}
+
+describe('LiveStream: when an answer is whole', () => {
+  it('with n = 2, one choice finished and the upstream gone is a cut, not a finished answer', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), chunk(1, 'l')], { choices: 2, usage: false });
+    const text = await readAll(live);
+    expect(text).not.toContain('[DONE]');
+    expect(text).toContain('stream_interrupted');
+    expect((await ended).kind).toBe('cut');
+  });
+
+  it('with n = 2, both choices finished and no [DONE] gets [DONE] added', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), chunk(1, 'lo', 'stop')], { choices: 2, usage: false });
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('done-added');
+  });
+
+  it('with n = 2, waits past the after-finish grace for the choice still running', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), 1_200, chunk(1, 'lo', 'stop'), DONE], { choices: 2, usage: false });
+    const text = await readAll(live);
+    expect(text).toContain(chunk(1, 'lo', 'stop'));
+    expect((await ended).kind).toBe('complete');
+  });
+
+  it('with include_usage, waits past the after-finish grace for the usage chunk', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop'), 1_200, usageChunk, DONE], { choices: 1, usage: true });
+    const text = await readAll(live);
+    expect(text).toContain('"prompt_tokens":3');
+    const end = await ended;
+    expect(end.kind).toBe('complete');
+    expect(end.usage).toEqual({ prompt: 3, completion: 5 });
+  });
+
+  it('without include_usage, a finished answer whose upstream goes quiet gets [DONE] after the grace, not a stall', async () => {
+    const started = Date.now();
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop'), 60_000], { choices: 1, usage: false }, 30_000);
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('done-added');
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+});
+
+describe('LiveStream: idle timer', () => {
+  it('does not count a slow client as upstream silence', async () => {
+    const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), chunk(0, 'c', 'stop'), DONE], { choices: 1, usage: false }, 150);
+    const text = await readAll(live, 600);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('complete');
+  });
+
+  it('still ends an upstream that goes silent while the client waits', async () => {
+    const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), 60_000], { choices: 1, usage: false }, 150);
+    const text = await readAll(live);
+    expect(text).toContain('stalled');
+    expect((await ended).kind).toBe('stalled');
+  });
+});
