@@ -16,7 +16,7 @@ import { serveTargets, type FallbackReason, type ServeDeps, type Served } from '
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
-import { eagerReadable } from '../streaming/eager-readable.ts';
+import { streamBody } from '../streaming/stream-body.ts';
 import { streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
@@ -260,7 +260,8 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';
-    const body = eagerReadable(live.body());
+    const { first, rest } = live.open();
+    const body = streamBody(first, rest);
     // If the client leaves before the stream is read to its end, the generator may wait on the upstream: end it here.
     body.once('close', () => live.abandon());
     return { status: result.status ?? 200, headers, body, summary, live };

@@ -59,112 +59,132 @@ export class LiveStream {
     this.#droppedByTranslator = opts.droppedBeforeStart ?? 0;
   }
 
-  /** The text to write to the client, event by event. Stopping the iteration early (client gone) aborts upstream. */
+  // Where the answer stands; read by #take as events pass, and by #finish when it ends.
+  #events = 0;
+  #dropped = 0;
+  /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
+  #finished = false;
+  readonly #finishedIndexes = new Set<number>();
+  #graceArmed = false;
+  #kind: StreamEndKind = 'client-gone';
+  #usage: Usage | undefined;
+  #idle: NodeJS.Timeout | undefined;
+
+  /**
+   * The text to write to the client: `first` (the events up to and including the first output) at once, as the
+   * answer's first bytes are the time to first token, then `rest` as the upstream sends it. Stopping `rest` early
+   * (client gone) aborts the upstream; a `rest` never read is ended by abandon().
+   */
+  open(): { first: string; rest: AsyncGenerator<string> } {
+    this.#idle = this.#armIdle(this.#opts.idleMs);
+    const out: string[] = [this.#opts.head];
+    const over = this.#take(this.#opts.pending, out);
+    return { first: out.join(''), rest: this.#rest(over) };
+  }
+
+  /** The whole text as one iteration: open()'s two parts in a row. */
   async *body(): AsyncGenerator<string> {
-    const { api, shape, controller, iterator, parser } = this.#opts;
-    let events = 0;
-    let dropped = 0;
-    /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
-    let finished = false;
-    const finishedIndexes = new Set<number>();
-    let graceArmed = false;
-    let kind: StreamEndKind = 'client-gone';
-    let usage: Usage | undefined;
-    let idle = this.#armIdle(this.#opts.idleMs);
-    // One pass over a batch of events; returns true when the answer is over.
-    const take = (batch: SseEvent[], out: string[]): boolean => {
-      for (const ev of batch) {
-        const meaning = eventMeaning(api, ev);
-        if (meaning === 'malformed') {
-          dropped++;
-          continue;
-        }
-        events++;
-        out.push(`${ev.raw}\n\n`);
-        if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
-        if (ev.data !== null && ev.data.includes('"usage"')) {
-          try {
-            usage = usageOf(JSON.parse(ev.data)) ?? usage;
-          } catch {
-            // eventMeaning already judged it well-formed; nothing to count otherwise
-          }
-        }
-        if (meaning === 'done') {
-          kind = 'complete';
-          return true;
-        }
-        if (meaning === 'error') {
-          kind = 'upstream-error';
-          return true;
-        }
-        if (meaning === 'finish') {
-          if (!usesDoneSentinel(api)) {
-            kind = 'complete';
-            return true;
-          }
-          // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer.
-          for (const i of finishedChoices(ev)) finishedIndexes.add(i);
-          finished = finishedIndexes.size >= shape.choices;
-        }
-        if (finished && !graceArmed && (!shape.usage || usage !== undefined)) {
-          graceArmed = true;
-          clearTimeout(idle);
-          idle = this.#armIdle(Math.min(AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
-        }
-      }
-      return false;
-    };
+    const { first, rest } = this.open();
+    yield first;
+    yield* rest;
+  }
+
+  async *#rest(overAlready: boolean): AsyncGenerator<string> {
+    const { api, controller, iterator, parser } = this.#opts;
+    let over = overAlready;
     try {
-      const out: string[] = [this.#opts.head];
-      let over = take(this.#opts.pending, out);
-      yield out.join('');
       while (!over) {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
         // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
-        idle.refresh();
+        this.#idle!.refresh();
         this.#awaitingUpstream = true;
         const { value, done } = await iterator.next();
         this.#awaitingUpstream = false;
         if (done) break;
         const batch: string[] = [];
-        over = take(this.#translated(parser.push(value)), batch);
+        over = this.#take(this.#translated(parser.push(value)), batch);
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
         const tail = parser.flush();
         const batch: string[] = [];
-        over = take([...this.#translated(tail ? [tail] : []), ...(this.#opts.translate?.end() ?? [])], batch);
+        over = this.#take([...this.#translated(tail ? [tail] : []), ...(this.#opts.translate?.end() ?? [])], batch);
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
-        kind = finished ? 'done-added' : 'cut';
-        if (finished) yield 'data: [DONE]\n\n';
-        else if (yield* this.#recovered()) kind = 'recovered';
+        this.#kind = this.#finished ? 'done-added' : 'cut';
+        if (this.#finished) yield 'data: [DONE]\n\n';
+        else if (yield* this.#recovered()) this.#kind = 'recovered';
         else yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
       }
     } catch (err) {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
-        kind = 'client-gone';
-      } else if (reason instanceof AttemptTimeout && finished) {
-        kind = 'done-added';
+        this.#kind = 'client-gone';
+      } else if (reason instanceof AttemptTimeout && this.#finished) {
+        this.#kind = 'done-added';
         yield 'data: [DONE]\n\n';
       } else if (reason instanceof GatewayShutdown) {
-        kind = 'shutdown';
+        this.#kind = 'shutdown';
         yield streamErrorEvent(api, `${reason.message} before the answer was complete; send the request again`, 'stream_interrupted');
       } else if (reason instanceof AttemptTimeout) {
-        kind = 'stalled';
-        if (yield* this.#recovered()) kind = 'recovered';
+        this.#kind = 'stalled';
+        if (yield* this.#recovered()) this.#kind = 'recovered';
         else yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
       } else {
-        kind = 'cut';
-        if (yield* this.#recovered()) kind = 'recovered';
+        this.#kind = 'cut';
+        if (yield* this.#recovered()) this.#kind = 'recovered';
         else yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
       }
     } finally {
-      clearTimeout(idle);
-      this.#finish({ kind, events, droppedMalformed: dropped + this.#droppedByTranslator, ...(usage && { usage }) });
+      this.#finish(this.#kind);
     }
+  }
+
+  /** One pass over a batch of events, framed into `out`; true when the answer is over. */
+  #take(batch: SseEvent[], out: string[]): boolean {
+    const { api, shape } = this.#opts;
+    for (const ev of batch) {
+      const meaning = eventMeaning(api, ev);
+      if (meaning === 'malformed') {
+        this.#dropped++;
+        continue;
+      }
+      this.#events++;
+      out.push(`${ev.raw}\n\n`);
+      if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
+      if (ev.data !== null && ev.data.includes('"usage"')) {
+        try {
+          this.#usage = usageOf(JSON.parse(ev.data)) ?? this.#usage;
+        } catch {
+          // eventMeaning already judged it well-formed; nothing to count otherwise
+        }
+      }
+      if (meaning === 'done') {
+        this.#kind = 'complete';
+        return true;
+      }
+      if (meaning === 'error') {
+        this.#kind = 'upstream-error';
+        return true;
+      }
+      if (meaning === 'finish') {
+        if (!usesDoneSentinel(api)) {
+          this.#kind = 'complete';
+          return true;
+        }
+        // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer.
+        for (const i of finishedChoices(ev)) this.#finishedIndexes.add(i);
+        this.#finished = this.#finishedIndexes.size >= shape.choices;
+      }
+      if (this.#finished && !this.#graceArmed && (!shape.usage || this.#usage !== undefined)) {
+        // After the last finish only [DONE] is left: do not wait a whole idle period for it.
+        this.#graceArmed = true;
+        clearTimeout(this.#idle);
+        this.#idle = this.#armIdle(Math.min(AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
+      }
+    }
+    return false;
   }
 
   #delivered = '';
@@ -216,13 +236,15 @@ export class LiveStream {
     if (!this.#ended) this.#opts.controller.abort(new GatewayShutdown());
   }
 
-  /** The client went away before the stream was read at all: free the upstream connection and the slot. */
+  /** The client went away before the stream was read to its end: free the upstream connection and the slot. */
   abandon(): void {
-    this.#finish({ kind: 'client-gone', events: 0, droppedMalformed: 0 });
+    this.#finish('client-gone');
   }
 
-  #finish(end: StreamEnd): void {
+  #finish(kind: StreamEndKind): void {
     if (this.#ended) return;
+    clearTimeout(this.#idle);
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped + this.#droppedByTranslator, ...(this.#usage && { usage: this.#usage }) };
     this.#ended = end;
     if (!this.#opts.controller.signal.aborted) this.#opts.controller.abort();
     this.#opts.detach();
