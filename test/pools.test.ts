@@ -185,6 +185,16 @@ describe('the provider pool', () => {
     expect(p.snapshot().queued).toEqual([0, 0]);
   });
 
+  it('sheds a waiter still queued when less than minAttemptMs is left, instead of holding it to a 504', async () => {
+    const { p } = pool(1);
+    await slot(p, req(0));
+    const started = Date.now();
+    const waiting = p.acquire(req(0, { deadlineAtMs: 1_200, minAttemptMs: 1_000 }));
+    expect(await waiting).toMatchObject({ ok: false, reason: 'deadline' });
+    expect(Date.now() - started).toBeLessThan(1_000);
+    expect(p.snapshot().queued).toEqual([0, 0]);
+  });
+
   it('holds batch back while the provider\'s quota is nearly spent, online still goes', async () => {
     const { p, tick } = pool(4);
     p.holdLowerClasses('p/m', 1_000);

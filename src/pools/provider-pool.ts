@@ -119,11 +119,21 @@ export class ProviderPool {
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
     if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
     return new Promise<Acquired>((resolve) => {
+      // Still waiting when less than minAttemptMs is left: shed then, while the client still waits for an answer,
+      // rather than hold the request until its deadline and a 504.
+      const lastChance = setTimeout(() => {
+        const i = queue.indexOf(waiter);
+        if (i === -1) return;
+        queue.splice(i, 1);
+        t.waiting--;
+        waiter.expire();
+      }, Math.max(0, req.deadlineAtMs - req.minAttemptMs - this.now())).unref();
       const waiter: Waiter = {
         req,
         expire: () => {},
         enqueuedAtMs: this.now(),
         grant: (slot) => {
+          clearTimeout(lastChance);
           req.signal.removeEventListener('abort', onAbort);
           const waitedMs = this.now() - waiter.enqueuedAtMs;
           this.observer.onWait?.(this.settings.provider, cls.name, waitedMs / 1000);
@@ -131,6 +141,7 @@ export class ProviderPool {
         },
       };
       const onAbort = () => {
+        clearTimeout(lastChance);
         const i = queue.indexOf(waiter);
         if (i !== -1) {
           queue.splice(i, 1);
@@ -139,6 +150,7 @@ export class ProviderPool {
         resolve({ ok: false, reason: 'aborted' });
       };
       waiter.expire = () => {
+        clearTimeout(lastChance);
         req.signal.removeEventListener('abort', onAbort);
         resolve(this.#shed(cls.name, 'deadline', this.expectedWaitMs(req.cls, req.target)));
       };
