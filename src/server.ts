@@ -80,8 +80,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     logRequest(request, reply, gone);
   });
 
-  /** Streams being sent, for the end of a drain. */
+  /** Streams being sent, and the aborts of requests still in the pipeline, for the end of a drain's grace period. */
   const live = new Set<LiveStream>();
+  const inPipeline = new Set<() => void>();
+  let pastGrace = false;
   let phase: Phase = 'serving';
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {
@@ -108,9 +110,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Closed in time: the grace timer must not keep the process (or a test) alive, nor log a late warning.
     graceOver.abort();
     if (outOfTime) {
-      logger.warn({ streams: live.size }, 'grace period over: ending the remaining streams and closing the connections');
+      logger.warn({ streams: live.size, requests: inPipeline.size }, 'grace period over: ending the remaining streams and requests');
+      pastGrace = true;
       // A stream cut by the exit would end in a reset the SDKs report as a network error; an error event says why.
       for (const stream of live) stream.interrupt();
+      // Requests not answered yet stop where they are (no new attempt goes upstream) and get 503 gateway_draining.
+      for (const abort of inPipeline) abort();
       // Ended streams let close() finish, which runs onClose (the state store's last flush); it gets a moment, no more.
       await Promise.race([closed, sleep(STREAM_GOODBYE_MS)]);
     }
@@ -196,6 +201,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           headers: request.headers,
           requestId: request.id,
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
+          onShutdown: (listener) => {
+            if (pastGrace) {
+              listener();
+              return () => {};
+            }
+            inPipeline.add(listener);
+            return () => inPipeline.delete(listener);
+          },
         },
         runtime.pipeline,
       );
@@ -209,6 +222,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       const stream = answer.live;
       live.add(stream);
       answer.body.once('close', () => live.delete(stream));
+      // Its first output came just as the grace period ran out: it ends after it, with the error event.
+      if (pastGrace) stream.interrupt();
     }
     return sendAnswer(reply, answer);
   }

@@ -242,6 +242,11 @@ describe('config errors', () => {
     );
   });
 
+  it('keeps the parser\'s own words where a ${VAR} in quotes only looks like one in a flow mapping', () => {
+    const e = configError(`server: { host: "a {b} \${H}", port: 1 }\nserver: { host: "x" }\n${valid()}`, { H: 'h', OPENAI_API_KEY: 'sk-test' });
+    expect(e.message).toMatch(/duplicate key "server"/);
+  });
+
   it('reports an empty file', () => {
     expect(configError('# nothing here\n').message).toBe('gw.yaml:1: the file is empty; expected a mapping with `providers` and `routes`');
   });

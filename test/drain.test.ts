@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import { startMock, type MockServer } from '../src/mock/server.ts';
+import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
 
 let mock: MockServer | undefined;
 let proc: ChildProcess | undefined;
@@ -31,8 +31,8 @@ async function freePort(): Promise<number> {
 }
 
 /** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once healthy. */
-async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }): Promise<string> {
-  mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 } } });
+async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }, faults: FaultSpec = {}): Promise<string> {
+  mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 }, ...faults } });
   const port = await freePort();
   dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
   const file = join(dir, 'gateway.yaml');
@@ -117,5 +117,28 @@ describe('SIGTERM', () => {
     expect(text).not.toContain('[DONE]');
     const [code] = await exited;
     expect(code).toBe(0);
+  });
+
+  it('answers requests still waiting for the upstream when the grace period is over with 503 gateway_draining, not a reset', async () => {
+    // A 3 s answer and a stream whose first token takes 3 s, against a 500 ms grace period.
+    const url = await startGateway(3, { preStopMs: 0, graceMs: 500 }, { latencyMs: 3_000 });
+    const ask = (stream: boolean) =>
+      fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream }),
+      }).then(async (r) => ({ status: r.status, retry: r.headers.get('x-should-retry'), code: ((await r.json()) as { error?: { code: string } }).error?.code }));
+    const answers = Promise.all([ask(false), ask(true)]);
+    await sleep(200);
+    const exited = once(proc!, 'exit');
+    const started = Date.now();
+    proc!.kill('SIGTERM');
+    expect(await answers).toEqual([
+      { status: 503, retry: 'true', code: 'gateway_draining' },
+      { status: 503, retry: 'true', code: 'gateway_draining' },
+    ]);
+    const [code] = await exited;
+    expect(code).toBe(0);
+    expect(Date.now() - started).toBeLessThan(2_500);
   });
 });

@@ -40,7 +40,8 @@ async function startFleet(faults: FaultSpec, overrides: Pick<Parameters<typeof d
   const mock = await startMock({ faults, quiet: true, apiKey: TEST_KEY });
   // Each test gets its own key prefix, so state from one test never leaks into the next.
   const keyPrefix = `fleet${process.pid}-${prefixCounter++}`;
-  const input: ConfigInput = { ...defaultConfig(mock.url, overrides), state: { redis: redis.url, keyPrefix, commandTimeoutMs: 100 } };
+  // A generous command timeout: a slow command on a busy machine must not put an instance on local state mid-test.
+  const input: ConfigInput = { ...defaultConfig(mock.url, overrides), state: { redis: redis.url, keyPrefix, commandTimeoutMs: 1000 } };
   const config = ConfigSchema.parse(input);
   const logs: string[] = [];
   const gateways: FastifyInstance[] = [];

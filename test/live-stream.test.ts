@@ -74,6 +74,13 @@ describe('LiveStream: when an answer is whole', () => {
     expect((await ended).kind).toBe('done-added');
   });
 
+  it('with n = 3 from a provider that ignores n, one finished choice is a whole answer', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop')], { choices: 3, usage: false });
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('done-added');
+  });
+
   it('with n = 2, waits past the after-finish grace for the choice still running', async () => {
     const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), 1_200, chunk(1, 'lo', 'stop'), DONE], { choices: 2, usage: false });
     const text = await readAll(live);

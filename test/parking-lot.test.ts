@@ -51,6 +51,17 @@ describe('the parking lot', () => {
     expect(outcomes).toEqual(['timeout']);
   });
 
+  it('never puts a request\'s moment in the release window past its cut-off', async () => {
+    state = { mode: 'blocked', availableAtMs: 1_000 };
+    random = () => 0.9;
+    let result: string | undefined;
+    void lot.park('t', { ...opts(2_100), minAttemptMs: 1_000 }).then((r) => (result = r.kind));
+    await vi.advanceTimersByTimeAsync(999);
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(200);
+    expect(result).toBe('released');
+  });
+
   it('spreads the requests released when the target comes back over a fifth of its time away, not all at once', async () => {
     // A provider that said "come back in 1.5 s": 10 requests parked on its hold-off.
     state = { mode: 'blocked', availableAtMs: 1_500 };

@@ -72,9 +72,11 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
   if (problems.length === 0) return doc;
   // The parser's own words for this one ("Unexpected flow-map-start at node end", and more on every later line)
   // do not say what to change.
-  const firstLine = problems[0]!.linePos?.[0]?.line;
-  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1];
-  if (source !== undefined && UNQUOTED_REF_IN_FLOW.test(source)) {
+  const first = problems[0]!;
+  const firstLine = first.linePos?.[0]?.line;
+  // Quoted text and comments may hold braces and ${...} legitimately: only what is left is looked at.
+  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1]!.replace(/"(?:[^"\\]|\\.)*"|'[^']*'|\s#.*$/g, '""');
+  if (first.code === 'UNEXPECTED_TOKEN' && source !== undefined && UNQUOTED_REF_IN_FLOW.test(source)) {
     throw new ConfigError(file, [
       {
         path: '',

@@ -9,7 +9,7 @@ import { transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
-import { AttemptTimeout, ClientGone, DeadlineReached } from './abort-reasons.ts';
+import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 
@@ -127,6 +127,7 @@ export function abortOutcome(reason: unknown): AttemptOutcome {
   if (reason instanceof AttemptTimeout) return { kind: 'timeout', phase: reason.phase };
   if (reason instanceof DeadlineReached) return { kind: 'aborted', by: 'deadline' };
   if (reason instanceof ClientGone) return { kind: 'aborted', by: 'client' };
+  if (reason instanceof GatewayShutdown) return { kind: 'aborted', by: 'shutdown' };
   return { kind: 'aborted', by: 'client' };
 }
 

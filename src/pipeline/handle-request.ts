@@ -8,7 +8,7 @@ import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
 import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
-import { ClientGone, DeadlineReached } from './abort-reasons.ts';
+import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, type ErrorAnswer } from './final-answer.ts';
 import type { LiveStream, StreamEnd } from './live-stream.ts';
@@ -35,6 +35,8 @@ export interface ManagedRequest {
   requestId: string;
   /** Registers a call for when the client goes away (at once if it already has); returns its removal. */
   onClientGone: (listener: () => void) => () => void;
+  /** Registers a call for when the instance's drain grace period is over (at once if it is); returns its removal. */
+  onShutdown?: (listener: () => void) => () => void;
 }
 
 export interface PipelineDeps extends ServeDeps {
@@ -85,6 +87,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const controller = new AbortController();
   const deadlineTimer = setTimeout(() => controller.abort(new DeadlineReached(deadline.budgetMs)), deadline.budgetMs);
   const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
+  // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.
+  const stopWatchingShutdown = req.onShutdown?.(() => controller.abort(new GatewayShutdown()));
   const summary: RequestSummary = {
     route: route.name,
     target: undefined,
@@ -149,6 +153,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   } finally {
     // The deadline bounds the time until the answer starts; a stream that has started is bounded by its idle timer.
     clearTimeout(deadlineTimer);
+    stopWatchingShutdown?.();
     if (!handedToStream) stopWatchingClient();
   }
 }
@@ -178,6 +183,10 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
+      if (outcome.kind === 'aborted' && outcome.by === 'shutdown') {
+        summary.outcome = 'unavailable';
+        return errorAnswer(drainingError());
+      }
       summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
       return failureAnswer({
         result: served.failure.result,

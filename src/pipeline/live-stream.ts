@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
-import { eventMeaning, finishedChoices, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
+import { choiceIndexes, eventMeaning, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
@@ -65,6 +65,8 @@ export class LiveStream {
   /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
   #finished = false;
   readonly #finishedIndexes = new Set<number>();
+  /** With n > 1, the choices that have come at all: a provider that ignores `n` sends only one. */
+  readonly #seenIndexes = new Set<number>();
   #graceArmed = false;
   #kind: StreamEndKind = 'client-gone';
   #usage: Usage | undefined;
@@ -112,8 +114,9 @@ export class LiveStream {
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
-        this.#kind = this.#finished ? 'done-added' : 'cut';
-        if (this.#finished) yield 'data: [DONE]\n\n';
+        const whole = this.#whole();
+        this.#kind = whole ? 'done-added' : 'cut';
+        if (whole) yield 'data: [DONE]\n\n';
         else if (yield* this.#recovered()) this.#kind = 'recovered';
         else yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
       }
@@ -121,7 +124,7 @@ export class LiveStream {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
         this.#kind = 'client-gone';
-      } else if (reason instanceof AttemptTimeout && this.#finished) {
+      } else if (reason instanceof AttemptTimeout && this.#whole()) {
         this.#kind = 'done-added';
         yield 'data: [DONE]\n\n';
       } else if (reason instanceof GatewayShutdown) {
@@ -139,6 +142,17 @@ export class LiveStream {
     } finally {
       this.#finish(this.#kind);
     }
+  }
+
+  /**
+   * Is the answer whole, [DONE] aside? Every choice asked for has finished; or, from a provider that ignores `n` and
+   * sends fewer, every choice that came has.
+   */
+  #whole(): boolean {
+    if (this.#finished) return true;
+    if (this.#finishedIndexes.size === 0) return false;
+    for (const i of this.#seenIndexes) if (!this.#finishedIndexes.has(i)) return false;
+    return true;
   }
 
   /** One pass over a batch of events, framed into `out`; true when the answer is over. */
@@ -174,9 +188,14 @@ export class LiveStream {
           return true;
         }
         // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer.
-        for (const i of finishedChoices(ev)) this.#finishedIndexes.add(i);
-        this.#finished = this.#finishedIndexes.size >= shape.choices;
+        if (shape.choices === 1) for (const i of choiceIndexes(ev).finished) this.#finishedIndexes.add(i);
       }
+      if (shape.choices > 1) {
+        const { seen, finished } = choiceIndexes(ev);
+        for (const i of seen) this.#seenIndexes.add(i);
+        for (const i of finished) this.#finishedIndexes.add(i);
+      }
+      this.#finished = this.#finishedIndexes.size >= shape.choices;
       if (this.#finished && !this.#graceArmed && (!shape.usage || this.#usage !== undefined)) {
         // After the last finish only [DONE] is left: do not wait a whole idle period for it.
         this.#graceArmed = true;

@@ -47,6 +47,8 @@ export interface ParkingLotDeps {
 interface Entry {
   route: string;
   deadlineAtMs: number;
+  /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
+  cutoffMs: number;
   /** Its moment in the release window after the target came back; undefined: as soon as a slot is free. */
   notBeforeMs: number | undefined;
   settle: (r: ParkResult) => void;
@@ -91,10 +93,12 @@ export class ParkingLot {
     const q = this.#queue(target);
     return new Promise<ParkResult>((resolve) => {
       let waitTimer: NodeJS.Timeout | undefined;
+      const cutoffMs = opts.deadlineAtMs - opts.minAttemptMs;
       const entry: Entry = {
         route: opts.route,
         deadlineAtMs: opts.deadlineAtMs,
-        notBeforeMs: q.spreadUntilMs > this.#deps.now() ? q.spreadUntilMs : undefined,
+        cutoffMs,
+        notBeforeMs: q.spreadUntilMs > this.#deps.now() ? Math.min(q.spreadUntilMs, cutoffMs - 1) : undefined,
         settle: (r) => {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
@@ -113,7 +117,7 @@ export class ParkingLot {
       };
       const onAbort = () => leave({ kind: 'aborted' });
       opts.signal.addEventListener('abort', onAbort, { once: true });
-      const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, opts.deadlineAtMs - opts.minAttemptMs - this.#deps.now());
+      const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, cutoffMs - this.#deps.now());
       waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
@@ -185,12 +189,12 @@ export class ParkingLot {
     this.#wakeAt(target, q, Math.min(next, now + 250));
   }
 
-  /** The target is back: each request parked now gets its moment in the window, never past half its time left. */
+  /** The target is back: each request parked now gets its moment in the window, never past half its time left nor its cut-off. */
   #spread(q: Queue, now: number): void {
     const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - q.blockedSinceMs!));
     q.blockedSinceMs = undefined;
     q.spreadUntilMs = now + windowMs;
-    for (const e of q.entries) e.notBeforeMs = now + Math.min(windowMs * this.#deps.random(), (e.deadlineAtMs - now) / 2);
+    for (const e of q.entries) e.notBeforeMs = now + Math.min(windowMs * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
   }
 
   #wakeAt(target: string, q: Queue, atMs: number): void {

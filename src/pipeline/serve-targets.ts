@@ -184,9 +184,9 @@ export async function serveTargets(
     }
     released?.ticket.done();
     released = undefined;
-    // The target released for ended without an answer (a fallback's rejection, say): the others, still down when the
-    // request parked, are looked at again before the request ends.
-    if (blocked.length === 0 && passedOver) continue;
+    // The target released for gave no answer (a fallback's rejection, or it is unavailable again): the others, down
+    // when the request parked, are looked at again before it ends or parks again; they may be back sooner.
+    if (passedOver) continue;
     if (blocked.length === 0) return worst(rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };

@@ -14,7 +14,7 @@ export type AttemptOutcome =
   | { kind: 'timeout'; phase: TimeoutPhase }
   /** The stream broke before its first output event: a malformed event, an error event, or an early end. */
   | { kind: 'bad-stream'; detail: string }
-  | { kind: 'aborted'; by: 'client' | 'deadline' };
+  | { kind: 'aborted'; by: 'client' | 'deadline' | 'shutdown' };
 
 export type OutcomeClass =
   | 'success'
@@ -87,7 +87,7 @@ export function classify(outcome: AttemptOutcome): Classification {
       // A broken stream before any output is a broken answer in transit, like a reset connection.
       return { cls: 'bad-stream', retryKey: 'network', reason: 'bad_stream' };
     case 'aborted':
-      return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : 'deadline' };
+      return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : outcome.by };
     case 'http':
       return classifyStatus(outcome.status, outcome.errorCode);
   }

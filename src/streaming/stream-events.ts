@@ -88,20 +88,22 @@ export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): Stre
   return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: options?.include_usage === true };
 }
 
-/** The indexes of the choices a chat or completions chunk finishes (its choices with a finish_reason). */
-export function finishedChoices(ev: SseEvent): number[] {
-  if (ev.data === null) return [];
+/** The indexes of the choices a chat or completions chunk carries, and of those it finishes (with a finish_reason). */
+export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[] } {
+  const out = { seen: [] as number[], finished: [] as number[] };
+  if (ev.data === null) return out;
   try {
     const chunk = JSON.parse(ev.data) as { choices?: Array<{ index?: unknown; finish_reason?: unknown }> };
-    if (!Array.isArray(chunk.choices)) return [];
-    const out: number[] = [];
+    if (!Array.isArray(chunk.choices)) return out;
     chunk.choices.forEach((c, i) => {
-      if (c.finish_reason !== null && c.finish_reason !== undefined) out.push(typeof c.index === 'number' ? c.index : i);
+      const index = typeof c.index === 'number' ? c.index : i;
+      out.seen.push(index);
+      if (c.finish_reason !== null && c.finish_reason !== undefined) out.finished.push(index);
     });
-    return out;
   } catch {
-    return [];
+    // a malformed event carries no choices
   }
+  return out;
 }
 
 /** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */
