@@ -121,4 +121,16 @@ describe('LiveStream: idle timer', () => {
     expect(text).toContain('stalled');
     expect((await ended).kind).toBe('stalled');
   });
+
+  it('gives up on a client that reads nothing for ten idle periods, freeing the upstream and the slot', async () => {
+    const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), chunk(0, 'c', 'stop'), DONE], { choices: 1, usage: false }, 50);
+    let slotFreed = false;
+    live.whenDone(() => (slotFreed = true));
+    const started = Date.now();
+    live.open(); // the first chunk is taken, then nothing more is read
+    const end = await ended;
+    expect(end.kind).toBe('client-stalled');
+    expect(slotFreed).toBe(true);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(450);
+  });
 });

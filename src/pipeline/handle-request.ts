@@ -261,16 +261,18 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   if (result.stream) {
     summary.ttftMs = result.ttftMs;
     const live = result.stream;
-    live.onEnd = (end) => {
-      summary.streamEnd = end;
-      if (end.usage) summary.usage = end.usage;
-      deps.onStreamEnd?.(req.route.name, end);
-    };
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';
     const { first, rest } = live.open();
     const body = streamBody(first, rest);
+    live.onEnd = (end) => {
+      summary.streamEnd = end;
+      if (end.usage) summary.usage = end.usage;
+      deps.onStreamEnd?.(req.route.name, end);
+      // A client that stopped reading long ago: its connection goes too, which ends the request (logged, counted).
+      if (end.kind === 'client-stalled') body.destroy();
+    };
     // If the client leaves before the stream is read to its end, the generator may wait on the upstream: end it here.
     body.once('close', () => live.abandon());
     return { status: result.status ?? 200, headers, body, summary, live };

@@ -8,7 +8,7 @@ import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 
-export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'recovered' | 'shutdown';
+export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'client-stalled' | 'recovered' | 'shutdown';
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
@@ -46,6 +46,8 @@ export interface LiveStreamOptions {
 
 /** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
 const AFTER_FINISH_GRACE_MS = 1_000;
+/** A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on. */
+const CLIENT_STALL_IDLE_PERIODS = 10;
 
 export class LiveStream {
   #ended: StreamEnd | undefined;
@@ -99,6 +101,7 @@ export class LiveStream {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
         // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
         this.#idle!.refresh();
+        this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
         const { value, done } = await iterator.next();
         this.#awaitingUpstream = false;
@@ -291,11 +294,24 @@ export class LiveStream {
   }
 
   #awaitingUpstream = false;
+  /** How long the client has taken nothing while the gateway had text for it (backpressure). */
+  #clientWaitMs = 0;
 
-  /** Fires only while the upstream is being waited for; otherwise the next wait's refresh() re-arms it. */
+  /**
+   * Ends an upstream silent for `ms` while it is waited for. While the client is the one not reading, it counts the
+   * client's stall instead: one that takes nothing for CLIENT_STALL_IDLE_PERIODS idle periods (a hung consumer that
+   * keeps its socket open) gives back the upstream connection and the pool slot it holds.
+   */
   #armIdle(ms: number): NodeJS.Timeout {
-    return setTimeout(() => {
-      if (this.#awaitingUpstream) this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+    const timer = setTimeout(() => {
+      if (this.#awaitingUpstream) {
+        this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+        return;
+      }
+      this.#clientWaitMs += ms;
+      if (this.#clientWaitMs >= CLIENT_STALL_IDLE_PERIODS * this.#opts.idleMs) this.#finish('client-stalled');
+      else timer.refresh();
     }, ms);
+    return timer;
   }
 }
