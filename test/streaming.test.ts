@@ -92,6 +92,17 @@ describe('streaming', () => {
     expect(s.mock.stats().total).toBe(1);
   });
 
+  it('counts a stream that broke after its first byte as stream_error, not as a success', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, cutAfterChunks: 2 } } });
+    await expect(collect(s)).rejects.toThrow();
+    await new Promise((r) => setTimeout(r, 50));
+    const line = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.route === 'chat');
+    expect(line).toMatchObject({ outcome: 'stream_error', streamEnd: 'cut' });
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/stormgate_requests_total\{[^}]*outcome="stream_error"[^}]*\} 1/);
+    expect(metrics).not.toMatch(/stormgate_requests_total\{[^}]*outcome="success"[^}]*\} [1-9]/);
+  });
+
   it('ends a stalled stream after idleMs with an error event that the SDK raises', async () => {
     const s = await start({ faults: { stream: { chunks: 5, stallAfterChunks: 2 } }, provider: { timeouts: { idleMs: 300 } } });
     const started = Date.now();

@@ -58,11 +58,14 @@ export interface PipelineAnswer {
   live?: LiveStream;
 }
 
+const BROKEN_STREAM_ENDS: ReadonlySet<StreamEnd['kind']> = new Set(['cut', 'stalled', 'upstream-error', 'shutdown']);
+
 export interface RequestSummary {
   route: string;
   /** The target that answered (or failed last), as `<provider>/<model or other>`. */
   target: string | undefined;
-  outcome: 'success' | 'degraded' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone';
+  /** `stream_error`: a stream that started but broke (cut, stalled, an upstream error event, the instance's shutdown). */
+  outcome: 'success' | 'degraded' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone' | 'stream_error';
   /** The request's priority class in the first target's pool. */
   priority?: string;
   attempts: AttemptRecord[];
@@ -268,6 +271,8 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     const body = streamBody(first, rest);
     live.onEnd = (end) => {
       summary.streamEnd = end;
+      // The client got an error event, not an answer: counted as such, not among the successes.
+      if (BROKEN_STREAM_ENDS.has(end.kind)) summary.outcome = 'stream_error';
       if (end.usage) summary.usage = end.usage;
       deps.onStreamEnd?.(req.route.name, end);
       // A client that stopped reading long ago: its connection goes too, which ends the request (logged, counted).
