@@ -217,6 +217,19 @@ describe('stream recovery (streamRecovery: continue)', () => {
     expect(text.split('Mock answer').length).toBe(2);
   });
 
+  it('recovers only with a retry from the budget: none left, no request to the next target', async () => {
+    const s = await withBackup({
+      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
+      route: { streamRecovery: 'continue', budget: { ratio: 0, windowS: 10, minRetriesPerSecond: 0 } },
+    });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    const err = await (async () => {
+      for await (const _ of stream) void _;
+    })().catch((e: unknown) => e as Error);
+    expect(String(err)).toMatch(/cut|ended before the answer was complete/);
+    expect(backup!.stats().total).toBe(0);
+  });
+
   it('leaves the client the original failure when the next target rejects the attempt', async () => {
     const s = await withBackup({
       faults: { stream: { chunks: 6, cutAfterChunks: 2 } },

@@ -135,7 +135,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       if (served.fallback) summary.fallback = served.fallback;
       const servedAt = plans.indexOf(served.plan);
       const next = servedAt === -1 ? undefined : plans[servedAt + 1];
-      served.result.stream?.recoverWith(streamRecovery(req, next, controller.signal, deps.now));
+      served.result.stream?.recoverWith(streamRecovery(req, next, controller.signal, deps));
       const answer = successAnswer(req, served.plan, served.result, summary, deps);
       handedToStream = answer.body instanceof Readable;
       return answer;

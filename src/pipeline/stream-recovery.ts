@@ -8,11 +8,18 @@ import { prepareUpstream } from '../providers/families.ts';
 import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
-import type { TargetPlan } from './target-attempts.ts';
+import type { TargetDeps, TargetPlan } from './target-attempts.ts';
 
-export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined, signal: AbortSignal, now: () => number): StreamRecovery | undefined {
+export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined, signal: AbortSignal, deps: Pick<TargetDeps, 'guards' | 'now'>): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
+  const { now } = deps;
   return async (delivered) => {
+    // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
+    // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
+    const { board, holdOffs, budget } = deps.guards;
+    if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
+    if (holdOffs.until(next.key) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
+    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const provider = next.client.config;
     const prefill = provider.family === 'anthropic' || provider.prefill;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
