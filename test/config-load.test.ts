@@ -105,7 +105,15 @@ describe('${VAR} interpolation', () => {
   });
 
   it('keeps an empty ${VAR} empty, since only an unset one is an error', () => {
-    expect(withKey('"${KEY}"', { KEY: '' })).toBe('');
+    // An optional provider takes an empty key (it is then disabled); a required one is refused (below).
+    const config = parseConfig(valid().replace('    apiKey: ${OPENAI_API_KEY}', '    apiKey: "${KEY}"\n    optional: true'), 'gw.yaml', { KEY: '' });
+    expect(config.providers.openai!.apiKey).toBe('');
+  });
+
+  it('refuses an empty key of a required provider, and trims a key\'s line break but refuses one inside it', () => {
+    expect(configError(valid(), { OPENAI_API_KEY: '' }).message).toMatch(/^gw\.yaml:\d: providers\.openai\.apiKey: is empty \(its variable may be set but empty\)/);
+    expect(withKey('"${KEY}"', { KEY: 'sk-abc\n' })).toBe('sk-abc');
+    expect(configError(valid(), { OPENAI_API_KEY: 'sk-a\nbc' }).message).toMatch(/apiKey: contains a line break/);
   });
 
   it('reads $${ as a literal ${ and substitutes nothing there', () => {
@@ -114,8 +122,8 @@ describe('${VAR} interpolation', () => {
   });
 
   it('substitutes into string values only, so a value cannot add YAML structure', () => {
-    const config = parseConfig(valid(), 'gw.yaml', { OPENAI_API_KEY: 'x\nevil: [1]\n{ a: b }' });
-    expect(config.providers.openai!.apiKey).toBe('x\nevil: [1]\n{ a: b }');
+    const config = parseConfig(valid().replace('    apiKey:', '    anthropicVersion: "${V}"\n    apiKey:'), 'gw.yaml', { ...env, V: 'x\nevil: [1]\n{ a: b }' });
+    expect(config.providers.openai!.anthropicVersion).toBe('x\nevil: [1]\n{ a: b }');
   });
 
   it('types an unquoted ${VAR} as YAML would type the value written there', () => {

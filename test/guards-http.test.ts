@@ -206,7 +206,8 @@ describe('hold-offs', () => {
     for (const [retryAfter, heldS] of [['30', 30], ['600', 60]] as const) {
       const s = await start({
         faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': retryAfter } }] },
-        route: { retry: { maxAttempts: 3, maxWaitHintMs: 20_000 }, park: false },
+        // Parking allowed: a hold-off longer than maxWaitHintMs is not waited out parked either.
+        route: { retry: { maxAttempts: 3, maxWaitHintMs: 20_000 } },
       });
       const first = await chat(s);
       expect(first.res.status).toBe(429);

@@ -73,3 +73,14 @@ describe('the outcome table', () => {
     expect(classify({ kind: 'network', code: 'ECONNRESET' }).reason).toBe('network');
   });
 });
+
+describe('a request the gateway could not send', () => {
+  it('is its own fault: never retried, nothing for the breaker or the limit', async () => {
+    const { transportOutcome } = await import('../src/providers/transport-errors.ts');
+    const outcome = transportOutcome(Object.assign(new Error('invalid authorization header'), { code: 'UND_ERR_INVALID_ARG' }));
+    expect(outcome).toEqual({ kind: 'internal', code: 'UND_ERR_INVALID_ARG' });
+    const c = classify(outcome);
+    expect(isRetryable(c, DEFAULT_RETRY_ON)).toBe(false);
+    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ breaker: 'ignore', limit: 'none', holdOff: false });
+  });
+});

@@ -89,8 +89,10 @@ export function referencedEnvVars(doc: Document): string[] {
 
 // An unquoted `port: ${PORT:-8080}` should read as if 8080 were written there, so a plain scalar's result gets
 // YAML's own scalar typing (number, boolean, null); quoted scalars stay strings. Only scalar tags are tried,
-// so the result is never a collection.
+// so the result is never a collection. An empty result stays an empty string, not YAML's null: `apiKey: ${KEY}` with
+// KEY set but empty is an empty key (and said so), not a missing value of the wrong type.
 function resolvePlain(doc: Document, value: string): unknown {
+  if (value === '') return value;
   for (const tag of doc.schema.tags) {
     const scalarTag = tag as ScalarTag;
     if (!scalarTag.collection && scalarTag.default && scalarTag.test?.test(value)) {

@@ -126,7 +126,12 @@ export const ProviderSchema = z
     authHoldS: z.number().positive().default(60)
       .describe('After the provider rejects the gateway\'s own credentials or billing (401, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z.url().describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
-    apiKey: z.string().describe('API key, usually from the environment: "${OPENAI_API_KEY}". Sent upstream as the credential; never logged.'),
+    apiKey: z
+      .string()
+      // A secret written with `echo` ends in a line break, which no HTTP header may hold: trimmed here, not sent.
+      .trim()
+      .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
+      .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 }),
     maxConnections: z.number().int().positive().default(128)
       .describe('Size of the keep-alive connection pool to this provider. Default: 128.'),
@@ -304,6 +309,13 @@ export const ConfigSchema = z
       });
     });
     for (const [name, p] of Object.entries(cfg.providers)) {
+      if (p.apiKey === '' && !p.optional) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['providers', name, 'apiKey'],
+          message: 'is empty (its variable may be set but empty): set it, write any placeholder such as "none" for a server that needs no key, or mark the provider optional: true to run without it',
+        });
+      }
       if (p.family === 'azure-openai' && !p.apiVersion) {
         ctx.addIssue({ code: 'custom', path: ['providers', name, 'apiVersion'], message: 'azure-openai needs apiVersion (e.g. "2024-10-21")' });
       }

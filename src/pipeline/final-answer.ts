@@ -80,6 +80,12 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})${all}`, opts);
     case 'timeout':
       return new GatewayError('upstream_timeout', `upstream ${f.target} timed out after ${tried} (last: ${outcome.phase.replace('-', ' ')} timeout)${all}`, opts);
+    case 'internal':
+      return new GatewayError(
+        'internal_error',
+        `the gateway could not send the request to ${f.target} (${outcome.code}); check that provider's configuration (a key or header value with a line break?)${all}`,
+        opts,
+      );
     case 'bad-stream':
       return new GatewayError('upstream_bad_response', `upstream ${f.target} sent a broken stream after ${tried} (last: ${outcome.detail})${all}`, opts);
     case 'aborted': {

@@ -191,7 +191,10 @@ export async function serveTargets(
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     const unavailable: Served = { kind: 'unavailable', ...first };
     const now = deps.now();
-    if (!park || !canWait(now, Math.max(0, first.availableAtMs - now), ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
+    const waitMs = Math.max(0, first.availableAtMs - now);
+    // A hold-off is the provider's own wait hint: parked or retrying, the route waits out at most maxWaitHintMs of it.
+    const hintTooLong = first.reason === 'hold-off' && waitMs > first.plan.retry.maxWaitHintMs;
+    if (!park || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       return worst(unavailable);
     }
     const parked = await deps.lot.park(first.plan.key, {

@@ -14,6 +14,8 @@ export type AttemptOutcome =
   | { kind: 'timeout'; phase: TimeoutPhase }
   /** The stream broke before its first output event: a malformed event, an error event, or an early end. */
   | { kind: 'bad-stream'; detail: string }
+  /** The gateway could not send the request at all (an invalid header value, say): its own fault, not the target's. */
+  | { kind: 'internal'; code: string }
   | { kind: 'aborted'; by: 'client' | 'deadline' | 'shutdown' };
 
 export type OutcomeClass =
@@ -28,6 +30,7 @@ export type OutcomeClass =
   | 'network'
   | 'timeout'
   | 'bad-stream'
+  | 'internal'
   | 'aborted';
 
 interface OutcomeRow {
@@ -59,6 +62,8 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
   timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
   'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
+  internal: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
   aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none' },
 };
 
@@ -86,6 +91,8 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'bad-stream':
       // A broken stream before any output is a broken answer in transit, like a reset connection.
       return { cls: 'bad-stream', retryKey: 'network', reason: 'bad_stream' };
+    case 'internal':
+      return { cls: 'internal', retryKey: null, reason: 'internal' };
     case 'aborted':
       return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : outcome.by };
     case 'http':

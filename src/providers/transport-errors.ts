@@ -8,11 +8,15 @@ const TIMEOUT_CODES: Record<string, 'connect' | 'headers' | 'idle'> = {
   ETIMEDOUT: 'connect',
 };
 
+/** Errors undici and Node raise for a request they refuse to send: a header value with a line break, a bad argument. */
+const INVALID_REQUEST_CODES = new Set(['UND_ERR_INVALID_ARG', 'ERR_INVALID_CHAR', 'ERR_INVALID_HTTP_TOKEN', 'ERR_INVALID_ARG_TYPE', 'ERR_INVALID_ARG_VALUE']);
+
 /** Maps an error thrown by undici (or the socket under it) to an attempt outcome. Unknown errors count as network failures. */
 export function transportOutcome(err: unknown): AttemptOutcome {
   const code = errorCode(err);
   const phase = code ? TIMEOUT_CODES[code] : undefined;
   if (phase) return { kind: 'timeout', phase };
+  if (code && INVALID_REQUEST_CODES.has(code)) return { kind: 'internal', code };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
