@@ -135,7 +135,7 @@ describe('${VAR} interpolation', () => {
   it('says how to write a quoted ${VAR} that should be a number', () => {
     const text = valid().replace('providers:', 'server:\n  port: "${PORT}"\nproviders:');
     expect(configError(text, { ...env, PORT: '7070' }).message).toBe(
-      'gw.yaml:2: server.port: expected number, received string ("7070"); write it without quotes (${VAR} too, in block style: key: ${VAR}) so YAML reads it as a number',
+      'gw.yaml:2: server.port: expected number, received string (the value of $PORT); write it without quotes (${VAR} too, in block style: key: ${VAR}) so YAML reads it as a number',
     );
   });
 
@@ -253,6 +253,12 @@ describe('config errors', () => {
   it('keeps the parser\'s own words where a ${VAR} in quotes only looks like one in a flow mapping', () => {
     const e = configError(`server: { host: "a {b} \${H}", port: 1 }\nserver: { host: "x" }\n${valid()}`, { H: 'h', OPENAI_API_KEY: 'sk-test' });
     expect(e.message).toMatch(/duplicate key "server"/);
+  });
+
+  it('names the variable instead of echoing a value that came from the environment (it may be a secret)', () => {
+    const text = valid().replace('baseUrl: https://api.openai.com/v1', 'baseUrl: "${OPENAI_API_KEY}"');
+    const e = configError(text, { OPENAI_API_KEY: 'sk-live-SECRET' });
+    expect(e.message).toBe('gw.yaml:4: providers.openai.baseUrl: expected a URL such as https://api.example.com/v1, received the value of $OPENAI_API_KEY');
   });
 
   it('reports an empty file', () => {

@@ -51,7 +51,12 @@ export function parseTemplate(value: string): Part[] {
  * `${VAR:-default}` takes the default when VAR is unset or empty, as the shell does. An unset VAR becomes ""
  * so that validation can still report the file's other problems.
  */
-export function interpolateDocument(doc: Document, env: NodeJS.ProcessEnv = process.env): InterpolationIssue[] {
+export function interpolateDocument(
+  doc: Document,
+  env: NodeJS.ProcessEnv = process.env,
+  /** Filled with the values that took something from the environment: their path and the variables' names. */
+  fromEnv?: Array<{ path: Array<string | number>; names: string[] }>,
+): InterpolationIssue[] {
   const issues: InterpolationIssue[] = [];
   forEachStringScalar(doc.contents, [], (node, path) => {
     let parts: Part[];
@@ -70,6 +75,7 @@ export function interpolateDocument(doc: Document, env: NodeJS.ProcessEnv = proc
       else issues.push({ path, node, message: `environment variable ${part.name} is not set`, missingVar: part.name });
     }
     node.value = node.type === 'PLAIN' ? resolvePlain(doc, out) : out;
+    fromEnv?.push({ path, names: parts.flatMap((p) => ('name' in p ? [p.name] : [])) });
   });
   return issues;
 }

@@ -27,7 +27,8 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   const doc = parseYaml(text, file, lineCounter);
   const locate = (path: readonly PropertyKey[]) => lineOf(doc, lineCounter, path);
 
-  const envIssues = interpolateDocument(doc, env);
+  const fromEnv: Array<{ path: Array<string | number>; names: string[] }> = [];
+  const envIssues = interpolateDocument(doc, env, fromEnv);
   const missingEnv = [...new Set(envIssues.flatMap((i) => (i.missingVar ? [i.missingVar] : [])))];
   const issues: Array<ConfigIssue & { at: readonly PropertyKey[] }> = envIssues.map((i) => ({
     at: i.path,
@@ -53,7 +54,7 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
     // A value whose reference failed already has its issue; what zod says about the "" left behind is noise.
     const at = issue.at ?? issue.path;
     if (issues.some((i) => startsWith(at, i.at))) continue;
-    issues.push({ at, path: formatPath(issue.path), line: locate(at), message: issue.message });
+    issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, at, fromEnv, data) });
   }
   throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv);
 }
@@ -103,6 +104,25 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
       return { path, line: pos?.line, col: pos?.col, message };
     }),
   );
+}
+
+/**
+ * A value that came from the environment may be a secret put in the wrong place (`baseUrl: "${OPENAI_API_KEY}"`):
+ * the message names the variable instead of echoing what it holds, since start-up errors end up in logs.
+ */
+function withoutEnvValues(message: string, at: readonly PropertyKey[], fromEnv: ReadonlyArray<{ path: Array<string | number>; names: string[] }>, data: unknown): string {
+  const source = fromEnv.find((f) => f.path.length === at.length && startsWith(at, f.path));
+  if (!source || source.names.length === 0) return message;
+  const value = valueAt(data, at);
+  if (value === undefined || value === null || String(value) === '') return message;
+  const named = `the value of ${source.names.map((n) => `$${n}`).join(', ')}`;
+  return message.replaceAll(JSON.stringify(value), named).replaceAll(String(value), named);
+}
+
+function valueAt(data: unknown, path: readonly PropertyKey[]): unknown {
+  let v = data;
+  for (const seg of path) v = v !== null && typeof v === 'object' ? (v as Record<PropertyKey, unknown>)[seg] : undefined;
+  return v;
 }
 
 function startsWith(path: readonly PropertyKey[], prefix: readonly PropertyKey[]): boolean {
