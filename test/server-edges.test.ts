@@ -168,4 +168,26 @@ describe('passthrough', () => {
     expect(get.status).toBe(404);
     expect(stack.mock.stats().total).toBe(1);
   });
+
+  it('passes no account headers back, answers the provider\'s 401 with the gateway\'s own error, and logs one line', async () => {
+    stack = await startStack({
+      faults: { errors: [{ status: 401, rate: 1, message: 'Incorrect API key provided: sk-open****f3a9' }] },
+      config: (url) => {
+        const base = defaultConfig(url);
+        return { ...base, routes: base.routes.filter((r) => r.name !== 'embeddings'), passthrough: { provider: 'mock', paths: ['/v1/embeddings'], methods: ['POST'] } };
+      },
+    });
+    const res = await fetch(`${stack.url}/v1/embeddings`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'text-embedding-3-small', input: 'x' }),
+    });
+    const text = await res.text();
+    expect(res.status).toBe(502);
+    expect(JSON.parse(text)).toMatchObject({ error: { code: 'upstream_auth_error', type: 'server_error' } });
+    expect(text).not.toContain('sk-open');
+    expect([...res.headers.keys()].filter((h) => h.startsWith('x-ratelimit-') || h === 'openai-organization')).toEqual([]);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(stack.logs.filter((l) => l.includes('/v1/embeddings'))).toHaveLength(1);
+  });
 });

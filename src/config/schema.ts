@@ -204,7 +204,7 @@ export const RouteSchema = z
 export const PassthroughSchema = z
   .strictObject({
     provider: z.string().min(1).describe('Provider the paths are forwarded to, with its credentials.'),
-    paths: z.array(z.string().startsWith('/')).min(1).describe('Exact paths forwarded as they are (no retries), e.g. /v1/files.'),
+    paths: z.array(z.string().startsWith('/')).min(1).describe('Paths forwarded as they are, with what is under them (no retries), e.g. /v1/files (also /v1/files/{id}/content).'),
     methods: z.array(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])).min(1).default(['GET'])
       .describe('HTTP methods forwarded on those paths. Default: [GET].'),
   })

@@ -3,6 +3,7 @@
 import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
+import { GatewayError } from '../errors.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -13,7 +14,15 @@ type Passthrough = NonNullable<Config['passthrough']>;
 const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project']);
 const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-');
 
+/** Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed back. */
+const ACCOUNT_HEADERS = new Set(['openai-organization', 'openai-project', 'set-cookie']);
+const accountHeader = (name: string) => ACCOUNT_HEADERS.has(name) || name.startsWith('x-ratelimit-') || name.startsWith('anthropic-ratelimit-');
+
+/** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
+const CREDENTIAL_STATUSES = new Set([401, 403]);
+
 export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
+  const providerName = passthrough.provider;
   const base = new URL(provider.baseUrl);
   const basePath = base.pathname.replace(/\/+$/, '');
   for (const path of passthrough.paths) {
@@ -23,6 +32,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       rewritePrefix: `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`,
       httpMethods: passthrough.methods,
       undici: { connections: 16, connect: { timeout: provider.timeouts.connectMs } },
+      // The gateway writes one log line per request itself; reply-from would add two more.
+      disableRequestLogging: true,
       replyOptions: {
         rewriteRequestHeaders: (_req, headers) => {
           const out: Record<string, unknown> = {};
@@ -31,7 +42,22 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           return out as typeof headers;
         },
         // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.
-        rewriteHeaders: (headers) => ({ ...headers, 'x-should-retry': 'false' }),
+        rewriteHeaders: (headers) => {
+          const out: Record<string, unknown> = {};
+          for (const name in headers) if (!accountHeader(name)) out[name] = headers[name];
+          out['x-should-retry'] = 'false';
+          return out as typeof headers;
+        },
+        onResponse: (_request, reply, res) => {
+          if (!CREDENTIAL_STATUSES.has(res.statusCode)) return reply.send(res.stream);
+          res.stream.resume();
+          for (const name of ['content-length', 'content-encoding', 'content-type', 'transfer-encoding']) reply.removeHeader(name);
+          const err = new GatewayError(
+            'upstream_auth_error',
+            `provider ${providerName} rejected the gateway's credentials or billing (status_${res.statusCode}); this is a gateway configuration problem, not the request's`,
+          );
+          return reply.code(err.status).type('application/json').send(err.toBody());
+        },
       },
     });
   }
