@@ -53,6 +53,8 @@ export function configFields(): ConfigField[] {
   };
   const visitChildren = (schema: JsonSchema, path: string) => {
     if (schema.properties) visit(schema, path);
+    // `false or object` (breaker), `string or object` (state.redis): the object's keys are documented too.
+    for (const branch of schema.anyOf ?? []) visitChildren(branch, path);
     if (schema.items) visitChildren(schema.items, `${path}[]`);
     if (typeof schema.additionalProperties === 'object') {
       const value = schema.additionalProperties;

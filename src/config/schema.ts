@@ -161,7 +161,7 @@ export const BudgetSchema = z
 export const ParkSchema = z
   .strictObject({
     maxQueue: z.number().int().min(1).default(10000).describe('Requests that may wait for an unavailable target at once, per route; more get 503. Default: 10000.'),
-    maxWaitMs: positiveMs('Longest a request waits parked. Optional; default: no limit but its deadline.').optional(),
+    maxWaitMs: positiveMs('Longest a request waits parked. Optional; default: no limit but its deadline (less minAttemptMs) and, for a hold-off, retry.maxWaitHintMs.').optional(),
   })
   .describe('Requests wait here while their target is unavailable (breaker open, hold-off) and no other target can take them. `false` turns it off.');
 
