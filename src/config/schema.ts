@@ -210,7 +210,7 @@ export const PassthroughSchema = z
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
 
-const HostPort = z.strictObject({ host: z.string().min(1), port: z.number().int().min(1).max(65535) });
+const HostPort = z.strictObject({ host: z.string().min(1).describe('Host name or address of the node.'), port: z.number().int().min(1).max(65535).describe('Port of the node.') });
 
 export const RedisSchema = z.union([
   z.string().describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
@@ -219,9 +219,9 @@ export const RedisSchema = z.union([
       sentinels: z.array(HostPort).min(1).optional().describe('Redis Sentinel nodes; needs `name`.'),
       name: z.string().optional().describe('Sentinel master name.'),
       cluster: z.array(HostPort).min(1).optional().describe('Redis Cluster seed nodes.'),
-      username: z.string().optional(),
+      username: z.string().optional().describe('ACL user name (Redis 6+); unset: the default user.'),
       password: z.string().optional().describe('Usually "${REDIS_PASSWORD}"; never logged.'),
-      db: z.number().int().min(0).optional(),
+      db: z.number().int().min(0).optional().describe('Database index. Default: 0.'),
       tls: z.boolean().optional().describe('Connect with TLS.'),
     })
     .describe('Sentinel or Cluster settings, as ioredis takes them.'),
