@@ -261,6 +261,13 @@ describe('config errors', () => {
     expect(e.message).toBe('gw.yaml:4: providers.openai.baseUrl: expected a URL such as https://api.example.com/v1, received the value of $OPENAI_API_KEY');
   });
 
+  it('reports a misspelt top-level key along with the key it leaves missing', () => {
+    expect(configError(valid().replace('providers:', 'provider:')).message.split('\n')).toEqual([
+      'gw.yaml:1: missing required key "providers" (expected record)',
+      'gw.yaml:1: unknown key "provider"; did you mean "providers"?',
+    ]);
+  });
+
   it('reports an empty file', () => {
     expect(configError('# nothing here\n').message).toBe('gw.yaml:1: the file is empty; expected a mapping with `providers` and `routes`');
   });

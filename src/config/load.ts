@@ -50,10 +50,11 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
 
   const result = ConfigSchema.safeParse(data);
   if (result.success && issues.length === 0) return result.data;
+  const failedRefs = issues.map((i) => i.at);
   for (const issue of result.success ? [] : describeZodIssues(ConfigSchema, result.error.issues, data)) {
     // A value whose reference failed already has its issue; what zod says about the "" left behind is noise.
     const at = issue.at ?? issue.path;
-    if (issues.some((i) => startsWith(at, i.at))) continue;
+    if (failedRefs.some((ref) => startsWith(at, ref))) continue;
     issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, at, fromEnv, data) });
   }
   throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv);
