@@ -129,7 +129,9 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
 
   it('answers headers or a URL over Node\'s limit with 431 headers_too_large', async () => {
     stack = await startStack({});
-    await expectError(await fetch(`${stack.baseURL}/models`, { headers: { 'x-big': 'b'.repeat(20_000) } }), 431, 'headers_too_large');
+    const res = await fetch(`${stack.baseURL}/models`, { headers: { 'x-big': 'b'.repeat(20_000) } });
+    expect(res.headers.get('x-stormgate-request-id')).toMatch(/^[0-9a-f-]{36}$/);
+    await expectError(res, 431, 'headers_too_large');
     await expectError(await fetch(`${stack.baseURL}/models/${'m'.repeat(20_000)}`), 431, 'headers_too_large');
   });
 

@@ -1,5 +1,6 @@
 // Errors raised outside the pipeline, in the OpenAI error shape: what Node's HTTP parser refuses (on the raw socket,
 // before fastify sees a request), and fastify's own or passthrough's errors.
+import { randomUUID } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify';
@@ -17,14 +18,16 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
       : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? new GatewayError('request_timeout', 'the request did not arrive in time')
         : new GatewayError('bad_request', `the HTTP request is malformed (${err.code ?? 'parse error'})`);
-  log.info({ code: err.code, status: gatewayError.status }, 'client error');
+  // No request was parsed, so no id came with it: a fresh one, as every answer carries one (and the log line names it).
+  const requestId = randomUUID();
+  log.info({ reqId: requestId, code: err.code, status: gatewayError.status }, 'client error');
   if (!socket.writable) {
     socket.destroy();
     return;
   }
   const answer = errorAnswer(gatewayError);
   const body = JSON.stringify(answer.body);
-  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', ...answer.headers };
+  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, ...answer.headers };
   const head = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
   socket.end(`HTTP/1.1 ${answer.status} ${STATUS_CODES[answer.status]}\r\n${head}\r\n${body}`);
   // A client that keeps its side open must not hold the socket.
