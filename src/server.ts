@@ -188,6 +188,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const body = request.body as ParsedBody | undefined;
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(path, body.json);
+    checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
     try {
@@ -325,6 +326,16 @@ function methodGuard(api: FastifyInstance, url: string, allowed: readonly string
     },
     handler: async () => undefined,
   });
+}
+
+/** A deadline the client asked for but wrote wrong must not be ignored in silence: the request would run for minutes. */
+function checkTimeoutHeader(value: string | string[] | undefined): void {
+  if (value === undefined) return;
+  const text = Array.isArray(value) ? value[0]! : value;
+  const ms = Number(text);
+  if (text.trim() === '' || !Number.isFinite(ms) || ms <= 0) {
+    throw new GatewayError('bad_request', `x-stormgate-timeout-ms must be a positive number of milliseconds, got "${printable(text, 40)}"`);
+  }
 }
 
 function queryOf(url: string): string {

@@ -135,6 +135,19 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
     await expectError(await fetch(`${stack.baseURL}/models/${'m'.repeat(20_000)}`), 431, 'headers_too_large');
   });
 
+  it('refuses an x-stormgate-timeout-ms that is not a positive number of milliseconds', async () => {
+    stack = await startStack({});
+    for (const bad of ['abc', '0', '-5']) {
+      const res = await fetch(`${stack.baseURL}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': bad },
+        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      await expectError(res, 400, 'bad_request');
+    }
+    expect(stack.mock.stats().total).toBe(0);
+  });
+
   it('answers a malformed HTTP request with 400 bad_request', async () => {
     stack = await startStack({});
     const answer = await rawHttp(port(stack), 'GET /v1/models HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n');
