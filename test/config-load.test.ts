@@ -268,6 +268,18 @@ describe('config errors', () => {
     ]);
   });
 
+  it('keeps a message whole when a value from the environment is a short word, and reads a float ${VAR} as a number', () => {
+    const e = configError(`server:\n  logLevel: \${L}\n${valid()}`, { ...env, L: 'e' });
+    expect(e.message).toMatch(/server\.logLevel: expected one of: fatal, error, warn, info, debug, trace, silent, received the value of \$L/);
+    const config = parseConfig(valid().replace('    apiKey:', '    authHoldS: ${HOLD}\n    apiKey:'), 'gw.yaml', { ...env, HOLD: '1.5' });
+    expect(config.providers.openai!.authHoldS).toBe(1.5);
+  });
+
+  it('gives the flow-mapping hint when a quoted value comes before the ${VAR} on the line', () => {
+    const e = configError(`server: { host: "127.0.0.1", port: \${PORT} }\n${valid()}`, { ...env, PORT: '7070' });
+    expect(e.message).toMatch(/an unquoted \$\{VAR\} inside a flow mapping/);
+  });
+
   it('reports an empty file', () => {
     expect(configError('# nothing here\n').message).toBe('gw.yaml:1: the file is empty; expected a mapping with `providers` and `routes`');
   });

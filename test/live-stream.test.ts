@@ -133,4 +133,20 @@ describe('LiveStream: idle timer', () => {
     expect(slotFreed).toBe(true);
     expect(Date.now() - started).toBeGreaterThanOrEqual(450);
   });
+
+  it('does not count a recovery\'s continuation as a client stall', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [], { choices: 1, usage: false }, 50);
+    live.recoverWith(async () =>
+      (async function* () {
+        for (let i = 0; i < 15; i++) {
+          await sleep(60);
+          yield chunk(0, ` ${i}`);
+        }
+        yield chunk(0, '.', 'stop') + DONE;
+      })(),
+    );
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('recovered');
+  });
 });

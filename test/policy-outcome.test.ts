@@ -84,3 +84,12 @@ describe('a request the gateway could not send', () => {
     expect(OUTCOME_TABLE[c.cls]).toMatchObject({ breaker: 'ignore', limit: 'none', holdOff: false });
   });
 });
+
+describe('an attempt cut short by the instance\'s own shutdown', () => {
+  it('says nothing to the breaker, however long it ran: a drain must not open a breaker the fleet shares', () => {
+    const c = classify({ kind: 'aborted', by: 'shutdown' });
+    expect(c.cls).toBe('shutdown');
+    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ retryable: false, breaker: 'ignore' });
+    expect(OUTCOME_TABLE[classify({ kind: 'aborted', by: 'deadline' }).cls].breaker).toBe('slow-call');
+  });
+});

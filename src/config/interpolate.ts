@@ -102,7 +102,9 @@ function resolvePlain(doc: Document, value: string): unknown {
   for (const tag of doc.schema.tags) {
     const scalarTag = tag as ScalarTag;
     if (!scalarTag.collection && scalarTag.default && scalarTag.test?.test(value)) {
-      return scalarTag.resolve(value, () => {}, {});
+      // Some tags (floats) resolve to a Scalar node that keeps the written form: the value is what is wanted.
+      const resolved = scalarTag.resolve(value, () => {}, {});
+      return isScalar(resolved) ? resolved.value : resolved;
     }
   }
   return value;

@@ -77,7 +77,7 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
   const first = problems[0]!;
   const firstLine = first.linePos?.[0]?.line;
   // Quoted text and comments may hold braces and ${...} legitimately: only what is left is looked at.
-  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1]!.replace(/"(?:[^"\\]|\\.)*"|'[^']*'|\s#.*$/g, '""');
+  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1]!.replace(/"(?:[^"\\]|\\.)*"|'[^']*'|\s#.*$/g, 'x');
   if (first.code === 'UNEXPECTED_TOKEN' && source !== undefined && UNQUOTED_REF_IN_FLOW.test(source)) {
     throw new ConfigError(file, [
       {
@@ -115,9 +115,9 @@ function withoutEnvValues(message: string, at: readonly PropertyKey[], fromEnv: 
   const source = fromEnv.find((f) => f.path.length === at.length && startsWith(at, f.path));
   if (!source || source.names.length === 0) return message;
   const value = valueAt(data, at);
-  if (value === undefined || value === null || String(value) === '') return message;
-  const named = `the value of ${source.names.map((n) => `$${n}`).join(', ')}`;
-  return message.replaceAll(JSON.stringify(value), named).replaceAll(String(value), named);
+  // Messages quote what they received ("..."): that quoted form is replaced, never bare text that could be any word.
+  if (typeof value !== 'string' || value === '') return message;
+  return message.replaceAll(JSON.stringify(value), `the value of ${source.names.map((n) => `$${n}`).join(', ')}`);
 }
 
 function valueAt(data: unknown, path: readonly PropertyKey[]): unknown {

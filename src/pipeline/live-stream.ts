@@ -103,8 +103,13 @@ export class LiveStream {
         this.#idle!.refresh();
         this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
-        const { value, done } = await iterator.next();
-        this.#awaitingUpstream = false;
+        let read: IteratorResult<Buffer>;
+        try {
+          read = await iterator.next();
+        } finally {
+          this.#awaitingUpstream = false;
+        }
+        const { value, done } = read;
         if (done) break;
         const batch: string[] = [];
         over = this.#take(this.#translated(parser.push(value)), batch);
@@ -235,6 +240,8 @@ export class LiveStream {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
     if (!recover || this.#ended || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
+    // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
+    clearTimeout(this.#idle);
     let rest: AsyncIterable<string> | undefined;
     try {
       rest = await recover(this.#delivered);

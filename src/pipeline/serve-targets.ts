@@ -16,7 +16,7 @@ import type { ParkingLot, Ticket } from './parking-lot.ts';
 import { newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Outcome classes that end the request: the client's own mistakes, a safety decision, a disconnect or the deadline. */
-const ENDS_REQUEST = new Set(['aborted', 'client-error', 'context-length', 'content-policy']);
+const ENDS_REQUEST = new Set(['aborted', 'shutdown', 'client-error', 'context-length', 'content-policy']);
 /** Outcome classes by which a target rejects the request as it is: the client's fault unless an earlier target was down. */
 const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
 /** Outcome classes that are an upstream's verdict on the request: passed on as they are, never with a note. */

@@ -12,6 +12,8 @@ import type { TargetDeps, TargetPlan } from './target-attempts.ts';
 
 export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined, signal: AbortSignal, deps: Pick<TargetDeps, 'guards' | 'now'>): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
+  // The delivered text is one choice's: with n > 1 there is no one text to continue.
+  if (streamShapeOf('chat', req.json).choices > 1) return undefined;
   const { now } = deps;
   return async (delivered) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their

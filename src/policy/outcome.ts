@@ -31,7 +31,8 @@ export type OutcomeClass =
   | 'timeout'
   | 'bad-stream'
   | 'internal'
-  | 'aborted';
+  | 'aborted'
+  | 'shutdown';
 
 interface OutcomeRow {
   /** May this class be retried at all (then `retryOn` decides)? */
@@ -65,6 +66,8 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
   internal: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
   aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none' },
+  // The instance is going away, not the provider: a drain must never open a breaker the fleet shares.
+  shutdown: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
 };
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */
@@ -94,6 +97,7 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'internal':
       return { cls: 'internal', retryKey: null, reason: 'internal' };
     case 'aborted':
+      if (outcome.by === 'shutdown') return { cls: 'shutdown', retryKey: null, reason: 'shutdown' };
       return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : outcome.by };
     case 'http':
       return classifyStatus(outcome.status, outcome.errorCode);
