@@ -56,6 +56,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     loggerInstance: logger as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.server.bodyLimitBytes,
+    // fastify turns Node's request timeout off by default: a client that never finishes its body would hold its
+    // connection (and a file descriptor) forever. Node answers 408 through clientErrorHandler below.
+    requestTimeout: config.server.requestTimeoutMs,
+    // Node checks the timeouts on this interval (30 s by default, which would stretch a 60 s limit to 90 s).
+    http: {
+      connectionsCheckingInterval: Math.min(30_000, Math.max(250, Math.floor(config.server.requestTimeoutMs / 4))),
+      headersTimeout: Math.min(60_000, config.server.requestTimeoutMs),
+    },
     // Our own onRequest hook answers during shutdown, in the OpenAI error shape and with x-should-retry.
     return503OnClosing: false,
     forceCloseConnections: 'idle',

@@ -115,6 +115,14 @@ describe('LiveStream: idle timer', () => {
     expect((await ended).kind).toBe('complete');
   });
 
+  it('ends an upstream that trickles bytes of no whole event, as one that is silent', async () => {
+    const trickle: Step[] = Array.from({ length: 30 }, () => [40, 'x'] as Step[]).flat();
+    const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), 'data: {"x', ...trickle, '":1}\n\n', chunk(0, 'c', 'stop'), DONE], { choices: 1, usage: false }, 150);
+    const text = await readAll(live);
+    expect(text).toContain('stalled');
+    expect((await ended).kind).toBe('stalled');
+  });
+
   it('still ends an upstream that goes silent while the client waits', async () => {
     const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), 60_000], { choices: 1, usage: false }, 150);
     const text = await readAll(live);
@@ -148,5 +156,13 @@ describe('LiveStream: idle timer', () => {
     const text = await readAll(live);
     expect(text.endsWith(DONE)).toBe(true);
     expect((await ended).kind).toBe('recovered');
+  });
+
+  it('turns an `event: error` without an error object into one the SDKs raise, and ends the stream', async () => {
+    const { live, ended } = liveStream(chunk(0, 'a'), ['event: error\ndata: {"message":"model overloaded","type":"server_error"}\n\n', chunk(0, 'b')], { choices: 1, usage: false });
+    const text = await readAll(live);
+    expect(text).toContain('"error":{"message":"the upstream stream failed: model overloaded"');
+    expect(text).not.toContain('chunk(0');
+    expect((await ended).kind).toBe('upstream-error');
   });
 });

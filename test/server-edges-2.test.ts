@@ -148,6 +148,21 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
     expect(stack.mock.stats().total).toBe(0);
   });
 
+  it('answers 408 to a client that never finishes sending its body, and closes the connection', async () => {
+    stack = await startStack({ config: (url) => ({ ...defaultConfig(url), server: { host: '127.0.0.1', port: 0, requestTimeoutMs: 500 } }) });
+    const socket = connect(port(stack), '127.0.0.1');
+    let answer = '';
+    socket.on('data', (d) => (answer += d.toString()));
+    const closed = new Promise<void>((r) => socket.once('close', () => r()));
+    socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"model":');
+    const started = Date.now();
+    await closed;
+    expect(Date.now() - started).toBeLessThan(3_000);
+    expect(answer).toMatch(/^HTTP\/1\.1 408 /);
+    expect(answer).toContain('"code":"request_timeout"');
+    expect(stack.mock.stats().total).toBe(0);
+  });
+
   it('answers a malformed HTTP request with 400 bad_request', async () => {
     stack = await startStack({});
     const answer = await rawHttp(port(stack), 'GET /v1/models HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n');

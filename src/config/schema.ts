@@ -241,6 +241,7 @@ export const ServerSchema = z
     port: z.number().int().min(0).max(65535).default(8080).describe('Port to listen on (0 picks a free one). Default: 8080.'),
     bodyLimitBytes: z.number().int().positive().default(10 * 1024 * 1024)
       .describe('Largest request body accepted; larger ones get 413. Default: 10485760.'),
+    requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
       .describe('pino log level. Default: info.'),
   })
@@ -255,7 +256,7 @@ export const DrainSchema = z
 
 export const ConfigSchema = z
   .strictObject({
-    server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, logLevel: 'info' }),
+    server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, requestTimeoutMs: 60_000, logLevel: 'info' }),
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),

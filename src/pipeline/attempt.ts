@@ -7,7 +7,7 @@ import type { AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint } from '../policy/wait-hint.ts';
 import { transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
-import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
@@ -44,6 +44,11 @@ export interface AttemptResult {
 
 /** Error bodies are read for classification and pass-through; a provider sending megabytes of error gets cut. */
 const MAX_ERROR_BODY_BYTES = 64 * 1024;
+/**
+ * A whole answer is held in memory before it is passed on (it may be a failure to retry). The largest real ones are
+ * embeddings of big batches (tens of MB); past this a provider is broken, not answering, and must not exhaust memory.
+ */
+const MAX_ANSWER_BYTES = 128 * 1024 * 1024;
 
 export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   if (req.requestSignal.aborted) return { outcome: abortOutcome(req.requestSignal.reason) };
@@ -75,7 +80,8 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     }
     const status = res.statusCode;
     if (!req.stream || !isEventStream(headers)) {
-      const raw = Buffer.from(await res.body.arrayBuffer());
+      const raw = await readWithin(res.body, MAX_ANSWER_BYTES, contentLengthOf(headers));
+      if (raw === undefined) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB` }, status, headers };
       // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
       // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
       // Paths the gateway does not know (api "other") may answer anything.
@@ -171,6 +177,12 @@ function contentTypeOf(headers: HeaderBag): string | undefined {
   return Array.isArray(ct) ? ct[0] : ct;
 }
 
+function contentLengthOf(headers: HeaderBag): number | undefined {
+  const v = headers['content-length'];
+  const n = Number(Array.isArray(v) ? v[0] : v);
+  return v !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : undefined;
+}
+
 function isEventStream(headers: HeaderBag): boolean {
   return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
 }
@@ -191,6 +203,23 @@ function notJson(headers: HeaderBag, body: Buffer): string | undefined {
   if (first >= body.length) return 'the upstream answered with an empty body';
   if (body[first] !== 0x7b || body[last] !== 0x7d) return 'the upstream answer is not a whole JSON object';
   return undefined;
+}
+
+/** The whole body, or undefined (the rest discarded) once it passes maxBytes. */
+export async function readWithin(body: Dispatcher.ResponseData['body'], maxBytes: number, contentLength: number | undefined): Promise<Buffer | undefined> {
+  // The usual answer says its length: read in one go (undici's own consumer, the fast path).
+  if (contentLength !== undefined && contentLength <= maxBytes) return Buffer.from(await body.arrayBuffer());
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += (chunk as Buffer).length;
+    if (size > maxBytes) {
+      body.destroy();
+      return undefined;
+    }
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks, size);
 }
 
 async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<Buffer> {
@@ -225,7 +254,13 @@ async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData[
   for (;;) {
     const { value, done } = await iterator.next();
     if (done) return { failure: 'stream ended before any output' };
-    const raw = parser.push(value);
+    let raw: SseEvent[];
+    try {
+      raw = parser.push(value);
+    } catch (err) {
+      if (err instanceof SseEventTooLarge) return { failure: err.message };
+      throw err;
+    }
     for (let r = 0; r < raw.length; r++) {
       let events: SseEvent[];
       try {

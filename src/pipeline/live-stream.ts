@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
-import { choiceIndexes, eventMeaning, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
+import { choiceIndexes, errorEventForClient, eventMeaning, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
@@ -96,11 +96,13 @@ export class LiveStream {
   async *#rest(overAlready: boolean): AsyncGenerator<string> {
     const { api, controller, iterator, parser } = this.#opts;
     let over = overAlready;
+    /** The last read completed an event: the upstream's silence counts afresh. Bytes of no whole event do not reset it. */
+    let progressed = true;
     try {
       while (!over) {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
         // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
-        this.#idle!.refresh();
+        if (progressed) this.#idle!.refresh();
         this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
         let read: IteratorResult<Buffer>;
@@ -112,7 +114,9 @@ export class LiveStream {
         const { value, done } = read;
         if (done) break;
         const batch: string[] = [];
-        over = this.#take(this.#translated(parser.push(value)), batch);
+        const events = parser.push(value);
+        progressed = events.length > 0;
+        over = this.#take(this.#translated(events), batch);
         if (batch.length > 0) yield batch.join('');
       }
       if (!over) {
@@ -173,7 +177,7 @@ export class LiveStream {
         continue;
       }
       this.#events++;
-      out.push(`${ev.raw}\n\n`);
+      out.push(meaning === 'error' ? errorEventForClient(api, ev) : `${ev.raw}\n\n`);
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (ev.data !== null && ev.data.includes('"usage"')) {
         try {

@@ -12,27 +12,53 @@ export interface SseEvent {
 
 const EVENT_END = /\r\n\r\n|\n\n|\r\r/;
 
+/** The largest event the gateway holds (a Responses API `response.completed` carries the whole answer). */
+export const MAX_EVENT_BYTES = 16 * 1024 * 1024;
+
+/** A provider sent an event larger than MAX_EVENT_BYTES, or one that never ends: a broken stream. */
+export class SseEventTooLarge extends Error {
+  constructor() {
+    super(`an event larger than ${MAX_EVENT_BYTES / 1024 / 1024} MB`);
+  }
+}
+
 export class SseParser {
-  #buffer = '';
+  /** Text of an event not yet ended, in the pieces it came in: joined once its end arrives, not on every read. */
+  #pieces: string[] = [];
+  #length = 0;
   readonly #decoder = new TextDecoder();
 
-  /** Feeds bytes and returns every event they complete. */
+  /** Feeds bytes and returns every event they complete; throws SseEventTooLarge when an event outgrows the limit. */
   push(chunk: Uint8Array): SseEvent[] {
-    this.#buffer += this.#decoder.decode(chunk, { stream: true });
+    const text = this.#decoder.decode(chunk, { stream: true });
+    // Only the new text (and the last 3 characters before it, for a line break split across reads) can hold the end
+    // of the event: an endless line is not searched again from its start on every read.
+    const last = this.#pieces.at(-1) ?? '';
+    if (!EVENT_END.test(last.slice(-3) + text)) {
+      if (text.length > 0) this.#pieces.push(text);
+      this.#length += text.length;
+      if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
+      return [];
+    }
+    let buffer = this.#pieces.join('') + text;
     const events: SseEvent[] = [];
     let match: RegExpExecArray | null;
-    while ((match = EVENT_END.exec(this.#buffer)) !== null) {
-      const raw = this.#buffer.slice(0, match.index);
-      this.#buffer = this.#buffer.slice(match.index + match[0].length);
+    while ((match = EVENT_END.exec(buffer)) !== null) {
+      const raw = buffer.slice(0, match.index);
+      buffer = buffer.slice(match.index + match[0].length);
       if (raw.length > 0) events.push(parseEvent(raw));
     }
+    this.#pieces = buffer.length > 0 ? [buffer] : [];
+    this.#length = buffer.length;
+    if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
     return events;
   }
 
   /** Whatever is left when the stream ends: an event the provider never terminated. */
   flush(): SseEvent | undefined {
-    const rest = (this.#buffer + this.#decoder.decode()).trim();
-    this.#buffer = '';
+    const rest = (this.#pieces.join('') + this.#decoder.decode()).trim();
+    this.#pieces = [];
+    this.#length = 0;
     return rest.length > 0 ? parseEvent(rest) : undefined;
   }
 }

@@ -33,6 +33,8 @@ const RESPONSES_FINISH = new Set(['response.completed', 'response.incomplete']);
 const RESPONSES_ERROR = new Set(['error', 'response.failed']);
 
 export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
+  // `event: error` is an error whatever its data holds (some OpenAI-compatible servers send a bare {message}).
+  if (ev.event === 'error') return 'error';
   if (ev.data === null) return 'keepalive';
   if (api !== 'responses' && ev.data === '[DONE]') return 'done';
   let parsed: unknown;
@@ -104,6 +106,23 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
     // a malformed event carries no choices
   }
   return out;
+}
+
+/**
+ * An upstream error event as the SDKs read it: chat and completions streams need `{"error": {...}}` in the data for
+ * the SDK to raise it (an `event: error` with a bare `{message}` would be handed to the user as a chunk).
+ */
+export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
+  if (api === 'responses') return `${ev.raw}\n\n`;
+  let parsed: { error?: unknown; message?: unknown } | undefined;
+  try {
+    parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as typeof parsed);
+  } catch {
+    parsed = undefined;
+  }
+  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) return `${ev.raw}\n\n`;
+  const message = typeof parsed?.message === 'string' ? parsed.message : 'the upstream sent an error event';
+  return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error');
 }
 
 /** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */
