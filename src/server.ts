@@ -63,6 +63,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     http: {
       connectionsCheckingInterval: Math.min(30_000, Math.max(250, Math.floor(config.server.requestTimeoutMs / 4))),
       headersTimeout: Math.min(60_000, config.server.requestTimeoutMs),
+      // Node would answer a missing Host header itself, with an empty 400; onRequest answers in the OpenAI shape.
+      requireHostHeader: false,
     },
     // Our own onRequest hook answers during shutdown, in the OpenAI error shape and with x-should-retry.
     return503OnClosing: false,
@@ -98,7 +100,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     reply.header('x-stormgate-request-id', request.id);
     ends.watch(request, reply);
     // Answered here, done() is not called: fastify goes no further.
-    if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
+    if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
+      sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));
+    } else if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
     else done();
   });
   app.decorate('drain', async () => {

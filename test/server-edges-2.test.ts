@@ -163,6 +163,14 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
     expect(stack.mock.stats().total).toBe(0);
   });
 
+  it('answers an HTTP/1.1 request without a Host header with 400 in the OpenAI shape', async () => {
+    stack = await startStack({});
+    const answer = await rawHttp(port(stack), 'GET /v1/models HTTP/1.1\r\nconnection: close\r\n\r\n');
+    expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+    expect(answer).toContain('"code":"bad_request"');
+    expect(answer.toLowerCase()).toContain('x-stormgate-request-id');
+  });
+
   it('answers a malformed HTTP request with 400 bad_request', async () => {
     stack = await startStack({});
     const answer = await rawHttp(port(stack), 'GET /v1/models HTTP/1.1\r\nHost: x\r\nbroken header line\r\n\r\n');
