@@ -221,6 +221,46 @@ describe('hold-offs', () => {
     }
   });
 
+  it('answers a newcomer that cannot wait out what holds the parked requests at once, with the real retry-after', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': '2' } }] },
+      route: { retry: { maxAttempts: 1 } },
+      provider: { breaker: false },
+    });
+    expect((await chat(s)).res.status).toBe(429);
+    const parked = chat(s); // parks for the 2 s hold-off
+    await sleep(100);
+    const started = Date.now();
+    const { res, body } = await chat(s, { 'x-stormgate-timeout-ms': '1500' });
+    expect(Date.now() - started).toBeLessThan(250);
+    expect(res.status).toBe(429);
+    expect(body.error?.code).toBe('provider_held_off');
+    expect(res.headers.get('x-should-retry')).toBe('true');
+    // The hold-off's 2 s and its spread, rounded up.
+    expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(2);
+    expect(Number(res.headers.get('retry-after'))).toBeLessThanOrEqual(3);
+    expect((await parked).res.status).toBe(200);
+  });
+
+  it('keeps the wait of a request that got a hint within hint x [1, 1.2], its own hold-off included', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 429, firstAttemptsOnly: true, headers: { 'retry-after-ms': '1000' } }] },
+      route: { retry: { maxAttempts: 2 }, budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 } },
+      provider: { breaker: false },
+    });
+    // One model each: each request's hint starts a hold-off of its own.
+    const results = await Promise.all(Array.from({ length: 20 }, (_, i) => chat(s, {}, `gpt-hint-${i}`)));
+    expect(results.every((r) => r.res.status === 200)).toBe(true);
+    const byModel = new Map<string, number[]>();
+    for (const r of s.mock.requests()) byModel.set(r.model!, [...(byModel.get(r.model!) ?? []), r.receivedAt]);
+    for (const [model, [first, retry]] of byModel) {
+      const waited = retry! - first!;
+      expect(waited, model).toBeGreaterThanOrEqual(990);
+      // 1.2 x 1000 ms, and some timer slack for a loaded machine.
+      expect(waited, model).toBeLessThanOrEqual(1_260);
+    }
+  });
+
   it('never holds a fleet off on x-ratelimit-reset-* hints', async () => {
     const s = await start({
       faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'x-ratelimit-reset-requests': '5s', 'x-ratelimit-remaining-requests': '0' } }] },

@@ -115,10 +115,12 @@ export async function serveTargets(
         passedOver = true;
         continue;
       }
-      // Parked requests go first, in deadline order: a newcomer queues behind them.
+      // Parked requests go first, in deadline order: a newcomer queues behind them, for what holds them (its real end,
+      // so the one wait rule and the answer, should it not wait, say the truth).
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
-        blocked.push({ plan, reason: 'breaker', availableAtMs: deps.now() });
-        left = { plan, reason: 'breaker_open' };
+        const holding = whatHolds(plan, ctx.parkable, deps);
+        blocked.push({ plan, ...holding });
+        left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : 'breaker_open' };
         markDown(i);
         continue;
       }
@@ -223,6 +225,14 @@ export async function serveTargets(
       }
     }
   }
+}
+
+/** Why a target with parked requests is unavailable, and until when: its hold-off, else its breaker, else (being released) now. */
+function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<Blocked, 'plan'> {
+  const heldUntil = deps.guards.holdOffs.until(plan.key);
+  if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
+  const a = deps.guards.board.availability(plan.key, plan.breaker, parkable);
+  return { reason: 'breaker', availableAtMs: a.kind === 'open' ? a.probeAtMs : deps.now() };
 }
 
 function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {

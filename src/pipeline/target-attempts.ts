@@ -198,7 +198,13 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) return unavailable;
-    const delayMs = waitPastHoldOff(decision.delayMs, (holdOffs.until(plan.key) ?? 0) - deps.now(), deps.random);
+    // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
+    // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
+    const holdOffEnd = holdOffs.until(plan.key);
+    const delayMs =
+      holdOffEnd !== undefined && holdOffEnd === ownHoldOff
+        ? Math.max(decision.delayMs, holdOffEnd - deps.now())
+        : waitPastHoldOff(decision.delayMs, (holdOffEnd ?? 0) - deps.now(), deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
     if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
