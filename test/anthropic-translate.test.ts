@@ -164,6 +164,7 @@ describe('toAnthropicRequest', () => {
     ['max_tokens that is not a number', { max_tokens: 'x' }, 'max_tokens'],
     ['max_completion_tokens of 0', { max_completion_tokens: 0 }, 'max_completion_tokens'],
     ['stop that is not text', { stop: 5 }, 'stop'],
+    ['a whitespace-only stop sequence, which Anthropic refuses', { stop: ['\n'] }, 'stop'],
     ['two tools of one name', { tools: [{ type: 'function', function: { name: 'a' } }, { type: 'function', function: { name: 'a' } }] }, 'tools[1].function.name'],
   ])('refuses a malformed request with its param: %s', (_name, extra, param) => {
     const result = toAnthropicRequest({ model: 'gpt-5', messages: [hi], ...extra } as unknown as OpenAI.ChatCompletionCreateParams, OPTS);
@@ -177,6 +178,20 @@ describe('toAnthropicRequest', () => {
   ])('names the message field at fault: %s', (_name, messages, param) => {
     const result = toAnthropicRequest({ model: 'gpt-5', messages } as unknown as OpenAI.ChatCompletionCreateParams, OPTS);
     expect(result).toMatchObject({ ok: false, param });
+  });
+
+  it('leaves out whitespace-only text, which Anthropic refuses as a block and which says nothing', () => {
+    const body = translated(
+      chat([
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', content: '\n\n', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: '{}' } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: 'ok' },
+        { role: 'user', content: [{ type: 'text', text: ' ' }, { type: 'text', text: 'go on' }] },
+      ]),
+    );
+    const blocks = body.messages.flatMap((m) => (Array.isArray(m.content) ? m.content : [{ type: 'text', text: m.content }]));
+    expect(blocks.filter((b) => b.type === 'text' && (b as { text: string }).text.trim() === '')).toEqual([]);
+    expect(blocks.some((b) => b.type === 'tool_use')).toBe(true);
   });
 
   it('still drops tool_choice auto or none when there are no tools, and accepts a null schema', () => {

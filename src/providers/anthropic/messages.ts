@@ -97,8 +97,9 @@ function textOf(content: unknown, where: string): string {
     .join('\n');
 }
 
+/** Anthropic refuses text blocks with no non-whitespace text (400); such a block says nothing, so it is left out. */
 function text(t: string): AnthropicTextBlock[] {
-  return t.length > 0 ? [{ type: 'text', text: t }] : [];
+  return t.trim().length > 0 ? [{ type: 'text', text: t }] : [];
 }
 
 function userBlocks(content: unknown, where: string): AnthropicUserBlock[] {

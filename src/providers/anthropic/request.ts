@@ -106,7 +106,10 @@ function stopSequences(stop: unknown): string[] {
   if (stop == null) return [];
   const list = typeof stop === 'string' ? [stop] : Array.isArray(stop) ? stop : undefined;
   if (list === undefined || !list.every((s) => typeof s === 'string')) throw new Inexpressible('stop must be a string or an array of strings', 'stop');
-  return (list as string[]).filter((s) => s !== '');
+  const sequences = (list as string[]).filter((s) => s !== '');
+  // Anthropic refuses them (400), and dropping one would let the answer run past where the client wants it to stop.
+  if (sequences.some((s) => s.trim() === '')) throw new Inexpressible('an Anthropic target cannot stop at a whitespace-only stop sequence', 'stop');
+  return sequences;
 }
 
 /** tool_choice values that ask for a tool call, and so need tools to call. */
