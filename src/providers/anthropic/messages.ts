@@ -127,7 +127,9 @@ function imageBlock(url: unknown, at: string): AnthropicImageBlock {
   if (typeof url !== 'string') throw new Inexpressible(`${at}.image_url.url must be a string`, `${at}.image_url.url`);
   if (/^https?:\/\//i.test(url)) return { type: 'image', source: { type: 'url', url } };
   const m = DATA_URL.exec(url);
-  const mediaType = m?.[1]?.toLowerCase();
+  // image/jpg is not a registered type, but common in data: URLs (and accepted by OpenAI): it means image/jpeg.
+  const written = m?.[1]?.toLowerCase();
+  const mediaType = written === 'image/jpg' ? 'image/jpeg' : written;
   if (!m || mediaType === undefined) throw new Inexpressible(`${at}: an image must be an http(s) URL or a base64 data: URL`, `${at}.image_url.url`);
   if (!IMAGE_TYPES.has(mediaType)) throw new Inexpressible(`${at}: image type ${mediaType} is not supported (jpeg, png, gif, webp)`, `${at}.image_url.url`);
   return { type: 'image', source: { type: 'base64', media_type: mediaType as AnthropicImageMediaType, data: m[2] ?? '' } };
