@@ -189,8 +189,8 @@ describe('toAnthropicRequest', () => {
         { role: 'user', content: [{ type: 'text', text: ' ' }, { type: 'text', text: 'go on' }] },
       ]),
     );
-    const blocks = body.messages.flatMap((m) => (Array.isArray(m.content) ? m.content : [{ type: 'text', text: m.content }]));
-    expect(blocks.filter((b) => b.type === 'text' && (b as { text: string }).text.trim() === '')).toEqual([]);
+    const blocks = body.messages.flatMap((m): Array<{ type: string; text?: string }> => (Array.isArray(m.content) ? m.content : [{ type: 'text', text: m.content as string }]));
+    expect(blocks.filter((b) => b.type === 'text' && (b.text ?? '').trim() === '')).toEqual([]);
     expect(blocks.some((b) => b.type === 'tool_use')).toBe(true);
   });
 
