@@ -20,7 +20,7 @@ import type { TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
-import { metricsObserver } from './observability/pipeline-metrics.ts';
+import { forgetTargetSeries, metricsObserver } from './observability/pipeline-metrics.ts';
 
 export interface RuntimeDeps {
   logger: Logger;
@@ -152,6 +152,10 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     guards: { board, holdOffs, budget },
     lot,
     ...metricsObserver(metrics),
+    onTargetForgotten: (key) => {
+      pools.of(key.slice(0, key.indexOf('/'))).forget(key);
+      void forgetTargetSeries(metrics, key);
+    },
   };
 
   return {
@@ -172,30 +176,51 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 }
 
 /** Counters for the label values the config makes known start at zero, so dashboards have data from the first scrape. */
+/**
+ * Counters start at zero for the label values the config names, so the first increments show in rate() and
+ * increase(): each route's primary target keys (the keys its traffic is counted under: a target's model, or each
+ * model the route matches, or `other`).
+ */
 function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
   for (const route of config.routes) {
-    const primary = keys.key(route.targets[0]!.provider, route.targets[0]!.model);
-    metrics.requests.inc({ route: route.name, target: primary, priority: route.priority, outcome: 'success' }, 0);
+    const primaries = routeTargetKeys(route, route.targets[0]!, keys);
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
     metrics.fallbackRequests.inc({ route: route.name }, 0);
-    metrics.budgetExhausted.inc({ route: route.name, target: primary }, 0);
-    for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target: primary, kind }, 0);
+    for (const target of primaries) {
+      metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
+      metrics.budgetExhausted.inc({ route: route.name, target }, 0);
+      for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
+      for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
+      metrics.upstreamAttempts.inc({ target, status_class: '2xx' }, 0);
+    }
   }
-  for (const [name, p] of Object.entries(config.providers)) {
+  for (const p of Object.values(config.providers)) {
     for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
-    metrics.upstreamAttempts.inc({ target: keys.key(name, undefined), status_class: '2xx' }, 0);
   }
+}
+
+/** The x-retry-reason values a route's retryOn allows (outcome.ts names them). */
+function retryReasons(retryOn: ReadonlyArray<number | string>): string[] {
+  return retryOn.flatMap((r) => {
+    if (typeof r === 'number') return [`status_${r}`];
+    if (r === 'network') return ['network', 'bad_stream'];
+    if (r === 'timeout') return ['timeout_connect', 'timeout_headers', 'timeout_first_token', 'timeout_response'];
+    return [];
+  });
+}
+
+/** The keys a route's traffic to one target is counted under. */
+function routeTargetKeys(route: Config['routes'][number], t: Config['routes'][number]['targets'][number], keys: TargetKeys): string[] {
+  if (t.model) return [keys.key(t.provider, t.model)];
+  // Patterns (`gpt-*`) name no key of their own: their models are learned from traffic, past the limit `other`.
+  const named = route.match.models?.filter((x) => !x.includes('*')) ?? [];
+  return (named.length > 0 ? named : [undefined]).map((m) => keys.key(t.provider, m));
 }
 
 /** Every target key the config names: each route target's model, or the models the route matches, or `other`. */
 function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
   const out = new Set<string>();
-  for (const route of config.routes) {
-    for (const t of route.targets) {
-      if (t.model) out.add(keys.key(t.provider, t.model));
-      else for (const m of route.match.models?.filter((x) => !x.includes('*')) ?? [undefined]) out.add(keys.key(t.provider, m));
-    }
-  }
+  for (const route of config.routes) for (const t of route.targets) for (const k of routeTargetKeys(route, t, keys)) out.add(k);
   return [...out];
 }
 

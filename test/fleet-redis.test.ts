@@ -83,7 +83,9 @@ describe('a fleet of three gateways on one Redis', () => {
     const f = await startFleet({ errors: [{ status: 503, rate: 1 }] }, { route: { retry: { maxAttempts: 1 }, park: false } });
     for (let i = 0; i < 5; i++) expect((await chat(f.urls[0]!)).status).toBe(503);
     const before = f.mock.stats().total;
-    await eventually(async () => (await chat(f.urls[1]!)).body.error?.code === 'circuit_open');
+    // Pushed to B and C (a millisecond or so; longer on a busy machine): then neither sends anything upstream.
+    for (const url of [f.urls[1]!, f.urls[2]!]) await eventually(async () => (await metricValue(url, 'stormgate_breaker_state{target="mock/gpt-4o"}')) === 1);
+    expect((await chat(f.urls[1]!)).body.error?.code).toBe('circuit_open');
     expect((await chat(f.urls[2]!)).body.error?.code).toBe('circuit_open');
     expect(f.mock.stats().total).toBe(before);
     // The transition is logged once, by the instance that made it.

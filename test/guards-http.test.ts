@@ -85,9 +85,20 @@ describe('the circuit breaker', () => {
     expect((await chat(s, {}, 'no-such-model')).res.status).toBe(404);
     // Learned at first sight, forgotten at the 404: its next request is counted under mock/other.
     await chat(s, {}, 'no-such-model');
+    await sleep(20);
     const text = await (await fetch(`${s.url}/metrics`)).text();
-    expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/no-such-model",status_class="4xx"\} 1/);
+    // Its series went with its place: made-up names leave no label behind.
+    expect(text).not.toContain('no-such-model');
     expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/other",status_class="4xx"\} 1/);
+  });
+
+  it('keeps no metric series for made-up model names, however many', async () => {
+    const s = await start({ faults: { errors: [{ status: 404, code: 'model_not_found' }] } });
+    for (let i = 0; i < 40; i++) expect((await chat(s, {}, `made-up-${i}`)).res.status).toBe(404);
+    await sleep(20);
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    expect(text).not.toContain('made-up-');
+    expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="upstream_error"\} 40/);
   });
 
   it('lets requests parked on an open breaker go at once when a probe finds the gateway\'s credentials refused', async () => {

@@ -1,6 +1,7 @@
 // The pipeline reports events; this turns them into metrics. It never reaches inside the pipeline.
 import type { AttemptResult } from '../pipeline/attempt.ts';
 import type { PipelineDeps, RequestSummary } from '../pipeline/handle-request.ts';
+import type { Counter, Gauge } from 'prom-client';
 import type { Metrics } from './metrics.ts';
 import { RateWindow } from './rate-window.ts';
 
@@ -28,6 +29,21 @@ export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'o
   };
 }
 
+/**
+ * Removes every series labelled with a target key that was given back (a made-up model name the provider answered
+ * 404), so such names cannot grow the label sets without bound.
+ */
+export async function forgetTargetSeries(m: Metrics, target: string): Promise<void> {
+  const metrics: Array<Counter<string> | Gauge<string>> = [m.requests, m.upstreamAttempts, m.tokens, m.budgetExhausted, m.retries, m.fallbacks, m.poolLimit, m.breakerState];
+  for (const metric of metrics) {
+    const { values } = await metric.get();
+    for (const { labels } of values) {
+      const l = labels as Record<string, string | number | undefined>;
+      if (l.target === target || l.from === target || l.to === target) metric.remove(l);
+    }
+  }
+}
+
 /** Records each client request once its answer is complete (a stream: once it ended), and keeps the rate window. */
 export class RequestRecorder {
   readonly #window: RateWindow;
@@ -40,8 +56,11 @@ export class RequestRecorder {
     m.collectRates = () => {
       for (const route of this.#window.routes()) {
         const r = this.#window.rates(route);
+        // Nothing to divide in the last 60 s: no value, rather than the last one standing forever.
         if (r.retrySuccess !== undefined) m.retrySuccessRate.set({ route }, r.retrySuccess);
+        else m.retrySuccessRate.remove({ route });
         if (r.fallback !== undefined) m.fallbackRate.set({ route }, r.fallback);
+        else m.fallbackRate.remove({ route });
       }
     };
   }

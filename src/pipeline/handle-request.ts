@@ -46,6 +46,8 @@ export interface PipelineDeps extends ServeDeps {
   pools: Pools;
   targetKeys: TargetKeys;
   onStreamEnd?: (route: string, end: StreamEnd) => void;
+  /** A learned target key was given back (its model does not exist): drop what is kept under it. */
+  onTargetForgotten?: (key: string) => void;
 }
 
 /** What the server writes back, plus the facts the request log line needs. */
@@ -129,7 +131,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       deps,
     );
     summary.target = served.plan.key;
-    forgetUnknownModels(summary.attempts, plans, deps.targetKeys);
+    // A key given back is counted under the provider's shared one from now on, this request's own count included.
+    if (forgetUnknownModels(summary.attempts, plans, deps).includes(served.plan.key)) summary.target = `${served.plan.client.name}/other`;
     if (served.kind === 'ok') {
       summary.outcome = 'success';
       if (served.fallback) summary.fallback = served.fallback;
@@ -162,12 +165,18 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
 }
 
 /** A target that answered 404 has no such model: its learned key is given back (see routing/target-keys.ts). */
-function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], keys: TargetKeys): void {
+function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], deps: PipelineDeps): string[] {
+  const forgotten: string[] = [];
   for (const a of attempts) {
     if (a.status !== 404) continue;
     const plan = plans.find((p) => p.label === a.target);
-    if (plan?.model !== undefined) keys.forget(plan.client.name, plan.model);
+    const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
+    if (key === undefined) continue;
+    // Made-up names must not leave a metric series or a pool entry each behind either.
+    deps.onTargetForgotten?.(key);
+    forgotten.push(key);
   }
+  return forgotten;
 }
 
 function clientRetryCount(headers: HeaderBag): number {

@@ -231,6 +231,12 @@ export class ProviderPool {
     clearTimeout(this.#holdTimer);
   }
 
+  /** Drops a target's entry once nothing of it is in flight or queued (its model turned out not to exist). */
+  forget(target: string): void {
+    const t = this.#targets.get(target);
+    if (t && t.inUse === 0 && t.waiting === 0) this.#targets.delete(target);
+  }
+
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {

@@ -43,12 +43,16 @@ export class TargetKeys {
     return `${provider}/other`;
   }
 
-  /** The provider says the model does not exist (404): its place goes back, and the name is not learned again. */
-  forget(provider: string, model: string): void {
-    if (!this.#learned.get(provider)?.delete(model)) return;
+  /**
+   * The provider says the model does not exist (404): its place goes back, and the name is not learned again.
+   * Returns the key it had, when it had one of its own (the caller drops what else was kept under it).
+   */
+  forget(provider: string, model: string): string | undefined {
+    if (!this.#learned.get(provider)?.delete(model)) return undefined;
     this.#refused.add(`${provider}/${model}`);
     // Bounded too: the oldest refusal goes first (a Set keeps insertion order).
     if (this.#refused.size > MAX_REFUSED) this.#refused.delete(this.#refused.values().next().value!);
+    return `${provider}/${model}`;
   }
 
   #learn(provider: string, model: string): boolean {
