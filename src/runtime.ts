@@ -153,6 +153,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     lot,
     ...metricsObserver(metrics),
     onTargetForgotten: (key) => {
+      lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       void forgetTargetSeries(metrics, key);
     },

@@ -17,7 +17,7 @@ import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
-import { answerClientError, toGatewayError } from './http/client-errors.ts';
+import { answerClientError, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { safeHeaders } from './http/header-safe.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, RequestEnds } from './http/request-log.ts';
@@ -134,6 +134,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     clearInterval(sweep);
   });
   app.addHook('onResponse', (request, reply, done) => {
+    markAnsweredEarly(request);
     ends.answered(request, reply);
     done();
   });

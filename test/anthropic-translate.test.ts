@@ -180,6 +180,14 @@ describe('toAnthropicRequest', () => {
     expect(result).toMatchObject({ ok: false, param });
   });
 
+  it('refuses a last user message with no text rather than turn the conversation into a prefill', () => {
+    const result = toAnthropicRequest(
+      { model: 'gpt-5', messages: [{ role: 'user', content: 'Write a poem' }, { role: 'assistant', content: 'Roses are red' }, { role: 'user', content: '  \n' }] } as OpenAI.ChatCompletionCreateParams,
+      OPTS,
+    );
+    expect(result).toMatchObject({ ok: false, param: 'messages[2].content' });
+  });
+
   it('leaves out whitespace-only text, which Anthropic refuses as a block and which says nothing', () => {
     const body = translated(
       chat([

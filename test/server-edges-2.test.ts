@@ -163,6 +163,18 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
     expect(stack.mock.stats().total).toBe(0);
   });
 
+  it('writes no second answer when a request answered early (413) then times out sending its body', async () => {
+    stack = await startStack({ config: (url) => ({ ...defaultConfig(url), server: { host: '127.0.0.1', port: 0, requestTimeoutMs: 500, bodyLimitBytes: 1000 } }) });
+    const socket = connect(port(stack), '127.0.0.1');
+    let answer = '';
+    socket.on('data', (d) => (answer += d.toString()));
+    const closed = new Promise<void>((r) => socket.once('close', () => r()));
+    socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{"model":');
+    await closed;
+    expect(answer).toMatch(/^HTTP\/1\.1 413 /);
+    expect(answer).not.toContain('408');
+  });
+
   it('answers an HTTP/1.1 request without a Host header with 400 in the OpenAI shape', async () => {
     stack = await startStack({});
     const answer = await rawHttp(port(stack), 'GET /v1/models HTTP/1.1\r\nconnection: close\r\n\r\n');

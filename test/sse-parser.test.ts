@@ -21,6 +21,15 @@ describe('the SSE parser', () => {
     }
   });
 
+  it('finds an event end split over several short reads, down to one byte per read', () => {
+    for (const nl of ['\n', '\r\n', '\r']) {
+      const text = `data: a${nl}${nl}data: b${nl}${nl}`;
+      const p = new SseParser();
+      const events = [...text].flatMap((ch) => p.push(bytes(ch)));
+      expect(events.map((e) => e.data)).toEqual(['a', 'b']);
+    }
+  });
+
   it('reads a long event in many small reads in linear time', () => {
     const p = new SseParser();
     const started = Date.now();

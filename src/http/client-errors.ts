@@ -8,10 +8,25 @@ import { GatewayError } from '../errors.ts';
 import { errorAnswer } from '../pipeline/final-answer.ts';
 import { printable } from './request-body.ts';
 
+/** Connections whose request was answered before its body had come in (see markAnsweredEarly). */
+const ANSWERED_EARLY = new WeakSet<Socket>();
+
+/** An answer went out before the request's body was read to its end: that connection gets no second answer. */
+export function markAnsweredEarly(request: FastifyRequest): void {
+  const socket = request.raw.socket;
+  if (socket && !request.raw.complete) ANSWERED_EARLY.add(socket);
+}
+
 /** Node's HTTP parser refused the request: answer in the OpenAI shape on the raw socket, then close it. */
 export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger): void {
   // A reset connection has no one to answer (https://nodejs.org/api/http.html#event-clienterror).
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  // The request was answered already (413, 400, 503 before its body came in) and its body then timed out: a second
+  // answer on the same connection would be garbage to the client. Close it.
+  if (ANSWERED_EARLY.has(socket) || (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent) {
+    socket.destroy();
+    return;
+  }
   const gatewayError =
     err.code === 'HPE_HEADER_OVERFLOW'
       ? new GatewayError('headers_too_large', 'the request headers (the URL included) are larger than the gateway accepts')

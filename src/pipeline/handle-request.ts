@@ -171,7 +171,8 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
     if (a.status !== 404) continue;
     const plan = plans.find((p) => p.label === a.target);
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
-    if (key === undefined) continue;
+    // Only a request counted under the model's own key has something to drop (a later one is under `other` already).
+    if (key === undefined || key !== plan!.key) continue;
     // Made-up names must not leave a metric series or a pool entry each behind either.
     deps.onTargetForgotten?.(key);
     forgotten.push(key);

@@ -200,11 +200,13 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     if (unavailable) return unavailable;
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
-    const holdOffEnd = holdOffs.until(plan.key);
+    // Past its end by HOLD_OFF_SLACK_MS: a timer may fire a millisecond early, and the request would find the target
+    // still held off after the wait it was told to take.
+    const heldForMs = (holdOffs.until(plan.key) ?? 0) - deps.now() + HOLD_OFF_SLACK_MS;
     const delayMs =
-      holdOffEnd !== undefined && holdOffEnd === ownHoldOff
-        ? Math.max(decision.delayMs, holdOffEnd - deps.now())
-        : waitPastHoldOff(decision.delayMs, (holdOffEnd ?? 0) - deps.now(), deps.random);
+      ownHoldOff !== undefined && holdOffs.until(plan.key) === ownHoldOff
+        ? Math.max(decision.delayMs, heldForMs)
+        : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
     if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
@@ -231,6 +233,9 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   deps.onBudgetExhausted?.(ctx.route.name, plan.key);
   return false;
 }
+
+/** Margin past a hold-off's end for a wait that is to outlast it. */
+const HOLD_OFF_SLACK_MS = 2;
 
 /**
  * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a

@@ -45,14 +45,16 @@ export class TargetKeys {
 
   /**
    * The provider says the model does not exist (404): its place goes back, and the name is not learned again.
-   * Returns the key it had, when it had one of its own (the caller drops what else was kept under it).
+   * Returns the key it had, when it had one of its own, now or until another request's 404 gave it back (requests
+   * in flight at once each drop what they kept under it).
    */
   forget(provider: string, model: string): string | undefined {
-    if (!this.#learned.get(provider)?.delete(model)) return undefined;
+    const key = `${provider}/${model}`;
+    if (!this.#learned.get(provider)?.delete(model)) return this.#refused.has(key) ? key : undefined;
     this.#refused.add(`${provider}/${model}`);
     // Bounded too: the oldest refusal goes first (a Set keeps insertion order).
     if (this.#refused.size > MAX_REFUSED) this.#refused.delete(this.#refused.values().next().value!);
-    return `${provider}/${model}`;
+    return key;
   }
 
   #learn(provider: string, model: string): boolean {

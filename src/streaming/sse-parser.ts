@@ -26,6 +26,8 @@ export class SseParser {
   /** Text of an event not yet ended, in the pieces it came in: joined once its end arrives, not on every read. */
   #pieces: string[] = [];
   #length = 0;
+  /** The last 3 characters of the pieces, for an event end split over several short reads. */
+  #tail = '';
   readonly #decoder = new TextDecoder();
 
   /** Feeds bytes and returns every event they complete; throws SseEventTooLarge when an event outgrows the limit. */
@@ -33,10 +35,10 @@ export class SseParser {
     const text = this.#decoder.decode(chunk, { stream: true });
     // Only the new text (and the last 3 characters before it, for a line break split across reads) can hold the end
     // of the event: an endless line is not searched again from its start on every read.
-    const last = this.#pieces.at(-1) ?? '';
-    if (!EVENT_END.test(last.slice(-3) + text)) {
+    if (!EVENT_END.test(this.#tail + text)) {
       if (text.length > 0) this.#pieces.push(text);
       this.#length += text.length;
+      this.#tail = (this.#tail + text).slice(-3);
       if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
       return [];
     }
@@ -50,6 +52,7 @@ export class SseParser {
     }
     this.#pieces = buffer.length > 0 ? [buffer] : [];
     this.#length = buffer.length;
+    this.#tail = buffer.slice(-3);
     if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
     return events;
   }
@@ -59,6 +62,7 @@ export class SseParser {
     const rest = (this.#pieces.join('') + this.#decoder.decode()).trim();
     this.#pieces = [];
     this.#length = 0;
+    this.#tail = '';
     return rest.length > 0 ? parseEvent(rest) : undefined;
   }
 }

@@ -50,9 +50,16 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         if (text) system.push(text);
         break;
       }
-      case 'user':
-        append(turns, 'user', userBlocks(msg.content, `messages[${i}]`));
+      case 'user': {
+        const blocks = userBlocks(msg.content, `messages[${i}]`);
+        // Left out, an empty (or whitespace-only) last question would end the conversation on the assistant's turn,
+        // which Anthropic reads as a prefill to continue instead of a question to answer.
+        if (blocks.length === 0 && i === input.length - 1) {
+          throw new Inexpressible(`messages[${i}].content: an Anthropic target refuses a last message with no text`, `messages[${i}].content`);
+        }
+        append(turns, 'user', blocks);
         break;
+      }
       case 'assistant':
         append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`));
         break;
