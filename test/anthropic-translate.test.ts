@@ -186,6 +186,23 @@ describe('toAnthropicRequest', () => {
       OPTS,
     );
     expect(result).toMatchObject({ ok: false, param: 'messages[2].content' });
+    // Still a user turn at the end without it (a tool result, another question): nothing to refuse.
+    for (const last of [' ', '']) {
+      const ok = toAnthropicRequest(
+        {
+          model: 'gpt-5',
+          messages: [
+            { role: 'user', content: 'hi' },
+            { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }] },
+            { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+            { role: 'user', content: last },
+          ],
+        } as OpenAI.ChatCompletionCreateParams,
+        OPTS,
+      );
+      expect(ok.ok).toBe(true);
+    }
+    expect(toAnthropicRequest({ model: 'gpt-5', messages: [{ role: 'user', content: 'hi' }, { role: 'user', content: ' ' }] } as OpenAI.ChatCompletionCreateParams, OPTS).ok).toBe(true);
   });
 
   it('leaves out whitespace-only text, which Anthropic refuses as a block and which says nothing', () => {

@@ -30,6 +30,11 @@ describe('the SSE parser', () => {
     }
   });
 
+  it('ends an event at mixed line endings (LF then CRLF, CRLF then LF)', () => {
+    const p = new SseParser();
+    expect(p.push(bytes('data: {"a":1}\n\r\ndata: {"b":2}\r\n\n')).map((e) => e.data)).toEqual(['{"a":1}', '{"b":2}']);
+  });
+
   it('reads a long event in many small reads in linear time', () => {
     const p = new SseParser();
     const started = Date.now();

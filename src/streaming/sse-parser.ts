@@ -10,7 +10,8 @@ export interface SseEvent {
   readonly event: string | null;
 }
 
-const EVENT_END = /\r\n\r\n|\n\n|\r\r/;
+// Two line endings in a row; mixed ones too (LF then CRLF, CRLF then LF), which the SSE spec allows.
+const EVENT_END = /\r\n\r\n|\n\r\n|\r\n\n|\n\n|\r\r/;
 
 /** The largest event the gateway holds (a Responses API `response.completed` carries the whole answer). */
 export const MAX_EVENT_BYTES = 16 * 1024 * 1024;

@@ -50,16 +50,9 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         if (text) system.push(text);
         break;
       }
-      case 'user': {
-        const blocks = userBlocks(msg.content, `messages[${i}]`);
-        // Left out, an empty (or whitespace-only) last question would end the conversation on the assistant's turn,
-        // which Anthropic reads as a prefill to continue instead of a question to answer.
-        if (blocks.length === 0 && i === input.length - 1) {
-          throw new Inexpressible(`messages[${i}].content: an Anthropic target refuses a last message with no text`, `messages[${i}].content`);
-        }
-        append(turns, 'user', blocks);
+      case 'user':
+        append(turns, 'user', userBlocks(msg.content, `messages[${i}]`));
         break;
-      }
       case 'assistant':
         append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`));
         break;
@@ -74,6 +67,13 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
     }
   }
   if (turns.length === 0) throw new Inexpressible('messages: an Anthropic target needs at least one user or assistant message', 'messages');
+  // A last user message with no text, left out, would end the conversation on the assistant's turn, which Anthropic
+  // reads as a prefill to continue instead of a question to answer.
+  const lastRole = (input as Array<{ role?: unknown } | null>).at(-1)?.role;
+  if ((lastRole === 'user' || lastRole === 'tool') && turns.at(-1)?.role === 'assistant') {
+    const at = input.length - 1;
+    throw new Inexpressible(`messages[${at}].content: an Anthropic target refuses a last message with no text`, `messages[${at}].content`);
+  }
   if (turns[0]?.role === 'assistant') turns.unshift({ role: 'user', content: [{ type: 'text', text: OPENING_USER_TURN }] });
   return { system: system.length > 0 ? system.join('\n\n') : undefined, messages: turns };
 }
