@@ -19,6 +19,7 @@ import { createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { answerClientError, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { safeHeaders } from './http/header-safe.ts';
+import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, RequestEnds } from './http/request-log.ts';
 
@@ -94,6 +95,15 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const live = new Set<LiveStream>();
   const inPipeline = new Set<() => void>();
   let pastGrace = false;
+  /** The pipeline's abort for when the grace period is over (at once if it is); returns its removal. */
+  const onShutdown = (listener: () => void): (() => void) => {
+    if (pastGrace) {
+      listener();
+      return () => {};
+    }
+    inPipeline.add(listener);
+    return () => inPipeline.delete(listener);
+  };
   let phase: Phase = 'serving';
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {
@@ -215,14 +225,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           headers: request.headers,
           requestId: request.id,
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
-          onShutdown: (listener) => {
-            if (pastGrace) {
-              listener();
-              return () => {};
-            }
-            inPipeline.add(listener);
-            return () => inPipeline.delete(listener);
-          },
+          onShutdown,
         },
         runtime.pipeline,
       );
@@ -345,8 +348,7 @@ function methodGuard(api: FastifyInstance, url: string, allowed: readonly string
 function checkTimeoutHeader(value: string | string[] | undefined): void {
   if (value === undefined) return;
   const text = Array.isArray(value) ? value[0]! : value;
-  const ms = Number(text);
-  if (text.trim() === '' || !Number.isFinite(ms) || ms <= 0) {
+  if (timeoutHeaderMs(text) === undefined) {
     throw new GatewayError('bad_request', `x-stormgate-timeout-ms must be a positive number of milliseconds, got "${printable(text, 40)}"`);
   }
 }

@@ -74,7 +74,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal });
     const { headers } = res;
     if (res.statusCode < 200 || res.statusCode >= 300) {
-      const raw = await readCapped(res.body, MAX_ERROR_BODY_BYTES);
+      const { bytes: raw } = await readUpTo(res.body, MAX_ERROR_BODY_BYTES);
       const { status, body } = req.translator ? req.translator.error(res.statusCode, raw) : { status: res.statusCode, body: raw };
       return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
     }
@@ -209,20 +209,12 @@ function notJson(headers: HeaderBag, body: Buffer): string | undefined {
 export async function readWithin(body: Dispatcher.ResponseData['body'], maxBytes: number, contentLength: number | undefined): Promise<Buffer | undefined> {
   // The usual answer says its length: read in one go (undici's own consumer, the fast path).
   if (contentLength !== undefined && contentLength <= maxBytes) return Buffer.from(await body.arrayBuffer());
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += (chunk as Buffer).length;
-    if (size > maxBytes) {
-      body.destroy();
-      return undefined;
-    }
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks, size);
+  const { bytes, whole } = await readUpTo(body, maxBytes);
+  return whole ? bytes : undefined;
 }
 
-async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<Buffer> {
+/** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */
+async function readUpTo(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<{ bytes: Buffer; whole: boolean }> {
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of body) {
@@ -230,12 +222,12 @@ async function readCapped(body: Dispatcher.ResponseData['body'], maxBytes: numbe
     if (size + buf.length > maxBytes) {
       chunks.push(buf.subarray(0, maxBytes - size));
       body.destroy();
-      break;
+      return { bytes: Buffer.concat(chunks), whole: false };
     }
     chunks.push(buf);
     size += buf.length;
   }
-  return Buffer.concat(chunks);
+  return { bytes: Buffer.concat(chunks, size), whole: true };
 }
 
 type FirstOutput =

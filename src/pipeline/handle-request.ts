@@ -105,6 +105,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   };
   let handedToStream = false;
   const { plans, contextFallback, skipped, disabled } = planTargets(req, deps);
+  const shape = streamShapeOf(route.api, req.json);
   summary.priority = plans[0]?.className;
   summary.skipped = skipped;
   try {
@@ -117,7 +118,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         route,
         api: route.api,
         stream: req.json.stream === true,
-        shape: streamShapeOf(route.api, req.json),
+        shape,
         signal: controller.signal,
         deadlineAtMs,
         attempts: summary.attempts,
@@ -138,7 +139,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       if (served.fallback) summary.fallback = served.fallback;
       const servedAt = plans.indexOf(served.plan);
       const next = servedAt === -1 ? undefined : plans[servedAt + 1];
-      served.result.stream?.recoverWith(streamRecovery(req, next, controller.signal, deps));
+      served.result.stream?.recoverWith(streamRecovery(req, shape, next, controller.signal, deps));
       const answer = successAnswer(req, served.plan, served.result, summary, deps);
       handedToStream = answer.body instanceof Readable;
       return answer;

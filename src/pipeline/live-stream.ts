@@ -194,20 +194,18 @@ export class LiveStream {
         this.#kind = 'upstream-error';
         return true;
       }
-      if (meaning === 'finish') {
-        if (!usesDoneSentinel(api)) {
-          this.#kind = 'complete';
-          return true;
-        }
-        // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer.
-        if (shape.choices === 1) for (const i of choiceIndexes(ev).finished) this.#finishedIndexes.add(i);
+      if (meaning === 'finish' && !usesDoneSentinel(api)) {
+        this.#kind = 'complete';
+        return true;
       }
-      if (shape.choices > 1) {
+      // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer. Every event is
+      // read for the choices it carries then (a provider that ignores `n` sends fewer); with one choice, finishes only.
+      if (meaning === 'finish' || shape.choices > 1) {
         const { seen, finished } = choiceIndexes(ev);
         for (const i of seen) this.#seenIndexes.add(i);
         for (const i of finished) this.#finishedIndexes.add(i);
+        this.#finished = this.#finishedIndexes.size >= shape.choices;
       }
-      this.#finished = this.#finishedIndexes.size >= shape.choices;
       if (this.#finished && !this.#graceArmed && (!shape.usage || this.#usage !== undefined)) {
         // After the last finish only [DONE] is left: do not wait a whole idle period for it.
         this.#graceArmed = true;

@@ -3,17 +3,23 @@
 // delivered and streams the rest; any other is sent the original request, and its answer is spliced on only if it
 // begins with exactly the delivered text. Anything else leaves the client with the original failure.
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { streamShapeOf } from '../streaming/stream-events.ts';
+import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
 import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import type { TargetDeps, TargetPlan } from './target-attempts.ts';
 
-export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined, signal: AbortSignal, deps: Pick<TargetDeps, 'guards' | 'now'>): StreamRecovery | undefined {
+export function streamRecovery(
+  req: ManagedRequest,
+  shape: StreamShape,
+  next: TargetPlan | undefined,
+  signal: AbortSignal,
+  deps: Pick<TargetDeps, 'guards' | 'now'>,
+): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
-  if (streamShapeOf('chat', req.json).choices > 1) return undefined;
+  if (shape.choices > 1) return undefined;
   const { now } = deps;
   return async (delivered) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
@@ -36,7 +42,7 @@ export function streamRecovery(req: ManagedRequest, next: TargetPlan | undefined
       headers: { ...planned.request.headers, ...prepared.request.headers },
       body: prepared.request.body,
       stream: true,
-      shape: streamShapeOf('chat', req.json),
+      shape,
       translator: prepared.request.translator,
       requestSignal: signal,
       now,

@@ -202,9 +202,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
     // Past its end by HOLD_OFF_SLACK_MS: a timer may fire a millisecond early, and the request would find the target
     // still held off after the wait it was told to take.
-    const heldForMs = (holdOffs.until(plan.key) ?? 0) - deps.now() + HOLD_OFF_SLACK_MS;
+    const holdOffEnd = holdOffs.until(plan.key);
+    const heldForMs = (holdOffEnd ?? 0) - deps.now() + HOLD_OFF_SLACK_MS;
     const delayMs =
-      ownHoldOff !== undefined && holdOffs.until(plan.key) === ownHoldOff
+      holdOffEnd !== undefined && holdOffEnd === ownHoldOff
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');

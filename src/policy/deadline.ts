@@ -31,7 +31,7 @@ export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineI
       source = from;
     }
   };
-  consider(positiveNumber(header(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
+  consider(timeoutHeaderMs(header(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
   consider(stainlessSeconds(header(headers, 'x-stainless-timeout')), 'x-stainless-timeout');
   consider(stainlessSeconds(header(headers, 'x-stainless-read-timeout')), 'x-stainless-read-timeout');
   const margin = marginMs ?? Math.max(MIN_MARGIN_MS, Math.round(timeoutMs * MARGIN_SHARE));
@@ -45,7 +45,8 @@ function header(headers: HeaderBag, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
-function positiveNumber(v: string | undefined): number | undefined {
+/** x-stormgate-timeout-ms as a number of ms; undefined when absent or not a positive number (the server refuses those). */
+export function timeoutHeaderMs(v: string | undefined): number | undefined {
   if (v === undefined || v.trim() === '') return undefined;
   const n = Number(v);
   return Number.isFinite(n) && n > 0 ? n : undefined;
