@@ -21,6 +21,7 @@ import { shareFleetCapacity } from './pools/fleet-share.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { forgetTargetSeries, metricsObserver } from './observability/pipeline-metrics.ts';
+import { asAbortSignal, type RequestSignal } from './pipeline/request-abort.ts';
 
 export interface RuntimeDeps {
   logger: Logger;
@@ -31,7 +32,7 @@ export interface RuntimeDeps {
   store?: StateStore;
   now?: () => number;
   random?: Random;
-  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
+  sleep?: (ms: number, signal: RequestSignal) => Promise<void>;
 }
 
 export interface Runtime {
@@ -148,7 +149,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     targetKeys,
     now,
     random,
-    sleep: deps.sleep ?? ((ms, signal) => sleep(ms, undefined, { signal })),
+    sleep: deps.sleep ?? ((ms, signal) => sleep(ms, undefined, { signal: asAbortSignal(signal) })),
     guards: { board, holdOffs, budget },
     lot,
     ...metricsObserver(metrics),

@@ -1,6 +1,6 @@
 // One upstream attempt: send, time it, and report the outcome. For a stream the attempt ends at the first
 // output-bearing event (or its failure); what follows is the LiveStream's job. Timers run on this attempt's own
-// AbortController, linked to the request's signal (client gone or deadline).
+// RequestAbort, linked to the request's signal (client gone or deadline).
 import type { Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
@@ -11,7 +11,9 @@ import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-par
 import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
+import { requestWhole } from '../providers/whole-answer.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
+import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -26,7 +28,7 @@ export interface AttemptRequest {
   /** Turns another family's answers (Anthropic) into the OpenAI shape; undefined for OpenAI-compatible targets. */
   translator: ResponseTranslator | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
-  requestSignal: AbortSignal;
+  requestSignal: RequestSignal;
   now: () => number;
 }
 
@@ -55,8 +57,8 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   const { firstTokenMs, responseMs, idleMs } = req.client.config.timeouts;
   const limitMs = req.stream ? firstTokenMs : responseMs;
   // Without a timer of its own (a non-streaming request without responseMs), the attempt runs on the request's
-  // signal: one AbortController less per request on the hot path.
-  const own = limitMs === undefined ? undefined : new AbortController();
+  // signal: one controller less per request on the hot path.
+  const own = limitMs === undefined ? undefined : new RequestAbort();
   const signal = own?.signal ?? req.requestSignal;
   const forward = () => own!.abort(req.requestSignal.reason);
   let timer: NodeJS.Timeout | undefined;
@@ -71,30 +73,20 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   const startedAt = req.now();
   let handedOff = false;
   try {
-    const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal });
-    const { headers } = res;
-    if (res.statusCode < 200 || res.statusCode >= 300) {
-      const { bytes: raw } = await readUpTo(res.body, MAX_ERROR_BODY_BYTES);
-      const { status, body } = req.translator ? req.translator.error(res.statusCode, raw) : { status: res.statusCode, body: raw };
-      return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
+    if (!req.stream) {
+      const answer = await requestWhole(req.client.dispatcher, { path: req.path, method: 'POST', headers: req.headers, body: req.body, signal, maxBytes: bodyCap });
+      return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
     }
+    const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) });
+    const { headers } = res;
     const status = res.statusCode;
-    if (!req.stream || !isEventStream(headers)) {
+    if (status < 200 || status >= 300) {
+      const { bytes } = await readUpTo(res.body, MAX_ERROR_BODY_BYTES);
+      return wholeResult(req, status, headers, bytes, true);
+    }
+    if (!isEventStream(headers)) {
       const raw = await readWithin(res.body, MAX_ANSWER_BYTES, contentLengthOf(headers));
-      if (raw === undefined) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB` }, status, headers };
-      // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
-      // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
-      // Paths the gateway does not know (api "other") may answer anything.
-      const wrong =
-        req.api === 'other'
-          ? undefined
-          : req.stream && STREAMING_APIS.has(req.api)
-            ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
-            : notJson(headers, raw);
-      if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
-      const body = req.translator ? translateBody(req.translator, raw) : raw;
-      if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
-      return { outcome: { kind: 'ok', status }, status, headers, body };
+      return wholeResult(req, status, headers, raw ?? Buffer.alloc(0), raw !== undefined);
     }
     const translate = req.translator?.stream();
     const first = await readUntilFirstOutput(req.api, res.body, translate);
@@ -127,6 +119,37 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     // Every path above has read the body to its end or destroyed it, so the connection is already free.
     if (!handedOff) release();
   }
+}
+
+/** Errors are read for their code (and passed on) up to MAX_ERROR_BODY_BYTES; answers whole, up to MAX_ANSWER_BYTES. */
+function bodyCap(status: number): number {
+  return status >= 200 && status < 300 ? MAX_ANSWER_BYTES : MAX_ERROR_BODY_BYTES;
+}
+
+/**
+ * What a whole answer means: an HTTP error (classified by its code from its first bytes), or an answer, unless it is
+ * not one. `whole` is false for an answer cut at its cap.
+ */
+function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag, raw: Buffer, whole: boolean): AttemptResult {
+  if (statusCode < 200 || statusCode >= 300) {
+    const { status, body } = req.translator ? req.translator.error(statusCode, raw) : { status: statusCode, body: raw };
+    return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
+  }
+  const status = statusCode;
+  if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB` }, status, headers };
+  // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
+  // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
+  // Paths the gateway does not know (api "other") may answer anything.
+  const wrong =
+    req.api === 'other'
+      ? undefined
+      : req.stream && STREAMING_APIS.has(req.api)
+        ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
+        : notJson(headers, raw);
+  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
+  const body = req.translator ? translateBody(req.translator, raw) : raw;
+  if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
+  return { outcome: { kind: 'ok', status }, status, headers, body };
 }
 
 export function abortOutcome(reason: unknown): AttemptOutcome {

@@ -21,6 +21,7 @@ import { streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, SkippedTarget, TargetPlan } from './target-attempts.ts';
+import { RequestAbort } from './request-abort.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -89,7 +90,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const { route } = req;
   const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.headers });
   const deadlineAtMs = deps.now() + deadline.budgetMs;
-  const controller = new AbortController();
+  const controller = new RequestAbort();
   const deadlineTimer = setTimeout(() => controller.abort(new DeadlineReached(deadline.budgetMs)), deadline.budgetMs);
   const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
   // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.

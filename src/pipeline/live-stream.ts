@@ -7,6 +7,7 @@ import { choiceIndexes, errorEventForClient, eventMeaning, streamErrorEvent, use
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
+import type { Aborter, RequestSignal } from './request-abort.ts';
 
 export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'client-stalled' | 'recovered' | 'shutdown';
 
@@ -37,8 +38,8 @@ export interface LiveStreamOptions {
   iterator: AsyncIterator<Buffer>;
   /** Another family's events into OpenAI ones (Anthropic); undefined for OpenAI-compatible targets. */
   translate: StreamTranslator | undefined;
-  controller: AbortController;
-  requestSignal: AbortSignal;
+  controller: Aborter;
+  requestSignal: RequestSignal;
   /** Releases the attempt's listeners once the stream is over. */
   detach: () => void;
   idleMs: number;

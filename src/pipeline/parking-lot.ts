@@ -5,6 +5,7 @@
 // the breaker's probes. The requests parked when a target comes back leave spread over a short window (a fifth of how
 // long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
 // at T.
+import type { RequestSignal } from './request-abort.ts';
 
 export type TargetState =
   /** Released requests may be in flight up to `slots` at a time: the target's adaptive limit. */
@@ -28,7 +29,7 @@ export type ParkResult =
 export interface ParkOptions {
   route: string;
   deadlineAtMs: number;
-  signal: AbortSignal;
+  signal: RequestSignal;
   maxQueue: number;
   maxWaitMs: number | undefined;
   /** The one wait rule: a request is never released with less than this left before its deadline; it times out then. */

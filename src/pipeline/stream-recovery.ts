@@ -9,12 +9,13 @@ import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import type { TargetDeps, TargetPlan } from './target-attempts.ts';
+import type { RequestSignal } from './request-abort.ts';
 
 export function streamRecovery(
   req: ManagedRequest,
   shape: StreamShape,
   next: TargetPlan | undefined,
-  signal: AbortSignal,
+  signal: RequestSignal,
   deps: Pick<TargetDeps, 'guards' | 'now'>,
 ): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;

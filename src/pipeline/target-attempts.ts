@@ -17,6 +17,7 @@ import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
+import type { RequestSignal } from './request-abort.ts';
 
 export interface AttemptRecord {
   target: string;
@@ -84,7 +85,7 @@ export interface RequestContext {
   stream: boolean;
   /** What a whole streamed answer holds (the request's `n`, include_usage). */
   shape: StreamShape;
-  signal: AbortSignal;
+  signal: RequestSignal;
   deadlineAtMs: number;
   attempts: AttemptRecord[];
   /** Targets this request skipped, with the reason (shared with the request's log line). */
@@ -104,7 +105,7 @@ export interface Guards {
 export interface TargetDeps {
   now: () => number;
   random: Random;
-  sleep: (ms: number, signal: AbortSignal) => Promise<void>;
+  sleep: (ms: number, signal: RequestSignal) => Promise<void>;
   guards: Guards;
   onAttempt?: (route: string, target: string, result: AttemptResult, durationMs: number) => void;
   onRetry?: (route: string, target: string, reason: string, waitMs: number) => void;

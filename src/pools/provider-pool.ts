@@ -4,6 +4,7 @@
 // and each target (provider and model) also lives under its adaptive limit (policy/adaptive-limit.ts).
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
 import { canWait } from '../policy/retry-wait.ts';
+import type { RequestSignal } from '../pipeline/request-abort.ts';
 
 export interface PoolClass {
   name: string;
@@ -26,7 +27,7 @@ export interface SlotRequest {
   retry: boolean;
   deadlineAtMs: number;
   minAttemptMs: number;
-  signal: AbortSignal;
+  signal: RequestSignal;
 }
 
 export interface Slot {

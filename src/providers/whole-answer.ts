@@ -1,0 +1,98 @@
+// A whole (non-streaming) answer read straight off undici's dispatcher: its status, headers and body bytes. undici's
+// request() builds a Readable body, an async resource and a consumer for every response; a whole answer needs none
+// of them, and it is the gateway's most common request.
+import type { Dispatcher } from 'undici';
+import type { IncomingHttpHeaders } from 'node:http';
+import type { RequestSignal } from '../pipeline/request-abort.ts';
+
+export interface WholeAnswer {
+  statusCode: number;
+  headers: IncomingHttpHeaders;
+  /** The body, or its first `maxBytes` when it was larger (`whole` false; the connection is then closed). */
+  body: Buffer;
+  whole: boolean;
+}
+
+export interface WholeRequest {
+  path: string;
+  method: 'POST' | 'GET';
+  headers: Record<string, string>;
+  body: Buffer | string;
+  signal: RequestSignal;
+  /** How much of the body to keep, by status: errors are read for their code, answers whole. */
+  maxBytes: (statusCode: number) => number;
+}
+
+/**
+ * Sends the request and resolves with the answer once its body is complete (or its cap is reached). Rejects with
+ * undici's own error for a connection that fails, and with the signal's reason when the signal aborts it.
+ */
+export function requestWhole(dispatcher: Dispatcher, req: WholeRequest): Promise<WholeAnswer> {
+  return new Promise((resolve, reject) => {
+    dispatcher.dispatch({ path: req.path, method: req.method, headers: req.headers, body: req.body }, new WholeAnswerHandler(req, resolve, reject));
+  });
+}
+
+class WholeAnswerHandler implements Dispatcher.DispatchHandler {
+  #statusCode = 0;
+  #headers: IncomingHttpHeaders = {};
+  #chunks: Buffer[] = [];
+  #size = 0;
+  #maxBytes = 0;
+  #controller: Dispatcher.DispatchController | undefined;
+  #settled = false;
+  readonly #onAbort = () => this.#controller?.abort(this.req.signal.reason as Error);
+
+  constructor(
+    private readonly req: WholeRequest,
+    private readonly resolve: (answer: WholeAnswer) => void,
+    private readonly reject: (err: unknown) => void,
+  ) {}
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.#controller = controller;
+    if (this.req.signal.aborted) controller.abort(this.req.signal.reason as Error);
+    else this.req.signal.addEventListener('abort', this.#onAbort, { once: true });
+  }
+
+  onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
+    // An informational answer (100, 103) is followed by the real one.
+    if (statusCode < 200) return;
+    this.#statusCode = statusCode;
+    this.#headers = headers;
+    this.#maxBytes = this.req.maxBytes(statusCode);
+  }
+
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.#settled) return;
+    if (this.#size + chunk.length > this.#maxBytes) {
+      this.#chunks.push(chunk.subarray(0, this.#maxBytes - this.#size));
+      this.#size = this.#maxBytes;
+      this.#settle(false);
+      // The rest is not read: the connection goes, rather than carry it to the next request.
+      controller.abort(new Error(`answer larger than ${this.#maxBytes} bytes`));
+      return;
+    }
+    this.#chunks.push(chunk);
+    this.#size += chunk.length;
+  }
+
+  onResponseEnd(): void {
+    this.#settle(true);
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
+    if (this.#settled) return;
+    this.#settled = true;
+    this.req.signal.removeEventListener('abort', this.#onAbort);
+    this.reject(err);
+  }
+
+  #settle(whole: boolean): void {
+    if (this.#settled) return;
+    this.#settled = true;
+    this.req.signal.removeEventListener('abort', this.#onAbort);
+    const body = this.#chunks.length === 1 ? this.#chunks[0]! : Buffer.concat(this.#chunks, this.#size);
+    this.resolve({ statusCode: this.#statusCode, headers: this.#headers, body, whole });
+  }
+}
