@@ -41,8 +41,8 @@ afterAll(async () => {
   await new Promise<void>((resolve) => server.close(() => resolve()));
 });
 
-const get = (path: string, signal = new RequestAbort().signal, maxBytes = () => 1_000_000) =>
-  requestWhole(pool, { path, method: 'GET', headers: {}, body: '', signal, maxBytes });
+const get = (path: string, signal = new RequestAbort().signal, maxBytes: (status: number) => number = () => 1_000_000, via: Pool = pool) =>
+  requestWhole(via, { path, method: 'GET', headers: {}, body: '', signal, maxBytes });
 
 describe('requestWhole', () => {
   it('resolves with the status, the parsed headers and the whole body', async () => {
@@ -75,6 +75,24 @@ describe('requestWhole', () => {
     setTimeout(() => abort.abort(new Error('deadline')), 50);
     await expect(pending).rejects.toThrow('deadline');
     await expect(get('/small', abort.signal)).rejects.toThrow('deadline');
+  });
+
+  it('rejects at once when aborted while still queued for a connection', async () => {
+    const one = new Pool(`http://127.0.0.1:${(server.address() as { port: number }).port}`, { connections: 1 });
+    const busy = new RequestAbort();
+    const queued = new RequestAbort();
+    try {
+      const first = get('/slow', busy.signal, undefined, one);
+      const second = get('/small', queued.signal, undefined, one);
+      setTimeout(() => queued.abort(new Error('deadline while queued')), 30);
+      const started = Date.now();
+      await expect(second).rejects.toThrow('deadline while queued');
+      expect(Date.now() - started).toBeLessThan(1_000);
+      busy.abort(new Error('done'));
+      await expect(first).rejects.toThrow('done');
+    } finally {
+      await one.destroy();
+    }
   });
 
   it("rejects with undici's error when the connection fails", async () => {

@@ -41,18 +41,26 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
   #maxBytes = 0;
   #controller: Dispatcher.DispatchController | undefined;
   #settled = false;
-  readonly #onAbort = () => this.#controller?.abort(this.req.signal.reason as Error);
+  // Before the request has a connection (queued in the pool) there is nothing to abort yet: the promise settles at
+  // once, and the request is dropped when undici gets to it.
+  readonly #onAbort = () => {
+    const reason = this.req.signal.reason as Error;
+    if (this.#controller) this.#controller.abort(reason);
+    else this.onResponseError(undefined, reason);
+  };
 
   constructor(
     private readonly req: WholeRequest,
     private readonly resolve: (answer: WholeAnswer) => void,
     private readonly reject: (err: unknown) => void,
-  ) {}
+  ) {
+    if (req.signal.aborted) this.#onAbort();
+    else req.signal.addEventListener('abort', this.#onAbort, { once: true });
+  }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.#controller = controller;
     if (this.req.signal.aborted) controller.abort(this.req.signal.reason as Error);
-    else this.req.signal.addEventListener('abort', this.#onAbort, { once: true });
   }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
@@ -81,7 +89,7 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     this.#settle(true);
   }
 
-  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
+  onResponseError(_controller: Dispatcher.DispatchController | undefined, err: Error): void {
     if (this.#settled) return;
     this.#settled = true;
     this.req.signal.removeEventListener('abort', this.#onAbort);
