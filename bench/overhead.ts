@@ -70,7 +70,11 @@ async function warmUp(targets: Side<Target>, refs: Reference[]): Promise<void> {
     await closedLoop(url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
     await streamTtft(url, { count: 50, warmup: 0, parallel: 1 });
   }
-  for (const ref of refs) if (ref.child) await closedLoop(ref.child.url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
+  for (const ref of refs) {
+    if (!ref.child) continue;
+    await closedLoop(ref.child.url, { ...SETTINGS.throughput, warmupMs: 0, durationMs: 2_000 });
+    if (ref.streams) await streamTtft(ref.child.url, { count: 50, warmup: 0, parallel: 1 });
+  }
 }
 
 /** The throughput closed loop through each reference proxy that runs here. */
@@ -87,6 +91,16 @@ async function referenceRuns(refs: Reference[], benchPids: number[]): Promise<Ro
   return out;
 }
 
+/** Streams through each reference proxy that passes them on, right after the round's own, for the same noise. */
+async function referenceStreams(refs: Reference[], into: Round['references']): Promise<void> {
+  for (const ref of refs) {
+    if (!ref.child || !ref.streams) continue;
+    const r = await streamTtft(ref.child.url, SETTINGS.ttft);
+    into[ref.name]!.ttft = r;
+    log(`    ${ref.name}: median ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors`);
+  }
+}
+
 async function round(i: number, targets: Side<Target>, refs: Reference[]): Promise<Round> {
   // Alternate which side goes first, so a slow drift of the machine (thermal, a neighbour) does not favour one side.
   const order: Array<'direct' | 'gateway'> = i % 2 === 0 ? ['direct', 'gateway'] : ['gateway', 'direct'];
@@ -98,6 +112,7 @@ async function round(i: number, targets: Side<Target>, refs: Reference[]): Promi
   const latency = await both(order, targets, (u) => openLoop(u, SETTINGS.latency), (r) => `p50 ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors, max send lag ${r.maxSendLagMs.toFixed(1)} ms`);
   log('  time to first token');
   const ttft = await both(order, targets, (u) => streamTtft(u, SETTINGS.ttft), (r) => `median ${r.p50Ms.toFixed(2)} ms, p99 ${r.p99Ms.toFixed(2)} ms, ${r.errors} errors`);
+  await referenceStreams(refs, references);
   // The raw samples served their percentiles; the JSON keeps only the summaries.
   for (const side of order) {
     latency[side].samplesMs = [];

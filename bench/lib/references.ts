@@ -14,6 +14,8 @@ export interface Reference {
   child?: Child;
   /** The process that serves the requests, for CPU per request: nginx's worker, not its master. */
   servingPid?: number;
+  /** Does it pass a stream on as it comes (so its time to first token means something)? */
+  streams?: boolean;
   missing?: string;
 }
 
@@ -80,7 +82,7 @@ function workerPid(master: number): number {
 
 export async function startReferences(mockUrl: string, workDir: string): Promise<Reference[]> {
   const fastify = await fastifyReference(mockUrl, workDir);
-  const refs: Reference[] = [{ name: 'minimal fastify + undici proxy', child: fastify, servingPid: fastify.proc.pid! }];
+  const refs: Reference[] = [{ name: 'minimal fastify + undici proxy', child: fastify, servingPid: fastify.proc.pid!, streams: true }];
   const binary = NGINX_PATHS.find((p) => existsSync(p));
   if (binary === undefined) {
     refs.push({ name: 'nginx reverse proxy', missing: 'nginx is not installed (Debian: apt-get install nginx-light)' });

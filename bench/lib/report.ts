@@ -19,8 +19,8 @@ export interface Round {
   throughput: Side<Measured<ThroughputResult>>;
   latency: Side<Measured<LatencyResult>>;
   ttft: Side<Measured<TtftResult>>;
-  /** The throughput closed loop through each reference proxy (lib/references.ts), by name. */
-  references: Record<string, Measured<ThroughputResult>>;
+  /** The throughput closed loop through each reference proxy (lib/references.ts), by name; streams' too where it passes them on. */
+  references: Record<string, Measured<ThroughputResult> & { ttft?: TtftResult }>;
 }
 
 /** A reference proxy's throughput against the same round's direct run, as a median over rounds. */
@@ -29,19 +29,22 @@ export interface ReferenceFigure {
   rps: number;
   ratio: number;
   cpuUsPerRequest: number;
+  /** Median time to first token added against the same round's direct run; NaN where streams were not measured. */
+  ttftAddedMs: number;
   /** Why it did not run, when it did not. */
   missing?: string;
 }
 
 export function referenceFigures(rounds: Round[], refs: Array<{ name: string; missing?: string }>): ReferenceFigure[] {
   return refs.map(({ name, missing }) => {
-    if (missing !== undefined) return { name, rps: Number.NaN, ratio: Number.NaN, cpuUsPerRequest: Number.NaN, missing };
-    const runs = rounds.map((r) => ({ run: r.references[name]!, direct: r.throughput.direct.rps }));
+    if (missing !== undefined) return { name, rps: Number.NaN, ratio: Number.NaN, cpuUsPerRequest: Number.NaN, ttftAddedMs: Number.NaN, missing };
+    const runs = rounds.map((r) => ({ run: r.references[name]!, direct: r.throughput.direct.rps, directTtftMs: r.ttft.direct.p50Ms }));
     return {
       name,
       rps: median(runs.map((x) => x.run.rps)),
       ratio: median(runs.map((x) => x.run.rps / x.direct)),
       cpuUsPerRequest: median(runs.map((x) => cpuPerRequestUs(x.run))),
+      ttftAddedMs: median(runs.map((x) => (x.run.ttft ? x.run.ttft.p50Ms - x.directTtftMs : Number.NaN))),
     };
   });
 }
@@ -49,15 +52,17 @@ export function referenceFigures(rounds: Round[], refs: Array<{ name: string; mi
 export function referenceTable(figs: Figure[], refs: ReferenceFigure[]): string {
   const gateway = figs[0]!;
   const cpu = figs.find((f) => f.name.startsWith('Server CPU'));
+  const ttft = figs.find((f) => f.name === 'Stream time to first token, median');
+  const added = (ms: number | undefined) => (ms === undefined || Number.isNaN(ms) ? '–' : `${ms >= 0 ? '+' : '−'}${Math.abs(ms).toFixed(2)} ms`);
   const rows = [
     ...refs.map((r) =>
       r.missing !== undefined
-        ? `| ${r.name} | – | – | – | not run: ${r.missing} |`
-        : `| ${r.name} | ${num(r.rps, 'req/s')} req/s | ratio ${r.ratio.toFixed(2)} | ${num(r.cpuUsPerRequest, 'µs')} µs | |`,
+        ? `| ${r.name} | – | – | – | – | not run: ${r.missing} |`
+        : `| ${r.name} | ${num(r.rps, 'req/s')} req/s | ratio ${r.ratio.toFixed(2)} | ${num(r.cpuUsPerRequest, 'µs')} µs | ${added(r.ttftAddedMs)} | |`,
     ),
-    `| stormgate (from the table above) | ${num(gateway.gateway, 'req/s')} req/s | ratio ${gateway.value.toFixed(2)} | ${cpu ? `${num(cpu.gateway, 'µs')} µs` : 'n/a'} | |`,
+    `| stormgate (from the table above) | ${num(gateway.gateway, 'req/s')} req/s | ratio ${gateway.value.toFixed(2)} | ${cpu ? `${num(cpu.gateway, 'µs')} µs` : 'n/a'} | ${added(ttft?.value)} | |`,
   ];
-  return ['| Proxy, same closed loop | Throughput | vs direct | CPU per request | |', '|---|---:|---:|---:|---|', ...rows].join('\n');
+  return ['| Proxy, same closed loop | Throughput | vs direct | CPU per request | Time to first token added | |', '|---|---:|---:|---:|---:|---|', ...rows].join('\n');
 }
 
 export interface Figure {
@@ -180,8 +185,8 @@ ${errorNote} ${noise}
 
 ## Reference proxies
 
-The throughput closed loop, in the same rounds, through proxies that apply no policy at all: what proxying alone
-costs on this machine. The minimal fastify proxy (bench/reference/fastify-proxy.mjs) is stormgate's own stack with
+The throughput closed loop (and, for a proxy that passes streams on as they come, the streams' time to first token),
+in the same rounds, through proxies that apply no policy at all: what proxying alone costs on this machine. The minimal fastify proxy (bench/reference/fastify-proxy.mjs) is stormgate's own stack with
 one request log line and nothing else; what separates it from stormgate is the pipeline (deadline, pool, budget,
 breaker, metrics, retries and the fuller log line).
 

@@ -1,6 +1,7 @@
 // The floor of the gateway's own stack: fastify + undici + one pino line per request, and no policy at all (no
 // deadline, pool, budget, breaker, metrics or retries). The overhead bench measures it next to the gateway, so the
-// report tells what the stack costs on this machine from what stormgate's pipeline adds.
+// report tells what the stack costs on this machine from what stormgate's pipeline adds. Streams (`stream: true`)
+// are piped through as they come, so their time to first token is the stack's too.
 // Plain JavaScript, run by node without a loader: nothing but the libraries is measured.
 //   node bench/reference/fastify-proxy.mjs <port> <upstream origin> <log file>
 import Fastify from 'fastify';
@@ -27,8 +28,9 @@ app.post('/v1/chat/completions', async (request, reply) => {
     headers: { 'content-type': 'application/json', authorization: 'Bearer sk-reference' },
     body: request.body.raw,
   });
-  const body = Buffer.from(await res.body.arrayBuffer());
-  return reply.code(res.statusCode).header('content-type', res.headers['content-type']).send(body);
+  reply.code(res.statusCode).header('content-type', res.headers['content-type']);
+  if (request.body.json.stream === true) return reply.send(res.body);
+  return reply.send(Buffer.from(await res.body.arrayBuffer()));
 });
 app.addHook('onResponse', async (request, reply) => {
   request.log.info({ method: request.method, path: request.url, status: reply.statusCode, durationMs: Math.round(reply.elapsedTime) }, 'request');
