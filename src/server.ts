@@ -15,7 +15,7 @@ import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
-import { createLogger } from './observability/logger.ts';
+import { accessLogger, createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { answerClientError, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { safeHeaders } from './http/header-safe.ts';
@@ -47,6 +47,7 @@ const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']
 
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
   const logger = deps.logger ?? createLogger(config);
+  const access = accessLogger(logger);
   const metrics = deps.metrics ?? createMetrics();
   const runtime = await createRuntime(config, { ...deps, logger, metrics });
   const recorder = new RequestRecorder(metrics, deps.now ?? Date.now);
@@ -88,7 +89,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const ends = new RequestEnds((request, reply, gone) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
-    logRequest(request, reply, gone);
+    logRequest(access, request, reply, gone);
   });
 
   /** Streams being sent, and the aborts of requests still in the pipeline, for the end of a drain's grace period. */

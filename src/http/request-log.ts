@@ -2,6 +2,7 @@
 // (route, target, attempts, outcome); and the one watch on the response that tells the pipeline its client has gone.
 import type { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Logger } from 'pino';
 
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean) => void;
 
@@ -75,9 +76,11 @@ export class RequestEnds {
   }
 }
 
-export function logRequest(request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
+/** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
+export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
   const s = request.stormgate;
   const line = {
+    reqId: request.id,
     method: request.method,
     path: request.routeOptions.url ?? request.url.split('?')[0],
     // A client that left before any header was written never saw a status.
@@ -99,6 +102,6 @@ export function logRequest(request: FastifyRequest, reply: FastifyReply, clientG
       ...(s.skipped.length > 0 && { skipped: s.skipped }),
     }),
   };
-  if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') request.log.warn(line, 'stream ended abnormally');
-  else request.log.info(line, 'request');
+  if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') log.warn(line, 'stream ended abnormally');
+  else log.info(line, 'request');
 }
