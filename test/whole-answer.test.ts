@@ -7,9 +7,11 @@ import { RequestAbort } from '../src/pipeline/request-abort.ts';
 let server: Server;
 let pool: Pool;
 let connections = 0;
+let requests = 0;
 
 beforeAll(async () => {
   server = createServer((req, res) => {
+    requests++;
     req.resume();
     const url = req.url ?? '/';
     if (url === '/small') return res.end(JSON.stringify({ ok: true }));
@@ -74,7 +76,10 @@ describe('requestWhole', () => {
     const pending = get('/slow', abort.signal);
     setTimeout(() => abort.abort(new Error('deadline')), 50);
     await expect(pending).rejects.toThrow('deadline');
+    // Already aborted: rejected without sending anything.
+    const sent = requests;
     await expect(get('/small', abort.signal)).rejects.toThrow('deadline');
+    expect(requests).toBe(sent);
   });
 
   it('rejects at once when aborted while still queued for a connection', async () => {

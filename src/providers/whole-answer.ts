@@ -28,6 +28,8 @@ export interface WholeRequest {
  * undici's own error for a connection that fails, and with the signal's reason when the signal aborts it.
  */
 export function requestWhole(dispatcher: Dispatcher, req: WholeRequest): Promise<WholeAnswer> {
+  // Nothing is sent for a request that is over already.
+  if (req.signal.aborted) return Promise.reject(req.signal.reason);
   return new Promise((resolve, reject) => {
     dispatcher.dispatch({ path: req.path, method: req.method, headers: req.headers, body: req.body }, new WholeAnswerHandler(req, resolve, reject));
   });
@@ -54,8 +56,7 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     private readonly resolve: (answer: WholeAnswer) => void,
     private readonly reject: (err: unknown) => void,
   ) {
-    if (req.signal.aborted) this.#onAbort();
-    else req.signal.addEventListener('abort', this.#onAbort, { once: true });
+    req.signal.addEventListener('abort', this.#onAbort, { once: true });
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
