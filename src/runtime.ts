@@ -177,7 +177,6 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   };
 }
 
-/** Counters for the label values the config makes known start at zero, so dashboards have data from the first scrape. */
 /**
  * Counters start at zero for the label values the config names, so the first increments show in rate() and
  * increase(): each route's primary target keys (the keys its traffic is counted under: a target's model, or each

@@ -80,13 +80,10 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) });
     const { headers } = res;
     const status = res.statusCode;
-    if (status < 200 || status >= 300) {
-      const { bytes } = await readUpTo(res.body, MAX_ERROR_BODY_BYTES);
-      return wholeResult(req, status, headers, bytes, true);
-    }
-    if (!isEventStream(headers)) {
-      const raw = await readWithin(res.body, MAX_ANSWER_BYTES, contentLengthOf(headers));
-      return wholeResult(req, status, headers, raw ?? Buffer.alloc(0), raw !== undefined);
+    // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other.
+    if (status < 200 || status >= 300 || !isEventStream(headers)) {
+      const { bytes, whole } = await readUpTo(res.body, bodyCap(status));
+      return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
     const first = await readUntilFirstOutput(req.api, res.body, translate);
@@ -200,12 +197,6 @@ function contentTypeOf(headers: HeaderBag): string | undefined {
   return Array.isArray(ct) ? ct[0] : ct;
 }
 
-function contentLengthOf(headers: HeaderBag): number | undefined {
-  const v = headers['content-length'];
-  const n = Number(Array.isArray(v) ? v[0] : v);
-  return v !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : undefined;
-}
-
 function isEventStream(headers: HeaderBag): boolean {
   return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
 }
@@ -226,14 +217,6 @@ function notJson(headers: HeaderBag, body: Buffer): string | undefined {
   if (first >= body.length) return 'the upstream answered with an empty body';
   if (body[first] !== 0x7b || body[last] !== 0x7d) return 'the upstream answer is not a whole JSON object';
   return undefined;
-}
-
-/** The whole body, or undefined (the rest discarded) once it passes maxBytes. */
-export async function readWithin(body: Dispatcher.ResponseData['body'], maxBytes: number, contentLength: number | undefined): Promise<Buffer | undefined> {
-  // The usual answer says its length: read in one go (undici's own consumer, the fast path).
-  if (contentLength !== undefined && contentLength <= maxBytes) return Buffer.from(await body.arrayBuffer());
-  const { bytes, whole } = await readUpTo(body, maxBytes);
-  return whole ? bytes : undefined;
 }
 
 /** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */

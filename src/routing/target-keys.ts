@@ -51,7 +51,7 @@ export class TargetKeys {
   forget(provider: string, model: string): string | undefined {
     const key = `${provider}/${model}`;
     if (!this.#learned.get(provider)?.delete(model)) return this.#refused.has(key) ? key : undefined;
-    this.#refused.add(`${provider}/${model}`);
+    this.#refused.add(key);
     // Bounded too: the oldest refusal goes first (a Set keeps insertion order).
     if (this.#refused.size > MAX_REFUSED) this.#refused.delete(this.#refused.values().next().value!);
     return key;
