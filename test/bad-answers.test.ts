@@ -13,6 +13,10 @@ const WRONG: Record<string, Wrong> = {
   html: { contentType: 'text/html; charset=utf-8', body: '<html><body>Please log in to the Wi-Fi</body></html>' },
   empty: { contentType: 'application/json', body: '' },
   truncated: { contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.comp' },
+  // A router's error delivered with a 200 (OpenRouter does this), and JSON with no choice in it.
+  'an error object': { contentType: 'application/json', body: '{"error":{"message":"Provider returned error","code":502}}' },
+  'an empty object': { contentType: 'application/json', body: '{}' },
+  'no choices': { contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.completion","choices": [ ]}' },
 };
 
 let upstream: Server | undefined;

@@ -149,6 +149,14 @@ describe('${VAR} interpolation', () => {
     expect(configError(embeddings + '    degraded: { message: sorry }\n').message).toMatch(/routes\[0\]\.degraded: degraded answers are chat completions/);
   });
 
+  it('rejects an anthropic target on any path but chat completions, the one API it is translated for', () => {
+    const onPath = (path: string) => valid().replace('/v1/chat/completions', path).replace('routes:', '  claude:\n    family: anthropic\n    baseUrl: https://api.anthropic.com\n    apiKey: k\nroutes:').replace('{ provider: openai }', '{ provider: claude }');
+    expect(configError(onPath('/v1/messages')).message).toMatch(/routes\[0\]\.targets\[0\]: anthropic targets serve \/v1\/chat\/completions only, not \/v1\/messages/);
+    expect(configError(onPath('/v1/responses')).message).toMatch(/anthropic targets serve \/v1\/chat\/completions only, not \/v1\/responses/);
+    expect(configError(onPath('/v1/embeddings')).message).toMatch(/anthropic has no embeddings API/);
+    expect(() => parseConfig(onPath('/v1/chat/completions'), 'gw.yaml', env)).not.toThrow();
+  });
+
   it('reports every unset variable with the path and line where it is used', () => {
     const text = valid().replace('https://api.openai.com/v1', '${BASE_URL}');
     const e = configError(text, {});

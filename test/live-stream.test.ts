@@ -10,15 +10,17 @@ const chunk = (index: number, content: string, finish: string | null = null): st
   `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index, delta: { content }, finish_reason: finish }] })}\n\n`;
 const usageChunk = `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 3, completion_tokens: 5, total_tokens: 8 } })}\n\n`;
 const DONE = 'data: [DONE]\n\n';
+const KEY = 'sk-live-stream-provider-key';
 
-/** A step of the upstream: text it sends, or a pause in ms. Like undici's body, it fails once its request is aborted. */
-type Step = string | number;
+/** A step of the upstream: text it sends, a pause in ms, or an error (a reset). Like undici's body, it fails once its request is aborted. */
+type Step = string | number | Error;
 
 function upstream(controller: AbortController, steps: Step[]): AsyncIterator<Buffer> {
   return (async function* () {
     for (const step of steps) {
       controller.signal.throwIfAborted();
       if (typeof step === 'number') await sleep(step, undefined, { signal: controller.signal });
+      else if (step instanceof Error) throw step;
       else yield Buffer.from(step);
     }
     controller.signal.throwIfAborted();
@@ -42,6 +44,7 @@ function liveStream(first: string, rest: Step[], shape: StreamShape, idleMs = 2_
     requestSignal: new AbortController().signal,
     detach: () => undefined,
     idleMs,
+    apiKey: KEY,
   });
   const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
   return { live, ended };
@@ -72,6 +75,22 @@ describe('LiveStream: when an answer is whole', () => {
     const text = await readAll(live);
     expect(text.endsWith(DONE)).toBe(true);
     expect((await ended).kind).toBe('done-added');
+  });
+
+  it('a finished answer whose connection is reset before [DONE] gets [DONE], not an error', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop'), 50, new Error('other side closed')], { choices: 1, usage: false });
+    const text = await readAll(live);
+    expect(text).not.toContain('stream_interrupted');
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('done-added');
+  });
+
+  it('with n = 2, one choice finished and the connection reset is a cut', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), new Error('other side closed')], { choices: 2, usage: false });
+    const text = await readAll(live);
+    expect(text).not.toContain('[DONE]');
+    expect(text).toContain('the upstream stream was cut: other side closed');
+    expect((await ended).kind).toBe('cut');
   });
 
   it('with n = 3 from a provider that ignores n, one finished choice is a whole answer', async () => {
@@ -164,5 +183,12 @@ describe('LiveStream: idle timer', () => {
     expect(text).toContain('"error":{"message":"the upstream stream failed: model overloaded"');
     expect(text).not.toContain('chunk(0');
     expect((await ended).kind).toBe('upstream-error');
+  });
+
+  it('takes the provider\'s key out of an error event that quotes it', async () => {
+    const { live } = liveStream(chunk(0, 'a'), [`data: {"error":{"message":"bad key ${KEY} for model","type":"server_error"}}\n\n`], { choices: 1, usage: false });
+    const text = await readAll(live);
+    expect(text).toContain('"message":"bad key [redacted] for model"');
+    expect(text).not.toContain(KEY);
   });
 });

@@ -76,6 +76,23 @@ describe('the parking lot', () => {
     expect(releasedAt).toEqual([1_500, 1_530, 1_560, 1_590, 1_620, 1_650, 1_680, 1_710, 1_740, 1_770]);
   });
 
+  it('keeps deadline order inside the release window, whatever order the random draws come in', async () => {
+    state = { mode: 'blocked', availableAtMs: 1_000 };
+    const draws = [0.9, 0.5, 0.1];
+    random = () => draws.shift()!;
+    const released: Array<[number, number]> = [];
+    for (const d of [30_000, 10_000, 20_000]) void lot.park('t', opts(d)).then((r) => r.kind === 'released' && released.push([d, Date.now()]));
+    await vi.advanceTimersByTimeAsync(999);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    // Window: 0.2 x 1 s = 200 ms; the draws, sorted, go to the requests in deadline order.
+    expect(released).toEqual([
+      [10_000, 1_020],
+      [20_000, 1_100],
+      [30_000, 1_180],
+    ]);
+  });
+
   it('caps the release window at a second, and at half of what is left of a request\'s deadline', async () => {
     state = { mode: 'blocked', availableAtMs: 30_000 };
     random = () => 0.99;

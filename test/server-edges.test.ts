@@ -128,6 +128,31 @@ describe('headers across the gateway', () => {
   });
 });
 
+describe('a provider error that quotes the provider key', () => {
+  it('reaches the client without the key, on a managed route', async () => {
+    stack = await startStack({ faults: { errors: [{ status: 400, rate: 1, code: 'invalid_value', message: `the key ${TEST_KEY} may not use this model` }] } });
+    const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] } });
+    expect(res.statusCode).toBe(400);
+    expect(res.body).not.toContain(TEST_KEY);
+    expect(res.json()).toMatchObject({ error: { code: 'invalid_value', message: 'the key [redacted] may not use this model' } });
+  });
+
+  it('reaches the client without the key, on a passthrough path', async () => {
+    stack = await startStack({
+      faults: { errors: [{ status: 500, rate: 1, message: `internal error for ${TEST_KEY}` }] },
+      config: (url) => {
+        const base = defaultConfig(url);
+        return { ...base, routes: base.routes.filter((r) => r.name !== 'embeddings'), passthrough: { provider: 'mock', paths: ['/v1/embeddings'], methods: ['POST'] } };
+      },
+    });
+    const res = await fetch(`${stack.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'text-embedding-3-small', input: 'x' }) });
+    const text = await res.text();
+    expect(res.status).toBe(500);
+    expect(text).not.toContain(TEST_KEY);
+    expect(JSON.parse(text)).toMatchObject({ error: { message: 'internal error for [redacted]' } });
+  });
+});
+
 describe('passthrough', () => {
   it('is off by default: the gateway is no open relay for the provider key', async () => {
     stack = await startStack({});

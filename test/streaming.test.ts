@@ -117,6 +117,10 @@ describe('streaming', () => {
     expect(raw.text).not.toContain('{not json');
     const text = await collect(s);
     expect(text.length).toBeGreaterThan(0);
+    // Dropped, but not in silence: the client never saw that event's text.
+    const lines = s.logs.map((l) => JSON.parse(l) as { msg: string; level: number; droppedMalformed?: number }).filter((l) => l.droppedMalformed !== undefined);
+    expect(lines).toHaveLength(2);
+    expect(lines[0]).toMatchObject({ msg: 'stream events dropped as malformed', level: 40, droppedMalformed: 1 });
   });
 
   it('finalises a finished stream that ends without [DONE]', async () => {

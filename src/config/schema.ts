@@ -357,18 +357,27 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
   const targets = [...route.targets, ...(route.contextWindowFallback ? [route.contextWindowFallback] : [])];
   const family = (t: { provider: string }) => cfg.providers[t.provider]?.family;
   const at = (j: number) => (j < route.targets.length ? ['routes', i, 'targets', j] : ['routes', i, 'contextWindowFallback']);
+  // Anthropic is translated from chat completions only: on any other path every request would be refused as the client's fault.
+  if (route.match.path !== '/v1/chat/completions') {
+    targets.forEach((t, j) => {
+      if (family(t) !== 'anthropic') return;
+      const message =
+        route.match.path === '/v1/embeddings'
+          ? 'anthropic has no embeddings API; embeddings fall back only to the same model at another OpenAI-compatible provider'
+          : `anthropic targets serve /v1/chat/completions only, not ${route.match.path}`;
+      ctx.addIssue({ code: 'custom', path: at(j), message });
+    });
+  }
   if (route.match.path === '/v1/embeddings') {
     targets.forEach((t, j) => {
-      if (family(t) === 'anthropic') ctx.addIssue({ code: 'custom', path: at(j), message: 'anthropic has no embeddings API; embeddings fall back only to the same model at another OpenAI-compatible provider' });
       if (j > 0 && t.model !== targets[0]!.model) {
         ctx.addIssue({ code: 'custom', path: [...at(j), 'model'], message: 'embeddings fall back only to the same model (a vector from another model lives in another space): every target needs the same `model`' });
       }
     });
   }
-  if (route.match.path === '/v1/responses' || route.match.path === '/v1/completions') {
+  if (route.match.path === '/v1/responses') {
     targets.forEach((t, j) => {
-      if (family(t) === 'anthropic') ctx.addIssue({ code: 'custom', path: at(j), message: `anthropic targets serve /v1/chat/completions only, not ${route.match.path}` });
-      else if (j > 0 && route.match.path === '/v1/responses' && family(t) !== family(targets[0]!)) {
+      if (j > 0 && family(t) !== 'anthropic' && family(t) !== family(targets[0]!)) {
         ctx.addIssue({ code: 'custom', path: at(j), message: '/v1/responses falls back only within the same API family' });
       }
     });

@@ -98,10 +98,14 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       ttftMs: s.ttftMs,
       upstreamRequestId: s.upstreamRequestId,
       streamEnd: s.streamEnd?.kind,
+      ...(s.streamEnd?.droppedMalformed && { droppedMalformed: s.streamEnd.droppedMalformed }),
       fallback: s.fallback,
       ...(s.skipped.length > 0 && { skipped: s.skipped }),
     }),
   };
-  if (s?.streamEnd && s.streamEnd.kind !== 'complete' && s.streamEnd.kind !== 'client-gone') log.warn(line, 'stream ended abnormally');
+  const end = s?.streamEnd;
+  if (end && end.kind !== 'complete' && end.kind !== 'client-gone') log.warn(line, 'stream ended abnormally');
+  // Dropped events are text the client never saw: worth a warning even when the stream ended well.
+  else if (end && end.droppedMalformed > 0) log.warn(line, 'stream events dropped as malformed');
   else log.info(line, 'request');
 }

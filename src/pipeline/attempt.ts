@@ -12,6 +12,8 @@ import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
+import { notAnAnswer } from '../providers/answer-shape.ts';
+import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 
@@ -107,6 +109,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       requestSignal: req.requestSignal,
       detach: release,
       idleMs,
+      apiKey: req.client.config.apiKey,
     });
     return { outcome: { kind: 'ok', status }, status, headers, stream, ttftMs: req.now() - startedAt };
   } catch (err) {
@@ -129,7 +132,8 @@ function bodyCap(status: number): number {
  */
 function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag, raw: Buffer, whole: boolean): AttemptResult {
   if (statusCode < 200 || statusCode >= 300) {
-    const { status, body } = req.translator ? req.translator.error(statusCode, raw) : { status: statusCode, body: raw };
+    const error = withoutKey(raw, req.client.config.apiKey);
+    const { status, body } = req.translator ? req.translator.error(statusCode, error) : { status: statusCode, body: error };
     return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
   }
   const status = statusCode;
@@ -142,7 +146,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
       ? undefined
       : req.stream && STREAMING_APIS.has(req.api)
         ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
-        : notJson(headers, raw);
+        : notAnAnswer(req.api, contentTypeOf(headers), raw, req.translator === undefined);
   if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
@@ -199,24 +203,6 @@ function contentTypeOf(headers: HeaderBag): string | undefined {
 
 function isEventStream(headers: HeaderBag): boolean {
   return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
-}
-
-const WHITESPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
-
-/**
- * Why a whole answer is not a JSON object, or undefined when it looks like one. A look at the content-type and
- * the first and last bytes, not a parse: the hot path does not parse answers it only forwards.
- */
-function notJson(headers: HeaderBag, body: Buffer): string | undefined {
-  const ct = contentTypeOf(headers);
-  if (ct !== undefined && !ct.includes('json')) return `the upstream answered ${ct.split(';')[0]}, not JSON`;
-  let first = 0;
-  while (first < body.length && WHITESPACE.has(body[first]!)) first++;
-  let last = body.length - 1;
-  while (last > first && WHITESPACE.has(body[last]!)) last--;
-  if (first >= body.length) return 'the upstream answered with an empty body';
-  if (body[first] !== 0x7b || body[last] !== 0x7d) return 'the upstream answer is not a whole JSON object';
-  return undefined;
 }
 
 /** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */

@@ -6,6 +6,7 @@ import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
 import { choiceIndexes, errorEventForClient, eventMeaning, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { usageOf, type Usage } from '../streaming/usage.ts';
+import { withoutKey } from '../providers/key-echo.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
 
@@ -43,6 +44,8 @@ export interface LiveStreamOptions {
   /** Releases the attempt's listeners once the stream is over. */
   detach: () => void;
   idleMs: number;
+  /** The provider's key, taken out of the error events it sends (providers/key-echo.ts). */
+  apiKey: string;
 }
 
 /** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
@@ -137,7 +140,8 @@ export class LiveStream {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
         this.#kind = 'client-gone';
-      } else if (reason instanceof AttemptTimeout && this.#whole()) {
+      } else if (this.#whole()) {
+        // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
         this.#kind = 'done-added';
         yield 'data: [DONE]\n\n';
       } else if (reason instanceof GatewayShutdown) {
@@ -178,7 +182,7 @@ export class LiveStream {
         continue;
       }
       this.#events++;
-      out.push(meaning === 'error' ? errorEventForClient(api, ev) : `${ev.raw}\n\n`);
+      out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (ev.data !== null && ev.data.includes('"usage"')) {
         try {

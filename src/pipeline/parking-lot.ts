@@ -190,12 +190,20 @@ export class ParkingLot {
     this.#wakeAt(target, q, Math.min(next, now + 250));
   }
 
-  /** The target is back: each request parked now gets its moment in the window, never past half its time left nor its cut-off. */
+  /**
+   * The target is back: each request parked now gets its moment in the window, never past half its time left nor its
+   * cut-off. The random moments are sorted before they are handed out in deadline order: drawn per request, a request
+   * unlucky in window after window (a provider that keeps asking for short pauses) would wait out its whole deadline
+   * while later ones went.
+   */
   #spread(q: Queue, now: number): void {
     const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - q.blockedSinceMs!));
     q.blockedSinceMs = undefined;
     q.spreadUntilMs = now + windowMs;
-    for (const e of q.entries) e.notBeforeMs = now + Math.min(windowMs * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
+    const moments = q.entries.map(() => windowMs * this.#deps.random()).sort((a, b) => a - b);
+    q.entries.forEach((e, i) => {
+      e.notBeforeMs = now + Math.min(moments[i]!, (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
+    });
   }
 
   #wakeAt(target: string, q: Queue, atMs: number): void {

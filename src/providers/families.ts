@@ -94,7 +94,9 @@ function anthropicTranslator(model: string, includeUsage: boolean): ResponseTran
       return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
     },
     body(body) {
-      const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage;
+      const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage | null;
+      // Anything but a message (`{}`, an error with a 200) would become an empty "successful" completion.
+      if (msg?.type !== 'message' || !Array.isArray(msg.content)) throw new Error('the answer is not an Anthropic message');
       return Buffer.from(JSON.stringify(toOpenAIResponse(msg, { model })));
     },
     stream() {

@@ -4,6 +4,7 @@ import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
+import { withoutKey } from './key-echo.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -49,6 +50,13 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           return out as typeof headers;
         },
         onResponse: (_request, reply, res) => {
+          if (res.statusCode >= 400 && !CREDENTIAL_STATUSES.has(res.statusCode) && !reply.getHeader('content-encoding')) {
+            // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
+            return void readError(res.stream).then(
+              (body) => reply.removeHeader('content-length').send(withoutKey(body, provider.apiKey)),
+              (err: Error) => reply.send(err),
+            );
+          }
           if (!CREDENTIAL_STATUSES.has(res.statusCode)) return reply.send(res.stream);
           res.stream.resume();
           for (const name of ['content-length', 'content-encoding', 'content-type', 'transfer-encoding']) reply.removeHeader(name);
@@ -61,4 +69,18 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       },
     });
   }
+}
+
+/** An error body longer than this is cut there: errors are a few hundred bytes, and the client still gets one. */
+const MAX_ERROR_BYTES = 64 * 1024;
+
+async function readError(stream: AsyncIterable<Buffer>): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of stream) {
+    chunks.push(chunk);
+    size += chunk.length;
+    if (size >= MAX_ERROR_BYTES) break;
+  }
+  return Buffer.concat(chunks).subarray(0, MAX_ERROR_BYTES);
 }
