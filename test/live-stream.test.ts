@@ -185,6 +185,19 @@ describe('LiveStream: idle timer', () => {
     expect((await ended).kind).toBe('upstream-error');
   });
 
+  it('drops a malformed event in text, but ends a tool call it would corrupt with an error event', async () => {
+    const text = liveStream(chunk(0, 'Hel'), ['data: {not json\n\n', chunk(0, 'lo', 'stop'), DONE], { choices: 1, usage: false });
+    expect(await readAll(text.live)).toContain('[DONE]');
+    expect(await text.ended).toMatchObject({ kind: 'complete', droppedMalformed: 1 });
+    const args = (a: string) => `data: ${JSON.stringify({ id: 'c1', choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: a } }] }, finish_reason: null }] })}\n\n`;
+    const tool = liveStream(args('{"x"'), ['data: {not json\n\n', args(':1}'), chunk(0, '', 'tool_calls'), DONE], { choices: 1, usage: false });
+    const out = await readAll(tool.live);
+    expect(out).toContain('malformed event inside a tool call');
+    expect(out).not.toContain(':1}');
+    expect(out).not.toContain('[DONE]');
+    expect(await tool.ended).toMatchObject({ kind: 'cut', droppedMalformed: 1 });
+  });
+
   it('takes the provider\'s key out of an error event that quotes it', async () => {
     const { live } = liveStream(chunk(0, 'a'), [`data: {"error":{"message":"bad key ${KEY} for model","type":"server_error"}}\n\n`], { choices: 1, usage: false });
     const text = await readAll(live);

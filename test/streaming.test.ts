@@ -123,6 +123,17 @@ describe('streaming', () => {
     expect(lines[0]).toMatchObject({ msg: 'stream events dropped as malformed', level: 40, droppedMalformed: 1 });
   });
 
+  it('ends a tool call broken by a malformed event with an error the SDK raises, never with corrupt arguments', async () => {
+    const s = await start({ faults: { stream: { chunks: 5, malformedAtChunk: 2 } } });
+    const tools = [{ type: 'function' as const, function: { name: 'lookup', parameters: { type: 'object', properties: { x: { type: 'number' } } } } }];
+    const outcome = await sdk(s)
+      .chat.completions.stream({ model: 'gpt-4o', messages: [{ role: 'user', content: 'call it' }], tools })
+      .finalChatCompletion()
+      .then((c) => `answered: ${c.choices[0]?.message.tool_calls?.map((t) => (t.type === 'function' ? t.function.arguments : '')).join()}`, (e: Error) => e.message);
+    expect(outcome).toMatch(/malformed event inside a tool call/);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
   it('finalises a finished stream that ends without [DONE]', async () => {
     const s = await start({ faults: { stream: { omitDone: true } } });
     const raw = await rawStream(s);

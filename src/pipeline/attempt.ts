@@ -10,7 +10,7 @@ import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
-import { LiveStream } from './live-stream.ts';
+import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { notAnAnswer } from '../providers/answer-shape.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -101,7 +101,6 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       shape: req.shape,
       head: first.head,
       pending: first.pending,
-      droppedBeforeStart: first.dropped,
       parser: first.parser,
       iterator: first.iterator,
       translate,
@@ -223,13 +222,13 @@ async function readUpTo(body: Dispatcher.ResponseData['body'], maxBytes: number)
 }
 
 type FirstOutput =
-  | { head: string; pending: SseEvent[]; dropped: number; parser: SseParser; iterator: AsyncIterator<Buffer> }
+  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer> }
   | { failure: string };
 
 /**
  * Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order.
- * Events are translated one at a time: once output has come, an event the translator cannot read is dropped (as the
- * LiveStream drops it later), even when it arrived in the same read; only before any output does it fail the attempt.
+ * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
+ * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
  */
 async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body'], translate: StreamTranslator | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
@@ -260,8 +259,7 @@ async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData[
         if (meaning === 'done') return { failure: 'stream ended before any output' };
         if (meaning === 'output' || meaning === 'finish') {
           // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
-          const rest = translateRest(raw.slice(r + 1), translate);
-          return { head, pending: [...events.slice(i), ...rest.events], dropped: rest.dropped, parser, iterator };
+          return { head, pending: [...events.slice(i), ...translatedAfterOutput(raw.slice(r + 1), translate)], parser, iterator };
         }
         head += `${ev.raw}\n\n`;
       }
@@ -269,17 +267,3 @@ async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData[
   }
 }
 
-/** The events after the first output in the same read, translated; the ones the translator cannot read, counted. */
-function translateRest(raw: SseEvent[], translate: StreamTranslator | undefined): { events: SseEvent[]; dropped: number } {
-  if (!translate) return { events: raw, dropped: 0 };
-  const events: SseEvent[] = [];
-  let dropped = 0;
-  for (const ev of raw) {
-    try {
-      events.push(...translate.push(ev));
-    } catch {
-      dropped++;
-    }
-  }
-  return { events, dropped };
-}

@@ -33,8 +33,6 @@ export interface LiveStreamOptions {
   head: string;
   /** Events already parsed, starting with the first output event. */
   pending: SseEvent[];
-  /** Events of the first read that the translator could not read (dropped, counted as malformed). */
-  droppedBeforeStart?: number;
   parser: SseParser;
   iterator: AsyncIterator<Buffer>;
   /** Another family's events into OpenAI ones (Anthropic); undefined for OpenAI-compatible targets. */
@@ -48,6 +46,28 @@ export interface LiveStreamOptions {
   apiKey: string;
 }
 
+/** What an event carrying a tool call's arguments contains: chat and completions, and the Responses API. */
+const TOOL_CALL_DELTA = ['"tool_calls"', 'function_call_arguments.delta', 'custom_tool_call_input.delta'];
+/** Stands in for an event the translator could not read, so it is judged (and counted) as any malformed one. */
+const UNTRANSLATABLE: SseEvent = { raw: '', data: 'untranslatable', event: null };
+
+/**
+ * Events after the first output, translated (Anthropic); one the translator cannot read becomes a malformed event,
+ * dropped or, inside a tool call, the end of the stream, as the LiveStream judges any malformed event.
+ */
+export function translatedAfterOutput(events: SseEvent[], translate: StreamTranslator | undefined): SseEvent[] {
+  if (!translate) return events;
+  const out: SseEvent[] = [];
+  for (const ev of events) {
+    try {
+      out.push(...translate.push(ev));
+    } catch {
+      out.push(UNTRANSLATABLE);
+    }
+  }
+  return out;
+}
+
 /** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
 const AFTER_FINISH_GRACE_MS = 1_000;
 /** A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on. */
@@ -57,12 +77,10 @@ export class LiveStream {
   #ended: StreamEnd | undefined;
   readonly #opts: LiveStreamOptions;
   readonly #finishers: Array<() => void> = [];
-  #droppedByTranslator = 0;
   onEnd: ((end: StreamEnd) => void) | undefined;
 
   constructor(opts: LiveStreamOptions) {
     this.#opts = opts;
-    this.#droppedByTranslator = opts.droppedBeforeStart ?? 0;
   }
 
   // Where the answer stands; read by #take as events pass, and by #finish when it ends.
@@ -74,6 +92,8 @@ export class LiveStream {
   /** With n > 1, the choices that have come at all: a provider that ignores `n` sends only one. */
   readonly #seenIndexes = new Set<number>();
   #graceArmed = false;
+  /** A tool call's arguments are on their way (until a finish): a malformed event now would corrupt them. */
+  #toolCallOpen = false;
   #kind: StreamEndKind = 'client-gone';
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
@@ -179,11 +199,19 @@ export class LiveStream {
       const meaning = eventMeaning(api, ev);
       if (meaning === 'malformed') {
         this.#dropped++;
+        // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
+        if (this.#toolCallOpen) {
+          this.#kind = 'cut';
+          out.push(streamErrorEvent(api, 'the upstream sent a malformed event inside a tool call, whose arguments would be incomplete', 'stream_interrupted'));
+          return true;
+        }
         continue;
       }
       this.#events++;
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
+      if (meaning === 'finish') this.#toolCallOpen = false;
+      else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.some((mark) => ev.data!.includes(mark));
       if (ev.data !== null && ev.data.includes('"usage"')) {
         try {
           this.#usage = usageOf(JSON.parse(ev.data)) ?? this.#usage;
@@ -280,7 +308,7 @@ export class LiveStream {
   #finish(kind: StreamEndKind): void {
     if (this.#ended) return;
     clearTimeout(this.#idle);
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped + this.#droppedByTranslator, ...(this.#usage && { usage: this.#usage }) };
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(this.#usage && { usage: this.#usage }) };
     this.#ended = end;
     if (!this.#opts.controller.signal.aborted) this.#opts.controller.abort();
     this.#opts.detach();
@@ -292,19 +320,8 @@ export class LiveStream {
     return this.#ended;
   }
 
-  /** Translated events; an event the translator cannot read is dropped like any malformed one. */
   #translated(events: SseEvent[]): SseEvent[] {
-    const t = this.#opts.translate;
-    if (!t) return events;
-    const out: SseEvent[] = [];
-    for (const ev of events) {
-      try {
-        out.push(...t.push(ev));
-      } catch {
-        this.#droppedByTranslator++;
-      }
-    }
-    return out;
+    return translatedAfterOutput(events, this.#opts.translate);
   }
 
   #awaitingUpstream = false;
