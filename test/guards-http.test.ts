@@ -146,6 +146,27 @@ describe('the circuit breaker', () => {
     expect(await metric(s, 'stormgate_parked_requests')).toBe(0);
   });
 
+  it('lets the next probe go when one hangs past its permit, instead of holding the parked requests to their deadline', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, timeoutMs: 9_000 },
+      provider: { breaker: { probeWhileParkedMs: 200, closeAfter: 1 }, timeouts: { firstTokenMs: 700 } },
+    });
+    await openBreaker(s);
+    // The provider hangs: the first probe never answers. Then it recovers.
+    s.mock.setFaults({ hangRate: 1 });
+    const pending = Array.from({ length: 5 }, () => chat(s));
+    await sleep(500);
+    s.mock.setFaults({});
+    const started = Date.now();
+    const doneAt: number[] = [];
+    const results = await Promise.all(pending.map((p) => p.then((r) => (doneAt.push(Date.now() - started), r))));
+    // The request that lent its attempt to the hung probe waits for it to its deadline; the others need not: the
+    // probe's permit (firstTokenMs, 700 ms) is over long before their deadline (9 s), and the next probe goes then.
+    expect(results.map((r) => r.res.status).sort()).toEqual([200, 200, 200, 200, 504]);
+    expect(doneAt.sort((a, b) => a - b)[3]).toBeLessThan(4_000);
+  });
+
   it('answers a parked request at its deadline with 504 and x-should-retry: false', async () => {
     const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: FAST, minAttemptMs: 100 } });
     await openBreaker(s);

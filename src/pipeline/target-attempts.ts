@@ -154,7 +154,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
 
     const previous = ctx.attempts.at(-1);
     const headers = previous?.target === plan.label ? { ...upstream.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : upstream.headers;
+    // A probe holds the parking lot's probing slot no longer than the breaker's permit: one that hangs must not keep
+    // the next probe (and every parked request) waiting until its own deadline. done() is once only.
+    const heldTicket = ticket;
+    const slotTimer = admission.permit && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
     const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now);
+    clearTimeout(slotTimer);
     if (attempt.kind === 'shed') {
       ticket?.done();
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
