@@ -38,15 +38,25 @@ describe('the breaker state machine', () => {
 
   it('closes after closeAfter probe successes with a fresh window, and one failure reopens it', () => {
     let rec = opened(closed, s, 0, () => 0);
-    rec = afterProbe(rec, 'success', s, 31_000, () => 0)!;
+    rec = afterProbe(rec, 'success', s, 31_000, () => 0, 0)!;
     expect(rec).toMatchObject({ state: 'half-open', probeSuccesses: 1 });
-    rec = afterProbe(rec, 'success', s, 31_100, () => 0)!;
+    rec = afterProbe(rec, 'success', s, 31_100, () => 0, 0)!;
     expect(rec).toMatchObject({ state: 'half-open', probeSuccesses: 2 });
-    const reopened = afterProbe(rec, 'failure', s, 31_200, () => 0)!;
+    const reopened = afterProbe(rec, 'failure', s, 31_200, () => 0, 0)!;
     expect(reopened).toMatchObject({ state: 'open', sinceMs: 31_200, openUntilMs: 61_200 });
-    const closedAgain = afterProbe(rec, 'success', s, 31_300, () => 0)!;
+    const closedAgain = afterProbe(rec, 'success', s, 31_300, () => 0, 0)!;
     expect(closedAgain).toMatchObject({ state: 'closed', probeSuccesses: 0 });
     expect(closedAgain.generation).toBeGreaterThan(rec.generation);
+  });
+
+  it('ignores a probe success from before the breaker last reopened, so a late answer does not undo the reopen', () => {
+    const open = opened(closed, s, 0, () => 0);
+    const half = afterProbe(open, 'success', s, 31_000, () => 0, open.sinceMs)!;
+    // Two probes out in the half-open spell: one fails (reopened), the other's success comes after.
+    const reopened = afterProbe(half, 'failure', s, 31_200, () => 0, half.sinceMs)!;
+    expect(afterProbe(reopened, 'success', s, 31_230, () => 0, half.sinceMs)).toBeUndefined();
+    // A probe taken in this open spell counts as before.
+    expect(afterProbe(reopened, 'success', s, 61_300, () => 0, reopened.sinceMs)).toMatchObject({ state: 'half-open', probeSuccesses: 1 });
   });
 
   it('counts an attempt cut short by the client as a failure only past slowCallMs', () => {
@@ -56,12 +66,12 @@ describe('the breaker state machine', () => {
 
   it('tells a state change from a record that keeps the state (a probe that leaves it open or half-open)', () => {
     const open = opened(closed, s, 0, () => 0);
-    const half = afterProbe(open, 'success', s, 31_000, () => 0)!;
+    const half = afterProbe(open, 'success', s, 31_000, () => 0, 0)!;
     expect(changesState(closed, open)).toBe(true);
     expect(changesState(open, half)).toBe(true);
-    expect(changesState(half, afterProbe(half, 'success', s, 31_100, () => 0)!)).toBe(false);
-    expect(changesState(open, afterProbe(open, 'failure', s, 31_000, () => 0)!)).toBe(false);
-    expect(changesState(half, afterProbe(half, 'failure', s, 31_000, () => 0)!)).toBe(true);
+    expect(changesState(half, afterProbe(half, 'success', s, 31_100, () => 0, 0)!)).toBe(false);
+    expect(changesState(open, afterProbe(open, 'failure', s, 31_000, () => 0, 0)!)).toBe(false);
+    expect(changesState(half, afterProbe(half, 'failure', s, 31_000, () => 0, 0)!)).toBe(true);
   });
 
   it('after Redis was away, lets a breaker opened alone and still open outrank only an older record that is not open', () => {
@@ -102,7 +112,7 @@ describe('the breaker board over a store', () => {
     expect(await b.admit('p/m', s, false, 1_000)).toEqual({ admitted: false, availableAtMs: 40_000 });
     advance(30_000);
     const probe = await b.admit('p/m', s, false, 1_000);
-    expect(probe.admitted && probe.permit).toBeTruthy();
+    expect(probe.admitted && probe.probe).toBeTruthy();
   });
 
   it('a success resets the run of failures', async () => {
@@ -128,10 +138,10 @@ describe('the breaker board over a store', () => {
     const first = await Promise.all([1, 2].map(() => b.admit('p/m', s, false, 5_000)));
     expect(first.filter((p) => p.admitted)).toHaveLength(1);
     const probe = first.find((p) => p.admitted)!;
-    await b.record('p/m', s, 'success', 10, probe.admitted ? probe.permit : undefined);
+    await b.record('p/m', s, 'success', 10, probe.admitted ? probe.probe : undefined);
     const next = await Promise.all([1, 2, 3, 4].map(() => b.admit('p/m', s, false, 5_000)));
     expect(next.filter((p) => p.admitted)).toHaveLength(3);
-    for (const p of next) if (p.admitted) await b.record('p/m', s, 'success', 10, p.permit);
+    for (const p of next) if (p.admitted) await b.record('p/m', s, 'success', 10, p.probe);
     // The second success keeps it half-open: a new record, not a transition (counted and logged once per change).
     expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->closed']);
     expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(true);
@@ -144,16 +154,16 @@ describe('the breaker board over a store', () => {
       advance(31_000);
       const probe = await b.admit('p/m', s, false, 5_000);
       expect(probe.admitted).toBe(true);
-      await b.record('p/m', s, 'failure', 10, probe.admitted ? probe.permit : undefined);
+      await b.record('p/m', s, 'failure', 10, probe.admitted ? probe.probe : undefined);
       expect(store.getBreaker('p/m')).toMatchObject({ state: 'open', generation: cycle + 2 });
       expect((await b.admit('p/m', s, false, 1_000)).admitted).toBe(false);
     }
     // Half-open, then a failed probe: that one is a change.
     advance(31_000);
     const ok = await b.admit('p/m', s, false, 5_000);
-    await b.record('p/m', s, 'success', 10, ok.admitted ? ok.permit : undefined);
+    await b.record('p/m', s, 'success', 10, ok.admitted ? ok.probe : undefined);
     const bad = await b.admit('p/m', s, false, 5_000);
-    await b.record('p/m', s, 'failure', 10, bad.admitted ? bad.permit : undefined);
+    await b.record('p/m', s, 'failure', 10, bad.admitted ? bad.probe : undefined);
     expect(transitions).toEqual(['p/m:closed->open', 'p/m:open->half-open', 'p/m:half-open->open']);
   });
 

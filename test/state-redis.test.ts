@@ -141,7 +141,7 @@ describe('breaker transitions across the fleet', () => {
     const probe = async (on: BreakerBoard, verdict: 'success' | 'failure') => {
       const admission = await on.admit('p/m', s, false, 5_000);
       expect(admission.admitted).toBe(true);
-      await on.record('p/m', s, verdict, 10, admission.admitted ? admission.permit : undefined);
+      await on.record('p/m', s, verdict, 10, admission.admitted ? admission.probe : undefined);
     };
     /** Waits until both instances hold the same record, so the next step starts from the fleet's state. */
     const settled = () => eventually(() => JSON.stringify(a!.getBreaker('p/m')) === JSON.stringify(b!.getBreaker('p/m')), 1_000);

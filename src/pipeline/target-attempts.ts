@@ -149,7 +149,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return { kind: 'unavailable', reason: 'breaker', availableAtMs: parkedView.kind === 'open' ? parkedView.probeAtMs : admission.availableAtMs };
     }
     if (run.sent === 0) await countFirstAttempt(ctx, plan, run, deps);
-    else if (!run.retryPaid && !admission.permit && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
+    else if (!run.retryPaid && !admission.probe && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
@@ -157,7 +157,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // A probe holds the parking lot's probing slot no longer than the breaker's permit: one that hangs must not keep
     // the next probe (and every parked request) waiting until its own deadline. done() is once only.
     const heldTicket = ticket;
-    const slotTimer = admission.permit && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
+    const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
     const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now);
     clearTimeout(slotTimer);
     if (attempt.kind === 'shed') {
@@ -167,12 +167,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const { result, cls, durationMs } = attempt;
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
-    ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.permit && { probe: true }) });
+    ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.probe && { probe: true }) });
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
-    if (!admission.permit || cls.cls === 'success') run.attempts++;
+    if (!admission.probe || cls.cls === 'success') run.attempts++;
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
     // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
-    await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.permit);
+    await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
     ticket?.done();
     ticket = undefined;
 

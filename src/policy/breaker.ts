@@ -60,9 +60,14 @@ export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: numb
   return rec.state === 'closed' && consecutiveFailures >= s.consecutiveFailures;
 }
 
-/** A probe's result: closeAfter successes close the breaker (a fresh window: a new generation), one failure reopens it. */
-export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random): BreakerRecord | undefined {
+/**
+ * A probe's result: closeAfter successes close the breaker (a fresh window: a new generation), one failure reopens it.
+ * `spellSinceMs`: the record's sinceMs when the probe's permit was taken. A success from before the breaker last
+ * (re)opened says nothing about now: counted, it would undo the reopen and let a new round of probes out at once.
+ */
+export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number): BreakerRecord | undefined {
   if (rec.state === 'closed' || verdict === 'ignore') return undefined;
+  if (verdict === 'success' && rec.state === 'open' && rec.sinceMs > spellSinceMs) return undefined;
   if (verdict === 'failure') return opened(rec, s, nowMs, random);
   const successes = rec.probeSuccesses + 1;
   if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };

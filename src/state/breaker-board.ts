@@ -19,8 +19,14 @@ import { INITIAL_BREAKER, type BreakerRecord, type StateStore } from './store.ts
 
 const FLUSH_MS = 50;
 
+/** A probe's permit, and the spell of the breaker (its record's sinceMs) it was taken in. */
+export interface Probe {
+  permit: string;
+  spellSinceMs: number;
+}
+
 export type Admission =
-  | { admitted: true; permit: string | undefined }
+  | { admitted: true; probe: Probe | undefined }
   | { admitted: false; availableAtMs: number };
 
 interface Pending {
@@ -62,12 +68,13 @@ export class BreakerBoard {
   /** May an attempt go to the target now? While probing, only permit holders may, at most halfOpenProbes fleet-wide. */
   async admit(target: string, s: BreakerSettings | undefined, parked: boolean, permitTtlMs: number): Promise<Admission> {
     const a = this.availability(target, s, parked);
-    if (a.kind === 'closed') return { admitted: true, permit: undefined };
+    if (a.kind === 'closed') return { admitted: true, probe: undefined };
     if (a.kind === 'open') return { admitted: false, availableAtMs: a.probeAtMs };
     const now = this.#deps.now();
+    const spellSinceMs = this.current(target).sinceMs;
     const permit = await this.#deps.store.takePermit(target, a.probes, permitTtlMs, now);
     // Other probes are out: the answer comes within a probe's round trip.
-    return permit ? { admitted: true, permit } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
+    return permit ? { admitted: true, probe: { permit, spellSinceMs } } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
   }
 
   /**
@@ -75,12 +82,12 @@ export class BreakerBoard {
    * once a transition the outcome causes at once (a probe's result, a run of failures) is written; the window's
    * failure rate is applied later, in batches.
    */
-  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, permit: string | undefined): Promise<void> {
+  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined): Promise<void> {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
-    if (permit !== undefined) {
-      void this.#deps.store.releasePermit(target, permit);
-      await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random));
+    if (probe !== undefined) {
+      void this.#deps.store.releasePermit(target, probe.permit);
+      await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs));
       return;
     }
     if (v === 'ignore') return;
