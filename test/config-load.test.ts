@@ -157,6 +157,11 @@ describe('${VAR} interpolation', () => {
     expect(() => parseConfig(onPath('/v1/chat/completions'), 'gw.yaml', env)).not.toThrow();
   });
 
+  it('rejects a weighted /v1/responses route, whose follow-ups would reach a provider that never stored the conversation', () => {
+    const two = valid().replace('/v1/chat/completions', '/v1/responses').replace('targets: [ { provider: openai } ]', 'strategy: weighted\n    targets: [ { provider: openai }, { provider: openai, model: gpt-4.1 } ]');
+    expect(configError(two).message).toMatch(/routes\[0\]\.strategy: \/v1\/responses cannot spread requests \(weighted\)/);
+  });
+
   it('reports every unset variable with the path and line where it is used', () => {
     const text = valid().replace('https://api.openai.com/v1', '${BASE_URL}');
     const e = configError(text, {});

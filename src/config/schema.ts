@@ -347,7 +347,7 @@ export const ConfigSchema = z
 const GATEWAY_PATHS = ['/healthz', '/readyz', '/metrics', '/v1/models'];
 
 type ProvidersOf = Record<string, { family: 'openai' | 'anthropic' | 'azure-openai' }>;
-type RouteOf = { match: { path: string }; targets: Array<{ provider: string; model?: string | undefined }>; contextWindowFallback?: { provider: string; model?: string | undefined } | undefined };
+type RouteOf = { match: { path: string }; strategy?: string | undefined; targets: Array<{ provider: string; model?: string | undefined }>; contextWindowFallback?: { provider: string; model?: string | undefined } | undefined };
 
 /**
  * Which fallbacks make sense for a path: an embedding from another model lives in another space (it would corrupt an
@@ -376,6 +376,11 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
     });
   }
   if (route.match.path === '/v1/responses') {
+    // A follow-up (previous_response_id) goes to the first target, where the conversation must be: spreading first
+    // turns over several would send follow-ups to a provider that never stored them.
+    if (route.strategy === 'weighted' && route.targets.length > 1) {
+      ctx.addIssue({ code: 'custom', path: ['routes', i, 'strategy'], message: '/v1/responses cannot spread requests (weighted): a conversation lives at the provider that stored it, so use fallback' });
+    }
     targets.forEach((t, j) => {
       if (j > 0 && family(t) !== 'anthropic' && family(t) !== family(targets[0]!)) {
         ctx.addIssue({ code: 'custom', path: at(j), message: '/v1/responses falls back only within the same API family' });
