@@ -6,7 +6,8 @@ import { notAnAnswer } from '../src/providers/answer-shape.ts';
 import { prepareUpstream } from '../src/providers/families.ts';
 
 const json = 'application/json';
-const judge = (api: Parameters<typeof notAnAnswer>[0], body: string, ownFamily = true) => notAnAnswer(api, json, Buffer.from(body), ownFamily);
+type Api = Parameters<typeof notAnAnswer>[0]['api'];
+const judge = (api: Api, body: string, ownFamily = true) => notAnAnswer({ api, stream: false, contentType: json, ownFamily }, Buffer.from(body));
 
 describe('notAnAnswer', () => {
   it('passes answers of each API', () => {
@@ -26,9 +27,15 @@ describe('notAnAnswer', () => {
   });
 
   it('refuses what is not a whole JSON object', () => {
-    expect(notAnAnswer('chat', 'text/html', Buffer.from('<html></html>'), true)).toMatch(/text\/html, not JSON/);
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/html', ownFamily: true }, Buffer.from('<html></html>'))).toMatch(/text\/html, not JSON/);
     expect(judge('chat', '  ')).toMatch(/empty body/);
     expect(judge('chat', '{"choices":[')).toMatch(/not a whole JSON object/);
+  });
+
+  it('refuses a whole answer where a stream was asked for', () => {
+    const answer = Buffer.from('{"choices":[{"message":{"content":"hi"}}]}');
+    expect(notAnAnswer({ api: 'chat', stream: true, contentType: json, ownFamily: true }, answer)).toMatch(/a stream was asked for and the upstream answered application\/json/);
+    expect(notAnAnswer({ api: 'embeddings', stream: true, contentType: json, ownFamily: true }, Buffer.from('{"data":[]}'))).toBeUndefined();
   });
 
   it('leaves paths it does not know, and other families\' fields, alone', () => {

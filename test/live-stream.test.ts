@@ -186,7 +186,9 @@ describe('LiveStream: idle timer', () => {
   });
 
   it('drops a malformed event in text, but ends a tool call it would corrupt with an error event', async () => {
-    const text = liveStream(chunk(0, 'Hel'), ['data: {not json\n\n', chunk(0, 'lo', 'stop'), DONE], { choices: 1, usage: false });
+    // Some servers send an empty tool_calls list with every text delta: that is no tool call.
+    const emptyTools = `data: ${JSON.stringify({ id: 'c1', choices: [{ index: 0, delta: { content: 'Hel', tool_calls: [] }, finish_reason: null }] })}\n\n`;
+    const text = liveStream(emptyTools, ['data: {not json\n\n', chunk(0, 'lo', 'stop'), DONE], { choices: 1, usage: false });
     expect(await readAll(text.live)).toContain('[DONE]');
     expect(await text.ended).toMatchObject({ kind: 'complete', droppedMalformed: 1 });
     const args = (a: string) => `data: ${JSON.stringify({ id: 'c1', choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: a } }] }, finish_reason: null }] })}\n\n`;

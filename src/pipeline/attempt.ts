@@ -13,6 +13,7 @@ import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './
 import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { notAnAnswer } from '../providers/answer-shape.ts';
+import { readCapped } from '../providers/read-capped.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
@@ -84,7 +85,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const status = res.statusCode;
     // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other.
     if (status < 200 || status >= 300 || !isEventStream(headers)) {
-      const { bytes, whole } = await readUpTo(res.body, bodyCap(status));
+      const { bytes, whole } = await readCapped(res.body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status));
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
@@ -137,15 +138,8 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   }
   const status = statusCode;
   if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB` }, status, headers };
-  // A 2xx that is not the answer (a captive portal's HTML, an empty body, JSON where a stream was asked for) is a
-  // failed attempt, retried and failed over like a 5xx: passed on, the SDK would return garbage or crash on it.
-  // Paths the gateway does not know (api "other") may answer anything.
-  const wrong =
-    req.api === 'other'
-      ? undefined
-      : req.stream && STREAMING_APIS.has(req.api)
-        ? `a stream was asked for and the upstream answered ${contentTypeOf(headers) ?? 'without a content-type'}`
-        : notAnAnswer(req.api, contentTypeOf(headers), raw, req.translator === undefined);
+  // A 2xx that is not the answer is a failed attempt, retried and failed over like a 5xx (providers/answer-shape.ts).
+  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: contentTypeOf(headers), ownFamily: req.translator === undefined }, raw);
   if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
@@ -192,9 +186,6 @@ function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | un
   }
 }
 
-/** The APIs whose `stream: true` makes the provider answer with server-sent events; all four known APIs answer JSON otherwise. */
-const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses']);
-
 function contentTypeOf(headers: HeaderBag): string | undefined {
   const ct = headers['content-type'];
   return Array.isArray(ct) ? ct[0] : ct;
@@ -202,23 +193,6 @@ function contentTypeOf(headers: HeaderBag): string | undefined {
 
 function isEventStream(headers: HeaderBag): boolean {
   return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
-}
-
-/** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */
-async function readUpTo(body: Dispatcher.ResponseData['body'], maxBytes: number): Promise<{ bytes: Buffer; whole: boolean }> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    const buf = chunk as Buffer;
-    if (size + buf.length > maxBytes) {
-      chunks.push(buf.subarray(0, maxBytes - size));
-      body.destroy();
-      return { bytes: Buffer.concat(chunks), whole: false };
-    }
-    chunks.push(buf);
-    size += buf.length;
-  }
-  return { bytes: Buffer.concat(chunks, size), whole: true };
 }
 
 type FirstOutput =

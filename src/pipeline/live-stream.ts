@@ -46,8 +46,11 @@ export interface LiveStreamOptions {
   apiKey: string;
 }
 
-/** What an event carrying a tool call's arguments contains: chat and completions, and the Responses API. */
-const TOOL_CALL_DELTA = ['"tool_calls"', 'function_call_arguments.delta', 'custom_tool_call_input.delta'];
+/**
+ * An event that carries a tool call: a non-empty `tool_calls` list (some servers send `"tool_calls":[]` with every
+ * text delta), or the Responses API's argument deltas.
+ */
+const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta/;
 /** Stands in for an event the translator could not read, so it is judged (and counted) as any malformed one. */
 const UNTRANSLATABLE: SseEvent = { raw: '', data: 'untranslatable', event: null };
 
@@ -211,7 +214,7 @@ export class LiveStream {
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (meaning === 'finish') this.#toolCallOpen = false;
-      else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.some((mark) => ev.data!.includes(mark));
+      else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);
       if (ev.data !== null && ev.data.includes('"usage"')) {
         try {
           this.#usage = usageOf(JSON.parse(ev.data)) ?? this.#usage;

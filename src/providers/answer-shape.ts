@@ -1,7 +1,12 @@
-// Is a 2xx body the answer its API promises? A captive portal's HTML, an empty or cut body, an error delivered with
-// a 200 (some routers do that) or JSON with no choice in it is not: passed on, the SDKs would return garbage or crash
-// on `choices[0]`. Judged from the content-type and the bytes, never by a second JSON.parse of every answer.
+// Is a whole 2xx body the answer its API promises? JSON where a stream was asked for, a captive portal's HTML, an
+// empty or cut body, an error delivered with a 200 (some routers do that) or JSON with no choice in it is not: passed
+// on, the SDKs would return garbage, crash on `choices[0]` or end a stream with no chunks and no error. Judged from
+// the content-type and the bytes, never by a second JSON.parse of every answer. Paths the gateway does not know
+// (api "other") may answer anything.
 import type { ApiKind } from '../routing/router.ts';
+
+/** The APIs whose `stream: true` makes the provider answer with server-sent events; all four answer JSON otherwise. */
+const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses']);
 
 /** The top-level field every answer of the API carries; APIs not listed are not judged beyond being JSON. */
 const ANSWER_FIELD: Partial<Record<ApiKind, string>> = {
@@ -16,11 +21,19 @@ const NON_EMPTY: ReadonlySet<string> = new Set(['"choices"']);
 
 const WHITESPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 
-/**
- * Why `body` is not an answer of `api`, or undefined when it looks like one. `ownFamily`: the body is in the OpenAI
- * shape the client expects (for another family, the translator judges the fields).
- */
-export function notAnAnswer(api: ApiKind, contentType: string | undefined, body: Buffer, ownFamily: boolean): string | undefined {
+export interface AnswerContext {
+  api: ApiKind;
+  /** The client asked for a stream (and got a whole body). */
+  stream: boolean;
+  contentType: string | undefined;
+  /** The body is in the OpenAI shape the client expects (for another family, the translator judges the fields). */
+  ownFamily: boolean;
+}
+
+/** Why `body` is not an answer, or undefined when it looks like one. */
+export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerContext, body: Buffer): string | undefined {
+  if (api === 'other') return undefined;
+  if (stream && STREAMING_APIS.has(api)) return `a stream was asked for and the upstream answered ${contentType ?? 'without a content-type'}`;
   if (contentType !== undefined && !contentType.includes('json')) return `the upstream answered ${contentType.split(';')[0]}, not JSON`;
   const first = skipSpace(body, 0);
   let last = body.length - 1;

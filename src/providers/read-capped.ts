@@ -1,0 +1,17 @@
+// A body read into memory up to a cap: an upstream answer or error must never hold more than the gateway allows.
+
+/** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */
+export async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, maxBytes: number): Promise<{ bytes: Buffer; whole: boolean }> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    if (size + chunk.length > maxBytes) {
+      chunks.push(chunk.subarray(0, maxBytes - size));
+      body.destroy();
+      return { bytes: Buffer.concat(chunks), whole: false };
+    }
+    chunks.push(chunk);
+    size += chunk.length;
+  }
+  return { bytes: Buffer.concat(chunks, size), whole: true };
+}
