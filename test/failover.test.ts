@@ -132,6 +132,29 @@ describe('failover to another provider', () => {
     expect(Date.now() - started).toBeLessThan(2_500);
   });
 
+  it('sends a request the primary may have run to no other target when retryOn leaves timeout and network out', async () => {
+    const route = { retry: { maxAttempts: 3, retryOn: [503], backoff: { strategy: 'fixed' as const, baseMs: 5, capMs: 5 } } };
+    const s = await withBackup({ faults: { stream: { firstTokenDelayMs: 3_000 } }, family: 'openai', backupModel: 'gpt-4o', primaryFirstTokenMs: 300, route });
+    const timedOut = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages, stream: true }),
+    });
+    expect(timedOut.status).toBe(504);
+    expect(timedOut.headers.get('x-should-retry')).toBe('false');
+    expect(((await timedOut.json()) as { error: { code: string } }).error.code).toBe('upstream_timeout');
+    expect(s.mock.stats().total).toBe(1);
+    expect(backup!.stats().total).toBe(0);
+    // A connection lost after the request left is the same doubt.
+    s.mock.setFaults({ resetRate: 1 });
+    await expect(sdk(s).chat.completions.create({ model: 'gpt-4o', messages })).rejects.toMatchObject({ status: 502 });
+    expect(backup!.stats().total).toBe(0);
+    // A status the provider answered with says it did not run: the backup takes it, retryOn or not.
+    s.mock.setFaults({ errors: [{ status: 500, rate: 1 }] });
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
+  });
+
   it('skips a target whose family cannot express the request, with the reason in the log', async () => {
     const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
     const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, n: 2 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;

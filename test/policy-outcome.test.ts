@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { classify, isRetryable, OUTCOME_TABLE, type AttemptOutcome } from '../src/policy/outcome.ts';
+import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE, type AttemptOutcome } from '../src/policy/outcome.ts';
 import type { RetryOn } from '../src/config/schema.ts';
 
 const DEFAULT_RETRY_ON: RetryOn[] = [429, 500, 502, 503, 504, 529, 'network', 'timeout'];
@@ -91,5 +91,24 @@ describe('an attempt cut short by the instance\'s own shutdown', () => {
     expect(c.cls).toBe('shutdown');
     expect(OUTCOME_TABLE[c.cls]).toMatchObject({ retryable: false, breaker: 'ignore' });
     expect(OUTCOME_TABLE[classify({ kind: 'aborted', by: 'deadline' }).cls].breaker).toBe('slow-call');
+  });
+});
+
+describe('an outcome the provider may already have run', () => {
+  it('is a timeout after the connection was made or a connection lost after sending, never a status or a refusal', () => {
+    const cases: Array<[AttemptOutcome, boolean]> = [
+      [{ kind: 'timeout', phase: 'first-token' }, true],
+      [{ kind: 'timeout', phase: 'headers' }, true],
+      [{ kind: 'timeout', phase: 'response' }, true],
+      [{ kind: 'timeout', phase: 'connect' }, false],
+      [{ kind: 'network', code: 'ECONNRESET' }, true],
+      [{ kind: 'network', code: 'UNKNOWN' }, true],
+      [{ kind: 'network', code: 'ECONNREFUSED' }, false],
+      [{ kind: 'network', code: 'ENOTFOUND' }, false],
+      [{ kind: 'bad-stream', detail: 'cut' }, true],
+      [{ kind: 'http', status: 500, errorCode: null, hint: undefined }, false],
+      [{ kind: 'internal', code: 'ERR_INVALID_CHAR' }, false],
+    ];
+    for (const [outcome, expected] of cases) expect(mayHaveRun(outcome), JSON.stringify(outcome)).toBe(expected);
   });
 });

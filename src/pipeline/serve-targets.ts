@@ -11,7 +11,7 @@
 import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
-import { classify } from '../policy/outcome.ts';
+import { classify, isRetryable, mayHaveRun } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
 import { newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
@@ -181,6 +181,9 @@ export async function serveTargets(
       }
       lastFailure = { kind: 'failed', plan, failure: r };
       if (ENDS_REQUEST.has(r.cls.cls)) return end(lastFailure);
+      // A request the provider may already have run goes to the next target only with the route's consent to run it
+      // twice: a route that leaves `timeout` out of retryOn (it creates something) gets no second run anywhere.
+      if (mayHaveRun(r.result.outcome) && !isRetryable(r.cls, plan.retry.retryOn)) return end(lastFailure);
       left = { plan, reason: fallbackReason(r) };
       markDown(i);
     }

@@ -119,6 +119,27 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   return { cls: 'server-error', retryKey: 502, reason };
 }
 
+/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer). */
+const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+
+/**
+ * Might the provider have run the request? A timeout after the connection was made, or a connection lost after the
+ * request was sent, says nothing about whether it was processed: sending it again (a retry or a failover) may run it
+ * twice. `retryOn` is the route's consent to that, for the next target as for this one.
+ */
+export function mayHaveRun(outcome: AttemptOutcome): boolean {
+  switch (outcome.kind) {
+    case 'timeout':
+      return outcome.phase !== 'connect';
+    case 'network':
+      return !NOT_SENT_CODES.has(outcome.code);
+    case 'bad-stream':
+      return true;
+    default:
+      return false;
+  }
+}
+
 /** May this outcome be retried under the route's `retryOn`? */
 export function isRetryable(c: Classification, retryOn: readonly RetryOn[]): boolean {
   return OUTCOME_TABLE[c.cls].retryable && c.retryKey !== null && retryOn.includes(c.retryKey);
