@@ -326,6 +326,22 @@ describe('the retry budget', () => {
     expect(await metric(s, 'stormgate_retry_budget_exhausted_total')).toBeGreaterThan(0);
   });
 
+  it('keeps a budget per priority class: a batch flood that spent its retries leaves the online requests theirs', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, park: false, budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+      provider: { breaker: false },
+    });
+    for (let i = 0; i < 30; i++) expect((await chat(s, { 'x-stormgate-priority': 'batch' })).res.status).toBe(503);
+    const batchAttempts = s.mock.stats().total;
+    expect(batchAttempts - 30).toBeLessThanOrEqual(3);
+    // The batch budget is spent; the online one (floor: 1 retry in the window) is untouched.
+    expect((await chat(s, { 'x-stormgate-priority': 'batch' })).res.status).toBe(503);
+    expect(s.mock.stats().total).toBe(batchAttempts + 1);
+    expect((await chat(s)).res.status).toBe(503);
+    expect(s.mock.stats().total).toBe(batchAttempts + 3);
+  });
+
   it('serves a client-declared retry once but never retries it when the budget is spent', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

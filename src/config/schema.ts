@@ -156,7 +156,7 @@ export const BudgetSchema = z
     windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
     minRetriesPerSecond: z.number().min(0).default(1).describe('Fleet-wide floor, so a quiet route can still retry. Default: 1.'),
   })
-  .describe('Retry budget, kept per route and target: retries stay a fixed share of traffic however bad the upstream gets.');
+  .describe('Retry budget, kept per route, target and priority class: retries stay a fixed share of traffic however bad the upstream gets.');
 
 export const ParkSchema = z
   .strictObject({

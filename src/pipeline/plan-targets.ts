@@ -47,6 +47,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     const key = deps.targetKeys.key(target.provider, model);
     const pool = deps.pools.of(target.provider);
     const cls = deps.pools.classFor(target.provider, route.config.priority, askedPriority);
+    const className = pool.settings.classes[cls]!.name;
     return {
       key,
       label,
@@ -56,10 +57,10 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
       retry: target.retry ?? route.config.retry,
       weight: target.weight,
       breaker: deps.targetKeys.breakerSettings(key),
-      budgetKey: RetryBudget.key(route.name, key),
+      budgetKey: RetryBudget.key(route.name, key, className),
       pool,
       cls,
-      className: pool.settings.classes[cls]!.name,
+      className,
       lowestClass: cls === pool.settings.classes.length - 1,
     };
   };

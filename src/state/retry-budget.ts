@@ -1,4 +1,4 @@
-// The retry budget, per route and target: first attempts add to the request count (batched, off the request path);
+// The retry budget, per route, target and priority class: first attempts add to the request count (batched, off the request path);
 // a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
 // retries too, so the budget sees retries from every layer.
 import type { BudgetSettings } from '../config/schema.ts';
@@ -13,8 +13,12 @@ export class RetryBudget {
     private readonly now: () => number,
   ) {}
 
-  static key(route: string, target: string): string {
-    return `${route}/${target}`;
+  /**
+   * One budget per priority class: a batch flood's retries are a share of the batch traffic, and never spend the
+   * retries the online requests on the same route and target are owed.
+   */
+  static key(route: string, target: string, priorityClass: string): string {
+    return `${route}/${priorityClass}/${target}`;
   }
 
   /** A request's first attempt on a target (a fallback's included). */
