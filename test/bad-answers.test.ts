@@ -145,6 +145,39 @@ describe('a 2xx that is not the answer', () => {
     expect(hits).toBe(1);
   });
 
+  it('passes a stream in a format it does not know through once, to its end, with nothing added', async () => {
+    // Anthropic's Messages events on a route of their own: no `choices`, no [DONE]. Judged as chat, the stream had
+    // "no output", failed, and was sent upstream again.
+    const events = [
+      'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","content":[]}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ];
+    upstream = createServer((req, res) => {
+      hits++;
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(events.join(''));
+    });
+    upstream.listen(0, '127.0.0.1');
+    await once(upstream, 'listening');
+    const streamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}`;
+    const s = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, custom: { family: 'openai', baseUrl: streamUrl, apiKey: 'k', breaker: false } },
+          routes: [...base.routes, { name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'custom' }] }],
+        };
+      },
+    });
+    const res = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'claude-x', stream: true, max_tokens: 5, messages: [] }) });
+    expect(res.status).toBe(200);
+    expect(await res.text()).toBe(events.join(''));
+    expect(hits).toBe(1);
+  });
+
   it('leaves the answers of paths it does not know (api "other") alone', async () => {
     const wrongUrl = await wrongProvider({ contentType: 'audio/mpeg', body: 'ID3...' });
     const s = await startStack({

@@ -168,6 +168,11 @@ export class LiveStream {
         over = this.#take([...this.#translated(tail ? [tail] : []), ...(this.#opts.translate?.end() ?? [])], batch);
         if (batch.length > 0) yield batch.join('');
       }
+      if (!over && api === 'other') {
+        // A path without a known API: its answer is whatever the upstream sent, and it has sent all of it.
+        over = true;
+        this.#kind = 'complete';
+      }
       if (!over) {
         const whole = this.#whole();
         this.#kind = whole ? 'done-added' : 'cut';
@@ -179,6 +184,10 @@ export class LiveStream {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
         this.#kind = 'client-gone';
+      } else if (api === 'other') {
+        // No error event can be written in a format the gateway does not know: the client's connection is cut too.
+        this.#kind = reason instanceof AttemptTimeout ? 'stalled' : 'cut';
+        throw err;
       } else if (this.#whole()) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
         this.#kind = 'done-added';

@@ -14,21 +14,19 @@ export type EventMeaning =
   | 'malformed';
 
 interface ChatChoice {
-  delta?: { content?: unknown; tool_calls?: unknown[]; reasoning_content?: unknown; reasoning?: unknown; refusal?: unknown; function_call?: unknown };
+  delta?: { content?: unknown; tool_calls?: unknown[]; reasoning_content?: unknown; reasoning?: unknown; refusal?: unknown; function_call?: unknown; audio?: unknown };
   text?: unknown;
   finish_reason?: unknown;
 }
 
 const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
 
-const RESPONSES_OUTPUT = new Set([
-  'response.output_text.delta',
-  'response.function_call_arguments.delta',
-  'response.reasoning_text.delta',
-  'response.reasoning_summary_text.delta',
-  'response.refusal.delta',
-  'response.custom_tool_call_input.delta',
-]);
+/**
+ * Responses API events that carry output: every `*.delta` (text, refusal, reasoning, function and custom tool
+ * arguments, audio and its transcript, code interpreter code, MCP arguments) and a generated image's partial images.
+ * A list of names would miss each event type the API adds, and hold such a stream back until its first-token timeout.
+ */
+const RESPONSES_OUTPUT = /\.delta$|\.partial_image$/;
 const RESPONSES_FINISH = new Set(['response.completed', 'response.incomplete']);
 const RESPONSES_ERROR = new Set(['error', 'response.failed']);
 
@@ -36,6 +34,8 @@ export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
   // `event: error` is an error whatever its data holds (some OpenAI-compatible servers send a bare {message}).
   if (ev.event === 'error') return 'error';
   if (ev.data === null) return 'keepalive';
+  // A path the gateway has no API for: any data is output, whatever its format; the upstream's end is the answer's.
+  if (api === 'other') return 'output';
   if (api !== 'responses' && ev.data === '[DONE]') return 'done';
   let parsed: unknown;
   try {
@@ -57,7 +57,7 @@ function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMea
     if (
       nonEmpty(choice.text) ||
       (d && (nonEmpty(d.content) || nonEmpty(d.reasoning_content) || nonEmpty(d.reasoning) || nonEmpty(d.refusal) ||
-        (Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || d.function_call !== undefined))
+        (Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || d.function_call !== undefined || (d.audio !== undefined && d.audio !== null)))
     ) {
       meaning = 'output';
     }
@@ -69,7 +69,7 @@ function responsesMeaning(ev: { type?: unknown }, eventField: string | null): Ev
   const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
   if (RESPONSES_ERROR.has(type)) return 'error';
   if (RESPONSES_FINISH.has(type)) return 'finish';
-  if (RESPONSES_OUTPUT.has(type)) return 'output';
+  if (RESPONSES_OUTPUT.test(type)) return 'output';
   return 'keepalive';
 }
 

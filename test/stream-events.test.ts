@@ -1,0 +1,59 @@
+// What an SSE event means for the first-token timer and the end of a stream, per API. An output event the gateway
+// does not recognise holds the stream back (nothing reaches the client) until the first-token timeout retries it,
+// and the provider runs, and bills, the request again.
+import { describe, expect, it } from 'vitest';
+import { eventMeaning } from '../src/streaming/stream-events.ts';
+import type { SseEvent } from '../src/streaming/sse-parser.ts';
+
+const ev = (data: unknown, event: string | null = null): SseEvent => {
+  const text = typeof data === 'string' ? data : JSON.stringify(data);
+  return { raw: `${event ? `event: ${event}\n` : ''}data: ${text}`, data: text, event };
+};
+const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: finish }] });
+
+describe('chat chunks', () => {
+  it('counts text, tool calls, reasoning, refusals and audio as output; a role-only or usage chunk is not', () => {
+    expect(eventMeaning('chat', ev(chunk({ content: 'Hi' })))).toBe('output');
+    expect(eventMeaning('chat', ev(chunk({ tool_calls: [{ index: 0, function: { arguments: '{' } }] })))).toBe('output');
+    expect(eventMeaning('chat', ev(chunk({ reasoning_content: 'thinking' })))).toBe('output');
+    expect(eventMeaning('chat', ev(chunk({ refusal: 'no' })))).toBe('output');
+    // gpt-4o-audio with modalities ["text", "audio"]: the answer comes as audio pieces and their transcript, no content.
+    expect(eventMeaning('chat', ev(chunk({ audio: { id: 'audio_1', data: 'UklGR', transcript: 'Hel' } })))).toBe('output');
+    expect(eventMeaning('chat', ev(chunk({ role: 'assistant', content: '' })))).toBe('keepalive');
+    expect(eventMeaning('chat', ev({ object: 'chat.completion.chunk', choices: [], usage: { total_tokens: 3 } }))).toBe('keepalive');
+    expect(eventMeaning('chat', ev(chunk({}, 'stop')))).toBe('finish');
+    expect(eventMeaning('chat', ev('[DONE]'))).toBe('done');
+    expect(eventMeaning('chat', ev('{"choices":[{"delta":'))).toBe('malformed');
+  });
+});
+
+describe('Responses API events', () => {
+  it('counts every delta and partial image as output, and progress events as keep-alives', () => {
+    for (const type of [
+      'response.output_text.delta',
+      'response.function_call_arguments.delta',
+      'response.reasoning_summary_text.delta',
+      'response.audio.delta',
+      'response.audio.transcript.delta',
+      'response.code_interpreter_call_code.delta',
+      'response.mcp_call_arguments.delta',
+      'response.image_generation_call.partial_image',
+    ]) {
+      expect(eventMeaning('responses', ev({ type }, type)), type).toBe('output');
+    }
+    for (const type of ['response.created', 'response.in_progress', 'response.output_item.added', 'response.web_search_call.searching']) {
+      expect(eventMeaning('responses', ev({ type }, type)), type).toBe('keepalive');
+    }
+    expect(eventMeaning('responses', ev({ type: 'response.completed' }, 'response.completed'))).toBe('finish');
+    expect(eventMeaning('responses', ev({ type: 'response.failed' }, 'response.failed'))).toBe('error');
+  });
+});
+
+describe('a path without a known API', () => {
+  it('counts any data as output, whatever its format; an error event is still an error', () => {
+    expect(eventMeaning('other', ev({ type: 'message_start', message: {} }, 'message_start'))).toBe('output');
+    expect(eventMeaning('other', ev('not json at all'))).toBe('output');
+    expect(eventMeaning('other', { raw: ': ping', data: null, event: null })).toBe('keepalive');
+    expect(eventMeaning('other', ev({ error: { message: 'x' } }, 'error'))).toBe('error');
+  });
+});
