@@ -87,7 +87,7 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
         opts,
       );
     case 'bad-stream':
-      return new GatewayError('upstream_bad_response', `upstream ${f.target} sent a broken stream after ${tried} (last: ${outcome.detail})${all}`, opts);
+      return new GatewayError('upstream_bad_response', `upstream ${f.target} gave no usable answer after ${tried} (last: ${outcome.detail})${all}`, opts);
     case 'aborted': {
       const total = totalOf(f.attempts);
       const where = f.attempts.length < 2 ? '' : `; ${perTarget(f.attempts)}`;
