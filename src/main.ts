@@ -49,6 +49,9 @@ async function main(): Promise<void> {
   };
   process.once('SIGTERM', () => shutdown('SIGTERM'));
   process.once('SIGINT', () => shutdown('SIGINT'));
+  // Node's default for SIGHUP is to exit at once, cutting every request and stream; operators send it to reload, and
+  // a closing terminal sends it too. There is no reload: the signal is logged and ignored.
+  process.on('SIGHUP', () => app.log.warn('SIGHUP ignored: the config is read at start only; restart the gateway (SIGTERM drains) to apply a change'));
   const address = await app.listen({ host: config.server.host, port: config.server.port });
   app.log.info({ address, config: file, routes: config.routes.map((r) => r.name) }, 'stormgate listening');
 }

@@ -142,3 +142,15 @@ describe('SIGTERM', () => {
     expect(Date.now() - started).toBeLessThan(2_500);
   });
 });
+
+describe('SIGHUP', () => {
+  it('is ignored: the stream in flight completes and the gateway keeps serving', async () => {
+    const url = await startGateway(4, { preStopMs: 0, graceMs: 1_000 });
+    const reader = await openStream(url);
+    proc!.kill('SIGHUP');
+    expect(await readRest(reader)).toContain('data: [DONE]');
+    await sleep(100);
+    expect(proc!.exitCode).toBeNull();
+    expect((await fetch(`${url}/readyz`)).status).toBe(200);
+  });
+});
