@@ -36,7 +36,8 @@ export async function attemptInSlot(
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
-  plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
+  const hinted = result.outcome.kind === 'http' && result.outcome.hint !== undefined;
+  plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs, hinted);
   if (result.stream) result.stream.whenDone(() => acquired.slot.release());
   else acquired.slot.release();
   if (cls.cls === 'success' && result.headers) {

@@ -173,7 +173,7 @@ export class ProviderPool {
   }
 
   /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 shrink it, success grows it). */
-  observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
+  observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number, hinted = false): void {
     if (signal === 'none') return;
     const t = this.#target(target);
     if (signal === 'success') {
@@ -183,7 +183,7 @@ export class ProviderPool {
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
       this.#drain();
     } else {
-      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
+      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting }, hinted);
     }
   }
 
