@@ -63,8 +63,16 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   });
   const holdOffs = new HoldOffs(store, now, random);
   const targetKeys = new TargetKeys(config);
+  // Every request observes its wait: the labelled series are looked up once, not hashed from labels per request.
+  const waitSeries = new Map<string, ReturnType<typeof metrics.poolWait.labels>>();
+  const poolWait = (provider: string, priority: string) => {
+    const key = `${provider}\n${priority}`;
+    let series = waitSeries.get(key);
+    if (!series) waitSeries.set(key, (series = metrics.poolWait.labels({ provider, priority })));
+    return series;
+  };
   const pools = new Pools(config, now, {
-    onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
+    onWait: (provider, priority, seconds) => poolWait(provider, priority).observe(seconds),
     onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
   });
   const poolOf = (target: string) => pools.of(target.slice(0, target.indexOf('/')));
@@ -187,7 +195,9 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void 
     const primaries = routeTargetKeys(route, route.targets[0]!, keys);
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
     metrics.fallbackRequests.inc({ route: route.name }, 0);
+    if (route.park !== false) metrics.parkOutcomes.inc({ route: route.name, outcome: 'released' }, 0);
     for (const target of primaries) {
+      if (config.providers[route.targets[0]!.provider]!.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
       metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
       metrics.budgetExhausted.inc({ route: route.name, target }, 0);
       for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);

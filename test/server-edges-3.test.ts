@@ -81,3 +81,18 @@ describe('a client that leaves', () => {
     expect(counts.get('client_gone') ?? 0).toBe(0);
   });
 });
+
+describe('metrics of a healthy gateway', () => {
+  it('has the series the dashboard reads from the first scrape, and counts every pool slot\'s wait, 0 included', async () => {
+    stack = await startStack();
+    const before = await (await fetch(`${stack.url}/metrics`)).text();
+    expect(before).toMatch(/^stormgate_park_outcomes_total\{route="chat",outcome="released"\} 0$/m);
+    expect(before).toMatch(/^stormgate_breaker_transitions_total\{target="mock\/[^"]+",to="open"\} 0$/m);
+    const res = await chat(stack, 'pool-wait-1', new AbortController().signal, false);
+    expect(res.status).toBe(200);
+    await res.text();
+    const after = await (await fetch(`${stack.url}/metrics`)).text();
+    expect(after).toMatch(/^stormgate_pool_wait_seconds_count\{provider="mock",priority="online"\} 1$/m);
+    expect(after).toMatch(/^stormgate_pool_wait_seconds_bucket\{le="0.001",provider="mock",priority="online"\} 1$/m);
+  });
+});
