@@ -21,7 +21,7 @@ import { answerClientError, markAnsweredEarly, toGatewayError } from './http/cli
 import { safeHeaders } from './http/header-safe.ts';
 import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
-import { logRequest, RequestEnds } from './http/request-log.ts';
+import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -86,9 +86,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
   });
 
+  const { logSuccessRate } = config.server;
+  const random = deps.random ?? Math.random;
   const ends = new RequestEnds((request, reply, gone) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
+    if (logSuccessRate < 1 && plainSuccess(request, gone) && random() >= logSuccessRate) return;
     logRequest(access, request, reply, gone);
   });
 

@@ -1,7 +1,7 @@
 // A client that leaves still gets its one log line and its one count (outcome client_gone), whenever it leaves:
 // while the pipeline waits for the upstream, or in the middle of a stream. Never two.
 import { describe, expect, it } from 'vitest';
-import { useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
 let stack: Stack;
@@ -94,5 +94,29 @@ describe('metrics of a healthy gateway', () => {
     const after = await (await fetch(`${stack.url}/metrics`)).text();
     expect(after).toMatch(/^stormgate_pool_wait_seconds_count\{provider="mock",priority="online"\} 1$/m);
     expect(after).toMatch(/^stormgate_pool_wait_seconds_bucket\{le="0.001",provider="mock",priority="online"\} 1$/m);
+  });
+});
+
+describe('server.logSuccessRate', () => {
+  it('samples plain successes only: retried requests and failures are always logged, and metrics count them all', async () => {
+    stack = await startStack({
+      faults: { models: { flaky: { errors: [{ status: 503, rate: 1, times: 1 }] }, wrong: { errors: [{ status: 400, rate: 1 }] } } },
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, { route: { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } } });
+        return { ...base, server: { ...base.server, logSuccessRate: 0 } };
+      },
+    });
+    const send = (id: string, model: string) =>
+      fetch(`${stack.baseURL}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-request-id': id },
+        body: JSON.stringify({ model, messages: [{ role: 'user', content: 'x' }] }),
+      }).then((r) => r.text());
+    for (let i = 0; i < 5; i++) await send(`plain-${i}`, 'gpt-4o');
+    await send('retried', 'flaky');
+    await send('rejected', 'wrong');
+    const ids = stack.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'request').map((l) => l.reqId);
+    expect(ids).toEqual(['retried', 'rejected']);
+    expect((await requestsTotal(stack)).get('success')).toBe(6);
   });
 });

@@ -244,6 +244,8 @@ export const ServerSchema = z
     requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
       .describe('pino log level. Default: info.'),
+    logSuccessRate: z.number().min(0).max(1).default(1)
+      .describe('Share of plain successes (answered by the first target on its first attempt, stream complete) whose request line is written; every other request is always logged. Metrics count them all. Default: 1.'),
   })
   .describe('The gateway\'s own HTTP listener.');
 
@@ -256,7 +258,7 @@ export const DrainSchema = z
 
 export const ConfigSchema = z
   .strictObject({
-    server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, requestTimeoutMs: 60_000, logLevel: 'info' }),
+    server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, requestTimeoutMs: 60_000, logLevel: 'info', logSuccessRate: 1 }),
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),

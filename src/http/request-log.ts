@@ -76,6 +76,16 @@ export class RequestEnds {
   }
 }
 
+/**
+ * A request with nothing to tell but that it worked: one attempt, on the first target, a whole answer or a stream that
+ * completed. Only these are sampled (server.logSuccessRate); retries, fallbacks and failures are always logged.
+ */
+export function plainSuccess(request: FastifyRequest, clientGone: boolean): boolean {
+  const s = request.stormgate;
+  if (!s || clientGone || s.outcome !== 'success' || s.attempts.length !== 1 || s.fallback !== undefined || s.skipped.length > 0) return false;
+  return s.streamEnd === undefined || (s.streamEnd.kind === 'complete' && s.streamEnd.droppedMalformed === 0);
+}
+
 /** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
 export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
   const s = request.stormgate;
