@@ -50,6 +50,11 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
       };
     case 'azure-openai': {
       if (!input.model) return { ok: false, reason: 'azure-openai needs a model (its deployment name) and the request has none', param: 'model' };
+      // Azure serves the Responses API only on its v1 surface, OpenAI's path with the deployment as the body's model
+      // (no deployment in the path, no api-version): /openai/deployments/{model}/responses is a 404 there.
+      if (input.api === 'responses') {
+        return { ok: true, request: { path: `${basePath}/openai/v1/responses${input.query}`, headers: { 'api-key': provider.apiKey }, body, translator: undefined } };
+      }
       const query = new URLSearchParams(input.query.slice(1));
       query.set('api-version', provider.apiVersion!);
       const path = `${basePath}/openai/deployments/${encodeURIComponent(input.model)}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}?${query}`;
