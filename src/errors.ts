@@ -107,7 +107,8 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
 
 /**
  * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error passes
- * as it is; anything else (an HTML page from a load balancer, an Anthropic-shaped body) is wrapped.
+ * as it is, its own fields kept (Azure's `innererror` says which content filter fired), with any of the four the
+ * shape needs filled in; anything else (an HTML page from a load balancer, an Anthropic-shaped body) is wrapped.
  */
 export function normaliseUpstreamErrorBody(status: number, raw: Buffer | undefined): OpenAIErrorBody {
   if (raw && raw.length > 0) {
@@ -115,7 +116,8 @@ export function normaliseUpstreamErrorBody(status: number, raw: Buffer | undefin
       const parsed = JSON.parse(raw.toString('utf8')) as unknown;
       if (isOpenAIErrorBody(parsed)) {
         const e = parsed.error;
-        return errorBody(e.message, e.type ?? 'server_error', e.code ?? null, e.param ?? null);
+        const type = typeof e.type === 'string' && e.type !== '' ? e.type : typeOfStatus(status);
+        return { error: { ...e, message: e.message, type, param: e.param ?? null, code: e.code ?? null } };
       }
       const anthropic = parsed as { type?: unknown; error?: { type?: unknown; message?: unknown } };
       if (anthropic?.type === 'error' && typeof anthropic.error?.message === 'string') {
@@ -125,9 +127,12 @@ export function normaliseUpstreamErrorBody(status: number, raw: Buffer | undefin
       // not JSON: fall through to the wrapped form
     }
   }
-  const type = status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
   const text = raw ? raw.toString('utf8', 0, Math.min(raw.length, 200)).replace(/\s+/g, ' ').trim() : '';
-  return errorBody(`upstream answered ${status}${text ? `: ${text}` : ''}`, type, null);
+  return errorBody(`upstream answered ${status}${text ? `: ${text}` : ''}`, typeOfStatus(status), null);
+}
+
+function typeOfStatus(status: number): string {
+  return status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
 }
 
 function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: string; code?: string | null; param?: string | null } } {
