@@ -155,6 +155,13 @@ describe('failover to another provider', () => {
     expect(response.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
   });
 
+  it('fails over on a provider\'s own 408 (it timed out), which is no verdict on the request', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 408, rate: 1, code: 'Timeout', message: 'The operation was timeout.' }] }, family: 'openai', backupModel: 'gpt-4o' });
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
+    expect(s.mock.stats().total).toBe(1);
+  });
+
   it('skips a target whose family cannot express the request, with the reason in the log', async () => {
     const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] } });
     const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, n: 2 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;

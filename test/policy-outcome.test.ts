@@ -28,6 +28,7 @@ describe('the outcome table', () => {
     ['503', http(503), 'server-error', true],
     ['504', http(504), 'server-error', true],
     ['501 (not in retryOn)', http(501), 'server-error', false],
+    ['408 (the provider timed out; not in retryOn)', http(408), 'server-error', false],
     ['529', http(529, 'overloaded_error'), 'overloaded', true],
     ['connect error', { kind: 'network', code: 'ECONNREFUSED' }, 'network', true],
     ['connect timeout', { kind: 'timeout', phase: 'connect' }, 'timeout', true],
