@@ -237,6 +237,16 @@ describe('stream recovery (streamRecovery: continue)', () => {
     expect(await rawText(s)).toContain(': stormgate stream recovered');
   });
 
+  it('sends an Anthropic prefill without the trailing whitespace it refuses, and keeps one space in the text', async () => {
+    // Cut after "Mock answer to: Where " (6 chunks, cut after 4): Anthropic answers 400 to a prefill ending in a space.
+    const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 4 } }, route: { streamRecovery: 'continue' } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text).toBe('Mock answer to: Where and so the mock continues after 21 characters.');
+    // "21 characters": the prefill was "Mock answer to: Where", without its space.
+  });
+
   it('splices an OpenAI-compatible target\'s answer on only when it starts with exactly the delivered text', async () => {
     const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 2 } }, family: 'openai', backupModel: 'gpt-4o', route: { streamRecovery: 'continue' } });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });

@@ -28,6 +28,8 @@ function parse(body: Body): Parsed {
   const choice = (body['tool_choice'] as { type?: unknown } | undefined)?.type;
   let answer: MessagesAnswer;
   if (last.role === 'assistant') {
+    // As Anthropic does: a prefill that ends in whitespace is refused.
+    if (/\s$/.test(contentText(last.content))) throw new MockRequestError(400, 'messages: final assistant content cannot end with trailing whitespace');
     // A prefill: the answer continues the assistant's text instead of starting over.
     answer = { kind: 'text', text: continuationText(contentText(last.content)) };
   } else if (Array.isArray(tools) && tools.length > 0 && !isToolResult(last.content) && choice !== 'none') {

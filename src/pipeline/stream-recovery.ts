@@ -31,8 +31,12 @@ export function streamRecovery(
     if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const provider = next.client.config;
     const prefill = provider.family === 'anthropic' || provider.prefill;
+    // Anthropic refuses a prefill that ends in whitespace (400), and cuts often land after a space or a paragraph
+    // break: the prefill goes without it, and the continuation without the whitespace the client already has.
+    const prefillText = delivered.trimEnd();
+    if (prefill && prefillText === '') return undefined;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
-    const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: delivered }] } : req.json;
+    const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: prefillText }] } : req.json;
     const prepared = prefill ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
     if (!prepared.ok || !planned.ok) return undefined;
@@ -50,10 +54,31 @@ export function streamRecovery(
     });
     if (!result.stream) return undefined;
     const body = result.stream.body();
-    return prefill ? body : splice(body, delivered, () => result.stream!.abandon());
+    if (!prefill) return splice(body, delivered, () => result.stream!.abandon());
+    return prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body;
   };
 }
 
+/** The continuation with the whitespace at its start taken out of its first content (the client has some already). */
+async function* withoutLeadingWhitespace(body: AsyncGenerator<string>): AsyncGenerator<string> {
+  const parser = new SseParser();
+  let trimming = true;
+  for await (const text of body) {
+    const out: string[] = [];
+    for (const ev of parser.push(Buffer.from(text))) {
+      const c = trimming ? contentOf(ev) : undefined;
+      if (c === undefined) {
+        out.push(`${ev.raw}\n\n`);
+        continue;
+      }
+      const chunk = JSON.parse(ev.data!) as { choices: Array<{ delta: { content: string } }> };
+      chunk.choices[0]!.delta.content = c.trimStart();
+      trimming = chunk.choices[0]!.delta.content === '';
+      out.push(`data: ${JSON.stringify(chunk)}\n\n`);
+    }
+    if (out.length > 0) yield out.join('');
+  }
+}
 function contentOf(ev: SseEvent): string | undefined {
   if (ev.data === null || ev.data === '[DONE]') return undefined;
   try {
