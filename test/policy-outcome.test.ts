@@ -86,6 +86,18 @@ describe('a request the gateway could not send', () => {
   });
 });
 
+describe('transport errors', () => {
+  it('reads undici\'s connect timeout as one that never sent, and an ETIMEDOUT (an established connection) as lost', async () => {
+    const { transportOutcome } = await import('../src/providers/transport-errors.ts');
+    const connect = transportOutcome(Object.assign(new Error('Connect Timeout Error'), { code: 'UND_ERR_CONNECT_TIMEOUT' }));
+    expect(connect).toEqual({ kind: 'timeout', phase: 'connect' });
+    expect(mayHaveRun(connect)).toBe(false);
+    const lost = transportOutcome(Object.assign(new Error('other side closed'), { code: 'UND_ERR_SOCKET', cause: Object.assign(new Error('read ETIMEDOUT'), { code: 'ETIMEDOUT' }) }));
+    expect(lost).toEqual({ kind: 'network', code: 'ETIMEDOUT' });
+    expect(mayHaveRun(lost)).toBe(true);
+  });
+});
+
 describe('an attempt cut short by the instance\'s own shutdown', () => {
   it('says nothing to the breaker, however long it ran: a drain must not open a breaker the fleet shares', () => {
     const c = classify({ kind: 'aborted', by: 'shutdown' });

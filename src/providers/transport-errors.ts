@@ -1,11 +1,12 @@
 // One table from transport error codes (undici's `code`, Node's errno) to outcomes. Classify by code, never by message.
 import type { AttemptOutcome } from '../policy/outcome.ts';
 
+// Not ETIMEDOUT: undici's connect timeout (connectMs) fires long before the kernel's, so an ETIMEDOUT comes from an
+// established connection (retransmissions unanswered), after the request may have been sent: a lost connection.
 const TIMEOUT_CODES: Record<string, 'connect' | 'headers' | 'idle'> = {
   UND_ERR_CONNECT_TIMEOUT: 'connect',
   UND_ERR_HEADERS_TIMEOUT: 'headers',
   UND_ERR_BODY_TIMEOUT: 'idle',
-  ETIMEDOUT: 'connect',
 };
 
 /** Errors undici and Node raise for a request they refuse to send: a header value with a line break, a bad argument. */
