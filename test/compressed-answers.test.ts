@@ -27,7 +27,10 @@ async function compressingProvider(): Promise<string> {
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
       const json = JSON.parse(body) as { stream?: boolean; model: string };
-      if (json.model === 'quota') {
+      if (json.model === 'corrupt') {
+        res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+        res.end(Buffer.from('this is not gzip'));
+      } else if (json.model === 'quota') {
         res.writeHead(429, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
         res.end(gzipSync(JSON.stringify({ error: { message: 'You exceeded your current quota', type: 'insufficient_quota', code: 'insufficient_quota', param: null } })));
       } else if (json.stream) {
@@ -78,5 +81,10 @@ describe('compressed answers', () => {
       code: 'upstream_auth_error',
     });
     expect(hits).toBe(3);
+    // Not gzip at all: a failed attempt (retried like any unusable answer), never a crash or a garbled answer.
+    await expect(client.chat.completions.create({ model: 'corrupt', messages: [{ role: 'user', content: 'hi' }] })).rejects.toMatchObject({
+      status: 502,
+      code: 'upstream_bad_response',
+    });
   });
 });

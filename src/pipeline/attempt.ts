@@ -1,7 +1,6 @@
 // One upstream attempt: send, time it, and report the outcome. For a stream the attempt ends at the first
 // output-bearing event (or its failure); what follows is the LiveStream's job. Timers run on this attempt's own
 // RequestAbort, linked to the request's signal (client gone or deadline).
-import type { Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint } from '../policy/wait-hint.ts';
@@ -14,6 +13,7 @@ import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { notAnAnswer } from '../providers/answer-shape.ts';
 import { readCapped } from '../providers/read-capped.ts';
+import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
@@ -78,20 +78,26 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   try {
     if (!req.stream) {
       const answer = await requestWhole(req.client.dispatcher, { path: req.path, method: 'POST', headers: req.headers, body: req.body, signal, maxBytes: bodyCap });
-      return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
+      const encoding = encodingOf(answer.headers);
+      if (encoding === undefined || !answer.whole) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
+      const decoded = await decodedWhole(answer.body, encoding, bodyCap(answer.statusCode));
+      if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data` }, status: answer.statusCode, headers: answer.headers };
+      return wholeResult(req, answer.statusCode, answer.headers, decoded.bytes, decoded.whole);
     }
     const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) });
     const { headers } = res;
     const status = res.statusCode;
+    const encoding = encodingOf(headers);
+    const body = encoding === undefined ? res.body : decodedStream(res.body, encoding);
     // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other.
     if (status < 200 || status >= 300 || !isEventStream(headers)) {
-      const { bytes, whole } = await readCapped(res.body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status));
+      const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status));
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
-    const first = await readUntilFirstOutput(req.api, res.body, translate);
+    const first = await readUntilFirstOutput(req.api, body, translate);
     if ('failure' in first) {
-      res.body.destroy();
+      body.destroy();
       return { outcome: { kind: 'bad-stream', detail: first.failure }, status, headers };
     }
     handedOff = true;
@@ -204,7 +210,7 @@ type FirstOutput =
  * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
  * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
  */
-async function readUntilFirstOutput(api: ApiKind, body: Dispatcher.ResponseData['body'], translate: StreamTranslator | undefined): Promise<FirstOutput> {
+async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let head = '';

@@ -1,7 +1,7 @@
 // One keep-alive undici Pool per provider, and the provider's API family (how to address and authenticate it).
 // undici's own timers are coarse backstops here: the precise first-token, idle and response timers run on the
 // request's signal in pipeline/attempt.ts.
-import { interceptors, Pool, type Dispatcher } from 'undici';
+import { Pool, type Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 
 export interface ProviderClient {
@@ -19,9 +19,6 @@ export interface ProviderClientOptions {
   backstopMs: number;
 }
 
-/** Past the largest whole answer the gateway holds (pipeline/attempt.ts): a decompression bomb, not an answer. */
-const MAX_DECODED_BYTES = 128 * 1024 * 1024;
-
 export function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
   const url = new URL(config.baseUrl);
   const dispatcher =
@@ -33,9 +30,7 @@ export function createProviderClient(name: string, config: ProviderConfig, opts:
       headersTimeout: opts.backstopMs,
       bodyTimeout: opts.backstopMs,
       keepAliveTimeout: 30_000,
-      // A provider (or a proxy in front of it) that compresses answers nobody asked it to compress: decoded here, so
-      // the answer is judged, translated and passed on as the JSON or SSE it is, errors included.
-    }).compose(interceptors.decompress({ skipErrorResponses: false, maxSize: MAX_DECODED_BYTES }));
+    });
   return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
 

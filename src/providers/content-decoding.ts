@@ -1,0 +1,38 @@
+// Answers a provider (or a proxy in front of it) compressed although the gateway never asked: decoded before they are
+// judged, translated or passed on. Only such answers pay anything; the common, uncompressed one is not wrapped.
+// (undici's decompress interceptor wraps every request's handler, and is experimental: a warning at every start.)
+import { pipeline, type Readable } from 'node:stream';
+import { promisify } from 'node:util';
+import { brotliDecompress, createBrotliDecompress, createGunzip, createInflate, gunzip, inflate } from 'node:zlib';
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+const STREAMS = { gzip: createGunzip, 'x-gzip': createGunzip, deflate: createInflate, br: createBrotliDecompress } as const;
+const WHOLE = { gzip: promisify(gunzip), 'x-gzip': promisify(gunzip), deflate: promisify(inflate), br: promisify(brotliDecompress) } as const;
+type Encoding = keyof typeof STREAMS;
+
+/** The answer's content-encoding when it is one the gateway decodes; undefined for none, identity or an unknown one. */
+export function encodingOf(headers: HeaderBag): Encoding | undefined {
+  const raw = headers['content-encoding'];
+  if (raw === undefined) return undefined;
+  const name = (Array.isArray(raw) ? raw.join(',') : raw).trim().toLowerCase();
+  return name in STREAMS ? (name as Encoding) : undefined;
+}
+
+/** The body decoded as it arrives; destroying either end (an abort) destroys both. */
+export function decodedStream(body: Readable, encoding: Encoding): Readable {
+  return pipeline(body, STREAMS[encoding](), () => {});
+}
+
+/**
+ * A whole body, decoded, up to maxBytes decoded (a decompression bomb is cut there: `whole` false); undefined when the
+ * bytes are not valid data of that encoding.
+ */
+export async function decodedWhole(bytes: Buffer, encoding: Encoding, maxBytes: number): Promise<{ bytes: Buffer; whole: boolean } | undefined> {
+  try {
+    return { bytes: await WHOLE[encoding](bytes, { maxOutputLength: maxBytes }), whole: true };
+  } catch (err) {
+    if ((err as { code?: unknown }).code === 'ERR_BUFFER_TOO_LARGE') return { bytes: Buffer.alloc(0), whole: false };
+    return undefined;
+  }
+}
