@@ -21,6 +21,8 @@ type JsonSchema = {
   minimum?: number;
   maximum?: number;
   exclusiveMinimum?: number;
+  exclusiveMaximum?: number;
+  const?: unknown;
   minItems?: number;
   minLength?: number;
 };
@@ -117,6 +119,8 @@ export function extractBlock(readme: string): string | undefined {
 
 function typeOf(s: JsonSchema): string {
   if (s.anyOf) return s.anyOf.map(typeOf).join(' or ');
+  // z.literal(false): "false", not "boolean" (true is refused).
+  if (s.const !== undefined) return `\`${String(s.const)}\``;
   if (s.enum) return s.enum.map((v) => `\`${String(v)}\``).join(' | ');
   switch (s.type) {
     case 'integer':
@@ -144,9 +148,10 @@ function range(s: JsonSchema): string {
   // For integers "> 0" is "≥ 1", which reads better next to a range like "1 to 20".
   const min = s.minimum ?? (s.exclusiveMinimum !== undefined && s.type === 'integer' ? s.exclusiveMinimum + 1 : undefined);
   if (min !== undefined && max !== undefined) return ` ${min} to ${max}`;
-  if (min !== undefined) return ` ≥ ${min}`;
-  if (s.exclusiveMinimum !== undefined) return ` > ${s.exclusiveMinimum}`;
-  return max !== undefined ? ` ≤ ${max}` : '';
+  const lower = min !== undefined ? `≥ ${min}` : s.exclusiveMinimum !== undefined ? `> ${s.exclusiveMinimum}` : undefined;
+  const upper = max !== undefined ? `≤ ${max}` : s.exclusiveMaximum !== undefined ? `< ${s.exclusiveMaximum}` : undefined;
+  const bounds = [lower, upper].filter((b) => b !== undefined);
+  return bounds.length === 0 ? '' : ` ${bounds.join(' and ')}`;
 }
 
 // zod renders startsWith('/') as the pattern ^\/.*

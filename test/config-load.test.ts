@@ -306,3 +306,35 @@ describe('config errors', () => {
     ]);
   });
 });
+
+describe('values that load but could not work', () => {
+  const route = (extra: string) => `providers:
+  openai: { family: openai, baseUrl: "https://api.openai.com/v1", apiKey: k }
+routes:
+  - name: chat
+    match: { path: /v1/chat/completions }
+    targets: [ { provider: openai } ]
+${extra}`;
+
+  it('refuses a time past what a Node.js timer holds, which would fire after 1 ms', () => {
+    expect(configError(route('    timeoutMs: 99999999999\n')).message).toMatch(/routes\[0\]\.timeoutMs: .*2147483647/);
+    expect(configError(valid().replace('family: openai', 'family: openai\n    timeouts: { firstTokenMs: 9999999999 }')).message).toMatch(/timeouts\.firstTokenMs/);
+  });
+
+  it('refuses a margin or a minimum attempt that leaves no time, and a backoff base above its cap', () => {
+    expect(configError(route('    timeoutMs: 5000\n    deadlineMarginMs: 5000\n')).message).toMatch(/routes\[0\]\.deadlineMarginMs: must be less than timeoutMs/);
+    expect(configError(route('    timeoutMs: 1000\n    minAttemptMs: 5000\n')).message).toMatch(/routes\[0\]\.minAttemptMs: must be less than timeoutMs/);
+    expect(configError(route('    retry: { backoff: { baseMs: 5000, capMs: 100 } }\n')).message).toMatch(/backoff\.baseMs: must not exceed capMs/);
+  });
+
+  it('refuses a base URL that is not http(s) and a Redis setting that is no Redis', () => {
+    expect(configError(valid().replace('https://api.openai.com/v1', 'ftp://example.com/v1')).message).toMatch(/providers\.openai\.baseUrl/);
+    expect(configError(valid('state: { redis: "not a url" }\n')).message).toMatch(/state\.redis: expected a redis:\/\/ or rediss:\/\/ URL/);
+    expect(configError(valid('state: { redis: { password: x } }\n')).message).toMatch(/state\.redis: needs `sentinels`/);
+    expect(configError(valid('state: { redis: { sentinels: [ { host: s1, port: 26379 } ] } }\n')).message).toMatch(/state\.redis\.name: Sentinel needs/);
+  });
+
+  it('refuses a passthrough path that covers a managed route', () => {
+    expect(configError(valid('passthrough: { provider: openai, paths: [/v1] }\n')).message).toMatch(/passthrough\.paths\[0\]: "\/v1" covers the managed route path \/v1\/chat\/completions/);
+  });
+});

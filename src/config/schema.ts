@@ -2,8 +2,14 @@
 // and the README's config reference is generated from the `.describe()` texts (see test/config-docs.test.ts).
 import { z } from 'zod';
 
-const ms = (doc: string) => z.number().int().nonnegative().describe(doc);
-const positiveMs = (doc: string) => z.number().int().positive().describe(doc);
+/**
+ * The longest a Node.js timer holds: past 2^31-1 ms (24.8 days) it fires after 1 ms instead (TimeoutOverflowWarning),
+ * so a "huge" timeout would time every request out at once.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+const ms = (doc: string) => z.number().int().nonnegative().max(MAX_TIMER_MS).describe(doc);
+const positiveMs = (doc: string) => z.number().int().positive().max(MAX_TIMER_MS).describe(doc);
+const MAX_TIMER_S = Math.floor(MAX_TIMER_MS / 1000);
 
 export const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
 
@@ -62,7 +68,7 @@ const breakerFields = {
   minRequests: z.number().int().min(1).describe('Requests the window needs before the failure rate can open the breaker. Default: 20.'),
   consecutiveFailures: z.number().int().min(1).describe('Failures in a row seen by one instance that open the breaker fleet-wide at once (as Envoy\'s consecutive_5xx). Default: 5.'),
   slowCallMs: positiveMs('An attempt cut short by the client\'s deadline or disconnect counts as a failure only if it had waited longer than this. Default: 5000.'),
-  openS: z.number().positive().describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
+  openS: z.number().positive().max(MAX_TIMER_S).describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
   halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),
   closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker; one failure reopens it. Default: 3.'),
   probeWhileParkedMs: positiveMs('While requests are parked on an open target, a probe runs this often whatever openS says. Default: 1000.'),
@@ -123,9 +129,9 @@ export const ProviderSchema = z
       .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (clamped to 0..1), or refuse the request for this target. Default: drop.'),
     prefill: z.boolean().default(false)
       .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
-    authHoldS: z.number().positive().default(60)
+    authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)
       .describe('After the provider rejects the gateway\'s own credentials or billing (401, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
-    baseUrl: z.url().describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
+    baseUrl: z.url({ protocol: /^https?$/ }).describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
     apiKey: z
       .string()
       // A secret written with `echo` ends in a line break, which no HTTP header may hold: trimmed here, not sent.
@@ -213,7 +219,7 @@ export const PassthroughSchema = z
 const HostPort = z.strictObject({ host: z.string().min(1).describe('Host name or address of the node.'), port: z.number().int().min(1).max(65535).describe('Port of the node.') });
 
 export const RedisSchema = z.union([
-  z.string().describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
+  z.string().regex(/^$|^rediss?:\/\/\S+$/, 'a redis:// or rediss:// URL (or "" for in-process state)').describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
   z
     .strictObject({
       sentinels: z.array(HostPort).min(1).optional().describe('Redis Sentinel nodes; needs `name`.'),
@@ -223,6 +229,15 @@ export const RedisSchema = z.union([
       password: z.string().optional().describe('Usually "${REDIS_PASSWORD}"; never logged.'),
       db: z.number().int().min(0).optional().describe('Database index. Default: 0.'),
       tls: z.boolean().optional().describe('Connect with TLS.'),
+    })
+    .superRefine((r, ctx) => {
+      if (r.sentinels === undefined && r.cluster === undefined) {
+        ctx.addIssue({ code: 'custom', message: 'needs `sentinels` (with `name`) or `cluster`; for a single Redis write its URL as a string, e.g. "redis://:${REDIS_PASSWORD}@redis:6379"' });
+      } else if (r.sentinels !== undefined && r.cluster !== undefined) {
+        ctx.addIssue({ code: 'custom', message: 'set `sentinels` or `cluster`, not both' });
+      } else if (r.sentinels !== undefined && !r.name) {
+        ctx.addIssue({ code: 'custom', path: ['name'], message: 'Sentinel needs the master\'s `name`' });
+      }
     })
     .describe('Sentinel or Cluster settings, as ioredis takes them.'),
 ]);
@@ -323,11 +338,17 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['providers', name, 'apiVersion'], message: 'azure-openai needs apiVersion (e.g. "2024-10-21")' });
       }
     }
-    cfg.routes.forEach((route, i) => checkRouteFamilies(cfg, route, i, ctx));
-    const managed = new Set(cfg.routes.map((r) => r.match.path));
+    cfg.routes.forEach((route, i) => {
+      checkRouteFamilies(cfg, route, i, ctx);
+      checkRouteTimes(route, i, ctx);
+    });
+    const managed = cfg.routes.map((r) => r.match.path);
     cfg.passthrough?.paths.forEach((p, i) => {
-      if (managed.has(p)) {
-        ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is a managed route's path; passthrough is for paths no route serves` });
+      // A prefix forwards what is under it: `/v1` would pass /v1/chat/completions/ and /v1//chat/completions on
+      // unmanaged, with the company's key, past retries, budgets and breakers.
+      const covered = managed.find((m) => m === p || m.startsWith(`${p.replace(/\/+$/, '')}/`));
+      if (covered !== undefined) {
+        ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" covers the managed route path ${covered}; passthrough is for paths no route serves` });
       } else if (GATEWAY_PATHS.some((own) => p === own || p.startsWith(`${own}/`))) {
         ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is one of the gateway's own paths (${GATEWAY_PATHS.join(', ')})` });
       }
@@ -344,6 +365,18 @@ export const ConfigSchema = z
       }
     });
   });
+
+/** Times of a route that only make sense together: a margin or a minimum attempt as long as the deadline leaves nothing. */
+function checkRouteTimes(route: { timeoutMs: number; minAttemptMs: number; deadlineMarginMs?: number | undefined; retry: { backoff: { baseMs: number; capMs: number } } }, i: number, ctx: z.RefinementCtx): void {
+  if (route.deadlineMarginMs !== undefined && route.deadlineMarginMs >= route.timeoutMs) {
+    ctx.addIssue({ code: 'custom', path: ['routes', i, 'deadlineMarginMs'], message: `must be less than timeoutMs (${route.timeoutMs}): it is kept back from the deadline` });
+  }
+  if (route.minAttemptMs >= route.timeoutMs) {
+    ctx.addIssue({ code: 'custom', path: ['routes', i, 'minAttemptMs'], message: `must be less than timeoutMs (${route.timeoutMs}), or no retry wait could ever be taken` });
+  }
+  const { baseMs, capMs } = route.retry.backoff;
+  if (baseMs > capMs) ctx.addIssue({ code: 'custom', path: ['routes', i, 'retry', 'backoff', 'baseMs'], message: `must not exceed capMs (${capMs})` });
+}
 
 /** Paths the gateway serves itself, which passthrough may not take over. */
 const GATEWAY_PATHS = ['/healthz', '/readyz', '/metrics', '/v1/models'];
