@@ -98,6 +98,14 @@ describe('${VAR} interpolation', () => {
     // A replacer function, because a replacement string would read "$$" as "$".
     parseConfig(valid().replace('${OPENAI_API_KEY}', () => apiKey), 'gw.yaml', e).providers.openai!.apiKey;
 
+  it('reads a reference inside a default, as docker compose does, and names the variable that is missing', () => {
+    expect(withKey('"${KEY:-${OTHER}}"', { OTHER: 'sk-other' })).toBe('sk-other');
+    expect(withKey('"${KEY:-${OTHER}}"', { KEY: 'sk-key', OTHER: 'sk-other' })).toBe('sk-key');
+    expect(withKey('"${KEY:-${OTHER:-sk-${LAST}-x}}"', { LAST: 'z' })).toBe('sk-z-x');
+    expect(withKey('"${KEY:-$${literal}}"', {})).toBe('${literal}');
+    expect(configError(valid().replace('${OPENAI_API_KEY}', () => '${KEY:-${OTHER}}'), {}).message).toMatch(/environment variable OTHER is not set/);
+  });
+
   it('uses the default of ${VAR:-default} when VAR is unset or empty', () => {
     expect(withKey('"${KEY:-fallback}"', {})).toBe('fallback');
     expect(withKey('"${KEY:-fallback}"', { KEY: '' })).toBe('fallback');

@@ -2,7 +2,8 @@
 // time, so an environment value can never add keys or change the file's structure; keys are never interpolated.
 import { isMap, isScalar, isSeq, type Document, type Node, type Scalar, type ScalarTag } from 'yaml';
 
-type Part = { literal: string } | { name: string; fallback?: string };
+/** A default may hold references itself (`${A:-${B}}`, as docker compose reads it). */
+type Part = { literal: string } | { name: string; fallback?: Part[] };
 
 /** A reference that could not be resolved, with the YAML path of the value that holds it. */
 export interface InterpolationIssue {
@@ -25,7 +26,7 @@ export function parseTemplate(value: string): Part[] {
       literal += '${';
       i += 3;
     } else if (value.startsWith('${', i)) {
-      const end = value.indexOf('}', i + 2);
+      const end = closingBrace(value, i + 2);
       if (end === -1) throw new Error(`unterminated "\${" in "${value}"; write "$\${" for a literal "\${"`);
       const body = value.slice(i + 2, end);
       const sep = body.indexOf(':-');
@@ -35,7 +36,7 @@ export function parseTemplate(value: string): Part[] {
       }
       if (literal) parts.push({ literal });
       literal = '';
-      parts.push(sep === -1 ? { name } : { name, fallback: body.slice(sep + 2) });
+      parts.push(sep === -1 ? { name } : { name, fallback: parseTemplate(body.slice(sep + 2)) });
       i = end + 1;
     } else {
       literal += value[i];
@@ -44,6 +45,36 @@ export function parseTemplate(value: string): Part[] {
   }
   if (literal) parts.push({ literal });
   return parts;
+}
+
+/** The `}` that closes the reference whose body starts at `from`, past any nested `${...}`; -1 if none. */
+function closingBrace(value: string, from: number): number {
+  let depth = 1;
+  for (let j = from; j < value.length; j++) {
+    if (value.startsWith('$${', j)) j += 2;
+    else if (value.startsWith('${', j)) {
+      depth++;
+      j++;
+    } else if (value[j] === '}' && --depth === 0) return j;
+  }
+  return -1;
+}
+
+/** The parts' text; a reference to an unset variable adds nothing and is reported to `missing`. */
+function resolveParts(parts: Part[], env: NodeJS.ProcessEnv, missing: (name: string) => void): string {
+  let out = '';
+  for (const part of parts) {
+    if ('literal' in part) out += part.literal;
+    else if (part.fallback !== undefined) out += env[part.name] || resolveParts(part.fallback, env, missing);
+    else if (env[part.name] !== undefined) out += env[part.name];
+    else missing(part.name);
+  }
+  return out;
+}
+
+/** Every variable the parts name, defaults' included. */
+function namesOf(parts: Part[]): string[] {
+  return parts.flatMap((p) => ('name' in p ? [p.name, ...namesOf(p.fallback ?? [])] : []));
 }
 
 /**
@@ -67,15 +98,9 @@ export function interpolateDocument(
       return;
     }
     if (parts.every((p) => 'literal' in p) && !(node.value as string).includes('$${')) return;
-    let out = '';
-    for (const part of parts) {
-      if ('literal' in part) out += part.literal;
-      else if (part.fallback !== undefined) out += env[part.name] || part.fallback;
-      else if (env[part.name] !== undefined) out += env[part.name];
-      else issues.push({ path, node, message: `environment variable ${part.name} is not set`, missingVar: part.name });
-    }
+    const out = resolveParts(parts, env, (name) => issues.push({ path, node, message: `environment variable ${name} is not set`, missingVar: name }));
     node.value = node.type === 'PLAIN' ? resolvePlain(doc, out) : out;
-    fromEnv?.push({ path, names: parts.flatMap((p) => ('name' in p ? [p.name] : [])) });
+    fromEnv?.push({ path, names: namesOf(parts).filter((name) => env[name] !== undefined && env[name] !== '') });
   });
   return issues;
 }
@@ -85,7 +110,7 @@ export function referencedEnvVars(doc: Document): string[] {
   const names = new Set<string>();
   forEachStringScalar(doc.contents, [], (node) => {
     try {
-      for (const part of parseTemplate(node.value as string)) if ('name' in part) names.add(part.name);
+      for (const name of namesOf(parseTemplate(node.value as string))) names.add(name);
     } catch {
       // A malformed reference names no variable; interpolateDocument reports it.
     }
