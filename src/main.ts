@@ -6,14 +6,20 @@ import { ConfigError, loadConfigFile } from './config/load.ts';
 import { buildServer } from './server.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
+const USAGE = 'usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG or config/gateway.yaml)\n';
+
+/** A problem the person starting the gateway can fix, said in one line (no stack trace): exit code 2. */
+class StartupError extends Error {}
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    options: { config: { type: 'string', short: 'c' }, help: { type: 'boolean', short: 'h' } },
-    strict: true,
-  });
+  let values: { config?: string; help?: boolean };
+  try {
+    ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
+  } catch (err) {
+    throw new StartupError(`${(err as Error).message}\n${USAGE}`);
+  }
   if (values.help) {
-    process.stdout.write('usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG or config/gateway.yaml)\n');
+    process.stdout.write(USAGE);
     return;
   }
   const file = values.config ?? process.env.STORMGATE_CONFIG ?? DEFAULT_CONFIG;
@@ -52,11 +58,25 @@ async function main(): Promise<void> {
   // Node's default for SIGHUP is to exit at once, cutting every request and stream; operators send it to reload, and
   // a closing terminal sends it too. There is no reload: the signal is logged and ignored.
   process.on('SIGHUP', () => app.log.warn('SIGHUP ignored: the config is read at start only; restart the gateway (SIGTERM drains) to apply a change'));
-  const address = await app.listen({ host: config.server.host, port: config.server.port });
+  const { host, port } = config.server;
+  const address = await app.listen({ host, port }).catch((err: NodeJS.ErrnoException) => {
+    const why: Record<string, string> = {
+      EADDRINUSE: `port ${port} is in use on ${host} (server.port in ${file})`,
+      EACCES: `no permission to listen on port ${port} (server.port in ${file}; ports below 1024 need privileges)`,
+      EADDRNOTAVAIL: `${host} is not an address of this machine (server.host in ${file})`,
+      ENOTFOUND: `${host} does not resolve (server.host in ${file})`,
+    };
+    const reason = err.code !== undefined ? why[err.code] : undefined;
+    throw reason ? new StartupError(`cannot listen: ${reason}`) : err;
+  });
   app.log.info({ address, config: file, routes: config.routes.map((r) => r.name) }, 'stormgate listening');
 }
 
 main().catch((err: unknown) => {
+  if (err instanceof StartupError) {
+    process.stderr.write(`stormgate: ${err.message}\n`);
+    process.exit(2);
+  }
   process.stderr.write(`stormgate: ${(err as Error)?.stack ?? String(err)}\n`);
   process.exit(1);
 });

@@ -1,0 +1,61 @@
+// The command line as a person meets it: mistakes get one line saying what to fix and exit 2, never a stack trace.
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+
+let blocker: Server | undefined;
+let dir: string | undefined;
+afterEach(async () => {
+  if (blocker) await new Promise((r) => blocker!.close(r));
+  if (dir) rmSync(dir, { recursive: true, force: true });
+  blocker = dir = undefined;
+});
+
+async function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stderr: string }> {
+  const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...base } = process.env;
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], { env: { ...base, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const [code] = (await once(child, 'exit')) as [number | null];
+  return { code, stderr };
+}
+
+describe('stormgate on the command line', () => {
+  it('names the missing key and points to the demo when the default config has no key', async () => {
+    const { code, stderr } = await run([]);
+    expect(code).toBe(2);
+    expect(stderr).toMatch(/OPENAI_API_KEY/);
+    expect(stderr).toMatch(/npm run demo/);
+    expect(stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('answers an unknown option with the usage line', async () => {
+    const { code, stderr } = await run(['--confg', 'x.yaml']);
+    expect(code).toBe(2);
+    expect(stderr).toMatch(/Unknown option '--confg'/);
+    expect(stderr).toMatch(/usage: stormgate/);
+    expect(stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('says which setting to change when its port is taken', async () => {
+    blocker = createServer();
+    await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
+    const port = (blocker.address() as { port: number }).port;
+    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
+    const file = join(dir, 'gw.yaml');
+    writeFileSync(file, `server: { host: 127.0.0.1, port: ${port}, logLevel: silent }
+providers:
+  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
+`);
+    const { code, stderr } = await run(['--config', file]);
+    expect(code).toBe(2);
+    expect(stderr).toContain(`cannot listen: port ${port} is in use on 127.0.0.1 (server.port in ${file})`);
+    expect(stderr).not.toMatch(/\n\s+at /);
+  });
+});
