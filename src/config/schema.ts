@@ -366,13 +366,13 @@ export const ConfigSchema = z
     });
   });
 
-/** Times of a route that only make sense together: a margin or a minimum attempt as long as the deadline leaves nothing. */
-function checkRouteTimes(route: { timeoutMs: number; minAttemptMs: number; deadlineMarginMs?: number | undefined; retry: { backoff: { baseMs: number; capMs: number } } }, i: number, ctx: z.RefinementCtx): void {
+/**
+ * Times of a route that only make sense together: a margin as long as the deadline leaves nothing to work with. (A
+ * minAttemptMs at or above timeoutMs is allowed: it only means that no retry wait is ever taken.)
+ */
+function checkRouteTimes(route: { timeoutMs: number; deadlineMarginMs?: number | undefined; retry: { backoff: { baseMs: number; capMs: number } } }, i: number, ctx: z.RefinementCtx): void {
   if (route.deadlineMarginMs !== undefined && route.deadlineMarginMs >= route.timeoutMs) {
     ctx.addIssue({ code: 'custom', path: ['routes', i, 'deadlineMarginMs'], message: `must be less than timeoutMs (${route.timeoutMs}): it is kept back from the deadline` });
-  }
-  if (route.minAttemptMs >= route.timeoutMs) {
-    ctx.addIssue({ code: 'custom', path: ['routes', i, 'minAttemptMs'], message: `must be less than timeoutMs (${route.timeoutMs}), or no retry wait could ever be taken` });
   }
   const { baseMs, capMs } = route.retry.backoff;
   if (baseMs > capMs) ctx.addIssue({ code: 'custom', path: ['routes', i, 'retry', 'backoff', 'baseMs'], message: `must not exceed capMs (${capMs})` });
