@@ -289,11 +289,14 @@ function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
 
 /** Writes the pipeline's answer. A stream that cannot be sent is closed, so its upstream connection is not left open. */
 function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
-  reply.code(answer.status).headers(safeHeaders(answer.headers));
+  reply.code(answer.status);
   const { body } = answer;
-  if (!(body instanceof Readable)) return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
+  if (!(body instanceof Readable)) {
+    reply.headers(safeHeaders(answer.headers));
+    return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
+  }
   try {
-    return sendStream(reply, body);
+    return sendStream(reply, body, answer.headers);
   } catch (err) {
     body.destroy();
     throw err;
@@ -308,10 +311,11 @@ function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
  * response when the body fails: what stream.pipeline() does, without the AbortController it makes and aborts per
  * call (with a DOMException and an event dispatch each, a sixteenth of a stream's CPU).
  */
-function sendStream(reply: FastifyReply, body: Readable): FastifyReply {
+function sendStream(reply: FastifyReply, body: Readable, headers: Record<string, string>): FastifyReply {
   const res = reply.raw;
+  // The answer's headers go straight into the head, not through fastify's reply (set one by one, then copied out).
   // Throws before hijacking when a header value cannot be written: the error handler answers then.
-  res.writeHead(reply.statusCode, reply.getHeaders() as OutgoingHttpHeaders);
+  res.writeHead(reply.statusCode, Object.assign(reply.getHeaders() as OutgoingHttpHeaders, safeHeaders(headers)));
   reply.hijack();
   const first: unknown = body.read();
   if (first !== null) {

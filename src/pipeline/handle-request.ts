@@ -151,10 +151,10 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       summary.outcome = 'degraded';
       deps.onDegraded?.(route.name, degraded);
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
-      return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
+      return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
     }
     const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0);
-    return { ...answer, headers: { ...answer.headers, ...stormgateHeaders(summary, served.plan.label) }, summary };
+    return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
   } catch (err) {
     const answer = errorAnswer(new GatewayError('internal_error', `the gateway failed: ${(err as Error).message}`));
     return { ...answer, summary };
@@ -258,12 +258,11 @@ function noTargetError(summary: RequestSummary): GatewayError {
   return new GatewayError('no_target', `no target of route ${summary.route} can serve this request: ${why}`);
 }
 
-function stormgateHeaders(summary: RequestSummary, label: string): Record<string, string> {
-  const headers: Record<string, string> = {
-    'x-stormgate-attempts': String(summary.attempts.length),
-    'x-stormgate-target': label,
-    'x-stormgate-route': summary.route,
-  };
+/** Adds the gateway's own answer headers to `headers` (an object of the answer's own, written in place). */
+function withStormgateHeaders(headers: Record<string, string>, summary: RequestSummary, label: string): Record<string, string> {
+  headers['x-stormgate-attempts'] = String(summary.attempts.length);
+  headers['x-stormgate-target'] = label;
+  headers['x-stormgate-route'] = summary.route;
   if (summary.fallback) headers['x-stormgate-fallback'] = summary.fallback;
   return headers;
 }
@@ -272,7 +271,8 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   const upstream = result.headers ?? {};
   const upstreamId = upstream['x-request-id'];
   if (upstreamId !== undefined) summary.upstreamRequestId = Array.isArray(upstreamId) ? upstreamId[0] : upstreamId;
-  const headers = { ...forwardedResponseHeaders(upstream), ...stormgateHeaders(summary, plan.label) };
+  // One object, written in place: the first token waits for everything done here.
+  const headers = withStormgateHeaders(forwardedResponseHeaders(upstream), summary, plan.label);
   if (result.stream) {
     summary.ttftMs = result.ttftMs;
     const live = result.stream;
