@@ -40,12 +40,6 @@ return { sums.r or 0, sums.f or 0 }
  * Returns [1] when written (and published), else [0, field, value, ...] with the stored record, so the caller's stale
  * view heals on the spot.
  */
-/**
- * A breaker record outlives any open spell by far, but not forever: the keys of targets renamed or gone (models a
- * provider stopped serving) would stay for good. One that expires reads as closed, as after a Redis restart.
- */
-const BREAKER_KEY_TTL_MS = 7 * 24 * 3600 * 1000;
-
 const CAS_BREAKER = `
 local current = tonumber(redis.call('HGET', KEYS[1], 'generation') or '0')
 if current ~= tonumber(ARGV[1]) then
@@ -54,7 +48,6 @@ if current ~= tonumber(ARGV[1]) then
   return out
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('PEXPIRE', KEYS[1], ${BREAKER_KEY_TTL_MS})
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return { 1 }
 `;
