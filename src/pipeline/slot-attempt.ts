@@ -36,8 +36,7 @@ export async function attemptInSlot(
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
-  const hinted = result.outcome.kind === 'http' && result.outcome.hint !== undefined;
-  plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs, hinted);
+  plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
   if (result.stream) result.stream.whenDone(() => acquired.slot.release());
   else acquired.slot.release();
   if (cls.cls === 'success' && result.headers) {

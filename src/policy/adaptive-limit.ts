@@ -22,20 +22,13 @@ export interface LimitState {
   lastDecreaseAtMs: number;
   /** The last rate-limit signal of any kind: growth waits a few round trips after it, so probing stays rare. */
   lastSignalAtMs: number;
-  /** Moving share of the recent answers that were 429 or 529 (about the last ten), 0..1. */
-  rejectShare: number;
 }
-
-/** Weight of one answer in `rejectShare`. */
-const REJECT_SHARE_WEIGHT = 0.1;
-/** Past this share of rejections a limit far above what is in flight is brought down to it (onRateLimited). */
-const OVERWHELMED_SHARE = 0.5;
 
 /** Round trips without a rate-limit signal before the limit grows again: at most ~1% of attempts probe too far. */
 const QUIET_ROUND_TRIPS = 10;
 
 export function initialLimit(s: LimitSettings): LimitState {
-  return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY, rejectShare: 0 };
+  return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
 }
 
 /** A class's floor under the current limit: its minShare of it, at least one slot. */
@@ -54,21 +47,12 @@ export function classLimit(st: LimitState, cls: number): number {
  * it takes fewer than that. At once, the lowest class above its floor is clamped to one below what it had in flight
  * (else the limit itself): without this, every slot a 429 frees is taken by the next waiter and answered 429 again.
  * And at most once per round trip, the multiplicative cut (x decrease), lowest class first, then the limit.
- * `hinted`: the answer carried a wait hint or a quota reset (a window, not a concurrency limit).
  */
-export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse, hinted: boolean): LimitState {
-  const rejectShare = st.rejectShare * (1 - REJECT_SHARE_WEIGHT) + REJECT_SHARE_WEIGHT;
-  if (!binding(st, inUse)) {
-    // A limit that is not binding is usually not too high: a 429 while far below it (a quota window, another client
-    // of the same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
-    // Unless most answers are bare 429s: a provider that rejects what it cannot take at once (a concurrency cap)
-    // answers so fast that the attempts in flight never come near the limit, which would never bind, and every
-    // request would be sent and rejected (a batch flood then takes the provider from online). What is in flight is
-    // what it takes: the limit comes down to it, and binds from then on.
-    if (hinted || rejectShare < OVERWHELMED_SHARE) return { ...st, rejectShare };
-    return { ...clampToObserved(st, s, inUse), rejectShare, lastSignalAtMs: nowMs };
-  }
-  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, rejectShare };
+export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse): LimitState {
+  // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
+  // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
+  if (!binding(st, inUse)) return st;
+  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
   const caps = [...clamped.caps];
   for (let k = caps.length - 1; k >= 1; k--) {
@@ -116,9 +100,7 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  * itself last. Batch thus takes the sawtooth of probing for capacity, and online's room is left alone. In slow start
  * (after an outage) the limit comes first, +1 per success.
  */
-export function onSuccess(prev: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
-  const decayed = prev.rejectShare * (1 - REJECT_SHARE_WEIGHT);
-  const st = prev.rejectShare === 0 ? prev : { ...prev, rejectShare: decayed < 0.01 ? 0 : decayed };
+export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
   const slowStart = st.slowStartTo !== undefined && st.limit < st.slowStartTo;
   if (!slowStart && nowMs - st.lastSignalAtMs < QUIET_ROUND_TRIPS * roundTripMs) return st;
   if (slowStart) {

@@ -177,7 +177,7 @@ export class ProviderPool {
   }
 
   /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 shrink it, success grows it). */
-  observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number, hinted = false): void {
+  observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
     if (signal === 'none') return;
     const t = this.#target(target);
     if (signal === 'success') {
@@ -187,7 +187,7 @@ export class ProviderPool {
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
       this.#drain();
     } else {
-      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting }, hinted);
+      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
     }
   }
 
