@@ -78,6 +78,6 @@ describe('connections to the provider', () => {
     expect(Date.now() - started).toBeLessThan(1_000);
     const closed = once(sockets[0]!, 'close');
     await closed;
-    expect(Date.now() - started).toBeLessThan(6_000);
+    expect(Date.now() - started).toBeLessThan(3_000);
   });
 });

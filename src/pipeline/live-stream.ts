@@ -74,10 +74,11 @@ export function translatedAfterOutput(events: SseEvent[], translate: StreamTrans
 /**
  * An answer that is over (its [DONE] or terminal event came) while the upstream's response is not (the chunked body's
  * last bytes are on their way): those bytes are read, up to this many and for this long, so the connection is kept
- * for the next request instead of being closed, which would cost the next stream a new TCP and TLS handshake.
+ * for the next request instead of being closed, which would cost the next stream a new TCP and TLS handshake. They
+ * come within milliseconds; a response that lingers longer is closed rather than hold its pool slot.
  */
 const DRAIN_MAX_BYTES = 64 * 1024;
-const DRAIN_MS = 2_000;
+const DRAIN_MS = 250;
 /**
  * Why the upstream request is aborted once the stream is over. One instance: a fresh error (or the DOMException an
  * abort without a reason makes) per stream, with undici formatting its stack, was a tenth of a stream's CPU.
