@@ -79,6 +79,23 @@ describe('a 2xx that is not the answer', () => {
     });
   }
 
+  it('fails over on a proxy\'s HTML page even when retryOn leaves network out: a page is no run of the request', async () => {
+    const url = await wrongProvider(WRONG.html!);
+    const s = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, { ...RETRY_LOOP_ONLY, route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 1, retryOn: [503] } } });
+        return {
+          ...base,
+          providers: { ...base.providers, wrong: { family: 'openai', baseUrl: url, apiKey: 'wrong-key', breaker: false } },
+          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'wrong' }, { provider: 'mock' }] })),
+        };
+      },
+    });
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(hits).toBe(1);
+  });
+
   it('treats JSON where a stream was asked for as a failed attempt, so the SDK never sees an empty stream', async () => {
     const s = await stack({ contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.completion","choices":[]}' });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });

@@ -149,8 +149,12 @@ describe('failover to another provider', () => {
     s.mock.setFaults({ resetRate: 1 });
     await expect(sdk(s).chat.completions.create({ model: 'gpt-4o', messages })).rejects.toMatchObject({ status: 502 });
     expect(backup!.stats().total).toBe(0);
-    // A status the provider answered with says it did not run: the backup takes it, retryOn or not.
-    s.mock.setFaults({ errors: [{ status: 500, rate: 1 }] });
+    // So is a proxy's 502 (it lost its upstream mid-request) ...
+    s.mock.setFaults({ errors: [{ status: 502, rate: 1 }] });
+    await expect(sdk(s).chat.completions.create({ model: 'gpt-4o', messages })).rejects.toMatchObject({ status: 502 });
+    expect(backup!.stats().total).toBe(0);
+    // ... but an overloaded provider's 529 says it did not run: the backup takes it, retryOn or not.
+    s.mock.setFaults({ errors: [{ status: 529, rate: 1 }] });
     const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
     expect(response.headers.get('x-stormgate-target')).toBe('backup/gpt-4o');
   });

@@ -33,7 +33,7 @@ describe('the outcome table', () => {
     ['connect error', { kind: 'network', code: 'ECONNREFUSED' }, 'network', true],
     ['connect timeout', { kind: 'timeout', phase: 'connect' }, 'timeout', true],
     ['first-token timeout', { kind: 'timeout', phase: 'first-token' }, 'timeout', true],
-    ['malformed stream before output', { kind: 'bad-stream', detail: 'malformed' }, 'bad-stream', true],
+    ['malformed stream before output', { kind: 'bad-stream', detail: 'malformed', ran: true }, 'bad-stream', true],
     ['client abort', { kind: 'aborted', by: 'client' }, 'aborted', false],
     ['deadline', { kind: 'aborted', by: 'deadline' }, 'aborted', false],
   ];
@@ -108,7 +108,7 @@ describe('an attempt cut short by the instance\'s own shutdown', () => {
 });
 
 describe('an outcome the provider may already have run', () => {
-  it('is a timeout after the connection was made or a connection lost after sending, never a status or a refusal', () => {
+  it('is a timeout after connecting, a connection lost after sending, a stream that had started, a 500 or a proxy\'s 502/504; never a refusal, a 503 or a 429', () => {
     const cases: Array<[AttemptOutcome, boolean]> = [
       [{ kind: 'timeout', phase: 'first-token' }, true],
       [{ kind: 'timeout', phase: 'headers' }, true],
@@ -118,8 +118,14 @@ describe('an outcome the provider may already have run', () => {
       [{ kind: 'network', code: 'UNKNOWN' }, true],
       [{ kind: 'network', code: 'ECONNREFUSED' }, false],
       [{ kind: 'network', code: 'ENOTFOUND' }, false],
-      [{ kind: 'bad-stream', detail: 'cut' }, true],
-      [{ kind: 'http', status: 500, errorCode: null, hint: undefined }, false],
+      [{ kind: 'bad-stream', detail: 'stream ended before any output', ran: true }, true],
+      // A proxy's HTML page or an error delivered with a 200 is no run of the request.
+      [{ kind: 'bad-stream', detail: 'the upstream answered text/html, not JSON', ran: false }, false],
+      [{ kind: 'http', status: 500, errorCode: null, hint: undefined }, true],
+      [{ kind: 'http', status: 502, errorCode: null, hint: undefined }, true],
+      [{ kind: 'http', status: 504, errorCode: null, hint: undefined }, true],
+      [{ kind: 'http', status: 503, errorCode: null, hint: undefined }, false],
+      [{ kind: 'http', status: 429, errorCode: 'rate_limit_exceeded', hint: undefined }, false],
       [{ kind: 'internal', code: 'ERR_INVALID_CHAR' }, false],
     ];
     for (const [outcome, expected] of cases) expect(mayHaveRun(outcome), JSON.stringify(outcome)).toBe(expected);

@@ -81,7 +81,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       const encoding = encodingOf(answer.headers);
       if (encoding === undefined || !answer.whole) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
       const decoded = await decodedWhole(answer.body, encoding, bodyCap(answer.statusCode));
-      if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data` }, status: answer.statusCode, headers: answer.headers };
+      if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data`, ran: false }, status: answer.statusCode, headers: answer.headers };
       return wholeResult(req, answer.statusCode, answer.headers, decoded.bytes, decoded.whole);
     }
     const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) });
@@ -98,7 +98,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const first = await readUntilFirstOutput(req.api, body, translate);
     if ('failure' in first) {
       body.destroy();
-      return { outcome: { kind: 'bad-stream', detail: first.failure }, status, headers };
+      return { outcome: { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
     }
     handedOff = true;
     // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
@@ -143,12 +143,12 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
   }
   const status = statusCode;
-  if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB` }, status, headers };
+  if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB`, ran: true }, status, headers };
   // A 2xx that is not the answer is a failed attempt, retried and failed over like a 5xx (providers/answer-shape.ts).
   const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: contentTypeOf(headers), ownFamily: req.translator === undefined }, raw);
-  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong }, status, headers };
+  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong, ran: false }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
-  if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated' }, status, headers };
+  if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   return { outcome: { kind: 'ok', status }, status, headers, body };
 }
 

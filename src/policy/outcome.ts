@@ -12,8 +12,12 @@ export type AttemptOutcome =
   | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined }
   | { kind: 'network'; code: string }
   | { kind: 'timeout'; phase: TimeoutPhase }
-  /** The stream broke before its first output event: a malformed event, an error event, or an early end. */
-  | { kind: 'bad-stream'; detail: string }
+  /**
+   * No usable answer: a stream that broke before its first output event (a malformed event, an error event, an early
+   * end), or a 2xx that is not the API's answer. `ran`: the provider was producing an answer (a stream had started,
+   * a whole answer came too large), as opposed to a body that is no answer at all (a proxy's HTML page, an error).
+   */
+  | { kind: 'bad-stream'; detail: string; ran: boolean }
   /** The gateway could not send the request at all (an invalid header value, say): its own fault, not the target's. */
   | { kind: 'internal'; code: string }
   | { kind: 'aborted'; by: 'client' | 'deadline' | 'shutdown' };
@@ -126,9 +130,15 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
 const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
 
 /**
- * Might the provider have run the request? A timeout after the connection was made, or a connection lost after the
- * request was sent, says nothing about whether it was processed: sending it again (a retry or a failover) may run it
- * twice. `retryOn` is the route's consent to that, for the next target as for this one.
+ * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of
+ * the provider that lost its upstream or gave up waiting for it (502, 504).
+ */
+const MAY_HAVE_RUN_STATUSES = new Set([500, 502, 504]);
+
+/**
+ * Might the provider have run the request? A timeout after the connection was made, a connection lost after the
+ * request was sent, a 500 or a proxy's 502 or 504 say nothing about whether it was processed: sending it again (a
+ * retry or a failover) may run it twice. `retryOn` is the route's consent to that, for the next target as for this one.
  */
 export function mayHaveRun(outcome: AttemptOutcome): boolean {
   switch (outcome.kind) {
@@ -137,7 +147,9 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
     case 'network':
       return !NOT_SENT_CODES.has(outcome.code);
     case 'bad-stream':
-      return true;
+      return outcome.ran;
+    case 'http':
+      return MAY_HAVE_RUN_STATUSES.has(outcome.status);
     default:
       return false;
   }
