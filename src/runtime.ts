@@ -63,16 +63,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   });
   const holdOffs = new HoldOffs(store, now, random);
   const targetKeys = new TargetKeys(config);
-  // Every request observes its wait: the labelled series are looked up once, not hashed from labels per request.
-  const waitSeries = new Map<string, ReturnType<typeof metrics.poolWait.labels>>();
-  const poolWait = (provider: string, priority: string) => {
-    const key = `${provider}\n${priority}`;
-    let series = waitSeries.get(key);
-    if (!series) waitSeries.set(key, (series = metrics.poolWait.labels({ provider, priority })));
-    return series;
-  };
+
   const pools = new Pools(config, now, {
-    onWait: (provider, priority, seconds) => poolWait(provider, priority).observe(seconds),
+    onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
     onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
   });
   const poolOf = (target: string) => pools.of(target.slice(0, target.indexOf('/')));

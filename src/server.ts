@@ -86,12 +86,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
   });
 
+  // Math.random, not the policy's random source: sampling log lines must not shift a seeded test's jitter.
   const { logSuccessRate } = config.server;
-  const random = deps.random ?? Math.random;
   const ends = new RequestEnds((request, reply, gone) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
-    if (logSuccessRate < 1 && plainSuccess(request, gone) && random() >= logSuccessRate) return;
+    if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
     logRequest(access, request, reply, gone);
   });
 

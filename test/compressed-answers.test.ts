@@ -27,7 +27,14 @@ async function compressingProvider(): Promise<string> {
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
       const json = JSON.parse(body) as { stream?: boolean; model: string };
-      if (json.model === 'corrupt') {
+      if (json.model === 'corrupt-stream') {
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'gzip' });
+        res.end(Buffer.from('this is not gzip either'));
+      } else if (json.model === 'odd-encoding') {
+        // A name the gateway does not decode (and one that is a property of every JS object): passed as it is.
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'constructor' });
+        res.end(chunk('Hi', null) + chunk(null, 'stop') + 'data: [DONE]\n\n');
+      } else if (json.model === 'corrupt') {
         res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
         res.end(Buffer.from('this is not gzip'));
       } else if (json.model === 'quota') {
@@ -81,6 +88,13 @@ describe('compressed answers', () => {
       code: 'upstream_auth_error',
     });
     expect(hits).toBe(3);
+    await expect(client.chat.completions.create({ model: 'corrupt-stream', messages: [{ role: 'user', content: 'hi' }], stream: true })).rejects.toMatchObject({
+      status: 502,
+      code: 'upstream_bad_response',
+    });
+    let odd = '';
+    for await (const c of await client.chat.completions.create({ model: 'odd-encoding', messages: [{ role: 'user', content: 'hi' }], stream: true })) odd += c.choices[0]?.delta?.content ?? '';
+    expect(odd).toBe('Hi');
     // Not gzip at all: a failed attempt (retried like any unusable answer), never a crash or a garbled answer.
     await expect(client.chat.completions.create({ model: 'corrupt', messages: [{ role: 'user', content: 'hi' }] })).rejects.toMatchObject({
       status: 502,

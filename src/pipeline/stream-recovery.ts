@@ -28,13 +28,13 @@ export function streamRecovery(
     const { board, holdOffs, budget } = deps.guards;
     if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
     if (holdOffs.until(next.key) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
-    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const provider = next.client.config;
     const prefill = provider.family === 'anthropic' || provider.prefill;
     // Anthropic refuses a prefill that ends in whitespace (400), and cuts often land after a space or a paragraph
     // break: the prefill goes without it, and the continuation without the whitespace the client already has.
     const prefillText = delivered.trimEnd();
     if (prefill && prefillText === '') return undefined;
+    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
     const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: prefillText }] } : req.json;
     const prepared = prefill ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();

@@ -16,7 +16,7 @@ export function encodingOf(headers: HeaderBag): Encoding | undefined {
   const raw = headers['content-encoding'];
   if (raw === undefined) return undefined;
   const name = (Array.isArray(raw) ? raw.join(',') : raw).trim().toLowerCase();
-  return name in STREAMS ? (name as Encoding) : undefined;
+  return Object.hasOwn(STREAMS, name) ? (name as Encoding) : undefined;
 }
 
 /** The body decoded as it arrives; destroying either end (an abort) destroys both. */

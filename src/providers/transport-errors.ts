@@ -12,12 +12,17 @@ const TIMEOUT_CODES: Record<string, 'connect' | 'headers' | 'idle'> = {
 /** Errors undici and Node raise for a request they refuse to send: a header value with a line break, a bad argument. */
 const INVALID_REQUEST_CODES = new Set(['UND_ERR_INVALID_ARG', 'ERR_INVALID_CHAR', 'ERR_INVALID_HTTP_TOKEN', 'ERR_INVALID_ARG_TYPE', 'ERR_INVALID_ARG_VALUE']);
 
+/** zlib's codes (Z_DATA_ERROR, ...) and brotli's (ERR__ERROR_FORMAT_...): a compressed answer that does not decode. */
+const DECODE_ERROR_CODE = /^Z_|^ERR__ERROR|BROTLI/;
+
 /** Maps an error thrown by undici (or the socket under it) to an attempt outcome. Unknown errors count as network failures. */
 export function transportOutcome(err: unknown): AttemptOutcome {
   const code = errorCode(err);
   const phase = code ? TIMEOUT_CODES[code] : undefined;
   if (phase) return { kind: 'timeout', phase };
   if (code && INVALID_REQUEST_CODES.has(code)) return { kind: 'internal', code };
+  // The stream had started: the provider was answering, in bytes that are not what their encoding says.
+  if (code && DECODE_ERROR_CODE.test(code)) return { kind: 'bad-stream', detail: `the answer does not decode (${code})`, ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
