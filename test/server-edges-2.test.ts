@@ -163,6 +163,20 @@ describe('fastify\'s and Node\'s own errors come in the OpenAI shape', () => {
     expect(stack.mock.stats().total).toBe(0);
   });
 
+  it('logs a client that closes half-way through its body once, as that request\'s own line', async () => {
+    stack = await startStack({});
+    const socket = connect(port(stack), '127.0.0.1');
+    const closed = new Promise<void>((r) => socket.once('close', () => r()));
+    socket.on('data', () => {});
+    socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\nx-request-id: half-body\r\n\r\n{"model":');
+    await new Promise((r) => setTimeout(r, 50));
+    socket.end();
+    await closed;
+    await new Promise((r) => setTimeout(r, 100));
+    const lines = stack.logs.map((l) => JSON.parse(l) as { msg: string; reqId?: string }).filter((l) => l.msg === 'request' || l.msg === 'client error');
+    expect(lines.map((l) => [l.msg, l.reqId])).toEqual([['request', 'half-body']]);
+  });
+
   it('writes no second answer when a request answered early (413) then times out sending its body', async () => {
     stack = await startStack({ config: (url) => ({ ...defaultConfig(url), server: { host: '127.0.0.1', port: 0, requestTimeoutMs: 500, bodyLimitBytes: 1000 } }) });
     const socket = connect(port(stack), '127.0.0.1');

@@ -23,7 +23,14 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   // The request was answered already (413, 400, 503 before its body came in) and its body then timed out: a second
   // answer on the same connection would be garbage to the client. Close it.
-  if (ANSWERED_EARLY.has(socket) || (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent) {
+  const inFlight = (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
+  if (ANSWERED_EARLY.has(socket) || inFlight?.headersSent) {
+    socket.destroy();
+    return;
+  }
+  // The client closed its side half-way through a request it had started: nobody to answer, and the request (parsed,
+  // with its id) gets its own line as one whose client left. A second line here would log it twice.
+  if (err.code === 'HPE_INVALID_EOF_STATE' && inFlight !== undefined) {
     socket.destroy();
     return;
   }
