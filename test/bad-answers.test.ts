@@ -1,10 +1,10 @@
 // A 2xx that is not the answer: a captive portal's HTML, an empty body, JSON where a stream was asked for. Passed
 // on, the SDK returns the HTML as the completion, crashes, or ends a stream with no chunks and no error. The gateway
 // treats them as failed attempts: retried, then failed over, and never counted as a success.
-import { createServer, type Server } from 'node:http';
-import { once } from 'node:events';
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
+import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 type Wrong = { status?: number; contentType?: string; body: string };
@@ -19,29 +19,30 @@ const WRONG: Record<string, Wrong> = {
   'no choices': { contentType: 'application/json', body: '{"id":"chatcmpl-1","object":"chat.completion","choices": [ ]}' },
 };
 
-let upstream: Server | undefined;
-let hits = 0;
-afterEach(async () => {
-  upstream?.closeAllConnections();
-  await new Promise((resolve) => upstream?.close(resolve) ?? resolve(undefined));
-  upstream = undefined;
-  hits = 0;
-});
+const startProvider = useFakeProviders();
+/** The provider of the test's wrong answers. */
+let wrong: FakeProvider;
 
 /** An OpenAI-compatible "provider" that answers every request with the same wrong 2xx. */
 async function wrongProvider(answer: Wrong): Promise<string> {
-  upstream = createServer((req, res) => {
-    hits++;
+  wrong = await startProvider((req, res) => {
     req.resume();
     req.on('end', () => {
       res.writeHead(answer.status ?? 200, answer.contentType ? { 'content-type': answer.contentType } : {});
       res.end(answer.body);
     });
   });
-  upstream.listen(0, '127.0.0.1');
-  await once(upstream, 'listening');
-  const address = upstream.address() as { port: number };
-  return `http://127.0.0.1:${address.port}/v1`;
+  return `${wrong.origin}/v1`;
+}
+
+/** The default config with a provider `custom` at `baseUrl` that alone serves a route of its own on `path`. */
+function routeTo(mockUrl: string, path: string, baseUrl: string, provider: Partial<ConfigInput['providers'][string]> = {}): ConfigInput {
+  const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+  return {
+    ...base,
+    providers: { ...base.providers, custom: { family: 'openai', baseUrl, apiKey: 'custom-key', breaker: false, ...provider } },
+    routes: [...base.routes, { name: 'custom', match: { path }, targets: [{ provider: 'custom' }] }],
+  };
 }
 
 const startStack = useStacks();
@@ -73,7 +74,7 @@ describe('a 2xx that is not the answer', () => {
       const s = await stack(answer);
       const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
       expect(data.choices[0]!.message.content).toMatch(/Mock answer/);
-      expect(hits).toBe(2);
+      expect(wrong.hits()).toBe(2);
       expect(response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
       expect(response.headers.get('x-stormgate-attempts')).toBe('3');
     });
@@ -93,7 +94,7 @@ describe('a 2xx that is not the answer', () => {
     });
     const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
     expect(response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
-    expect(hits).toBe(1);
+    expect(wrong.hits()).toBe(1);
   });
 
   it('treats JSON where a stream was asked for as a failed attempt, so the SDK never sees an empty stream', async () => {
@@ -102,7 +103,7 @@ describe('a 2xx that is not the answer', () => {
     let text = '';
     for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
     expect(text).toMatch(/Mock answer/);
-    expect(hits).toBe(2);
+    expect(wrong.hits()).toBe(2);
   });
 
   it('ends in a 502 in the OpenAI shape, logged as a failure, when no target gives a real answer', async () => {
@@ -115,15 +116,14 @@ describe('a 2xx that is not the answer', () => {
     expect(apiErr.status).toBe(502);
     expect(apiErr.headers?.get('x-should-retry')).toBe('false');
     expect(apiErr.message).toMatch(/text\/html, not JSON/);
-    expect(hits).toBe(2);
+    expect(wrong.hits()).toBe(2);
     const line = s.logs.map((l) => JSON.parse(l) as { msg: string; outcome?: string }).find((l) => l.msg === 'request' || l.msg === 'stream ended abnormally');
     expect(line?.outcome).not.toBe('success');
   });
 
   it('streams an event-stream answer on a path it does not know, event by event, longer than firstTokenMs', async () => {
     // Six events 150 ms apart (900 ms in all) against a 500 ms first-token limit: read whole, the answer would time out.
-    upstream = createServer((req, res) => {
-      hits++;
+    const custom = await startProvider((req, res) => {
       req.resume();
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       let n = 0;
@@ -136,19 +136,7 @@ describe('a 2xx that is not the answer', () => {
       }, 150);
       res.on('close', () => clearInterval(timer));
     });
-    upstream.listen(0, '127.0.0.1');
-    await once(upstream, 'listening');
-    const streamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}/v1`;
-    const s = await startStack({
-      config: (mockUrl) => {
-        const base = defaultConfig(mockUrl, { ...RETRY_LOOP_ONLY, provider: { breaker: false, timeouts: { firstTokenMs: 500 } } });
-        return {
-          ...base,
-          providers: { ...base.providers, custom: { family: 'openai', baseUrl: streamUrl, apiKey: 'k', breaker: false, timeouts: { firstTokenMs: 500 } } },
-          routes: [...base.routes, { name: 'custom', match: { path: '/v1/custom/stream' }, targets: [{ provider: 'custom' }] }],
-        };
-      },
-    });
+    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/custom/stream', `${custom.origin}/v1`, { timeouts: { firstTokenMs: 500 } }) });
     const started = Date.now();
     const res = await fetch(`${s.url}/v1/custom/stream`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream: true }) });
     expect(res.status).toBe(200);
@@ -159,7 +147,7 @@ describe('a 2xx that is not the answer', () => {
     let text = new TextDecoder().decode(first.value);
     for (let r = await reader.read(); !r.done; r = await reader.read()) text += new TextDecoder().decode(r.value);
     expect(text).toContain('part 5');
-    expect(hits).toBe(1);
+    expect(custom.hits()).toBe(1);
   });
 
   it('passes a stream in a format it does not know through once, to its end, with nothing added', async () => {
@@ -170,43 +158,21 @@ describe('a 2xx that is not the answer', () => {
       'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
       'event: message_stop\ndata: {"type":"message_stop"}\n\n',
     ];
-    upstream = createServer((req, res) => {
-      hits++;
+    const custom = await startProvider((req, res) => {
       req.resume();
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.end(events.join(''));
     });
-    upstream.listen(0, '127.0.0.1');
-    await once(upstream, 'listening');
-    const streamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}`;
-    const s = await startStack({
-      config: (mockUrl) => {
-        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, custom: { family: 'openai', baseUrl: streamUrl, apiKey: 'k', breaker: false } },
-          routes: [...base.routes, { name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'custom' }] }],
-        };
-      },
-    });
+    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/messages', custom.origin) });
     const res = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'claude-x', stream: true, max_tokens: 5, messages: [] }) });
     expect(res.status).toBe(200);
     expect(await res.text()).toBe(events.join(''));
-    expect(hits).toBe(1);
+    expect(custom.hits()).toBe(1);
   });
 
   it('leaves the answers of paths it does not know (api "other") alone', async () => {
     const wrongUrl = await wrongProvider({ contentType: 'audio/mpeg', body: 'ID3...' });
-    const s = await startStack({
-      config: (mockUrl) => {
-        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, wrong: { family: 'openai', baseUrl: wrongUrl, apiKey: 'wrong-key', breaker: false } },
-          routes: [...base.routes, { name: 'speech', match: { path: '/v1/audio/speech' }, targets: [{ provider: 'wrong' }] }],
-        };
-      },
-    });
+    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/audio/speech', wrongUrl) });
     const res = await fetch(`${s.url}/v1/audio/speech`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tts-1', input: 'hi', voice: 'alloy' }) });
     expect(res.status).toBe(200);
     expect(await res.text()).toBe('ID3...');

@@ -1,28 +1,20 @@
 // A provider, or a proxy in front of it, that compresses its answers although the gateway never asked: the gateway
 // decodes them, so the answer is judged and passed on as the JSON or SSE it is, not retried as "not JSON".
-import { createServer, type Server } from 'node:http';
-import { once } from 'node:events';
 import { brotliCompressSync, gzipSync } from 'node:zlib';
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
-import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { describe, expect, it } from 'vitest';
+import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks } from './helpers/stack.ts';
 
-let upstream: Server | undefined;
-let hits = 0;
-afterEach(async () => {
-  upstream?.closeAllConnections();
-  await new Promise((resolve) => upstream?.close(resolve) ?? resolve(undefined));
-  upstream = undefined;
-  hits = 0;
-});
+const startProvider = useFakeProviders();
+const startStack = useStacks();
 
 const completion = { id: 'chatcmpl-1', object: 'chat.completion', created: 1, model: 'gpt-4o', choices: [{ index: 0, message: { role: 'assistant', content: 'Hello' }, finish_reason: 'stop' }] };
 const chunk = (content: string | null, finish: string | null) =>
   `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta: content === null ? {} : { content }, finish_reason: finish }] })}\n\n`;
 
-async function compressingProvider(): Promise<string> {
-  upstream = createServer((req, res) => {
-    hits++;
+function compressingProvider(): Promise<FakeProvider> {
+  return startProvider((req, res) => {
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
@@ -49,45 +41,27 @@ async function compressingProvider(): Promise<string> {
       }
     });
   });
-  upstream.listen(0, '127.0.0.1');
-  await once(upstream, 'listening');
-  return `http://127.0.0.1:${(upstream.address() as { port: number }).port}/v1`;
-}
-
-const startStack = useStacks();
-
-async function stack(): Promise<Stack> {
-  const url = await compressingProvider();
-  return startStack({
-    config: (mockUrl) => {
-      const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
-      return {
-        ...base,
-        providers: { ...base.providers, zipped: { family: 'openai', baseUrl: url, apiKey: 'zipped-key', breaker: false } },
-        routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'zipped' }] })),
-      };
-    },
-  });
 }
 
 describe('compressed answers', () => {
   it('decodes a gzip answer, a brotli stream and a gzip error, each from one upstream request', async () => {
-    const s = await stack();
+    const p = await compressingProvider();
+    const s = await startStack({ config: (mockUrl) => configServedBy(mockUrl, 'zipped', `${p.origin}/v1`) });
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
     const whole = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
     expect(whole.choices[0]!.message.content).toBe('Hello');
-    expect(hits).toBe(1);
+    expect(p.hits()).toBe(1);
     let text = '';
     const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
     for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
     expect(text).toBe('Hello');
-    expect(hits).toBe(2);
+    expect(p.hits()).toBe(2);
     // Read for its code: insufficient_quota is the gateway's billing problem, not a rate limit to retry.
     await expect(client.chat.completions.create({ model: 'quota', messages: [{ role: 'user', content: 'hi' }] })).rejects.toMatchObject({
       status: 502,
       code: 'upstream_auth_error',
     });
-    expect(hits).toBe(3);
+    expect(p.hits()).toBe(3);
     await expect(client.chat.completions.create({ model: 'corrupt-stream', messages: [{ role: 'user', content: 'hi' }], stream: true })).rejects.toMatchObject({
       status: 502,
       code: 'upstream_bad_response',

@@ -65,6 +65,16 @@ export function defaultConfig(mockUrl: string, opts: Pick<StackOptions, 'route' 
   };
 }
 
+/** The default config (retry loop only) with every route served by one more OpenAI-compatible provider alone. */
+export function configServedBy(mockUrl: string, name: string, baseUrl: string): ConfigInput {
+  const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+  return {
+    ...base,
+    providers: { ...base.providers, [name]: { family: 'openai', baseUrl, apiKey: `${name}-key`, breaker: false } },
+    routes: base.routes.map((r) => ({ ...r, targets: [{ provider: name }] })),
+  };
+}
+
 export async function startStack(opts: StackOptions = {}): Promise<Stack> {
   const mock = await startMock({ faults: opts.faults, quiet: true, apiKey: TEST_KEY });
   const input = opts.config ? opts.config(mock.url) : defaultConfig(mock.url, opts);

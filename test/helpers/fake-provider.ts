@@ -1,0 +1,39 @@
+// A provider of a test's own, for wire behaviour the bundled mock does not have (compressed answers, a response that
+// outlives its [DONE], a 200 that is no answer): a node:http server on a free loopback port, closed after each test.
+import { createServer, type RequestListener, type Server } from 'node:http';
+import type { Socket } from 'node:net';
+import { once } from 'node:events';
+import { afterEach } from 'vitest';
+
+export interface FakeProvider {
+  /** Its origin, e.g. http://127.0.0.1:4711 (append /v1 for an OpenAI-style baseUrl). */
+  origin: string;
+  /** Requests it has received. */
+  hits(): number;
+  /** Connections the gateway opened to it. */
+  sockets: Socket[];
+}
+
+/** Registers the after-each clean-up; call at the top of a test file, then start providers in its tests. */
+export function useFakeProviders(): (handler: RequestListener) => Promise<FakeProvider> {
+  const servers: Server[] = [];
+  afterEach(async () => {
+    for (const s of servers.splice(0)) {
+      s.closeAllConnections();
+      await new Promise((resolve) => s.close(resolve));
+    }
+  });
+  return async (handler) => {
+    let hits = 0;
+    const sockets: Socket[] = [];
+    const server = createServer((req, res) => {
+      hits++;
+      handler(req, res);
+    });
+    server.on('connection', (socket: Socket) => sockets.push(socket));
+    servers.push(server);
+    server.listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    return { origin: `http://127.0.0.1:${(server.address() as { port: number }).port}`, hits: () => hits, sockets };
+  };
+}
