@@ -63,7 +63,6 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   });
   const holdOffs = new HoldOffs(store, now, random);
   const targetKeys = new TargetKeys(config);
-
   const pools = new Pools(config, now, {
     onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
     onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
@@ -186,11 +185,12 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
   for (const route of config.routes) {
     const primaries = routeTargetKeys(route, route.targets[0]!, keys);
+    const hasBreaker = config.providers[route.targets[0]!.provider]!.breaker !== false;
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
     metrics.fallbackRequests.inc({ route: route.name }, 0);
     if (route.park !== false) metrics.parkOutcomes.inc({ route: route.name, outcome: 'released' }, 0);
     for (const target of primaries) {
-      if (config.providers[route.targets[0]!.provider]!.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
+      if (hasBreaker) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
       metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
       metrics.budgetExhausted.inc({ route: route.name, target }, 0);
       for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);

@@ -12,7 +12,7 @@ import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './
 import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { notAnAnswer } from '../providers/answer-shape.ts';
-import { readCapped } from '../providers/read-capped.ts';
+import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
 import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
@@ -47,8 +47,6 @@ export interface AttemptResult {
   ttftMs?: number;
 }
 
-/** Error bodies are read for classification and pass-through; a provider sending megabytes of error gets cut. */
-const MAX_ERROR_BODY_BYTES = 64 * 1024;
 /**
  * A whole answer is held in memory before it is passed on (it may be a failure to retry). The largest real ones are
  * embeddings of big batches (tens of MB); past this a provider is broken, not answering, and must not exhaust memory.

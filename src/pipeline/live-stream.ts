@@ -340,8 +340,10 @@ export class LiveStream {
     const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(this.#usage && { usage: this.#usage }) };
     this.#ended = end;
     const { controller } = this.#opts;
-    const draining = !controller.signal.aborted && !this.#upstreamEnded && kind === 'complete';
-    if (!controller.signal.aborted && !this.#upstreamEnded && !draining) controller.abort(STREAM_OVER);
+    // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.
+    const open = !controller.signal.aborted && !this.#upstreamEnded;
+    const draining = open && kind === 'complete';
+    if (open && !draining) controller.abort(STREAM_OVER);
     this.#opts.detach();
     this.onEnd?.(end);
     // The pool slot stands for the connection: while the last bytes are read it is still taken.

@@ -66,27 +66,35 @@ async function* withoutLeadingWhitespace(body: AsyncGenerator<string>): AsyncGen
   for await (const text of body) {
     const out: string[] = [];
     for (const ev of parser.push(Buffer.from(text))) {
-      const c = trimming ? contentOf(ev) : undefined;
-      if (c === undefined) {
+      const chunk: ContentChunk | undefined = trimming ? contentChunk(ev) : undefined;
+      if (chunk === undefined) {
         out.push(`${ev.raw}\n\n`);
         continue;
       }
-      const chunk = JSON.parse(ev.data!) as { choices: Array<{ delta: { content: string } }> };
-      chunk.choices[0]!.delta.content = c.trimStart();
-      trimming = chunk.choices[0]!.delta.content === '';
+      const delta: { content?: unknown } = chunk.choices![0]!.delta!;
+      delta.content = (delta.content as string).trimStart();
+      trimming = delta.content === '';
       out.push(`data: ${JSON.stringify(chunk)}\n\n`);
     }
     if (out.length > 0) yield out.join('');
   }
 }
-function contentOf(ev: SseEvent): string | undefined {
+
+type ContentChunk = { choices?: Array<{ delta?: { content?: unknown } }> };
+
+/** A chat chunk whose first choice carries text content, parsed; undefined for any other event. */
+function contentChunk(ev: SseEvent): ContentChunk | undefined {
   if (ev.data === null || ev.data === '[DONE]') return undefined;
   try {
-    const c = (JSON.parse(ev.data) as { choices?: Array<{ delta?: { content?: unknown } }> }).choices?.[0]?.delta?.content;
-    return typeof c === 'string' ? c : undefined;
+    const chunk = JSON.parse(ev.data) as ContentChunk;
+    return typeof chunk.choices?.[0]?.delta?.content === 'string' ? chunk : undefined;
   } catch {
     return undefined;
   }
+}
+
+function contentOf(ev: SseEvent): string | undefined {
+  return contentChunk(ev)?.choices![0]!.delta!.content as string | undefined;
 }
 
 /** Reads the new answer until it is as long as what was delivered; splices it on only if it starts with exactly that. */

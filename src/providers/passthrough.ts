@@ -5,7 +5,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
 import { withoutKey } from './key-echo.ts';
-import { readCapped } from './read-capped.ts';
+import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -19,9 +19,6 @@ const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormga
 /** Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed back. */
 const ACCOUNT_HEADERS = new Set(['openai-organization', 'openai-project', 'set-cookie']);
 const accountHeader = (name: string) => ACCOUNT_HEADERS.has(name) || name.startsWith('x-ratelimit-') || name.startsWith('anthropic-ratelimit-');
-
-/** An error body longer than this is cut there: errors are a few hundred bytes, and the client still gets one. */
-const MAX_ERROR_BYTES = 64 * 1024;
 
 /** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
 const CREDENTIAL_STATUSES = new Set([401, 403]);
@@ -56,7 +53,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         onResponse: (_request, reply, res) => {
           if (res.statusCode >= 400 && !CREDENTIAL_STATUSES.has(res.statusCode) && !reply.getHeader('content-encoding')) {
             // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
-            return void readCapped(res.stream, MAX_ERROR_BYTES).then(
+            return void readCapped(res.stream, MAX_ERROR_BODY_BYTES).then(
               ({ bytes }) => reply.removeHeader('content-length').send(withoutKey(bytes, provider.apiKey)),
               (err: Error) => reply.send(err),
             );

@@ -1,5 +1,8 @@
 // A body read into memory up to a cap: an upstream answer or error must never hold more than the gateway allows.
 
+/** An upstream error body is read (for its code, and to take a quoted key out) up to this much: errors are small. */
+export const MAX_ERROR_BODY_BYTES = 64 * 1024;
+
 /** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */
 export async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, maxBytes: number): Promise<{ bytes: Buffer; whole: boolean }> {
   const chunks: Buffer[] = [];

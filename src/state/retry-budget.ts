@@ -1,5 +1,5 @@
-// The retry budget, per route, target and priority class: first attempts add to the request count (batched, off the request path);
-// a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
+// The retry budget, per route, target and priority class: first attempts add to the request count (batched, off
+// the request path); a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
 // retries too, so the budget sees retries from every layer.
 import type { BudgetSettings } from '../config/schema.ts';
 import { retryAllowance, type StateStore } from './store.ts';
