@@ -322,6 +322,9 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
     res.write(first);
     // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
     res.socket?.uncork();
+  } else {
+    // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
+    res.flushHeaders();
   }
   body.pipe(res);
   body.once('error', (err) => {

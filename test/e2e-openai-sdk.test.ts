@@ -88,6 +88,32 @@ describe('the openai SDK through the gateway', () => {
     expect(stack.mock.stats().total).toBe(1);
   });
 
+  it('starts a stream at the SDK\'s timeout when the provider is slow to its first token, as the provider would have', async () => {
+    // The SDK's timeout runs until the headers; a provider sends them (and the role chunk) at once, then thinks.
+    stack = await startStack({ faults: { stream: { firstTokenDelayMs: 2_500 } } });
+    const { client, counter } = countingClient(stack);
+    const started = Date.now();
+    const { data: stream, response } = await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true }, { timeout: 2_000 }).withResponse();
+    // The head came at the deadline (1750 ms), before the SDK gave up and before any token.
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(response.headers.get('x-stormgate-attempts')).toBe('1');
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text.length).toBeGreaterThan(0);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(2_400);
+    expect(counter.requests).toBe(1);
+    expect(stack.mock.stats().total).toBe(1);
+    expect(stack.logs.join('')).toContain('"startedEarly":true');
+  });
+
+  it('still answers 504 at the route\'s own timeoutMs when the first token is late', async () => {
+    stack = await startStack({ faults: { stream: { firstTokenDelayMs: 2_500 } }, route: { ...RETRY_LOOP_ONLY.route, timeoutMs: 1_500 } });
+    const { client } = countingClient(stack);
+    const err = (await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true }, { maxRetries: 0 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(504);
+    expect(stack.mock.stats().total).toBe(1);
+  });
+
   it('takes a client-wide deadline from x-stormgate-timeout-ms in the SDK\'s default headers', async () => {
     stack = await startStack({ faults: { hangRate: 1 } });
     const client = new OpenAI({ baseURL: stack.baseURL, apiKey: 'k', timeout: 2_000, defaultHeaders: { 'x-stormgate-timeout-ms': '2000' } });

@@ -106,6 +106,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       budgetMs: s.budgetMs,
       deadlineSource: s.deadlineSource,
       ttftMs: s.ttftMs,
+      ...(s.startedEarly && { startedEarly: true }),
       upstreamRequestId: s.upstreamRequestId,
       streamEnd: s.streamEnd?.kind,
       ...(s.streamEnd?.droppedMalformed && { droppedMalformed: s.streamEnd.droppedMalformed }),

@@ -17,6 +17,7 @@ import { decodedStream, decodedWhole, encodingOf } from '../providers/content-de
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
+import type { EarlyStart } from './early-start.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -32,6 +33,8 @@ export interface AttemptRequest {
   translator: ResponseTranslator | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
   requestSignal: RequestSignal;
+  /** For a stream whose deadline is the client's: lets the deadline start the answer before its first output. */
+  earlyStart?: EarlyStart;
   now: () => number;
 }
 
@@ -43,8 +46,10 @@ export interface AttemptResult {
   body?: Buffer;
   /** For a stream that produced its first output. */
   stream?: LiveStream;
-  /** Time from sending to the first output event, for streams. */
+  /** Time from sending to the first output event, for streams (none for one started before its output). */
   ttftMs?: number;
+  /** A stream whose answer the client's deadline started before its first output (early-start.ts). */
+  startedEarly?: true;
 }
 
 /**
@@ -93,7 +98,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
-    const first = await readUntilFirstOutput(req.api, body, translate);
+    const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart);
     if ('failure' in first) {
       body.destroy();
       return { outcome: { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
@@ -108,6 +113,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       pending: first.pending,
       parser: first.parser,
       iterator: first.iterator,
+      pendingRead: first.pendingRead,
       translate,
       controller: own!,
       requestSignal: req.requestSignal,
@@ -115,7 +121,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       idleMs,
       apiKey: req.client.config.apiKey,
     });
-    return { outcome: { kind: 'ok', status }, status, headers, stream, ttftMs: req.now() - startedAt };
+    return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead ? { startedEarly: true } : { ttftMs: req.now() - startedAt }) };
   } catch (err) {
     if (signal.aborted) return { outcome: abortOutcome(signal.reason) };
     return { outcome: transportOutcome(err) };
@@ -200,7 +206,8 @@ function isEventStream(headers: HeaderBag): boolean {
 }
 
 type FirstOutput =
-  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer> }
+  /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
+  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
   | { failure: string };
 
 /**
@@ -208,12 +215,26 @@ type FirstOutput =
  * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
  * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
  */
-async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined): Promise<FirstOutput> {
+async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let startNow: () => void = () => {};
+  const started = early && new Promise<'start'>((resolve) => (startNow = () => resolve('start')));
+  const withdraw = early?.offer(() => startNow());
+  try {
+    return await readEvents(api, parser, iterator, translate, started);
+  } finally {
+    withdraw?.();
+  }
+}
+
+async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
   let head = '';
   for (;;) {
-    const { value, done } = await iterator.next();
+    const read = iterator.next();
+    const next = started ? await Promise.race([read, started]) : await read;
+    if (next === 'start') return { head, pending: [], parser, iterator, pendingRead: read };
+    const { value, done } = next;
     if (done) return { failure: 'stream ended before any output' };
     let raw: SseEvent[];
     try {

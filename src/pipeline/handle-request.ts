@@ -22,6 +22,7 @@ import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, SkippedTarget, TargetPlan } from './target-attempts.ts';
 import { RequestAbort } from './request-abort.ts';
+import { EarlyStart } from './early-start.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -75,6 +76,8 @@ export interface RequestSummary {
   budgetMs: number;
   deadlineSource: string;
   ttftMs?: number;
+  /** The client's deadline started the stream before its first output (early-start.ts). */
+  startedEarly?: true;
   upstreamRequestId?: string;
   /** For streams, filled in when the stream ends. */
   streamEnd?: StreamEnd;
@@ -91,7 +94,11 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.headers });
   const deadlineAtMs = deps.now() + deadline.budgetMs;
   const controller = new RequestAbort();
-  const deadlineTimer = setTimeout(() => controller.abort(new DeadlineReached(deadline.budgetMs)), deadline.budgetMs);
+  const stream = req.json.stream === true;
+  const earlyStart = stream && deadline.source !== 'route' ? new EarlyStart() : undefined;
+  const deadlineTimer = setTimeout(() => {
+    if (!earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
+  }, deadline.budgetMs);
   const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
   // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.
   const stopWatchingShutdown = req.onShutdown?.(() => controller.abort(new GatewayShutdown()));
@@ -118,10 +125,11 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       {
         route,
         api: route.api,
-        stream: req.json.stream === true,
+        stream,
         shape,
         signal: controller.signal,
         deadlineAtMs,
+        earlyStart,
         attempts: summary.attempts,
         skipped: summary.skipped,
         parkable: route.config.park !== false,
@@ -275,6 +283,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   const headers = withStormgateHeaders(forwardedResponseHeaders(upstream), summary, plan.label);
   if (result.stream) {
     summary.ttftMs = result.ttftMs;
+    if (result.startedEarly) summary.startedEarly = true;
     const live = result.stream;
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';

@@ -35,6 +35,8 @@ export interface LiveStreamOptions {
   pending: SseEvent[];
   parser: SseParser;
   iterator: AsyncIterator<Buffer>;
+  /** A read of `iterator` already in flight (an answer started before its first output): the first one to take. */
+  pendingRead?: Promise<IteratorResult<Buffer>>;
   /** Another family's events into OpenAI ones (Anthropic); undefined for OpenAI-compatible targets. */
   translate: StreamTranslator | undefined;
   controller: Aborter;
@@ -136,6 +138,7 @@ export class LiveStream {
 
   async *#rest(overAlready: boolean): AsyncGenerator<string> {
     const { api, controller, iterator, parser } = this.#opts;
+    let pendingRead = this.#opts.pendingRead;
     let over = overAlready;
     /** The last read completed an event: the upstream's silence counts afresh. Bytes of no whole event do not reset it. */
     let progressed = true;
@@ -148,7 +151,8 @@ export class LiveStream {
         this.#awaitingUpstream = true;
         let read: IteratorResult<Buffer>;
         try {
-          read = await iterator.next();
+          read = await (pendingRead ?? iterator.next());
+          pendingRead = undefined;
         } finally {
           this.#awaitingUpstream = false;
         }

@@ -18,6 +18,7 @@ import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import type { RequestSignal } from './request-abort.ts';
+import type { EarlyStart } from './early-start.ts';
 
 export interface AttemptRecord {
   target: string;
@@ -87,6 +88,8 @@ export interface RequestContext {
   shape: StreamShape;
   signal: RequestSignal;
   deadlineAtMs: number;
+  /** A stream on the client's deadline: the deadline starts an answer that has begun upstream (early-start.ts). */
+  earlyStart?: EarlyStart;
   attempts: AttemptRecord[];
   /** Targets this request skipped, with the reason (shared with the request's log line). */
   skipped: SkippedTarget[];

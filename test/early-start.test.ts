@@ -1,0 +1,68 @@
+// A stream on the client's own deadline starts at that deadline when its provider has begun answering but sent no
+// token yet (pipeline/early-start.ts): the client gets the head in time, as it would from the provider directly, and
+// the stream is bounded by its idle timeout from there.
+import type { ServerResponse } from 'node:http';
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks } from './helpers/stack.ts';
+
+const startProvider = useFakeProviders();
+const startStack = useStacks();
+
+const chunk = (delta: Record<string, string>, finish: string | null) =>
+  `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+
+/** Sends the stream's headers at once and nothing else; `answerAfterMs` later (never, if undefined) the answer. */
+function thinkingProvider(answerAfterMs: number | undefined): Promise<FakeProvider> {
+  return startProvider((req, res: ServerResponse) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.flushHeaders();
+      if (answerAfterMs === undefined) return;
+      const timer = setTimeout(() => res.end(chunk({ role: 'assistant', content: 'Hello' }, null) + chunk({}, 'stop') + 'data: [DONE]\n\n'), answerAfterMs);
+      res.on('close', () => clearTimeout(timer));
+    });
+  });
+}
+
+const gatewayTo = (p: FakeProvider, idleMs = 30_000) =>
+  startStack({
+    config: (mockUrl) => {
+      const c = configServedBy(mockUrl, 'thinking', `${p.origin}/v1`);
+      c.providers.thinking!.timeouts = { idleMs };
+      return c;
+    },
+  });
+
+describe('a stream started at the client\'s deadline', () => {
+  it('sends the head at the deadline, before any event, then the answer when it comes', async () => {
+    const p = await thinkingProvider(1_500);
+    const s = await gatewayTo(p);
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0, defaultHeaders: { 'x-stormgate-timeout-ms': '1000' } });
+    const started = Date.now();
+    const { data: stream, response } = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true }).withResponse();
+    expect(response.status).toBe(200);
+    expect(Date.now() - started).toBeLessThan(1_000);
+    let text = '';
+    for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
+    expect(text).toBe('Hello');
+    expect(p.hits()).toBe(1);
+  });
+
+  it('ends with an error event the SDK raises when the provider then stays silent past idleMs', async () => {
+    const p = await thinkingProvider(undefined);
+    const s = await gatewayTo(p, 500);
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0, defaultHeaders: { 'x-stormgate-timeout-ms': '1000' } });
+    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    const err = await (async () => {
+      for await (const _ of stream) {
+        // no events come
+      }
+    })().catch((e: unknown) => e as Error);
+    expect(String(err)).toMatch(/stalled/);
+    expect(p.hits()).toBe(1);
+    expect(s.logs.join('')).toMatch(/"startedEarly":true.*"streamEnd":"stalled"|"streamEnd":"stalled".*"startedEarly":true/);
+  });
+});
