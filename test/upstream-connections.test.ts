@@ -59,4 +59,22 @@ describe('connections to the provider', () => {
     await closed;
     expect(Date.now() - started).toBeLessThan(3_000);
   });
+
+  it('reads a connection lost after a stream began, before its first output, as a broken stream, not an unreachable provider', async () => {
+    // Cut in the middle of its first event (a token and the cut that arrive together lose the token the same way:
+    // the body's error discards what it had buffered).
+    const p = await startProvider((req, res: ServerResponse) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chunk({ role: 'assistant', content: 'Hel' }, null).slice(0, 40), () => res.socket?.destroy());
+      });
+    });
+    const s = await gatewayTo(p);
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    const err = (await streamText(client).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(502);
+    expect((err.error as { code: string }).code).toBe('upstream_bad_response');
+    expect(err.message).toMatch(/broke before its first output/);
+  });
 });

@@ -98,10 +98,10 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
-    const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart);
+    const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
-      return { outcome: { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
+      return { outcome: first.outcome ?? { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
     }
     handedOff = true;
     // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
@@ -208,7 +208,19 @@ function isEventStream(headers: HeaderBag): boolean {
 type FirstOutput =
   /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
   | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
-  | { failure: string };
+  /** outcome: when it is not the broken stream `failure` describes (an abort, a timeout). */
+  | { failure: string; outcome?: AttemptOutcome };
+
+/**
+ * The provider had begun a 2xx stream when its connection broke (a cut a moment after the first token loses that
+ * token with the socket): a stream broken before its output, which may have run, not a provider out of reach.
+ */
+function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
+  if (signal.aborted) return { failure: 'aborted', outcome: abortOutcome(signal.reason) };
+  const outcome = transportOutcome(err);
+  if (outcome.kind !== 'network') return { failure: 'failed', outcome };
+  return { failure: `the stream broke before its first output (${outcome.code})` };
+}
 
 /**
  * Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order.
