@@ -168,6 +168,51 @@ describe('breaker transitions across the fleet', () => {
   });
 });
 
+describe('a breaker record that Redis loses while it stays up (FLUSHALL, eviction, expiry)', () => {
+  it('opens and closes again: the next change writes a record back, whatever generation the writer last saw', async () => {
+    const f = await fleet(2);
+    const [a, b] = f.stores;
+    const s = settingsForModel(BreakerSchema.parse({ openS: 30, halfOpenProbes: 3, closeAfter: 1 }), undefined);
+    let now = Date.now();
+    const boardA = new BreakerBoard({ store: a!, now: () => now, random: () => 0 });
+    const boardB = new BreakerBoard({ store: b!, now: () => now, random: () => 0 });
+    const admin = new Redis(redis.url);
+    const key = (await admin.keys('*breaker')).find((k) => k.includes('p/lost'));
+    expect(key).toBeUndefined();
+    try {
+      // A closed breaker with a history (generation 2: opened and closed once), then its record is lost.
+      for (let i = 0; i < 5; i++) await boardA.record('p/lost', s, 'failure', 10, undefined);
+      now += 31_000;
+      const probe = await boardA.admit('p/lost', s, false, 5_000);
+      await boardA.record('p/lost', s, 'success', 10, probe.admitted ? probe.probe : undefined);
+      await eventually(() => b!.getBreaker('p/lost')?.state === 'closed' && b!.getBreaker('p/lost')?.generation === 2, 1_000);
+      for (const k of await admin.keys('*p/lost*')) await admin.del(k);
+
+      // It still opens, fleet-wide.
+      for (let i = 0; i < 5; i++) await boardB.record('p/lost', s, 'failure', 10, undefined);
+      expect(b!.getBreaker('p/lost')?.state).toBe('open');
+      await eventually(() => a!.getBreaker('p/lost')?.state === 'open', 1_000);
+      const stored = (await admin.keys('*p/lost*:breaker'))[0]!;
+      expect(await admin.hget(stored, 'state')).toBe('open');
+      // And it expires some day, so targets a fleet stopped using do not stay in Redis forever.
+      expect(await admin.pttl(stored)).toBeGreaterThan(24 * 3600 * 1000);
+
+      // Lost while open: it still closes after a good probe.
+      await admin.del(stored);
+      now += 31_000;
+      const next = await boardA.admit('p/lost', s, false, 5_000);
+      expect(next.admitted).toBe(true);
+      await boardA.record('p/lost', s, 'success', 10, next.admitted ? next.probe : undefined);
+      expect(a!.getBreaker('p/lost')?.state).toBe('closed');
+      await eventually(() => b!.getBreaker('p/lost')?.state === 'closed', 1_000);
+    } finally {
+      boardA.close();
+      boardB.close();
+      admin.disconnect();
+    }
+  });
+});
+
 describe('when Redis goes away', () => {
   const TIMEOUT_MS = 100;
   const BOUND_MS = TIMEOUT_MS * 3 + 100;

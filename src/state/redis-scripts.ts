@@ -36,19 +36,21 @@ return { sums.r or 0, sums.f or 0 }
 `;
 
 /**
- * KEYS: breaker hash. ARGV: expectedGeneration, channel, message, field, value, ...
+ * KEYS: breaker hash. ARGV: expectedGeneration, ttlMs, channel, message, field, value, ...
  * Returns [1] when written (and published), else [0, field, value, ...] with the stored record, so the caller's stale
- * view heals on the spot.
+ * view heals on the spot. A missing record (expired, flushed, evicted) holds no fleet state to protect: any write
+ * restores one, whatever generation the writer last saw; the other instances' next compare-and-set heals them.
  */
 const CAS_BREAKER = `
-local current = tonumber(redis.call('HGET', KEYS[1], 'generation') or '0')
-if current ~= tonumber(ARGV[1]) then
+local current = redis.call('HGET', KEYS[1], 'generation')
+if current and tonumber(current) ~= tonumber(ARGV[1]) then
   local out = redis.call('HGETALL', KEYS[1])
   table.insert(out, 1, 0)
   return out
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return { 1 }
 `;
 

@@ -41,6 +41,12 @@ const CONFIG_RETRY_MS = 30_000;
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
 const HOLD_OFF_GRACE_MS = 60_000;
+/**
+ * A breaker record lives this long after its last change, so the targets of a fleet that moved on (a model renamed,
+ * a provider removed) do not stay in Redis forever. One that expires was closed and idle, or is still in every
+ * instance's view and written back by its next change.
+ */
+const BREAKER_TTL_MS = 7 * 24 * 3600 * 1000;
 
 export class RedisStore implements StateStore {
   readonly kind = 'redis';
@@ -269,7 +275,7 @@ export class RedisStore implements StateStore {
   async #casRemote(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
     const message = encodeChange({ kind: 'breaker', target, record: next }, this.#id);
     const [ok, ...stored] = await this.#client.sgCasBreaker(
-      this.#keys.breaker(target), expectedGeneration, this.#keys.events, message, ...encodeBreaker(next),
+      this.#keys.breaker(target), expectedGeneration, BREAKER_TTL_MS, this.#keys.events, message, ...encodeBreaker(next),
     );
     if (ok === 1) {
       this.#view.putBreaker(target, next, false);
