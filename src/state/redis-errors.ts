@@ -70,7 +70,10 @@ export function configProblem(err: unknown): ConfigProblem | undefined {
   return undefined;
 }
 
-/** What may be logged of an error from ioredis: its type, message and code, never the command it failed (AUTH's password). */
+/**
+ * What may be logged of an error from ioredis: its type, message and code, never the command it failed (AUTH's password).
+ * Logged as `error`, not `err`: pino's err serializer would take it for an Error and rename its type `Object`.
+ */
 export function safeError(err: unknown): { type: string; message: string; code?: string } | undefined {
   if (err === undefined || err === null) return undefined;
   if (!(err instanceof Error)) return { type: typeof err, message: String(err) };

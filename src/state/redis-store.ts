@@ -422,7 +422,7 @@ export class RedisStore implements StateStore {
     } catch (err) {
       const problem = configProblem(err);
       if (problem) this.#reportProblem(problem);
-      else this.#logger?.warn({ err: safeError(err) }, 'state store could not subscribe to changes; will retry on reconnect');
+      else this.#logger?.warn({ error: safeError(err) }, 'state store could not subscribe to changes; will retry on reconnect');
       return;
     }
     // Messages sent while we were not subscribed are lost; read the current state instead.
@@ -447,7 +447,7 @@ export class RedisStore implements StateStore {
       this.#lastError = err;
       if (problem) this.#misconfigured = problem;
     } else if (!problem) {
-      this.#logger?.debug({ err: safeError(err) }, 'state store subscriber connection error');
+      this.#logger?.debug({ error: safeError(err) }, 'state store subscriber connection error');
     }
   }
 
@@ -466,7 +466,7 @@ export class RedisStore implements StateStore {
     if (this.#closed || this.#degraded === degraded) return;
     this.#degraded = degraded;
     if (degraded) {
-      this.#logger?.warn({ err: safeError(this.#lastError) }, 'state store degraded: using local state');
+      this.#logger?.warn({ error: safeError(this.#lastError) }, 'state store degraded: using local state');
       // ioredis reconnects a dropped connection and emits 'ready'; a live but slow one needs a probe to come back.
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
