@@ -60,8 +60,10 @@ describe('GET /v1/models lists what a client can request', () => {
     stack = await startStack({ config: fallbackConfig });
     const client = sdk(stack);
     const model = await client.models.retrieve('gpt-4o-mini');
-    expect(model).toMatchObject({ id: 'gpt-4o-mini', object: 'model', owned_by: 'openai' });
-    expect(typeof model.created).toBe('number');
+    // The provider's own object: apps sort and filter models by `created`.
+    expect(model).toEqual({ id: 'gpt-4o-mini', object: 'model', created: 1_715_367_049, owned_by: 'system' });
+    // A name only the config gives is the gateway's own entry.
+    expect(await client.models.retrieve('meta-llama/Llama-3-8b')).toMatchObject({ object: 'model', created: 0, owned_by: 'openai' });
     expect((await client.models.retrieve('meta-llama/Llama-3-8b')).id).toBe('meta-llama/Llama-3-8b');
     for (const id of ['claude-sonnet-4-5', 'gpt-4o-unlisted', 'nope']) {
       const err = await client.models.retrieve(id).catch((e: unknown) => e);

@@ -5,11 +5,13 @@
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { CompiledRoute, Router } from './router.ts';
 
+/** A provider's own fields (context windows, capabilities on some servers) are kept beside these. */
 export interface ModelEntry {
   id: string;
   object: 'model';
   created: number;
   owned_by: string;
+  [field: string]: unknown;
 }
 
 export interface ModelsListOptions {
@@ -25,7 +27,7 @@ export interface ModelsListOptions {
 interface CacheEntry {
   at: number;
   ok: boolean;
-  ids: string[];
+  models: ModelEntry[];
 }
 
 /** How a family lists its models; azure-openai deployments are not listable with a key, and disabled providers are not asked. */
@@ -48,6 +50,21 @@ function listingProviders(route: CompiledRoute): string[] {
   return [...new Set(route.config.targets.filter((t) => t.model === undefined).map((t) => t.provider))];
 }
 
+/**
+ * A provider's model object as the OpenAI API lists it: an OpenAI-compatible one as the provider sent it (apps sort
+ * by `created`), an Anthropic one (`{ type, id, display_name, created_at }`) translated.
+ */
+function modelEntry(raw: unknown, client: ProviderClient): ModelEntry | undefined {
+  if (typeof raw !== 'object' || raw === null) return undefined;
+  const m = raw as Record<string, unknown>;
+  if (typeof m.id !== 'string') return undefined;
+  if (client.config.family === 'openai') {
+    return { ...m, id: m.id, object: 'model', created: typeof m.created === 'number' ? m.created : 0, owned_by: typeof m.owned_by === 'string' ? m.owned_by : client.name };
+  }
+  const created = typeof m.created_at === 'string' ? Math.floor(Date.parse(m.created_at) / 1000) : Number.NaN;
+  return { id: m.id, object: 'model', created: Number.isFinite(created) ? created : 0, owned_by: client.name };
+}
+
 export function createModelsList(router: Router, providers: ReadonlyMap<string, ProviderClient>, opts: ModelsListOptions = {}) {
   const now = opts.now ?? Date.now;
   const cacheMs = opts.cacheMs ?? 5 * 60_000;
@@ -55,38 +72,38 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
   const fetchTimeoutMs = opts.fetchTimeoutMs ?? 2_000;
   const cache = new Map<string, CacheEntry>();
   // A fetch in flight is shared: concurrent listings never send a provider a second request.
-  const inFlight = new Map<string, Promise<string[]>>();
+  const inFlight = new Map<string, Promise<ModelEntry[]>>();
 
-  async function fetchIds(client: ProviderClient, listing: { path: string; headers: Record<string, string> }): Promise<string[]> {
+  async function fetchModels(client: ProviderClient, listing: { path: string; headers: Record<string, string> }): Promise<ModelEntry[]> {
     const res = await client.dispatcher.request({ path: listing.path, method: 'GET', headers: listing.headers, signal: AbortSignal.timeout(fetchTimeoutMs) });
     if (res.statusCode !== 200) {
       await res.body.dump();
       throw new Error(`status ${res.statusCode}`);
     }
-    const body = (await res.body.json()) as { data?: Array<{ id?: unknown }> };
+    const body = (await res.body.json()) as { data?: unknown[] };
     if (!Array.isArray(body.data)) throw new Error('no data array');
-    return body.data.map((m) => m.id).filter((id): id is string => typeof id === 'string');
+    return body.data.map((m) => modelEntry(m, client)).filter((m): m is ModelEntry => m !== undefined);
   }
 
-  function providerModels(name: string): Promise<string[]> | string[] {
+  function providerModels(name: string): Promise<ModelEntry[]> | ModelEntry[] {
     const hit = cache.get(name);
-    if (hit && now() - hit.at < (hit.ok ? cacheMs : failureCacheMs)) return hit.ids;
+    if (hit && now() - hit.at < (hit.ok ? cacheMs : failureCacheMs)) return hit.models;
     const pending = inFlight.get(name);
     if (pending) return pending;
     const client = providers.get(name);
     const listing = client && modelsRequest(client);
     if (!client || !listing) return [];
-    const fetching = fetchIds(client, listing).then(
-      (ids) => {
-        cache.set(name, { at: now(), ok: true, ids });
-        return ids;
+    const fetching = fetchModels(client, listing).then(
+      (models) => {
+        cache.set(name, { at: now(), ok: true, models });
+        return models;
       },
       () => {
         // A provider that cannot list its models must not break the listing, nor be asked again at every listing:
         // its last good list stands until the failure expires.
-        const ids = hit?.ids ?? [];
-        cache.set(name, { at: now(), ok: false, ids });
-        return ids;
+        const models = hit?.models ?? [];
+        cache.set(name, { at: now(), ok: false, models });
+        return models;
       },
     );
     inFlight.set(name, fetching);
@@ -97,15 +114,16 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
   async function list(): Promise<{ object: 'list'; data: ModelEntry[] }> {
     const names = [...new Set(router.routes.flatMap(listingProviders))];
     const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
-    const owners = new Map<string, string>();
-    // File order, first wins, as in routing: a model's owner is the provider that would get it first.
+    const models = new Map<string, ModelEntry>();
+    // File order, first wins, as in routing: a model is described by the provider that would get it first. A name
+    // only the config gives has no provider object: its owner is that provider's name in the config.
     for (const route of router.routes) {
-      for (const id of route.exactModels) if (!owners.has(id)) owners.set(id, route.config.targets[0]!.provider);
+      for (const id of route.exactModels) if (!models.has(id)) models.set(id, { id, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
       for (const provider of listingProviders(route)) {
-        for (const id of lists.get(provider) ?? []) if (!owners.has(id) && route.matchesModel(id)) owners.set(id, provider);
+        for (const m of lists.get(provider) ?? []) if (!models.has(m.id) && route.matchesModel(m.id)) models.set(m.id, m);
       }
     }
-    return { object: 'list', data: [...owners].map(([id, owned_by]) => ({ id, object: 'model', created: 0, owned_by })) };
+    return { object: 'list', data: [...models.values()] };
   }
 
   return {
