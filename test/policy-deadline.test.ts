@@ -1,10 +1,18 @@
 import { describe, expect, it } from 'vitest';
-import { computeDeadline } from '../src/policy/deadline.ts';
+import { computeDeadline, timeoutHeaderMs } from '../src/policy/deadline.ts';
 
 describe('the request deadline', () => {
   it('uses the route timeout minus the larger of 250 ms and 5% when the client sends nothing', () => {
     expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: {} })).toEqual({ budgetMs: 114_000, timeoutMs: 120_000, source: 'route' });
     expect(computeDeadline({ routeTimeoutMs: 2_000, marginMs: undefined, headers: {} }).budgetMs).toBe(1_750);
+  });
+
+  it.each(['0x10', '1e3', '0b11', '-5', '0', '', ' ', 'Infinity', '10ms'])('refuses x-stormgate-timeout-ms %j (only a positive decimal)', (v) => {
+    expect(timeoutHeaderMs(v)).toBeUndefined();
+  });
+
+  it.each([['1500', 1500], [' 250 ', 250], ['99.5', 99.5]])('reads x-stormgate-timeout-ms %j', (v, ms) => {
+    expect(timeoutHeaderMs(v)).toBe(ms);
   });
 
   it('takes x-stormgate-timeout-ms when it is shorter', () => {

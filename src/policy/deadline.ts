@@ -45,9 +45,12 @@ function header(headers: HeaderBag, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
+/** A plain decimal: Number() alone would also read hex (`0x10`), exponents and binary. */
+const DECIMAL = /^\s*\d+(\.\d+)?\s*$/;
+
 /** x-stormgate-timeout-ms as a number of ms; undefined when absent or not a positive number (the server refuses those). */
 export function timeoutHeaderMs(v: string | undefined): number | undefined {
-  if (v === undefined || v.trim() === '') return undefined;
+  if (v === undefined || !DECIMAL.test(v)) return undefined;
   const n = Number(v);
   return Number.isFinite(n) && n > 0 ? n : undefined;
 }
