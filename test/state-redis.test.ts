@@ -279,8 +279,12 @@ describe('when Redis goes away', () => {
     const { stores: [a] } = await fleet(1, { server, commandTimeoutMs: TIMEOUT_MS });
     const admin = new Redis(server.url);
     try {
-      await admin.call('CLIENT', 'PAUSE', '700', 'ALL');
-      expect(await timed(a!.takeRetry('r1', BUDGET, Date.now()))).toBeLessThan(BOUND_MS);
+      await admin.call('CLIENT', 'PAUSE', '1000', 'ALL');
+      // One late reply is no outage (a busy event loop can fire the timer first); three in a row are.
+      for (let i = 0; i < 3; i++) {
+        expect(a!.degraded).toBe(false);
+        expect(await timed(a!.takeRetry('r1', BUDGET, Date.now()))).toBeLessThan(BOUND_MS);
+      }
       expect(a!.degraded).toBe(true);
       // While degraded the store does not wait on Redis at all.
       expect(await timed(a!.takePermit('t1', 1, 5000, Date.now()))).toBeLessThan(50);

@@ -85,3 +85,8 @@ function errorMessage(err: unknown): string | undefined {
   if (err instanceof Error) return err.message;
   return typeof err === 'string' ? err : undefined;
 }
+
+/** ioredis's commandTimeout rejects with a plain Error and no code: its message is all there is to tell it by. */
+export function isCommandTimeout(err: unknown): boolean {
+  return err instanceof Error && err.message === 'Command timed out';
+}

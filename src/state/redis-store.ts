@@ -11,7 +11,7 @@ import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
-import { configProblem, safeError, type ConfigProblem } from './redis-errors.ts';
+import { configProblem, isCommandTimeout, safeError, type ConfigProblem } from './redis-errors.ts';
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, MAX_WINDOW_S, type ScriptClient } from './redis-scripts.ts';
 import { FleetView } from './redis-view.ts';
@@ -41,6 +41,12 @@ const CONFIG_RETRY_MS = 30_000;
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
 const HOLD_OFF_GRACE_MS = 60_000;
+/**
+ * Command timeouts in a row that make the store degraded. One alone is no outage: on a busy event loop the command's
+ * timer can fire before the reply that is already waiting in the socket is read, and each such call is answered from
+ * local state anyway. A lost connection degrades at once.
+ */
+const DEGRADE_AFTER_TIMEOUTS = 3;
 /**
  * A breaker record lives this long after its last change, so the targets of a fleet that moved on (a model renamed,
  * a provider removed) do not stay in Redis forever. One that expires was closed and idle, or is still in every
@@ -263,7 +269,9 @@ export class RedisStore implements StateStore {
   async #run<T>(op: (c: ScriptClient) => Promise<T>, fallback: () => T | Promise<T>): Promise<T> {
     if (this.#usable()) {
       try {
-        return await op(this.#client);
+        const out = await op(this.#client);
+        this.#answered();
+        return out;
       } catch (err) {
         this.#failed(err);
       }
@@ -305,6 +313,7 @@ export class RedisStore implements StateStore {
         this.#keys.budget(budgetKey), second(nowMs), cfg.windowS, String(cfg.ratio), String(cfg.minRetriesPerSecond * cfg.windowS),
         mode, (cfg.windowS + 5) * 1000, ...pairs(pending),
       );
+      this.#answered();
       return { requests, retries, allowed: allowed === 1 };
     } catch (err) {
       this.#failed(err);
@@ -436,7 +445,14 @@ export class RedisStore implements StateStore {
       this.#reportProblem(problem);
       this.#refusedAtMs = Date.now();
     }
+    if (isCommandTimeout(err) && ++this.#timeoutsInARow < DEGRADE_AFTER_TIMEOUTS) return;
     this.#setDegraded(true);
+  }
+
+  #timeoutsInARow = 0;
+
+  #answered(): void {
+    this.#timeoutsInARow = 0;
   }
 
   /** An 'error' event of a connection: a configuration problem is logged and, on the command connection, bars its use. */
