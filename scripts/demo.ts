@@ -113,7 +113,8 @@ async function main(): Promise<void> {
     });
     console.log(table([direct, through]));
     const metrics = await (await fetch(`${gatewayUrl}/metrics`)).text();
-    const opened = metrics.split('\n').filter((l) => l.startsWith('stormgate_breaker_transitions_total') && l.includes('to="open"'));
+    // Series start at 0: only those that counted an opening.
+    const opened = metrics.split('\n').filter((l) => l.startsWith('stormgate_breaker_transitions_total') && l.includes('to="open"') && Number(l.split(' ').at(-1)) > 0);
     if (opened.length > 0) console.log(`\nThe primary's circuit breaker opened (${opened.map((l) => l.match(/target="([^"]+)"/)?.[1]).join(', ')}): its traffic went to the backup at once, and probes check when it is back.`);
     const reasons = fallbackReasons(metrics);
     if (reasons !== '') console.log(`Why requests went to the backup (stormgate_fallbacks_total by reason): ${reasons}.`);

@@ -118,7 +118,10 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     // instance reports an open breaker it learnt from Redis) without waiting for a transition.
     // An open breaker whose time is over waits for a request to probe with: half-open, not open, for an alert on a
     // target nobody sends to would otherwise fire forever.
-    for (const target of new Set([...knownTargets, ...lastBreakerState.keys()])) {
+    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
+    for (const target of new Set([...knownTargets, ...lastBreakerState.keys(), ...used])) {
+      // A key learnt from traffic starts its transitions at zero too, from the first scrape after its first request.
+      if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
       const rec = board.current(target);
       metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
@@ -180,7 +183,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 /**
  * Counters start at zero for the label values the config names, so the first increments show in rate() and
  * increase(): each route's primary target keys (the keys its traffic is counted under: a target's model, or each
- * model the route matches, or `other`).
+ * model the route matches; a route of any model learns its keys from traffic).
  */
 function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
   for (const route of config.routes) {
@@ -216,12 +219,13 @@ function retryReasons(retryOn: ReadonlyArray<number | string>): string[] {
 /** The keys a route's traffic to one target is counted under. */
 function routeTargetKeys(route: Config['routes'][number], t: Config['routes'][number]['targets'][number], keys: TargetKeys): string[] {
   if (t.model) return [keys.key(t.provider, t.model)];
-  // Patterns (`gpt-*`) name no key of their own: their models are learned from traffic, past the limit `other`.
+  // A route that serves any model, or patterns (`gpt-*`), names no key: its models are learned from traffic (past
+  // the limit, `other`), so a key made up here would be a series no request is ever counted under.
   const named = route.match.models?.filter((x) => !x.includes('*')) ?? [];
-  return (named.length > 0 ? named : [undefined]).map((m) => keys.key(t.provider, m));
+  return named.map((m) => keys.key(t.provider, m));
 }
 
-/** Every target key the config names: each route target's model, or the models the route matches, or `other`. */
+/** Every target key the config names: each route target's model, or the models the route matches. */
 function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
   const out = new Set<string>();
   for (const route of config.routes) for (const t of route.targets) for (const k of routeTargetKeys(route, t, keys)) out.add(k);

@@ -1,4 +1,5 @@
 // The gateway's own edges: error shapes for bad input, which headers cross, request ids, /v1/models, passthrough.
+import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { defaultConfig, useStacks, TEST_KEY, type Stack } from './helpers/stack.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
@@ -192,6 +193,21 @@ describe('passthrough', () => {
     const get = await fetch(`${stack.url}/v1/embeddings`);
     expect(get.status).toBe(404);
     expect(stack.mock.stats().total).toBe(1);
+  });
+
+  it('passes the provider\'s connection headers (keep-alive and the like) back as the gateway\'s own', async () => {
+    stack = await startStack({
+      config: (url) => {
+        const base = defaultConfig(url);
+        return { ...base, routes: base.routes.filter((r) => r.name !== 'embeddings'), passthrough: { provider: 'mock', paths: ['/v1/embeddings'], methods: ['POST'] } };
+      },
+    });
+    const managed = await request(`${stack.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x' }] }) });
+    await managed.body.dump();
+    const res = await request(`${stack.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'text-embedding-3-small', input: 'x' }) });
+    await res.body.dump();
+    expect(res.statusCode).toBe(200);
+    expect(res.headers['keep-alive']).toBe(managed.headers['keep-alive']);
   });
 
   it('passes no account headers back, answers the provider\'s 401 with the gateway\'s own error, and logs one line', async () => {

@@ -20,6 +20,16 @@ const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormga
 const ACCOUNT_HEADERS = new Set(['openai-organization', 'openai-project', 'set-cookie']);
 const accountHeader = (name: string) => ACCOUNT_HEADERS.has(name) || name.startsWith('x-ratelimit-') || name.startsWith('anthropic-ratelimit-');
 
+/**
+ * Headers about the provider's connection to the gateway, not the answer (RFC 9110 7.6.1), and those its `connection`
+ * header names: the client's connection has its own (reply-from drops them from HTTP/2 answers only).
+ */
+function hopByHop(connection: unknown): Set<string> {
+  const names = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer']);
+  if (typeof connection === 'string') for (const n of connection.split(',')) names.add(n.trim().toLowerCase());
+  return names;
+}
+
 /** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
 const CREDENTIAL_STATUSES = new Set([401, 403]);
 
@@ -46,7 +56,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.
         rewriteHeaders: (headers) => {
           const out: Record<string, unknown> = {};
-          for (const name in headers) if (!accountHeader(name)) out[name] = headers[name];
+          const hop = hopByHop(headers.connection);
+          for (const name in headers) if (!accountHeader(name) && !hop.has(name)) out[name] = headers[name];
           out['x-should-retry'] = 'false';
           return out as typeof headers;
         },
