@@ -21,6 +21,7 @@ async function withBackup(opts: {
   route?: Partial<RouteInput>;
   backupModel?: string;
   primaryFirstTokenMs?: number;
+  primaryBreaker?: ConfigInput['providers'][string]['breaker'];
 }): Promise<Stack> {
   backup = await startBackup({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
   const family = opts.family ?? 'anthropic';
@@ -28,7 +29,11 @@ async function withBackup(opts: {
     faults: opts.faults,
     config: (url) => {
       const base = defaultConfig(url, {
-        provider: { ...RETRY_LOOP_ONLY.provider, ...(opts.primaryFirstTokenMs && { timeouts: { firstTokenMs: opts.primaryFirstTokenMs } }) },
+        provider: {
+          ...RETRY_LOOP_ONLY.provider,
+          ...(opts.primaryFirstTokenMs && { timeouts: { firstTokenMs: opts.primaryFirstTokenMs } }),
+          ...(opts.primaryBreaker && { breaker: opts.primaryBreaker }),
+        },
         route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
       });
       return {
@@ -62,6 +67,17 @@ describe('failover to another provider', () => {
     expect(backup!.requests()[0]!.headers['x-api-key']).toBe('backup-key');
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/stormgate_fallbacks_total\{route="chat",from="mock\/gpt-4o",to="backup\/claude-sonnet-4-5",reason="retries_exhausted"\} 1/);
+  });
+
+  it('goes to the backup at once while the primary\'s breaker is open, and names the primary in the log line', async () => {
+    const s = await withBackup({ faults: { errors: [{ status: 503, rate: 1 }] }, primaryBreaker: { consecutiveFailures: 2, openS: 60 } });
+    await sdk(s).chat.completions.create({ model: 'gpt-4o', messages });
+    const primaryHits = s.mock.stats().total;
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-fallback')).toBe('breaker_open');
+    expect(s.mock.stats().total).toBe(primaryHits);
+    const line = s.logs.map((l) => JSON.parse(l) as { fallback?: string; skipped?: unknown }).find((l) => l.fallback === 'breaker_open');
+    expect(line?.skipped).toEqual([{ target: 'mock/gpt-4o', reason: 'circuit breaker open' }]);
   });
 
   it('streams the Anthropic backup\'s answer as chat.completion.chunk events', async () => {

@@ -93,8 +93,14 @@ export async function serveTargets(
     if (left && left.plan !== plan && plan !== plans[0]) {
       deps.onFallback?.(ctx.route.name, left.plan.key, plan.key, left.reason);
       fallback = left.reason;
+      passedOver(left);
     }
     return tryTarget(ctx, plan, run, deps, hasNext, ticket);
+  };
+  /** A target left without an attempt (its breaker open, its provider holding requests off) is named in the log line. */
+  const passedOver = ({ plan, reason }: { plan: TargetPlan; reason: FallbackReason }) => {
+    const why = reason === 'breaker_open' ? 'circuit breaker open' : reason === 'held_off' ? 'held off: the provider asked for a pause' : undefined;
+    if (why && !ctx.attempts.some((a) => a.target === plan.label) && !ctx.skipped.some((s) => s.target === plan.label)) ctx.skipped.push({ target: plan.label, reason: why });
   };
   const ok = (plan: TargetPlan, result: AttemptResult): Served => ({ kind: 'ok', plan, result, fallback: plan === plans[0] ? undefined : fallback });
   // Whatever the request ends with carries the fallback's rejection, if there was one: not a success, and not a verdict
