@@ -1,30 +1,24 @@
 // A stream on the client's own deadline starts at that deadline when its provider has begun answering but sent no
 // token yet (pipeline/early-start.ts): the client gets the head in time, as it would from the provider directly, and
 // the stream is bounded by its idle timeout from there.
-import type { ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
+import { chatChunk as chunk, eventStream, useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
 import { configServedBy, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
 
-const chunk = (delta: Record<string, string>, finish: string | null) =>
-  `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-
 /** Sends the stream's headers at once and nothing else; `answerAfterMs` later (never, if undefined) the answer. */
 function thinkingProvider(answerAfterMs: number | undefined): Promise<FakeProvider> {
-  return startProvider((req, res: ServerResponse) => {
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
+  return startProvider(
+    eventStream((res) => {
       res.flushHeaders();
       if (answerAfterMs === undefined) return;
       const timer = setTimeout(() => res.end(chunk({ role: 'assistant', content: 'Hello' }, null) + chunk({}, 'stop') + 'data: [DONE]\n\n'), answerAfterMs);
       res.on('close', () => clearTimeout(timer));
-    });
-  });
+    }),
+  );
 }
 
 const gatewayTo = (p: FakeProvider, idleMs = 30_000) =>

@@ -1,30 +1,24 @@
 // The gateway's connections to a provider outlive one request: a stream whose answer is over ([DONE]) before its
 // response is (the chunked body's last bytes come a moment later, as with real providers) must not close the
 // connection, or every stream pays a new TCP and TLS handshake. A response that never ends is closed, not leaked.
-import type { ServerResponse } from 'node:http';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
+import { chatChunk as chunk, eventStream, useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
 import { configServedBy, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
 
-const chunk = (delta: Record<string, string>, finish: string | null) =>
-  `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
-
 /** A provider that sends a whole answer and [DONE], then ends the response `endAfterMs` later (never, if undefined). */
 function provider(endAfterMs: number | undefined): Promise<FakeProvider> {
-  return startProvider((req, res: ServerResponse) => {
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
+  return startProvider(
+    eventStream((res) => {
       res.write(chunk({ role: 'assistant', content: 'Hello' }, null) + chunk({}, 'stop') + 'data: [DONE]\n\n');
       if (endAfterMs !== undefined) setTimeout(() => res.end(), endAfterMs);
-    });
-  });
+    }),
+  );
 }
 
 const gatewayTo = (p: FakeProvider) => startStack({ config: (mockUrl) => configServedBy(mockUrl, 'slow', `${p.origin}/v1`) });
@@ -63,13 +57,7 @@ describe('connections to the provider', () => {
   it('reads a connection lost after a stream began, before its first output, as a broken stream, not an unreachable provider', async () => {
     // Cut in the middle of its first event (a token and the cut that arrive together lose the token the same way:
     // the body's error discards what it had buffered).
-    const p = await startProvider((req, res: ServerResponse) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chunk({ role: 'assistant', content: 'Hel' }, null).slice(0, 40), () => res.socket?.destroy());
-      });
-    });
+    const p = await startProvider(eventStream((res) => res.write(chunk({ role: 'assistant', content: 'Hel' }, null).slice(0, 40), () => res.socket?.destroy())));
     const s = await gatewayTo(p);
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
     const err = (await streamText(client).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;

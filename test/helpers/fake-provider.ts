@@ -1,6 +1,6 @@
 // A provider of a test's own, for wire behaviour the bundled mock does not have (compressed answers, a response that
 // outlives its [DONE], a 200 that is no answer): a node:http server on a free loopback port, closed after each test.
-import { createServer, type RequestListener, type Server } from 'node:http';
+import { createServer, type RequestListener, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { once } from 'node:events';
 import { afterEach } from 'vitest';
@@ -37,3 +37,18 @@ export function useFakeProviders(): (handler: RequestListener) => Promise<FakePr
     return { origin: `http://127.0.0.1:${(server.address() as { port: number }).port}`, hits: () => hits, sockets };
   };
 }
+
+/** One chat.completion.chunk event, framed for the wire. */
+export const chatChunk = (delta: Record<string, string>, finish: string | null): string =>
+  `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
+
+/** A handler that reads each request's body, then answers 200 with an event stream's head and leaves the rest to `then`. */
+export const eventStream =
+  (then: (res: ServerResponse) => void): RequestListener =>
+  (req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      then(res);
+    });
+  };
