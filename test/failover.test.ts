@@ -6,9 +6,11 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
 
 const startStack = useStacks();
 const startBackup = useExtraMocks();
+const startProvider = useFakeProviders();
 let backup: MockServer | undefined;
 
 type RouteInput = ConfigInput['routes'][number];
@@ -265,6 +267,41 @@ describe('stream recovery (streamRecovery: continue)', () => {
     for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
     expect(text).toBe('Mock answer to: Where and so the mock continues after 21 characters.');
     // "21 characters": the prefill was "Mock answer to: Where", without its space.
+  });
+
+  it('asks the next target for text only: the request\'s tools stay (a history of calls needs them), not to be called', async () => {
+    const bodies: Array<Record<string, unknown>> = [];
+    const next = await startProvider((req, res) => {
+      let raw = '';
+      req.on('data', (c: Buffer) => (raw += c));
+      req.on('end', () => {
+        bodies.push(JSON.parse(raw) as Record<string, unknown>);
+        res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error"}}');
+      });
+    });
+    const s = await startStack({
+      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
+      config: (url) => {
+        const base = defaultConfig(url, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, next: { family: 'openai', baseUrl: `${next.origin}/v1`, apiKey: 'next-key', breaker: false } },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'next' }], streamRecovery: 'continue' as const } : r)),
+        };
+      },
+    });
+    const tools = [{ type: 'function' as const, function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
+    // After a tool's result the answer is text (the mock's too), and the request still has its tools.
+    const history = [
+      ...messages,
+      { role: 'assistant' as const, content: null, tool_calls: [{ id: 'call_1', type: 'function' as const, function: { name: 'get_weather', arguments: '{}' } }] },
+      { role: 'tool' as const, tool_call_id: 'call_1', content: 'sunny' },
+    ];
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages: history, stream: true, tools, tool_choice: 'auto', parallel_tool_calls: true });
+    await expect((async () => { for await (const _ of stream); })()).rejects.toThrow(/cut/);
+    expect(bodies).toHaveLength(1);
+    expect(bodies[0]).toMatchObject({ tools, tool_choice: 'none' });
+    expect(bodies[0]!.parallel_tool_calls).toBeUndefined();
   });
 
   it('splices an OpenAI-compatible target\'s answer on only when it starts with exactly the delivered text', async () => {

@@ -36,8 +36,9 @@ export function streamRecovery(
     if (prefill && prefillText === '') return undefined;
     if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
-    const json = prefill ? { ...req.json, messages: [...messages, { role: 'assistant', content: prefillText }] } : req.json;
-    const prepared = prefill ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
+    const asked = textOnly(req.json);
+    const json = prefill ? { ...asked, messages: [...messages, { role: 'assistant', content: prefillText }] } : asked;
+    const prepared = json !== req.json ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
     if (!prepared.ok || !planned.ok) return undefined;
     const result = await runAttempt({
@@ -57,6 +58,16 @@ export function streamRecovery(
     if (!prefill) return splice(body, delivered, () => result.stream!.abandon());
     return prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body;
   };
+}
+
+/**
+ * The request with its tools kept (a history of tool calls needs their definitions: Anthropic refuses it otherwise)
+ * but not to be called: a text answer's rest is text, never a tool call stitched onto another model's words.
+ */
+function textOnly(json: Record<string, unknown>): Record<string, unknown> {
+  if (json.tools === undefined && json.functions === undefined) return json;
+  const { parallel_tool_calls: _parallel, ...rest } = json;
+  return { ...rest, ...(json.tools !== undefined && { tool_choice: 'none' }), ...(json.functions !== undefined && { function_call: 'none' }) };
 }
 
 /** The continuation with the whitespace at its start taken out of its first content (the client has some already). */
