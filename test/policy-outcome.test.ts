@@ -19,6 +19,7 @@ describe('the outcome table', () => {
     ['400 context_length_exceeded', http(400, 'context_length_exceeded'), 'context-length', false],
     ['400 content_policy_violation', http(400, 'content_policy_violation'), 'content-policy', false],
     ['401', http(401, 'invalid_api_key'), 'credentials', false],
+    ['402', http(402, 'insufficient_quota'), 'credentials', false],
     ['403', http(403), 'credentials', false],
     ['429 insufficient_quota', http(429, 'insufficient_quota'), 'credentials', false],
     ['429 without a hint', http(429, 'rate_limit_exceeded'), 'rate-limited', true],

@@ -52,6 +52,7 @@ describe('retries over HTTP', () => {
 
   for (const [name, rule] of [
     ['401', { status: 401 }],
+    ['402 (billing: Anthropic\'s billing_error, OpenRouter\'s credits)', { status: 402 }],
     ['403', { status: 403 }],
     ['429 insufficient_quota', { status: 429, code: 'insufficient_quota' }],
   ] as const) {

@@ -130,7 +130,7 @@ export const ProviderSchema = z
     prefill: z.boolean().default(false)
       .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
     authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)
-      .describe('After the provider rejects the gateway\'s own credentials or billing (401, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
+      .describe('After the provider rejects the gateway\'s own credentials or billing (401, 402, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z.url({ protocol: /^https?$/ }).describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
     apiKey: z
       .string()

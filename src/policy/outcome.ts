@@ -110,7 +110,8 @@ export function classify(outcome: AttemptOutcome): Classification {
 
 function classifyStatus(status: number, errorCode: string | null): Classification {
   const reason = `status_${status}`;
-  if (status === 401 || status === 403 || (status === 429 && errorCode === 'insufficient_quota')) {
+  // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
+  if (status === 401 || status === 402 || status === 403 || (status === 429 && errorCode === 'insufficient_quota')) {
     return { cls: 'credentials', retryKey: null, reason: status === 429 ? 'insufficient_quota' : reason };
   }
   if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
