@@ -52,6 +52,13 @@ describe('toAnthropicRequest', () => {
     expect(body.messages[2]!.content).toEqual([{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }]);
   });
 
+  it('sends a conversation that ends on the assistant\'s turn (a prefill to Anthropic) without the trailing whitespace it refuses', () => {
+    const body = translated(chat([{ role: 'user', content: 'Tell me a story' }, { role: 'assistant', content: 'Once upon a time ' }]));
+    expect(body.messages.at(-1)).toEqual({ role: 'assistant', content: [{ type: 'text', text: 'Once upon a time' }] });
+    const blank = translated(chat([{ role: 'user', content: 'Tell me a story' }, { role: 'assistant', content: 'Once' }, { role: 'assistant', content: ' \n' }]));
+    expect(blank.messages.at(-1)).toEqual({ role: 'assistant', content: [{ type: 'text', text: 'Once' }] });
+  });
+
   it('turns data: image URLs into base64 sources and http(s) URLs into url sources', () => {
     const body = translated(chat([{ role: 'user', content: [
       { type: 'text', text: 'Compare' },

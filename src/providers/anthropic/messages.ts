@@ -66,6 +66,7 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         throw new Inexpressible(`messages[${i}]: unknown role ${JSON.stringify((msg as { role?: unknown } | null)?.role)}`, `messages[${i}].role`);
     }
   }
+  trimPrefill(turns);
   if (turns.length === 0) throw new Inexpressible('messages: an Anthropic target needs at least one user or assistant message', 'messages');
   // A last user message with no text, left out, would end the conversation on the assistant's turn, which Anthropic
   // reads as a prefill to continue instead of a question to answer.
@@ -81,6 +82,21 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
 type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
 
 /** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
+/**
+ * A conversation that ends on the assistant's turn is a prefill to Anthropic, which refuses one ending in whitespace
+ * (400): its last text goes without it, and a turn left with nothing goes altogether.
+ */
+function trimPrefill(turns: AnthropicMessageParam[]): void {
+  const last = turns.at(-1);
+  if (last?.role !== 'assistant') return;
+  const blocks = last.content as AnthropicAssistantBlock[];
+  const tail = blocks.at(-1);
+  if (tail?.type !== 'text') return;
+  tail.text = tail.text.trimEnd();
+  if (tail.text === '') blocks.pop();
+  if (blocks.length === 0) turns.pop();
+}
+
 function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', blocks: Blocks): void {
   if (blocks.length === 0) return; // an empty turn is a 400 upstream and carries nothing
   const last = turns[turns.length - 1];
