@@ -52,6 +52,16 @@ describe('toAnthropicRequest', () => {
     expect(body.messages[2]!.content).toEqual([{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }]);
   });
 
+  it('gives other servers\' tool-call ids the characters Anthropic takes, the call and its result alike', () => {
+    const body = translated(chat([
+      { role: 'user', content: 'Weather?' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'functions.get_weather:0', type: 'function', function: { name: 'get_weather', arguments: '{}' } }] },
+      { role: 'tool', tool_call_id: 'functions.get_weather:0', content: 'sunny' },
+    ], { tools: [weatherTool] }));
+    expect(body.messages[1]!.content).toMatchObject([{ type: 'tool_use', id: 'functions_get_weather_0' }]);
+    expect(body.messages[2]!.content).toMatchObject([{ type: 'tool_result', tool_use_id: 'functions_get_weather_0' }]);
+  });
+
   it('sends a conversation that ends on the assistant\'s turn (a prefill to Anthropic) without the trailing whitespace it refuses', () => {
     const body = translated(chat([{ role: 'user', content: 'Tell me a story' }, { role: 'assistant', content: 'Once upon a time ' }]));
     expect(body.messages.at(-1)).toEqual({ role: 'assistant', content: [{ type: 'text', text: 'Once upon a time' }] });

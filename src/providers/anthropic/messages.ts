@@ -58,7 +58,7 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         break;
       case 'tool':
         if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`);
-        append(turns, 'user', [{ type: 'tool_result', tool_use_id: msg.tool_call_id, content: toolResultContent(msg.content, i) }]);
+        append(turns, 'user', [{ type: 'tool_result', tool_use_id: toolId(msg.tool_call_id), content: toolResultContent(msg.content, i) }]);
         break;
       case 'function':
         throw new Inexpressible(`messages[${i}]: the legacy "function" role is not supported for an Anthropic target; use tools`, `messages[${i}].role`);
@@ -82,6 +82,14 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
 type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
 
 /** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
+/**
+ * A tool call's id as Anthropic takes it (letters, digits, `_` and `-`): other servers' ids (`functions.get_weather:0`)
+ * would be refused with a 400. The call and its result map alike, so they still pair.
+ */
+function toolId(id: string): string {
+  return id.replace(/[^A-Za-z0-9_-]/g, '_');
+}
+
 /**
  * A conversation that ends on the assistant's turn is a prefill to Anthropic, which refuses one ending in whitespace
  * (400): its last text goes without it, and a turn left with nothing goes altogether.
@@ -190,7 +198,7 @@ function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, whe
     if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') {
       throw new Inexpressible(`${at} needs an id and a function name`, at);
     }
-    blocks.push({ type: 'tool_use', id: call.id, name: call.function.name, input: toolInput(call.function.arguments, at) });
+    blocks.push({ type: 'tool_use', id: toolId(call.id), name: call.function.name, input: toolInput(call.function.arguments, at) });
   }
   return blocks;
 }
