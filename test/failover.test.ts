@@ -65,6 +65,9 @@ describe('failover to another provider', () => {
     expect(data.usage!.total_tokens).toBeGreaterThan(0);
     expect(response.headers.get('x-stormgate-target')).toBe('backup/claude-sonnet-4-5');
     expect(response.headers.get('x-stormgate-fallback')).toBe('retries_exhausted');
+    // Anthropic's request-id, where the SDK reads its request_id.
+    expect(response.headers.get('x-request-id')).toBe(response.headers.get('request-id'));
+    expect(response.headers.get('x-request-id')).toBeTruthy();
     expect(backup!.requests()[0]!.path).toBe('/v1/messages');
     expect(backup!.requests()[0]!.headers['x-api-key']).toBe('backup-key');
     const metrics = await (await fetch(`${s.url}/metrics`)).text();

@@ -330,13 +330,13 @@ class MockProvider implements MockServer {
     this.quotaUsed++;
     const h: OutgoingHttpHeaders = {
       'content-type': contentType,
-      'x-request-id': x.requestId,
       'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
       'x-ratelimit-limit-requests': String(limit),
       'x-ratelimit-remaining-requests': String(Math.max(0, limit - this.quotaUsed)),
       'x-ratelimit-reset-requests': `${((minute + 1) * 60_000 - nowMs) / 1000}s`,
     };
-    if (x.family === 'anthropic') h['request-id'] = x.requestId;
+    // Each API's own name for it, as the real ones send.
+    h[x.family === 'anthropic' ? 'request-id' : 'x-request-id'] = x.requestId;
     return h;
   }
 

@@ -277,7 +277,7 @@ function withStormgateHeaders(headers: Record<string, string>, summary: RequestS
 
 function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {
   const upstream = result.headers ?? {};
-  const upstreamId = upstream['x-request-id'];
+  const upstreamId = upstream['x-request-id'] ?? upstream['request-id'];
   if (upstreamId !== undefined) summary.upstreamRequestId = Array.isArray(upstreamId) ? upstreamId[0] : upstreamId;
   // One object, written in place: the first token waits for everything done here.
   const headers = withStormgateHeaders(forwardedResponseHeaders(upstream), summary, plan.label);

@@ -45,6 +45,8 @@ export function forwardedResponseHeaders(upstream: HeaderBag): Record<string, st
     const value = upstream[name];
     if (value !== undefined) out[name] = Array.isArray(value) ? value[0]! : value;
   }
+  // Anthropic names its id `request-id`; the OpenAI SDKs read `x-request-id` (their `request_id`) only.
+  if (out['x-request-id'] === undefined && out['request-id'] !== undefined) out['x-request-id'] = out['request-id'];
   return out;
 }
 
