@@ -70,3 +70,36 @@ describe('priority pools under a batch flood', () => {
     expect(line.priority).toBe('batch');
   });
 });
+
+describe('requests waiting for a pool slot', () => {
+  it('do not go out into a hold-off that began while they waited: they park and go when it ends', async () => {
+    // One slot: the first request takes it and gets a 429 with retry-after 2; three others wait for the slot meanwhile.
+    const s = await start({
+      faults: { latencyMs: 200, errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': '2' } }] },
+      provider: { pools: { maxConcurrent: 1 } },
+      route: { park: {} },
+    });
+    const statuses = await Promise.all(Array.from({ length: 4 }, () => chat(s, { 'x-stormgate-timeout-ms': '10000' })));
+    expect(statuses).toEqual([200, 200, 200, 200]);
+    const [first, ...rest] = s.mock.requests().sort((a, b) => a.receivedAt - b.receivedAt);
+    expect(first!.status).toBe(429);
+    // Nothing reached the provider inside its 2 s window (the 429 came 200 ms after the first request).
+    for (const r of rest) expect(r.receivedAt - first!.receivedAt).toBeGreaterThanOrEqual(2_000);
+    expect(rest).toHaveLength(4);
+  });
+
+  it('do not go out into a breaker that opened while they waited: they park for its probe', async () => {
+    const s = await start({
+      faults: { latencyMs: 200, errors: [{ status: 503, rate: 1, times: 1 }] },
+      provider: { pools: { maxConcurrent: 1 }, breaker: { consecutiveFailures: 1, openS: 2 } },
+      route: { park: {}, retry: { maxAttempts: 1 } },
+    });
+    const statuses = await Promise.all(Array.from({ length: 4 }, () => chat(s, { 'x-stormgate-timeout-ms': '10000' })));
+    const [first, ...rest] = s.mock.requests().sort((a, b) => a.receivedAt - b.receivedAt);
+    expect(first!.status).toBe(503);
+    // The breaker opened on the first answer: the next request to reach the provider is a parked request's probe,
+    // probeWhileParkedMs (1 s) later, not one of those waiting for the slot the moment it was free.
+    for (const r of rest) expect(r.receivedAt - first!.receivedAt).toBeGreaterThanOrEqual(950);
+    expect(statuses.filter((st) => st === 200)).toHaveLength(3);
+  });
+});

@@ -8,7 +8,17 @@ import type { UpstreamRequest } from '../providers/families.ts';
 
 export type SlotAttempt =
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
-  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number };
+  /** The target went away while the request waited for its slot (a hold-off began, the breaker opened). */
+  | { kind: 'gone'; reason: 'hold-off' | 'breaker'; availableAtMs: number }
+  /**
+   * `release` gives a whole answer's slot back (a stream's goes when the stream ends): the caller calls it once the
+   * outcome has done its work (a hold-off begun, the breaker told), so no request waiting for the slot goes out
+   * between the provider's "stop" and the gateway's heeding it.
+   */
+  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void };
+
+/** Is the target still free to take requests? Undefined when it is; else why not and until when. */
+export type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
 
 export async function attemptInSlot(
   ctx: RequestContext,
@@ -16,6 +26,7 @@ export async function attemptInSlot(
   upstream: UpstreamRequest,
   retry: boolean,
   now: () => number,
+  stillAvailable?: StillAvailable,
 ): Promise<SlotAttempt> {
   const acquired = await plan.pool.acquire({
     cls: plan.cls,
@@ -28,7 +39,14 @@ export async function attemptInSlot(
   if (!acquired.ok) {
     if (acquired.reason !== 'aborted') return { kind: 'shed', reason: acquired.reason, retryAfterMs: acquired.retryAfterMs };
     const result = { outcome: abortOutcome(ctx.signal.reason) };
-    return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0 };
+    return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0, release: () => {} };
+  }
+  // The wait for a slot can outlast the target: a backlog queued before a 429's retry-after or a brownout must not
+  // all go out into it the moment slots free up. The slot goes to the next in line; this request parks or moves on.
+  const gone = stillAvailable?.();
+  if (gone) {
+    acquired.slot.release();
+    return gone;
   }
   const startedAt = now();
   const { path, headers, body, translator } = upstream;
@@ -37,11 +55,13 @@ export async function attemptInSlot(
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
   plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
-  if (result.stream) result.stream.whenDone(() => acquired.slot.release());
-  else acquired.slot.release();
   if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());
     if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.key, lowUntil);
   }
-  return { kind: 'done', result, cls, durationMs };
+  if (result.stream) {
+    result.stream.whenDone(() => acquired.slot.release());
+    return { kind: 'done', result, cls, durationMs, release: () => {} };
+  }
+  return { kind: 'done', result, cls, durationMs, release: () => acquired.slot.release() };
 }

@@ -11,7 +11,7 @@ import type { HoldOffs } from '../state/hold-offs.ts';
 import { startsHoldOff } from '../state/hold-offs.ts';
 import type { RetryBudget } from '../state/retry-budget.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
-import { attemptInSlot } from './slot-attempt.ts';
+import { attemptInSlot, type SlotAttempt } from './slot-attempt.ts';
 import type { ProviderPool } from '../pools/provider-pool.ts';
 import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
@@ -131,6 +131,15 @@ export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, lastFailure: undefined, done: false };
 }
 
+/** The target's state now, for a request that was admitted before it waited for a pool slot. */
+function goneMeanwhile(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
+  const heldUntil = deps.guards.holdOffs.until(plan.key);
+  if (heldUntil !== undefined) return { kind: 'gone', reason: 'hold-off', availableAtMs: heldUntil };
+  const view = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
+  if (view.kind === 'closed') return undefined;
+  return { kind: 'gone', reason: 'breaker', availableAtMs: view.kind === 'open' ? view.probeAtMs : deps.now() };
+}
+
 export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, hasNext: boolean, ticket?: Ticket): Promise<TargetResult> {
   const { minAttemptMs } = ctx.route.config;
   const { retry } = plan;
@@ -161,11 +170,18 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // the next probe (and every parked request) waiting until its own deadline. done() is once only.
     const heldTicket = ticket;
     const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
-    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now);
+    // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
     clearTimeout(slotTimer);
     if (attempt.kind === 'shed') {
       ticket?.done();
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
+    }
+    if (attempt.kind === 'gone') {
+      ticket?.done();
+      // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
+      if (run.sent > 0) run.retryPaid = true;
+      return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
     }
     const { result, cls, durationMs } = attempt;
     run.sent++;
@@ -174,13 +190,18 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
     if (!admission.probe || cls.cls === 'success') run.attempts++;
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
-    // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
-    await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
+    const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
+    let ownHoldOff: number | undefined;
+    try {
+      // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
+      await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
+      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
+    } finally {
+      attempt.release();
+    }
     ticket?.done();
     ticket = undefined;
 
-    const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
-    const ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
     if (cls.cls === 'success') return { kind: 'ok', result };
     type Why = NonNullable<(TargetResult & { kind: 'failed' })['why']>;
     const failed = (retryAfterMs: number | undefined, why?: Why): TargetResult & { kind: 'failed' } =>
