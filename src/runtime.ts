@@ -120,8 +120,6 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     // target nobody sends to would otherwise fire forever.
     const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
     for (const target of new Set([...knownTargets, ...lastBreakerState.keys(), ...used])) {
-      // A key learnt from traffic starts its transitions at zero too, from the first scrape after its first request.
-      if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
       const rec = board.current(target);
       metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
@@ -145,6 +143,10 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
   };
   zeroCounters(config, metrics, targetKeys);
+  const observer = metricsObserver(metrics);
+  // Keys learnt from traffic (a route of any model) get their zero series at their first attempt.
+  const zeroed = new Set<string>();
+  const routesByName = new Map(config.routes.map((r) => [r.name, r]));
   const pipeline: PipelineDeps = {
     providers,
     weighted,
@@ -155,8 +157,17 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     sleep: deps.sleep ?? ((ms, signal) => sleep(ms, undefined, { signal: asAbortSignal(signal) })),
     guards: { board, holdOffs, budget },
     lot,
-    ...metricsObserver(metrics),
+    ...observer,
+    onAttempt: (route, target, result, durationMs) => {
+      const seen = `${route}\n${target}`;
+      if (!zeroed.has(seen)) {
+        zeroed.add(seen);
+        zeroTargetSeries(config, metrics, routesByName.get(route)!, target);
+      }
+      observer.onAttempt!(route, target, result, durationMs);
+    },
     onTargetForgotten: (key) => {
+      for (const seen of zeroed) if (seen.endsWith(`\n${key}`)) zeroed.delete(seen);
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       void forgetTargetSeries(metrics, key);
@@ -188,22 +199,24 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
   for (const route of config.routes) {
     const primaries = routeTargetKeys(route, route.targets[0]!, keys);
-    const hasBreaker = config.providers[route.targets[0]!.provider]!.breaker !== false;
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
     metrics.fallbackRequests.inc({ route: route.name }, 0);
     if (route.park !== false) metrics.parkOutcomes.inc({ route: route.name, outcome: 'released' }, 0);
-    for (const target of primaries) {
-      if (hasBreaker) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
-      metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
-      metrics.budgetExhausted.inc({ route: route.name, target }, 0);
-      for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
-      for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
-      metrics.upstreamAttempts.inc({ target, status_class: '2xx' }, 0);
-    }
+    for (const target of primaries) zeroTargetSeries(config, metrics, route, target);
   }
   for (const p of Object.values(config.providers)) {
     for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
   }
+}
+
+/** One route's series for one of its target keys, at zero. */
+function zeroTargetSeries(config: Config, metrics: Metrics, route: Config['routes'][number], target: string): void {
+  if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
+  metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
+  metrics.budgetExhausted.inc({ route: route.name, target }, 0);
+  for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
+  for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
+  metrics.upstreamAttempts.inc({ target, status_class: '2xx' }, 0);
 }
 
 /** The x-retry-reason values a route's retryOn allows (outcome.ts names them). */
