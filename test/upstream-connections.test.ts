@@ -65,4 +65,24 @@ describe('connections to the provider', () => {
     expect((err.error as { code: string }).code).toBe('upstream_bad_response');
     expect(err.message).toMatch(/broke before its first output/);
   });
+
+  it('keeps an idle connection for keepAliveMs, no longer: below a provider\'s own idle timeout, none is reused as it closes', async () => {
+    const p = await provider(0);
+    const s = await startStack({
+      config: (mockUrl) => {
+        const c = configServedBy(mockUrl, 'slow', `${p.origin}/v1`);
+        c.providers.slow!.timeouts = { keepAliveMs: 200 };
+        return c;
+      },
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    expect(await streamText(client)).toBe('Hello');
+    await sleep(100);
+    expect(await streamText(client)).toBe('Hello');
+    expect(p.sockets.length).toBe(1);
+    // Idle past keepAliveMs: the gateway closed it, the next request opens its own.
+    await sleep(600);
+    expect(await streamText(client)).toBe('Hello');
+    expect(p.sockets.length).toBe(2);
+  });
 });

@@ -47,6 +47,7 @@ export const TimeoutsSchema = z
     firstTokenMs: positiveMs('For streams: time from sending the request to the first event that carries output (text, tool call, reasoning, refusal or audio; any Responses API delta); role-only chunks and pings do not count. Longer than the longest silent thinking of a reasoning model. Default: 30000.').default(30000),
     idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. Default: 30000.').default(30000),
     responseMs: positiveMs('For non-streaming requests: per-attempt limit on the whole answer, in ms. Optional; unset, only the deadline bounds it, since long answers take minutes.').optional(),
+    keepAliveMs: positiveMs('How long a connection to the provider is kept idle for the next request, in ms; below the provider\'s own idle timeout (many servers close at 5 s, without saying so), or a request sent as it closes the connection fails. A provider\'s Keep-Alive hint may shorten it, never lengthen it. Default: 4000.').default(4000),
   })
   .describe('Per-attempt timers of a provider.');
 
@@ -138,7 +139,7 @@ export const ProviderSchema = z
       .trim()
       .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
-    timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000 }),
+    timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000, keepAliveMs: 4000 }),
     maxConnections: z.number().int().positive().default(128)
       .describe('Size of the keep-alive connection pool to this provider. Default: 128.'),
     pools: PoolsSchema.default({ classes: DEFAULT_POOL_CLASSES, decrease: 0.9, minLimit: 1 }),

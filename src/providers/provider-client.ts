@@ -29,7 +29,9 @@ export function createProviderClient(name: string, config: ProviderConfig, opts:
       connect: { timeout: config.timeouts.connectMs },
       headersTimeout: opts.backstopMs,
       bodyTimeout: opts.backstopMs,
-      keepAliveTimeout: 30_000,
+      // A provider's Keep-Alive hint may shorten the time, never lengthen it past what the config allows.
+      keepAliveTimeout: config.timeouts.keepAliveMs,
+      keepAliveMaxTimeout: config.timeouts.keepAliveMs,
     });
   return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
