@@ -178,3 +178,43 @@ describe('a 2xx that is not the answer', () => {
     expect(await res.text()).toBe('ID3...');
   });
 });
+
+describe('an answer broken on the wire', () => {
+  /** A provider that answers with `send` (raw socket writes after the request), alone on the route, 2 attempts. */
+  async function broken(send: (socket: import('node:net').Socket) => void): Promise<Stack> {
+    wrong = await startProvider((req, res) => {
+      req.resume();
+      req.on('end', () => send(res.socket!));
+    });
+    return startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, { ...RETRY_LOOP_ONLY, route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } } });
+        return {
+          ...base,
+          providers: { ...base.providers, wrong: { family: 'openai', baseUrl: `${wrong.origin}/v1`, apiKey: 'wrong-key', breaker: false } },
+          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'wrong' }] })),
+        };
+      },
+    });
+  }
+
+  const failure = async (s: Stack) =>
+    (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).then(() => undefined, (e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+
+  it('reads a body cut short of its content-length as a cut answer the provider ran, not an unreachable provider', async () => {
+    const s = await broken((socket) => socket.end('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"id":"chatcmpl-1",'));
+    const err = await failure(s);
+    expect(err.status).toBe(502);
+    expect((err.error as { code: string }).code).toBe('upstream_bad_response');
+    expect(err.message).toMatch(/the answer was cut before its end/);
+  });
+
+  it('reads headers larger than undici takes as an unusable answer, not an unreachable provider', async () => {
+    const s = await broken((socket) => socket.end(`HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-big: ${'a'.repeat(40_000)}\r\ncontent-length: 2\r\n\r\n{}`));
+    const err = await failure(s);
+    expect(err.status).toBe(502);
+    expect((err.error as { code: string }).code).toBe('upstream_bad_response');
+    expect(err.message).toMatch(/headers are too large/);
+  });
+});
+

@@ -4,7 +4,7 @@
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint } from '../policy/wait-hint.ts';
-import { transportOutcome } from '../providers/transport-errors.ts';
+import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
@@ -124,6 +124,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead ? { startedEarly: true } : { ttftMs: req.now() - startedAt }) };
   } catch (err) {
     if (signal.aborted) return { outcome: abortOutcome(signal.reason) };
+    if (err instanceof AnswerCut) return { outcome: cutOutcome(err.cause, 'the answer was cut before its end') };
     return { outcome: transportOutcome(err) };
   } finally {
     // Every path above has read the body to its end or destroyed it, so the connection is already free.
@@ -216,10 +217,8 @@ type FirstOutput =
  * token with the socket): a stream broken before its output, which may have run, not a provider out of reach.
  */
 function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
-  if (signal.aborted) return { failure: 'aborted', outcome: abortOutcome(signal.reason) };
-  const outcome = transportOutcome(err);
-  if (outcome.kind !== 'network') return { failure: 'failed', outcome };
-  return { failure: `the stream broke before its first output (${outcome.code})` };
+  const outcome = signal.aborted ? abortOutcome(signal.reason) : cutOutcome(err, 'the stream broke before its first output');
+  return { failure: outcome.kind === 'bad-stream' ? outcome.detail : outcome.kind, outcome };
 }
 
 /**

@@ -15,6 +15,22 @@ const INVALID_REQUEST_CODES = new Set(['UND_ERR_INVALID_ARG', 'ERR_INVALID_CHAR'
 /** zlib's codes (Z_DATA_ERROR, ...) and brotli's (ERR__ERROR_FORMAT_...): a compressed answer that does not decode. */
 const DECODE_ERROR_CODE = /^Z_|^ERR__ERROR|BROTLI/;
 
+/**
+ * An answer whose headers came and whose body broke off (a connection lost mid-body, a chunk that does not parse):
+ * the provider was answering, so the request ran; an unusable answer, not a provider out of reach.
+ */
+export class AnswerCut extends Error {
+  constructor(override readonly cause: Error) {
+    super(cause.message);
+  }
+}
+
+/** What an error that cut an answer after its headers means: a timeout stays one; a lost connection is a cut answer. */
+export function cutOutcome(err: unknown, what: string): AttemptOutcome {
+  const outcome = transportOutcome(err);
+  return outcome.kind === 'network' ? { kind: 'bad-stream', detail: `${what} (${outcome.code})`, ran: true } : outcome;
+}
+
 /** Maps an error thrown by undici (or the socket under it) to an attempt outcome. Unknown errors count as network failures. */
 export function transportOutcome(err: unknown): AttemptOutcome {
   const code = errorCode(err);
@@ -23,6 +39,8 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   if (code && INVALID_REQUEST_CODES.has(code)) return { kind: 'internal', code };
   // The stream had started: the provider was answering, in bytes that are not what their encoding says.
   if (code && DECODE_ERROR_CODE.test(code)) return { kind: 'bad-stream', detail: `the answer does not decode (${code})`, ran: true };
+  // The provider answered (it ran the request), with more header bytes than undici reads (16 KB).
+  if (code === 'UND_ERR_HEADERS_OVERFLOW') return { kind: 'bad-stream', detail: 'the answer\'s headers are too large', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 

@@ -4,6 +4,7 @@
 import type { Dispatcher } from 'undici';
 import type { IncomingHttpHeaders } from 'node:http';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
+import { AnswerCut } from './transport-errors.ts';
 
 export interface WholeAnswer {
   statusCode: number;
@@ -25,7 +26,8 @@ export interface WholeRequest {
 
 /**
  * Sends the request and resolves with the answer once its body is complete (or its cap is reached). Rejects with
- * undici's own error for a connection that fails, and with the signal's reason when the signal aborts it.
+ * undici's own error for a connection that fails before the answer's headers, with AnswerCut for one that fails
+ * after them, and with the signal's reason when the signal aborts it.
  */
 export function requestWhole(dispatcher: Dispatcher, req: WholeRequest): Promise<WholeAnswer> {
   // Nothing is sent for a request that is over already.
@@ -94,7 +96,8 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     if (this.#settled) return;
     this.#settled = true;
     this.req.signal.removeEventListener('abort', this.#onAbort);
-    this.reject(err);
+    // After the headers, the provider was answering: the error cut its answer (the signal's own reason aside).
+    this.reject(this.#statusCode !== 0 && err !== this.req.signal.reason ? new AnswerCut(err) : err);
   }
 
   #settle(whole: boolean): void {
