@@ -334,6 +334,11 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
   res.once('close', () => {
     if (!body.destroyed) body.destroy();
   });
+  // Destroyed before its end without an error (a client that stopped reading: pipeline's client-stalled): pipe()
+  // only unpipes, which would leave the connection and its unread megabytes open for as long as the client keeps it.
+  body.once('close', () => {
+    if (!res.writableEnded) res.destroy();
+  });
   return reply;
 }
 

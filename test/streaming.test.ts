@@ -164,3 +164,27 @@ describe('streaming', () => {
     ).rejects.toThrow(/cut|ended before the answer was complete/);
   });
 });
+
+describe('a client that stops reading a stream', () => {
+  it('is given up on after 10 idle periods: its connection is closed, not only the upstream one', async () => {
+    const { connect } = await import('node:net');
+    // A long answer, sent at once: the client's socket fills and the gateway waits on it, not on the upstream.
+    const s = await start({ faults: { stream: { chunks: 100_000 } }, provider: { ...RETRY_LOOP_ONLY.provider, timeouts: { idleMs: 100 } } });
+    const { port } = new URL(s.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+    socket.pause();
+    try {
+      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
+      const deadline = Date.now() + 5_000;
+      await new Promise((r) => setTimeout(r, 300));
+      expect(await connections()).toBe(1);
+      while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(await connections()).toBe(0);
+      expect(s.logs.join('')).toContain('"streamEnd":"client-stalled"');
+    } finally {
+      socket.destroy();
+    }
+  });
+});
