@@ -69,6 +69,13 @@ describe('priority pools under a batch flood', () => {
     const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
     expect(line.priority).toBe('batch');
   });
+
+  it('names a priority no class is called in the log line, and serves the request in the route\'s class', async () => {
+    const s = await start({});
+    expect(await chat(s, { 'x-stormgate-priority': 'bulk' })).toBe(200);
+    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    expect(line).toMatchObject({ priority: 'online', unknownPriority: 'bulk' });
+  });
 });
 
 describe('requests waiting for a pool slot', () => {

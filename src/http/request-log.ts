@@ -82,7 +82,7 @@ export class RequestEnds {
  */
 export function plainSuccess(request: FastifyRequest, clientGone: boolean): boolean {
   const s = request.stormgate;
-  if (!s || clientGone || s.outcome !== 'success' || s.attempts.length !== 1 || s.fallback !== undefined || s.skipped.length > 0) return false;
+  if (!s || clientGone || s.outcome !== 'success' || s.attempts.length !== 1 || s.fallback !== undefined || s.skipped.length > 0 || s.unknownPriority !== undefined) return false;
   return s.streamEnd === undefined || (s.streamEnd.kind === 'complete' && s.streamEnd.droppedMalformed === 0);
 }
 
@@ -101,6 +101,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       route: s.route,
       target: s.target,
       priority: s.priority,
+      ...(s.unknownPriority !== undefined && { unknownPriority: s.unknownPriority.slice(0, 64) }),
       outcome: s.outcome,
       attempts: s.attempts,
       budgetMs: s.budgetMs,

@@ -72,6 +72,8 @@ export interface RequestSummary {
   outcome: 'success' | 'degraded' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone' | 'stream_error';
   /** The request's priority class in the first target's pool. */
   priority?: string;
+  /** An x-stormgate-priority no class of that pool is called (a typo in a batch job would otherwise go unseen). */
+  unknownPriority?: string;
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
@@ -112,9 +114,10 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     deadlineSource: deadline.source,
   };
   let handedToStream = false;
-  const { plans, contextFallback, skipped, disabled } = planTargets(req, deps);
+  const { plans, contextFallback, skipped, disabled, unknownPriority } = planTargets(req, deps);
   const shape = streamShapeOf(route.api, req.json);
   summary.priority = plans[0]?.className;
+  if (unknownPriority !== undefined) summary.unknownPriority = unknownPriority;
   summary.skipped = skipped;
   try {
     if (plans.length === 0) {

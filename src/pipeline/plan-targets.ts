@@ -16,6 +16,8 @@ export interface Plans {
   skipped: Array<{ target: string; reason: string }>;
   /** Targets of the route left out because their provider is disabled: configuration, not the request. */
   disabled: number;
+  /** The client's x-stormgate-priority when the first target's pool has no such class (the route's class applies). */
+  unknownPriority: string | undefined;
 }
 
 export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
@@ -72,5 +74,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   disabled = skipped.length;
   const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;
   const fallback = route.config.contextWindowFallback;
-  return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped, disabled };
+  const first = plans[0];
+  const unknownPriority = askedPriority !== undefined && first && first.pool.classIndex(askedPriority) === undefined ? askedPriority : undefined;
+  return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped, disabled, unknownPriority };
 }
