@@ -138,6 +138,43 @@ describe('Redis refuses the commands the gateway needs (ACL)', () => {
   });
 });
 
+describe('the ACL the README gives the gateway\'s Redis user', () => {
+  const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection'];
+
+  it('is enough: every operation goes to Redis, nothing is refused', async () => {
+    await admin.call('ACL', 'SETUSER', 'readme', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);
+    try {
+      const { store: s, lines } = store(`redis://readme:${PASSWORD}@${hostPort()}`);
+      expect(await s.ready()).toBe(true);
+      const now = Date.now();
+      await s.addOutcomes('t', 0, { requests: 1, failures: 1 }, now, 10);
+      expect(await s.casBreaker('t', 0, OPEN)).toBe(true);
+      await s.setHoldOff('t', now + 60_000);
+      expect(await s.takeRetry('r', BUDGET, now)).toBe(true);
+      expect(await s.takePermit('t', 1, 5_000, now)).not.toBeNull();
+      expect(s.degraded).toBe(false);
+      expect(lines().filter((l) => l.level >= 40)).toEqual([]);
+    } finally {
+      await admin.call('ACL', 'DELUSER', 'readme');
+    }
+  });
+
+  it('without one of its parts: one error line naming the user\'s ACL, even when a script is refused a command', async () => {
+    // A script that may not run PEXPIRE is refused with an ERR, not a NOPERM.
+    await admin.call('ACL', 'SETUSER', 'nokeyspace', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL.filter((c) => c !== '+@keyspace'));
+    try {
+      const { store: s, lines } = store(`redis://nokeyspace:${PASSWORD}@${hostPort()}`);
+      expect(await s.ready()).toBe(true);
+      await s.addOutcomes('t', 0, { requests: 1, failures: 1 }, Date.now(), 10);
+      await sleep(1_500);
+      expect(lines().filter((l) => l.level === 50)).toMatchObject([{ problem: 'permissions' }]);
+      expect(lines().filter((l) => l.msg.startsWith('state store recovered'))).toHaveLength(0);
+    } finally {
+      await admin.call('ACL', 'DELUSER', 'nokeyspace');
+    }
+  });
+});
+
 describe('classifying Redis errors', () => {
   const reply = (message: string, command = { name: 'auth', args: ['hunter2'] }) => Object.assign(new Error(message), { name: 'ReplyError', command });
 

@@ -37,13 +37,14 @@ const PROBLEMS: Array<{ test: RegExp; problem: Omit<ConfigProblem, 'redisError'>
     },
   },
   {
-    test: /^(?:Ready check failed: )?NOPERM\b/,
+    // A command a script may not run is refused with an ERR that names the script (Redis 7), not a NOPERM.
+    test: /^(?:Ready check failed: )?NOPERM\b|^ERR The user executing the script can't run this command/,
     problem: {
       kind: 'permissions',
       setting: 'the ACL of the state.redis user',
       message: 'state store: the Redis user in state.redis may not run a command the gateway needs. This is a '
-        + 'configuration problem, not an outage: check that user\'s ACL (it needs scripting, pub/sub, hashes, strings and '
-        + 'sorted sets on the keyPrefix keys and channel). Serving from local state where Redis refuses.',
+        + 'configuration problem, not an outage: check that user\'s ACL (it needs scripting, pub/sub, hashes, strings, '
+        + 'sorted sets and keyspace (PEXPIRE) on the keyPrefix keys and channel). Serving from local state where Redis refuses.',
     },
   },
   {

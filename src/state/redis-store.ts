@@ -496,7 +496,8 @@ export class RedisStore implements StateStore {
   #probe(): void {
     if (this.#client.status !== 'ready') return;
     if (this.#refusedAtMs !== undefined && Date.now() - this.#refusedAtMs < CONFIG_RETRY_MS) return;
-    this.#client.ping().then(
+    // A keyed read, not PING: a Redis Cluster whose slots are down answers PING from every live node.
+    this.#client.hget(this.#keys.breaker('probe'), 'generation').then(
       () => this.#onReady(),
       (err: unknown) => (this.#lastError = err),
     );
