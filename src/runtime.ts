@@ -168,6 +168,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     },
     onTargetForgotten: (key) => {
       for (const seen of zeroed) if (seen.endsWith(`\n${key}`)) zeroed.delete(seen);
+      board.forget(key);
+      budget.forget(key);
+      store.forget(key);
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       void forgetTargetSeries(metrics, key);

@@ -115,6 +115,15 @@ describe('the breaker board over a store', () => {
     expect(probe.admitted && probe.probe).toBeTruthy();
   });
 
+  it('forgets the run of failures of a target key given back', async () => {
+    const { b, transitions } = board();
+    for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);
+    b.forget('p/m');
+    b.record('p/m', s, 'failure', 10, undefined);
+    await Promise.resolve();
+    expect(transitions).toEqual([]);
+  });
+
   it('a success resets the run of failures', async () => {
     const { b, transitions } = board();
     for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);

@@ -47,6 +47,25 @@ describe.each(Object.entries(factories))('%s', (_name, create) => {
     expect(await store.addOutcomes('a', 0, { requests: 0, failures: 0 }, T + 15_000, 10)).toEqual({ requests: 0, failures: 0 });
   });
 
+  it('forgets what it keeps for a target key given back: windows, records, hold-offs and budgets of that key only', async () => {
+    const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0 };
+    await store.addOutcomes('p/made-up', 0, { requests: 3, failures: 3 }, T, 10);
+    await store.casBreaker('p/made-up', 0, OPEN);
+    await store.setHoldOff('p/made-up', T + 60_000);
+    store.addRequests('chat/online/p/made-up', 100, T);
+    store.addRequests('chat/online/p/kept', 100, T);
+    expect(await store.takeRetry('chat/online/p/made-up', budget, T)).toBe(true);
+    expect(await store.takeRetry('chat/online/p/kept', budget, T)).toBe(true);
+    store.forget('p/made-up');
+    expect(store.getBreaker('p/made-up')).toBeUndefined();
+    expect(store.getHoldOff('p/made-up')).toBeUndefined();
+    if (store.kind === 'memory') {
+      expect(await store.addOutcomes('p/made-up', 0, { requests: 0, failures: 0 }, T, 10)).toEqual({ requests: 0, failures: 0 });
+      expect(await store.budgetWindow('chat/online/p/made-up', budget, T)).toEqual({ requests: 0, retries: 0 });
+    }
+    expect(await store.budgetWindow('chat/online/p/kept', budget, T)).toEqual({ requests: 100, retries: 1 });
+  });
+
   it('starts a fresh window with a new breaker generation', async () => {
     await store.addOutcomes('a', 0, { requests: 5, failures: 5 }, T, 10);
     expect(await store.addOutcomes('a', 1, { requests: 1, failures: 0 }, T + 100, 10)).toEqual({ requests: 1, failures: 0 });

@@ -50,6 +50,7 @@ export class TargetKeys {
    */
   forget(provider: string, model: string): string | undefined {
     const key = `${provider}/${model}`;
+    this.#settings.delete(key);
     if (!this.#learned.get(provider)?.delete(model)) return this.#refused.has(key) ? key : undefined;
     this.#refused.add(key);
     // Bounded too: the oldest refusal goes first (a Set keeps insertion order).

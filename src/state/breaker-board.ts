@@ -65,6 +65,12 @@ export class BreakerBoard {
     return availability(this.current(target), s, this.#deps.now(), parked);
   }
 
+  /** Drops the counts kept for a target key given back (see StateStore.forget). */
+  forget(target: string): void {
+    this.#consecutive.delete(target);
+    this.#pending.delete(target);
+  }
+
   /** May an attempt go to the target now? While probing, only permit holders may, at most halfOpenProbes fleet-wide. */
   async admit(target: string, s: BreakerSettings | undefined, parked: boolean, permitTtlMs: number): Promise<Admission> {
     const a = this.availability(target, s, parked);

@@ -2,6 +2,7 @@
 // cannot be reached. Same semantics as the Redis store, for one instance.
 import { randomUUID } from 'node:crypto';
 import {
+  budgetOf,
   retryAllowance,
   type BreakerRecord,
   type BudgetConfig,
@@ -121,6 +122,11 @@ export class MemoryStore implements StateStore {
 
   onDegradedChange(): () => void {
     return () => {};
+  }
+
+  forget(target: string): void {
+    for (const map of [this.#outcomes, this.#breakers, this.#permits, this.#holdOffs]) map.delete(target);
+    for (const key of this.#budgets.keys()) if (budgetOf(key, target)) this.#budgets.delete(key);
   }
 
   async close(): Promise<void> {

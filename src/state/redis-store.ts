@@ -15,7 +15,7 @@ import { configProblem, isCommandTimeout, safeError, type ConfigProblem } from '
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, MAX_WINDOW_S, type ScriptClient } from './redis-scripts.ts';
 import { FleetView } from './redis-view.ts';
-import type { BreakerRecord, BudgetConfig, BudgetWindow, OutcomeWindow, StateChange, StateStore } from './store.ts';
+import { budgetOf, type BreakerRecord, type BudgetConfig, type BudgetWindow, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
 
 export interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */
@@ -250,6 +250,14 @@ export class RedisStore implements StateStore {
     } catch (err) {
       this.#failed(err);
     }
+  }
+
+  forget(target: string): void {
+    this.#local.forget(target);
+    this.#view.forget(target);
+    this.#watched.delete(target);
+    this.#toRead.delete(target);
+    for (const pending of [this.#pending, this.#pendingRetries]) for (const key of pending.keys()) if (budgetOf(key, target)) pending.delete(key);
   }
 
   async close(): Promise<void> {

@@ -41,6 +41,11 @@ export class FleetView {
     return true;
   }
 
+  forget(target: string): void {
+    this.#breakers.delete(target);
+    this.#holdOffs.delete(target);
+  }
+
   /** Extends the hold-off (never shortens it) and fires onChange if it moved. */
   putHoldOff(target: string, untilMs: number): void {
     if ((this.#holdOffs.get(target) ?? 0) >= untilMs) return;

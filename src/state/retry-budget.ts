@@ -2,7 +2,7 @@
 // the request path); a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
 // retries too, so the budget sees retries from every layer.
 import type { BudgetSettings } from '../config/schema.ts';
-import { retryAllowance, type StateStore } from './store.ts';
+import { budgetOf, retryAllowance, type StateStore } from './store.ts';
 
 export class RetryBudget {
   /** Every budget used so far, for the remaining-budget gauge. */
@@ -40,6 +40,11 @@ export class RetryBudget {
       out.set(route, (out.get(route) ?? 0) + Math.max(0, Math.floor(retryAllowance(cfg, w.requests) - w.retries)));
     }
     return out;
+  }
+
+  /** Forgets the budgets of a target key given back (see StateStore.forget). */
+  forget(target: string): void {
+    for (const key of this.#seen.keys()) if (budgetOf(key, target)) this.#seen.delete(key);
   }
 
   /** A retry the client made on its own: always served once, counted even when the budget is spent. Resolves to whether it fit. */

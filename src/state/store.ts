@@ -88,7 +88,18 @@ export interface StateStore {
   /** Called when `degraded` flips. */
   onDegradedChange(listener: (degraded: boolean) => void): () => void;
 
+  /**
+   * Drops what this instance keeps for a target key given back (a made-up model the provider answered 404): its
+   * windows, records, permits and budgets, so such names cannot grow memory without bound. Shared state expires.
+   */
+  forget(target: string): void;
+
   close(): Promise<void>;
+}
+
+/** Does a budget key (`route/class/target`, state/retry-budget.ts) count the target's retries? */
+export function budgetOf(budgetKey: string, target: string): boolean {
+  return budgetKey.endsWith(`/${target}`);
 }
 
 /** Allowed retries in a window: the ratio of requests, with a fleet-wide floor so a quiet route can still retry. */
