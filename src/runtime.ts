@@ -18,9 +18,11 @@ import { Pools } from './pools/pools.ts';
 import { WeightedPicker } from './routing/weighted.ts';
 import type { TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
-import type { PipelineDeps } from './pipeline/handle-request.ts';
+import { REQUEST_OUTCOMES, type PipelineDeps } from './pipeline/handle-request.ts';
+import { STREAM_END_KINDS } from './pipeline/live-stream.ts';
+import { FALLBACK_REASONS } from './pipeline/serve-targets.ts';
 import type { Metrics } from './observability/metrics.ts';
-import { forgetTargetSeries, metricsObserver } from './observability/pipeline-metrics.ts';
+import { forgetTargetSeries, metricsObserver, STATUS_CLASSES } from './observability/pipeline-metrics.ts';
 import { asAbortSignal, type RequestSignal } from './pipeline/request-abort.ts';
 
 export interface RuntimeDeps {
@@ -201,25 +203,42 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
  */
 function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
   for (const route of config.routes) {
-    const primaries = routeTargetKeys(route, route.targets[0]!, keys);
-    for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ route: route.name, result }, 0);
-    metrics.fallbackRequests.inc({ route: route.name }, 0);
-    if (route.park !== false) metrics.parkOutcomes.inc({ route: route.name, outcome: 'released' }, 0);
-    for (const target of primaries) zeroTargetSeries(config, metrics, route, target);
+    const r = { route: route.name };
+    for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ ...r, result }, 0);
+    metrics.fallbackRequests.inc(r, 0);
+    if (route.park !== false) metrics.parkOutcomes.inc({ ...r, outcome: 'released' }, 0);
+    for (const attempt of ['first', 'retry']) metrics.requestDuration.zero({ ...r, attempt });
+    if (route.match.path !== '/v1/embeddings') {
+      metrics.ttft.zero(r);
+      for (const end of STREAM_END_KINDS) metrics.streamEnds.inc({ ...r, end }, 0);
+    }
+    const byTarget = route.targets.map((t) => routeTargetKeys(route, t, keys));
+    for (const targets of byTarget) for (const target of targets) zeroTargetSeries(config, metrics, route, target);
+    // Each hand-over the route can make, for every reason: a first fallback shows in increase() from its first burst.
+    for (let i = 0; i < byTarget.length; i++) {
+      for (const from of byTarget[i]!) {
+        for (const to of byTarget.slice(i + 1).flat()) for (const reason of FALLBACK_REASONS) metrics.fallbacks.inc({ ...r, from, to, reason }, 0);
+      }
+    }
   }
   for (const p of Object.values(config.providers)) {
     for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
   }
 }
 
-/** One route's series for one of its target keys, at zero. */
+/**
+ * One route's series for one of its target keys, at zero, every label value the code can give them: a counter's
+ * first increments count in increase() only if a scrape saw it at zero before.
+ */
 function zeroTargetSeries(config: Config, metrics: Metrics, route: Config['routes'][number], target: string): void {
-  if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) metrics.breakerTransitions.inc({ target, to: 'open' }, 0);
-  metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome: 'success' }, 0);
+  if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) {
+    for (const to of ['open', 'half-open', 'closed']) metrics.breakerTransitions.inc({ target, to }, 0);
+  }
+  for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome }, 0);
   metrics.budgetExhausted.inc({ route: route.name, target }, 0);
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
   for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
-  metrics.upstreamAttempts.inc({ target, status_class: '2xx' }, 0);
+  for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
 }
 
 /** The x-retry-reason values a route's retryOn allows (outcome.ts names them). */

@@ -64,13 +64,16 @@ describe('header values the gateway builds from client input', () => {
     expect(stack.mock.stats().total).toBe(2);
   });
 
-  it('caps a 20 KB model name in the header and still answers', async () => {
+  it('caps a 20 KB model name in the header and the log line and still answers', async () => {
     stack = await startStack({});
     const client = new OpenAI({ baseURL: stack.baseURL, apiKey: 'unused' });
     const { response } = await client.chat.completions.create({ model: `gpt-4o-${'x'.repeat(20_000)}`, messages }).withResponse();
     expect(response.status).toBe(200);
     expect(response.headers.get('x-stormgate-target')!.length).toBeLessThanOrEqual(256);
     expect(stack.mock.stats().total).toBe(1);
+    // One request must not write megabytes into its log line (the body limit is the name's only bound).
+    const line = stack.logs.find((l) => l.includes('"msg":"request"'))!;
+    expect(line.length).toBeLessThan(2_000);
   });
 
   it('headerSafe keeps visible ASCII, percent-encodes the rest as UTF-8, survives lone surrogates and caps the length', () => {

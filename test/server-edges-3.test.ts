@@ -100,6 +100,23 @@ describe('metrics of a healthy gateway', () => {
   });
 });
 
+describe('metrics of a fresh gateway', () => {
+  it('start every series of the targets and hand-overs the config names at zero, so a first burst shows in increase()', async () => {
+    stack = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl);
+        return { ...base, routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, match: { ...r.match, models: ['gpt-4o'] }, targets: [{ provider: 'mock' }, { provider: 'mock', model: 'gpt-4.1' }] } : r)) };
+      },
+    });
+    const text = await (await fetch(`${stack.url}/metrics`)).text();
+    expect(text).toMatch(/^stormgate_upstream_attempts_total\{target="mock\/gpt-4o",status_class="5xx"\} 0$/m);
+    expect(text).toMatch(/^stormgate_requests_total\{route="chat",target="mock\/gpt-4\.1",priority="online",outcome="upstream_error"\} 0$/m);
+    expect(text).toMatch(/^stormgate_fallbacks_total\{route="chat",from="mock\/gpt-4o",to="mock\/gpt-4\.1",reason="breaker_open"\} 0$/m);
+    expect(text).toMatch(/^stormgate_stream_ends_total\{route="chat",end="cut"\} 0$/m);
+    expect(text).toMatch(/^stormgate_ttft_seconds_count\{route="chat"\} 0$/m);
+  });
+});
+
 describe('server.logSuccessRate', () => {
   it('samples plain successes only: retried requests and failures are always logged, and metrics count them all', async () => {
     stack = await startStack({

@@ -64,12 +64,15 @@ export interface PipelineAnswer {
 
 const BROKEN_STREAM_ENDS: ReadonlySet<StreamEnd['kind']> = new Set(['cut', 'stalled', 'upstream-error', 'shutdown']);
 
+export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error'] as const;
+export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
+
 export interface RequestSummary {
   route: string;
   /** The target that answered (or failed last), as `<provider>/<model or other>`. */
   target: string | undefined;
   /** `stream_error`: a stream that started but broke (cut, stalled, an upstream error event, the instance's shutdown). */
-  outcome: 'success' | 'degraded' | 'upstream_error' | 'gateway_error' | 'unavailable' | 'shed' | 'deadline' | 'client_gone' | 'stream_error';
+  outcome: RequestOutcome;
   /** The request's priority class in the first target's pool. */
   priority?: string;
   /** An x-stormgate-priority no class of that pool is called (a typo in a batch job would otherwise go unseen). */

@@ -10,7 +10,8 @@ import { withoutKey } from '../providers/key-echo.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
 
-export type StreamEndKind = 'complete' | 'done-added' | 'cut' | 'stalled' | 'upstream-error' | 'client-gone' | 'client-stalled' | 'recovered' | 'shutdown';
+export const STREAM_END_KINDS = ['complete', 'done-added', 'cut', 'stalled', 'upstream-error', 'client-gone', 'client-stalled', 'recovered', 'shutdown'] as const;
+export type StreamEndKind = (typeof STREAM_END_KINDS)[number];
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):

@@ -20,6 +20,15 @@ export interface Plans {
   unknownPriority: string | undefined;
 }
 
+/**
+ * A client's model name as it appears in labels (log lines, error messages, x-stormgate-target): the body limit is the
+ * only bound on the name itself, and one request must not write megabytes into every attempt of its log line.
+ */
+const MAX_LABEL_MODEL = 128;
+function shortModel(model: string): string {
+  return model.length <= MAX_LABEL_MODEL ? model : `${model.slice(0, MAX_LABEL_MODEL)}…`;
+}
+
 export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const { route } = req;
   const skipped: Plans['skipped'] = [];
@@ -32,7 +41,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const plan = (target: TargetConfig): TargetPlan | undefined => {
     const client = deps.providers.get(target.provider)!;
     const model = route.upstreamModel(target, clientModel);
-    const label = model ? `${target.provider}/${model}` : target.provider;
+    const label = model ? `${target.provider}/${shortModel(model)}` : target.provider;
     if (client.disabled) {
       skipped.push({ target: label, reason: 'provider disabled (optional, no key)' });
       return undefined;

@@ -22,17 +22,19 @@ const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
 /** Outcome classes that are an upstream's verdict on the request: passed on as they are, never with a note. */
 const VERDICTS = new Set(['client-error', 'context-length', 'content-policy']);
 
-export type FallbackReason =
-  | 'retries_exhausted'
-  | 'budget'
-  | 'wait_hint'
-  | 'timeout'
-  | 'credentials'
-  | 'error'
-  | 'breaker_open'
-  | 'held_off'
-  | 'shed'
-  | 'context_length';
+export const FALLBACK_REASONS = [
+  'retries_exhausted',
+  'budget',
+  'wait_hint',
+  'timeout',
+  'credentials',
+  'error',
+  'breaker_open',
+  'held_off',
+  'shed',
+  'context_length',
+] as const;
+export type FallbackReason = (typeof FALLBACK_REASONS)[number];
 
 type Failure = TargetResult & { kind: 'failed' };
 
