@@ -45,6 +45,9 @@ const STREAM_GOODBYE_MS = 500;
 /** Methods a path answers 405 for when it does not serve them; a method fastify does not route at all gets 404. */
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
 
+/** The gateway's own endpoints for Prometheus and the orchestrator. */
+const OPS_PATHS: ReadonlySet<string> = new Set(['/metrics', '/healthz', '/readyz']);
+
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
   const logger = deps.logger ?? createLogger(config);
   const access = accessLogger(logger);
@@ -92,6 +95,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
+    // Scrapes and probes come every few seconds from machines: a line each would bury the requests; failures still show.
+    if (!summary && reply.statusCode < 400 && OPS_PATHS.has(request.routeOptions.url ?? '')) return;
     logRequest(access, request, reply, gone);
   });
 

@@ -117,6 +117,16 @@ describe('metrics of a fresh gateway', () => {
   });
 });
 
+describe('the gateway\'s own endpoints', () => {
+  it('log no line per scrape or probe that went well', async () => {
+    stack = await startStack({});
+    for (const path of ['/metrics', '/healthz', '/readyz']) expect((await fetch(`${stack.url}${path}`)).status).toBe(200);
+    expect((await fetch(`${stack.url}/nope`)).status).toBe(404);
+    const paths = stack.logs.map((l) => JSON.parse(l) as { path?: string }).map((l) => l.path).filter(Boolean);
+    expect(paths).toEqual(['/nope']);
+  });
+});
+
 describe('server.logSuccessRate', () => {
   it('samples plain successes only: retried requests and failures are always logged, and metrics count them all', async () => {
     stack = await startStack({
