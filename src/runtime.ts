@@ -97,6 +97,16 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   // After an outage (a breaker that closes again, a provider that asked for a pause), the target's adaptive limit
   // restarts at half and slow-starts: new and parked requests ramp up together under that one limit.
   const lastBreakerState = new Map<string, string>();
+  // Once per hold-off, when it is over: every 429 that extends it would otherwise halve the limit again.
+  const recoveries = new Map<string, NodeJS.Timeout>();
+  const recoverWhenOver = (target: string, untilMs: number): void => {
+    clearTimeout(recoveries.get(target));
+    const timer = setTimeout(() => {
+      recoveries.delete(target);
+      poolOf(target).recovered(target);
+    }, Math.max(0, untilMs - now()));
+    recoveries.set(target, timer.unref());
+  };
   const unsubscribe = store.onChange((change) => {
     if (change.kind === 'breaker') {
       metrics.breakerState.set({ target: change.target }, BREAKER_STATE_VALUE[change.record.state]);
@@ -110,7 +120,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
         lot.notify(targetOfCredentialHold(change.target));
         return;
       }
-      poolOf(change.target).recovered(change.target);
+      recoverWhenOver(change.target, change.untilMs);
     }
     lot.notify(change.target);
   });
@@ -184,6 +194,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     store,
     lot,
     async close() {
+      for (const timer of recoveries.values()) clearTimeout(timer);
       lot.close();
       board.close();
       stopSharing();

@@ -368,3 +368,19 @@ describe('parking limits', () => {
     await parked;
   });
 });
+
+describe('a newcomer after the provider is back, while the breaker still says open', () => {
+  it('parks and probes at once when parked requests may probe, instead of a 503 until openS is over', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1, times: 1 }] },
+      provider: { breaker: { consecutiveFailures: 1, openS: 30 } },
+      route: { retry: { maxAttempts: 1 } },
+    });
+    expect((await chat(s)).res.status).toBe(503);
+    // Past probeWhileParkedMs (1 s): a parked request may probe now, though openS (30 s) is far from over.
+    await sleep(1_200);
+    const { res } = await chat(s, { 'x-stormgate-timeout-ms': '5000' });
+    expect(res.status).toBe(200);
+    expect(s.mock.stats().total).toBe(2);
+  });
+});

@@ -110,3 +110,20 @@ describe('requests waiting for a pool slot', () => {
     expect(statuses.filter((st) => st === 200)).toHaveLength(3);
   });
 });
+
+describe('the adaptive limit after a hold-off', () => {
+  it('restarts at half once per hold-off, however often 429s extend it while it lasts', async () => {
+    const { MemoryStore } = await import('../src/state/memory-store.ts');
+    const store = new MemoryStore();
+    const s = await start({ provider: { pools: { maxConcurrent: 40 } }, deps: { store } });
+    expect(await chat(s, {})).toBe(200);
+    const limit = async () => Number((await (await fetch(`${s.url}/metrics`)).text()).match(/^stormgate_pool_limit\{target="mock\/gpt-4o"\} (\d+)$/m)?.[1]);
+    expect(await limit()).toBe(40);
+    const now = Date.now();
+    // The provider's 429s extend one hold-off three times.
+    for (const ms of [100, 200, 300]) await store.setHoldOff('mock/gpt-4o', now + ms);
+    expect(await limit()).toBe(40);
+    await sleep(450);
+    expect(await limit()).toBe(20);
+  });
+});

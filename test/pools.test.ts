@@ -60,6 +60,14 @@ describe('the adaptive limit', () => {
     expect(st.limit).toBeLessThan(81);
   });
 
+  it('slow-starts back to the limit before the first of two outages, not to the halved one', () => {
+    let st = onRecovered({ ...initialLimit(settings), limit: 80 }, settings);
+    st = onRecovered(st, settings);
+    expect(st.limit).toBe(20);
+    for (let i = 0; i < 60; i++) st = onSuccess(st, settings, 1e9, 1);
+    expect(st.limit).toBe(80);
+  });
+
   it('clamps at once to one below what was in flight when the provider said no', () => {
     // Batch had 20 in flight (above its floor of 10): clamped to 19, then the round trip's cut: 19 x 0.9.
     const st = onRateLimited({ ...initialLimit(settings), caps: [100, 100] }, settings, 0, 1_000, { total: 21, byClass: [1, 20], waiting: 5 });

@@ -157,8 +157,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1));
     if (!admission.admitted) {
       // A request that may park learns of a recovery within probeWhileParkedMs; one that may not waits for openS.
+      // A newcomer sees the breaker open until openUntil; parked, it may be the probe sooner (now, once probing).
       const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
-      return { kind: 'unavailable', reason: 'breaker', availableAtMs: parkedView.kind === 'open' ? parkedView.probeAtMs : admission.availableAtMs };
+      const availableAtMs = parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' ? Math.min(deps.now(), admission.availableAtMs) : admission.availableAtMs;
+      return { kind: 'unavailable', reason: 'breaker', availableAtMs };
     }
     if (run.sent === 0) await countFirstAttempt(ctx, plan, run, deps);
     else if (!run.retryPaid && !admission.probe && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };

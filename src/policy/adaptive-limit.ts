@@ -119,8 +119,11 @@ export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, round
   return { ...st, limit, caps: st.caps.map((c) => Math.max(c, Math.min(c + 1 / st.limit, limit))), slowStartTo: undefined };
 }
 
-/** The target is back after an outage (its breaker closed): restart at half the limit it had, and slow-start back. */
+/**
+ * The target is back after an outage (its breaker closed, a hold-off ended): restart at half the limit it had, and
+ * slow-start back to it; a second outage before the first's slow start is over slow-starts back to the first's limit.
+ */
 export function onRecovered(st: LimitState, s: LimitSettings): LimitState {
   const limit = Math.max(s.min, Math.floor(st.limit / 2));
-  return { ...st, limit, caps: st.caps.map((c) => Math.min(c, limit)), slowStartTo: st.limit };
+  return { ...st, limit, caps: st.caps.map((c) => Math.min(c, limit)), slowStartTo: Math.max(st.limit, st.slowStartTo ?? 0) };
 }
