@@ -229,15 +229,27 @@ function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
 async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let taken = false;
   let startNow: () => void = () => {};
   const started = early && new Promise<'start'>((resolve) => (startNow = () => resolve('start')));
-  const withdraw = early?.offer(() => startNow());
+  const withdraw = early?.offer(() => {
+    taken = true;
+    startNow();
+  });
   try {
-    return await readEvents(api, parser, iterator, translate, started);
+    const first = await readEvents(api, parser, iterator, translate, started);
+    // The deadline came just as the read that failed the attempt did: it took the early start instead of aborting the
+    // request, so the attempt ends as the deadline's (no retry goes past it) rather than as a retryable failure.
+    return taken && 'failure' in first ? DEADLINE_PASSED : first;
+  } catch (err) {
+    if (taken) return DEADLINE_PASSED;
+    throw err;
   } finally {
     withdraw?.();
   }
 }
+
+const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
 
 async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
   let head = '';
