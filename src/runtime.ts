@@ -180,6 +180,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     },
     onTargetForgotten: (key) => {
       for (const seen of zeroed) if (seen.endsWith(`\n${key}`)) zeroed.delete(seen);
+      clearTimeout(recoveries.get(key));
+      recoveries.delete(key);
       board.forget(key);
       budget.forget(key);
       store.forget(key);

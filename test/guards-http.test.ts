@@ -384,3 +384,39 @@ describe('a newcomer after the provider is back, while the breaker still says op
     expect(s.mock.stats().total).toBe(2);
   });
 });
+
+describe('while another request holds the probe', () => {
+  /** A breaker past openUntil whose one probe permit a slow request holds. */
+  async function probing(park: boolean) {
+    const s = await start({
+      faults: { latencyMs: 50, errors: [{ status: 503, rate: 1, times: 1 }] },
+      provider: { breaker: { consecutiveFailures: 1, openS: 1 } },
+      route: { retry: { maxAttempts: 1 }, ...(park ? {} : { park: false }) },
+    });
+    expect((await chat(s, { 'x-stormgate-timeout-ms': '500' })).res.status).toBe(503);
+    await sleep(1_100);
+    s.mock.setFaults({ latencyMs: 1_500 });
+    const probe = chat(s);
+    await sleep(100);
+    return { s, probe };
+  }
+
+  it('tells a request that cannot park when a permit may be back, not "retry in 0 s"', async () => {
+    const { s, probe } = await probing(false);
+    const { res } = await chat(s);
+    expect(res.status).toBe(503);
+    expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    expect((await probe).res.status).toBe(200);
+  });
+
+  it('parks a request without spinning: it waits for the permits instead of being released and refused in a loop', async () => {
+    const { s, probe } = await probing(true);
+    const cpu = process.cpuUsage();
+    const started = Date.now();
+    const parked = chat(s, { 'x-stormgate-timeout-ms': '5000' });
+    expect((await probe).res.status).toBe(200);
+    const used = process.cpuUsage(cpu);
+    expect((used.user + used.system) / 1000).toBeLessThan(0.5 * (Date.now() - started));
+    expect((await parked).res.status).toBe(200);
+  });
+});

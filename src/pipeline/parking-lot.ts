@@ -34,6 +34,8 @@ export interface ParkOptions {
   maxWaitMs: number | undefined;
   /** The one wait rule: a request is never released with less than this left before its deadline; it times out then. */
   minAttemptMs: number;
+  /** Not released before then, whatever the target's state says (the probe permits are out until then). */
+  notBeforeMs?: number;
 }
 
 export interface ParkingLotDeps {
@@ -99,7 +101,7 @@ export class ParkingLot {
         route: opts.route,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
-        notBeforeMs: q.spreadUntilMs > this.#deps.now() ? Math.min(q.spreadUntilMs, cutoffMs - 1) : undefined,
+        notBeforeMs: notBefore(q.spreadUntilMs > this.#deps.now() ? Math.min(q.spreadUntilMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
         settle: (r) => {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
@@ -225,6 +227,10 @@ export class ParkingLot {
 }
 
 /** Keeps entries ordered by deadline, earliest first; equal deadlines keep arrival order. */
+function notBefore(a: number | undefined, b: number | undefined): number | undefined {
+  return a === undefined ? b : b === undefined ? a : Math.max(a, b);
+}
+
 function insertByDeadline(entries: Entry[], entry: Entry): void {
   let lo = 0;
   let hi = entries.length;

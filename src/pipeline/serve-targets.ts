@@ -217,6 +217,9 @@ export async function serveTargets(
       maxQueue: park.maxQueue,
       maxWaitMs: park.maxWaitMs,
       minAttemptMs: ctx.route.config.minAttemptMs,
+      // A target that is probing may still have no permit for this request (others hold them, here or on another
+      // instance): it waits for them rather than be released at once, refused, and parked again in a loop.
+      ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
     });
     switch (parked.kind) {
       case 'released':

@@ -68,6 +68,8 @@ export interface TargetRun {
   noRetries: boolean;
   /** The next attempt is a retry already taken from the budget. */
   retryPaid: boolean;
+  /** The first attempt is counted in the budget already. */
+  counted: boolean;
   /** The last failure, answered if a deferred retry (after parking) is refused by the budget. */
   lastFailure: (TargetResult & { kind: 'failed' }) | undefined;
   done: boolean;
@@ -128,7 +130,7 @@ export type TargetResult =
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
 export function newRun(): TargetRun {
-  return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, lastFailure: undefined, done: false };
+  return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, lastFailure: undefined, done: false };
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -157,13 +159,19 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1));
     if (!admission.admitted) {
       // A request that may park learns of a recovery within probeWhileParkedMs; one that may not waits for openS.
-      // A newcomer sees the breaker open until openUntil; parked, it may be the probe sooner (now, once probing).
+      // A newcomer sees the breaker open until openUntil; parked, it may be the probe sooner (now, once probing). When
+      // its own view was probing too, the permits are out: admission says when one may be back.
       const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
-      const availableAtMs = parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' ? Math.min(deps.now(), admission.availableAtMs) : admission.availableAtMs;
+      const ownView = board.availability(plan.key, plan.breaker, ticket !== undefined);
+      const availableAtMs =
+        parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
       return { kind: 'unavailable', reason: 'breaker', availableAtMs };
     }
-    if (run.sent === 0) await countFirstAttempt(ctx, plan, run, deps);
-    else if (!run.retryPaid && !admission.probe && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
+    if (run.sent === 0) {
+      // Once: a first attempt that found the target gone while it waited for a slot comes back here after parking.
+      if (!run.counted) await countFirstAttempt(ctx, plan, run, deps);
+      run.counted = true;
+    } else if (!run.retryPaid && !admission.probe && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);

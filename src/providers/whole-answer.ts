@@ -96,8 +96,10 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     if (this.#settled) return;
     this.#settled = true;
     this.req.signal.removeEventListener('abort', this.#onAbort);
-    // After the headers, the provider was answering: the error cut its answer (the signal's own reason aside).
-    this.reject(this.#statusCode !== 0 && err !== this.req.signal.reason ? new AnswerCut(err) : err);
+    // After a 2xx's headers, the provider was answering: the error cut its answer (the signal's own reason aside). An
+    // error status whose body broke keeps the classification of a lost connection.
+    const answering = this.#statusCode >= 200 && this.#statusCode < 300;
+    this.reject(answering && err !== this.req.signal.reason ? new AnswerCut(err) : err);
   }
 
   #settle(whole: boolean): void {

@@ -293,6 +293,7 @@ export class RedisStore implements StateStore {
     const [ok, ...stored] = await this.#client.sgCasBreaker(
       this.#keys.breaker(target), expectedGeneration, BREAKER_TTL_MS, this.#keys.events, message, ...encodeBreaker(next),
     );
+    this.#answered();
     if (ok === 1) {
       this.#view.putBreaker(target, next, false);
       return true;
@@ -494,6 +495,7 @@ export class RedisStore implements StateStore {
       // ioredis reconnects a dropped connection and emits 'ready'; a live but slow one needs a probe to come back.
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
+      this.#timeoutsInARow = 0;
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
       this.#probeTimer = undefined;
