@@ -420,3 +420,22 @@ describe('while another request holds the probe', () => {
     expect((await parked).res.status).toBe(200);
   });
 });
+
+describe('a burst of 429s with retry-after', () => {
+  it('ends as the provider asked: every request waits out the hold-off and is answered, the budget counts but does not refuse', async () => {
+    const s = await start({
+      faults: { latencyMs: 100, errors: [{ status: 429, rate: 1, headers: { 'retry-after': '1' } }] },
+      route: { budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+    });
+    const pending = Array.from({ length: 30 }, () => chat(s, { 'x-stormgate-timeout-ms': '10000' }));
+    // The provider's rate-limit window is over long before the second it asked for.
+    await sleep(300);
+    s.mock.setFaults({ latencyMs: 100 });
+    const results = await Promise.all(pending);
+    expect(results.map((r) => r.res.status)).toEqual(Array(30).fill(200));
+    const requests = s.mock.requests().sort((a, b) => a.receivedAt - b.receivedAt);
+    const first429 = requests.find((r) => r.status === 429)!;
+    // Nothing but the first attempts inside the second the provider asked for.
+    expect(requests.filter((r) => r.receivedAt - first429.receivedAt < 1_000 && r.status !== 429)).toEqual([]);
+  });
+});

@@ -237,7 +237,14 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
-    if (unavailable) return unavailable;
+    if (unavailable) {
+      // Parked behind another answer's longer hold-off, the retry is paced by it as by its own (below).
+      if (decision.fromHint && unavailable.kind === 'unavailable' && unavailable.reason === 'hold-off') {
+        await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
+        run.retryPaid = true;
+      }
+      return unavailable;
+    }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
     // Past its end by HOLD_OFF_SLACK_MS: a timer may fire a millisecond early, and the request would find the target
@@ -249,7 +256,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
-    if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
+    // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
+    // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
+    // refused: a burst of 429s with retry-after ends as the provider asked, not in 429s the SDK is told not to retry.
+    const paced = decision.fromHint && holdOffEnd !== undefined;
+    if (paced) await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
+    else if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
       await deps.sleep(delayMs, ctx.signal);
@@ -303,7 +315,7 @@ function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps,
 async function countFirstAttempt(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
   const { budget } = deps.guards;
   if (ctx.clientRetries > 0 && ctx.attempts.length === 0) {
-    if (!(await budget.countClientRetry(plan.budgetKey, ctx.route.config.budget))) {
+    if (!(await budget.countRetry(plan.budgetKey, ctx.route.config.budget))) {
       run.noRetries = true;
       deps.onBudgetExhausted?.(ctx.route.name, plan.key);
     }

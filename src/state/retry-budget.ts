@@ -47,8 +47,11 @@ export class RetryBudget {
     for (const key of this.#seen.keys()) if (budgetOf(key, target)) this.#seen.delete(key);
   }
 
-  /** A retry the client made on its own: always served once, counted even when the budget is spent. Resolves to whether it fit. */
-  countClientRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
+  /**
+   * A retry served whatever the budget says (the client's own; one paced by the provider's hold-off), counted even
+   * when the budget is spent. Resolves to whether it fit.
+   */
+  countRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
     return this.store.takeRetry(key, cfg, this.now(), true);
   }
 }
