@@ -78,6 +78,18 @@ describe('the adaptive limit', () => {
     expect(Math.floor(low.limit)).toBe(10);
   });
 
+  it('slow-starts back to half of where a burst of 429s began once it is over, however low its clamps took the limit', () => {
+    // A quota window: every request in flight gets a 429 as they drain, and the limit follows them down.
+    let st = initialLimit(settings);
+    let now = 1_000;
+    for (let inUse = 100; inUse > 1; inUse--) st = onRateLimited(st, settings, (now += 1), 100, { total: inUse, byClass: [inUse, 0], waiting: 10 });
+    expect(st.limit).toBeLessThanOrEqual(2);
+    // The window is over: one slot more per success, doubling per round trip, up to 50; then the usual +1 per round trip.
+    now += 200;
+    for (let i = 0; i < 60; i++) st = onSuccess(st, settings, (now += 1), 100);
+    expect(st.limit).toBe(50);
+  });
+
   it('grows again only after some quiet round trips', () => {
     const st = onRateLimited({ ...initialLimit(settings), caps: [100, 50] }, settings, 1_000, 100, NONE);
     expect(onSuccess(st, settings, 1_500, 100)).toBe(st);

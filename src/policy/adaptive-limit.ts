@@ -19,6 +19,11 @@ export interface LimitState {
   caps: number[];
   /** While set and above `limit`, the limit is in slow start (+1 per success, doubling per round trip). */
   slowStartTo: number | undefined;
+  /**
+   * Half the limit a burst of rate-limit signals found (TCP's ssthresh): once the burst is over (a quiet round trip),
+   * a limit the burst took below it slow-starts back to it.
+   */
+  recoverTo?: number;
   lastDecreaseAtMs: number;
   /** The last rate-limit signal of any kind: growth waits a few round trips after it, so probing stays rare. */
   lastSignalAtMs: number;
@@ -52,7 +57,11 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
   // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
   if (!binding(st, inUse)) return st;
-  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs };
+  // The first signal of a burst (none for a round trip) notes where the limit may slow-start back to: a quota window
+  // answers every request in flight with 429 and the clamps follow them down to one, and growing back one slot per
+  // round trip kept the provider idle long after the window.
+  const recoverTo = nowMs - st.lastSignalAtMs >= roundTripMs ? Math.floor(st.limit / 2) : st.recoverTo;
+  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
   const caps = [...clamped.caps];
   for (let k = caps.length - 1; k >= 1; k--) {
@@ -101,6 +110,11 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  * (after an outage) the limit comes first, +1 per success.
  */
 export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
+  // A burst of rate-limit signals is over (a quiet round trip): a limit it took below half of where it began slow-starts back there.
+  const to = st.recoverTo;
+  if (to !== undefined && st.limit < to && nowMs - st.lastSignalAtMs >= roundTripMs) {
+    st = { ...st, recoverTo: undefined, slowStartTo: Math.max(to, st.slowStartTo ?? 0) };
+  }
   const slowStart = st.slowStartTo !== undefined && st.limit < st.slowStartTo;
   if (!slowStart && nowMs - st.lastSignalAtMs < QUIET_ROUND_TRIPS * roundTripMs) return st;
   if (slowStart) {
