@@ -226,11 +226,12 @@ export class ParkingLot {
   }
 }
 
-/** Keeps entries ordered by deadline, earliest first; equal deadlines keep arrival order. */
+/** The later of two moments an entry may not leave before, either unset. */
 function notBefore(a: number | undefined, b: number | undefined): number | undefined {
   return a === undefined ? b : b === undefined ? a : Math.max(a, b);
 }
 
+/** Keeps entries ordered by deadline, earliest first; equal deadlines keep arrival order. */
 function insertByDeadline(entries: Entry[], entry: Entry): void {
   let lo = 0;
   let hi = entries.length;

@@ -81,7 +81,6 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
 
 type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
 
-/** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
 /**
  * A tool call's id as Anthropic takes it (letters, digits, `_` and `-`): other servers' ids (`functions.get_weather:0`)
  * would be refused with a 400. The call and its result map alike, so they still pair.
@@ -105,6 +104,7 @@ function trimPrefill(turns: AnthropicMessageParam[]): void {
   if (blocks.length === 0) turns.pop();
 }
 
+/** Adds a turn, merging it into the previous one of the same role: Anthropic wants strict alternation. */
 function append(turns: AnthropicMessageParam[], role: 'user' | 'assistant', blocks: Blocks): void {
   if (blocks.length === 0) return; // an empty turn is a 400 upstream and carries nothing
   const last = turns[turns.length - 1];
