@@ -43,7 +43,8 @@ export async function attemptInSlot(
   }
   // The wait for a slot can outlast the target: a backlog queued before a 429's retry-after or a brownout must not
   // all go out into it the moment slots free up. The slot goes to the next in line; this request parks or moves on.
-  const gone = stillAvailable?.();
+  // A slot had at once is had on the admission just made.
+  const gone = acquired.queued ? stillAvailable?.() : undefined;
   if (gone) {
     acquired.slot.release();
     return gone;

@@ -36,7 +36,8 @@ export interface Slot {
 }
 
 export type Acquired =
-  | { ok: true; slot: Slot; waitedMs: number }
+  /** queued: it waited for its slot (what it was admitted on may have changed meanwhile). */
+  | { ok: true; slot: Slot; queued: boolean }
   | { ok: false; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
   | { ok: false; reason: 'aborted' };
 
@@ -115,7 +116,7 @@ export class ProviderPool {
     if (!this.#queuedAhead(req.cls) && this.#admissible(req, t)) {
       // Counted too: a histogram of the waiters alone shows a p95 of the few that queued, or nothing at all.
       this.observer.onWait?.(this.settings.provider, this.settings.classes[req.cls]!.name, 0);
-      return { ok: true, slot: this.#take(req, t), waitedMs: 0 };
+      return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
     const queue = this.#queues[req.cls]!;
@@ -140,9 +141,8 @@ export class ProviderPool {
         grant: (slot) => {
           clearTimeout(lastChance);
           req.signal.removeEventListener('abort', onAbort);
-          const waitedMs = this.now() - waiter.enqueuedAtMs;
-          this.observer.onWait?.(this.settings.provider, cls.name, waitedMs / 1000);
-          resolve({ ok: true, slot, waitedMs });
+          this.observer.onWait?.(this.settings.provider, cls.name, (this.now() - waiter.enqueuedAtMs) / 1000);
+          resolve({ ok: true, slot, queued: true });
         },
       };
       const onAbort = () => {
