@@ -234,34 +234,30 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     });
     if (!decision.wait) return failed(decision.retryAfterMs, 'wait_hint');
     failed(hint?.delayMs, 'retries_exhausted');
+    // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
+    // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
+    // refused: a burst of 429s with retry-after ends as the provider asked, not in 429s the SDK is told not to retry.
+    const holdOffEnd = holdOffs.until(plan.key);
+    const paced = decision.fromHint && holdOffEnd !== undefined;
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
-      // Parked behind another answer's longer hold-off, the retry is paced by it as by its own (below).
-      if (decision.fromHint && unavailable.kind === 'unavailable' && unavailable.reason === 'hold-off') {
-        await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
-        run.retryPaid = true;
-      }
+      // Paced, it is paid now; any other retry is taken from the budget when the target is back.
+      if (paced) run.retryPaid = await payRetry(ctx, plan, deps, true);
       return unavailable;
     }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
     // Past its end by HOLD_OFF_SLACK_MS: a timer may fire a millisecond early, and the request would find the target
     // still held off after the wait it was told to take.
-    const holdOffEnd = holdOffs.until(plan.key);
     const heldForMs = (holdOffEnd ?? 0) - deps.now() + HOLD_OFF_SLACK_MS;
     const delayMs =
       holdOffEnd !== undefined && holdOffEnd === ownHoldOff
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
-    // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
-    // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
-    // refused: a burst of 429s with retry-after ends as the provider asked, not in 429s the SDK is told not to retry.
-    const paced = decision.fromHint && holdOffEnd !== undefined;
-    if (paced) await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
-    else if (!(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
+    if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
       await deps.sleep(delayMs, ctx.signal);
@@ -279,6 +275,13 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
 function paramOf(prepared: Prepared & { ok: false }): { param?: string } {
   const param = 'param' in prepared ? prepared.param : undefined;
   return typeof param === 'string' ? { param } : {};
+}
+
+/** Pays for a retry: one paced by a hold-off is counted in the budget and always allowed; any other is taken from it. */
+async function payRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, paced: boolean): Promise<boolean> {
+  if (!paced) return takeRetry(ctx, plan, deps);
+  await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
+  return true;
 }
 
 async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Promise<boolean> {
