@@ -230,12 +230,15 @@ async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, t
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let taken = false;
-  let startNow: () => void = () => {};
-  const started = early && new Promise<'start'>((resolve) => (startNow = () => resolve('start')));
-  const withdraw = early?.offer(() => {
-    taken = true;
-    startNow();
-  });
+  let withdraw: (() => void) | undefined;
+  const started =
+    early &&
+    new Promise<'start'>((resolve) => {
+      withdraw = early.offer(() => {
+        taken = true;
+        resolve('start');
+      });
+    });
   try {
     const first = await readEvents(api, parser, iterator, translate, started);
     // The deadline came just as the read that failed the attempt did: it took the early start instead of aborting the
