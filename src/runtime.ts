@@ -154,11 +154,18 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   metrics.collectBudgets = async () => {
     for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
   };
-  zeroCounters(config, metrics, targetKeys);
-  const observer = metricsObserver(metrics);
-  // Keys learnt from traffic (a route of any model) get their zero series at their first attempt.
+  // A route's series for a target key start at zero once: the keys the config names now, those learnt from traffic
+  // (a route of any model) at their first attempt.
   const zeroed = new Set<string>();
   const routesByName = new Map(config.routes.map((r) => [r.name, r]));
+  const zeroOnce = (route: string, target: string): void => {
+    const seen = `${route}\n${target}`;
+    if (zeroed.has(seen)) return;
+    zeroed.add(seen);
+    zeroTargetSeries(config, metrics, routesByName.get(route)!, target);
+  };
+  zeroCounters(config, metrics, targetKeys, zeroOnce);
+  const observer = metricsObserver(metrics);
   const pipeline: PipelineDeps = {
     providers,
     weighted,
@@ -171,11 +178,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     lot,
     ...observer,
     onAttempt: (route, target, result, durationMs) => {
-      const seen = `${route}\n${target}`;
-      if (!zeroed.has(seen)) {
-        zeroed.add(seen);
-        zeroTargetSeries(config, metrics, routesByName.get(route)!, target);
-      }
+      zeroOnce(route, target);
       observer.onAttempt!(route, target, result, durationMs);
     },
     onTargetForgotten: (key) => {
@@ -214,7 +217,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
  * increase(): each route's primary target keys (the keys its traffic is counted under: a target's model, or each
  * model the route matches; a route of any model learns its keys from traffic).
  */
-function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void {
+function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTarget: (route: string, target: string) => void): void {
   for (const route of config.routes) {
     const r = { route: route.name };
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ ...r, result }, 0);
@@ -226,7 +229,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys): void 
       for (const end of STREAM_END_KINDS) metrics.streamEnds.inc({ ...r, end }, 0);
     }
     const byTarget = route.targets.map((t) => routeTargetKeys(route, t, keys));
-    for (const targets of byTarget) for (const target of targets) zeroTargetSeries(config, metrics, route, target);
+    for (const targets of byTarget) for (const target of targets) zeroTarget(route.name, target);
     // Each hand-over the route can make, for every reason: a first fallback shows in increase() from its first burst.
     for (let i = 0; i < byTarget.length; i++) {
       for (const from of byTarget[i]!) {
