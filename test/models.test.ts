@@ -56,6 +56,14 @@ describe('GET /v1/models lists what a client can request', () => {
     }
   });
 
+  it('lists a provider\'s models though its first answer to the listing is a passing 503 (as from a flaky provider)', async () => {
+    stack = await startStack({ faults: { errors: [{ status: 503, rate: 1, times: 1 }] } });
+    const ids: string[] = [];
+    for await (const m of sdk(stack).models.list()) ids.push(m.id);
+    expect(ids).toContain('gpt-4o');
+    expect(stack.mock.requests().map((r) => r.status)).toEqual([503, 200]);
+  });
+
   it('retrieves a listed model with the SDK, and answers 404 model_not_found for one it does not list', async () => {
     stack = await startStack({ config: fallbackConfig });
     const client = sdk(stack);

@@ -2,6 +2,7 @@
 // come from the config; routes that serve any model (no filter, or globs) add the lists of the providers that would get
 // the client's model, filtered by the route. Provider lists are fetched in parallel, once per provider, and cached
 // (failures too), so listing never adds load to a provider that is struggling.
+import { interceptors, type Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { CompiledRoute, Router } from './router.ts';
 
@@ -74,8 +75,17 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
   // A fetch in flight is shared: concurrent listings never send a provider a second request.
   const inFlight = new Map<string, Promise<ModelEntry[]>>();
 
+  // A listing is an idempotent GET: undici's retry interceptor takes a provider's passing 5xx or reset (twice, quickly,
+  // within the fetch's timeout), so one of them does not empty the listing for failureCacheMs.
+  const retrying = new Map<string, Dispatcher>();
+  const dispatcherOf = (client: ProviderClient): Dispatcher => {
+    let d = retrying.get(client.name);
+    if (!d) retrying.set(client.name, (d = client.dispatcher.compose(interceptors.retry({ maxRetries: 2, minTimeout: 100, maxTimeout: 500 }))));
+    return d;
+  };
+
   async function fetchModels(client: ProviderClient, listing: { path: string; headers: Record<string, string> }): Promise<ModelEntry[]> {
-    const res = await client.dispatcher.request({ path: listing.path, method: 'GET', headers: listing.headers, signal: AbortSignal.timeout(fetchTimeoutMs) });
+    const res = await dispatcherOf(client).request({ path: listing.path, method: 'GET', headers: listing.headers, signal: AbortSignal.timeout(fetchTimeoutMs) });
     if (res.statusCode !== 200) {
       await res.body.dump();
       throw new Error(`status ${res.statusCode}`);
