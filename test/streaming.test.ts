@@ -182,6 +182,8 @@ describe('a client that stops reading a stream', () => {
       expect(await connections()).toBe(1);
       while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
       expect(await connections()).toBe(0);
+      // Its line is written as the request's end settles, a moment after the socket is gone.
+      while (!s.logs.join('').includes('"streamEnd"') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
       expect(s.logs.join('')).toContain('"streamEnd":"client-stalled"');
     } finally {
       socket.destroy();
