@@ -136,6 +136,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         signal: controller.signal,
         deadlineAtMs,
         earlyStart,
+        onStreamStarted: () => clearTimeout(deadlineTimer),
         attempts: summary.attempts,
         skipped: summary.skipped,
         parkable: route.config.park !== false,

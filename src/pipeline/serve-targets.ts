@@ -135,9 +135,13 @@ export async function serveTargets(
       const ticket = released?.ticket;
       released = undefined;
       const failedBefore = run.lastFailure;
-      const r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
-      // A released request gives its place in the lot back however the target answered (an early return included).
-      ticket?.done();
+      let r: TargetResult;
+      try {
+        r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
+      } finally {
+        // A released request gives its place in the lot back however the target answered (a throw included).
+        ticket?.done();
+      }
       if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {
         blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });

@@ -92,6 +92,8 @@ export interface RequestContext {
   deadlineAtMs: number;
   /** A stream on the client's deadline: the deadline starts an answer that has begun upstream (early-start.ts). */
   earlyStart?: EarlyStart;
+  /** A stream's first output is in hand: the answer has started, the deadline no longer applies (its idle timer does). */
+  onStreamStarted?: () => void;
   attempts: AttemptRecord[];
   /** Targets this request skipped, with the reason (shared with the request's log line). */
   skipped: SkippedTarget[];
@@ -184,6 +186,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
     clearTimeout(slotTimer);
     if (attempt.kind === 'shed') {
+      // A probe the pool shed never went upstream: its permit goes back, or nobody may probe until it expires.
+      if (admission.probe) await board.record(plan.key, plan.breaker, 'ignore', 0, admission.probe);
       ticket?.done();
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
     }
@@ -194,6 +198,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
     }
     const { result, cls, durationMs } = attempt;
+    // Before any await: a deadline that fires while this attempt is recorded must not cut an answer already begun.
+    if (result.stream) ctx.onStreamStarted?.();
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
     ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.probe && { probe: true }) });

@@ -202,8 +202,22 @@ export class ProviderPool {
     const t = this.#target(target);
     if (untilMs <= t.lowerHeldUntilMs) return;
     t.lowerHeldUntilMs = untilMs;
+    this.#armHoldTimer();
+  }
+
+  /** One timer for the pool, at the end of the earliest hold still in force: each hold's end lets its waiters go. */
+  #armHoldTimer(): void {
+    const now = this.now();
+    let next = Number.POSITIVE_INFINITY;
+    for (const t of this.#targets.values()) if (t.lowerHeldUntilMs > now) next = Math.min(next, t.lowerHeldUntilMs);
     clearTimeout(this.#holdTimer);
-    this.#holdTimer = setTimeout(() => this.#drain(), Math.max(0, untilMs - this.now()) + 1).unref();
+    this.#holdTimer =
+      next === Number.POSITIVE_INFINITY
+        ? undefined
+        : setTimeout(() => {
+            this.#drain();
+            this.#armHoldTimer();
+          }, next - now + 1).unref();
   }
 
   limitOf(target: string): number {

@@ -97,7 +97,9 @@ export class BreakerBoard {
       return;
     }
     if (v === 'ignore') return;
-    const count = v === 'failure' ? (this.#consecutive.get(target) ?? 0) + 1 : 0;
+    // A run of failures is counted while the breaker is closed only: stragglers that fail while it is open (sent before
+    // it opened) would otherwise reopen it at the first failure after probes closed it.
+    const count = v === 'failure' && this.current(target).state === 'closed' ? (this.#consecutive.get(target) ?? 0) + 1 : 0;
     this.#consecutive.set(target, count);
     this.#pendingOutcome(target, s, v);
     if (tripsOnConsecutive(this.current(target), count, s)) {
