@@ -146,6 +146,23 @@ describe('the circuit breaker', () => {
     expect(await metric(s, 'stormgate_parked_requests')).toBe(0);
   });
 
+  it('backs off the probes of a long outage: a lone parked request sends a handful, not one every probeWhileParkedMs', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, timeoutMs: 3_000 },
+      provider: { breaker: { probeWhileParkedMs: 100 } },
+    });
+    await openBreaker(s);
+    await sleep(20);
+    const before = s.mock.stats().total;
+    const { res } = await chat(s);
+    expect(res.status).toBe(503);
+    // Probes 100, 200, 400, 800 and 1600 ms apart: at most 5 in its 3 s (one every 100 ms made about 25).
+    const probes = s.mock.stats().total - before;
+    expect(probes).toBeGreaterThanOrEqual(3);
+    expect(probes).toBeLessThanOrEqual(5);
+  });
+
   it('lets the next probe go when one hangs past its permit, instead of holding the parked requests to their deadline', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

@@ -36,6 +36,27 @@ describe('the breaker state machine', () => {
     expect(availability({ ...open, state: 'half-open' }, s, 1_000, true)).toEqual({ kind: 'probing', probes: 3 });
   });
 
+  it('doubles the wait for parked requests with each failed probe, up to openS, and starts over once closed', () => {
+    // A lone request parked through a two-minute outage: probes at 1, 3, 7, 15, 31 s, then every openS (30 s).
+    let rec = opened(closed, s, 0, () => 0);
+    const probes: number[] = [];
+    for (let now = 0; now <= 120_000; now += 100) {
+      if (availability(rec, s, now, true).kind !== 'probing') continue;
+      probes.push(now);
+      rec = afterProbe(rec, 'failure', s, now, () => 0, rec.sinceMs)!;
+    }
+    expect(probes).toEqual([1_000, 3_000, 7_000, 15_000, 31_000, 61_000, 91_000]);
+    expect(rec.failedProbes).toBe(7);
+    // A probe that succeeds after the outage: half-open keeps the count (a failure there doubles again), closing ends it.
+    rec = afterProbe(rec, 'success', s, 121_000, () => 0, rec.sinceMs)!;
+    expect(rec).toMatchObject({ state: 'half-open', failedProbes: 7 });
+    for (let i = 0; i < 2; i++) rec = afterProbe(rec, 'success', s, 121_100, () => 0, rec.sinceMs)!;
+    expect(rec.state).toBe('closed');
+    const reopened = opened(rec, s, 200_000, () => 0);
+    expect(reopened.failedProbes).toBeUndefined();
+    expect(availability(reopened, s, 201_000, true)).toEqual({ kind: 'probing', probes: 1 });
+  });
+
   it('closes after closeAfter probe successes with a fresh window, and one failure reopens it', () => {
     let rec = opened(closed, s, 0, () => 0);
     rec = afterProbe(rec, 'success', s, 31_000, () => 0, 0)!;

@@ -104,6 +104,29 @@ describe('two instances on one Redis', () => {
     await eventually(() => late!.getBreaker('t1')?.generation === 1, 500);
   });
 
+  it('shares the failed probes of a reopened breaker, and reads a record an older instance wrote without them', async () => {
+    const { stores: [a, b], join } = await fleet(2);
+    const reopened: BreakerRecord = { ...OPEN, generation: 4, failedProbes: 3 };
+    expect(await a!.casBreaker('t1', 0, reopened)).toBe(true);
+    await eventually(() => b!.getBreaker('t1')?.generation === 4, 500);
+    expect(b!.getBreaker('t1')).toEqual(reopened);
+    // Closing ends the run: the field is written back as none, not left behind from the open record.
+    const closedRec: BreakerRecord = { state: 'closed', sinceMs: 9000, openUntilMs: 0, probeSuccesses: 0, generation: 5 };
+    expect(await b!.casBreaker('t1', 4, closedRec)).toBe(true);
+    await eventually(() => a!.getBreaker('t1')?.generation === 5, 500);
+    expect(a!.getBreaker('t1')).toEqual(closedRec);
+    // A hash from before the field existed (a rolling upgrade): still a valid record, with no failed probes.
+    const raw = new Redis(redis.url);
+    const key = (await raw.keys('*{t1}:breaker'))[0]!.replace('{t1}', '{t2}');
+    await raw.hset(key, 'state', 'open', 'sinceMs', '1000', 'openUntilMs', '6000', 'probeSuccesses', '0', 'generation', '1');
+    await raw.quit();
+    const [late] = await join(1);
+    // The first look reads it in the background.
+    expect(late!.getBreaker('t2')).toBeUndefined();
+    await eventually(() => late!.getBreaker('t2')?.generation === 1, 500);
+    expect(late!.getBreaker('t2')).toEqual(OPEN);
+  });
+
   it('shares probe permits across the fleet', async () => {
     const [a, b] = (await fleet(2)).stores;
     const now = Date.now();

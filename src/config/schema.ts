@@ -72,7 +72,7 @@ const breakerFields = {
   openS: z.number().positive().max(MAX_TIMER_S).describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
   halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),
   closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker; one failure reopens it. Default: 3.'),
-  probeWhileParkedMs: positiveMs('While requests are parked on an open target, a probe runs this often whatever openS says. Default: 1000.'),
+  probeWhileParkedMs: positiveMs('While requests are parked on an open target, the first probe goes this long after it opened, whatever openS says; each probe that fails doubles the wait, up to openS. Default: 1000.'),
 };
 
 export const BreakerSchema = z

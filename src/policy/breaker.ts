@@ -29,24 +29,35 @@ export type Availability =
   | { kind: 'open'; probeAtMs: number };
 
 /**
- * Whether requests may go to the target now. While requests are parked on it, probes run every probeWhileParkedMs
- * whatever openS says, so parked requests learn of a recovery within that time.
+ * Whether requests may go to the target now. While requests are parked on it, a probe goes probeWhileParkedMs after
+ * the breaker opened, whatever openS says, so parked requests learn of a quick recovery within that time. Each probe
+ * that fails doubles that wait, up to openS (as Envoy's outlier detection lengthens an ejection with each one): in a
+ * long outage a lone parked request must not turn into the fixed one-second retry loop the gateway exists to stop.
  */
 export function availability(rec: BreakerRecord, s: BreakerSettings, nowMs: number, parked: boolean): Availability {
   if (rec.state === 'closed') return { kind: 'closed' };
   if (rec.state === 'half-open') return { kind: 'probing', probes: s.halfOpenProbes };
-  const probeAtMs = parked ? Math.min(rec.openUntilMs, rec.sinceMs + s.probeWhileParkedMs) : rec.openUntilMs;
+  const probeAtMs = parked ? Math.min(rec.openUntilMs, rec.sinceMs + parkedProbeWaitMs(rec, s)) : rec.openUntilMs;
   return nowMs >= probeAtMs ? { kind: 'probing', probes: 1 } : { kind: 'open', probeAtMs };
 }
 
-/** Opens the breaker: openS plus up to 10% random jitter, so instances do not probe in lockstep. */
-export function opened(rec: BreakerRecord, s: BreakerSettings, nowMs: number, random: Random): BreakerRecord {
+/** probeWhileParkedMs doubled for each probe that failed in a row (the cap keeps 2^n finite; openUntilMs bounds it). */
+function parkedProbeWaitMs(rec: BreakerRecord, s: BreakerSettings): number {
+  return s.probeWhileParkedMs * 2 ** Math.min(rec.failedProbes ?? 0, 30);
+}
+
+/**
+ * Opens the breaker: openS plus up to 10% random jitter, so instances do not probe in lockstep. `failedProbes`: the
+ * failed probes in a row this opening follows (0 when a closed breaker trips).
+ */
+export function opened(rec: BreakerRecord, s: BreakerSettings, nowMs: number, random: Random, failedProbes = 0): BreakerRecord {
   return {
     state: 'open',
     sinceMs: nowMs,
     openUntilMs: nowMs + Math.round(s.openS * 1000 * (1 + 0.1 * random())),
     probeSuccesses: 0,
     generation: rec.generation + 1,
+    ...(failedProbes > 0 && { failedProbes }),
   };
 }
 
@@ -68,7 +79,7 @@ export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: numb
 export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number): BreakerRecord | undefined {
   if (rec.state === 'closed' || verdict === 'ignore') return undefined;
   if (verdict === 'success' && rec.state === 'open' && rec.sinceMs > spellSinceMs) return undefined;
-  if (verdict === 'failure') return opened(rec, s, nowMs, random);
+  if (verdict === 'failure') return opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
   const successes = rec.probeSuccesses + 1;
   if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };
   return { ...rec, state: 'half-open', sinceMs: rec.state === 'half-open' ? rec.sinceMs : nowMs, probeSuccesses: successes, generation: rec.generation + 1 };

@@ -55,6 +55,7 @@ export function encodeBreaker(r: BreakerRecord): string[] {
     'openUntilMs', String(r.openUntilMs),
     'probeSuccesses', String(r.probeSuccesses),
     'generation', String(r.generation),
+    'failedProbes', String(r.failedProbes ?? 0),
   ];
 }
 
@@ -70,7 +71,11 @@ export function decodeBreaker(raw: Record<string, string> | string[]): BreakerRe
     probeSuccesses: Number(h.probeSuccesses),
     generation: Number(h.generation),
   };
-  return Object.values(record).every((v) => typeof v === 'string' || Number.isFinite(v)) ? record : undefined;
+  if (!Object.values(record).every((v) => typeof v === 'string' || Number.isFinite(v))) return undefined;
+  // Absent from records an older instance wrote: none.
+  const failedProbes = Number(h.failedProbes ?? 0);
+  if (Number.isInteger(failedProbes) && failedProbes > 0) record.failedProbes = failedProbes;
+  return record;
 }
 
 function pairsToObject(flat: string[]): Record<string, string> {

@@ -76,5 +76,5 @@ export class FleetView {
 
 function sameBreaker(a: BreakerRecord, b: BreakerRecord): boolean {
   return a.generation === b.generation && a.state === b.state && a.sinceMs === b.sinceMs
-    && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses;
+    && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses && (a.failedProbes ?? 0) === (b.failedProbes ?? 0);
 }

@@ -13,6 +13,11 @@ export interface BreakerRecord {
   probeSuccesses: number;
   /** Bumped by every transition; a fresh window starts with each generation. */
   generation: number;
+  /**
+   * Probes that failed in a row since the breaker last closed (absent: none, as in records written before it existed).
+   * Each one doubles the wait before the next probe for parked requests.
+   */
+  failedProbes?: number;
 }
 
 export const INITIAL_BREAKER: BreakerRecord = { state: 'closed', sinceMs: 0, openUntilMs: 0, probeSuccesses: 0, generation: 0 };
