@@ -28,6 +28,10 @@ export const BackoffSchema = z
     baseMs: positiveMs('Base wait in ms; the first retry waits up to this long. Default: 200.').default(200),
     capMs: positiveMs('Longest wait between attempts in ms. Default: 3000.').default(3000),
   })
+  // On the backoff itself, so a target's own retry and a contextWindowFallback's are checked as the route's is.
+  .superRefine((b, ctx) => {
+    if (b.baseMs > b.capMs) ctx.addIssue({ code: 'custom', path: ['baseMs'], message: `must not exceed capMs (${b.capMs})` });
+  })
   .describe('Backoff between attempts on one target when the upstream gave no wait hint.');
 
 export const RetrySchema = z
@@ -343,6 +347,23 @@ export const ConfigSchema = z
       checkRouteFamilies(cfg, route, i, ctx);
       checkRouteTimes(route, i, ctx);
     });
+    cfg.routes.forEach((route, i) => {
+      const p = route.match.path;
+      // fastify would read these as a parameter or wildcard, or the route would collide with the gateway's own:
+      // start-up would fail on a FastifyError and its stack trace rather than on this line.
+      if (!LITERAL_PATH.test(p)) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
+      } else if (GATEWAY_PATHS.some((own) => p.replace(/\/+$/, '') === own || p.startsWith(`${own}/`))) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" is one of the gateway's own paths (${GATEWAY_PATHS.join(', ')})` });
+      }
+    });
+    const passed = new Map<string, number>();
+    cfg.passthrough?.paths.forEach((p, i) => {
+      const bare = p.replace(/\/+$/, '') || '/';
+      if (!LITERAL_PATH.test(p)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
+      else if (passed.has(bare)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is listed already (passthrough.paths[${passed.get(bare)}])` });
+      else passed.set(bare, i);
+    });
     const managed = cfg.routes.map((r) => r.match.path);
     cfg.passthrough?.paths.forEach((p, i) => {
       // A prefix forwards what is under it: `/v1` would pass /v1/chat/completions/ and /v1//chat/completions on
@@ -371,13 +392,14 @@ export const ConfigSchema = z
  * Times of a route that only make sense together: a margin as long as the deadline leaves nothing to work with. (A
  * minAttemptMs at or above timeoutMs is allowed: it only means that no retry wait is ever taken.)
  */
-function checkRouteTimes(route: { timeoutMs: number; deadlineMarginMs?: number | undefined; retry: { backoff: { baseMs: number; capMs: number } } }, i: number, ctx: z.RefinementCtx): void {
+function checkRouteTimes(route: { timeoutMs: number; deadlineMarginMs?: number | undefined }, i: number, ctx: z.RefinementCtx): void {
   if (route.deadlineMarginMs !== undefined && route.deadlineMarginMs >= route.timeoutMs) {
     ctx.addIssue({ code: 'custom', path: ['routes', i, 'deadlineMarginMs'], message: `must be less than timeoutMs (${route.timeoutMs}): it is kept back from the deadline` });
   }
-  const { baseMs, capMs } = route.retry.backoff;
-  if (baseMs > capMs) ctx.addIssue({ code: 'custom', path: ['routes', i, 'retry', 'backoff', 'baseMs'], message: `must not exceed capMs (${capMs})` });
 }
+
+/** A path as fastify takes it literally: its `:` starts a parameter, `*` a wildcard. */
+const LITERAL_PATH = /^\/[^\s:*?#]*$/;
 
 /** Paths the gateway serves itself, which passthrough may not take over. */
 const GATEWAY_PATHS = ['/healthz', '/readyz', '/metrics', '/v1/models'];

@@ -20,12 +20,14 @@ export interface FailureFacts {
   /** The target that failed last. */
   target: string;
   budgetMs: number;
+  /** The key the failing target was sent, kept out of the upstream headers passed on. */
+  apiKey?: string;
 }
 
 export function failureAnswer(f: FailureFacts): ErrorAnswer {
   const { outcome } = f.result;
   if (outcome.kind === 'http' && OUTCOME_TABLE[f.cls.cls].passThrough) {
-    const upstreamHeaders = f.result.headers ? forwardedResponseHeaders(f.result.headers) : {};
+    const upstreamHeaders = f.result.headers ? forwardedResponseHeaders(f.result.headers, f.apiKey) : {};
     delete upstreamHeaders['content-type'];
     return {
       status: outcome.status,

@@ -225,6 +225,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         attempts: attemptsByTarget(summary.attempts),
         target: served.plan.label,
         budgetMs,
+        apiKey: served.plan.client.config.apiKey,
       });
     }
     case 'unavailable':
@@ -284,10 +285,12 @@ function withStormgateHeaders(headers: Record<string, string>, summary: RequestS
 
 function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {
   const upstream = result.headers ?? {};
-  const upstreamId = upstream['x-request-id'] ?? upstream['request-id'];
-  if (upstreamId !== undefined) summary.upstreamRequestId = Array.isArray(upstreamId) ? upstreamId[0] : upstreamId;
+  // The provider's key never reaches the client or the log, even from a server that echoes it in a header.
+  const headers = forwardedResponseHeaders(upstream, plan.client.config.apiKey);
+  const upstreamId = headers['x-request-id'];
+  if (upstreamId !== undefined) summary.upstreamRequestId = upstreamId;
   // One object, written in place: the first token waits for everything done here.
-  const headers = withStormgateHeaders(forwardedResponseHeaders(upstream), summary, plan.label);
+  withStormgateHeaders(headers, summary, plan.label);
   if (result.stream) {
     summary.ttftMs = result.ttftMs;
     if (result.startedEarly) summary.startedEarly = true;

@@ -1,3 +1,5 @@
+import { withoutKey } from './key-echo.ts';
+
 // Which headers cross the gateway, in each direction. Allowlists, not denylists: the client's credentials,
 // cookies and hop-by-hop headers must never reach a provider, and the provider's account details never reach clients.
 
@@ -39,11 +41,15 @@ export function forwardedRequestHeaders(client: HeaderBag): Record<string, strin
   return out;
 }
 
-export function forwardedResponseHeaders(upstream: HeaderBag): Record<string, string> {
+/**
+ * The upstream headers the client sees. `apiKey` is the key the provider was sent: a server that echoes it (in its
+ * request id, say) must not hand it to the client, so it is taken out of every value passed on.
+ */
+export function forwardedResponseHeaders(upstream: HeaderBag, apiKey = ''): Record<string, string> {
   const out: Record<string, string> = {};
   for (const name of FORWARD_RESPONSE) {
     const value = upstream[name];
-    if (value !== undefined) out[name] = Array.isArray(value) ? value[0]! : value;
+    if (value !== undefined) out[name] = withoutKey(Array.isArray(value) ? value[0]! : value, apiKey);
   }
   // Anthropic names its id `request-id`; the OpenAI SDKs read `x-request-id` (their `request_id`) only.
   if (out['x-request-id'] === undefined && out['request-id'] !== undefined) out['x-request-id'] = out['request-id'];

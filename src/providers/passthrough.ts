@@ -11,9 +11,11 @@ type Passthrough = NonNullable<Config['passthrough']>;
 
 /**
  * Client headers that must not reach the provider: its credentials (proxy ones too) and cookies, the organization or
- * project a client could pick to bill the company's key to, and the gateway's own x-stormgate-* headers.
+ * project a client could pick to bill the company's key to, and the gateway's own x-stormgate-* headers. Also
+ * `expect`: Node has already answered a client's `Expect: 100-continue`, and undici refuses to send the header at all
+ * (UND_ERR_NOT_SUPPORTED), which turned every such upload (curl sends it for bodies over 1 KB) into a 502.
  */
-const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project']);
+const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project', 'expect']);
 const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-');
 
 /** Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed back. */
@@ -28,6 +30,11 @@ function hopByHop(connection: unknown): Set<string> {
   const names = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer']);
   if (typeof connection === 'string') for (const n of connection.split(',')) names.add(n.trim().toLowerCase());
   return names;
+}
+
+function headerWithoutKey(value: unknown, key: string): unknown {
+  if (typeof value === 'string') return withoutKey(value, key);
+  return Array.isArray(value) ? value.map((v) => (typeof v === 'string' ? withoutKey(v, key) : v)) : value;
 }
 
 /** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
@@ -57,7 +64,9 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         rewriteHeaders: (headers) => {
           const out: Record<string, unknown> = {};
           const hop = hopByHop(headers.connection);
-          for (const name in headers) if (!accountHeader(name) && !hop.has(name)) out[name] = headers[name];
+          // A provider that echoes the credentials it was sent (in a request id, a www-authenticate) must not hand
+          // the key to the client: it is taken out of every header passed on, as out of error bodies.
+          for (const name in headers) if (!accountHeader(name) && !hop.has(name)) out[name] = headerWithoutKey(headers[name], provider.apiKey);
           out['x-should-retry'] = 'false';
           return out as typeof headers;
         },

@@ -4,6 +4,7 @@
 // (failures too), so listing never adds load to a provider that is struggling.
 import { interceptors, type Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
+import { withoutKey } from '../providers/key-echo.ts';
 import type { CompiledRoute, Router } from './router.ts';
 
 /** A provider's own fields (context windows, capabilities on some servers) are kept beside these. */
@@ -90,7 +91,8 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
       await res.body.dump();
       throw new Error(`status ${res.statusCode}`);
     }
-    const body = (await res.body.json()) as { data?: unknown[] };
+    // A server that echoes the credentials it was sent (in an id, an owner) must not put the key in the listing.
+    const body = JSON.parse(withoutKey(await res.body.text(), client.config.apiKey)) as { data?: unknown[] };
     if (!Array.isArray(body.data)) throw new Error('no data array');
     return body.data.map((m) => modelEntry(m, client)).filter((m): m is ModelEntry => m !== undefined);
   }
