@@ -310,8 +310,8 @@ describe('hold-offs', () => {
     for (const [model, [first, retry]] of byModel) {
       const waited = retry! - first!;
       expect(waited, model).toBeGreaterThanOrEqual(990);
-      // 1.2 x 1000 ms, and some timer slack for a loaded machine.
-      expect(waited, model).toBeLessThanOrEqual(1_260);
+      // 1.2 x 1000 ms, and timer slack for a loaded 2-core machine (20 requests' answers handled on one loop).
+      expect(waited, model).toBeLessThanOrEqual(1_400);
     }
   });
 

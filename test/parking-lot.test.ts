@@ -51,6 +51,20 @@ describe('the parking lot', () => {
     expect(outcomes).toEqual(['timeout']);
   });
 
+  it('times a request out when the target comes back after its cut-off, though its timer has not fired yet', async () => {
+    // A busy event loop: the clock moves past the cut-off (and the deadline) while no timer runs, and the target's
+    // recovery (a probe's answer, handled in an I/O callback) is what the lot hears of first.
+    state = { mode: 'blocked', availableAtMs: 60_000 };
+    let result: string | undefined;
+    void lot.park('t', { ...opts(5_000), minAttemptMs: 1_000 }).then((r) => (result = r.kind));
+    vi.setSystemTime(5_200);
+    state = { mode: 'probing', slots: 3 };
+    lot.notify('t');
+    await Promise.resolve();
+    expect(result).toBe('timeout');
+    expect(lot.waiting('t')).toBe(0);
+  });
+
   it('never puts a request\'s moment in the release window past its cut-off', async () => {
     state = { mode: 'blocked', availableAtMs: 1_000 };
     random = () => 0.9;

@@ -165,6 +165,14 @@ export class ParkingLot {
     let i = 0;
     while (i < q.entries.length) {
       const entry = q.entries[i]!;
+      // Past its cut-off by the clock, though its timer has not fired: a busy event loop runs I/O callbacks (a probe's
+      // answer, whose breaker change releases parked requests) before any due timer, and a request released now would
+      // reach undici before its deadline's timer could stop it. It times out now, as its timer would have.
+      if (now >= entry.cutoffMs) {
+        q.entries.splice(i, 1);
+        entry.settle({ kind: 'timeout' });
+        continue;
+      }
       if (entry.notBeforeMs !== undefined && entry.notBeforeMs > now) {
         next = Math.min(next, entry.notBeforeMs);
         i++;

@@ -49,6 +49,13 @@ export async function attemptInSlot(
     acquired.slot.release();
     return gone;
   }
+  // Nothing goes upstream at or past the deadline, whatever its timer says: on a busy event loop the timer can be late,
+  // and a request released or woken in an I/O callback reaches this point first. Answered as the timer would have.
+  if (now() >= ctx.deadlineAtMs) {
+    acquired.slot.release();
+    const result: AttemptResult = { outcome: { kind: 'aborted', by: 'deadline' } };
+    return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0, release: () => {} };
+  }
   const startedAt = now();
   const { path, headers, body, translator } = upstream;
   const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });

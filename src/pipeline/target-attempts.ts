@@ -169,11 +169,17 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
         parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
       return { kind: 'unavailable', reason: 'breaker', availableAtMs };
     }
+    // A retry the target's unavailability deferred (the breaker opened, a hold-off outlasted its wait) and that the
+    // parking lot has now released (`ticket`) is paced like one that waits out a hold-off: nothing went to the target
+    // while it was away, the probes or the hold-off's end said it is back, and the lot lets it go at the adaptive limit
+    // (restarted at half) over the release window. It is counted in the budget but not refused: after a hang the
+    // window holds few requests (parked newcomers count only once they go), and the budget would refuse nearly every
+    // request the hang caught, with the provider answering again and time left before their deadlines.
     if (run.sent === 0) {
       // Once: a first attempt that found the target gone while it waited for a slot comes back here after parking.
       if (!run.counted) await countFirstAttempt(ctx, plan, run, deps);
       run.counted = true;
-    } else if (!run.retryPaid && !admission.probe && !(await takeRetry(ctx, plan, deps))) return { ...run.lastFailure!, why: 'budget' };
+    } else if (!run.retryPaid && !admission.probe && !(await payRetry(ctx, plan, deps, ticket !== undefined))) return { ...run.lastFailure!, why: 'budget' };
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
@@ -249,7 +255,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
-      // Paced, it is paid now; any other retry is taken from the budget when the target is back.
+      // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
+      // never refused, see the admission above); tried again without parking, it is taken from the budget.
       if (paced) run.retryPaid = await payRetry(ctx, plan, deps, true);
       return unavailable;
     }
@@ -312,8 +319,12 @@ export function waitPastHoldOff(ownMs: number, heldForMs: number, random: Random
 function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
   const heldUntil = deps.guards.holdOffs.until(plan.key);
   if (heldUntil !== undefined && heldUntil > (ownHoldOffUntil ?? deps.now() + waitMs)) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
+  // An open breaker lets nothing through but the parking lot's probes, however soon a parked request may probe: the
+  // retry waits for them in the lot (and is paid when the lot releases it), rather than be taken from the budget now
+  // only to be refused admission after its backoff. A request that may park is told when it may probe.
+  if (deps.guards.board.availability(plan.key, plan.breaker, false).kind !== 'open') return undefined;
   const a = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
-  return a.kind === 'open' ? { kind: 'unavailable', reason: 'breaker', availableAtMs: a.probeAtMs } : undefined;
+  return { kind: 'unavailable', reason: 'breaker', availableAtMs: a.kind === 'open' ? a.probeAtMs : deps.now() };
 }
 
 /**

@@ -52,6 +52,7 @@ export class RetryBudget {
    * when the budget is spent. Resolves to whether it fit.
    */
   countRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
+    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
     return this.store.takeRetry(key, cfg, this.now(), true);
   }
 }
