@@ -7,7 +7,8 @@ import { parseWaitHint } from '../policy/wait-hint.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { eventMeaning, type StreamShape } from '../streaming/stream-events.ts';
+import { eventMeaning, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
@@ -101,6 +102,9 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
+      // An error event that rejects the request itself (a content policy, the context length): the upstream's verdict,
+      // passed on as the 400 it would have been, never retried nor routed around.
+      if (first.rejection) return { outcome: first.outcome!, status: 400, headers, body: withoutKey(first.rejection, req.client.config.apiKey) };
       return { outcome: first.outcome ?? { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
     }
     handedOff = true;
@@ -210,7 +214,7 @@ type FirstOutput =
   /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
   | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
   /** outcome: when it is not the broken stream `failure` describes (an abort, a timeout). */
-  | { failure: string; outcome?: AttemptOutcome };
+  | { failure: string; outcome?: AttemptOutcome; rejection?: Buffer };
 
 /**
  * The provider had begun a 2xx stream when its connection broke (a cut a moment after the first token loses that
@@ -280,7 +284,7 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
         const ev = events[i]!;
         const meaning = eventMeaning(api, ev);
         if (meaning === 'malformed') return { failure: 'malformed event before any output' };
-        if (meaning === 'error') return { failure: 'error event before any output' };
+        if (meaning === 'error') return errorBeforeOutput(ev);
         if (meaning === 'done') return { failure: 'stream ended before any output' };
         if (meaning === 'output' || meaning === 'finish') {
           // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
@@ -292,3 +296,16 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
   }
 }
 
+/**
+ * An error event before any output: a broken stream, retried, unless its code says the request itself is at fault
+ * (a content policy, the context length, an input the provider cannot use). Retrying that reruns a safety decision
+ * and loses the provider's reason; it is answered as the upstream's 400 instead.
+ */
+function errorBeforeOutput(ev: SseEvent): FirstOutput {
+  const failure = 'error event before any output';
+  const err = upstreamErrorOf(ev);
+  const code = err?.code;
+  if (code === undefined || !(CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code))) return { failure };
+  const error = { message: err!.message ?? code, type: err!.type ?? 'invalid_request_error', param: err!.param, code };
+  return { failure, outcome: { kind: 'http', status: 400, errorCode: code, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
+}

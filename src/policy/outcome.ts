@@ -76,8 +76,18 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */
 const NEVER_RETRY = new Set([400, 401, 403, 404, 422]);
-const CONTEXT_LENGTH_CODES = new Set(['context_length_exceeded', 'string_above_max_length']);
-const CONTENT_POLICY_CODES = new Set(['content_policy_violation', 'content_filter']);
+export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_length_exceeded', 'string_above_max_length']);
+/** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
+export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
+/**
+ * Codes of the Responses API's `response.failed` (ResponseError.code) that say the request itself is at fault (an
+ * input image it cannot use): sending it again, here or to another target, gets the same answer.
+ */
+export const REQUEST_FAULT_CODES: ReadonlySet<string> = new Set([
+  'invalid_image', 'invalid_image_format', 'invalid_base64_image', 'invalid_image_url', 'image_too_large', 'image_too_small',
+  'image_parse_error', 'invalid_image_mode', 'image_file_too_large', 'unsupported_image_media_type', 'empty_image_file',
+  'failed_to_download_image', 'image_file_not_found',
+]);
 
 export interface Classification {
   cls: OutcomeClass;

@@ -113,7 +113,6 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
  * the SDK to raise it (an `event: error` with a bare `{message}` would be handed to the user as a chunk).
  */
 export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
-  if (api === 'responses') return `${ev.raw}\n\n`;
   let parsed: { error?: unknown; message?: unknown } | undefined;
   try {
     parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as typeof parsed);
@@ -121,8 +120,54 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
     parsed = undefined;
   }
   if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) return `${ev.raw}\n\n`;
+  if (api === 'responses') {
+    // The Responses API's own `error` event ({type, code, message, param}) and `response.failed` (its error inside
+    // `response`) have no top-level `error`: the SDK yields them as ordinary events, its stream then ends cleanly and
+    // `responses.stream().finalResponse()` resolves with the partial snapshot. The event goes on as sent (for clients
+    // that read it), followed by, or merged into, one the SDK raises.
+    const err = upstreamErrorOf(ev);
+    const message = err?.message ?? 'the upstream sent an error event';
+    const code = err?.code ?? 'upstream_error';
+    const error = { message, type: err?.type ?? 'server_error', param: err?.param ?? null, code };
+    if (!parsed || typeof parsed !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${message}`, code);
+    if ((parsed as { type?: unknown }).type === 'error') return `event: error\ndata: ${JSON.stringify({ ...parsed, error })}\n\n`;
+    return `${ev.raw}\n\nevent: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: error.param, error })}\n\n`;
+  }
   const message = typeof parsed?.message === 'string' ? parsed.message : 'the upstream sent an error event';
   return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error');
+}
+
+export interface UpstreamStreamError {
+  message: string | undefined;
+  code: string | undefined;
+  type: string | undefined;
+  param: string | null;
+}
+
+/**
+ * The error an upstream error event carries, whatever its shape: `{"error": {...}}` (chat, completions, most
+ * compatible servers), the Responses API's `error` event (`{type: "error", code, message, param}`) or its
+ * `response.failed` (`{response: {error: {code, message}}}`).
+ */
+export function upstreamErrorOf(ev: SseEvent): UpstreamStreamError | undefined {
+  let parsed: Record<string, unknown> | undefined;
+  try {
+    parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as Record<string, unknown>);
+  } catch {
+    return undefined;
+  }
+  if (!parsed || typeof parsed !== 'object') return undefined;
+  const response = parsed.response as { error?: unknown } | undefined;
+  const candidates = [parsed.error, response && typeof response === 'object' ? response.error : undefined, parsed];
+  for (const c of candidates) {
+    if (!c || typeof c !== 'object') continue;
+    const e = c as Record<string, unknown>;
+    if (typeof e.message !== 'string' && typeof e.code !== 'string') continue;
+    const str = (v: unknown) => (typeof v === 'string' ? v : undefined);
+    const type = str(e.type);
+    return { message: str(e.message), code: str(e.code), type: type === 'error' ? undefined : type, param: str(e.param) ?? null };
+  }
+  return undefined;
 }
 
 /** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */

@@ -1,0 +1,45 @@
+// An error event before any output that rejects the request itself (a content policy, an invalid prompt) is the
+// provider's verdict: answered as its 400 with its reason, not retried three times and turned into a 502.
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks } from './helpers/stack.ts';
+import { baseResponse, cc, delta, rev, scripted, type Script, type Seen } from './helpers/scripted-provider.ts';
+
+const startProvider = useFakeProviders();
+const startStack = useStacks();
+
+async function gw(fn: (body: Record<string, unknown>, n: number) => Script) {
+  const seen: Seen[] = [];
+  const p = await startProvider(scripted(fn, seen));
+  const s = await startStack({
+    config: (mockUrl) => {
+      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
+      (c.routes as Array<Record<string, unknown>>).forEach((r) => (r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } }));
+      return c;
+    },
+  });
+  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+  return { client, seen, s };
+}
+const msgs = [{ role: 'user' as const, content: 'hi' }];
+
+describe('error events before output', () => {
+  it('E1 responses: response.failed invalid_prompt before output', async () => {
+    const { client, seen } = await gw(() => ({
+      steps: [rev('response.created', { response: baseResponse('in_progress') }, 0), rev('response.in_progress', { response: baseResponse('in_progress') }, 1), rev('response.failed', { response: { ...baseResponse('failed'), error: { code: 'invalid_prompt', message: 'Invalid prompt: your prompt was flagged as potentially violating our usage policy.' } } }, 2)],
+    }));
+    const err = await client.responses.create({ model: 'gpt-4.1', input: 'hi', stream: true }).then(async (s) => { for await (const _ of s) void _; return 'ok'; }, (e: InstanceType<typeof OpenAI.APIError>) => `${e.status} ${e.code} ${e.message}`);
+    expect(seen.length).toBe(1);
+    expect(err).toMatch(/^400 invalid_prompt .*flagged/);
+  });
+
+  it('E2 chat: content filter error event before output', async () => {
+    const { client, seen } = await gw(() => ({
+      steps: [cc([delta({ role: 'assistant', content: '' })]), `data: ${JSON.stringify({ error: { message: 'The response was filtered due to the prompt triggering content management policy.', type: 'invalid_request_error', param: 'prompt', code: 'content_filter' } })}\n\n`],
+    }));
+    const err = await client.chat.completions.create({ model: 'gpt-4o', messages: msgs, stream: true }).then(async (s) => { for await (const _ of s) void _; return 'ok'; }, (e: InstanceType<typeof OpenAI.APIError>) => `${e.status} ${e.code} ${e.message}`);
+    expect(seen.length).toBe(1);
+    expect(err).toMatch(/^400 content_filter .*filtered/);
+  });
+});

@@ -1,0 +1,109 @@
+// A scripted provider for wire QA: each request gets a script of steps (text, pauses, end or reset), so a test can
+// replay a real API's stream with its exact framing, splits and failures.
+import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+export type Step = string | Buffer | number | { destroy: true };
+export interface Script {
+  status?: number;
+  headers?: Record<string, string>;
+  steps: Step[];
+  /** Leave the response open after the steps (no end). */
+  hold?: boolean;
+}
+export interface Seen {
+  body: Record<string, unknown>;
+  headers: IncomingMessage['headers'];
+  url: string;
+}
+
+export function scripted(fn: (body: Record<string, unknown>, n: number) => Script, seen: Seen[] = []): RequestListener {
+  return (req, res) => {
+    let raw = '';
+    req.on('data', (d: Buffer) => (raw += d.toString()));
+    req.on('end', () => {
+      const body = JSON.parse(raw) as Record<string, unknown>;
+      seen.push({ body, headers: req.headers, url: req.url ?? '' });
+      void play(res, fn(body, seen.length));
+    });
+  };
+}
+
+async function play(res: ServerResponse, script: Script): Promise<void> {
+  res.writeHead(script.status ?? 200, script.headers ?? { 'content-type': 'text/event-stream' });
+  res.flushHeaders();
+  for (const step of script.steps) {
+    if (res.destroyed) return;
+    if (typeof step === 'number') await sleep(step);
+    else if (typeof step === 'object' && 'destroy' in step) {
+      res.socket?.destroy();
+      return;
+    } else res.write(step);
+  }
+  if (!script.hold) res.end();
+}
+
+/** A Responses API event framed as OpenAI sends it (event line, then data). */
+export const rev = (type: string, fields: Record<string, unknown>, seq: number): string =>
+  `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq, ...fields })}\n\n`;
+
+export const baseResponse = (status: string, output: unknown[] = [], usage: unknown = null) => ({
+  id: 'resp_abc123',
+  object: 'response',
+  created_at: 1741290958,
+  status,
+  background: false,
+  error: null,
+  incomplete_details: null,
+  instructions: null,
+  max_output_tokens: null,
+  model: 'gpt-4.1-2025-04-14',
+  output,
+  parallel_tool_calls: true,
+  previous_response_id: null,
+  reasoning: { effort: null, summary: null },
+  store: true,
+  temperature: 1,
+  text: { format: { type: 'text' } },
+  tool_choice: 'auto',
+  tools: [],
+  top_p: 1,
+  truncation: 'disabled',
+  usage,
+  user: null,
+  metadata: {},
+});
+
+export const msgItem = (text: string, status = 'completed') => ({
+  id: 'msg_1',
+  type: 'message',
+  status,
+  role: 'assistant',
+  content: text === '' && status === 'in_progress' ? [] : [{ type: 'output_text', text, annotations: [] }],
+});
+
+/** The head of a Responses text stream: created, in_progress, item and part added. */
+export function responsesHead(): string[] {
+  return [
+    rev('response.created', { response: baseResponse('in_progress') }, 0),
+    rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
+    rev('response.output_item.added', { output_index: 0, item: msgItem('', 'in_progress') }, 2),
+    rev('response.content_part.added', { item_id: 'msg_1', output_index: 0, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } }, 3),
+  ];
+}
+export const textDelta = (delta: string, seq: number) =>
+  rev('response.output_text.delta', { item_id: 'msg_1', output_index: 0, content_index: 0, delta, logprobs: [] }, seq);
+/** The tail of a Responses text stream, from text done to response.completed. */
+export function responsesTail(text: string, seq: number): string[] {
+  const usage = { input_tokens: 12, input_tokens_details: { cached_tokens: 0 }, output_tokens: 2, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 14 };
+  return [
+    rev('response.output_text.done', { item_id: 'msg_1', output_index: 0, content_index: 0, text, logprobs: [] }, seq),
+    rev('response.content_part.done', { item_id: 'msg_1', output_index: 0, content_index: 0, part: { type: 'output_text', text, annotations: [] } }, seq + 1),
+    rev('response.output_item.done', { output_index: 0, item: msgItem(text) }, seq + 2),
+    rev('response.completed', { response: baseResponse('completed', [msgItem(text)], usage) }, seq + 3),
+  ];
+}
+
+export const cc = (choices: unknown[], extra: Record<string, unknown> = {}) =>
+  `data: ${JSON.stringify({ id: 'chatcmpl-9', object: 'chat.completion.chunk', created: 1741290958, model: 'gpt-4o-2024-08-06', system_fingerprint: 'fp_1', choices, ...extra })}\n\n`;
+export const delta = (d: Record<string, unknown>, finish: string | null = null, index = 0, extra: Record<string, unknown> = {}) => ({ index, delta: d, logprobs: null, finish_reason: finish, ...extra });

@@ -1,0 +1,176 @@
+// The Responses API through the gateway, replayed with OpenAI's event framing: the SDK's responses.stream() resolves
+// only a response that reached response.completed, and raises on a cut, a response.failed or an error event after
+// output (which the SDK alone would yield as an ordinary event and then resolve the partial snapshot).
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks } from './helpers/stack.ts';
+import { baseResponse, msgItem, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
+
+const startProvider = useFakeProviders();
+const startStack = useStacks();
+
+async function gw(fn: (body: Record<string, unknown>, n: number) => Script, timeouts: Record<string, number> = {}) {
+  const seen: Seen[] = [];
+  const p = await startProvider(scripted(fn, seen));
+  const s = await startStack({
+    config: (mockUrl) => {
+      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
+      (c.providers.p as Record<string, unknown>).timeouts = { connectMs: 2000, firstTokenMs: 30000, idleMs: 30000, ...timeouts };
+      (c.routes as Array<Record<string, unknown>>).forEach((r) => (r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } }));
+      return c;
+    },
+  });
+  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+  return { client, seen, s };
+}
+
+const textOf = (r: { output: unknown[] }) => (r.output as Array<{ type: string; content?: Array<{ type: string; text?: string }> }>).flatMap((o) => (o.type === 'message' ? o.content ?? [] : [])).map((c) => c.text ?? '').join('');
+const full = (): string[] => [...responsesHead(), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)];
+
+describe('Responses API on the wire', () => {
+  it('R1 streams a whole response via responses.stream', async () => {
+    const { client, seen } = await gw(() => ({ steps: full() }));
+    const stream = client.responses.stream({ model: 'gpt-4.1', input: 'hi' });
+    const types: string[] = [];
+    stream.on('event', (e) => types.push(e.type));
+    const final = await stream.finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(final.status).toBe('completed');
+    expect(types[0]).toBe('response.created');
+    expect(types.at(-1)).toBe('response.completed');
+    expect(seen.length).toBe(1);
+  });
+
+  it('R2 a stream cut before response.completed rejects finalResponse', async () => {
+    const { client } = await gw(() => ({ steps: [...responsesHead(), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6).slice(0, 3)] }));
+    await expect(client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse()).rejects.toThrow();
+  });
+
+  it('R2b a stream reset before response.completed rejects finalResponse', async () => {
+    const { client } = await gw(() => ({ steps: [...responsesHead(), textDelta('Hel', 4), 20, { destroy: true }] }));
+    await expect(client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse()).rejects.toThrow();
+  });
+
+  it('R3 response.failed before output is retried', async () => {
+    const { client, seen } = await gw((_b, n) =>
+      n === 1
+        ? { steps: [rev('response.created', { response: baseResponse('in_progress') }, 0), rev('response.failed', { response: { ...baseResponse('failed'), error: { code: 'server_error', message: 'The model failed' } } }, 1)] }
+        : { steps: full() },
+    );
+    const final = await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(2);
+  });
+
+  it('R4 error event before output is retried', async () => {
+    const { client, seen } = await gw((_b, n) =>
+      n === 1 ? { steps: [rev('response.created', { response: baseResponse('in_progress') }, 0), rev('error', { code: 'server_error', message: 'An error occurred', param: null }, 1)] } : { steps: full() },
+    );
+    const final = await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(2);
+  });
+
+  it('R5 response.failed after output: not retried, and the SDK must not resolve a partial response', async () => {
+    const { client, seen } = await gw(() => ({
+      steps: [...responsesHead(), textDelta('Hel', 4), rev('response.failed', { response: { ...baseResponse('failed'), error: { code: 'server_error', message: 'The model failed' } } }, 5)],
+    }));
+    const stream = client.responses.stream({ model: 'gpt-4.1', input: 'hi' });
+    const res = await stream.finalResponse().then((r) => ({ ok: r.status }), (e: Error) => ({ err: String(e?.message ?? e) }));
+    expect(seen.length).toBe(1);
+    expect(res).toHaveProperty('err');
+  });
+
+  it('R6 error event after output: the raw create() iterator raises', async () => {
+    const { client, seen } = await gw(() => ({
+      steps: [...responsesHead(), textDelta('Hel', 4), rev('error', { code: 'server_error', message: 'An error occurred while processing your request.', param: null }, 5)],
+    }));
+    const stream = await client.responses.create({ model: 'gpt-4.1', input: 'hi', stream: true });
+    const got: string[] = [];
+    const res = await (async () => {
+      for await (const e of stream) got.push(e.type);
+      return 'ended';
+    })().catch((e: Error) => `threw ${e.message}`);
+    expect(seen.length).toBe(1);
+    expect(res).toMatch(/^threw/);
+  });
+
+  it('R7 reasoning summary deltas count as first output', async () => {
+    const reasoningItem = { id: 'rs_1', type: 'reasoning', summary: [] };
+    const { client, seen } = await gw(
+      () => ({
+        steps: [
+          rev('response.created', { response: baseResponse('in_progress') }, 0),
+          rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
+          rev('response.output_item.added', { output_index: 0, item: reasoningItem }, 2),
+          rev('response.reasoning_summary_part.added', { item_id: 'rs_1', output_index: 0, summary_index: 0, part: { type: 'summary_text', text: '' } }, 3),
+          300,
+          rev('response.reasoning_summary_text.delta', { item_id: 'rs_1', output_index: 0, summary_index: 0, delta: '**Thinking**' }, 4),
+          1200,
+          rev('response.reasoning_summary_text.done', { item_id: 'rs_1', output_index: 0, summary_index: 0, text: '**Thinking**' }, 5),
+          rev('response.reasoning_summary_part.done', { item_id: 'rs_1', output_index: 0, summary_index: 0, part: { type: 'summary_text', text: '**Thinking**' } }, 6),
+          rev('response.output_item.done', { output_index: 0, item: { ...reasoningItem, summary: [{ type: 'summary_text', text: '**Thinking**' }] } }, 7),
+          rev('response.completed', { response: baseResponse('completed', [{ ...reasoningItem, summary: [{ type: 'summary_text', text: '**Thinking**' }] }], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }) }, 8),
+        ],
+      }),
+      { firstTokenMs: 800 },
+    );
+    const final = await client.responses.stream({ model: 'o4-mini', input: 'hi', reasoning: { effort: 'high', summary: 'auto' } }).finalResponse();
+    expect(final.status).toBe('completed');
+    expect(seen.length).toBe(1);
+  });
+
+  it('R8 function call arguments stream and parse', async () => {
+    const fc = { id: 'fc_1', type: 'function_call', status: 'in_progress', arguments: '', call_id: 'call_1', name: 'get_weather' };
+    const args = '{"location":"Paris, France"}';
+    const steps = [
+      rev('response.created', { response: baseResponse('in_progress') }, 0),
+      rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
+      rev('response.output_item.added', { output_index: 0, item: fc }, 2),
+      ...args.match(/.{1,3}/g)!.map((d, i) => rev('response.function_call_arguments.delta', { item_id: 'fc_1', output_index: 0, delta: d }, 3 + i)),
+      rev('response.function_call_arguments.done', { item_id: 'fc_1', output_index: 0, arguments: args }, 40),
+      rev('response.output_item.done', { output_index: 0, item: { ...fc, status: 'completed', arguments: args } }, 41),
+      rev('response.completed', { response: baseResponse('completed', [{ ...fc, status: 'completed', arguments: args }], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }) }, 42),
+    ];
+    const { client } = await gw(() => ({ steps }));
+    const stream = client.responses.stream({ model: 'gpt-4.1', input: 'hi', tools: [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { location: { type: 'string' } }, required: ['location'], additionalProperties: false }, strict: true }] });
+    let argText = '';
+    stream.on('response.function_call_arguments.delta', (e) => (argText += e.delta));
+    const final = await stream.finalResponse();
+    expect(argText).toBe(args);
+    expect((final.output[0] as { arguments: string }).arguments).toBe(args);
+  });
+
+  it('R9 non-stream, background and idempotency key', async () => {
+    const { client, seen } = await gw((b, n): Script => {
+      if (n === 1) return { status: 500, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"boom","type":"server_error","param":null,"code":null}}'] };
+      const r = b.background ? { ...baseResponse('queued'), background: true } : baseResponse('completed', [msgItem('Hello')], { input_tokens: 1, output_tokens: 1, total_tokens: 2 });
+      return { headers: { 'content-type': 'application/json', 'x-request-id': 'req_123' }, steps: [JSON.stringify(r)] };
+    });
+    const r = await client.responses.create({ model: 'gpt-4.1', input: 'hi', background: true, store: true }, { headers: { 'Idempotency-Key': 'idem-1' } });
+    expect(r.status).toBe('queued');
+    expect(seen.length).toBe(2);
+    expect(seen.map((x) => x.headers['idempotency-key'])).toEqual(['idem-1', 'idem-1']);
+    const r2 = await client.responses.create({ model: 'gpt-4.1', input: 'hi', previous_response_id: 'resp_prev' });
+    expect(textOf(r2)).toBe('Hello');
+    expect(seen.at(-1)!.body.previous_response_id).toBe('resp_prev');
+  });
+
+  it('R10 response.incomplete ends the stream cleanly', async () => {
+    const inc = { ...baseResponse('incomplete', [msgItem('Hel', 'incomplete')], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }), incomplete_details: { reason: 'max_output_tokens' } };
+    const { client } = await gw(() => ({ steps: [...responsesHead(), textDelta('Hel', 4), rev('response.incomplete', { response: inc }, 5)] }));
+    const stream = await client.responses.create({ model: 'gpt-4.1', input: 'hi', stream: true, max_output_tokens: 16 });
+    const types: string[] = [];
+    for await (const e of stream) types.push(e.type);
+    expect(types.at(-1)).toBe('response.incomplete');
+  });
+
+  it('R11 background stream with response.queued then output', async () => {
+    const { client } = await gw(() => ({
+      steps: [rev('response.created', { response: { ...baseResponse('queued'), background: true } }, 0), rev('response.queued', { response: { ...baseResponse('queued'), background: true } }, 1), 200, ...responsesHead().slice(1).map((x) => x), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)],
+    }));
+    const final = await client.responses.stream({ model: 'gpt-4.1', input: 'hi', background: true }).finalResponse();
+    expect(textOf(final)).toBe('Hello');
+  });
+});
