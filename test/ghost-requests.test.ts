@@ -103,5 +103,10 @@ describe('a request whose deadline passes while the event loop is busy', () => {
     expect(receivedAfter(backup.requests(), 'late', sentAt + 1_500)).toEqual([]);
     expect(answer.status).toBe(504);
     expect(answer.body.error?.code).toBe('deadline_exceeded');
+    // Nothing went to the backup: neither the request's log line nor the upstream-attempt count may say it did.
+    const line = s.logs.map((l) => JSON.parse(l) as { attempts?: Array<{ target: string }> }).filter((l) => Array.isArray(l.attempts)).at(-1)!;
+    expect(line.attempts!.map((a) => a.target)).toEqual(['mock/gpt-4o']);
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    expect(text.split('\n').filter((l) => l.startsWith('stormgate_upstream_attempts_total') && l.includes('backup') && l.includes('aborted') && !l.endsWith(' 0'))).toEqual([]);
   });
 });

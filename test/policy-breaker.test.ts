@@ -80,6 +80,18 @@ describe('the breaker state machine', () => {
     expect(afterProbe(reopened, 'success', s, 61_300, () => 0, reopened.sinceMs)).toMatchObject({ state: 'half-open', probeSuccesses: 1 });
   });
 
+  it('counts the half-open spell\'s probes failing together as one failed probe: the others came from the spell it ended', () => {
+    // halfOpenProbes (3) probes out together after a success; the provider is down again and all three fail.
+    const open = opened(closed, s, 0, () => 0);
+    const half = afterProbe(open, 'success', s, 1_000, () => 0, open.sinceMs)!;
+    let rec = afterProbe(half, 'failure', s, 1_200, () => 0, half.sinceMs)!;
+    expect(rec).toMatchObject({ state: 'open', sinceMs: 1_200, failedProbes: 1 });
+    for (const at of [1_210, 1_220]) rec = afterProbe(rec, 'failure', s, at, () => 0, half.sinceMs) ?? rec;
+    // The README's schedule: the next probe for parked requests 2 s after this reopening, not 8 s after the last answer.
+    expect(rec.failedProbes).toBe(1);
+    expect(availability(rec, s, 3_200, true)).toEqual({ kind: 'probing', probes: 1 });
+  });
+
   it('counts an attempt cut short by the client as a failure only past slowCallMs', () => {
     expect(abortedVerdict(4_999, s)).toBe('ignore');
     expect(abortedVerdict(5_001, s)).toBe('failure');

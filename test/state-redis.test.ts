@@ -37,7 +37,7 @@ interface FleetOptions {
 }
 
 /** n stores sharing one key prefix on one server, as a fleet would; `join` starts more of the same fleet. */
-async function fleet(n: number, opts: FleetOptions = {}): Promise<{ stores: RedisStore[]; join: (n: number) => Promise<RedisStore[]> }> {
+async function fleet(n: number, opts: FleetOptions = {}): Promise<{ stores: RedisStore[]; join: (n: number) => Promise<RedisStore[]>; keyPrefix: string }> {
   const keyPrefix = `t-${randomUUID()}`;
   const join = async (count: number): Promise<RedisStore[]> => {
     const out: RedisStore[] = [];
@@ -53,7 +53,7 @@ async function fleet(n: number, opts: FleetOptions = {}): Promise<{ stores: Redi
     for (const s of out) expect(await s.ready()).toBe(true);
     return out;
   };
-  return { stores: await join(n), join };
+  return { stores: await join(n), join, keyPrefix };
 }
 
 /** Polls until check() holds; returns how long it took. */
@@ -105,7 +105,7 @@ describe('two instances on one Redis', () => {
   });
 
   it('shares the failed probes of a reopened breaker, and reads a record an older instance wrote without them', async () => {
-    const { stores: [a, b], join } = await fleet(2);
+    const { stores: [a, b], join, keyPrefix } = await fleet(2);
     const reopened: BreakerRecord = { ...OPEN, generation: 4, failedProbes: 3 };
     expect(await a!.casBreaker('t1', 0, reopened)).toBe(true);
     await eventually(() => b!.getBreaker('t1')?.generation === 4, 500);
@@ -117,7 +117,8 @@ describe('two instances on one Redis', () => {
     expect(a!.getBreaker('t1')).toEqual(closedRec);
     // A hash from before the field existed (a rolling upgrade): still a valid record, with no failed probes.
     const raw = new Redis(redis.url);
-    const key = (await raw.keys('*{t1}:breaker'))[0]!.replace('{t1}', '{t2}');
+    // This fleet's key: other tests' fleets (other prefixes) hold a {t1} breaker too.
+    const key = `${keyPrefix}:{t2}:breaker`;
     await raw.hset(key, 'state', 'open', 'sinceMs', '1000', 'openUntilMs', '6000', 'probeSuccesses', '0', 'generation', '1');
     await raw.quit();
     const [late] = await join(1);
@@ -125,6 +126,25 @@ describe('two instances on one Redis', () => {
     expect(late!.getBreaker('t2')).toBeUndefined();
     await eventually(() => late!.getBreaker('t2')?.generation === 1, 500);
     expect(late!.getBreaker('t2')).toEqual(OPEN);
+  });
+
+  it('does not take a failed-probe count an older instance left behind when it wrote over the record', async () => {
+    const { stores: [a], join, keyPrefix } = await fleet(1);
+    // A new instance reopens the breaker after three failed probes.
+    expect(await a!.casBreaker('t1', 3, { ...OPEN, generation: 4, failedProbes: 3 })).toBe(true);
+    // An older instance (its compare-and-set script HSETs only the fields it knows) closes it, and later trips it
+    // afresh: neither write touches failedProbes.
+    const raw = new Redis(redis.url);
+    const key = `${keyPrefix}:{t1}:breaker`;
+    expect(await raw.hget(key, 'failedProbes')).toBe('3');
+    await raw.hset(key, 'state', 'closed', 'sinceMs', '9000', 'openUntilMs', '0', 'probeSuccesses', '0', 'generation', '5');
+    await raw.hset(key, 'state', 'open', 'sinceMs', '20000', 'openUntilMs', '50000', 'probeSuccesses', '0', 'generation', '6');
+    await raw.quit();
+    const [late] = await join(1);
+    late!.getBreaker('t1');
+    await eventually(() => late!.getBreaker('t1')?.generation === 6, 500);
+    // A fresh opening: parked requests probe after probeWhileParkedMs, not after 2^3 times that.
+    expect(late!.getBreaker('t1')!.failedProbes).toBeUndefined();
   });
 
   it('shares probe permits across the fleet', async () => {

@@ -15,7 +15,9 @@ export type SlotAttempt =
    * outcome has done its work (a hold-off begun, the breaker told), so no request waiting for the slot goes out
    * between the provider's "stop" and the gateway's heeding it.
    */
-  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void };
+  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void }
+  /** The deadline passed, by the clock, before the request was sent: nothing went upstream (no attempt to record). */
+  | { kind: 'expired'; result: AttemptResult; cls: Classification };
 
 /** Is the target still free to take requests? Undefined when it is; else why not and until when. */
 export type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
@@ -54,7 +56,7 @@ export async function attemptInSlot(
   if (now() >= ctx.deadlineAtMs) {
     acquired.slot.release();
     const result: AttemptResult = { outcome: { kind: 'aborted', by: 'deadline' } };
-    return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0, release: () => {} };
+    return { kind: 'expired', result, cls: classify(result.outcome) };
   }
   const startedAt = now();
   const { path, headers, body, translator } = upstream;

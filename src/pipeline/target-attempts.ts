@@ -70,6 +70,12 @@ export interface TargetRun {
   retryPaid: boolean;
   /** The first attempt is counted in the budget already. */
   counted: boolean;
+  /**
+   * A retry the parking lot released went unrefused already. Once per request and target: a provider that fails again
+   * once back (a flapping one, its breaker closing and reopening) would otherwise have every request retried up to
+   * maxAttempts, past the budget, one release after another.
+   */
+  releasedUnrefused: boolean;
   /** The last failure, answered if a deferred retry (after parking) is refused by the budget. */
   lastFailure: (TargetResult & { kind: 'failed' }) | undefined;
   done: boolean;
@@ -132,7 +138,7 @@ export type TargetResult =
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
 export function newRun(): TargetRun {
-  return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, lastFailure: undefined, done: false };
+  return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -174,12 +180,17 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // while it was away, the probes or the hold-off's end said it is back, and the lot lets it go at the adaptive limit
     // (restarted at half) over the release window. It is counted in the budget but not refused: after a hang the
     // window holds few requests (parked newcomers count only once they go), and the budget would refuse nearly every
-    // request the hang caught, with the provider answering again and time left before their deadlines.
+    // request the hang caught, with the provider answering again and time left before their deadlines. Once only: a
+    // released retry that fails, parks and is released again (the target keeps coming back and failing) is taken.
     if (run.sent === 0) {
       // Once: a first attempt that found the target gone while it waited for a slot comes back here after parking.
       if (!run.counted) await countFirstAttempt(ctx, plan, run, deps);
       run.counted = true;
-    } else if (!run.retryPaid && !admission.probe && !(await payRetry(ctx, plan, deps, ticket !== undefined))) return { ...run.lastFailure!, why: 'budget' };
+    } else if (!run.retryPaid && !admission.probe) {
+      const unrefused = ticket !== undefined && !run.releasedUnrefused;
+      if (!(await payRetry(ctx, plan, deps, unrefused))) return { ...run.lastFailure!, why: 'budget' };
+      if (unrefused) run.releasedUnrefused = true;
+    }
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
@@ -202,6 +213,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
       if (run.sent > 0) run.retryPaid = true;
       return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
+    }
+    if (attempt.kind === 'expired') {
+      // Never sent: not an attempt for the log, the metrics or the breaker; a probe's permit goes back.
+      if (admission.probe) await board.record(plan.key, plan.breaker, 'ignore', 0, admission.probe);
+      ticket?.done();
+      return { kind: 'failed', result: attempt.result, cls: attempt.cls, retryAfterMs: undefined };
     }
     const { result, cls, durationMs } = attempt;
     // Before any await: a deadline that fires while this attempt is recorded must not cut an answer already begun.
@@ -256,7 +273,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
       // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
-      // never refused, see the admission above); tried again without parking, it is taken from the budget.
+      // not refused the first time, see the admission above); tried again without parking, it is taken from the budget.
       if (paced) run.retryPaid = await payRetry(ctx, plan, deps, true);
       return unavailable;
     }

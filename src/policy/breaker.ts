@@ -73,12 +73,14 @@ export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: numb
 
 /**
  * A probe's result: closeAfter successes close the breaker (a fresh window: a new generation), one failure reopens it.
- * `spellSinceMs`: the record's sinceMs when the probe's permit was taken. A success from before the breaker last
- * (re)opened says nothing about now: counted, it would undo the reopen and let a new round of probes out at once.
+ * `spellSinceMs`: the record's sinceMs when the probe's permit was taken. A result from before the breaker last
+ * (re)opened says nothing about now: a success would undo the reopen and let a new round of probes out at once.
  */
 export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number): BreakerRecord | undefined {
   if (rec.state === 'closed' || verdict === 'ignore') return undefined;
-  if (verdict === 'success' && rec.state === 'open' && rec.sinceMs > spellSinceMs) return undefined;
+  // Nor does a failure: the breaker has reopened since, on the failure of a probe out together with it (half-open lets
+  // several go), and counting it again would double the parked requests' probe wait once more per probe, not per round.
+  if (rec.state === 'open' && rec.sinceMs > spellSinceMs) return undefined;
   if (verdict === 'failure') return opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
   const successes = rec.probeSuccesses + 1;
   if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };

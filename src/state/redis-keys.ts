@@ -55,7 +55,10 @@ export function encodeBreaker(r: BreakerRecord): string[] {
     'openUntilMs', String(r.openUntilMs),
     'probeSuccesses', String(r.probeSuccesses),
     'generation', String(r.generation),
+    // Stamped with the generation it belongs to: an older instance's compare-and-set HSETs only the fields it knows, so
+    // the count would outlive its spell (closed, then tripped afresh, by that instance) and slow the next one's probes.
     'failedProbes', String(r.failedProbes ?? 0),
+    'failedProbesGeneration', String(r.generation),
   ];
 }
 
@@ -72,8 +75,10 @@ export function decodeBreaker(raw: Record<string, string> | string[]): BreakerRe
     generation: Number(h.generation),
   };
   if (!Object.values(record).every((v) => typeof v === 'string' || Number.isFinite(v))) return undefined;
-  // Absent from records an older instance wrote: none.
-  const failedProbes = Number(h.failedProbes ?? 0);
+  // Absent from records an older instance wrote: none; left behind under another generation by an older instance's
+  // write over a newer one's record: none either. (A published record carries no stamp: it is its writer's own.)
+  const stamp = h.failedProbesGeneration;
+  const failedProbes = stamp === undefined || Number(stamp) === record.generation ? Number(h.failedProbes ?? 0) : 0;
   if (Number.isInteger(failedProbes) && failedProbes > 0) record.failedProbes = failedProbes;
   return record;
 }
