@@ -9,6 +9,7 @@
 // about its own limits or translation, not about a request the primary might well have taken: the client gets the
 // earlier failure, with the rejection as a note, never a 4xx telling it to change its request.
 import type { ParkConfig } from '../config/schema.ts';
+import { availableAtMs } from '../policy/breaker.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
 import { classify, isRetryable, mayHaveRun } from '../policy/outcome.ts';
@@ -250,7 +251,7 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
   const heldUntil = deps.guards.holdOffs.until(plan.key);
   if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
   const a = deps.guards.board.availability(plan.key, plan.breaker, parkable);
-  return { reason: 'breaker', availableAtMs: a.kind === 'open' ? a.probeAtMs : deps.now() };
+  return { reason: 'breaker', availableAtMs: availableAtMs(a, deps.now()) };
 }
 
 function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {

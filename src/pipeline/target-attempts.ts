@@ -3,7 +3,7 @@
 import type { ProviderClient } from '../providers/provider-client.ts';
 import { classify, isRetryable, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import { canWait, decideRetryWait } from '../policy/retry-wait.ts';
-import type { BreakerSettings } from '../policy/breaker.ts';
+import { availableAtMs, type BreakerSettings } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
 import type { ApiKind, CompiledRoute } from '../routing/router.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
@@ -147,7 +147,7 @@ function goneMeanwhile(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps):
   if (heldUntil !== undefined) return { kind: 'gone', reason: 'hold-off', availableAtMs: heldUntil };
   const view = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
   if (view.kind === 'closed') return undefined;
-  return { kind: 'gone', reason: 'breaker', availableAtMs: view.kind === 'open' ? view.probeAtMs : deps.now() };
+  return { kind: 'gone', reason: 'breaker', availableAtMs: availableAtMs(view, deps.now()) };
 }
 
 export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, hasNext: boolean, ticket?: Ticket): Promise<TargetResult> {
@@ -171,9 +171,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       // its own view was probing too, the permits are out: admission says when one may be back.
       const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
       const ownView = board.availability(plan.key, plan.breaker, ticket !== undefined);
-      const availableAtMs =
-        parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
-      return { kind: 'unavailable', reason: 'breaker', availableAtMs };
+      const at = parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
+      return { kind: 'unavailable', reason: 'breaker', availableAtMs: at };
     }
     // A retry the target's unavailability deferred (the breaker opened, a hold-off outlasted its wait) and that the
     // parking lot has now released (`ticket`) is paced like one that waits out a hold-off: nothing went to the target
@@ -341,7 +340,7 @@ function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps,
   // only to be refused admission after its backoff. A request that may park is told when it may probe.
   if (deps.guards.board.availability(plan.key, plan.breaker, false).kind !== 'open') return undefined;
   const a = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
-  return { kind: 'unavailable', reason: 'breaker', availableAtMs: a.kind === 'open' ? a.probeAtMs : deps.now() };
+  return { kind: 'unavailable', reason: 'breaker', availableAtMs: availableAtMs(a, deps.now()) };
 }
 
 /**

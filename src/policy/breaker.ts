@@ -46,6 +46,11 @@ function parkedProbeWaitMs(rec: BreakerRecord, s: BreakerSettings): number {
   return s.probeWhileParkedMs * 2 ** Math.min(rec.failedProbes ?? 0, 30);
 }
 
+/** When a target the breaker holds back may take a request: the next probe's time, or now when probes may go. */
+export function availableAtMs(a: Availability, nowMs: number): number {
+  return a.kind === 'open' ? a.probeAtMs : nowMs;
+}
+
 /**
  * Opens the breaker: openS plus up to 10% random jitter, so instances do not probe in lockstep. `failedProbes`: the
  * failed probes in a row this opening follows (0 when a closed breaker trips).

@@ -28,7 +28,7 @@ export class RetryBudget {
 
   /** May the gateway retry? Takes the retry from the budget when it may. */
   tryRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
-    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
+    this.#remember(key, cfg);
     return this.store.takeRetry(key, cfg, this.now());
   }
 
@@ -52,7 +52,12 @@ export class RetryBudget {
    * when the budget is spent. Resolves to whether it fit.
    */
   countRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
-    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
+    this.#remember(key, cfg);
     return this.store.takeRetry(key, cfg, this.now(), true);
+  }
+
+  /** A budget that has seen a retry is reported in the remaining-budget gauge. */
+  #remember(key: string, cfg: BudgetSettings): void {
+    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
   }
 }
