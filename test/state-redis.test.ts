@@ -128,6 +128,21 @@ describe('two instances on one Redis', () => {
     expect(late!.getBreaker('t2')).toEqual(OPEN);
   });
 
+  it('gives no probe permit for a breaker record the fleet has moved past, however the caller sees it', async () => {
+    const { stores: [a, b] } = await fleet(2);
+    const now = Date.now();
+    expect(await a!.casBreaker('t1', 0, OPEN)).toBe(true);
+    // Another instance's probe failed and reopened the breaker: generation 2. A caller still judging by generation 1 (its
+    // view a moment behind, the permit just given back) would send a second probe into the outage.
+    expect(await a!.casBreaker('t1', 1, { ...OPEN, sinceMs: 2000, openUntilMs: 7000, generation: 2, failedProbes: 1 })).toBe(true);
+    expect(await b!.takePermit('t1', 1, 5_000, now, 1)).toBeNull();
+    const permit = await b!.takePermit('t1', 1, 5_000, now, 2);
+    expect(permit).not.toBeNull();
+    await b!.releasePermit('t1', permit!);
+    // No record at all (flushed, expired): nothing to be behind of.
+    expect(await b!.takePermit('t-none', 1, 5_000, now, 7)).not.toBeNull();
+  });
+
   it('does not take a failed-probe count an older instance left behind when it wrote over the record', async () => {
     const { stores: [a], join, keyPrefix } = await fleet(1);
     // A new instance reopens the breaker after three failed probes.

@@ -77,8 +77,10 @@ export class BreakerBoard {
     if (a.kind === 'closed') return { admitted: true, probe: undefined };
     if (a.kind === 'open') return { admitted: false, availableAtMs: a.probeAtMs };
     const now = this.#deps.now();
-    const spellSinceMs = this.current(target).sinceMs;
-    const permit = await this.#deps.store.takePermit(target, a.probes, permitTtlMs, now);
+    const { sinceMs: spellSinceMs, generation } = this.current(target);
+    // For this record only: another instance may have reopened (or closed) the breaker a moment ago, and a permit its
+    // probe just gave back must not send a second probe into the outage on a view that has not heard of it yet.
+    const permit = await this.#deps.store.takePermit(target, a.probes, permitTtlMs, now, generation);
     // Other probes are out: the answer comes within a probe's round trip.
     return permit ? { admitted: true, probe: { permit, spellSinceMs } } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
   }
@@ -92,8 +94,13 @@ export class BreakerBoard {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
     if (probe !== undefined) {
-      void this.#deps.store.releasePermit(target, probe.permit);
-      await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs));
+      // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
+      // on an instance whose view is a moment behind) before the reopen it was to learn from.
+      try {
+        await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs));
+      } finally {
+        void this.#deps.store.releasePermit(target, probe.permit);
+      }
       return;
     }
     if (v === 'ignore') return;

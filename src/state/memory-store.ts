@@ -70,7 +70,9 @@ export class MemoryStore implements StateStore {
     return true;
   }
 
-  async takePermit(target: string, max: number, ttlMs: number, nowMs: number): Promise<string | null> {
+  async takePermit(target: string, max: number, ttlMs: number, nowMs: number, generation?: number): Promise<string | null> {
+    const stored = this.#breakers.get(target)?.generation;
+    if (generation !== undefined && stored !== undefined && stored !== generation) return null;
     let permits = this.#permits.get(target);
     if (!permits) this.#permits.set(target, (permits = new Map()));
     for (const [id, expiresAt] of permits) if (expiresAt <= nowMs) permits.delete(id);

@@ -54,8 +54,16 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return { 1 }
 `;
 
-/** KEYS: permits zset. ARGV: nowMs, max, expiresAtMs, ttlMs, id. Returns the id, or nil when all are taken. */
+/**
+ * KEYS: permits zset, breaker hash. ARGV: nowMs, max, expiresAtMs, ttlMs, id, generation (of the breaker record the
+ * caller judged by; empty: any). Returns the id, or nil when all are taken or the record has moved on (another
+ * instance reopened or closed the breaker, and the caller has not heard yet: its probe would be a second one).
+ */
 const TAKE_PERMIT = `
+if ARGV[6] ~= '' then
+  local g = redis.call('HGET', KEYS[2], 'generation')
+  if g and tonumber(g) ~= tonumber(ARGV[6]) then return false end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return false end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[5])
@@ -138,7 +146,7 @@ type Arg = string | number;
 export interface ScriptCommands {
   sgAddOutcomes(key: string, ...args: Arg[]): Promise<[number, number]>;
   sgCasBreaker(key: string, ...args: Arg[]): Promise<[number, ...string[]]>;
-  sgTakePermit(key: string, ...args: Arg[]): Promise<string | null>;
+  sgTakePermit(permitsKey: string, breakerKey: string, ...args: Arg[]): Promise<string | null>;
   sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
@@ -158,6 +166,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
   } satisfies Record<keyof ScriptCommands, string>;
-  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: 1, lua });
+  // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
+  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });
   return client as ScriptClient;
 }

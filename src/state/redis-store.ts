@@ -161,10 +161,11 @@ export class RedisStore implements StateStore {
     return this.#view.casBreaker(target, expectedGeneration, next);
   }
 
-  async takePermit(target: string, max: number, ttlMs: number, nowMs: number): Promise<string | null> {
+  async takePermit(target: string, max: number, ttlMs: number, nowMs: number, generation?: number): Promise<string | null> {
     const ttl = Math.max(1, Math.ceil(ttlMs));
     return this.#run(
-      (c) => c.sgTakePermit(this.#keys.permits(target), nowMs, max, nowMs + ttlMs, ttl, randomUUID()),
+      (c) => c.sgTakePermit(this.#keys.permits(target), this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, randomUUID(), generation ?? ''),
+      // Degraded, the local permits stand alone (the local store keeps no breaker records of its own to check against).
       () => this.#local.takePermit(target, max, ttlMs, nowMs),
     );
   }

@@ -61,8 +61,11 @@ export interface StateStore {
   /** Writes `next` only if the stored generation is still `expectedGeneration`; on success tells every instance. */
   casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean>;
 
-  /** Takes one of at most `max` half-open probe permits; permits expire after ttlMs so a dead instance cannot hold them. */
-  takePermit(target: string, max: number, ttlMs: number, nowMs: number): Promise<string | null>;
+  /**
+   * Takes one of at most `max` half-open probe permits; permits expire after ttlMs so a dead instance cannot hold them.
+   * `generation`: of the breaker record the caller judged by; no permit once the stored record has moved past it.
+   */
+  takePermit(target: string, max: number, ttlMs: number, nowMs: number, generation?: number): Promise<string | null>;
   releasePermit(target: string, permitId: string): Promise<void>;
 
   /** Counts first attempts (requests) towards a retry budget; batched, never awaited on the request path. */
