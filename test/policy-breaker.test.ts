@@ -36,8 +36,8 @@ describe('the breaker state machine', () => {
     expect(availability({ ...open, state: 'half-open' }, s, 1_000, true)).toEqual({ kind: 'probing', probes: 3 });
   });
 
-  it('doubles the wait for parked requests with each failed probe, up to openS, and starts over once closed', () => {
-    // A lone request parked through a two-minute outage: probes at 1, 3, 7, 15, 31 s, then every openS (30 s).
+  it('doubles the wait for parked requests with each failed probe, up to probeWhileParkedMaxMs and openS, and starts over once closed', () => {
+    // A lone request parked through a two-minute outage: probes at 1, 3, 7 s, then every probeWhileParkedMaxMs (5 s).
     let rec = opened(closed, s, 0, () => 0);
     const probes: number[] = [];
     for (let now = 0; now <= 120_000; now += 100) {
@@ -45,11 +45,18 @@ describe('the breaker state machine', () => {
       probes.push(now);
       rec = afterProbe(rec, 'failure', s, now, () => 0, rec.sinceMs)!;
     }
-    expect(probes).toEqual([1_000, 3_000, 7_000, 15_000, 31_000, 61_000, 91_000]);
-    expect(rec.failedProbes).toBe(7);
+    expect(probes.slice(0, 6)).toEqual([1_000, 3_000, 7_000, 12_000, 17_000, 22_000]);
+    expect(probes).toHaveLength(25);
+    expect(rec.failedProbes).toBe(25);
+    // A cap above openS: the breaker's own open time bounds the wait.
+    const slow = { ...s, probeWhileParkedMaxMs: 60_000 };
+    let r2 = opened(closed, slow, 0, () => 0);
+    for (let i = 0; i < 6; i++) r2 = afterProbe(r2, 'failure', slow, r2.sinceMs + 100_000, () => 0, r2.sinceMs)!;
+    expect(availability(r2, slow, r2.sinceMs + 29_999, true).kind).toBe('open');
+    expect(availability(r2, slow, r2.sinceMs + 30_000, true).kind).toBe('probing');
     // A probe that succeeds after the outage: half-open keeps the count (a failure there doubles again), closing ends it.
     rec = afterProbe(rec, 'success', s, 121_000, () => 0, rec.sinceMs)!;
-    expect(rec).toMatchObject({ state: 'half-open', failedProbes: 7 });
+    expect(rec).toMatchObject({ state: 'half-open', failedProbes: 25 });
     for (let i = 0; i < 2; i++) rec = afterProbe(rec, 'success', s, 121_100, () => 0, rec.sinceMs)!;
     expect(rec.state).toBe('closed');
     const reopened = opened(rec, s, 200_000, () => 0);

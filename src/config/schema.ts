@@ -65,6 +65,7 @@ const BREAKER_DEFAULTS = {
   halfOpenProbes: 3,
   closeAfter: 3,
   probeWhileParkedMs: 1000,
+  probeWhileParkedMaxMs: 5000,
 };
 
 const breakerFields = {
@@ -76,7 +77,8 @@ const breakerFields = {
   openS: z.number().positive().max(MAX_TIMER_S).describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
   halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),
   closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker; one failure reopens it. Default: 3.'),
-  probeWhileParkedMs: positiveMs('While requests are parked on an open target, the first probe goes this long after it opened, whatever openS says; each probe that fails doubles the wait, up to openS. Default: 1000.'),
+  probeWhileParkedMs: positiveMs('While requests are parked on an open target, the first probe goes this long after it opened, whatever openS says; each probe that fails doubles the wait, up to probeWhileParkedMaxMs. Default: 1000.'),
+  probeWhileParkedMaxMs: positiveMs('Longest wait between probes while requests are parked (never past openS): how late parked requests may learn of a recovery, against how often a long outage is probed. Default: 5000.'),
 };
 
 export const BreakerSchema = z
@@ -90,6 +92,7 @@ export const BreakerSchema = z
     halfOpenProbes: breakerFields.halfOpenProbes.default(BREAKER_DEFAULTS.halfOpenProbes),
     closeAfter: breakerFields.closeAfter.default(BREAKER_DEFAULTS.closeAfter),
     probeWhileParkedMs: breakerFields.probeWhileParkedMs.default(BREAKER_DEFAULTS.probeWhileParkedMs),
+    probeWhileParkedMaxMs: breakerFields.probeWhileParkedMaxMs.default(BREAKER_DEFAULTS.probeWhileParkedMaxMs),
     models: z
       .record(z.string().min(1), z.strictObject(breakerFields).partial().describe('Fields that differ for this model.'))
       .default({})

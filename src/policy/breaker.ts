@@ -31,8 +31,9 @@ export type Availability =
 /**
  * Whether requests may go to the target now. While requests are parked on it, a probe goes probeWhileParkedMs after
  * the breaker opened, whatever openS says, so parked requests learn of a quick recovery within that time. Each probe
- * that fails doubles that wait, up to openS (as Envoy's outlier detection lengthens an ejection with each one): in a
- * long outage a lone parked request must not turn into the fixed one-second retry loop the gateway exists to stop.
+ * that fails doubles that wait, up to probeWhileParkedMaxMs (as Envoy's outlier detection lengthens an ejection with
+ * each one, up to max_ejection_time): in a long outage a lone parked request must not turn into the fixed one-second
+ * retry loop the gateway exists to stop, nor learn of the recovery half a minute late.
  */
 export function availability(rec: BreakerRecord, s: BreakerSettings, nowMs: number, parked: boolean): Availability {
   if (rec.state === 'closed') return { kind: 'closed' };
@@ -41,9 +42,10 @@ export function availability(rec: BreakerRecord, s: BreakerSettings, nowMs: numb
   return nowMs >= probeAtMs ? { kind: 'probing', probes: 1 } : { kind: 'open', probeAtMs };
 }
 
-/** probeWhileParkedMs doubled for each probe that failed in a row (the cap keeps 2^n finite; openUntilMs bounds it). */
+/** probeWhileParkedMs doubled for each probe that failed in a row, up to probeWhileParkedMaxMs (openUntilMs bounds it too). */
 function parkedProbeWaitMs(rec: BreakerRecord, s: BreakerSettings): number {
-  return s.probeWhileParkedMs * 2 ** Math.min(rec.failedProbes ?? 0, 30);
+  const doubled = s.probeWhileParkedMs * 2 ** Math.min(rec.failedProbes ?? 0, 30);
+  return Math.min(doubled, Math.max(s.probeWhileParkedMs, s.probeWhileParkedMaxMs));
 }
 
 /** When a target the breaker holds back may take a request: the next probe's time, or now when probes may go. */
