@@ -1,27 +1,12 @@
 // A chat stream translated from Anthropic's Messages SSE: text, a tool_use over input_json_delta pieces, usage.
-import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
-import { scripted, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { useScriptedGateway } from './helpers/scripted-provider.ts';
 
-const startProvider = useFakeProviders();
-const startStack = useStacks();
+const gw = useScriptedGateway((c, origin) => {
+  c.providers.p = { family: 'anthropic', baseUrl: origin, apiKey: 'anthropic-key', breaker: false };
+  c.routes = c.routes.filter((r) => r.match.path === '/v1/chat/completions').map((r) => ({ ...r, targets: [{ provider: 'p', model: 'claude-sonnet-4-5' }] }));
+});
 const aev = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
-
-async function gw(fn: (body: Record<string, unknown>, n: number) => Script) {
-  const seen: Seen[] = [];
-  const p = await startProvider(scripted(fn, seen));
-  const s = await startStack({
-    config: (mockUrl) => {
-      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
-      c.providers.p = { family: 'anthropic', baseUrl: p.origin, apiKey: 'anthropic-key', breaker: false };
-      c.routes = c.routes.filter((r) => r.match.path === '/v1/chat/completions').map((r) => ({ ...r, targets: [{ provider: 'p', model: 'claude-sonnet-4-5' }] }));
-      return c;
-    },
-  });
-  return { client: new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }), seen };
-}
 
 describe('Anthropic translation on the wire', () => {
   it('A1 text then tool_use streamed, with usage, through chat.completions.stream', async () => {

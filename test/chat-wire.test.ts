@@ -1,30 +1,12 @@
 // Chat completions, legacy completions and embeddings through the SDK's helpers: tool calls over many deltas, usage
 // chunks, n = 2, logprobs, refusals, structured outputs, a reasoning model's silence, base64 embeddings.
-import OpenAI from 'openai';
 import { z } from 'zod';
 import { zodResponseFormat } from 'openai/helpers/zod';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
-import { cc, delta, scripted, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { cc, delta, fastRetries, useScriptedGateway } from './helpers/scripted-provider.ts';
 
-const startProvider = useFakeProviders();
-const startStack = useStacks();
+const gw = useScriptedGateway(fastRetries);
 
-async function gw(fn: (body: Record<string, unknown>, n: number) => Script, timeouts: Record<string, number> = {}) {
-  const seen: Seen[] = [];
-  const p = await startProvider(scripted(fn, seen));
-  const s = await startStack({
-    config: (mockUrl) => {
-      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
-      (c.providers.p as Record<string, unknown>).timeouts = { connectMs: 2000, firstTokenMs: 30000, idleMs: 30000, ...timeouts };
-      (c.routes as Array<Record<string, unknown>>).forEach((r) => (r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } }));
-      return c;
-    },
-  });
-  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
-  return { client, seen, s };
-}
 const DONE = 'data: [DONE]\n\n';
 const msgs = [{ role: 'user' as const, content: 'hi' }];
 const usage = { prompt_tokens: 9, completion_tokens: 12, total_tokens: 21, prompt_tokens_details: { cached_tokens: 0 }, completion_tokens_details: { reasoning_tokens: 0 } };

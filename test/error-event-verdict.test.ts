@@ -2,26 +2,10 @@
 // provider's verdict: answered as its 400 with its reason, not retried three times and turned into a 502.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
-import { baseResponse, cc, delta, rev, scripted, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { baseResponse, cc, delta, fastRetries, rev, useScriptedGateway } from './helpers/scripted-provider.ts';
 
-const startProvider = useFakeProviders();
-const startStack = useStacks();
+const gw = useScriptedGateway(fastRetries);
 
-async function gw(fn: (body: Record<string, unknown>, n: number) => Script) {
-  const seen: Seen[] = [];
-  const p = await startProvider(scripted(fn, seen));
-  const s = await startStack({
-    config: (mockUrl) => {
-      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
-      (c.routes as Array<Record<string, unknown>>).forEach((r) => (r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } }));
-      return c;
-    },
-  });
-  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
-  return { client, seen, s };
-}
 const msgs = [{ role: 'user' as const, content: 'hi' }];
 
 describe('error events before output', () => {

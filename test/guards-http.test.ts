@@ -1,7 +1,7 @@
 // Breaker, hold-off, retry budget and parking on one gateway instance (in-process state), over real HTTP.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { defaultConfig, useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, useStacks, type Stack, metricSum } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
 
 const start = useStacks();
@@ -21,14 +21,6 @@ async function openBreaker(s: Stack): Promise<void> {
   await Promise.all(Array.from({ length: 5 }, () => chat(s, { 'x-stormgate-timeout-ms': '600' })));
 }
 
-async function metric(s: Stack, name: string): Promise<number> {
-  const text = await (await fetch(`${s.url}/metrics`)).text();
-  return text
-    .split('\n')
-    .filter((l) => l.startsWith(name))
-    .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
-}
-
 describe('the circuit breaker', () => {
   it('opens after five failures in a row; then requests fail fast with 503 circuit_open and reach no upstream', async () => {
     const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: { maxAttempts: 1 }, park: false } });
@@ -41,7 +33,7 @@ describe('the circuit breaker', () => {
     expect(res.headers.get('x-should-retry')).toBe('false');
     expect(Number(res.headers.get('retry-after'))).toBeGreaterThan(25);
     expect(s.mock.stats().total).toBe(5);
-    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
+    expect(await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
   });
 
   it('reports an open breaker whose open time is over as half-open, though no request came to probe it', async () => {
@@ -51,9 +43,9 @@ describe('the circuit breaker', () => {
       provider: { breaker: { consecutiveFailures: 2, openS: 0.2 } },
     });
     for (let i = 0; i < 2; i++) await chat(s);
-    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
+    expect(await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
     await sleep(400);
-    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(2);
+    expect(await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(2);
   });
 
   it('keeps one model\'s outage from opening the breaker of the provider\'s other models', async () => {
@@ -77,7 +69,7 @@ describe('the circuit breaker', () => {
     expect(broken.body.error?.message).toContain('mock/gpt-broken');
     const healthy = await chat(s, {}, 'gpt-4o');
     expect(healthy.res.status).toBe(200);
-    expect(await metric(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(0);
+    expect(await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(0);
   });
 
   it('gives back the learned place of a model the provider answers 404', async () => {
@@ -142,8 +134,8 @@ describe('the circuit breaker', () => {
     const results = await Promise.all(pending);
     if (results.some((r) => r.res.status !== 200)) console.log(s.logs.filter((l) => l.includes('"status":503')).join('\n'));
     expect(results.map((r) => r.res.status)).toEqual(new Array(20).fill(200));
-    expect(await metric(s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBeGreaterThanOrEqual(20);
-    expect(await metric(s, 'stormgate_parked_requests')).toBe(0);
+    expect(await metricSum(s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBeGreaterThanOrEqual(20);
+    expect(await metricSum(s, 'stormgate_parked_requests')).toBe(0);
   });
 
   it('backs off the probes of a long outage: a lone parked request sends a handful, not one every probeWhileParkedMs', async () => {
@@ -340,7 +332,7 @@ describe('the retry budget', () => {
     const retries = s.mock.stats().total - 30;
     expect(retries).toBeLessThanOrEqual(3);
     expect(retries).toBeGreaterThanOrEqual(1);
-    expect(await metric(s, 'stormgate_retry_budget_exhausted_total')).toBeGreaterThan(0);
+    expect(await metricSum(s, 'stormgate_retry_budget_exhausted_total')).toBeGreaterThan(0);
   });
 
   it('keeps a budget per priority class: a batch flood that spent its retries leaves the online requests theirs', async () => {

@@ -1,29 +1,11 @@
 // The Responses API through the gateway, replayed with OpenAI's event framing: the SDK's responses.stream() resolves
 // only a response that reached response.completed, and raises on a cut, a response.failed or an error event after
 // output (which the SDK alone would yield as an ordinary event and then resolve the partial snapshot).
-import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
-import { baseResponse, msgItem, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { baseResponse, fastRetries, msgItem, responsesHead, responsesTail, rev, textDelta, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
 
-const startProvider = useFakeProviders();
-const startStack = useStacks();
+const gw = useScriptedGateway(fastRetries);
 
-async function gw(fn: (body: Record<string, unknown>, n: number) => Script, timeouts: Record<string, number> = {}) {
-  const seen: Seen[] = [];
-  const p = await startProvider(scripted(fn, seen));
-  const s = await startStack({
-    config: (mockUrl) => {
-      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
-      (c.providers.p as Record<string, unknown>).timeouts = { connectMs: 2000, firstTokenMs: 30000, idleMs: 30000, ...timeouts };
-      (c.routes as Array<Record<string, unknown>>).forEach((r) => (r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } }));
-      return c;
-    },
-  });
-  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
-  return { client, seen, s };
-}
 
 const textOf = (r: { output: unknown[] }) => (r.output as Array<{ type: string; content?: Array<{ type: string; text?: string }> }>).flatMap((o) => (o.type === 'message' ? o.content ?? [] : [])).map((c) => c.text ?? '').join('');
 const full = (): string[] => [...responsesHead(), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)];

@@ -2,26 +2,10 @@
 // at every byte (inside multi-byte characters and terminators), and a 1 MB event.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
-import { cc, delta, responsesHead, responsesTail, scripted, textDelta, type Script, type Seen, type Step } from './helpers/scripted-provider.ts';
+import { cc, delta, responsesHead, responsesTail, textDelta, useScriptedGateway, type Step } from './helpers/scripted-provider.ts';
 
-const startProvider = useFakeProviders();
-const startStack = useStacks();
+const gw = useScriptedGateway();
 
-async function gw(fn: (body: Record<string, unknown>, n: number) => Script, timeouts: Record<string, number> = {}) {
-  const seen: Seen[] = [];
-  const p = await startProvider(scripted(fn, seen));
-  const s = await startStack({
-    config: (mockUrl) => {
-      const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
-      (c.providers.p as Record<string, unknown>).timeouts = { connectMs: 2000, firstTokenMs: 30000, idleMs: 30000, ...timeouts };
-      return c;
-    },
-  });
-  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
-  return { client, seen, s };
-}
 const DONE = 'data: [DONE]\n\n';
 const msgs = [{ role: 'user' as const, content: 'hi' }];
 const crlf = (s: string) => s.replace(/\n/g, '\r\n');

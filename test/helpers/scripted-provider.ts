@@ -2,6 +2,10 @@
 // replay a real API's stream with its exact framing, splits and failures.
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
+import OpenAI from 'openai';
+import type { ConfigInput } from '../../src/config/schema.ts';
+import { useFakeProviders } from './fake-provider.ts';
+import { configServedBy, useStacks } from './stack.ts';
 
 export type Step = string | Buffer | number | { destroy: true };
 export interface Script {
@@ -107,3 +111,34 @@ export function responsesTail(text: string, seq: number): string[] {
 export const cc = (choices: unknown[], extra: Record<string, unknown> = {}) =>
   `data: ${JSON.stringify({ id: 'chatcmpl-9', object: 'chat.completion.chunk', created: 1741290958, model: 'gpt-4o-2024-08-06', system_fingerprint: 'fp_1', choices, ...extra })}\n\n`;
 export const delta = (d: Record<string, unknown>, finish: string | null = null, index = 0, extra: Record<string, unknown> = {}) => ({ index, delta: d, logprobs: null, finish_reason: finish, ...extra });
+
+/** A config change for one file's tests, given the scripted provider's origin. */
+export type ConfigShape = (c: ConfigInput, origin: string) => void;
+
+/** Three quick attempts per target: a retry before the first output is seen at once. */
+export const fastRetries: ConfigShape = (c) => {
+  for (const r of c.routes as Array<Record<string, unknown>>) r.retry = { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10 } };
+};
+
+/**
+ * A gateway whose every route goes to one scripted provider `p` (see scripted()), and an `openai` SDK client of it
+ * that never retries by itself. Call at the top of a test file: it registers the servers' clean-up.
+ */
+export function useScriptedGateway(shape?: ConfigShape) {
+  const startProvider = useFakeProviders();
+  const startStack = useStacks();
+  return async (fn: (body: Record<string, unknown>, n: number) => Script, timeouts: Record<string, number> = {}) => {
+    const seen: Seen[] = [];
+    const p = await startProvider(scripted(fn, seen));
+    const s = await startStack({
+      config: (mockUrl) => {
+        const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);
+        (c.providers.p as Record<string, unknown>).timeouts = { connectMs: 2000, firstTokenMs: 30000, idleMs: 30000, ...timeouts };
+        shape?.(c, p.origin);
+        return c;
+      },
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    return { client, seen, s };
+  };
+}

@@ -139,3 +139,12 @@ export function useExtraMocks(): (opts?: MockOptions) => Promise<MockServer> {
     return mock;
   };
 }
+
+/** The sum of a metric's series on a stack's /metrics whose line starts with `name` (labels included, to pick some). */
+export async function metricSum(s: Stack, name: string): Promise<number> {
+  const text = await (await fetch(`${s.url}/metrics`)).text();
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith(name))
+    .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
+}
