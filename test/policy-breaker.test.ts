@@ -155,6 +155,23 @@ describe('the breaker board over a store', () => {
     expect(probe.admitted && probe.probe).toBeTruthy();
   });
 
+  it('starts the parked wait again after a probe its request\'s deadline cut short, instead of probing again at once', async () => {
+    const { b, transitions, advance } = board();
+    for (let i = 0; i < 5; i++) await b.record('p/m', s, 'failure', 10, undefined);
+    advance(1_000);
+    const probe = await b.admit('p/m', s, true, 1_000);
+    expect(probe.admitted && probe.probe).toBeTruthy();
+    // The provider hangs; the request that carried the probe reaches its deadline 900 ms later: no verdict.
+    advance(900);
+    await b.record('p/m', s, 'slow-call', 900, probe.admitted ? probe.probe : undefined);
+    expect(transitions).toEqual(['p/m:closed->open']);
+    // The next parked probe waits probeWhileParkedMs again (it was due at once before), with the backoff unchanged.
+    expect(b.availability('p/m', s, true)).toEqual({ kind: 'open', probeAtMs: 12_900 });
+    expect(b.current('p/m').failedProbes).toBeUndefined();
+    advance(1_000);
+    expect(b.availability('p/m', s, true).kind).toBe('probing');
+  });
+
   it('forgets the run of failures of a target key given back', async () => {
     const { b, transitions } = board();
     for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);

@@ -95,6 +95,16 @@ export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: Break
 }
 
 /**
+ * A first probe that went out but said nothing (cut short by its request's deadline or client, too soon to count as a
+ * slow call): the wait before the next one starts again, as long as it was. Left as it was, the next probe would be due
+ * at once, and in a hang every parked request with a second left would carry one, a probe a second.
+ */
+export function afterInconclusiveProbe(rec: BreakerRecord, nowMs: number, spellSinceMs: number): BreakerRecord | undefined {
+  if (rec.state !== 'open' || rec.sinceMs > spellSinceMs) return undefined;
+  return { ...rec, sinceMs: nowMs, generation: rec.generation + 1 };
+}
+
+/**
  * An attempt cut short by the client's deadline or disconnect counts as a failure only if it had already waited longer
  * than slowCallMs: impatient clients must not open the breaker on a healthy provider, yet a silent one still trips it.
  */

@@ -4,6 +4,7 @@
 import type { Logger } from 'pino';
 import {
   abortedVerdict,
+  afterInconclusiveProbe,
   afterProbe,
   availability,
   changesState,
@@ -96,8 +97,11 @@ export class BreakerBoard {
     if (probe !== undefined) {
       // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
       // on an instance whose view is a moment behind) before the reopen it was to learn from.
+      const inconclusive = verdict === 'slow-call' && v === 'ignore';
       try {
-        await this.#transition(target, (rec) => afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs));
+        await this.#transition(target, (rec) =>
+          inconclusive ? afterInconclusiveProbe(rec, this.#deps.now(), probe.spellSinceMs) : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs),
+        );
       } finally {
         void this.#deps.store.releasePermit(target, probe.permit);
       }
