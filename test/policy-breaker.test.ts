@@ -155,7 +155,7 @@ describe('the breaker board over a store', () => {
     expect(probe.admitted && probe.probe).toBeTruthy();
   });
 
-  it('starts the parked wait again after a probe its request\'s deadline cut short, instead of probing again at once', async () => {
+  it('starts the parked wait again, doubled, after a probe its request\'s deadline cut short, instead of probing again at once', async () => {
     const { b, transitions, advance } = board();
     for (let i = 0; i < 5; i++) await b.record('p/m', s, 'failure', 10, undefined);
     advance(1_000);
@@ -165,11 +165,19 @@ describe('the breaker board over a store', () => {
     advance(900);
     await b.record('p/m', s, 'slow-call', 900, probe.admitted ? probe.probe : undefined);
     expect(transitions).toEqual(['p/m:closed->open']);
-    // The next parked probe waits probeWhileParkedMs again (it was due at once before), with the backoff unchanged.
-    expect(b.availability('p/m', s, true)).toEqual({ kind: 'open', probeAtMs: 12_900 });
-    expect(b.current('p/m').failedProbes).toBeUndefined();
-    advance(1_000);
+    // The next parked probe waits again (it was due at once before), twice as long as after a failed probe; the breaker
+    // itself is as it was (no reopen: its open time is unchanged).
+    expect(b.availability('p/m', s, true)).toEqual({ kind: 'open', probeAtMs: 13_900 });
+    expect(b.current('p/m')).toMatchObject({ state: 'open', failedProbes: 1, openUntilMs: 40_000 });
+    advance(2_000);
     expect(b.availability('p/m', s, true).kind).toBe('probing');
+    // Past openS, where any newcomer may probe: one cut short holds the next off as long, not a probe a second.
+    advance(30_000);
+    const late = await b.admit('p/m', s, false, 1_000);
+    expect(late.admitted && late.probe).toBeTruthy();
+    advance(900);
+    await b.record('p/m', s, 'slow-call', 900, late.admitted ? late.probe : undefined);
+    expect(b.availability('p/m', s, false)).toEqual({ kind: 'open', probeAtMs: 44_800 + 4_000 });
   });
 
   it('forgets the run of failures of a target key given back', async () => {

@@ -164,7 +164,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const heldUntil = holdOffs.until(plan.key);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
     const permitTtlMs = Math.min(plan.client.config.timeouts.firstTokenMs, ctx.deadlineAtMs - deps.now());
-    const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1));
+    // The permit outlives the attempt by a moment: a probe ends at firstTokenMs or its request's deadline and its verdict
+    // is written a round trip later; a permit that expired at that very instant let a parked request elsewhere, woken
+    // for it, send a second probe into the outage first.
+    const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1) + PERMIT_GRACE_MS);
     if (!admission.admitted) {
       // A request that may park learns of a recovery within probeWhileParkedMs; one that may not waits for openS.
       // A newcomer sees the breaker open until openUntil; parked, it may be the probe sooner (now, once probing). When
@@ -318,6 +321,9 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   deps.onBudgetExhausted?.(ctx.route.name, plan.key);
   return false;
 }
+
+/** How long a probe permit outlives its attempt's own limit, for the verdict to be written. */
+const PERMIT_GRACE_MS = 500;
 
 /** Margin past a hold-off's end for a wait that is to outlast it. */
 const HOLD_OFF_SLACK_MS = 2;

@@ -95,13 +95,16 @@ export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: Break
 }
 
 /**
- * A first probe that went out but said nothing (cut short by its request's deadline or client, too soon to count as a
- * slow call): the wait before the next one starts again, as long as it was. Left as it was, the next probe would be due
- * at once, and in a hang every parked request with a second left would carry one, a probe a second.
+ * A first probe that went out but got no answer in the time its request had (cut short by its deadline or client, too
+ * soon to count as a slow call): not a failure (no new openS), but the parked wait starts again and doubles as after
+ * one, and a newcomer waits as long once openS is over. Left as it was, the next probe would be due at once, and in a
+ * hang every request with a second left would carry one, a probe a second; the wait's cap bounds how late a slow but
+ * healthy provider is found back.
  */
-export function afterInconclusiveProbe(rec: BreakerRecord, nowMs: number, spellSinceMs: number): BreakerRecord | undefined {
+export function afterInconclusiveProbe(rec: BreakerRecord, s: BreakerSettings, nowMs: number, spellSinceMs: number): BreakerRecord | undefined {
   if (rec.state !== 'open' || rec.sinceMs > spellSinceMs) return undefined;
-  return { ...rec, sinceMs: nowMs, generation: rec.generation + 1 };
+  const next = { ...rec, sinceMs: nowMs, generation: rec.generation + 1, failedProbes: (rec.failedProbes ?? 0) + 1 };
+  return { ...next, openUntilMs: Math.max(rec.openUntilMs, nowMs + parkedProbeWaitMs(next, s)) };
 }
 
 /**

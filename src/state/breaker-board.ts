@@ -100,7 +100,7 @@ export class BreakerBoard {
       const inconclusive = verdict === 'slow-call' && v === 'ignore';
       try {
         await this.#transition(target, (rec) =>
-          inconclusive ? afterInconclusiveProbe(rec, this.#deps.now(), probe.spellSinceMs) : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs),
+          inconclusive ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs) : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs),
         );
       } finally {
         void this.#deps.store.releasePermit(target, probe.permit);
