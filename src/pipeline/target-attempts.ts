@@ -204,10 +204,13 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
     const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
     clearTimeout(slotTimer);
-    if (attempt.kind === 'shed') {
-      // A probe the pool shed never went upstream: its permit goes back, or nobody may probe until it expires.
-      if (admission.probe) await board.record(plan.key, plan.breaker, 'ignore', 0, admission.probe);
+    // Nothing went upstream: a probe's permit goes back at once (or nobody may probe until it expires), and the lot's place.
+    const notSent = () => {
+      if (admission.probe) board.unused(plan.key, admission.probe);
       ticket?.done();
+    };
+    if (attempt.kind === 'shed') {
+      notSent();
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
     }
     if (attempt.kind === 'gone') {
@@ -217,9 +220,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
     }
     if (attempt.kind === 'expired') {
-      // Never sent: not an attempt for the log, the metrics or the breaker; a probe's permit goes back.
-      if (admission.probe) await board.record(plan.key, plan.breaker, 'ignore', 0, admission.probe);
-      ticket?.done();
+      // Past the deadline before it was sent: not an attempt for the log, the metrics or the breaker.
+      notSent();
       return { kind: 'failed', result: attempt.result, cls: attempt.cls, retryAfterMs: undefined };
     }
     const { result, cls, durationMs } = attempt;

@@ -12,3 +12,9 @@ export function withoutKey<T extends Buffer | string>(text: T, key: string): T {
   const clean = text.toString().replaceAll(key, REDACTED);
   return (typeof text === 'string' ? clean : Buffer.from(clean)) as T;
 }
+
+/** A header value (one string, or a list of them) without `key`. */
+export function headerWithoutKey(value: unknown, key: string): unknown {
+  if (typeof value === 'string') return withoutKey(value, key);
+  return Array.isArray(value) ? value.map((v) => (typeof v === 'string' ? withoutKey(v, key) : v)) : value;
+}

@@ -4,7 +4,7 @@ import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { withoutKey } from './key-echo.ts';
+import { headerWithoutKey, withoutKey } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
@@ -30,11 +30,6 @@ function hopByHop(connection: unknown): Set<string> {
   const names = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer']);
   if (typeof connection === 'string') for (const n of connection.split(',')) names.add(n.trim().toLowerCase());
   return names;
-}
-
-function headerWithoutKey(value: unknown, key: string): unknown {
-  if (typeof value === 'string') return withoutKey(value, key);
-  return Array.isArray(value) ? value.map((v) => (typeof v === 'string' ? withoutKey(v, key) : v)) : value;
 }
 
 /** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */

@@ -86,6 +86,11 @@ export class BreakerBoard {
     return permit ? { admitted: true, probe: { permit, spellSinceMs } } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
   }
 
+  /** Gives back the permit of a probe that never went upstream (shed by the pool, past its deadline): nothing learnt. */
+  unused(target: string, probe: Probe): void {
+    void this.#deps.store.releasePermit(target, probe.permit);
+  }
+
   /**
    * Records one attempt's outcome; `attemptMs` decides whether an aborted attempt was slow enough to count. Resolves
    * once a transition the outcome causes at once (a probe's result, a run of failures) is written; the window's
