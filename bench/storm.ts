@@ -90,9 +90,14 @@ async function main(): Promise<number> {
     },
     strict: true,
   });
+  const parts = [BROWNOUT_503.name, HANG.name, 'propagation'];
+  if (values.only !== undefined && !parts.includes(values.only)) throw new Error(`--only takes one of ${parts.join(', ')}, got "${values.only}"`);
   const wanted = (name: string) => values.only === undefined || values.only === name;
+  // One part alone must not replace the full run's report in bench/results (the README's figures): its report and
+  // charts go to the work directory instead.
+  const out = values.only === undefined ? RESULTS_DIR : WORK_DIR;
   mkdirSync(WORK_DIR, { recursive: true });
-  mkdirSync(RESULTS_DIR, { recursive: true });
+  mkdirSync(out, { recursive: true });
   log(`processes' logs and configs: ${WORK_DIR}`);
   const began = Date.now();
 
@@ -102,13 +107,13 @@ async function main(): Promise<number> {
     const r = await runScenario(BROWNOUT_503);
     scenarios.push(r);
     checks.push(...checkBrownout503('1: 503 brownout', r.figures, OPEN_S, r.gatewayLog?.pastClientDeadline));
-    writeChart(join(RESULTS_DIR, 'storm.svg'), r);
+    writeChart(join(out, 'storm.svg'), r);
   }
   if (wanted(HANG.name)) {
     const r = await runScenario(HANG);
     scenarios.push(r);
     checks.push(...checkHang('2: hang', r.figures, r.gatewayLog?.pastClientDeadline, r.upstreamPastDeadline.gateway));
-    writeChart(join(RESULTS_DIR, `storm-${HANG.name}.svg`), r);
+    writeChart(join(out, `storm-${HANG.name}.svg`), r);
   }
   let propagation: PropagationResult | undefined;
   if (wanted('propagation')) {
@@ -118,7 +123,7 @@ async function main(): Promise<number> {
     checks.push(checkPropagation(propagation.missed > 0 ? Number.POSITIVE_INFINITY : propagation.p99Ms));
   }
 
-  writeStormReport(join(RESULTS_DIR, 'storm.md'), join(RESULTS_DIR, 'storm.json'), {
+  writeStormReport(join(out, 'storm.md'), join(out, 'storm.json'), {
     date: new Date().toISOString(),
     node: process.version,
     nproc: availableParallelism(),
@@ -130,7 +135,7 @@ async function main(): Promise<number> {
     durationS: (Date.now() - began) / 1000,
   });
   for (const c of checks) process.stdout.write(`${c.pass ? 'PASS' : 'FAIL'}  [${c.scenario}] ${c.name}: ${c.value} (target ${c.target})\n`);
-  process.stdout.write(`report: ${RESULTS_DIR}/storm.md\n`);
+  process.stdout.write(`report: ${join(out, 'storm.md')}\n`);
   return values.strict && checks.some((c) => !c.pass) ? 1 : 0;
 }
 

@@ -122,7 +122,8 @@ async function main(): Promise<void> {
       `\nThrough the gateway every failure is absorbed before the client sees it (retries with jitter, Retry-After honoured,` +
         `\nthe backup taking what the primary cannot serve), and SDK retries never multiply the gateway's (x-should-retry: false).` +
         `\nA 429 with retry-after holds the primary off for every request until then, so new requests go to the backup meanwhile.` +
-        `\nTo watch the metrics yourself, run a gateway (npm start) and curl its /metrics; the full numbers: npm run bench.`,
+        `\nTo watch the metrics yourself: npm run mock, then OPENAI_BASE_URL=http://127.0.0.1:9000/v1 OPENAI_API_KEY=any npm start,` +
+        `\nand curl http://127.0.0.1:8080/metrics; the full numbers: npm run bench.`,
     );
   } finally {
     await gateway.close();

@@ -13,11 +13,12 @@ import { HoldOffs, isCredentialHoldKey, targetOfCredentialHold } from './state/h
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
-import { ParkingLot, type TargetState } from './pipeline/parking-lot.ts';
+import { PARK_OUTCOMES, ParkingLot, type TargetState } from './pipeline/parking-lot.ts';
 import { Pools } from './pools/pools.ts';
 import { WeightedPicker } from './routing/weighted.ts';
 import type { TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
+import { DEGRADED_REASONS } from './pipeline/degraded-answer.ts';
 import { REQUEST_OUTCOMES, type PipelineDeps } from './pipeline/handle-request.ts';
 import { STREAM_END_KINDS } from './pipeline/live-stream.ts';
 import { FALLBACK_REASONS } from './pipeline/serve-targets.ts';
@@ -222,7 +223,8 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
     const r = { route: route.name };
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ ...r, result }, 0);
     metrics.fallbackRequests.inc(r, 0);
-    if (route.park !== false) metrics.parkOutcomes.inc({ ...r, outcome: 'released' }, 0);
+    if (route.park !== false) for (const outcome of PARK_OUTCOMES) metrics.parkOutcomes.inc({ ...r, outcome }, 0);
+    if (route.degraded) for (const reason of DEGRADED_REASONS) metrics.degraded.inc({ ...r, reason }, 0);
     for (const attempt of ['first', 'retry']) metrics.requestDuration.zero({ ...r, attempt });
     if (route.match.path !== '/v1/embeddings') {
       metrics.ttft.zero(r);

@@ -225,6 +225,9 @@ describe('hold-offs', () => {
       provider: { breaker: false },
     });
     const first = chat(s);
+    // The others go once the 429 is out (and a moment for the gateway to read it): on a busy machine the first request
+    // can take longer than a fixed sleep to reach the provider, and requests sent before its 429 know of no hold-off.
+    while (!s.mock.requests().some((r) => r.status === 429)) await sleep(5);
     await sleep(50);
     const others = Array.from({ length: 5 }, () => chat(s));
     const results = await Promise.all([first, ...others]);

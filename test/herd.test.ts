@@ -30,6 +30,8 @@ describe('a wait hint shared by many requests', () => {
       deps: { random: seededRandom(7) },
     });
     const answers = Promise.all(Array.from({ length: N }, () => chat(s.url)));
+    // The 300 ms run from the provider's first 503: on a busy machine the requests can take longer than that to arrive.
+    while (!s.mock.requests().some((r) => r.status === 503)) await sleep(5);
     await sleep(300);
     s.mock.setFaults({});
     expect((await answers).every((st) => st === 200)).toBe(true);

@@ -115,6 +115,24 @@ describe('metrics of a fresh gateway', () => {
     expect(text).toMatch(/^stormgate_stream_ends_total\{route="chat",end="cut"\} 0$/m);
     expect(text).toMatch(/^stormgate_ttft_seconds_count\{route="chat"\} 0$/m);
   });
+
+  it('start every way a parked request leaves and, on a route with a degraded answer, every degraded reason at zero', async () => {
+    stack = await startStack({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl);
+        return { ...base, routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, degraded: { message: 'busy' } } : r)) };
+      },
+    });
+    const text = await (await fetch(`${stack.url}/metrics`)).text();
+    for (const outcome of ['released', 'full', 'timeout', 'aborted', 'closing']) {
+      expect(text).toMatch(new RegExp(`^stormgate_park_outcomes_total\\{route="chat",outcome="${outcome}"\\} 0$`, 'm'));
+    }
+    for (const reason of ['failed', 'unavailable', 'deadline', 'shed', 'park_full']) {
+      expect(text).toMatch(new RegExp(`^stormgate_degraded_total\\{route="chat",reason="${reason}"\\} 0$`, 'm'));
+    }
+    // Only routes that have a degraded answer can count one.
+    expect(text).not.toMatch(/^stormgate_degraded_total\{route="embeddings"/m);
+  });
 });
 
 describe('the gateway\'s own endpoints', () => {

@@ -8,8 +8,11 @@ import type { Served } from './serve-targets.ts';
 
 const CLIENTS_OWN = new Set(['client-error', 'context-length', 'content-policy']);
 
+/** Why a request gets the degraded answer (stormgate_degraded_total's reason label). */
+export const DEGRADED_REASONS = ['failed', 'unavailable', 'deadline', 'shed', 'park_full'] as const;
+
 /** Why the request gets the degraded answer, or undefined when it must get its error. */
-export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): string | undefined {
+export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): (typeof DEGRADED_REASONS)[number] | undefined {
   switch (served.kind) {
     case 'failed': {
       const { outcome } = served.failure.result;

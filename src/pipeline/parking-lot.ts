@@ -19,6 +19,9 @@ export interface Ticket {
   done(): void;
 }
 
+/** How a parked request leaves the lot (stormgate_park_outcomes_total's outcome label). */
+export const PARK_OUTCOMES = ['released', 'full', 'timeout', 'aborted', 'closing'] as const;
+
 export type ParkResult =
   | { kind: 'released'; ticket: Ticket }
   | { kind: 'full' }
@@ -44,7 +47,7 @@ export interface ParkingLotDeps {
   random: () => number;
   stateOf: (target: string) => TargetState;
   onParkedChange?: (route: string, delta: number) => void;
-  onOutcome?: (route: string, outcome: 'released' | 'full' | 'timeout' | 'aborted' | 'closing') => void;
+  onOutcome?: (route: string, outcome: (typeof PARK_OUTCOMES)[number]) => void;
 }
 
 interface Entry {
