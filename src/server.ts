@@ -270,7 +270,16 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     return match.route;
   }
 
-  if (config.passthrough) await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!);
+  if (config.passthrough) {
+    const { paths, methods } = config.passthrough;
+    await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!);
+    // The path is open, the method is not: 405 with `allow`, as on the managed paths (HEAD goes with GET).
+    const allowed = methods.includes('GET') ? [...methods, 'HEAD'] : methods;
+    for (const path of paths) {
+      methodGuard(app, path, allowed);
+      methodGuard(app, `${path}/*`, allowed, `${path}/...`);
+    }
+  }
 
   app.get('/metrics', async (_request, reply) => {
     reply.type(metrics.registry.contentType);
@@ -358,15 +367,14 @@ function clearHeaders(request: FastifyRequest, reply: FastifyReply): void {
  * 405 for the methods a path does not serve, with `allow`. It answers in onRequest, before the body is parsed, so a
  * wrong method gets 405 whatever its content type.
  */
-function methodGuard(api: FastifyInstance, url: string, allowed: readonly string[]): void {
-  const path = url.replace(/\/\*$/, '/{model}');
+function methodGuard(api: FastifyInstance, url: string, allowed: readonly string[], shown = url.replace(/\/\*$/, '/{model}')): void {
   api.route({
     method: ALL_METHODS.filter((m) => !allowed.includes(m)),
     url,
     // HEAD comes with GET unless told otherwise; it is allowed exactly when GET is.
     exposeHeadRoute: false,
     onRequest: async (request) => {
-      throw methodNotAllowed(request.method, path, allowed);
+      throw methodNotAllowed(request.method, shown, allowed);
     },
     handler: async () => undefined,
   });

@@ -190,8 +190,28 @@ describe('passthrough', () => {
     const h = stack.mock.requests()[0]!.headers;
     expect(h.authorization).toBe(`Bearer ${TEST_KEY}`);
     for (const dropped of ['cookie', 'proxy-authorization', 'openai-organization', 'openai-project', 'x-stormgate-priority']) expect(h[dropped], dropped).toBeUndefined();
+    // The path is open, the method is not: 405 with allow, never forwarded.
     const get = await fetch(`${stack.url}/v1/embeddings`);
-    expect(get.status).toBe(404);
+    expect(get.status).toBe(405);
+    expect(get.headers.get('allow')).toBe('POST');
+    expect(((await get.json()) as { error: { code: string } }).error.code).toBe('method_not_allowed');
+    const del = await fetch(`${stack.url}/v1/embeddings/abc`, { method: 'DELETE' });
+    expect(del.status).toBe(405);
+    expect(((await del.json()) as { error: { message: string } }).error.message).toBe('DELETE is not allowed on /v1/embeddings/...; use POST');
+    expect(stack.mock.stats().total).toBe(1);
+  });
+
+  it('answers HEAD on a GET path and 405 with allow for the methods it does not open', async () => {
+    stack = await startStack({
+      config: (url) => ({ ...defaultConfig(url), passthrough: { provider: 'mock', paths: ['/v1/files'], methods: ['GET'] } }),
+    });
+    // HEAD goes with GET: forwarded (the mock has no files: its own 404), not refused by the gateway.
+    const head = await fetch(`${stack.url}/v1/files/file-abc`, { method: 'HEAD' });
+    expect(head.status).not.toBe(405);
+    expect(stack.mock.stats().total).toBe(1);
+    const post = await fetch(`${stack.url}/v1/files/file-abc`, { method: 'POST', body: 'x' });
+    expect(post.status).toBe(405);
+    expect(post.headers.get('allow')).toBe('GET, HEAD');
     expect(stack.mock.stats().total).toBe(1);
   });
 
