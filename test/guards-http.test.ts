@@ -354,6 +354,21 @@ describe('the retry budget', () => {
     expect(s.mock.stats().total).toBe(batchAttempts + 3);
   });
 
+  it('says so when the budget refused the retry: in the gateway\'s message and in the log line', async () => {
+    const s = await start({
+      faults: { resetRate: 1 },
+      route: { retry: FAST, park: false, budget: { ratio: 0, windowS: 10, minRetriesPerSecond: 0 } },
+      provider: { breaker: false },
+    });
+    const { res, body } = await chat(s);
+    expect(res.status).toBe(502);
+    expect(s.mock.stats().total).toBe(1);
+    expect(body.error.message).toMatch(/after 1 attempt \(last: .*\); not retried: the retry budget is spent$/);
+    await sleep(20);
+    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    expect(line).toMatchObject({ outcome: 'gateway_error', retriesStopped: 'budget' });
+  });
+
   it('serves a client-declared retry once but never retries it when the budget is spent', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

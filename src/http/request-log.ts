@@ -112,6 +112,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       streamEnd: s.streamEnd?.kind,
       ...(s.streamEnd?.droppedMalformed && { droppedMalformed: s.streamEnd.droppedMalformed }),
       fallback: s.fallback,
+      retriesStopped: s.retriesStopped,
       ...(s.skipped.length > 0 && { skipped: s.skipped }),
     }),
   };

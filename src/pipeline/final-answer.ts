@@ -15,6 +15,8 @@ export interface FailureFacts {
   result: AttemptResult;
   cls: Classification;
   retryAfterMs: number | undefined;
+  /** The retry budget refused the retry that would have come next: said in the gateway's own message. */
+  budgetSpent?: boolean;
   /** Attempts per target, in the order the targets were first tried (probes included). */
   attempts: ReadonlyArray<readonly [target: string, count: number]>;
   /** The target that failed last. */
@@ -71,7 +73,8 @@ function allAttempts(attempts: FailureFacts['attempts']): string {
 
 function gatewayErrorFor(f: FailureFacts): GatewayError {
   const tried = attemptsOn(f.attempts, f.target);
-  const all = allAttempts(f.attempts);
+  // Why one attempt and no more: a retry budget spent by a fleet-wide failure, not a bug in the retry policy.
+  const all = `${allAttempts(f.attempts)}${f.budgetSpent ? '; not retried: the retry budget is spent' : ''}`;
   const { outcome } = f.result;
   const opts = { retryAfterMs: f.retryAfterMs };
   switch (outcome.kind) {

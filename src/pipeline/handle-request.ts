@@ -88,6 +88,8 @@ export interface RequestSummary {
   streamEnd?: StreamEnd;
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
+  /** A failed request: what stopped its retries on the last target when it was not the outcome itself (the budget, say). */
+  retriesStopped?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'timeout';
   /** Targets left out for this request, with the reason. */
   skipped: SkippedTarget[];
   /** Tokens of the answer, for the cost metrics. */
@@ -218,10 +220,12 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         return errorAnswer(drainingError());
       }
       summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
+      if (served.failure.why) summary.retriesStopped = served.failure.why;
       return failureAnswer({
         result: served.failure.result,
         cls: served.failure.cls,
         retryAfterMs: served.failure.retryAfterMs,
+        budgetSpent: served.failure.why === 'budget',
         attempts: attemptsByTarget(summary.attempts),
         target: served.plan.label,
         budgetMs,
