@@ -1,6 +1,6 @@
 // Breaker, hold-off, retry budget and parking on one gateway instance (in-process state), over real HTTP.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { defaultConfig, useStacks, type Stack, metricSum } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
 
@@ -225,10 +225,9 @@ describe('hold-offs', () => {
       provider: { breaker: false },
     });
     const first = chat(s);
-    // The others go once the 429 is out (and a moment for the gateway to read it): on a busy machine the first request
-    // can take longer than a fixed sleep to reach the provider, and requests sent before its 429 know of no hold-off.
-    while (!s.mock.requests().some((r) => r.status === 429)) await sleep(5);
-    await sleep(50);
+    // The others start once the gateway has had the 429 (a fixed sleep is not enough on a busy machine: one of them
+    // went out before the 429 came back, and no gateway can heed a hold-off it has not been told of yet).
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="mock/gpt-4o",status_class="4xx"}')).toBe(1), { timeout: 5_000, interval: 10 });
     const others = Array.from({ length: 5 }, () => chat(s));
     const results = await Promise.all([first, ...others]);
     expect(results.every((r) => r.res.status === 200)).toBe(true);
@@ -363,7 +362,7 @@ describe('the retry budget', () => {
     const { res, body } = await chat(s);
     expect(res.status).toBe(502);
     expect(s.mock.stats().total).toBe(1);
-    expect(body.error.message).toMatch(/after 1 attempt \(last: .*\); not retried: the retry budget is spent$/);
+    expect(body.error?.message).toMatch(/after 1 attempt \(last: .*\); not retried: the retry budget is spent$/);
     await sleep(20);
     const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
     expect(line).toMatchObject({ outcome: 'gateway_error', retriesStopped: 'budget' });

@@ -1,6 +1,6 @@
 // Noisy neighbour over real HTTP: a batch flood at ten times the provider's capacity next to steady online traffic.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 const start = useStacks(RETRY_LOOP_ONLY);
@@ -20,14 +20,17 @@ describe('priority pools under a batch flood', () => {
     const capacity = 10;
     const s = await start({
       faults: { latencyMs: 100, capacity },
-      provider: { maxConnections: 64, pools: { maxConcurrent: 60 } },
+      // maxConcurrent 1.5x what the provider takes, as the README asks: far above it, a flood whose 429s come back
+      // before it fills the limit never binds it (on a busy machine the 100 clients' requests do not arrive at once),
+      // and the limit rightly learns nothing from them.
+      provider: { maxConnections: 64, pools: { maxConcurrent: capacity * 1.5 } },
       route: { retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 1000 } } },
     });
-    const until = Date.now() + 5_000;
+    let floodOver = false;
     const batch = { ok: 0, other: 0 };
     const online: number[] = [];
     const batchClient = async () => {
-      while (Date.now() < until) {
+      while (!floodOver) {
         const status = await chat(s, { 'x-stormgate-priority': 'batch', 'x-stormgate-timeout-ms': '3000' });
         if (status === 200) batch.ok++;
         else {
@@ -36,31 +39,49 @@ describe('priority pools under a batch flood', () => {
         }
       }
     };
-    const onlineClient = async () => {
-      // Online traffic joins a flood already under way, once the limit has had a second to find the capacity.
-      await sleep(1_000);
-      while (Date.now() < until) {
-        const st = await chat(s, { 'x-stormgate-timeout-ms': '5000' });
-        online.push(st);
+    const flood = Array.from({ length: capacity * 10 }, batchClient);
+    try {
+      // Online traffic joins a flood already under way, once the limit has found the capacity: the provider's last 20
+      // answers with no 429 among them (a fixed second was not always enough on a loaded machine).
+      await vi.waitFor(
+        () => {
+          const answered = s.mock.requests().filter((r) => r.status !== undefined);
+          expect(answered.length).toBeGreaterThan(capacity * 3);
+          expect(answered.slice(-20).filter((r) => r.status === 429)).toEqual([]);
+        },
+        { timeout: 15_000, interval: 50 },
+      );
+      const secondsBefore = new Set(s.mock.stats().perSecond.map((p) => p.second));
+      // Four online clients for 4 s, and each for 3 requests at least however slow the machine.
+      const onlineUntil = Date.now() + 4_000;
+      const onlineClient = async () => {
+        for (let n = 0; n < 3 || Date.now() < onlineUntil; n++) {
+          online.push(await chat(s, { 'x-stormgate-timeout-ms': '5000' }));
+          await sleep(50);
+        }
+      };
+      await Promise.all(Array.from({ length: 4 }, onlineClient));
+      const seconds = s.mock.stats().perSecond.filter((p) => !secondsBefore.has(p.second));
+      floodOver = true;
+      await Promise.all(flood);
 
-        await sleep(50);
-      }
-    };
-    const secondsBefore = new Set(s.mock.stats().perSecond.map((p) => p.second));
-    await Promise.all([...Array.from({ length: capacity * 10 }, batchClient), ...Array.from({ length: 4 }, onlineClient)]);
-
-    expect(online.length).toBeGreaterThan(8);
-    expect(online.filter((status) => status !== 200)).toEqual([]);
-    expect(batch.ok).toBeGreaterThan(30);
-    // After the limit has adapted (the last two full seconds), the provider answers almost nothing with 429.
-    const seconds = s.mock.stats().perSecond.filter((p) => !secondsBefore.has(p.second));
-    const late = seconds.slice(-3, -1);
-    const total = late.reduce((n, p) => n + p.total, 0);
-    const limited = late.reduce((n, p) => n + (p.byStatus['429'] ?? 0), 0);
-    expect(total).toBeGreaterThan(0);
-    expect(limited / total).toBeLessThan(0.03);
-    const metrics = await (await fetch(`${s.url}/metrics`)).text();
-    expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/gpt-4o"\} \d+/);
+      expect(online.length).toBeGreaterThanOrEqual(12);
+      expect(online.filter((status) => status !== 200)).toEqual([]);
+      expect(batch.ok).toBeGreaterThan(30);
+      // With online traffic on top of the flood (the last two full seconds of it), the provider answers almost nothing
+      // with 429: at most 5% (or 2, as a loaded machine may send only a few dozen); a limit that does not adapt has half
+      // its attempts or more answered 429.
+      const late = seconds.slice(-3, -1);
+      const total = late.reduce((n, p) => n + p.total, 0);
+      const limited = late.reduce((n, p) => n + (p.byStatus['429'] ?? 0), 0);
+      expect(total).toBeGreaterThan(0);
+      expect(limited).toBeLessThanOrEqual(Math.max(2, 0.05 * total));
+      const metrics = await (await fetch(`${s.url}/metrics`)).text();
+      expect(metrics).toMatch(/stormgate_pool_limit\{target="mock\/gpt-4o"\} \d+/);
+    } finally {
+      floodOver = true;
+      await Promise.all(flood);
+    }
   });
 
   it('never lets a request promote itself with x-stormgate-priority', async () => {
