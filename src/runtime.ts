@@ -188,7 +188,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       recoveries.delete(key);
       board.forget(key);
       budget.forget(key);
-      store.forget(key);
+      holdOffs.forget(key);
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       void forgetTargetSeries(metrics, key);

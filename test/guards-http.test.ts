@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
 import { defaultConfig, useStacks, type Stack, metricSum } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
+import { MemoryStore } from '../src/state/memory-store.ts';
 
 const start = useStacks();
 const FAST = { maxAttempts: 3, backoff: { strategy: 'fixed' as const, baseMs: 5, capMs: 5 } };
@@ -96,6 +97,34 @@ describe('the circuit breaker', () => {
     const text = await (await fetch(`${s.url}/metrics`)).text();
     expect(text).not.toContain('made-up-');
     expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="upstream_error"\} 70/);
+  });
+
+  it('forgets every state key a made-up model name was looked up under, its credential hold\'s included', async () => {
+    // A store that notes which keys the gateway asked about: the Redis store watches each one (and re-reads them all
+    // from Redis at every reconnect) until it is told to forget it.
+    class WatchingStore extends MemoryStore {
+      readonly asked = new Set<string>();
+      readonly forgotten = new Set<string>();
+      override getBreaker(target: string) {
+        this.asked.add(target);
+        return super.getBreaker(target);
+      }
+      override getHoldOff(target: string) {
+        this.asked.add(target);
+        return super.getHoldOff(target);
+      }
+      override forget(target: string) {
+        this.forgotten.add(target);
+        super.forget(target);
+      }
+    }
+    const store = new WatchingStore();
+    const s = await start({ faults: { errors: [{ status: 404, code: 'model_not_found' }] }, deps: { store } });
+    for (let i = 0; i < 20; i++) expect((await chat(s, {}, `made-up-${i}`)).res.status).toBe(404);
+    await sleep(20);
+    const kept = [...store.asked].filter((k) => k.includes('made-up-') && !store.forgotten.has(k));
+    expect(store.asked.size).toBeGreaterThan(0);
+    expect(kept).toEqual([]);
   });
 
   it('lets requests parked on an open breaker go at once when a probe finds the gateway\'s credentials refused', async () => {

@@ -62,6 +62,16 @@ export class HoldOffs {
     return until !== undefined && until > this.now() ? until : undefined;
   }
 
+  /**
+   * Drops what the store keeps for a target key given back (see StateStore.forget), its credential hold's key too:
+   * every request looks that key up, and the Redis store watches (and re-reads at each reconnect) whatever it was
+   * asked about, so each made-up model name would otherwise stay behind in it for good.
+   */
+  forget(target: string): void {
+    this.store.forget(target);
+    this.store.forget(target + CREDENTIALS_SUFFIX);
+  }
+
   /** Starts (or extends) the target's hold-off; returns when it ends. */
   start(target: string, hint: WaitHint): number {
     const delayMs = Math.min(hint.delayMs, MAX_HOLD_OFF_MS);

@@ -3,6 +3,7 @@
 import { randomUUID } from 'node:crypto';
 import {
   budgetOf,
+  MAX_WINDOW_S,
   retryAllowance,
   type BreakerRecord,
   type BudgetConfig,
@@ -12,15 +13,27 @@ import {
   type StateStore,
 } from './store.ts';
 
-/** Per-second buckets; the window is the sum over the last windowS seconds. */
-class SecondBuckets {
+/**
+ * Per-second buckets; the window is the sum over the last windowS seconds. Seconds older than the longest window any
+ * config may ask for go when a new second begins: a budget key that only ever counts requests (a healthy target, never
+ * retried) is never summed, and kept a bucket for every second it had traffic, for as long as the process ran.
+ */
+export class SecondBuckets {
   readonly #buckets = new Map<number, number[]>();
 
   add(nowMs: number, values: number[]): void {
     const sec = Math.floor(nowMs / 1000);
     const b = this.#buckets.get(sec);
     if (b) values.forEach((v, i) => (b[i] = (b[i] ?? 0) + v));
-    else this.#buckets.set(sec, [...values]);
+    else {
+      for (const s of this.#buckets.keys()) if (s <= sec - MAX_WINDOW_S) this.#buckets.delete(s);
+      this.#buckets.set(sec, [...values]);
+    }
+  }
+
+  /** Seconds held. */
+  get size(): number {
+    return this.#buckets.size;
   }
 
   sum(nowMs: number, windowS: number, width: number): number[] {

@@ -3,8 +3,6 @@
 // always passed in (the caller's injected clock), never read from Redis, so both stores agree to the millisecond.
 import type { Cluster, Redis } from 'ioredis';
 
-/** Longest window any config may ask for (schema: windowS <= 300); bounds what a flush of requests keeps. */
-export const MAX_WINDOW_S = 300;
 
 // Sums the per-second fields `<kind>:<sec>` of a hash over the last windowS seconds (the current one included) and
 // deletes older or malformed fields, so a hash never holds more than a window's worth of seconds.

@@ -13,9 +13,9 @@ import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { configProblem, isCommandTimeout, safeError, type ConfigProblem } from './redis-errors.ts';
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
-import { defineScripts, MAX_WINDOW_S, type ScriptClient } from './redis-scripts.ts';
+import { defineScripts, type ScriptClient } from './redis-scripts.ts';
 import { FleetView } from './redis-view.ts';
-import { budgetOf, type BreakerRecord, type BudgetConfig, type BudgetWindow, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
+import { budgetOf, MAX_WINDOW_S, type BreakerRecord, type BudgetConfig, type BudgetWindow, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
 
 export interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */

@@ -20,6 +20,9 @@ export interface BreakerRecord {
   failedProbes?: number;
 }
 
+/** Longest window any config may ask for (schema: windowS <= 300); bounds what either store keeps per key. */
+export const MAX_WINDOW_S = 300;
+
 export const INITIAL_BREAKER: BreakerRecord = { state: 'closed', sinceMs: 0, openUntilMs: 0, probeSuccesses: 0, generation: 0 };
 
 /** Sums over a sliding window of whole seconds. */
