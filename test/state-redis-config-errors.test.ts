@@ -139,7 +139,7 @@ describe('Redis refuses the commands the gateway needs (ACL)', () => {
 });
 
 describe('the ACL the README gives the gateway\'s Redis user', () => {
-  const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection'];
+  const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
 
   it('is enough: every operation goes to Redis, nothing is refused', async () => {
     await admin.call('ACL', 'SETUSER', 'readme', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);

@@ -37,8 +37,9 @@ const PROBLEMS: Array<{ test: RegExp; problem: Omit<ConfigProblem, 'redisError'>
     },
   },
   {
-    // A command a script may not run is refused with an ERR that names the script (Redis 7), not a NOPERM.
-    test: /^(?:Ready check failed: )?NOPERM\b|^ERR The user executing the script can't run this command/,
+    // A command, key or channel a script may not use is refused with an ERR that names the script (Redis 7), not a
+    // NOPERM: "can't run this command or subcommand", "can't access at least one of the keys", "can't publish to the channel".
+    test: /^(?:Ready check failed: )?NOPERM\b|^ERR The user executing the script can't (?:run this command|access at least one of the keys|publish to the channel)/,
     problem: {
       kind: 'permissions',
       setting: 'the ACL of the state.redis user',

@@ -39,6 +39,11 @@ export class RedisKeys {
     return `${this.#prefix}{pool/${pool}}:demand`;
   }
 
+  /** Written by the degraded store's health check; expires at once. */
+  probe(): string {
+    return `${this.#prefix}{probe}:probe`;
+  }
+
   /** Per-second request (`r:<sec>`) and retry (`x:<sec>`) counts of one retry budget. */
   budget(budgetKey: string): string {
     return `${this.#prefix}{${budgetKey}}:budget`;

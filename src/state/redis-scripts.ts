@@ -138,6 +138,16 @@ redis.call('PEXPIRE', key, stale * 2)
 return { tostring(total), n }
 `;
 
+/**
+ * KEYS: probe key. ARGV: ttlMs. The degraded store's health check: a script that writes, as every operation of the store
+ * does, so a Redis that answers reads but refuses writes (OOM under noeviction, a read-only replica, CLIENT PAUSE WRITE,
+ * an ACL without scripting) is not taken for one that is back.
+ */
+const PROBE = `
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+return 1
+`;
+
 type Arg = string | number;
 
 /** The scripts as methods on the client, after `defineScripts`. */
@@ -149,6 +159,7 @@ export interface ScriptCommands {
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
+  sgProbe(key: string, ...args: Arg[]): Promise<number>;
 }
 
 export type ScriptClient = (Redis | Cluster) & ScriptCommands;
@@ -163,6 +174,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgBudget: BUDGET,
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
+    sgProbe: PROBE,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });

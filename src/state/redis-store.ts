@@ -30,13 +30,17 @@ const FLUSH_INTERVAL_MS = 50;
 /** An instance whose demand is older than this has left the fleet's share computation. */
 const DEMAND_STALE_MS = 3_000;
 
-/** While degraded on a live connection (timeouts), how often a PING checks whether Redis answers again. */
+/** While degraded on a live connection (timeouts, refused writes), how often a keyed write checks whether Redis takes writes again. */
 const PROBE_INTERVAL_MS = 1000;
 /**
  * After Redis refused a command for a configuration reason (an ACL without a command the gateway needs), how long the
  * store stays on local state before it tries Redis again: a PING would pass at once, and flapping helps nobody.
  */
 const CONFIG_RETRY_MS = 30_000;
+/** The health check's key expires this long after it is written. */
+const PROBE_TTL_MS = 1000;
+/** After Redis refused the events channel (ACL), how often the subscriber asks again, so a fixed ACL is picked up. */
+const SUBSCRIBE_RETRY_MS = 1000;
 /** How long close() waits for QUIT before it drops the connections. */
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
@@ -78,6 +82,7 @@ export class RedisStore implements StateStore {
   readonly #degradedListeners = new Set<(degraded: boolean) => void>();
   #flushTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
+  #subscribeTimer: NodeJS.Timeout | undefined;
   #lastError: unknown;
   /** A configuration problem Redis reported on the current command connection: it stays unused until a new one. */
   #misconfigured: ConfigProblem | undefined;
@@ -100,7 +105,11 @@ export class RedisStore implements StateStore {
     // 'connect' comes before AUTH and SELECT are answered: a new connection starts with a clean slate.
     this.#client.on('connect', () => (this.#misconfigured = undefined));
     this.#client.on('ready', () => this.#onConnected());
-    this.#client.on('close', () => this.#setDegraded(true));
+    // A connection that closes without an error event (a killed Redis) must not be reported with an older error.
+    this.#client.on('close', () => {
+      this.#lastError ??= new Error('connection to Redis closed');
+      this.#setDegraded(true);
+    });
     // Connection errors are expected while Redis is away; the degraded warning reports the last one. Configuration
     // errors are not: they are logged as such (once each).
     this.#client.on('error', (err: unknown) => this.#connectionError(err, true));
@@ -266,6 +275,7 @@ export class RedisStore implements StateStore {
     this.#closed = true;
     clearTimeout(this.#flushTimer);
     clearInterval(this.#probeTimer);
+    clearTimeout(this.#subscribeTimer);
     await Promise.all([quitSoon(this.#client), quitSoon(this.#sub)]);
     this.#view.clearListeners();
     this.#degradedListeners.clear();
@@ -440,8 +450,14 @@ export class RedisStore implements StateStore {
       this.#subscribed = true;
     } catch (err) {
       const problem = configProblem(err);
-      if (problem) this.#reportProblem(problem);
-      else this.#logger?.warn({ error: safeError(err) }, 'state store could not subscribe to changes; will retry on reconnect');
+      if (problem) {
+        this.#reportProblem(problem);
+        // The connection stays up, so no reconnect would ask again: ask again until the ACL allows the channel.
+        clearTimeout(this.#subscribeTimer);
+        this.#subscribeTimer = setTimeout(() => {
+          if (!this.#closed && !this.#subscribed && this.#sub.status === 'ready') void this.#subscribe();
+        }, SUBSCRIBE_RETRY_MS).unref();
+      } else this.#logger?.warn({ error: safeError(err) }, 'state store could not subscribe to changes; will retry on reconnect');
       return;
     }
     // Messages sent while we were not subscribed are lost; read the current state instead.
@@ -497,6 +513,7 @@ export class RedisStore implements StateStore {
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
       this.#timeoutsInARow = 0;
+      this.#lastError = undefined;
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
       this.#probeTimer = undefined;
@@ -505,10 +522,12 @@ export class RedisStore implements StateStore {
   }
 
   #probe(): void {
-    if (this.#client.status !== 'ready') return;
+    // A connection Redis refused the configuration on (a db it does not have left it on db 0) is not written to.
+    if (this.#client.status !== 'ready' || this.#misconfigured) return;
     if (this.#refusedAtMs !== undefined && Date.now() - this.#refusedAtMs < CONFIG_RETRY_MS) return;
-    // A keyed read, not PING: a Redis Cluster whose slots are down answers PING from every live node.
-    this.#client.hget(this.#keys.breaker('probe'), 'generation').then(
+    // A keyed write, not PING: a Redis Cluster whose slots are down answers PING from every live node, and a Redis
+    // that refuses writes (OOM under noeviction) answers reads; either way the store's next write would fail again.
+    this.#client.sgProbe(this.#keys.probe(), PROBE_TTL_MS).then(
       () => this.#onReady(),
       (err: unknown) => (this.#lastError = err),
     );
