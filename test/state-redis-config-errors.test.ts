@@ -1,16 +1,13 @@
 // A Redis that refuses the gateway's settings (a wrong or missing password, a database that does not exist) is a
 // configuration problem, not an outage: the gateway still serves on local state, but says so at error level, once, names
 // the setting to check, and never logs the password.
-import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import pino from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { configProblem, safeError } from '../src/state/redis-errors.ts';
-import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
-import { testLogSink } from './helpers/stack.ts';
+import { eventually, loggedStores, README_ACL } from './helpers/redis-stores.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
 // Two of the run's known credentials, so the end-of-run log check looks for them too.
@@ -21,7 +18,7 @@ const BUDGET = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
 
 let redis: RedisHandle;
 let admin: Redis;
-const stores: RedisStore[] = [];
+const store = loggedStores('c');
 
 beforeAll(async () => {
   redis = await startRedis();
@@ -33,35 +30,13 @@ afterAll(async () => {
   await redis?.stop();
 });
 afterEach(async () => {
-  await Promise.all(stores.splice(0).map((s) => s.close()));
   await admin.config('SET', 'requirepass', PASSWORD);
 });
 
-interface Line {
-  level: number;
-  msg: string;
-  problem?: string;
-  setting?: string;
-}
 
-function store(url: string): { store: RedisStore; keyPrefix: string; raw: string[]; lines: () => Line[] } {
-  const raw: string[] = [];
-  const logger = pino({ level: 'debug' }, testLogSink(raw));
-  const keyPrefix = `c-${randomUUID()}`;
-  const s = new RedisStore({ config: { redis: url, commandTimeoutMs: 100, keyPrefix }, logger });
-  stores.push(s);
-  return { store: s, keyPrefix, raw, lines: () => raw.map((l) => JSON.parse(l) as Line) };
-}
 
 const hostPort = () => `127.0.0.1:${redis.port}`;
 
-async function eventually(check: () => boolean, withinMs: number): Promise<void> {
-  const start = Date.now();
-  while (!check()) {
-    if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
-    await sleep(10);
-  }
-}
 
 describe('Redis refuses the configured settings', () => {
   it('a wrong password: serves on local state, one error line naming the setting, no password, and recovers once Redis accepts it', async () => {
@@ -139,7 +114,6 @@ describe('Redis refuses the commands the gateway needs (ACL)', () => {
 });
 
 describe('the ACL the README gives the gateway\'s Redis user', () => {
-  const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
 
   it('is enough: every operation goes to Redis, nothing is refused', async () => {
     await admin.call('ACL', 'SETUSER', 'readme', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);

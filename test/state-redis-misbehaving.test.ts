@@ -5,21 +5,18 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import pino from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { configProblem } from '../src/state/redis-errors.ts';
-import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
-import { testLogSink } from './helpers/stack.ts';
+import { eventually, loggedStores, README_ACL, type LogLine } from './helpers/redis-stores.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
 const PASSWORD = TEST_SECRETS[2]!;
-const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
 
 let redis: RedisHandle;
 let admin: Redis;
-const stores: RedisStore[] = [];
+const store = loggedStores('m');
 
 beforeAll(async () => {
   redis = await startRedis();
@@ -30,34 +27,13 @@ afterAll(async () => {
   await redis?.stop();
 });
 afterEach(async () => {
-  await Promise.all(stores.splice(0).map((s) => s.close()));
   await admin.config('SET', 'maxmemory', '0');
 });
 
-interface Line {
-  level: number;
-  msg: string;
-  problem?: string;
-  error?: { message: string };
-}
 
-function store(url: string, keyPrefix = `m-${randomUUID()}`): { store: RedisStore; keyPrefix: string; lines: () => Line[] } {
-  const raw: string[] = [];
-  const logger = pino({ level: 'debug' }, testLogSink(raw));
-  const s = new RedisStore({ config: { redis: url, commandTimeoutMs: 100, keyPrefix }, logger });
-  stores.push(s);
-  return { store: s, keyPrefix, lines: () => raw.map((l) => JSON.parse(l) as Line) };
-}
 
-async function eventually(check: () => boolean, withinMs: number): Promise<void> {
-  const start = Date.now();
-  while (!check()) {
-    if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
-    await sleep(10);
-  }
-}
 
-const count = (lines: Line[], prefix: string) => lines.filter((l) => l.msg.startsWith(prefix)).length;
+const count = (lines: LogLine[], prefix: string) => lines.filter((l) => l.msg.startsWith(prefix)).length;
 
 describe('a Redis that answers reads but refuses writes (OOM with maxmemory-policy noeviction)', () => {
   it('stays degraded while writes fail: one degraded line, no recovered/degraded pair every second; back once writes pass', async () => {

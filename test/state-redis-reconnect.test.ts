@@ -13,6 +13,7 @@ import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { eventually } from './helpers/redis-stores.ts';
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.ts';
 
 const s = settingsForModel(BreakerSchema.parse({ openS: 30 }), undefined);
@@ -50,13 +51,6 @@ async function pair(logs: string[] = []) {
   return { a, b, keyPrefix };
 }
 
-async function eventually(check: () => boolean | Promise<boolean>, withinMs: number): Promise<void> {
-  const start = Date.now();
-  while (!(await check())) {
-    if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
-    await sleep(10);
-  }
-}
 
 async function cutOff(a: RedisStore): Promise<void> {
   await proxy.cut();

@@ -1,0 +1,49 @@
+// RedisStores for tests against a real redis-server: each with its own key prefix and a log the test can read, all
+// closed after each test. And `eventually`, for state that reaches a store a moment later (pub/sub, a reconnect).
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pino from 'pino';
+import { afterEach } from 'vitest';
+import { RedisStore } from '../../src/state/redis-store.ts';
+import { testLogSink } from './stack.ts';
+
+/** The ACL the README gives the gateway's Redis user (its command part). */
+export const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
+
+export interface LogLine {
+  level: number;
+  msg: string;
+  problem?: string;
+  setting?: string;
+  error?: { message: string };
+}
+
+export interface LoggedStore {
+  store: RedisStore;
+  keyPrefix: string;
+  raw: string[];
+  lines: () => LogLine[];
+}
+
+/** A factory of logged stores on `url`, each closed after the test that made it; `prefix` starts their key prefixes. */
+export function loggedStores(prefix: string): (url: string, keyPrefix?: string) => LoggedStore {
+  const stores: RedisStore[] = [];
+  afterEach(async () => {
+    await Promise.all(stores.splice(0).map((s) => s.close()));
+  });
+  return (url, keyPrefix = `${prefix}-${randomUUID()}`) => {
+    const raw: string[] = [];
+    const logger = pino({ level: 'debug' }, testLogSink(raw));
+    const store = new RedisStore({ config: { redis: url, commandTimeoutMs: 100, keyPrefix }, logger });
+    stores.push(store);
+    return { store, keyPrefix, raw, lines: () => raw.map((l) => JSON.parse(l) as LogLine) };
+  };
+}
+
+export async function eventually(check: () => boolean | Promise<boolean>, withinMs: number): Promise<void> {
+  const start = Date.now();
+  while (!(await check())) {
+    if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
+    await sleep(10);
+  }
+}
