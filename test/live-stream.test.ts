@@ -163,18 +163,33 @@ describe('LiveStream: idle timer', () => {
 
   it('does not count a recovery\'s continuation as a client stall', async () => {
     const { live, ended } = liveStream(chunk(0, 'Hel'), [], { choices: 1, usage: false }, 50);
-    live.recoverWith(async () =>
-      (async function* () {
+    live.recoverWith(async () => ({
+      text: (async function* () {
         for (let i = 0; i < 15; i++) {
           await sleep(60);
           yield chunk(0, ` ${i}`);
         }
         yield chunk(0, '.', 'stop') + DONE;
       })(),
-    );
+      ended: (): StreamEnd => ({ kind: 'complete', events: 16, droppedMalformed: 0 }),
+    }));
     const text = await readAll(live);
     expect(text.endsWith(DONE)).toBe(true);
     expect((await ended).kind).toBe('recovered');
+  });
+
+  it('ends as its continuation did when a recovery breaks too: the client got that error event, not an answer', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [], { choices: 1, usage: false }, 50);
+    live.recoverWith(async () => ({
+      text: (async function* () {
+        yield chunk(0, 'lo');
+        yield 'data: {"error":{"message":"the upstream stream was cut","type":"server_error","param":null,"code":"stream_interrupted"}}\n\n';
+      })(),
+      ended: (): StreamEnd => ({ kind: 'stalled', events: 1, droppedMalformed: 0 }),
+    }));
+    const text = await readAll(live);
+    expect(text).toContain('stream_interrupted');
+    expect((await ended).kind).toBe('stalled');
   });
 
   it('turns an `event: error` without an error object into one the SDKs raise, and ends the stream', async () => {

@@ -15,9 +15,13 @@ export type StreamEndKind = (typeof STREAM_END_KINDS)[number];
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
- * the SSE text to send after what was delivered, or undefined when it cannot (the client then gets the original error).
+ * the SSE text to send after what was delivered, and how that continuation ended once it is read; or undefined when
+ * it cannot (the client then gets the original error).
  */
-export type StreamRecovery = (delivered: string) => Promise<AsyncIterable<string> | undefined>;
+export type StreamRecovery = (delivered: string) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
+
+/** How a continuation may end for the stream to count as recovered: the client got a whole answer. */
+const WHOLE_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done-added']);
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -183,8 +187,7 @@ export class LiveStream {
         const whole = this.#whole();
         this.#kind = whole ? 'done-added' : 'cut';
         if (whole) yield 'data: [DONE]\n\n';
-        else if (yield* this.#recovered()) this.#kind = 'recovered';
-        else yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
+        else if (!(yield* this.#recovered())) yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
       }
     } catch (err) {
       const reason: unknown = controller.signal.reason;
@@ -203,12 +206,10 @@ export class LiveStream {
         yield streamErrorEvent(api, `${reason.message} before the answer was complete; send the request again`, 'stream_interrupted');
       } else if (reason instanceof AttemptTimeout) {
         this.#kind = 'stalled';
-        if (yield* this.#recovered()) this.#kind = 'recovered';
-        else yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
+        if (!(yield* this.#recovered())) yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
       } else {
         this.#kind = 'cut';
-        if (yield* this.#recovered()) this.#kind = 'recovered';
-        else yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
+        if (!(yield* this.#recovered())) yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
       }
     } finally {
       this.#finish(this.#kind);
@@ -304,14 +305,19 @@ export class LiveStream {
     }
   }
 
-  /** Tries the route's stream recovery; yields the marker and the continuation, and says whether it worked. */
+  /**
+   * Tries the route's stream recovery; yields the marker and the continuation, and says whether it was sent (then
+   * the continuation has ended the client's stream its own way: no error event of this stream's own is to follow).
+   * The stream counts as recovered only if the continuation ended whole; one that broke too (cut, stalled, an error
+   * event, which the client got from it) leaves the stream as broken as the continuation ended.
+   */
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
     if (!recover || this.#ended || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
-    let rest: AsyncIterable<string> | undefined;
+    let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
       rest = await recover(this.#delivered);
     } catch {
@@ -319,7 +325,13 @@ export class LiveStream {
     }
     if (!rest) return false;
     yield ': stormgate stream recovered from the next target\n\n';
-    for await (const text of rest) yield text;
+    try {
+      for await (const text of rest.text) yield text;
+    } finally {
+      const end = rest.ended();
+      // Left before its end (the client went away): the kind this stream ends with says so, not the continuation's.
+      if (end) this.#kind = WHOLE_ENDS.has(end.kind) ? 'recovered' : end.kind;
+    }
     return true;
   }
 

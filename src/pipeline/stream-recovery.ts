@@ -53,10 +53,15 @@ export function streamRecovery(
       requestSignal: signal,
       now,
     });
-    if (!result.stream) return undefined;
-    const body = result.stream.body();
-    if (!prefill) return splice(body, delivered, () => result.stream!.abandon());
-    return prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body;
+    const live = result.stream;
+    if (!live) return undefined;
+    const body = live.body();
+    const ended = () => live.ended;
+    if (!prefill) {
+      const text = await splice(body, delivered, () => live.abandon());
+      return text && { text, ended };
+    }
+    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended };
   };
 }
 
