@@ -397,6 +397,20 @@ describe('the retry budget', () => {
     expect(line).toMatchObject({ outcome: 'gateway_error', retriesStopped: 'budget' });
   });
 
+  it('names the deadline, not a wait hint, when a backoff without any hint no longer fits before it', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 500, rate: 1 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 2_000, capMs: 2_000 } }, park: false },
+      provider: { breaker: false },
+    });
+    const { res } = await chat(s, { 'x-stormgate-timeout-ms': '1000' });
+    expect(res.status).toBe(500);
+    expect(s.mock.stats().total).toBe(1);
+    await sleep(20);
+    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    expect(line).toMatchObject({ outcome: 'upstream_error', retriesStopped: 'deadline' });
+  });
+
   it('serves a client-declared retry once but never retries it when the budget is spent', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

@@ -89,7 +89,7 @@ export interface RequestSummary {
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
   /** A failed request: what stopped its retries on the last target when it was not the outcome itself (the budget, say). */
-  retriesStopped?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'timeout';
+  retriesStopped?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout';
   /** Targets left out for this request, with the reason. */
   skipped: SkippedTarget[];
   /** Tokens of the answer, for the cost metrics. */

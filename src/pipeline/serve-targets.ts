@@ -27,6 +27,7 @@ export const FALLBACK_REASONS = [
   'retries_exhausted',
   'budget',
   'wait_hint',
+  'deadline',
   'timeout',
   'credentials',
   'error',

@@ -134,7 +134,7 @@ export type TargetResult =
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
-  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'timeout' }
+  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' }
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
 export function newRun(): TargetRun {
@@ -265,7 +265,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       minAttemptMs,
       random: deps.random,
     });
-    if (!decision.wait) return failed(decision.retryAfterMs, 'wait_hint');
+    // No hint, or a hint within maxWaitHintMs, and no time left for the wait: the deadline stopped the retries.
+    if (!decision.wait) return failed(decision.retryAfterMs, decision.why === 'deadline' && !hint ? 'deadline' : 'wait_hint');
     failed(hint?.delayMs, 'retries_exhausted');
     // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
     // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
@@ -290,7 +291,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       holdOffEnd !== undefined && holdOffEnd === ownHoldOff
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
-    if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, 'wait_hint');
+    if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
     if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
