@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack, requestLine } from './helpers/stack.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 
 const startStack = useStacks();
@@ -192,7 +192,7 @@ describe('failover to another provider', () => {
     const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, n: 2 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
     expect(err.status).toBe(503);
     expect(backup!.stats().total).toBe(0);
-    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    const line = await requestLine(s);
     expect(line.skipped[0].target).toBe('backup/claude-sonnet-4-5');
     expect(line.skipped[0].reason).toMatch(/n/);
   });

@@ -1,7 +1,7 @@
 // Breaker, hold-off, retry budget and parking on one gateway instance (in-process state), over real HTTP.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
-import { defaultConfig, useStacks, type Stack, metricSum } from './helpers/stack.ts';
+import { defaultConfig, useStacks, type Stack, metricSum, requestLine } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 
@@ -392,8 +392,7 @@ describe('the retry budget', () => {
     expect(res.status).toBe(502);
     expect(s.mock.stats().total).toBe(1);
     expect(body.error?.message).toMatch(/after 1 attempt \(last: .*\); not retried: the retry budget is spent$/);
-    await sleep(20);
-    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    const line = await requestLine(s);
     expect(line).toMatchObject({ outcome: 'gateway_error', retriesStopped: 'budget' });
   });
 
@@ -406,8 +405,7 @@ describe('the retry budget', () => {
     const { res } = await chat(s, { 'x-stormgate-timeout-ms': '1000' });
     expect(res.status).toBe(500);
     expect(s.mock.stats().total).toBe(1);
-    await sleep(20);
-    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    const line = await requestLine(s);
     expect(line).toMatchObject({ outcome: 'upstream_error', retriesStopped: 'deadline' });
   });
 

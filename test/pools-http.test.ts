@@ -1,7 +1,7 @@
 // Noisy neighbour over real HTTP: a batch flood at ten times the provider's capacity next to steady online traffic.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
-import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { RETRY_LOOP_ONLY, useStacks, type Stack, requestLine } from './helpers/stack.ts';
 
 const start = useStacks(RETRY_LOOP_ONLY);
 
@@ -87,14 +87,14 @@ describe('priority pools under a batch flood', () => {
   it('never lets a request promote itself with x-stormgate-priority', async () => {
     const s = await start({ route: { priority: 'batch' } });
     await chat(s, { 'x-stormgate-priority': 'online' });
-    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    const line = await requestLine(s);
     expect(line.priority).toBe('batch');
   });
 
   it('names a priority no class is called in the log line, and serves the request in the route\'s class', async () => {
     const s = await start({});
     expect(await chat(s, { 'x-stormgate-priority': 'bulk' })).toBe(200);
-    const line = s.logs.map((l) => JSON.parse(l)).find((l) => l.route === 'chat');
+    const line = await requestLine(s);
     expect(line).toMatchObject({ priority: 'online', unknownPriority: 'bulk' });
   });
 });

@@ -148,3 +148,18 @@ export async function metricSum(s: Stack, name: string): Promise<number> {
     .filter((l) => l.startsWith(name))
     .reduce((sum, l) => sum + Number(l.split(' ').at(-1)), 0);
 }
+
+/**
+ * The request log line of the first request on `route`, once written: a request's line follows its answer by a tick or
+ * two (a stream's, its close), so it is waited for (up to a second) rather than read at once.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- a log line is JSON: tests read whatever field they check
+export async function requestLine(s: Stack, route = 'chat'): Promise<Record<string, any>> {
+  const until = Date.now() + 1_000;
+  for (;;) {
+    const line = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.route === route);
+    if (line) return line;
+    if (Date.now() > until) throw new Error(`no request log line for route ${route}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
