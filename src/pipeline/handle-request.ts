@@ -20,7 +20,7 @@ import { streamBody } from '../streaming/stream-body.ts';
 import { streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
-import type { AttemptRecord, SkippedTarget, TargetPlan } from './target-attempts.ts';
+import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
 import { RequestAbort } from './request-abort.ts';
 import { EarlyStart } from './early-start.ts';
 
@@ -89,7 +89,7 @@ export interface RequestSummary {
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
   /** A failed request: what stopped its retries on the last target when it was not the outcome itself (the budget, say). */
-  retriesStopped?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout';
+  retriesStopped?: RetriesStopped;
   /** Targets left out for this request, with the reason. */
   skipped: SkippedTarget[];
   /** Tokens of the answer, for the cost metrics. */

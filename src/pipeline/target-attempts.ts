@@ -134,8 +134,11 @@ export type TargetResult =
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
-  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' }
+  | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: RetriesStopped }
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
+
+/** What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped). */
+export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout';
 
 export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
@@ -246,8 +249,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     ticket = undefined;
 
     if (cls.cls === 'success') return { kind: 'ok', result };
-    type Why = NonNullable<(TargetResult & { kind: 'failed' })['why']>;
-    const failed = (retryAfterMs: number | undefined, why?: Why): TargetResult & { kind: 'failed' } =>
+    const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs, ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
     if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
@@ -265,7 +267,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       minAttemptMs,
       random: deps.random,
     });
-    // No hint, or a hint within maxWaitHintMs, and no time left for the wait: the deadline stopped the retries.
+    // A hint too long, or one the time left cannot wait out, is the hint's doing; a backoff that does not fit, the deadline's.
     if (!decision.wait) return failed(decision.retryAfterMs, decision.why === 'deadline' && !hint ? 'deadline' : 'wait_hint');
     failed(hint?.delayMs, 'retries_exhausted');
     // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
