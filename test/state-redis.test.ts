@@ -110,11 +110,19 @@ describe('two instances on one Redis', () => {
     expect(await a!.casBreaker('t1', 0, reopened)).toBe(true);
     await eventually(() => b!.getBreaker('t1')?.generation === 4, 500);
     expect(b!.getBreaker('t1')).toEqual(reopened);
-    // Closing ends the run: the field is written back as none, not left behind from the open record.
-    const closedRec: BreakerRecord = { state: 'closed', sinceMs: 9000, openUntilMs: 0, probeSuccesses: 0, generation: 5 };
-    expect(await b!.casBreaker('t1', 4, closedRec)).toBe(true);
+    // Half-open with a probe failed: both counts travel, read back from the hash as well as from the message.
+    const half: BreakerRecord = { state: 'half-open', sinceMs: 8000, openUntilMs: 0, probeSuccesses: 2, probeFailures: 1, failedProbes: 3, generation: 5 };
+    expect(await b!.casBreaker('t1', 4, half)).toBe(true);
     await eventually(() => a!.getBreaker('t1')?.generation === 5, 500);
-    expect(a!.getBreaker('t1')).toEqual(closedRec);
+    expect(a!.getBreaker('t1')).toEqual(half);
+    const [reader] = await join(1);
+    await eventually(() => reader!.getBreaker('t1')?.generation === 5, 500);
+    expect(reader!.getBreaker('t1')).toEqual(half);
+    // Closing ends the run: the fields are written back as none, not left behind from the earlier record.
+    const closedRec: BreakerRecord = { state: 'closed', sinceMs: 9000, openUntilMs: 0, probeSuccesses: 0, generation: 6 };
+    expect(await a!.casBreaker('t1', 5, closedRec)).toBe(true);
+    await eventually(() => b!.getBreaker('t1')?.generation === 6, 500);
+    expect(b!.getBreaker('t1')).toEqual(closedRec);
     // A hash from before the field existed (a rolling upgrade): still a valid record, with no failed probes.
     const raw = new Redis(redis.url);
     // This fleet's key: other tests' fleets (other prefixes) hold a {t1} breaker too.

@@ -76,7 +76,7 @@ const breakerFields = {
   slowCallMs: positiveMs('An attempt cut short by the client\'s deadline or disconnect counts as a failure only if it had waited longer than this. Default: 5000.'),
   openS: z.number().positive().max(MAX_TIMER_S).describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
   halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),
-  closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker; one failure reopens it. Default: 3.'),
+  closeAfter: z.number().int().min(1).describe('Probe successes that close the breaker. While half-open, once closeAfter probes have answered, a failure share of failureRate or more reopens it (as do closeAfter failures); the first probe after an open spell reopens it on its own failure. Default: 3.'),
   probeWhileParkedMs: positiveMs('While requests are parked on an open target, the first probe goes this long after it opened, whatever openS says; each probe that fails doubles the wait, up to probeWhileParkedMaxMs. Default: 1000.'),
   probeWhileParkedMaxMs: positiveMs('Longest wait between probes while requests are parked (never past openS): how late parked requests may learn of a recovery, against how often a long outage is probed. Default: 5000.'),
 };

@@ -79,19 +79,36 @@ export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: numb
 }
 
 /**
- * A probe's result: closeAfter successes close the breaker (a fresh window: a new generation), one failure reopens it.
+ * A probe's result. While open, the first probe decides alone: a failure reopens, a success half-opens. While
+ * half-open, the probes are judged as Resilience4j's half-open state judges its permitted calls: once closeAfter probes
+ * have answered, a failure share of failureRate or more (the rule that trips a closed breaker) reopens it, as do
+ * closeAfter failures; closeAfter successes close it (a fresh window: a new generation). One failure no longer reopens:
+ * a provider back with a steady 20% error rate failed one probe round in two that way, and the demo's breaker stayed
+ * open 85 s after a 20 s brownout, on a provider the closed breaker would never have tripped on.
  * `spellSinceMs`: the record's sinceMs when the probe's permit was taken. A result from before the breaker last
- * (re)opened says nothing about now: a success would undo the reopen and let a new round of probes out at once.
+ * (re)opened or half-opened says nothing about now: a success would undo the reopen and let a new round of probes out.
  */
 export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number): BreakerRecord | undefined {
   if (rec.state === 'closed' || verdict === 'ignore') return undefined;
   // Nor does a failure: the breaker has reopened since, on the failure of a probe out together with it (half-open lets
   // several go), and counting it again would double the parked requests' probe wait once more per probe, not per round.
-  if (rec.state === 'open' && rec.sinceMs > spellSinceMs) return undefined;
-  if (verdict === 'failure') return opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
-  const successes = rec.probeSuccesses + 1;
+  if (rec.sinceMs > spellSinceMs) return undefined;
+  const reopen = () => opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
+  if (rec.state === 'open' && verdict === 'failure') return reopen();
+  const successes = rec.probeSuccesses + (verdict === 'success' ? 1 : 0);
+  const failures = (rec.probeFailures ?? 0) + (verdict === 'failure' ? 1 : 0);
+  const answered = successes + failures;
+  if (failures >= s.closeAfter || (answered >= s.closeAfter && failures / answered >= s.failureRate)) return reopen();
   if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };
-  return { ...rec, state: 'half-open', sinceMs: rec.state === 'half-open' ? rec.sinceMs : nowMs, probeSuccesses: successes, generation: rec.generation + 1 };
+  const { probeFailures: _, ...rest } = rec;
+  return {
+    ...rest,
+    state: 'half-open',
+    sinceMs: rec.state === 'half-open' ? rec.sinceMs : nowMs,
+    probeSuccesses: successes,
+    generation: rec.generation + 1,
+    ...(failures > 0 && { probeFailures: failures }),
+  };
 }
 
 /**

@@ -157,7 +157,7 @@ export class BreakerBoard {
   /** A probe that left the state as it was (a failed one reopens an open breaker): a detail, not a transition. */
   #logKept(target: string, to: BreakerRecord): void {
     const openUntil = to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined;
-    this.#deps.logger?.debug({ target, state: to.state, probeSuccesses: to.probeSuccesses, openUntil }, `breaker stays ${to.state}`);
+    this.#deps.logger?.debug({ target, state: to.state, probeSuccesses: to.probeSuccesses, probeFailures: to.probeFailures, openUntil }, `breaker stays ${to.state}`);
   }
 
   /** Compare-and-set with one re-read: another instance may have moved first, and then its move stands. */

@@ -60,9 +60,11 @@ export function encodeBreaker(r: BreakerRecord): string[] {
     'openUntilMs', String(r.openUntilMs),
     'probeSuccesses', String(r.probeSuccesses),
     'generation', String(r.generation),
-    // Stamped with the generation it belongs to: an older instance's compare-and-set HSETs only the fields it knows, so
-    // the count would outlive its spell (closed, then tripped afresh, by that instance) and slow the next one's probes.
+    // Stamped with the generation they belong to: an older instance's compare-and-set HSETs only the fields it knows,
+    // so the counts would outlive their spell (closed, then tripped afresh, by that instance) and slow the next one's
+    // probes, or reopen its half-open breaker early.
     'failedProbes', String(r.failedProbes ?? 0),
+    'probeFailures', String(r.probeFailures ?? 0),
     'failedProbesGeneration', String(r.generation),
   ];
 }
@@ -83,8 +85,11 @@ export function decodeBreaker(raw: Record<string, string> | string[]): BreakerRe
   // Absent from records an older instance wrote: none; left behind under another generation by an older instance's
   // write over a newer one's record: none either. (A published record carries no stamp: it is its writer's own.)
   const stamp = h.failedProbesGeneration;
-  const failedProbes = stamp === undefined || Number(stamp) === record.generation ? Number(h.failedProbes ?? 0) : 0;
+  const current = stamp === undefined || Number(stamp) === record.generation;
+  const failedProbes = current ? Number(h.failedProbes ?? 0) : 0;
   if (Number.isInteger(failedProbes) && failedProbes > 0) record.failedProbes = failedProbes;
+  const probeFailures = current ? Number(h.probeFailures ?? 0) : 0;
+  if (Number.isInteger(probeFailures) && probeFailures > 0) record.probeFailures = probeFailures;
   return record;
 }
 

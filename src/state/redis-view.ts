@@ -76,5 +76,6 @@ export class FleetView {
 
 function sameBreaker(a: BreakerRecord, b: BreakerRecord): boolean {
   return a.generation === b.generation && a.state === b.state && a.sinceMs === b.sinceMs
-    && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses && (a.failedProbes ?? 0) === (b.failedProbes ?? 0);
+    && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses && (a.failedProbes ?? 0) === (b.failedProbes ?? 0)
+    && (a.probeFailures ?? 0) === (b.probeFailures ?? 0);
 }

@@ -11,6 +11,8 @@ export interface BreakerRecord {
   openUntilMs: number;
   /** While half-open: probe successes so far. */
   probeSuccesses: number;
+  /** While half-open: probe failures so far (absent: none, as in records written before it existed). */
+  probeFailures?: number;
   /** Bumped by every transition; a fresh window starts with each generation. */
   generation: number;
   /**
