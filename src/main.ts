@@ -38,23 +38,25 @@ async function main(): Promise<void> {
     }
     throw err;
   }
-  const app = await buildServer(config);
-  let closing = false;
+  // Signals are heard from here on: a SIGTERM while the server is still being built (start-up waits up to a second for
+  // Redis) would otherwise kill the process with Node's default (exit 143, Redis connections dropped mid-handshake).
+  let running: App | undefined;
+  let closing: string | undefined;
   const shutdown = (signal: string) => {
-    if (closing) return;
-    closing = true;
-    app.log.info({ signal }, 'shutting down');
-    // SIGINT (a person at a terminal) closes at once; SIGTERM (an orchestrator) drains.
-    (signal === 'SIGTERM' ? app.drain() : app.close()).then(
-      () => process.exit(0),
-      (err: unknown) => {
-        app.log.error({ err }, 'shutdown failed');
-        process.exit(1);
-      },
-    );
+    if (closing !== undefined) return;
+    closing = signal;
+    // Still starting: the rest of main() closes what was built.
+    if (running) stop(running, signal);
   };
   process.once('SIGTERM', () => shutdown('SIGTERM'));
   process.once('SIGINT', () => shutdown('SIGINT'));
+  const app = await buildServer(config);
+  running = app;
+  if (closing !== undefined) {
+    app.log.info({ signal: closing }, 'stopped during start-up');
+    await app.close();
+    process.exit(0);
+  }
   // Node's default for SIGHUP is to exit at once, cutting every request and stream; operators send it to reload, and
   // a closing terminal sends it too. There is no reload: the signal is logged and ignored.
   process.on('SIGHUP', () => app.log.warn('SIGHUP ignored: the config is read at start only; restart the gateway (SIGTERM drains) to apply a change'));
@@ -70,6 +72,20 @@ async function main(): Promise<void> {
     throw reason ? new StartupError(`cannot listen: ${reason}`) : err;
   });
   app.log.info({ address, config: file, routes: config.routes.map((r) => r.name) }, 'stormgate listening');
+}
+
+type App = Awaited<ReturnType<typeof buildServer>>;
+
+function stop(app: App, signal: string): void {
+  app.log.info({ signal }, 'shutting down');
+  // SIGINT (a person at a terminal) closes at once; SIGTERM (an orchestrator) drains.
+  (signal === 'SIGTERM' ? app.drain() : app.close()).then(
+    () => process.exit(0),
+    (err: unknown) => {
+      app.log.error({ err }, 'shutdown failed');
+      process.exit(1);
+    },
+  );
 }
 
 main().catch((err: unknown) => {

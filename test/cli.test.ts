@@ -58,4 +58,34 @@ routes:
     expect(stderr).toContain(`cannot listen: port ${port} is in use on 127.0.0.1 (server.port in ${file})`);
     expect(stderr).not.toMatch(/\n\s+at /);
   });
+
+  it('stops cleanly on SIGTERM while start-up is still waiting for Redis', async () => {
+    // A Redis that accepts the connection and never answers: start-up waits for it (up to a second).
+    const sockets: import('node:net').Socket[] = [];
+    blocker = createServer((socket) => sockets.push(socket));
+    await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
+    const redisPort = (blocker.address() as { port: number }).port;
+    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
+    const file = join(dir, 'gw.yaml');
+    writeFileSync(file, `server: { host: 127.0.0.1, port: 0, logLevel: info }
+providers:
+  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
+state: { redis: "redis://127.0.0.1:${redisPort}" }
+`);
+    const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...env } = process.env;
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = once(child, 'exit') as Promise<[number | null, string | null]>;
+    await once(blocker, 'connection');
+    child.kill('SIGTERM');
+    const [code, signal] = await exited;
+    for (const socket of sockets) socket.destroy();
+    expect({ code, signal }).toEqual({ code: 0, signal: null });
+    expect(out).toContain('stopped during start-up');
+    expect(out).not.toContain('stormgate listening');
+  });
 });
