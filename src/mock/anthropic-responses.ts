@@ -1,10 +1,10 @@
 // Anthropic Messages answers (`POST /v1/messages`): the message object and its real event sequence.
-import { answerText, contentText, continuationText, countTokens, lastText, promptChars, splitText, TOOL_ARGUMENTS } from './content.ts';
+import { answerText, contentText, continuationText, countTokens, lastText, promptChars, schemaExample, splitText, TOOL_ARGUMENTS } from './content.ts';
 import { MockRequestError } from './errors.ts';
 import type { AnswerContext, Body } from './openai-responses.ts';
 import { namedEvent, type StreamPlan } from './sse.ts';
 
-type MessagesAnswer = { kind: 'text'; text: string } | { kind: 'tool'; name: string };
+type MessagesAnswer = { kind: 'text'; text: string } | { kind: 'tool'; names: string[] };
 
 interface Parsed {
   model: string;
@@ -25,7 +25,8 @@ function parse(body: Body): Parsed {
 
   const last = messages[messages.length - 1] as { role?: unknown; content?: unknown };
   const tools = body['tools'];
-  const choice = (body['tool_choice'] as { type?: unknown } | undefined)?.type;
+  const toolChoice = body['tool_choice'] as { type?: unknown; name?: unknown; disable_parallel_tool_use?: unknown } | undefined;
+  const choice = toolChoice?.type;
   let answer: MessagesAnswer;
   if (last.role === 'assistant') {
     // As Anthropic does: a prefill that ends in whitespace is refused.
@@ -33,17 +34,31 @@ function parse(body: Body): Parsed {
     // A prefill: the answer continues the assistant's text instead of starting over.
     answer = { kind: 'text', text: continuationText(contentText(last.content)) };
   } else if (Array.isArray(tools) && tools.length > 0 && !isToolResult(last.content) && choice !== 'none') {
-    const name = (tools[0] as { name?: unknown }).name;
-    answer = { kind: 'tool', name: typeof name === 'string' ? name : 'tool' };
+    // A named tool is that tool; otherwise every tool at once (parallel tool use), or the first alone when the
+    // client disabled parallel tool use.
+    const nameOf = (t: unknown) => {
+      const name = (t as { name?: unknown } | null)?.name;
+      return typeof name === 'string' ? name : 'tool';
+    };
+    const names =
+      choice === 'tool' && typeof toolChoice?.name === 'string'
+        ? [toolChoice.name]
+        : toolChoice?.disable_parallel_tool_use === true
+          ? [nameOf(tools[0])]
+          : tools.map(nameOf);
+    answer = { kind: 'tool', names };
   } else {
-    answer = { kind: 'text', text: answerText(lastText(messages, 'user')) };
+    // Structured outputs: JSON that fits output_config.format's schema, as the SDKs' parse helpers expect.
+    const format = (body['output_config'] as { format?: { type?: unknown; schema?: unknown } } | undefined)?.format;
+    const text = format?.type === 'json_schema' ? JSON.stringify(schemaExample(format.schema)) : answerText(lastText(messages, 'user'));
+    answer = { kind: 'text', text };
   }
   const chars = promptChars(messages) + contentText(body['system']).length;
   return { model, answer, inputTokens: Math.max(1, Math.ceil(chars / 4)) };
 }
 
 function outputTokens(answer: MessagesAnswer): number {
-  return countTokens(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS);
+  return countTokens(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS.repeat(answer.names.length));
 }
 
 function usage(inputTokens: number, output: number) {
@@ -56,7 +71,7 @@ export function message(body: Body, ctx: AnswerContext): unknown {
   const content =
     answer.kind === 'text'
       ? [{ type: 'text', text: answer.text }]
-      : [{ type: 'tool_use', id: ctx.id('toolu_'), name: answer.name, input: { x: 1 } }];
+      : answer.names.map((name) => ({ type: 'tool_use', id: ctx.id('toolu_'), name, input: { x: 1 } }));
   return {
     id: ctx.id('msg_'),
     type: 'message',
@@ -83,23 +98,27 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
     stop_sequence: null,
     usage: usage(inputTokens, 1),
   };
-  const block =
-    answer.kind === 'text'
-      ? { type: 'text', text: '' }
-      : { type: 'tool_use', id: ctx.id('toolu_'), name: answer.name, input: {} };
+  // One content block per tool call (indexes 0, 1, ...), each opened, streamed and closed in turn.
+  const block = (k: number) =>
+    answer.kind === 'text' ? { type: 'text', text: '' } : { type: 'tool_use', id: ctx.id('toolu_'), name: answer.names[k], input: {} };
   const head =
     ev('message_start', { message: start }) +
-    ev('content_block_start', { index: 0, content_block: block }) +
+    ev('content_block_start', { index: 0, content_block: block(0) }) +
     ev('ping', {});
+  const blocks = answer.kind === 'text' ? 1 : answer.names.length;
   const pieces = splitText(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, ctx.chunks);
-  const chunks = pieces.map((piece) =>
-    ev('content_block_delta', {
-      index: 0,
-      delta: answer.kind === 'text' ? { type: 'text_delta', text: piece } : { type: 'input_json_delta', partial_json: piece },
-    }),
-  );
+  const chunks = Array.from({ length: blocks }, (_, k) =>
+    pieces.map(
+      (piece, j) =>
+        (k > 0 && j === 0 ? ev('content_block_stop', { index: k - 1 }) + ev('content_block_start', { index: k, content_block: block(k) }) : '') +
+        ev('content_block_delta', {
+          index: k,
+          delta: answer.kind === 'text' ? { type: 'text_delta', text: piece } : { type: 'input_json_delta', partial_json: piece },
+        }),
+    ),
+  ).flat();
   const tail =
-    ev('content_block_stop', { index: 0 }) +
+    ev('content_block_stop', { index: blocks - 1 }) +
     ev('message_delta', {
       delta: { stop_reason: answer.kind === 'text' ? 'end_turn' : 'tool_use', stop_sequence: null },
       usage: { output_tokens: outputTokens(answer) },

@@ -103,3 +103,49 @@ export function float32Base64(v: number[]): string {
   for (let i = 0; i < v.length; i++) buf.writeFloatLE(v[i]!, i * 4);
   return buf.toString('base64');
 }
+
+/**
+ * A value that satisfies a JSON Schema, for structured outputs (OpenAI's `response_format: json_schema`, Anthropic's
+ * `output_config.format`): the SDKs' `parse()` helpers JSON.parse and validate the answer, which free text would fail.
+ * Covers what zod and pydantic emit: objects, arrays, scalars, enum/const, anyOf/oneOf and local `$ref`s.
+ */
+export function schemaExample(schema: unknown, root: unknown = schema, depth = 0): unknown {
+  if (schema === null || typeof schema !== 'object' || depth > 16) return null;
+  const s = schema as Record<string, unknown>;
+  if (typeof s['$ref'] === 'string') {
+    let target: unknown = root;
+    for (const key of s['$ref'].replace(/^#\/?/, '').split('/').filter((k) => k !== '')) target = (target as Record<string, unknown> | null)?.[key];
+    return schemaExample(target, root, depth + 1);
+  }
+  if ('const' in s) return s['const'];
+  if (Array.isArray(s['enum']) && s['enum'].length > 0) return s['enum'][0];
+  const alt = (s['anyOf'] ?? s['oneOf']) as unknown[] | undefined;
+  if (Array.isArray(alt) && alt.length > 0) return schemaExample(alt[0], root, depth + 1);
+  const type = Array.isArray(s['type']) ? (s['type'] as unknown[]).find((t) => t !== 'null') : s['type'];
+  switch (type) {
+    case 'object': {
+      const out: Record<string, unknown> = {};
+      const props = (s['properties'] ?? {}) as Record<string, unknown>;
+      for (const [k, v] of Object.entries(props)) out[k] = schemaExample(v, root, depth + 1);
+      return out;
+    }
+    case 'array':
+      return [schemaExample(s['items'], root, depth + 1)];
+    case 'string':
+      return 'mock';
+    case 'integer':
+    case 'number':
+      return typeof s['minimum'] === 'number' ? s['minimum'] : 1;
+    case 'boolean':
+      return true;
+    default:
+      return s['properties'] !== undefined ? schemaExample({ ...s, type: 'object' }, root, depth + 1) : null;
+  }
+}
+
+/** Chat logprobs for a text, one entry per piece (as OpenAI's `logprobs.content`), with `top` alternatives each. */
+export function logprobsOf(text: string, top: number) {
+  const tokens = text.match(/\S+\s*|\s+/g) ?? [];
+  const entry = (token: string) => ({ token, logprob: -0.01, bytes: [...Buffer.from(token)] });
+  return tokens.map((t) => ({ ...entry(t), top_logprobs: Array.from({ length: top }, (_, i) => (i === 0 ? entry(t) : { ...entry(`${t}~${i}`), logprob: -1 - i })) }));
+}

@@ -6,7 +6,9 @@ import {
   embeddingOf,
   float32Base64,
   lastText,
+  logprobsOf,
   promptChars,
+  schemaExample,
   splitText,
   TOOL_ARGUMENTS,
 } from './content.ts';
@@ -48,24 +50,51 @@ function includeUsage(body: Body): boolean {
 
 // ---------- chat completions ----------
 
-type ChatAnswer = { kind: 'text'; text: string } | { kind: 'tool'; name: string };
+type ChatAnswer = { kind: 'text'; text: string } | { kind: 'tool'; names: string[] };
+
+function toolName(tool: unknown): string {
+  const name = (tool as { function?: { name?: unknown } } | null)?.function?.name;
+  return typeof name === 'string' ? name : 'tool';
+}
 
 function chatAnswer(body: Body): ChatAnswer {
   const messages = requireField(body, 'messages');
   if (!Array.isArray(messages)) throw new MockRequestError(400, "Invalid type for 'messages': expected an array.", { param: 'messages' });
   const tools = body['tools'];
   const last = messages[messages.length - 1] as { role?: unknown } | undefined;
+  const choice = body['tool_choice'] as { type?: unknown; function?: { name?: unknown } } | string | undefined;
   // Like a model that calls a tool once and then answers from its result.
-  if (Array.isArray(tools) && tools.length > 0 && last?.role !== 'tool' && body['tool_choice'] !== 'none') {
-    const fn = (tools[0] as { function?: { name?: unknown } }).function;
-    return { kind: 'tool', name: typeof fn?.name === 'string' ? fn.name : 'tool' };
+  if (Array.isArray(tools) && tools.length > 0 && last?.role !== 'tool' && choice !== 'none') {
+    // A named tool_choice is that tool; otherwise every tool at once (parallel tool calls, as OpenAI's models make
+    // them when they need several), or the first alone when the client turned parallel calls off.
+    if (typeof choice === 'object' && typeof choice?.function?.name === 'string') return { kind: 'tool', names: [choice.function.name] };
+    const names = body['parallel_tool_calls'] === false ? [toolName(tools[0])] : tools.map(toolName);
+    return { kind: 'tool', names };
   }
-  return { kind: 'text', text: answerText(lastText(messages, 'user')) };
+  return { kind: 'text', text: structuredText(body['response_format']) ?? answerText(lastText(messages, 'user')) };
+}
+
+/** JSON that fits a `json_schema` response format (structured outputs), else undefined. */
+function structuredText(format: unknown): string | undefined {
+  const f = format as { type?: unknown; json_schema?: { schema?: unknown } } | null | undefined;
+  if (f?.type !== 'json_schema') return undefined;
+  return JSON.stringify(schemaExample(f.json_schema?.schema));
+}
+
+/** `top_logprobs` alternatives asked for, or undefined when the request asked for no logprobs. */
+function logprobsTop(body: Body): number | undefined {
+  if (body['logprobs'] !== true) return undefined;
+  const top = body['top_logprobs'];
+  return typeof top === 'number' && top > 0 ? Math.min(Math.floor(top), 20) : 0;
 }
 
 function choiceCount(body: Body): number {
   const n = body['n'];
   return typeof n === 'number' && n > 1 ? Math.min(Math.floor(n), 128) : 1;
+}
+
+function completionText(answer: ChatAnswer): string {
+  return answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS.repeat(answer.names.length);
 }
 
 function chatUsage(body: Body, completionText: string, n: number) {
@@ -79,6 +108,7 @@ export function chatCompletion(body: Body, ctx: AnswerContext): unknown {
   const model = requireModel(body);
   const answer = chatAnswer(body);
   const n = choiceCount(body);
+  const top = logprobsTop(body);
   const choices = [];
   for (let index = 0; index < n; index++) {
     const message =
@@ -89,9 +119,10 @@ export function chatCompletion(body: Body, ctx: AnswerContext): unknown {
             content: null,
             refusal: null,
             annotations: [],
-            tool_calls: [{ id: ctx.id('call_'), type: 'function', function: { name: answer.name, arguments: TOOL_ARGUMENTS } }],
+            tool_calls: answer.names.map((name) => ({ id: ctx.id('call_'), type: 'function', function: { name, arguments: TOOL_ARGUMENTS } })),
           };
-    choices.push({ index, message, logprobs: null, finish_reason: answer.kind === 'text' ? 'stop' : 'tool_calls' });
+    const logprobs = top === undefined ? null : { content: answer.kind === 'text' ? logprobsOf(answer.text, top) : [], refusal: null };
+    choices.push({ index, message, logprobs, finish_reason: answer.kind === 'text' ? 'stop' : 'tool_calls' });
   }
   return {
     id: ctx.id('chatcmpl-'),
@@ -99,7 +130,7 @@ export function chatCompletion(body: Body, ctx: AnswerContext): unknown {
     created: ctx.created,
     model,
     choices,
-    usage: chatUsage(body, answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, n),
+    usage: chatUsage(body, completionText(answer), n),
     service_tier: 'default',
     system_fingerprint: SYSTEM_FINGERPRINT,
   };
@@ -111,9 +142,10 @@ export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
   const answer = chatAnswer(body);
   const n = choiceCount(body);
   const usage = includeUsage(body);
+  const top = logprobsTop(body);
   const base = { id: ctx.id('chatcmpl-'), object: 'chat.completion.chunk', created: ctx.created, model, service_tier: 'default', system_fingerprint: SYSTEM_FINGERPRINT };
-  const event = (index: number, delta: unknown, finish: string | null) =>
-    dataEvent({ ...base, choices: [{ index, delta, logprobs: null, finish_reason: finish }], ...(usage ? { usage: null } : {}) });
+  const event = (index: number, delta: unknown, finish: string | null, logprobs: unknown = null) =>
+    dataEvent({ ...base, choices: [{ index, delta, logprobs, finish_reason: finish }], ...(usage ? { usage: null } : {}) });
   const perChoice = (make: (index: number) => string) => {
     let s = '';
     for (let i = 0; i < n; i++) s += make(i);
@@ -121,22 +153,27 @@ export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
   };
 
   const finish = answer.kind === 'text' ? 'stop' : 'tool_calls';
-  const pieces = splitText(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, ctx.chunks);
-  const callIds = answer.kind === 'tool' ? Array.from({ length: n }, () => ctx.id('call_')) : [];
-  const head =
-    answer.kind === 'text'
-      ? perChoice((i) => event(i, { role: 'assistant', content: '', refusal: null }, null))
-      : perChoice((i) =>
-          event(i, { role: 'assistant', content: null, refusal: null, tool_calls: [{ index: 0, id: callIds[i], type: 'function', function: { name: answer.name, arguments: '' } }] }, null),
-        );
-  const chunks = pieces.map((piece) =>
-    perChoice((i) =>
-      event(i, answer.kind === 'text' ? { content: piece } : { tool_calls: [{ index: 0, function: { arguments: piece } }] }, null),
-    ),
-  );
+  let head: string;
+  let chunks: string[];
+  if (answer.kind === 'text') {
+    head = perChoice((i) => event(i, { role: 'assistant', content: '', refusal: null }, null));
+    const lp = (piece: string) => (top === undefined ? null : { content: logprobsOf(piece, top), refusal: null });
+    chunks = splitText(answer.text, ctx.chunks).map((piece) => perChoice((i) => event(i, { content: piece }, null, lp(piece))));
+  } else {
+    // Each call opens with its id and name (the first with the role), then its arguments in pieces, as OpenAI streams
+    // parallel tool calls one after the other.
+    const ids = Array.from({ length: n }, () => answer.names.map(() => ctx.id('call_')));
+    const opening = (i: number, k: number) => ({ index: k, id: ids[i]![k], type: 'function', function: { name: answer.names[k], arguments: '' } });
+    head = perChoice((i) => event(i, { role: 'assistant', content: null, refusal: null, tool_calls: [opening(i, 0)] }, null));
+    chunks = answer.names.flatMap((_, k) =>
+      splitText(TOOL_ARGUMENTS, ctx.chunks).map((piece, j) =>
+        perChoice((i) => (k > 0 && j === 0 ? event(i, { tool_calls: [opening(i, k)] }, null) : '') + event(i, { tool_calls: [{ index: k, function: { arguments: piece } }] }, null)),
+      ),
+    );
+  }
   let tail = perChoice((i) => event(i, {}, finish));
   if (usage) {
-    tail += dataEvent({ ...base, choices: [], usage: chatUsage(body, answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, n) });
+    tail += dataEvent({ ...base, choices: [], usage: chatUsage(body, completionText(answer), n) });
   }
   return { head, chunks, tail, done: DONE_EVENT, malformed: MALFORMED };
 }

@@ -1,5 +1,5 @@
 // OpenAI Responses API (`POST /v1/responses`): the Response object and its real event sequence.
-import { answerText, contentText, countTokens, lastText, promptChars, splitText } from './content.ts';
+import { answerText, contentText, countTokens, lastText, promptChars, schemaExample, splitText } from './content.ts';
 import { requireModel, type AnswerContext, type Body } from './openai-responses.ts';
 import { namedEvent, type StreamPlan } from './sse.ts';
 
@@ -25,7 +25,9 @@ interface Parts {
 
 function parts(body: Body, ctx: AnswerContext): Parts {
   const model = requireModel(body);
-  const text = answerText(promptOf(body));
+  // Structured outputs (text.format json_schema): JSON that fits the schema, as responses.parse() expects.
+  const format = (body['text'] as { format?: { type?: unknown; schema?: unknown } } | undefined)?.format;
+  const text = format?.type === 'json_schema' ? JSON.stringify(schemaExample(format.schema)) : answerText(promptOf(body));
   return { model, respId: ctx.id('resp_'), msgId: ctx.id('msg_'), createdAt: ctx.created, text, inputTokens: promptTokens(body) };
 }
 

@@ -32,15 +32,39 @@ export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): (typeof
   }
 }
 
+/**
+ * Whether a fixed text can answer this request as OpenAI would. Not when it asks for structured output
+ * (`response_format` json_schema or json_object: the SDKs' `parse()` helpers would throw a JSON SyntaxError on the text,
+ * not an APIError) or forces a tool call (`tool_choice` required, a named function or custom tool, allowed_tools in
+ * required mode: an agent waits for a call). Such a request gets its error instead, as if the route had no degraded
+ * answer.
+ */
+export function degradedFits(json: Record<string, unknown>): boolean {
+  const format = (json.response_format as { type?: unknown } | null | undefined)?.type;
+  if (format === 'json_schema' || format === 'json_object') return false;
+  const choice = json.tool_choice as { type?: unknown; allowed_tools?: { mode?: unknown } } | string | null | undefined;
+  if (choice === 'required') return false;
+  if (typeof choice === 'object' && choice !== null) {
+    if (choice.type === 'allowed_tools') return choice.allowed_tools?.mode !== 'required';
+    return false; // a named function or custom tool
+  }
+  return true;
+}
+
 export function degradedAnswer(req: ManagedRequest, message: string, reason: string): Omit<PipelineAnswer, 'summary'> {
   const id = `chatcmpl-degraded-${randomUUID()}`;
   const created = Math.floor(Date.now() / 1000);
   const model = typeof req.json.model === 'string' ? req.json.model : 'stormgate-degraded';
   const headers = { 'x-stormgate-degraded': 'true', 'x-stormgate-degraded-reason': reason };
   const usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+  // One choice for each of the `n` asked for, as OpenAI answers: a client reading choices[1] must find one.
+  const n = typeof req.json.n === 'number' && Number.isInteger(req.json.n) && req.json.n > 1 ? Math.min(req.json.n, 128) : 1;
+  const indexes = Array.from({ length: n }, (_, i) => i);
   if (req.json.stream === true) {
     const chunk = (delta: Record<string, unknown>, finish: string | null) =>
-      `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model, system_fingerprint: null, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] })}\n\n`;
+      indexes
+        .map((index) => `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model, system_fingerprint: null, choices: [{ index, delta, logprobs: null, finish_reason: finish }] })}\n\n`)
+        .join('');
     const events = [chunk({ role: 'assistant', content: '' }, null), chunk({ content: message }, null), chunk({}, 'stop')];
     const includeUsage = (req.json.stream_options as { include_usage?: boolean } | undefined)?.include_usage === true;
     if (includeUsage) events.push(`data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model, choices: [], usage })}\n\n`);
@@ -53,7 +77,7 @@ export function degradedAnswer(req: ManagedRequest, message: string, reason: str
     created,
     model,
     system_fingerprint: null,
-    choices: [{ index: 0, message: { role: 'assistant', content: message, refusal: null }, logprobs: null, finish_reason: 'stop' }],
+    choices: indexes.map((index) => ({ index, message: { role: 'assistant', content: message, refusal: null }, logprobs: null, finish_reason: 'stop' })),
     usage,
   };
   return { status: 200, headers: { ...headers, 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(completion)) };

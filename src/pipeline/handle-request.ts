@@ -18,7 +18,7 @@ import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { streamBody } from '../streaming/stream-body.ts';
 import { streamShapeOf } from '../streaming/stream-events.ts';
-import { degradedAnswer, degradedReason } from './degraded-answer.ts';
+import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
 import { RequestAbort } from './request-abort.ts';
@@ -163,7 +163,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       return answer;
     }
     // A credential hold is a failure like the credential rejection that started it.
-    const degraded = route.config.degraded && degradedReason(served);
+    const degraded = route.config.degraded && degradedFits(req.json) && degradedReason(served);
     if (degraded) {
       summary.outcome = 'degraded';
       deps.onDegraded?.(route.name, degraded);
