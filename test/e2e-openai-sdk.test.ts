@@ -1,24 +1,10 @@
 // End to end, as a user runs it: the official openai SDK, its base URL pointed at the gateway, a flaky upstream.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { countingClient, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 let stack: Stack;
-
-/** An SDK client with its default retries (2) whose HTTP requests are counted. */
-function countingClient(s: Stack) {
-  const counter = { requests: 0 };
-  const client = new OpenAI({
-    baseURL: s.baseURL,
-    apiKey: 'sk-client-not-a-provider-key',
-    fetch: async (url, init) => {
-      counter.requests++;
-      return fetch(url, init);
-    },
-  });
-  return { client, counter };
-}
 
 const messages = [{ role: 'user' as const, content: 'Say something useful' }];
 

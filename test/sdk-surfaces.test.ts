@@ -8,28 +8,12 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { countingClient, defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type ClientOptions, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 const startBackup = useExtraMocks();
 
-type ClientOptions = NonNullable<ConstructorParameters<typeof OpenAI>[0]>;
-
-/** An SDK client whose HTTP requests are counted (its own retries included). */
-function counting(s: Stack, opts: ClientOptions = {}) {
-  const counter = { requests: 0 };
-  const client = new OpenAI({
-    baseURL: s.baseURL,
-    apiKey: 'sk-client-not-a-provider-key',
-    fetch: async (url, init) => {
-      counter.requests++;
-      return fetch(url, init);
-    },
-    ...opts,
-  });
-  return { client, counter };
-}
-const sdk = (s: Stack, opts: ClientOptions = {}) => counting(s, opts).client;
+const sdk = (s: Stack, opts: ClientOptions = {}) => countingClient(s, opts).client;
 
 const messages = [{ role: 'system' as const, content: 'Be brief.' }, { role: 'user' as const, content: 'What is the weather in Paris?' }];
 const weatherTool = {
@@ -254,7 +238,7 @@ describe('openai SDK surfaces through the gateway', () => {
 
   it('a per-request timeout becomes the gateway\'s deadline; maxRetries is not spent on its 504', async () => {
     const s = await startStack({ faults: { hangRate: 1 } });
-    const { client, counter } = counting(s);
+    const { client, counter } = countingClient(s);
     const started = Date.now();
     // x-stainless-timeout is whole seconds: 2 s, less the 250 ms margin.
     const err = (await client.chat.completions.create({ model: 'gpt-4o', messages }, { timeout: 2_500, maxRetries: 3 }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
@@ -384,7 +368,7 @@ describe('the same through a failover to the Anthropic backup', () => {
 
   it('an Anthropic-only route refuses what it cannot express with 400 invalid_body naming the field', async () => {
     const { s } = await viaAnthropic({ route: { targets: [{ provider: 'backup', model: 'claude-sonnet-4-5' }] } });
-    const { client, counter } = counting(s);
+    const { client, counter } = countingClient(s);
     const err = (await client.chat.completions.create({ model: 'gpt-4o', messages, logprobs: true }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect(err.code).toBe('invalid_body');
@@ -397,7 +381,7 @@ describe('the same through a failover to the Anthropic backup', () => {
 describe('error surfaces the SDK builds from the gateway\'s answers', () => {
   /** Calls and returns the SDK's error, with how many HTTP requests the SDK made for it. */
   async function failure(s: Stack, call: (c: OpenAI) => Promise<unknown>, opts: ClientOptions = {}) {
-    const { client, counter } = counting(s, opts);
+    const { client, counter } = countingClient(s, opts);
     const err = (await call(client).then(
       () => undefined,
       (e: unknown) => e,
@@ -501,7 +485,7 @@ describe('error surfaces the SDK builds from the gateway\'s answers', () => {
     expect(first.err.headers!.get('retry-after')).toBe('2');
     expect(first.requests).toBe(1);
 
-    const { client, counter } = counting(s);
+    const { client, counter } = countingClient(s);
     const started = Date.now();
     const { data, response } = await chat(client).withResponse();
     expect((data as OpenAI.ChatCompletion).object).toBe('chat.completion');

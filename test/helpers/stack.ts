@@ -10,6 +10,7 @@ import { createLogger } from '../../src/observability/logger.ts';
 import { createMetrics } from '../../src/observability/metrics.ts';
 import { startMock, type MockOptions, type MockServer } from '../../src/mock/server.ts';
 import type { FaultSpec } from '../../src/mock/faults.ts';
+import OpenAI from 'openai';
 
 export const TEST_KEY = 'sk-test-stormgate-0123456789';
 
@@ -162,4 +163,21 @@ export async function requestLine(s: Stack, route = 'chat'): Promise<Record<stri
     if (Date.now() > until) throw new Error(`no request log line for route ${route}`);
     await new Promise((r) => setTimeout(r, 10));
   }
+}
+
+export type ClientOptions = NonNullable<ConstructorParameters<typeof OpenAI>[0]>;
+
+/** An `openai` SDK client of the stack's gateway whose HTTP requests are counted (its own retries included). */
+export function countingClient(s: Stack, opts: ClientOptions = {}): { client: OpenAI; counter: { requests: number } } {
+  const counter = { requests: 0 };
+  const client = new OpenAI({
+    baseURL: s.baseURL,
+    apiKey: 'sk-client-not-a-provider-key',
+    fetch: async (url, init) => {
+      counter.requests++;
+      return fetch(url, init);
+    },
+    ...opts,
+  });
+  return { client, counter };
 }
