@@ -100,6 +100,15 @@ describe('the breaker state machine', () => {
     expect(afterProbe(r2, 'failure', lenient, 31_200, () => 0, r2.sinceMs)).toMatchObject({ state: 'open' });
   });
 
+  it('lets the first probe decide alone whatever half-open counts an open record carries (another release wrote it)', () => {
+    // An open record with a half-open spell's counts left in it (an instance of the release before reopened the breaker
+    // and left probeFailures in the Redis hash): its first probe's success half-opens, it does not reopen on them.
+    const open: BreakerRecord = { ...opened(closed, s, 0, () => 0), probeFailures: 2 };
+    const half = afterProbe(open, 'success', s, 31_000, () => 0, open.sinceMs);
+    expect(half).toMatchObject({ state: 'half-open', probeSuccesses: 1 });
+    expect(half!.probeFailures).toBeUndefined();
+  });
+
   it('finds a provider back with a 20% error rate in one round far more often than one failure reopening it did', () => {
     // Seeded outcomes, one in five failing: the share of rounds that close the breaker (the first probe included).
     let seed = 7;

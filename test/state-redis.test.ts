@@ -170,6 +170,23 @@ describe('two instances on one Redis', () => {
     expect(late!.getBreaker('t1')!.failedProbes).toBeUndefined();
   });
 
+  it('does not take a half-open failure count that an instance of the release before it re-stamped when it reopened the breaker', async () => {
+    const { stores: [a], join, keyPrefix } = await fleet(1);
+    // A new instance: half-open, two of its probes failed.
+    expect(await a!.casBreaker('t1', 4, { state: 'half-open', sinceMs: 8000, openUntilMs: 0, probeSuccesses: 1, probeFailures: 2, generation: 5 })).toBe(true);
+    // An instance of the release before (it knows failedProbes and its stamp, not probeFailures) reopens it on a failed
+    // probe: its compare-and-set stamps the generation it writes, and leaves probeFailures behind.
+    const raw = new Redis(redis.url);
+    const key = `${keyPrefix}:{t1}:breaker`;
+    await raw.hset(key, 'state', 'open', 'sinceMs', '9000', 'openUntilMs', '11000', 'probeSuccesses', '0', 'generation', '6', 'failedProbes', '1', 'failedProbesGeneration', '6');
+    await raw.quit();
+    const [late] = await join(1);
+    late!.getBreaker('t1');
+    await eventually(() => late!.getBreaker('t1')?.generation === 6, 500);
+    // Taken as this spell's, the count would reopen the breaker on its first probe's success (1 success, 2 failures).
+    expect(late!.getBreaker('t1')).toEqual({ state: 'open', sinceMs: 9000, openUntilMs: 11000, probeSuccesses: 0, generation: 6, failedProbes: 1 });
+  });
+
   it('shares probe permits across the fleet', async () => {
     const [a, b] = (await fleet(2)).stores;
     const now = Date.now();

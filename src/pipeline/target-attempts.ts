@@ -166,8 +166,14 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffs.until(plan.key);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
-    const permitTtlMs = Math.min(plan.client.config.timeouts.firstTokenMs, ctx.deadlineAtMs - deps.now());
-    // The permit outlives the attempt by a moment: a probe ends at firstTokenMs or its request's deadline and its verdict
+    // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
+    // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
+    // answering the first. Without responseMs, firstTokenMs still bounds the permit: a hung probe must not hold it
+    // until its request's deadline.
+    const { firstTokenMs, responseMs } = plan.client.config.timeouts;
+    const attemptLimitMs = ctx.stream ? firstTokenMs : (responseMs ?? firstTokenMs);
+    const permitTtlMs = Math.min(attemptLimitMs, ctx.deadlineAtMs - deps.now());
+    // The permit outlives the attempt by a moment: a probe ends at its limit or its request's deadline and its verdict
     // is written a round trip later; a permit that expired at that very instant let a parked request elsewhere, woken
     // for it, send a second probe into the outage first.
     const admission = await board.admit(plan.key, plan.breaker, ticket !== undefined, Math.max(permitTtlMs, 1) + PERMIT_GRACE_MS);

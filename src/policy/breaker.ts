@@ -95,8 +95,11 @@ export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: Break
   if (rec.sinceMs > spellSinceMs) return undefined;
   const reopen = () => opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
   if (rec.state === 'open' && verdict === 'failure') return reopen();
-  const successes = rec.probeSuccesses + (verdict === 'success' ? 1 : 0);
-  const failures = (rec.probeFailures ?? 0) + (verdict === 'failure' ? 1 : 0);
+  // An open record's counts are none of this spell's (a record another release wrote may carry some): the first probe
+  // decides alone.
+  const halfOpen = rec.state === 'half-open';
+  const successes = (halfOpen ? rec.probeSuccesses : 0) + (verdict === 'success' ? 1 : 0);
+  const failures = (halfOpen ? (rec.probeFailures ?? 0) : 0) + (verdict === 'failure' ? 1 : 0);
   const answered = successes + failures;
   if (failures >= s.closeAfter || (answered >= s.closeAfter && failures / answered >= s.failureRate)) return reopen();
   if (successes >= s.closeAfter) return { state: 'closed', sinceMs: nowMs, openUntilMs: 0, probeSuccesses: 0, generation: rec.generation + 1 };

@@ -64,8 +64,12 @@ export function encodeBreaker(r: BreakerRecord): string[] {
     // so the counts would outlive their spell (closed, then tripped afresh, by that instance) and slow the next one's
     // probes, or reopen its half-open breaker early.
     'failedProbes', String(r.failedProbes ?? 0),
-    'probeFailures', String(r.probeFailures ?? 0),
     'failedProbesGeneration', String(r.generation),
+    // A stamp of its own: the release before this one writes failedProbesGeneration too (not probeFailures), so that
+    // stamp would pass off a half-open spell's failures as its reopened record's, and the next first probe's success
+    // would reopen the breaker on them.
+    'probeFailures', String(r.probeFailures ?? 0),
+    'probeFailuresGeneration', String(r.generation),
   ];
 }
 
@@ -88,7 +92,10 @@ export function decodeBreaker(raw: Record<string, string> | string[]): BreakerRe
   const current = stamp === undefined || Number(stamp) === record.generation;
   const failedProbes = current ? Number(h.failedProbes ?? 0) : 0;
   if (Number.isInteger(failedProbes) && failedProbes > 0) record.failedProbes = failedProbes;
-  const probeFailures = current ? Number(h.probeFailures ?? 0) : 0;
+  // Its own stamp (see encodeBreaker); without one, only a published record's (no stamp at all) is current.
+  const ownStamp = h.probeFailuresGeneration;
+  const probeFailuresCurrent = ownStamp === undefined ? stamp === undefined : Number(ownStamp) === record.generation;
+  const probeFailures = probeFailuresCurrent ? Number(h.probeFailures ?? 0) : 0;
   if (Number.isInteger(probeFailures) && probeFailures > 0) record.probeFailures = probeFailures;
   return record;
 }

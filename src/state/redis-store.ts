@@ -72,6 +72,9 @@ export class RedisStore implements StateStore {
   /** Targets whose breaker or hold-off this instance has asked about: re-read from Redis after every reconnect. */
   readonly #watched = new Set<string>();
   readonly #toRead = new Set<string>();
+  /** First reads in flight, by target (see firstRead); the batch of #toRead they belong to. */
+  readonly #reading = new Map<string, Promise<void>>();
+  #batch: Promise<void> | undefined;
   /** Request counts not yet sent, per budget key and second. */
   readonly #pending = new Map<string, Map<number, number>>();
   /**
@@ -156,6 +159,11 @@ export class RedisStore implements StateStore {
     const record = this.#view.breaker(target);
     if (!record) this.#watch(target);
     return record;
+  }
+
+  firstRead(target: string): Promise<void> | undefined {
+    this.#watch(target);
+    return this.#reading.get(target);
   }
 
   async casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
@@ -411,13 +419,20 @@ export class RedisStore implements StateStore {
     this.#watched.add(target);
     if (!this.#usable()) return; // the re-read after the next 'ready' covers it
     if (this.#toRead.size === 0) {
-      setImmediate(() => {
-        const targets = [...this.#toRead];
-        this.#toRead.clear();
-        void this.refresh(targets);
-      });
+      this.#batch = new Promise((resolve) =>
+        setImmediate(() => {
+          const targets = [...this.#toRead];
+          this.#toRead.clear();
+          // refresh() never throws, and its commands time out after commandTimeoutMs.
+          void this.refresh(targets).finally(() => {
+            for (const t of targets) this.#reading.delete(t);
+            resolve();
+          });
+        }),
+      );
     }
     this.#toRead.add(target);
+    this.#reading.set(target, this.#batch!);
   }
 
   // ---- connection state -------------------------------------------------------------------------------------------

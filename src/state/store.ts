@@ -63,6 +63,12 @@ export interface StateStore {
 
   /** The breaker record as last seen (pushed by every instance); undefined when nothing was ever written. Synchronous. */
   getBreaker(target: string): BreakerRecord | undefined;
+  /**
+   * While the fleet's record of a target this instance has not looked at yet is being read (its first sight): resolves
+   * once it is in (or the read failed). Undefined when there is nothing to wait for. Optional: a store without a fleet
+   * has nothing to read.
+   */
+  firstRead?(target: string): Promise<void> | undefined;
   /** Writes `next` only if the stored generation is still `expectedGeneration`; on success tells every instance. */
   casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean>;
 
