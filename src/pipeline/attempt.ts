@@ -154,7 +154,11 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   const status = statusCode;
   if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB`, ran: true }, status, headers };
   // A 2xx that is not the answer is a failed attempt, retried and failed over like a 5xx (providers/answer-shape.ts).
-  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: contentTypeOf(headers), ownFamily: req.translator === undefined }, raw);
+  // The reason quotes the content-type, and reaches the client's error: a server that echoes the key it was sent
+  // there must not hand it on, as it must not in the headers passed on.
+  const contentType = contentTypeOf(headers);
+  const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
+  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined }, raw);
   if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong, ran: false }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };

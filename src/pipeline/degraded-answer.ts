@@ -5,6 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { ManagedRequest, PipelineAnswer } from './handle-request.ts';
 import type { Served } from './serve-targets.ts';
+import { shortModel } from './plan-targets.ts';
 
 const CLIENTS_OWN = new Set(['client-error', 'context-length', 'content-policy']);
 
@@ -54,7 +55,9 @@ export function degradedFits(json: Record<string, unknown>): boolean {
 export function degradedAnswer(req: ManagedRequest, message: string, reason: string): Omit<PipelineAnswer, 'summary'> {
   const id = `chatcmpl-degraded-${randomUUID()}`;
   const created = Math.floor(Date.now() / 1000);
-  const model = typeof req.json.model === 'string' ? req.json.model : 'stormgate-degraded';
+  // Cut as in labels: the name is repeated in every chunk of every choice (3 x n of them), and the body limit is its
+  // only other bound (a 1 MB name made a 384 MB answer, a 4 MB one several GB of strings and then a 500).
+  const model = typeof req.json.model === 'string' ? shortModel(req.json.model) : 'stormgate-degraded';
   const headers = { 'x-stormgate-degraded': 'true', 'x-stormgate-degraded-reason': reason };
   const usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
   // One choice for each of the `n` asked for, as OpenAI answers: a client reading choices[1] must find one.

@@ -25,7 +25,7 @@ export interface Plans {
  * only bound on the name itself, and one request must not write megabytes into every attempt of its log line.
  */
 const MAX_LABEL_MODEL = 128;
-function shortModel(model: string): string {
+export function shortModel(model: string): string {
   return model.length <= MAX_LABEL_MODEL ? model : `${model.slice(0, MAX_LABEL_MODEL)}…`;
 }
 

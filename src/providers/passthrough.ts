@@ -6,6 +6,7 @@ import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
 import { headerWithoutKey, withoutKey } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
+import { decodedWhole, encodingOf } from './content-decoding.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -18,9 +19,13 @@ type Passthrough = NonNullable<Config['passthrough']>;
 const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project', 'expect']);
 const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-');
 
-/** Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed back. */
+/**
+ * Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed
+ * back. Nor the gateway's own x-stormgate-* headers: a provider's would replace the request id the log line names.
+ */
 const ACCOUNT_HEADERS = new Set(['openai-organization', 'openai-project', 'set-cookie']);
-const accountHeader = (name: string) => ACCOUNT_HEADERS.has(name) || name.startsWith('x-ratelimit-') || name.startsWith('anthropic-ratelimit-');
+const accountHeader = (name: string) =>
+  ACCOUNT_HEADERS.has(name) || name.startsWith('x-ratelimit-') || name.startsWith('anthropic-ratelimit-') || name.startsWith('x-stormgate-');
 
 /**
  * Headers about the provider's connection to the gateway, not the answer (RFC 9110 7.6.1), and those its `connection`
@@ -34,6 +39,17 @@ function hopByHop(connection: unknown): Set<string> {
 
 /** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
 const CREDENTIAL_STATUSES = new Set([401, 403]);
+
+/**
+ * A passthrough error's body without the key. One in an encoding the gateway decodes is decoded (`decoded`: sent
+ * without its content-encoding); any other (identity, an unknown name, bytes that do not decode) is searched as it is.
+ */
+async function errorWithoutKey(bytes: Buffer, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean }> {
+  const encoding = encodingOf({ 'content-encoding': typeof contentEncoding === 'string' ? contentEncoding : undefined });
+  const decoded = encoding && (await decodedWhole(bytes, encoding, MAX_ERROR_BODY_BYTES));
+  if (decoded && decoded.whole) return { bytes: withoutKey(decoded.bytes, apiKey), decoded: true };
+  return { bytes: withoutKey(bytes, apiKey), decoded: false };
+}
 
 export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
   const providerName = passthrough.provider;
@@ -51,7 +67,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       replyOptions: {
         rewriteRequestHeaders: (_req, headers) => {
           const out: Record<string, unknown> = {};
-          for (const name in headers) if (!stripped(name)) out[name] = headers[name];
+          // The client's hop-by-hop headers describe its connection to the gateway, not the request (RFC 9110 7.6.1);
+          // undici also refuses to send keep-alive or upgrade at all, which turned such a request into a 502.
+          const hop = hopByHop(headers.connection);
+          for (const name in headers) if (!stripped(name) && !hop.has(name)) out[name] = headers[name];
           out.authorization = `Bearer ${provider.apiKey}`;
           return out as typeof headers;
         },
@@ -66,12 +85,19 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           return out as typeof headers;
         },
         onResponse: (_request, reply, res) => {
-          if (res.statusCode >= 400 && !CREDENTIAL_STATUSES.has(res.statusCode) && !reply.getHeader('content-encoding')) {
+          if (res.statusCode >= 400 && !CREDENTIAL_STATUSES.has(res.statusCode)) {
             // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
-            return void readCapped(res.stream, MAX_ERROR_BODY_BYTES).then(
-              ({ bytes }) => reply.removeHeader('content-length').send(withoutKey(bytes, provider.apiKey)),
-              (err: Error) => reply.send(err),
-            );
+            // A compressed one is decoded first and sent as it decodes: providers compress errors for every client
+            // that accepts it (the SDKs all do), so the key would otherwise pass in gzip.
+            return void readCapped(res.stream, MAX_ERROR_BODY_BYTES)
+              .then(({ bytes }) => errorWithoutKey(bytes, reply.getHeader('content-encoding'), provider.apiKey))
+              .then(
+                ({ bytes, decoded }) => {
+                  if (decoded) reply.removeHeader('content-encoding');
+                  reply.removeHeader('content-length').send(bytes);
+                },
+                (err: Error) => reply.send(err),
+              );
           }
           if (!CREDENTIAL_STATUSES.has(res.statusCode)) return reply.send(res.stream);
           res.stream.resume();
