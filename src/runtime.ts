@@ -137,6 +137,14 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
   };
+  // A refused key shows nowhere else: the breaker stays closed (a 401 is no provider failure) and, with a fallback,
+  // every request is answered. Read at scrape time for the same targets as the breaker states.
+  metrics.collectCredentials = () => {
+    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
+    for (const target of new Set([...knownTargets, ...lastBreakerState.keys(), ...used])) {
+      metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
+    }
+  };
   collectPoolMetrics(metrics, pools);
   for (const route of config.routes) if (route.park !== false) metrics.parked.inc({ route: route.name }, 0);
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));

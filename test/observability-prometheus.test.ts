@@ -53,10 +53,12 @@ describe('promtool on the shipped Prometheus files', () => {
     const alerts = readRules(SHIPPED.alertRules).groups.flatMap((g) => g.rules);
     expect(alerts.map((a) => a.alert).sort()).toEqual([
       'StormgateBreakerOpen',
+      'StormgateCredentialsRefused',
       'StormgateFallbackRateHigh',
       'StormgateRetryRateHigh',
       'StormgateShedRateHigh',
       'StormgateStateStoreDegraded',
+      'StormgateStreamErrorsHigh',
     ]);
     for (const a of alerts) {
       expect(a.for, a.alert).toMatch(/^\d+[smh]$/);
@@ -129,6 +131,13 @@ describe('the shipped rules and dashboard against a gateway under fault-injected
       scrapeTargets: [new URL(gatewayUrl).host],
       ruleFiles: [SHIPPED.recordingRules, SHIPPED.alertRules],
     });
+    // The traffic starts once Prometheus has the counters at their start: the ratio rules have no value (not NaN)
+    // when nothing moved between two scrapes, so a first scrape after the load would leave them empty.
+    for (const until = Date.now() + 15_000; Date.now() < until; ) {
+      const up = await query(prometheus.url, 'up == 1');
+      if (Array.isArray(up.data?.result) && up.data.result.length > 0) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
 
     // ~4 s of traffic: 8 clients on the chat route (half streamed, a third in the batch class), 3 on the solo route,
     // whose upstream answers 503 to everything from 1 s to 2.5 s.

@@ -21,6 +21,7 @@ export interface Metrics {
   readonly parkOutcomes: Counter<'route' | 'outcome'>;
   readonly breakerState: Gauge<'target'>;
   readonly breakerTransitions: Counter<'target' | 'to'>;
+  readonly credentialsHeld: Gauge<'target'>;
   readonly stateDegraded: Gauge;
   readonly poolInUse: Gauge<'provider' | 'priority'>;
   readonly poolQueueDepth: Gauge<'provider' | 'priority'>;
@@ -32,6 +33,7 @@ export interface Metrics {
   /** Fill gauges at scrape time; set by whoever owns the numbers (the runtime, the request recorder). */
   collectPools: () => void;
   collectBreakers: () => void;
+  collectCredentials: () => void;
   collectRates: () => void;
   collectBudgets: () => Promise<void> | void;
 }
@@ -45,6 +47,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
   metrics = {
     collectPools: () => {},
     collectBreakers: () => {},
+    collectCredentials: () => {},
     collectRates: () => {},
     collectBudgets: () => {},
     registry,
@@ -154,6 +157,13 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       help: 'Breaker transitions this instance made, by target and new state.',
       labelNames: ['target', 'to'] as const,
       registers,
+    }),
+    credentialsHeld: new Gauge({
+      name: 'stormgate_credentials_held',
+      help: 'Credential hold by target: 1 while the provider refused the gateway\'s own key (401, 402, 403, 429 insufficient_quota) and requests skip the target for authHoldS, else 0.',
+      labelNames: ['target'] as const,
+      registers,
+      collect: () => metrics.collectCredentials(),
     }),
     stateDegraded: new Gauge({
       name: 'stormgate_state_degraded',

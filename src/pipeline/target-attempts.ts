@@ -374,5 +374,5 @@ async function countFirstAttempt(ctx: RequestContext, plan: TargetPlan, run: Tar
     }
     return;
   }
-  budget.countRequest(plan.budgetKey);
+  budget.countRequest(plan.budgetKey, ctx.route.config.budget);
 }

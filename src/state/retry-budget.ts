@@ -21,8 +21,13 @@ export class RetryBudget {
     return `${route}/${priorityClass}/${target}`;
   }
 
-  /** A request's first attempt on a target (a fallback's included). */
-  countRequest(key: string): void {
+  /**
+   * A request's first attempt on a target (a fallback's included). The budget is reported in the remaining-budget
+   * gauge from then on: a budget that has only served requests has its whole allowance left, and an instance that
+   * retried on one class alone still reports the others (the fleet's instances read the same budgets).
+   */
+  countRequest(key: string, cfg: BudgetSettings): void {
+    this.#remember(key, cfg);
     this.store.addRequests(key, 1, this.now());
   }
 
@@ -56,8 +61,9 @@ export class RetryBudget {
     return this.store.takeRetry(key, cfg, this.now(), true);
   }
 
-  /** A budget that has seen a retry is reported in the remaining-budget gauge. */
+  /** A budget that has served a request or seen a retry is reported in the remaining-budget gauge. */
   #remember(key: string, cfg: BudgetSettings): void {
-    this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
+    // Called for every request: nothing to allocate once the budget is known.
+    if (!this.#seen.has(key)) this.#seen.set(key, { route: key.slice(0, key.indexOf('/')), cfg });
   }
 }
