@@ -199,6 +199,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       holdOffs.forget(key);
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
+      lot.forget(key);
       void forgetTargetSeries(metrics, key);
     },
   };

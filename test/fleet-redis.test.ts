@@ -56,11 +56,11 @@ async function startFleet(faults: FaultSpec, overrides: Pick<Parameters<typeof d
   return fleet;
 }
 
-async function chat(url: string, headers: Record<string, string> = {}) {
+async function chat(url: string, headers: Record<string, string> = {}, model = 'gpt-4o') {
   const res = await fetch(`${url}/v1/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...headers },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hi' }] }),
   });
   return { status: res.status, body: (await res.json()) as { error?: { code: string } } };
 }
@@ -83,13 +83,29 @@ describe('a fleet of three gateways on one Redis', () => {
     const f = await startFleet({ errors: [{ status: 503, rate: 1 }] }, { route: { retry: { maxAttempts: 1 }, park: false } });
     for (let i = 0; i < 5; i++) expect((await chat(f.urls[0]!)).status).toBe(503);
     const before = f.mock.stats().total;
-    // Pushed to B and C (a millisecond or so; longer on a busy machine): then neither sends anything upstream.
-    for (const url of [f.urls[1]!, f.urls[2]!]) await eventually(async () => (await metricValue(url, 'stormgate_breaker_state{target="mock/gpt-4o"}')) === 1);
+    // In Redis once A's view has it (A takes its own write after Redis answered). B and C keep nothing of a target
+    // they never looked up: they read the fleet's record at their first request to it, before anything goes upstream.
+    await eventually(async () => (await metricValue(f.urls[0]!, 'stormgate_breaker_state{target="mock/gpt-4o"}')) === 1);
     expect((await chat(f.urls[1]!)).body.error?.code).toBe('circuit_open');
     expect((await chat(f.urls[2]!)).body.error?.code).toBe('circuit_open');
     expect(f.mock.stats().total).toBe(before);
+    for (const url of [f.urls[1]!, f.urls[2]!]) expect(await metricValue(url, 'stormgate_breaker_state{target="mock/gpt-4o"}')).toBe(1);
     // The transition is logged once, by the instance that made it.
     expect(f.logs.filter((l) => l.includes('"msg":"breaker open"'))).toHaveLength(1);
+  });
+
+  it('keeps nothing on B and C of model names A learned and the provider then refused (404), however many', async () => {
+    // Each name fails twice (its breaker opens, pushed to the fleet), then its probe finds no such model: A gives its
+    // place back. B and C never served these names; the fleet's changes must not leave a series or a record each there.
+    const names = Array.from({ length: 8 }, (_, i) => `made-up-${i}`);
+    const models = Object.fromEntries(names.map((n) => [n, { errors: [{ status: 503, times: 2 }, { status: 404, code: 'model_not_found' }] }]));
+    const f = await startFleet({ models }, { route: { retry: { maxAttempts: 1 }, park: false }, provider: { breaker: { consecutiveFailures: 2, openS: 0.1 } } });
+    for (const name of names) {
+      for (let i = 0; i < 2; i++) expect((await chat(f.urls[0]!, {}, name)).status).toBe(503);
+      await eventually(async () => (await chat(f.urls[0]!, {}, name)).status === 404);
+    }
+    await sleep(200);
+    for (const url of f.urls.slice(1)) expect(await (await fetch(`${url}/metrics`)).text()).not.toContain('made-up-');
   });
 
   it('keeps the fleet\'s total retries within the shared budget', async () => {

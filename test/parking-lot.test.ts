@@ -23,6 +23,20 @@ afterEach(() => {
 const opts = (deadlineAtMs: number, signal = new AbortController().signal, maxQueue = 100) => ({ route: 'chat', deadlineAtMs, signal, maxQueue, maxWaitMs: undefined, minAttemptMs: 0 });
 
 describe('the parking lot', () => {
+  it('keeps no queue for a target given back (a made-up model name the provider refused) once nothing waits on it', async () => {
+    for (let i = 0; i < 50; i++) void lot.park(`p/made-up-${i}`, { ...opts(5_000), maxWaitMs: 100 });
+    const waiting = lot.park('p/made-up-still-parked', opts(5_000));
+    await vi.advanceTimersByTimeAsync(100);
+    for (let i = 0; i < 50; i++) lot.forget(`p/made-up-${i}`);
+    lot.forget('p/made-up-still-parked');
+    // The one still waiting keeps its queue (and its place in it).
+    expect(lot.size).toBe(1);
+    expect(lot.waiting('p/made-up-still-parked')).toBe(1);
+    state = { mode: 'available', slots: 1 };
+    lot.notify('p/made-up-still-parked');
+    expect((await waiting).kind).toBe('released');
+  });
+
   it('releases nothing while the target is blocked, then in deadline order', async () => {
     const order: number[] = [];
     const parked = [5_000, 3_000, 4_000].map((d) => lot.park('t', opts(d)).then((r) => (r.kind === 'released' && order.push(d), r)));

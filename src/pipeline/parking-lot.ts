@@ -138,6 +138,24 @@ export class ParkingLot {
     if (q) this.#pump(target, q);
   }
 
+  /** Targets the lot keeps a queue for. */
+  get size(): number {
+    return this.#queues.size;
+  }
+
+  /**
+   * Drops the queue of a target key given back (a made-up model name the provider answered 404), once nothing waits
+   * on it or was released from it: a queue is kept per target ever parked on, so such names would grow the lot
+   * without bound. Requests still parked or in flight keep theirs (the last to leave drops nothing; the key's next
+   * 404, or none, as for the pools).
+   */
+  forget(target: string): void {
+    const q = this.#queues.get(target);
+    if (!q || q.entries.length > 0 || q.inflight > 0) return;
+    clearTimeout(q.timer);
+    this.#queues.delete(target);
+  }
+
   /** Answers every parked request at once (shutdown). */
   close(): void {
     this.#closing = true;

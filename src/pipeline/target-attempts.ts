@@ -160,6 +160,9 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
   const prepared = plan.upstream();
   if (!prepared.ok) return { kind: 'skipped', reason: prepared.reason, ...paramOf(prepared) };
   const upstream = prepared.request;
+  // Once per target, a Redis round trip at most (the same read the breaker's admission waits for).
+  const reading = holdOffs.firstRead(plan.key);
+  if (reading) await reading;
   for (;;) {
     // Checked before the hold-off: a refused key does not come back by itself, so this is never waited for.
     const authHeldUntil = holdOffs.credentialsHeldUntil(plan.key);

@@ -63,6 +63,19 @@ export class HoldOffs {
   }
 
   /**
+   * While the fleet's hold-off and credential hold of a target this instance has not looked at yet are being read (its
+   * first sight): resolves once they are in. A store keeps only what it was asked about, so an instance that never
+   * sent to the target has not heard of a hold-off another one started; its first request must not go into it.
+   */
+  firstRead(target: string): Promise<void> | undefined {
+    // Asked on every request: nothing allocated once both are in.
+    const holdOff = this.store.firstRead?.(target);
+    const credentials = this.store.firstRead?.(target + CREDENTIALS_SUFFIX);
+    if (holdOff === undefined) return credentials;
+    return credentials === undefined ? holdOff : Promise.all([holdOff, credentials]).then(() => undefined);
+  }
+
+  /**
    * Drops what the store keeps for a target key given back (see StateStore.forget), its credential hold's key too:
    * every request looks that key up, and the Redis store watches (and re-reads at each reconnect) whatever it was
    * asked about, so each made-up model name would otherwise stay behind in it for good.

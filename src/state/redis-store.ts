@@ -408,7 +408,10 @@ export class RedisStore implements StateStore {
     const change = decodeChange(message);
     // Our own changes already fired when we made them.
     if (!change || change.src === this.#id) return;
-    this.#watched.add(change.target);
+    // Only targets this instance has looked up: another instance's learned model names (made-up ones it gives back
+    // at their 404) would otherwise stay here for good, each in the view, the re-read at every reconnect and the
+    // gateway's breaker series. A target looked up later is read from Redis then (firstRead), as by a new instance.
+    if (!this.#watched.has(change.target)) return;
     if (change.kind === 'breaker') this.#view.putBreaker(change.target, change.record, false);
     else this.#view.putHoldOff(change.target, change.untilMs);
   }
