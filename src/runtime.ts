@@ -126,13 +126,17 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     lot.notify(change.target);
   });
   const knownTargets = configuredTargetKeys(config, targetKeys);
+  /** The targets with a breaker and a credential series: every configured one, and every one served or changed since. */
+  const reportedTargets = () => {
+    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
+    return new Set([...knownTargets, ...lastBreakerState.keys(), ...used]);
+  };
   metrics.collectBreakers = () => {
     // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
     // instance reports an open breaker it learnt from Redis) without waiting for a transition.
     // An open breaker whose time is over waits for a request to probe with: half-open, not open, for an alert on a
     // target nobody sends to would otherwise fire forever.
-    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
-    for (const target of new Set([...knownTargets, ...lastBreakerState.keys(), ...used])) {
+    for (const target of reportedTargets()) {
       const rec = board.current(target);
       metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
@@ -140,8 +144,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   // A refused key shows nowhere else: the breaker stays closed (a 401 is no provider failure) and, with a fallback,
   // every request is answered. Read at scrape time for the same targets as the breaker states.
   metrics.collectCredentials = () => {
-    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
-    for (const target of new Set([...knownTargets, ...lastBreakerState.keys(), ...used])) {
+    for (const target of reportedTargets()) {
       metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
     }
   };

@@ -1,15 +1,21 @@
 // The command line as a person meets it: mistakes get one line saying what to fix and exit 2, never a stack trace.
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:net';
+import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
 let blocker: Server | undefined;
 let dir: string | undefined;
+/** A gateway a test started, and the blocker's sockets: a test that fails must not leave them running (close() waits for sockets). */
+let child: ChildProcess | undefined;
+const sockets: Socket[] = [];
 afterEach(async () => {
+  if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  child = undefined;
+  for (const socket of sockets.splice(0)) socket.destroy();
   if (blocker) await new Promise((r) => blocker!.close(r));
   if (dir) rmSync(dir, { recursive: true, force: true });
   blocker = dir = undefined;
@@ -61,7 +67,6 @@ routes:
 
   it('stops cleanly on SIGTERM while start-up is still waiting for Redis', async () => {
     // A Redis that accepts the connection and never answers: start-up waits for it (up to a second).
-    const sockets: import('node:net').Socket[] = [];
     blocker = createServer((socket) => sockets.push(socket));
     await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
     const redisPort = (blocker.address() as { port: number }).port;
@@ -75,15 +80,15 @@ routes:
 state: { redis: "redis://127.0.0.1:${redisPort}" }
 `);
     const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...env } = process.env;
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const gateway = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    child = gateway;
     let out = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-    const exited = once(child, 'exit') as Promise<[number | null, string | null]>;
+    gateway.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    gateway.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = once(gateway, 'exit') as Promise<[number | null, string | null]>;
     await once(blocker, 'connection');
-    child.kill('SIGTERM');
+    gateway.kill('SIGTERM');
     const [code, signal] = await exited;
-    for (const socket of sockets) socket.destroy();
     expect({ code, signal }).toEqual({ code: 0, signal: null });
     expect(out).toContain('stopped during start-up');
     expect(out).not.toContain('stormgate listening');

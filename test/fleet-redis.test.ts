@@ -104,7 +104,8 @@ describe('a fleet of three gateways on one Redis', () => {
       for (let i = 0; i < 2; i++) expect((await chat(f.urls[0]!, {}, name)).status).toBe(503);
       await eventually(async () => (await chat(f.urls[0]!, {}, name)).status === 404);
     }
-    await sleep(200);
+    // Time for the fleet's messages to arrive (they do within milliseconds), so the check below could see them.
+    await sleep(500);
     for (const url of f.urls.slice(1)) expect(await (await fetch(`${url}/metrics`)).text()).not.toContain('made-up-');
   });
 

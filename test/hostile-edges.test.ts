@@ -79,6 +79,24 @@ describe("the provider's key echoed where the gateway quotes the answer", () => 
       expect(Number(res.headers['content-length'] ?? res.body.length)).toBe(res.body.length);
     }
   });
+
+  it('is not in a passthrough error the provider compressed that decodes to more than the gateway reads of an error', async () => {
+    // 70 KB of padding after the key: well under the read cap compressed, over it decoded.
+    const provider = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      req.on('end', () => {
+        const body = Buffer.from(JSON.stringify({ error: { message: `no such file for ${String(req.headers.authorization)} ${'.'.repeat(70_000)}`, type: 'invalid_request_error' } }));
+        res.writeHead(404, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+        res.end(gzipSync(body));
+      });
+    });
+    const stack = await stackServedBy(provider.origin, { passthrough: { provider: NAME, paths: ['/v1/files'], methods: ['GET'] } });
+    const res = await fetch(`${stack.url}/v1/files/file-1`, { headers: { 'accept-encoding': 'gzip' } });
+    expect(res.status).toBe(404);
+    const text = await res.text();
+    expect(text).toContain('no such file for Bearer [redacted]');
+    expect(text).not.toContain(SECRET);
+  });
 });
 
 describe('a degraded stream for a client with a long model name', () => {

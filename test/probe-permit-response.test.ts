@@ -28,8 +28,8 @@ describe('a slow non-streaming probe', () => {
     });
     expect((await chat(s)).res.status).toBe(503);
     await sleep(400);
-    // Back, but slow: 1.5 s an answer, well within responseMs.
-    s.mock.setFaults({ latencyMs: 1500 });
+    // Back, but slow: 3 s an answer, well within responseMs (and 2 s of slack for a loaded machine's second request).
+    s.mock.setFaults({ latencyMs: 3000 });
     const probe = chat(s);
     // Past firstTokenMs and its permit's grace (700 ms), well before the probe's answer.
     await sleep(1000);

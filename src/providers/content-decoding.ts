@@ -36,3 +36,24 @@ export async function decodedWhole(bytes: Buffer, encoding: Encoding, maxBytes: 
     return undefined;
   }
 }
+
+/**
+ * A body's first maxBytes decoded, and what decodes before data that is cut or bad; undefined when nothing decodes.
+ * For an error whose key must be taken out: it is searched in what the client will read, not in the encoded bytes.
+ */
+export async function decodedPrefix(bytes: Buffer, encoding: Encoding, maxBytes: number): Promise<Buffer | undefined> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  const decoder = STREAMS[encoding]();
+  decoder.end(bytes);
+  try {
+    for await (const chunk of decoder as AsyncIterable<Buffer>) {
+      chunks.push(chunk);
+      size += chunk.length;
+      if (size >= maxBytes) break; // leaving the loop destroys the decoder: a bomb is cut here
+    }
+  } catch {
+    // Cut or bad data: what decoded before it stands.
+  }
+  return size === 0 ? undefined : Buffer.concat(chunks, size).subarray(0, maxBytes);
+}

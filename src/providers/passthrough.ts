@@ -6,7 +6,7 @@ import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
 import { headerWithoutKey, withoutKey } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
-import { decodedWhole, encodingOf } from './content-decoding.ts';
+import { decodedPrefix, encodingOf } from './content-decoding.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -42,12 +42,14 @@ const CREDENTIAL_STATUSES = new Set([401, 403]);
 
 /**
  * A passthrough error's body without the key. One in an encoding the gateway decodes is decoded (`decoded`: sent
- * without its content-encoding); any other (identity, an unknown name, bytes that do not decode) is searched as it is.
+ * without its content-encoding), cut at MAX_ERROR_BODY_BYTES decoded as an identity one is: one that decodes to more
+ * (or was cut encoded) must not go on encoded, the key unsearched in it. Any other (identity, an unknown name, bytes
+ * that do not decode at all) is searched as it is.
  */
 async function errorWithoutKey(bytes: Buffer, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean }> {
   const encoding = encodingOf({ 'content-encoding': typeof contentEncoding === 'string' ? contentEncoding : undefined });
-  const decoded = encoding && (await decodedWhole(bytes, encoding, MAX_ERROR_BODY_BYTES));
-  if (decoded && decoded.whole) return { bytes: withoutKey(decoded.bytes, apiKey), decoded: true };
+  const decoded = encoding && (await decodedPrefix(bytes, encoding, MAX_ERROR_BODY_BYTES));
+  if (decoded) return { bytes: withoutKey(decoded, apiKey), decoded: true };
   return { bytes: withoutKey(bytes, apiKey), decoded: false };
 }
 

@@ -68,7 +68,7 @@ export class HoldOffs {
    * sent to the target has not heard of a hold-off another one started; its first request must not go into it.
    */
   firstRead(target: string): Promise<void> | undefined {
-    // Asked on every request: nothing allocated once both are in.
+    // Asked on every request: no promise or array once both are in.
     const holdOff = this.store.firstRead?.(target);
     const credentials = this.store.firstRead?.(target + CREDENTIALS_SUFFIX);
     if (holdOff === undefined) return credentials;

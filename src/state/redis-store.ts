@@ -275,6 +275,8 @@ export class RedisStore implements StateStore {
     this.#view.forget(target);
     this.#watched.delete(target);
     this.#toRead.delete(target);
+    // Taken out of its batch above, so the batch's end would not drop it.
+    this.#reading.delete(target);
     for (const pending of [this.#pending, this.#pendingRetries]) for (const key of pending.keys()) if (budgetOf(key, target)) pending.delete(key);
   }
 

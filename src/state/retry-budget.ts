@@ -40,10 +40,13 @@ export class RetryBudget {
   /** Retries each route's budgets still allow in their current window, summed over the route's targets. */
   async remainingByRoute(): Promise<Map<string, number>> {
     const out = new Map<string, number>();
-    for (const [key, { route, cfg }] of this.#seen) {
-      const w = await this.store.budgetWindow(key, cfg, this.now());
+    // Side by side: each is a Redis round trip, and every budget that served a request is here (a class and target each).
+    const seen = [...this.#seen];
+    const windows = await Promise.all(seen.map(([key, { cfg }]) => this.store.budgetWindow(key, cfg, this.now())));
+    seen.forEach(([, { route, cfg }], i) => {
+      const w = windows[i]!;
       out.set(route, (out.get(route) ?? 0) + Math.max(0, Math.floor(retryAllowance(cfg, w.requests) - w.retries)));
-    }
+    });
     return out;
   }
 
