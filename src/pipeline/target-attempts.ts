@@ -160,7 +160,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
   const prepared = plan.upstream();
   if (!prepared.ok) return { kind: 'skipped', reason: prepared.reason, ...paramOf(prepared) };
   const upstream = prepared.request;
-  // Once per target, a Redis round trip at most (the same read the breaker's admission waits for).
+  // An instance that just started (a restart, a new one the autoscaler added) knows nothing of the fleet's breaker,
+  // hold-off and credential hold of a target until it has read them: judged clear meanwhile, its first requests (a
+  // burst, if a load balancer held them for it) went upstream into an open breaker or a hold-off. Once per target, one
+  // batched Redis read that brings all three, bounded by commandTimeoutMs.
   const reading = holdOffs.firstRead(plan.key);
   if (reading) await reading;
   for (;;) {

@@ -72,13 +72,12 @@ export class BreakerBoard {
     this.#pending.delete(target);
   }
 
-  /** May an attempt go to the target now? While probing, only permit holders may, at most halfOpenProbes fleet-wide. */
+  /**
+   * May an attempt go to the target now? While probing, only permit holders may, at most halfOpenProbes fleet-wide.
+   * Judged on the record as this instance has it: the caller waits for the store's first read of a target first
+   * (tryTarget, through HoldOffs.firstRead: one batched read brings the breaker record and the hold-offs).
+   */
   async admit(target: string, s: BreakerSettings | undefined, parked: boolean, permitTtlMs: number): Promise<Admission> {
-    // An instance that just started (a restart, a new one the autoscaler added) knows nothing of the fleet's breakers
-    // until it has read them: judged closed meanwhile, its first requests, a burst if a load balancer held them for it,
-    // went upstream while the fleet's breaker was open or half-open. Once per target, a round trip at most.
-    const reading = s ? this.#deps.store.firstRead?.(target) : undefined;
-    if (reading) await reading;
     const a = this.availability(target, s, parked);
     if (a.kind === 'closed') return { admitted: true, probe: undefined };
     if (a.kind === 'open') return { admitted: false, availableAtMs: a.probeAtMs };

@@ -63,9 +63,10 @@ export class HoldOffs {
   }
 
   /**
-   * While the fleet's hold-off and credential hold of a target this instance has not looked at yet are being read (its
-   * first sight): resolves once they are in. A store keeps only what it was asked about, so an instance that never
-   * sent to the target has not heard of a hold-off another one started; its first request must not go into it.
+   * While the fleet's state of a target this instance has not looked at yet is being read (its first sight): resolves
+   * once it is in. The store's read of the target key brings its breaker record and hold-off, that of the credential
+   * key its credential hold. A store keeps only what it was asked about, so an instance that never sent to the target
+   * has not heard of what another one started; its first request must not go into it.
    */
   firstRead(target: string): Promise<void> | undefined {
     // Asked on every request: no promise or array once both are in.
