@@ -298,6 +298,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
 function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   const answer = errorAnswer(err);
+  reply.header('x-request-id', reply.request.id);
   return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(answer.body);
 }
 
@@ -306,6 +307,9 @@ function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
   reply.code(answer.status);
   const { body } = answer;
   if (!(body instanceof Readable)) {
+    // An error the gateway made itself has no provider's id: the SDKs show ours instead (err.requestID, request_id),
+    // which is the one the gateway's log lines carry.
+    if (answer.status >= 400 && answer.headers['x-request-id'] === undefined) reply.header('x-request-id', reply.request.id);
     reply.headers(safeHeaders(answer.headers));
     return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
   }

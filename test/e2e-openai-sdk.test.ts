@@ -72,6 +72,9 @@ describe('the openai SDK through the gateway', () => {
     expect(Date.now() - started).toBeLessThan(2_000);
     expect(counter.requests).toBe(1);
     expect(stack.mock.stats().total).toBe(1);
+    // No provider answered: the SDK's request id is the gateway's, the one its log lines carry.
+    expect(err.requestID).toBe(err.headers?.get('x-stormgate-request-id'));
+    expect(stack.logs.join('')).toContain(err.requestID!);
   });
 
   it('starts a stream at the SDK\'s timeout when the provider is slow to its first token, as the provider would have', async () => {
@@ -118,6 +121,9 @@ describe('the openai SDK through the gateway', () => {
     expect(request_id).toMatch(/^req_/);
     expect(response.headers.get('x-stormgate-request-id')).toBeTruthy();
     expect(response.headers.get('x-stormgate-attempts')).toBe('1');
+    const notFound = (await client.post('/no/such/path', { body: {} }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(notFound.status).toBe(404);
+    expect(notFound.requestID).toBe(notFound.headers?.get('x-stormgate-request-id'));
   });
 
   it('runs the Responses API and legacy completions', async () => {

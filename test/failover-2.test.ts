@@ -286,6 +286,8 @@ describe('a request no target can express', () => {
     const a = await chat(s, { n: 2 });
     expect(a.status).toBe(503);
     expect(backup!.stats().total).toBe(0);
+    // The client learns why it was not failed over: it can drop n or accept the outage.
+    expect(a.body.error?.message).toMatch(/not tried: backup\/claude-sonnet-4-5 \(.*n > 1.*\)/);
   });
 });
 

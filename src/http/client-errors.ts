@@ -49,7 +49,7 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   }
   const answer = errorAnswer(gatewayError);
   const body = JSON.stringify(answer.body);
-  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, ...answer.headers };
+  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, 'x-request-id': requestId, ...answer.headers };
   const head = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
   socket.end(`HTTP/1.1 ${answer.status} ${STATUS_CODES[answer.status]}\r\n${head}\r\n${body}`);
   // A client that keeps its side open must not hold the socket.

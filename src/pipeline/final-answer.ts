@@ -140,7 +140,20 @@ export function withRejectionNote(answer: ErrorAnswer, rejection: { target: stri
   const { outcome } = rejection.result;
   const status = outcome.kind === 'http' ? outcome.status : 400;
   const why = normaliseUpstreamErrorBody(status, rejection.result.body).error.message;
-  const note = `the fallback ${rejection.target} rejected the request (${status}: ${truncate(why, 300)})`;
+  return withNote(answer, `the fallback ${rejection.target} rejected the request (${status}: ${truncate(why, 300)})`);
+}
+
+/**
+ * Names the other targets the request never reached and why (a family that cannot express it, an open breaker): a
+ * client told only of the primary's outage would not know its request could not have been failed over as sent.
+ */
+export function withSkipNote(answer: ErrorAnswer, answeredBy: string, skipped: ReadonlyArray<{ target: string; reason: string }>): ErrorAnswer {
+  const others = skipped.filter((s) => s.target !== answeredBy);
+  if (others.length === 0) return answer;
+  return withNote(answer, `not tried: ${others.map((s) => `${s.target} (${truncate(s.reason, 200)})`).join(', ')}`);
+}
+
+function withNote(answer: ErrorAnswer, note: string): ErrorAnswer {
   const message = answer.body.error.message.replace(/\.?\s*$/, '');
   return { ...answer, body: { error: { ...answer.body.error, message: `${message}; ${note}` } } };
 }

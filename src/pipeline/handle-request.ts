@@ -10,9 +10,9 @@ import type { Pools } from '../pools/pools.ts';
 import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
-import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, type ErrorAnswer } from './final-answer.ts';
+import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
 import type { LiveStream, StreamEnd } from './live-stream.ts';
-import { serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
+import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
@@ -208,7 +208,9 @@ function clientRetryCount(headers: HeaderBag): number {
 /** `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request). */
 function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {
   const answer = errorOf(served, summary, budgetMs, nowMs, disabled);
-  return served.rejected ? withRejectionNote(answer, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : answer;
+  // no-target's message lists every skip already; a verdict on the request is the client's to fix wherever it goes.
+  const noted = served.kind === 'no-target' || endedWithVerdict(served) ? answer : withSkipNote(answer, served.plan.label, summary.skipped);
+  return served.rejected ? withRejectionNote(noted, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : noted;
 }
 
 function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {

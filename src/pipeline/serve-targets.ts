@@ -23,6 +23,11 @@ const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
 /** Outcome classes that are an upstream's verdict on the request: passed on as they are, never with a note. */
 const VERDICTS = new Set(['client-error', 'context-length', 'content-policy']);
 
+/** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
+export function endedWithVerdict(served: Served): boolean {
+  return served.kind === 'failed' && VERDICTS.has(served.failure.cls.cls);
+}
+
 export const FALLBACK_REASONS = [
   'retries_exhausted',
   'budget',
@@ -110,7 +115,7 @@ export async function serveTargets(
   // Whatever the request ends with carries the fallback's rejection, if there was one: not a success, and not a verdict
   // on the request (the rejection itself, or the primary's own 400, 404, 422, context length or content policy).
   const end = (served: Served): Served =>
-    rejected && served.kind !== 'ok' && !(served.kind === 'failed' && VERDICTS.has(served.failure.cls.cls)) ? { ...served, rejected } : served;
+    rejected && served.kind !== 'ok' && !endedWithVerdict(served) ? { ...served, rejected } : served;
   /** The failure to end with when no target answered: the latest failure, else a credential hold, else a shed, else `otherwise`. */
   const worst = (otherwise: Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise);
   for (;;) {
