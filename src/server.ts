@@ -2,7 +2,7 @@
 // the request path only parses, matches and hands over to the pipeline.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { OutgoingHttpHeaders } from 'node:http';
+import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
@@ -17,7 +17,8 @@ import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
-import { answerClientError, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
+import { answerClientError, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
+import { closeSweep } from './http/close-sweep.ts';
 import { safeHeaders } from './http/header-safe.ts';
 import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
@@ -74,10 +75,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Our own onRequest hook answers during shutdown, in the OpenAI error shape and with x-should-retry.
     return503OnClosing: false,
     forceCloseConnections: 'idle',
-    genReqId: (req) => {
-      const given = req.headers['x-request-id'];
-      return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
-    },
+    genReqId: requestIdOf,
     // Errors fastify raises before any route or hook runs (a URL it cannot decode): the OpenAI shape too.
     // No hook runs for these, so the log line is written here.
     frameworkErrors: (err, request, reply) => {
@@ -88,6 +86,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Requests Node's HTTP parser refuses (headers or URL too large, a malformed request line, too slow to arrive).
     clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
   });
+  // An `expect` other than 100-continue: Node would answer an empty 417 itself; this answers in the OpenAI shape.
+  app.server.on('checkExpectation', (req, res) => answerUnmetExpectation(req, res, requestIdOf(req), logger as FastifyBaseLogger));
+  const sweep = closeSweep(app.server);
 
   // Math.random, not the policy's random source: sampling log lines must not shift a seeded test's jitter.
   const { logSuccessRate } = config.server;
@@ -132,8 +133,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     phase = 'closing';
     runtime.lot.close();
     logger.info({ graceMs: config.drain.graceMs }, 'closing: parked requests answered, new requests refused');
-    // A keep-alive connection that turns idle after close() began would otherwise hold the server open until it times out.
-    const sweep = setInterval(() => app.server.closeIdleConnections(), 100);
+    // Idle connections are closed as they turn idle (the preClose sweep), so only requests in flight hold close().
     const closed = app.close();
     const graceOver = new AbortController();
     const graceTimer = sleep(config.drain.graceMs, true, { signal: graceOver.signal }).catch(() => false);
@@ -150,16 +150,22 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       // Ended streams let close() finish, which runs onClose (the state store's last flush); it gets a moment, no more.
       await Promise.race([closed, sleep(STREAM_GOODBYE_MS)]);
     }
-    clearInterval(sweep);
   });
   app.addHook('onResponse', (request, reply, done) => {
     markAnsweredEarly(request);
     ends.answered(request, reply);
     done();
   });
-  // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines.
-  app.addHook('preClose', async () => runtime.lot.close());
-  app.addHook('onClose', async () => runtime.close());
+  // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines;
+  // connections no answer is owed on are closed as they turn idle, so closing waits for requests in flight alone.
+  app.addHook('preClose', async () => {
+    sweep.start();
+    runtime.lot.close();
+  });
+  app.addHook('onClose', async () => {
+    sweep.stop();
+    await runtime.close();
+  });
 
   app.setErrorHandler((err, request, reply) => {
     // Headers already on the wire (a stream that broke): nothing can be said in the OpenAI shape any more.
@@ -294,6 +300,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
 
   return app;
+}
+
+/** The client's `x-request-id` when it is a usable one, else a fresh id. */
+function requestIdOf(req: IncomingMessage): string {
+  const given = req.headers['x-request-id'];
+  return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
 }
 
 function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {

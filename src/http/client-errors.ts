@@ -1,11 +1,11 @@
-// Errors raised outside the pipeline, in the OpenAI error shape: what Node's HTTP parser refuses (on the raw socket,
-// before fastify sees a request), and fastify's own or passthrough's errors.
+// Errors raised outside the pipeline, in the OpenAI error shape: what Node's HTTP server refuses (on the raw socket or
+// response, before fastify sees a request), and fastify's own or passthrough's errors.
 import { randomUUID } from 'node:crypto';
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify';
 import { GatewayError } from '../errors.ts';
-import { errorAnswer } from '../pipeline/final-answer.ts';
+import { errorAnswer, type ErrorAnswer } from '../pipeline/final-answer.ts';
 import { printable } from './request-body.ts';
 
 /** Connections whose request was answered before its body had come in (see markAnsweredEarly). */
@@ -49,11 +49,29 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   }
   const answer = errorAnswer(gatewayError);
   const body = JSON.stringify(answer.body);
-  const headers = { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, 'x-request-id': requestId, ...answer.headers };
-  const head = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  const head = Object.entries(closingHeaders(answer, body, requestId)).map(([k, v]) => `${k}: ${v}\r\n`).join('');
   socket.end(`HTTP/1.1 ${answer.status} ${STATUS_CODES[answer.status]}\r\n${head}\r\n${body}`);
   // A client that keeps its side open must not hold the socket.
   setTimeout(() => socket.destroy(), 1_000).unref();
+}
+
+/**
+ * A request whose `expect` the gateway cannot meet (anything but 100-continue, RFC 9110 10.1.1): 417 in the OpenAI
+ * shape, where Node would send an empty one. Node hands it over before fastify sees it, so no hook runs for it.
+ */
+export function answerUnmetExpectation(req: IncomingMessage, res: ServerResponse, requestId: string, log: FastifyBaseLogger): void {
+  const err = new GatewayError('expectation_failed', `the gateway cannot meet \`expect: ${printable(req.headers.expect ?? '', 64)}\`; send the request without it, or with \`expect: 100-continue\``);
+  log.info({ reqId: requestId, code: err.code, status: err.status }, 'client error');
+  const answer = errorAnswer(err);
+  const body = JSON.stringify(answer.body);
+  // The body it was about to send (or sends anyway) is never read: the connection closes after the answer.
+  res.writeHead(answer.status, closingHeaders(answer, body, requestId));
+  res.end(body);
+}
+
+/** The head of an answer given outside fastify: the OpenAI error, the request id, and the connection closed after it. */
+function closingHeaders(answer: ErrorAnswer, body: string, requestId: string): Record<string, string> {
+  return { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, 'x-request-id': requestId, ...answer.headers };
 }
 
 /** fastify's own errors (body too large, bad media type, a URL it cannot decode) and passthrough's in the OpenAI shape. */
