@@ -9,7 +9,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { HoldOffs, isCredentialHoldKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { HoldOffs, isCredentialHoldKey, isLongHintKey, targetOfCredentialHold } from './state/hold-offs.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -121,6 +121,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
         lot.notify(targetOfCredentialHold(change.target));
         return;
       }
+      // What a long hint asked for only changes what held-off requests are told; the hold-off's own key moves the rest.
+      if (isLongHintKey(change.target)) return;
       recoverWhenOver(change.target, change.untilMs);
     }
     lot.notify(change.target);

@@ -37,6 +37,17 @@ describe('config reference', () => {
     expect(paths).toContain('providers.<name>.timeouts.connectMs');
   });
 
+  it('states the defaults that are not the schema\'s own: per-model breaker fields, a target\'s retry, a context-window fallback\'s weight', () => {
+    const doc = (path: string) => configFields().find((f) => f.path === path)?.description ?? '';
+    // A model's field left out is the provider's value (settingsForModel), not the provider field's default.
+    const modelFields = configFields().filter((f) => f.path.startsWith('providers.<name>.breaker.models.<name>.'));
+    expect(modelFields.length).toBeGreaterThan(5);
+    for (const f of modelFields) expect(f.description, f.path).toMatch(/Default: the provider's breaker\.\w+\.$/);
+    // A target's retry replaces the route's whole (plan-targets: target.retry ?? route.retry), it is not merged.
+    expect(doc('routes[].targets[].retry')).toMatch(/as a whole, not merged/);
+    expect(doc('routes[].contextWindowFallback.weight')).toMatch(/^Has no effect here/);
+  });
+
   it('replaces only the text between the markers', () => {
     const readme = 'intro\n<!-- config-reference:start -->\nold\n<!-- config-reference:end -->\noutro\n';
     expect(replaceBlock(readme, 'new')).toBe('intro\n<!-- config-reference:start -->\nnew\n<!-- config-reference:end -->\noutro\n');

@@ -194,6 +194,23 @@ describe('a fleet of three gateways on one Redis', () => {
     }
   });
 
+  it('tells a client of another instance what a hint over a minute asked for, on its first sight of the target', async () => {
+    const f = await startFleet(
+      { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': '3600' } }] },
+      { route: { retry: { maxAttempts: 1 }, park: false }, provider: { breaker: false } },
+    );
+    expect((await chat(f.urls[0]!)).status).toBe(429);
+    const res = await fetch(`${f.urls[1]}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe('provider_held_off');
+    expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(3_590);
+    expect(res.headers.get('x-should-retry')).toBe('false');
+    expect(f.mock.stats().total).toBe(1);
+  });
+
   it('answers every request while Redis is down, reports degraded, and shares state again once it is back', async () => {
     const f = await startFleet({}, { route: { retry: { maxAttempts: 1 }, park: false } });
     expect((await chat(f.urls[0]!)).status).toBe(200);

@@ -31,6 +31,17 @@ describe('retries over HTTP', () => {
     });
   }
 
+  it("uses a target's retry in place of the route's as a whole: a field it leaves out is the default, not the route's", async () => {
+    // The route allows 1 attempt; the target sets only its backoff, so it gets the default maxAttempts (3).
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: { maxAttempts: 1 }, targets: [{ provider: 'mock', retry: { backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } }] },
+    });
+    const { res } = await chat(s);
+    expect(res.status).toBe(503);
+    expect(s.mock.stats().total).toBe(3);
+  });
+
   const failFast: Array<[string, { status: number; code?: string }]> = [
     ['400', { status: 400 }],
     ['404', { status: 404 }],

@@ -49,7 +49,7 @@ export const TimeoutsSchema = z
   .strictObject({
     connectMs: positiveMs('Time to open a TCP/TLS connection to the provider, in ms. Default: 5000.').default(5000),
     firstTokenMs: positiveMs('For streams: time from sending the request to the first event that carries output (text, tool call, reasoning, refusal or audio; any Responses API delta); role-only chunks and pings do not count. Longer than the longest silent thinking of a reasoning model. Default: 30000.').default(30000),
-    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. Default: 30000.').default(30000),
+    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. On passthrough paths: longest gap between two chunks of the answer\'s body. Default: 30000.').default(30000),
     responseMs: positiveMs('For non-streaming requests: per-attempt limit on the whole answer, in ms. Optional; unset, only the deadline bounds it, since long answers take minutes.').optional(),
     keepAliveMs: positiveMs('How long a connection to the provider is kept idle for the next request, in ms; below the provider\'s own idle timeout (many servers close at 5 s, without saying so), or a request sent as it closes the connection fails. A provider\'s Keep-Alive hint may shorten it, never lengthen it. Default: 4000.').default(4000),
   })
@@ -81,6 +81,18 @@ const breakerFields = {
   probeWhileParkedMaxMs: positiveMs('Longest wait between probes while requests are parked (never past openS): how late parked requests may learn of a recovery, against how often a long outage is probed. Default: 5000.'),
 };
 
+/**
+ * The same fields for one model, each described with its real default: a field a model leaves out is the provider's
+ * (settingsForModel merges the two), not the value the provider's own field defaults to.
+ */
+const modelBreakerFields = Object.fromEntries(
+  Object.entries(breakerFields).map(([key, field]) => {
+    const doc = field.description ?? '';
+    if (!/ Default: [^ ]+$/.test(doc)) throw new Error(`breaker field ${key}: its description must end in "Default: <value>."`);
+    return [key, field.describe(doc.replace(/ Default: [^ ]+$/, ` Default: the provider's breaker.${key}.`))];
+  }),
+) as typeof breakerFields;
+
 export const BreakerSchema = z
   .strictObject({
     failureRate: breakerFields.failureRate.default(BREAKER_DEFAULTS.failureRate),
@@ -94,9 +106,9 @@ export const BreakerSchema = z
     probeWhileParkedMs: breakerFields.probeWhileParkedMs.default(BREAKER_DEFAULTS.probeWhileParkedMs),
     probeWhileParkedMaxMs: breakerFields.probeWhileParkedMaxMs.default(BREAKER_DEFAULTS.probeWhileParkedMaxMs),
     models: z
-      .record(z.string().min(1), z.strictObject(breakerFields).partial().describe('Fields that differ for this model.'))
+      .record(z.string().min(1), z.strictObject(modelBreakerFields).partial().describe('Fields that differ for this model; each one left out is the provider\'s.'))
       .default({})
-      .describe('Per-model overrides of the fields above, by upstream model name.'),
+      .describe('Per-model overrides of the fields above, by upstream model name. Default: none (every model has the provider\'s settings).'),
   })
   .describe('Circuit breaker per target (provider and model); `false` turns it off.');
 
@@ -160,9 +172,15 @@ export const TargetSchema = z
     provider: z.string().min(1).describe('Name of a provider under `providers`.'),
     model: z.string().min(1).optional().describe('Upstream model to send instead of the client\'s. Optional; default: the client\'s model.'),
     weight: z.number().int().positive().default(1).describe('Share of requests with `strategy: weighted` (smooth weighted round-robin). Default: 1.'),
-    retry: RetrySchema.optional().describe('Retry policy on this target instead of the route\'s. Optional.'),
+    retry: RetrySchema.optional().describe('Retry policy on this target in place of the route\'s `retry` as a whole, not merged with it: a field left out here takes its default below, not the route\'s value. Optional; default: the route\'s.'),
   })
   .describe('Where a route sends a request: a provider and, optionally, the upstream model.');
+
+/** A route's context-window fallback: a target, tried alone, so its weight has nothing to weigh. */
+export const ContextWindowFallbackSchema = TargetSchema.extend({
+  weight: z.number().int().positive().default(1)
+    .describe('Has no effect here: the context-window fallback is one target, tried on its own whatever `strategy` says (accepted so a target can be copied here as it is). Default: 1.'),
+});
 
 export const BudgetSchema = z
   .strictObject({
@@ -192,7 +210,7 @@ export const RouteSchema = z
     targets: z.array(TargetSchema).min(1).describe('Targets in order: the primary first, then the fallbacks.'),
     strategy: z.enum(['fallback', 'weighted']).default('fallback')
       .describe('fallback: always the primary first; weighted: spread requests by `weight` (smooth weighted round-robin), skipping targets whose breaker is open or that are held off; the others remain fallbacks. Default: fallback.'),
-    contextWindowFallback: TargetSchema.optional()
+    contextWindowFallback: ContextWindowFallbackSchema.optional()
       .describe('Target for requests the chosen target rejects with context_length_exceeded (e.g. a model with a larger window). Optional.'),
     streamRecovery: z.enum(['off', 'continue']).default('off')
       .describe('Experimental, chat only: on a stream cut or stalled after its first byte, `continue` asks the next target for the rest of a text answer (never a half-sent tool call); otherwise the stream ends with an error event. Default: off.'),
@@ -221,6 +239,7 @@ export const PassthroughSchema = z
     paths: z.array(z.string().startsWith('/')).min(1).describe('Paths forwarded as they are, with what is under them (no retries), e.g. /v1/files (also /v1/files/{id}/content).'),
     methods: z.array(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])).min(1).default(['GET'])
       .describe('HTTP methods forwarded on those paths. Default: [GET].'),
+    timeoutMs: positiveMs('Longest wait for the answer\'s headers once the request (its body included) is sent, in ms; then 504 upstream_timeout. Longer than the slowest call these paths serve (an image generation answers only when it is done). Default: 120000.').default(120000),
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
 

@@ -93,9 +93,11 @@ export function toGatewayError(err: unknown, request: FastifyRequest): GatewayEr
   }
   // Passthrough's proxy (reply-from, undici) could not get an answer from the provider.
   if (e.code !== undefined && (e.code.startsWith('FST_REPLY_FROM_') || e.code.startsWith('UND_ERR_') || e.code === 'ECONNRESET')) {
-    return e.statusCode === 504
-      ? new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${e.code})`)
-      : new GatewayError('upstream_unavailable', `the provider could not be reached for the passthrough request (${e.code})`);
+    // reply-from wraps undici's error: its code says which timer fired (UND_ERR_HEADERS_TIMEOUT: timeouts.firstTokenMs).
+    const code = (e as { cause?: { code?: unknown } }).cause?.code ?? e.code;
+    return e.statusCode === 504 || code === 'UND_ERR_BODY_TIMEOUT'
+      ? new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${printable(String(code))})`)
+      : new GatewayError('upstream_unavailable', `the provider could not be reached for the passthrough request (${printable(String(code))})`);
   }
   if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) {
     return new GatewayError('bad_request', printable(e.message ?? 'bad request'), { status: e.statusCode });

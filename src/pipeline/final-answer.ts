@@ -106,12 +106,16 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
 /**
  * A target that cannot take the request now. A breaker is the provider's problem: x-should-retry stays false. A
  * hold-off is a window the gateway knows the end of: the SDK is invited back when that is at most 60 s away.
+ * `retryAfterMs` is what the provider asked for (HoldOffs.askedUntil); `holdOffMs`, when shorter, is when the gateway
+ * asks it again (a hold-off is capped at a minute): the client is told the provider's word, and not invited back.
  */
-export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number }): ErrorAnswer {
+export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number; holdOffMs?: number }): ErrorAnswer {
   const seconds = Math.ceil(u.retryAfterMs / 1000);
-  return u.reason === 'breaker'
-    ? errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs: u.retryAfterMs }))
-    : errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s`, { retryAfterMs: u.retryAfterMs, shouldRetry: true }));
+  if (u.reason === 'breaker') {
+    return errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs: u.retryAfterMs }));
+  }
+  const again = u.holdOffMs !== undefined && u.holdOffMs < u.retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
+  return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs: u.retryAfterMs, shouldRetry: true }));
 }
 
 /**

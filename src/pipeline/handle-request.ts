@@ -22,6 +22,7 @@ import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
 import { RequestAbort } from './request-abort.ts';
+import type { HoldOffs } from '../state/hold-offs.ts';
 import { EarlyStart } from './early-start.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
@@ -170,7 +171,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
       return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
     }
-    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0);
+    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs);
     return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
   } catch (err) {
     const answer = errorAnswer(new GatewayError('internal_error', `the gateway failed: ${(err as Error).message}`));
@@ -206,14 +207,14 @@ function clientRetryCount(headers: HeaderBag): number {
 }
 
 /** `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request). */
-function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {
-  const answer = errorOf(served, summary, budgetMs, nowMs, disabled);
+function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs): ErrorAnswer {
+  const answer = errorOf(served, summary, budgetMs, nowMs, disabled, holdOffs);
   // no-target's message lists every skip already; a verdict on the request is the client's to fix wherever it goes.
   const noted = served.kind === 'no-target' || endedWithVerdict(served) ? answer : withSkipNote(answer, served.plan.label, summary.skipped);
   return served.rejected ? withRejectionNote(noted, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : noted;
 }
 
-function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean): ErrorAnswer {
+function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs): ErrorAnswer {
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
@@ -234,9 +235,14 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         apiKey: served.plan.client.config.apiKey,
       });
     }
-    case 'unavailable':
+    case 'unavailable': {
       summary.outcome = 'unavailable';
-      return unavailableAnswer({ reason: served.reason, target: served.plan.key, retryAfterMs: Math.max(0, served.availableAtMs - nowMs) });
+      const retryAfterMs = Math.max(0, served.availableAtMs - nowMs);
+      if (served.reason === 'breaker') return unavailableAnswer({ reason: 'breaker', target: served.plan.key, retryAfterMs });
+      // A hold-off capped at a minute: the client is told the end the provider asked for, as the first request was.
+      const askedUntil = Math.max(served.availableAtMs, holdOffs.askedUntil(served.plan.key) ?? 0);
+      return unavailableAnswer({ reason: 'hold-off', target: served.plan.key, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: retryAfterMs });
+    }
     case 'park-full':
       summary.outcome = 'unavailable';
       return errorAnswer(

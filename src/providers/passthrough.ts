@@ -1,5 +1,6 @@
 // Paths the config opens outside the managed routes, forwarded by @fastify/http-proxy with the provider's credentials
 // in place of the client's. No retries: these are files, batches and the like, where a blind retry can duplicate work.
+// Bounded by connectMs to connect, the passthrough's timeoutMs for the answer's headers, idleMs between its chunks.
 import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
@@ -63,17 +64,32 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       prefix: path,
       rewritePrefix: `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`,
       httpMethods: passthrough.methods,
-      undici: { connections: 16, connect: { timeout: provider.timeouts.connectMs } },
+      undici: {
+        connections: 16,
+        connect: { timeout: provider.timeouts.connectMs },
+        // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung
+        // provider for five minutes. The headers timer starts once the request body is sent, so a long upload is
+        // not cut; idleMs is a gap, not a length, so neither is a long download.
+        headersTimeout: passthrough.timeoutMs,
+        bodyTimeout: provider.timeouts.idleMs,
+      },
       // The gateway writes one log line per request itself; reply-from would add two more.
       disableRequestLogging: true,
       replyOptions: {
-        rewriteRequestHeaders: (_req, headers) => {
+        // No retries at all. reply-from's default retries a GET or HEAD without a body on 503 up to 10 times (with
+        // retriesCount 0 too: that is the very condition for it, and maxRetriesOn503: 0 reads as the default 10),
+        // waiting the provider's retry-after taken as ms; and with retriesCount set, on UND_ERR_SOCKET. A delay
+        // function that always answers null covers both.
+        retryDelay: () => null,
+        rewriteRequestHeaders: (req, headers) => {
           const out: Record<string, unknown> = {};
           // The client's hop-by-hop headers describe its connection to the gateway, not the request (RFC 9110 7.6.1);
           // undici also refuses to send keep-alive or upgrade at all, which turned such a request into a 502.
           const hop = hopByHop(headers.connection);
           for (const name in headers) if (!stripped(name) && !hop.has(name)) out[name] = headers[name];
           out.authorization = `Bearer ${provider.apiKey}`;
+          // The gateway's request id, as on the managed routes: the provider's support can find the call by it.
+          out['x-client-request-id'] = req.id;
           return out as typeof headers;
         },
         // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.

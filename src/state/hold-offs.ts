@@ -13,10 +13,23 @@ const HOLD_OFF_STATUSES = new Set([429, 503, 529]);
 const MAX_SPREAD_MS = 1_000;
 /** Suffix of a credential hold's state key: shared through the store like a hold-off, never read as one. */
 const CREDENTIALS_SUFFIX = '#credentials';
+/**
+ * A hint over MAX_HOLD_OFF_MS starts a hold-off capped at that, and leaves two side keys, shared through the store
+ * like a hold-off and never read as one: `#asked`, the end the provider asked for, and `#long`, the end of the
+ * hold-off it started. The asked end counts only while the hold-off in force is that one (`#long` equals it): a later,
+ * shorter hint that extended it is the provider's newer word.
+ */
+const ASKED_SUFFIX = '#asked';
+const LONG_SUFFIX = '#long';
 
 /** Is this state key a credential hold (not a target's own key)? For listeners of the store's changes. */
 export function isCredentialHoldKey(key: string): boolean {
   return key.endsWith(CREDENTIALS_SUFFIX);
+}
+
+/** Is this state key one a long hint leaves beside its hold-off (not a target's own key)? For listeners of changes. */
+export function isLongHintKey(key: string): boolean {
+  return key.endsWith(ASKED_SUFFIX) || key.endsWith(LONG_SUFFIX);
 }
 
 /** The target a credential hold's state key is about. */
@@ -56,6 +69,18 @@ export class HoldOffs {
     void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, Math.ceil(this.now() + ms));
   }
 
+  /**
+   * When a held-off request may come back, as the provider asked: the hold-off's end, or the later end a hint over
+   * MAX_HOLD_OFF_MS asked for (the hold-off was capped, and the one request that asks again then is likely told the
+   * same). Undefined when no hold-off is in force. Of two long hints, the longer ask counts until a short one replaces
+   * them: both say "more than a minute".
+   */
+  askedUntil(target: string): number | undefined {
+    const until = this.until(target);
+    if (until === undefined || this.store.getHoldOff(target + LONG_SUFFIX) !== until) return until;
+    return Math.max(until, this.store.getHoldOff(target + ASKED_SUFFIX) ?? 0);
+  }
+
   /** When the target's credential hold ends, if it is still in force. */
   credentialsHeldUntil(target: string): number | undefined {
     const until = this.store.getHoldOff(target + CREDENTIALS_SUFFIX);
@@ -69,11 +94,13 @@ export class HoldOffs {
    * has not heard of what another one started; its first request must not go into it.
    */
   firstRead(target: string): Promise<void> | undefined {
-    // Asked on every request: no promise or array once both are in.
+    // Asked on every request: no promise or array once all are in. The store reads them in one batch.
     const holdOff = this.store.firstRead?.(target);
     const credentials = this.store.firstRead?.(target + CREDENTIALS_SUFFIX);
-    if (holdOff === undefined) return credentials;
-    return credentials === undefined ? holdOff : Promise.all([holdOff, credentials]).then(() => undefined);
+    const asked = this.store.firstRead?.(target + ASKED_SUFFIX);
+    const long = this.store.firstRead?.(target + LONG_SUFFIX);
+    if (holdOff === undefined && credentials === undefined && asked === undefined && long === undefined) return undefined;
+    return Promise.all([holdOff, credentials, asked, long]).then(() => undefined);
   }
 
   /**
@@ -84,13 +111,28 @@ export class HoldOffs {
   forget(target: string): void {
     this.store.forget(target);
     this.store.forget(target + CREDENTIALS_SUFFIX);
+    this.store.forget(target + ASKED_SUFFIX);
+    this.store.forget(target + LONG_SUFFIX);
   }
 
-  /** Starts (or extends) the target's hold-off; returns when it ends. */
+  /**
+   * Starts (or extends) the target's hold-off; returns when it ends. A hint within MAX_HOLD_OFF_MS ends within it,
+   * spread included: a held-off request is invited back (x-should-retry) only for a wait of at most 60 s, and a spread
+   * that pushed a 60 s hint to 61 s took that from it. A longer hint is capped at MAX_HOLD_OFF_MS plus the spread, and
+   * its own end is kept (askedUntil), so every request held off meanwhile is told what the first one was.
+   */
   start(target: string, hint: WaitHint): number {
-    const delayMs = Math.min(hint.delayMs, MAX_HOLD_OFF_MS);
-    const spread = this.random() * Math.min(MAX_SPREAD_MS, delayMs * 0.1);
-    const untilMs = Math.ceil(this.now() + delayMs + spread);
+    const now = this.now();
+    const spread = this.random() * Math.min(MAX_SPREAD_MS, Math.min(hint.delayMs, MAX_HOLD_OFF_MS) * 0.1);
+    if (hint.delayMs <= MAX_HOLD_OFF_MS) {
+      const untilMs = Math.ceil(now + Math.min(hint.delayMs + spread, MAX_HOLD_OFF_MS));
+      void this.store.setHoldOff(target, untilMs);
+      return untilMs;
+    }
+    const untilMs = Math.ceil(now + MAX_HOLD_OFF_MS + spread);
+    // Side keys first: a request that sees the hold-off must not miss what it was asked for.
+    void this.store.setHoldOff(target + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
+    void this.store.setHoldOff(target + LONG_SUFFIX, untilMs);
     void this.store.setHoldOff(target, untilMs);
     return untilMs;
   }
