@@ -7,7 +7,7 @@ import { prepareUpstream } from '../src/providers/families.ts';
 
 const json = 'application/json';
 type Api = Parameters<typeof notAnAnswer>[0]['api'];
-const judge = (api: Api, body: string, ownFamily = true) => notAnAnswer({ api, stream: false, contentType: json, ownFamily }, Buffer.from(body));
+const judge = (api: Api, body: string, ownFamily = true) => notAnAnswer({ api, stream: false, contentType: json, ownFamily }, Buffer.from(body))?.detail;
 
 describe('notAnAnswer', () => {
   it('passes answers of each API', () => {
@@ -27,14 +27,22 @@ describe('notAnAnswer', () => {
   });
 
   it('refuses what is not a whole JSON object', () => {
-    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/html', ownFamily: true }, Buffer.from('<html></html>'))).toMatch(/text\/html, not JSON/);
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/html', ownFamily: true }, Buffer.from('<html></html>'))).toEqual({ detail: 'the upstream answered text/html, not JSON', ran: false });
     expect(judge('chat', '  ')).toMatch(/empty body/);
-    expect(judge('chat', '{"choices":[')).toMatch(/not a whole JSON object/);
+    expect(judge('chat', '[1]')).toMatch(/not a whole JSON object/);
+    expect(judge('chat', '{"choices":[]}]')).toMatch(/not a whole JSON object/);
+  });
+
+  it('refuses the start of an answer cut before its end, as an answer the provider ran', () => {
+    const cut = { detail: 'the upstream answer was cut before its end: its JSON object never closes', ran: true };
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: json, ownFamily: true }, Buffer.from('{"choices":['))).toEqual(cut);
+    // Cut just after a nested object: first and last bytes alone would pass it.
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: json, ownFamily: true }, Buffer.from('{"choices":[{"message":{"content":"}"}}'))).toEqual(cut);
   });
 
   it('refuses a whole answer where a stream was asked for', () => {
     const answer = Buffer.from('{"choices":[{"message":{"content":"hi"}}]}');
-    expect(notAnAnswer({ api: 'chat', stream: true, contentType: json, ownFamily: true }, answer)).toMatch(/a stream was asked for and the upstream answered application\/json/);
+    expect(notAnAnswer({ api: 'chat', stream: true, contentType: json, ownFamily: true }, answer)?.detail).toMatch(/a stream was asked for and the upstream answered application\/json/);
     expect(notAnAnswer({ api: 'embeddings', stream: true, contentType: json, ownFamily: true }, Buffer.from('{"data":[]}'))).toBeUndefined();
   });
 

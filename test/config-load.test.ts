@@ -53,7 +53,7 @@ describe('loadConfigFile', () => {
     expect(embeddings.retry.maxAttempts).toBe(3);
     expect(embeddings.retry.backoff).toEqual({ strategy: 'full-jitter', baseMs: 200, capMs: 3000 });
     expect(embeddings.timeoutMs).toBe(120000);
-    expect(config.routes[0]!.retry.retryOn).toEqual([429, 500, 502, 503, 504, 529, 'network', 'timeout']);
+    expect(config.routes[0]!.retry.retryOn).toEqual([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout']);
   });
 
   it('takes the provider base URL from OPENAI_BASE_URL when set', () => {

@@ -49,7 +49,8 @@ describe('parseWaitHint', () => {
     expect(parseWaitHint({ 'retry-after': '2' }, now)).toEqual({ delayMs: 2000, source: 'retry-after', fleetWide: true });
     expect(parseWaitHint({ 'retry-after': '1.5' }, now)?.delayMs).toBe(1500);
     expect(parseWaitHint({ 'retry-after': 'Wed, 21 Oct 2015 07:28:05 GMT' }, now)?.delayMs).toBe(5000);
-    expect(parseWaitHint({ 'retry-after': 'Tue, 20 Oct 2015 07:28:05 GMT' }, now)?.delayMs).toBe(0);
+    // A date already past says "now": no hint (the backoff decides; test/provider-quirks.test.ts).
+    expect(parseWaitHint({ 'retry-after': 'Tue, 20 Oct 2015 07:28:05 GMT' }, now)).toBeUndefined();
   });
 
   it('prefers retry-after-ms over retry-after over anthropic resets over x-ratelimit resets', () => {

@@ -39,8 +39,8 @@ export const RetrySchema = z
     maxAttempts: z.number().int().min(1).max(20).default(3)
       .describe('Attempts on one target, the first included (1 disables retries). Default: 3.'),
     backoff: BackoffSchema.default({ strategy: 'full-jitter', baseMs: 200, capMs: 3000 }),
-    retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 529, 'network', 'timeout'])
-      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422 and credential errors are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502 or 504) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 529, network, timeout].'),
+    retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'])
+      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422 and credential errors are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
     maxWaitHintMs: ms('Longest upstream wait hint (retry-after and friends) the gateway waits out; a longer hint ends retries on that target and reaches the client as retry-after. Default: 20000.').default(20000),
   })
   .describe('Retry policy of a route.');
@@ -150,7 +150,7 @@ export const ProviderSchema = z
     prefill: z.boolean().default(false)
       .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
     authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)
-      .describe('After the provider rejects the gateway\'s own credentials or billing (401, 402, 403, 429 insufficient_quota), no request goes to it for this long, in seconds. Default: 60.'),
+      .describe('After the provider rejects the gateway\'s own credentials or billing (401, 402, 403, 429 insufficient_quota, billing_not_active or access_terminated), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z.url({ protocol: /^https?$/ }).describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
     apiKey: z
       .string()
@@ -222,7 +222,7 @@ export const RouteSchema = z
     retry: RetrySchema.default({
       maxAttempts: 3,
       backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 3000 },
-      retryOn: [429, 500, 502, 503, 504, 529, 'network', 'timeout'],
+      retryOn: [429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'],
       maxWaitHintMs: 20000,
     }),
     priority: z.string().default('online')

@@ -159,7 +159,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   const contentType = contentTypeOf(headers);
   const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
   const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined }, raw);
-  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong, ran: false }, status, headers };
+  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   return { outcome: { kind: 'ok', status }, status, headers, body };

@@ -76,6 +76,11 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */
 const NEVER_RETRY = new Set([400, 401, 403, 404, 422]);
+/**
+ * 429 codes that are the company's account, not a rate: no quota left (`insufficient_quota`), billing not set up or
+ * lapsed (`billing_not_active`), access revoked (`access_terminated`). No wait ends them, only a fix of the account.
+ */
+export const ACCOUNT_429_CODES: ReadonlySet<string> = new Set(['insufficient_quota', 'billing_not_active', 'access_terminated']);
 export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_length_exceeded', 'string_above_max_length']);
 /** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
@@ -121,9 +126,9 @@ export function classify(outcome: AttemptOutcome): Classification {
 function classifyStatus(status: number, errorCode: string | null): Classification {
   const reason = `status_${status}`;
   // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
-  if (status === 401 || status === 402 || status === 403 || (status === 429 && errorCode === 'insufficient_quota')) {
-    return { cls: 'credentials', retryKey: null, reason: status === 429 ? 'insufficient_quota' : reason };
-  }
+  if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
+  // The reason is the code itself: one of a fixed set, so bounded as a metric label.
+  if (status === 429 && errorCode !== null && ACCOUNT_429_CODES.has(errorCode)) return { cls: 'credentials', retryKey: null, reason: errorCode };
   if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   if (errorCode && CONTEXT_LENGTH_CODES.has(errorCode)) return { cls: 'context-length', retryKey: null, reason: 'context_length' };
   if (status === 429) return { cls: 'rate-limited', retryKey: 429, reason };
@@ -142,14 +147,17 @@ const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOST
 
 /**
  * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of
- * the provider that lost its upstream or gave up waiting for it (502, 504).
+ * the provider that lost its upstream or gave up waiting for it (502, 504). Cloudflare, in front of several providers,
+ * has two more of the kind: 520 (the origin reset the connection or sent an empty or unreadable answer) and 524 (the
+ * origin took the connection and sent no answer within 100 s). Its 521, 522 and 523 say it never reached the origin.
  */
-const MAY_HAVE_RUN_STATUSES = new Set([500, 502, 504]);
+const MAY_HAVE_RUN_STATUSES = new Set([500, 502, 504, 520, 524]);
 
 /**
  * Might the provider have run the request? A timeout after the connection was made, a connection lost after the
- * request was sent, a 500 or a proxy's 502 or 504 say nothing about whether it was processed: sending it again (a
- * retry or a failover) may run it twice. `retryOn` is the route's consent to that, for the next target as for this one.
+ * request was sent, a 500 or a proxy's 502, 504, 520 or 524 say nothing about whether it was processed: sending it
+ * again (a retry or a failover) may run it twice. `retryOn` is the route's consent to that, for the next target as for
+ * this one.
  */
 export function mayHaveRun(outcome: AttemptOutcome): boolean {
   switch (outcome.kind) {

@@ -23,16 +23,19 @@ export interface WaitInputs {
 }
 
 export function decideRetryWait(i: WaitInputs): WaitDecision {
-  if (i.hint && i.hint.delayMs > i.retry.maxWaitHintMs) {
-    return { wait: false, why: 'hint-too-long', retryAfterMs: i.hint.delayMs };
+  // A hint of no wait at all is no hint (parseWaitHint drops it too): every request told "0" would retry at once,
+  // together; the jittered backoff spreads them.
+  const hint = i.hint !== undefined && i.hint.delayMs > 0 ? i.hint : undefined;
+  if (hint && hint.delayMs > i.retry.maxWaitHintMs) {
+    return { wait: false, why: 'hint-too-long', retryAfterMs: hint.delayMs };
   }
-  const delayMs = i.hint
-    ? jitterWaitHintMs(i.hint.delayMs, i.random)
+  const delayMs = hint
+    ? jitterWaitHintMs(hint.delayMs, i.random)
     : backoffDelayMs(i.retry.backoff, i.retryIndex, i.prevDelayMs, i.random);
   if (!canWait(i.nowMs, delayMs, i.deadlineAtMs, i.minAttemptMs)) {
-    return { wait: false, why: 'deadline', retryAfterMs: i.hint?.delayMs };
+    return { wait: false, why: 'deadline', retryAfterMs: hint?.delayMs };
   }
-  return { wait: true, delayMs, fromHint: i.hint !== undefined };
+  return { wait: true, delayMs, fromHint: hint !== undefined };
 }
 
 /** The one wait rule: a wait is worth taking only if an attempt of at least minAttemptMs fits after it. */

@@ -21,15 +21,21 @@ const ANTHROPIC_LIMITS: LimitHeaders = ['requests', 'tokens', 'input-tokens', 'o
   .map(l => [`anthropic-ratelimit-${l}-reset`, `anthropic-ratelimit-${l}-remaining`] as const);
 const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimit-reset-${l}`, `x-ratelimit-remaining-${l}`] as const);
 
-/** The upstream's wait hint: the first present and valid of retry-after-ms, retry-after, anthropic-ratelimit-*-reset, x-ratelimit-reset-*; never throws. */
+/**
+ * The upstream's wait hint: the first present, valid and non-zero of retry-after-ms, retry-after,
+ * anthropic-ratelimit-*-reset, x-ratelimit-reset-*; never throws.
+ * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
+ * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
+ * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
+ */
 export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
   const retryAfterMs = header(headers, 'retry-after-ms');
   const fromMs = retryAfterMs === undefined ? undefined : parseNonNegativeDecimal(retryAfterMs);
-  if (fromMs !== undefined) return hint(fromMs, 'retry-after-ms', true);
+  if (fromMs !== undefined && fromMs > 0) return hint(fromMs, 'retry-after-ms', true);
 
   const retryAfter = header(headers, 'retry-after');
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
-  if (fromRetryAfter !== undefined) return hint(fromRetryAfter, 'retry-after', true);
+  if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
   const anthropic = latestExhaustedResetMs(headers, ANTHROPIC_LIMITS, v => {
     const atMs = parseRfc3339Ms(v);
@@ -90,7 +96,8 @@ function parseNonNegativeDecimal(value: string): number | undefined {
  * The latest reset, in ms from now, among the limits that are used up.
  * When the upstream sends any `remaining` header of the family, only limits whose remaining is 0 count: a reset of a limit
  * with room left says nothing about this refusal, and waiting for it would over-wait. With no remaining headers every reset
- * counts, and the latest one is the safe choice. Resets already past are skipped; none left means no hint from this family.
+ * counts, and the latest one is the safe choice. Resets already past (or due now) are skipped; none left means no hint
+ * from this family.
  */
 function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined): number | undefined {
   const anyRemaining = pairs.some(([, remaining]) => header(headers, remaining) !== undefined);
@@ -99,7 +106,7 @@ function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, p
     if (anyRemaining && !isZero(header(headers, remaining))) continue;
     const value = header(headers, reset);
     const resetMs = value === undefined ? undefined : parseResetMs(value);
-    if (resetMs === undefined || resetMs < 0) continue;
+    if (resetMs === undefined || resetMs <= 0) continue;
     if (latest === undefined || resetMs > latest) latest = resetMs;
   }
   return latest;

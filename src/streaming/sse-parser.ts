@@ -2,9 +2,12 @@
 // forward exactly what the provider sent without re-serialising it.
 
 export interface SseEvent {
-  /** The event's text as received, without the blank line that ended it. */
+  /**
+   * The event's text as received, without the blank line that ended it; for a heartbeat of empty data, its comment
+   * lines (or `:`).
+   */
   readonly raw: string;
-  /** The `data:` lines joined with "\n"; null when the event had none (a comment or a bare `event:`). */
+  /** The `data:` lines joined with "\n"; null when the event had none (a comment or a bare `event:`) or empty data (a bare `data:`). */
   readonly data: string | null;
   /** The `event:` field, when present. */
   readonly event: string | null;
@@ -71,7 +74,8 @@ export class SseParser {
 function parseEvent(raw: string): SseEvent {
   let data: string | null = null;
   let event: string | null = null;
-  for (const line of raw.split(/\r\n|\n|\r/)) {
+  const lines = raw.split(/\r\n|\n|\r/);
+  for (const line of lines) {
     if (line.startsWith(':')) continue;
     const colon = line.indexOf(':');
     const field = colon === -1 ? line : line.slice(0, colon);
@@ -80,5 +84,10 @@ function parseEvent(raw: string): SseEvent {
     if (field === 'data') data = data === null ? value : `${data}\n${value}`;
     else if (field === 'event') event = value;
   }
+  // A bare `data:` is a heartbeat some providers and proxies send. The SSE spec dispatches no event with empty data,
+  // so it is a keep-alive, like a comment; read as data it is malformed JSON (a retry before the first output, a
+  // broken tool call after it), and passed on as it came the SDKs would JSON.parse "" and throw. It goes on as a
+  // comment.
+  if (data === '') return { raw: lines.filter((l) => l.startsWith(':')).join('\n') || ':', data: null, event };
   return { raw, data, event };
 }

@@ -108,14 +108,32 @@ const ERRORS: Record<string, ErrorDef> = {
 // "prompt is too long: 215000 tokens > 200000 maximum", "input length and `max_tokens` exceed context limit: ...".
 const CONTEXT_LENGTH = /prompt is too long|exceeds? (the )?context limit|context window/i;
 
-/** Maps an Anthropic error answer (status + body, parsed or raw) to an OpenAI error; keeps the upstream status. */
+/**
+ * Problems of the gateway's own Anthropic account that arrive as a plain 400 invalid_request_error; only the message
+ * tells. As a 400 they would read as the client's mistake, with the provider's body passed on and no failover; as the
+ * 402 or 403 they are, they take the credentials path (the gateway's own error, a credential hold, the next target).
+ */
+const ACCOUNT_PROBLEMS: ReadonlyArray<readonly [RegExp, ErrorDef]> = [
+  // "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase
+  // credits."
+  [/credit balance is too low/i, { status: 402, type: 'insufficient_quota', code: 'insufficient_quota' }],
+  // "This organization has been disabled."
+  [/organization has been disabled/i, { status: 403, type: 'permission_error', code: null }],
+];
+
+/**
+ * Maps an Anthropic error answer (status + body, parsed or raw) to an OpenAI error; keeps the upstream status, except
+ * for an account problem Anthropic reports as a 400 (ACCOUNT_PROBLEMS).
+ */
 export function toOpenAIError(status: number, body: unknown): { status: number; body: OpenAIErrorBody } {
   const parsed = typeof body === 'string' ? tryJson(body) : body;
   const error = (parsed as { error?: { type?: unknown; message?: unknown; details?: { error_code?: unknown } } } | null)?.error;
   const type = typeof error?.type === 'string' ? error.type : undefined;
+  const message = typeof error?.message === 'string' ? error.message : `the Anthropic target answered HTTP ${status}`;
+  const account = type === 'invalid_request_error' ? ACCOUNT_PROBLEMS.find(([pattern]) => pattern.test(message))?.[1] : undefined;
+  if (account) return { status: account.status, body: errorBody(message, account.type, account.code) };
   const def = (type !== undefined ? ERRORS[type] : undefined) ?? byStatus(status);
   const finalStatus = status >= 400 ? status : def.status; // an error event inside a 200 stream has no status of its own
-  const message = typeof error?.message === 'string' ? error.message : `the Anthropic target answered HTTP ${status}`;
   const detailCode = typeof error?.details?.error_code === 'string' ? error.details.error_code : null;
   const code = type === 'invalid_request_error' && CONTEXT_LENGTH.test(message) ? 'context_length_exceeded' : (def.code ?? detailCode);
   return { status: finalStatus, body: errorBody(message, def.type, code) };
