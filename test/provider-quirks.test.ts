@@ -344,6 +344,12 @@ describe('a bare `data:` heartbeat in a stream', () => {
       ['data: {"a":1}', '{"a":1}', null],
     ]);
     for (const ev of events.slice(0, 4)) expect(eventMeaning('chat', ev)).toBe('keepalive');
+    // An event line without any data is dispatched by no SSE client that keeps to the spec, and thrown on by the SDKs.
+    expect(p.push(Buffer.from('event: keepalive\n\n: note\nevent: ping\n\nevent: error\n\n')).map((e) => [e.raw, e.data, e.event])).toEqual([
+      [':', null, 'keepalive'],
+      [': note', null, 'ping'],
+      ['event: error', null, 'error'],
+    ]);
     expect(p.push(Buffer.from('data:'))).toEqual([]);
     expect(p.flush()).toEqual({ raw: ':', data: null, event: null });
   });
@@ -354,7 +360,7 @@ describe('a bare `data:` heartbeat in a stream', () => {
 
   it('before the first output and inside a tool call: the answer streams whole, the SDK never sees it', async () => {
     const { client, seen } = await scriptedGateway(() => ({
-      steps: [cc([delta({ role: 'assistant', content: '' })]), HB, HB, tool('{"a":', true), HB, tool('1}'), HB, cc([delta({}, 'tool_calls')]), 'data: [DONE]\n\n'],
+      steps: [cc([delta({ role: 'assistant', content: '' })]), HB, 'event: ping\n\n', tool('{"a":', true), HB, tool('1}'), 'event: ping\n\n', cc([delta({}, 'tool_calls')]), 'data: [DONE]\n\n'],
     }));
     const stream = await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     let args = '';

@@ -87,7 +87,9 @@ function parseEvent(raw: string): SseEvent {
   // A bare `data:` is a heartbeat some providers and proxies send. The SSE spec dispatches no event with empty data,
   // so it is a keep-alive, like a comment; read as data it is malformed JSON (a retry before the first output, a
   // broken tool call after it), and passed on as it came the SDKs would JSON.parse "" and throw. It goes on as a
-  // comment.
-  if (data === '') return { raw: lines.filter((l) => l.startsWith(':')).join('\n') || ':', data: null, event };
+  // comment. So does an `event:` line with no data at all (`event: ping`): the spec dispatches nothing for it either,
+  // and the SDKs, which do, would throw on its missing data. An `event: error` is kept: with or without data, it is
+  // the upstream's error (eventMeaning).
+  if (data === '' || (data === null && event !== null && event !== 'error')) return { raw: lines.filter((l) => l.startsWith(':')).join('\n') || ':', data: null, event };
   return { raw, data, event };
 }
