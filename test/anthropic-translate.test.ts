@@ -132,8 +132,9 @@ describe('toAnthropicRequest', () => {
   });
 
   it('sets stop sequences, max tokens and user; leaves temperature out unless the target takes it', () => {
-    const body = translated(chat([hi], { stop: 'END', temperature: 1.7, top_p: 0.9, user: 'u-42' }));
-    expect(body).toMatchObject({ stop_sequences: ['END'], max_tokens: 4096, metadata: { user_id: 'u-42' } });
+    const user = '3f2b8c1e-9d4a-4e7b-8f6c-2a1d0e9b7c5a'; // a uuid goes as it is (test/anthropic-fidelity.test.ts: others hashed)
+    const body = translated(chat([hi], { stop: 'END', temperature: 1.7, top_p: 0.9, user }));
+    expect(body).toMatchObject({ stop_sequences: ['END'], max_tokens: 4096, metadata: { user_id: user } });
     expect(body).not.toHaveProperty('temperature');
     expect(body).not.toHaveProperty('top_p');
     expect(translated(chat([hi], { stop: ['a', 'b'], max_tokens: 100, max_completion_tokens: 200 }))).toMatchObject({ stop_sequences: ['a', 'b'], max_tokens: 200 });

@@ -160,10 +160,24 @@ function imageBlock(url: unknown, at: string): AnthropicImageBlock {
   const m = DATA_URL.exec(url);
   // image/jpg is not a registered type, but common in data: URLs (and accepted by OpenAI): it means image/jpeg.
   const written = m?.[1]?.toLowerCase();
-  const mediaType = written === 'image/jpg' ? 'image/jpeg' : written;
+  const data = m?.[2] ?? '';
+  // OpenAI reads the image's bytes and ignores a wrong type in the URL (a JPEG sent as data:image/png, common when the
+  // type is hard-coded); Anthropic answers 400 "Image does not match the provided media type". The bytes decide.
+  const mediaType = imageTypeOf(data) ?? (written === 'image/jpg' ? 'image/jpeg' : written);
   if (!m || mediaType === undefined) throw new Inexpressible(`${at}: an image must be an http(s) URL or a base64 data: URL`, `${at}.image_url.url`);
   if (!IMAGE_TYPES.has(mediaType)) throw new Inexpressible(`${at}: image type ${mediaType} is not supported (jpeg, png, gif, webp)`, `${at}.image_url.url`);
-  return { type: 'image', source: { type: 'base64', media_type: mediaType as AnthropicImageMediaType, data: m[2] ?? '' } };
+  return { type: 'image', source: { type: 'base64', media_type: mediaType as AnthropicImageMediaType, data } };
+}
+
+/** The type an image's first bytes (its signature) say it has, when it is one Anthropic takes. */
+function imageTypeOf(base64: string): AnthropicImageMediaType | undefined {
+  const head = Buffer.from(base64.slice(0, 16), 'base64'); // 12 bytes: enough for RIFF....WEBP
+  const ascii = (from: number, to: number) => head.toString('latin1', from, to);
+  if (head[0] === 0x89 && ascii(1, 4) === 'PNG') return 'image/png';
+  if (head[0] === 0xff && head[1] === 0xd8 && head[2] === 0xff) return 'image/jpeg';
+  if (ascii(0, 4) === 'GIF8') return 'image/gif';
+  if (ascii(0, 4) === 'RIFF' && ascii(8, 12) === 'WEBP') return 'image/webp';
+  return undefined;
 }
 
 // Only inline PDFs have an Anthropic form: an OpenAI file_id points into OpenAI's own file store.

@@ -5,7 +5,8 @@
 //            modalities with audio, functions / function_call (legacy), response_format json_object (Anthropic has
 //            no schema-less JSON mode), web_search_options, custom tools and custom tool choices, input_audio parts,
 //            files other than inline PDFs
-//   mapped   response_format json_schema -> output_config.format; safety_identifier (else user) -> metadata.user_id;
+//   mapped   response_format json_schema -> output_config.format; safety_identifier (else user) -> metadata.user_id
+//            (a uuid or hash as it is, anything else as its SHA-256);
 //            parallel_tool_calls false -> disable_parallel_tool_use; allowed_tools -> the listed tools only
 //   sampling temperature / top_p: see SamplingMode
 //   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
@@ -13,6 +14,7 @@
 //   malformed  what OpenAI itself would answer 400 to (messages not a list, content: 5, a non-object tool schema,
 //            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x") is refused too, with the
 //            field as `param`: when no target can take the request, the client gets a 400 naming it, not a 503.
+import { createHash } from 'node:crypto';
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
 import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
 
@@ -63,7 +65,7 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
       out.output_config = { format: { type: 'json_schema', schema } };
     }
     const userId = body.safety_identifier ?? body.user;
-    if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: userId };
+    if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: opaqueUserId(userId) };
     const stream = body.stream === true;
     if (stream) out.stream = true;
     return { ok: true, body: out, includeUsage: stream && body.stream_options?.include_usage === true };
@@ -90,6 +92,19 @@ function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): v
   if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)', 'response_format');
   if (body.web_search_options != null) refuse('web_search_options', 'web_search_options');
   if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p', body.temperature != null ? 'temperature' : 'top_p');
+}
+
+// A uuid, or a hex digest (MD5 to SHA-512): what Anthropic asks metadata.user_id to be.
+const OPAQUE_ID = /^(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32,128})$/i;
+
+/**
+ * The end-user id as Anthropic takes it. OpenAI takes any string as `user` (an email address is common); Anthropic
+ * answers 400 to a user_id that looks like an email address or a phone number, or is over 256 characters, and asks
+ * for a uuid or a hash. So anything else goes as its SHA-256: still one stable id per user for Anthropic's abuse
+ * detection, and the operator can compute it from their own id.
+ */
+function opaqueUserId(id: string): string {
+  return OPAQUE_ID.test(id) ? id : createHash('sha256').update(id).digest('hex');
 }
 
 function maxTokens(body: OpenAIChatRequest, fallback: number): number {
