@@ -26,4 +26,12 @@ describe('error events before output', () => {
     expect(seen.length).toBe(1);
     expect(err).toMatch(/^400 content_filter .*filtered/);
   });
+  it('E3 chat: a server error event before output on every attempt: 502 whose message keeps the upstream code', async () => {
+    const { client, seen } = await gw(() => ({
+      steps: [cc([delta({ role: 'assistant', content: '' })]), `event: error\ndata: ${JSON.stringify({ error: { message: 'Overloaded', type: 'overloaded_error', code: 'overloaded' } })}\n\n`],
+    }));
+    const err = await client.chat.completions.create({ model: 'gpt-4o', messages: msgs, stream: true }).then(async (s) => { for await (const _ of s) void _; return 'ok'; }, (e: InstanceType<typeof OpenAI.APIError>) => `${e.status} ${e.code} ${e.message}`);
+    expect(seen.length).toBeGreaterThan(1);
+    expect(err).toMatch(/^502 upstream_bad_response .*error event before any output: overloaded/);
+  });
 });

@@ -19,6 +19,7 @@ import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
+import { printable } from '../http/request-body.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -306,9 +307,11 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
  * and loses the provider's reason; it is answered as the upstream's 400 instead.
  */
 function errorBeforeOutput(ev: SseEvent): FirstOutput {
-  const failure = 'error event before any output';
   const err = upstreamErrorOf(ev);
   const code = err?.code;
+  // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
+  // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
+  const failure = code === undefined ? 'error event before any output' : `error event before any output: ${printable(code, 64)}`;
   if (code === undefined || !(CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code))) return { failure };
   const error = { message: err!.message ?? code, type: err!.type ?? 'invalid_request_error', param: err!.param, code };
   return { failure, outcome: { kind: 'http', status: 400, errorCode: code, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
