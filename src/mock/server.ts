@@ -81,8 +81,8 @@ class MockProvider implements MockServer {
   private spec: FaultSpec;
   private readonly counters = new FaultCounters();
   private readonly statsCollector = new StatsCollector();
-  private quotaMinute = 0;
-  private quotaUsed = 0;
+  /** Requests counted against each quota this minute: '*' for the global one, a model name for a per-model override. */
+  private readonly quota = new Map<string, { minute: number; used: number }>();
   private readonly log = new RequestLogRing(10_000);
   private readonly modelInflight = new Map<string, number>();
   private readonly ids = idSource();
@@ -320,19 +320,20 @@ class MockProvider implements MockServer {
    * time until the minute (and so the quota) resets. Concurrency (`capacity`) is a separate limit, as at real providers.
    */
   private headers(x: Exchange, contentType: string): OutgoingHttpHeaders {
-    const limit = this.spec.requestsPerMinute ?? DEFAULT_RPM;
+    // A model's own requestsPerMinute (spec.models) is its own quota, counted apart, as providers limit each model.
+    const model = x.entry.model;
+    const scope = model !== undefined && this.spec.models?.[model]?.requestsPerMinute !== undefined ? model : '*';
+    const limit = effectiveSpec(this.spec, model).requestsPerMinute ?? DEFAULT_RPM;
     const nowMs = Date.now();
     const minute = Math.floor(nowMs / 60_000);
-    if (minute !== this.quotaMinute) {
-      this.quotaMinute = minute;
-      this.quotaUsed = 0;
-    }
-    this.quotaUsed++;
+    let q = this.quota.get(scope);
+    if (q === undefined || q.minute !== minute) this.quota.set(scope, (q = { minute, used: 0 }));
+    q.used++;
     const h: OutgoingHttpHeaders = {
       'content-type': contentType,
       'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
       'x-ratelimit-limit-requests': String(limit),
-      'x-ratelimit-remaining-requests': String(Math.max(0, limit - this.quotaUsed)),
+      'x-ratelimit-remaining-requests': String(Math.max(0, limit - q.used)),
       'x-ratelimit-reset-requests': `${((minute + 1) * 60_000 - nowMs) / 1000}s`,
     };
     // Each API's own name for it, as the real ones send.

@@ -254,7 +254,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
     case 'shed': {
       summary.outcome = 'shed';
       const { className, lowestClass, retryAfterMs, reason } = served.shed;
-      const why = reason === 'queue_full' ? `its queue for class ${className} is full` : `a ${className} slot cannot be expected before the request's deadline`;
+      const why = reason === 'queue_full' ? `its queue for class ${className} is full` : `no slot for class ${className} can be expected before the request's deadline`;
       return errorAnswer(
         new GatewayError('load_shed', `provider ${served.plan.client.name} is at capacity and ${why}; retry later`, {
           status: lowestClass ? 429 : 503,

@@ -13,7 +13,7 @@ export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => n
       const demand = pool.demand();
       const fleet = await store.exchangeDemand(pool.settings.provider, demand, now());
       // +1 per instance: an idle instance keeps a small share, so its first requests need not wait for a refresh.
-      if (fleet) pool.setShare(Math.min(1, (demand + 1) / (fleet.total + fleet.instances)));
+      if (fleet) pool.setShare(Math.min(1, (demand + 1) / (fleet.total + fleet.instances)), Math.max(0, fleet.total - demand));
     }
   };
   const timer = setInterval(() => void refresh(), REFRESH_MS);

@@ -85,6 +85,13 @@ export class ProviderPool {
   #roundTripTimed = false;
   /** This instance's share of the fleet's capacity (1 alone; demand-weighted with a shared state store). */
   #capacity: number;
+  /**
+   * The share this instance can expect at the fleet's next exchange: what the others' last demand leaves. A burst at
+   * one instance of an idle fleet starts on an even split; judged by that split, requests the next exchange (half a
+   * second away) gives room to were shed. Only the wait estimate reads it: a waiter still without a slot when its
+   * deadline nears is shed then (lastChance).
+   */
+  #attainable: number;
   #retryCapacity: number;
   #holdTimer: NodeJS.Timeout | undefined;
 
@@ -96,6 +103,7 @@ export class ProviderPool {
     this.settings = settings;
     this.#limitSettings = { max: settings.capacity, min: settings.minLimit, decrease: settings.decrease, minShares: settings.classes.map((c) => c.minShare) };
     this.#capacity = settings.capacity;
+    this.#attainable = settings.capacity;
     this.#retryCapacity = settings.retryCapacity;
     this.#queues = settings.classes.map(() => []);
     this.#inUseByClass = settings.classes.map(() => 0);
@@ -167,13 +175,17 @@ export class ProviderPool {
     });
   }
 
-  /** A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip. */
+  /**
+   * A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip;
+   * for a lower class while the target's quota is nearly spent, at least until that hold ends (no slot comes before).
+   */
   expectedWaitMs(cls: number, target: string): number {
     let ahead = 0;
     for (let k = 0; k <= cls; k++) ahead += this.#queues[k]!.length;
     const t = this.#target(target);
-    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#capacity));
-    return Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
+    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
+    const queued = Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
+    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
   /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 shrink it, success grows it). */
@@ -229,10 +241,14 @@ export class ProviderPool {
     return this.#inUse + this.#queues.reduce((n, q) => n + q.length, 0);
   }
 
-  /** Takes `share` (0..1] of the configured capacity, so a fleet together stays within maxConcurrent. */
-  setShare(share: number): void {
+  /**
+   * Takes `share` (0..1] of the configured capacity, so a fleet together stays within maxConcurrent; `othersDemand`,
+   * the rest of the fleet's demand at that exchange, bounds what a burst here can expect next.
+   */
+  setShare(share: number, othersDemand = 0): void {
     const grew = this.settings.capacity * share > this.#capacity;
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
+    this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
     if (grew) this.#drain();
   }
