@@ -159,7 +159,8 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   // there must not hand it on, as it must not in the headers passed on.
   const contentType = contentTypeOf(headers);
   const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
-  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined }, raw);
+  const framed = headers['content-length'] !== undefined || headers['transfer-encoding'] !== undefined;
+  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined, framed }, raw);
   if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };

@@ -32,6 +32,11 @@ export interface AnswerContext {
   contentType: string | undefined;
   /** The body is in the OpenAI shape the client expects (for another family, the translator judges the fields). */
   ownFamily: boolean;
+  /**
+   * The transport framed the body (content-length or chunked): one cut short fails there, so its brackets need no
+   * count. Unset, the body ended with its connection, however early.
+   */
+  framed?: boolean;
 }
 
 /**
@@ -44,7 +49,7 @@ export interface NotAnAnswer {
 }
 
 /** Why `body` is not an answer, or undefined when it looks like one. */
-export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerContext, body: Buffer): NotAnAnswer | undefined {
+export function notAnAnswer({ api, stream, contentType, ownFamily, framed }: AnswerContext, body: Buffer): NotAnAnswer | undefined {
   if (api === 'other') return undefined;
   if (stream && STREAMING_APIS.has(api)) return not(`a stream was asked for and the upstream answered ${contentType ?? 'without a content-type'}`);
   if (contentType !== undefined && !contentType.includes('json')) return not(`the upstream answered ${contentType.split(';')[0]}, not JSON`);
@@ -53,8 +58,9 @@ export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerConte
   while (last > first && WHITESPACE.has(body[last]!)) last--;
   if (first >= body.length) return not('the upstream answered with an empty body');
   if (body[first] !== 0x7b) return not('the upstream answer is not a whole JSON object');
-  // Another family's answer is parsed by its translator anyway, which refuses a cut one: no scan for it.
-  if (ownFamily) {
+  // Another family's answer is parsed by its translator anyway, which refuses a cut one: no scan for it; nor for a
+  // framed body, the usual case, whose cut the transport reports.
+  if (ownFamily && !framed) {
     const end = jsonEnd(body, first, last);
     if (end === -1) return { detail: 'the upstream answer was cut before its end: its JSON object never closes', ran: true };
     if (end !== last) return not('the upstream answer is not a whole JSON object');
