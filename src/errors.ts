@@ -1,5 +1,6 @@
 // One table of the gateway's own errors and one builder of the OpenAI error body: every path uses these,
 // so clients and SDKs always see `{"error":{"message","type","param","code"}}` with a status that fits.
+import { withoutBom } from './http/byte-order-mark.ts';
 
 export type OpenAIErrorType = 'invalid_request_error' | 'server_error' | 'rate_limit_error' | 'authentication_error';
 
@@ -26,6 +27,7 @@ export const ERROR_CODES = {
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
   upstream_auth_error: { status: 502, type: 'server_error' },
+  upstream_redirect: { status: 502, type: 'server_error' },
   upstream_unavailable: { status: 502, type: 'server_error' },
   upstream_bad_response: { status: 502, type: 'server_error' },
   upstream_timeout: { status: 504, type: 'server_error' },
@@ -111,14 +113,15 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
  * as it is, its own fields kept (Azure's `innererror` says which content filter fired), with any of the four the
  * shape needs filled in; anything else (an HTML page from a load balancer, an Anthropic-shaped body) is wrapped.
  */
-export function normaliseUpstreamErrorBody(status: number, raw: Buffer | undefined): OpenAIErrorBody {
+export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefined): OpenAIErrorBody {
+  const raw = body && withoutBom(body);
   if (raw && raw.length > 0) {
     try {
       const parsed = JSON.parse(raw.toString('utf8')) as unknown;
       if (isOpenAIErrorBody(parsed)) {
         const e = parsed.error;
         const type = typeof e.type === 'string' && e.type !== '' ? e.type : typeOfStatus(status);
-        return { error: { ...e, message: e.message, type, param: e.param ?? null, code: e.code ?? null } };
+        return { error: { ...e, message: e.message, type, param: stringOrNull(e.param), code: stringOrNull(e.code) } };
       }
       const anthropic = parsed as { type?: unknown; error?: { type?: unknown; message?: unknown } };
       if (anthropic?.type === 'error' && typeof anthropic.error?.message === 'string') {
@@ -136,7 +139,17 @@ function typeOfStatus(status: number): string {
   return status >= 500 ? 'server_error' : status === 429 ? 'rate_limit_error' : 'invalid_request_error';
 }
 
-function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: string; code?: string | null; param?: string | null } } {
+/**
+ * An error's `code` or `param` as the OpenAI shape types it. Some OpenAI-compatible servers send `"code": 400` or
+ * `"code": 1234`: an SDK or a client that switches on a string code must not get a number, so it goes on as "400".
+ * Anything else that is not a string (an object, a list, a boolean) says nothing a client could match on: null.
+ */
+export function stringOrNull(v: unknown): string | null {
+  if (typeof v === 'string') return v;
+  return typeof v === 'number' && Number.isFinite(v) ? String(v) : null;
+}
+
+function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: unknown; code?: unknown; param?: unknown } } {
   const e = (v as { error?: { message?: unknown } } | null)?.error;
   return typeof e === 'object' && e !== null && typeof e.message === 'string';
 }

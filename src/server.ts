@@ -2,7 +2,7 @@
 // the request path only parses, matches and hands over to the pipeline.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
@@ -88,7 +88,19 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
   // An `expect` other than 100-continue: Node would answer an empty 417 itself; this answers in the OpenAI shape.
   app.server.on('checkExpectation', (req, res) => answerUnmetExpectation(req, res, requestIdOf(req), logger as FastifyBaseLogger));
-  const sweep = closeSweep(app.server);
+  /** Each request's reply, for the close sweep to answer one whose body is still arriving when the server closes. */
+  const replies = new WeakMap<ServerResponse, FastifyReply>();
+  const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
+  const sweep = closeSweep(app.server, (res) => {
+    const reply = replies.get(res);
+    const path = reply?.request.url.split('?')[0] ?? '';
+    // A passthrough request forwards its body as it arrives, and its answer is the provider's to give: it is cut.
+    if (!reply || passthroughPaths.some((p) => path === p || path.startsWith(`${p}/`))) return false;
+    // The body's rest is never read: the connection closes after the answer.
+    reply.header('connection', 'close');
+    sendError(reply, drainingError());
+    return true;
+  });
 
   // Math.random, not the policy's random source: sampling log lines must not shift a seeded test's jitter.
   const { logSuccessRate } = config.server;
@@ -119,6 +131,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-stormgate-request-id', request.id);
     ends.watch(request, reply);
+    replies.set(reply.raw, reply);
     // Answered here, done() is not called: fastify goes no further.
     if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
       sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));
@@ -147,6 +160,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       for (const stream of live) stream.interrupt();
       // Requests not answered yet stop where they are (no new attempt goes upstream) and get 503 gateway_draining.
       for (const abort of inPipeline) abort();
+      // So do requests whose body is still arriving: they never reached the pipeline, and must not hold the exit.
+      sweep.cutUnfinishedBodies();
       // Ended streams let close() finish, which runs onClose (the state store's last flush); it gets a moment, no more.
       await Promise.race([closed, sleep(STREAM_GOODBYE_MS)]);
     }
@@ -158,8 +173,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
   // Parked requests are answered at once when the server starts closing, so closing never waits out their deadlines;
   // connections no answer is owed on are closed as they turn idle, so closing waits for requests in flight alone.
+  // A request whose body has not arrived whole has not reached the pipeline: a drain gives it its grace period to
+  // arrive, a close without a drain (SIGINT, app.close()) none, and it is answered 503 gateway_draining at once.
   app.addHook('preClose', async () => {
     sweep.start();
+    if (phase !== 'closing') sweep.cutUnfinishedBodies();
     runtime.lot.close();
   });
   app.addHook('onClose', async () => {

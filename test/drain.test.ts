@@ -4,7 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -140,6 +140,30 @@ describe('SIGTERM', () => {
     const [code] = await exited;
     expect(code).toBe(0);
     expect(Date.now() - started).toBeLessThan(2_500);
+  });
+});
+
+describe('SIGINT', () => {
+  it('exits at once although a client stopped half-way through its body, answering it 503 gateway_draining', async () => {
+    const url = await startGateway(3, { preStopMs: 0, graceMs: 10_000 });
+    const socket = connect(Number(new URL(url).port), '127.0.0.1');
+    await once(socket, 'connect');
+    let out = '';
+    socket.on('data', (d: Buffer) => (out += d.toString()));
+    const closed = once(socket, 'close');
+    // Headers promise 1000 bytes of body; 10 come, then nothing (until requestTimeoutMs, 60 s, Node would wait).
+    socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"model":"');
+    await sleep(300);
+    const exited = once(proc!, 'exit');
+    const started = Date.now();
+    proc!.kill('SIGINT');
+    const [code] = (await Promise.race([exited, sleep(3_000, ['still running'])])) as [unknown];
+    socket.destroy();
+    expect(code).toBe(0);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    await closed;
+    expect(out).toMatch(/^HTTP\/1\.1 503 /);
+    expect(out).toContain('"code":"gateway_draining"');
   });
 });
 

@@ -40,7 +40,7 @@ export const RetrySchema = z
       .describe('Attempts on one target, the first included (1 disables retries). Default: 3.'),
     backoff: BackoffSchema.default({ strategy: 'full-jitter', baseMs: 200, capMs: 3000 }),
     retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'])
-      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422 and credential errors are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
+      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422, credential errors and redirects (3xx, a wrong baseUrl) are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
     maxWaitHintMs: ms('Longest upstream wait hint (retry-after and friends) the gateway waits out; a longer hint ends retries on that target and reaches the client as retry-after. Default: 20000.').default(20000),
   })
   .describe('Retry policy of a route.');

@@ -3,6 +3,7 @@
 import { PassThrough, type Readable, type Transform } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import { GatewayError } from '../errors.ts';
+import { withoutBom } from './byte-order-mark.ts';
 
 export interface ParsedBody {
   raw: Buffer;
@@ -62,7 +63,7 @@ export function decodeBody(payload: Readable, encoding: string, limit: number): 
 
 /** The managed API's body: a JSON object, a UTF-8 byte order mark tolerated (and not forwarded). */
 export function parseJsonBody(body: Buffer): ParsedBody | GatewayError {
-  const raw = body[0] === 0xef && body[1] === 0xbb && body[2] === 0xbf ? body.subarray(3) : body;
+  const raw = withoutBom(body);
   if (raw.length === 0) return new GatewayError('invalid_body', 'the request body is empty; send a JSON object');
   let json: unknown;
   try {

@@ -6,7 +6,7 @@ import type { Metrics } from './metrics.ts';
 import { RateWindow } from './rate-window.ts';
 
 /** Every value of the status_class label: the HTTP classes an API answers with, and the ways an attempt fails without one. */
-export const STATUS_CLASSES = ['2xx', '4xx', '5xx', 'bad_stream', 'timeout', 'network', 'aborted', 'internal'] as const;
+export const STATUS_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'bad_stream', 'timeout', 'network', 'aborted', 'internal'] as const;
 
 function statusClass(result: AttemptResult): string {
   const o = result.outcome;

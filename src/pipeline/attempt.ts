@@ -20,6 +20,8 @@ import type { ResponseTranslator, StreamTranslator } from '../providers/families
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
 import { printable } from '../http/request-body.ts';
+import { withoutBom } from '../http/byte-order-mark.ts';
+import { stringOrNull } from '../errors.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -146,9 +148,10 @@ function bodyCap(status: number): number {
  * What a whole answer means: an HTTP error (classified by its code from its first bytes), or an answer, unless it is
  * not one. `whole` is false for an answer cut at its cap.
  */
-function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag, raw: Buffer, whole: boolean): AttemptResult {
+function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag, received: Buffer, whole: boolean): AttemptResult {
   if (statusCode < 200 || statusCode >= 300) {
-    const error = withoutKey(raw, req.client.config.apiKey);
+    // A byte order mark before the JSON is dropped here, once: the client's JSON.parse would refuse it as the gateway's does.
+    const error = withoutKey(withoutBom(received), req.client.config.apiKey);
     const { status, body } = req.translator ? req.translator.error(statusCode, error) : { status: statusCode, body: error };
     return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
   }
@@ -158,6 +161,9 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   // The reason quotes the content-type, and reaches the client's error: a server that echoes the key it was sent
   // there must not hand it on, as it must not in the headers passed on.
   const contentType = contentTypeOf(headers);
+  // The same for an answer, which is JSON on the APIs the gateway knows; a path it does not know may answer bytes
+  // that are not text at all (audio), passed on as they came unless they say they are JSON.
+  const raw = req.api !== 'other' || contentType?.includes('json') ? withoutBom(received) : received;
   const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
   const framed = headers['content-length'] !== undefined || headers['transfer-encoding'] !== undefined;
   const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined, framed }, raw);
@@ -179,13 +185,20 @@ function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: nu
   return { kind: 'http', status, errorCode: errorCodeOf(body), hint: parseWaitHint(headers, nowMs) };
 }
 
-/** The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. */
+/**
+ * The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. Some
+ * compatible servers send the status as a number there (`"code": 429`) and the name in `type` (`insufficient_quota`):
+ * the name is what the classification knows, so a code that is not a string gives way to a type that is, and is read
+ * as its digits only when there is none (as the client is given it, errors.ts).
+ */
 function errorCodeOf(body: Buffer): string | null {
-  if (body.length === 0) return null;
+  const json = withoutBom(body);
+  if (json.length === 0) return null;
   try {
-    const parsed = JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } };
-    const code = parsed?.error?.code ?? parsed?.error?.type;
-    return typeof code === 'string' ? code : null;
+    const error = (JSON.parse(json.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
+    const { code, type } = error ?? {};
+    if (typeof code === 'string') return code;
+    return typeof type === 'string' ? type : stringOrNull(code);
   } catch {
     return null;
   }

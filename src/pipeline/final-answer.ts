@@ -3,6 +3,8 @@
 import { GatewayError, normaliseUpstreamErrorBody, retryHeaders, type OpenAIErrorBody } from '../errors.ts';
 import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
+import { withoutKey } from '../providers/key-echo.ts';
+import { printable } from '../http/request-body.ts';
 import type { AttemptResult } from './attempt.ts';
 
 export interface ErrorAnswer {
@@ -79,7 +81,13 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
   const opts = { retryAfterMs: f.retryAfterMs };
   switch (outcome.kind) {
     case 'http':
-      // Only credential problems get here: the provider's body may echo part of the key, so it is never passed on.
+      if (f.cls.cls === 'redirect') {
+        return new GatewayError(
+          'upstream_redirect',
+          `provider target ${f.target} answered a redirect (${outcome.status}, ${locationOf(f.result.headers, f.apiKey)}), which the gateway does not follow; check that provider's baseUrl (http instead of https? a host that moved?)${all}`,
+        );
+      }
+      // Otherwise only credential problems get here: the provider's body may echo part of the key, so it is never passed on.
       return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`, opts);
     case 'network':
       return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})${all}`, opts);
@@ -101,6 +109,26 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
     case 'ok':
       return new GatewayError('internal_error', 'a successful attempt was treated as a failure', opts);
   }
+}
+
+/**
+ * Where a redirect pointed, for the operator who fixes the baseUrl: host and path only (a query or a user:password
+ * part may hold a token), without the provider's key (a server may redirect to a URL with it in the path), printable.
+ */
+function locationOf(headers: AttemptResult['headers'], apiKey: string | undefined): string {
+  const raw = headers?.location;
+  const value = Array.isArray(raw) ? raw[0] : raw;
+  if (typeof value !== 'string' || value.trim() === '') return 'no location given';
+  const clean = apiKey === undefined ? value.trim() : withoutKey(value.trim(), apiKey);
+  let shown: string;
+  try {
+    const url = new URL(clean);
+    shown = `${url.host}${url.pathname}`;
+  } catch {
+    // A relative location (`/v2/chat/completions`): the provider's own host.
+    shown = clean.split(/[?#]/, 1)[0]!;
+  }
+  return `location ${printable(shown, 200)}`;
 }
 
 /**

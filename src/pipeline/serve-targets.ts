@@ -35,6 +35,7 @@ export const FALLBACK_REASONS = [
   'deadline',
   'timeout',
   'credentials',
+  'redirect',
   'error',
   'breaker_open',
   'held_off',
@@ -269,6 +270,8 @@ function fallbackReason(r: TargetResult & { kind: 'failed' }): FallbackReason {
   switch (r.cls.cls) {
     case 'credentials':
       return 'credentials';
+    case 'redirect':
+      return 'redirect';
     case 'timeout':
       return 'timeout';
     default:

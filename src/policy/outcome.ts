@@ -28,6 +28,7 @@ export type OutcomeClass =
   | 'context-length'
   | 'content-policy'
   | 'credentials'
+  | 'redirect'
   | 'rate-limited'
   | 'server-error'
   | 'overloaded'
@@ -60,6 +61,12 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' },
   // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
   credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
+  // A 3xx on an API endpoint is the gateway's configuration (a baseUrl on http that the provider moves to https, a host
+  // that moved), the credentials' sibling: the same target answers the same way, so no retry there, while the next
+  // target may well answer. The redirect is never followed: the body and the key would go to a host nobody configured.
+  // Nor is it the provider's health: it answered at once, and an open breaker would turn a configuration mistake into
+  // fleet-wide circuit_open answers whose retry-after promises a recovery only a fix of the config brings.
+  redirect: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
   // A rate limit is the provider protecting itself, not failing: the breaker stays out of it; hold-offs handle it.
   'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true, limit: 'rate-limited' },
   'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none' },
@@ -138,7 +145,8 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
   if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
   if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
-  // 1xx/3xx from an API endpoint: nothing the client can use; treat like a bad gateway.
+  if (status >= 300) return { cls: 'redirect', retryKey: null, reason };
+  // A 1xx that ends an exchange from an API endpoint: nothing the client can use; treat like a bad gateway.
   return { cls: 'server-error', retryKey: 502, reason };
 }
 

@@ -8,6 +8,7 @@
 // ends with `}`: only the brackets outside strings, counted, tell (jsonEnd, with the bytes' own indexOf; a 3 MB
 // embeddings answer takes about 0.5 ms, JSON.parse of it over 20 ms).
 import type { ApiKind } from '../routing/router.ts';
+import { bomLength } from '../http/byte-order-mark.ts';
 
 /** The APIs whose `stream: true` makes the provider answer with server-sent events; all four answer JSON otherwise. */
 const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses']);
@@ -53,7 +54,8 @@ export function notAnAnswer({ api, stream, contentType, ownFamily, framed }: Ans
   if (api === 'other') return undefined;
   if (stream && STREAMING_APIS.has(api)) return not(`a stream was asked for and the upstream answered ${contentType ?? 'without a content-type'}`);
   if (contentType !== undefined && !contentType.includes('json')) return not(`the upstream answered ${contentType.split(';')[0]}, not JSON`);
-  const first = skipSpace(body, 0);
+  // A byte order mark before the object is no reason to refuse the answer (the client gets it without, attempt.ts).
+  const first = skipSpace(body, bomLength(body));
   let last = body.length - 1;
   while (last > first && WHITESPACE.has(body[last]!)) last--;
   if (first >= body.length) return not('the upstream answered with an empty body');

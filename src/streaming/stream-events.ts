@@ -2,6 +2,7 @@
 // headers may go to the client), does it end the answer, is it broken?
 import type { ApiKind } from '../routing/router.ts';
 import type { SseEvent } from './sse-parser.ts';
+import { stringOrNull } from '../errors.ts';
 
 export type EventMeaning =
   /** A comment, a ping, a role-only chunk, a usage chunk: keeps the stream alive, carries no output. */
@@ -165,7 +166,8 @@ export function upstreamErrorOf(ev: SseEvent): UpstreamStreamError | undefined {
     if (typeof e.message !== 'string' && typeof e.code !== 'string') continue;
     const str = (v: unknown) => (typeof v === 'string' ? v : undefined);
     const type = str(e.type);
-    return { message: str(e.message), code: str(e.code), type: type === 'error' ? undefined : type, param: str(e.param) ?? null };
+    // A number (`"code": 500` from some compatible servers) is read as its digits, as errors.ts passes it on.
+    return { message: str(e.message), code: stringOrNull(e.code) ?? undefined, type: type === 'error' ? undefined : type, param: stringOrNull(e.param) };
   }
   return undefined;
 }
