@@ -180,6 +180,15 @@ function parseAnswer(raw: string): { statusLine: string; headers: string[]; body
   return { statusLine: statusLine!, headers: headers.map((h) => h.toLowerCase()), body: JSON.parse(raw.slice(end + 4)) };
 }
 
+/** close() with a request stalled on `path`: it must end promptly and close the connection; resolves what the client got. */
+async function closeWithStalled(s: Stack, path: string, id: string): Promise<string> {
+  const stalled = await stalledRequest(s, path, { id });
+  closing = s.gateway.close();
+  expect(await timed(closing)).toBeLessThan(PROMPTLY_MS);
+  expect(await stalled.closedWithin(PROMPTLY_MS)).toBe(true);
+  return stalled.received();
+}
+
 function expectDrainingAnswer(raw: string, requestId: string): void {
   const { statusLine, headers, body } = parseAnswer(raw);
   expect(statusLine).toBe('HTTP/1.1 503 Service Unavailable');
@@ -190,11 +199,7 @@ function expectDrainingAnswer(raw: string, requestId: string): void {
 describe('a client stalled half-way through its body while the gateway shuts down', () => {
   it('close() answers it 503 gateway_draining at once and closes its connection, without waiting for the rest', async () => {
     const s = await start();
-    const stalled = await stalledRequest(s, '/v1/chat/completions', { id: 'stalled-close' });
-    closing = s.gateway.close();
-    expect(await timed(closing)).toBeLessThan(PROMPTLY_MS);
-    expect(await stalled.closedWithin(PROMPTLY_MS)).toBe(true);
-    expectDrainingAnswer(stalled.received(), 'stalled-close');
+    expectDrainingAnswer(await closeWithStalled(s, '/v1/chat/completions', 'stalled-close'), 'stalled-close');
     // Logged once, as the 503 it got; nothing went upstream.
     const lines = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.reqId === 'stalled-close');
     expect(lines.map((l) => [l.msg, l.status])).toEqual([['request', 503]]);
@@ -234,11 +239,7 @@ describe('a client stalled half-way through its body while the gateway shuts dow
 
   it('close() answers a request on a path no route serves the same way: its body was being read too', async () => {
     const s = await start();
-    const stalled = await stalledRequest(s, '/v1/nothing-here', { id: 'stalled-404' });
-    closing = s.gateway.close();
-    expect(await timed(closing)).toBeLessThan(PROMPTLY_MS);
-    expect(await stalled.closedWithin(PROMPTLY_MS)).toBe(true);
-    expectDrainingAnswer(stalled.received(), 'stalled-404');
+    expectDrainingAnswer(await closeWithStalled(s, '/v1/nothing-here', 'stalled-404'), 'stalled-404');
   });
 
   it('close() closes a connection whose request was answered while the rest of its body never came', async () => {
@@ -259,10 +260,6 @@ describe('a client stalled half-way through its body while the gateway shuts dow
 
   it('close() cuts a passthrough upload that stopped half-way: its body goes to the provider as it comes, so it cannot be answered', async () => {
     const s = await start({ config: (url) => ({ ...defaultConfig(url), passthrough: { provider: 'mock', paths: ['/v1/files'], methods: ['POST'] } }) });
-    const stalled = await stalledRequest(s, '/v1/files', { id: 'stalled-upload' });
-    closing = s.gateway.close();
-    expect(await timed(closing)).toBeLessThan(PROMPTLY_MS);
-    expect(await stalled.closedWithin(PROMPTLY_MS)).toBe(true);
-    expect(stalled.received()).toBe('');
+    expect(await closeWithStalled(s, '/v1/files', 'stalled-upload')).toBe('');
   });
 });
