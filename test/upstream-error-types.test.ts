@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { normaliseUpstreamErrorBody, stringOrNull } from '../src/errors.ts';
-import { upstreamErrorOf } from '../src/streaming/stream-events.ts';
+import { errorEventForClient, upstreamErrorOf } from '../src/streaming/stream-events.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { useScriptedGateway } from './helpers/scripted-provider.ts';
@@ -67,6 +67,20 @@ describe('an upstream error\'s code and param, in the OpenAI shape\'s types', ()
 
   it('reads a stream error event\'s numeric code as its digits', () => {
     expect(upstreamErrorOf({ raw: '', event: null, data: JSON.stringify({ error: { message: 'boom', code: 500, param: 3 } }) })).toEqual({ message: 'boom', code: '500', type: undefined, param: '3' });
+  });
+});
+
+describe('an error event after the first output', () => {
+  it('goes on with a numeric code and param as strings, its event name and other fields kept', () => {
+    const data = JSON.stringify({ error: { message: 'boom', type: 'server_error', code: 500, param: 7, extra: 1 } });
+    expect(errorEventForClient('chat', { raw: `event: error\ndata: ${data}`, event: 'error', data })).toBe(
+      `event: error\ndata: ${JSON.stringify({ error: { message: 'boom', type: 'server_error', code: '500', param: '7', extra: 1 } })}\n\n`,
+    );
+  });
+
+  it('goes on byte for byte when its code and param are already a string or null', () => {
+    const data = JSON.stringify({ error: { message: 'boom', type: 'server_error', code: 'server_error', param: null } });
+    expect(errorEventForClient('chat', { raw: `data: ${data}`, event: null, data })).toBe(`data: ${data}\n\n`);
   });
 });
 

@@ -120,7 +120,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
   } catch {
     parsed = undefined;
   }
-  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) return `${ev.raw}\n\n`;
+  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) return typedErrorEvent(ev, parsed);
   if (api === 'responses') {
     // The Responses API's own `error` event ({type, code, message, param}) and `response.failed` (its error inside
     // `response`) have no top-level `error`: the SDK yields them as ordinary events, its stream then ends cleanly and
@@ -136,6 +136,18 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
   }
   const message = typeof parsed?.message === 'string' ? parsed.message : 'the upstream sent an error event';
   return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error');
+}
+
+/**
+ * An error event the SDKs already raise goes on as sent, unless its `code` or `param` is not what the OpenAI shape
+ * types it as (a compatible server's `"code": 500`): then it goes on with them as errors.ts gives them, string or null.
+ */
+function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }): string {
+  const e = parsed.error as { code?: unknown; param?: unknown };
+  const mistyped = (v: unknown) => v !== undefined && v !== null && typeof v !== 'string';
+  if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return `${ev.raw}\n\n`;
+  const data = JSON.stringify({ ...parsed, error: { ...e, code: stringOrNull(e.code), param: stringOrNull(e.param) } });
+  return `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}\n\n`;
 }
 
 export interface UpstreamStreamError {
