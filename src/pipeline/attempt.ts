@@ -192,10 +192,10 @@ function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: nu
  * as its digits only when there is none (as the client is given it, errors.ts).
  */
 function errorCodeOf(body: Buffer): string | null {
-  const json = withoutBom(body);
-  if (json.length === 0) return null;
+  // wholeResult has already dropped a byte order mark.
+  if (body.length === 0) return null;
   try {
-    const error = (JSON.parse(json.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
+    const error = (JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
     const { code, type } = error ?? {};
     if (typeof code === 'string') return code;
     return typeof type === 'string' ? type : stringOrNull(code);
