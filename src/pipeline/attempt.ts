@@ -8,7 +8,7 @@ import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
-import { CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
+import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
@@ -108,7 +108,9 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       // An error event that rejects the request itself (a content policy, the context length): the upstream's verdict,
       // passed on as the 400 it would have been, never retried nor routed around.
       if (first.rejection) return { outcome: first.outcome!, status: 400, headers, body: withoutKey(first.rejection, req.client.config.apiKey) };
-      return { outcome: first.outcome ?? { kind: 'bad-stream', detail: first.failure, ran: true }, status, headers };
+      // An error event that stands for a status (the gateway's account) is logged with that status, as it would have come.
+      const failedStatus = first.outcome?.kind === 'http' ? first.outcome.status : status;
+      return { outcome: first.outcome ?? { kind: 'bad-stream', detail: first.failure, ran: true }, status: failedStatus, headers };
     }
     handedOff = true;
     // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
@@ -167,7 +169,12 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
   const framed = headers['content-length'] !== undefined || headers['transfer-encoding'] !== undefined;
   const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined, framed }, raw);
-  if (wrong !== undefined) return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
+  if (wrong !== undefined) {
+    // An error object with a 200 that names the gateway's own account is the 429, 401 or 403 it stands for.
+    const account = wrong.ran ? undefined : accountErrorOf(raw);
+    if (account) return { outcome: { kind: 'http', status: account.status, errorCode: account.code, hint: undefined }, status: account.status, headers };
+    return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
+  }
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   return { outcome: { kind: 'ok', status }, status, headers, body };
@@ -201,6 +208,19 @@ function errorCodeOf(body: Buffer): string | null {
     return typeof type === 'string' ? type : stringOrNull(code);
   } catch {
     return null;
+  }
+}
+
+/** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
+function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
+  try {
+    const error = (JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
+    const code = typeof error?.code === 'string' ? error.code : undefined;
+    const type = typeof error?.type === 'string' ? error.type : undefined;
+    const status = accountStatusOfError(code, type);
+    return status === undefined ? undefined : { status, code: (code ?? type)! };
+  } catch {
+    return undefined;
   }
 }
 
@@ -318,7 +338,8 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
 /**
  * An error event before any output: a broken stream, retried, unless its code says the request itself is at fault
  * (a content policy, the context length, an input the provider cannot use). Retrying that reruns a safety decision
- * and loses the provider's reason; it is answered as the upstream's 400 instead.
+ * and loses the provider's reason; it is answered as the upstream's 400 instead. One that names the gateway's own
+ * account is the 429, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
 function errorBeforeOutput(ev: SseEvent): FirstOutput {
   const err = upstreamErrorOf(ev);
@@ -326,6 +347,9 @@ function errorBeforeOutput(ev: SseEvent): FirstOutput {
   // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
   // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
   const failure = code === undefined ? 'error event before any output' : `error event before any output: ${printable(code, 64)}`;
+  // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
+  const account = accountStatusOfError(code, err?.type);
+  if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
   if (code === undefined || !(CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code))) return { failure };
   const error = { message: err!.message ?? code, type: err!.type ?? 'invalid_request_error', param: err!.param, code };
   return { failure, outcome: { kind: 'http', status: 400, errorCode: code, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };

@@ -88,6 +88,21 @@ const NEVER_RETRY = new Set([400, 401, 403, 404, 422]);
  * lapsed (`billing_not_active`), access revoked (`access_terminated`). No wait ends them, only a fix of the account.
  */
 export const ACCOUNT_429_CODES: ReadonlySet<string> = new Set(['insufficient_quota', 'billing_not_active', 'access_terminated']);
+/**
+ * The status an error inside a 2xx stands for when it names the gateway's own account, not the request nor the
+ * provider's health: OpenAI's Responses API starts a stream (`response.created`) and only then sends
+ * `insufficient_quota` as an `event: error`, Anthropic sends `billing_error` as an `error` event, and some routers
+ * answer a whole error object with a 200. Read as a broken answer, it was retried on the same target and counted as a
+ * breaker failure (five in a row opened the breaker, whose circuit_open promises a recovery only a fix of the account
+ * brings); read as the 429, 401 or 403 it stands for, it takes the credentials row like the same answer given as a
+ * status. `type` counts as well as `code`: the Anthropic translation names billing in both, authentication in `type` only.
+ */
+export function accountStatusOfError(code: string | undefined, type: string | undefined): 401 | 403 | 429 | undefined {
+  if ((code !== undefined && ACCOUNT_429_CODES.has(code)) || (type !== undefined && ACCOUNT_429_CODES.has(type))) return 429;
+  if (code === 'invalid_api_key' || type === 'authentication_error') return 401;
+  if (type === 'permission_error') return 403;
+  return undefined;
+}
 export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_length_exceeded', 'string_above_max_length']);
 /** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
