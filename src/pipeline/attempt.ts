@@ -172,12 +172,21 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   if (wrong !== undefined) {
     // An error object with a 200 that names the gateway's own account is the 429, 401 or 403 it stands for.
     const account = wrong.ran ? undefined : accountErrorOf(raw);
-    if (account) return { outcome: { kind: 'http', status: account.status, errorCode: account.code, hint: undefined }, status: account.status, headers };
+    if (account) return accountResult(account, headers);
     return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   }
   const body = req.translator ? translateBody(req.translator, raw) : raw;
-  if (body === undefined) return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
+  if (body === undefined) {
+    // Another family's error object with a 200 (Anthropic's {"type":"error"}), read in OpenAI terms as above.
+    const account = accountErrorOf(req.translator!.error(statusCode, raw).body);
+    if (account) return accountResult(account, headers);
+    return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
+  }
   return { outcome: { kind: 'ok', status }, status, headers, body };
+}
+
+function accountResult(account: { status: number; code: string }, headers: HeaderBag): AttemptResult {
+  return { outcome: { kind: 'http', status: account.status, errorCode: account.code, hint: undefined }, status: account.status, headers };
 }
 
 export function abortOutcome(reason: unknown): AttemptOutcome {
