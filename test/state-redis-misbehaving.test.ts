@@ -130,6 +130,38 @@ describe('the degraded warning', () => {
       own.kill();
     }
   });
+
+  it('names a killed Redis as a lost connection, not a command timeout the store got over before it', async () => {
+    const own = await startRedis();
+    const adminOwn = new Redis(own.url);
+    try {
+      const { store: s, lines } = store(own.url);
+      expect(await s.ready()).toBe(true);
+      const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
+      // One late reply (timeout 100 ms, Redis paused for 400): no outage, answered locally.
+      await adminOwn.call('CLIENT', 'PAUSE', '400', 'ALL');
+      await s.takeRetry('r', budget, Date.now());
+      expect(s.degraded).toBe(false);
+      await sleep(500); // the pause is over
+      // Then Redis answers: a call back well within the 100 ms timeout was (on a loaded machine, the next one may be).
+      for (let answered = false, i = 0; !answered; i++) {
+        expect(i).toBeLessThan(20);
+        const start = Date.now();
+        await s.takeRetry('r', budget, start);
+        answered = Date.now() - start < 80;
+      }
+      expect(s.degraded).toBe(false);
+      adminOwn.disconnect();
+      own.kill(); // nothing in flight: the connection just closes, with no error of its own
+      await eventually(() => s.degraded, 2_000);
+      const warnings = lines().filter((l) => l.msg.startsWith('state store degraded'));
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]!.error?.message ?? '').not.toMatch(/timed out/);
+    } finally {
+      adminOwn.disconnect();
+      own.kill();
+    }
+  });
 });
 
 describe('classifying script ACL refusals (Redis 7)', () => {

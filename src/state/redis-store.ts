@@ -497,8 +497,14 @@ export class RedisStore implements StateStore {
 
   #timeoutsInARow = 0;
 
+  /**
+   * Redis answered: the errors before it are over, so they are forgotten. One timeout is no outage (see
+   * DEGRADE_AFTER_TIMEOUTS), and left behind it named a later, unrelated outage: a killed Redis, whose connection
+   * closes with no error of its own, was logged as `Command timed out`, which sends an operator after a slow Redis.
+   */
   #answered(): void {
     this.#timeoutsInARow = 0;
+    this.#lastError = undefined;
   }
 
   /** An 'error' event of a connection: a configuration problem is logged and, on the command connection, bars its use. */
