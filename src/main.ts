@@ -71,7 +71,15 @@ async function main(): Promise<void> {
     const reason = err.code !== undefined ? why[err.code] : undefined;
     throw reason ? new StartupError(`cannot listen: ${reason}`) : err;
   });
-  app.log.info({ address, config: file, routes: config.routes.map((r) => r.name) }, 'stormgate listening');
+  app.log.info({ address, config: file, routes: config.routes.map((r) => r.name), ...(config.auth && { clients: Object.keys(config.auth.keys) }) }, 'stormgate listening');
+  if (!config.auth && !isLoopback(host)) {
+    app.log.warn(`listening on ${host} without auth.keys: anyone who reaches this port uses the providers' keys; set auth.keys (${file}) or put an authenticating proxy in front`);
+  }
+}
+
+/** An address only this machine reaches. */
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
 type App = Awaited<ReturnType<typeof buildServer>>;

@@ -23,12 +23,15 @@ import { safeHeaders } from './http/header-safe.ts';
 import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
+import { clientAuth } from './http/client-auth.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
 declare module 'fastify' {
   interface FastifyRequest {
     stormgate?: PipelineAnswer['summary'];
+    /** The client's name in auth.keys, when the gateway has client keys. */
+    client?: string;
   }
   interface FastifyInstance {
     /** SIGTERM's graceful shutdown: readiness off, preStopMs of service, then parked answered, new refused, in-flight given graceMs. */
@@ -133,6 +136,18 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     inPipeline.add(listener);
     return () => inPipeline.delete(listener);
   };
+  const auth = clientAuth(config.auth?.keys);
+  /** With client keys configured, a request without one of them is answered 401 here; the ops endpoints stay open. */
+  const admitted = (request: FastifyRequest, reply: FastifyReply): boolean => {
+    if (auth === undefined || OPS_PATHS.has(request.routeOptions.url ?? '')) return true;
+    const verdict = auth(request.headers);
+    if (verdict.ok) {
+      request.client = verdict.client;
+      return true;
+    }
+    sendError(reply, unauthorized(verdict.reason));
+    return false;
+  };
   let phase: Phase = 'serving';
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {
@@ -142,6 +157,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Answered here, done() is not called: fastify goes no further.
     if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
       sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));
+    } else if (!admitted(request, reply)) {
+      // Answered 401 by admitted().
     } else if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
     else done();
   });
@@ -331,6 +348,15 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 function requestIdOf(req: IncomingMessage): string {
   const given = req.headers['x-request-id'];
   return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
+/** What a client without a valid key is told; never the key it sent. */
+function unauthorized(reason: 'missing' | 'invalid'): GatewayError {
+  const message =
+    reason === 'missing'
+      ? 'this gateway needs a client key: send it as your API key (Authorization: Bearer <key>, or x-api-key)'
+      : 'the client key sent is not one of this gateway\'s keys';
+  return new GatewayError('invalid_api_key', message, { headers: { 'www-authenticate': 'Bearer realm="stormgate"' } });
 }
 
 function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {

@@ -151,8 +151,11 @@ describe('docker-compose.yml wiring', () => {
   });
 
   it('scrapes the gateway where config/docker.yaml makes it listen', () => {
-    const config = loadConfigFile(SHIPPED.dockerConfig, { OPENAI_API_KEY: 'sk-test', REDIS_URL: 'redis://redis:6379' });
+    const config = loadConfigFile(SHIPPED.dockerConfig, { OPENAI_API_KEY: 'sk-test', REDIS_URL: 'redis://redis:6379', STORMGATE_API_KEY: 'client-key' });
     expect(config.server.host).toBe('0.0.0.0');
+    // Listening on every interface, it serves only clients with the key compose passes on (the loadgen sends it too).
+    expect(config.auth?.keys).toEqual({ default: 'client-key' });
+    expect(compose.services.gateway!.environment).toContain('STORMGATE_API_KEY');
     const prom = parseYaml(readFileSync(SHIPPED.prometheusConfig, 'utf8')) as { scrape_configs: Array<{ static_configs: Array<{ targets: string[] }> }> };
     expect(prom.scrape_configs.flatMap((c) => c.static_configs.flatMap((s) => s.targets))).toEqual([`gateway:${config.server.port}`]);
     expect(compose.services.gateway!.ports).toContain(`${config.server.port}:${config.server.port}`);

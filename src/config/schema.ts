@@ -291,6 +291,21 @@ export const ServerSchema = z
   })
   .describe('The gateway\'s own HTTP listener.');
 
+export const AuthSchema = z
+  .strictObject({
+    keys: z
+      .record(
+        z.string().regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, "_", "." or "-"'),
+        z
+          .string()
+          .trim()
+          .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
+          .describe('A client key, usually from the environment: "${STORMGATE_KEY_AGENTS}" (surrounding whitespace trimmed); never logged.'),
+      )
+      .describe('Client keys by client name. A request must carry one as its API key (Authorization: Bearer, x-api-key or api-key), or it gets 401 invalid_api_key; the name is logged with the request. /healthz, /readyz and /metrics stay open.'),
+  })
+  .describe('Who may use the gateway. Optional; without it the gateway serves anyone who reaches its port with the providers\' keys: keep it on a loopback address, or behind a proxy that authenticates.');
+
 export const DrainSchema = z
   .strictObject({
     preStopMs: ms('After SIGTERM, /readyz fails at once while requests are still served this long, so a load balancer can take the instance out. Default: 5000.').default(5000),
@@ -304,6 +319,7 @@ export const ConfigSchema = z
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),
+    auth: AuthSchema.optional(),
     state: StateSchema.default({ commandTimeoutMs: 50, keyPrefix: 'stormgate' }),
     drain: DrainSchema.default({ preStopMs: 5000, graceMs: 30000 }),
   })
@@ -353,6 +369,17 @@ export const ConfigSchema = z
         }
       });
     });
+    const clients = new Map<string, string>();
+    for (const [name, key] of Object.entries(cfg.auth?.keys ?? {})) {
+      if (key === '') {
+        ctx.addIssue({ code: 'custom', path: ['auth', 'keys', name], message: 'is empty (its variable may be set but empty): a client key cannot be empty; remove the client to refuse it' });
+      } else if (clients.has(key)) {
+        ctx.addIssue({ code: 'custom', path: ['auth', 'keys', name], message: `is the same key as client "${clients.get(key)}": each client needs its own, or the log cannot tell them apart` });
+      } else clients.set(key, name);
+    }
+    if (cfg.auth && Object.keys(cfg.auth.keys).length === 0) {
+      ctx.addIssue({ code: 'custom', path: ['auth', 'keys'], message: 'lists no client: with auth set, at least one key is needed (or leave auth out to serve anyone)' });
+    }
     for (const [name, p] of Object.entries(cfg.providers)) {
       if (p.apiKey === '' && !p.optional) {
         ctx.addIssue({

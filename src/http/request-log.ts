@@ -97,6 +97,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
     status: clientGone && !reply.raw.headersSent ? undefined : reply.statusCode,
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
+    ...(request.client !== undefined && { client: request.client }),
     ...(s && {
       route: s.route,
       target: s.target,

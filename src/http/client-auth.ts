@@ -1,0 +1,42 @@
+// Who may spend the providers' keys: with `auth.keys` set, a request must carry one of the gateway's client keys,
+// the way it would carry a provider key (the SDKs' `apiKey`). Without it, anyone who reaches the port uses the
+// company's keys; that is for a gateway on a loopback address or behind a proxy that authenticates.
+import { createHash } from 'node:crypto';
+import type { IncomingHttpHeaders } from 'node:http';
+
+export type ClientAuth = (headers: IncomingHttpHeaders) => { ok: true; client: string } | { ok: false; reason: 'missing' | 'invalid' };
+
+/**
+ * The key a client sent: `Authorization: Bearer` (the OpenAI SDKs), `api-key` (Azure's), `x-api-key` (Anthropic's),
+ * so any SDK a team already uses works with its `apiKey` option.
+ */
+function presentedKey(headers: IncomingHttpHeaders): string | undefined {
+  const bearer = headers.authorization;
+  if (bearer !== undefined) {
+    const m = /^Bearer[ \t]+(\S.*)$/i.exec(bearer);
+    return m ? m[1]!.trim() : '';
+  }
+  for (const name of ['x-api-key', 'api-key'] as const) {
+    const value = headers[name];
+    if (typeof value === 'string') return value.trim();
+  }
+  return undefined;
+}
+
+/**
+ * Keys are compared by their SHA-256, looked up in a map: the time taken depends on the digest, not on how many of
+ * the secret's characters a guess got right, and a check costs one hash however many clients there are.
+ */
+const digest = (key: string): string => createHash('sha256').update(key).digest('base64');
+
+/** The check for `keys` (client name to key), or undefined when no key is configured (the gateway is open). */
+export function clientAuth(keys: Readonly<Record<string, string>> | undefined): ClientAuth | undefined {
+  if (keys === undefined || Object.keys(keys).length === 0) return undefined;
+  const byDigest = new Map(Object.entries(keys).map(([name, key]) => [digest(key), name]));
+  return (headers) => {
+    const key = presentedKey(headers);
+    if (key === undefined || key === '') return { ok: false, reason: 'missing' };
+    const client = byDigest.get(digest(key));
+    return client === undefined ? { ok: false, reason: 'invalid' } : { ok: true, client };
+  };
+}
