@@ -211,7 +211,32 @@ describe('config errors', () => {
 
   it('names the path, line and expected type of a wrong value', () => {
     const e = configError(valid('    retry:\n      backoff: { capMs: "3s" }\n'));
-    expect(e.message).toBe('gw.yaml:11: routes[0].retry.backoff.capMs: expected number, received string');
+    expect(e.message).toBe('gw.yaml:11: routes[0].retry.backoff.capMs: expected number, received string ("3s"); capMs is a plain number of milliseconds: write capMs: 3000');
+  });
+
+  it('says which plain number a duration written with a unit means, in the unit its key names', () => {
+    const e = configError(
+      valid('    timeoutMs: 1.5s\n    budget: { windowS: 500ms }\n').replace('    apiKey:', '    authHoldS: 2m\n    breaker: { openS: "30s" }\n    apiKey:'),
+    );
+    expect(e.message.split('\n')).toEqual([
+      'gw.yaml:5: providers.openai.authHoldS: expected number, received string ("2m"); authHoldS is a plain number of seconds: write authHoldS: 120',
+      'gw.yaml:6: providers.openai.breaker.openS: expected number, received string ("30s"); openS is a plain number of seconds: write openS: 30',
+      'gw.yaml:12: routes[0].timeoutMs: expected number, received string ("1.5s"); timeoutMs is a plain number of milliseconds: write timeoutMs: 1500',
+      'gw.yaml:13: routes[0].budget.windowS: expected number, received string ("500ms"); windowS is a plain number of seconds',
+    ]);
+    // Text that is no duration, or a key without a unit in its name, gets no guess.
+    expect(configError(valid('    timeoutMs: soon\n')).message).toBe('gw.yaml:10: routes[0].timeoutMs: expected number, received string');
+    expect(configError(valid('    retry: { maxAttempts: 3s }\n')).message).toBe('gw.yaml:10: routes[0].retry.maxAttempts: expected number, received string');
+  });
+
+  it('names lists and maps as the config reference and YAML do, not as JavaScript arrays and records', () => {
+    expect(configError(valid().replace('targets: [ { provider: openai } ]', 'targets: openai')).message).toBe(
+      'gw.yaml:9: routes[0].targets: expected list, received string',
+    );
+    expect(configError('providers: []\nroutes: {}\n').message.split('\n')).toEqual([
+      'gw.yaml:1: providers: expected map of name to object, received list',
+      'gw.yaml:2: routes: expected list, received object',
+    ]);
   });
 
   it('lists the options of an enum', () => {
@@ -284,7 +309,7 @@ describe('config errors', () => {
 
   it('reports a misspelt top-level key along with the key it leaves missing', () => {
     expect(configError(valid().replace('providers:', 'provider:')).message.split('\n')).toEqual([
-      'gw.yaml:1: missing required key "providers" (expected record)',
+      'gw.yaml:1: missing required key "providers" (expected map of name to object)',
       'gw.yaml:1: unknown key "provider"; did you mean "providers"?',
     ]);
   });

@@ -1,7 +1,7 @@
 // Retry behaviour over real HTTP against the bundled mock: attempts per status, fail-fast statuses, wait hints,
 // retry headers and the client's view of a failure.
 import { describe, expect, it } from 'vitest';
-import { startStack, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { requestLine, startStack, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 const FAST_RETRY = { maxAttempts: 3, backoff: { strategy: 'full-jitter' as const, baseMs: 5, capMs: 20 } };
 
@@ -143,5 +143,28 @@ describe('retries over HTTP', () => {
     expect(r.body.error.code).toBe('upstream_unavailable');
     expect(r.body.error.message).toMatch(/3 attempts/);
     await dead.gateway.close();
+  });
+
+  it('logs the code of each network failure that the client\'s message names, not only the reason `network`', async () => {
+    // A provider whose baseUrl points nowhere: the operator reads the log line, not the client's message.
+    const s = await start();
+    await s.mock.close();
+    const { res, body } = await chat(s);
+    expect(res.status).toBe(502);
+    expect(body.error.message).toMatch(/\(last: ECONNREFUSED\)/);
+    const line = await requestLine(s);
+    expect(line.attempts).toHaveLength(3);
+    for (const attempt of line.attempts) expect(attempt).toMatchObject({ reason: 'network', code: 'ECONNREFUSED' });
+  });
+
+  it('logs no code for an attempt answered with an HTTP status', async () => {
+    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] } });
+    await chat(s);
+    const line = await requestLine(s);
+    expect(line.attempts).toHaveLength(3);
+    for (const attempt of line.attempts) {
+      expect(attempt).toMatchObject({ reason: 'status_503', status: 503 });
+      expect(attempt).not.toHaveProperty('code');
+    }
   });
 });

@@ -67,7 +67,7 @@ function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
 function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
   switch (issue.code) {
     case 'invalid_type':
-      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}`;
+      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}`;
     case 'invalid_value': {
       const options = issue.values.map(String);
       const guess = typeof value === 'string' ? closest(value, options) : undefined;
@@ -116,13 +116,36 @@ function quotedHint(expected: string, value: unknown): string {
   return fits ? ` ("${value}"); write it without quotes (\${VAR} too, in block style: key: \${VAR}) so YAML reads it as a ${typeName(expected)}` : '';
 }
 
+const UNIT_MS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+
+/**
+ * `timeoutMs: 10s`, `openS: 30s`: a duration written with a unit is a string in YAML, and "expected number" alone
+ * does not say why. The unit is in the key's name (Ms, S): say so, and which number the user meant.
+ */
+function durationHint(expected: string, value: unknown, path: PropertyKey[]): string {
+  if ((expected !== 'number' && expected !== 'int') || typeof value !== 'string') return '';
+  const key = String(path.at(-1));
+  const unit = key.endsWith('Ms') ? 'ms' : /[a-z]S$/.test(key) ? 's' : undefined;
+  const written = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$/.exec(value);
+  if (unit === undefined || written === null) return '';
+  const ms = Number(written[1]) * UNIT_MS[written[2]!]!;
+  const meant = unit === 'ms' ? ms : ms / 1000;
+  // A fraction is no safe guess: some of these keys take whole numbers only (windowS).
+  const write = Number.isInteger(meant) ? `: write ${key}: ${meant}` : '';
+  return ` ("${value}"); ${key} is a plain number of ${unit === 'ms' ? 'milliseconds' : 'seconds'}${write}`;
+}
+
+// The config reference's words (list, map), which are YAML's, rather than JavaScript's (array, record).
 function typeName(expected: string): string {
-  return expected === 'int' ? 'integer' : expected;
+  if (expected === 'int') return 'integer';
+  if (expected === 'array') return 'list';
+  if (expected === 'record') return 'map of name to object';
+  return expected;
 }
 
 function kindOf(value: unknown): string {
   if (value === null) return 'null (empty value)';
-  if (Array.isArray(value)) return 'array';
+  if (Array.isArray(value)) return 'list';
   return typeof value;
 }
 

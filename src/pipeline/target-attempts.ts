@@ -30,6 +30,11 @@ export interface AttemptRecord {
   waitMs: number;
   durationMs: number;
   probe?: boolean;
+  /**
+   * A network failure's code (ECONNREFUSED, ENOTFOUND, ERR_SSL_WRONG_VERSION_NUMBER, ...): the reason alone says
+   * `network`, and what the operator fixes (a host, a port, http for https) is in the code the client's message names.
+   */
+  code?: string;
 }
 
 /** Everything about one target of one request that does not change between attempts. */
@@ -244,7 +249,17 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     if (result.stream) ctx.onStreamStarted?.();
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
-    ctx.attempts.push({ target: plan.label, attempt: run.attempts, reason: cls.reason, status: result.status, waitMs: run.waitMs, durationMs, ...(admission.probe && { probe: true }) });
+    const outcome = result.outcome;
+    ctx.attempts.push({
+      target: plan.label,
+      attempt: run.attempts,
+      reason: cls.reason,
+      status: result.status,
+      waitMs: run.waitMs,
+      durationMs,
+      ...(admission.probe && { probe: true }),
+      ...((outcome.kind === 'network' || outcome.kind === 'internal') && { code: outcome.code }),
+    });
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
     if (!admission.probe || cls.cls === 'success') run.attempts++;
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);

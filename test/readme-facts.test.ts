@@ -1,0 +1,60 @@
+// Facts the README states about files in the repository: like the config reference and the error table, they must
+// not drift from what they describe (a bench run committed without its README paragraph, a folder added to src/).
+import { readdirSync, readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+
+const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+
+interface Figure {
+  name: string;
+  value: number;
+  direct: number;
+  gateway: number;
+}
+interface OverheadResults {
+  date: string;
+  figures: Figure[];
+  references: Array<{ name: string; ratio: number; cpuUsPerRequest: number; ttftAddedMs: number | null }>;
+}
+
+describe('the README', () => {
+  it('names every folder and top-level module under src/ in its layout', () => {
+    const layout = readme.slice(readme.indexOf('## Layout'));
+    const entries = readdirSync(new URL('../src/', import.meta.url), { withFileTypes: true }).map((e) => (e.isDirectory() ? `src/${e.name}/` : `src/${e.name}`));
+    const missing = entries.filter((entry) => !new RegExp(`^${entry.replaceAll('.', '\\.')}\\s`, 'm').test(layout));
+    expect(missing, 'add these to the Layout section of README.md').toEqual([]);
+  });
+
+  it('describes the quick start\'s sample demo table with the table\'s own figures', () => {
+    // The table is replaced by a newer run now and then; the sentence under it must follow.
+    const direct = Number(/^successes\s+\d+ \(([\d.]+)%\)/m.exec(readme)?.[1]);
+    const lost = Number(/SDK's retries add .*? and still lose (\d+)% of the calls/s.exec(readme)?.[1]);
+    expect(Number.isFinite(direct) && Number.isFinite(lost), 'the demo table or the sentence under it is gone').toBe(true);
+    expect(lost).toBe(Math.round(100 - direct));
+  });
+
+  it('quotes the latest overhead bench run, bench/results/overhead.json', () => {
+    const results = JSON.parse(readFileSync(new URL('../bench/results/overhead.json', import.meta.url), 'utf8')) as OverheadResults;
+    const figure = (prefix: string) => results.figures.find((f) => f.name.startsWith(prefix))!;
+    const proxy = results.references.find((r) => r.name.startsWith('minimal fastify'))!;
+    const nginx = results.references.find((r) => r.name.startsWith('nginx'))!;
+    const paragraph = readme.slice(readme.indexOf('The latest run ('), readme.indexOf('Earlier runs on other days'));
+    const ms = (x: number) => `+${x.toFixed(2)} ms`;
+    const quoted = [
+      `The latest run (${results.date.slice(0, 10)}, \`bench/results/overhead.md\``,
+      `direct ${(figure('Throughput').direct / 1000).toFixed(1)}k`,
+      `throughput ${figure('Throughput').value.toFixed(2)}x direct`,
+      `p99 added at 500 req/s ${ms(figure('Latency p99').value)}`,
+      `time to first token added ${ms(figure('Stream time to first token, median').value)}`,
+      `proxy reached ${proxy.ratio.toFixed(2)}x and added ${ms(proxy.ttftAddedMs!)}`,
+      `nginx ${nginx.ratio.toFixed(2)}x`,
+      `gateway ${Math.round(figure('Server CPU').gateway)} µs`,
+      `proxy ${Math.round(proxy.cpuUsPerRequest)} µs`,
+      `nginx ${Math.round(nginx.cpuUsPerRequest)} µs`,
+      `mock ${Math.round(figure('Server CPU').direct)} µs`,
+    ];
+    // The paragraph is wrapped at 120 columns: compare with line breaks and indentation as single spaces.
+    const text = paragraph.replace(/\s+/g, ' ');
+    expect(quoted.filter((q) => !text.includes(q)), 'update the `npm run bench` paragraph of README.md from bench/results/overhead.md').toEqual([]);
+  });
+});
