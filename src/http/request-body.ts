@@ -16,7 +16,8 @@ const DECODERS: Record<string, () => Transform> = { gzip: createGunzip, 'x-gzip'
 export function contentEncoding(header: string | undefined): string | undefined {
   const encoding = header?.trim().toLowerCase();
   if (!encoding || encoding === 'identity') return undefined;
-  if (!(encoding in DECODERS)) {
+  // Own names only: `in` also finds what every object inherits, and `content-encoding: constructor` made a 500.
+  if (!Object.hasOwn(DECODERS, encoding)) {
     throw new GatewayError('unsupported_media_type', `content-encoding ${printable(encoding)} is not supported; send the body uncompressed or with gzip, deflate or br`);
   }
   return encoding;

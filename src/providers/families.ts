@@ -55,6 +55,9 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
       if (input.api === 'responses') {
         return { ok: true, request: { path: `${basePath}/openai/v1/responses${input.query}`, headers: { 'api-key': provider.apiKey }, body, translator: undefined } };
       }
+      // The deployment is a path segment: encodeURIComponent leaves dots alone, and `.` or `..` there would be read as
+      // a dot segment (by Azure, by a proxy in front of it), the request sent with the key to a path above the deployments.
+      if (input.model === '.' || input.model === '..') return { ok: false, reason: `azure-openai cannot name a deployment \`${input.model}\``, param: 'model' };
       const query = new URLSearchParams(input.query.slice(1));
       query.set('api-version', provider.apiVersion!);
       const path = `${basePath}/openai/deployments/${encodeURIComponent(input.model)}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}?${query}`;

@@ -13,6 +13,29 @@ export function withoutKey<T extends Buffer | string>(text: T, key: string): T {
   return (typeof text === 'string' ? clean : Buffer.from(clean)) as T;
 }
 
+/**
+ * Of a key a cut can leave this much at the end of what is kept; a shorter start tells no more than a key's public
+ * prefix (`sk-`), and taking it out would change ordinary text that happens to end like a key begins.
+ */
+const MIN_KEY_START = 4;
+
+/**
+ * `text`, the first part of a longer body, without `key` and without the start of the key the cut may have left at
+ * its end: a provider that quotes the key where the cut falls would otherwise hand the client all of it but its last
+ * characters (and a client can move the cut, by the length of what the provider quotes of its request).
+ */
+export function withoutKeyCut<T extends Buffer | string>(text: T, key: string): T {
+  const clean = withoutKey(text, key);
+  if (key.length < MIN_KEY_LENGTH) return clean;
+  const s = clean.toString();
+  for (let n = Math.min(key.length - 1, s.length); n >= MIN_KEY_START; n--) {
+    if (!s.endsWith(key.slice(0, n))) continue;
+    const cut = `${s.slice(0, s.length - n)}${REDACTED}`;
+    return (typeof text === 'string' ? cut : Buffer.from(cut)) as T;
+  }
+  return clean;
+}
+
 /** A header value (one string, or a list of them) without `key`. */
 export function headerWithoutKey(value: unknown, key: string): unknown {
   if (typeof value === 'string') return withoutKey(value, key);

@@ -5,7 +5,7 @@ import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { headerWithoutKey, withoutKey } from './key-echo.ts';
+import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 
@@ -17,8 +17,19 @@ type Passthrough = NonNullable<Config['passthrough']>;
  * `expect`: Node has already answered a client's `Expect: 100-continue`, and undici refuses to send the header at all
  * (UND_ERR_NOT_SUPPORTED), which turned every such upload (curl sends it for bodies over 1 KB) into a 502.
  */
-const STRIP = new Set(['authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project', 'expect']);
-const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-');
+const STRIP = new Set([
+  'authorization', 'proxy-authorization', 'api-key', 'x-api-key', 'cookie', 'openai-organization', 'openai-project', 'expect',
+  // Headers some servers and frameworks (and proxies in front of a provider) obey in place of the request line: another
+  // method or path than the one the gateway checked against `methods` and `paths`. A GET-only passthrough must not
+  // become a DELETE at the provider, with the company's key.
+  'x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-url', 'x-rewrite-url', 'x-original-method',
+  // Who the client is, as a proxy would say it. The provider sees the gateway; a client must not pick the address or
+  // host it is taken for (rate limits, allowlists, absolute URLs built from x-forwarded-host), as on the managed routes.
+  'forwarded', 'x-real-ip', 'x-client-ip', 'true-client-ip',
+  // What the gateway itself tells the provider on a managed retry: a passthrough request is sent once.
+  'x-retry-attempt', 'x-retry-reason',
+]);
+const stripped = (name: string) => STRIP.has(name) || name.startsWith('x-stormgate-') || name.startsWith('x-forwarded-');
 
 /**
  * Provider answer headers that describe the company's account, not the answer: as on the managed routes, not passed
@@ -47,11 +58,13 @@ const CREDENTIAL_STATUSES = new Set([401, 403]);
  * (or was cut encoded) must not go on encoded, the key unsearched in it. Any other (identity, an unknown name, bytes
  * that do not decode at all) is searched as it is.
  */
-async function errorWithoutKey(bytes: Buffer, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean }> {
+async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean }> {
   const encoding = encodingOf({ 'content-encoding': typeof contentEncoding === 'string' ? contentEncoding : undefined });
   const decoded = encoding && (await decodedPrefix(bytes, encoding, MAX_ERROR_BODY_BYTES));
-  if (decoded) return { bytes: withoutKey(decoded, apiKey), decoded: true };
-  return { bytes: withoutKey(bytes, apiKey), decoded: false };
+  // A decoded prefix may end at the cap or where the data broke off, as a body read up to the cap does: either cut
+  // can fall inside a quoted key, whose start must not go on.
+  if (decoded) return { bytes: withoutKeyCut(decoded, apiKey), decoded: true };
+  return { bytes: whole ? withoutKey(bytes, apiKey) : withoutKeyCut(bytes, apiKey), decoded: false };
 }
 
 export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
@@ -103,12 +116,14 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           return out as typeof headers;
         },
         onResponse: (_request, reply, res) => {
-          if (res.statusCode >= 400 && !CREDENTIAL_STATUSES.has(res.statusCode)) {
+          if (res.statusCode >= 300 && !CREDENTIAL_STATUSES.has(res.statusCode)) {
             // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
             // A compressed one is decoded first and sent as it decodes: providers compress errors for every client
-            // that accepts it (the SDKs all do), so the key would otherwise pass in gzip.
+            // that accepts it (the SDKs all do), so the key would otherwise pass in gzip. A redirect's body too: a
+            // server that quotes the request's credentials in its pages does not spare its 3xx ones (whose headers are
+            // searched with every other answer's).
             return void readCapped(res.stream, MAX_ERROR_BODY_BYTES)
-              .then(({ bytes }) => errorWithoutKey(bytes, reply.getHeader('content-encoding'), provider.apiKey))
+              .then(({ bytes, whole }) => errorWithoutKey(bytes, whole, reply.getHeader('content-encoding'), provider.apiKey))
               .then(
                 ({ bytes, decoded }) => {
                   if (decoded) reply.removeHeader('content-encoding');

@@ -24,7 +24,8 @@ const FINISH: Record<string, OpenAIFinishReason> = {
 
 /** Anthropic stop_reason -> OpenAI finish_reason; an unknown or missing reason reads as a normal stop. */
 export function toFinishReason(stopReason: string | null | undefined): OpenAIFinishReason {
-  return (stopReason && FINISH[stopReason]) || 'stop';
+  // Own names only: a stop_reason such as `constructor` would otherwise find Object's and leave finish_reason out.
+  return (stopReason && Object.hasOwn(FINISH, stopReason) && FINISH[stopReason]) || 'stop';
 }
 
 const count = (n: number | null | undefined) => (typeof n === 'number' ? n : 0);
