@@ -456,8 +456,11 @@ function checkTimeoutHeader(value: string | string[] | undefined): void {
   }
 }
 
+/** The request's query string, forwarded upstream; a fragment is the client's own and never goes on the wire. */
 function queryOf(url: string): string {
   const i = url.indexOf('?');
-  return i === -1 ? '' : url.slice(i);
+  if (i === -1) return '';
+  const hash = url.indexOf('#', i);
+  return hash === -1 ? url.slice(i) : url.slice(i, hash);
 }
 

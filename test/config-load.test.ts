@@ -349,6 +349,10 @@ routes:
     targets: [ { provider: openai } ]
 ${extra}`;
 
+  it('refuses a user and password in a baseUrl, which would never be sent', () => {
+    expect(configError(valid().replace('https://api.openai.com/v1', 'https://user:pw@api.openai.com/v1')).message).toMatch(/providers\.openai\.baseUrl: holds a user or password/);
+  });
+
   it('refuses a time past what a Node.js timer holds, which would fire after 1 ms', () => {
     expect(configError(route('    timeoutMs: 99999999999\n')).message).toMatch(/routes\[0\]\.timeoutMs: .*2147483647/);
     expect(configError(valid().replace('family: openai', 'family: openai\n    timeouts: { firstTokenMs: 9999999999 }')).message).toMatch(/timeouts\.firstTokenMs/);
@@ -363,6 +367,10 @@ ${extra}`;
     expect(configError(valid().replace('https://api.openai.com/v1', 'ftp://example.com/v1')).message).toMatch(/providers\.openai\.baseUrl/);
     expect(configError(valid('state: { redis: "not a url" }\n')).message).toMatch(/state\.redis: expected a redis:\/\/ or rediss:\/\/ URL/);
     expect(configError(valid('state: { redis: { password: x } }\n')).message).toMatch(/state\.redis: needs `sentinels`/);
+    // ioredis threw on this one at start-up, with a stack trace; the message must not quote the password.
+    const broken = configError(valid('state: { redis: "redis://:s3cret-pw@[bad/0" }\n')).message;
+    expect(broken).toMatch(/state\.redis: is not a valid URL/);
+    expect(broken).not.toContain('s3cret-pw');
     expect(configError(valid('state: { redis: { sentinels: [ { host: s1, port: 26379 } ] } }\n')).message).toMatch(/state\.redis\.name: Sentinel needs/);
   });
 

@@ -209,4 +209,27 @@ describe('names every object inherits, read as protocol values', () => {
     expect(res.status).toBe(200);
     expect(((await res.json()) as { choices: Array<{ finish_reason: unknown }> }).choices[0]!.finish_reason).toBe('stop');
   });
+
+  it("a client's URL fragment stays with the client: the query goes upstream without it", async () => {
+    const seen: string[] = [];
+    const provider = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      seen.push(req.url ?? '');
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: 'gpt-4o', choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop' }] }));
+      });
+    });
+    const stack = await filesPassthrough(provider.origin);
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = httpRequest(`${stack.url}/v1/chat/completions`, { method: 'POST', path: '/v1/chat/completions?a=1#frag', headers: { 'content-type': 'application/json' } }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }));
+    });
+    expect(status).toBe(200);
+    expect(seen).toEqual(['/v1/chat/completions?a=1']);
+  });
 });

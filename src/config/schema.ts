@@ -151,7 +151,11 @@ export const ProviderSchema = z
       .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
     authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)
       .describe('After the provider rejects the gateway\'s own credentials or billing (401, 402, 403, 429 insufficient_quota, billing_not_active or access_terminated), no request goes to it for this long, in seconds. Default: 60.'),
-    baseUrl: z.url({ protocol: /^https?$/ }).describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
+    baseUrl: z
+      .url({ protocol: /^https?$/ })
+      // undici sends no userinfo: a user:password written here would be dropped without a word.
+      .refine((url) => !/^[a-z]+:\/\/[^/?#]*@/i.test(url), { message: 'holds a user or password (user:password@), which is never sent; the provider\'s key goes in apiKey' })
+      .describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
     apiKey: z
       .string()
       // A secret written with `echo` ends in a line break, which no HTTP header may hold: trimmed here, not sent.
@@ -246,7 +250,12 @@ export const PassthroughSchema = z
 const HostPort = z.strictObject({ host: z.string().min(1).describe('Host name or address of the node.'), port: z.number().int().min(1).max(65535).describe('Port of the node.') });
 
 export const RedisSchema = z.union([
-  z.string().regex(/^$|^rediss?:\/\/\S+$/, 'a redis:// or rediss:// URL (or "" for in-process state)').describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
+  z
+    .string()
+    .regex(/^$|^rediss?:\/\/\S+$/, 'a redis:// or rediss:// URL (or "" for in-process state)')
+    // Not quoted back: the URL may hold the password. ioredis would throw on it at start-up, with a stack trace.
+    .refine((url) => url === '' || URL.canParse(url), { message: 'is not a valid URL (check its host, port and the characters of the password: URL-encode @ : / [ ] in it)' })
+    .describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
   z
     .strictObject({
       sentinels: z.array(HostPort).min(1).optional().describe('Redis Sentinel nodes; needs `name`.'),
