@@ -121,30 +121,17 @@ describe('an error that names the gateway\'s own account, inside a 2xx', () => {
     expect(broke.hits()).toBe(1);
   });
 
-  it('a whole Anthropic billing_error answered with a 200 fails over at once and holds the target', async () => {
+  it.each([
+    { name: 'an insufficient_quota error object', family: 'openai' as const, body: { error: QUOTA } },
+    { name: "Anthropic's billing_error", family: 'anthropic' as const, body: { type: 'error', error: { type: 'billing_error', message: 'Your credit balance is too low to access the Anthropic API.' } } },
+  ])('$name answered whole with a 200 fails over at once and holds the target', async ({ family, body }) => {
     const { s, broke } = await stack((req, res) => {
       req.resume();
       req.on('end', () => {
         res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ type: 'error', error: { type: 'billing_error', message: 'Your credit balance is too low to access the Anthropic API.' } }));
+        res.end(JSON.stringify(body));
       });
-    }, 'anthropic');
-    for (let i = 0; i < 2; i++) {
-      const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
-      expect(data.choices[0]!.message.content).toMatch(/Mock answer/);
-      expect(response.headers.get('x-stormgate-fallback')).toBe('credentials');
-    }
-    expect(broke.hits()).toBe(1);
-  });
-
-  it('a whole insufficient_quota error answered with a 200 fails over at once and holds the target', async () => {
-    const { s, broke } = await stack((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ error: QUOTA }));
-      });
-    });
+    }, family);
     for (let i = 0; i < 2; i++) {
       const { data, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
       expect(data.choices[0]!.message.content).toMatch(/Mock answer/);
