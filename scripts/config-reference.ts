@@ -136,7 +136,8 @@ function typeOf(s: JsonSchema): string {
       return `${s.minItems ? 'non-empty ' : ''}list of ${s.items?.anyOf ? `(${item})` : item}`;
     }
     case 'object':
-      return typeof s.additionalProperties === 'object' ? 'map of name to object' : 'object';
+      // A map's values say what it is: auth.keys maps names to strings, providers to objects.
+      return typeof s.additionalProperties === 'object' ? `map of name to ${typeOf(s.additionalProperties)}` : 'object';
     default:
       return s.type ?? 'any';
   }

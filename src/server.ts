@@ -88,6 +88,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     genReqId: requestIdOf,
+    // A fragment is the client's own and has no place in a request line (RFC 9112 3.2), but Node passes one on. Cut
+    // here, before routing, it reaches no upstream URL (the query of a managed route, a passthrough path), and a `?`
+    // inside it is not read as a query.
+    rewriteUrl: (req) => withoutFragment(req.url!),
     // Errors fastify raises before any route or hook runs (a URL it cannot decode): the OpenAI shape too.
     // No hook runs for these, so the log line is written here.
     frameworkErrors: (err, request, reply) => {
@@ -354,7 +358,7 @@ function requestIdOf(req: IncomingMessage): string {
 function unauthorized(reason: 'missing' | 'invalid'): GatewayError {
   const message =
     reason === 'missing'
-      ? 'this gateway needs a client key: send it as your API key (Authorization: Bearer <key>, or x-api-key)'
+      ? 'this gateway needs a client key: send it as your API key (Authorization: Bearer <key>, x-api-key or api-key)'
       : 'the client key sent is not one of this gateway\'s keys';
   return new GatewayError('invalid_api_key', message, { headers: { 'www-authenticate': 'Bearer realm="stormgate"' } });
 }
@@ -456,11 +460,14 @@ function checkTimeoutHeader(value: string | string[] | undefined): void {
   }
 }
 
-/** The request's query string, forwarded upstream; a fragment is the client's own and never goes on the wire. */
+/** The request's query string, forwarded upstream (rewriteUrl has already cut any fragment). */
 function queryOf(url: string): string {
   const i = url.indexOf('?');
-  if (i === -1) return '';
-  const hash = url.indexOf('#', i);
-  return hash === -1 ? url.slice(i) : url.slice(i, hash);
+  return i === -1 ? '' : url.slice(i);
+}
+
+function withoutFragment(url: string): string {
+  const hash = url.indexOf('#');
+  return hash === -1 ? url : url.slice(0, hash);
 }
 

@@ -58,7 +58,7 @@ describe('client keys', () => {
       const res = await post(headers);
       expect(res.status).toBe(401);
       const body = expectOpenAIError(await res.json(), 'invalid_api_key');
-      expect(String(body.message)).toMatch(/needs a client key/);
+      expect(String(body.message)).toMatch(/needs a client key: .*Authorization: Bearer <key>, x-api-key or api-key/);
     }
     const wrong = await post({ authorization: `Bearer ${WRONG_KEY}` });
     expect(String(expectOpenAIError(await wrong.json(), 'invalid_api_key').message)).toMatch(/not one of this gateway's keys/);
@@ -83,6 +83,10 @@ describe('client keys', () => {
     expect(check({ authorization: `Bearer ${AGENTS_KEY.slice(0, -1)}` })).toEqual({ ok: false, reason: 'invalid' });
     expect(check({ authorization: `Bearer ${AGENTS_KEY.toUpperCase()}` })).toEqual({ ok: false, reason: 'invalid' });
     expect(check({})).toEqual({ ok: false, reason: 'missing' });
+    // An authorization of another scheme (a proxy's Basic credentials), or an empty one, leaves the other headers read.
+    expect(check({ authorization: 'Basic dXNlcjpwdw==', 'x-api-key': AGENTS_KEY })).toEqual({ ok: true, client: 'agents' });
+    expect(check({ authorization: '', 'api-key': BATCH_KEY })).toEqual({ ok: true, client: 'batch-jobs' });
+    expect(check({ authorization: 'Basic dXNlcjpwdw==' })).toEqual({ ok: false, reason: 'missing' });
     expect(clientAuth(undefined)).toBeUndefined();
   });
 });
@@ -102,6 +106,11 @@ describe('auth config', () => {
   it('refuses an empty key, naming the client, the line and the variable', () => {
     expect(error('auth: { keys: { agents: "${AGENTS_KEY:-}" } }\n')).toMatch(/gw\.yaml:3: auth\.keys\.agents: is empty/);
     expect(error('auth: { keys: { agents: "${AGENTS_KEY}" } }\n')).toMatch(/environment variable AGENTS_KEY is not set/);
+  });
+
+  it('refuses a key beyond ASCII, which one client sends as Latin-1 and another as UTF-8', () => {
+    expect(error('auth: { keys: { agents: "clé-secrète-1234" } }\n')).toMatch(/gw\.yaml:3: auth\.keys\.agents: holds a character beyond ASCII/);
+    expect(parseConfig(`${base}auth: { keys: { agents: "key with spaces_1.-~!" } }\n`, 'gw.yaml', {}).auth?.keys.agents).toBe('key with spaces_1.-~!');
   });
 
   it('refuses one key under two names, and an auth without keys', () => {

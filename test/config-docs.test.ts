@@ -48,6 +48,12 @@ describe('config reference', () => {
     expect(doc('routes[].contextWindowFallback.weight')).toMatch(/^Has no effect here/);
   });
 
+  it('names what a map holds: client keys are strings, providers are objects', () => {
+    const rows = renderConfigReference();
+    expect(rows).toContain('| `auth.keys` | map of name to string |');
+    expect(rows).toContain('| `providers` | map of name to object |');
+  });
+
   it('replaces only the text between the markers', () => {
     const readme = 'intro\n<!-- config-reference:start -->\nold\n<!-- config-reference:end -->\noutro\n';
     expect(replaceBlock(readme, 'new')).toBe('intro\n<!-- config-reference:start -->\nnew\n<!-- config-reference:end -->\noutro\n');

@@ -30,7 +30,9 @@ const fromExample = (name: string, extra: (mockUrl: string) => Record<string, st
   // Config is ConfigInput with its defaults filled in; parsing it again changes nothing.
   loadConfigFile(example(name), envFor(mockUrl, extra(mockUrl))) as ConfigInput;
 
-const client = (baseURL: string) => new OpenAI({ baseURL, apiKey: 'unused-by-the-gateway', maxRetries: 0 });
+/** The client key of the examples that need one (STORMGATE_API_KEY); the others ignore what the client sends. */
+const CLIENT_KEY = 'sg-client-agents-key';
+const client = (baseURL: string) => new OpenAI({ baseURL, apiKey: CLIENT_KEY, maxRetries: 0 });
 const ask = (baseURL: string, model: string) =>
   client(baseURL).chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] }).withResponse();
 
@@ -48,7 +50,14 @@ describe('config/examples', () => {
     const files = readdirSync(DIR).filter((f) => f.endsWith('.yaml'));
     expect(files.length).toBeGreaterThanOrEqual(4);
     for (const file of files) {
-      expect(() => loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390' }), file).not.toThrow();
+      expect(() => loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', STORMGATE_API_KEY: CLIENT_KEY }), file).not.toThrow();
+    }
+  });
+
+  it('an example that listens beyond this machine needs client keys, as main.ts warns for one without', () => {
+    for (const file of readdirSync(DIR).filter((f) => f.endsWith('.yaml'))) {
+      const config = loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', STORMGATE_API_KEY: CLIENT_KEY });
+      if (!['127.0.0.1', 'localhost', '::1'].includes(config.server.host)) expect(config.auth?.keys, file).toBeDefined();
     }
   });
 
@@ -70,7 +79,7 @@ describe('config/examples', () => {
 
   it('fleet-redis: serves through the shared Redis state', async () => {
     const prefix = `examples-${process.pid}`;
-    const s = await stack({ config: fromExample('fleet-redis.yaml', () => ({ REDIS_URL: redis.url, STORMGATE_FLEET: prefix })) });
+    const s = await stack({ config: fromExample('fleet-redis.yaml', () => ({ REDIS_URL: redis.url, STORMGATE_FLEET: prefix, STORMGATE_API_KEY: CLIENT_KEY })) });
     const { data, response } = await ask(s.baseURL, 'gpt-4o');
     expect(data.choices[0]!.message.content).toBeTruthy();
     expect(response.headers.get('x-stormgate-target')).toBe('openai/gpt-4o');

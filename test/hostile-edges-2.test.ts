@@ -87,6 +87,36 @@ describe('a passthrough redirect', () => {
   });
 });
 
+describe('a passthrough answer without a body', () => {
+  it('a 304, and any answer to a HEAD, reach the client with the headers the provider gave them', async () => {
+    const provider = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      req.on('end', () => {
+        if (req.url!.endsWith('/cached')) return res.writeHead(304, { etag: '"v1"', 'cache-control': 'max-age=60' }).end();
+        res.writeHead(302, { location: 'https://files.example/v1/files/file-1', 'content-type': 'text/plain', 'content-length': '5' });
+        res.end(req.method === 'HEAD' ? undefined : 'Moved');
+      });
+    });
+    const stack = await filesPassthrough(provider.origin);
+    const cached = await get(`${stack.url}/v1/files/cached`, { 'if-none-match': '"v1"' });
+    expect(cached.status).toBe(304);
+    expect(cached.headers.etag).toBe('"v1"');
+    // Re-sent as a body, it went out typed application/octet-stream: a cache takes a 304's headers over its stored ones.
+    expect(cached.headers['content-type']).toBeUndefined();
+    const head = await new Promise<{ status: number; headers: IncomingHttpHeaders }>((resolve, reject) => {
+      const req = httpRequest(`${stack.url}/v1/files/moved`, { method: 'HEAD' }, (res) => {
+        res.resume();
+        resolve({ status: res.statusCode ?? 0, headers: res.headers });
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    expect(head.status).toBe(302);
+    // The length of the body a GET would get, as the provider said; not the 0 of a body read from a HEAD.
+    expect(head.headers['content-length']).toBe('5');
+  });
+});
+
 describe("a client's headers on a passthrough request", () => {
   it('that name another method, path or client, or a retry the gateway never made, are not forwarded', async () => {
     const seen: Array<{ method: string; url: string; headers: IncomingHttpHeaders }> = [];
@@ -210,7 +240,7 @@ describe('names every object inherits, read as protocol values', () => {
     expect(((await res.json()) as { choices: Array<{ finish_reason: unknown }> }).choices[0]!.finish_reason).toBe('stop');
   });
 
-  it("a client's URL fragment stays with the client: the query goes upstream without it", async () => {
+  it("a client's URL fragment stays with the client: the query goes upstream without it, on managed and passthrough paths", async () => {
     const seen: string[] = [];
     const provider = await startProvider((req: IncomingMessage, res: ServerResponse) => {
       seen.push(req.url ?? '');
@@ -221,15 +251,19 @@ describe('names every object inherits, read as protocol values', () => {
       });
     });
     const stack = await filesPassthrough(provider.origin);
-    const status = await new Promise<number>((resolve, reject) => {
-      const req = httpRequest(`${stack.url}/v1/chat/completions`, { method: 'POST', path: '/v1/chat/completions?a=1#frag', headers: { 'content-type': 'application/json' } }, (res) => {
-        res.resume();
-        resolve(res.statusCode ?? 0);
+    const send = (method: 'GET' | 'POST', path: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = httpRequest(`${stack.url}${path}`, { method, path, headers: { 'content-type': 'application/json' } }, (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        });
+        req.on('error', reject);
+        req.end(method === 'POST' ? JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }) : undefined);
       });
-      req.on('error', reject);
-      req.end(JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }));
-    });
-    expect(status).toBe(200);
-    expect(seen).toEqual(['/v1/chat/completions?a=1']);
+    expect(await send('POST', '/v1/chat/completions?a=1#frag')).toBe(200);
+    // A `?` inside the fragment is no query.
+    expect(await send('POST', '/v1/chat/completions#frag?b=2')).toBe(200);
+    expect(await send('GET', '/v1/files/file-1?limit=1#frag')).toBe(200);
+    expect(seen).toEqual(['/v1/chat/completions?a=1', '/v1/chat/completions', '/v1/files/file-1?limit=1']);
   });
 });

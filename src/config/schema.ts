@@ -10,6 +10,9 @@ export const MAX_TIMER_MS = 2 ** 31 - 1;
 const ms = (doc: string) => z.number().int().nonnegative().max(MAX_TIMER_MS).describe(doc);
 const positiveMs = (doc: string) => z.number().int().positive().max(MAX_TIMER_MS).describe(doc);
 const MAX_TIMER_S = Math.floor(MAX_TIMER_MS / 1000);
+/** A key sent in a header: one written with `echo` ends in a line break, which no header may hold (trimmed, not sent). */
+const headerSecret = () =>
+  z.string().trim().refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' });
 
 export const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
 
@@ -156,11 +159,7 @@ export const ProviderSchema = z
       // undici sends no userinfo: a user:password written here would be dropped without a word.
       .refine((url) => !/^[a-z]+:\/\/[^/?#]*@/i.test(url), { message: 'holds a user or password (user:password@), which is never sent; the provider\'s key goes in apiKey' })
       .describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
-    apiKey: z
-      .string()
-      // A secret written with `echo` ends in a line break, which no HTTP header may hold: trimmed here, not sent.
-      .trim()
-      .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
+    apiKey: headerSecret()
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000, keepAliveMs: 4000 }),
     maxConnections: z.number().int().positive().default(128)
@@ -305,10 +304,10 @@ export const AuthSchema = z
     keys: z
       .record(
         z.string().regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, "_", "." or "-"'),
-        z
-          .string()
-          .trim()
-          .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
+        headerSecret()
+          // Header bytes reach the gateway as Latin-1 while the config is UTF-8: a key beyond ASCII matches only for
+          // clients that send it as Latin-1 (fetch), never for those that send UTF-8 (curl), and fetch refuses one past U+00FF.
+          .refine((key) => !/[^\x00-\x7f]/.test(key), { message: 'holds a character beyond ASCII, which clients send in different encodings; use letters, digits and punctuation' })
           .describe('A client key, usually from the environment: "${STORMGATE_KEY_AGENTS}" (surrounding whitespace trimmed); never logged.'),
       )
       .describe('Client keys by client name. A request must carry one as its API key (Authorization: Bearer, x-api-key or api-key), or it gets 401 invalid_api_key; the name is logged with the request. /healthz, /readyz and /metrics stay open.'),

@@ -8,17 +8,15 @@ export type ClientAuth = (headers: IncomingHttpHeaders) => { ok: true; client: s
 
 /**
  * The key a client sent: `Authorization: Bearer` (the OpenAI SDKs), `api-key` (Azure's), `x-api-key` (Anthropic's),
- * so any SDK a team already uses works with its `apiKey` option.
+ * so any SDK a team already uses works with its `apiKey` option. An `authorization` of another scheme (the Basic
+ * credentials of a proxy in front) or an empty one holds no client key: the other two headers are still read.
  */
 function presentedKey(headers: IncomingHttpHeaders): string | undefined {
-  const bearer = headers.authorization;
-  if (bearer !== undefined) {
-    const m = /^Bearer[ \t]+(\S.*)$/i.exec(bearer);
-    return m ? m[1]!.trim() : '';
-  }
+  const bearer = headers.authorization === undefined ? undefined : /^Bearer[ \t]+(\S.*)$/i.exec(headers.authorization)?.[1]?.trim();
+  if (bearer) return bearer;
   for (const name of ['x-api-key', 'api-key'] as const) {
     const value = headers[name];
-    if (typeof value === 'string') return value.trim();
+    if (typeof value === 'string' && value.trim() !== '') return value.trim();
   }
   return undefined;
 }
@@ -35,7 +33,7 @@ export function clientAuth(keys: Readonly<Record<string, string>> | undefined): 
   const byDigest = new Map(Object.entries(keys).map(([name, key]) => [digest(key), name]));
   return (headers) => {
     const key = presentedKey(headers);
-    if (key === undefined || key === '') return { ok: false, reason: 'missing' };
+    if (key === undefined) return { ok: false, reason: 'missing' };
     const client = byDigest.get(digest(key));
     return client === undefined ? { ok: false, reason: 'invalid' } : { ok: true, client };
   };

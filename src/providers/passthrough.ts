@@ -67,6 +67,13 @@ async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: u
   return { bytes: whole ? withoutKey(bytes, apiKey) : withoutKeyCut(bytes, apiKey), decoded: false };
 }
 
+/**
+ * Whether an answer can carry a body to search. A 304 and any answer to a HEAD have none, and their headers describe
+ * the resource: read and re-sent as a body, they would go out with `content-length: 0` (and a 304 with
+ * `content-type: application/octet-stream`, which a cache then stores over the file's own type).
+ */
+const hasBody = (method: string, status: number): boolean => method !== 'HEAD' && status !== 304;
+
 export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
   const providerName = passthrough.provider;
   const base = new URL(provider.baseUrl);
@@ -115,8 +122,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           out['x-should-retry'] = 'false';
           return out as typeof headers;
         },
-        onResponse: (_request, reply, res) => {
-          if (res.statusCode >= 300 && !CREDENTIAL_STATUSES.has(res.statusCode)) {
+        onResponse: (request, reply, res) => {
+          if (res.statusCode >= 300 && !CREDENTIAL_STATUSES.has(res.statusCode) && hasBody(request.method, res.statusCode)) {
             // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
             // A compressed one is decoded first and sent as it decodes: providers compress errors for every client
             // that accepts it (the SDKs all do), so the key would otherwise pass in gzip. A redirect's body too: a
