@@ -79,7 +79,8 @@ async function main(): Promise<void> {
 
 /** An address only this machine reaches. */
 function isLoopback(host: string): boolean {
-  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
+  const bare = host.replace(/^\[(.*)\]$/, '$1').toLowerCase();
+  return bare === 'localhost' || bare === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(bare);
 }
 
 type App = Awaited<ReturnType<typeof buildServer>>;

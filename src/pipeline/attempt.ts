@@ -209,25 +209,28 @@ function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: nu
  */
 function errorCodeOf(body: Buffer): string | null {
   // wholeResult has already dropped a byte order mark.
-  if (body.length === 0) return null;
-  try {
-    const error = (JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
-    const { code, type } = error ?? {};
-    if (typeof code === 'string') return code;
-    return typeof type === 'string' ? type : stringOrNull(code);
-  } catch {
-    return null;
-  }
+  const error = errorFieldsOf(body);
+  if (error === undefined) return null;
+  const { code, type } = error;
+  if (typeof code === 'string') return code;
+  return typeof type === 'string' ? type : stringOrNull(code);
 }
 
 /** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
 function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
+  const error = errorFieldsOf(body);
+  const code = typeof error?.code === 'string' ? error.code : undefined;
+  const type = typeof error?.type === 'string' ? error.type : undefined;
+  const status = accountStatusOfError(code, type);
+  return status === undefined ? undefined : { status, code: (code ?? type)! };
+}
+
+/** The `error` object of an OpenAI-shaped body, when the body is JSON and has one. */
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown } | undefined {
+  if (body.length === 0) return undefined;
   try {
-    const error = (JSON.parse(body.toString('utf8')) as { error?: { code?: unknown; type?: unknown } } | null)?.error;
-    const code = typeof error?.code === 'string' ? error.code : undefined;
-    const type = typeof error?.type === 'string' ? error.type : undefined;
-    const status = accountStatusOfError(code, type);
-    return status === undefined ? undefined : { status, code: (code ?? type)! };
+    const error = (JSON.parse(body.toString('utf8')) as { error?: unknown } | null)?.error;
+    return typeof error === 'object' && error !== null ? error : undefined;
   } catch {
     return undefined;
   }
