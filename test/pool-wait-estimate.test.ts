@@ -11,6 +11,11 @@
 // next exchange of demand, half a second later, gives it what the others do not use. Found by a black-box run: with
 // one idle instance beside it, an instance shed half of a 100-request burst that the next exchange had room for.
 // Shedding judges by what the next exchange leaves; admission still keeps to the share in force.
+//
+// Streams hold their slot until they end, long after the first token that ends their round trip. Found by a black-box
+// run: 2,000 agents streaming 6 s answers through the default 128 slots queued for up to 50 s, while the ones shed
+// (queue full) were told to come back in 1.4 s (8 round trips of 175 ms to the first token), so each SDK spent its
+// two retries within seconds and failed: 744 of 2,000 agents.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
 
@@ -81,5 +86,50 @@ describe('the wait a fleet instance expects for a burst', () => {
     expect(settled.filter((ok) => ok === false)).toHaveLength(15);
     const shed = await Promise.all(answers.slice(25));
     expect(shed.every((a) => !a.ok && a.reason === 'deadline')).toBe(true);
+  });
+});
+
+describe('the wait for slots held by streams', () => {
+  it('counts in how long an answered attempt holds its slot, not in round trips to its first token', async () => {
+    const p = pool(2, 10);
+    // Two streams: the first token after 50 ms, the end 6 s later.
+    const slots = await Promise.all([p.acquire(req(0, 120_000)), p.acquire(req(0, 120_000))]);
+    await vi.advanceTimersByTimeAsync(50);
+    for (const a of slots) {
+      if (!a.ok) throw new Error('expected a slot');
+      p.observe('p/m', 'success', 50);
+      a.slot.answered();
+    }
+    await vi.advanceTimersByTimeAsync(5_950);
+    for (const a of slots) if (a.ok) a.slot.release();
+    // Both slots busy with the next two streams, four waiting: the last of them waits three holds (18 s), not 150 ms.
+    const next = Array.from({ length: 6 }, () => p.acquire(req(0, 120_000)));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(p.snapshot().queued[0]).toBe(4);
+    expect(p.expectedWaitMs(0, 'p/m')).toBeGreaterThanOrEqual(15_000);
+    // A request whose deadline comes before that is told so at once, with that wait as its retry-after.
+    let answer: Acquired | undefined;
+    void p.acquire(req(0, 10_000)).then((a) => (answer = a));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(answer).toMatchObject({ ok: false, reason: 'deadline' });
+    expect((answer as { retryAfterMs: number }).retryAfterMs).toBeGreaterThanOrEqual(15_000);
+    void next;
+  });
+
+  it('keeps timing by round trips where nothing is held past its answer (unanswered attempts are not timed)', async () => {
+    const p = pool(2, 10);
+    const a = await p.acquire(req(0, 120_000));
+    if (!a.ok) throw new Error('expected a slot');
+    // A 429 holds its slot for no time and says nothing about how long answers take: not timed.
+    p.observe('p/m', 'rate-limited', 5);
+    await vi.advanceTimersByTimeAsync(5);
+    a.slot.release();
+    const b = await p.acquire(req(0, 120_000));
+    if (!b.ok) throw new Error('expected a slot');
+    await vi.advanceTimersByTimeAsync(400);
+    p.observe('p/m', 'success', 400);
+    b.slot.answered();
+    b.slot.release();
+    expect(p.expectedWaitMs(0, 'p/m')).toBe(400);
   });
 });

@@ -33,6 +33,8 @@ export interface SlotRequest {
 export interface Slot {
   /** Gives the slot back. Safe to call twice. */
   release(): void;
+  /** Its attempt was answered: the time from its grant to its release (a stream's: its end) paces the wait estimates. */
+  answered(): void;
 }
 
 export type Acquired =
@@ -83,6 +85,13 @@ export class ProviderPool {
   #retriesInUse = 0;
   #roundTripMs = INITIAL_ROUND_TRIP_MS;
   #roundTripTimed = false;
+  /**
+   * How long an answered attempt holds its slot: a stream holds it until it ends, seconds or minutes after the first
+   * token that ends its round trip. Slots free at this pace, so the wait estimates (and the retry-after of a shed
+   * request) count in it; by round trips, 2,000 streamed agents were told to come back in 1.4 s for a 50 s queue.
+   */
+  #slotHoldMs = INITIAL_ROUND_TRIP_MS;
+  #slotHoldTimed = false;
   /** This instance's share of the fleet's capacity (1 alone; demand-weighted with a shared state store). */
   #capacity: number;
   /**
@@ -184,7 +193,7 @@ export class ProviderPool {
     for (let k = 0; k <= cls; k++) ahead += this.#queues[k]!.length;
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * this.#roundTripMs;
+    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTripMs, this.#slotHoldMs);
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
@@ -301,11 +310,17 @@ export class ProviderPool {
     t.inUse++;
     t.byClass[req.cls]!++;
     if (req.retry) this.#retriesInUse++;
+    const grantedAtMs = this.now();
     let released = false;
+    let answered = false;
     return {
+      answered: () => {
+        answered = true;
+      },
       release: () => {
         if (released) return;
         released = true;
+        if (answered) this.#timeSlotHold(this.now() - grantedAtMs);
         this.#inUse--;
         this.#inUseByClass[req.cls]!--;
         t.inUse--;
@@ -314,6 +329,12 @@ export class ProviderPool {
         this.#drain();
       },
     };
+  }
+
+  #timeSlotHold(heldMs: number): void {
+    if (heldMs <= 0) return;
+    this.#slotHoldMs = this.#slotHoldTimed ? 0.8 * this.#slotHoldMs + 0.2 * heldMs : heldMs;
+    this.#slotHoldTimed = true;
   }
 
   /** Grants free slots: first to classes under their minShare floor, then by class, then by arrival. */
