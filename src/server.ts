@@ -141,6 +141,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     return () => inPipeline.delete(listener);
   };
   const auth = clientAuth(config.auth?.keys);
+  // A Map, not the config's object: a client may be named `constructor`.
+  const clientPriorities = new Map(Object.entries(config.auth?.priority ?? {}));
   /** With client keys configured, a request without one of them is answered 401 here; the ops endpoints stay open. */
   const admitted = (request: FastifyRequest, reply: FastifyReply): boolean => {
     if (auth === undefined || OPS_PATHS.has(request.routeOptions.url ?? '')) return true;
@@ -285,6 +287,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           json: body.json,
           headers: request.headers,
           requestId: request.id,
+          ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown,
         },

@@ -76,6 +76,20 @@ describe('client keys', () => {
     expect(s.mock.requests().filter((r) => r.path === '/v1/files')).toHaveLength(0);
   });
 
+  it("puts a client's requests in the class its key names (auth.priority), which its header can lower but not raise", async () => {
+    const s = await startStack({
+      config: (mockUrl) => ({ ...defaultConfig(mockUrl), auth: { keys: KEYS, priority: { 'batch-jobs': 'batch' } } }),
+    });
+    const ask = (key: string, headers: Record<string, string> = {}) =>
+      sdk(s, key).chat.completions.create({ model: 'gpt-4o', messages }, { headers });
+    await ask(BATCH_KEY);
+    await ask(BATCH_KEY, { 'x-stormgate-priority': 'online' });
+    await ask(AGENTS_KEY);
+    await ask(AGENTS_KEY, { 'x-stormgate-priority': 'batch' });
+    const lines = s.logs.filter((l) => l.includes('"msg":"request"')).map((l) => JSON.parse(l) as { client: string; priority: string });
+    expect(lines.map((l) => `${l.client} ${l.priority}`)).toEqual(['batch-jobs batch', 'batch-jobs batch', 'agents online', 'agents batch']);
+  });
+
   it('matches keys by their hash, exactly: no prefix, no other case', () => {
     const check = clientAuth(KEYS)!;
     expect(check({ authorization: `Bearer ${AGENTS_KEY}` })).toEqual({ ok: true, client: 'agents' });
@@ -111,6 +125,11 @@ describe('auth config', () => {
   it('refuses a key beyond ASCII, which one client sends as Latin-1 and another as UTF-8', () => {
     expect(error('auth: { keys: { agents: "clé-secrète-1234" } }\n')).toMatch(/gw\.yaml:3: auth\.keys\.agents: holds a character beyond ASCII/);
     expect(parseConfig(`${base}auth: { keys: { agents: "key with spaces_1.-~!" } }\n`, 'gw.yaml', {}).auth?.keys.agents).toBe('key with spaces_1.-~!');
+  });
+
+  it('refuses a client priority for a client or a class that does not exist', () => {
+    expect(error('auth: { keys: { a: key-a-1234 }, priority: { b: batch } }\n')).toMatch(/auth\.priority\.b: no client "b" in auth\.keys; expected one of: a/);
+    expect(error('auth: { keys: { a: key-a-1234 }, priority: { a: bulk } }\n')).toMatch(/auth\.priority\.a: "bulk" is not a priority class of any provider; expected one of: online, batch/);
   });
 
   it('refuses one key under two names, and an auth without keys', () => {

@@ -22,6 +22,7 @@ function envFor(mockUrl: string, extra: Record<string, string> = {}): NodeJS.Pro
     OPENAI_API_KEY: TEST_KEY,
     ANTHROPIC_BASE_URL: mockUrl,
     ANTHROPIC_API_KEY: TEST_KEY,
+    ...CLIENT_ENV,
     ...extra,
   };
 }
@@ -30,8 +31,10 @@ const fromExample = (name: string, extra: (mockUrl: string) => Record<string, st
   // Config is ConfigInput with its defaults filled in; parsing it again changes nothing.
   loadConfigFile(example(name), envFor(mockUrl, extra(mockUrl))) as ConfigInput;
 
-/** The client key of the examples that need one (STORMGATE_API_KEY); the others ignore what the client sends. */
+/** The client keys of the examples that need them; the others ignore what the client sends. */
 const CLIENT_KEY = 'sg-client-agents-key';
+const BATCH_KEY = 'sg-client-batch-key';
+const CLIENT_ENV = { STORMGATE_API_KEY: CLIENT_KEY, STORMGATE_KEY_AGENTS: CLIENT_KEY, STORMGATE_KEY_BATCH: BATCH_KEY };
 const client = (baseURL: string) => new OpenAI({ baseURL, apiKey: CLIENT_KEY, maxRetries: 0 });
 const ask = (baseURL: string, model: string) =>
   client(baseURL).chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] }).withResponse();
@@ -50,13 +53,13 @@ describe('config/examples', () => {
     const files = readdirSync(DIR).filter((f) => f.endsWith('.yaml'));
     expect(files.length).toBeGreaterThanOrEqual(4);
     for (const file of files) {
-      expect(() => loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', STORMGATE_API_KEY: CLIENT_KEY }), file).not.toThrow();
+      expect(() => loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', ...CLIENT_ENV }), file).not.toThrow();
     }
   });
 
   it('an example that listens beyond this machine needs client keys, as main.ts warns for one without', () => {
     for (const file of readdirSync(DIR).filter((f) => f.endsWith('.yaml'))) {
-      const config = loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', STORMGATE_API_KEY: CLIENT_KEY });
+      const config = loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', ...CLIENT_ENV });
       if (!['127.0.0.1', 'localhost', '::1'].includes(config.server.host)) expect(config.auth?.keys, file).toBeDefined();
     }
   });
@@ -99,6 +102,10 @@ describe('config/examples', () => {
     expect(s.mock.requests().at(-1)!.model).toBe('gpt-4o-mini');
     const models = await client(s.baseURL).models.list();
     expect(models.data.map((m) => m.id)).toContain('gpt-4o-mini-batch');
+    // The batch team's key puts even its gpt-4o requests in the batch class.
+    await new OpenAI({ baseURL: s.baseURL, apiKey: BATCH_KEY, maxRetries: 0 }).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    const last = JSON.parse(s.logs.filter((l) => l.includes('"msg":"request"')).at(-1)!) as { client: string; route: string; priority: string };
+    expect(last).toMatchObject({ client: 'batch-jobs', route: 'chat', priority: 'batch' });
   });
 
   it('self-hosted-with-cloud-backup: the cloud answers while the local server is down; files pass through', async () => {

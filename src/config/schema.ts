@@ -311,6 +311,10 @@ export const AuthSchema = z
           .describe('A client key, usually from the environment: "${STORMGATE_KEY_AGENTS}" (surrounding whitespace trimmed); never logged.'),
       )
       .describe('Client keys by client name. A request must carry one as its API key (Authorization: Bearer, x-api-key or api-key), or it gets 401 invalid_api_key; the name is logged with the request. /healthz, /readyz and /metrics stay open.'),
+    priority: z
+      .record(z.string(), z.string().describe('A priority class of the providers\' pools, e.g. batch.'))
+      .optional()
+      .describe('Priority class a client\'s requests take at most, by client name (e.g. batch-jobs: batch): like the x-stormgate-priority header, it can only lower the route\'s class. Optional; default: the route\'s class.'),
   })
   .describe('Who may use the gateway. Optional; without it the gateway serves anyone who reaches its port with the providers\' keys: keep it on a loopback address, or behind a proxy that authenticates.');
 
@@ -384,6 +388,14 @@ export const ConfigSchema = z
       } else if (clients.has(key)) {
         ctx.addIssue({ code: 'custom', path: ['auth', 'keys', name], message: `is the same key as client "${clients.get(key)}": each client needs its own, or the log cannot tell them apart` });
       } else clients.set(key, name);
+    }
+    const classNames = [...new Set(Object.values(cfg.providers).flatMap((p) => Object.keys(p.pools.classes)))];
+    for (const [name, cls] of Object.entries(cfg.auth?.priority ?? {})) {
+      if (!Object.hasOwn(cfg.auth!.keys, name)) {
+        ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `no client "${name}" in auth.keys; expected one of: ${Object.keys(cfg.auth!.keys).join(', ')}` });
+      } else if (!classNames.includes(cls)) {
+        ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `"${cls}" is not a priority class of any provider; expected one of: ${classNames.join(', ')}` });
+      }
     }
     if (cfg.auth && Object.keys(cfg.auth.keys).length === 0) {
       ctx.addIssue({ code: 'custom', path: ['auth', 'keys'], message: 'lists no client: with auth set, at least one key is needed (or leave auth out to serve anyone)' });

@@ -36,6 +36,8 @@ export interface ManagedRequest {
   json: Record<string, unknown>;
   headers: HeaderBag;
   requestId: string;
+  /** The class the client's key caps its requests at (auth.priority), when it has one. */
+  clientPriority?: string;
   /** Registers a call for when the client goes away (at once if it already has); returns its removal. */
   onClientGone: (listener: () => void) => () => void;
   /** Registers a call for when the instance's drain grace period is over (at once if it is); returns its removal. */

@@ -57,7 +57,9 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     };
     const key = deps.targetKeys.key(target.provider, model);
     const pool = deps.pools.of(target.provider);
-    const cls = deps.pools.classFor(target.provider, route.config.priority, askedPriority);
+    // The client's key and its header can each only lower the route's class: the lower of the two applies.
+    const asked = deps.pools.classFor(target.provider, route.config.priority, askedPriority);
+    const cls = req.clientPriority === undefined ? asked : Math.max(asked, deps.pools.classFor(target.provider, route.config.priority, req.clientPriority));
     const className = pool.settings.classes[cls]!.name;
     return {
       key,
