@@ -327,7 +327,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
   if (config.passthrough) {
     const { paths, methods } = config.passthrough;
-    await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!);
+    await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!, config.routes.map((r) => r.match.path));
     // The path is open, the method is not: 405 with `allow`, as on the managed paths (HEAD goes with GET).
     const allowed = methods.includes('GET') ? [...methods, 'HEAD'] : methods;
     for (const path of paths) {

@@ -7,12 +7,12 @@ import { parseWaitHint } from '../policy/wait-hint.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { eventMeaning, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { eventMeaning, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
 import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
-import { notAnAnswer } from '../providers/answer-shape.ts';
+import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
 import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -105,12 +105,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
-      // An error event that rejects the request itself (a content policy, the context length): the upstream's verdict,
-      // passed on as the 400 it would have been, never retried nor routed around.
-      if (first.rejection) return { outcome: first.outcome!, status: 400, headers, body: withoutKey(first.rejection, req.client.config.apiKey) };
-      // An error event that stands for a status (the gateway's account) is logged with that status, as it would have come.
-      const failedStatus = first.outcome?.kind === 'http' ? first.outcome.status : status;
-      return { outcome: first.outcome ?? { kind: 'bad-stream', detail: first.failure, ran: true }, status: failedStatus, headers };
+      return failureResult(req, first, status, headers);
     }
     handedOff = true;
     // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
@@ -175,6 +170,10 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     if (account) return accountResult(account, headers);
     return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   }
+  // A Response whose status is failed is judged as its stream's response.failed before any output would be: retried
+  // (or the 400, or the credentials path, that its error code stands for), never handed on as an answer.
+  const failed = req.translator ? undefined : failedResponse(req.api, raw);
+  if (failed) return failureResult(req, errorVerdict(upstreamErrorIn(failed), 'the response failed'), status, headers);
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) {
     // Another family's error object with a 200 (Anthropic's {"type":"error"}), read in OpenAI terms as above.
@@ -183,6 +182,16 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   }
   return { outcome: { kind: 'ok', status }, status, headers, body };
+}
+
+/** The attempt's result for an upstream error reported inside a 2xx (errorVerdict). */
+function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: number, headers: HeaderBag): AttemptResult {
+  // One that rejects the request itself (a content policy, the context length): the upstream's verdict, passed on as
+  // the 400 it would have been, never retried nor routed around.
+  if (verdict.rejection) return { outcome: verdict.outcome!, status: 400, headers, body: withoutKey(verdict.rejection, req.client.config.apiKey) };
+  // One that stands for a status (the gateway's account) is logged with that status, as it would have come.
+  const failedStatus = verdict.outcome?.kind === 'http' ? verdict.outcome.status : status;
+  return { outcome: verdict.outcome ?? { kind: 'bad-stream', detail: verdict.failure, ran: true }, status: failedStatus, headers };
 }
 
 function accountResult(account: { status: number; code: string }, headers: HeaderBag): AttemptResult {
@@ -264,8 +273,7 @@ function isEventStream(headers: HeaderBag): boolean {
 type FirstOutput =
   /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
   | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
-  /** outcome: when it is not the broken stream `failure` describes (an abort, a timeout). */
-  | { failure: string; outcome?: AttemptOutcome; rejection?: Buffer };
+  | ErrorVerdict;
 
 /**
  * The provider had begun a 2xx stream when its connection broke (a cut a moment after the first token loses that
@@ -354,11 +362,21 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
  * account is the 429, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
 function errorBeforeOutput(ev: SseEvent): FirstOutput {
-  const err = upstreamErrorOf(ev);
+  return errorVerdict(upstreamErrorOf(ev), 'error event before any output');
+}
+
+/** What an upstream error reported inside a 2xx means (see errorBeforeOutput); `what` names where it came. */
+/**
+ * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
+ * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the request.
+ */
+type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer };
+
+function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
   const code = err?.code;
   // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
   // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
-  const failure = code === undefined ? 'error event before any output' : `error event before any output: ${printable(code, 64)}`;
+  const failure = code === undefined ? what : `${what}: ${printable(code, 64)}`;
   // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
   const account = accountStatusOfError(code, err?.type);
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };

@@ -79,8 +79,11 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   };
 
   let targets = route.config.targets;
-  // A Responses API conversation (previous_response_id) lives at the provider that holds it: no failover.
-  if (route.api === 'responses' && req.json.previous_response_id) targets = targets.slice(0, 1);
+  // A Responses API conversation lives at the provider that holds it: no failover. It is named either by the last
+  // response (previous_response_id) or by a Conversations API object (`conversation`, an id or {id}); a fallback
+  // that ignores the field (an OpenAI-compatible server) would answer without the history, and the turn would be
+  // missing from the conversation the client goes on with.
+  if (route.api === 'responses' && (req.json.previous_response_id || req.json.conversation)) targets = targets.slice(0, 1);
   const plans = targets.map(plan).filter((p): p is TargetPlan => p !== undefined);
   disabled = skipped.length;
   const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;

@@ -75,6 +75,22 @@ export function notAnAnswer({ api, stream, contentType, ownFamily, framed }: Ans
 
 const not = (detail: string): NotAnAnswer => ({ detail, ran: false });
 
+/**
+ * A whole Responses API answer whose own `status` is `failed`, parsed; undefined for any other. It is the non-stream
+ * form of `response.failed` (a 200 with `output: []` and the reason in `error`): passed on, the SDK returns it as a
+ * result, and an agent reads an empty turn where a stream's failure would have been retried. Only a body that says
+ * "failed" somewhere is parsed, and only its top-level status counts: a web or file search item fails on its own.
+ */
+export function failedResponse(api: ApiKind, body: Buffer): Record<string, unknown> | undefined {
+  if (api !== 'responses' || body.indexOf('"failed"') === -1) return undefined;
+  try {
+    const parsed = JSON.parse(body.toString('utf8')) as { status?: unknown } | null;
+    return parsed !== null && typeof parsed === 'object' && parsed.status === 'failed' ? parsed : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
 /** `"` first: a string hides the brackets in it. Then the openers `{` `[`, then the closers `}` `]`. */

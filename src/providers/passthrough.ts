@@ -74,8 +74,29 @@ async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: u
  */
 const hasBody = (method: string, status: number): boolean => method !== 'HEAD' && status !== 304;
 
-export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig): Promise<void> {
+/**
+ * The path a request names once spelled plainly: percent-escapes decoded, runs of slashes as one, no trailing slash.
+ * Providers read `/v1/responses/` and `/v1//responses` as `/v1/responses` (or redirect there).
+ */
+function plainPath(path: string): string {
+  let decoded = path;
+  try {
+    decoded = decodeURIComponent(path);
+  } catch {
+    // a malformed escape is left as it is: the provider cannot read it as a managed path either
+  }
+  return decoded.replace(/\/{2,}/g, '/').replace(/\/+$/, '') || '/';
+}
+
+/**
+ * `managedPaths`: the routes' paths. A passthrough path under one of them (`/v1/responses/`, opened for retrieve,
+ * cancel and delete) also matches `POST /v1/responses/`, which the provider runs as the managed call itself: with the
+ * company's key and none of the retries, budget, breaker or deadline the route promises. Such a request gets the 404
+ * the gateway gives that spelling without passthrough.
+ */
+export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig, managedPaths: readonly string[]): Promise<void> {
   const providerName = passthrough.provider;
+  const managed = new Set(managedPaths.map((p) => p.replace(/\/+$/, '')));
   const base = new URL(provider.baseUrl);
   const basePath = base.pathname.replace(/\/+$/, '');
   for (const path of passthrough.paths) {
@@ -84,6 +105,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       prefix: path,
       rewritePrefix: `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`,
       httpMethods: passthrough.methods,
+      preHandler: async (request) => {
+        const path = request.url.split('?')[0]!;
+        if (managed.has(plainPath(path))) throw new GatewayError('unknown_url', `no route for ${request.method} ${path}`);
+      },
       undici: {
         connections: 16,
         connect: { timeout: provider.timeouts.connectMs },

@@ -170,6 +170,11 @@ export function upstreamErrorOf(ev: SseEvent): UpstreamStreamError | undefined {
     return undefined;
   }
   if (!parsed || typeof parsed !== 'object') return undefined;
+  return upstreamErrorIn(parsed);
+}
+
+/** The error a parsed upstream object carries (an error event's data, or a whole Response whose status is failed). */
+export function upstreamErrorIn(parsed: Record<string, unknown>): UpstreamStreamError | undefined {
   const response = parsed.response as { error?: unknown } | undefined;
   const candidates = [parsed.error, response && typeof response === 'object' ? response.error : undefined, parsed];
   for (const c of candidates) {

@@ -1,0 +1,128 @@
+// The Responses API's own ways of failing outside a stream's events, and its conversations under failover: a whole
+// Response whose status is failed (the non-stream form of response.failed), and a conversation named by the
+// Conversations API (`conversation`) rather than by previous_response_id.
+import { describe, expect, it } from 'vitest';
+import OpenAI from 'openai';
+import { baseResponse, fastRetries, msgItem, responsesHead, responsesTail, scripted, textDelta, useScriptedGateway, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks } from './helpers/stack.ts';
+
+const gw = useScriptedGateway(fastRetries);
+const startProvider = useFakeProviders();
+const startStack = useStacks();
+
+const json = (body: unknown): Script => ({ headers: { 'content-type': 'application/json' }, steps: [JSON.stringify(body)] });
+const failed = (code: string, message = 'The model failed') => json({ ...baseResponse('failed'), error: { code, message } });
+const completed = () => json(baseResponse('completed', [msgItem('Hello')], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }));
+
+describe('a whole Response whose status is failed', () => {
+  it('is retried like a stream\'s response.failed before output, and the client gets the retry\'s answer', async () => {
+    const { client, seen } = await gw((_b, n) => (n === 1 ? failed('server_error') : completed()));
+    const r = await client.responses.create({ model: 'gpt-4.1', input: 'hi' });
+    expect(r.status).toBe('completed');
+    expect(seen.length).toBe(2);
+    expect(seen[1]!.headers['x-retry-reason']).toBe('bad_stream');
+  });
+
+  it('ends as 502 upstream_bad_response naming its code when every attempt failed, never as a 200 with an empty output', async () => {
+    const { client, seen } = await gw(() => failed('server_error'));
+    const err = await client.responses.create({ model: 'gpt-4.1', input: 'hi' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(502);
+    expect((err as InstanceType<typeof OpenAI.APIError>).code).toBe('upstream_bad_response');
+    expect((err as Error).message).toContain('the response failed: server_error');
+    expect((err as InstanceType<typeof OpenAI.APIError>).headers?.get('x-should-retry')).toBe('false');
+    expect(seen.length).toBe(3);
+  });
+
+  it('whose code says the request is at fault (invalid_prompt) is the upstream\'s 400 at once, not retried', async () => {
+    const { client, seen } = await gw(() => failed('invalid_prompt', 'Invalid prompt: flagged'));
+    const err = await client.responses.create({ model: 'gpt-4.1', input: 'hi' }).catch((e: unknown) => e);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(400);
+    expect((err as InstanceType<typeof OpenAI.APIError>).code).toBe('invalid_prompt');
+    expect((err as Error).message).toContain('Invalid prompt: flagged');
+    expect(seen.length).toBe(1);
+  });
+
+  it('is told apart from a completed Response with a failed tool call item, which is an answer', async () => {
+    const search = { id: 'ws_1', type: 'web_search_call', status: 'failed', action: { type: 'search', query: 'x' } };
+    const { client, seen } = await gw(() => json(baseResponse('completed', [search, msgItem('Hello')], { input_tokens: 1, output_tokens: 1, total_tokens: 2 })));
+    const r = await client.responses.create({ model: 'gpt-4.1', input: 'hi' });
+    expect(r.status).toBe('completed');
+    expect(r.output_text).toBe('Hello');
+    expect(seen.length).toBe(1);
+  });
+});
+
+describe('a Responses conversation under failover', () => {
+  const full = (): string[] => [...responsesHead(), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)];
+
+  it('stays on the first target when named by `conversation` (an id or {id}), as with previous_response_id; a new one fails over', async () => {
+    const seenA: Seen[] = [];
+    const seenB: Seen[] = [];
+    const down = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"down","type":"server_error","param":null,"code":null}}'] };
+    const a = await startProvider(scripted(() => down, seenA));
+    const b = await startProvider(scripted(() => ({ steps: full() }), seenB));
+    const s = await startStack({
+      config: (mockUrl) => {
+        const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
+        c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
+        for (const r of c.routes as Array<Record<string, unknown>>) {
+          r.targets = [{ provider: 'a' }, { provider: 'b' }];
+          r.retry = { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10 } };
+        }
+        return c;
+      },
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+
+    const fresh = await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse();
+    expect(fresh.status).toBe('completed');
+    expect(seenB.length).toBe(1);
+
+    for (const conversation of ['conv_1', { id: 'conv_1' }]) {
+      seenA.length = 0;
+      seenB.length = 0;
+      const err = await client.responses.stream({ model: 'gpt-4.1', input: 'and then?', conversation }).finalResponse().catch((e: unknown) => e);
+      expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
+      expect(seenA.length).toBe(2);
+      expect(seenB.length).toBe(0);
+    }
+  });
+});
+
+describe('stored-response calls through passthrough', () => {
+  it('retrieve, cancel, delete and inputItems.list reach the provider; a create spelled POST /v1/responses/ does not bypass the route', async () => {
+    const seen: string[] = [];
+    const p = await startProvider((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        seen.push(`${req.method} ${req.url}`);
+        const url = req.url ?? '';
+        const body = url.includes('input_items')
+          ? { object: 'list', data: [], first_id: null, last_id: null, has_more: false }
+          : req.method === 'DELETE'
+            ? { id: 'resp_1', object: 'response', deleted: true }
+            : baseResponse(url.endsWith('/cancel') ? 'cancelled' : 'completed', [msgItem('Hello')]);
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify(body));
+      });
+    });
+    const s = await startStack({
+      config: (mockUrl) => ({ ...configServedBy(mockUrl, 'p', `${p.origin}/v1`), passthrough: { provider: 'p', paths: ['/v1/responses/'], methods: ['GET', 'POST', 'DELETE'] } }),
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    expect((await client.responses.retrieve('resp_1')).status).toBe('completed');
+    expect((await client.responses.cancel('resp_1')).status).toBe('cancelled');
+    expect((await client.responses.delete('resp_1')) as unknown).toMatchObject({ deleted: true });
+    expect((await client.responses.inputItems.list('resp_1')).data).toEqual([]);
+    expect(seen).toEqual(['GET /v1/responses/resp_1', 'POST /v1/responses/resp_1/cancel', 'DELETE /v1/responses/resp_1', 'GET /v1/responses/resp_1/input_items']);
+
+    for (const path of ['/v1/responses/', '/v1/responses//', '/v1/responses/%2F']) {
+      const r = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4.1', input: 'hi' }) });
+      expect(r.status).toBe(404);
+      expect(((await r.json()) as { error: { code: string } }).error.code).toBe('unknown_url');
+    }
+    expect(seen.length).toBe(4);
+  });
+});
