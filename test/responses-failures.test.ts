@@ -91,6 +91,44 @@ describe('a Responses conversation under failover', () => {
   });
 });
 
+describe('a Responses conversation too long for its model', () => {
+  it('moves to the contextWindowFallback only when that is at the provider holding the conversation', async () => {
+    const seenA: Seen[] = [];
+    const seenB: Seen[] = [];
+    const tooLong = { status: 400, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"too long","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}'] };
+    const full = (): string[] => [...responsesHead(), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)];
+    const a = await startProvider(scripted((body) => (body.model === 'big' ? { steps: full() } : tooLong), seenA));
+    const b = await startProvider(scripted(() => ({ steps: full() }), seenB));
+    const withFallback = (provider: 'a' | 'b') =>
+      startStack({
+        config: (mockUrl) => {
+          const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
+          c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
+          for (const r of c.routes as Array<Record<string, unknown>>) if (r.name === 'responses') r.contextWindowFallback = { provider, model: 'big' };
+          return c;
+        },
+      });
+
+    // Elsewhere: the fallback does not hold the conversation, so the client gets the upstream's 400.
+    let s = await withFallback('b');
+    let client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    const err = await client.responses.stream({ model: 'gpt-4.1', input: 'more', previous_response_id: 'resp_1' }).finalResponse().catch((e: unknown) => e);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(400);
+    expect(seenB.length).toBe(0);
+    // A new conversation may go there.
+    expect((await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse()).status).toBe('completed');
+    expect(seenB.length).toBe(1);
+    await s.close();
+
+    // At the same provider: the larger model answers the conversation.
+    seenA.length = 0;
+    s = await withFallback('a');
+    client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    expect((await client.responses.stream({ model: 'gpt-4.1', input: 'more', conversation: 'conv_1' }).finalResponse()).status).toBe('completed');
+    expect(seenA.map((x) => x.body.model)).toEqual(['gpt-4.1', 'big']);
+  });
+});
+
 describe('stored-response calls through passthrough', () => {
   it('retrieve, cancel, delete and inputItems.list reach the provider; a create spelled POST /v1/responses/ does not bypass the route', async () => {
     const seen: string[] = [];

@@ -83,11 +83,13 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   // response (previous_response_id) or by a Conversations API object (`conversation`, an id or {id}); a fallback
   // that ignores the field (an OpenAI-compatible server) would answer without the history, and the turn would be
   // missing from the conversation the client goes on with.
-  if (route.api === 'responses' && (req.json.previous_response_id || req.json.conversation)) targets = targets.slice(0, 1);
+  const pinned = route.api === 'responses' && Boolean(req.json.previous_response_id || req.json.conversation);
+  if (pinned) targets = targets.slice(0, 1);
   const plans = targets.map(plan).filter((p): p is TargetPlan => p !== undefined);
   disabled = skipped.length;
   const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;
-  const fallback = route.config.contextWindowFallback;
+  // A pinned conversation can move to a model with a larger window only at the provider that holds it.
+  const fallback = route.config.contextWindowFallback && (!pinned || route.config.contextWindowFallback.provider === targets[0]?.provider) ? route.config.contextWindowFallback : undefined;
   const first = plans[0];
   const unknownPriority = askedPriority !== undefined && first && first.pool.classIndex(askedPriority) === undefined ? askedPriority : undefined;
   return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped, disabled, unknownPriority };
