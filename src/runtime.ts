@@ -23,7 +23,7 @@ import { REQUEST_OUTCOMES, type PipelineDeps } from './pipeline/handle-request.t
 import { STREAM_END_KINDS } from './pipeline/live-stream.ts';
 import { FALLBACK_REASONS } from './pipeline/serve-targets.ts';
 import type { Metrics } from './observability/metrics.ts';
-import { forgetTargetSeries, metricsObserver, STATUS_CLASSES } from './observability/pipeline-metrics.ts';
+import { forgetTargetSeries, metricsObserver, REJECTED_LABELS, STATUS_CLASSES } from './observability/pipeline-metrics.ts';
 import { asAbortSignal, type RequestSignal } from './pipeline/request-abort.ts';
 
 export interface RuntimeDeps {
@@ -256,6 +256,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
   for (const p of Object.values(config.providers)) {
     for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
   }
+  metrics.requests.inc(REJECTED_LABELS, 0);
 }
 
 /**

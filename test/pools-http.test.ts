@@ -1,7 +1,7 @@
 // Noisy neighbour over real HTTP: a batch flood at ten times the provider's capacity next to steady online traffic.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
-import { RETRY_LOOP_ONLY, useStacks, type Stack, requestLine } from './helpers/stack.ts';
+import { metricSum, RETRY_LOOP_ONLY, useStacks, type Stack, requestLine } from './helpers/stack.ts';
 
 const start = useStacks(RETRY_LOOP_ONLY);
 
@@ -129,6 +129,26 @@ describe('requests waiting for a pool slot', () => {
     // probeWhileParkedMs (1 s) later, not one of those waiting for the slot the moment it was free.
     for (const r of rest) expect(r.receivedAt - first!.receivedAt).toBeGreaterThanOrEqual(950);
     expect(statuses.filter((st) => st === 200)).toHaveLength(3);
+  });
+});
+
+describe('a request that leaves while it waits for a pool slot', () => {
+  it('is counted once, as client_gone, and not as an upstream attempt: nothing was sent', async () => {
+    const s = await start({ faults: { latencyMs: 400 }, provider: { pools: { maxConcurrent: 1 } } });
+    const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    const post = (signal?: AbortSignal) => fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, signal });
+    const first = post();
+    // The first request holds the only slot for 400 ms; the second waits in the queue and its client leaves.
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_pool_in_use{provider="mock",priority="online"}')).toBe(1), { timeout: 2_000, interval: 5 });
+    const queued = post(AbortSignal.timeout(100)).catch((err: Error) => err.name);
+    expect(await queued).toBe('TimeoutError');
+    expect((await first).status).toBe(200);
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_requests_total{route="chat",target="mock/gpt-4o",priority="online",outcome="client_gone"}')).toBe(1), { timeout: 2_000, interval: 10 });
+    expect(s.mock.stats().total).toBe(1);
+    expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="mock/gpt-4o",status_class="aborted"}')).toBe(0);
+    expect(await metricSum(s, 'stormgate_upstream_attempts_total')).toBe(1);
+    expect(await metricSum(s, 'stormgate_pool_queue_depth')).toBe(0);
+    expect(await metricSum(s, 'stormgate_pool_in_use')).toBe(0);
   });
 });
 

@@ -116,7 +116,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     ttft: new Histogram({
       name: 'stormgate_ttft_seconds',
-      help: 'Time to the first output event of streamed answers.',
+      help: 'Time from a streamed request arriving to its first output event (retries and waits included; a stream started early at the client\'s deadline once its output comes).',
       labelNames: ['route'] as const,
       buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30],
       registers,

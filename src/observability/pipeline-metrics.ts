@@ -47,6 +47,12 @@ export async function forgetTargetSeries(m: Metrics, target: string): Promise<vo
   }
 }
 
+/**
+ * The labels of a request on a managed path answered before any route took it (invalid or oversized body, no usable
+ * model, a bad timeout header, no client key, a draining instance): no route, target or priority served it.
+ */
+export const REJECTED_LABELS = { route: 'none', target: 'none', priority: 'none', outcome: 'rejected' } as const;
+
 /** Records each client request once its answer is complete (a stream: once it ended), and keeps the rate window. */
 export class RequestRecorder {
   readonly #window: RateWindow;
@@ -66,6 +72,15 @@ export class RequestRecorder {
         else m.fallbackRate.remove({ route });
       }
     };
+  }
+
+  /**
+   * A request on a managed path answered without the pipeline's answer (a 4xx, or a 503 while draining: `rejected`;
+   * a 500 from a bug in the gateway: `gateway_error`): counted, so the request count is every request a client sent,
+   * but out of the rate window and the histograms, which are the pipeline's.
+   */
+  rejected(outcome: 'rejected' | 'gateway_error' = 'rejected'): void {
+    this.m.requests.inc({ ...REJECTED_LABELS, outcome });
   }
 
   record(s: RequestSummary, durationS: number): void {

@@ -50,8 +50,6 @@ export interface AttemptResult {
   body?: Buffer;
   /** For a stream that produced its first output. */
   stream?: LiveStream;
-  /** Time from sending to the first output event, for streams (none for one started before its output). */
-  ttftMs?: number;
   /** A stream whose answer the client's deadline started before its first output (early-start.ts). */
   startedEarly?: true;
 }
@@ -80,7 +78,6 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     clearTimeout(timer);
     if (own) req.requestSignal.removeEventListener('abort', forward);
   };
-  const startedAt = req.now();
   let handedOff = false;
   try {
     if (!req.stream) {
@@ -125,7 +122,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       idleMs,
       apiKey: req.client.config.apiKey,
     });
-    return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead ? { startedEarly: true } : { ttftMs: req.now() - startedAt }) };
+    return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead && { startedEarly: true }) };
   } catch (err) {
     if (signal.aborted) return { outcome: abortOutcome(signal.reason) };
     if (err instanceof AnswerCut) return { outcome: cutOutcome(err.cause, 'the answer was cut before its end') };

@@ -83,6 +83,7 @@ export interface RequestSummary {
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
+  /** A stream's time from the request's arrival to its first output event (a stream started early included). */
   ttftMs?: number;
   /** The client's deadline started the stream before its first output (early-start.ts). */
   startedEarly?: true;
@@ -102,7 +103,8 @@ export interface RequestSummary {
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
   const { route } = req;
   const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.headers });
-  const deadlineAtMs = deps.now() + deadline.budgetMs;
+  const arrivedAtMs = deps.now();
+  const deadlineAtMs = arrivedAtMs + deadline.budgetMs;
   const controller = new RequestAbort();
   const stream = req.json.stream === true;
   const earlyStart = stream && deadline.source !== 'route' ? new EarlyStart() : undefined;
@@ -161,7 +163,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       const servedAt = plans.indexOf(served.plan);
       const next = servedAt === -1 ? undefined : plans[servedAt + 1];
       served.result.stream?.recoverWith(streamRecovery(req, shape, next, controller.signal, deps));
-      const answer = successAnswer(req, served.plan, served.result, summary, deps);
+      const answer = successAnswer(req, served.plan, served.result, summary, deps, arrivedAtMs);
       handedToStream = answer.body instanceof Readable;
       return answer;
     }
@@ -297,7 +299,7 @@ function withStormgateHeaders(headers: Record<string, string>, summary: RequestS
   return headers;
 }
 
-function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps): PipelineAnswer {
+function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptResult, summary: RequestSummary, deps: PipelineDeps, arrivedAtMs: number): PipelineAnswer {
   const upstream = result.headers ?? {};
   // The provider's key never reaches the client or the log, even from a server that echoes it in a header.
   const headers = forwardedResponseHeaders(upstream, plan.client.config.apiKey);
@@ -306,9 +308,14 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   // One object, written in place: the first token waits for everything done here.
   withStormgateHeaders(headers, summary, plan.label);
   if (result.stream) {
-    summary.ttftMs = result.ttftMs;
     if (result.startedEarly) summary.startedEarly = true;
     const live = result.stream;
+    // Time to first token as the client sees it: from the request's arrival (retries, backoff, pool and park waits
+    // included, like the duration histogram), and taken when the first output passes, so a stream started early at the
+    // client's deadline is counted too, once its first output comes.
+    live.onFirstOutput = () => {
+      summary.ttftMs = deps.now() - arrivedAtMs;
+    };
     headers['content-type'] = 'text/event-stream; charset=utf-8';
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';

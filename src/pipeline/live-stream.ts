@@ -102,6 +102,12 @@ export class LiveStream {
   readonly #opts: LiveStreamOptions;
   readonly #finishers: Array<() => void> = [];
   onEnd: ((end: StreamEnd) => void) | undefined;
+  /**
+   * Called once, when the first output event is taken: in open() for a stream whose first output had arrived, later for
+   * one started early (at the client's deadline, before its first output), whose time to first token is only known then.
+   */
+  onFirstOutput: (() => void) | undefined;
+  #outputSeen = false;
 
   constructor(opts: LiveStreamOptions) {
     this.#opts = opts;
@@ -243,6 +249,10 @@ export class LiveStream {
         continue;
       }
       this.#events++;
+      if (meaning === 'output' && !this.#outputSeen) {
+        this.#outputSeen = true;
+        this.onFirstOutput?.();
+      }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (meaning === 'finish') this.#toolCallOpen = false;

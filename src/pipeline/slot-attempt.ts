@@ -16,7 +16,10 @@ export type SlotAttempt =
    * between the provider's "stop" and the gateway's heeding it.
    */
   | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void }
-  /** The deadline passed, by the clock, before the request was sent: nothing went upstream (no attempt to record). */
+  /**
+   * The deadline passed, by the clock, or the request was aborted (deadline, client gone, shutdown) while it waited
+   * for its slot: nothing went upstream (no attempt to record).
+   */
   | { kind: 'expired'; result: AttemptResult; cls: Classification };
 
 /** Is the target still free to take requests? Undefined when it is; else why not and until when. */
@@ -40,8 +43,10 @@ export async function attemptInSlot(
   });
   if (!acquired.ok) {
     if (acquired.reason !== 'aborted') return { kind: 'shed', reason: acquired.reason, retryAfterMs: acquired.retryAfterMs };
+    // Aborted in the queue: nothing was sent, so no upstream attempt is counted (stormgate_upstream_attempts_total
+    // counts requests sent upstream; amplification divides by it) and a probe's permit goes back unused.
     const result = { outcome: abortOutcome(ctx.signal.reason) };
-    return { kind: 'done', result, cls: classify(result.outcome), durationMs: 0, release: () => {} };
+    return { kind: 'expired', result, cls: classify(result.outcome) };
   }
   // The wait for a slot can outlast the target: a backlog queued before a 429's retry-after or a brownout must not
   // all go out into it the moment slots free up. The slot goes to the next in line; this request parks or moves on.

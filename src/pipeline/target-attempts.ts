@@ -240,7 +240,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
     }
     if (attempt.kind === 'expired') {
-      // Past the deadline before it was sent: not an attempt for the log, the metrics or the breaker.
+      // Past the deadline, or aborted in the pool's queue, before it was sent: not an attempt for the log, the metrics or the breaker.
       notSent();
       return { kind: 'failed', result: attempt.result, cls: attempt.cls, retryAfterMs: undefined };
     }
