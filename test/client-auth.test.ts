@@ -46,6 +46,8 @@ describe('client keys', () => {
     expect(s.mock.requests()).toHaveLength(0);
     // One line for the one HTTP request: the SDK (maxRetries 2) made no retry.
     expect(s.logs.filter((l) => l.includes('"status":401'))).toHaveLength(1);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/^stormgate_requests_total\{route="none",target="none",priority="none",outcome="rejected"\} 1$/m);
   });
 
   it('reads the key from x-api-key and api-key too, and names a missing key as missing', async () => {
