@@ -362,13 +362,13 @@ function errorBeforeOutput(ev: SseEvent): FirstOutput {
   return errorVerdict(upstreamErrorOf(ev), 'error event before any output');
 }
 
-/** What an upstream error reported inside a 2xx means (see errorBeforeOutput); `what` names where it came. */
 /**
  * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
  * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the request.
  */
 type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer };
 
+/** What an upstream error reported inside a 2xx means (see errorBeforeOutput); `what` names where it came. */
 function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
   const code = err?.code;
   // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would

@@ -89,7 +89,8 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   disabled = skipped.length;
   const order = route.config.strategy === 'weighted' ? deps.weighted.order(route.name, plans) : plans;
   // A pinned conversation can move to a model with a larger window only at the provider that holds it.
-  const fallback = route.config.contextWindowFallback && (!pinned || route.config.contextWindowFallback.provider === targets[0]?.provider) ? route.config.contextWindowFallback : undefined;
+  const wider = route.config.contextWindowFallback;
+  const fallback = wider && (!pinned || wider.provider === targets[0]?.provider) ? wider : undefined;
   const first = plans[0];
   const unknownPriority = askedPriority !== undefined && first && first.pool.classIndex(askedPriority) === undefined ? askedPriority : undefined;
   return { plans: order, contextFallback: fallback ? plan(fallback) : undefined, skipped, disabled, unknownPriority };
