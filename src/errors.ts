@@ -126,7 +126,9 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
       }
       const anthropic = parsed as { type?: unknown; error?: { type?: unknown; message?: unknown } };
       if (anthropic?.type === 'error' && typeof anthropic.error?.message === 'string') {
-        return errorBody(anthropic.error.message, String(anthropic.error.type ?? 'server_error'), String(anthropic.error.type ?? '') || null);
+        // Its own fields (Anthropic's `details`) stay, for an Anthropic client that reads them (a /v1/messages route).
+        const { error } = errorBody(anthropic.error.message, String(anthropic.error.type ?? 'server_error'), String(anthropic.error.type ?? '') || null);
+        return { error: { ...anthropic.error, ...error } };
       }
     } catch {
       // not JSON: fall through to the wrapped form

@@ -6,7 +6,8 @@ import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:
 import { Readable } from 'node:stream';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
-import { drainingError, GatewayError, methodNotAllowed, missingModel } from './errors.ts';
+import { drainingError, GatewayError, methodNotAllowed, missingModel, type OpenAIErrorBody } from './errors.ts';
+import { toAnthropicShape } from './providers/anthropic/index.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
 import type { LiveStream } from './pipeline/live-stream.ts';
@@ -255,9 +256,17 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       if (parsed instanceof GatewayError) return done(parsed, undefined);
       done(null, parsed);
     });
+    // A route on Anthropic's own API (or on another path of it, served by Anthropic targets only) answers errors in a
+    // shape the Anthropic SDKs read too.
+    const anthropic = new Set(
+      router.routes
+        .filter((r) => r.api === 'messages' || (r.api === 'other' && r.config.targets.every((t) => config.providers[t.provider]?.family === 'anthropic')))
+        .map((r) => r.config.match.path),
+    );
     for (const path of router.paths) {
-      api.post(path, async (request, reply) => serveManaged(path, request, reply));
-      methodGuard(api, path, ['POST']);
+      const routeConfig = { anthropic: anthropic.has(path) };
+      api.post(path, { config: routeConfig }, async (request, reply) => serveManaged(path, request, reply));
+      methodGuard(api, path, ['POST'], path, routeConfig);
     }
     api.get('/v1/models', async () => models.list());
     methodGuard(api, '/v1/models', ['GET', 'HEAD']);
@@ -372,7 +381,22 @@ function unauthorized(reason: 'missing' | 'invalid'): GatewayError {
 function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   const answer = errorAnswer(err);
   reply.header('x-request-id', reply.request.id);
-  return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(answer.body);
+  return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(clientShaped(reply, answer.status, answer.body));
+}
+
+/** Is the request on a route whose clients speak Anthropic's API (the route's `anthropic` config)? */
+function speaksAnthropic(reply: FastifyReply): boolean {
+  return (reply.request.routeOptions.config as { anthropic?: boolean } | undefined)?.anthropic === true;
+}
+
+/**
+ * An error body as the route's clients read it: the OpenAI shape; for Anthropic's API that shape with Anthropic's
+ * `type: "error"` and error type, and the request id also as `request-id`, the header the Anthropic SDKs read.
+ */
+function clientShaped(reply: FastifyReply, status: number, body: OpenAIErrorBody): OpenAIErrorBody {
+  if (!speaksAnthropic(reply)) return body;
+  if (reply.getHeader('request-id') === undefined) reply.header('request-id', reply.getHeader('x-request-id') ?? reply.request.id);
+  return toAnthropicShape(status, body);
 }
 
 /** Writes the pipeline's answer. A stream that cannot be sent is closed, so its upstream connection is not left open. */
@@ -384,7 +408,7 @@ function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): FastifyReply {
     // which is the one the gateway's log lines carry.
     if (answer.status >= 400 && answer.headers['x-request-id'] === undefined) reply.header('x-request-id', reply.request.id);
     reply.headers(safeHeaders(answer.headers));
-    return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(body);
+    return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(answer.status >= 400 ? clientShaped(reply, answer.status, body as OpenAIErrorBody) : body);
   }
   try {
     return sendStream(reply, body, answer.headers);
@@ -444,10 +468,11 @@ function clearHeaders(request: FastifyRequest, reply: FastifyReply): void {
  * 405 for the methods a path does not serve, with `allow`. It answers in onRequest, before the body is parsed, so a
  * wrong method gets 405 whatever its content type.
  */
-function methodGuard(api: FastifyInstance, url: string, allowed: readonly string[], shown = url.replace(/\/\*$/, '/{model}')): void {
+function methodGuard(api: FastifyInstance, url: string, allowed: readonly string[], shown = url.replace(/\/\*$/, '/{model}'), config: object = {}): void {
   api.route({
     method: ALL_METHODS.filter((m) => !allowed.includes(m)),
     url,
+    config,
     // HEAD comes with GET unless told otherwise; it is allowed exactly when GET is.
     exposeHeadRoute: false,
     onRequest: async (request) => {

@@ -150,9 +150,9 @@ describe('a 2xx that is not the answer', () => {
     expect(custom.hits()).toBe(1);
   });
 
-  it('passes a stream in a format it does not know through once, to its end, with nothing added', async () => {
-    // Anthropic's Messages events on a route of their own: no `choices`, no [DONE]. Judged as chat, the stream had
-    // "no output", failed, and was sent upstream again.
+  it('passes an Anthropic stream on a /v1/messages route through once, to its end, with nothing added', async () => {
+    // Anthropic's Messages events: no `choices`, no [DONE]. Judged as chat, the stream had "no output", failed, and
+    // was sent upstream again.
     const events = [
       'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","content":[]}}\n\n',
       'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n',
@@ -163,7 +163,7 @@ describe('a 2xx that is not the answer', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.end(events.join(''));
     });
-    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/messages', custom.origin) });
+    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/messages', custom.origin, { family: 'anthropic' }) });
     const res = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'claude-x', stream: true, max_tokens: 5, messages: [] }) });
     expect(res.status).toBe(200);
     expect(await res.text()).toBe(events.join(''));

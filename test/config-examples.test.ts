@@ -1,9 +1,10 @@
 // The configs in config/examples are what users copy: each one must load as shipped and do what its comments
-// promise, against the bundled mock with the official openai SDK.
+// promise, against the bundled mock with the official openai SDK (and the Anthropic SDK for Anthropic's API).
 import { readdirSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
 import { Redis } from 'ioredis';
 import { loadConfigFile } from '../src/config/load.ts';
 import type { ConfigInput } from '../src/config/schema.ts';
@@ -35,6 +36,8 @@ const fromExample = (name: string, extra: (mockUrl: string) => Record<string, st
 const CLIENT_KEY = 'sg-client-agents-key';
 const BATCH_KEY = 'sg-client-batch-key';
 const CLIENT_ENV = { STORMGATE_API_KEY: CLIENT_KEY, STORMGATE_KEY_AGENTS: CLIENT_KEY, STORMGATE_KEY_BATCH: BATCH_KEY };
+/** The variables some example requires (a provider key, Redis); the others have defaults or are optional. */
+const REQUIRED_ENV = { OPENAI_API_KEY: 'sk-x', ANTHROPIC_API_KEY: 'sk-ant-x', REDIS_URL: 'redis://127.0.0.1:6390', ...CLIENT_ENV };
 const client = (baseURL: string) => new OpenAI({ baseURL, apiKey: CLIENT_KEY, maxRetries: 0 });
 const ask = (baseURL: string, model: string) =>
   client(baseURL).chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] }).withResponse();
@@ -53,13 +56,13 @@ describe('config/examples', () => {
     const files = readdirSync(DIR).filter((f) => f.endsWith('.yaml'));
     expect(files.length).toBeGreaterThanOrEqual(4);
     for (const file of files) {
-      expect(() => loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', ...CLIENT_ENV }), file).not.toThrow();
+      expect(() => loadConfigFile(example(file), REQUIRED_ENV), file).not.toThrow();
     }
   });
 
   it('an example that listens beyond this machine needs client keys, as main.ts warns for one without', () => {
     for (const file of readdirSync(DIR).filter((f) => f.endsWith('.yaml'))) {
-      const config = loadConfigFile(example(file), { OPENAI_API_KEY: 'sk-x', REDIS_URL: 'redis://127.0.0.1:6390', ...CLIENT_ENV });
+      const config = loadConfigFile(example(file), REQUIRED_ENV);
       if (!['127.0.0.1', 'localhost', '::1'].includes(config.server.host)) expect(config.auth?.keys, file).toBeDefined();
     }
   });
@@ -78,6 +81,19 @@ describe('config/examples', () => {
     s.mock.setFaults({ models: { 'gpt-4o-mini': { errors: [{ status: 503 }] } } });
     const small = await ask(s.baseURL, 'gpt-4o-mini');
     expect(small.response.headers.get('x-stormgate-target')).toBe('anthropic/claude-haiku-4-5');
+  });
+
+  it('anthropic-agents: the Anthropic SDK is answered by the backup account while the first is overloaded', async () => {
+    const s = await stack({ config: fromExample('anthropic-agents.yaml', (url) => ({ ANTHROPIC_BACKUP_BASE_URL: url, ANTHROPIC_BACKUP_API_KEY: TEST_KEY })) });
+    // The first account's three attempts get 529; the backup's first is answered.
+    s.mock.setFaults({ errors: [{ status: 529, times: 3 }] });
+    const claude = new Anthropic({ baseURL: s.url, apiKey: 'unused', maxRetries: 0 });
+    const { data, response } = await claude.messages.create({ model: 'claude-sonnet-4-6', max_tokens: 64, messages: [{ role: 'user', content: 'hi' }] }).withResponse();
+    expect(data.content[0]!.type).toBe('text');
+    expect(response.headers.get('x-stormgate-target')).toBe('anthropic-backup/claude-sonnet-4-6');
+    expect(s.mock.stats().byStatus).toEqual({ 200: 1, 529: 3 });
+    const counted = await claude.messages.countTokens({ model: 'claude-sonnet-4-6', messages: [{ role: 'user', content: 'hi' }] });
+    expect(counted.input_tokens).toBeGreaterThan(0);
   });
 
   it('fleet-redis: serves through the shared Redis state', async () => {

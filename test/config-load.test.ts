@@ -157,12 +157,17 @@ describe('${VAR} interpolation', () => {
     expect(configError(embeddings + '    degraded: { message: sorry }\n').message).toMatch(/routes\[0\]\.degraded: degraded answers are chat completions/);
   });
 
-  it('rejects an anthropic target on any path but chat completions, the one API it is translated for', () => {
-    const onPath = (path: string) => valid().replace('/v1/chat/completions', path).replace('routes:', '  claude:\n    family: anthropic\n    baseUrl: https://api.anthropic.com\n    apiKey: k\nroutes:').replace('{ provider: openai }', '{ provider: claude }');
-    expect(configError(onPath('/v1/messages')).message).toMatch(/routes\[0\]\.targets\[0\]: anthropic targets serve \/v1\/chat\/completions only, not \/v1\/messages/);
-    expect(configError(onPath('/v1/responses')).message).toMatch(/anthropic targets serve \/v1\/chat\/completions only, not \/v1\/responses/);
+  it('rejects an anthropic target on OpenAI\'s other APIs, and any other family on Anthropic\'s /v1/messages', () => {
+    const withClaude = (yaml: string) => yaml.replace('routes:', '  claude:\n    family: anthropic\n    baseUrl: https://api.anthropic.com\n    apiKey: k\nroutes:');
+    const onPath = (path: string) => withClaude(valid().replace('/v1/chat/completions', path)).replace('{ provider: openai }', '{ provider: claude }');
+    expect(configError(onPath('/v1/responses')).message).toMatch(/routes\[0\]\.targets\[0\]: anthropic targets serve \/v1\/chat\/completions and Anthropic's own API \(\/v1\/messages\), not \/v1\/responses/);
+    expect(configError(onPath('/v1/completions')).message).toMatch(/not \/v1\/completions/);
     expect(configError(onPath('/v1/embeddings')).message).toMatch(/anthropic has no embeddings API/);
     expect(() => parseConfig(onPath('/v1/chat/completions'), 'gw.yaml', env)).not.toThrow();
+    expect(() => parseConfig(onPath('/v1/messages'), 'gw.yaml', env)).not.toThrow();
+    expect(() => parseConfig(onPath('/v1/messages/count_tokens'), 'gw.yaml', env)).not.toThrow();
+    const openaiOnMessages = withClaude(valid().replace('/v1/chat/completions', '/v1/messages'));
+    expect(configError(openaiOnMessages).message).toMatch(/routes\[0\]\.targets\[0\]: \/v1\/messages is Anthropic's Messages API, served by anthropic targets only; "openai" is openai/);
   });
 
   it('rejects a weighted /v1/responses route, whose follow-ups would reach a provider that never stored the conversation', () => {

@@ -57,3 +57,33 @@ describe('a path without a known API', () => {
     expect(eventMeaning('other', ev({ error: { message: 'x' } }, 'error'))).toBe('error');
   });
 });
+
+describe('Anthropic Messages events (routes on /v1/messages)', () => {
+  const a = (data: Record<string, unknown>) => ev(data, String(data.type));
+  it('counts a content delta with something in it, and a block that opens with content, as output', () => {
+    expect(eventMeaning('messages', a({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Hi' } }))).toBe('output');
+    // Extended thinking: a reasoning model's first output is its thinking, long before any text.
+    expect(eventMeaning('messages', a({ type: 'content_block_delta', index: 0, delta: { type: 'thinking_delta', thinking: 'Let me' } }))).toBe('output');
+    expect(eventMeaning('messages', a({ type: 'content_block_delta', index: 1, delta: { type: 'input_json_delta', partial_json: '{"x"' } }))).toBe('output');
+    expect(eventMeaning('messages', a({ type: 'content_block_delta', index: 0, delta: { type: 'signature_delta', signature: 'EqQB' } }))).toBe('output');
+    expect(eventMeaning('messages', a({ type: 'content_block_start', index: 0, content_block: { type: 'tool_use', id: 'toolu_1', name: 'lookup', input: {} } }))).toBe('output');
+    expect(eventMeaning('messages', a({ type: 'content_block_start', index: 0, content_block: { type: 'redacted_thinking', data: 'xyz' } }))).toBe('output');
+  });
+
+  it('reads empty blocks, pings and the message\'s start as keep-alives, its stop_reason as the finish and message_stop as the end', () => {
+    expect(eventMeaning('messages', a({ type: 'message_start', message: { id: 'msg_1', content: [], usage: { input_tokens: 5 } } }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'content_block_start', index: 0, content_block: { type: 'thinking', thinking: '' } }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: '' } }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'ping' }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'content_block_stop', index: 0 }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'some_future_event' }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 9 } }))).toBe('finish');
+    expect(eventMeaning('messages', a({ type: 'message_delta', delta: { stop_reason: null }, usage: { output_tokens: 9 } }))).toBe('keepalive');
+    expect(eventMeaning('messages', a({ type: 'message_stop' }))).toBe('done');
+    expect(eventMeaning('messages', a({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } }))).toBe('error');
+    expect(eventMeaning('messages', ev('{"type":"content_block_delta",', 'content_block_delta'))).toBe('malformed');
+    // `[DONE]` is chat's, not Anthropic's: on this API it is not JSON.
+    expect(eventMeaning('messages', ev('[DONE]'))).toBe('malformed');
+  });
+});

@@ -145,7 +145,7 @@ export const ProviderSchema = z
     optional: z.boolean().default(false)
       .describe('With an empty apiKey, the provider is disabled (skipped as a target, said once at start-up) instead of failing start-up. Default: false.'),
     apiVersion: z.string().min(1).optional().describe('azure-openai only: the api-version query parameter, e.g. 2024-10-21. Required for azure-openai.'),
-    anthropicVersion: z.string().min(1).default('2023-06-01').describe('anthropic only: the anthropic-version header. Default: 2023-06-01.'),
+    anthropicVersion: z.string().min(1).default('2023-06-01').describe('anthropic only: the anthropic-version header of chat completions translated for it, and of /v1/messages requests that send none. Default: 2023-06-01.'),
     defaultMaxTokens: z.number().int().positive().default(4096)
       .describe('anthropic only: max_tokens sent when the client sets none (the Messages API requires it). Default: 4096.'),
     sampling: z.enum(['drop', 'forward', 'refuse']).default('drop')
@@ -473,6 +473,9 @@ const LITERAL_PATH = /^\/[^\s:*?#]*$/;
 /** Paths the gateway serves itself, which passthrough may not take over. */
 const GATEWAY_PATHS = ['/healthz', '/readyz', '/metrics', '/v1/models'];
 
+/** OpenAI's APIs besides chat completions, which no Anthropic target can serve. */
+const OPENAI_ONLY_PATHS: ReadonlySet<string> = new Set(['/v1/embeddings', '/v1/completions', '/v1/responses']);
+
 type ProvidersOf = Record<string, { family: 'openai' | 'anthropic' | 'azure-openai' }>;
 type RouteOf = { match: { path: string }; strategy?: string | undefined; targets: Array<{ provider: string; model?: string | undefined }>; contextWindowFallback?: { provider: string; model?: string | undefined } | undefined };
 
@@ -484,15 +487,23 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
   const targets = [...route.targets, ...(route.contextWindowFallback ? [route.contextWindowFallback] : [])];
   const family = (t: { provider: string }) => cfg.providers[t.provider]?.family;
   const at = (j: number) => (j < route.targets.length ? ['routes', i, 'targets', j] : ['routes', i, 'contextWindowFallback']);
-  // Anthropic is translated from chat completions only: on any other path every request would be refused as the client's fault.
-  if (route.match.path !== '/v1/chat/completions') {
+  // Anthropic is translated from chat completions, or serves its own API as it is; on OpenAI's other APIs every
+  // request would be refused as the client's fault.
+  if (OPENAI_ONLY_PATHS.has(route.match.path)) {
     targets.forEach((t, j) => {
       if (family(t) !== 'anthropic') return;
       const message =
         route.match.path === '/v1/embeddings'
           ? 'anthropic has no embeddings API; embeddings fall back only to the same model at another OpenAI-compatible provider'
-          : `anthropic targets serve /v1/chat/completions only, not ${route.match.path}`;
+          : `anthropic targets serve /v1/chat/completions and Anthropic's own API (/v1/messages), not ${route.match.path}`;
       ctx.addIssue({ code: 'custom', path: at(j), message });
+    });
+  }
+  // The Messages API is passed on as the client wrote it: only Anthropic reads it.
+  if (route.match.path === '/v1/messages') {
+    targets.forEach((t, j) => {
+      const f = family(t);
+      if (f !== undefined && f !== 'anthropic') ctx.addIssue({ code: 'custom', path: at(j), message: `/v1/messages is Anthropic's Messages API, served by anthropic targets only; "${t.provider}" is ${f}` });
     });
   }
   if (route.match.path === '/v1/embeddings') {

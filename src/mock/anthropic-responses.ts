@@ -65,6 +65,15 @@ function usage(inputTokens: number, output: number) {
   return { input_tokens: inputTokens, cache_creation_input_tokens: 0, cache_read_input_tokens: 0, output_tokens: output, service_tier: 'standard' };
 }
 
+/** `POST /v1/messages/count_tokens`: the input a message request would bill, without running it. */
+export function tokenCount(body: Body): unknown {
+  const messages = body['messages'];
+  if (typeof body['model'] !== 'string' || body['model'] === '') throw new MockRequestError(400, 'model: Field required');
+  if (!Array.isArray(messages) || messages.length === 0) throw new MockRequestError(400, 'messages: Field required');
+  const chars = promptChars(messages) + contentText(body['system']).length;
+  return { input_tokens: Math.max(1, Math.ceil(chars / 4)) };
+}
+
 /** Non-stream message. */
 export function message(body: Body, ctx: AnswerContext): unknown {
   const { model, answer, inputTokens } = parse(body);

@@ -3,7 +3,7 @@
 import { createServer, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { message, messageStream } from './anthropic-responses.ts';
+import { message, messageStream, tokenCount } from './anthropic-responses.ts';
 import { flattenHeaders, parseJsonObject, pathOf, readBody } from './body.ts';
 import { idSource } from './content.ts';
 import { seededRandom } from '../policy/random.ts';
@@ -69,6 +69,7 @@ const ROUTES: Record<string, Route> = {
   'POST /v1/embeddings': { family: 'openai', answer: json(embeddings) },
   'POST /v1/responses': { family: 'openai', answer: json(responseObject), stream: responseStream },
   'POST /v1/messages': { family: 'anthropic', answer: json(message), stream: messageStream },
+  'POST /v1/messages/count_tokens': { family: 'anthropic', answer: json(tokenCount) },
   'GET /v1/models': { family: 'openai', answer: () => MODELS_BODY },
 };
 

@@ -35,6 +35,8 @@ export interface AttemptRequest {
   shape: StreamShape;
   /** Turns another family's answers (Anthropic) into the OpenAI shape; undefined for OpenAI-compatible targets. */
   translator: ResponseTranslator | undefined;
+  /** Reads a family's own error answers in OpenAI terms for their classification (UpstreamRequest.errorMeaning). */
+  errorMeaning?: ((status: number, body: Buffer) => { status: number; body: Buffer }) | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
   requestSignal: RequestSignal;
   /** For a stream whose deadline is the client's: lets the deadline start the answer before its first output. */
@@ -146,6 +148,11 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   if (statusCode < 200 || statusCode >= 300) {
     // A byte order mark before the JSON is dropped here, once: the client's JSON.parse would refuse it as the gateway's does.
     const error = withoutKey(withoutBom(received), req.client.config.apiKey);
+    if (req.errorMeaning) {
+      // The client gets the family's own error; the status and code it stands for decide the retry.
+      const meaning = req.errorMeaning(statusCode, error);
+      return { outcome: httpOutcome(meaning.status, headers, meaning.body, req.now()), status: statusCode, headers, body: error };
+    }
     const { status, body } = req.translator ? req.translator.error(statusCode, error) : { status: statusCode, body: error };
     return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
   }

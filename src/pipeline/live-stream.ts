@@ -2,10 +2,10 @@
 // It never retries (bytes have reached the client) and never ends a broken answer cleanly: a cut or a stall ends
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
-import type { SseEvent, SseParser } from '../streaming/sse-parser.ts';
-import { choiceIndexes, errorEventForClient, eventMeaning, streamErrorEvent, usesDoneSentinel, type StreamShape } from '../streaming/stream-events.ts';
+import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, streamErrorEvent, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
-import { usageOf, type Usage } from '../streaming/usage.ts';
+import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
@@ -55,9 +55,11 @@ export interface LiveStreamOptions {
 
 /**
  * An event that carries a tool call: a non-empty `tool_calls` list (some servers send `"tool_calls":[]` with every
- * text delta), or the Responses API's argument deltas.
+ * text delta), the Responses API's argument deltas, an Anthropic tool_use block or its input's deltas.
  */
-const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta/;
+const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta|"type"\s*:\s*"(?:tool_use|input_json_delta)"/;
+/** An Anthropic answer has one "choice": its finish (the message_delta with a stop_reason) finishes the answer. */
+const ONE_FINISHED = { seen: [0], finished: [0] };
 /** Stands in for an event the translator could not read, so it is judged (and counted) as any malformed one. */
 const UNTRANSLATABLE: SseEvent = { raw: '', data: 'untranslatable', event: null };
 
@@ -135,6 +137,8 @@ export class LiveStream {
    */
   open(): { first: string; rest: AsyncGenerator<string> } {
     this.#idle = this.#armIdle(this.#opts.idleMs);
+    // An Anthropic stream tells its input tokens in message_start, before any output.
+    if (this.#opts.head.includes('"usage"')) for (const ev of new SseParser().push(Buffer.from(this.#opts.head))) this.#noteUsage(ev);
     const out: string[] = [this.#opts.head];
     const over = this.#take(this.#opts.pending, out);
     return { first: out.join(''), rest: this.#rest(over) };
@@ -192,7 +196,7 @@ export class LiveStream {
       if (!over) {
         const whole = this.#whole();
         this.#kind = whole ? 'done-added' : 'cut';
-        if (whole) yield 'data: [DONE]\n\n';
+        if (whole) yield doneEvent(api) ?? '';
         else if (!(yield* this.#recovered())) yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
       }
     } catch (err) {
@@ -206,7 +210,7 @@ export class LiveStream {
       } else if (this.#whole()) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
         this.#kind = 'done-added';
-        yield 'data: [DONE]\n\n';
+        yield doneEvent(api) ?? '';
       } else if (reason instanceof GatewayShutdown) {
         this.#kind = 'shutdown';
         yield streamErrorEvent(api, `${reason.message} before the answer was complete; send the request again`, 'stream_interrupted');
@@ -257,13 +261,7 @@ export class LiveStream {
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (meaning === 'finish') this.#toolCallOpen = false;
       else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);
-      if (ev.data !== null && ev.data.includes('"usage"')) {
-        try {
-          this.#usage = usageOf(JSON.parse(ev.data)) ?? this.#usage;
-        } catch {
-          // eventMeaning already judged it well-formed; nothing to count otherwise
-        }
-      }
+      this.#noteUsage(ev);
       if (meaning === 'done') {
         this.#kind = 'complete';
         return true;
@@ -272,14 +270,14 @@ export class LiveStream {
         this.#kind = 'upstream-error';
         return true;
       }
-      if (meaning === 'finish' && !usesDoneSentinel(api)) {
+      if (meaning === 'finish' && doneEvent(api) === undefined) {
         this.#kind = 'complete';
         return true;
       }
       // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer. Every event is
       // read for the choices it carries then (a provider that ignores `n` sends fewer); with one choice, finishes only.
       if (meaning === 'finish' || shape.choices > 1) {
-        const { seen, finished } = choiceIndexes(ev);
+        const { seen, finished } = api === 'messages' ? ONE_FINISHED : choiceIndexes(ev);
         for (const i of seen) this.#seenIndexes.add(i);
         for (const i of finished) this.#finishedIndexes.add(i);
         this.#finished = this.#finishedIndexes.size >= shape.choices;
@@ -292,6 +290,15 @@ export class LiveStream {
       }
     }
     return false;
+  }
+
+  #noteUsage(ev: SseEvent): void {
+    if (ev.data === null || !ev.data.includes('"usage"')) return;
+    try {
+      this.#usage = laterUsage(this.#usage, usageOf(JSON.parse(ev.data)));
+    } catch {
+      // a malformed event carries nothing to count
+    }
   }
 
   #delivered = '';

@@ -37,6 +37,8 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const asked = req.headers['x-stormgate-priority'];
   const askedPriority = Array.isArray(asked) ? asked[0] : asked;
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
+  const version = req.headers['anthropic-version'];
+  const anthropicVersion = Array.isArray(version) ? version[0] : version;
 
   const plan = (target: TargetConfig): TargetPlan | undefined => {
     const client = deps.providers.get(target.provider)!;
@@ -51,7 +53,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     let prepared: Prepared | undefined;
     const upstream = (): Prepared => {
       if (prepared) return prepared;
-      prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model });
+      prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model, anthropicVersion });
       if (prepared.ok) prepared = { ok: true, request: { ...prepared.request, headers: { ...forwarded, ...prepared.request.headers } } };
       return prepared;
     };

@@ -10,8 +10,8 @@
 import type { ApiKind } from '../routing/router.ts';
 import { bomLength } from '../http/byte-order-mark.ts';
 
-/** The APIs whose `stream: true` makes the provider answer with server-sent events; all four answer JSON otherwise. */
-const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses']);
+/** The APIs whose `stream: true` makes the provider answer with server-sent events; all of them answer JSON otherwise. */
+const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses', 'messages']);
 
 /** The top-level field every answer of the API carries; APIs not listed are not judged beyond being JSON. */
 const ANSWER_FIELD: Partial<Record<ApiKind, string>> = {
@@ -19,6 +19,7 @@ const ANSWER_FIELD: Partial<Record<ApiKind, string>> = {
   completions: '"choices"',
   embeddings: '"data"',
   responses: '"output"',
+  messages: '"content"',
 };
 
 /** A list that must not be empty (a Responses `output` may be, while the response is queued). */

@@ -23,6 +23,11 @@ export interface UpstreamRequest {
   headers: Record<string, string>;
   body: Buffer | string;
   translator: ResponseTranslator | undefined;
+  /**
+   * For a family's own API passed on as it is (Anthropic's Messages API): its error answers read in OpenAI terms, to
+   * be classified (the status and code they stand for), while the client gets them as the family sent them.
+   */
+  errorMeaning?: (status: number, body: Buffer) => { status: number; body: Buffer };
 }
 
 export interface FamilyInput {
@@ -34,6 +39,8 @@ export interface FamilyInput {
   rawBody: Buffer;
   /** The upstream model: the target's override, else the client's. */
   model: string | undefined;
+  /** The client's `anthropic-version`: its body is written for that version of the Messages API. */
+  anthropicVersion?: string | undefined;
 }
 
 export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; reason: string; param?: string };
@@ -42,6 +49,7 @@ export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; rea
 export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): Prepared {
   const basePath = basePathOf(provider);
   const body = input.model === undefined || input.model === input.json.model ? input.rawBody : JSON.stringify({ ...input.json, model: input.model });
+  if (input.api === 'messages' && provider.family !== 'anthropic') return { ok: false, reason: `${provider.family} targets do not serve the Anthropic Messages API` };
   switch (provider.family) {
     case 'openai':
       return {
@@ -64,7 +72,7 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
       return { ok: true, request: { path, headers: { 'api-key': provider.apiKey }, body, translator: undefined } };
     }
     case 'anthropic':
-      return prepareAnthropic(provider, basePath, input);
+      return prepareAnthropic(provider, basePath, input, body);
   }
 }
 
@@ -77,8 +85,10 @@ function basePathOf(provider: ProviderConfig): string {
   return p;
 }
 
-function prepareAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput): Prepared {
-  if (input.api !== 'chat') return { ok: false, reason: `anthropic targets serve chat completions only, not ${input.clientPath}` };
+function prepareAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput, body: Buffer | string): Prepared {
+  // Anthropic's own API (/v1/messages, and its other paths a route names): the request goes on as the client wrote it.
+  if (input.api === 'messages' || input.api === 'other') return nativeAnthropic(provider, basePath, input, body);
+  if (input.api !== 'chat') return { ok: false, reason: `anthropic targets serve chat completions and Anthropic's own API only, not ${input.clientPath}` };
   if (!input.model) return { ok: false, reason: 'anthropic needs a model and the request has none', param: 'model' };
   const translated = toAnthropicRequest(input.json as unknown as OpenAIChatRequest, { model: input.model, defaultMaxTokens: provider.defaultMaxTokens, sampling: provider.sampling });
   if (!translated.ok) {
@@ -89,18 +99,31 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
   return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator: anthropicTranslator(input.model, translated.includeUsage) } };
 }
 
+/**
+ * A request in Anthropic's own terms: the client's body (its model swapped for the target's), its anthropic-version
+ * (else the provider's), the provider's key. Errors reach the client as Anthropic sent them; they are read in OpenAI
+ * terms only to be classified (a billing refusal, a prompt too long), as a translated chat request's are.
+ */
+function nativeAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput, body: Buffer | string): Prepared {
+  const path = `${basePath.replace(/\/v1$/, '')}${input.clientPath}${input.query}`;
+  const headers = { 'x-api-key': provider.apiKey, 'anthropic-version': input.anthropicVersion ?? provider.anthropicVersion };
+  return { ok: true, request: { path, headers, body, translator: undefined, errorMeaning: anthropicErrorMeaning } };
+}
+
+function anthropicErrorMeaning(status: number, body: Buffer): { status: number; body: Buffer } {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    parsed = body.toString('utf8');
+  }
+  const t = toOpenAIError(status, parsed);
+  return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
+}
+
 function anthropicTranslator(model: string, includeUsage: boolean): ResponseTranslator {
   return {
-    error(status, body) {
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(body.toString('utf8'));
-      } catch {
-        parsed = body.toString('utf8');
-      }
-      const t = toOpenAIError(status, parsed);
-      return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
-    },
+    error: anthropicErrorMeaning,
     body(body) {
       const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage | null;
       // Anything but a message (`{}`, an error with a 200) would become an empty "successful" completion.

@@ -2,8 +2,8 @@
 // needs is compiled once at start-up so the hot path only compares strings.
 import type { Config, RouteConfig, TargetConfig } from '../config/schema.ts';
 
-/** What kind of API a managed path speaks; decides how streams are read. */
-export type ApiKind = 'chat' | 'completions' | 'responses' | 'embeddings' | 'other';
+/** What kind of API a managed path speaks; decides how streams are read. `messages` is Anthropic's Messages API. */
+export type ApiKind = 'chat' | 'completions' | 'responses' | 'embeddings' | 'messages' | 'other';
 
 export interface CompiledRoute {
   readonly config: RouteConfig;
@@ -32,6 +32,7 @@ const API_BY_PATH: Record<string, ApiKind> = {
   '/v1/completions': 'completions',
   '/v1/responses': 'responses',
   '/v1/embeddings': 'embeddings',
+  '/v1/messages': 'messages',
 };
 
 export function apiKindOf(path: string): ApiKind {

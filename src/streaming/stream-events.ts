@@ -37,7 +37,7 @@ export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
   if (ev.data === null) return 'keepalive';
   // A path the gateway has no API for: any data is output, whatever its format; the upstream's end is the answer's.
   if (api === 'other') return 'output';
-  if (api !== 'responses' && ev.data === '[DONE]') return 'done';
+  if (api !== 'responses' && api !== 'messages' && ev.data === '[DONE]') return 'done';
   let parsed: unknown;
   try {
     parsed = JSON.parse(ev.data);
@@ -45,7 +45,48 @@ export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
     return 'malformed';
   }
   if (typeof parsed !== 'object' || parsed === null) return 'malformed';
-  return api === 'responses' ? responsesMeaning(parsed as { type?: unknown }, ev.event) : choicesMeaning(parsed);
+  if (api === 'responses') return responsesMeaning(parsed as { type?: unknown }, ev.event);
+  return api === 'messages' ? messagesMeaning(parsed as AnthropicEvent, ev.event) : choicesMeaning(parsed);
+}
+
+interface AnthropicEvent {
+  type?: unknown;
+  content_block?: { type?: unknown; text?: unknown; thinking?: unknown };
+  delta?: { type?: unknown; text?: unknown; thinking?: unknown; partial_json?: unknown; stop_reason?: unknown };
+}
+
+/**
+ * Anthropic Messages events. Output: a content block's delta with something in it, or a block that opens with its
+ * content (a tool call's name, a server tool's result); a text or thinking block opens empty, and is not. The answer
+ * finishes with the message_delta that carries its stop_reason, and ends with message_stop. Types the API adds
+ * later keep the stream alive, as pings do.
+ */
+function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMeaning {
+  const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
+  switch (type) {
+    case 'error':
+      return 'error';
+    case 'message_stop':
+      return 'done';
+    case 'message_delta':
+      return ev.delta?.stop_reason !== null && ev.delta?.stop_reason !== undefined ? 'finish' : 'keepalive';
+    case 'content_block_start': {
+      const block = ev.content_block;
+      if (block?.type === 'text') return nonEmpty(block.text) ? 'output' : 'keepalive';
+      if (block?.type === 'thinking') return nonEmpty(block.thinking) ? 'output' : 'keepalive';
+      return block === undefined ? 'keepalive' : 'output';
+    }
+    case 'content_block_delta': {
+      const d = ev.delta;
+      if (d === undefined) return 'keepalive';
+      if (d.type === 'text_delta') return nonEmpty(d.text) ? 'output' : 'keepalive';
+      if (d.type === 'thinking_delta') return nonEmpty(d.thinking) ? 'output' : 'keepalive';
+      if (d.type === 'input_json_delta') return nonEmpty(d.partial_json) ? 'output' : 'keepalive';
+      return 'output';
+    }
+    default:
+      return 'keepalive';
+  }
 }
 
 function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMeaning {
@@ -85,7 +126,7 @@ export interface StreamShape {
 }
 
 export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): StreamShape {
-  if (api === 'responses') return { choices: 1, usage: false };
+  if (api === 'responses' || api === 'messages') return { choices: 1, usage: false };
   const n = json.n;
   const options = json.stream_options as { include_usage?: unknown } | null | undefined;
   return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: options?.include_usage === true };
@@ -189,9 +230,13 @@ export function upstreamErrorIn(parsed: Record<string, unknown>): UpstreamStream
   return undefined;
 }
 
-/** Does a cleanly ended stream need `data: [DONE]` appended? The Responses API has no [DONE]. */
-export function usesDoneSentinel(api: ApiKind): boolean {
-  return api !== 'responses';
+/**
+ * The event that ends an answer after its finish, appended when the upstream's does not come: chat's and completions'
+ * `data: [DONE]`, Anthropic's message_stop. The Responses API has none (its terminal event is the finish).
+ */
+export function doneEvent(api: ApiKind): string | undefined {
+  if (api === 'responses') return undefined;
+  return api === 'messages' ? 'event: message_stop\ndata: {"type":"message_stop"}\n\n' : 'data: [DONE]\n\n';
 }
 
 /** The event that ends a broken stream so that the SDKs raise it instead of treating the answer as complete. */
@@ -200,5 +245,7 @@ export function streamErrorEvent(api: ApiKind, message: string, code: string): s
   if (api === 'responses') {
     return `event: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: null, error })}\n\n`;
   }
+  // The Anthropic SDKs raise an `event: error`; its error is in their shape and in the OpenAI one at once.
+  if (api === 'messages') return `event: error\ndata: ${JSON.stringify({ type: 'error', error: { ...error, type: 'api_error' } })}\n\n`;
   return `data: ${JSON.stringify({ error })}\n\n`;
 }

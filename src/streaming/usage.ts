@@ -5,14 +5,27 @@ export interface Usage {
   completion: number;
 }
 
-/** Usage from a parsed answer or event: chat/completions/embeddings (`prompt_tokens`), Responses (`input_tokens`). */
+/**
+ * Usage from a parsed answer or event: chat/completions/embeddings (`prompt_tokens`), Responses and Anthropic
+ * (`input_tokens`; an Anthropic stream's message_start holds it in `message`).
+ */
 export function usageOf(parsed: unknown): Usage | undefined {
-  const p = parsed as { usage?: Record<string, unknown> | null; response?: { usage?: Record<string, unknown> | null } } | null;
-  const u = p?.usage ?? p?.response?.usage;
+  type Holder = { usage?: Record<string, unknown> | null };
+  const p = parsed as (Holder & { response?: Holder; message?: Holder }) | null;
+  const u = p?.usage ?? p?.response?.usage ?? p?.message?.usage;
   if (!u || typeof u !== 'object') return undefined;
   const prompt = Number(u.prompt_tokens ?? u.input_tokens ?? 0);
   const completion = Number(u.completion_tokens ?? u.output_tokens ?? 0);
   return Number.isFinite(prompt) && Number.isFinite(completion) ? { prompt, completion } : undefined;
+}
+
+/**
+ * A stream's usage so far, given the usage in its latest event. Counts only grow: an Anthropic stream reports its
+ * input in message_start and its output in message_delta (whose input count may be missing, read as 0).
+ */
+export function laterUsage(before: Usage | undefined, latest: Usage | undefined): Usage | undefined {
+  if (!before || !latest) return latest ?? before;
+  return { prompt: Math.max(before.prompt, latest.prompt), completion: Math.max(before.completion, latest.completion) };
 }
 
 const USAGE_FIELDS = /"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)/g;

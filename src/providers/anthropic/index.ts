@@ -3,8 +3,9 @@
 //   request:  toAnthropicRequest  chat.completions request -> Messages request, or why the target cannot serve it
 //   response: toOpenAIResponse    Messages answer -> chat.completion
 //             toOpenAIError       Anthropic error (status + body) -> OpenAI error body, status kept
+//             toAnthropicShape    the gateway's OpenAI error body -> one the Anthropic SDKs read too (native routes)
 //   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
 export { toAnthropicRequest, type AnthropicRequestOptions, type AnthropicRequestResult, type SamplingMode } from './request.ts';
-export { toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage } from './response.ts';
+export { toAnthropicShape, toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage, type AnthropicShapedError } from './response.ts';
 export { AnthropicStreamError, AnthropicStreamTranslator, type AnthropicStreamErrorCode, type AnthropicStreamOptions } from './stream.ts';
 export type * from './types.ts';

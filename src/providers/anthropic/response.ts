@@ -140,6 +140,22 @@ export function toOpenAIError(status: number, body: unknown): { status: number; 
   return { status: finalStatus, body: errorBody(message, def.type, code) };
 }
 
+/** An error as the Anthropic SDKs read it, which is the OpenAI shape too: `type: "error"` beside `error`. */
+export interface AnthropicShapedError extends OpenAIErrorBody {
+  type: 'error';
+}
+
+/**
+ * An error the gateway answers an Anthropic client with (a route on Anthropic's own API): the OpenAI error body it
+ * would answer anyone else, `message`, `param` and `code` kept, given Anthropic's `type: "error"` and, in `error.type`,
+ * the Anthropic error type its status stands for (else an Anthropic type it already has, else api_error for a 5xx).
+ */
+export function toAnthropicShape(status: number, body: OpenAIErrorBody): AnthropicShapedError {
+  const given = body.error.type;
+  const type = Object.entries(ERRORS).find(([, d]) => d.status === status)?.[0] ?? (Object.hasOwn(ERRORS, given) ? given : status >= 500 ? 'api_error' : 'invalid_request_error');
+  return { type: 'error', error: { ...body.error, type } };
+}
+
 function byStatus(status: number): ErrorDef {
   const known = Object.values(ERRORS).find((d) => d.status === status);
   if (known) return known;

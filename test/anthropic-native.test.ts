@@ -1,0 +1,236 @@
+// Anthropic's own API through the gateway, end to end with the official @anthropic-ai/sdk as a Claude agent would use
+// it (ANTHROPIC_BASE_URL pointed at the gateway): retries, wait hints, deadlines, streams and failover work on
+// /v1/messages as on chat completions, and every error reaches the SDK in a shape it reads.
+import Anthropic from '@anthropic-ai/sdk';
+import { describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
+import { ConfigSchema } from '../src/config/schema.ts';
+import type { FaultSpec } from '../src/mock/server.ts';
+import { RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+
+const startStack = useStacks();
+const startBackup = useExtraMocks();
+
+type RouteInput = ConfigInput['routes'][number];
+
+/** The stack's mock as the Anthropic provider `claude`; with `backup`, a second mock as another Anthropic account. */
+async function anthropicStack(opts: { faults?: FaultSpec; route?: Partial<RouteInput>; backup?: FaultSpec; firstTokenMs?: number; routes?: RouteInput[] } = {}): Promise<Stack> {
+  const backup = opts.backup ? await startBackup({ faults: opts.backup, quiet: true, apiKey: 'backup-key' }) : undefined;
+  return startStack({
+    faults: opts.faults,
+    config: (url) => ({
+      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+      providers: {
+        claude: { family: 'anthropic', baseUrl: url, apiKey: TEST_KEY, breaker: false, ...(opts.firstTokenMs && { timeouts: { firstTokenMs: opts.firstTokenMs } }) },
+        ...(backup && { backup: { family: 'anthropic' as const, baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } }),
+      },
+      routes: [
+        {
+          name: 'messages',
+          match: { path: '/v1/messages' },
+          targets: [{ provider: 'claude' }, ...(backup ? [{ provider: 'backup', model: 'claude-haiku-4-5' }] : [])],
+          ...RETRY_LOOP_ONLY.route,
+          retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
+          ...opts.route,
+        },
+        ...(opts.routes ?? []),
+      ],
+    }),
+  });
+}
+
+/** An SDK client that counts the HTTP requests it makes (its own retries included). */
+function sdk(s: Stack, opts: { maxRetries?: number; timeout?: number } = {}): { client: Anthropic; requests: () => number; sentVersion: () => string | null } {
+  let n = 0;
+  let version: string | null = null;
+  const client = new Anthropic({
+    baseURL: s.url,
+    apiKey: 'client-key',
+    maxRetries: opts.maxRetries ?? 2,
+    ...(opts.timeout !== undefined && { timeout: opts.timeout }),
+    fetch: (input, init) => {
+      n++;
+      version = new Headers(init?.headers).get('anthropic-version');
+      return fetch(input, init);
+    },
+  });
+  return { client, requests: () => n, sentVersion: () => version };
+}
+
+const ask = { model: 'claude-sonnet-4-6', max_tokens: 256, messages: [{ role: 'user' as const, content: 'Where is my order?' }] };
+
+describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
+  it('answers through deterministic 529s (30% of first attempts), the gateway retrying and the SDK never', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 529, rate: 0.3, firstAttemptsOnly: true }] } });
+    const { client, requests, sentVersion } = sdk(s);
+    for (let i = 0; i < 10; i++) {
+      const { data, response } = await client.messages.create(ask).withResponse();
+      expect(data.type).toBe('message');
+      expect(data.content[0]).toMatchObject({ type: 'text', text: expect.stringMatching(/Mock answer/) });
+      expect(data.usage.input_tokens).toBeGreaterThan(0);
+      // The provider's request id, where the SDK reads it.
+      expect(response.headers.get('request-id')).toBeTruthy();
+    }
+    expect(requests()).toBe(10);
+    expect(s.mock.stats().byStatus).toEqual({ 200: 10, 529: 3 });
+    // Sent as the client wrote it, with the provider's key in place of the client's and the client's API version.
+    const sent = s.mock.requests()[0]!;
+    expect(sent.path).toBe('/v1/messages');
+    expect(sent.headers['x-api-key']).toBe(TEST_KEY);
+    expect(sent.headers['anthropic-version']).toBe(sentVersion());
+    expect(sentVersion()).toMatch(/^\d{4}-\d{2}-\d{2}$/);
+    expect(sent.headers.authorization).toBeUndefined();
+    expect(s.mock.requests().filter((r) => r.headers['x-retry-attempt'] === '1')).toHaveLength(3);
+  });
+
+  it('fails after the gateway\'s attempts with the provider\'s error, in the Anthropic shape, and the SDK does not retry', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 529, rate: 1 }] } });
+    const { client, requests } = sdk(s);
+    const err = await client.messages.create(ask).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.APIError);
+    const e = err as InstanceType<typeof Anthropic.APIError>;
+    expect(e.status).toBe(529);
+    expect(e.type).toBe('overloaded_error');
+    expect(e.error).toMatchObject({ type: 'error', error: { type: 'overloaded_error', message: expect.any(String), param: null } });
+    expect(e.headers?.get('x-should-retry')).toBe('false');
+    expect(requests()).toBe(1);
+    expect(s.mock.stats().total).toBe(3);
+  });
+
+  it('streams as the SDK expects: events pass as they come, and the final message is whole', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 503, rate: 0.5, firstAttemptsOnly: true }], stream: { chunks: 4, chunkDelayMs: 20 } } });
+    const { client } = sdk(s);
+    for (let i = 0; i < 2; i++) {
+      const stream = client.messages.stream(ask);
+      const types: string[] = [];
+      stream.on('streamEvent', (ev) => types.push(ev.type));
+      const message = await stream.finalMessage();
+      expect(message.content[0]).toMatchObject({ type: 'text', text: expect.stringMatching(/Mock answer/) });
+      expect(message.stop_reason).toBe('end_turn');
+      expect(types[0]).toBe('message_start');
+      expect(types.at(-1)).toBe('message_stop');
+      expect(types.filter((t) => t === 'content_block_delta')).toHaveLength(4);
+    }
+    expect(s.mock.stats().byStatus).toEqual({ 200: 2, 503: 1 });
+  });
+
+  it('retries a stream whose first token is late, then answers 504 in the Anthropic shape', async () => {
+    const s = await anthropicStack({ firstTokenMs: 300, faults: { stream: { firstTokenDelayMs: 1_000 }, models: { fast: { stream: { firstTokenDelayMs: 0 } } } } });
+    const { client } = sdk(s);
+    const err = await client.messages.stream(ask).finalMessage().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.APIError);
+    expect((err as InstanceType<typeof Anthropic.APIError>).status).toBe(504);
+    expect((err as InstanceType<typeof Anthropic.APIError>).error).toMatchObject({ type: 'error', error: { type: 'timeout_error', code: 'upstream_timeout' } });
+    expect(s.mock.stats().total).toBe(3);
+    const ok = await client.messages.stream({ ...ask, model: 'fast' }).finalMessage();
+    expect(ok.stop_reason).toBe('end_turn');
+  });
+
+  it('ends a stream cut after its first token with an error event the SDK raises, never a clean end', async () => {
+    const s = await anthropicStack({ faults: { stream: { chunks: 5, cutAfterChunks: 2 } } });
+    const { client } = sdk(s);
+    const stream = client.messages.stream(ask);
+    let text = '';
+    stream.on('text', (t) => (text += t));
+    const err = await stream.finalMessage().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.APIError);
+    expect(String((err as Error).message)).toMatch(/stream was cut|ended before the answer was complete/);
+    expect(text.length).toBeGreaterThan(0);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('finishes a stream that ended after its stop_reason without message_stop', async () => {
+    const s = await anthropicStack({ faults: { stream: { omitDone: true } } });
+    const { client } = sdk(s);
+    const types: string[] = [];
+    const stream = client.messages.stream(ask);
+    stream.on('streamEvent', (ev) => types.push(ev.type));
+    const message = await stream.finalMessage();
+    expect(message.stop_reason).toBe('end_turn');
+    expect(types.at(-1)).toBe('message_stop');
+    const line = s.logs.map((l) => JSON.parse(l) as { streamEnd?: string }).find((l) => l.streamEnd !== undefined);
+    expect(line?.streamEnd).toBe('done-added');
+  });
+
+  it('honours a 429\'s retry-after before the retry', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] } });
+    const started = Date.now();
+    const message = await sdk(s).client.messages.create(ask);
+    expect(message.type).toBe('message');
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1_000);
+    expect(s.mock.stats().byStatus).toEqual({ 200: 1, 429: 1 });
+  });
+
+  it('fails over to another Anthropic account with the target\'s model while the first is down', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 500, rate: 1 }] }, backup: {} });
+    const { data, response } = await sdk(s).client.messages.create(ask).withResponse();
+    expect(data.model).toBe('claude-haiku-4-5');
+    expect(response.headers.get('x-stormgate-target')).toBe('backup/claude-haiku-4-5');
+    expect(response.headers.get('x-stormgate-fallback')).toBe('retries_exhausted');
+  });
+
+  it('passes the provider\'s 400 on at once, as Anthropic wrote it', async () => {
+    const s = await anthropicStack({ faults: { errors: [{ status: 400, message: 'messages.0.content: Input should be a valid list' }] } });
+    const { client, requests } = sdk(s);
+    const err = (await client.messages.create(ask).catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    expect(err).toBeInstanceOf(Anthropic.BadRequestError);
+    expect(err.type).toBe('invalid_request_error');
+    expect(err.message).toContain('Input should be a valid list');
+    expect(s.mock.stats().total).toBe(1);
+    expect(requests()).toBe(1);
+  });
+
+  it('answers the gateway\'s own errors in a shape the SDK reads: deadline, unknown model, bad JSON', async () => {
+    const s = await anthropicStack({ faults: { latencyMs: 3_000 }, route: { match: { path: '/v1/messages', models: ['claude-sonnet-4-6'] } } });
+    const { client } = sdk(s, { timeout: 1_000 });
+    const started = Date.now();
+    const late = (await client.messages.create(ask).catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    // The SDK's own timeout (x-stainless-timeout) is the deadline: the gateway answers before the SDK gives up.
+    expect(late.status).toBe(504);
+    expect(Date.now() - started).toBeLessThan(2_500);
+    expect(late.type).toBe('timeout_error');
+    expect(late.error).toMatchObject({ type: 'error', error: { code: 'deadline_exceeded', message: expect.stringMatching(/deadline/) } });
+    expect(late.requestID).toBeTruthy();
+    const unknown = (await client.messages.create({ ...ask, model: 'claude-opus-9' }).catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    expect(unknown).toBeInstanceOf(Anthropic.NotFoundError);
+    expect(unknown.type).toBe('not_found_error');
+    expect(unknown.error).toMatchObject({ error: { code: 'model_not_found', param: 'model' } });
+    const bad = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model":' });
+    expect(bad.status).toBe(400);
+    expect(await bad.json()).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'invalid_json', param: null, message: expect.any(String) } });
+    expect(bad.headers.get('request-id')).toBe(bad.headers.get('x-stormgate-request-id'));
+  });
+
+  it('streams a tool call whole, counts the tokens, and serves count_tokens on a route of its own', async () => {
+    const countRoute: RouteInput = { name: 'count', match: { path: '/v1/messages/count_tokens' }, targets: [{ provider: 'claude' }], retry: { maxAttempts: 2 } };
+    const s = await anthropicStack({ faults: { stream: { chunks: 3 } }, routes: [countRoute] });
+    const { client } = sdk(s);
+    const tools = [{ name: 'lookup_order', description: 'Finds an order', input_schema: { type: 'object' as const, properties: { id: { type: 'string' } } } }];
+    const message = await client.messages.stream({ ...ask, tools }).finalMessage();
+    expect(message.stop_reason).toBe('tool_use');
+    expect(message.content).toEqual([expect.objectContaining({ type: 'tool_use', name: 'lookup_order', input: expect.any(Object) })]);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/stormgate_tokens_total\{[^}]*route="messages"[^}]*kind="prompt"[^}]*\} [1-9]/);
+    expect(metrics).toMatch(/stormgate_tokens_total\{[^}]*route="messages"[^}]*kind="completion"[^}]*\} [1-9]/);
+    const counted = await client.messages.countTokens({ model: ask.model, messages: ask.messages });
+    expect(counted.input_tokens).toBeGreaterThan(0);
+    expect(s.mock.requests().at(-1)).toMatchObject({ path: '/v1/messages/count_tokens', headers: expect.objectContaining({ 'x-api-key': TEST_KEY }) });
+    // The gateway's own error on that path is in the Anthropic shape too.
+    const bad = await fetch(`${s.url}/v1/messages/count_tokens`, { method: 'PUT' });
+    expect(bad.status).toBe(405);
+    expect(await bad.json()).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'method_not_allowed' } });
+  });
+
+  it('refuses at start-up a /v1/messages route with a target of another family, naming it', () => {
+    const config = {
+      providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'k' }, claude: { family: 'anthropic', baseUrl: 'http://127.0.0.1:9', apiKey: 'k' } },
+      routes: [{ name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'claude' }, { provider: 'openai' }] }],
+    };
+    const parsed = ConfigSchema.safeParse(config);
+    expect(parsed.success).toBe(false);
+    expect(parsed.error!.issues).toEqual([expect.objectContaining({ path: ['routes', 0, 'targets', 1], message: expect.stringMatching(/anthropic targets only; "openai" is openai/) })]);
+    // And an Anthropic target on an OpenAI-only API is refused as before.
+    const embeddings = ConfigSchema.safeParse({ ...config, routes: [{ name: 'e', match: { path: '/v1/responses' }, targets: [{ provider: 'claude' }] }] });
+    expect(embeddings.error!.issues[0]!.message).toMatch(/anthropic targets serve \/v1\/chat\/completions and Anthropic's own API/);
+  });
+});
