@@ -221,6 +221,15 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
     expect(await bad.json()).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'method_not_allowed' } });
   });
 
+  it('reads a prompt too long as context_length_exceeded: to the route\'s larger window, not retried', async () => {
+    const tooLong = { errors: [{ status: 400, message: 'prompt is too long: 215000 tokens > 200000 maximum' }] };
+    const s = await anthropicStack({ faults: { models: { 'claude-sonnet-4-6': tooLong } }, route: { contextWindowFallback: { provider: 'claude', model: 'claude-sonnet-4-6-1m' } } });
+    const { data, response } = await sdk(s).client.messages.create(ask).withResponse();
+    expect(data.model).toBe('claude-sonnet-4-6-1m');
+    expect(response.headers.get('x-stormgate-fallback')).toBe('context_length');
+    expect(s.mock.requests().map((r) => r.model)).toEqual(['claude-sonnet-4-6', 'claude-sonnet-4-6-1m']);
+  });
+
   it('refuses at start-up a /v1/messages route with a target of another family, naming it', () => {
     const config = {
       providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'k' }, claude: { family: 'anthropic', baseUrl: 'http://127.0.0.1:9', apiKey: 'k' } },
