@@ -12,7 +12,7 @@ import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
 import type { LiveStream } from './pipeline/live-stream.ts';
 import { createRouter, type CompiledRoute } from './routing/router.ts';
-import { createModelsList } from './routing/models-list.ts';
+import { asAnthropicModel, asAnthropicPage, createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
@@ -268,7 +268,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       api.post(path, { config: routeConfig }, async (request, reply) => serveManaged(path, request, reply));
       methodGuard(api, path, ['POST'], path, routeConfig);
     }
-    api.get('/v1/models', async () => models.list());
+    // A client that sends anthropic-version (the Anthropic SDKs) reads the listing in Anthropic's shape.
+    const speaksAnthropicModels = (request: FastifyRequest) => request.headers['anthropic-version'] !== undefined;
+    api.get('/v1/models', async (request) => {
+      const list = await models.list();
+      return speaksAnthropicModels(request) ? asAnthropicPage(list) : list;
+    });
     methodGuard(api, '/v1/models', ['GET', 'HEAD']);
     // The SDK's models.retrieve(id). A wildcard, not a parameter: ids may hold a '/' (vLLM, OpenRouter) and run long.
     api.get('/v1/models/*', async (request) => {
@@ -276,7 +281,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
       const found = await models.retrieve(id);
       if (!found) throw new GatewayError('model_not_found', `the model \`${printable(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
-      return found;
+      return speaksAnthropicModels(request) ? asAnthropicModel(found) : found;
     });
     methodGuard(api, '/v1/models/*', ['GET', 'HEAD']);
   });

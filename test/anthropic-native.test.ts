@@ -230,6 +230,21 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
     expect(s.mock.requests().map((r) => r.model)).toEqual(['claude-sonnet-4-6', 'claude-sonnet-4-6-1m']);
   });
 
+  it('lists and retrieves models in Anthropic\'s shape for the Anthropic SDK, and in OpenAI\'s for anyone else', async () => {
+    const s = await anthropicStack({ route: { match: { path: '/v1/messages', models: ['claude-sonnet-4-6', 'claude-opus-4-6'] } } });
+    const { client } = sdk(s);
+    const ids: string[] = [];
+    for await (const m of client.models.list()) {
+      expect(m).toMatchObject({ type: 'model', display_name: m.id, created_at: expect.stringMatching(/^\d{4}-\d{2}-\d{2}T/) });
+      ids.push(m.id);
+    }
+    expect(ids).toEqual(['claude-sonnet-4-6', 'claude-opus-4-6']);
+    expect(await client.models.retrieve('claude-opus-4-6')).toMatchObject({ id: 'claude-opus-4-6', type: 'model' });
+    const plain = (await (await fetch(`${s.url}/v1/models`)).json()) as { object: string; data: Array<Record<string, unknown>> };
+    expect(plain.object).toBe('list');
+    expect(plain.data[0]).toEqual({ id: 'claude-sonnet-4-6', object: 'model', created: 0, owned_by: 'claude' });
+  });
+
   it('refuses at start-up a /v1/messages route with a target of another family, naming it', () => {
     const config = {
       providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'k' }, claude: { family: 'anthropic', baseUrl: 'http://127.0.0.1:9', apiKey: 'k' } },

@@ -64,7 +64,20 @@ function modelEntry(raw: unknown, client: ProviderClient): ModelEntry | undefine
     return { ...m, id: m.id, object: 'model', created: typeof m.created === 'number' ? m.created : 0, owned_by: typeof m.owned_by === 'string' ? m.owned_by : client.name };
   }
   const created = typeof m.created_at === 'string' ? Math.floor(Date.parse(m.created_at) / 1000) : Number.NaN;
-  return { id: m.id, object: 'model', created: Number.isFinite(created) ? created : 0, owned_by: client.name };
+  // Its own fields stay beside the OpenAI ones: an Anthropic client listing through the gateway reads them.
+  return { ...m, id: m.id, object: 'model', created: Number.isFinite(created) ? created : 0, owned_by: client.name };
+}
+
+/** A listed model as Anthropic's API describes one (`type`, `display_name`, `created_at`), its other fields kept. */
+export function asAnthropicModel(m: ModelEntry): ModelEntry {
+  const createdAt = typeof m.created_at === 'string' ? m.created_at : new Date(m.created * 1000).toISOString();
+  return { ...m, type: 'model', display_name: typeof m.display_name === 'string' ? m.display_name : m.id, created_at: createdAt };
+}
+
+/** The listing as Anthropic's API pages it (one page: `has_more` false), for the Anthropic SDKs' models.list(). */
+export function asAnthropicPage(list: { data: ModelEntry[] }): { data: ModelEntry[]; has_more: false; first_id: string | null; last_id: string | null } {
+  const data = list.data.map(asAnthropicModel);
+  return { data, has_more: false, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null };
 }
 
 export function createModelsList(router: Router, providers: ReadonlyMap<string, ProviderClient>, opts: ModelsListOptions = {}) {
