@@ -139,4 +139,26 @@ describe('an error that names the gateway\'s own account, inside a 2xx', () => {
     }
     expect(broke.hits()).toBe(1);
   });
+
+  it('a quota refused after the first output ends that stream with the error, and holds the target for the next requests', async () => {
+    const chunk = (delta: Record<string, unknown>) => `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
+    const { s, broke } = await stack(
+      eventStream((res) => {
+        res.write(chunk({ role: 'assistant', content: '' }) + chunk({ content: 'Half an ans' }));
+        res.end(`data: ${JSON.stringify({ error: QUOTA })}\n\n`);
+      }),
+    );
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    const err = await (async () => {
+      for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
+    })().catch((e: unknown) => e);
+    expect(text).toBe('Half an ans');
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    // The next request does not meet the refusal again: the held target is skipped.
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(broke.hits()).toBe(1);
+    expect(await metricsText(s)).toMatch(/^stormgate_credentials_held\{target="broke\/gpt-4o"\} 1$/m);
+  });
 });

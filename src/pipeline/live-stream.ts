@@ -3,7 +3,8 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, streamErrorEvent, type StreamShape } from '../streaming/stream-events.ts';
+import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { accountStatusOfError } from '../policy/outcome.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -29,6 +30,8 @@ export interface StreamEnd {
   droppedMalformed: number;
   /** The usage the stream reported (chat with include_usage, the Responses API's completed event). */
   usage?: Usage;
+  /** It ended with an upstream error event that names the gateway's own account (a quota spent mid-answer). */
+  accountRefused?: true;
 }
 
 export interface LiveStreamOptions {
@@ -127,6 +130,7 @@ export class LiveStream {
   /** A tool call's arguments are on their way (until a finish): a malformed event now would corrupt them. */
   #toolCallOpen = false;
   #kind: StreamEndKind = 'client-gone';
+  #accountRefused = false;
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
 
@@ -268,6 +272,8 @@ export class LiveStream {
       }
       if (meaning === 'error') {
         this.#kind = 'upstream-error';
+        const err = upstreamErrorOf(ev);
+        this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
         return true;
       }
       if (meaning === 'finish' && doneEvent(api) === undefined) {
@@ -371,7 +377,7 @@ export class LiveStream {
   #finish(kind: StreamEndKind): void {
     if (this.#ended) return;
     clearTimeout(this.#idle);
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(this.#usage && { usage: this.#usage }) };
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(this.#usage && { usage: this.#usage }), ...(this.#accountRefused && { accountRefused: true }) };
     this.#ended = end;
     const { controller } = this.#opts;
     // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.

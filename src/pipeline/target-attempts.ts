@@ -275,7 +275,15 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     ticket?.done();
     ticket = undefined;
 
-    if (cls.cls === 'success') return { kind: 'ok', result };
+    if (cls.cls === 'success') {
+      // The account refused after the answer began (a quota spent mid-stream): the next requests skip the target as
+      // they would after a refusal before it.
+      const stream = result.stream;
+      stream?.whenDone(() => {
+        if (stream.ended?.accountRefused) holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
+      });
+      return { kind: 'ok', result };
+    }
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs, ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
