@@ -72,7 +72,11 @@ export interface ServeDeps extends TargetDeps {
 
 type Failed = Served & { kind: 'failed' };
 
-type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off'; availableAtMs: number };
+/**
+ * Why a target cannot take the request now. `pacing`: nothing holds the target any more (no hold-off, its breaker
+ * closed), but requests parked before this one are still being let go at its adaptive limit: the wait is for capacity.
+ */
+type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off' | 'pacing'; availableAtMs: number };
 
 export async function serveTargets(
   ctx: RequestContext,
@@ -136,7 +140,7 @@ export async function serveTargets(
       if (!released && park && deps.lot.waiting(plan.key) > 0) {
         const holding = whatHolds(plan, ctx.parkable, deps);
         blocked.push({ plan, ...holding });
-        left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : 'breaker_open' };
+        left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : holding.reason === 'pacing' ? 'shed' : 'breaker_open' };
         markDown(i);
         continue;
       }
@@ -214,7 +218,12 @@ export async function serveTargets(
     if (passedOver) continue;
     if (blocked.length === 0) return worst(rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
-    const unavailable: Served = { kind: 'unavailable', ...first };
+    // Behind parked requests the lot is letting go, the request waited for a slot: when none comes in time it is shed
+    // (the provider at capacity, a wait to come back after), not told of a breaker that never opened.
+    const unavailable: Served =
+      first.reason === 'pacing'
+        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: 'deadline', retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.key), className: first.plan.className, lowestClass: first.plan.lowestClass } }
+        : { kind: 'unavailable', plan: first.plan, reason: first.reason, availableAtMs: first.availableAtMs };
     const now = deps.now();
     const waitMs = Math.max(0, first.availableAtMs - now);
     // A hold-off is the provider's own wait hint: parked or retrying, the route waits out at most maxWaitHintMs of it.
@@ -253,11 +262,15 @@ export async function serveTargets(
   }
 }
 
-/** Why a target with parked requests is unavailable, and until when: its hold-off, else its breaker, else (being released) now. */
+/**
+ * Why a target with parked requests is unavailable, and until when: its hold-off, else its breaker, else (back, its
+ * parked requests being released at its limit) the lot's pacing, now.
+ */
 function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<Blocked, 'plan'> {
   const heldUntil = deps.guards.holdOffs.until(plan.key);
   if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
   const a = deps.guards.board.availability(plan.key, plan.breaker, parkable);
+  if (a.kind === 'closed') return { reason: 'pacing', availableAtMs: deps.now() };
   return { reason: 'breaker', availableAtMs: availableAtMs(a, deps.now()) };
 }
 

@@ -386,6 +386,16 @@ export class ProviderPool {
     return undefined;
   }
 
+  /**
+   * A request of class `cls` for `target` shed outside the pool's own queue (it waited behind parked requests the lot
+   * was letting go at this pool's limit): counted as the pool's sheds are, with the pool's wait estimate to come back after.
+   */
+  shedWaiting(cls: number, target: string): number {
+    const retryAfterMs = this.expectedWaitMs(cls, target);
+    this.#shed(this.settings.classes[cls]!.name, 'deadline', retryAfterMs);
+    return retryAfterMs;
+  }
+
   #shed(cls: string, reason: 'queue_full' | 'deadline', retryAfterMs: number): Acquired {
     this.observer.onShed?.(cls, reason);
     return { ok: false, reason, retryAfterMs };
