@@ -6,6 +6,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
+import { CONSECUTIVE_QUIET_MS } from '../src/policy/breaker.ts';
 import { defaultConfig, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const start = useStacks();
@@ -56,7 +57,8 @@ describe('a request whose deadline passes while the event loop is busy', () => {
     // Idle keep-alive connections to the provider, as on any instance with traffic.
     await Promise.all(['a', 'b', 'c', 'd'].map((id) => chat(s, `warm-${id}`, 10_000)));
     s.mock.setFaults({ latencyMs: 300, errors: [{ status: 503, times: 1 }] });
-    // One 503 opens the breaker.
+    // One 503 opens the breaker, a second after the last success (a run of failures among successes does not).
+    await sleep(CONSECUTIVE_QUIET_MS);
     expect((await chat(s, 'opener', 10_000)).status).toBe(503);
     // A patient request parks and, 200 ms later, lends the breaker its probe (300 ms at the provider).
     const patient = chat(s, 'patient', 20_000);

@@ -1,7 +1,7 @@
 // The breaker's state machine and the board that runs it over a state store, with a fake clock.
 import { describe, expect, it } from 'vitest';
 import { BreakerSchema } from '../src/config/schema.ts';
-import { abortedVerdict, afterProbe, availability, changesState, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
+import { abortedVerdict, afterProbe, availability, changesState, CONSECUTIVE_QUIET_MS, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { INITIAL_BREAKER, type BreakerRecord } from '../src/state/store.ts';
@@ -17,9 +17,13 @@ describe('the breaker state machine', () => {
     expect(tripsOnWindow(closed, { requests: 20, failures: 10 }, s)).toBe(true);
   });
 
-  it('opens at once on consecutiveFailures failures in a row', () => {
-    expect(tripsOnConsecutive(closed, 4, s)).toBe(false);
-    expect(tripsOnConsecutive(closed, 5, s)).toBe(true);
+  it('opens at once on consecutiveFailures failures in a row, once no success has come for a second', () => {
+    const long = Number.POSITIVE_INFINITY;
+    expect(tripsOnConsecutive(closed, { failures: 4, sinceSuccessMs: long }, s)).toBe(false);
+    expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: long }, s)).toBe(true);
+    // A run among many requests that keep succeeding (a provider failing a share of them) is not an outage.
+    expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: CONSECUTIVE_QUIET_MS - 1 }, s)).toBe(false);
+    expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: CONSECUTIVE_QUIET_MS }, s)).toBe(true);
   });
 
   it('stays open for openS plus up to 10% jitter, and a new generation starts', () => {
@@ -248,6 +252,30 @@ describe('the breaker board over a store', () => {
     for (let i = 0; i < 4; i++) b.record('p/m', s, 'failure', 10, undefined);
     await b.flush();
     expect(transitions).toEqual([]);
+  });
+
+  it('does not open on runs of failures among successes that keep coming: a provider failing a share of requests', async () => {
+    const { b, transitions, advance } = board();
+    // 300 requests a second, 30% failing: runs of fourteen successes, then six failures (more than
+    // consecutiveFailures). Retries serve nearly all of them, and the failure rate (30%) is under failureRate.
+    for (let i = 0; i < 600; i++) {
+      await b.record('p/m', s, i % 20 < 14 ? 'success' : 'failure', 10, undefined);
+      advance(3);
+    }
+    await b.flush();
+    expect(transitions).toEqual([]);
+    // The provider goes down: the run that began after its last success opens the breaker once a second has passed
+    // without one, on the next failure.
+    let failures = 0;
+    while (transitions.length === 0 && failures < 1_000) {
+      advance(3);
+      await b.record('p/m', s, 'failure', 10, undefined);
+      failures++;
+    }
+    expect(transitions).toEqual(['p/m:closed->open']);
+    // About a second of failures (the run's first few came before the loop).
+    expect(failures * 3).toBeGreaterThan(CONSECUTIVE_QUIET_MS - 30);
+    expect(failures * 3).toBeLessThanOrEqual(CONSECUTIVE_QUIET_MS);
   });
 
   it('opens on the failure rate over the window when failures are not consecutive', async () => {

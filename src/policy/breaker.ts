@@ -73,9 +73,23 @@ export function tripsOnWindow(rec: BreakerRecord, w: OutcomeWindow, s: BreakerSe
   return rec.state === 'closed' && w.requests >= s.minRequests && w.failures / w.requests >= s.failureRate;
 }
 
-/** The consecutive-failures rule: one instance seeing that many failures in a row opens the breaker for the fleet. */
-export function tripsOnConsecutive(rec: BreakerRecord, consecutiveFailures: number, s: BreakerSettings): boolean {
-  return rec.state === 'closed' && consecutiveFailures >= s.consecutiveFailures;
+/**
+ * How long an instance must have seen no success from a target for a run of failures to open its breaker. A run of
+ * five is an outage at a few requests a second, but at hundreds a second a provider failing 30% of requests (which
+ * retries serve) makes one every few seconds, and the breaker, opening fleet-wide, turned that into a full outage for
+ * openS. A provider that is down answers nothing well for a second at any traffic; one failing a share does, many times.
+ */
+export const CONSECUTIVE_QUIET_MS = 1_000;
+
+/** A target's current run of failures as one instance saw it, and how long it has been since its last success. */
+export interface FailureRun {
+  failures: number;
+  sinceSuccessMs: number;
+}
+
+/** The consecutive-failures rule: one instance seeing that many failures in a row, and no success for CONSECUTIVE_QUIET_MS, opens the breaker for the fleet. */
+export function tripsOnConsecutive(rec: BreakerRecord, run: FailureRun, s: BreakerSettings): boolean {
+  return rec.state === 'closed' && run.failures >= s.consecutiveFailures && run.sinceSuccessMs >= CONSECUTIVE_QUIET_MS;
 }
 
 /**

@@ -49,7 +49,8 @@ export interface BreakerBoardDeps {
 
 export class BreakerBoard {
   readonly #deps: BreakerBoardDeps;
-  readonly #consecutive = new Map<string, number>();
+  /** Each target's run of failures while closed, and when it last answered well (-Infinity: not since this instance started). */
+  readonly #runs = new Map<string, { failures: number; lastSuccessMs: number }>();
   readonly #pending = new Map<string, Pending & { settings: BreakerSettings }>();
   #timer: NodeJS.Timeout | undefined;
 
@@ -68,7 +69,7 @@ export class BreakerBoard {
 
   /** Drops the counts kept for a target key given back (see StateStore.forget). */
   forget(target: string): void {
-    this.#consecutive.delete(target);
+    this.#runs.delete(target);
     this.#pending.delete(target);
   }
 
@@ -119,12 +120,16 @@ export class BreakerBoard {
     if (v === 'ignore') return;
     // A run of failures is counted while the breaker is closed only: stragglers that fail while it is open (sent before
     // it opened) would otherwise reopen it at the first failure after probes closed it.
-    const count = v === 'failure' && this.current(target).state === 'closed' ? (this.#consecutive.get(target) ?? 0) + 1 : 0;
-    this.#consecutive.set(target, count);
+    const now = this.#deps.now();
+    const run = this.#runs.get(target) ?? { failures: 0, lastSuccessMs: Number.NEGATIVE_INFINITY };
+    run.failures = v === 'failure' && this.current(target).state === 'closed' ? run.failures + 1 : 0;
+    if (v === 'success') run.lastSuccessMs = now;
+    this.#runs.set(target, run);
     this.#pendingOutcome(target, s, v);
-    if (tripsOnConsecutive(this.current(target), count, s)) {
-      this.#consecutive.set(target, 0);
-      await this.#transition(target, (rec) => (tripsOnConsecutive(rec, count, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined));
+    const seen = { failures: run.failures, sinceSuccessMs: now - run.lastSuccessMs };
+    if (tripsOnConsecutive(this.current(target), seen, s)) {
+      run.failures = 0;
+      await this.#transition(target, (rec) => (tripsOnConsecutive(rec, seen, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined));
     }
   }
 
