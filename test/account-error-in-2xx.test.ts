@@ -51,6 +51,9 @@ describe('an error that names the gateway\'s own account, inside a 2xx', () => {
     expect(accountStatusOfError('invalid_api_key', undefined)).toBe(401);
     expect(accountStatusOfError(undefined, 'authentication_error')).toBe(401);
     expect(accountStatusOfError(undefined, 'permission_error')).toBe(403);
+    // Anthropic's own, as a /v1/messages route passes it on untranslated.
+    expect(accountStatusOfError(undefined, 'billing_error')).toBe(402);
+    expect(classify({ kind: 'http', status: 402, errorCode: 'billing_error', hint: undefined }).cls).toBe('credentials');
     expect(accountStatusOfError('rate_limit_exceeded', 'requests')).toBeUndefined();
     expect(accountStatusOfError('server_error', undefined)).toBeUndefined();
     expect(classify({ kind: 'http', status: 429, errorCode: 'insufficient_quota', hint: undefined }).cls).toBe('credentials');

@@ -6,10 +6,12 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
 import type { FaultSpec } from '../src/mock/server.ts';
-import { RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { eventStream, useFakeProviders } from './helpers/fake-provider.ts';
+import { metricSum, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
 const startBackup = useExtraMocks();
+const startProvider = useFakeProviders();
 
 type RouteInput = ConfigInput['routes'][number];
 
@@ -256,5 +258,97 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
     // And an Anthropic target on an OpenAI-only API is refused as before.
     const embeddings = ConfigSchema.safeParse({ ...config, routes: [{ name: 'e', match: { path: '/v1/responses' }, targets: [{ provider: 'claude' }] }] });
     expect(embeddings.error!.issues[0]!.message).toMatch(/anthropic targets serve \/v1\/chat\/completions and Anthropic's own API/);
+  });
+
+  describe('with a provider of the test\'s own (what the mock cannot send)', () => {
+    /** An Anthropic event, framed as Anthropic sends it. */
+    const ev = (type: string, fields: object = {}) => `event: ${type}\ndata: ${JSON.stringify({ type, ...fields })}\n\n`;
+    const usage = { input_tokens: 5, cache_creation_input_tokens: 200, cache_read_input_tokens: 1_000, output_tokens: 7 };
+    const message = { id: 'msg_1', type: 'message', role: 'assistant', model: 'claude-sonnet-4-6', content: [{ type: 'text', text: 'Shipped.' }], stop_reason: 'end_turn', stop_sequence: null, usage };
+
+    /** The provider `claude` is `handler`, then (with `backup`) the mock as a second Anthropic account. */
+    let hits = () => 0;
+    async function ownStack(handler: Parameters<typeof startProvider>[0], backup = false): Promise<Stack> {
+      const p = await startProvider(handler);
+      hits = p.hits;
+      return startStack({
+        config: (url) => ({
+          server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+          providers: {
+            claude: { family: 'anthropic', baseUrl: p.origin, apiKey: 'claude-key' },
+            ...(backup && { backup: { family: 'anthropic' as const, baseUrl: url, apiKey: TEST_KEY } }),
+          },
+          routes: [
+            { name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'claude' }, ...(backup ? [{ provider: 'backup' }] : [])], retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+            { name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'claude', model: 'claude-sonnet-4-6' }] },
+          ],
+        }),
+      });
+    }
+
+    const noCredit = { type: 'error', error: { type: 'billing_error', message: 'Your credit balance is too low to access the Anthropic API.' } };
+
+    it.each([
+      ['a billing_error event before the first output of a stream', true],
+      ['a billing_error object answered with a 200', false],
+    ])('takes %s as the gateway\'s own billing: one attempt, the next account at once, the target held', async (_name, stream) => {
+      const s = await ownStack(
+        stream
+          ? eventStream((res) => res.end(ev('message_start', { message: { ...message, content: [], stop_reason: null } }) + ev('error', { error: noCredit.error })))
+          : (req, res) => {
+              req.resume();
+              req.on('end', () => {
+                res.writeHead(200, { 'content-type': 'application/json' });
+                res.end(JSON.stringify(noCredit));
+              });
+            },
+        true,
+      );
+      const { client, requests } = sdk(s);
+      for (let i = 0; i < 2; i++) {
+        const { data, response } = stream ? await client.messages.stream(ask).withResponse() : await client.messages.create(ask).withResponse();
+        const msg = stream ? await (data as ReturnType<typeof client.messages.stream>).finalMessage() : (data as Anthropic.Message);
+        expect(msg.content[0]).toMatchObject({ type: 'text', text: expect.stringMatching(/Mock answer/) });
+        expect(response.headers.get('x-stormgate-fallback')).toBe('credentials');
+      }
+      // Read as a broken answer, it was retried on the account that has no credit (three attempts), every request.
+      expect(hits()).toBe(1);
+      expect(requests()).toBe(2);
+      expect(await metricSum(s, 'stormgate_credentials_held{target="claude/claude-sonnet-4-6"}')).toBe(1);
+    });
+
+    it('counts the prompt tokens read from and written to the prompt cache, as the chat translation does', async () => {
+      const s = await ownStack((req, res) => {
+        let raw = '';
+        req.on('data', (d: Buffer) => (raw += d.toString()));
+        req.on('end', () => {
+          if ((JSON.parse(raw) as { stream?: boolean }).stream !== true) {
+            res.writeHead(200, { 'content-type': 'application/json' });
+            res.end(JSON.stringify(message));
+            return;
+          }
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.end(
+            ev('message_start', { message: { ...message, content: [], stop_reason: null, usage: { ...usage, output_tokens: 1 } } }) +
+              ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }) +
+              ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'Shipped.' } }) +
+              ev('content_block_stop', { index: 0 }) +
+              ev('message_delta', { delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 7 } }) +
+              ev('message_stop'),
+          );
+        });
+      });
+      const prompt = (route: string) => metricSum(s, `stormgate_tokens_total{route="${route}",target="claude/claude-sonnet-4-6",kind="prompt"}`);
+      const { client } = sdk(s);
+      await client.messages.create(ask);
+      expect(await prompt('messages')).toBe(1_205);
+      await client.messages.stream(ask).finalMessage();
+      expect(await prompt('messages')).toBe(2_410);
+      // The same answer through the chat translation: its prompt_tokens hold the cached tokens too.
+      const { OpenAI } = await import('openai');
+      const chat = await new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+      expect(chat.usage?.prompt_tokens).toBe(1_205);
+      expect(await prompt('chat')).toBe(1_205);
+    });
   });
 });

@@ -16,4 +16,12 @@ describe('token usage', () => {
     expect(usageOf({ type: 'response.completed', response: { usage: { input_tokens: 3, output_tokens: 4 } } })).toEqual({ prompt: 3, completion: 4 });
     expect(usageOf({ choices: [], usage: null })).toBeUndefined();
   });
+
+  it('counts Anthropic\'s prompt-cache reads and writes as prompt tokens, in a whole message and in message_start', () => {
+    const usage = { input_tokens: 4, cache_creation_input_tokens: 300, cache_read_input_tokens: 50_000, cache_creation: { ephemeral_5m_input_tokens: 300 }, output_tokens: 9 };
+    expect(usageOfBody(Buffer.from(JSON.stringify({ type: 'message', content: [], usage })))).toEqual({ prompt: 50_304, completion: 9 });
+    expect(usageOf({ type: 'message_start', message: { usage: { ...usage, output_tokens: 1 } } })).toEqual({ prompt: 50_304, completion: 1 });
+    // A chat usage (the translation's) already holds them in prompt_tokens.
+    expect(usageOf({ choices: [], usage: { prompt_tokens: 50_304, completion_tokens: 9, prompt_tokens_details: { cached_tokens: 50_000 } } })).toEqual({ prompt: 50_304, completion: 9 });
+  });
 });

@@ -169,7 +169,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   const framed = headers['content-length'] !== undefined || headers['transfer-encoding'] !== undefined;
   const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined, framed }, raw);
   if (wrong !== undefined) {
-    // An error object with a 200 that names the gateway's own account is the 429, 401 or 403 it stands for.
+    // An error object with a 200 that names the gateway's own account is the 429, 402, 401 or 403 it stands for.
     const account = wrong.ran ? undefined : accountErrorOf(raw);
     if (account) return accountResult(account, headers);
     return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
@@ -363,7 +363,7 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
  * An error event before any output: a broken stream, retried, unless its code says the request itself is at fault
  * (a content policy, the context length, an input the provider cannot use). Retrying that reruns a safety decision
  * and loses the provider's reason; it is answered as the upstream's 400 instead. One that names the gateway's own
- * account is the 429, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
+ * account is the 429, 402, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
 function errorBeforeOutput(ev: SseEvent): FirstOutput {
   return errorVerdict(upstreamErrorOf(ev), 'error event before any output');

@@ -94,11 +94,13 @@ export const ACCOUNT_429_CODES: ReadonlySet<string> = new Set(['insufficient_quo
  * `insufficient_quota` as an `event: error`, Anthropic sends `billing_error` as an `error` event, and some routers
  * answer a whole error object with a 200. Read as a broken answer, it was retried on the same target and counted as a
  * breaker failure (five in a row opened the breaker, whose circuit_open promises a recovery only a fix of the account
- * brings); read as the 429, 401 or 403 it stands for, it takes the credentials row like the same answer given as a
+ * brings); read as the 429, 402, 401 or 403 it stands for, it takes the credentials row like the same answer given as a
  * status. `type` counts as well as `code`: the Anthropic translation names billing in both, authentication in `type` only.
  */
-export function accountStatusOfError(code: string | undefined, type: string | undefined): 401 | 403 | 429 | undefined {
+export function accountStatusOfError(code: string | undefined, type: string | undefined): 401 | 402 | 403 | 429 | undefined {
   if ((code !== undefined && ACCOUNT_429_CODES.has(code)) || (type !== undefined && ACCOUNT_429_CODES.has(type))) return 429;
+  // Anthropic's own (a /v1/messages route passes its events and bodies on untranslated): the 402 it answers it with.
+  if (type === 'billing_error') return 402;
   if (code === 'invalid_api_key' || type === 'authentication_error') return 401;
   if (type === 'permission_error') return 403;
   return undefined;

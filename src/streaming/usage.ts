@@ -7,14 +7,17 @@ export interface Usage {
 
 /**
  * Usage from a parsed answer or event: chat/completions/embeddings (`prompt_tokens`), Responses and Anthropic
- * (`input_tokens`; an Anthropic stream's message_start holds it in `message`).
+ * (`input_tokens`; an Anthropic stream's message_start holds it in `message`). Anthropic counts the prompt tokens read
+ * from and written to its prompt cache apart from `input_tokens` (an agent's cached turn: a few input tokens, tens of
+ * thousands read from the cache); they are prompt tokens billed all the same, as the chat translation counts them.
  */
 export function usageOf(parsed: unknown): Usage | undefined {
   type Holder = { usage?: Record<string, unknown> | null };
   const p = parsed as (Holder & { response?: Holder; message?: Holder }) | null;
   const u = p?.usage ?? p?.response?.usage ?? p?.message?.usage;
   if (!u || typeof u !== 'object') return undefined;
-  const prompt = Number(u.prompt_tokens ?? u.input_tokens ?? 0);
+  const cached = u.prompt_tokens === undefined ? Number(u.cache_read_input_tokens ?? 0) + Number(u.cache_creation_input_tokens ?? 0) : 0;
+  const prompt = Number(u.prompt_tokens ?? u.input_tokens ?? 0) + cached;
   const completion = Number(u.completion_tokens ?? u.output_tokens ?? 0);
   return Number.isFinite(prompt) && Number.isFinite(completion) ? { prompt, completion } : undefined;
 }
@@ -28,7 +31,7 @@ export function laterUsage(before: Usage | undefined, latest: Usage | undefined)
   return { prompt: Math.max(before.prompt, latest.prompt), completion: Math.max(before.completion, latest.completion) };
 }
 
-const USAGE_FIELDS = /"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)/g;
+const USAGE_FIELDS = /"(prompt_tokens|completion_tokens|input_tokens|output_tokens|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d+)/g;
 
 /**
  * Usage from a whole answer's body; undefined for bodies that carry none. Read from the usage object's text rather
@@ -40,9 +43,14 @@ export function usageOfBody(body: Buffer): Usage | undefined {
   const text = body.toString('utf8', at, Math.min(body.length, at + 600));
   let prompt: number | undefined;
   let completion: number | undefined;
+  // Anthropic's prompt-cache counts, apart from its input_tokens (see usageOf).
+  const cache = { cache_read_input_tokens: undefined as number | undefined, cache_creation_input_tokens: undefined as number | undefined };
   for (const m of text.matchAll(USAGE_FIELDS)) {
     if (m[1] === 'prompt_tokens' || m[1] === 'input_tokens') prompt ??= Number(m[2]);
+    else if (m[1] === 'cache_read_input_tokens' || m[1] === 'cache_creation_input_tokens') cache[m[1]] ??= Number(m[2]);
     else completion ??= Number(m[2]);
   }
-  return prompt === undefined && completion === undefined ? undefined : { prompt: prompt ?? 0, completion: completion ?? 0 };
+  const cached = text.includes('"prompt_tokens"') ? 0 : (cache.cache_read_input_tokens ?? 0) + (cache.cache_creation_input_tokens ?? 0);
+  if (prompt === undefined && completion === undefined && cached === 0) return undefined;
+  return { prompt: (prompt ?? 0) + cached, completion: completion ?? 0 };
 }
