@@ -84,7 +84,7 @@ describe('config/examples', () => {
   });
 
   it('anthropic-agents: the Anthropic SDK is answered by the backup account while the first is overloaded', async () => {
-    const s = await stack({ config: fromExample('anthropic-agents.yaml', (url) => ({ ANTHROPIC_BACKUP_BASE_URL: url, ANTHROPIC_BACKUP_API_KEY: TEST_KEY })) });
+    const s = await stack({ config: fromExample('anthropic-agents.yaml', (url) => ({ ANTHROPIC_UPSTREAM_URL: url, ANTHROPIC_BACKUP_UPSTREAM_URL: url, ANTHROPIC_BACKUP_API_KEY: TEST_KEY })) });
     // The first account's three attempts get 529; the backup's first is answered.
     s.mock.setFaults({ errors: [{ status: 529, times: 3 }] });
     const claude = new Anthropic({ baseURL: s.url, apiKey: 'unused', maxRetries: 0 });
