@@ -41,6 +41,7 @@ export const ERROR_CODES = {
   no_target: { status: 503, type: 'server_error' },
   stream_interrupted: { status: 502, type: 'server_error' },
   internal_error: { status: 500, type: 'server_error' },
+  loop_detected: { status: 508, type: 'server_error' },
 } as const satisfies Record<string, ErrorDef>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

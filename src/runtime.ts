@@ -1,5 +1,6 @@
 // Builds everything the pipeline needs from the config, once: provider pools, the state store, breakers, hold-offs,
 // the retry budget, the parking lot, and the wiring between them and the metrics. server.ts only adds HTTP.
+import { loopGuard, type LoopGuard } from './http/loop-guard.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Dispatcher } from 'undici';
@@ -40,6 +41,7 @@ export interface RuntimeDeps {
 
 export interface Runtime {
   pipeline: PipelineDeps;
+  loop: LoopGuard;
   store: StateStore;
   lot: ParkingLot;
   close(): Promise<void>;
@@ -180,7 +182,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   };
   zeroCounters(config, metrics, targetKeys, zeroOnce);
   const observer = metricsObserver(metrics);
+  const loop = loopGuard();
   const pipeline: PipelineDeps = {
+    via: loop.via,
     providers,
     weighted,
     pools,
@@ -211,6 +215,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 
   return {
     pipeline,
+    loop,
     store,
     lot,
     async close() {

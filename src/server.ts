@@ -167,6 +167,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Answered here, done() is not called: fastify goes no further.
     if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
       sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));
+    } else if (request.headers.via !== undefined && runtime.loop.cameBack(request.headers.via)) {
+      logger.error({ reqId: request.id, path: request.url.split('?')[0] }, 'a request this gateway sent upstream came back to it: a provider baseUrl points at the gateway itself');
+      sendError(reply, new GatewayError('loop_detected', 'the request came back to the gateway that sent it upstream: a provider\'s baseUrl points at the gateway itself (is OPENAI_BASE_URL, or the variable the config reads, set to the gateway\'s address where it was started?)'));
     } else if (!admitted(request, reply)) {
       // Answered 401 by admitted().
     } else if (phase === 'closing' && router.paths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
@@ -344,7 +347,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
   if (config.passthrough) {
     const { paths, methods } = config.passthrough;
-    await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!, config.routes.map((r) => r.match.path));
+    await registerPassthrough(app, config.passthrough, config.providers[config.passthrough.provider]!, config.routes.map((r) => r.match.path), runtime.loop.via);
     // The path is open, the method is not: 405 with `allow`, as on the managed paths (HEAD goes with GET).
     const allowed = methods.includes('GET') ? [...methods, 'HEAD'] : methods;
     for (const path of paths) {

@@ -53,6 +53,8 @@ export interface PipelineDeps extends ServeDeps {
   onStreamEnd?: (route: string, end: StreamEnd) => void;
   /** A learned target key was given back (its model does not exist): drop what is kept under it. */
   onTargetForgotten?: (key: string) => void;
+  /** The `via` header this instance sends upstream (http/loop-guard.ts). */
+  via?: string;
 }
 
 /** What the server writes back, plus the facts the request log line needs. */

@@ -33,7 +33,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const { route } = req;
   const skipped: Plans['skipped'] = [];
   let disabled = 0;
-  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId };
+  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: deps.via }) };
   const asked = req.headers['x-stormgate-priority'];
   const askedPriority = Array.isArray(asked) ? asked[0] : asked;
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;

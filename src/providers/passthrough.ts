@@ -94,7 +94,7 @@ function plainPath(path: string): string {
  * company's key and none of the retries, budget, breaker or deadline the route promises. Such a request gets the 404
  * the gateway gives that spelling without passthrough.
  */
-export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig, managedPaths: readonly string[]): Promise<void> {
+export async function registerPassthrough(app: FastifyInstance, passthrough: Passthrough, provider: ProviderConfig, managedPaths: readonly string[], via: string): Promise<void> {
   const providerName = passthrough.provider;
   const managed = new Set(managedPaths.map((p) => p.replace(/\/+$/, '')));
   const base = new URL(provider.baseUrl);
@@ -135,6 +135,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           out.authorization = `Bearer ${provider.apiKey}`;
           // The gateway's request id, as on the managed routes: the provider's support can find the call by it.
           out['x-client-request-id'] = req.id;
+          // This instance, so that a request that comes back to it is seen for the loop it is (http/loop-guard.ts).
+          out.via = via;
           return out as typeof headers;
         },
         // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.

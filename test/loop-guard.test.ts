@@ -1,0 +1,64 @@
+// A gateway whose provider baseUrl points at itself (OPENAI_BASE_URL exported for the agents in the shell that starts
+// it) must not send each request to itself again and again: the request that comes back is answered 508 at once, and
+// the client learns why. Two gateways in a row (one in front of the other) are no loop.
+import OpenAI from 'openai';
+import type { FastifyInstance } from 'fastify';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { buildServer } from '../src/server.ts';
+import { createLogger } from '../src/observability/logger.ts';
+import { createMetrics } from '../src/observability/metrics.ts';
+import { freePort } from './helpers/free-port.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, testLogSink, useStacks } from './helpers/stack.ts';
+
+const startStack = useStacks();
+const started: FastifyInstance[] = [];
+afterEach(async () => {
+  await Promise.all(started.splice(0).map((g) => g.close()));
+});
+
+/** A gateway on `port` whose only provider is at `baseUrl`. */
+async function gatewayOn(port: number, baseUrl: string, logs: string[] = []): Promise<string> {
+  const input: ConfigInput = {
+    ...defaultConfig('http://127.0.0.1:9', RETRY_LOOP_ONLY),
+    server: { host: '127.0.0.1', port, logLevel: 'info' },
+    providers: { upstream: { family: 'openai', baseUrl, apiKey: 'k', breaker: false } },
+    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'upstream' }], retry: { maxAttempts: 3 } }],
+    passthrough: { provider: 'upstream', paths: ['/v1/files'], methods: ['GET'] },
+  };
+  const config = ConfigSchema.parse(input);
+  const gateway = await buildServer(config, { logger: createLogger(config, testLogSink(logs)), metrics: createMetrics({ defaultMetrics: false }) });
+  started.push(gateway);
+  return gateway.listen({ host: '127.0.0.1', port });
+}
+
+describe('a provider baseUrl that points at the gateway itself', () => {
+  it('answers the request that comes back 508 loop_detected at once: one extra request, not a storm', async () => {
+    const port = await freePort();
+    const logs: string[] = [];
+    const url = await gatewayOn(port, `http://127.0.0.1:${port}/v1`, logs);
+    const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 2 });
+    const err = (await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(err.status).toBe(508);
+    expect(err.code).toBe('loop_detected');
+    expect(err.message).toMatch(/baseUrl points at the gateway itself/);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    // The client's request and the one copy that came back: two log lines, no more.
+    const lines = logs.map((l) => JSON.parse(l) as { status?: number; msg?: string }).filter((l) => l.status !== undefined);
+    expect(lines.map((l) => l.status).sort()).toEqual([508, 508]);
+    expect(logs.some((l) => l.includes('came back to it'))).toBe(true);
+    // Passthrough paths too.
+    const files = await fetch(`${url}/v1/files`);
+    expect(files.status).toBe(508);
+    expect(((await files.json()) as { error: { code: string } }).error.code).toBe('loop_detected');
+  });
+
+  it('lets one gateway stand in front of another', async () => {
+    const s = await startStack(RETRY_LOOP_ONLY);
+    const url = await gatewayOn(await freePort(), `${s.url}/v1`);
+    const answer = await new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 0 }).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    expect(answer.choices[0]!.message.content).toBeTruthy();
+    expect(s.mock.requests()[0]!.headers.via).toMatch(/^1\.1 stormgate-[0-9a-f]{8}$/);
+  });
+});
