@@ -57,7 +57,7 @@ describe('a request whose deadline passes while the event loop is busy', () => {
     // Idle keep-alive connections to the provider, as on any instance with traffic.
     await Promise.all(['a', 'b', 'c', 'd'].map((id) => chat(s, `warm-${id}`, 10_000)));
     s.mock.setFaults({ latencyMs: 300, errors: [{ status: 503, times: 1 }] });
-    // One 503 opens the breaker, a second after the last success (a run of failures among successes does not).
+    // One 503 opens the breaker, once no success has come for CONSECUTIVE_QUIET_MS (a run of failures among successes does not).
     await sleep(CONSECUTIVE_QUIET_MS);
     expect((await chat(s, 'opener', 10_000)).status).toBe(503);
     // A patient request parks and, 200 ms later, lends the breaker its probe (300 ms at the provider).

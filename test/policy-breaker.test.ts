@@ -17,7 +17,7 @@ describe('the breaker state machine', () => {
     expect(tripsOnWindow(closed, { requests: 20, failures: 10 }, s)).toBe(true);
   });
 
-  it('opens at once on consecutiveFailures failures in a row, once no success has come for a second', () => {
+  it('opens at once on consecutiveFailures failures in a row, once no success has come for CONSECUTIVE_QUIET_MS', () => {
     const long = Number.POSITIVE_INFINITY;
     expect(tripsOnConsecutive(closed, { failures: 4, sinceSuccessMs: long }, s)).toBe(false);
     expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: long }, s)).toBe(true);
@@ -264,8 +264,8 @@ describe('the breaker board over a store', () => {
     }
     await b.flush();
     expect(transitions).toEqual([]);
-    // The provider goes down: the run that began after its last success opens the breaker once a second has passed
-    // without one, on the next failure.
+    // The provider goes down: the run that began after its last success opens the breaker once CONSECUTIVE_QUIET_MS
+    // has passed without one, on the next failure.
     let failures = 0;
     while (transitions.length === 0 && failures < 1_000) {
       advance(3);
@@ -273,7 +273,7 @@ describe('the breaker board over a store', () => {
       failures++;
     }
     expect(transitions).toEqual(['p/m:closed->open']);
-    // About a second of failures (the run's first few came before the loop).
+    // About CONSECUTIVE_QUIET_MS of failures (the run's first few came before the loop).
     expect(failures * 3).toBeGreaterThan(CONSECUTIVE_QUIET_MS - 30);
     expect(failures * 3).toBeLessThanOrEqual(CONSECUTIVE_QUIET_MS);
   });
