@@ -1,7 +1,7 @@
 // The breaker's state machine and the board that runs it over a state store, with a fake clock.
 import { describe, expect, it } from 'vitest';
 import { BreakerSchema } from '../src/config/schema.ts';
-import { abortedVerdict, afterProbe, availability, changesState, CONSECUTIVE_QUIET_MS, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
+import { abortedVerdict, afterProbe, availability, changesState, CONSECUTIVE_QUIET_MS, LONG_RUN_FACTOR, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { INITIAL_BREAKER, type BreakerRecord } from '../src/state/store.ts';
@@ -24,6 +24,9 @@ describe('the breaker state machine', () => {
     // A run among many requests that keep succeeding (a provider failing a share of them) is not an outage.
     expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: CONSECUTIVE_QUIET_MS - 1 }, s)).toBe(false);
     expect(tripsOnConsecutive(closed, { failures: 5, sinceSuccessMs: CONSECUTIVE_QUIET_MS }, s)).toBe(true);
+    // A run four times as long is an outage at any rate: no need to wait for the quiet period.
+    expect(tripsOnConsecutive(closed, { failures: LONG_RUN_FACTOR * 5 - 1, sinceSuccessMs: 10 }, s)).toBe(false);
+    expect(tripsOnConsecutive(closed, { failures: LONG_RUN_FACTOR * 5, sinceSuccessMs: 10 }, s)).toBe(true);
   });
 
   it('stays open for openS plus up to 10% jitter, and a new generation starts', () => {
@@ -264,8 +267,7 @@ describe('the breaker board over a store', () => {
     }
     await b.flush();
     expect(transitions).toEqual([]);
-    // The provider goes down: the run that began after its last success opens the breaker once CONSECUTIVE_QUIET_MS
-    // has passed without one, on the next failure.
+    // The provider goes down: the run that began after its last success opens the breaker.
     let failures = 0;
     while (transitions.length === 0 && failures < 1_000) {
       advance(3);
@@ -273,9 +275,23 @@ describe('the breaker board over a store', () => {
       failures++;
     }
     expect(transitions).toEqual(['p/m:closed->open']);
-    // About CONSECUTIVE_QUIET_MS of failures (the run's first few came before the loop).
-    expect(failures * 3).toBeGreaterThan(CONSECUTIVE_QUIET_MS - 30);
-    expect(failures * 3).toBeLessThanOrEqual(CONSECUTIVE_QUIET_MS);
+    // At 300 requests a second the run reaches LONG_RUN_FACTOR x consecutiveFailures (its first six came before the
+    // loop) before CONSECUTIVE_QUIET_MS passes.
+    expect(failures).toBe(LONG_RUN_FACTOR * 5 - 6);
+  });
+
+  it('at a few requests a second, opens on a run of consecutiveFailures once CONSECUTIVE_QUIET_MS has passed without a success', async () => {
+    const { b, transitions, advance } = board();
+    await b.record('p/m', s, 'success', 10, undefined);
+    for (let i = 0; i < 5; i++) {
+      advance(40);
+      await b.record('p/m', s, 'failure', 10, undefined);
+    }
+    // Five failures in 200 ms: not yet a quarter second without a success.
+    expect(transitions).toEqual([]);
+    advance(50);
+    await b.record('p/m', s, 'failure', 10, undefined);
+    expect(transitions).toEqual(['p/m:closed->open']);
   });
 
   it('opens on the failure rate over the window when failures are not consecutive', async () => {

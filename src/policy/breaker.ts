@@ -84,15 +84,26 @@ export function tripsOnWindow(rec: BreakerRecord, w: OutcomeWindow, s: BreakerSe
  */
 export const CONSECUTIVE_QUIET_MS = 250;
 
+/**
+ * A run this many times consecutiveFailures long opens the breaker without the quiet period: at volume a provider
+ * that is down makes one within milliseconds (20 failures take 100 ms at 200 requests a second, where every one of
+ * them would have been better parked), and chance never does for one that answers most requests (0.3^20).
+ */
+export const LONG_RUN_FACTOR = 4;
+
 /** A target's current run of failures as one instance saw it, and how long it has been since its last success. */
 export interface FailureRun {
   failures: number;
   sinceSuccessMs: number;
 }
 
-/** The consecutive-failures rule: one instance seeing that many failures in a row, and no success for CONSECUTIVE_QUIET_MS, opens the breaker for the fleet. */
+/**
+ * The consecutive-failures rule: one instance seeing that many failures in a row, and no success for
+ * CONSECUTIVE_QUIET_MS (or a run LONG_RUN_FACTOR times as long), opens the breaker for the fleet.
+ */
 export function tripsOnConsecutive(rec: BreakerRecord, run: FailureRun, s: BreakerSettings): boolean {
-  return rec.state === 'closed' && run.failures >= s.consecutiveFailures && run.sinceSuccessMs >= CONSECUTIVE_QUIET_MS;
+  if (rec.state !== 'closed' || run.failures < s.consecutiveFailures) return false;
+  return run.sinceSuccessMs >= CONSECUTIVE_QUIET_MS || run.failures >= LONG_RUN_FACTOR * s.consecutiveFailures;
 }
 
 /**
