@@ -51,6 +51,20 @@ describe('the adaptive limit', () => {
     expect(st.limit).toBeLessThan(before + 1.1);
   });
 
+  it('grows one slot per round trip to the first token, not per stream held: long streams grow back as fast', () => {
+    // A limit of 50 under 30 s streams whose first token comes in 1 s: a success every 0.6 s (50 slots, 30 s each).
+    const cut = { ...initialLimit(settings), limit: 50, caps: [50, 50] };
+    let st = cut;
+    for (let i = 0; i < 50; i++) st = onSuccess(st, settings, 1e9, 1_000, 30_000);
+    // 50 successes take about one hold time, 30 s (less as the limit grows): up to thirty round trips, one slot each.
+    expect(st.limit).toBeGreaterThan(70);
+    expect(st.limit).toBeLessThan(81);
+    // Whole answers (held as long as their round trip) keep one slot per limit's worth of successes.
+    let whole = cut;
+    for (let i = 0; i < 50; i++) whole = onSuccess(whole, settings, 1e9, 1_000, 1_000);
+    expect(whole.limit).toBeCloseTo(51, 0);
+  });
+
   it('restarts at half after an outage and slow-starts back, doubling per round trip', () => {
     let st = onRecovered({ ...initialLimit(settings), limit: 80 }, settings);
     expect(st.limit).toBe(40);

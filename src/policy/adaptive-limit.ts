@@ -108,8 +108,12 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  * An answer came back fine: grow back what was cut, top class first (online's cap before batch's), and the limit
  * itself last. Batch thus takes the sawtooth of probing for capacity, and online's room is left alone. In slow start
  * (after an outage) the limit comes first, +1 per success.
+ * Otherwise one slot per round trip, as AIMD adds one per feedback delay: the provider says whether one more attempt
+ * was too many when it answers it (roundTripMs), not when a stream it answered ends. Successes come one per
+ * `holdMs / limit` (a slot is held for the whole stream), so each adds holdMs / roundTripMs / limit, at most one:
+ * at 1/limit, a limit a 429 burst cut from 128 to 64 under 30 s streams took half an hour to grow back.
  */
-export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number): LimitState {
+export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, holdMs = roundTripMs): LimitState {
   // A burst of rate-limit signals is over (a quiet round trip): a limit it took below half of where it began slow-starts back there.
   const to = st.recoverTo;
   if (to !== undefined && st.limit < to && nowMs - st.lastSignalAtMs >= roundTripMs) {
@@ -121,16 +125,19 @@ export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, round
     const limit = Math.min(s.max, st.limit + 1);
     return { ...st, limit, slowStartTo: limit < st.slowStartTo! ? st.slowStartTo : undefined };
   }
+  const perRoundTrip = roundTripMs > 0 ? Math.max(1, holdMs / roundTripMs) : 1;
   for (let k = 1; k < st.caps.length; k++) {
     if (st.caps[k]! < st.limit) {
       const caps = [...st.caps];
-      caps[k] = Math.min(st.limit, caps[k]! + 1 / Math.max(1, caps[k]!));
+      const cap = Math.max(1, caps[k]!);
+      caps[k] = Math.min(st.limit, caps[k]! + Math.min(cap, perRoundTrip) / cap);
       return { ...st, caps, slowStartTo: undefined };
     }
   }
   if (st.limit >= s.max) return st;
-  const limit = Math.min(s.max, st.limit + 1 / st.limit);
-  return { ...st, limit, caps: st.caps.map((c) => Math.max(c, Math.min(c + 1 / st.limit, limit))), slowStartTo: undefined };
+  const step = Math.min(st.limit, perRoundTrip) / st.limit;
+  const limit = Math.min(s.max, st.limit + step);
+  return { ...st, limit, caps: st.caps.map((c) => Math.max(c, Math.min(c + step, limit))), slowStartTo: undefined };
 }
 
 /**

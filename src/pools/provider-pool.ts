@@ -205,7 +205,7 @@ export class ProviderPool {
       // Round trips of answers, not of the instant 429s, pace both the wait estimates and the once-per-round-trip cut.
       if (roundTripMs > 0) this.#roundTripMs = this.#roundTripTimed ? 0.8 * this.#roundTripMs + 0.2 * roundTripMs : roundTripMs;
       this.#roundTripTimed ||= roundTripMs > 0;
-      t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs);
+      t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, this.#slotHoldMs);
       this.#drain();
     } else {
       t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
