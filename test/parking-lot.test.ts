@@ -226,3 +226,34 @@ describe('the parking lot', () => {
     expect(await p).toEqual({ kind: 'closing' });
   });
 });
+
+describe('the parking lot with priority classes', () => {
+  it('releases an online request at once though batch requests released before it still hold the limit and more batch waits', async () => {
+    state = { mode: 'available', slots: 1 };
+    const batch = { ...opts(60_000), cls: 1 };
+    // One batch request released and still out (waiting for its class's slot in the pool), nine more parked behind it.
+    const first = await lot.park('t', batch);
+    expect(first.kind).toBe('released');
+    for (let i = 0; i < 9; i++) void lot.park('t', batch);
+    await vi.advanceTimersByTimeAsync(10);
+    expect(lot.waiting('t')).toBe(9);
+    // An online newcomer does not queue behind batch...
+    expect(lot.waiting('t', 0)).toBe(0);
+    // ...and one that parks (a hold-off just ended, say) leaves ahead of them, paced only by online requests out.
+    let online: string | undefined;
+    void lot.park('t', { ...opts(60_000), cls: 0 }).then((r) => (online = r.kind));
+    await vi.advanceTimersByTimeAsync(10);
+    expect(online).toBe('released');
+    expect(lot.waiting('t')).toBe(9);
+  });
+
+  it('lets parked online requests go before parked batch ones when the target comes back, whatever their deadlines', async () => {
+    const order: string[] = [];
+    void lot.park('t', { ...opts(30_000), cls: 1 }).then((r) => r.kind === 'released' && order.push('batch'));
+    void lot.park('t', { ...opts(60_000), cls: 0 }).then((r) => r.kind === 'released' && order.push('online'));
+    state = { mode: 'available', slots: 1 };
+    lot.notify('t');
+    await vi.advanceTimersByTimeAsync(10);
+    expect(order).toEqual(['online']);
+  });
+});

@@ -39,6 +39,12 @@ export interface ParkOptions {
   minAttemptMs: number;
   /** Not released before then, whatever the target's state says (the probe permits are out until then). */
   notBeforeMs?: number;
+  /**
+   * The request's priority class in the target's pool (0, the highest, by default). Higher classes leave first, and a
+   * class is paced only by what the lot released of its own and higher classes: released batch requests waiting for
+   * their class's few slots must not keep online requests parked behind them (the noisy neighbour, back in the lot).
+   */
+  cls?: number;
 }
 
 export interface ParkingLotDeps {
@@ -52,6 +58,7 @@ export interface ParkingLotDeps {
 
 interface Entry {
   route: string;
+  cls: number;
   deadlineAtMs: number;
   /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
   cutoffMs: number;
@@ -63,6 +70,8 @@ interface Entry {
 interface Queue {
   entries: Entry[];
   inflight: number;
+  /** Released and not yet done, per class. */
+  inflightByClass: number[];
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
   /** Since when the target has been unavailable to this queue, while it is. */
@@ -87,9 +96,13 @@ export class ParkingLot {
     this.#deps = deps;
   }
 
-  /** Requests waiting for a target (new arrivals queue behind them, so the deadline order holds). */
-  waiting(target: string): number {
-    return this.#queues.get(target)?.entries.length ?? 0;
+  /**
+   * Requests waiting for a target (new arrivals queue behind them, so the deadline order holds); with `cls`, only those
+   * of that class or a higher one: a newcomer does not queue behind lower classes.
+   */
+  waiting(target: string, cls?: number): number {
+    const entries = this.#queues.get(target)?.entries ?? [];
+    return cls === undefined ? entries.length : entries.filter((e) => e.cls <= cls).length;
   }
 
   park(target: string, opts: ParkOptions): Promise<ParkResult> {
@@ -102,6 +115,7 @@ export class ParkingLot {
       const cutoffMs = opts.deadlineAtMs - opts.minAttemptMs;
       const entry: Entry = {
         route: opts.route,
+        cls: opts.cls ?? 0,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
         notBeforeMs: notBefore(q.spreadUntilMs > this.#deps.now() ? Math.min(q.spreadUntilMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
@@ -167,7 +181,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
+    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, inflightByClass: [], timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
     return q;
   }
 
@@ -199,9 +213,13 @@ export class ParkingLot {
         i++;
         continue;
       }
-      if (q.inflight >= limit) break;
+      // Entries are in class order: one that may not go now (its class and the higher ones have `limit` out) holds
+      // back every one after it.
+      if (inflightUpTo(q, entry.cls) >= limit) break;
       q.entries.splice(i, 1);
       q.inflight++;
+      q.inflightByClass[entry.cls] = (q.inflightByClass[entry.cls] ?? 0) + 1;
+      const cls = entry.cls;
       let reported = false;
       entry.settle({
         kind: 'released',
@@ -210,6 +228,7 @@ export class ParkingLot {
             if (reported) return;
             reported = true;
             q.inflight--;
+            q.inflightByClass[cls]!--;
             this.#pump(target, q);
           },
         },
@@ -260,13 +279,21 @@ function notBefore(a: number | undefined, b: number | undefined): number | undef
   return a === undefined ? b : b === undefined ? a : Math.max(a, b);
 }
 
-/** Keeps entries ordered by deadline, earliest first; equal deadlines keep arrival order. */
+/** Released requests of class `cls` and the higher ones still out. */
+function inflightUpTo(q: Queue, cls: number): number {
+  let n = 0;
+  for (let k = 0; k <= cls; k++) n += q.inflightByClass[k] ?? 0;
+  return n;
+}
+
+/** Keeps entries ordered by class, highest first, then by deadline, earliest first; equal ones keep arrival order. */
 function insertByDeadline(entries: Entry[], entry: Entry): void {
   let lo = 0;
   let hi = entries.length;
   while (lo < hi) {
     const mid = (lo + hi) >>> 1;
-    if (entries[mid]!.deadlineAtMs <= entry.deadlineAtMs) lo = mid + 1;
+    const m = entries[mid]!;
+    if (m.cls < entry.cls || (m.cls === entry.cls && m.deadlineAtMs <= entry.deadlineAtMs)) lo = mid + 1;
     else hi = mid;
   }
   entries.splice(lo, 0, entry);

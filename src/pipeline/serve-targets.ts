@@ -137,7 +137,7 @@ export async function serveTargets(
       }
       // Parked requests go first, in deadline order: a newcomer queues behind them, for what holds them (its real end,
       // so the one wait rule and the answer, should it not wait, say the truth).
-      if (!released && park && deps.lot.waiting(plan.key) > 0) {
+      if (!released && park && deps.lot.waiting(plan.key, plan.cls) > 0) {
         const holding = whatHolds(plan, ctx.parkable, deps);
         blocked.push({ plan, ...holding });
         left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : holding.reason === 'pacing' ? 'shed' : 'breaker_open' };
@@ -238,6 +238,7 @@ export async function serveTargets(
       maxQueue: park.maxQueue,
       maxWaitMs: park.maxWaitMs,
       minAttemptMs: ctx.route.config.minAttemptMs,
+      cls: first.plan.cls,
       // A target that is probing may still have no permit for this request (others hold them, here or on another
       // instance): it waits for them rather than be released at once, refused, and parked again in a loop.
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),

@@ -1,19 +1,66 @@
-// With a shared state store, maxConcurrent is the fleet's: each instance takes a share of every provider's pool
-// weighted by its demand, refreshed twice a second, so N instances do not send N times the concurrency the provider
-// accepts. While the store cannot be asked, an instance keeps the share it had.
+// With a shared state store, maxConcurrent is the fleet's: each instance takes a share of every provider's pool by
+// its demand, refreshed twice a second, so N instances do not send N times the concurrency the provider accepts.
+// Demand is exchanged per priority class and the fleet's capacity is handed out as one pool would hand it out: each
+// lower class with demand keeps its minShare floor, then higher classes first, so an instance whose clients are all
+// batch cannot take the slots another instance's online users need (by total demand alone, 150 batch agents on one
+// instance left 3 of 24 slots to the online traffic of another, which queued for seconds). While the store cannot be
+// asked, an instance keeps the share it had.
 import type { StateStore } from '../state/store.ts';
 import type { Pools } from './pools.ts';
+import type { PoolClass } from './provider-pool.ts';
 
 /** Half a second: shares follow a shift in demand within about a second. */
 const REFRESH_MS = 500;
 
+/**
+ * Slots a class's demand is counted for: what it holds and waits for, plus room for the arrivals of the next half
+ * second (an eighth, and one), so a class does not live exactly at its demand with every newcomer waiting for the
+ * next exchange.
+ */
+function withHeadroom(demand: number): number {
+  return demand > 0 ? demand + Math.ceil(demand / 8) + 1 : 0;
+}
+
+/**
+ * This instance's share (0..1] of a pool of `capacity`: the fleet's capacity given to classes (floors of the lower
+ * classes first, then highest class first), each class's part split by the instances' demand in it, and what demand
+ * leaves over split by demand plus one per instance (an idle instance keeps a small share, so its first requests need
+ * not wait for a refresh).
+ */
+export function fleetShare(capacity: number, classes: readonly PoolClass[], own: readonly number[], fleet: readonly number[], instances: number): number {
+  const want = classes.map((_, k) => withHeadroom(Math.max(fleet[k] ?? 0, own[k] ?? 0)));
+  const alloc = classes.map(() => 0);
+  let left = capacity;
+  for (let k = 1; k < classes.length; k++) {
+    alloc[k] = Math.min(want[k]!, classes[k]!.minShare * capacity, left);
+    left -= alloc[k]!;
+  }
+  for (let k = 0; k < classes.length; k++) {
+    const more = Math.min(want[k]! - alloc[k]!, left);
+    alloc[k]! += more;
+    left -= more;
+  }
+  let mine = 0;
+  for (let k = 0; k < classes.length; k++) {
+    const d = own[k] ?? 0;
+    const total = Math.max(fleet[k] ?? 0, d);
+    if (d > 0 && total > 0) mine += (alloc[k]! * d) / total;
+  }
+  const ownTotal = own.reduce((a, b) => a + b, 0);
+  const fleetTotal = Math.max(fleet.reduce((a, b) => a + b, 0), ownTotal);
+  mine += (left * (ownTotal + 1)) / (fleetTotal + Math.max(1, instances));
+  return Math.min(1, Math.max(0, mine / capacity));
+}
+
 export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => number): () => void {
   const refresh = async () => {
     for (const pool of pools.all()) {
-      const demand = pool.demand();
+      const demand = pool.demandByClass();
       const fleet = await store.exchangeDemand(pool.settings.provider, demand, now());
-      // +1 per instance: an idle instance keeps a small share, so its first requests need not wait for a refresh.
-      if (fleet) pool.setShare(Math.min(1, (demand + 1) / (fleet.total + fleet.instances)), Math.max(0, fleet.total - demand));
+      if (!fleet) continue;
+      const own = demand.reduce((a, b) => a + b, 0);
+      const total = fleet.totals.reduce((a, b) => a + b, 0);
+      pool.setShare(fleetShare(pool.settings.capacity, pool.settings.classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own));
     }
   };
   const timer = setInterval(() => void refresh(), REFRESH_MS);

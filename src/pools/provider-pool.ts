@@ -245,9 +245,10 @@ export class ProviderPool {
     return Math.min(this.#target(target).limit.limit, this.#capacity);
   }
 
-  /** Demand on this pool: slots in use plus requests waiting. */
-  demand(): number {
-    return this.#inUse + this.#queues.reduce((n, q) => n + q.length, 0);
+
+  /** Demand on this pool per class, highest first: slots in use plus requests waiting. */
+  demandByClass(): number[] {
+    return this.#queues.map((q, k) => this.#inUseByClass[k]! + q.length);
   }
 
   /**

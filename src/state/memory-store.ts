@@ -126,8 +126,8 @@ export class MemoryStore implements StateStore {
     this.#emit({ kind: 'hold-off', target, untilMs });
   }
 
-  async exchangeDemand(_pool: string, demand: number): Promise<{ total: number; instances: number }> {
-    return { total: demand, instances: 1 };
+  async exchangeDemand(_pool: string, demand: readonly number[]): Promise<{ totals: number[]; instances: number }> {
+    return { totals: [...demand], instances: 1 };
   }
 
   onChange(listener: (change: StateChange) => void): () => void {

@@ -34,9 +34,13 @@ export class RedisKeys {
     return `${this.#prefix}{${target}}:hold-off`;
   }
 
-  /** Each instance's demand on a provider's pool: field = instance id, value = `<demand>:<ms>`. */
+  /**
+   * Each instance's demand on a provider's pool, per priority class: field = instance id, value = `<d0>,<d1>,...:<ms>`.
+   * A key of its own (not `:demand`, whose values were one number): a fleet upgraded one instance at a time never has
+   * an instance drop the others' fields as malformed.
+   */
   demand(pool: string): string {
-    return `${this.#prefix}{pool/${pool}}:demand`;
+    return `${this.#prefix}{pool/${pool}}:demand-by-class`;
   }
 
   /** Written by the degraded store's health check; expires at once. */

@@ -125,17 +125,24 @@ local key = KEYS[1]
 local now, stale = tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('HSET', key, ARGV[1], ARGV[2] .. ':' .. ARGV[3])
 local all = redis.call('HGETALL', key)
-local total, n = 0, 0
+local totals, n = {}, 0
 for i = 1, #all, 2 do
-  local d, t = string.match(all[i + 1], '^([%d.]+):(%d+)$')
+  local d, t = string.match(all[i + 1], '^([%d.,]+):(%d+)$')
   if d == nil or now - tonumber(t) > stale then
     redis.call('HDEL', key, all[i])
   else
-    total, n = total + tonumber(d), n + 1
+    local k = 1
+    for v in string.gmatch(d, '[^,]+') do
+      totals[k] = (totals[k] or 0) + (tonumber(v) or 0)
+      k = k + 1
+    end
+    n = n + 1
   end
 end
 redis.call('PEXPIRE', key, stale * 2)
-return { tostring(total), n }
+local out = {}
+for k = 1, #totals do out[k] = tostring(totals[k]) end
+return { table.concat(out, ','), n }
 `;
 
 /**

@@ -240,11 +240,11 @@ export class RedisStore implements StateStore {
     return this.#view.onChange(listener);
   }
 
-  async exchangeDemand(pool: string, demand: number, nowMs: number): Promise<{ total: number; instances: number } | undefined> {
+  async exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined> {
     return this.#run(
       async (c) => {
-        const [total, instances] = await c.sgExchangeDemand(this.#keys.demand(pool), this.#id, demand, nowMs, DEMAND_STALE_MS);
-        return { total: Number(total), instances };
+        const [totals, instances] = await c.sgExchangeDemand(this.#keys.demand(pool), this.#id, demand.join(','), nowMs, DEMAND_STALE_MS);
+        return { totals: totals === '' ? [] : totals.split(',').map(Number), instances };
       },
       () => undefined,
     );

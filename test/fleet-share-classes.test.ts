@@ -1,0 +1,94 @@
+// A fleet's maxConcurrent is handed out by class, not by raw demand: one instance flooded with batch and another
+// serving online users must not leave the online users a sliver of the provider (the noisy neighbour, across instances).
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { FastifyInstance } from 'fastify';
+import OpenAI from 'openai';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { buildServer } from '../src/server.ts';
+import { createLogger } from '../src/observability/logger.ts';
+import { createMetrics } from '../src/observability/metrics.ts';
+import { startMock, type MockServer } from '../src/mock/server.ts';
+import { fleetShare } from '../src/pools/fleet-share.ts';
+import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+
+let redis: RedisHandle;
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis.stop();
+});
+
+let mock: MockServer | undefined;
+const gateways: FastifyInstance[] = [];
+afterEach(async () => {
+  await Promise.all(gateways.splice(0).map((g) => g.close()));
+  await mock?.close();
+  mock = undefined;
+});
+
+const CLASSES = [
+  { name: 'online', minShare: 0.7, maxQueue: 500 },
+  { name: 'batch', minShare: 0.1, maxQueue: 20_000 },
+];
+
+describe('the fleet share of a pool', () => {
+  it('gives an instance serving online users what they need, before another instance\'s batch flood', () => {
+    // 24 slots; instance A: 150 batch requests, instance B: 13 online.
+    const a = fleetShare(24, CLASSES, [0, 150], [13, 150], 2);
+    const b = fleetShare(24, CLASSES, [13, 0], [13, 150], 2);
+    expect(b * 24).toBeGreaterThanOrEqual(13);
+    // Batch keeps at least its minShare, and the fleet stays within its capacity.
+    expect(a * 24).toBeGreaterThanOrEqual(2.4);
+    expect(a + b).toBeLessThanOrEqual(1 + 1e-9);
+  });
+
+  it('splits an idle fleet evenly and a single class by demand, as before', () => {
+    expect(fleetShare(24, CLASSES, [0, 0], [0, 0], 3)).toBeCloseTo(1 / 3);
+    expect(fleetShare(6, CLASSES, [8, 0], [24, 0], 3)).toBeCloseTo(1 / 3);
+  });
+
+  it('keeps online traffic on one instance fast while another instance carries a batch flood', async () => {
+    // The fleet's pool takes 8 at a time; each answer takes 300 ms. The provider takes a few more, so the moments
+    // when the instances' shares overlap (they are exchanged twice a second) are not 429s: what is checked is who waits.
+    mock = await startMock({ faults: { latencyMs: 300, capacity: 12 }, quiet: true, apiKey: TEST_KEY });
+    const base = defaultConfig(mock.url, { route: { timeoutMs: 60_000 }, provider: { maxConnections: 64, pools: { maxConcurrent: 8, classes: { online: { minShare: 0.7, maxQueue: 500 }, batch: { minShare: 0.1, maxQueue: 20_000 } } } } });
+    const input: ConfigInput = { ...base, state: { redis: redis.url, keyPrefix: `share${process.pid}`, commandTimeoutMs: 1000 } };
+    const config = ConfigSchema.parse(input);
+    const urls: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const g = await buildServer(config, { logger: createLogger(config, testLogSink([])), metrics: createMetrics({ defaultMetrics: false }) });
+      gateways.push(g);
+      urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));
+    }
+    const batchClient = new OpenAI({ baseURL: `${urls[0]}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-stormgate-priority': 'batch' } });
+    const onlineClient = new OpenAI({ baseURL: `${urls[1]}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const ask = (c: OpenAI) => c.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    let stop = false;
+    // 60 batch agents on instance A, closed loop.
+    const flood = Promise.all(Array.from({ length: 60 }, async () => {
+      while (!stop) await ask(batchClient).catch(() => sleep(100));
+    }));
+    await sleep(1_500);
+    // Online on instance B: 10 requests a second for 3 s, about 3 slots' worth.
+    const latencies: number[] = [];
+    const online: Promise<void>[] = [];
+    for (let i = 0; i < 30; i++) {
+      online.push((async () => {
+        const t = Date.now();
+        await ask(onlineClient);
+        latencies.push(Date.now() - t);
+      })());
+      await sleep(100);
+    }
+    await Promise.all(online);
+    stop = true;
+    await flood;
+    latencies.sort((x, y) => x - y);
+    // By total demand alone B got 1 of the 8 slots (2 of 62 demand): online waited seconds.
+    expect(latencies[Math.floor(latencies.length / 2)]!).toBeLessThan(700);
+    expect(latencies.at(-1)!).toBeLessThan(1_500);
+  }, 30_000);
+});
