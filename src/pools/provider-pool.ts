@@ -245,7 +245,6 @@ export class ProviderPool {
     return Math.min(this.#target(target).limit.limit, this.#capacity);
   }
 
-
   /** Demand on this pool per class, highest first: slots in use plus requests waiting. */
   demandByClass(): number[] {
     return this.#queues.map((q, k) => this.#inUseByClass[k]! + q.length);
