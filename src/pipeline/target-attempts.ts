@@ -260,8 +260,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       ...(admission.probe && { probe: true }),
       ...((outcome.kind === 'network' || outcome.kind === 'internal') && { code: outcome.code }),
     });
-    // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own.
-    if (!admission.probe || cls.cls === 'success') run.attempts++;
+    // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own. A probe
+    // the breaker does not judge (a 429 without a wait hint: the provider is there but refusing) is an answer the
+    // request got, and costs one: free, it would be sent again at once, parked and released, until the deadline.
+    if (!admission.probe || row.breaker !== 'failure') run.attempts++;
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
     let ownHoldOff: number | undefined;

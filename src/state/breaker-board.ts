@@ -107,7 +107,10 @@ export class BreakerBoard {
     if (probe !== undefined) {
       // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
       // on an instance whose view is a moment behind) before the reopen it was to learn from.
-      const inconclusive = verdict === 'slow-call' && v === 'ignore';
+      // A probe whose outcome says nothing of the provider's health (cut short too soon to count, or an answer the
+      // breaker ignores, such as a 429 without a wait hint) is inconclusive: left as it was, the next probe would be
+      // due at once, and the parked requests would each send one, back to back.
+      const inconclusive = v === 'ignore';
       try {
         await this.#transition(target, (rec) =>
           inconclusive ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs) : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs),
