@@ -1,14 +1,10 @@
 // A credential hold is shared by a fleet through Redis, like a hold-off, but read as its own kind: a gateway that
 // never saw the 401 itself skips the target at once with 502 upstream_auth_error, never parks, never answers 429.
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { buildServer } from '../src/server.ts';
-import { createLogger } from '../src/observability/logger.ts';
-import { createMetrics } from '../src/observability/metrics.ts';
 import { startMock, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
+import { defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
 
 let redis: RedisHandle;
@@ -19,10 +15,9 @@ afterAll(async () => {
   await redis.stop();
 });
 
+const startGateway = useGateways();
 let mock: MockServer | undefined;
-const gateways: FastifyInstance[] = [];
 afterEach(async () => {
-  await Promise.all(gateways.splice(0).map((g) => g.close()));
   await mock?.close();
   mock = undefined;
 });
@@ -43,12 +38,7 @@ describe('a credential hold across a fleet on one Redis', () => {
     // A generous command timeout: a busy machine's slow first command must not put the first instance on local state.
     const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 1000 } };
     const config = ConfigSchema.parse(input);
-    const urls: string[] = [];
-    for (let i = 0; i < 2; i++) {
-      const g = await buildServer(config, { logger: createLogger(config, testLogSink([])), metrics: createMetrics({ defaultMetrics: false }) });
-      gateways.push(g);
-      urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));
-    }
+    const urls = [await startGateway(config), await startGateway(config)];
     expect(await chat(urls[0]!)).toMatchObject({ status: 502, code: 'upstream_auth_error' });
     await sleep(200); // the hold reaches the other instance by pub/sub
     const started = Date.now();

@@ -1,16 +1,12 @@
 // A fleet's maxConcurrent is handed out by class, not by raw demand: one instance flooded with batch and another
 // serving online users must not leave the online users a sliver of the provider (the noisy neighbour, across instances).
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { FastifyInstance } from 'fastify';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { buildServer } from '../src/server.ts';
-import { createLogger } from '../src/observability/logger.ts';
-import { createMetrics } from '../src/observability/metrics.ts';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
-import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
+import { defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
 
 let redis: RedisHandle;
@@ -21,10 +17,9 @@ afterAll(async () => {
   await redis.stop();
 });
 
+const startGateway = useGateways();
 let mock: MockServer | undefined;
-const gateways: FastifyInstance[] = [];
 afterEach(async () => {
-  await Promise.all(gateways.splice(0).map((g) => g.close()));
   await mock?.close();
   mock = undefined;
 });
@@ -57,12 +52,7 @@ describe('the fleet share of a pool', () => {
     const base = defaultConfig(mock.url, { route: { timeoutMs: 60_000 }, provider: { maxConnections: 64, pools: { maxConcurrent: 8, classes: { online: { minShare: 0.7, maxQueue: 500 }, batch: { minShare: 0.1, maxQueue: 20_000 } } } } });
     const input: ConfigInput = { ...base, state: { redis: redis.url, keyPrefix: `share${process.pid}`, commandTimeoutMs: 1000 } };
     const config = ConfigSchema.parse(input);
-    const urls: string[] = [];
-    for (let i = 0; i < 2; i++) {
-      const g = await buildServer(config, { logger: createLogger(config, testLogSink([])), metrics: createMetrics({ defaultMetrics: false }) });
-      gateways.push(g);
-      urls.push(await g.listen({ host: '127.0.0.1', port: 0 }));
-    }
+    const urls = [await startGateway(config), await startGateway(config)];
     const batchClient = new OpenAI({ baseURL: `${urls[0]}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-stormgate-priority': 'batch' } });
     const onlineClient = new OpenAI({ baseURL: `${urls[1]}/v1`, apiKey: 'unused', maxRetries: 0 });
     const ask = (c: OpenAI) => c.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });

@@ -2,20 +2,13 @@
 // it) must not send each request to itself again and again: the request that comes back is answered 508 at once, and
 // the client learns why. Two gateways in a row (one in front of the other) are no loop.
 import OpenAI from 'openai';
-import type { FastifyInstance } from 'fastify';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { buildServer } from '../src/server.ts';
-import { createLogger } from '../src/observability/logger.ts';
-import { createMetrics } from '../src/observability/metrics.ts';
 import { freePort } from './helpers/free-port.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, testLogSink, useStacks } from './helpers/stack.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, useGateways, useStacks } from './helpers/stack.ts';
 
 const startStack = useStacks();
-const started: FastifyInstance[] = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((g) => g.close()));
-});
+const startGateway = useGateways();
 
 /** A gateway on `port` whose only provider is at `baseUrl`. */
 async function gatewayOn(port: number, baseUrl: string, logs: string[] = []): Promise<string> {
@@ -26,10 +19,7 @@ async function gatewayOn(port: number, baseUrl: string, logs: string[] = []): Pr
     routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'upstream' }], retry: { maxAttempts: 3 } }],
     passthrough: { provider: 'upstream', paths: ['/v1/files'], methods: ['GET'] },
   };
-  const config = ConfigSchema.parse(input);
-  const gateway = await buildServer(config, { logger: createLogger(config, testLogSink(logs)), metrics: createMetrics({ defaultMetrics: false }) });
-  started.push(gateway);
-  return gateway.listen({ host: '127.0.0.1', port });
+  return startGateway(ConfigSchema.parse(input), { logs, port });
 }
 
 describe('a provider baseUrl that points at the gateway itself', () => {

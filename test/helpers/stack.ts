@@ -128,6 +128,22 @@ export function useStacks(defaults: StackOptions = {}): (opts?: StackOptions) =>
   };
 }
 
+/**
+ * Starts gateways of a given config for one test file (several of one fleet, say) and closes them after each test;
+ * each start resolves the gateway's URL. `logs` collects its log lines; `port`, when given, is the one it listens on.
+ */
+export function useGateways(): (config: Config, opts?: { logs?: string[]; port?: number }) => Promise<string> {
+  const started: FastifyInstance[] = [];
+  afterEach(async () => {
+    await Promise.all(started.splice(0).map((g) => g.close()));
+  });
+  return async (config, opts = {}) => {
+    const gateway = await buildServer(config, { logger: createLogger(config, testLogSink(opts.logs ?? [])), metrics: createMetrics({ defaultMetrics: false }) });
+    started.push(gateway);
+    return gateway.listen({ host: '127.0.0.1', port: opts.port ?? 0 });
+  };
+}
+
 /** Starts extra mock providers (a backup, say) for one test file and closes them after each test. */
 export function useExtraMocks(): (opts?: MockOptions) => Promise<MockServer> {
   const started: MockServer[] = [];
