@@ -1,26 +1,15 @@
 // A credential hold is shared by a fleet through Redis, like a hold-off, but read as its own kind: a gateway that
 // never saw the 401 itself skips the target at once with 502 upstream_auth_error, never parks, never answers 429.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { startMock, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { defaultConfig, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 
-let redis: RedisHandle;
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis.stop();
-});
+const redisServer = useRedisServer();
 
 const startGateway = useGateways();
-let mock: MockServer | undefined;
-afterEach(async () => {
-  await mock?.close();
-  mock = undefined;
-});
+const startMock = useExtraMocks();
 
 async function chat(url: string) {
   const res = await fetch(`${url}/v1/chat/completions`, {
@@ -34,9 +23,9 @@ async function chat(url: string) {
 
 describe('a credential hold across a fleet on one Redis', () => {
   it('makes the other gateway answer 502 upstream_auth_error at once, without sending anything upstream', async () => {
-    mock = await startMock({ faults: { errors: [{ status: 401 }] }, quiet: true, apiKey: TEST_KEY });
+    const mock = await startMock({ faults: { errors: [{ status: 401 }] }, quiet: true, apiKey: TEST_KEY });
     // A generous command timeout: a busy machine's slow first command must not put the first instance on local state.
-    const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 1000 } };
+    const input: ConfigInput = { ...defaultConfig(mock.url), state: { redis: redisServer().url, keyPrefix: `cred${process.pid}`, commandTimeoutMs: 1000 } };
     const config = ConfigSchema.parse(input);
     const urls = [await startGateway(config), await startGateway(config)];
     expect(await chat(urls[0]!)).toMatchObject({ status: 502, code: 'upstream_auth_error' });

@@ -2,27 +2,16 @@
 // serving online users must not leave the online users a sliver of the provider (the noisy neighbour, across instances).
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { startMock, type MockServer } from '../src/mock/server.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
-import { defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { defaultConfig, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 
-let redis: RedisHandle;
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis.stop();
-});
+const redisServer = useRedisServer();
 
 const startGateway = useGateways();
-let mock: MockServer | undefined;
-afterEach(async () => {
-  await mock?.close();
-  mock = undefined;
-});
+const startMock = useExtraMocks();
 
 const CLASSES = [
   { name: 'online', minShare: 0.7, maxQueue: 500 },
@@ -46,11 +35,12 @@ describe('the fleet share of a pool', () => {
   });
 
   it('keeps online traffic on one instance fast while another instance carries a batch flood', async () => {
-    // The fleet's pool takes 8 at a time; each answer takes 300 ms. The provider takes a few more, so the moments
-    // when the instances' shares overlap (they are exchanged twice a second) are not 429s: what is checked is who waits.
-    mock = await startMock({ faults: { latencyMs: 300, capacity: 12 }, quiet: true, apiKey: TEST_KEY });
+    // The fleet's pool takes 8 at a time; each answer takes 300 ms. The provider takes more, so the moments when the
+    // instances' shares overlap (exchanged twice a second, while the slots of the old share are still held) are not
+    // 429s: what is checked is who waits.
+    const mock = await startMock({ faults: { latencyMs: 300, capacity: 20 }, quiet: true, apiKey: TEST_KEY });
     const base = defaultConfig(mock.url, { route: { timeoutMs: 60_000 }, provider: { maxConnections: 64, pools: { maxConcurrent: 8, classes: { online: { minShare: 0.7, maxQueue: 500 }, batch: { minShare: 0.1, maxQueue: 20_000 } } } } });
-    const input: ConfigInput = { ...base, state: { redis: redis.url, keyPrefix: `share${process.pid}`, commandTimeoutMs: 1000 } };
+    const input: ConfigInput = { ...base, state: { redis: redisServer().url, keyPrefix: `share${process.pid}`, commandTimeoutMs: 1000 } };
     const config = ConfigSchema.parse(input);
     const urls = [await startGateway(config), await startGateway(config)];
     const batchClient = new OpenAI({ baseURL: `${urls[0]}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-stormgate-priority': 'batch' } });

@@ -3,17 +3,11 @@
 // and when to come back (load_shed, x-should-retry: true), never "its circuit breaker is open; retry in 0 s".
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { defaultConfig, TEST_KEY, useStacks } from './helpers/stack.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 
-let redis: RedisHandle;
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis.stop();
-});
+const redisServer = useRedisServer();
 
 const start = useStacks();
 
@@ -34,7 +28,7 @@ describe('a newcomer parked behind requests the lot is releasing', () => {
       faults: { latencyMs: 2_000, errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] },
       config: (mockUrl) => {
         const base = defaultConfig(mockUrl, { route: { retry: { maxAttempts: 1 } }, provider: { pools: { maxConcurrent: 1 } } });
-        return { ...base, state: { redis: redis.url, keyPrefix: `park-behind-${process.pid}`, commandTimeoutMs: 1000 } };
+        return { ...base, state: { redis: redisServer().url, keyPrefix: `park-behind-${process.pid}`, commandTimeoutMs: 1000 } };
       },
     });
     // A gets the 429 (no retry): the target is held off for about a second.

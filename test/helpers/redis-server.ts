@@ -4,6 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
+import { afterAll, beforeAll } from 'vitest';
 import { freePort } from './free-port.ts';
 
 export interface RedisHandle {
@@ -22,6 +23,18 @@ const children = new Set<ChildProcess>();
 process.on('exit', () => {
   for (const child of children) child.kill('SIGKILL');
 });
+
+/** One redis-server for a test file: started before its tests, stopped after them; the getter gives its handle. */
+export function useRedisServer(): () => RedisHandle {
+  let redis: RedisHandle | undefined;
+  beforeAll(async () => {
+    redis = await startRedis();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+  return () => redis!;
+}
 
 /** Starts redis-server on a free port and resolves once it answers PING. */
 export async function startRedis(): Promise<RedisHandle> {
