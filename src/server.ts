@@ -273,20 +273,22 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     // A client that sends anthropic-version (the Anthropic SDKs) reads the listing in Anthropic's shape.
     const speaksAnthropicModels = (request: FastifyRequest) => request.headers['anthropic-version'] !== undefined;
-    api.get('/v1/models', async (request) => {
+    // Its errors too (a client key refused, a model not found): the Anthropic SDKs raise either shape, but read the type.
+    const modelsConfig = { anthropicByHeader: true };
+    api.get('/v1/models', { config: modelsConfig }, async (request) => {
       const list = await models.list();
       return speaksAnthropicModels(request) ? asAnthropicPage(list) : list;
     });
-    methodGuard(api, '/v1/models', ['GET', 'HEAD']);
+    methodGuard(api, '/v1/models', ['GET', 'HEAD'], undefined, modelsConfig);
     // The SDK's models.retrieve(id). A wildcard, not a parameter: ids may hold a '/' (vLLM, OpenRouter) and run long.
-    api.get('/v1/models/*', async (request) => {
+    api.get('/v1/models/*', { config: modelsConfig }, async (request) => {
       const id = (request.params as { '*': string })['*'];
       if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
       const found = await models.retrieve(id);
       if (!found) throw new GatewayError('model_not_found', `the model \`${printable(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
       return speaksAnthropicModels(request) ? asAnthropicModel(found) : found;
     });
-    methodGuard(api, '/v1/models/*', ['GET', 'HEAD']);
+    methodGuard(api, '/v1/models/*', ['GET', 'HEAD'], undefined, modelsConfig);
   });
 
   /** A managed request: route it, run the pipeline, write its answer. */
@@ -392,9 +394,13 @@ function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(clientShaped(reply, answer.status, answer.body));
 }
 
-/** Is the request on a route whose clients speak Anthropic's API (the route's `anthropic` config)? */
+/**
+ * Is the request on a route whose clients speak Anthropic's API (the route's `anthropic` config), or on the model
+ * listing by a client that sent `anthropic-version` (the listing answers it in Anthropic's shape)?
+ */
 function speaksAnthropic(reply: FastifyReply): boolean {
-  return (reply.request.routeOptions.config as { anthropic?: boolean } | undefined)?.anthropic === true;
+  const config = reply.request.routeOptions.config as { anthropic?: boolean; anthropicByHeader?: boolean } | undefined;
+  return config?.anthropic === true || (config?.anthropicByHeader === true && reply.request.headers['anthropic-version'] !== undefined);
 }
 
 /**
