@@ -111,9 +111,10 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
 }
 
 /**
- * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error passes
- * as it is, its own fields kept (Azure's `innererror` says which content filter fired), with any of the four the
- * shape needs filled in; anything else (an HTML page from a load balancer, an Anthropic-shaped body) is wrapped.
+ * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error (or an
+ * Anthropic one, whose `error` has a `message` too) passes as it is, its own fields kept (Azure's `innererror` says
+ * which content filter fired, Anthropic's `details`), with any of the four the shape needs filled in; anything else
+ * (an HTML page from a load balancer) is wrapped.
  */
 export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefined): OpenAIErrorBody {
   const raw = body && withoutBom(body);
@@ -123,13 +124,8 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
       if (isOpenAIErrorBody(parsed)) {
         const e = parsed.error;
         const type = typeof e.type === 'string' && e.type !== '' ? e.type : typeOfStatus(status);
-        return { error: { ...e, message: e.message, type, param: stringOrNull(e.param), code: stringOrNull(e.code) } };
-      }
-      const anthropic = parsed as { type?: unknown; error?: { type?: unknown; message?: unknown } };
-      if (anthropic?.type === 'error' && typeof anthropic.error?.message === 'string') {
-        // Its own fields (Anthropic's `details`) stay, for an Anthropic client that reads them (a /v1/messages route).
-        const { error } = errorBody(anthropic.error.message, String(anthropic.error.type ?? 'server_error'), String(anthropic.error.type ?? '') || null);
-        return { error: { ...anthropic.error, ...error } };
+        // Its other top-level fields stay too (Anthropic's `type: "error"` and `request_id`, for an Anthropic client).
+        return { ...parsed, error: { ...e, message: e.message, type, param: stringOrNull(e.param), code: stringOrNull(e.code) } };
       }
     } catch {
       // not JSON: fall through to the wrapped form

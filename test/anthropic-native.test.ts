@@ -178,6 +178,8 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
     expect(err).toBeInstanceOf(Anthropic.BadRequestError);
     expect(err.type).toBe('invalid_request_error');
     expect(err.message).toContain('Input should be a valid list');
+    // Its own top-level request_id stays, beside the fields the OpenAI shape adds.
+    expect(err.error).toMatchObject({ type: 'error', request_id: err.requestID, error: { type: 'invalid_request_error', param: null } });
     expect(s.mock.stats().total).toBe(1);
     expect(requests()).toBe(1);
   });

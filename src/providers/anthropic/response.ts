@@ -153,7 +153,7 @@ export interface AnthropicShapedError extends OpenAIErrorBody {
 export function toAnthropicShape(status: number, body: OpenAIErrorBody): AnthropicShapedError {
   const given = body.error.type;
   const type = Object.entries(ERRORS).find(([, d]) => d.status === status)?.[0] ?? (Object.hasOwn(ERRORS, given) ? given : status >= 500 ? 'api_error' : 'invalid_request_error');
-  return { type: 'error', error: { ...body.error, type } };
+  return { ...body, type: 'error', error: { ...body.error, type } };
 }
 
 function byStatus(status: number): ErrorDef {
