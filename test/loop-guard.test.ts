@@ -49,6 +49,36 @@ describe('a provider baseUrl that points at the gateway itself', () => {
     const url = await gatewayOn(await freePort(), `${s.url}/v1`);
     const answer = await new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 0 }).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
     expect(answer.choices[0]!.message.content).toBeTruthy();
-    expect(s.mock.requests()[0]!.headers.via).toMatch(/^1\.1 stormgate-[0-9a-f]{8}$/);
+    // The front gateway's entry, then the one in front of the mock's.
+    expect(s.mock.requests()[0]!.headers.via).toMatch(/^1\.1 stormgate-[0-9a-f]{8}, 1\.1 stormgate-[0-9a-f]{8}$/);
+  });
+});
+
+describe('a fleet whose provider baseUrl points at the fleet (its load balancer)', () => {
+  it('answers a request that went from one instance to another and back 508, not hop after hop until the deadline', async () => {
+    const [pa, pb] = [await freePort(), await freePort()];
+    const logsA: string[] = [];
+    const logsB: string[] = [];
+    // Two instances, each one's provider the other: a balancer that sends every request to the other instance.
+    const a = await gatewayOn(pa, `http://127.0.0.1:${pb}/v1`, logsA);
+    await gatewayOn(pb, `http://127.0.0.1:${pa}/v1`, logsB);
+    const client = new OpenAI({ baseURL: `${a}/v1`, apiKey: 'client', maxRetries: 0, timeout: 5_000 });
+    const err = (await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(err.status).toBe(508);
+    // A, B, and A again, which sees its own name: three requests in all.
+    const statuses = (logs: string[]) => logs.map((l) => JSON.parse(l) as { status?: number }).filter((l) => l.status !== undefined).length;
+    expect(statuses(logsA) + statuses(logsB)).toBe(3);
+    // Passthrough paths too.
+    const files = await fetch(`${a}/v1/files`);
+    expect(files.status).toBe(508);
+  });
+
+  it('passes on only the gateways\' own via entries, each once, and its own last', async () => {
+    const { upstreamVia } = await import('../src/http/loop-guard.ts');
+    expect(upstreamVia('1.1 stormgate-0000000a', undefined)).toBe('1.1 stormgate-0000000a');
+    expect(upstreamVia('1.1 stormgate-0000000a', '1.0 corp-proxy, 1.1 stormgate-0000000b,1.1 stormgate-0000000b\r, evil')).toBe('1.1 stormgate-0000000b, 1.1 stormgate-0000000a');
+    const many = Array.from({ length: 100 }, (_, i) => `1.1 stormgate-${i.toString(16).padStart(8, '0')}`).join(', ');
+    expect(upstreamVia('1.1 stormgate-ffffffff', many).split(', ')).toHaveLength(17);
   });
 });

@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { TEST_KEY, useStacks, type Stack } from './helpers/stack.ts';
 import type { ConfigInput } from '../src/config/schema.ts';
+import { asAnthropicPage } from '../src/routing/models-list.ts';
 
 const startStack = useStacks();
 let stack: Stack;
@@ -114,5 +115,13 @@ describe('GET /v1/models with a slow provider', () => {
     expect(Date.now() - again).toBeLessThan(500);
     expect(extra.stats().byPath['/v1/models']).toBe(1);
     expect(stack.mock.stats().byPath['/v1/models']).toBe(1);
+  });
+});
+
+describe('GET /v1/models in Anthropic\'s shape', () => {
+  it('lists a model whose `created` no date can hold (µs, or garbage, from an OpenAI-compatible server) instead of failing the listing', () => {
+    const page = asAnthropicPage({ data: [{ id: 'fine', object: 'model', created: 1_700_000_000, owned_by: 'p' }, { id: 'odd', object: 'model', created: 1.7e15, owned_by: 'p' }] });
+    expect(page.data.map((m) => m.created_at)).toEqual(['2023-11-14T22:13:20.000Z', '1970-01-01T00:00:00.000Z']);
+    expect(page.last_id).toBe('odd');
   });
 });

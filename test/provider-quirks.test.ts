@@ -140,6 +140,16 @@ describe('an Anthropic account problem sent as a 400 invalid_request_error', () 
     expect(toOpenAIError(400, anthropic400('messages: at least one message is required')).status).toBe(400);
   });
 
+  it('is not read into a 400 that quotes the client\'s words: one request must not hold the target for every client', () => {
+    // Anthropic's validation quotes an unknown content block type, or anthropic-beta value, that the client sent.
+    for (const quoted of [CREDIT, DISABLED]) {
+      const echo = toOpenAIError(400, anthropic400(`messages.0.content.0: Input tag '${quoted}' found using 'type' does not match any of the expected tags: 'text', 'image'`));
+      expect(echo.status).toBe(400);
+      expect(classify(http(echo.status)).cls).toBe('client-error');
+      expect(toOpenAIError(400, anthropic400(`Unexpected value(s) \`${quoted}\` for the \`anthropic-beta\` header.`)).status).toBe(400);
+    }
+  });
+
   it.each([
     ['credit balance too low', CREDIT],
     ['organization disabled', DISABLED],

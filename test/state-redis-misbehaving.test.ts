@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { fleetShare } from '../src/pools/fleet-share.ts';
 import { configProblem } from '../src/state/redis-errors.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
@@ -173,5 +174,20 @@ describe('classifying script ACL refusals (Redis 7)', () => {
       "ERR The user executing the script can't publish to the channel mentioned in the command script: 0123abcd, on @user_script:10.",
     ]) expect(configProblem(reply(message))?.kind, message).toBe('permissions');
     expect(configProblem(reply("OOM command not allowed when used memory > 'maxmemory'. script: 0123abcd, on @user_script:20."))).toBeUndefined();
+  });
+});
+
+describe('a demand value in the fleet\'s hash that no instance writes (by hand, a bug, another build)', () => {
+  it('counts for nothing, and the pool share it comes into stays a share, not NaN', async () => {
+    const { store: s, keyPrefix } = store(redis.url);
+    await eventually(async () => (await s.exchangeDemand('p', [1, 1], Date.now())) !== undefined, 5_000);
+    // 400 digits: a number to Lua (inf), which its tostring writes as "inf", which Number() reads as NaN.
+    await admin.hset(`${keyPrefix}:{pool/p}:demand-by-class`, 'other', `${'9'.repeat(400)},2:${Date.now()}`);
+    const fleet = (await s.exchangeDemand('p', [1, 1], Date.now()))!;
+    expect(fleet.instances).toBe(2);
+    expect(fleet.totals).toEqual([1, 3]);
+    const classes = [{ name: 'online', minShare: 0.7, maxQueue: 5 }, { name: 'batch', minShare: 0.1, maxQueue: 5 }];
+    expect(fleetShare(24, classes, [1, 1], [Number.NaN, 3], 2)).toBeGreaterThan(0);
+    expect(fleetShare(24, classes, [1, 1], [Number.POSITIVE_INFINITY, 3], 2)).toBeLessThanOrEqual(1);
   });
 });

@@ -24,4 +24,14 @@ describe('token usage', () => {
     // A chat usage (the translation's) already holds them in prompt_tokens.
     expect(usageOf({ choices: [], usage: { prompt_tokens: 50_304, completion_tokens: 9, prompt_tokens_details: { cached_tokens: 50_000 } } })).toEqual({ prompt: 50_304, completion: 9 });
   });
+
+  it('counts no usage it cannot add to a counter: a negative or NaN count, or digits past what a number holds', () => {
+    // prom-client throws on such an increment, and the request was then neither logged nor counted.
+    expect(usageOf({ type: 'message_start', message: { usage: { input_tokens: 0, cache_read_input_tokens: -1000, output_tokens: 1 } } })).toBeUndefined();
+    expect(usageOf({ usage: { input_tokens: -5, output_tokens: 1 } })).toBeUndefined();
+    expect(usageOf({ usage: { input_tokens: 5, cache_creation_input_tokens: 'many', output_tokens: 1 } })).toBeUndefined();
+    expect(usageOfBody(Buffer.from(`{"type":"message","content":[],"usage":{"input_tokens":${'9'.repeat(400)},"output_tokens":2}}`))).toBeUndefined();
+    expect(usageOfBody(Buffer.from(`{"type":"message","content":[],"usage":{"input_tokens":1,"cache_read_input_tokens":${'9'.repeat(400)},"output_tokens":2}}`))).toBeUndefined();
+    expect(usageOf({ usage: { input_tokens: 5, cache_read_input_tokens: null, output_tokens: 1 } })).toEqual({ prompt: 5, completion: 1 });
+  });
 });

@@ -4,6 +4,7 @@
 // cannot express skips that target when it comes to it (both logged with the reason).
 import type { TargetConfig } from '../config/schema.ts';
 import { forwardedRequestHeaders } from '../providers/headers.ts';
+import { upstreamVia } from '../http/loop-guard.ts';
 import { prepareUpstream, type Prepared } from '../providers/families.ts';
 import { RetryBudget } from '../state/retry-budget.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
@@ -33,7 +34,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const { route } = req;
   const skipped: Plans['skipped'] = [];
   let disabled = 0;
-  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: deps.via }) };
+  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: upstreamVia(deps.via, req.headers.via) }) };
   const asked = req.headers['x-stormgate-priority'];
   const askedPriority = Array.isArray(asked) ? asked[0] : asked;
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;

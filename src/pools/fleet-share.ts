@@ -49,7 +49,9 @@ export function fleetShare(capacity: number, classes: readonly PoolClass[], own:
   const ownTotal = own.reduce((a, b) => a + b, 0);
   const fleetTotal = Math.max(fleet.reduce((a, b) => a + b, 0), ownTotal);
   mine += (left * (ownTotal + 1)) / (fleetTotal + Math.max(1, instances));
-  return Math.min(1, Math.max(0, mine / capacity));
+  const share = mine / capacity;
+  // NaN (a fleet total no count could be) would become the pool's capacity, and no request would ever wait for a slot.
+  return Number.isFinite(share) ? Math.min(1, Math.max(0, share)) : 1 / Math.max(1, instances);
 }
 
 export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => number): () => void {

@@ -255,6 +255,8 @@ export class ProviderPool {
    * the rest of the fleet's demand at that exchange, bounds what a burst here can expect next.
    */
   setShare(share: number, othersDemand = 0): void {
+    // NaN would become the capacity, which no count of slots in use ever reaches: the pool would stop limiting.
+    if (!Number.isFinite(share)) return;
     const grew = this.settings.capacity * share > this.#capacity;
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);

@@ -8,6 +8,7 @@ import { GatewayError } from '../errors.ts';
 import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
+import { upstreamVia } from '../http/loop-guard.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -136,7 +137,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           // The gateway's request id, as on the managed routes: the provider's support can find the call by it.
           out['x-client-request-id'] = req.id;
           // This instance, so that a request that comes back to it is seen for the loop it is (http/loop-guard.ts).
-          out.via = via;
+          out.via = upstreamVia(via, headers.via as string | string[] | undefined);
           return out as typeof headers;
         },
         // The one rule for SDK retries: the gateway does not ask the client to repeat a passthrough call.

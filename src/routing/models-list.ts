@@ -70,7 +70,10 @@ function modelEntry(raw: unknown, client: ProviderClient): ModelEntry | undefine
 
 /** A listed model as Anthropic's API describes one (`type`, `display_name`, `created_at`), its other fields kept. */
 export function asAnthropicModel(m: ModelEntry): ModelEntry {
-  const createdAt = typeof m.created_at === 'string' ? m.created_at : new Date(m.created * 1000).toISOString();
+  // A provider's `created` is any number it sends (in ms, or µs, on some servers): past the dates a Date holds,
+  // toISOString() throws, and one such model made the whole listing a 500.
+  const date = new Date(m.created * 1000);
+  const createdAt = typeof m.created_at === 'string' ? m.created_at : Number.isNaN(date.getTime()) ? new Date(0).toISOString() : date.toISOString();
   return { ...m, type: 'model', display_name: typeof m.display_name === 'string' ? m.display_name : m.id, created_at: createdAt };
 }
 

@@ -133,7 +133,10 @@ for i = 1, #all, 2 do
   else
     local k = 1
     for v in string.gmatch(d, '[^,]+') do
-      totals[k] = (totals[k] or 0) + (tonumber(v) or 0)
+      -- A value no instance writes (digits enough to be inf) counts for nothing: inf would reach the share as NaN.
+      local x = tonumber(v)
+      if x == nil or x ~= x or x == math.huge then x = 0 end
+      totals[k] = (totals[k] or 0) + x
       k = k + 1
     end
     n = n + 1

@@ -244,7 +244,8 @@ export class RedisStore implements StateStore {
     return this.#run(
       async (c) => {
         const [totals, instances] = await c.sgExchangeDemand(this.#keys.demand(pool), this.#id, demand.join(','), nowMs, DEMAND_STALE_MS);
-        return { totals: totals === '' ? [] : totals.split(',').map(Number), instances };
+        // A total that is not a count (another instance's bad value: inf, nan) counts as none, not as NaN in the share.
+        return { totals: totals === '' ? [] : totals.split(',').map((t) => demandCount(Number(t))), instances };
       },
       () => undefined,
     );
@@ -585,4 +586,9 @@ async function quitSoon(conn: RedisConnection): Promise<void> {
   ]);
   clearTimeout(timer);
   conn.disconnect();
+}
+
+/** A class's demand as the share computation can use it: a finite count, at least 0. */
+function demandCount(n: number): number {
+  return Number.isFinite(n) && n > 0 ? n : 0;
 }

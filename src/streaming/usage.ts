@@ -16,9 +16,20 @@ export function usageOf(parsed: unknown): Usage | undefined {
   const p = parsed as (Holder & { response?: Holder; message?: Holder }) | null;
   const u = p?.usage ?? p?.response?.usage ?? p?.message?.usage;
   if (!u || typeof u !== 'object') return undefined;
-  const cached = u.prompt_tokens === undefined ? Number(u.cache_read_input_tokens ?? 0) + Number(u.cache_creation_input_tokens ?? 0) : 0;
-  const prompt = Number(u.prompt_tokens ?? u.input_tokens ?? 0) + cached;
-  const completion = Number(u.completion_tokens ?? u.output_tokens ?? 0);
+  const cached = u.prompt_tokens === undefined ? tokens(u.cache_read_input_tokens) + tokens(u.cache_creation_input_tokens) : 0;
+  return countable(tokens(u.prompt_tokens ?? u.input_tokens) + cached, tokens(u.completion_tokens ?? u.output_tokens));
+}
+
+/**
+ * A token count as the metrics can add it: a finite number, at least 0; NaN otherwise, which makes the usage none. The
+ * tokens counter throws on a negative or infinite increment, and the request then had no log line and no metrics.
+ */
+function tokens(v: unknown): number {
+  const n = Number(v ?? 0);
+  return Number.isFinite(n) && n >= 0 ? n : Number.NaN;
+}
+
+function countable(prompt: number, completion: number): Usage | undefined {
   return Number.isFinite(prompt) && Number.isFinite(completion) ? { prompt, completion } : undefined;
 }
 
@@ -52,5 +63,6 @@ export function usageOfBody(body: Buffer): Usage | undefined {
   }
   const cached = text.includes('"prompt_tokens"') ? 0 : (cache.cache_read_input_tokens ?? 0) + (cache.cache_creation_input_tokens ?? 0);
   if (prompt === undefined && completion === undefined && cached === 0) return undefined;
-  return { prompt: (prompt ?? 0) + cached, completion: completion ?? 0 };
+  // Digits enough to pass Number.MAX_VALUE are Infinity.
+  return countable((prompt ?? 0) + cached, completion ?? 0);
 }

@@ -117,9 +117,12 @@ const CONTEXT_LENGTH = /prompt is too long|exceeds? (the )?context limit|context
 const ACCOUNT_PROBLEMS: ReadonlyArray<readonly [RegExp, ErrorDef]> = [
   // "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase
   // credits."
-  [/credit balance is too low/i, { status: 402, type: 'insufficient_quota', code: 'insufficient_quota' }],
+  // Anchored at the start of the message: Anthropic's validation errors quote what the client sent (an unknown content
+  // block type, an anthropic-beta value), and a client that put these words there took the target out for every
+  // client for authHoldS, with one request (on /v1/messages the body is the client's, as it wrote it).
+  [/^\s*(?:your )?credit balance is too low/i, { status: 402, type: 'insufficient_quota', code: 'insufficient_quota' }],
   // "This organization has been disabled."
-  [/organization has been disabled/i, { status: 403, type: 'permission_error', code: null }],
+  [/^\s*(?:this )?organization has been disabled/i, { status: 403, type: 'permission_error', code: null }],
 ];
 
 /**
