@@ -463,6 +463,8 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
   res.once('close', () => {
     if (!body.destroyed) body.destroy();
   });
+  // The client left before this listener was there (its 'close' has fired): the body goes now, as it would have then.
+  if (res.destroyed && !body.destroyed) body.destroy();
   // Destroyed before its end without an error (a client that stopped reading: pipeline's client-stalled): pipe()
   // only unpipes, which would leave the connection and its unread megabytes open for as long as the client keeps it.
   body.once('close', () => {

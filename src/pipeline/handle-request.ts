@@ -164,7 +164,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       if (served.fallback) summary.fallback = served.fallback;
       const servedAt = plans.indexOf(served.plan);
       const next = servedAt === -1 ? undefined : plans[servedAt + 1];
-      served.result.stream?.recoverWith(streamRecovery(req, shape, next, controller.signal, deps));
+      served.result.stream?.recoverWith(streamRecovery(req, shape, next, controller.signal, deps, summary.attempts));
       const answer = successAnswer(req, served.plan, served.result, summary, deps, arrivedAtMs);
       handedToStream = answer.body instanceof Readable;
       return answer;

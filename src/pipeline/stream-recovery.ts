@@ -8,7 +8,8 @@ import { prepareUpstream } from '../providers/families.ts';
 import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
-import type { TargetDeps, TargetPlan } from './target-attempts.ts';
+import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts';
+import { classify } from '../policy/outcome.ts';
 import type { RequestSignal } from './request-abort.ts';
 
 export function streamRecovery(
@@ -16,7 +17,8 @@ export function streamRecovery(
   shape: StreamShape,
   next: TargetPlan | undefined,
   signal: RequestSignal,
-  deps: Pick<TargetDeps, 'guards' | 'now'>,
+  deps: Pick<TargetDeps, 'guards' | 'now' | 'onAttempt'>,
+  attempts: AttemptRecord[],
 ): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
@@ -41,6 +43,8 @@ export function streamRecovery(
     const prepared = json !== req.json ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
     if (!prepared.ok || !planned.ok) return undefined;
+    if (signal.aborted) return undefined;
+    const startedAt = now();
     const result = await runAttempt({
       client: next.client,
       api: 'chat',
@@ -53,6 +57,12 @@ export function streamRecovery(
       requestSignal: signal,
       now,
     });
+    // A second upstream request: in the request's log line (`attempts`) and stormgate_upstream_attempts_total, as
+    // any other, or the amplification the operator watches misses every recovery.
+    const durationMs = now() - startedAt;
+    const cls = classify(result.outcome);
+    attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs });
+    deps.onAttempt?.(req.route.name, next.key, result, durationMs);
     const live = result.stream;
     if (!live) return undefined;
     const body = live.body();
