@@ -101,7 +101,9 @@ export class ParkingLot {
    * of that class or a higher one: a newcomer does not queue behind lower classes.
    */
   waiting(target: string, cls?: number): number {
-    const entries = this.#queues.get(target)?.entries ?? [];
+    const entries = this.#queues.get(target)?.entries;
+    // Asked on every request: the common answer (none parked) allocates nothing.
+    if (entries === undefined || entries.length === 0) return 0;
     return cls === undefined ? entries.length : entries.filter((e) => e.cls <= cls).length;
   }
 
