@@ -55,17 +55,22 @@ describe('the fleet share of a pool', () => {
     // Online on instance B: 10 requests a second for 3 s, about 3 slots' worth.
     const latencies: number[] = [];
     const online: Promise<void>[] = [];
-    for (let i = 0; i < 30; i++) {
-      online.push((async () => {
-        const t = Date.now();
-        await ask(onlineClient);
-        latencies.push(Date.now() - t);
-      })());
-      await sleep(100);
+    try {
+      for (let i = 0; i < 30; i++) {
+        online.push((async () => {
+          const t = Date.now();
+          await ask(onlineClient);
+          latencies.push(Date.now() - t);
+        })());
+        await sleep(100);
+      }
+      await Promise.all(online);
+    } finally {
+      // Also when an online request fails: the flood's agents must not outlive the test (they would loop for ever in
+      // the worker, against gateways that are gone).
+      stop = true;
+      await flood;
     }
-    await Promise.all(online);
-    stop = true;
-    await flood;
     latencies.sort((x, y) => x - y);
     // By total demand alone B got 1 of the 8 slots (2 of 62 demand): online waited seconds.
     expect(latencies[Math.floor(latencies.length / 2)]!).toBeLessThan(700);
