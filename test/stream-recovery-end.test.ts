@@ -36,7 +36,7 @@ describe('a stream recovery that breaks too', () => {
     expect(await metricSum(s, 'stormgate_requests_total{route="chat",target="p/gpt-4o",priority="online",outcome="success"}')).toBe(0);
   });
 
-  it('is still recovered when the continuation completes', async () => {
+  it('is still recovered when the continuation completes, its own upstream request counted as an attempt', async () => {
     const { client, s } = await start((_body, n) =>
       n === 1
         ? { steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: 'Hel' })]), 30, cut] }
@@ -47,8 +47,13 @@ describe('a stream recovery that breaks too', () => {
     for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
     expect(text).toBe('Hello');
     await expect.poll(() => s.logs.find((l) => l.includes('"reqId"'))).toBeDefined();
-    const line = JSON.parse(s.logs.find((l) => l.includes('"reqId"'))!) as { outcome: string; streamEnd: string };
+    const line = JSON.parse(s.logs.find((l) => l.includes('"reqId"'))!) as { outcome: string; streamEnd: string; attempts: Array<{ target: string; reason: string }> };
     expect(line.outcome).toBe('success');
     expect(line.streamEnd).toBe('recovered');
+    // The recovery is a second upstream request: in the log line and stormgate_upstream_attempts_total like any other,
+    // or the amplification those show misses every recovery.
+    expect(line.attempts.map((a) => [a.target, a.reason])).toEqual([['p/gpt-4o', 'ok'], ['q/gpt-4o', 'ok']]);
+    expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="p/gpt-4o"')).toBe(1);
+    expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="q/gpt-4o"')).toBe(1);
   });
 });
