@@ -272,12 +272,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       methodGuard(api, path, ['POST'], path, routeConfig);
     }
     // A client that sends anthropic-version (the Anthropic SDKs) reads the listing in Anthropic's shape.
-    const speaksAnthropicModels = (request: FastifyRequest) => request.headers['anthropic-version'] !== undefined;
     // Its errors too (a client key refused, a model not found): the Anthropic SDKs raise either shape, but read the type.
     const modelsConfig = { anthropicByHeader: true };
     api.get('/v1/models', { config: modelsConfig }, async (request) => {
       const list = await models.list();
-      return speaksAnthropicModels(request) ? asAnthropicPage(list) : list;
+      return sentAnthropicVersion(request) ? asAnthropicPage(list) : list;
     });
     methodGuard(api, '/v1/models', ['GET', 'HEAD'], undefined, modelsConfig);
     // The SDK's models.retrieve(id). A wildcard, not a parameter: ids may hold a '/' (vLLM, OpenRouter) and run long.
@@ -286,7 +285,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
       const found = await models.retrieve(id);
       if (!found) throw new GatewayError('model_not_found', `the model \`${printable(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
-      return speaksAnthropicModels(request) ? asAnthropicModel(found) : found;
+      return sentAnthropicVersion(request) ? asAnthropicModel(found) : found;
     });
     methodGuard(api, '/v1/models/*', ['GET', 'HEAD'], undefined, modelsConfig);
   });
@@ -400,7 +399,12 @@ function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
  */
 function speaksAnthropic(reply: FastifyReply): boolean {
   const config = reply.request.routeOptions.config as { anthropic?: boolean; anthropicByHeader?: boolean } | undefined;
-  return config?.anthropic === true || (config?.anthropicByHeader === true && reply.request.headers['anthropic-version'] !== undefined);
+  return config?.anthropic === true || (config?.anthropicByHeader === true && sentAnthropicVersion(reply.request));
+}
+
+/** A client that sends anthropic-version speaks Anthropic's API (the Anthropic SDKs always send it). */
+function sentAnthropicVersion(request: FastifyRequest): boolean {
+  return request.headers['anthropic-version'] !== undefined;
 }
 
 /**
