@@ -104,7 +104,8 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
   if (retryAfterMs !== undefined) {
     headers['retry-after-ms'] = String(Math.ceil(retryAfterMs));
     headers['retry-after'] = String(Math.ceil(retryAfterMs / 1000));
-    // The OpenAI SDK ignores hints over 60 s and would then use its own backoff: never invite that.
+    // Older OpenAI SDKs ignore hints over 60 s and retry after their own short backoff; v6 waits out any hint, however
+    // long, holding the caller: either way only a short wait is worth an invitation.
     if (shouldRetry && retryAfterMs <= 60_000) headers['x-should-retry'] = 'true';
   }
   return headers;

@@ -78,6 +78,22 @@ describe('an error event after the first output', () => {
     );
   });
 
+  it('is given the OpenAI shape when its error is a bare string, so the SDK raises it with a code and type', async () => {
+    const data = JSON.stringify({ error: 'model crashed' });
+    expect(errorEventForClient('chat', { raw: `data: ${data}`, event: null, data })).toBe(
+      `data: ${JSON.stringify({ error: { message: 'the upstream stream failed: model crashed', type: 'server_error', param: null, code: 'upstream_error' } })}\n\n`,
+    );
+    const { client } = await scriptedGateway(() => ({ steps: ['data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n', `data: ${data}\n\n`] }));
+    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    const err = (await (async () => {
+      for await (const _ of stream) void _;
+    })().catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(err.code).toBe('upstream_error');
+    expect(err.type).toBe('server_error');
+    expect(err.message).toBe('the upstream stream failed: model crashed');
+  });
+
   it('goes on byte for byte when its code and param are already a string or null', () => {
     const data = JSON.stringify({ error: { message: 'boom', type: 'server_error', code: 'server_error', param: null } });
     expect(errorEventForClient('chat', { raw: `data: ${data}`, event: null, data })).toBe(`data: ${data}\n\n`);

@@ -308,7 +308,8 @@ export class LiveStream {
   }
 
   #delivered = '';
-  #toolCallSeen = false;
+  /** A tool call started, or content that is not plain text (a list of parts): no recovery could splice onto it. */
+  #notPlainText = false;
   #recover: StreamRecovery | undefined;
 
   /** Turns on streamRecovery for this stream (before it is read). */
@@ -322,7 +323,8 @@ export class LiveStream {
       const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown; tool_calls?: unknown[] } }> };
       const delta = chunk.choices?.[0]?.delta;
       if (typeof delta?.content === 'string') this.#delivered += delta.content;
-      if (Array.isArray(delta?.tool_calls) && delta.tool_calls.length > 0) this.#toolCallSeen = true;
+      if (Array.isArray(delta?.tool_calls) && delta.tool_calls.length > 0) this.#notPlainText = true;
+      if (Array.isArray(delta?.content)) this.#notPlainText = true;
     } catch {
       // malformed events are not forwarded and deliver nothing
     }
@@ -337,7 +339,7 @@ export class LiveStream {
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
-    if (!recover || this.#ended || this.#toolCallSeen || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
+    if (!recover || this.#ended || this.#notPlainText || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
     let rest: Awaited<ReturnType<StreamRecovery>>;

@@ -21,6 +21,20 @@ interface ChatChoice {
 }
 
 const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
+/**
+ * Content sent as a list of parts, as Mistral's reasoning models stream their thinking (`[{"type":"thinking",...}]`):
+ * output like a string. Held back as silence, a model thinking longer than firstTokenMs was timed out and run again
+ * on every attempt.
+ */
+const contentParts = (v: unknown) => Array.isArray(v) && v.length > 0;
+/** Set, not null: servers that serialise every field of the SDK's models send `"function_call": null` in each delta. */
+const present = (v: unknown) => v !== undefined && v !== null;
+/**
+ * Whether a choice's finish_reason says it finished. Some compatible servers (Ollama before 0.1.39, SGLang before
+ * 0.4.4) send `""` on every chunk until the last: read as a finish, the answer was over from its first chunk, and a
+ * pause of a second mid-answer ended it with [DONE], truncated.
+ */
+const finishes = (reason: unknown) => present(reason) && reason !== '';
 
 /**
  * Responses API events that carry output: every `*.delta` (text, refusal, reasoning, function and custom tool
@@ -94,12 +108,12 @@ function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMea
   if (!Array.isArray(chunk.choices)) return 'keepalive';
   let meaning: EventMeaning = 'keepalive';
   for (const choice of chunk.choices as ChatChoice[]) {
-    if (choice.finish_reason !== null && choice.finish_reason !== undefined) return 'finish';
+    if (finishes(choice.finish_reason)) return 'finish';
     const d = choice.delta;
     if (
       nonEmpty(choice.text) ||
-      (d && (nonEmpty(d.content) || nonEmpty(d.reasoning_content) || nonEmpty(d.reasoning) || nonEmpty(d.refusal) ||
-        (Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || d.function_call !== undefined || (d.audio !== undefined && d.audio !== null)))
+      (d && (nonEmpty(d.content) || contentParts(d.content) || nonEmpty(d.reasoning_content) || nonEmpty(d.reasoning) || nonEmpty(d.refusal) ||
+        (Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || present(d.function_call) || present(d.audio)))
     ) {
       meaning = 'output';
     }
@@ -142,7 +156,7 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
     chunk.choices.forEach((c, i) => {
       const index = typeof c.index === 'number' ? c.index : i;
       out.seen.push(index);
-      if (c.finish_reason !== null && c.finish_reason !== undefined) out.finished.push(index);
+      if (finishes(c.finish_reason)) out.finished.push(index);
     });
   } catch {
     // a malformed event carries no choices
@@ -161,7 +175,12 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
   } catch {
     parsed = undefined;
   }
-  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) return typedErrorEvent(ev, parsed);
+  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) {
+    // A bare string (`{"error": "model crashed"}`, as some compatible servers send it): the SDKs would raise it with
+    // no code nor type, and its JSON-quoted text as the message.
+    if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error');
+    return typedErrorEvent(ev, parsed);
+  }
   if (api === 'responses') {
     // The Responses API's own `error` event ({type, code, message, param}) and `response.failed` (its error inside
     // `response`) have no top-level `error`: the SDK yields them as ordinary events, its stream then ends cleanly and
