@@ -268,3 +268,80 @@ describe('the pool and the one wait rule', () => {
     expect(p.snapshot().inUse).toEqual([0]);
   });
 });
+
+describe('class floors under a cut limit', () => {
+  it('does not hand batch its minShare of the full pool once 429s have cut the target limit below it', async () => {
+    // maxConcurrent 20 with batch's minShare 0.1 is a floor of 2 slots; a provider whose capacity fell to 2 (a third-party
+    // run: 429 storm, batch flood) cut the limit to 2, and batch's "floor" was the whole limit: online queued behind it.
+    let now = 0;
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 20, retryCapacity: 20, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
+      () => now,
+    );
+    const req = (cls: number): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 1e9, minAttemptMs: 0, signal: new AbortController().signal });
+    const take = async (cls: number): Promise<Slot> => {
+      const a = await p.acquire(req(cls));
+      if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
+      return a.slot;
+    };
+    // A batch flood takes the idle pool, one more waits (the limit binds), and the provider answers 429s.
+    const flood = await Promise.all(Array.from({ length: 20 }, () => take(1)));
+    const queued = p.acquire(req(1));
+    for (let i = 0; i < 100 && Math.floor(p.limitOf('p/m')) > 2; i++) {
+      p.observe('p/m', 'rate-limited', 0);
+      now += 1_001;
+    }
+    expect(Math.floor(p.limitOf('p/m'))).toBe(2);
+    for (const s of flood) s.release();
+    const q = await queued;
+    if (q.ok) q.slot.release();
+    // Two online attempts fill the limit; then batch and online wait, batch first.
+    const held = [await take(0), await take(0)];
+    const order: string[] = [];
+    void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
+    void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
+    held[0]!.release();
+    await flush();
+    held[1]!.release();
+    await flush();
+    expect(order).toEqual(['online', 'batch']);
+  });
+});
+
+describe('the adaptive limit under a steady share of 429s', () => {
+  // Known defect, not fixed (growth waits QUIET_ROUND_TRIPS without any 429, which a provider refusing a steady share of
+  // requests, whatever our concurrency, never gives): remove `.fails` once the limit climbs back out of the trap.
+  it.fails('climbs back from a flood that cut it to 1 when the provider refuses 3 in 10 requests whatever the concurrency', async () => {
+    let now = 0;
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 20, retryCapacity: 20, classes: [{ name: 'online', minShare: 0.5, maxQueue: 1000 }, { name: 'batch', minShare: 0.1, maxQueue: 1000 }], decrease: 0.9, minLimit: 1 },
+      () => now,
+    );
+    const held: Slot[] = [];
+    let clients = 40; // a flood first, then online's steady 4 (10 req/s of 200 ms answers need 2 slots)
+    let inFlightOrQueued = 0;
+    const issue = () => {
+      inFlightOrQueued++;
+      void p.acquire({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 1e9, minAttemptMs: 0, signal: new AbortController().signal }).then((a) => {
+        if (a.ok) held.push(a.slot);
+      });
+    };
+    let answered = 0;
+    for (let step = 0; step < 300; step++) {
+      if (step === 50) clients = 4;
+      while (inFlightOrQueued < clients) issue();
+      await flush();
+      now += 200;
+      for (const s of held.splice(0)) {
+        // Exactly 3 of every 10 answers are 429s, spread evenly (the bundled mock's `--error 429:0.3`).
+        const limited = Math.floor(((answered + 1) * 3) / 10) > Math.floor((answered * 3) / 10);
+        answered++;
+        p.observe('p/m', limited ? 'rate-limited' : 'success', 200);
+        s.release();
+        inFlightOrQueued--;
+      }
+    }
+    // 50 s after the flood: online's 4 concurrent requests should not be queuing behind a limit of 1.
+    expect(Math.floor(p.limitOf('p/m'))).toBeGreaterThanOrEqual(4);
+  });
+});

@@ -19,6 +19,8 @@ export interface FailureFacts {
   retryAfterMs: number | undefined;
   /** The retry budget refused the retry that would have come next: said in the gateway's own message. */
   budgetSpent?: boolean;
+  /** The provider's pool had no slot for the retry that would have come next before the deadline: said in the message too. */
+  retryShed?: boolean;
   /** Attempts per target, in the order the targets were first tried (probes included). */
   attempts: ReadonlyArray<readonly [target: string, count: number]>;
   /** The target that failed last. */
@@ -76,7 +78,7 @@ function allAttempts(attempts: FailureFacts['attempts']): string {
 function gatewayErrorFor(f: FailureFacts): GatewayError {
   const tried = attemptsOn(f.attempts, f.target);
   // Why one attempt and no more: a retry budget spent by a fleet-wide failure, not a bug in the retry policy.
-  const all = `${allAttempts(f.attempts)}${f.budgetSpent ? '; not retried: the retry budget is spent' : ''}`;
+  const all = `${allAttempts(f.attempts)}${f.budgetSpent ? '; not retried: the retry budget is spent' : ''}${f.retryShed ? "; not retried: the provider's pool had no slot for a retry before the deadline" : ''}`;
   const { outcome } = f.result;
   const opts = { retryAfterMs: f.retryAfterMs };
   switch (outcome.kind) {

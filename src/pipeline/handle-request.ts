@@ -235,6 +235,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         cls: served.failure.cls,
         retryAfterMs: served.failure.retryAfterMs,
         budgetSpent: served.failure.why === 'budget',
+        retryShed: served.failure.why === 'shed',
         attempts: attemptsByTarget(summary.attempts),
         target: served.plan.label,
         budgetMs,

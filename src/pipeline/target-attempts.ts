@@ -143,7 +143,7 @@ export type TargetResult =
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
 
 /** What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped). */
-export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout';
+export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed';
 
 export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
@@ -231,6 +231,9 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     };
     if (attempt.kind === 'shed') {
       notSent();
+      // A retry with no slot in time: the request already went upstream, so it ends with that attempt's failure
+      // (x-should-retry: false), not a load_shed that invites the SDK to send it all over again on top of ours.
+      if (run.lastFailure) return { ...run.lastFailure, why: 'shed' };
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
     }
     if (attempt.kind === 'gone') {

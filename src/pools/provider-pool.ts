@@ -350,9 +350,12 @@ export class ProviderPool {
 
   #nextUnderFloor(): Waiter | undefined {
     for (let k = this.#queues.length - 1; k >= 1; k--) {
-      const floor = Math.floor(this.settings.classes[k]!.minShare * this.#capacity);
+      const minShare = this.settings.classes[k]!.minShare;
+      const floor = Math.floor(minShare * this.#capacity);
       if (this.#inUseByClass[k]! < floor) {
-        const w = this.#pick(k);
+        // The floor is a share of what the target takes now, not of the pool: once 429s cut a target's limit to 2, a
+        // floor of 2 (a tenth of maxConcurrent 20) was all of it, and online waited behind batch.
+        const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(minShare * Math.min(this.#capacity, t.limit.limit)));
         if (w) return w;
       }
     }
@@ -368,13 +371,14 @@ export class ProviderPool {
     return undefined;
   }
 
-  #pick(cls: number): Waiter | undefined {
+  /** The first waiter of the class that can take a slot now (and whose target passes `also`, when given). */
+  #pick(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
     const queue = this.#queues[cls]!;
     const now = this.now();
     for (let i = 0; i < Math.min(queue.length, SCAN_DEPTH); i++) {
       const w = queue[i]!;
       const t = this.#target(w.req.target);
-      if (!this.#admissible(w.req, t)) continue;
+      if (!this.#admissible(w.req, t) || (also !== undefined && !also(t))) continue;
       queue.splice(i, 1);
       t.waiting--;
       // The one wait rule again at the moment of the grant: a slot is no use to an attempt with no time left.

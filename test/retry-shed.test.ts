@@ -1,0 +1,36 @@
+// A retry the provider's pool cannot seat before the deadline: the request already went upstream, so the client gets
+// that attempt's failure with x-should-retry: false, not a load_shed that invites the SDK to send it all over again.
+import { describe, expect, it } from 'vitest';
+import OpenAI from 'openai';
+import { RETRY_LOOP_ONLY, useStacks } from './helpers/stack.ts';
+
+const start = useStacks(RETRY_LOOP_ONLY);
+
+describe('a retry shed by the pool', () => {
+  it('ends with the upstream failure and x-should-retry false, so the SDK does not retry on top of the gateway', async () => {
+    // Two slots and so one retry slot (a fifth of maxConcurrent, at least one); the provider hangs, each attempt times
+    // out after 300 ms, and no answer has timed a round trip: the second request's retry cannot expect its slot in time.
+    const s = await start({
+      faults: { hangRate: 1 },
+      provider: { maxConnections: 2, timeouts: { responseMs: 300 } },
+    });
+    const seen: Array<{ status: number; shouldRetry: string | null; attempts: string | null }> = [];
+    const client = new OpenAI({
+      baseURL: s.baseURL,
+      apiKey: 'client-key',
+      maxRetries: 2,
+      fetch: async (url, init) => {
+        const res = await fetch(url, init);
+        seen.push({ status: res.status, shouldRetry: res.headers.get('x-should-retry'), attempts: res.headers.get('x-stormgate-attempts') });
+        return res;
+      },
+    });
+    const call = () => client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }, { timeout: 2_000 }).then(() => 200, (e: { status?: number }) => e.status);
+    const statuses = await Promise.all([call(), call()]);
+    // Each SDK call was sent once, answered as the provider left it ...
+    expect(seen.map((r) => r.shouldRetry)).toEqual(['false', 'false']);
+    expect(statuses).toEqual([504, 504]);
+    // ... though a retry was refused a slot (else this test checks nothing), which the log line says.
+    expect(s.logs.some((l) => l.includes('"retriesStopped":"shed"'))).toBe(true);
+  });
+});
