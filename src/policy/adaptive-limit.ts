@@ -27,10 +27,24 @@ export interface LimitState {
   lastDecreaseAtMs: number;
   /** The last rate-limit signal of any kind: growth waits a few round trips after it, so probing stays rare. */
   lastSignalAtMs: number;
+  /** The share of answers that were rate-limit signals, a moving average kept during a burst and while they are noise. */
+  refusedShare?: number;
+  /** The burst of rate-limit signals going on: where the limit and caps were when it began, and its highest refused share. */
+  burst?: { fromLimit: number; fromCaps: number[]; peakShare: number };
+  /**
+   * Rate-limit signals found not to be about our concurrency (cutting it did not make them fewer: another client of
+   * the same key, a provider refusing a share of all requests): their usual share, which is ignored.
+   */
+  noiseShare?: number;
 }
 
 /** Round trips without a rate-limit signal before the limit grows again: at most ~1% of attempts probe too far. */
 const QUIET_ROUND_TRIPS = 10;
+/** The weight of one answer in the refused share's moving average: about the last twenty answers. */
+const SHARE_WEIGHT = 0.05;
+
+const burstOver = (st: LimitState, nowMs: number, roundTripMs: number) => nowMs - st.lastSignalAtMs >= QUIET_ROUND_TRIPS * roundTripMs;
+const nextShare = (share: number | undefined, refused: boolean) => (share ?? 0) + SHARE_WEIGHT * ((refused ? 1 : 0) - (share ?? 0));
 
 export function initialLimit(s: LimitSettings): LimitState {
   return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
@@ -56,13 +70,28 @@ export function classLimit(st: LimitState, cls: number): number {
 export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse): LimitState {
   // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
   // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
+  if (st.noiseShare !== undefined) {
+    const share = nextShare(st.refusedShare, true);
+    // The usual refusals, which no cut made fewer. Clearly more than usual (twice, and 10 points): ours again.
+    if (share <= 2 * st.noiseShare + 0.1 || !binding(st, inUse)) return { ...st, refusedShare: share };
+    st = { ...st, noiseShare: undefined, refusedShare: share };
+  }
   if (!binding(st, inUse)) return st;
   // The first signal of a burst (none for a round trip) notes where the limit may slow-start back to: a quota window
   // answers every request in flight with 429 and the clamps follow them down to one, and growing back one slot per
   // round trip kept the provider idle long after the window.
   const recoverTo = nowMs - st.lastSignalAtMs >= roundTripMs ? Math.floor(st.limit / 2) : st.recoverTo;
-  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo };
+  // The cuts are judged over a longer run: until the limit may grow again (refusals at a low rate leave quiet round trips).
+  const burstStarts = st.burst === undefined || burstOver(st, nowMs, roundTripMs);
+  const share = nextShare(burstStarts ? 0 : st.refusedShare, true);
+  const burst = burstStarts ? { fromLimit: st.limit, fromCaps: st.caps, peakShare: share } : { ...st.burst!, peakShare: Math.max(st.burst!.peakShare, share) };
+  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo, refusedShare: share, burst };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
+  if (notOurConcurrency(clamped)) {
+    // Cutting did not help, so the cuts were wrong: back to where the burst began (the limit slow-starts there), and
+    // from now on refusals at this share are ignored. Kept on, they took the limit to 1 and online queued behind it.
+    return { ...clamped, caps: [...burst.fromCaps], slowStartTo: burst.fromLimit, recoverTo: undefined, burst: undefined, noiseShare: burst.peakShare, lastDecreaseAtMs: nowMs };
+  }
   const caps = [...clamped.caps];
   for (let k = caps.length - 1; k >= 1; k--) {
     const floor = classFloor(clamped, s, k);
@@ -73,6 +102,21 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   }
   const limit = Math.max(s.min, clamped.limit * s.decrease);
   return { ...clamped, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+}
+
+/**
+ * Have this burst's cuts shown that the refusals are not about our concurrency? When they are, fewer attempts in
+ * flight means fewer refused: a provider that takes C in flight refuses 1 - C/limit of them, so halving the limit
+ * leaves at most 1 - 2(1 - peak) of them refused (none, for a peak share up to a half). When the share stays where it
+ * was once the limit is halved, the refusals come whatever we do (another client of the same key, a provider refusing
+ * a share of everything), and cutting further only starves our own queue. A share over 0.6 (a quota window, far too
+ * many in flight) is never judged so: there cutting is what the provider asks for.
+ */
+function notOurConcurrency(st: LimitState): boolean {
+  const b = st.burst;
+  if (!b || st.refusedShare === undefined || b.peakShare > 0.6 || st.limit > b.fromLimit / 2) return false;
+  const ifOurs = Math.max(0, 1 - (1 - b.peakShare) * (b.fromLimit / st.limit));
+  return st.refusedShare >= b.peakShare / 2 && st.refusedShare >= ifOurs + 0.1;
 }
 
 /** Attempts of one target in flight when a signal came, all classes and per class (highest first), and requests waiting for it. */
@@ -114,6 +158,13 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  * at 1/limit, a limit a 429 burst cut from 128 to 64 under 30 s streams took half an hour to grow back.
  */
 export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, holdMs = roundTripMs): LimitState {
+  if (st.noiseShare !== undefined) {
+    const share = nextShare(st.refusedShare, false);
+    // The refusals that were noise have (nearly) stopped: back to reading every one as a signal.
+    st = share < st.noiseShare / 3 ? { ...st, noiseShare: undefined, refusedShare: undefined } : { ...st, refusedShare: share };
+  } else if (st.burst !== undefined) {
+    st = burstOver(st, nowMs, roundTripMs) ? { ...st, burst: undefined, refusedShare: undefined } : { ...st, refusedShare: nextShare(st.refusedShare, false) };
+  }
   // A burst of rate-limit signals is over (a quiet round trip): a limit it took below half of where it began slow-starts back there.
   const to = st.recoverTo;
   if (to !== undefined && st.limit < to && nowMs - st.lastSignalAtMs >= roundTripMs) {
