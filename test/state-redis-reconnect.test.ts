@@ -156,3 +156,46 @@ describe('an instance cut off from Redis, then back', () => {
     expect(a.getHoldOff('p/m')).toBe(now + 60_000);
   });
 });
+
+describe('a connection whose traffic a middlebox drops for a while, then passes again (toxiproxy\'s timeout toxic)', () => {
+  it('is replaced: the store returns to Redis, rather than waiting forever for the answers that were lost', async () => {
+    const { a, b } = await pair();
+    const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
+    proxy.swallow(true);
+    try {
+      for (let i = 0; i < 3; i++) await a.takeRetry('r', budget, Date.now()); // lost, each of them: degraded
+      expect(a.degraded).toBe(true);
+      await sleep(1_500);
+    } finally {
+      proxy.swallow(false);
+    }
+    // Redis answers every command from here on, but the first answers on that connection belong to commands it never
+    // got: a client that matches answers to commands in order is off by the lost ones for as long as it keeps it.
+    await eventually(() => !a.degraded, 6_000);
+    // And what it reads from here on is its own answers: the fleet's state, not another command's.
+    const now = Date.now();
+    expect(await b.casBreaker('p/m', 0, { state: 'open', sinceMs: now, openUntilMs: now + 30_000, probeSuccesses: 0, generation: 1 })).toBe(true);
+    a.getBreaker('p/m');
+    await eventually(() => a.getBreaker('p/m')?.state === 'open', 2_000);
+    expect(await a.takePermit('p/m', 1, 5_000, Date.now(), 1)).toEqual(expect.any(String));
+  });
+});
+
+describe('a path to Redis that goes dead for good while a new connection gets through (a replaced pod\'s old address)', () => {
+  it('replaces both connections: back on Redis, and hearing the fleet\'s changes again, not only reporting itself back', async () => {
+    const { a, b } = await pair();
+    a.getBreaker('p/m');
+    a.getHoldOff('p/m');
+    await sleep(100); // A has read the target: it follows its changes from here on
+    proxy.strand();
+    const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
+    for (let i = 0; i < 3; i++) await a.takeRetry('r', budget, Date.now());
+    expect(a.degraded).toBe(true);
+    await eventually(() => !a.degraded, 6_000);
+    // Only the subscriber tells A what another instance changes; it receives and never sends, so it has to be asked.
+    const now = Date.now();
+    expect(await b.casBreaker('p/m', 0, { state: 'open', sinceMs: now, openUntilMs: now + 30_000, probeSuccesses: 0, generation: 1 })).toBe(true);
+    await b.setHoldOff('p/m', now + 30_000);
+    await eventually(() => a.getBreaker('p/m')?.state === 'open' && a.getHoldOff('p/m') === now + 30_000, 9_000);
+  }, 20_000);
+});

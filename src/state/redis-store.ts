@@ -6,6 +6,7 @@
 // writing back what it decided alone where that is newer than what Redis holds (a breaker it opened, a hold-off).
 // A Redis that refuses the configuration (password, db, ACL) is served around the same way, but reported as such.
 import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
@@ -37,10 +38,18 @@ const PROBE_INTERVAL_MS = 1000;
  * store stays on local state before it tries Redis again: a PING would pass at once, and flapping helps nobody.
  */
 const CONFIG_RETRY_MS = 30_000;
+/** Probes that time out in a row (a second apart) before the store drops the connection for a new one. */
+const RECONNECT_AFTER_PROBE_TIMEOUTS = 2;
 /** The health check's key expires this long after it is written. */
 const PROBE_TTL_MS = 1000;
 /** After Redis refused the events channel (ACL), how often the subscriber asks again, so a fixed ACL is picked up. */
 const SUBSCRIBE_RETRY_MS = 1000;
+/**
+ * How often the subscriber connection is asked for a PING, and how long its answer may take before the connection is
+ * replaced (see #checkSubscriber). Off the request path: generous, so a slow Redis does not churn connections.
+ */
+const SUBSCRIBER_CHECK_MS = 5000;
+const SUBSCRIBER_ANSWER_MS = 2000;
 /** How long close() waits for QUIT before it drops the connections. */
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
@@ -86,6 +95,8 @@ export class RedisStore implements StateStore {
   #flushTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
   #subscribeTimer: NodeJS.Timeout | undefined;
+  #subscriberTimer: NodeJS.Timeout | undefined;
+  #subscriberAsked = false;
   #lastError: unknown;
   /** A configuration problem Redis reported on the current command connection: it stays unused until a new one. */
   #misconfigured: ConfigProblem | undefined;
@@ -122,6 +133,7 @@ export class RedisStore implements StateStore {
     this.#sub.on('error', (err: unknown) => this.#connectionError(err, false));
     this.#sub.on('node error', (err: unknown) => this.#connectionError(err, false));
     this.#sub.on('message', (channel: string, message: string) => this.#onMessage(channel, message));
+    this.#subscriberTimer = setInterval(() => this.#checkSubscriber(), SUBSCRIBER_CHECK_MS).unref();
   }
 
   get degraded(): boolean {
@@ -180,8 +192,17 @@ export class RedisStore implements StateStore {
 
   async takePermit(target: string, max: number, ttlMs: number, nowMs: number, generation?: number): Promise<string | null> {
     const ttl = Math.max(1, Math.ceil(ttlMs));
+    const key = this.#keys.permits(target);
+    const id = randomUUID();
     return this.#run(
-      (c) => c.sgTakePermit(this.#keys.permits(target), this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, randomUUID(), generation ?? ''),
+      (c) =>
+        c.sgTakePermit(key, this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, id, generation ?? '').catch((err: unknown) => {
+          // A call that timed out still runs once Redis gets to it (a paused, stopped or busy Redis runs what is queued),
+          // and its permit would hold one of the fleet's probes for the attempt's whole limit (up to firstTokenMs) while
+          // this instance probes on a local one: the fleet's next probe waited ~30 s after Redis was fine again.
+          this.#dropPermit(key, id);
+          throw err;
+        }),
       // Degraded, the local permits stand alone (the local store keeps no breaker records of its own to check against).
       () => this.#local.takePermit(target, max, ttlMs, nowMs),
     );
@@ -190,7 +211,11 @@ export class RedisStore implements StateStore {
   async releasePermit(target: string, permitId: string): Promise<void> {
     // The id may come from either side of a degraded spell; releasing an unknown id is harmless on both.
     await this.#local.releasePermit(target, permitId);
-    await this.#run(async (c) => void (await c.zrem(this.#keys.permits(target), permitId)), () => undefined);
+    const key = this.#keys.permits(target);
+    if (this.#usable()) await this.#run(async (c) => void (await c.zrem(key, permitId)), () => undefined);
+    // Degraded on a live connection (a slow Redis), a permit taken from Redis before would otherwise stay taken there
+    // for its whole time to live after the probe ended, and hold back the fleet's next probe once Redis is back.
+    else this.#dropPermit(key, permitId);
   }
 
   addRequests(budgetKey: string, n: number, nowMs: number): void {
@@ -287,6 +312,7 @@ export class RedisStore implements StateStore {
     clearTimeout(this.#flushTimer);
     clearInterval(this.#probeTimer);
     clearTimeout(this.#subscribeTimer);
+    clearInterval(this.#subscriberTimer);
     await Promise.all([quitSoon(this.#client), quitSoon(this.#sub)]);
     this.#view.clearListeners();
     this.#degradedListeners.clear();
@@ -307,6 +333,16 @@ export class RedisStore implements StateStore {
       }
     }
     return fallback();
+  }
+
+  /**
+   * Removes a permit from Redis without waiting for the answer, even while degraded: Redis runs a connection's commands
+   * in order, so this runs after a late call that took it. Not on a connection that is down (what it had queued is
+   * lost with it) or that Redis refused the configuration on.
+   */
+  #dropPermit(key: string, permitId: string): void {
+    if (this.#closed || this.#misconfigured || this.#client.status !== 'ready') return;
+    this.#client.zrem(key, permitId).catch(() => undefined);
   }
 
   /** The CAS script; applies the result to the cache (our record on success, the stored one on failure). */
@@ -485,6 +521,29 @@ export class RedisStore implements StateStore {
     void this.refresh(this.#watched);
   }
 
+  /**
+   * A subscriber only receives, so one whose connection died without closing (its traffic dropped for good: a firewall
+   * that forgot it, the old address of a replaced Redis pod) would go unnoticed for hours (TCP keepalive): the store,
+   * back on Redis through a new command connection, would report itself not degraded and never again hear a breaker
+   * or hold-off another instance changes. A PING it does not answer in time replaces it; the resubscribe re-reads the
+   * state. (A Cluster's subscriber is ioredis's own connection, which a PING on the Cluster would not reach.)
+   */
+  #checkSubscriber(): void {
+    if (this.#closed || this.#subscriberAsked || !this.#subscribed || !(this.#sub instanceof Redis) || this.#sub.status !== 'ready') return;
+    const sub = this.#sub;
+    this.#subscriberAsked = true;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), SUBSCRIBER_ANSWER_MS).unref()));
+    // An error reply is an answer too: the connection is alive.
+    void Promise.race([sub.ping().then(() => true, () => true), late]).then((answered) => {
+      clearTimeout(timer);
+      this.#subscriberAsked = false;
+      if (answered || this.#closed || sub.status !== 'ready') return;
+      this.#logger?.debug('state store: the subscriber connection does not answer; reconnecting it');
+      sub.disconnect(true);
+    });
+  }
+
   #failed(err: unknown): void {
     this.#lastError = err;
     const problem = configProblem(err);
@@ -497,6 +556,8 @@ export class RedisStore implements StateStore {
   }
 
   #timeoutsInARow = 0;
+  /** Health checks that timed out in a row on the current connection (see #probe). */
+  #probeTimeoutsInARow = 0;
 
   /**
    * Redis answered: the errors before it are over, so they are forgotten. One timeout is no outage (see
@@ -540,6 +601,7 @@ export class RedisStore implements StateStore {
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
       this.#timeoutsInARow = 0;
+      this.#probeTimeoutsInARow = 0;
       this.#lastError = undefined;
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
@@ -556,7 +618,19 @@ export class RedisStore implements StateStore {
     // that refuses writes (OOM under noeviction) answers reads; either way the store's next write would fail again.
     this.#client.sgProbe(this.#keys.probe(), PROBE_TTL_MS).then(
       () => this.#onReady(),
-      (err: unknown) => (this.#lastError = err),
+      (err: unknown) => {
+        this.#lastError = err;
+        // Probes that time out in a row on a live connection: Redis is stopped or very slow, or the connection lost
+        // traffic for good (a middlebox dropped it: toxiproxy's timeout toxic, a firewall that forgot the connection, a
+        // replaced pod's old address). Answers are matched to commands in order, so after a lost one every answer on
+        // this connection goes to the command before it, and no probe on it ever passes: a new connection is the way
+        // back. On a stopped Redis the new one waits like the old one did.
+        if (isCommandTimeout(err) && ++this.#probeTimeoutsInARow >= RECONNECT_AFTER_PROBE_TIMEOUTS) {
+          this.#probeTimeoutsInARow = 0;
+          this.#logger?.debug('state store: Redis has not answered on this connection for a while; reconnecting');
+          this.#client.disconnect(true);
+        }
+      },
     );
   }
 }

@@ -1,0 +1,62 @@
+// A Redis that answers late (paused, stopped, busy): the store gave up on a call after commandTimeoutMs and decided
+// on local state, but Redis still runs the call when it gets to it. What such a late call leaves in Redis must not
+// hold the fleet back once Redis answers again.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { loggedStores } from './helpers/redis-stores.ts';
+
+let redis: RedisHandle;
+let admin: Redis;
+const store = loggedStores('late');
+
+beforeAll(async () => {
+  redis = await startRedis();
+  admin = new Redis(redis.url);
+});
+afterAll(async () => {
+  admin?.disconnect();
+  await redis?.stop();
+});
+
+/** Pauses Redis for `ms` (commands queue and run once it ends) and resolves once it has surely ended. */
+async function pause(ms: number): Promise<() => Promise<void>> {
+  await admin.call('CLIENT', 'PAUSE', String(ms), 'ALL');
+  const over = Date.now() + ms + 150;
+  return () => sleep(Math.max(0, over - Date.now()));
+}
+
+describe('a probe permit asked for while Redis is paused (the call timed out, Redis ran it later)', () => {
+  it('does not hold the fleet\'s only permit for the probe\'s whole time limit once the probe is over', async () => {
+    const { store: a, keyPrefix } = store(redis.url);
+    const { store: b } = store(redis.url, keyPrefix);
+    expect(await a.ready()).toBe(true);
+    expect(await b.ready()).toBe(true);
+    const resumed = await pause(400);
+    // One breaker probe fleet-wide (an open breaker past openUntil), its permit good for the attempt's 30 s limit.
+    const permit = await a.takePermit('p/m', 1, 30_500, Date.now());
+    expect(permit).not.toBeNull(); // answered from local state after the 100 ms timeout: A probes
+    expect(a.degraded).toBe(false); // one late reply is no outage
+    await resumed();
+    await a.releasePermit('p/m', permit!); // A's probe is over
+    // No probe is out anywhere: the fleet's next probe may go.
+    expect(await b.takePermit('p/m', 1, 30_500, Date.now())).not.toBeNull();
+  });
+
+  it('is given back when the probe ends while the store is degraded on a live, slow connection', async () => {
+    const { store: a, keyPrefix } = store(redis.url);
+    const { store: b } = store(redis.url, keyPrefix);
+    expect(await a.ready()).toBe(true);
+    expect(await b.ready()).toBe(true);
+    const permit = await a.takePermit('p/m', 1, 30_500, Date.now());
+    expect(permit).not.toBeNull(); // taken in Redis
+    const resumed = await pause(600);
+    const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
+    for (let i = 0; i < 3; i++) await a.takeRetry('r', budget, Date.now()); // three timeouts in a row: degraded
+    expect(a.degraded).toBe(true);
+    await a.releasePermit('p/m', permit!); // the probe ends while A is degraded
+    await resumed();
+    expect(await b.takePermit('p/m', 1, 30_500, Date.now())).not.toBeNull();
+  });
+});
