@@ -10,6 +10,24 @@ const NONE = { total: 1_000, byClass: [0, 0] };
 const flush = () => new Promise((r) => setImmediate(r));
 const settings: LimitSettings = { max: 100, min: 1, decrease: 0.9, minShares: [0.5, 0.1] };
 
+const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
+const slot = async (p: ProviderPool, r: SlotRequest): Promise<Slot> => {
+  const a = await p.acquire(r);
+  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
+  return a.slot;
+};
+/** Two slots held by `held`'s class, then batch and online wait (batch first): the order in which they get a slot. */
+async function grantOrder(p: ProviderPool, held: Slot[]): Promise<string[]> {
+  const order: string[] = [];
+  void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
+  void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
+  for (const h of held) {
+    h.release();
+    await flush();
+  }
+  return order;
+}
+
 describe('the adaptive limit', () => {
   it('shrinks batch to its floor before it cuts the limit online lives under', () => {
     let st = { ...initialLimit(settings), caps: [100, 100] };
@@ -135,24 +153,10 @@ describe('the provider pool', () => {
     );
     return { p, tick: (ms: number) => (now += ms) };
   }
-  const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-  const slot = async (p: ProviderPool, r: SlotRequest): Promise<Slot> => {
-    const a = await p.acquire(r);
-    if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-    return a.slot;
-  };
 
   it('serves waiting online requests before batch ones that came earlier', async () => {
     const { p } = pool();
-    const held = [await slot(p, req(1)), await slot(p, req(1))];
-    const order: string[] = [];
-    void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
-    void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
-    held[0]!.release();
-    await flush();
-    held[1]!.release();
-    await flush();
-    expect(order).toEqual(['online', 'batch']);
+    expect(await grantOrder(p, [await slot(p, req(1)), await slot(p, req(1))])).toEqual(['online', 'batch']);
   });
 
   it('reads a class name from a header whatever its case and surrounding spaces', () => {
@@ -279,12 +283,7 @@ describe('class floors under a cut limit', () => {
       { provider: 'p', capacity: 20, retryCapacity: 20, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
       () => now,
     );
-    const req = (cls: number): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 1e9, minAttemptMs: 0, signal: new AbortController().signal });
-    const take = async (cls: number): Promise<Slot> => {
-      const a = await p.acquire(req(cls));
-      if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-      return a.slot;
-    };
+    const take = (cls: number) => slot(p, req(cls));
     // A batch flood takes the idle pool, one more waits (the limit binds), and the provider answers 429s.
     const flood = await Promise.all(Array.from({ length: 20 }, () => take(1)));
     const queued = p.acquire(req(1));
@@ -297,15 +296,7 @@ describe('class floors under a cut limit', () => {
     const q = await queued;
     if (q.ok) q.slot.release();
     // Two online attempts fill the limit; then batch and online wait, batch first.
-    const held = [await take(0), await take(0)];
-    const order: string[] = [];
-    void p.acquire(req(1)).then((a) => a.ok && order.push('batch'));
-    void p.acquire(req(0)).then((a) => a.ok && order.push('online'));
-    held[0]!.release();
-    await flush();
-    held[1]!.release();
-    await flush();
-    expect(order).toEqual(['online', 'batch']);
+    expect(await grantOrder(p, [await take(0), await take(0)])).toEqual(['online', 'batch']);
   });
 });
 

@@ -4,21 +4,17 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 import { loggedStores } from './helpers/redis-stores.ts';
 
-let redis: RedisHandle;
+const redisServer = useRedisServer();
 let admin: Redis;
 const store = loggedStores('late');
 
-beforeAll(async () => {
-  redis = await startRedis();
-  admin = new Redis(redis.url);
+beforeAll(() => {
+  admin = new Redis(redisServer().url);
 });
-afterAll(async () => {
-  admin?.disconnect();
-  await redis?.stop();
-});
+afterAll(() => admin?.disconnect());
 
 /** Pauses Redis for `ms` (commands queue and run once it ends) and resolves once it has surely ended. */
 async function pause(ms: number): Promise<() => Promise<void>> {
@@ -29,8 +25,8 @@ async function pause(ms: number): Promise<() => Promise<void>> {
 
 describe('a probe permit asked for while Redis is paused (the call timed out, Redis ran it later)', () => {
   it('does not hold the fleet\'s only permit for the probe\'s whole time limit once the probe is over', async () => {
-    const { store: a, keyPrefix } = store(redis.url);
-    const { store: b } = store(redis.url, keyPrefix);
+    const { store: a, keyPrefix } = store(redisServer().url);
+    const { store: b } = store(redisServer().url, keyPrefix);
     expect(await a.ready()).toBe(true);
     expect(await b.ready()).toBe(true);
     const resumed = await pause(400);
@@ -45,8 +41,8 @@ describe('a probe permit asked for while Redis is paused (the call timed out, Re
   });
 
   it('is given back when the probe ends while the store is degraded on a live, slow connection', async () => {
-    const { store: a, keyPrefix } = store(redis.url);
-    const { store: b } = store(redis.url, keyPrefix);
+    const { store: a, keyPrefix } = store(redisServer().url);
+    const { store: b } = store(redisServer().url, keyPrefix);
     expect(await a.ready()).toBe(true);
     expect(await b.ready()).toBe(true);
     const permit = await a.takePermit('p/m', 1, 30_500, Date.now());
