@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useRedisServer } from './helpers/redis-server.ts';
-import { loggedStores } from './helpers/redis-stores.ts';
+import { eventually, loggedStores } from './helpers/redis-stores.ts';
 
 const redisServer = useRedisServer();
 let admin: Redis;
@@ -54,5 +54,27 @@ describe('a probe permit asked for while Redis is paused (the call timed out, Re
     await a.releasePermit('p/m', permit!); // the probe ends while A is degraded
     await resumed();
     expect(await b.takePermit('p/m', 1, 30_500, Date.now())).not.toBeNull();
+  });
+});
+
+describe('a Redis slow every few seconds (the store degrades again soon after each recovery)', () => {
+  it('needs more clean health checks after each flap, so the degraded state holds instead of flipping every second', async () => {
+    const { store: a, lines } = store(redisServer().url);
+    expect(await a.ready()).toBe(true);
+    const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
+    const recoveryMs: number[] = [];
+    for (let flap = 0; flap < 3; flap++) {
+      const resumed = await pause(400);
+      for (let i = 0; i < 3; i++) await a.takeRetry('r', budget, Date.now()); // three timeouts in a row: degraded
+      expect(a.degraded).toBe(true);
+      await resumed();
+      const fine = Date.now();
+      await eventually(() => !a.degraded, 10_000);
+      recoveryMs.push(Date.now() - fine);
+    }
+    // The first recovery takes one health check (a second apart); the third, after two flaps within a minute, four.
+    expect(recoveryMs[0]).toBeLessThan(1_600);
+    expect(recoveryMs[2]).toBeGreaterThan(2_500);
+    expect(lines().some((l) => l.msg?.startsWith('state store degraded') && (l as { flapping?: boolean }).flapping === true)).toBe(true);
   });
 });

@@ -38,6 +38,14 @@ const PROBE_INTERVAL_MS = 1000;
  * store stays on local state before it tries Redis again: a PING would pass at once, and flapping helps nobody.
  */
 const CONFIG_RETRY_MS = 30_000;
+/**
+ * A store that degrades again within this long of recovering is flapping (a Redis slow every other second): each such
+ * flap doubles the health checks in a row that must pass before it recovers again, up to MAX_CLEAN_PROBES. Flipping
+ * every second, the gauge read 0 at most scrapes and the degraded alert (`for: 2m`) never fired, two log lines a
+ * second said so, and every flip changed where the fleet's state was decided.
+ */
+const FLAP_WINDOW_MS = 60_000;
+const MAX_CLEAN_PROBES = 16;
 /** Probes that time out in a row (a second apart) before the store drops the connection for a new one. */
 const RECONNECT_AFTER_PROBE_TIMEOUTS = 2;
 /** The health check's key expires this long after it is written. */
@@ -558,6 +566,10 @@ export class RedisStore implements StateStore {
   #timeoutsInARow = 0;
   /** Health checks that timed out in a row on the current connection (see #probe). */
   #probeTimeoutsInARow = 0;
+  /** Health checks passed in a row while degraded, and how many it takes to recover (see FLAP_WINDOW_MS). */
+  #cleanProbes = 0;
+  #cleanProbesNeeded = 1;
+  #recoveredAtMs = Number.NEGATIVE_INFINITY;
 
   /**
    * Redis answered: the errors before it are over, so they are forgotten. One timeout is no outage (see
@@ -596,13 +608,16 @@ export class RedisStore implements StateStore {
     if (this.#closed || this.#degraded === degraded) return;
     this.#degraded = degraded;
     if (degraded) {
-      this.#logger?.warn({ error: safeError(this.#lastError) }, 'state store degraded: using local state');
+      this.#cleanProbesNeeded = Date.now() - this.#recoveredAtMs < FLAP_WINDOW_MS ? Math.min(MAX_CLEAN_PROBES, this.#cleanProbesNeeded * 2) : 1;
+      this.#cleanProbes = 0;
+      this.#logger?.warn({ error: safeError(this.#lastError), ...(this.#cleanProbesNeeded > 1 && { flapping: true }) }, 'state store degraded: using local state');
       // ioredis reconnects a dropped connection and emits 'ready'; a live but slow one needs a probe to come back.
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
       this.#timeoutsInARow = 0;
       this.#probeTimeoutsInARow = 0;
       this.#lastError = undefined;
+      this.#recoveredAtMs = Date.now();
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
       this.#probeTimer = undefined;
@@ -617,8 +632,11 @@ export class RedisStore implements StateStore {
     // A keyed write, not PING: a Redis Cluster whose slots are down answers PING from every live node, and a Redis
     // that refuses writes (OOM under noeviction) answers reads; either way the store's next write would fail again.
     this.#client.sgProbe(this.#keys.probe(), PROBE_TTL_MS).then(
-      () => this.#onReady(),
+      () => {
+        if (++this.#cleanProbes >= this.#cleanProbesNeeded) this.#onReady();
+      },
       (err: unknown) => {
+        this.#cleanProbes = 0;
         this.#lastError = err;
         // Probes that time out in a row on a live connection: Redis is stopped or very slow, or the connection lost
         // traffic for good (a middlebox dropped it: toxiproxy's timeout toxic, a firewall that forgot the connection, a
