@@ -328,7 +328,10 @@ async function createStore(config: Config, logger: Logger, now: () => number): P
   // An instance that served before it subscribed would miss what the fleet decides meanwhile (a breaker opened, a
   // credential hold) for every target it has not asked Redis about yet. A Redis that is away does not hold up the
   // start for long: the store serves on local state and catches up when Redis comes.
-  if (!(await store.ready(STORE_STARTUP_WAIT_MS))) logger.warn({ waitedMs: STORE_STARTUP_WAIT_MS }, 'starting on local state: Redis is not ready yet');
+  if (!(await store.ready(STORE_STARTUP_WAIT_MS))) {
+    logger.warn({ waitedMs: STORE_STARTUP_WAIT_MS }, 'starting on local state: Redis is not ready yet');
+    store.startWithoutRedis();
+  }
   return store;
 }
 

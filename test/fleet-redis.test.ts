@@ -229,3 +229,25 @@ describe('a fleet of three gateways on one Redis', () => {
     await eventually(async () => (await chat(f.urls[1]!)).body.error?.code === 'circuit_open');
   });
 });
+
+describe('a gateway started while Redis does not answer', () => {
+  it('says it is on local state from its first answer (gauge and /readyz), and moves to Redis once it answers', async () => {
+    // Stopped (SIGSTOP), not gone: connections are accepted and nothing answers, so no connection error says so.
+    const thawed = redis.freeze();
+    const mock = await startMock({ quiet: true, apiKey: TEST_KEY });
+    const config = ConfigSchema.parse({ ...defaultConfig(mock.url), state: { redis: redis.url, keyPrefix: `frozen${process.pid}`, commandTimeoutMs: 1000 } });
+    let g: FastifyInstance | undefined;
+    try {
+      g = await buildServer(config, { logger: createLogger(config, testLogSink([])), metrics: createMetrics({ defaultMetrics: false }) });
+      const url = await g.listen({ host: '127.0.0.1', port: 0 });
+      expect(await metricValue(url, 'stormgate_state_degraded')).toBe(1);
+      expect(await (await fetch(`${url}/readyz`)).json()).toMatchObject({ degraded: true });
+      thawed();
+      await eventually(async () => (await metricValue(url, 'stormgate_state_degraded')) === 0, 8_000);
+    } finally {
+      thawed();
+      await g?.close();
+      await mock.close();
+    }
+  });
+});

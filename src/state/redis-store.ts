@@ -161,6 +161,14 @@ export class RedisStore implements StateStore {
     return true;
   }
 
+  /**
+   * The start-up stops waiting for Redis: from here the store serves on local state, and says so (the gauge, /readyz)
+   * until Redis answers; else both said "on Redis" until the first commands timed out.
+   */
+  startWithoutRedis(): void {
+    if (!this.#closed && this.#client.status !== 'ready') this.#setDegraded(true);
+  }
+
   async addOutcomes(target: string, generation: number, delta: OutcomeWindow, nowMs: number, windowS: number): Promise<OutcomeWindow> {
     // The local window is fed too, so it is warm if Redis goes away.
     const local = this.#local.addOutcomes(target, generation, delta, nowMs, windowS);

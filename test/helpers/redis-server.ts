@@ -17,6 +17,8 @@ export interface RedisHandle {
   restart(): Promise<void>;
   /** SIGKILL, without waiting. */
   kill(): void;
+  /** SIGSTOP: connections are still accepted, nothing is answered. Returns the SIGCONT. */
+  freeze(): () => void;
 }
 
 const children = new Set<ChildProcess>();
@@ -49,6 +51,11 @@ export async function startRedis(): Promise<RedisHandle> {
       child = await launch(port);
     },
     kill: () => void child.kill('SIGKILL'),
+    freeze: () => {
+      const frozen = child;
+      frozen.kill('SIGSTOP');
+      return () => void frozen.kill('SIGCONT');
+    },
   };
 }
 
