@@ -99,6 +99,28 @@ describe('the circuit breaker', () => {
     expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="upstream_error"\} 70/);
   });
 
+  it('keeps no series for a made-up name whose other request ended otherwise after its 404 (a client that left)', async () => {
+    // The name's first request is answered slowly, its second gets the 404 at once (a rate of 0.5 fails the second of
+    // every two): the first is still in flight under the name's key when the second gives the key back.
+    const s = await start({ faults: { models: { 'made-up-slow': { latencyMs: 5_000, errors: [{ status: 404, code: 'model_not_found', rate: 0.5 }] } } } });
+    const leaving = new AbortController();
+    const first = fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'made-up-slow', messages: [{ role: 'user', content: 'hi' }] }),
+      signal: leaving.signal,
+    }).catch(() => undefined);
+    await vi.waitFor(() => expect(s.mock.stats().total).toBe(1));
+    expect((await chat(s, {}, 'made-up-slow')).res.status).toBe(404);
+    leaving.abort();
+    await first;
+    await vi.waitFor(() => expect(s.logs.some((l) => l.includes('"clientGone":true'))).toBe(true));
+    await sleep(50);
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    expect(text).not.toContain('made-up-slow');
+    expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="client_gone"\} 1/);
+  });
+
   it('forgets every state key a made-up model name was looked up under, its credential hold\'s included', async () => {
     // A store that notes which keys the gateway asked about: the Redis store watches each one (and re-reads them all
     // from Redis at every reconnect) until it is told to forget it.

@@ -198,10 +198,19 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
     const plan = plans.find((p) => p.label === a.target);
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
     // Only a request counted under the model's own key has something to drop (a later one is under `other` already).
-    if (key === undefined || key !== plan!.key) continue;
+    if (key === undefined || key !== plan!.key || forgotten.includes(key)) continue;
     // Made-up names must not leave a metric series or a pool entry each behind either.
     deps.onTargetForgotten?.(key);
     forgotten.push(key);
+  }
+  // Another request's 404 may have given a key back while this one was in flight under it and ended otherwise (its
+  // client left, its deadline passed): what this one counted under the key since (its attempt's series, the route's
+  // zeroed series, a pool entry) goes too, or each made-up name sent twice at once could leave its series behind.
+  for (const plan of plans) {
+    if (plan.model === undefined || forgotten.includes(plan.key)) continue;
+    if (deps.targetKeys.givenBack(plan.client.name, plan.model) !== plan.key) continue;
+    deps.onTargetForgotten?.(plan.key);
+    forgotten.push(plan.key);
   }
   return forgotten;
 }

@@ -58,6 +58,17 @@ export class TargetKeys {
     return key;
   }
 
+  /**
+   * The key a name had of its own when a 404 has given it back since (see forget), else undefined: a request still in
+   * flight under it when that 404 came (a client that left, a timeout) drops what it counted under it as well.
+   */
+  givenBack(provider: string, model: string): string | undefined {
+    // Asked at the end of every request: nothing to build while no name was ever refused.
+    if (this.#refused.size === 0) return undefined;
+    const key = `${provider}/${model}`;
+    return this.#refused.has(key) && !this.#learned.get(provider)?.has(model) ? key : undefined;
+  }
+
   #learn(provider: string, model: string): boolean {
     let learned = this.#learned.get(provider);
     if (learned === undefined) this.#learned.set(provider, (learned = new Set()));
