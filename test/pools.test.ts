@@ -1,7 +1,7 @@
 // Priority pools and adaptive limits, with a fake clock: class order, bounded queues, deadline-aware rejection,
 // AIMD steps, and batch shrinking before online.
 import { describe, expect, it } from 'vitest';
-import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings } from '../src/policy/adaptive-limit.ts';
+import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
 import { quotaLowUntil } from '../src/policy/quota-headers.ts';
 import { ProviderPool, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
 
@@ -339,21 +339,25 @@ describe('the adaptive limit under a steady share of 429s', () => {
 });
 
 describe('refusals that are not about our concurrency', () => {
+  type Refusals = (inFlight: number, roundTrip: number) => number;
+  /** A provider that takes `capacity` in flight and refuses the rest at once. */
+  const atCapacity = (capacity: number): Refusals => (inFlight) => Math.max(0, inFlight - capacity);
+  /** A provider that refuses 3 in 10 of whatever is sent (spread evenly over round trips), whatever the concurrency. */
+  const threeInTen: Refusals = (inFlight, r) => Math.floor(((r + 1) * inFlight * 3) / 10) - Math.floor((r * inFlight * 3) / 10);
+
   /**
-   * One round trip at a time of a provider that takes `capacity` in flight and refuses the rest at once: the 429s
-   * come back first, then the answers a round trip later. Returns the limit after each round trip and the 429 share
-   * of the last ten.
+   * Round trips with the limit binding (requests wait): the refusals come back first, then the answers a round trip
+   * later. Returns the state, whether refusals were ever judged noise, and the refused share of the last ten.
    */
-  function capacityRun(startLimit: number, capacity: number, roundTrips: number) {
-    let st = { ...initialLimit(settings), limit: startLimit, caps: [startLimit, startLimit] };
-    let now = 0;
-    const limits: number[] = [];
+  function run(from: LimitState, refusals: Refusals, roundTrips: number, startMs = 0) {
+    let st = from;
+    let now = startMs;
     let refused = 0;
     let answered = 0;
     let judgedNoise = false;
     for (let r = 0; r < roundTrips; r++) {
       const inFlight = Math.floor(st.limit);
-      const over = Math.max(0, inFlight - capacity);
+      const over = Math.min(inFlight, refusals(inFlight, r));
       for (let i = 0; i < over; i++) st = onRateLimited(st, settings, now + 1 + i * 0.01, 100, { total: inFlight - i, byClass: [inFlight - i, 0], waiting: 50 });
       for (let i = 0; i < inFlight - over; i++) st = onSuccess(st, settings, now + 100, 100);
       if (r >= roundTrips - 10) {
@@ -361,18 +365,34 @@ describe('refusals that are not about our concurrency', () => {
         answered += inFlight;
       }
       judgedNoise ||= st.noiseShare !== undefined;
-      limits.push(st.limit);
       now += 100;
     }
-    return { st, limits, judgedNoise, share: refused / answered };
+    return { st, judgedNoise, share: refused / answered, endMs: now };
   }
+  const at = (limit: number): LimitState => ({ ...initialLimit(settings), limit, caps: [limit, limit] });
 
-  it('are not so judged when cutting the limit makes them fewer: a provider at capacity, from twice and from three times it', () => {
+  it('are not so judged when cutting the limit makes them fewer: a provider at capacity, from 1.7 to 3 times it', () => {
     for (const start of [100, 75, 60]) {
-      const run = capacityRun(start, 35, 300);
-      expect(run.judgedNoise).toBe(false);
-      expect(Math.floor(run.st.limit)).toBeLessThanOrEqual(36);
-      expect(run.share).toBeLessThan(0.05);
+      const r = run(at(start), atCapacity(35), 300);
+      expect(r.judgedNoise).toBe(false);
+      expect(Math.floor(r.st.limit)).toBeLessThanOrEqual(36);
+      expect(r.share).toBeLessThan(0.05);
     }
+  });
+
+  it('are judged noise when halving the limit leaves their share as it was, and the limit goes back', () => {
+    const r = run(at(60), threeInTen, 100);
+    expect(r.judgedNoise).toBe(true);
+    expect(r.st.noiseShare).toBeGreaterThan(0.2);
+    expect(r.st.limit).toBeGreaterThanOrEqual(54);
+  });
+
+  it('are read as signals again once they clearly grow: the provider\'s capacity binds on top of the noise', () => {
+    const noisy = run(at(60), threeInTen, 100);
+    expect(noisy.st.noiseShare).toBeDefined();
+    const r = run(noisy.st, atCapacity(20), 300, noisy.endMs);
+    expect(r.st.noiseShare).toBeUndefined();
+    expect(Math.floor(r.st.limit)).toBeLessThanOrEqual(21);
+    expect(r.share).toBeLessThan(0.05);
   });
 });

@@ -12,6 +12,26 @@ export interface LimitSettings {
   minShares: readonly number[];
 }
 
+/** Answers counted since a share was last taken, refused (429, 529) and not, and the limit they began under. */
+export interface Tally {
+  ok: number;
+  refused: number;
+  limit: number;
+}
+
+/**
+ * A burst of rate-limit signals: where the limit and caps were when it began, its worst round trip's refused share
+ * and the limit that round trip's answers were sent under, and the shares' sum and count (their mean is the noise's).
+ */
+export interface Burst {
+  fromLimit: number;
+  fromCaps: number[];
+  peakShare: number;
+  peakLimit: number;
+  shareSum: number;
+  windows: number;
+}
+
 export interface LimitState {
   /** Attempts in flight allowed to the target, all classes together. Fractional: it grows by 1/limit per success. */
   limit: number;
@@ -27,10 +47,10 @@ export interface LimitState {
   lastDecreaseAtMs: number;
   /** The last rate-limit signal of any kind: growth waits a few round trips after it, so probing stays rare. */
   lastSignalAtMs: number;
-  /** The share of answers that were rate-limit signals, a moving average kept during a burst and while they are noise. */
-  refusedShare?: number;
-  /** The burst of rate-limit signals going on: where the limit and caps were when it began, and its highest refused share. */
-  burst?: { fromLimit: number; fromCaps: number[]; peakShare: number };
+  /** Answers since the refused share was last taken, kept during a burst and while refusals are noise. */
+  tally?: Tally;
+  /** The burst of rate-limit signals going on: where the limit and caps were when it began, and its refused shares. */
+  burst?: Burst;
   /**
    * Rate-limit signals found not to be about our concurrency (cutting it did not make them fewer: another client of
    * the same key, a provider refusing a share of all requests): their usual share, which is ignored.
@@ -40,11 +60,14 @@ export interface LimitState {
 
 /** Round trips without a rate-limit signal before the limit grows again: at most ~1% of attempts probe too far. */
 const QUIET_ROUND_TRIPS = 10;
-/** The weight of one answer in the refused share's moving average: about the last twenty answers. */
-const SHARE_WEIGHT = 0.05;
-
+/** Answers a round trip's refused share needs before it is read (at a low limit, over several round trips). */
+const MIN_WINDOW_ANSWERS = 10;
+/** Answers per share taken while refusals are noise: enough that a share twice the usual is no fluke. */
+const NOISE_WINDOW_ANSWERS = 40;
 const burstOver = (st: LimitState, nowMs: number, roundTripMs: number) => nowMs - st.lastSignalAtMs >= QUIET_ROUND_TRIPS * roundTripMs;
-const nextShare = (share: number | undefined, refused: boolean) => (share ?? 0) + SHARE_WEIGHT * ((refused ? 1 : 0) - (share ?? 0));
+const counted = (t: Tally | undefined, refused: boolean, limit: number): Tally => ({ ok: (t?.ok ?? 0) + (refused ? 0 : 1), refused: (t?.refused ?? 0) + (refused ? 1 : 0), limit: t?.limit ?? limit });
+/** The refused share of the tally once it holds `min` answers (and a fresh tally), else undefined. */
+const shareOf = (t: Tally, min: number) => (t.ok + t.refused >= min ? t.refused / (t.ok + t.refused) : undefined);
 
 export function initialLimit(s: LimitSettings): LimitState {
   return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
@@ -71,10 +94,11 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
   // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
   if (st.noiseShare !== undefined) {
-    const share = nextShare(st.refusedShare, true);
+    const tally = counted(st.tally, true, st.limit);
+    const share = shareOf(tally, NOISE_WINDOW_ANSWERS);
     // The usual refusals, which no cut made fewer. Clearly more than usual (twice, and 10 points): ours again.
-    if (share <= 2 * st.noiseShare + 0.1 || !binding(st, inUse)) return { ...st, refusedShare: share };
-    st = { ...st, noiseShare: undefined, refusedShare: share };
+    if (share === undefined || share <= 2 * st.noiseShare + 0.1 || !binding(st, inUse)) return { ...st, tally: share === undefined ? tally : undefined };
+    st = { ...st, noiseShare: undefined, tally: undefined };
   }
   if (!binding(st, inUse)) return st;
   // The first signal of a burst (none for a round trip) notes where the limit may slow-start back to: a quota window
@@ -83,40 +107,50 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   const recoverTo = nowMs - st.lastSignalAtMs >= roundTripMs ? Math.floor(st.limit / 2) : st.recoverTo;
   // The cuts are judged over a longer run: until the limit may grow again (refusals at a low rate leave quiet round trips).
   const burstStarts = st.burst === undefined || burstOver(st, nowMs, roundTripMs);
-  const share = nextShare(burstStarts ? 0 : st.refusedShare, true);
-  const burst = burstStarts ? { fromLimit: st.limit, fromCaps: st.caps, peakShare: share } : { ...st.burst!, peakShare: Math.max(st.burst!.peakShare, share) };
-  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo, refusedShare: share, burst };
+  let burst: Burst = burstStarts ? { fromLimit: st.limit, fromCaps: st.caps, peakShare: 0, peakLimit: st.limit, shareSum: 0, windows: 0 } : st.burst!;
+  let tally: Tally | undefined = counted(burstStarts ? undefined : st.tally, true, st.limit);
+  const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo, burst, tally };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
-  if (notOurConcurrency(clamped)) {
-    // Cutting did not help, so the cuts were wrong: back to where the burst began (the limit slow-starts there), and
-    // from now on refusals at this share are ignored. Kept on, they took the limit to 1 and online queued behind it.
-    return { ...clamped, caps: [...burst.fromCaps], slowStartTo: burst.fromLimit, recoverTo: undefined, burst: undefined, noiseShare: burst.peakShare, lastDecreaseAtMs: nowMs };
-  }
-  const caps = [...clamped.caps];
-  for (let k = caps.length - 1; k >= 1; k--) {
-    const floor = classFloor(clamped, s, k);
-    if (Math.min(caps[k]!, clamped.limit) > floor) {
-      caps[k] = Math.max(floor, Math.min(caps[k]!, clamped.limit) * s.decrease);
-      return { ...clamped, caps, slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+  // Once per round trip, with the cut: the share of the answers since the last one.
+  const share = shareOf(tally, MIN_WINDOW_ANSWERS);
+  if (share !== undefined) {
+    const sentUnder = tally.limit;
+    const peak = share > burst.peakShare ? { peakShare: share, peakLimit: sentUnder } : {};
+    burst = { ...burst, ...peak, shareSum: burst.shareSum + share, windows: burst.windows + 1 };
+    tally = undefined;
+    if (notOurConcurrency(burst, sentUnder, share)) {
+      // Cutting did not help, so the cuts were wrong: back to where the burst began (the limit slow-starts there), and
+      // from now on refusals at this share are ignored. Kept on, they took the limit to 1 and online queued behind it.
+      const noiseShare = burst.shareSum / burst.windows;
+      return { ...clamped, caps: [...burst.fromCaps], slowStartTo: burst.fromLimit, recoverTo: undefined, burst: undefined, tally: undefined, noiseShare, lastDecreaseAtMs: nowMs };
     }
   }
-  const limit = Math.max(s.min, clamped.limit * s.decrease);
-  return { ...clamped, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+  const judged = { ...clamped, burst, tally };
+  const caps = [...judged.caps];
+  for (let k = caps.length - 1; k >= 1; k--) {
+    const floor = classFloor(judged, s, k);
+    if (Math.min(caps[k]!, judged.limit) > floor) {
+      caps[k] = Math.max(floor, Math.min(caps[k]!, judged.limit) * s.decrease);
+      return { ...judged, caps, slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+    }
+  }
+  const limit = Math.max(s.min, judged.limit * s.decrease);
+  return { ...judged, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
 }
 
 /**
  * Have this burst's cuts shown that the refusals are not about our concurrency? When they are, fewer attempts in
- * flight means fewer refused: a provider that takes C in flight refuses 1 - C/limit of them, so halving the limit
- * leaves at most 1 - 2(1 - peak) of them refused (none, for a peak share up to a half). When the share stays where it
- * was once the limit is halved, the refusals come whatever we do (another client of the same key, a provider refusing
- * a share of everything), and cutting further only starves our own queue. A share over 0.6 (a quota window, far too
- * many in flight) is never judged so: there cutting is what the provider asks for.
+ * flight means fewer refused: a provider that takes C in flight refuses 1 - C/limit of them, so answers sent under half
+ * the limit of the burst's worst round trip are refused at most 1 - 2(1 - its share) of the time (never, for a share up
+ * to a half). When the share stays where it was under half that limit, the refusals come whatever we do (another
+ * client of the same key, a provider refusing a share of everything), and cutting further only starves our own queue.
+ * A worst share over 0.6 (a quota window, far too many in flight) is never judged so: there cutting is what the
+ * provider asks for.
  */
-function notOurConcurrency(st: LimitState): boolean {
-  const b = st.burst;
-  if (!b || st.refusedShare === undefined || b.peakShare > 0.6 || st.limit > b.fromLimit / 2) return false;
-  const ifOurs = Math.max(0, 1 - (1 - b.peakShare) * (b.fromLimit / st.limit));
-  return st.refusedShare >= b.peakShare / 2 && st.refusedShare >= ifOurs + 0.1;
+function notOurConcurrency(burst: Burst, sentUnder: number, share: number): boolean {
+  if (burst.peakShare > 0.6 || sentUnder > burst.peakLimit / 2) return false;
+  const ifOurs = Math.max(0, 1 - (1 - burst.peakShare) * (burst.peakLimit / sentUnder));
+  return share >= burst.peakShare / 2 && share >= ifOurs + 0.1;
 }
 
 /** Attempts of one target in flight when a signal came, all classes and per class (highest first), and requests waiting for it. */
@@ -159,11 +193,12 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  */
 export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, holdMs = roundTripMs): LimitState {
   if (st.noiseShare !== undefined) {
-    const share = nextShare(st.refusedShare, false);
+    const tally = counted(st.tally, false, st.limit);
+    const share = shareOf(tally, NOISE_WINDOW_ANSWERS);
     // The refusals that were noise have (nearly) stopped: back to reading every one as a signal.
-    st = share < st.noiseShare / 3 ? { ...st, noiseShare: undefined, refusedShare: undefined } : { ...st, refusedShare: share };
+    st = share !== undefined && share < st.noiseShare / 3 ? { ...st, noiseShare: undefined, tally: undefined } : { ...st, tally: share === undefined ? tally : undefined };
   } else if (st.burst !== undefined) {
-    st = burstOver(st, nowMs, roundTripMs) ? { ...st, burst: undefined, refusedShare: undefined } : { ...st, refusedShare: nextShare(st.refusedShare, false) };
+    st = burstOver(st, nowMs, roundTripMs) ? { ...st, burst: undefined, tally: undefined } : { ...st, tally: counted(st.tally, false, st.limit) };
   }
   // A burst of rate-limit signals is over (a quiet round trip): a limit it took below half of where it began slow-starts back there.
   const to = st.recoverTo;
