@@ -342,8 +342,9 @@ describe('refusals that are not about our concurrency', () => {
   type Refusals = (inFlight: number, roundTrip: number) => number;
   /** A provider that takes `capacity` in flight and refuses the rest at once. */
   const atCapacity = (capacity: number): Refusals => (inFlight) => Math.max(0, inFlight - capacity);
-  /** A provider that refuses 3 in 10 of whatever is sent (spread evenly over round trips), whatever the concurrency. */
-  const threeInTen: Refusals = (inFlight, r) => Math.floor(((r + 1) * inFlight * 3) / 10) - Math.floor((r * inFlight * 3) / 10);
+  /** A provider that refuses `k` in 10 of whatever is sent (spread evenly over round trips), whatever the concurrency. */
+  const inTen = (k: number): Refusals => (inFlight, r) => Math.floor(((r + 1) * inFlight * k) / 10) - Math.floor((r * inFlight * k) / 10);
+  const threeInTen = inTen(3);
 
   /**
    * Round trips with the limit binding (requests wait): the refusals come back first, then the answers a round trip
@@ -380,11 +381,31 @@ describe('refusals that are not about our concurrency', () => {
     }
   });
 
+  it('are not so judged after a short burst at a small provider: 16 of 24 refused is two in three', () => {
+    // A moving average of the refused share (from 0) read 16 quick 429s as 0.56; the clamps cut the limit to 8 at
+    // once, slow start took it back to 12, where a provider taking 8 refuses one in three: judged against 0.56 that
+    // looked like noise, and the limit went back to 24 for good, with two in three attempts refused.
+    for (const [start, capacity] of [[24, 8], [20, 8], [12, 4]] as const) {
+      const r = run(at(start), atCapacity(capacity), 300);
+      expect(r.judgedNoise).toBe(false);
+      expect(Math.floor(r.st.limit)).toBeLessThanOrEqual(capacity + 1);
+      expect(r.share).toBeLessThan(0.05);
+    }
+  });
+
   it('are judged noise when halving the limit leaves their share as it was, and the limit goes back', () => {
     const r = run(at(60), threeInTen, 100);
     expect(r.judgedNoise).toBe(true);
     expect(r.st.noiseShare).toBeGreaterThan(0.2);
     expect(r.st.limit).toBeGreaterThanOrEqual(54);
+  });
+
+  it('are read as signals again once they clearly grow, from noise of one in two as well (twice that is more than all)', () => {
+    const noisy = run(at(60), inTen(5), 100);
+    expect(noisy.st.noiseShare).toBeGreaterThan(0.4);
+    const r = run(noisy.st, atCapacity(8), 300, noisy.endMs);
+    expect(r.st.noiseShare).toBeUndefined();
+    expect(Math.floor(r.st.limit)).toBeLessThanOrEqual(9);
   });
 
   it('are read as signals again once they clearly grow: the provider\'s capacity binds on top of the noise', () => {

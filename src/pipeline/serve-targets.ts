@@ -157,9 +157,10 @@ export async function serveTargets(
       if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {
         blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });
-        // It failed before it went away (a failed probe, a breaker that opened during the retries). When the request
-        // is to end with a failure anyway, this is the latest one: the answer names the target that failed last.
-        if (lastFailure && run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
+        // It failed before it went away (a failed probe, a breaker that opened during the retries, on that very failure
+        // perhaps). Should the request end without an answer, it ends with this failure: it went upstream, and a
+        // load_shed or hold-off from a target it never reached would invite the SDK to send it all over again.
+        if (run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
         left = { plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' };
         markDown(i);
         continue;
@@ -250,7 +251,8 @@ export async function serveTargets(
         runs[released.index]!.waitMs = deps.now() - now;
         break;
       case 'full':
-        return end({ kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });
+        // A request that already went upstream ends with what it got there, not with an invitation to come back.
+        return end(lastFailure ?? { kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });
       case 'closing':
         return end({ kind: 'closing', plan: first.plan });
       case 'timeout':

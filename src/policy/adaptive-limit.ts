@@ -12,11 +12,12 @@ export interface LimitSettings {
   minShares: readonly number[];
 }
 
-/** Answers counted since a share was last taken, refused (429, 529) and not, and the limit they began under. */
+/** Answers counted since a share was last taken, refused (429, 529) and not, and the limit and time they began at. */
 export interface Tally {
   ok: number;
   refused: number;
   limit: number;
+  fromMs: number;
 }
 
 /**
@@ -65,9 +66,17 @@ const MIN_WINDOW_ANSWERS = 10;
 /** Answers per share taken while refusals are noise: enough that a share twice the usual is no fluke. */
 const NOISE_WINDOW_ANSWERS = 40;
 const burstOver = (st: LimitState, nowMs: number, roundTripMs: number) => nowMs - st.lastSignalAtMs >= QUIET_ROUND_TRIPS * roundTripMs;
-const counted = (t: Tally | undefined, refused: boolean, limit: number): Tally => ({ ok: (t?.ok ?? 0) + (refused ? 0 : 1), refused: (t?.refused ?? 0) + (refused ? 1 : 0), limit: t?.limit ?? limit });
-/** The refused share of the tally once it holds `min` answers (and a fresh tally), else undefined. */
-const shareOf = (t: Tally, min: number) => (t.ok + t.refused >= min ? t.refused / (t.ok + t.refused) : undefined);
+const counted = (t: Tally | undefined, refused: boolean, st: LimitState, nowMs: number): Tally => ({
+  ok: (t?.ok ?? 0) + (refused ? 0 : 1),
+  refused: (t?.refused ?? 0) + (refused ? 1 : 0),
+  limit: t?.limit ?? st.limit,
+  fromMs: t?.fromMs ?? nowMs,
+});
+/**
+ * The refused share of the tally once it holds `min` answers over at least `spanMs`, else undefined. A span of whole
+ * round trips, since 429s come back at once and answers a round trip later: forty answers in a row may be all of one.
+ */
+const shareOf = (t: Tally, min: number, nowMs = t.fromMs, spanMs = 0) => (t.ok + t.refused >= min && nowMs - t.fromMs >= spanMs ? t.refused / (t.ok + t.refused) : undefined);
 
 export function initialLimit(s: LimitSettings): LimitState {
   return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
@@ -91,15 +100,12 @@ export function classLimit(st: LimitState, cls: number): number {
  * And at most once per round trip, the multiplicative cut (x decrease), lowest class first, then the limit.
  */
 export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, inUse: InUse): LimitState {
+  if (st.noiseShare !== undefined) {
+    st = noiseTallied(st, true, nowMs, roundTripMs);
+    if (st.noiseShare !== undefined) return st;
+  }
   // A limit that is not binding cannot be too high: a 429 while far below it (a quota window, another client of the
   // same key) says nothing about our concurrency, and cutting on it would ratchet the limit down to nothing.
-  if (st.noiseShare !== undefined) {
-    const tally = counted(st.tally, true, st.limit);
-    const share = shareOf(tally, NOISE_WINDOW_ANSWERS);
-    // The usual refusals, which no cut made fewer. Clearly more than usual (twice, and 10 points): ours again.
-    if (share === undefined || share <= 2 * st.noiseShare + 0.1 || !binding(st, inUse)) return { ...st, tally: share === undefined ? tally : undefined };
-    st = { ...st, noiseShare: undefined, tally: undefined };
-  }
   if (!binding(st, inUse)) return st;
   // The first signal of a burst (none for a round trip) notes where the limit may slow-start back to: a quota window
   // answers every request in flight with 429 and the clamps follow them down to one, and growing back one slot per
@@ -108,7 +114,7 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   // The cuts are judged over a longer run: until the limit may grow again (refusals at a low rate leave quiet round trips).
   const burstStarts = st.burst === undefined || burstOver(st, nowMs, roundTripMs);
   let burst: Burst = burstStarts ? { fromLimit: st.limit, fromCaps: st.caps, peakShare: 0, peakLimit: st.limit, shareSum: 0, windows: 0 } : st.burst!;
-  let tally: Tally | undefined = counted(burstStarts ? undefined : st.tally, true, st.limit);
+  let tally: Tally | undefined = counted(burstStarts ? undefined : st.tally, true, st, nowMs);
   const clamped = { ...clampToObserved(st, s, inUse), lastSignalAtMs: nowMs, recoverTo, burst, tally };
   if (nowMs - st.lastDecreaseAtMs < roundTripMs) return clamped;
   // Once per round trip, with the cut: the share of the answers since the last one.
@@ -136,6 +142,20 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
   }
   const limit = Math.max(s.min, judged.limit * s.decrease);
   return { ...judged, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
+}
+
+/**
+ * An answer while refusals are noise. Every two round trips (and forty answers) their share is taken: clearly more
+ * than usual (twice and 10 points more, or halfway to all refused, whichever is less) says the provider's capacity
+ * binds on top of them, and far less (a third) that they stopped: either way they are signals again.
+ */
+function noiseTallied(st: LimitState, refused: boolean, nowMs: number, roundTripMs: number): LimitState {
+  const tally = counted(st.tally, refused, st, nowMs);
+  const share = shareOf(tally, NOISE_WINDOW_ANSWERS, nowMs, 2 * roundTripMs);
+  if (share === undefined) return { ...st, tally };
+  const noise = st.noiseShare!;
+  const usual = share <= Math.min(2 * noise + 0.1, (1 + noise) / 2) && share >= noise / 3;
+  return usual ? { ...st, tally: undefined } : { ...st, noiseShare: undefined, tally: undefined };
 }
 
 /**
@@ -193,12 +213,9 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
  */
 export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, roundTripMs: number, holdMs = roundTripMs): LimitState {
   if (st.noiseShare !== undefined) {
-    const tally = counted(st.tally, false, st.limit);
-    const share = shareOf(tally, NOISE_WINDOW_ANSWERS);
-    // The refusals that were noise have (nearly) stopped: back to reading every one as a signal.
-    st = share !== undefined && share < st.noiseShare / 3 ? { ...st, noiseShare: undefined, tally: undefined } : { ...st, tally: share === undefined ? tally : undefined };
+    st = noiseTallied(st, false, nowMs, roundTripMs);
   } else if (st.burst !== undefined) {
-    st = burstOver(st, nowMs, roundTripMs) ? { ...st, burst: undefined, tally: undefined } : { ...st, tally: counted(st.tally, false, st.limit) };
+    st = burstOver(st, nowMs, roundTripMs) ? { ...st, burst: undefined, tally: undefined } : { ...st, tally: counted(st.tally, false, st, nowMs) };
   }
   // A burst of rate-limit signals is over (a quiet round trip): a limit it took below half of where it began slow-starts back there.
   const to = st.recoverTo;
