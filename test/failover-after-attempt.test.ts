@@ -3,8 +3,7 @@
 // load_shed or hold-off that invites the SDK to send it all over again on top of the attempt the provider may have run.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import OpenAI from 'openai';
-import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks } from './helpers/stack.ts';
+import { defaultConfig, recordingClient, RETRY_LOOP_ONLY, useExtraMocks, useStacks } from './helpers/stack.ts';
 
 const extraMock = useExtraMocks();
 const start = useStacks();
@@ -35,18 +34,7 @@ describe('a request that went upstream, then found no target that can take it', 
       body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'busy' }] }),
     }).then((r) => r.arrayBuffer());
     await sleep(100);
-    const seen: Array<{ status: number; shouldRetry: string | null; code?: string }> = [];
-    const client = new OpenAI({
-      baseURL: s.baseURL,
-      apiKey: 'client-key',
-      maxRetries: 2,
-      fetch: async (url, init) => {
-        const res = await fetch(url, init);
-        const body = (await res.clone().json().catch(() => undefined)) as { error?: { code?: string } } | undefined;
-        seen.push({ status: res.status, shouldRetry: res.headers.get('x-should-retry'), code: body?.error?.code });
-        return res;
-      },
-    });
+    const { client, seen } = recordingClient(s, { maxRetries: 2 });
     const status = await client.chat.completions
       .create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }, { timeout: 5_000 })
       .then(() => 200, (e: { status?: number }) => e.status);

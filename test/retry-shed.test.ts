@@ -1,8 +1,7 @@
 // A retry the provider's pool cannot seat before the deadline: the request already went upstream, so the client gets
 // that attempt's failure with x-should-retry: false, not a load_shed that invites the SDK to send it all over again.
 import { describe, expect, it } from 'vitest';
-import OpenAI from 'openai';
-import { RETRY_LOOP_ONLY, useStacks } from './helpers/stack.ts';
+import { recordingClient, RETRY_LOOP_ONLY, useStacks } from './helpers/stack.ts';
 
 const start = useStacks(RETRY_LOOP_ONLY);
 
@@ -14,17 +13,7 @@ describe('a retry shed by the pool', () => {
       faults: { hangRate: 1 },
       provider: { maxConnections: 2, timeouts: { responseMs: 300 } },
     });
-    const seen: Array<{ status: number; shouldRetry: string | null; attempts: string | null }> = [];
-    const client = new OpenAI({
-      baseURL: s.baseURL,
-      apiKey: 'client-key',
-      maxRetries: 2,
-      fetch: async (url, init) => {
-        const res = await fetch(url, init);
-        seen.push({ status: res.status, shouldRetry: res.headers.get('x-should-retry'), attempts: res.headers.get('x-stormgate-attempts') });
-        return res;
-      },
-    });
+    const { client, seen } = recordingClient(s, { maxRetries: 2 });
     const call = () => client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }, { timeout: 2_000 }).then(() => 200, (e: { status?: number }) => e.status);
     const statuses = await Promise.all([call(), call()]);
     // Each SDK call was sent once, answered as the provider left it ...

@@ -197,3 +197,27 @@ export function countingClient(s: Stack, opts: ClientOptions = {}): { client: Op
   });
   return { client, counter };
 }
+
+/** What the SDK's HTTP requests were answered with: status, x-should-retry and the error code, one entry each. */
+export interface Answered {
+  status: number;
+  shouldRetry: string | null;
+  code?: string;
+}
+
+/** An `openai` SDK client of the stack's gateway that records every answer its HTTP requests got (its own retries included). */
+export function recordingClient(s: Stack, opts: ClientOptions = {}): { client: OpenAI; seen: Answered[] } {
+  const seen: Answered[] = [];
+  const client = new OpenAI({
+    baseURL: s.baseURL,
+    apiKey: 'sk-client-not-a-provider-key',
+    fetch: async (url, init) => {
+      const res = await fetch(url, init);
+      const body = (await res.clone().json().catch(() => undefined)) as { error?: { code?: string } } | undefined;
+      seen.push({ status: res.status, shouldRetry: res.headers.get('x-should-retry'), code: body?.error?.code });
+      return res;
+    },
+    ...opts,
+  });
+  return { client, seen };
+}
