@@ -548,6 +548,8 @@ export class RedisStore implements StateStore {
     if (this.#closed || this.#subscriberAsked || !this.#subscribed || !(this.#sub instanceof Redis) || this.#sub.status !== 'ready') return;
     const sub = this.#sub;
     this.#subscriberAsked = true;
+    // Its own timer, not ioredis's commandTimeout: that is per connection, and a SUBSCRIBE it timed out would still be
+    // run by a slow Redis, leaving the connection subscribed while the store thinks not.
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), SUBSCRIBER_ANSWER_MS).unref()));
     // An error reply is an answer too: the connection is alive.
