@@ -379,6 +379,17 @@ ${extra}`;
     expect(configError(valid('state: { redis: { sentinels: [ { host: s1, port: 26379 } ] } }\n')).message).toMatch(/state\.redis\.name: Sentinel needs/);
   });
 
+  it('refuses a Redis URL whose path or db parameter is no database number, which ioredis sent as SELECT NaN and crashed on', () => {
+    for (const url of ['redis://redis:6379/stormgate', 'redis://:s3cret-pw@redis:6379/abc', 'redis://redis:6379?db=one', 'rediss://redis:6379/%31']) {
+      const message = configError(valid(`state: { redis: "${url}" }\n`)).message;
+      expect(message, url).toMatch(/state\.redis: the path of a redis:\/\/ URL \(and a `db` parameter\) is the database number/);
+      expect(message).not.toContain('s3cret-pw');
+    }
+    for (const url of ['redis://redis:6379', 'redis://redis:6379/', 'redis://:pw@redis:6379/3', 'redis://redis:6379/?db=2', 'rediss://user:pw@redis:6380/15']) {
+      expect(() => parseConfig(valid(`state: { redis: "${url}" }\n`), 'gw.yaml', env), url).not.toThrow();
+    }
+  });
+
   it('refuses a passthrough path that covers a managed route', () => {
     expect(configError(valid('passthrough: { provider: openai, paths: [/v1] }\n')).message).toMatch(/passthrough\.paths\[0\]: "\/v1" covers the managed route path \/v1\/chat\/completions/);
   });

@@ -246,6 +246,13 @@ export const PassthroughSchema = z
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
 
+/** Is the database a Redis URL names (its path, else a `db` query parameter, as ioredis reads them) a number, or absent? */
+function redisUrlDbIsNumber(url: string): boolean {
+  const parsed = new URL(url);
+  const path = parsed.pathname.replace(/^\//, '');
+  return /^\d*$/.test(path !== '' ? path : (parsed.searchParams.get('db') ?? ''));
+}
+
 const HostPort = z.strictObject({ host: z.string().min(1).describe('Host name or address of the node.'), port: z.number().int().min(1).max(65535).describe('Port of the node.') });
 
 export const RedisSchema = z.union([
@@ -254,6 +261,11 @@ export const RedisSchema = z.union([
     .regex(/^$|^rediss?:\/\/\S+$/, 'a redis:// or rediss:// URL (or "" for in-process state)')
     // Not quoted back: the URL may hold the password. ioredis would throw on it at start-up, with a stack trace.
     .refine((url) => url === '' || URL.canParse(url), { message: 'is not a valid URL (check its host, port and the characters of the password: URL-encode @ : / [ ] in it)' })
+    // ioredis sends SELECT with whatever the path parses to: `redis://redis:6379/stormgate` was SELECT NaN, whose
+    // refusal it throws where nothing can catch it (exit 1 with a stack trace, at start-up or at a reconnect).
+    .refine((url) => url === '' || !URL.canParse(url) || redisUrlDbIsNumber(url), {
+      message: 'the path of a redis:// URL (and a `db` parameter) is the database number: write redis://host:6379/0, or no path for db 0 (the key prefix is state.keyPrefix)',
+    })
     .describe('A redis:// or rediss:// URL; empty means no Redis (in-process state).'),
   z
     .strictObject({
