@@ -3,7 +3,9 @@
 // (with its error bodies), so a divergence that would break unchanged OpenAI code shows at the client.
 import { createHash } from 'node:crypto';
 import OpenAI from 'openai';
+import { zodResponseFormat } from 'openai/helpers/zod';
 import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
 import { fastRetries, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
 
 const gw = useScriptedGateway((c, origin) => {
@@ -45,13 +47,39 @@ function anthropicRefusal(body: Record<string, unknown>): Script | undefined {
   const userId = (body.metadata as { user_id?: string } | undefined)?.user_id;
   if (userId !== undefined && /@/.test(userId)) return invalid('metadata.user_id: user_id appears to contain an email address. Please send a uuid or hash value instead.');
   if (userId !== undefined && userId.length > 256) return invalid('metadata.user_id: String should have at most 256 characters');
-  const messages = body.messages as Array<{ content: Array<{ type: string; source?: { type: string; media_type?: string; data?: string } }> }>;
+  const messages = body.messages as Array<{ content: Array<{ type: string; id?: string; source?: { type: string; media_type?: string; data?: string } }> }>;
+  const blocks = messages.flatMap((m) => m.content);
+  if (blocks.some((b) => b.type === 'tool_use' || b.type === 'tool_result') && !(Array.isArray(body.tools) && body.tools.length > 0)) {
+    return invalid('Requests which include `tool_use` or `tool_result` blocks must define tools.');
+  }
+  const toolUseIds = blocks.filter((b) => b.type === 'tool_use').map((b) => b.id);
+  if (new Set(toolUseIds).size !== toolUseIds.length) return invalid('messages.3.content.0: `tool_use` ids must be unique');
+  const format = (body.output_config as { format?: { schema?: unknown } } | undefined)?.format;
+  const unsupported = format ? unsupportedKeyword(format.schema) : undefined;
+  if (unsupported) return invalid(`output_config.format.schema: ${unsupported}`);
   for (const [i, m] of messages.entries()) {
     for (const [j, b] of m.content.entries()) {
       if (b.type === 'image' && b.source?.type === 'base64' && bytesType(b.source.data ?? '') !== b.source.media_type) {
         return invalid(`messages.${i}.content.${j}.image.source.base64.data: Image does not match the provided media type ${b.source.media_type}`);
       }
     }
+  }
+  return undefined;
+}
+
+/** Structured outputs take a subset of JSON Schema; the first keyword outside it, as the API words it. */
+function unsupportedKeyword(schema: unknown): string | undefined {
+  if (typeof schema !== 'object' || schema === null) return undefined;
+  const node = schema as Record<string, unknown>;
+  const type = String(node.type ?? 'any');
+  for (const key of ['minimum', 'maximum', 'exclusiveMinimum', 'minLength', 'maxLength', 'pattern', 'maxItems']) {
+    if (key in node) return `For '${type}' type, property '${key}' is not supported`;
+  }
+  if (type === 'object' && node.additionalProperties !== false) return "For 'object' type, 'additionalProperties' must be explicitly set to false";
+  const children = [node.items, ...Object.values((node.properties ?? {}) as object), ...Object.values((node.$defs ?? {}) as object), ...((node.anyOf ?? []) as unknown[])];
+  for (const child of children) {
+    const found = unsupportedKeyword(child);
+    if (found) return found;
   }
   return undefined;
 }
@@ -169,6 +197,33 @@ describe('an OpenAI agent served by an Anthropic target', () => {
       // Consecutive tool messages: one user turn of tool_result blocks.
       { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'call_1', content: '18°C' }, { type: 'tool_result', tool_use_id: 'call_2', content: '14:00' }] },
     ]);
+  });
+
+  it('serves an agent loop whose calls a compatible server numbered per answer, and its final summary asked without tools', async () => {
+    const { client, seen } = await gw((body) => anthropicRefusal(body) ?? message([{ type: 'text', text: 'Paris: 18°C at 14:00, then 19°C.' }]));
+    // call_0 in every answer, as servers that number each answer's calls send; OpenAI pairs each result with the call before it.
+    const round = (result: string): OpenAI.ChatCompletionMessageParam[] => [
+      { role: 'assistant', content: '', tool_calls: [{ id: 'call_0', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_0', content: result },
+    ];
+    const history: OpenAI.ChatCompletionMessageParam[] = [...question, ...round('18°C'), ...round('19°C')];
+    const next = await client.chat.completions.create({ model: 'gpt-4o', messages: history, tools: [weather] });
+    expect(next.choices[0]!.message.content).toBe('Paris: 18°C at 14:00, then 19°C.');
+    // The last turn of the loop: a summary of what the tools found, with no tools to call any more.
+    const summary = await client.chat.completions.create({ model: 'gpt-4o', messages: [...history, { role: 'user', content: 'Sum it up.' }] });
+    expect(summary.choices[0]!.message.content).toBe('Paris: 18°C at 14:00, then 19°C.');
+    expect(seen[1]!.body).toMatchObject({ tools: [{ name: 'get_weather', input_schema: { type: 'object' } }], tool_choice: { type: 'none' } });
+    expect((seen[1]!.body.messages as Array<{ content: Array<{ id?: string; tool_use_id?: string }> }>).slice(1).map((m) => m.content[0]!.id ?? m.content[0]!.tool_use_id))
+      .toEqual(['call_0', 'call_0', 'call_0_2', 'call_0_2']);
+  });
+
+  it('parses structured output whose zod schema has bounds, which Anthropic\'s structured outputs refuse as JSON Schema keywords', async () => {
+    const review = { score: 7, summary: 'Clear, two nits.', tags: ['style'] };
+    const { client, seen } = await gw((body) => anthropicRefusal(body) ?? message([{ type: 'text', text: JSON.stringify(review) }]));
+    const Review = z.object({ score: z.number().int().min(1).max(10), summary: z.string().max(280), tags: z.array(z.string()).max(3) });
+    const answer = await client.chat.completions.parse({ model: 'gpt-4o', messages: question, response_format: zodResponseFormat(Review, 'review') });
+    expect(answer.choices[0]!.message.parsed).toEqual(review);
+    expect(JSON.stringify(seen[0]!.body.output_config)).toContain('{minimum: 1, maximum: 10}');
   });
 
   const overloaded = aev('error', { error: { type: 'overloaded_error', message: 'Overloaded' } });

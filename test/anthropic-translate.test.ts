@@ -62,6 +62,35 @@ describe('toAnthropicRequest', () => {
     expect(body.messages[2]!.content).toMatchObject([{ type: 'tool_result', tool_use_id: 'functions_get_weather_0' }]);
   });
 
+  it('gives a tool-call id used again in a later turn (servers that number each answer\'s calls) a new one, its result alike', () => {
+    const round = (result: string): OpenAI.ChatCompletionMessageParam[] => [
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_0', type: 'function', function: { name: 'get_time', arguments: '{}' } }] },
+      { role: 'tool', tool_call_id: 'call_0', content: result },
+    ];
+    const body = translated(chat([{ role: 'user', content: 'Time, twice?' }, ...round('14:00'), ...round('14:01'), ...round('14:02')], { tools: [timeTool] }));
+    const ids = body.messages.map((m) => (m.content as Array<{ id?: string; tool_use_id?: string }>).map((b) => b.id ?? b.tool_use_id));
+    // Anthropic answers 400 "`tool_use` ids must be unique" to the same id twice in a conversation.
+    expect(ids.slice(1)).toEqual([['call_0'], ['call_0'], ['call_0_2'], ['call_0_2'], ['call_0_3'], ['call_0_3']]);
+    // Two calls of one answer under one id (and ids that differ only in characters Anthropic refuses): paired in order.
+    const same = translated(chat([
+      { role: 'user', content: 'Time and weather?' },
+      { role: 'assistant', content: null, tool_calls: [
+        { id: '0', type: 'function', function: { name: 'get_time', arguments: '{}' } },
+        { id: '0', type: 'function', function: { name: 'get_weather', arguments: '{}' } },
+        { id: 'call.1', type: 'function', function: { name: 'get_time', arguments: '{}' } },
+        { id: 'call_1', type: 'function', function: { name: 'get_time', arguments: '{}' } },
+      ] },
+      { role: 'tool', tool_call_id: '0', content: '14:00' },
+      { role: 'tool', tool_call_id: '0', content: 'sunny' },
+      { role: 'tool', tool_call_id: 'call_1', content: '14:01' },
+      { role: 'tool', tool_call_id: 'call.1', content: '14:02' },
+    ], { tools: [weatherTool, timeTool] }));
+    expect((same.messages[1]!.content as Array<{ id: string }>).map((b) => b.id)).toEqual(['0', '0_2', 'call_1', 'call_1_2']);
+    expect(same.messages[2]!.content).toMatchObject([
+      { tool_use_id: '0', content: '14:00' }, { tool_use_id: '0_2', content: 'sunny' }, { tool_use_id: 'call_1_2', content: '14:01' }, { tool_use_id: 'call_1', content: '14:02' },
+    ]);
+  });
+
   it('sends a conversation that ends on the assistant\'s turn (a prefill to Anthropic) without the trailing whitespace it refuses', () => {
     const body = translated(chat([{ role: 'user', content: 'Tell me a story' }, { role: 'assistant', content: 'Once upon a time ' }]));
     expect(body.messages.at(-1)).toEqual({ role: 'assistant', content: [{ type: 'text', text: 'Once upon a time' }] });
@@ -153,6 +182,59 @@ describe('toAnthropicRequest', () => {
     expect(toAnthropicRequest(chat([hi]), OPTS)).toMatchObject({ ok: true, includeUsage: false });
   });
 
+  it('writes the JSON Schema constraints Anthropic\'s structured outputs refuse into descriptions, for formats and strict tools', () => {
+    // What the openai SDK's zodResponseFormat writes for .int().min(1).max(10), .max(280), .email(), .array().max(3).
+    const schema = {
+      $schema: 'http://json-schema.org/draft-07/schema#',
+      type: 'object',
+      properties: {
+        score: { type: 'integer', minimum: 1, maximum: 10 },
+        summary: { type: 'string', description: 'One line.', maxLength: 280 },
+        email: { type: 'string', format: 'email', pattern: '^\\S+@\\S+$' },
+        tags: { type: 'array', items: { type: 'string', enum: ['a', 'b'] }, maxItems: 3 },
+        parts: { type: 'array', items: { $ref: '#/$defs/part' }, minItems: 1 },
+      },
+      required: ['score', 'summary', 'email', 'tags', 'parts'],
+      additionalProperties: false,
+      $defs: { part: { type: 'object', properties: { n: { type: 'number', exclusiveMinimum: 0 } }, required: ['n'] } },
+    };
+    const body = translated(chat([hi], { response_format: { type: 'json_schema', json_schema: { name: 'review', schema, strict: true } } }));
+    // Anthropic answers 400 to each of these ("For 'integer' type, property 'minimum' is not supported").
+    expect(body.output_config).toEqual({ format: { type: 'json_schema', schema: {
+      $defs: { part: { type: 'object', properties: { n: { type: 'number', description: '{exclusiveMinimum: 0}' } }, additionalProperties: false, required: ['n'] } },
+      type: 'object',
+      properties: {
+        score: { type: 'integer', description: '{minimum: 1, maximum: 10}' },
+        summary: { type: 'string', description: 'One line.\n\n{maxLength: 280}' },
+        email: { type: 'string', format: 'email', description: '{pattern: "^\\\\S+@\\\\S+$"}' },
+        tags: { type: 'array', items: { enum: ['a', 'b'] }, description: '{maxItems: 3}' },
+        parts: { type: 'array', items: { $ref: '#/$defs/part' }, minItems: 1 },
+      },
+      additionalProperties: false,
+      required: ['score', 'summary', 'email', 'tags', 'parts'],
+    } } });
+    // A schema used twice, as zodResponseFormat writes it (draft-07 definitions): the definitions stay definitions.
+    const reused = { type: 'object', properties: { a: { $ref: '#/definitions/s0' } }, required: ['a'], additionalProperties: false, definitions: { s0: { type: 'string', maxLength: 9 } } };
+    expect(translated(chat([hi], { response_format: { type: 'json_schema', json_schema: { name: 'r', schema: reused, strict: true } } })).output_config!.format!.schema).toEqual({
+      definitions: { s0: { type: 'string', description: '{maxLength: 9}' } },
+      type: 'object', properties: { a: { $ref: '#/definitions/s0' } }, additionalProperties: false, required: ['a'],
+    });
+    const nullable = { type: 'object', properties: { o: { type: ['object', 'null'], properties: { n: { type: 'integer', minimum: 0 } } } }, additionalProperties: false };
+    expect(translated(chat([hi], { response_format: { type: 'json_schema', json_schema: { name: 'n', schema: nullable } } })).output_config!.format!.schema).toEqual({
+      type: 'object', properties: { o: { type: ['object', 'null'], properties: { n: { type: 'integer', description: '{minimum: 0}' } }, additionalProperties: false } }, additionalProperties: false,
+    });
+    const strictTool = { type: 'function' as const, function: { name: 'rate', strict: true, parameters: { type: 'object', properties: { stars: { type: 'integer', minimum: 1 } }, required: ['stars'], additionalProperties: false } } };
+    const looseTool = { type: 'function' as const, function: { name: 'find', parameters: { type: 'object', properties: { q: { type: 'string', minLength: 1 } } } } };
+    expect(translated(chat([hi], { tools: [strictTool, looseTool] })).tools).toEqual([
+      { name: 'rate', strict: true, input_schema: { type: 'object', properties: { stars: { type: 'integer', description: '{minimum: 1}' } }, additionalProperties: false, required: ['stars'] } },
+      // Not decoded under its schema: Anthropic takes any JSON Schema there, so it goes as it is.
+      { name: 'find', input_schema: { type: 'object', properties: { q: { type: 'string', minLength: 1 } } } },
+    ]);
+    // An object that allows other properties has no Anthropic form: the target is skipped, not sent something narrower.
+    const open = { type: 'object', properties: { a: { type: 'string' } }, additionalProperties: { type: 'string' } };
+    expect(refusal(chat([hi], { response_format: { type: 'json_schema', json_schema: { name: 'x', schema: open } } }))).toMatchObject({ ok: false, param: 'response_format.json_schema.schema' });
+  });
+
   it.each<[string, Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>, string]>([
     ['n > 1', { n: 2 }, 'n'],
     ['logprobs', { logprobs: true }, 'logprobs'],
@@ -242,6 +324,30 @@ describe('toAnthropicRequest', () => {
     expect(translated(chat([hi], { tool_choice: 'none' }))).not.toHaveProperty('tools');
     const nullSchema = { type: 'function', function: { name: 'a', parameters: null } } as unknown as OpenAI.ChatCompletionTool;
     expect(translated(chat([hi], { tools: [nullSchema] })).tools).toEqual([{ name: 'a', input_schema: { type: 'object' } }]);
+  });
+
+  it('defines the tools a history calls when the request sends none (a final summary), under tool_choice none', () => {
+    const history = chat([
+      { role: 'user', content: 'Weather in Paris and the time?' },
+      { role: 'assistant', content: null, tool_calls: [
+        { id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"location":"Paris"}' } },
+        { id: 'call_2', type: 'function', function: { name: 'get_time', arguments: '{}' } },
+      ] },
+      { role: 'tool', tool_call_id: 'call_1', content: '18°C' },
+      { role: 'tool', tool_call_id: 'call_2', content: '14:00' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_3', type: 'function', function: { name: 'get_weather', arguments: '{"location":"Lyon"}' } }] },
+      { role: 'tool', tool_call_id: 'call_3', content: '20°C' },
+      { role: 'user', content: 'Summarize all that in one line.' },
+    ]);
+    // Anthropic answers 400 "Requests which include `tool_use` or `tool_result` blocks must define tools"; OpenAI takes it.
+    expect(translated(history)).toMatchObject({
+      tools: [{ name: 'get_weather', input_schema: { type: 'object' } }, { name: 'get_time', input_schema: { type: 'object' } }],
+      tool_choice: { type: 'none' },
+    });
+    expect(translated({ ...history, tools: [], tool_choice: 'auto' })).toMatchObject({ tools: [{ name: 'get_weather' }, { name: 'get_time' }], tool_choice: { type: 'none' } });
+    // The request's own tools are sent as they are.
+    expect(translated({ ...history, tools: [timeTool] })).toMatchObject({ tools: [{ name: 'get_time' }] });
+    expect(translated({ ...history, tools: [timeTool] })).not.toHaveProperty('tool_choice');
   });
 
   it('refuses audio input and the legacy function role, and accepts zero penalties', () => {

@@ -40,6 +40,7 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
   if (!Array.isArray(input)) throw new Inexpressible('messages must be an array', 'messages');
   const system: string[] = [];
   const turns: AnthropicMessageParam[] = [];
+  const ids = new ToolIds();
   for (const [i, raw] of (input as OpenAIMessage[]).entries()) {
     const msg = raw as OpenAIMessage | null;
     switch (msg?.role) {
@@ -54,11 +55,11 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         append(turns, 'user', userBlocks(msg.content, `messages[${i}]`));
         break;
       case 'assistant':
-        append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`));
+        append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`, ids));
         break;
       case 'tool':
         if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`);
-        append(turns, 'user', [{ type: 'tool_result', tool_use_id: toolId(msg.tool_call_id), content: toolResultContent(msg.content, i) }]);
+        append(turns, 'user', [{ type: 'tool_result', tool_use_id: ids.result(msg.tool_call_id), content: toolResultContent(msg.content, i) }]);
         break;
       case 'function':
         throw new Inexpressible(`messages[${i}]: the legacy "function" role is not supported for an Anthropic target; use tools`, `messages[${i}].role`);
@@ -82,12 +83,34 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
 type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
 
 /**
- * A tool call's id as Anthropic takes it (letters, digits, `_` and `-`): other servers' ids (`functions.get_weather:0`)
- * would be refused with a 400. The call and its result map alike, so they still pair.
+ * Tool-call ids as Anthropic takes them: of letters, digits, `_` and `-` (other servers' ids such as
+ * `functions.get_weather:0` would be refused with a 400), and each used once in the conversation. Anthropic answers
+ * 400 to a repeated one ("`tool_use` ids must be unique"); OpenAI pairs a result with the call before it, and servers
+ * that number the calls of each answer (`call_0`) repeat ids from turn to turn. A repeated id gets a suffix, and a
+ * tool result takes the oldest unanswered call of its id, so call and result still pair. One instance per conversation.
  */
-function toolId(id: string): string {
-  return id.replace(/[^A-Za-z0-9_-]/g, '_');
+class ToolIds {
+  readonly #used = new Set<string>();
+  /** The client's id -> the ids its calls were given that no result has taken yet, oldest first. */
+  readonly #unanswered = new Map<string, string[]>();
+
+  call(id: string): string {
+    const base = idCharacters(id);
+    let given = base;
+    for (let n = 2; this.#used.has(given); n++) given = `${base}_${n}`;
+    this.#used.add(given);
+    const pending = this.#unanswered.get(id);
+    if (pending) pending.push(given);
+    else this.#unanswered.set(id, [given]);
+    return given;
+  }
+
+  result(id: string): string {
+    return this.#unanswered.get(id)?.shift() ?? idCharacters(id);
+  }
 }
+
+const idCharacters = (id: string) => id.replace(/[^A-Za-z0-9_-]/g, '_');
 
 /**
  * A conversation that ends on the assistant's turn is a prefill to Anthropic, which refuses one ending in whitespace
@@ -190,7 +213,7 @@ function pdfBlock(file: { file_data?: unknown; filename?: unknown } | undefined,
   return { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: m[2] ?? '' }, ...title };
 }
 
-function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string): AnthropicAssistantBlock[] {
+function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string, ids: ToolIds): AnthropicAssistantBlock[] {
   if (msg.function_call != null) throw new Inexpressible(`${where}.function_call (legacy) is not supported; use tool_calls`, `${where}.function_call`);
   if (msg.audio != null) throw new Inexpressible(`${where}.audio is not supported by an Anthropic target`, `${where}.audio`);
   const blocks: AnthropicAssistantBlock[] = [];
@@ -212,7 +235,7 @@ function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, whe
     if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') {
       throw new Inexpressible(`${at} needs an id and a function name`, at);
     }
-    blocks.push({ type: 'tool_use', id: toolId(call.id), name: call.function.name, input: toolInput(call.function.arguments, at) });
+    blocks.push({ type: 'tool_use', id: ids.call(call.id), name: call.function.name, input: toolInput(call.function.arguments, at) });
   }
   return blocks;
 }

@@ -5,9 +5,11 @@
 //            modalities with audio, functions / function_call (legacy), response_format json_object (Anthropic has
 //            no schema-less JSON mode), web_search_options, custom tools and custom tool choices, input_audio parts,
 //            files other than inline PDFs
-//   mapped   response_format json_schema -> output_config.format; safety_identifier (else user) -> metadata.user_id
+//   mapped   response_format json_schema -> output_config.format (and strict tools' schemas) in the subset Anthropic
+//            takes, other constraints written into descriptions (json-schema.ts); safety_identifier (else user) -> metadata.user_id
 //            (a uuid or hash as it is, anything else as its SHA-256);
-//            parallel_tool_calls false -> disable_parallel_tool_use; allowed_tools -> the listed tools only
+//            parallel_tool_calls false -> disable_parallel_tool_use; allowed_tools -> the listed tools only;
+//            no tools but tool calls in the history -> those tools defined by name, tool_choice none
 //   sampling temperature / top_p: see SamplingMode
 //   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
 //            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
@@ -15,6 +17,7 @@
 //            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x") is refused too, with the
 //            field as `param`: when no target can take the request, the client gets a 400 naming it, not a 503.
 import { createHash } from 'node:crypto';
+import { toAnthropicSchema } from './json-schema.ts';
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
 import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
 
@@ -55,14 +58,14 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
       if (typeof body.temperature === 'number') out.temperature = Math.min(1, Math.max(0, body.temperature));
       if (typeof body.top_p === 'number') out.top_p = body.top_p;
     }
-    Object.assign(out, toolFields(body));
+    Object.assign(out, toolFields(body) ?? historyToolFields(messages));
     const format = body.response_format;
     if (format?.type === 'json_schema') {
       const schema = format.json_schema?.schema;
       if (typeof schema !== 'object' || schema === null) {
         throw new Inexpressible('response_format.json_schema.schema is required for an Anthropic target', 'response_format.json_schema.schema');
       }
-      out.output_config = { format: { type: 'json_schema', schema } };
+      out.output_config = { format: { type: 'json_schema', schema: toAnthropicSchema(schema as Record<string, unknown>, 'response_format.json_schema.schema') } };
     }
     const userId = body.safety_identifier ?? body.user;
     if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: opaqueUserId(userId) };
@@ -130,7 +133,10 @@ function stopSequences(stop: unknown): string[] {
 /** tool_choice values that ask for a tool call, and so need tools to call. */
 const NEEDS_TOOLS = new Set(['required', 'function', 'allowed_tools']);
 
-function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'> {
+type ToolFields = Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'>;
+
+/** The request's tools and tool_choice; undefined when it has no tools (tool_choice auto or none is then dropped). */
+function toolFields(body: OpenAIChatRequest): ToolFields | undefined {
   const choice = body.tool_choice;
   if (typeof choice === 'object' && choice?.type === 'custom') {
     throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target', 'tool_choice');
@@ -141,7 +147,7 @@ function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'to
     // Dropping a choice that forces a call would answer with text where the client waits for a tool call.
     const kind = typeof choice === 'string' ? choice : choice?.type;
     if (kind !== undefined && NEEDS_TOOLS.has(kind)) throw new Inexpressible(`tool_choice ${JSON.stringify(kind)} needs tools, and the request has none`, 'tool_choice');
-    return {};
+    return undefined;
   }
   let tools = body.tools.map((tool, i): AnthropicTool => {
     if (tool?.type !== 'function') throw new Inexpressible(`tools[${i}]: only function tools are supported by an Anthropic target`, `tools[${i}].type`);
@@ -153,10 +159,12 @@ function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'to
     if (schemaType !== undefined && schemaType !== 'object') {
       throw new Inexpressible(`tools[${i}].function.parameters must be an object schema`, `tools[${i}].function.parameters`);
     }
+    const schema = { ...(params as Record<string, unknown>), type: 'object' as const };
     return {
       name: fn.name,
       ...(typeof fn.description === 'string' ? { description: fn.description } : {}),
-      input_schema: { ...(params as Record<string, unknown>), type: 'object' },
+      // A strict tool's input is decoded under the schema, as structured outputs are: the same subset applies.
+      input_schema: fn.strict === true ? { ...toAnthropicSchema(schema, `tools[${i}].function.parameters`), type: 'object' } : schema,
       ...(fn.strict === true ? { strict: true } : {}),
     };
   });
@@ -184,6 +192,23 @@ function toolFields(body: OpenAIChatRequest): Pick<AnthropicMessagesRequest, 'to
     mapped = { ...(mapped ?? { type: 'auto' }), disable_parallel_tool_use: true };
   }
   return mapped ? { tools, tool_choice: mapped } : { tools };
+}
+
+/**
+ * Tools for a request that sends none but holds tool calls in its history: the last turn of an agent loop that asks
+ * for a summary or a final answer, or a compacted conversation. OpenAI takes that; Anthropic answers 400 ("Requests
+ * which include `tool_use` or `tool_result` blocks must define tools"). Each tool the history calls is defined by
+ * name, with an input schema that takes any object, under tool_choice none: the model can call no tool, as it could
+ * not at OpenAI, and the history reads as it was written.
+ */
+function historyToolFields(messages: AnthropicMessagesRequest['messages']): ToolFields {
+  const names = new Set<string>();
+  for (const m of messages) {
+    if (m.role !== 'assistant') continue;
+    for (const block of m.content) if (block.type === 'tool_use') names.add(block.name);
+  }
+  if (names.size === 0) return {};
+  return { tools: [...names].map((name) => ({ name, input_schema: { type: 'object' } })), tool_choice: { type: 'none' } };
 }
 
 /** A tool_choice OpenAI would reject (an unknown mode, an object of no known type) is refused, never ignored. */
