@@ -30,7 +30,8 @@ async function stack(handler: RequestListener, family: 'openai' | 'anthropic' = 
         providers: { ...base.providers, broke: { family, baseUrl, apiKey: 'broke-key' } },
         routes: base.routes
           .filter((r) => family === 'openai' || r.match.path === '/v1/chat/completions')
-          .map((r) => ({ ...r, targets: alone ? [{ provider: 'broke' }] : [{ provider: 'broke' }, { provider: 'mock' }] })),
+          // Behind an Anthropic first target the OpenAI-family mock names its model (the config asks for it).
+          .map((r) => ({ ...r, targets: alone ? [{ provider: 'broke' }] : [{ provider: 'broke' }, { provider: 'mock', ...(family === 'anthropic' && { model: 'gpt-4o' }) }] })),
       };
     },
   });

@@ -170,6 +170,23 @@ describe('${VAR} interpolation', () => {
     expect(configError(openaiOnMessages).message).toMatch(/routes\[0\]\.targets\[0\]: \/v1\/messages is Anthropic's Messages API, served by anthropic targets only; "openai" is openai/);
   });
 
+  it('rejects a chat backup of the other API family without a model, which would be sent the client\'s gpt-4o in the outage it is for', () => {
+    const withClaude = (yaml: string) => yaml.replace('routes:', '  claude:\n    family: anthropic\n    baseUrl: https://api.anthropic.com\n    apiKey: k\nroutes:');
+    const targets = (list: string) => withClaude(valid().replace('targets: [ { provider: openai } ]', `targets: ${list}`));
+    expect(configError(targets('[ { provider: openai }, { provider: claude } ]')).message).toMatch(
+      /routes\[0\]\.targets\[1\]\.model: "claude" is of another API family than the first target \("openai"\), whose model names clients send: name the model it serves \(e\.g\. model: claude-sonnet-4-6\)/,
+    );
+    expect(configError(targets('[ { provider: claude }, { provider: openai } ]')).message).toMatch(/routes\[0\]\.targets\[1\]\.model: "openai" is of another API family .*model: gpt-4o/);
+    const wider = withClaude(valid().replace('targets: [ { provider: openai } ]', 'targets: [ { provider: openai } ]\n    contextWindowFallback: { provider: claude }'));
+    expect(configError(wider).message).toMatch(/routes\[0\]\.contextWindowFallback\.model: "claude" is of another API family/);
+    // Named, or of the first target's family (clients' names are its own), the backup is fine.
+    expect(() => parseConfig(targets('[ { provider: openai }, { provider: claude, model: claude-sonnet-4-6 } ]'), 'gw.yaml', env)).not.toThrow();
+    expect(() => parseConfig(targets('[ { provider: claude }, { provider: claude, model: claude-haiku-4-5 } ]'), 'gw.yaml', env)).not.toThrow();
+    expect(() => parseConfig(targets('[ { provider: openai }, { provider: openai, model: gpt-4.1 } ]'), 'gw.yaml', env)).not.toThrow();
+    // A first target that names its own model leaves the client's names to the route: they are no family's.
+    expect(() => parseConfig(targets('[ { provider: claude, model: claude-sonnet-4-6 }, { provider: openai } ]'), 'gw.yaml', env)).not.toThrow();
+  });
+
   it('rejects a weighted /v1/responses route, whose follow-ups would reach a provider that never stored the conversation', () => {
     const two = valid().replace('/v1/chat/completions', '/v1/responses').replace('targets: [ { provider: openai } ]', 'strategy: weighted\n    targets: [ { provider: openai }, { provider: openai, model: gpt-4.1 } ]');
     expect(configError(two).message).toMatch(/routes\[0\]\.strategy: \/v1\/responses cannot spread requests \(weighted\)/);

@@ -149,9 +149,9 @@ export const ProviderSchema = z
     defaultMaxTokens: z.number().int().positive().default(4096)
       .describe('anthropic only: max_tokens sent when the client sets none (the Messages API requires it). Default: 4096.'),
     sampling: z.enum(['drop', 'forward', 'refuse']).default('drop')
-      .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (clamped to 0..1), or refuse the request for this target. Default: drop.'),
-    prefill: z.boolean().default(false)
-      .describe('The provider continues an assistant message placed last (a prefill), so stream recovery can send it the text already delivered; anthropic always can. Default: false.'),
+      .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (temperature clamped to 0..1; top_p only without a temperature, since newer models refuse the two together), or refuse the request for this target. Default: drop.'),
+    prefill: z.boolean().optional()
+      .describe('The provider\'s models continue an assistant message placed last (a prefill), so stream recovery can send them the text already delivered. Default: false, except for anthropic, where it follows the model: Claude models before 4.6 take a prefill, Claude 4.6 and later refuse it.'),
     authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)
       .describe('After the provider rejects the gateway\'s own credentials or billing (401, 402, 403, 429 insufficient_quota, billing_not_active or access_terminated), no request goes to it for this long, in seconds. Default: 60.'),
     baseUrl: z
@@ -509,6 +509,20 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
           ? 'anthropic has no embeddings API; embeddings fall back only to the same model at another OpenAI-compatible provider'
           : `anthropic targets serve /v1/chat/completions and Anthropic's own API (/v1/messages), not ${route.match.path}`;
       ctx.addIssue({ code: 'custom', path: at(j), message });
+    });
+  }
+  // A first target that takes the client's model names them in its family: a backup of the other family (an
+  // Anthropic fallback behind an OpenAI primary, or the reverse) that sends the client's name on (gpt-4o to
+  // Anthropic) fails with a 404 on every request, and only in the outage it is there for.
+  if (route.match.path === '/v1/chat/completions' && targets[0]!.model === undefined) {
+    const crosses = (t: { provider: string }) => (family(t) === 'anthropic') !== (family(targets[0]!) === 'anthropic');
+    targets.forEach((t, j) => {
+      if (j === 0 || t.model !== undefined || family(t) === undefined || !crosses(t)) return;
+      ctx.addIssue({
+        code: 'custom',
+        path: [...at(j), 'model'],
+        message: `"${t.provider}" is of another API family than the first target ("${targets[0]!.provider}"), whose model names clients send: name the model it serves (e.g. model: ${family(t) === 'anthropic' ? 'claude-sonnet-4-6' : 'gpt-4o'})`,
+      });
     });
   }
   // The Messages API is passed on as the client wrote it: only Anthropic reads it.
