@@ -169,7 +169,10 @@ describe('toAnthropicRequest', () => {
     expect(translated(chat([hi], { stop: ['a', 'b'], max_tokens: 100, max_completion_tokens: 200 }))).toMatchObject({ stop_sequences: ['a', 'b'], max_tokens: 200 });
     expect(translated(chat([hi], { max_tokens: 100 })).max_tokens).toBe(100);
     const forwarded = toAnthropicRequest(chat([hi], { temperature: 1.7, top_p: 0.9 }), { ...OPTS, sampling: 'forward' });
-    expect(forwarded).toMatchObject({ ok: true, body: { temperature: 1, top_p: 0.9 } });
+    expect(forwarded).toMatchObject({ ok: true, body: { temperature: 1 } });
+    // Newer Claude models refuse the two together: top_p goes only without a temperature.
+    expect(forwarded.ok && 'top_p' in forwarded.body).toBe(false);
+    expect(toAnthropicRequest(chat([hi], { top_p: 0.9 }), { ...OPTS, sampling: 'forward' })).toMatchObject({ ok: true, body: { top_p: 0.9 } });
     expect(refusal(chat([hi], { temperature: 0.2 }), { ...OPTS, sampling: 'refuse' })).toMatchObject({ ok: false });
   });
 

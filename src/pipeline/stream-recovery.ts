@@ -1,7 +1,8 @@
 // streamRecovery: continue (experimental): a text answer that broke after its first byte is finished by the next
-// target. A target that continues an assistant prefill (Anthropic, or `prefill: true`) is sent the text already
-// delivered and streams the rest; any other is sent the original request, and its answer is spliced on only if it
-// begins with exactly the delivered text. Anything else leaves the client with the original failure.
+// target. A target that continues an assistant prefill (Claude before 4.6, or `prefill: true`) is sent the text
+// already delivered and streams the rest; an OpenAI-compatible one that does not is sent the original request, and its
+// answer is spliced on only if it begins with exactly the delivered text. Anything else leaves the client with the
+// original failure.
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
@@ -10,6 +11,7 @@ import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts';
 import { classify } from '../policy/outcome.ts';
+import { takesPrefill } from '../providers/prefill.ts';
 import type { RequestSignal } from './request-abort.ts';
 
 export function streamRecovery(
@@ -31,7 +33,10 @@ export function streamRecovery(
     if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
     if (holdOffs.until(next.key) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
     const provider = next.client.config;
-    const prefill = provider.family === 'anthropic' || provider.prefill;
+    const prefill = takesPrefill(provider, next.model);
+    // Another family's model, asked again, is not going to begin with the very words the first one wrote: splicing
+    // would spend a retry and an upstream request on nothing.
+    if (!prefill && provider.family === 'anthropic') return undefined;
     // Anthropic refuses a prefill that ends in whitespace (400), and cuts often land after a space or a paragraph
     // break: the prefill goes without it, and the continuation without the whitespace the client already has.
     const prefillText = delivered.trimEnd();

@@ -26,7 +26,8 @@ import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, Open
  * 400 to either, even at default values, and recent models reject them on 2023-06-01 too. So by default they are
  * left out ('drop'): a failover that refused every request carrying a habitual `temperature: 0.7` would be no failover.
  * 'refuse' answers `{ ok: false }` instead; 'forward' sends them (targets pinned to 2023-06-01), with temperature
- * clamped to Anthropic's 0..1 (OpenAI allows up to 2; clamping keeps the value's meaning at the low end, where most are).
+ * clamped to Anthropic's 0..1 (OpenAI allows up to 2; clamping keeps the value's meaning at the low end, where most are),
+ * and top_p only without a temperature.
  */
 export type SamplingMode = 'drop' | 'refuse' | 'forward';
 
@@ -56,7 +57,9 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     if (stop.length > 0) out.stop_sequences = stop;
     if (opts.sampling === 'forward') {
       if (typeof body.temperature === 'number') out.temperature = Math.min(1, Math.max(0, body.temperature));
-      if (typeof body.top_p === 'number') out.top_p = body.top_p;
+      // Claude models from Sonnet 4.5 on refuse the two together (400, "temperature and top_p cannot both be
+      // specified"); temperature, the one clients set habitually, goes.
+      if (typeof body.top_p === 'number' && out.temperature === undefined) out.top_p = body.top_p;
     }
     Object.assign(out, toolFields(body) ?? historyToolFields(messages));
     const format = body.response_format;
