@@ -327,6 +327,17 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       // Its first output came just as the grace period ran out: it ends after it, with the error event.
       if (pastGrace) stream.interrupt();
     }
+    if (answer.clientStallMs !== undefined) {
+      // The socket's own timer: a write whose queue shrank since its last check (the client reads, however slowly)
+      // postpones it, so it fires after a stall of one to two times clientStallMs. Once the answer is written, Node
+      // puts the keep-alive timeout in its place. Node then reports the destroyed answer as finished: the request's
+      // end is taken first, as a client gone.
+      reply.raw.setTimeout(answer.clientStallMs, () => {
+        if (request.stormgate) request.stormgate.clientStalled = true;
+        ends.clientStalled(request, reply);
+        reply.raw.destroy();
+      });
+    }
     return sendAnswer(reply, answer);
   }
 

@@ -44,6 +44,11 @@ export class RequestEnds {
     return () => this.#goneListeners.delete(request);
   }
 
+  /** The client took nothing of its answer for too long (PipelineAnswer.clientStallMs): its connection is closed now. */
+  clientStalled(request: FastifyRequest, reply: FastifyReply): void {
+    this.#clientGone(request, reply);
+  }
+
   /** The answer was written whole. */
   answered(request: FastifyRequest, reply: FastifyReply): void {
     this.#end(request, reply, false);
@@ -111,6 +116,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       ...(s.startedEarly && { startedEarly: true }),
       upstreamRequestId: s.upstreamRequestId,
       streamEnd: s.streamEnd?.kind,
+      ...(s.clientStalled && { clientStalled: true }),
       ...(s.streamEnd?.droppedMalformed && { droppedMalformed: s.streamEnd.droppedMalformed }),
       fallback: s.fallback,
       retriesStopped: s.retriesStopped,

@@ -123,7 +123,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     streamEnds: new Counter({
       name: 'stormgate_stream_ends_total',
-      help: 'How streamed answers ended: complete, done-added, cut, stalled, upstream-error, client-gone, recovered, shutdown.',
+      help: 'How streamed answers ended: complete, done-added, cut, stalled, upstream-error, client-gone, client-stalled, recovered, shutdown.',
       labelNames: ['route', 'end'] as const,
       registers,
     }),

@@ -11,7 +11,7 @@ import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts'
 import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
-import type { LiveStream, StreamEnd } from './live-stream.ts';
+import { CLIENT_STALL_IDLE_PERIODS, type LiveStream, type StreamEnd } from './live-stream.ts';
 import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
@@ -65,6 +65,12 @@ export interface PipelineAnswer {
   summary: RequestSummary;
   /** The upstream stream behind a streamed body, so a shutting-down instance can end it with an error event. */
   live?: LiveStream;
+  /**
+   * For a whole answer from upstream: how long its client may take nothing of it before its connection is closed. The
+   * answer is held in memory until it is taken (an embeddings batch is tens of MB), and a hung consumer that keeps its
+   * connection open would otherwise pin it for as long as it stays; a stream's client is given up on the same way.
+   */
+  clientStallMs?: number;
 }
 
 const BROKEN_STREAM_ENDS: ReadonlySet<StreamEnd['kind']> = new Set(['cut', 'stalled', 'upstream-error', 'shutdown']);
@@ -92,6 +98,8 @@ export interface RequestSummary {
   upstreamRequestId?: string;
   /** For streams, filled in when the stream ends. */
   streamEnd?: StreamEnd;
+  /** A whole answer's client took nothing of it for clientStallMs, and its connection was closed (a stream's says client-stalled). */
+  clientStalled?: true;
   /** Why a fallback target answered, when one did. */
   fallback?: FallbackReason;
   /** A failed request: what stopped its retries on the last target when it was not the outcome itself (the budget, say). */
@@ -349,5 +357,5 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   const body = result.body ?? Buffer.alloc(0);
   const usage = usageOfBody(body);
   if (usage) summary.usage = usage;
-  return { status: result.status ?? 200, headers, body, summary };
+  return { status: result.status ?? 200, headers, body, summary, clientStallMs: CLIENT_STALL_IDLE_PERIODS * plan.client.config.timeouts.idleMs };
 }

@@ -99,8 +99,11 @@ const STREAM_OVER = new Error('the stream is over');
 
 /** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
 const AFTER_FINISH_GRACE_MS = 1_000;
-/** A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on. */
-const CLIENT_STALL_IDLE_PERIODS = 10;
+/**
+ * A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on: a stream's
+ * here, a whole answer's by the server (PipelineAnswer.clientStallMs).
+ */
+export const CLIENT_STALL_IDLE_PERIODS = 10;
 
 export class LiveStream {
   #ended: StreamEnd | undefined;

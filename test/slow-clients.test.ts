@@ -1,0 +1,152 @@
+// Clients that stop reading their answer while keeping the connection open (a hung consumer, a proxy that stopped
+// reading): the gateway holds a whole answer in memory until it is taken, so it must not hold it for ever.
+import { connect } from 'node:net';
+import { describe, expect, it } from 'vitest';
+import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
+import { configServedBy, useStacks, type Stack } from './helpers/stack.ts';
+
+const fakeProvider = useFakeProviders();
+const start = useStacks();
+
+/** An answer larger than the sockets' buffers on the way (a few MB on loopback), so most of it waits in the gateway. */
+const BIG_ANSWER = JSON.stringify({
+  id: 'chatcmpl-big',
+  object: 'chat.completion',
+  created: 1,
+  model: 'gpt-4o',
+  choices: [{ index: 0, message: { role: 'assistant', content: 'x'.repeat(16 * 1024 * 1024) }, finish_reason: 'stop' }],
+});
+
+/** A gateway whose one provider answers BIG_ANSWER, with an idle period of 100 ms: a client stall is a second. */
+async function bigAnswerStack(passthrough = false): Promise<Stack & { provider: FakeProvider }> {
+  const provider = await fakeProvider((req, res) => {
+    req.resume();
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(BIG_ANSWER);
+  });
+  const s = await start({
+    config: (mockUrl) => {
+      const c = configServedBy(mockUrl, 'big', `${provider.origin}/v1`);
+      c.providers.big = { ...c.providers.big!, timeouts: { idleMs: 100 } };
+      if (passthrough) c.passthrough = { provider: 'big', paths: ['/v1/files'], methods: ['GET'] };
+      return c;
+    },
+  });
+  return Object.assign(s, { provider });
+}
+
+const CHAT = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+const CHAT_REQUEST = `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${CHAT.length}\r\n\r\n${CHAT}`;
+
+describe('a client that stops reading a whole answer', () => {
+  it("has its connection closed after ten idle periods of the provider, as a stream's is, instead of pinning the answer", async () => {
+    const s = await bigAnswerStack();
+    const { port } = new URL(s.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    let received = 0;
+    socket.on('data', (d: Buffer) => {
+      received += d.length;
+      // Takes the first bytes, then reads nothing more, keeping the connection open.
+      socket.pause();
+    });
+    socket.on('error', () => undefined);
+    socket.write(CHAT_REQUEST);
+    try {
+      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
+      // A bound, not a wait: ten idle periods are a second, counted once the sockets' buffers are full, which takes
+      // longer on a loaded machine.
+      const deadline = Date.now() + 20_000;
+      while (received === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(received).toBeGreaterThan(0);
+      expect(await connections()).toBe(1);
+      while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(await connections()).toBe(0);
+      while (!s.logs.join('').includes('"outcome":"client_gone"') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(s.logs.join('')).toContain('"outcome":"client_gone"');
+      expect(s.logs.join('')).toContain('"clientStalled":true');
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  it('on a passthrough path, has its connection closed too, which frees the upstream connection it held', async () => {
+    const s = await bigAnswerStack(true);
+    const { port } = new URL(s.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    let received = 0;
+    socket.on('data', (d: Buffer) => {
+      received += d.length;
+      socket.pause();
+    });
+    socket.on('error', () => undefined);
+    socket.write('GET /v1/files/file-abc/content HTTP/1.1\r\nhost: x\r\n\r\n');
+    try {
+      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
+      const deadline = Date.now() + 20_000;
+      while (received === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(received).toBeGreaterThan(0);
+      expect(await connections()).toBe(1);
+      while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(await connections()).toBe(0);
+      while (!s.logs.join('').includes('"clientGone":true') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(s.logs.join('')).toContain('"clientGone":true');
+      // The provider's side of the connection the download held is closed too.
+      while (!s.provider.sockets.every((c) => c.destroyed) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(s.provider.sockets.every((c) => c.destroyed)).toBe(true);
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  it('is not one that reads slowly: pauses of several idle periods each, the whole answer arrives, and the connection is kept', async () => {
+    const s = await bigAnswerStack();
+    const { port } = new URL(s.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    socket.on('error', () => undefined);
+    let text = '';
+    socket.setEncoding('latin1');
+    let reading = false;
+    socket.on('data', (d: string) => {
+      text += d;
+      if (reading) return;
+      // Reads for 50 ms, then nothing for four idle periods: slow, yet never a second without taking something.
+      reading = true;
+      setTimeout(() => {
+        socket.pause();
+        setTimeout(() => {
+          reading = false;
+          socket.resume();
+        }, 400);
+      }, 50);
+    });
+    /** Waits until `n` answers have come whole on the connection (their content-length read). */
+    const answers = async (n: number): Promise<string[]> => {
+      const deadline = Date.now() + 60_000;
+      for (;;) {
+        const found: string[] = [];
+        let rest = text;
+        while (found.length < n) {
+          const head = rest.indexOf('\r\n\r\n');
+          const length = /content-length: (\d+)/i.exec(rest.slice(0, head))?.[1];
+          if (head === -1 || length === undefined || rest.length < head + 4 + Number(length)) break;
+          found.push(rest.slice(head + 4, head + 4 + Number(length)));
+          rest = rest.slice(head + 4 + Number(length));
+        }
+        if (found.length === n) return found;
+        if (socket.destroyed || Date.now() > deadline) throw new Error(`${found.length} of ${n} answers came (${text.length} bytes)`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
+    try {
+      socket.write(CHAT_REQUEST);
+      expect((await answers(1))[0]).toBe(BIG_ANSWER);
+      // Idle longer than the stall limit between requests: the keep-alive timeout applies then, not the stall's.
+      await new Promise((r) => setTimeout(r, 1_500));
+      socket.write(CHAT_REQUEST);
+      expect((await answers(2))[1]).toBe(BIG_ANSWER);
+      expect(s.logs.join('')).not.toContain('clientStalled');
+    } finally {
+      socket.destroy();
+    }
+  });
+});
