@@ -38,64 +38,52 @@ async function bigAnswerStack(passthrough = false): Promise<Stack & { provider: 
 const CHAT = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
 const CHAT_REQUEST = `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${CHAT.length}\r\n\r\n${CHAT}`;
 
+/**
+ * Sends `request` on a connection that takes the first bytes of the answer and then reads nothing more, keeping the
+ * connection open; resolves once the gateway has closed it and logged `logged`. Bounds, not waits: ten idle periods
+ * are a second, counted once the sockets' buffers are full, which takes longer on a loaded machine.
+ */
+async function stallUntilClosed(s: Stack, request: string, logged: string, deadline = Date.now() + 20_000): Promise<void> {
+  const { port } = new URL(s.url);
+  const socket = connect(Number(port), '127.0.0.1');
+  let received = 0;
+  socket.on('data', (d: Buffer) => {
+    received += d.length;
+    socket.pause();
+  });
+  socket.on('error', () => undefined);
+  socket.write(request);
+  const until = async (done: () => boolean | Promise<boolean>) => {
+    while (!(await done()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  };
+  try {
+    const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
+    await until(() => received > 0);
+    expect(received).toBeGreaterThan(0);
+    expect(await connections()).toBe(1);
+    await until(async () => (await connections()) === 0);
+    expect(await connections()).toBe(0);
+    await until(() => s.logs.join('').includes(logged));
+    expect(s.logs.join('')).toContain(logged);
+  } finally {
+    socket.destroy();
+  }
+}
+
 describe('a client that stops reading a whole answer', () => {
   it("has its connection closed after ten idle periods of the provider, as a stream's is, instead of pinning the answer", async () => {
     const s = await bigAnswerStack();
-    const { port } = new URL(s.url);
-    const socket = connect(Number(port), '127.0.0.1');
-    let received = 0;
-    socket.on('data', (d: Buffer) => {
-      received += d.length;
-      // Takes the first bytes, then reads nothing more, keeping the connection open.
-      socket.pause();
-    });
-    socket.on('error', () => undefined);
-    socket.write(CHAT_REQUEST);
-    try {
-      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
-      // A bound, not a wait: ten idle periods are a second, counted once the sockets' buffers are full, which takes
-      // longer on a loaded machine.
-      const deadline = Date.now() + 20_000;
-      while (received === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(received).toBeGreaterThan(0);
-      expect(await connections()).toBe(1);
-      while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      expect(await connections()).toBe(0);
-      while (!s.logs.join('').includes('"outcome":"client_gone"') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(s.logs.join('')).toContain('"outcome":"client_gone"');
-      expect(s.logs.join('')).toContain('"clientStalled":true');
-    } finally {
-      socket.destroy();
-    }
+    await stallUntilClosed(s, CHAT_REQUEST, '"outcome":"client_gone"');
+    expect(s.logs.join('')).toContain('"clientStalled":true');
   });
 
   it('on a passthrough path, has its connection closed too, which frees the upstream connection it held', async () => {
     const s = await bigAnswerStack(true);
-    const { port } = new URL(s.url);
-    const socket = connect(Number(port), '127.0.0.1');
-    let received = 0;
-    socket.on('data', (d: Buffer) => {
-      received += d.length;
-      socket.pause();
-    });
-    socket.on('error', () => undefined);
-    socket.write('GET /v1/files/file-abc/content HTTP/1.1\r\nhost: x\r\n\r\n');
-    try {
-      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
-      const deadline = Date.now() + 20_000;
-      while (received === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(received).toBeGreaterThan(0);
-      expect(await connections()).toBe(1);
-      while ((await connections()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      expect(await connections()).toBe(0);
-      while (!s.logs.join('').includes('"clientGone":true') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(s.logs.join('')).toContain('"clientGone":true');
-      // The provider's side of the connection the download held is closed too.
-      while (!s.provider.sockets.every((c) => c.destroyed) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect(s.provider.sockets.every((c) => c.destroyed)).toBe(true);
-    } finally {
-      socket.destroy();
-    }
+    const deadline = Date.now() + 20_000;
+    await stallUntilClosed(s, 'GET /v1/files/file-abc/content HTTP/1.1\r\nhost: x\r\n\r\n', '"clientGone":true', deadline);
+    // The provider's side of the connection the download held is closed too.
+    while (!s.provider.sockets.every((c) => c.destroyed) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(s.provider.sockets.every((c) => c.destroyed)).toBe(true);
   });
 
   it('is not one that reads slowly: pauses of several idle periods each, the whole answer arrives, and the connection is kept', async () => {
