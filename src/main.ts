@@ -2,8 +2,7 @@
 // CLI: load the config, build the server, listen, shut down gracefully.
 //   stormgate --config config/gateway.yaml      (or STORMGATE_CONFIG=...)
 import { parseArgs } from 'node:util';
-import { ConfigError, loadConfigFile } from './config/load.ts';
-import { buildServer } from './server.ts';
+import type { buildServer } from './server.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
 const USAGE = 'usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG or config/gateway.yaml)\n';
@@ -12,6 +11,19 @@ const USAGE = 'usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG 
 class StartupError extends Error {}
 
 async function main(): Promise<void> {
+  // Signals are heard from here on, before the gateway's modules load (a second on a busy machine) and while the server
+  // is built (start-up waits up to a second for Redis): Node's default would kill the process (exit 143, Redis
+  // connections dropped mid-handshake), and as a container's PID 1 without an init it would ignore the signal.
+  let running: App | undefined;
+  let closing: string | undefined;
+  const shutdown = (signal: string) => {
+    if (closing !== undefined) return;
+    closing = signal;
+    // Still starting: the rest of main() closes what was built.
+    if (running) stop(running, signal);
+  };
+  process.once('SIGTERM', () => shutdown('SIGTERM'));
+  process.once('SIGINT', () => shutdown('SIGINT'));
   let values: { config?: string; help?: boolean };
   try {
     ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
@@ -23,6 +35,7 @@ async function main(): Promise<void> {
     return;
   }
   const file = values.config ?? process.env.STORMGATE_CONFIG ?? DEFAULT_CONFIG;
+  const { ConfigError, loadConfigFile } = await import('./config/load.ts');
   let config;
   try {
     config = loadConfigFile(file);
@@ -38,19 +51,13 @@ async function main(): Promise<void> {
     }
     throw err;
   }
-  // Signals are heard from here on: a SIGTERM while the server is still being built (start-up waits up to a second for
-  // Redis) would otherwise kill the process with Node's default (exit 143, Redis connections dropped mid-handshake).
-  let running: App | undefined;
-  let closing: string | undefined;
-  const shutdown = (signal: string) => {
-    if (closing !== undefined) return;
-    closing = signal;
-    // Still starting: the rest of main() closes what was built.
-    if (running) stop(running, signal);
-  };
-  process.once('SIGTERM', () => shutdown('SIGTERM'));
-  process.once('SIGINT', () => shutdown('SIGINT'));
-  const app = await buildServer(config);
+  const server = await import('./server.ts');
+  // Stopped before anything was built: nothing to close.
+  if (closing !== undefined) {
+    process.stderr.write(`stormgate: stopped during start-up (${closing})\n`);
+    process.exit(0);
+  }
+  const app = await server.buildServer(config);
   running = app;
   if (closing !== undefined) {
     app.log.info({ signal: closing }, 'stopped during start-up');
