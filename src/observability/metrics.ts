@@ -97,7 +97,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     upstreamAttempts: new Counter({
       name: 'stormgate_upstream_attempts_total',
-      help: 'Requests sent upstream, by target and status class (2xx, 4xx, 5xx, network, timeout, aborted, bad_stream: a 2xx that was not the answer or a stream broken before its first output).',
+      help: 'Requests sent upstream, by target and status class (2xx, 3xx: a redirect, 4xx, 5xx, network, timeout, aborted, internal: a request undici refused to send, bad_stream: a 2xx that was not the answer or a stream broken before its first output).',
       labelNames: ['target', 'status_class'] as const,
       registers,
     }),

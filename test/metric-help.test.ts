@@ -1,0 +1,28 @@
+// A metric's HELP is what an operator reads in Prometheus and Grafana: where it lists a label's values, it must list
+// every value the gateway writes, or a series (a client that stalled a stream, a redirect from a wrong baseUrl) looks
+// like something the docs never mentioned.
+import { describe, expect, it } from 'vitest';
+import { createMetrics } from '../src/observability/metrics.ts';
+import { STATUS_CLASSES } from '../src/observability/pipeline-metrics.ts';
+import { STREAM_END_KINDS } from '../src/pipeline/live-stream.ts';
+
+async function helpOf(name: string): Promise<string> {
+  const m = createMetrics({ defaultMetrics: false });
+  const line = (await m.registry.metrics()).split('\n').find((l) => l.startsWith(`# HELP ${name} `));
+  return line ?? '';
+}
+
+/** The values a HELP text names, as whole words (`cut` must not be found inside `client-cut`). */
+function missing(help: string, values: readonly string[]): string[] {
+  return values.filter((v) => !new RegExp(`(^|[\\s(,:])${v.replace(/[-]/g, '\\-')}(?=[\\s),:.]|$)`).test(help));
+}
+
+describe('metric HELP texts', () => {
+  it('stormgate_stream_ends_total names every way a stream ends', async () => {
+    expect(missing(await helpOf('stormgate_stream_ends_total'), STREAM_END_KINDS)).toEqual([]);
+  });
+
+  it('stormgate_upstream_attempts_total names every status class', async () => {
+    expect(missing(await helpOf('stormgate_upstream_attempts_total'), STATUS_CLASSES)).toEqual([]);
+  });
+});
