@@ -140,12 +140,15 @@ function locationOf(headers: AttemptResult['headers'], apiKey: string | undefine
  * asks it again (a hold-off is capped at a minute): the client is told the provider's word, and not invited back.
  */
 export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number; holdOffMs?: number }): ErrorAnswer {
-  const seconds = Math.ceil(u.retryAfterMs / 1000);
+  // A window that ends as the answer is written is no invitation to come back at once (`retry-after: 0`), nor
+  // "retry in 0 s": at least 100 ms, as a shed request is told.
+  const retryAfterMs = Math.max(100, u.retryAfterMs);
+  const seconds = Math.ceil(retryAfterMs / 1000);
   if (u.reason === 'breaker') {
-    return errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs: u.retryAfterMs }));
+    return errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs }));
   }
-  const again = u.holdOffMs !== undefined && u.holdOffMs < u.retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
-  return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs: u.retryAfterMs, shouldRetry: true }));
+  const again = u.holdOffMs !== undefined && u.holdOffMs < retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
+  return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs, shouldRetry: true }));
 }
 
 /**
