@@ -270,7 +270,7 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
 
     /** The provider `claude` is `handler`, then (with `backup`) the mock as a second Anthropic account. */
     let hits = () => 0;
-    async function ownStack(handler: Parameters<typeof startProvider>[0], backup = false): Promise<Stack> {
+    async function ownStack(handler: Parameters<typeof startProvider>[0], backup = false, retry: Partial<NonNullable<RouteInput['retry']>> = {}): Promise<Stack> {
       const p = await startProvider(handler);
       hits = p.hits;
       return startStack({
@@ -281,7 +281,7 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
             ...(backup && { backup: { family: 'anthropic' as const, baseUrl: url, apiKey: TEST_KEY } }),
           },
           routes: [
-            { name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'claude' }, ...(backup ? [{ provider: 'backup' }] : [])], retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+            { name: 'messages', match: { path: '/v1/messages' }, targets: [{ provider: 'claude' }, ...(backup ? [{ provider: 'backup' }] : [])], retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 }, ...retry } },
             { name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'claude', model: 'claude-sonnet-4-6' }] },
           ],
         }),
@@ -317,6 +317,40 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
       expect(hits()).toBe(1);
       expect(requests()).toBe(2);
       expect(await metricSum(s, 'stormgate_credentials_held{target="claude/claude-sonnet-4-6"}')).toBe(1);
+    });
+
+    // Anthropic reports an overload that comes once a stream has begun as an `error` event in the 200 stream, before
+    // any content: the same error its 529 carries. Read as a broken stream, it reached the SDK as a 502 api_error that
+    // said only "error event before any output" (InternalServerError, not OverloadedError).
+    it.each([
+      ['overloaded_error', 529, 'Overloaded', Anthropic.OverloadedError],
+      ['api_error', 500, 'Internal server error', Anthropic.InternalServerError],
+      ['rate_limit_error', 429, 'Number of request tokens has exceeded your per-minute rate limit', Anthropic.RateLimitError],
+    ] as const)('takes an %s event before the first output as the %s Anthropic answers it with: retried, then raised by the SDK as that', async (type, status, text, errorClass) => {
+      const s = await ownStack((req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'request-id': 'req_stream' });
+        res.end(ev('message_start', { message: { ...message, content: [], stop_reason: null } }) + ev('ping') + ev('error', { error: { type, message: text } }));
+      });
+      const { client, requests } = sdk(s);
+      const err = (await client.messages.stream(ask).finalMessage().catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+      expect(err).toBeInstanceOf(errorClass);
+      expect(err.status).toBe(status);
+      expect(err.type).toBe(type);
+      expect(err.error).toMatchObject({ type: 'error', error: { type, message: text } });
+      expect(err.requestID).toBe('req_stream');
+      expect(err.headers?.get('x-should-retry')).toBe('false');
+      // The gateway's three attempts, and none of the SDK's own.
+      expect(hits()).toBe(3);
+      expect(requests()).toBe(1);
+    });
+
+    it('fails an overloaded stream over to the next account under a retryOn without network: Anthropic did not run it', async () => {
+      const s = await ownStack(eventStream((res) => res.end(ev('message_start', { message: { ...message, content: [], stop_reason: null } }) + ev('error', { error: { type: 'overloaded_error', message: 'Overloaded' } }))), true, { retryOn: [529] });
+      const { data, response } = await sdk(s).client.messages.stream(ask).withResponse();
+      expect((await data.finalMessage()).content[0]).toMatchObject({ type: 'text', text: expect.stringMatching(/Mock answer/) });
+      expect(response.headers.get('x-stormgate-fallback')).toBe('retries_exhausted');
+      expect(hits()).toBe(3);
     });
 
     it('counts the prompt tokens read from and written to the prompt cache, as the chat translation does', async () => {

@@ -37,6 +37,8 @@ export interface AttemptRequest {
   translator: ResponseTranslator | undefined;
   /** Reads a family's own error answers in OpenAI terms for their classification (UpstreamRequest.errorMeaning). */
   errorMeaning?: ((status: number, body: Buffer) => { status: number; body: Buffer }) | undefined;
+  /** The error answer a family's error event before the first output stands for (UpstreamRequest.errorEventMeaning). */
+  errorEventMeaning?: ((data: Buffer) => { status: number; body: Buffer } | undefined) | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
   requestSignal: RequestSignal;
   /** For a stream whose deadline is the client's: lets the deadline start the answer before its first output. */
@@ -193,6 +195,13 @@ function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: numbe
   // One that rejects the request itself (a content policy, the context length): the upstream's verdict, passed on as
   // the 400 it would have been, never retried nor routed around.
   if (verdict.rejection) return { outcome: verdict.outcome!, status: 400, headers, body: withoutKey(verdict.rejection, req.client.config.apiKey) };
+  // A family's own error event that stands for an error answer (Anthropic's overload in a 200 stream is its 529): that
+  // answer, judged as it would have been with its status, and passed on (once retries are over) as the family sent it.
+  const meaning = verdict.outcome === undefined && verdict.event !== undefined ? req.errorEventMeaning?.(verdict.event) : undefined;
+  if (meaning) {
+    const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.body), hint: undefined };
+    return { outcome, status: meaning.status, headers, body: withoutKey(verdict.event!, req.client.config.apiKey) };
+  }
   // One that stands for a status (the gateway's account) is logged with that status, as it would have come.
   const failedStatus = verdict.outcome?.kind === 'http' ? verdict.outcome.status : status;
   return { outcome: verdict.outcome ?? { kind: 'bad-stream', detail: verdict.failure, ran: true }, status: failedStatus, headers };
@@ -366,14 +375,16 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
  * account is the 429, 402, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
 function errorBeforeOutput(ev: SseEvent): FirstOutput {
-  return errorVerdict(upstreamErrorOf(ev), 'error event before any output');
+  const verdict = errorVerdict(upstreamErrorOf(ev), 'error event before any output');
+  return ev.data === null ? verdict : { ...verdict, event: Buffer.from(ev.data) };
 }
 
 /**
  * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
- * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the request.
+ * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the
+ * request; event: the data of the upstream's error event, for a family that reads its own (errorEventMeaning).
  */
-type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer };
+type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer; event?: Buffer };
 
 /** What an upstream error reported inside a 2xx means (see errorBeforeOutput); `what` names where it came. */
 function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {

@@ -64,8 +64,8 @@ export async function attemptInSlot(
     return { kind: 'expired', result, cls: classify(result.outcome) };
   }
   const startedAt = now();
-  const { path, headers, body, translator, errorMeaning } = upstream;
-  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
+  const { path, headers, body, translator, errorMeaning, errorEventMeaning } = upstream;
+  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.

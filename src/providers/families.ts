@@ -3,7 +3,7 @@
 import type { ProviderConfig } from '../config/schema.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { AnthropicStreamTranslator, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
+import { AnthropicStreamTranslator, isAnthropicErrorType, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
 
 /** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
 export interface ResponseTranslator {
@@ -28,6 +28,11 @@ export interface UpstreamRequest {
    * be classified (the status and code they stand for), while the client gets them as the family sent them.
    */
   errorMeaning?: (status: number, body: Buffer) => { status: number; body: Buffer };
+  /**
+   * For the same: the error answer an error event before a stream's first output stands for (its data, the family's
+   * own error object), read as errorMeaning reads one; undefined when the event names no status.
+   */
+  errorEventMeaning?: (data: Buffer) => { status: number; body: Buffer } | undefined;
 }
 
 export interface FamilyInput {
@@ -107,7 +112,7 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
 function nativeAnthropic(provider: ProviderConfig, basePath: string, input: FamilyInput, body: Buffer | string): Prepared {
   const path = `${basePath.replace(/\/v1$/, '')}${input.clientPath}${input.query}`;
   const headers = { 'x-api-key': provider.apiKey, 'anthropic-version': input.anthropicVersion ?? provider.anthropicVersion };
-  return { ok: true, request: { path, headers, body, translator: undefined, errorMeaning: anthropicErrorMeaning } };
+  return { ok: true, request: { path, headers, body, translator: undefined, errorMeaning: anthropicErrorMeaning, errorEventMeaning: anthropicErrorEventMeaning } };
 }
 
 function anthropicErrorMeaning(status: number, body: Buffer): { status: number; body: Buffer } {
@@ -119,6 +124,23 @@ function anthropicErrorMeaning(status: number, body: Buffer): { status: number; 
   }
   const t = toOpenAIError(status, parsed);
   return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
+}
+
+/**
+ * Anthropic reports an error that comes once its stream has begun (an overload, most often) as an `error` event in the
+ * 200 stream, carrying the error object, and type, of the answer it gives with a status before a stream begins. Before
+ * any output it is that answer (overloaded_error a 529, api_error a 500, rate_limit_error a 429, ...): retried, failed
+ * over and passed on as the status would be, and the client gets it as Anthropic sent it. Read as a broken stream, an
+ * overload reached the Anthropic SDKs as a 502 that did not name it. A type Anthropic does not document names no status.
+ */
+function anthropicErrorEventMeaning(data: Buffer): { status: number; body: Buffer } | undefined {
+  let parsed: { error?: { type?: unknown } } | null;
+  try {
+    parsed = JSON.parse(data.toString('utf8')) as typeof parsed;
+  } catch {
+    return undefined;
+  }
+  return isAnthropicErrorType(parsed?.error?.type) ? anthropicErrorMeaning(0, data) : undefined;
 }
 
 function anthropicTranslator(model: string, includeUsage: boolean): ResponseTranslator {

@@ -6,6 +6,6 @@
 //             toAnthropicShape    the gateway's OpenAI error body -> one the Anthropic SDKs read too (native routes)
 //   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
 export { toAnthropicRequest, type AnthropicRequestOptions, type AnthropicRequestResult, type SamplingMode } from './request.ts';
-export { toAnthropicShape, toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage, type AnthropicShapedError } from './response.ts';
+export { isAnthropicErrorType, toAnthropicShape, toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage, type AnthropicShapedError } from './response.ts';
 export { AnthropicStreamError, AnthropicStreamTranslator, type AnthropicStreamErrorCode, type AnthropicStreamOptions } from './stream.ts';
 export type * from './types.ts';

@@ -143,6 +143,11 @@ export function toOpenAIError(status: number, body: unknown): { status: number; 
   return { status: finalStatus, body: errorBody(message, def.type, code) };
 }
 
+/** Is `type` one of the error types Anthropic documents (each stands for the status it answers it with)? */
+export function isAnthropicErrorType(type: unknown): type is string {
+  return typeof type === 'string' && Object.hasOwn(ERRORS, type);
+}
+
 /** An error as the Anthropic SDKs read it, which is the OpenAI shape too: `type: "error"` beside `error`. */
 export interface AnthropicShapedError extends OpenAIErrorBody {
   type: 'error';
