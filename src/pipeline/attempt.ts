@@ -10,7 +10,7 @@ import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-par
 import { eventMeaning, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
 import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
-import { LiveStream, translatedAfterOutput } from './live-stream.ts';
+import { afterFinishWaitMs, LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
@@ -124,6 +124,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       requestSignal: req.requestSignal,
       detach: release,
       idleMs,
+      afterFinishMs: afterFinishWaitMs(req.client.config.family, idleMs),
       apiKey: req.client.config.apiKey,
     });
     return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead && { startedEarly: true }) };

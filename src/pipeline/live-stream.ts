@@ -8,6 +8,7 @@ import { accountStatusOfError } from '../policy/outcome.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
+import type { ProviderConfig } from '../config/schema.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
 
@@ -52,6 +53,8 @@ export interface LiveStreamOptions {
   /** Releases the attempt's listeners once the stream is over. */
   detach: () => void;
   idleMs: number;
+  /** How long a finished answer waits for the upstream's own end (afterFinishWaitMs); default a second. */
+  afterFinishMs?: number;
   /** The provider's key, taken out of the error events it sends (providers/key-echo.ts). */
   apiKey: string;
 }
@@ -99,6 +102,19 @@ const STREAM_OVER = new Error('the stream is over');
 
 /** After a finish_reason only [DONE] (and perhaps a usage chunk) is left: do not wait a whole idle period for it. */
 const AFTER_FINISH_GRACE_MS = 1_000;
+
+/**
+ * How long an answer whose every choice has finished waits for the upstream's own end ([DONE]) before the gateway
+ * writes one: a second, since most providers send it at once and some never do. Not Azure: its asynchronous content
+ * filter (a deployment's setting) checks the answer's last part after the model's finish, and sends its annotations
+ * and, for a violation, a `finish_reason: "content_filter"` only then, when the filter is done. Cut after a second,
+ * the client lost that verdict and was told the answer had ended well. An Azure stream waits for its [DONE] as for
+ * any other event, up to idleMs.
+ */
+export function afterFinishWaitMs(family: ProviderConfig['family'], idleMs: number): number {
+  return family === 'azure-openai' ? idleMs : Math.min(AFTER_FINISH_GRACE_MS, idleMs);
+}
+
 /**
  * A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on: a stream's
  * here, a whole answer's by the server (PipelineAnswer.clientStallMs).
@@ -295,7 +311,7 @@ export class LiveStream {
         // After the last finish only [DONE] is left: do not wait a whole idle period for it.
         this.#graceArmed = true;
         clearTimeout(this.#idle);
-        this.#idle = this.#armIdle(Math.min(AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
+        this.#idle = this.#armIdle(Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
       }
     }
     return false;
