@@ -42,7 +42,10 @@ const messages = [{ role: 'user' as const, content: 'hi' }];
 describe('Azure OpenAI behind the gateway', () => {
   it("streams Azure's answer whole: its empty-choices annotation chunks pass on without counting as output, and its usage is counted", async () => {
     const { s, seen } = await azureFirst();
-    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true, stream_options: { include_usage: true } });
+    const { data: stream, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true, stream_options: { include_usage: true } }).withResponse();
+    // The id Azure's support asks for comes back; its region does not.
+    expect(response.headers.get('apim-request-id')).toBe('a0b1c2d3-0000-4000-8000-000000000001');
+    expect(response.headers.get('x-ms-region')).toBeNull();
     const chunks = [];
     for await (const c of stream) chunks.push(c);
     expect(seen[0]!.url).toBe('/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21');

@@ -19,11 +19,15 @@ const FORWARD_REQUEST = new Set([
 /** The SDK's timeout headers describe the client's deadline, which the gateway enforces itself. */
 const STAINLESS_SKIP = new Set(['x-stainless-timeout', 'x-stainless-read-timeout']);
 
-/** Upstream response headers the client sees; the SDKs expose x-request-id and provider support asks for it. */
+/**
+ * Upstream response headers the client sees; the SDKs expose x-request-id and provider support asks for it (Azure's
+ * for its apim-request-id).
+ */
 const FORWARD_RESPONSE = new Set([
   'content-type',
   'x-request-id',
   'request-id',
+  'apim-request-id',
   'openai-processing-ms',
   'openai-version',
   'openai-model',
