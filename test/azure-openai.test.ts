@@ -111,6 +111,33 @@ describe('Azure OpenAI behind the gateway', () => {
   });
 });
 
+describe('Azure OpenAI as the backup of api.openai.com on the Responses API', () => {
+  it('takes a Responses request the OpenAI primary failed, on its v1 surface with the deployment as the model', async () => {
+    const seen: AzureSeen[] = [];
+    const azure = await startProvider(azureHandler({ apiKey: AZURE_KEY, deployments: ['resp-deploy'], seen }));
+    const s = await startStack({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      config: (url) => {
+        const base = defaultConfig(url);
+        return {
+          ...base,
+          providers: {
+            mock: { ...base.providers.mock!, breaker: false },
+            azure: { family: 'azure-openai', baseUrl: azure.origin, apiKey: AZURE_KEY, apiVersion: '2024-10-21', breaker: false },
+          },
+          routes: base.routes
+            .filter((r) => r.name === 'responses')
+            .map((r) => ({ ...r, targets: [{ provider: 'mock' }, { provider: 'azure', model: 'resp-deploy' }], park: false, retry: { maxAttempts: 1 } })),
+        } satisfies ConfigInput;
+      },
+    });
+    const { data, response } = await sdk(s).responses.create({ model: 'gpt-4o', input: 'hi' }).withResponse();
+    expect(data.output_text).toBe('Hello from Azure.');
+    expect(response.headers.get('x-stormgate-target')).toBe('azure/resp-deploy');
+    expect(seen[0]!.url).toBe('/openai/v1/responses');
+  });
+});
+
 describe('afterFinishWaitMs', () => {
   it("waits a second for a finished answer's [DONE], idleMs from Azure, whose asynchronous filter speaks after the finish", () => {
     expect(afterFinishWaitMs('openai', 30_000)).toBe(1_000);

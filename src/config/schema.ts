@@ -545,8 +545,10 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
     if (route.strategy === 'weighted' && route.targets.length > 1) {
       ctx.addIssue({ code: 'custom', path: ['routes', i, 'strategy'], message: '/v1/responses cannot spread requests (weighted): a conversation lives at the provider that stored it, so use fallback' });
     }
+    // Azure's v1 surface serves OpenAI's Responses API as it is: the two are one API here.
+    const api = (t: { provider: string }) => (family(t) === 'azure-openai' ? 'openai' : family(t));
     targets.forEach((t, j) => {
-      if (j > 0 && family(t) !== 'anthropic' && family(t) !== family(targets[0]!)) {
+      if (j > 0 && family(t) !== 'anthropic' && api(t) !== api(targets[0]!)) {
         ctx.addIssue({ code: 'custom', path: at(j), message: '/v1/responses falls back only within the same API family' });
       }
     });
