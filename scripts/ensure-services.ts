@@ -7,6 +7,9 @@ import { delimiter, join } from 'node:path';
 /** Binaries the tests start, and the Debian package that provides each. Add a row for a new one (e.g. prometheus). */
 const REQUIRED: ReadonlyArray<{ binary: string; debianPackage: string }> = [
   { binary: 'redis-server', debianPackage: 'redis-server' },
+  // redis-cli forms the throwaway Redis Cluster of test/state-redis-cluster.test.ts; openssl makes its TLS certificates.
+  { binary: 'redis-cli', debianPackage: 'redis-tools' },
+  { binary: 'openssl', debianPackage: 'openssl' },
   // prometheus: test/observability-prometheus.test.ts starts one and runs promtool on the shipped config and rules.
   { binary: 'prometheus', debianPackage: 'prometheus' },
   { binary: 'promtool', debianPackage: 'prometheus' },

@@ -1,6 +1,6 @@
 // Builds the ioredis connections of the state store from `state.redis`: a URL, Sentinel, or Cluster. Every option is
 // chosen to fail fast: the request path must never wait on a Redis that is away.
-import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis';
+import { Cluster, Redis, type ClusterNode, type ClusterOptions, type Command, type RedisOptions } from 'ioredis';
 import type { StateConfig } from '../config/schema.ts';
 
 export type RedisConnection = Redis | Cluster;
@@ -36,16 +36,51 @@ export function connectRedis(config: StateConfig, opts: { subscriber: boolean })
     tls: redis.tls ? {} : undefined,
   };
   if (redis.cluster) {
-    const { enableOfflineQueue, ...nodeOptions } = { ...common, ...auth };
+    const { enableOfflineQueue, commandTimeout, ...nodeOptions } = { ...common, ...auth };
     const clusterOptions: ClusterOptions = {
       enableOfflineQueue,
       clusterRetryStrategy: reconnectDelayMs,
-      redisOptions: nodeOptions,
+      // ioredis resolves the seed nodes' host names and connects to the addresses, so over TLS it checked the server's
+      // certificate against an IP it does not name (ERR_TLS_CERT_ALTNAME_INVALID) and never connected: AWS ElastiCache
+      // (cluster mode, in-transit encryption; Serverless) and any cluster whose certificate names its hosts. Kept as
+      // names, the socket resolves them and TLS checks the name.
+      ...(auth.tls && { dnsLookup: keepHostName }),
+      // The node connections bound only the Cluster's own commands with it (see StoreCluster).
+      redisOptions: { ...nodeOptions, commandTimeout: commandTimeout === undefined ? undefined : common.connectTimeout },
     };
-    return new Cluster(redis.cluster, clusterOptions);
+    return new StoreCluster(redis.cluster, clusterOptions, commandTimeout);
   }
   if (redis.sentinels) {
     return new Redis({ ...common, ...auth, sentinels: redis.sentinels, name: redis.name, retryStrategy: reconnectDelayMs });
   }
   throw new Error('state.redis needs a URL, `sentinels` with `name`, or `cluster`');
+}
+
+function keepHostName(hostname: string, callback: (err: NodeJS.ErrnoException | null, address: string) => void): void {
+  callback(null, hostname);
+}
+
+/**
+ * A Cluster whose command timeout bounds the commands sent once it is ready (the store's), not the ones it sends while
+ * it (re)connects. ioredis queues its CLUSTER SLOTS (on a new connection each time) and its ready check (CLUSTER INFO)
+ * on node connections that are not open yet, so a node-level commandTimeout of 50 ms had to cover the TCP connect
+ * (and a TLS handshake, and AUTH) as well: on an event loop busy for a moment, or a Redis a few milliseconds away over
+ * TLS, the Cluster failed to start ("Failed to refresh slots cache"), and where connecting always takes that long it
+ * never did, the store staying on local state while a single Redis at the same distance worked. Those commands keep the
+ * connect timeout as their bound.
+ */
+class StoreCluster extends Cluster {
+  readonly commandTimeoutMs: number | undefined;
+
+  constructor(nodes: ClusterNode[], options: ClusterOptions, commandTimeoutMs: number | undefined) {
+    super(nodes, options);
+    this.commandTimeoutMs = commandTimeoutMs;
+  }
+
+  override sendCommand(command: Command, ...rest: unknown[]): unknown {
+    // Set first, this wins: a command's timer is set once, so the node connection's longer one does not replace it.
+    // A MOVED or ASK redirection resends the same command, still under this one timer.
+    if (this.commandTimeoutMs !== undefined && this.status === 'ready') command.setTimeout(this.commandTimeoutMs);
+    return (super.sendCommand as (...args: unknown[]) => unknown)(command, ...rest);
+  }
 }

@@ -43,9 +43,12 @@ export class RedisKeys {
     return `${this.#prefix}{pool/${pool}}:demand-by-class`;
   }
 
-  /** Written by the degraded store's health check; expires at once. */
-  probe(): string {
-    return `${this.#prefix}{probe}:probe`;
+  /**
+   * Written by the degraded store's health check; expires at once. Beside `key` (a key of this prefix: same hash tag,
+   * so the same Cluster slot) when the check is about that key's slot.
+   */
+  probe(key?: string): string {
+    return key === undefined ? `${this.#prefix}{probe}:probe` : `${key}:probe`;
   }
 
   /** Per-second request (`r:<sec>`) and retry (`x:<sec>`) counts of one retry budget. */

@@ -54,13 +54,14 @@ return { 1 }
 
 /**
  * KEYS: permits zset, breaker hash. ARGV: nowMs, max, expiresAtMs, ttlMs, id, generation (of the breaker record the
- * caller judged by; empty: any). Returns the id, or nil when all are taken or the record has moved on (another
- * instance reopened or closed the breaker, and the caller has not heard yet: its probe would be a second one).
+ * caller judged by; empty: any). Returns the id; nil when all are taken; 0 when the record has moved on (another
+ * instance reopened or closed the breaker, and the caller has not heard yet: its probe would be a second one; or the
+ * caller's own view moved alone, on a write Redis never got).
  */
 const TAKE_PERMIT = `
 if ARGV[6] ~= '' then
   local g = redis.call('HGET', KEYS[2], 'generation')
-  if g and tonumber(g) ~= tonumber(ARGV[6]) then return false end
+  if g and tonumber(g) ~= tonumber(ARGV[6]) then return 0 end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return false end
@@ -164,7 +165,7 @@ type Arg = string | number;
 export interface ScriptCommands {
   sgAddOutcomes(key: string, ...args: Arg[]): Promise<[number, number]>;
   sgCasBreaker(key: string, ...args: Arg[]): Promise<[number, ...string[]]>;
-  sgTakePermit(permitsKey: string, breakerKey: string, ...args: Arg[]): Promise<string | null>;
+  sgTakePermit(permitsKey: string, breakerKey: string, ...args: Arg[]): Promise<string | null | 0>;
   sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;

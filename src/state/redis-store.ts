@@ -172,11 +172,11 @@ export class RedisStore implements StateStore {
   async addOutcomes(target: string, generation: number, delta: OutcomeWindow, nowMs: number, windowS: number): Promise<OutcomeWindow> {
     // The local window is fed too, so it is warm if Redis goes away.
     const local = this.#local.addOutcomes(target, generation, delta, nowMs, windowS);
+    const key = this.#keys.outcomes(target, generation);
     return this.#run(
+      key,
       async (c) => {
-        const [requests, failures] = await c.sgAddOutcomes(
-          this.#keys.outcomes(target, generation), second(nowMs), windowS, delta.requests, delta.failures, (windowS + 5) * 1000,
-        );
+        const [requests, failures] = await c.sgAddOutcomes(key, second(nowMs), windowS, delta.requests, delta.failures, (windowS + 5) * 1000);
         return { requests, failures };
       },
       () => local,
@@ -200,7 +200,7 @@ export class RedisStore implements StateStore {
       try {
         return await this.#casRemote(target, expectedGeneration, next);
       } catch (err) {
-        this.#failed(err);
+        this.#failed(err, this.#keys.breaker(target));
       }
     }
     return this.#view.casBreaker(target, expectedGeneration, next);
@@ -211,14 +211,28 @@ export class RedisStore implements StateStore {
     const key = this.#keys.permits(target);
     const id = randomUUID();
     return this.#run(
+      key,
       (c) =>
-        c.sgTakePermit(key, this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, id, generation ?? '').catch((err: unknown) => {
-          // A call that timed out still runs once Redis gets to it (a paused, stopped or busy Redis runs what is queued),
-          // and its permit would hold one of the fleet's probes for the attempt's whole limit (up to firstTokenMs) while
-          // this instance probes on a local one: the fleet's next probe waited ~30 s after Redis was fine again.
-          this.#dropPermit(key, id);
-          throw err;
-        }),
+        c.sgTakePermit(key, this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, id, generation ?? '').then(
+          (taken) => {
+            if (taken !== 0) return taken;
+            // The fleet's record is not the one this instance judged by. Usually its message is on the way; but where
+            // this instance's own write never reached Redis (a command lost with a Cluster master that failed over,
+            // too few timeouts in a row to go degraded), its view moved alone, no message or reconnect ever corrects
+            // it, and every probe was refused: the breaker stayed open for good on this instance alone. A re-read
+            // settles it by the reconnect's rule (what it opened alone and still holds open is written back).
+            void this.refresh([target]);
+            return null;
+          },
+          (err: unknown) => {
+            // A call that timed out still runs once Redis gets to it (a paused, stopped or busy Redis runs what is
+            // queued), and its permit would hold one of the fleet's probes for the attempt's whole limit (up to
+            // firstTokenMs) while this instance probes on a local one: the fleet's next probe waited ~30 s after Redis
+            // was fine again.
+            this.#dropPermit(key, id);
+            throw err;
+          },
+        ),
       // Degraded, the local permits stand alone (the local store keeps no breaker records of its own to check against).
       () => this.#local.takePermit(target, max, ttlMs, nowMs),
     );
@@ -228,7 +242,7 @@ export class RedisStore implements StateStore {
     // The id may come from either side of a degraded spell; releasing an unknown id is harmless on both.
     await this.#local.releasePermit(target, permitId);
     const key = this.#keys.permits(target);
-    if (this.#usable()) await this.#run(async (c) => void (await c.zrem(key, permitId)), () => undefined);
+    if (this.#usable()) await this.#run(key, async (c) => void (await c.zrem(key, permitId)), () => undefined);
     // Degraded on a live connection (a slow Redis), a permit taken from Redis before would otherwise stay taken there
     // for its whole time to live after the probe ended, and hold back the fleet's next probe once Redis is back.
     else this.#dropPermit(key, permitId);
@@ -273,7 +287,7 @@ export class RedisStore implements StateStore {
     try {
       this.#view.putHoldOff(target, await this.#pushHoldOff(target, untilMs));
     } catch (err) {
-      this.#failed(err);
+      this.#failed(err, this.#keys.holdOff(target));
     }
   }
 
@@ -282,9 +296,11 @@ export class RedisStore implements StateStore {
   }
 
   async exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined> {
+    const key = this.#keys.demand(pool);
     return this.#run(
+      key,
       async (c) => {
-        const [totals, instances] = await c.sgExchangeDemand(this.#keys.demand(pool), this.#id, demand.join(','), nowMs, DEMAND_STALE_MS);
+        const [totals, instances] = await c.sgExchangeDemand(key, this.#id, demand.join(','), nowMs, DEMAND_STALE_MS);
         // A total that is not a count (another instance's bad value: inf, nan) counts as none, not as NaN in the share.
         return { totals: totals === '' ? [] : totals.split(',').map((t) => demandCount(Number(t))), instances };
       },
@@ -337,15 +353,15 @@ export class RedisStore implements StateStore {
 
   // ---- Redis operations -------------------------------------------------------------------------------------------
 
-  /** Runs `op` on Redis when it is usable, else (or when it fails) answers from `fallback`. Never throws. */
-  async #run<T>(op: (c: ScriptClient) => Promise<T>, fallback: () => T | Promise<T>): Promise<T> {
+  /** Runs `op` (on `key`'s slot) on Redis when it is usable, else (or when it fails) answers from `fallback`. Never throws. */
+  async #run<T>(key: string, op: (c: ScriptClient) => Promise<T>, fallback: () => T | Promise<T>): Promise<T> {
     if (this.#usable()) {
       try {
         const out = await op(this.#client);
         this.#answered();
         return out;
       } catch (err) {
-        this.#failed(err);
+        this.#failed(err, key);
       }
     }
     return fallback();
@@ -399,7 +415,7 @@ export class RedisStore implements StateStore {
       this.#answered();
       return { requests, retries, allowed: allowed === 1 };
     } catch (err) {
-      this.#failed(err);
+      this.#failed(err, this.#keys.budget(budgetKey));
       return undefined;
     }
   }
@@ -418,9 +434,10 @@ export class RedisStore implements StateStore {
     }
     for (const [field, pending] of kinds) {
       for (const [budgetKey, seconds] of pending) {
+        const key = this.#keys.budget(budgetKey);
         this.#client
-          .sgAddCounts(this.#keys.budget(budgetKey), (MAX_WINDOW_S + 5) * 1000, MAX_WINDOW_S, field, ...pairs(seconds))
-          .catch((err: unknown) => this.#failed(err));
+          .sgAddCounts(key, (MAX_WINDOW_S + 5) * 1000, MAX_WINDOW_S, field, ...pairs(seconds))
+          .catch((err: unknown) => this.#failed(err, key));
       }
       pending.clear();
     }
@@ -502,6 +519,9 @@ export class RedisStore implements StateStore {
   /** A new command connection is ready: configuration problems seen before it may be logged again if they come back. */
   #onConnected(): void {
     if (!this.#misconfigured) this.#reported.clear();
+    // A Cluster is ready as soon as one node answers: after commands on one slot failed (its master failing over, and
+    // the health check's timeouts made the client reconnect), only the health check's write there says it is back.
+    if (this.#degraded && this.#failedKey !== undefined && !(this.#client instanceof Redis)) return;
     this.#onReady();
   }
 
@@ -562,8 +582,15 @@ export class RedisStore implements StateStore {
     });
   }
 
-  #failed(err: unknown): void {
+  /**
+   * `key`: what the failed command wrote, when it is one key. The health check writes beside the last such key (same
+   * hash tag, so the same Cluster slot): on a Cluster whose master of that slot is failing over, a check on a fixed key
+   * that another master holds passed at once, and the store came back, timed out again and was called flapping, each
+   * time, until the failover was over.
+   */
+  #failed(err: unknown, key?: string): void {
     this.#lastError = err;
+    if (key !== undefined) this.#failedKey = key;
     const problem = configProblem(err);
     if (problem) {
       this.#reportProblem(problem);
@@ -574,6 +601,8 @@ export class RedisStore implements StateStore {
   }
 
   #timeoutsInARow = 0;
+  /** The key of the last failed single-key command (see #failed); forgotten on recovery. */
+  #failedKey: string | undefined;
   /** Health checks that timed out in a row on the current connection (see #probe). */
   #probeTimeoutsInARow = 0;
   /** Health checks passed in a row while degraded, and how many it takes to recover (see FLAP_WINDOW_MS). */
@@ -627,6 +656,7 @@ export class RedisStore implements StateStore {
       this.#timeoutsInARow = 0;
       this.#probeTimeoutsInARow = 0;
       this.#lastError = undefined;
+      this.#failedKey = undefined;
       this.#recoveredAtMs = Date.now();
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
@@ -641,7 +671,7 @@ export class RedisStore implements StateStore {
     if (this.#refusedAtMs !== undefined && Date.now() - this.#refusedAtMs < CONFIG_RETRY_MS) return;
     // A keyed write, not PING: a Redis Cluster whose slots are down answers PING from every live node, and a Redis
     // that refuses writes (OOM under noeviction) answers reads; either way the store's next write would fail again.
-    this.#client.sgProbe(this.#keys.probe(), PROBE_TTL_MS).then(
+    this.#client.sgProbe(this.#keys.probe(this.#failedKey), PROBE_TTL_MS).then(
       () => {
         if (++this.#cleanProbes >= this.#cleanProbesNeeded) this.#onReady();
       },
