@@ -2,12 +2,37 @@
 // chosen to fail fast: the request path must never wait on a Redis that is away.
 import { Cluster, Redis, type ClusterNode, type ClusterOptions, type Command, type RedisOptions } from 'ioredis';
 import type { StateConfig } from '../config/schema.ts';
+import { isReadOnly } from './redis-errors.ts';
 
 export type RedisConnection = Redis | Cluster;
 
 /** Reconnect delay after the n-th failed attempt: 50 ms doubling, capped at 2 s, so a returning Redis is found quickly. */
 export function reconnectDelayMs(attempt: number): number {
   return Math.min(50 * 2 ** Math.max(0, attempt - 1), 2000);
+}
+
+/**
+ * At most one reconnect per this long for READONLY answers: the name may still point at the old primary for a while
+ * after a failover (DNS), or for good (a replica's address in `state.redis`); reconnecting at every refused write would
+ * hammer it with new connections, and the store's health check writes once a second anyway.
+ */
+export const READONLY_RECONNECT_MS = 1000;
+
+/**
+ * ioredis's `reconnectOnError` for a single Redis (a URL, or Sentinel's master): a READONLY answer means the connection
+ * is held by a primary that was demoted to a replica, which keeps its clients' connections, so no reply, timeout or
+ * close ever told the store to leave it: every write failed, and the store stayed degraded until the connection dropped
+ * by chance. A new connection follows the name (or asks Sentinel) to the new primary. 1, not 2 (reconnect and resend):
+ * with the offline queue off, ioredis refuses the resend on the closing connection, and the store has already answered
+ * from local state. `now` is injectable for tests.
+ */
+export function reconnectOnReadOnly(now: () => number = Date.now): (err: Error) => 1 | false {
+  let lastMs = Number.NEGATIVE_INFINITY;
+  return (err) => {
+    if (!isReadOnly(err) || now() - lastMs < READONLY_RECONNECT_MS) return false;
+    lastMs = now();
+    return 1;
+  };
 }
 
 /**
@@ -27,7 +52,9 @@ export function connectRedis(config: StateConfig, opts: { subscriber: boolean })
     connectTimeout: Math.max(1000, config.commandTimeoutMs * 10),
     connectionName: opts.subscriber ? 'stormgate-sub' : 'stormgate',
   };
-  if (typeof redis === 'string') return new Redis(redis, { ...common, retryStrategy: reconnectDelayMs });
+  // Not for a Cluster: its replicas answer MOVED, not READONLY, and a failover there changes the slot map instead.
+  const single: RedisOptions = { ...common, retryStrategy: reconnectDelayMs, reconnectOnError: reconnectOnReadOnly() };
+  if (typeof redis === 'string') return new Redis(redis, single);
 
   const auth: RedisOptions = {
     username: redis.username,
@@ -51,7 +78,7 @@ export function connectRedis(config: StateConfig, opts: { subscriber: boolean })
     return new StoreCluster(redis.cluster, clusterOptions, commandTimeout);
   }
   if (redis.sentinels) {
-    return new Redis({ ...common, ...auth, sentinels: redis.sentinels, name: redis.name, retryStrategy: reconnectDelayMs });
+    return new Redis({ ...single, ...auth, sentinels: redis.sentinels, name: redis.name });
   }
   throw new Error('state.redis needs a URL, `sentinels` with `name`, or `cluster`');
 }

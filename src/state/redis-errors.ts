@@ -88,6 +88,15 @@ function errorMessage(err: unknown): string | undefined {
   return typeof err === 'string' ? err : undefined;
 }
 
+/**
+ * Redis refused a write because it is a replica: on a name that follows the primary (ElastiCache's primary endpoint,
+ * Azure Cache, a VIP), the old primary after a failover, still holding the connections it had. Scripts say so too
+ * (`READONLY You can't write against a read only replica. script: ...`).
+ */
+export function isReadOnly(err: unknown): boolean {
+  return err instanceof Error && /^READONLY\b/.test(err.message);
+}
+
 /** ioredis's commandTimeout rejects with a plain Error and no code: its message is all there is to tell it by. */
 export function isCommandTimeout(err: unknown): boolean {
   return err instanceof Error && err.message === 'Command timed out';

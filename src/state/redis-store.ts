@@ -12,7 +12,7 @@ import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
-import { configProblem, isCommandTimeout, safeError, type ConfigProblem } from './redis-errors.ts';
+import { configProblem, isCommandTimeout, isReadOnly, safeError, type ConfigProblem } from './redis-errors.ts';
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, type ScriptClient } from './redis-scripts.ts';
 import { FleetView } from './redis-view.ts';
@@ -522,6 +522,13 @@ export class RedisStore implements StateStore {
     // A Cluster is ready as soon as one node answers: after commands on one slot failed (its master failing over, and
     // the health check's timeouts made the client reconnect), only the health check's write there says it is back.
     if (this.#degraded && this.#failedKey !== undefined && !(this.#client instanceof Redis)) return;
+    // Nor is a new connection after a READONLY (see reconnectOnReadOnly) a way back by itself: a name that still points
+    // at the demoted primary leads to it again, and the store recovered, failed its next write and flapped once a
+    // second. The health check's write says whether this one reaches the primary; it runs now, not a second later.
+    if (this.#degraded && this.#readOnly) {
+      this.#probe();
+      return;
+    }
     this.#onReady();
   }
 
@@ -591,6 +598,7 @@ export class RedisStore implements StateStore {
   #failed(err: unknown, key?: string): void {
     this.#lastError = err;
     if (key !== undefined) this.#failedKey = key;
+    if (isReadOnly(err)) this.#readOnly = true;
     const problem = configProblem(err);
     if (problem) {
       this.#reportProblem(problem);
@@ -601,6 +609,8 @@ export class RedisStore implements StateStore {
   }
 
   #timeoutsInARow = 0;
+  /** Redis refused a write as a replica since the store last recovered (see #onConnected). */
+  #readOnly = false;
   /** The key of the last failed single-key command (see #failed); forgotten on recovery. */
   #failedKey: string | undefined;
   /** Health checks that timed out in a row on the current connection (see #probe). */
@@ -657,6 +667,7 @@ export class RedisStore implements StateStore {
       this.#probeTimeoutsInARow = 0;
       this.#lastError = undefined;
       this.#failedKey = undefined;
+      this.#readOnly = false;
       this.#recoveredAtMs = Date.now();
       this.#logger?.info('state store recovered: using Redis');
       clearInterval(this.#probeTimer);
@@ -678,6 +689,8 @@ export class RedisStore implements StateStore {
       (err: unknown) => {
         this.#cleanProbes = 0;
         this.#lastError = err;
+        // ioredis reconnects for it (at most once a second), and the new connection is checked at its 'ready'.
+        if (isReadOnly(err)) this.#readOnly = true;
         // Probes that time out in a row on a live connection: Redis is stopped or very slow, or the connection lost
         // traffic for good (a middlebox dropped it: toxiproxy's timeout toxic, a firewall that forgot the connection, a
         // replaced pod's old address). Answers are matched to commands in order, so after a lost one every answer on

@@ -16,11 +16,14 @@ export interface TcpProxy {
   swallow(on: boolean): void;
   /** The connections open now stay open and drop whatever either side sends, for good; new ones pass as usual. */
   strand(): void;
+  /** New connections go to this port from now on; the open ones stay where they are (a DNS name that moved). */
+  point(targetPort: number): void;
   close(): Promise<void>;
 }
 
-export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
+export async function startTcpProxy(initialTarget: number): Promise<TcpProxy> {
   const port = await freePort();
+  let targetPort = initialTarget;
   const sockets = new Set<Socket>();
   let server: Server | undefined;
   let swallowing = false;
@@ -57,5 +60,5 @@ export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
   };
 
   await listen();
-  return { port, cut: stop, resume: listen, swallow: (on) => void (swallowing = on), strand: () => clients.forEach((c) => stranded.add(c)), close: stop };
+  return { port, cut: stop, resume: listen, swallow: (on) => void (swallowing = on), strand: () => clients.forEach((c) => stranded.add(c)), point: (p) => void (targetPort = p), close: stop };
 }
