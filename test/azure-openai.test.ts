@@ -4,6 +4,7 @@
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
+import type { FaultSpec } from '../src/mock/faults.ts';
 import { defaultConfig, requestLine, useStacks, type Stack } from './helpers/stack.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { afterFinishWaitMs } from '../src/pipeline/live-stream.ts';
@@ -14,11 +15,21 @@ const startProvider = useFakeProviders();
 // In TEST_SECRETS too, so the run's log check looks for it.
 const AZURE_KEY = 'azure-key-0123456789abcdef0123456789';
 
-/** Azure first, the stack's mock (an OpenAI-compatible provider) behind it, on chat and embeddings. */
-async function azureFirst(opts: { faults?: AzureFault[]; verdictDelayMs?: number } = {}): Promise<{ s: Stack; seen: AzureSeen[] }> {
+type RouteOf = ConfigInput['routes'][number];
+
+/**
+ * An Azure server and the stack's mock (an OpenAI-compatible provider) on the routes `routes` names, in the order
+ * `targets` gives; by default Azure first, the mock behind it, on chat and embeddings.
+ */
+async function azureStack(
+  opts: { faults?: AzureFault[]; verdictDelayMs?: number; deployments?: string[]; mockFaults?: FaultSpec; routes?: string[]; targets?: RouteOf['targets']; retry?: RouteOf['retry'] } = {},
+): Promise<{ s: Stack; seen: AzureSeen[] }> {
   const seen: AzureSeen[] = [];
-  const azure = await startProvider(azureHandler({ apiKey: AZURE_KEY, deployments: ['gpt-4o', 'text-embedding-3-small'], faults: opts.faults, verdictDelayMs: opts.verdictDelayMs, seen }));
+  const deployments = opts.deployments ?? ['gpt-4o', 'text-embedding-3-small'];
+  const azure = await startProvider(azureHandler({ apiKey: AZURE_KEY, deployments, faults: opts.faults, verdictDelayMs: opts.verdictDelayMs, seen }));
+  const routes = opts.routes ?? ['chat', 'embeddings'];
   const s = await startStack({
+    faults: opts.mockFaults,
     config: (url) => {
       const base = defaultConfig(url);
       return {
@@ -28,20 +39,26 @@ async function azureFirst(opts: { faults?: AzureFault[]; verdictDelayMs?: number
           azure: { family: 'azure-openai', baseUrl: azure.origin, apiKey: AZURE_KEY, apiVersion: '2024-10-21', breaker: false },
         },
         routes: base.routes
-          .filter((r) => r.name === 'chat' || r.name === 'embeddings')
-          .map((r) => ({ ...r, targets: [{ provider: 'azure' }, { provider: 'mock' }], park: false, retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10, capMs: 10 } } })),
+          .filter((r) => routes.includes(r.name))
+          .map((r) => ({
+            ...r,
+            targets: opts.targets ?? [{ provider: 'azure' }, { provider: 'mock' }],
+            park: false,
+            retry: opts.retry ?? { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 10, capMs: 10 } },
+          })),
       } satisfies ConfigInput;
     },
   });
   return { s, seen };
 }
 
+
 const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
 const messages = [{ role: 'user' as const, content: 'hi' }];
 
 describe('Azure OpenAI behind the gateway', () => {
   it("streams Azure's answer whole: its empty-choices annotation chunks pass on without counting as output, and its usage is counted", async () => {
-    const { s, seen } = await azureFirst();
+    const { s, seen } = await azureStack();
     const { data: stream, response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true, stream_options: { include_usage: true } }).withResponse();
     // The id Azure's support asks for comes back; its region does not.
     expect(response.headers.get('apim-request-id')).toBe('a0b1c2d3-0000-4000-8000-000000000001');
@@ -62,7 +79,7 @@ describe('Azure OpenAI behind the gateway', () => {
   });
 
   it("passes on Azure's verdict on a prompt (400 content_filter with its innererror): not retried, not failed over to OpenAI", async () => {
-    const { s, seen } = await azureFirst({ faults: ['prompt-filtered'] });
+    const { s, seen } = await azureStack({ faults: ['prompt-filtered'] });
     const err = (await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.BadRequestError>;
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect(err.code).toBe('content_filter');
@@ -76,7 +93,7 @@ describe('Azure OpenAI behind the gateway', () => {
     // Asynchronous Filter mode checks what the model wrote while it streams; the last part's verdict comes after the
     // model's own finish_reason, when the filter is done with it, then [DONE]. Cut a second after the finish, the
     // client was told the answer had ended well and never saw the content_filter it ended with.
-    const { s } = await azureFirst({ faults: ['late-verdict'], verdictDelayMs: 2_000 });
+    const { s } = await azureStack({ faults: ['late-verdict'], verdictDelayMs: 2_000 });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     const finishes: string[] = [];
     for await (const c of stream) for (const choice of c.choices) if (choice.finish_reason) finishes.push(choice.finish_reason);
@@ -86,7 +103,7 @@ describe('Azure OpenAI behind the gateway', () => {
 
   it("holds Azure for its credentials (401 invalid subscription key, 403 firewall) and answers from OpenAI, the api-key in no log line nor answer", async () => {
     for (const fault of ['bad-key', 'firewall'] as const) {
-      const { s, seen } = await azureFirst({ faults: [fault] });
+      const { s, seen } = await azureStack({ faults: [fault] });
       const first = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
       expect(first.response.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
       expect(first.response.headers.get('x-stormgate-fallback')).toBe('credentials');
@@ -102,7 +119,7 @@ describe('Azure OpenAI behind the gateway', () => {
   });
 
   it("retries Azure's 429 after its retry-after-ms and its 503 'engine is currently overloaded' on Azure, then answers from it", async () => {
-    const { s, seen } = await azureFirst({ faults: ['rate-limited', 'overloaded'] });
+    const { s, seen } = await azureStack({ faults: ['rate-limited', 'overloaded'] });
     const { data, response } = await sdk(s).embeddings.create({ model: 'text-embedding-3-small', input: 'x' }).withResponse();
     expect(response.headers.get('x-stormgate-target')).toBe('azure/text-embedding-3-small');
     expect(data.data[0]!.embedding).toHaveLength(3);
@@ -113,23 +130,12 @@ describe('Azure OpenAI behind the gateway', () => {
 
 describe('Azure OpenAI as the backup of api.openai.com on the Responses API', () => {
   it('takes a Responses request the OpenAI primary failed, on its v1 surface with the deployment as the model', async () => {
-    const seen: AzureSeen[] = [];
-    const azure = await startProvider(azureHandler({ apiKey: AZURE_KEY, deployments: ['resp-deploy'], seen }));
-    const s = await startStack({
-      faults: { errors: [{ status: 503, rate: 1 }] },
-      config: (url) => {
-        const base = defaultConfig(url);
-        return {
-          ...base,
-          providers: {
-            mock: { ...base.providers.mock!, breaker: false },
-            azure: { family: 'azure-openai', baseUrl: azure.origin, apiKey: AZURE_KEY, apiVersion: '2024-10-21', breaker: false },
-          },
-          routes: base.routes
-            .filter((r) => r.name === 'responses')
-            .map((r) => ({ ...r, targets: [{ provider: 'mock' }, { provider: 'azure', model: 'resp-deploy' }], park: false, retry: { maxAttempts: 1 } })),
-        } satisfies ConfigInput;
-      },
+    const { s, seen } = await azureStack({
+      deployments: ['resp-deploy'],
+      mockFaults: { errors: [{ status: 503, rate: 1 }] },
+      routes: ['responses'],
+      targets: [{ provider: 'mock' }, { provider: 'azure', model: 'resp-deploy' }],
+      retry: { maxAttempts: 1 },
     });
     const { data, response } = await sdk(s).responses.create({ model: 'gpt-4o', input: 'hi' }).withResponse();
     expect(data.output_text).toBe('Hello from Azure.');

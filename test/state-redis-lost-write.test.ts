@@ -3,36 +3,26 @@
 // masters kept answering, so the store never counted three timeouts in a row and never went degraded). The instance's
 // view moved alone, and nothing tells it so: it must come back to the fleet's record.
 import { randomUUID } from 'node:crypto';
-import { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { encodeBreaker } from '../src/state/redis-keys.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServerWithAdmin } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
 
-let redis: RedisHandle;
-let admin: Redis;
+const server = useRedisServerWithAdmin();
 const stores: RedisStore[] = [];
 
-beforeAll(async () => {
-  redis = await startRedis();
-  admin = new Redis(redis.url);
-});
-afterAll(async () => {
-  admin?.disconnect();
-  await redis?.stop();
-});
 afterEach(async () => {
-  await admin.client('UNPAUSE');
+  await server.admin().client('UNPAUSE');
   await Promise.all(stores.splice(0).map((s) => s.close()));
 });
 
 describe('a breaker write the fleet\'s Redis did not keep', () => {
   it('heals the view it moved alone, instead of refusing every probe of a breaker open on this instance only', async () => {
     const keyPrefix = `lost-${randomUUID()}`;
-    const a = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 100, keyPrefix } });
-    const b = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 100, keyPrefix } });
+    const a = new RedisStore({ config: { redis: server.redis().url, commandTimeoutMs: 100, keyPrefix } });
+    const b = new RedisStore({ config: { redis: server.redis().url, commandTimeoutMs: 100, keyPrefix } });
     stores.push(a, b);
     expect(await a.ready()).toBe(true);
     expect(await b.ready()).toBe(true);
@@ -45,16 +35,16 @@ describe('a breaker write the fleet\'s Redis did not keep', () => {
     expect(a.getBreaker(target)).toEqual(closed);
 
     // A trips the breaker; the write times out (one timeout: A stays on Redis), and A opens it in its view alone.
-    await admin.client('PAUSE', 400, 'WRITE');
+    await server.admin().client('PAUSE', 400, 'WRITE');
     const open: BreakerRecord = { state: 'open', sinceMs: now, openUntilMs: now + 300, probeSuccesses: 0, generation: 5 };
     expect(await a.casBreaker(target, 4, open)).toBe(true);
     expect(a.degraded).toBe(false);
     expect(a.getBreaker(target)?.generation).toBe(5);
-    await admin.client('UNPAUSE');
+    await server.admin().client('UNPAUSE');
     // The replica that takes over never had the write: the fleet's record is the closed one, and nobody publishes it.
     const key = `${keyPrefix}:{${target}}:breaker`;
-    await eventually(async () => (await admin.hget(key, 'generation')) === '5', 2000);
-    await admin.hset(key, ...encodeBreaker(closed));
+    await eventually(async () => (await server.admin().hget(key, 'generation')) === '5', 2000);
+    await server.admin().hset(key, ...encodeBreaker(closed));
 
     // Past openUntil A asks for a probe permit by its generation 5, which the fleet's record (4) does not have: refused,
     // and before, refused for good: A answered circuit_open while the provider and Redis were fine.

@@ -5,30 +5,21 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { fleetShare } from '../src/pools/fleet-share.ts';
 import { configProblem } from '../src/state/redis-errors.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { startRedis, useRedisServerWithAdmin } from './helpers/redis-server.ts';
 import { eventually, loggedStores, README_ACL, type LogLine } from './helpers/redis-stores.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
 const PASSWORD = TEST_SECRETS[2]!;
 
-let redis: RedisHandle;
-let admin: Redis;
+const server = useRedisServerWithAdmin();
 const store = loggedStores('m');
 
-beforeAll(async () => {
-  redis = await startRedis();
-  admin = new Redis(redis.url);
-});
-afterAll(async () => {
-  admin?.disconnect();
-  await redis?.stop();
-});
 afterEach(async () => {
-  await admin.config('SET', 'maxmemory', '0');
+  await server.admin().config('SET', 'maxmemory', '0');
 });
 
 
@@ -38,10 +29,10 @@ const count = (lines: LogLine[], prefix: string) => lines.filter((l) => l.msg.st
 
 describe('a Redis that answers reads but refuses writes (OOM with maxmemory-policy noeviction)', () => {
   it('stays degraded while writes fail: one degraded line, no recovered/degraded pair every second; back once writes pass', async () => {
-    const { store: s, lines } = store(redis.url);
+    const { store: s, lines } = store(server.redis().url);
     expect(await s.ready()).toBe(true);
-    await admin.config('SET', 'maxmemory-policy', 'noeviction');
-    await admin.config('SET', 'maxmemory', '1'); // below what any redis-server uses: every write is refused
+    await server.admin().config('SET', 'maxmemory-policy', 'noeviction');
+    await server.admin().config('SET', 'maxmemory', '1'); // below what any redis-server uses: every write is refused
     const until = Date.now() + 3_500;
     let sawUsable = 0;
     while (Date.now() < until) {
@@ -53,7 +44,7 @@ describe('a Redis that answers reads but refuses writes (OOM with maxmemory-poli
     expect(count(lines(), 'state store recovered')).toBe(0);
     expect(sawUsable).toBeLessThanOrEqual(1); // the first call, before Redis refused it
 
-    await admin.config('SET', 'maxmemory', '0');
+    await server.admin().config('SET', 'maxmemory', '0');
     await eventually(() => !s.degraded, 3_000);
     expect(count(lines(), 'state store recovered')).toBe(1);
   });
@@ -61,11 +52,11 @@ describe('a Redis that answers reads but refuses writes (OOM with maxmemory-poli
 
 describe('a Redis user that loses the events channel at run time (ACL)', () => {
   it('is a configuration problem, not an outage: one error line and no flapping while scripts cannot publish', async () => {
-    await admin.call('ACL', 'SETUSER', 'chan', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);
+    await server.admin().call('ACL', 'SETUSER', 'chan', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);
     try {
-      const { store: s, lines } = store(`redis://chan:${PASSWORD}@127.0.0.1:${redis.port}`);
+      const { store: s, lines } = store(`redis://chan:${PASSWORD}@127.0.0.1:${server.redis().port}`);
       expect(await s.ready()).toBe(true);
-      await admin.call('ACL', 'SETUSER', 'chan', 'resetchannels', '&elsewhere:*');
+      await server.admin().call('ACL', 'SETUSER', 'chan', 'resetchannels', '&elsewhere:*');
       const until = Date.now() + 3_500;
       let i = 0;
       while (Date.now() < until) {
@@ -78,22 +69,22 @@ describe('a Redis user that loses the events channel at run time (ACL)', () => {
       expect(count(lines(), 'state store degraded')).toBe(1);
       expect(count(lines(), 'state store recovered')).toBe(0);
     } finally {
-      await admin.call('ACL', 'DELUSER', 'chan');
+      await server.admin().call('ACL', 'DELUSER', 'chan');
     }
   });
 
   it('subscribes again once the ACL gives the channel back, so it hears the fleet without a restart', async () => {
-    await admin.call('ACL', 'SETUSER', 'chan2', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);
+    await server.admin().call('ACL', 'SETUSER', 'chan2', 'on', `>${PASSWORD}`, '~*', '&*', ...README_ACL);
     try {
       const keyPrefix = `m-${randomUUID()}`;
-      const { store: a } = store(`redis://chan2:${PASSWORD}@127.0.0.1:${redis.port}`, keyPrefix);
-      const { store: b } = store(redis.url, keyPrefix);
+      const { store: a } = store(`redis://chan2:${PASSWORD}@127.0.0.1:${server.redis().port}`, keyPrefix);
+      const { store: b } = store(server.redis().url, keyPrefix);
       expect(await a.ready()).toBe(true);
       expect(await b.ready()).toBe(true);
       // Redis drops the subscriber of a user that loses the channel; its reconnect is refused the SUBSCRIBE.
-      await admin.call('ACL', 'SETUSER', 'chan2', 'resetchannels', '&elsewhere:*');
+      await server.admin().call('ACL', 'SETUSER', 'chan2', 'resetchannels', '&elsewhere:*');
       await sleep(1_000);
-      await admin.call('ACL', 'SETUSER', 'chan2', 'resetchannels', '&*');
+      await server.admin().call('ACL', 'SETUSER', 'chan2', 'resetchannels', '&*');
       await sleep(2_500);
       a.getBreaker('p/m'); // A has looked at the target: it follows it from now on
       await sleep(200);
@@ -102,7 +93,7 @@ describe('a Redis user that loses the events channel at run time (ACL)', () => {
       expect(await b.casBreaker('p/m', 0, open)).toBe(true);
       await eventually(() => a.getBreaker('p/m')?.state === 'open', 2_000);
     } finally {
-      await admin.call('ACL', 'DELUSER', 'chan2');
+      await server.admin().call('ACL', 'DELUSER', 'chan2');
     }
   });
 });
@@ -179,10 +170,10 @@ describe('classifying script ACL refusals (Redis 7)', () => {
 
 describe('a demand value in the fleet\'s hash that no instance writes (by hand, a bug, another build)', () => {
   it('counts for nothing, and the pool share it comes into stays a share, not NaN', async () => {
-    const { store: s, keyPrefix } = store(redis.url);
+    const { store: s, keyPrefix } = store(server.redis().url);
     await eventually(async () => (await s.exchangeDemand('p', [1, 1], Date.now())) !== undefined, 5_000);
     // 400 digits: a number to Lua (inf), which its tostring writes as "inf", which Number() reads as NaN.
-    await admin.hset(`${keyPrefix}:{pool/p}:demand-by-class`, 'other', `${'9'.repeat(400)},2:${Date.now()}`);
+    await server.admin().hset(`${keyPrefix}:{pool/p}:demand-by-class`, 'other', `${'9'.repeat(400)},2:${Date.now()}`);
     const fleet = (await s.exchangeDemand('p', [1, 1], Date.now()))!;
     expect(fleet.instances).toBe(2);
     expect(fleet.totals).toEqual([1, 3]);

@@ -4,6 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll } from 'vitest';
 import { freePort } from './free-port.ts';
 
@@ -36,6 +37,24 @@ export function useRedisServer(): () => RedisHandle {
     await redis?.stop();
   });
   return () => redis!;
+}
+
+/**
+ * useRedisServer, with a client of the test's own to drive the server with (CONFIG SET, CLIENT PAUSE, DEBUG SLEEP):
+ * `redis()` and `admin()` are the server and that client, from beforeAll on.
+ */
+export function useRedisServerWithAdmin(): { redis: () => RedisHandle; admin: () => Redis } {
+  let redis: RedisHandle | undefined;
+  let admin: Redis | undefined;
+  beforeAll(async () => {
+    redis = await startRedis();
+    admin = new Redis(redis.url);
+  });
+  afterAll(async () => {
+    admin?.disconnect();
+    await redis?.stop();
+  });
+  return { redis: () => redis!, admin: () => admin! };
 }
 
 /** Starts redis-server on a free port and resolves once it answers PING. */
