@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
+import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Config } from './config/schema.ts';
 import { drainingError, GatewayError, methodNotAllowed, missingModel, type OpenAIErrorBody } from './errors.ts';
@@ -164,6 +165,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     reply.header('x-stormgate-request-id', request.id);
     ends.watch(request, reply);
     (reply.raw as RawWithReply)[REPLY] = reply;
+    // Pipelined behind an answer still being written: Node hands this one the connection when that answer is done,
+    // with the socket timer it left (a whole answer's stall limit, PipelineAnswer.clientStallMs), where a request on
+    // an idle connection gets the server's. Nothing would hear that timer, and Node's default closes the connection:
+    // this request was cut once it waited on its provider longer than the limit.
+    if (reply.raw.socket === null) reply.raw.once('socket', (socket: Socket) => socket.setTimeout(app.server.timeout));
     // Answered here, done() is not called: fastify goes no further.
     if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
       sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));

@@ -138,3 +138,70 @@ describe('a client that stops reading a whole answer', () => {
     }
   });
 });
+
+describe('the stall limit of a whole answer', () => {
+  /** A provider that answers `first` at once and `second` (a request whose message says slow) after 1.5 s. */
+  async function twoSpeedStack(idleMs: number): Promise<Stack> {
+    const provider = await fakeProvider((req, res) => {
+      let body = '';
+      req.on('data', (d: Buffer) => (body += d));
+      req.on('end', () => {
+        const slow = body.includes('slow');
+        const answer = JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: 'gpt-4o', choices: [{ index: 0, message: { role: 'assistant', content: slow ? 'second' : 'first' }, finish_reason: 'stop' }] });
+        setTimeout(() => {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(answer);
+        }, slow ? 1_500 : 0);
+      });
+    });
+    return start({
+      config: (mockUrl) => {
+        const c = configServedBy(mockUrl, 'p', `${provider.origin}/v1`);
+        c.providers.p = { ...c.providers.p!, timeouts: { idleMs } };
+        return c;
+      },
+    });
+  }
+  const chat = (content: string) => {
+    const b = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content }] });
+    return `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${b.length}\r\n\r\n${b}`;
+  };
+
+  it('does not cut a request pipelined behind it that waits on its provider longer than the limit', async () => {
+    // Ten idle periods of 50 ms: a stall limit of half a second, a third of what the second request waits.
+    const s = await twoSpeedStack(50);
+    const socket = connect(Number(new URL(s.url).port), '127.0.0.1');
+    let text = '';
+    let closed = false;
+    socket.setEncoding('latin1');
+    socket.on('data', (d: string) => (text += d));
+    socket.on('close', () => (closed = true));
+    socket.on('error', () => undefined);
+    try {
+      socket.write(chat('fast') + chat('slow'));
+      const deadline = Date.now() + 20_000;
+      while (!text.includes('"second"') && !closed && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(text).toContain('"first"');
+      expect(text).toContain('"second"');
+      expect(closed).toBe(false);
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  it('of an idle period near the longest timer is no timer overflow (a warning on every answer)', async () => {
+    const s = await twoSpeedStack(2 ** 31 - 1);
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(w.name);
+    process.on('warning', onWarning);
+    try {
+      const res = await fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'fast' }] }) });
+      expect(res.status).toBe(200);
+      await res.text();
+      await new Promise((r) => setImmediate(r));
+      expect(warnings).not.toContain('TimeoutOverflowWarning');
+    } finally {
+      process.off('warning', onWarning);
+    }
+  });
+});

@@ -11,7 +11,7 @@ import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts'
 import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
-import { CLIENT_STALL_IDLE_PERIODS, type LiveStream, type StreamEnd } from './live-stream.ts';
+import { clientStallMs, type LiveStream, type StreamEnd } from './live-stream.ts';
 import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
@@ -357,5 +357,5 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   const body = result.body ?? Buffer.alloc(0);
   const usage = usageOfBody(body);
   if (usage) summary.usage = usage;
-  return { status: result.status ?? 200, headers, body, summary, clientStallMs: CLIENT_STALL_IDLE_PERIODS * plan.client.config.timeouts.idleMs };
+  return { status: result.status ?? 200, headers, body, summary, clientStallMs: clientStallMs(plan.client.config.timeouts.idleMs) };
 }

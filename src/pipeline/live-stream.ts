@@ -8,7 +8,7 @@ import { accountStatusOfError } from '../policy/outcome.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
-import type { ProviderConfig } from '../config/schema.ts';
+import { MAX_TIMER_MS, type ProviderConfig } from '../config/schema.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
 
@@ -120,6 +120,15 @@ export function afterFinishWaitMs(family: ProviderConfig['family'], idleMs: numb
  * here, a whole answer's by the server (PipelineAnswer.clientStallMs).
  */
 export const CLIENT_STALL_IDLE_PERIODS = 10;
+
+/**
+ * How long a whole answer's client (or a passthrough download's) may take nothing before its connection is closed:
+ * ten idle periods, at most the longest socket timer (an idle period near that limit, set to switch the timer off in
+ * all but name, made Node truncate it with a TimeoutOverflowWarning on every answer).
+ */
+export function clientStallMs(idleMs: number): number {
+  return Math.min(MAX_TIMER_MS, CLIENT_STALL_IDLE_PERIODS * idleMs);
+}
 
 export class LiveStream {
   #ended: StreamEnd | undefined;

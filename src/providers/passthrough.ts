@@ -9,7 +9,7 @@ import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
-import { CLIENT_STALL_IDLE_PERIODS } from '../pipeline/live-stream.ts';
+import { clientStallMs } from '../pipeline/live-stream.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -173,7 +173,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
             // the passthrough's few upstream connections for as long as it stays, and undici's body timer does not count
             // a body paused by backpressure: it is given up on as a stream's client is. The socket's own timer: a write
             // that makes progress, however slow, postpones it (see server.ts); the 'close' then ends the upstream body.
-            reply.raw.setTimeout(CLIENT_STALL_IDLE_PERIODS * provider.timeouts.idleMs, () => reply.raw.destroy());
+            reply.raw.setTimeout(clientStallMs(provider.timeouts.idleMs), () => reply.raw.destroy());
             return reply.send(res.stream);
           }
           res.stream.resume();
