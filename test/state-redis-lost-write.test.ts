@@ -49,8 +49,13 @@ describe('a breaker write the fleet\'s Redis did not keep', () => {
     // Past openUntil A asks for a probe permit by its generation 5, which the fleet's record (4) does not have: refused,
     // and before, refused for good: A answered circuit_open while the provider and Redis were fine.
     await new Promise((resolve) => setTimeout(resolve, 350));
-    expect(await a.takePermit(target, 1, 1000, Date.now(), 5)).toBeNull();
+    await server.admin().config('RESETSTAT');
+    // Every request of the half-open window asks, and is refused alike: the record is read again once, not per request.
+    const taken = await Promise.all(Array.from({ length: 20 }, () => a.takePermit(target, 1, 1000, Date.now(), 5)));
+    expect(taken.every((t) => t === null)).toBe(true);
     await eventually(() => a.getBreaker(target)?.generation === 4, 3000);
+    const reads = /cmdstat_hgetall:calls=(\d+)/.exec(await server.admin().info('commandstats'))?.[1];
+    expect(Number(reads ?? 0)).toBeLessThanOrEqual(2);
     expect(a.getBreaker(target)).toEqual(closed);
     expect(await a.takePermit(target, 1, 1000, Date.now(), 4)).not.toBeNull();
   });

@@ -89,6 +89,8 @@ export class RedisStore implements StateStore {
   /** Targets whose breaker or hold-off this instance has asked about: re-read from Redis after every reconnect. */
   readonly #watched = new Set<string>();
   readonly #toRead = new Set<string>();
+  /** Targets re-read because Redis refused a permit for a breaker record this instance's view does not match. */
+  readonly #reconciling = new Set<string>();
   /** First reads in flight, by target (see firstRead); the batch of #toRead they belong to. */
   readonly #reading = new Map<string, Promise<void>>();
   #batch: Promise<void> | undefined;
@@ -221,7 +223,11 @@ export class RedisStore implements StateStore {
             // too few timeouts in a row to go degraded), its view moved alone, no message or reconnect ever corrects
             // it, and every probe was refused: the breaker stayed open for good on this instance alone. A re-read
             // settles it by the reconnect's rule (what it opened alone and still holds open is written back).
-            void this.refresh([target]);
+            // One re-read per target at a time: every request of a half-open window is refused alike.
+            if (!this.#reconciling.has(target)) {
+              this.#reconciling.add(target);
+              void this.refresh([target]).finally(() => this.#reconciling.delete(target));
+            }
             return null;
           },
           (err: unknown) => {
