@@ -274,22 +274,25 @@ describe('the pool and the one wait rule', () => {
   });
 });
 
+/** A 20-slot pool of online (minShare 0.5) and batch (0.1) on a clock the test moves (`clock.now`). */
+function onlineAndBatch(maxQueue: number): { p: ProviderPool; clock: { now: number } } {
+  const clock = { now: 0 };
+  const classes = [{ name: 'online', minShare: 0.5, maxQueue }, { name: 'batch', minShare: 0.1, maxQueue }];
+  return { p: new ProviderPool({ provider: 'p', capacity: 20, retryCapacity: 20, classes, decrease: 0.9, minLimit: 1 }, () => clock.now), clock };
+}
+
 describe('class floors under a cut limit', () => {
   it('does not hand batch its minShare of the full pool once 429s have cut the target limit below it', async () => {
     // maxConcurrent 20 with batch's minShare 0.1 is a floor of 2 slots; a provider whose capacity fell to 2 (a third-party
     // run: 429 storm, batch flood) cut the limit to 2, and batch's "floor" was the whole limit: online queued behind it.
-    let now = 0;
-    const p = new ProviderPool(
-      { provider: 'p', capacity: 20, retryCapacity: 20, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
-      () => now,
-    );
+    const { p, clock } = onlineAndBatch(100);
     const take = (cls: number) => slot(p, req(cls));
     // A batch flood takes the idle pool, one more waits (the limit binds), and the provider answers 429s.
     const flood = await Promise.all(Array.from({ length: 20 }, () => take(1)));
     const queued = p.acquire(req(1));
     for (let i = 0; i < 100 && Math.floor(p.limitOf('p/m')) > 2; i++) {
       p.observe('p/m', 'rate-limited', 0);
-      now += 1_001;
+      clock.now += 1_001;
     }
     expect(Math.floor(p.limitOf('p/m'))).toBe(2);
     for (const s of flood) s.release();
@@ -304,11 +307,7 @@ describe('the adaptive limit under a steady share of 429s', () => {
   // Growth waits QUIET_ROUND_TRIPS without any 429, which a provider refusing a steady share of requests whatever our
   // concurrency never gives: every cut stayed, and the limit fell to 1 (a third-party run: online p50 0.2 s -> 4.6 s).
   it('climbs back from a flood that cut it to 1 when the provider refuses 3 in 10 requests whatever the concurrency', async () => {
-    let now = 0;
-    const p = new ProviderPool(
-      { provider: 'p', capacity: 20, retryCapacity: 20, classes: [{ name: 'online', minShare: 0.5, maxQueue: 1000 }, { name: 'batch', minShare: 0.1, maxQueue: 1000 }], decrease: 0.9, minLimit: 1 },
-      () => now,
-    );
+    const { p, clock } = onlineAndBatch(1000);
     const held: Slot[] = [];
     let clients = 40; // a flood first, then online's steady 4 (10 req/s of 200 ms answers need 2 slots)
     let inFlightOrQueued = 0;
@@ -323,7 +322,7 @@ describe('the adaptive limit under a steady share of 429s', () => {
       if (step === 50) clients = 4;
       while (inFlightOrQueued < clients) issue();
       await flush();
-      now += 200;
+      clock.now += 200;
       for (const s of held.splice(0)) {
         // Exactly 3 of every 10 answers are 429s, spread evenly (the bundled mock's `--error 429:0.3`).
         const limited = Math.floor(((answered + 1) * 3) / 10) > Math.floor((answered * 3) / 10);
