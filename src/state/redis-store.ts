@@ -525,13 +525,13 @@ export class RedisStore implements StateStore {
   /** A new command connection is ready: configuration problems seen before it may be logged again if they come back. */
   #onConnected(): void {
     if (!this.#misconfigured) this.#reported.clear();
-    // A Cluster is ready as soon as one node answers: after commands on one slot failed (its master failing over, and
-    // the health check's timeouts made the client reconnect), only the health check's write there says it is back.
-    if (this.#degraded && this.#failedKey !== undefined && !(this.#client instanceof Redis)) return;
-    // Nor is a new connection after a READONLY (see reconnectOnReadOnly) a way back by itself: a name that still points
-    // at the demoted primary leads to it again, and the store recovered, failed its next write and flapped once a
-    // second. The health check's write says whether this one reaches the primary; it runs now, not a second later.
-    if (this.#degraded && this.#readOnly) {
+    // Two outages a new connection does not end by itself, and taken for their end, the store recovered, failed its
+    // next write and flapped: a Cluster is ready as soon as any node answers, while the slot whose commands failed may
+    // still be failing over; and after a READONLY (see reconnectOnReadOnly) a name that still points at the demoted
+    // primary leads to it again. The health check's write (beside the failed key) says whether this connection is past
+    // it; it runs now, not a second later.
+    const unproven = this.#readOnly || (this.#failedKey !== undefined && !(this.#client instanceof Redis));
+    if (this.#degraded && unproven) {
       this.#probe();
       return;
     }
