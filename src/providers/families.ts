@@ -116,12 +116,18 @@ function nativeAnthropic(provider: ProviderConfig, basePath: string, input: Fami
 }
 
 function anthropicErrorMeaning(status: number, body: Buffer): { status: number; body: Buffer } {
-  let parsed: unknown;
+  return openAIErrorOf(status, parsedOrText(body));
+}
+
+function parsedOrText(body: Buffer): unknown {
   try {
-    parsed = JSON.parse(body.toString('utf8'));
+    return JSON.parse(body.toString('utf8'));
   } catch {
-    parsed = body.toString('utf8');
+    return body.toString('utf8');
   }
+}
+
+function openAIErrorOf(status: number, parsed: unknown): { status: number; body: Buffer } {
   const t = toOpenAIError(status, parsed);
   return { status: t.status, body: Buffer.from(JSON.stringify(t.body)) };
 }
@@ -134,13 +140,8 @@ function anthropicErrorMeaning(status: number, body: Buffer): { status: number; 
  * overload reached the Anthropic SDKs as a 502 that did not name it. A type Anthropic does not document names no status.
  */
 function anthropicErrorEventMeaning(data: Buffer): { status: number; body: Buffer } | undefined {
-  let parsed: { error?: { type?: unknown } } | null;
-  try {
-    parsed = JSON.parse(data.toString('utf8')) as typeof parsed;
-  } catch {
-    return undefined;
-  }
-  return isAnthropicErrorType(parsed?.error?.type) ? anthropicErrorMeaning(0, data) : undefined;
+  const parsed = parsedOrText(data) as { error?: { type?: unknown } } | string | null;
+  return typeof parsed === 'object' && isAnthropicErrorType(parsed?.error?.type) ? openAIErrorOf(0, parsed) : undefined;
 }
 
 function anthropicTranslator(model: string, includeUsage: boolean): ResponseTranslator {
