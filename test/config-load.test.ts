@@ -185,6 +185,12 @@ describe('${VAR} interpolation', () => {
     expect(() => parseConfig(targets('[ { provider: openai }, { provider: openai, model: gpt-4.1 } ]'), 'gw.yaml', env)).not.toThrow();
     // A first target that names its own model leaves the client's names to the route: they are no family's.
     expect(() => parseConfig(targets('[ { provider: claude, model: claude-sonnet-4-6 }, { provider: openai } ]'), 'gw.yaml', env)).not.toThrow();
+    // Weighted, every target without a model is sent the client's names as a first attempt: one family for all of them.
+    const weighted = (list: string) => targets(list).replace('    targets:', '    strategy: weighted\n    targets:');
+    expect(configError(weighted('[ { provider: claude, model: claude-sonnet-4-6 }, { provider: openai }, { provider: claude } ]')).message).toMatch(
+      /routes\[0\]\.targets\[2\]\.model: "claude" is of another API family than a weighted target \("openai"\) that is also sent the model names clients send/,
+    );
+    expect(() => parseConfig(weighted('[ { provider: claude, model: claude-sonnet-4-6 }, { provider: openai }, { provider: openai } ]'), 'gw.yaml', env)).not.toThrow();
   });
 
   it('rejects a weighted /v1/responses route, whose follow-ups would reach a provider that never stored the conversation', () => {

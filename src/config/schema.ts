@@ -513,15 +513,20 @@ function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: 
   }
   // A first target that takes the client's model names them in its family: a backup of the other family (an
   // Anthropic fallback behind an OpenAI primary, or the reverse) that sends the client's name on (gpt-4o to
-  // Anthropic) fails with a 404 on every request, and only in the outage it is there for.
-  if (route.match.path === '/v1/chat/completions' && targets[0]!.model === undefined) {
-    const crosses = (t: { provider: string }) => (family(t) === 'anthropic') !== (family(targets[0]!) === 'anthropic');
+  // Anthropic) fails with a 404 on every request, and only in the outage it is there for. A weighted route sends
+  // first attempts to every target: each one without a model takes the client's names, so all of those must be
+  // of one family (a share of all traffic would otherwise fail, not only in an outage).
+  const weighted = route.strategy === 'weighted';
+  const reference = weighted ? targets.find((t) => t.model === undefined) : targets[0]!;
+  if (route.match.path === '/v1/chat/completions' && reference !== undefined && reference.model === undefined) {
+    const crosses = (t: { provider: string }) => (family(t) === 'anthropic') !== (family(reference) === 'anthropic');
     targets.forEach((t, j) => {
-      if (j === 0 || t.model !== undefined || family(t) === undefined || !crosses(t)) return;
+      if (t === reference || t.model !== undefined || family(t) === undefined || !crosses(t)) return;
+      const other = weighted ? `a weighted target ("${reference.provider}") that is also sent the` : `the first target ("${reference.provider}"), whose`;
       ctx.addIssue({
         code: 'custom',
         path: [...at(j), 'model'],
-        message: `"${t.provider}" is of another API family than the first target ("${targets[0]!.provider}"), whose model names clients send: name the model it serves (e.g. model: ${family(t) === 'anthropic' ? 'claude-sonnet-4-6' : 'gpt-4o'})`,
+        message: `"${t.provider}" is of another API family than ${other} model names clients send: name the model it serves (e.g. model: ${family(t) === 'anthropic' ? 'claude-sonnet-4-6' : 'gpt-4o'})`,
       });
     });
   }
