@@ -67,7 +67,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     },
   });
   const holdOffs = new HoldOffs(store, now, random);
-  const targetKeys = new TargetKeys(config);
+  const targetKeys = new TargetKeys(config, now);
   const pools = new Pools(config, now, {
     onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
     onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
@@ -212,6 +212,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       void forgetTargetSeries(metrics, key);
     },
   };
+  // A learned model idle long enough to give its place to a new name leaves nothing behind, as a 404'd name does not.
+  targetKeys.onEvicted = pipeline.onTargetForgotten;
 
   return {
     pipeline,

@@ -4,6 +4,7 @@ import { describe, expect, it, vi } from 'vitest';
 import { defaultConfig, useStacks, type Stack, metricSum, requestLine } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
+import { LEARNED_IDLE_MS, MAX_LEARNED_MODELS } from '../src/routing/target-keys.ts';
 
 const start = useStacks();
 const FAST = { maxAttempts: 3, backoff: { strategy: 'fixed' as const, baseMs: 5, capMs: 5 } };
@@ -83,6 +84,26 @@ describe('the circuit breaker', () => {
     // Its series went with its place: made-up names leave no label behind.
     expect(text).not.toContain('no-such-model');
     expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/other",status_class="4xx"\} 1/);
+  });
+
+  it('gives a learned model unused for an hour its place to a new name, and drops its series', async () => {
+    // Only Date is faked: the runtime's clock jumps an hour, timers and sockets run as ever.
+    vi.useFakeTimers({ toFake: ['Date'] });
+    try {
+      const s = await start({});
+      for (let i = 0; i < MAX_LEARNED_MODELS; i++) expect((await chat(s, {}, `model-${i}`)).res.status).toBe(200);
+      await chat(s, {}, 'gpt-new');
+      expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="mock/other",status_class="2xx"}')).toBe(1);
+      vi.setSystemTime(Date.now() + LEARNED_IDLE_MS);
+      await chat(s, {}, 'gpt-new');
+      const text = await (await fetch(`${s.url}/metrics`)).text();
+      expect(text).toMatch(/stormgate_upstream_attempts_total\{target="mock\/gpt-new",status_class="2xx"\} 1/);
+      // model-0, the longest unused, gave its place: its series went with it.
+      expect(text).not.toContain('mock/model-0"');
+      expect(text).toContain('mock/model-1"');
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it('keeps no metric series for made-up model names, however many', async () => {

@@ -1,7 +1,7 @@
 // Which key (breaker, hold-off, budget, metric label) a provider and model get.
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema } from '../src/config/schema.ts';
-import { MAX_LEARNED_MODELS, TargetKeys } from '../src/routing/target-keys.ts';
+import { LEARNED_IDLE_MS, MAX_LEARNED_MODELS, TargetKeys } from '../src/routing/target-keys.ts';
 
 const config = ConfigSchema.parse({
   providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:1/v1', apiKey: 'k' } },
@@ -42,6 +42,30 @@ describe('target keys', () => {
     expect(keys.key('openai', 'made-up-0')).toBe('openai/other');
     // A configured model is never forgotten.
     keys.forget('openai', 'gpt-4o');
+    expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
+  });
+
+  it('gives the place of a learned model unused for an hour to a new name, and says which key went', () => {
+    let now = 0;
+    const keys = new TargetKeys(config, () => now);
+    const evicted: string[] = [];
+    keys.onEvicted = (key) => evicted.push(key);
+    for (let i = 0; i < MAX_LEARNED_MODELS; i++) keys.key('openai', `model-${i}`);
+    now = LEARNED_IDLE_MS - 1;
+    // Not idle long enough: the new name shares `other`, and nothing is evicted.
+    expect(keys.key('openai', 'gpt-5')).toBe('openai/other');
+    expect(evicted).toEqual([]);
+    // model-0 was asked for again; model-1 is now the longest unused.
+    keys.key('openai', 'model-0');
+    now = LEARNED_IDLE_MS;
+    expect(keys.key('openai', 'gpt-5')).toBe('openai/gpt-5');
+    expect(evicted).toEqual(['openai/model-1']);
+    expect(keys.key('openai', 'model-0')).toBe('openai/model-0');
+    // model-1 comes back later as a new name: it takes the next idle place (model-2's).
+    now += 1;
+    expect(keys.key('openai', 'model-1')).toBe('openai/model-1');
+    expect(evicted).toEqual(['openai/model-1', 'openai/model-2']);
+    // Configured models are never learned, so never evicted.
     expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
   });
 });

@@ -2,14 +2,17 @@
 // overloaded"), so each model gets its own breaker, hold-off, budget and metric label. Models the config names always
 // do; others are learned as clients send them, up to MAX_LEARNED_MODELS per provider, and past that share
 // `<provider>/other`, so clients cannot grow Redis keys or label sets without bound. A name the provider answers with
-// 404 (no such model) gives its place back, so made-up names cannot use the places up. Each instance learns for
-// itself. Without learning, every model of a route that serves any model (the default config) would share one
+// 404 (no such model) gives its place back, so made-up names cannot use the places up; so does a model unused for
+// LEARNED_IDLE_MS when a new name needs its place, so a gateway that runs for months follows the models clients move
+// to instead of lumping every newer one into `other`. Each instance learns for itself. Without learning, every model of a route that serves any model (the default config) would share one
 // breaker, and one broken model would open it for all.
 import type { Config } from '../config/schema.ts';
 import { settingsForModel, type BreakerSettings } from '../policy/breaker.ts';
 
 /** Models learned from traffic per provider, beyond the configured ones. */
 export const MAX_LEARNED_MODELS = 32;
+/** How long a learned model must have gone unused before a new name may take its place. */
+export const LEARNED_IDLE_MS = 60 * 60 * 1000;
 /** Names remembered as refused (404), across providers. */
 const MAX_REFUSED = 1_024;
 
@@ -18,13 +21,18 @@ const KEYABLE_MODEL = /^[A-Za-z0-9._:@/+-]{1,100}$/;
 
 export class TargetKeys {
   readonly #known: ReadonlySet<string>;
-  readonly #learned = new Map<string, Set<string>>();
+  /** Per provider, each learned model and when a request last asked for it. */
+  readonly #learned = new Map<string, Map<string, number>>();
   /** `<provider>/<model>` names the provider answered 404: never learned again (until pushed out by newer ones). */
   readonly #refused = new Set<string>();
   readonly #config: Config;
+  readonly #now: () => number;
+  /** Told of a learned key that gave its place to a new name, so what was kept under it goes too. */
+  onEvicted: ((key: string) => void) | undefined;
 
-  constructor(config: Config) {
+  constructor(config: Config, now: () => number = Date.now) {
     this.#config = config;
+    this.#now = now;
     const known = new Set<string>();
     for (const route of config.routes) {
       for (const m of route.match.models ?? []) if (!m.includes('*')) known.add(m);
@@ -71,12 +79,28 @@ export class TargetKeys {
 
   #learn(provider: string, model: string): boolean {
     let learned = this.#learned.get(provider);
-    if (learned === undefined) this.#learned.set(provider, (learned = new Set()));
-    if (learned.has(model)) return true;
+    if (learned === undefined) this.#learned.set(provider, (learned = new Map()));
+    const now = this.#now();
+    if (learned.delete(model)) {
+      // Taken out and put back: the map's order is the order of last use, the longest unused first.
+      learned.set(model, now);
+      return true;
+    }
     if (this.#refused.has(`${provider}/${model}`)) return false;
     // `other` is the overflow key itself; a name that could not be a label stays out too.
-    if (learned.size >= MAX_LEARNED_MODELS || model === 'other' || !KEYABLE_MODEL.test(model)) return false;
-    learned.add(model);
+    if (model === 'other' || !KEYABLE_MODEL.test(model)) return false;
+    if (learned.size >= MAX_LEARNED_MODELS && !this.#evictIdle(provider, learned, now)) return false;
+    learned.set(model, now);
+    return true;
+  }
+
+  /** Gives the place of the longest-unused learned model, if it has been idle LEARNED_IDLE_MS, to a new name. */
+  #evictIdle(provider: string, learned: Map<string, number>, now: number): boolean {
+    const [oldest, usedAt] = learned.entries().next().value!;
+    if (now - usedAt < LEARNED_IDLE_MS) return false;
+    learned.delete(oldest);
+    this.#settings.delete(`${provider}/${oldest}`);
+    this.onEvicted?.(`${provider}/${oldest}`);
     return true;
   }
 
