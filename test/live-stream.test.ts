@@ -100,6 +100,22 @@ describe('LiveStream: when an answer is whole', () => {
     expect((await ended).kind).toBe('done-added');
   });
 
+  it('with n = 2 sent one choice after another, a reset between the choices is a cut, not one whole answer', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop'), 50, new Error('other side closed')], { choices: 2, usage: false });
+    const text = await readAll(live);
+    expect(text).not.toContain('[DONE]');
+    expect(text).toContain('the upstream stream was cut: other side closed');
+    expect((await ended).kind).toBe('cut');
+  });
+
+  it('with n = 2 sent one choice after another, a stall before the second is a stall, not one whole answer', async () => {
+    const { live, ended } = liveStream(chunk(0, 'Hel'), [chunk(0, 'lo', 'stop'), 60_000], { choices: 2, usage: false }, 300);
+    const text = await readAll(live);
+    expect(text).not.toContain('[DONE]');
+    expect(text).toContain('stalled');
+    expect((await ended).kind).toBe('stalled');
+  });
+
   it('with n = 2, waits past the after-finish grace for the choice still running', async () => {
     const { live, ended } = liveStream(chunk(0, 'Hel') + chunk(1, 'Hel'), [chunk(0, 'lo', 'stop'), 1_200, chunk(1, 'lo', 'stop'), DONE], { choices: 2, usage: false });
     const text = await readAll(live);

@@ -91,6 +91,43 @@ describe('a Responses conversation under failover', () => {
   });
 });
 
+describe('a background Response under failover', () => {
+  it('stays on the first target, which stores it and serves its retrieve and cancel, rather than being created at a fallback', async () => {
+    const seenA: Seen[] = [];
+    const seenB: Seen[] = [];
+    let aDown = true;
+    const queued = (id: string) => ({ headers: { 'content-type': 'application/json' }, steps: [JSON.stringify({ ...baseResponse('queued'), id, background: true })] });
+    const down = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"down","type":"server_error","param":null,"code":null}}'] };
+    const a = await startProvider(scripted(() => (aDown ? down : queued('resp_a')), seenA));
+    const b = await startProvider(scripted(() => queued('resp_b'), seenB));
+    const s = await startStack({
+      config: (mockUrl) => {
+        const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
+        c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
+        for (const r of c.routes as Array<Record<string, unknown>>) {
+          r.targets = [{ provider: 'a' }, { provider: 'b' }];
+          r.retry = { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10 } };
+        }
+        // The stored response's calls go to the first target, as the README says to set it up.
+        return { ...c, passthrough: { provider: 'a', paths: ['/v1/responses/'], methods: ['GET', 'POST', 'DELETE'] } };
+      },
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+
+    // resp_b would have been queued at b, where the client's retrieve and cancel (sent to a) never find it.
+    const err = await client.responses.create({ model: 'gpt-4.1', input: 'hi', background: true }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
+    expect(seenA.length).toBe(2);
+    expect(seenB.length).toBe(0);
+
+    aDown = false;
+    const r = await client.responses.create({ model: 'gpt-4.1', input: 'hi', background: true });
+    expect(r.id).toBe('resp_a');
+    expect(seenB.length).toBe(0);
+  });
+});
+
 describe('a Responses conversation too long for its model', () => {
   it('moves to the contextWindowFallback only when that is at the provider holding the conversation', async () => {
     const seenA: Seen[] = [];

@@ -103,6 +103,45 @@ describe('Responses API on the wire', () => {
     expect(seen.length).toBe(1);
   });
 
+  it('R7b a finished reasoning item or web search counts as first output, without a summary delta', async () => {
+    // A reasoning model with its summary off (the default) searching the web: no delta for well past firstTokenMs,
+    // while whole output items come. Timed out, each attempt ran the thinking and the searches again.
+    const reasoningItem = { id: 'rs_1', type: 'reasoning', summary: [] };
+    const search = { id: 'ws_1', type: 'web_search_call', status: 'completed', action: { type: 'search', query: 'weather' } };
+    const message = { ...msgItem('Hello'), id: 'msg_1' };
+    const where = { item_id: 'msg_1', output_index: 2, content_index: 0 };
+    const { client, seen } = await gw(
+      () => ({
+        steps: [
+          rev('response.created', { response: baseResponse('in_progress') }, 0),
+          rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
+          rev('response.output_item.added', { output_index: 0, item: reasoningItem }, 2),
+          500,
+          rev('response.output_item.done', { output_index: 0, item: reasoningItem }, 3),
+          rev('response.output_item.added', { output_index: 1, item: { ...search, status: 'in_progress' } }, 4),
+          rev('response.web_search_call.in_progress', { item_id: 'ws_1', output_index: 1 }, 5),
+          rev('response.web_search_call.searching', { item_id: 'ws_1', output_index: 1 }, 6),
+          500,
+          rev('response.web_search_call.completed', { item_id: 'ws_1', output_index: 1 }, 7),
+          rev('response.output_item.done', { output_index: 1, item: search }, 8),
+          500,
+          rev('response.output_item.added', { output_index: 2, item: msgItem('', 'in_progress') }, 9),
+          rev('response.content_part.added', { ...where, part: { type: 'output_text', text: '', annotations: [] } }, 10),
+          rev('response.output_text.delta', { ...where, delta: 'Hello', logprobs: [] }, 11),
+          rev('response.output_text.done', { ...where, text: 'Hello', logprobs: [] }, 12),
+          rev('response.content_part.done', { ...where, part: { type: 'output_text', text: 'Hello', annotations: [] } }, 13),
+          rev('response.output_item.done', { output_index: 2, item: message }, 14),
+          rev('response.completed', { response: baseResponse('completed', [reasoningItem, search, message], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }) }, 15),
+        ],
+      }),
+      { firstTokenMs: 800 },
+    );
+    const final = await client.responses.stream({ model: 'o4-mini', input: 'weather?', tools: [{ type: 'web_search' }] }).finalResponse();
+    expect(final.status).toBe('completed');
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(1);
+  });
+
   it('R8 function call arguments stream and parse', async () => {
     const fc = { id: 'fc_1', type: 'function_call', status: 'in_progress', arguments: '', call_id: 'call_1', name: 'get_weather' };
     const args = '{"location":"Paris, France"}';
@@ -146,6 +185,33 @@ describe('Responses API on the wire', () => {
     const types: string[] = [];
     for await (const e of stream) types.push(e.type);
     expect(types.at(-1)).toBe('response.incomplete');
+  });
+
+  it('R11b a background stream starts at response.created: queued past firstTokenMs, it is neither retried nor failed', async () => {
+    // The job runs on at the provider whatever becomes of the connection: a retry would start a second one beside it,
+    // and the client, held until the first output, would never learn the id to resume, poll or cancel the first by.
+    const created = rev('response.created', { response: { ...baseResponse('queued'), background: true } }, 0);
+    const { client, seen } = await gw(
+      () => ({ steps: [created, rev('response.queued', { response: { ...baseResponse('queued'), background: true } }, 1), 1_500, ...responsesHead().slice(1), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)] }),
+      { firstTokenMs: 800 },
+    );
+    const stream = client.responses.stream({ model: 'o3', input: 'hi', background: true });
+    const firstEvent = new Promise<{ type: string; at: number }>((resolve) => stream.on('event', (e) => resolve({ type: e.type, at: Date.now() })));
+    const started = Date.now();
+    const final = await stream.finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(1);
+    const first = await firstEvent;
+    expect(first.type).toBe('response.created');
+    expect(first.at - started).toBeLessThan(1_000);
+  });
+
+  it('R11c a stream that is not background is still held until its first output, and retried when it is late', async () => {
+    const created = rev('response.created', { response: baseResponse('in_progress') }, 0);
+    const { client, seen } = await gw((_b, n) => ({ steps: n === 1 ? [created, 1_500] : full() }), { firstTokenMs: 800 });
+    const final = await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(2);
   });
 
   it('R11 background stream with response.queued then output', async () => {

@@ -28,7 +28,7 @@ describe('chat chunks', () => {
 });
 
 describe('Responses API events', () => {
-  it('counts every delta and partial image as output, and progress events as keep-alives', () => {
+  it('counts every delta, partial image and finished output item as output, and progress events as keep-alives', () => {
     for (const type of [
       'response.output_text.delta',
       'response.function_call_arguments.delta',
@@ -38,6 +38,7 @@ describe('Responses API events', () => {
       'response.code_interpreter_call_code.delta',
       'response.mcp_call_arguments.delta',
       'response.image_generation_call.partial_image',
+      'response.output_item.done',
     ]) {
       expect(eventMeaning('responses', ev({ type }, type)), type).toBe('output');
     }

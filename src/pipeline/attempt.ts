@@ -7,7 +7,7 @@ import { parseWaitHint } from '../policy/wait-hint.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { eventMeaning, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
+import { eventMeaning, startsAnswer, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
 import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { afterFinishWaitMs, LiveStream, translatedAfterOutput } from './live-stream.ts';
@@ -103,7 +103,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
-    const first = await readUntilFirstOutput(req.api, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
+    const first = await readUntilFirstOutput(req.api, req.shape, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
       return failureResult(req, first, status, headers);
@@ -303,7 +303,7 @@ function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
  * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
  * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
  */
-async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
+async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
   const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let taken = false;
@@ -317,7 +317,7 @@ async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, t
       });
     });
   try {
-    const first = await readEvents(api, parser, iterator, translate, started);
+    const first = await readEvents(api, shape, parser, iterator, translate, started);
     // The deadline came just as the read that failed the attempt did: it took the early start instead of aborting the
     // request, so the attempt ends as the deadline's (no retry goes past it) rather than as a retryable failure.
     return taken && 'failure' in first ? DEADLINE_PASSED : first;
@@ -331,7 +331,7 @@ async function readUntilFirstOutput(api: ApiKind, body: AsyncIterable<Buffer>, t
 
 const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
 
-async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
+async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
   let head = '';
   for (;;) {
     const read = iterator.next();
@@ -359,7 +359,7 @@ async function readEvents(api: ApiKind, parser: SseParser, iterator: AsyncIterat
         if (meaning === 'malformed') return { failure: 'malformed event before any output' };
         if (meaning === 'error') return errorBeforeOutput(ev);
         if (meaning === 'done') return { failure: 'stream ended before any output' };
-        if (meaning === 'output' || meaning === 'finish') {
+        if (meaning === 'output' || meaning === 'finish' || startsAnswer(api, shape, ev)) {
           // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
           return { head, pending: [...events.slice(i), ...translatedAfterOutput(raw.slice(r + 1), translate)], parser, iterator };
         }

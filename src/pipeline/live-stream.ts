@@ -239,8 +239,11 @@ export class LiveStream {
         // No error event can be written in a format the gateway does not know: the client's connection is cut too.
         this.#kind = reason instanceof AttemptTimeout ? 'stalled' : 'cut';
         throw err;
-      } else if (this.#whole()) {
+      } else if (this.#finished) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
+        // Not #whole(): fewer choices than `n` is a provider that ignores `n` only when its response ends as any does;
+        // broken, it may be one that sends the choices one after another, cut between two of them: [DONE] would have
+        // the client take one answer of the `n` it asked for as all of them.
         this.#kind = 'done-added';
         yield doneEvent(api) ?? '';
       } else if (reason instanceof GatewayShutdown) {
@@ -259,8 +262,8 @@ export class LiveStream {
   }
 
   /**
-   * Is the answer whole, [DONE] aside? Every choice asked for has finished; or, from a provider that ignores `n` and
-   * sends fewer, every choice that came has.
+   * Is the answer whole, [DONE] aside, once the upstream's response has ended? Every choice asked for has finished;
+   * or, from a provider that ignores `n` and sends fewer, every choice that came has.
    */
   #whole(): boolean {
     if (this.#finished) return true;

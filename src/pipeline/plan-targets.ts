@@ -85,8 +85,10 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   // A Responses API conversation lives at the provider that holds it: no failover. It is named either by the last
   // response (previous_response_id) or by a Conversations API object (`conversation`, an id or {id}); a fallback
   // that ignores the field (an OpenAI-compatible server) would answer without the history, and the turn would be
-  // missing from the conversation the client goes on with.
-  const pinned = route.api === 'responses' && Boolean(req.json.previous_response_id || req.json.conversation);
+  // missing from the conversation the client goes on with. A background response is answered `queued` and then
+  // polled, cancelled or streamed by its id (`/v1/responses/{id}`, passed through to one provider): created at a
+  // fallback, it runs and bills there while every retrieve and cancel gets a 404 from the first target.
+  const pinned = route.api === 'responses' && Boolean(req.json.previous_response_id || req.json.conversation || req.json.background === true);
   if (pinned) targets = targets.slice(0, 1);
   const plans = targets.map(plan).filter((p): p is TargetPlan => p !== undefined);
   disabled = skipped.length;

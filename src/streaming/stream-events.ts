@@ -42,6 +42,13 @@ const finishes = (reason: unknown) => present(reason) && reason !== '';
  * A list of names would miss each event type the API adds, and hold such a stream back until its first-token timeout.
  */
 const RESPONSES_OUTPUT = /\.delta$|\.partial_image$/;
+/**
+ * A finished output item is output too, delta or not: a reasoning item whose summary was not asked for (the default),
+ * a web or file search, a code run, an image generated without partial images. A reasoning model searching the web
+ * streams such items for minutes before its first text delta: timed out as silence, the searches and the thinking
+ * already done (and billed) were run again on every attempt, and the answer never came.
+ */
+const RESPONSES_ITEM_DONE = 'response.output_item.done';
 const RESPONSES_FINISH = new Set(['response.completed', 'response.incomplete']);
 const RESPONSES_ERROR = new Set(['error', 'response.failed']);
 
@@ -125,7 +132,7 @@ function responsesMeaning(ev: { type?: unknown }, eventField: string | null): Ev
   const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
   if (RESPONSES_ERROR.has(type)) return 'error';
   if (RESPONSES_FINISH.has(type)) return 'finish';
-  if (RESPONSES_OUTPUT.test(type)) return 'output';
+  if (RESPONSES_OUTPUT.test(type) || type === RESPONSES_ITEM_DONE) return 'output';
   return 'keepalive';
 }
 
@@ -137,13 +144,34 @@ function responsesMeaning(ev: { type?: unknown }, eventField: string | null): Ev
 export interface StreamShape {
   choices: number;
   usage: boolean;
+  /**
+   * A Responses API background stream: the response lives on at the provider once created, whatever becomes of the
+   * connection, and is resumed by its id. It starts at its `response.created` (startsAnswer), not its first output.
+   */
+  background?: true;
 }
 
 export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): StreamShape {
-  if (api === 'responses' || api === 'messages') return { choices: 1, usage: false };
+  if (api === 'responses') return { choices: 1, usage: false, ...(json.background === true && { background: true as const }) };
+  if (api === 'messages') return { choices: 1, usage: false };
   const n = json.n;
   const options = json.stream_options as { include_usage?: unknown } | null | undefined;
   return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: options?.include_usage === true };
+}
+
+/**
+ * Does this event start the client's answer before any output? A background response's `response.created` does: the
+ * job runs on at the provider after its connection is gone, so a retry before its first output (a reasoning model
+ * thinking past firstTokenMs, a queue) started another that ran and billed beside it, and the client, held until the
+ * first output, never learnt the id it would poll, cancel or resume (`starting_after`) the first one by.
+ */
+export function startsAnswer(api: ApiKind, shape: StreamShape, ev: SseEvent): boolean {
+  if (api !== 'responses' || shape.background !== true || ev.data === null) return false;
+  try {
+    return (JSON.parse(ev.data) as { type?: unknown } | null)?.type === 'response.created';
+  } catch {
+    return false;
+  }
 }
 
 /** The indexes of the choices a chat or completions chunk carries, and of those it finishes (with a finish_reason). */
