@@ -121,8 +121,11 @@ export async function serveTargets(
   // on the request (the rejection itself, or the primary's own 400, 404, 422, context length or content policy).
   const end = (served: Served): Served =>
     rejected && served.kind !== 'ok' && !endedWithVerdict(served) ? { ...served, rejected } : served;
-  /** The failure to end with when no target answered: the latest failure, else a credential hold, else a shed, else `otherwise`. */
-  const worst = (otherwise: Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise);
+  /**
+   * The failure to end with when no target answered: the latest failure, else a credential hold, else a shed, else
+   * `otherwise`, made only when it is the answer (making a shed counts it).
+   */
+  const worst = (otherwise: () => Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise());
   for (;;) {
     const blocked: Blocked[] = [];
     /** Targets this pass did not look at (it was for the one the lot released): the next pass does. */
@@ -217,11 +220,13 @@ export async function serveTargets(
     // The target released for gave no answer (a fallback's rejection, or it is unavailable again): the others, down
     // when the request parked, are looked at again before it ends or parks again; they may be back sooner.
     if (passedOver) continue;
-    if (blocked.length === 0) return worst(rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
+    if (blocked.length === 0) return worst(() => rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     // Behind parked requests the lot is letting go, the request waited for a slot: when none comes in time it is shed
-    // (the provider at capacity, a wait to come back after), not told of a breaker that never opened.
-    const unavailable: Served =
+    // (the provider at capacity, a wait to come back after), not told of a breaker that never opened. Made only when
+    // it is the answer: the shed is counted then, not for every request that parks behind the release and is served
+    // (one instance of a fleet counted 159 sheds through a 429 storm in which no client was shed).
+    const unavailable = (): Served =>
       first.reason === 'pacing'
         ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: 'deadline', retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.key), className: first.plan.className, lowestClass: first.plan.lowestClass } }
         : { kind: 'unavailable', plan: first.plan, reason: first.reason, availableAtMs: first.availableAtMs };

@@ -216,7 +216,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     run.retryPaid = false;
 
     const previous = ctx.attempts.at(-1);
-    const headers = previous?.target === plan.label ? { ...upstream.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': previous.reason } : upstream.headers;
+    const retryOf = previous?.target === plan.label ? previous : undefined;
+    const headers = retryOf ? { ...upstream.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': retryOf.reason } : upstream.headers;
     // A probe holds the parking lot's probing slot no longer than the breaker's permit: one that hangs must not keep
     // the next probe (and every parked request) waiting until its own deadline. done() is once only.
     const heldTicket = ticket;
@@ -250,6 +251,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const { result, cls, durationMs } = attempt;
     // Before any await: a deadline that fires while this attempt is recorded must not cut an answer already begun.
     if (result.stream) ctx.onStreamStarted?.();
+    // A retry is counted when it goes upstream, as the provider sees it (x-retry-attempt): one the parking lot released,
+    // or one that carried a probe, is a retry too, and a backoff cut short by the client or the deadline sent nothing.
+    // Counted at the backoff instead, a fleet's retry count missed the retries an outage parked, the ones it makes most.
+    if (retryOf) deps.onRetry?.(ctx.route.name, plan.key, retryOf.reason, run.waitMs);
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
     const outcome = result.outcome;
@@ -335,7 +340,6 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
     if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
-    deps.onRetry?.(ctx.route.name, plan.key, cls.reason, delayMs);
     try {
       await deps.sleep(delayMs, ctx.signal);
     } catch {
