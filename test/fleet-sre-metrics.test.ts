@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
-import { defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
+import { chatStatus as chat, defaultConfig, TEST_KEY, useGateways } from './helpers/stack.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
 
 let redis: RedisHandle;
@@ -34,16 +34,6 @@ async function fleet(faults: FaultSpec, overrides: Parameters<typeof defaultConf
   const urls = [];
   for (let i = 0; i < 3; i++) urls.push(await gateway(config));
   return { mock, urls };
-}
-
-async function chat(url: string): Promise<number> {
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-  });
-  await res.arrayBuffer();
-  return res.status;
 }
 
 /** A counter summed over every instance's /metrics (every series whose line starts with `name`). */

@@ -4,20 +4,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { seededRandom } from '../src/policy/random.ts';
 import { waitPastHoldOff } from '../src/pipeline/target-attempts.ts';
-import { useStacks } from './helpers/stack.ts';
+import { chatStatus as chat, useStacks } from './helpers/stack.ts';
 
 const start = useStacks();
 const N = 40;
-
-async function chat(url: string): Promise<number> {
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-  });
-  await res.arrayBuffer();
-  return res.status;
-}
 
 describe('a wait hint shared by many requests', () => {
   it('brings them back spread over the hint\'s jitter window, not in one burst at its end', async () => {

@@ -14,6 +14,23 @@ const startStack = useStacks();
 const json = (body: unknown): Script => ({ headers: { 'content-type': 'application/json' }, steps: [JSON.stringify(body)] });
 const failed = (code: string, message = 'The model failed') => json({ ...baseResponse('failed'), error: { code, message } });
 const completed = () => json(baseResponse('completed', [msgItem('Hello')], { input_tokens: 1, output_tokens: 1, total_tokens: 2 }));
+const down: Script = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"down","type":"server_error","param":null,"code":null}}'] };
+
+/** Every route served by provider a, then b, two attempts each; `extra` adds to the config (a passthrough, say). */
+async function aThenB(a: { origin: string }, b: { origin: string }, extra: Record<string, unknown> = {}): Promise<OpenAI> {
+  const s = await startStack({
+    config: (mockUrl) => {
+      const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
+      c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
+      for (const r of c.routes as Array<Record<string, unknown>>) {
+        r.targets = [{ provider: 'a' }, { provider: 'b' }];
+        r.retry = { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10 } };
+      }
+      return { ...c, ...extra };
+    },
+  });
+  return new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+}
 
 describe('a whole Response whose status is failed', () => {
   it('is retried like a stream\'s response.failed before output, and the client gets the retry\'s answer', async () => {
@@ -60,21 +77,9 @@ describe('a Responses conversation under failover', () => {
   it('stays on the first target when named by `conversation` (an id or {id}), as with previous_response_id; a new one fails over', async () => {
     const seenA: Seen[] = [];
     const seenB: Seen[] = [];
-    const down = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"down","type":"server_error","param":null,"code":null}}'] };
     const a = await startProvider(scripted(() => down, seenA));
     const b = await startProvider(scripted(() => ({ steps: full() }), seenB));
-    const s = await startStack({
-      config: (mockUrl) => {
-        const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
-        c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
-        for (const r of c.routes as Array<Record<string, unknown>>) {
-          r.targets = [{ provider: 'a' }, { provider: 'b' }];
-          r.retry = { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10 } };
-        }
-        return c;
-      },
-    });
-    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    const client = await aThenB(a, b);
 
     const fresh = await client.responses.stream({ model: 'gpt-4.1', input: 'hi' }).finalResponse();
     expect(fresh.status).toBe('completed');
@@ -97,22 +102,10 @@ describe('a background Response under failover', () => {
     const seenB: Seen[] = [];
     let aDown = true;
     const queued = (id: string) => ({ headers: { 'content-type': 'application/json' }, steps: [JSON.stringify({ ...baseResponse('queued'), id, background: true })] });
-    const down = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"down","type":"server_error","param":null,"code":null}}'] };
     const a = await startProvider(scripted(() => (aDown ? down : queued('resp_a')), seenA));
     const b = await startProvider(scripted(() => queued('resp_b'), seenB));
-    const s = await startStack({
-      config: (mockUrl) => {
-        const c = configServedBy(mockUrl, 'a', `${a.origin}/v1`);
-        c.providers.b = { family: 'openai', baseUrl: `${b.origin}/v1`, apiKey: 'b-key', breaker: false };
-        for (const r of c.routes as Array<Record<string, unknown>>) {
-          r.targets = [{ provider: 'a' }, { provider: 'b' }];
-          r.retry = { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10 } };
-        }
-        // The stored response's calls go to the first target, as the README says to set it up.
-        return { ...c, passthrough: { provider: 'a', paths: ['/v1/responses/'], methods: ['GET', 'POST', 'DELETE'] } };
-      },
-    });
-    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    // The stored response's calls go to the first target, as the README says to set it up.
+    const client = await aThenB(a, b, { passthrough: { provider: 'a', paths: ['/v1/responses/'], methods: ['GET', 'POST', 'DELETE'] } });
 
     // resp_b would have been queued at b, where the client's retrieve and cancel (sent to a) never find it.
     const err = await client.responses.create({ model: 'gpt-4.1', input: 'hi', background: true }).catch((e: unknown) => e);

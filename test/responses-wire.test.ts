@@ -78,14 +78,19 @@ describe('Responses API on the wire', () => {
     expect(res).toMatch(/^threw/);
   });
 
+  /** A response's opening events up to its reasoning item's start (sequence numbers 0 to 2). */
+  const reasoningOpens = (item: object): string[] => [
+    rev('response.created', { response: baseResponse('in_progress') }, 0),
+    rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
+    rev('response.output_item.added', { output_index: 0, item }, 2),
+  ];
+
   it('R7 reasoning summary deltas count as first output', async () => {
     const reasoningItem = { id: 'rs_1', type: 'reasoning', summary: [] };
     const { client, seen } = await gw(
       () => ({
         steps: [
-          rev('response.created', { response: baseResponse('in_progress') }, 0),
-          rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
-          rev('response.output_item.added', { output_index: 0, item: reasoningItem }, 2),
+          ...reasoningOpens(reasoningItem),
           rev('response.reasoning_summary_part.added', { item_id: 'rs_1', output_index: 0, summary_index: 0, part: { type: 'summary_text', text: '' } }, 3),
           300,
           rev('response.reasoning_summary_text.delta', { item_id: 'rs_1', output_index: 0, summary_index: 0, delta: '**Thinking**' }, 4),
@@ -113,9 +118,7 @@ describe('Responses API on the wire', () => {
     const { client, seen } = await gw(
       () => ({
         steps: [
-          rev('response.created', { response: baseResponse('in_progress') }, 0),
-          rev('response.in_progress', { response: baseResponse('in_progress') }, 1),
-          rev('response.output_item.added', { output_index: 0, item: reasoningItem }, 2),
+          ...reasoningOpens(reasoningItem),
           500,
           rev('response.output_item.done', { output_index: 0, item: reasoningItem }, 3),
           rev('response.output_item.added', { output_index: 1, item: { ...search, status: 'in_progress' } }, 4),

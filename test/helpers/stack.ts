@@ -157,6 +157,17 @@ export function useExtraMocks(): (opts?: MockOptions) => Promise<MockServer> {
   };
 }
 
+/** One gpt-4o chat completion sent to a gateway's origin with fetch; its status, once the body is read. */
+export async function chatStatus(url: string): Promise<number> {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  await res.arrayBuffer();
+  return res.status;
+}
+
 /** The sum of a metric's series on a stack's /metrics whose line starts with `name` (labels included, to pick some). */
 export async function metricSum(s: Stack, name: string): Promise<number> {
   const text = await (await fetch(`${s.url}/metrics`)).text();
