@@ -114,19 +114,28 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
 /**
  * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error (or an
  * Anthropic one, whose `error` has a `message` too) passes as it is, its own fields kept (Azure's `innererror` says
- * which content filter fired, Anthropic's `details`), with any of the four the shape needs filled in; anything else
- * (an HTML page from a load balancer) is wrapped.
+ * which content filter fired, Anthropic's `details`), with any of the four the shape needs filled in; the flat
+ * `{"object": "error", "message", ...}` of vLLM and Mistral is put in that shape; anything else (an HTML page from a
+ * load balancer) is wrapped.
  */
 export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefined): OpenAIErrorBody {
   const raw = body && withoutBom(body);
   if (raw && raw.length > 0) {
     try {
-      const parsed = JSON.parse(raw.toString('utf8')) as unknown;
+      const whole = JSON.parse(raw.toString('utf8')) as unknown;
+      // Gemini's OpenAI-compatible endpoint answers its errors as a one-element list.
+      const parsed = Array.isArray(whole) && whole.length === 1 ? (whole[0] as unknown) : whole;
       if (isOpenAIErrorBody(parsed)) {
         const e = parsed.error;
         const type = typeof e.type === 'string' && e.type !== '' ? e.type : typeOfStatus(status);
         // Its other top-level fields stay too (Anthropic's `type: "error"` and `request_id`, for an Anthropic client).
         return { ...parsed, error: { ...e, message: e.message, type, param: stringOrNull(e.param), code: stringOrNull(e.code) } };
+      }
+      // vLLM before 0.8 and Mistral answer the same four fields flat, beside `"object": "error"`: wrapped whole, the
+      // client's message was that JSON and its code null.
+      if (isFlatErrorBody(parsed)) {
+        const type = typeof parsed.type === 'string' && parsed.type !== '' ? parsed.type : typeOfStatus(status);
+        return errorBody(parsed.message, type, stringOrNull(parsed.code), stringOrNull(parsed.param));
       }
     } catch {
       // not JSON: fall through to the wrapped form
@@ -148,6 +157,24 @@ function typeOfStatus(status: number): string {
 export function stringOrNull(v: unknown): string | null {
   if (typeof v === 'string') return v;
   return typeof v === 'number' && Number.isFinite(v) ? String(v) : null;
+}
+
+/**
+ * The error object of a parsed upstream error body, for its classification: `error` in the OpenAI shape (also inside
+ * Gemini's one-element list), or the flat body of vLLM (before 0.8) and Mistral. The same shapes the client is given
+ * (normaliseUpstreamErrorBody).
+ */
+export function upstreamErrorFields(parsed: unknown): { code?: unknown; type?: unknown; message?: unknown } | undefined {
+  const body = Array.isArray(parsed) && parsed.length === 1 ? (parsed[0] as unknown) : parsed;
+  if (typeof body !== 'object' || body === null) return undefined;
+  const error = (body as { error?: unknown }).error;
+  if (typeof error === 'object' && error !== null) return error;
+  return isFlatErrorBody(body) ? body : undefined;
+}
+
+function isFlatErrorBody(v: unknown): v is { object: 'error'; message: string; type?: unknown; code?: unknown; param?: unknown } {
+  const o = v as { object?: unknown; message?: unknown } | null;
+  return typeof o === 'object' && o !== null && o.object === 'error' && typeof o.message === 'string';
 }
 
 function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: unknown; code?: unknown; param?: unknown } } {

@@ -114,7 +114,21 @@ describe('retries over HTTP', () => {
     expect(s.mock.stats().total).toBe(1);
     expect(res.status).toBe(429);
     expect(res.headers.get('retry-after')).toBe('60');
+    // Sent upstream once: the client may come back after the wait, as the requests its hold-off turns away are told.
+    expect(res.headers.get('x-should-retry')).toBe('true');
+  });
+
+  it('does not invite the client back after a hint over 60 s, nor after the gateway retried', async () => {
+    const s = await start({ faults: { errors: [{ status: 429, rate: 1, headers: { 'retry-after': '600' } }] } });
+    const { res } = await chat(s);
+    expect(res.headers.get('retry-after')).toBe('600');
     expect(res.headers.get('x-should-retry')).toBe('false');
+    await s.close();
+    const t = await start({ faults: { errors: [{ status: 503, rate: 1, times: 1 }, { status: 429, rate: 1, headers: { 'retry-after': '30' } }] } });
+    const again = await chat(t);
+    expect(t.mock.stats().total).toBe(2);
+    expect(again.res.status).toBe(429);
+    expect(again.res.headers.get('x-should-retry')).toBe('false');
   });
 
   it('does not retry on a hint longer than the time left before the deadline', async () => {

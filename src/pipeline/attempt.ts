@@ -3,12 +3,12 @@
 // RequestAbort, linked to the request's signal (client gone or deadline).
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
-import { parseWaitHint } from '../policy/wait-hint.ts';
+import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, startsAnswer, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
-import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
+import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { afterFinishWaitMs, LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
@@ -21,7 +21,7 @@ import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort
 import type { EarlyStart } from './early-start.ts';
 import { printable } from '../http/request-body.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
-import { stringOrNull } from '../errors.ts';
+import { stringOrNull, upstreamErrorFields } from '../errors.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -200,7 +200,7 @@ function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: numbe
   // answer, judged as it would have been with its status, and passed on (once retries are over) as the family sent it.
   const meaning = verdict.outcome === undefined && verdict.event !== undefined ? req.errorEventMeaning?.(verdict.event) : undefined;
   if (meaning) {
-    const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.body), hint: undefined };
+    const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.status, meaning.body), hint: undefined };
     return { outcome, status: meaning.status, headers, body: withoutKey(verdict.event!, req.client.config.apiKey) };
   }
   // One that stands for a status (the gateway's account) is logged with that status, as it would have come.
@@ -221,21 +221,24 @@ export function abortOutcome(reason: unknown): AttemptOutcome {
 }
 
 function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
-  return { kind: 'http', status, errorCode: errorCodeOf(body), hint: parseWaitHint(headers, nowMs) };
+  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) };
 }
 
 /**
  * The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. Some
  * compatible servers send the status as a number there (`"code": 429`) and the name in `type` (`insufficient_quota`):
- * the name is what the classification knows, so a code that is not a string gives way to a type that is, and is read
- * as its digits only when there is none (as the client is given it, errors.ts).
+ * the name is what the classification knows, so a code that is not a name gives way to a type that is, and is read
+ * as its digits only when there is none (as the client is given it, errors.ts). A 4xx without a named code whose
+ * message says the prompt is over the model's window (vLLM, SGLang, OpenRouter, ...) is `context_length_exceeded`,
+ * which is what sends it to the route's contextWindowFallback.
  */
-function errorCodeOf(body: Buffer): string | null {
+function errorCodeOf(status: number, body: Buffer): string | null {
   // wholeResult has already dropped a byte order mark.
   const error = errorFieldsOf(body);
   if (error === undefined) return null;
-  const { code, type } = error;
-  if (typeof code === 'string') return code;
+  const { code, type, message } = error;
+  if (typeof code === 'string' && !/^\d+$/.test(code)) return code;
+  if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
 }
 
@@ -248,12 +251,15 @@ function accountErrorOf(body: Buffer): { status: number; code: string } | undefi
   return status === undefined ? undefined : { status, code: (code ?? type)! };
 }
 
-/** The `error` object of an OpenAI-shaped body, when the body is JSON and has one. */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown } | undefined {
+/**
+ * The `error` object of an OpenAI-shaped body, when the body is JSON and has one (also inside the one-element list
+ * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); or the body itself in the flat shape vLLM
+ * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`.
+ */
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown } | undefined {
   if (body.length === 0) return undefined;
   try {
-    const error = (JSON.parse(body.toString('utf8')) as { error?: unknown } | null)?.error;
-    return typeof error === 'object' && error !== null ? error : undefined;
+    return upstreamErrorFields(JSON.parse(body.toString('utf8')));
   } catch {
     return undefined;
   }
@@ -396,7 +402,9 @@ function errorVerdict(err: UpstreamStreamError | undefined, what: string): Error
   // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
   const account = accountStatusOfError(code, err?.type);
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
-  if (code === undefined || !(CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code))) return { failure };
-  const error = { message: err!.message ?? code, type: err!.type ?? 'invalid_request_error', param: err!.param, code };
-  return { failure, outcome: { kind: 'http', status: 400, errorCode: code, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
+  // Without a named code (none, or the status as digits), an over-long prompt is told by its words, as in a whole error.
+  const named = code !== undefined && !/^\d+$/.test(code) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
+  if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
+  const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
+  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
 }

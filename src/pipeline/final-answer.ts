@@ -21,6 +21,12 @@ export interface FailureFacts {
   budgetSpent?: boolean;
   /** The provider's pool had no slot for the retry that would have come next before the deadline: said in the message too. */
   retryShed?: boolean;
+  /**
+   * The request went upstream once and its retries stopped at a wait hint the gateway would not wait out (longer than
+   * maxWaitHintMs or the time left): the client may come back after it, as every request the hold-off turns away is
+   * told (x-should-retry: true up to 60 s). Told not to, the SDK gave up on a 429 the provider asked to retry in 2 s.
+   */
+  invite?: boolean;
   /** Attempts per target, in the order the targets were first tried (probes included). */
   attempts: ReadonlyArray<readonly [target: string, count: number]>;
   /** The target that failed last. */
@@ -37,7 +43,7 @@ export function failureAnswer(f: FailureFacts): ErrorAnswer {
     delete upstreamHeaders['content-type'];
     return {
       status: outcome.status,
-      headers: { ...upstreamHeaders, ...retryHeaders(false, f.retryAfterMs) },
+      headers: { ...upstreamHeaders, ...retryHeaders(f.invite === true, f.retryAfterMs) },
       body: normaliseUpstreamErrorBody(outcome.status, f.result.body),
     };
   }

@@ -253,6 +253,8 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         retryAfterMs: served.failure.retryAfterMs,
         budgetSpent: served.failure.why === 'budget',
         retryShed: served.failure.why === 'shed',
+        // Sent once: an SDK retry after the hint multiplies nothing the gateway did.
+        invite: served.failure.why === 'wait_hint' && summary.attempts.length === 1,
         attempts: attemptsByTarget(summary.attempts),
         target: served.plan.label,
         budgetMs,

@@ -68,6 +68,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
       key,
       label,
       model,
+      ownModel: target.model !== undefined,
       client,
       upstream,
       retry: target.retry ?? route.config.retry,

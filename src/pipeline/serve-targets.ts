@@ -4,10 +4,12 @@
 // wait rule allows it, and is tried again when released. A context_length_exceeded answer goes to the route's
 // contextWindowFallback, if any.
 // The first target in order that judges the request has the last word on it: the primary's rejection (400, 404, 422,
-// context too long) ends the request, whatever happened before (a park included). A fallback that rejects the request
-// after an earlier target in order was down (failed, breaker open, held off, held for its credentials, shed) speaks
-// about its own limits or translation, not about a request the primary might well have taken: the client gets the
-// earlier failure, with the rejection as a note, never a 4xx telling it to change its request.
+// context too long) ends the request, whatever happened before (a park included). A 404 from a target that sends a
+// model of its own is no such verdict: the name is the operator's (a retired model), so the next target is tried.
+// A fallback that rejects the request after an earlier target in order was down (failed, breaker open, held off, held
+// for its credentials, shed) speaks about its own limits or translation, not about a request the primary might well
+// have taken: the client gets the earlier failure, with the rejection as a note, never a 4xx telling it to change its
+// request.
 import type { ParkConfig } from '../config/schema.ts';
 import { availableAtMs } from '../policy/breaker.ts';
 import { canWait } from '../policy/retry-wait.ts';
@@ -201,6 +203,14 @@ export async function serveTargets(
         left = { plan, reason: 'error' };
         continue;
       }
+      if (ownModelNotFound(plan, r)) {
+        // The operator's model name, not the client's (a retired model, a deleted Azure deployment): that target is
+        // out of service for this route, and the next one may well answer the request as it is.
+        lastFailure = { kind: 'failed', plan, failure: r };
+        left = { plan, reason: 'error' };
+        markDown(i);
+        continue;
+      }
       if (downBefore(i) && REJECTS_REQUEST.has(r.cls.cls)) {
         // A fallback's limits, not the client's mistake: the request moves on (or parks for the target that was down).
         rejected ??= { plan, failure: r };
@@ -280,6 +290,15 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
   const a = deps.guards.board.availability(plan.key, plan.breaker, parkable);
   if (a.kind === 'closed') return { reason: 'pacing', availableAtMs: deps.now() };
   return { reason: 'breaker', availableAtMs: availableAtMs(a, deps.now()) };
+}
+
+/**
+ * A 404 from a target that sends a model of its own in place of the client's: it names no fault of the request (the
+ * client never chose that name) but the target's configuration, like a redirect or a refused key.
+ */
+function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
+  const { outcome } = r.result;
+  return plan.ownModel && outcome.kind === 'http' && outcome.status === 404;
 }
 
 function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {

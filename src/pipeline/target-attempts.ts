@@ -45,6 +45,8 @@ export interface TargetPlan {
   label: string;
   /** The upstream model: the target's override, else the client's. */
   model: string | undefined;
+  /** The target sends a model of its own (its `model`), whatever the client named: a 404 for it is the config's. */
+  ownModel: boolean;
   client: ProviderClient;
   /** The request in this family's terms (headers: the forwarded client headers and the provider's credentials), prepared once, on first use. */
   upstream: () => Prepared;

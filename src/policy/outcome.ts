@@ -105,7 +105,26 @@ export function accountStatusOfError(code: string | undefined, type: string | un
   if (type === 'permission_error') return 403;
   return undefined;
 }
-export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_length_exceeded', 'string_above_max_length']);
+/** `exceed_context_size_error`: llama.cpp's server names it in `type` (its `code` is the status, 400). */
+export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_length_exceeded', 'string_above_max_length', 'exceed_context_size_error']);
+/**
+ * How OpenAI-compatible servers that name no code for it say a prompt is longer than the model's window: vLLM and
+ * DeepSeek ("This model's maximum context length is 8192 tokens. However, ..."), OpenRouter ("This endpoint's maximum
+ * context length is ..."), SGLang and Together ("The input (9000 tokens) is longer than the model's context length
+ * (8192 tokens)."), Mistral ("Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum
+ * context length"), Gemini ("The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."),
+ * llama.cpp before its error type. Read as a plain 400, the request never reached
+ * `contextWindowFallback` (LiteLLM's context_window_fallbacks had the same hole: its issues #10793, #12680). Anchored
+ * at the start of the message, as these servers write it: a validation error that quotes what the client sent must not
+ * read as one.
+ */
+const CONTEXT_LENGTH_MESSAGE =
+  /^(?:this (?:model|endpoint)'s maximum context length is \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed)/i;
+
+/** Does a 4xx error's message, from a server that gave no code naming it, say the prompt exceeds the context window? */
+export function isContextLengthMessage(message: string): boolean {
+  return CONTEXT_LENGTH_MESSAGE.test(message.trimStart());
+}
 /** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
 /**

@@ -1,6 +1,6 @@
 // Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
 // One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
-export type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset';
+export type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'retry-info';
 
 export interface WaitHint {
   /** Whole ms to wait, rounded up, at most MAX_WAIT_HINT_MS. */
@@ -45,6 +45,27 @@ export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint
 
   const openai = latestExhaustedResetMs(headers, OPENAI_LIMITS, parseDurationMs);
   if (openai !== undefined) return hint(openai, 'x-ratelimit-reset', false);
+  return undefined;
+}
+
+/**
+ * The wait an error body asks for when no header does: Google's RetryInfo detail (`{"@type":
+ * "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "29s"}` in `error.details`), which Gemini's
+ * OpenAI-compatible endpoint sends with its 429s and no retry-after. Without it the attempts went back into the same
+ * quota at the backoff's pace and the client was told no wait at all. Like x-ratelimit-reset-*, it is this request's
+ * hint, not a fleet-wide hold-off (the README's hold-offs are retry-after's). `error` is the body's parsed error object.
+ */
+export function retryInfoHint(error: unknown): WaitHint | undefined {
+  const details = (error as { details?: unknown } | null)?.details;
+  if (!Array.isArray(details)) return undefined;
+  for (const d of details as unknown[]) {
+    const detail = d as { '@type'?: unknown; retryDelay?: unknown } | null;
+    if (typeof detail?.['@type'] !== 'string' || !detail['@type'].endsWith('google.rpc.RetryInfo') || typeof detail.retryDelay !== 'string') continue;
+    // A protobuf Duration in JSON: seconds with up to nine decimals and an `s`.
+    const m = /^(\d+(?:\.\d+)?)s$/.exec(detail.retryDelay.trim());
+    const ms = m ? Number(m[1]) * 1000 : 0;
+    return ms > 0 ? hint(ms, 'retry-info', false) : undefined;
+  }
   return undefined;
 }
 
