@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
 import { accountStatusOfError } from '../policy/outcome.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
@@ -161,6 +161,8 @@ export class LiveStream {
   #accountRefused = false;
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
+  /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
+  #lastResponsesData: string | null = null;
 
   /**
    * The text to write to the client: `first` (the events up to and including the first output) at once, as the
@@ -229,7 +231,7 @@ export class LiveStream {
         const whole = this.#whole();
         this.#kind = whole ? 'done-added' : 'cut';
         if (whole) yield doneEvent(api) ?? '';
-        else if (!(yield* this.#recovered())) yield streamErrorEvent(api, 'the upstream stream ended before the answer was complete', 'stream_interrupted');
+        else if (!(yield* this.#recovered())) yield this.#streamError('the upstream stream ended before the answer was complete');
       }
     } catch (err) {
       const reason: unknown = controller.signal.reason;
@@ -248,17 +250,27 @@ export class LiveStream {
         yield doneEvent(api) ?? '';
       } else if (reason instanceof GatewayShutdown) {
         this.#kind = 'shutdown';
-        yield streamErrorEvent(api, `${reason.message} before the answer was complete; send the request again`, 'stream_interrupted');
+        yield this.#streamError(`${reason.message} before the answer was complete; send the request again`);
       } else if (reason instanceof AttemptTimeout) {
         this.#kind = 'stalled';
-        if (!(yield* this.#recovered())) yield streamErrorEvent(api, `the upstream stream stalled: ${reason.message}`, 'stream_interrupted');
+        if (!(yield* this.#recovered())) yield this.#streamError(`the upstream stream stalled: ${reason.message}`);
       } else {
         this.#kind = 'cut';
-        if (!(yield* this.#recovered())) yield streamErrorEvent(api, `the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`, 'stream_interrupted');
+        if (!(yield* this.#recovered())) yield this.#streamError(`the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`);
       }
     } finally {
       this.#finish(this.#kind);
     }
+  }
+
+  /** The error event that ends a broken answer (stream_interrupted), numbered on from the last event passed. */
+  #streamError(message: string): string {
+    return streamErrorEvent(this.#opts.api, message, 'stream_interrupted', this.#nextSequence());
+  }
+
+  /** The Responses API's next sequence_number, parsed from the last event passed only when an error event needs it. */
+  #nextSequence(): number | undefined {
+    return this.#opts.api === 'responses' ? nextSequenceNumber(this.#lastResponsesData) : undefined;
   }
 
   /**
@@ -282,7 +294,7 @@ export class LiveStream {
         // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
         if (this.#toolCallOpen) {
           this.#kind = 'cut';
-          out.push(streamErrorEvent(api, 'the upstream sent a malformed event inside a tool call, whose arguments would be incomplete', 'stream_interrupted'));
+          out.push(this.#streamError('the upstream sent a malformed event inside a tool call, whose arguments would be incomplete'));
           return true;
         }
         continue;
@@ -292,7 +304,8 @@ export class LiveStream {
         this.#outputSeen = true;
         this.onFirstOutput?.();
       }
-      out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev), this.#opts.apiKey) : `${ev.raw}\n\n`);
+      out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
+      if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;
       if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
       if (meaning === 'finish') this.#toolCallOpen = false;
       else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);

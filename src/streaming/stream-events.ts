@@ -196,7 +196,7 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
  * An upstream error event as the SDKs read it: chat and completions streams need `{"error": {...}}` in the data for
  * the SDK to raise it (an `event: error` with a bare `{message}` would be handed to the user as a chunk).
  */
-export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
+export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: number): string {
   let parsed: { error?: unknown; message?: unknown } | undefined;
   try {
     parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as typeof parsed);
@@ -206,7 +206,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
   if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) {
     // A bare string (`{"error": "model crashed"}`, as some compatible servers send it): the SDKs would raise it with
     // no code nor type, and its JSON-quoted text as the message.
-    if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error');
+    if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error', nextSequence);
     return typedErrorEvent(ev, parsed);
   }
   if (api === 'responses') {
@@ -218,13 +218,36 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent): string {
     const message = err?.message ?? 'the upstream sent an error event';
     const code = err?.code ?? 'upstream_error';
     const error = { message, type: err?.type ?? 'server_error', param: err?.param ?? null, code };
-    if (!parsed || typeof parsed !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${message}`, code);
+    if (!parsed || typeof parsed !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${message}`, code, nextSequence);
     if ((parsed as { type?: unknown }).type === 'error') return `event: error\ndata: ${JSON.stringify({ ...parsed, error })}\n\n`;
-    return `${ev.raw}\n\nevent: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: error.param, error })}\n\n`;
+    // The event added after this one (a response.failed) numbers on from it.
+    const sequence = nextSequenceNumber(parsed) ?? nextSequence;
+    return `${ev.raw}\n\nevent: error\ndata: ${JSON.stringify({ type: 'error', ...numbered(sequence), code, message, param: error.param, error })}\n\n`;
   }
   const message = typeof parsed?.message === 'string' ? parsed.message : 'the upstream sent an error event';
-  return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error');
+  return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error', nextSequence);
 }
+
+/**
+ * The `sequence_number` an event the gateway writes after this Responses API event takes: every event of that API
+ * carries one, counting up, and clients validate it (the Vercel AI SDK's parser refuses an `error` event without one:
+ * a cut stream surfaced as "Type validation failed" instead of its stream_interrupted error). Undefined when the
+ * upstream numbers nothing (a compatible server): the gateway does not make numbers up.
+ */
+export function nextSequenceNumber(event: string | Record<string, unknown> | null): number | undefined {
+  let parsed: unknown = event;
+  if (typeof event === 'string') {
+    try {
+      parsed = JSON.parse(event);
+    } catch {
+      return undefined;
+    }
+  }
+  const n = (parsed as { sequence_number?: unknown } | null)?.sequence_number;
+  return typeof n === 'number' && Number.isInteger(n) && n >= 0 ? n + 1 : undefined;
+}
+
+const numbered = (sequence: number | undefined) => (sequence === undefined ? {} : { sequence_number: sequence });
 
 /**
  * An error event the SDKs already raise goes on as sent, unless its `code` or `param` is not what the OpenAI shape
@@ -286,11 +309,14 @@ export function doneEvent(api: ApiKind): string | undefined {
   return api === 'messages' ? 'event: message_stop\ndata: {"type":"message_stop"}\n\n' : 'data: [DONE]\n\n';
 }
 
-/** The event that ends a broken stream so that the SDKs raise it instead of treating the answer as complete. */
-export function streamErrorEvent(api: ApiKind, message: string, code: string): string {
+/**
+ * The event that ends a broken stream so that the SDKs raise it instead of treating the answer as complete;
+ * `sequence` is the Responses API's next `sequence_number` (nextSequenceNumber), when known.
+ */
+export function streamErrorEvent(api: ApiKind, message: string, code: string, sequence?: number): string {
   const error = { message, type: 'server_error', param: null, code };
   if (api === 'responses') {
-    return `event: error\ndata: ${JSON.stringify({ type: 'error', code, message, param: null, error })}\n\n`;
+    return `event: error\ndata: ${JSON.stringify({ type: 'error', ...numbered(sequence), code, message, param: null, error })}\n\n`;
   }
   // The Anthropic SDKs raise an `event: error`; its error is in their shape and in the OpenAI one at once.
   if (api === 'messages') return `event: error\ndata: ${JSON.stringify({ type: 'error', error: { ...error, type: 'api_error' } })}\n\n`;
