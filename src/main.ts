@@ -34,7 +34,9 @@ async function main(): Promise<void> {
     process.stdout.write(USAGE);
     return;
   }
-  const file = values.config ?? process.env.STORMGATE_CONFIG ?? DEFAULT_CONFIG;
+  // An empty --config (a variable that expanded to nothing) names no file; an empty STORMGATE_CONFIG is unset.
+  if (values.config === '') throw new StartupError(`--config needs a file name\n${USAGE}`);
+  const file = values.config ?? (process.env.STORMGATE_CONFIG || DEFAULT_CONFIG);
   const { ConfigError, loadConfigFile } = await import('./config/load.ts');
   let config;
   try {

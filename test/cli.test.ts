@@ -47,6 +47,15 @@ describe('stormgate on the command line', () => {
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
+  it('says that an empty --config names no file, and reads an empty STORMGATE_CONFIG as unset', async () => {
+    const empty = await run(['--config', '']);
+    expect(empty.code).toBe(2);
+    expect(empty.stderr).toMatch(/^stormgate: --config needs a file name\nusage: stormgate/);
+    const unset = await run([], { STORMGATE_CONFIG: '' });
+    expect(unset.code).toBe(2);
+    expect(unset.stderr).toMatch(/config\/gateway\.yaml:\d+: providers\.openai\.apiKey: environment variable OPENAI_API_KEY is not set/);
+  });
+
   it('says which setting to change when its port is taken', async () => {
     blocker = createServer();
     await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));

@@ -85,8 +85,8 @@ function namesOf(parts: Part[]): string[] {
 export function interpolateDocument(
   doc: Document,
   env: NodeJS.ProcessEnv = process.env,
-  /** Filled with the values that took something from the environment: their path and the variables' names. */
-  fromEnv?: Array<{ path: Array<string | number>; names: string[] }>,
+  /** Filled with the values that took something from the environment: their node, path and the variables' names. */
+  fromEnv?: Array<{ path: Array<string | number>; node: Node; names: string[] }>,
 ): InterpolationIssue[] {
   const issues: InterpolationIssue[] = [];
   forEachStringScalar(doc.contents, [], (node, path) => {
@@ -100,7 +100,7 @@ export function interpolateDocument(
     if (parts.every((p) => 'literal' in p) && !(node.value as string).includes('$${')) return;
     const out = resolveParts(parts, env, (name) => issues.push({ path, node, message: `environment variable ${name} is not set`, missingVar: name }));
     node.value = node.type === 'PLAIN' ? resolvePlain(doc, out) : out;
-    fromEnv?.push({ path, names: namesOf(parts).filter((name) => env[name] !== undefined && env[name] !== '') });
+    fromEnv?.push({ path, node, names: namesOf(parts).filter((name) => env[name] !== undefined && env[name] !== '') });
   });
   return issues;
 }
@@ -121,14 +121,17 @@ export function referencedEnvVars(doc: Document): string[] {
 // An unquoted `port: ${PORT:-8080}` should read as if 8080 were written there, so a plain scalar's result gets
 // YAML's own scalar typing (number, boolean, null); quoted scalars stay strings. Only scalar tags are tried,
 // so the result is never a collection. An empty result stays an empty string, not YAML's null: `apiKey: ${KEY}` with
-// KEY set but empty is an empty key (and said so), not a missing value of the wrong type.
+// KEY set but empty is an empty key (and said so), not a missing value of the wrong type. A plain scalar never holds
+// surrounding whitespace, so a value with a line break at its end (a file written by `echo`, a mounted secret) is typed
+// without it: `port: ${PORT}` with PORT="8080\n" is 8080; a value that stays text keeps it.
 function resolvePlain(doc: Document, value: string): unknown {
-  if (value === '') return value;
+  const written = value.trim();
+  if (written === '') return value;
   for (const tag of doc.schema.tags) {
     const scalarTag = tag as ScalarTag;
-    if (!scalarTag.collection && scalarTag.default && scalarTag.test?.test(value)) {
+    if (!scalarTag.collection && scalarTag.default && scalarTag.test?.test(written)) {
       // Some tags (floats) resolve to a Scalar node that keeps the written form: the value is what is wanted.
-      const resolved = scalarTag.resolve(value, () => {}, {});
+      const resolved = scalarTag.resolve(written, () => {}, {});
       return isScalar(resolved) ? resolved.value : resolved;
     }
   }
@@ -142,7 +145,8 @@ function forEachStringScalar(
 ): void {
   if (isMap(node)) {
     for (const pair of node.items) {
-      const key = isScalar(pair.key) ? String(pair.key.value) : String(pair.key);
+      // A merge key's value is a symbol: its path reads `<<` as written.
+      const key = isScalar(pair.key) ? (typeof pair.key.value === 'symbol' ? String(pair.key.value.description) : String(pair.key.value)) : String(pair.key);
       forEachStringScalar(pair.value, [...path, key], visit);
     }
   } else if (isSeq(node)) {

@@ -1,10 +1,10 @@
 // Reads the gateway's YAML config: parse, interpolate ${ENV}, validate, and report every problem at once
 // with the file and line, so a bad config fails at startup with a message that says what to fix.
 import { readFileSync } from 'node:fs';
-import { LineCounter, parseDocument, type Document } from 'yaml';
+import { LineCounter, parseDocument, type Document, type Node } from 'yaml';
 import { ConfigError, formatPath, type ConfigIssue } from './errors.ts';
 import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
-import { keyAtOffset, lineOf } from './locate.ts';
+import { keyAtOffset, lineOf, nodeAt } from './locate.ts';
 import { ConfigSchema, type Config } from './schema.ts';
 import { describeZodIssues } from './zod-issues.ts';
 
@@ -27,7 +27,7 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   const doc = parseYaml(text, file, lineCounter);
   const locate = (path: readonly PropertyKey[]) => lineOf(doc, lineCounter, path);
 
-  const fromEnv: Array<{ path: Array<string | number>; names: string[] }> = [];
+  const fromEnv: Array<{ path: Array<string | number>; node: Node; names: string[] }> = [];
   const envIssues = interpolateDocument(doc, env, fromEnv);
   const missingEnv = [...new Set(envIssues.flatMap((i) => (i.missingVar ? [i.missingVar] : [])))];
   const issues: Array<ConfigIssue & { at: readonly PropertyKey[] }> = envIssues.map((i) => ({
@@ -47,15 +47,26 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   if (data === null || data === undefined) {
     throw new ConfigError(file, [{ path: '', line: 1, message: 'the file is empty; expected a mapping with `providers` and `routes`' }]);
   }
+  // Top-level `x-` keys are the file's own (as in docker compose): a place for anchors that merge keys bring in.
+  if (typeof data === 'object' && !Array.isArray(data)) {
+    for (const key of Object.keys(data)) if (key.startsWith('x-')) delete (data as Record<string, unknown>)[key];
+  }
+
+  for (const at of reservedKeys(data, [])) {
+    issues.push({ at, path: formatPath(at), line: locate(at), message: 'cannot be a name here: JavaScript objects reserve "__proto__", and the entry would be dropped without a word; choose another' });
+  }
 
   const result = ConfigSchema.safeParse(data);
   if (result.success && issues.length === 0) return result.data;
   const failedRefs = issues.map((i) => i.at);
+  const failedNodes = new Set(envIssues.map((i) => i.node));
   for (const issue of result.success ? [] : describeZodIssues(ConfigSchema, result.error.issues, data)) {
-    // A value whose reference failed already has its issue; what zod says about the "" left behind is noise.
+    // A value whose reference failed already has its issue; what zod says about the "" left behind is noise. The
+    // value may be one an alias or a merge key (`<<: *defaults`) copied elsewhere.
     const at = issue.at ?? issue.path;
-    if (failedRefs.some((ref) => startsWith(at, ref))) continue;
-    issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, at, fromEnv, data) });
+    const node = nodeAt(doc, at);
+    if (failedRefs.some((ref) => startsWith(at, ref)) || failedNodes.has(node as Node)) continue;
+    issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, node, fromEnv, data, at) });
   }
   throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv);
 }
@@ -69,7 +80,8 @@ export function configEnvVars(text: string): string[] {
 const UNQUOTED_REF_IN_FLOW = /[{[][^"'\n]*?[\s,:[]\$\{/;
 
 function parseYaml(text: string, file: string, lineCounter: LineCounter): Document {
-  const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true });
+  // Merge keys (`<<: *defaults`) are YAML 1.1's, which the 1.2 parser leaves off unless asked; configs use them.
+  const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true, merge: true });
   const problems = [...doc.errors, ...doc.warnings];
   if (problems.length === 0) return doc;
   // The parser's own words for this one ("Unexpected flow-map-start at node end", and more on every later line)
@@ -109,15 +121,23 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
 
 /**
  * A value that came from the environment may be a secret put in the wrong place (`baseUrl: "${OPENAI_API_KEY}"`):
- * the message names the variable instead of echoing what it holds, since start-up errors end up in logs.
+ * the message names the variable instead of echoing what it holds, since start-up errors end up in logs. The value is
+ * found by its node, so one an alias or a merge key copied to another place is found there too.
  */
-function withoutEnvValues(message: string, at: readonly PropertyKey[], fromEnv: ReadonlyArray<{ path: Array<string | number>; names: string[] }>, data: unknown): string {
-  const source = fromEnv.find((f) => f.path.length === at.length && startsWith(at, f.path));
+function withoutEnvValues(message: string, node: unknown, fromEnv: ReadonlyArray<{ node: Node; names: string[] }>, data: unknown, at: readonly PropertyKey[]): string {
+  const source = node === undefined ? undefined : fromEnv.find((f) => f.node === node);
   if (!source || source.names.length === 0) return message;
   const value = valueAt(data, at);
   // Messages quote what they received ("..."): that quoted form is replaced, never bare text that could be any word.
   if (typeof value !== 'string' || value === '') return message;
   return message.replaceAll(JSON.stringify(value), `the value of ${source.names.map((n) => `$${n}`).join(', ')}`);
+}
+
+/** Paths of `__proto__` keys, which the YAML parser keeps as keys but zod's maps leave out. */
+function reservedKeys(value: unknown, path: Array<string | number>): Array<Array<string | number>> {
+  if (value === null || typeof value !== 'object') return [];
+  const own = Object.hasOwn(value, '__proto__') ? [[...path, '__proto__']] : [];
+  return [...own, ...Object.entries(value).flatMap(([key, v]) => reservedKeys(v, [...path, Array.isArray(value) ? Number(key) : key]))];
 }
 
 function valueAt(data: unknown, path: readonly PropertyKey[]): unknown {

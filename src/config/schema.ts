@@ -158,7 +158,7 @@ export const ProviderSchema = z
       .url({ protocol: /^https?$/ })
       // undici sends no userinfo: a user:password written here would be dropped without a word.
       .refine((url) => !/^[a-z]+:\/\/[^/?#]*@/i.test(url), { message: 'holds a user or password (user:password@), which is never sent; the provider\'s key goes in apiKey' })
-      .describe('Base URL including the version prefix, e.g. https://api.openai.com/v1.'),
+      .describe('Base URL the gateway adds each endpoint\'s path to: for openai with the version prefix (https://api.openai.com/v1), for anthropic the host (https://api.anthropic.com), for azure-openai the resource\'s endpoint (https://example.openai.azure.com). No endpoint path, query, fragment or user:password.'),
     apiKey: headerSecret()
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000, keepAliveMs: 4000 }),
@@ -168,7 +168,38 @@ export const ProviderSchema = z
     breaker: z.union([z.literal(false), BreakerSchema]).default({ ...BREAKER_DEFAULTS, models: {} })
       .describe('Circuit breaker of each target of this provider, or false to turn it off. Default: on, with the defaults below.'),
   })
+  .superRefine((p, ctx) => {
+    const problem = URL.canParse(p.baseUrl) ? baseUrlProblem(p.family, new URL(p.baseUrl)) : undefined;
+    if (problem) ctx.addIssue({ code: 'custom', path: ['baseUrl'], message: problem });
+  })
   .describe('An upstream provider.');
+
+/** Endpoints the gateway adds to a base URL: one that already ends in one would be asked for /chat/completions twice. */
+const ENDPOINT_SUFFIX = /\/(chat\/completions|completions|embeddings|responses|messages)\/*$/;
+
+/**
+ * A base URL that parses but that no request could use: only its origin and path are sent (the gateway appends the
+ * endpoint's path and the client's query), so every request would get a 404, or lose what the URL added.
+ */
+function baseUrlProblem(family: string, url: URL): string | undefined {
+  // Not quoted back: a query may hold a key.
+  if (url.search !== '' || url.hash !== '') {
+    return `holds a query (?...) or fragment (#...), which is never sent${family === 'azure-openai' ? '; the api-version goes in apiVersion' : ''}`;
+  }
+  const endpoint = ENDPOINT_SUFFIX.exec(url.pathname);
+  if (endpoint) return `ends in the endpoint ${endpoint[0].replace(/\/+$/, '')}, which the gateway adds to it: write the API's base, e.g. ${EXAMPLE_BASE[family]}`;
+  // Azure's paths (/openai/deployments/{name}/..., /openai/v1/...) are the gateway's to write.
+  if (family === 'azure-openai' && /(^|\/)openai(\/|$)/.test(url.pathname)) {
+    return `azure-openai takes the resource's endpoint alone, e.g. ${EXAMPLE_BASE[family]}: the gateway adds /openai/deployments/{model}/... to it`;
+  }
+  return undefined;
+}
+
+const EXAMPLE_BASE: Record<string, string> = {
+  openai: 'https://api.openai.com/v1',
+  anthropic: 'https://api.anthropic.com',
+  'azure-openai': 'https://example.openai.azure.com',
+};
 
 export const TargetSchema = z
   .strictObject({
@@ -355,20 +386,20 @@ export const ConfigSchema = z
       }
       names.add(route.name);
       route.targets.forEach((t, j) => {
-        if (!(t.provider in cfg.providers)) {
+        if (!Object.hasOwn(cfg.providers, t.provider)) {
           ctx.addIssue({
             code: 'custom',
             path: ['routes', i, 'targets', j, 'provider'],
-            message: `unknown provider "${t.provider}"; expected one of: ${Object.keys(cfg.providers).join(', ')}`,
+            message: unknownProvider(t.provider, cfg.providers),
           });
         }
       });
     });
-    if (cfg.passthrough && !(cfg.passthrough.provider in cfg.providers)) {
+    if (cfg.passthrough && !Object.hasOwn(cfg.providers, cfg.passthrough.provider)) {
       ctx.addIssue({
         code: 'custom',
         path: ['passthrough', 'provider'],
-        message: `unknown provider "${cfg.passthrough.provider}"; expected one of: ${Object.keys(cfg.providers).join(', ')}`,
+        message: unknownProvider(cfg.passthrough.provider, cfg.providers),
       });
     }
     for (const [name, p] of Object.entries(cfg.providers)) {
@@ -383,8 +414,8 @@ export const ConfigSchema = z
     }
     cfg.routes.forEach((route, i) => {
       route.targets.forEach((t) => {
-        const classes = cfg.providers[t.provider]?.pools.classes;
-        if (classes && !(route.priority in classes)) {
+        const classes = own(cfg.providers, t.provider)?.pools.classes;
+        if (classes && !Object.hasOwn(classes, route.priority)) {
           ctx.addIssue({
             code: 'custom',
             path: ['routes', i, 'priority'],
@@ -436,6 +467,18 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
       } else if (GATEWAY_PATHS.some((own) => p.replace(/\/+$/, '') === own || p.startsWith(`${own}/`))) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" is one of the gateway's own paths (${GATEWAY_PATHS.join(', ')})` });
+      } else if (p.length > 1 && p.endsWith('/')) {
+        // The route would listen on that path only: the SDKs' requests (no trailing slash) would all get 404.
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" ends in "/", which clients never send: write ${p.replace(/\/+$/, '') || '/'}` });
+      }
+      // The first match wins: behind a route of the same path that takes every model, this one never gets a request.
+      const before = cfg.routes.findIndex((r, j) => j < i && r.match.path === p && takesEveryModel(r.match.models));
+      if (before !== -1) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'match'],
+          message: `route "${route.name}" is never used: route "${cfg.routes[before]!.name}" before it takes every model on ${p}; give that one match.models, or put this one first`,
+        });
       }
     });
     const passed = new Map<string, number>();
@@ -444,6 +487,10 @@ export const ConfigSchema = z
       if (!LITERAL_PATH.test(p)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
       else if (passed.has(bare)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is listed already (passthrough.paths[${passed.get(bare)}])` });
       else passed.set(bare, i);
+    });
+    // fastify refuses a method declared twice on a path: start-up would end on its error and a stack trace.
+    cfg.passthrough?.methods.forEach((m, i, all) => {
+      if (all.indexOf(m) < i) ctx.addIssue({ code: 'custom', path: ['passthrough', 'methods', i], message: `"${m}" is listed already (passthrough.methods[${all.indexOf(m)}])` });
     });
     const managed = cfg.routes.map((r) => r.match.path);
     cfg.passthrough?.paths.forEach((p, i) => {
@@ -458,7 +505,7 @@ export const ConfigSchema = z
     });
     // Passthrough swaps in an OpenAI-style bearer key and keeps OpenAI's /v1 paths: Anthropic (x-api-key, no /v1)
     // and Azure (api-key, deployments, api-version) would get requests they cannot read.
-    const passProvider = cfg.passthrough && cfg.providers[cfg.passthrough.provider];
+    const passProvider = cfg.passthrough && own(cfg.providers, cfg.passthrough.provider);
     if (passProvider && passProvider.family !== 'openai') {
       ctx.addIssue({ code: 'custom', path: ['passthrough', 'provider'], message: `passthrough forwards to openai-family providers only; "${cfg.passthrough!.provider}" is ${passProvider.family}` });
     }
@@ -479,6 +526,24 @@ function checkRouteTimes(route: { timeoutMs: number; deadlineMarginMs?: number |
   }
 }
 
+/**
+ * The entry of a map by a name from the file: a name such as `toString` or `constructor` is found on every object's
+ * prototype, and read with `in` or `[]` it passed for a provider or class that the file never defined.
+ */
+function own<T>(map: Record<string, T>, name: string): T | undefined {
+  return Object.hasOwn(map, name) ? map[name] : undefined;
+}
+
+function unknownProvider(name: string, providers: Record<string, unknown>): string {
+  const names = Object.keys(providers);
+  return names.length === 0 ? `unknown provider "${name}": \`providers\` defines none` : `unknown provider "${name}"; expected one of: ${names.join(', ')}`;
+}
+
+/** A route's model filter that lets every model through: none, or a pattern of `*` alone. */
+function takesEveryModel(models: readonly string[] | undefined): boolean {
+  return models === undefined || models.some((m) => /^\*+$/.test(m));
+}
+
 /** A path as fastify takes it literally: its `:` starts a parameter, `*` a wildcard. */
 const LITERAL_PATH = /^\/[^\s:*?#]*$/;
 
@@ -497,7 +562,7 @@ type RouteOf = { match: { path: string }; strategy?: string | undefined; targets
  */
 function checkRouteFamilies(cfg: { providers: ProvidersOf }, route: RouteOf, i: number, ctx: z.RefinementCtx): void {
   const targets = [...route.targets, ...(route.contextWindowFallback ? [route.contextWindowFallback] : [])];
-  const family = (t: { provider: string }) => cfg.providers[t.provider]?.family;
+  const family = (t: { provider: string }) => own(cfg.providers, t.provider)?.family;
   const at = (j: number) => (j < route.targets.length ? ['routes', i, 'targets', j] : ['routes', i, 'contextWindowFallback']);
   // Anthropic is translated from chat completions, or serves its own API as it is; on OpenAI's other APIs every
   // request would be refused as the client's fault.

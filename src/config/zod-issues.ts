@@ -16,7 +16,10 @@ export interface PlainIssue {
 const SECRET_KEY = /key|token|secret|password|credential/i;
 
 export function describeZodIssues(root: core.$ZodType, issues: readonly core.$ZodIssue[], data: unknown): PlainIssue[] {
-  return issues.flatMap((issue) => describe(root, issue, [], data));
+  // zod's own bound on every integer (the safe range) says nothing a key's own maximum does not say better.
+  const bounded = new Set(issues.filter((i) => i.code === 'too_big' && i.origin !== 'int').map((i) => i.path.join('\0')));
+  const own = issues.filter((i) => !(i.code === 'too_big' && i.origin === 'int' && bounded.has(i.path.join('\0'))));
+  return own.flatMap((issue) => describe(root, issue, [], data));
 }
 
 function describe(root: core.$ZodType, issue: core.$ZodIssue, base: PropertyKey[], data: unknown): PlainIssue[] {
@@ -32,6 +35,10 @@ function describe(root: core.$ZodType, issue: core.$ZodIssue, base: PropertyKey[
     default:
       if (issue.code === 'invalid_type' && value === undefined && path.length > 0) {
         return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected)})` }];
+      }
+      // A key of a fixed set of values (family) that is left out fails as a value, not as a type.
+      if (issue.code === 'invalid_value' && value === undefined && path.length > 0) {
+        return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected one of: ${issue.values.map(String).join(', ')})` }];
       }
       return [{ path, message: briefly(issue, value, path) }];
   }
@@ -67,7 +74,7 @@ function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
 function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
   switch (issue.code) {
     case 'invalid_type':
-      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}`;
+      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}${typedHint(issue.expected, value)}`;
     case 'invalid_value': {
       const options = issue.values.map(String);
       const guess = typeof value === 'string' ? closest(value, options) : undefined;
@@ -89,7 +96,7 @@ function bound(issue: core.$ZodIssueTooSmall | core.$ZodIssueTooBig, value: unkn
   const op = small ? (issue.inclusive ? '>=' : '>') : issue.inclusive ? '<=' : '<';
   if (issue.origin === 'array') return small ? `needs at least ${limit} item${limit === 1 ? '' : 's'}` : `takes at most ${limit} items`;
   if (issue.origin === 'string') return small && limit === 1 ? 'must not be empty' : `length must be ${op} ${limit}`;
-  if (issue.origin === 'number') return `must be ${op} ${limit}, got ${String(value)}`;
+  if (issue.origin === 'number' || issue.origin === 'int') return `must be ${op} ${limit}, got ${String(value)}`;
   return stripPrefix(issue.message);
 }
 
@@ -113,7 +120,21 @@ function received(value: unknown, path: PropertyKey[]): string {
 function quotedHint(expected: string, value: unknown): string {
   if (typeof value !== 'string') return '';
   const fits = expected === 'boolean' ? value === 'true' || value === 'false' : (expected === 'number' || expected === 'int') && value.trim() !== '' && Number.isFinite(Number(value));
-  return fits ? ` ("${value}"); write it without quotes (\${VAR} too, in block style: key: \${VAR}) so YAML reads it as a ${typeName(expected)}` : '';
+  return fits ? ` (${JSON.stringify(value)}); write it without quotes (\${VAR} too, in block style: key: \${VAR}) so YAML reads it as a ${typeName(expected)}` : '';
+}
+
+/**
+ * YAML reads an unquoted word by its looks: a key of digits (`apiKey: ${KEY}` with KEY=123456) is a number, `yes` is
+ * text in YAML 1.2, not true. Say what to write instead.
+ */
+function typedHint(expected: string, value: unknown): string {
+  if (expected === 'string' && (typeof value === 'number' || typeof value === 'boolean')) {
+    return '; put it in quotes (also a "${VAR}") so YAML reads it as text';
+  }
+  if (expected === 'boolean' && typeof value === 'string' && /^(yes|no|on|off|y|n)$/i.test(value.trim())) {
+    return ` (${JSON.stringify(value)}); write true or false`;
+  }
+  return '';
 }
 
 const UNIT_MS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
@@ -132,7 +153,7 @@ function durationHint(expected: string, value: unknown, path: PropertyKey[]): st
   const meant = unit === 'ms' ? ms : ms / 1000;
   // A fraction is no safe guess: some of these keys take whole numbers only (windowS).
   const write = Number.isInteger(meant) ? `: write ${key}: ${meant}` : '';
-  return ` ("${value}"); ${key} is a plain number of ${unit === 'ms' ? 'milliseconds' : 'seconds'}${write}`;
+  return ` (${JSON.stringify(value)}); ${key} is a plain number of ${unit === 'ms' ? 'milliseconds' : 'seconds'}${write}`;
 }
 
 // The config reference's words (list, map), which are YAML's, rather than JavaScript's (array, record).
@@ -145,6 +166,9 @@ function typeName(expected: string): string {
 
 function kindOf(value: unknown): string {
   if (value === null) return 'null (empty value)';
+  if (value === '') return 'an empty string';
+  // YAML's .inf and .nan are numbers that no setting takes.
+  if (typeof value === 'number' && !Number.isFinite(value)) return Number.isNaN(value) ? '.nan (not a number)' : `${value < 0 ? '-' : ''}.inf (infinity)`;
   if (Array.isArray(value)) return 'list';
   return typeof value;
 }
