@@ -202,3 +202,10 @@ routes:
     );
   });
 });
+
+describe('the listening address', () => {
+  it('refuses an empty server.host, on which Node would listen on every interface', () => {
+    const text = `server: { host: "\${HOST}" }\n${valid()}`;
+    expect(configError(text, { ...env, HOST: '' }).message).toMatch(/gw\.yaml:1: server\.host: must not be empty/);
+  });
+});

@@ -330,7 +330,8 @@ export const StateSchema = z
 
 export const ServerSchema = z
   .strictObject({
-    host: z.string().default('127.0.0.1').describe('Address to listen on. Default: 127.0.0.1.'),
+    // Empty (`host: ${HOST}` with HOST set to nothing), Node would listen on every interface: the opposite of the default.
+    host: z.string().min(1).default('127.0.0.1').describe('Address to listen on. Default: 127.0.0.1.'),
     port: z.number().int().min(0).max(65535).default(8080).describe('Port to listen on (0 picks a free one). Default: 8080.'),
     bodyLimitBytes: z.number().int().positive().default(10 * 1024 * 1024)
       .describe('Largest request body accepted; larger ones get 413. Default: 10485760.'),
