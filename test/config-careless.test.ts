@@ -204,6 +204,10 @@ routes:
 });
 
 describe('the listening address', () => {
+  it('refuses a provider on port 0, which no connection reaches', () => {
+    expect(configError(edit('https://api.openai.com/v1', 'http://127.0.0.1:0/v1')).message).toMatch(/gw\.yaml:4: providers\.openai\.baseUrl: has port 0/);
+  });
+
   it('refuses an empty server.host, on which Node would listen on every interface', () => {
     const text = `server: { host: "\${HOST}" }\n${valid()}`;
     expect(configError(text, { ...env, HOST: '' }).message).toMatch(/gw\.yaml:1: server\.host: must not be empty/);

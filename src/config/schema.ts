@@ -186,6 +186,7 @@ function baseUrlProblem(family: string, url: URL): string | undefined {
   if (url.search !== '' || url.hash !== '') {
     return `holds a query (?...) or fragment (#...), which is never sent${family === 'azure-openai' ? '; the api-version goes in apiVersion' : ''}`;
   }
+  if (url.port === '0') return 'has port 0, which no connection can reach: write the provider\'s port, or none for the scheme\'s own';
   const endpoint = ENDPOINT_SUFFIX.exec(url.pathname);
   if (endpoint) return `ends in the endpoint ${endpoint[0].replace(/\/+$/, '')}, which the gateway adds to it: write the API's base, e.g. ${EXAMPLE_BASE[family]}`;
   // Azure's paths (/openai/deployments/{name}/..., /openai/v1/...) are the gateway's to write.
