@@ -26,6 +26,7 @@ import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clientAuth } from './http/client-auth.ts';
+import { hostHeaderFault } from './http/host-header.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -106,6 +107,19 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
   // An `expect` other than 100-continue: Node would answer an empty 417 itself; this answers in the OpenAI shape.
   app.server.on('checkExpectation', (req, res) => answerUnmetExpectation(req, res, requestIdOf(req), logger as FastifyBaseLogger));
+  // `expect: 100-continue` (curl sends it with large bodies) asks whether the body is wanted before it is sent. Node
+  // answers 100 Continue at once, before any hook: a client with a wrong key, method or path, or a draining instance's,
+  // uploaded its whole body for a 401, 405 or 503. The request goes through the hooks like any other instead, and
+  // its 100 Continue only when its body is about to be read (preParsing below); refused before, it never sends the body
+  // (Node closes the connection after such an answer, since the body may still come).
+  app.server.on('checkContinue', (req, res) => app.server.emit('request', req, res));
+  // A callback hook, as the managed API's own preParsing: no promise per request.
+  app.addHook('preParsing', (request, reply, payload, done) => {
+    // Any other expectation was answered 417 (checkExpectation), and an HTTP/1.0 client is never sent a 100 (RFC 9110
+    // 15.2). A 404 is told to continue too: fastify reads its body before the not-found handler answers.
+    if (request.headers.expect !== undefined && request.raw.httpVersionMinor === 1 && request.raw.httpVersionMajor === 1) reply.raw.writeContinue();
+    done(null, payload);
+  });
   const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
   const sweep = closeSweep(app.server, (res) => {
     const reply = (res as RawWithReply)[REPLY];
@@ -171,8 +185,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // this request was cut once it waited on its provider longer than the limit.
     if (reply.raw.socket === null) reply.raw.once('socket', (socket: Socket) => socket.setTimeout(app.server.timeout));
     // Answered here, done() is not called: fastify goes no further.
-    if (request.headers.host === undefined && request.raw.httpVersionMajor === 1 && request.raw.httpVersionMinor === 1) {
-      sendError(reply, new GatewayError('bad_request', 'an HTTP/1.1 request needs a Host header'));
+    const hostFault = hostHeaderFault(request.raw);
+    if (hostFault !== undefined) {
+      sendError(reply, new GatewayError('bad_request', hostFault));
     } else if (request.headers.via !== undefined && runtime.loop.cameBack(request.headers.via)) {
       logger.error({ reqId: request.id, path: request.url.split('?')[0] }, 'a request this gateway sent upstream came back to it: a provider baseUrl points at the gateway itself');
       sendError(reply, new GatewayError('loop_detected', 'the request came back to the gateway that sent it upstream: a provider\'s baseUrl points at the gateway itself (is OPENAI_BASE_URL, or the variable the config reads, set to the gateway\'s address where it was started?)'));
@@ -314,6 +329,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           json: body.json,
           headers: request.headers,
           requestId: request.id,
+          // Since onRequest, right after the head arrived: the body's upload (and decoding) took this much of the deadline.
+          receivedMs: reply.elapsedTime,
           ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown,

@@ -1,5 +1,6 @@
 // The managed API's request body: an optional content coding (gzip, deflate, br) decoded within the body limit, then
 // one JSON object, kept as the raw bytes to forward unchanged and as the parsed object the pipeline reads.
+import { isUtf8 } from 'node:buffer';
 import { PassThrough, type Readable, type Transform } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate } from 'node:zlib';
 import { GatewayError } from '../errors.ts';
@@ -66,6 +67,10 @@ export function decodeBody(payload: Readable, encoding: string, limit: number): 
 export function parseJsonBody(body: Buffer): ParsedBody | GatewayError {
   const raw = withoutBom(body);
   if (raw.length === 0) return new GatewayError('invalid_body', 'the request body is empty; send a JSON object');
+  // JSON on the wire is UTF-8 (RFC 8259 8.1). Other bytes (Latin-1 text, a UTF-16 body) parse with their characters
+  // turned into U+FFFD: an OpenAI-compatible target got the raw bytes, which it refuses or reads its own way, while a
+  // translated one (Anthropic) got the replaced text in silence. The check is a vectorised scan, far below the parse.
+  if (!isUtf8(raw)) return new GatewayError('invalid_json', 'the request body is not valid UTF-8, as JSON sent over the network must be (RFC 8259); send it UTF-8 encoded');
   let json: unknown;
   try {
     json = JSON.parse(raw.toString('utf8'));

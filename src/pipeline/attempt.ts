@@ -281,9 +281,10 @@ function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | un
   }
 }
 
+/** The answer's content-type in lower case: media types are case-insensitive (RFC 9110 8.3.1), `Application/JSON` is JSON. */
 function contentTypeOf(headers: HeaderBag): string | undefined {
   const ct = headers['content-type'];
-  return Array.isArray(ct) ? ct[0] : ct;
+  return (Array.isArray(ct) ? ct[0] : ct)?.toLowerCase();
 }
 
 function isEventStream(headers: HeaderBag): boolean {

@@ -38,6 +38,11 @@ export interface ManagedRequest {
   requestId: string;
   /** The class the client's key caps its requests at (auth.priority), when it has one. */
   clientPriority?: string;
+  /**
+   * How long the request had been arriving when it reached the pipeline: the upload of its body after its head. The
+   * client's own timeout (x-stainless-timeout, x-stormgate-timeout-ms) has been running since it began to send.
+   */
+  receivedMs?: number;
   /** Registers a call for when the client goes away (at once if it already has); returns its removal. */
   onClientGone: (listener: () => void) => () => void;
   /** Registers a call for when the instance's drain grace period is over (at once if it is); returns its removal. */
@@ -113,14 +118,18 @@ export interface RequestSummary {
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
   const { route } = req;
   const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.headers });
-  const arrivedAtMs = deps.now();
+  // The deadline counts from the request's head, not from the end of its body: a large body sent over a slow link
+  // spends seconds of the client's timeout before the pipeline sees it, and counted from here the answer came after
+  // the client had given up (and its SDK had sent the request again).
+  const receivedMs = Math.max(0, req.receivedMs ?? 0);
+  const arrivedAtMs = deps.now() - receivedMs;
   const deadlineAtMs = arrivedAtMs + deadline.budgetMs;
   const controller = new RequestAbort();
   const stream = req.json.stream === true;
   const earlyStart = stream && deadline.source !== 'route' ? new EarlyStart() : undefined;
   const deadlineTimer = setTimeout(() => {
     if (!earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
-  }, deadline.budgetMs);
+  }, Math.max(0, deadline.budgetMs - receivedMs));
   const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
   // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.
   const stopWatchingShutdown = req.onShutdown?.(() => controller.abort(new GatewayShutdown()));
@@ -356,6 +365,10 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     body.once('close', () => live.abandon());
     return { status: result.status ?? 200, headers, body, summary, live };
   }
+  // On the APIs the gateway knows, the answer was judged a JSON object (answer-shape.ts): the client is told so, whatever
+  // the provider wrote. The SDKs parse a body as JSON only under a lower-case `application/json`, and hand anything
+  // else (no content-type, `Application/JSON`) to the caller as a string, on which `.choices` is undefined.
+  if (req.route.api !== 'other') headers['content-type'] = 'application/json';
   const body = result.body ?? Buffer.alloc(0);
   const usage = usageOfBody(body);
   if (usage) summary.usage = usage;

@@ -1,4 +1,5 @@
 // One table from transport error codes (undici's `code`, Node's errno) to outcomes. Classify by code, never by message.
+import { errors } from 'undici';
 import type { AttemptOutcome } from '../policy/outcome.ts';
 
 // Not ETIMEDOUT: undici's connect timeout (connectMs) fires long before the kernel's, so an ETIMEDOUT comes from an
@@ -41,6 +42,10 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   if (code && DECODE_ERROR_CODE.test(code)) return { kind: 'bad-stream', detail: `the answer does not decode (${code})`, ran: true };
   // The provider answered (it ran the request), with more header bytes than undici reads (16 KB).
   if (code === 'UND_ERR_HEADERS_OVERFLOW') return { kind: 'bad-stream', detail: 'the answer\'s headers are too large', ran: true };
+  // The provider answered in bytes that are not HTTP/1.1 (a broken status line or header, a server of another protocol
+  // on that port). undici's parser error carries no code: read as a network failure, the client was told the provider
+  // "could not be reached (last: UNKNOWN)", and the operator looked for a connectivity problem. It may have run the request.
+  if (code === undefined && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
@@ -53,4 +58,9 @@ function errorCode(err: unknown): string | undefined {
     e = e.cause as typeof e;
   }
   return undefined;
+}
+
+/** undici's HTTPParserError, itself or as the cause of the error that reports it. */
+function isParserError(err: unknown): boolean {
+  return err instanceof errors.HTTPParserError || (err as { cause?: unknown } | undefined)?.cause instanceof errors.HTTPParserError;
 }
