@@ -209,6 +209,30 @@ describe('Responses API on the wire', () => {
     expect(first.at - started).toBeLessThan(1_000);
   });
 
+  it('R11d a background stream that thinks silently after response.created is bounded by firstTokenMs, not cut at idleMs', async () => {
+    // A reasoning model with no summary sends nothing between its response.created and its first output: firstTokenMs
+    // is the operator's bound on that silence (longer than the longest thinking), idleMs the one on gaps within an answer.
+    const created = rev('response.created', { response: { ...baseResponse('in_progress'), background: true } }, 0);
+    const { client, seen } = await gw(() => ({ steps: [created, 1_500, ...responsesHead().slice(1), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)] }), {
+      firstTokenMs: 5_000,
+      idleMs: 600,
+    });
+    const final = await client.responses.stream({ model: 'o3-pro', input: 'hi', background: true }).finalResponse();
+    expect(textOf(final)).toBe('Hello');
+    expect(seen.length).toBe(1);
+  });
+
+  it('R11e a background stream is bounded by idleMs again once its first output has come', async () => {
+    const created = rev('response.created', { response: { ...baseResponse('in_progress'), background: true } }, 0);
+    const { client, seen } = await gw(() => ({ steps: [created, ...responsesHead().slice(1), textDelta('Hel', 4), 1_500, textDelta('lo', 5), ...responsesTail('Hello', 6)] }), {
+      firstTokenMs: 5_000,
+      idleMs: 600,
+    });
+    const err = await client.responses.stream({ model: 'o3-pro', input: 'hi', background: true }).finalResponse().catch((e: unknown) => e);
+    expect(String(err)).toMatch(/stalled/);
+    expect(seen.length).toBe(1);
+  });
+
   it('R11c a stream that is not background is still held until its first output, and retried when it is late', async () => {
     const created = rev('response.created', { response: baseResponse('in_progress') }, 0);
     const { client, seen } = await gw((_b, n) => ({ steps: n === 1 ? [created, 1_500] : full() }), { firstTokenMs: 800 });

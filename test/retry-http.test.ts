@@ -136,7 +136,9 @@ describe('retries over HTTP', () => {
     const { res } = await chat(s, {}, { 'x-stormgate-timeout-ms': '2000' });
     expect(s.mock.stats().total).toBe(1);
     expect(res.status).toBe(503);
-    expect(res.headers.get('retry-after')).toBe('3');
+    // The hint, to the end of the hold-off it started (hint plus a spread of up to a tenth of it).
+    expect(Number(res.headers.get('retry-after-ms'))).toBeGreaterThanOrEqual(3000);
+    expect(Number(res.headers.get('retry-after-ms'))).toBeLessThanOrEqual(3300);
   });
 
   it('ignores a malformed hint and falls back to the backoff', async () => {

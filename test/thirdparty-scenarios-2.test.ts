@@ -6,7 +6,7 @@
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { retryInfoHint } from '../src/policy/wait-hint.ts';
@@ -117,6 +117,11 @@ describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compa
     ['llama.cpp server', { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error' } }],
     ['OpenRouter', { error: { message: "This endpoint's maximum context length is 131072 tokens. However, you requested about 200000 tokens (200000 of text input). Please reduce the length of either one.", code: 400 } }],
     ['Mistral', { object: 'error', message: 'Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length', type: 'invalid_request_error', param: null, code: null }],
+    // DeepSeek's code only says its type again: it names nothing, and the message tells what went wrong.
+    [
+      'DeepSeek (its code repeats its type)',
+      { error: { message: "This model's maximum context length is 65536 tokens. However, you requested 70000 tokens (70000 in the messages, 0 in the completion). Please reduce the length of the messages or completion.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' } },
+    ],
   ];
   for (const [who, body] of contextErrors) {
     it(`goes to contextWindowFallback for ${who}`, async () => {
@@ -162,6 +167,25 @@ describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compa
     });
     const { s, backup } = await pair({ primaryUrl: primary.origin, alone: true, contextWindowFallback: true });
     const stream = await sdk(s).chat.completions.create({ model: 'openai/gpt-4o', messages, stream: true });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
+    expect(text.length).toBeGreaterThan(0);
+    expect(primary.hits()).toBe(1);
+    expect(chatPaths(backup).map((r) => r.model)).toEqual(['gpt-4.1-long']);
+  });
+
+  it("goes to contextWindowFallback for DeepSeek's context error sent as an event before the first output (code repeats the type)", async () => {
+    const primary = await startProvider((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(chatChunk({ role: 'assistant', content: '' }, null));
+        const error = { message: "This model's maximum context length is 65536 tokens. However, you requested 70000 tokens.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' };
+        res.end(`data: ${JSON.stringify({ error })}\n\n`);
+      });
+    });
+    const { s, backup } = await pair({ primaryUrl: primary.origin, alone: true, contextWindowFallback: true });
+    const stream = await sdk(s).chat.completions.create({ model: 'deepseek-chat', messages, stream: true });
     let text = '';
     for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
     expect(text.length).toBeGreaterThan(0);
@@ -856,6 +880,25 @@ describe("the SDK's own retry, invited by the gateway", () => {
     expect(Date.now() - t0).toBeGreaterThanOrEqual(1_900);
     expect(sent).toBeLessThanOrEqual(3);
     expect(chatPaths(s.mock)).toHaveLength(2);
+  });
+});
+
+describe("the SDK's own retry, invited by the gateway, lands after the hold-off", () => {
+  it('is told the wait to the end of the hold-off its 429 started, not the bare hint, so its one retry is answered', async () => {
+    // Hold-offs end at hint + a random spread; the SDK waits retry-after-ms to the millisecond. A fixed draw (half the
+    // spread: 100 ms on a 2 s hint) keeps the test deterministic.
+    const random = vi.spyOn(Math, 'random').mockReturnValue(0.5);
+    try {
+      const { s } = await pair({ alone: true, faults: { errors: [{ status: 429, headers: { 'retry-after': '2' }, times: 1 }] }, route: { retry: { maxAttempts: 2, maxWaitHintMs: 500 } } });
+      let sent = 0;
+      const client = sdk(s, { maxRetries: 1, fetch: async (url, init) => (sent++, fetch(url, init)) });
+      const res = await client.chat.completions.create({ model: 'gpt-4o', messages });
+      expect(res.choices[0]!.message.content).toBeTruthy();
+      expect(sent).toBe(2);
+      expect(chatPaths(s.mock)).toHaveLength(2);
+    } finally {
+      random.mockRestore();
+    }
   });
 });
 

@@ -8,7 +8,7 @@ import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-
 import type { ApiKind } from '../routing/router.ts';
 import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, startsAnswer, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
-import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
+import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
 import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import { afterFinishWaitMs, LiveStream, translatedAfterOutput } from './live-stream.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
@@ -124,6 +124,8 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       requestSignal: req.requestSignal,
       detach: release,
       idleMs,
+      // A background response starts at its response.created: its silent thinking after it is firstTokenMs's to bound.
+      ...(req.shape.background && { beforeOutputIdleMs: firstTokenMs }),
       afterFinishMs: afterFinishWaitMs(req.client.config.family, idleMs),
       apiKey: req.client.config.apiKey,
     });
@@ -237,7 +239,7 @@ function errorCodeOf(status: number, body: Buffer): string | null {
   const error = errorFieldsOf(body);
   if (error === undefined) return null;
   const { code, type, message } = error;
-  if (typeof code === 'string' && !/^\d+$/.test(code)) return code;
+  if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
 }
@@ -403,8 +405,8 @@ function errorVerdict(err: UpstreamStreamError | undefined, what: string): Error
   // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
   const account = accountStatusOfError(code, err?.type);
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
-  // Without a named code (none, or the status as digits), an over-long prompt is told by its words, as in a whole error.
-  const named = code !== undefined && !/^\d+$/.test(code) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
+  // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
+  const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
   if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
   const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
   return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };

@@ -53,6 +53,12 @@ export interface LiveStreamOptions {
   /** Releases the attempt's listeners once the stream is over. */
   detach: () => void;
   idleMs: number;
+  /**
+   * For a stream started before its first output (a background response, at its response.created): the longest
+   * silence until that output, when longer than idleMs. The provider's firstTokenMs is the operator's bound on a
+   * model's silent thinking; idleMs, kept short for gaps within an answer, cut such streams after their created event.
+   */
+  beforeOutputIdleMs?: number;
   /** How long a finished answer waits for the upstream's own end (afterFinishWaitMs); default a second. */
   afterFinishMs?: number;
   /** The provider's key, taken out of the error events it sends (providers/key-echo.ts). */
@@ -161,6 +167,8 @@ export class LiveStream {
   #accountRefused = false;
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
+  /** The idle timer runs at beforeOutputIdleMs until the first output comes. */
+  #quietUntilOutput = false;
   /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
   #lastResponsesData: string | null = null;
 
@@ -175,6 +183,12 @@ export class LiveStream {
     if (this.#opts.head.includes('"usage"')) for (const ev of new SseParser().push(Buffer.from(this.#opts.head))) this.#noteUsage(ev);
     const out: string[] = [this.#opts.head];
     const over = this.#take(this.#opts.pending, out);
+    const quiet = this.#opts.beforeOutputIdleMs;
+    if (!over && !this.#outputSeen && !this.#graceArmed && quiet !== undefined && quiet > this.#opts.idleMs) {
+      clearTimeout(this.#idle);
+      this.#idle = this.#armIdle(quiet);
+      this.#quietUntilOutput = true;
+    }
     return { first: out.join(''), rest: this.#rest(over) };
   }
 
@@ -303,6 +317,12 @@ export class LiveStream {
       if (meaning === 'output' && !this.#outputSeen) {
         this.#outputSeen = true;
         this.onFirstOutput?.();
+        if (this.#quietUntilOutput) {
+          // The answer has begun: from here its gaps are idleMs's.
+          this.#quietUntilOutput = false;
+          clearTimeout(this.#idle);
+          this.#idle = this.#armIdle(this.#opts.idleMs);
+        }
       }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;

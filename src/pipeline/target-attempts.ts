@@ -296,8 +296,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       });
       return { kind: 'ok', result };
     }
+    // A wait the client is told lasts to the target's hold-off's end (the one this answer started, its hint plus a spread of
+    // up to a tenth, or another's): told only the hint, an SDK invited back came during the hold-off's spread and was turned away again.
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
-      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs, ...(why && { why }) });
+      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffs.until(plan.key), deps.now()), ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
     if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
@@ -371,6 +373,12 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   if (await deps.guards.budget.tryRetry(plan.budgetKey, ctx.route.config.budget)) return true;
   deps.onBudgetExhausted?.(ctx.route.name, plan.key);
   return false;
+}
+
+/** A wait to tell the client, lengthened to the end of a hold-off that would turn it away when it came back. */
+export function pastHoldOff(retryAfterMs: number | undefined, holdOffUntil: number | undefined, nowMs: number): number | undefined {
+  if (retryAfterMs === undefined || holdOffUntil === undefined) return retryAfterMs;
+  return Math.max(retryAfterMs, holdOffUntil - nowMs);
 }
 
 /** How long a probe permit outlives its attempt's own limit, for the verdict to be written. */

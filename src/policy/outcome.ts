@@ -121,6 +121,14 @@ export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_lengt
 const CONTEXT_LENGTH_MESSAGE =
   /^(?:this (?:model|endpoint)'s maximum context length is \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed)/i;
 
+/**
+ * Does an error's `code` name what went wrong? Not the status as digits (`"400"`, vLLM, OpenRouter), nor its `type`
+ * said again (DeepSeek's `"code": "invalid_request_error"` on its context error): those leave the message to tell it.
+ */
+export function namesError(code: string, type: unknown): boolean {
+  return !/^\d+$/.test(code) && code !== type;
+}
+
 /** Does a 4xx error's message, from a server that gave no code naming it, say the prompt exceeds the context window? */
 export function isContextLengthMessage(message: string): boolean {
   return CONTEXT_LENGTH_MESSAGE.test(message.trimStart());
