@@ -300,6 +300,14 @@ describe('config errors', () => {
     expect(issue!.message).toBe('expected one of: a, b, received a string');
   });
 
+  it('repeats a wrong URL without the password in it (a state.redis URL with a typo went to the log whole)', () => {
+    const e = configError(valid('state:\n  redis: "redis://default:hunter2-PASSWORD@redis.internal:6379/0 "'));
+    expect(e.message).not.toContain('hunter2-PASSWORD');
+    expect(e.message).toContain('received "redis://default:[redacted]@redis.internal:6379/0 "');
+    const bare = configError(valid('state:\n  redis: "redis://:hunter2-PASSWORD@redis.internal/x y"'));
+    expect(bare.message).not.toContain('hunter2-PASSWORD');
+  });
+
   it('rejects a target naming an unknown provider', () => {
     const e = configError(valid().replace('{ provider: openai }', '{ provider: anthropic }'));
     expect(e.message).toBe('gw.yaml:9: routes[0].targets[0].provider: unknown provider "anthropic"; expected one of: openai');

@@ -1,6 +1,7 @@
 // The Responses API's own ways of failing outside a stream's events, and its conversations under failover: a whole
 // Response whose status is failed (the non-stream form of response.failed), and a conversation named by the
 // Conversations API (`conversation`) rather than by previous_response_id.
+import { request as httpRequest } from 'node:http';
 import { describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
 import { baseResponse, fastRetries, msgItem, responsesHead, responsesTail, scripted, textDelta, useScriptedGateway, type Script, type Seen } from './helpers/scripted-provider.ts';
@@ -192,5 +193,37 @@ describe('stored-response calls through passthrough', () => {
       expect(((await r.json()) as { error: { code: string } }).error.code).toBe('unknown_url');
     }
     expect(seen.length).toBe(4);
+  });
+
+  it('a create spelled with a dot segment (POST /v1/responses/., /v1/responses/%2e) does not bypass the route either', async () => {
+    const seen: string[] = [];
+    const p = await startProvider((req, res) => {
+      seen.push(`${req.method} ${req.url}`);
+      req.resume();
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(baseResponse('completed', [msgItem('Hello')])));
+    });
+    const s = await startStack({
+      config: (mockUrl) => ({ ...configServedBy(mockUrl, 'p', `${p.origin}/v1`), passthrough: { provider: 'p', paths: ['/v1/responses/'], methods: ['GET', 'POST', 'DELETE'] } }),
+    });
+    // fetch would resolve the dot segment itself; node:http sends the path as written, as any raw client can. The
+    // provider was sent POST /v1/responses/ (the URL parser that builds the upstream URL resolves `.` and `%2e`): a create.
+    const post = (path: string) =>
+      new Promise<{ status: number; code: string }>((resolve, reject) => {
+        const req = httpRequest(`${s.url}${path}`, { method: 'POST', path, headers: { 'content-type': 'application/json' } }, (res) => {
+          let text = '';
+          res.on('data', (d: Buffer) => (text += d));
+          res.on('end', () => resolve({ status: res.statusCode!, code: (JSON.parse(text) as { error?: { code: string } }).error?.code ?? 'none' }));
+        });
+        req.on('error', reject);
+        req.end(JSON.stringify({ model: 'gpt-4.1', input: 'hi' }));
+      });
+    for (const path of ['/v1/responses/.', '/v1/responses/%2e', '/v1/responses/%2E/', '/v1/responses/./', '/v1/responses//.', '/v1/responses/%2e%2F']) {
+      expect({ path, ...(await post(path)) }).toEqual({ path, status: 404, code: 'unknown_url' });
+    }
+    expect(seen).toEqual([]);
+    // A stored response's own path with a dot segment in it still goes through, where it leads.
+    expect(await post('/v1/responses/resp_1/./cancel')).toEqual({ status: 200, code: 'none' });
+    expect(seen).toEqual(['POST /v1/responses/resp_1/cancel']);
   });
 });

@@ -112,9 +112,14 @@ function invalidFormat(issue: core.$ZodIssueInvalidStringFormat, value: unknown,
 function received(value: unknown, path: PropertyKey[]): string {
   if (value === undefined) return '';
   if (typeof value === 'string' && SECRET_KEY.test(String(path.at(-1)))) return ', received a string';
-  if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
+  if (typeof value === 'string') return `, received ${JSON.stringify(withoutPassword(value))}`;
+  if (typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
   return `, received ${kindOf(value)}`;
 }
+
+/** A URL's `user:password@` with the password masked: a state.redis URL with a typo would put it in the start-up log. */
+const URL_PASSWORD = /^([a-z][a-z0-9+.-]*:\/\/[^/?#@:]*):[^/?#@]*@/i;
+const withoutPassword = (value: string): string => value.replace(URL_PASSWORD, '$1:[redacted]@');
 
 /** A number or boolean written in quotes (often "${VAR}") is a string in YAML: say how to write it. */
 function quotedHint(expected: string, value: unknown): string {

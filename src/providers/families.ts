@@ -52,6 +52,18 @@ export type Prepared = { ok: true; request: UpstreamRequest } | { ok: false; rea
 
 /** The request for one target, in its family's terms; or why the target cannot serve it. */
 export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): Prepared {
+  try {
+    return prepareFor(provider, input);
+  } catch (err) {
+    // JSON.parse takes a body nested tens of thousands deep (10 MB of `[`), but the recursion that translates it for
+    // Anthropic, or JSON.stringify that swaps its model, overflows the stack: the client's request, not the gateway's
+    // failure (it was a 500 internal_error, which clients retry).
+    if (err instanceof RangeError) return { ok: false, reason: 'the request is nested too deeply to be prepared for this target' };
+    throw err;
+  }
+}
+
+function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
   const basePath = basePathOf(provider);
   const body = input.model === undefined || input.model === input.json.model ? input.rawBody : JSON.stringify({ ...input.json, model: input.model });
   if (input.api === 'messages' && provider.family !== 'anthropic') return { ok: false, reason: `${provider.family} targets do not serve the Anthropic Messages API` };

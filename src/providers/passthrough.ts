@@ -77,17 +77,29 @@ async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: u
 const hasBody = (method: string, status: number): boolean => method !== 'HEAD' && status !== 304;
 
 /**
- * The path a request names once spelled plainly: percent-escapes decoded, runs of slashes as one, no trailing slash.
- * Providers read `/v1/responses/` and `/v1//responses` as `/v1/responses` (or redirect there).
+ * The path a request names once spelled plainly: dot segments resolved, percent-escapes decoded, runs of slashes as
+ * one, no trailing slash. Providers read `/v1/responses/` and `/v1//responses` as `/v1/responses` (or redirect there).
+ * Dot segments are resolved before decoding and again after: reply-from builds the upstream URL with the WHATWG URL
+ * parser, which sends `/v1/responses/.` and `/v1/responses/%2e` as `/v1/responses/` (a create, with the company's key
+ * and none of the route's protection), and a provider that decodes first reads `%2F.` as a `/.` segment.
  */
 function plainPath(path: string): string {
-  let decoded = path;
+  let decoded = withoutDotSegments(path);
   try {
-    decoded = decodeURIComponent(path);
+    decoded = withoutDotSegments(decodeURIComponent(decoded));
   } catch {
     // a malformed escape is left as it is: the provider cannot read it as a managed path either
   }
   return decoded.replace(/\/{2,}/g, '/').replace(/\/+$/, '') || '/';
+}
+
+/** The path as the WHATWG URL parser sends it: `.` and `..` segments (`%2e` spelled too) resolved. */
+function withoutDotSegments(path: string): string {
+  try {
+    return new URL(`http://gateway${path.startsWith('/') ? '' : '/'}${path}`).pathname;
+  } catch {
+    return path;
+  }
 }
 
 /**
