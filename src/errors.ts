@@ -24,6 +24,7 @@ export const ERROR_CODES = {
   request_timeout: { status: 408, type: 'invalid_request_error' },
   expectation_failed: { status: 417, type: 'invalid_request_error' },
   invalid_api_key: { status: 401, type: 'invalid_request_error' },
+  host_not_allowed: { status: 403, type: 'invalid_request_error' },
   unknown_url: { status: 404, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },

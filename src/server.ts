@@ -26,7 +26,7 @@ import { timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clientAuth } from './http/client-auth.ts';
-import { hostHeaderFault } from './http/host-header.ts';
+import { hostAllowance, hostHeaderFault } from './http/host-header.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -120,6 +120,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (request.headers.expect !== undefined && request.raw.httpVersionMinor === 1 && request.raw.httpVersionMajor === 1) reply.raw.writeContinue();
     done(null, payload);
   });
+  const hostAllowed = hostAllowance(config.server);
   const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
   const sweep = closeSweep(app.server, (res) => {
     const reply = (res as RawWithReply)[REPLY];
@@ -188,6 +189,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const hostFault = hostHeaderFault(request.raw);
     if (hostFault !== undefined) {
       sendError(reply, new GatewayError('bad_request', hostFault));
+    } else if (hostAllowed !== undefined && request.headers.host !== undefined && !hostAllowed(request.headers.host)) {
+      sendError(reply, new GatewayError('host_not_allowed', `the gateway listens on a loopback address and answers its local names only, not "${printable(request.headers.host, 100)}": a DNS name pointed at this machine is how a web page would reach it (DNS rebinding); a proxy that sends that name needs it in server.allowedHosts`));
     } else if (request.headers.via !== undefined && runtime.loop.cameBack(request.headers.via)) {
       logger.error({ reqId: request.id, path: request.url.split('?')[0] }, 'a request this gateway sent upstream came back to it: a provider baseUrl points at the gateway itself');
       sendError(reply, new GatewayError('loop_detected', 'the request came back to the gateway that sent it upstream: a provider\'s baseUrl points at the gateway itself (is OPENAI_BASE_URL, or the variable the config reads, set to the gateway\'s address where it was started?)'));

@@ -8,6 +8,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { chatChunk, useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, defaultConfig, useStacks } from './helpers/stack.ts';
+import { hostAllowance } from '../src/http/host-header.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
@@ -73,7 +74,25 @@ describe('the Host header', () => {
     expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code: 'bad_request', message: 'the request has more than one Host header' } });
     expect(s.mock.stats().total).toBe(0);
     // One Host line, as every client sends, is served.
-    expect(await raw(s.url, 'Host: gateway.internal\r\n')).toMatch(/^HTTP\/1\.1 200 /);
+    expect(await raw(s.url, 'Host: gateway\r\n')).toMatch(/^HTTP\/1\.1 200 /);
+  });
+
+  it('naming a DNS name is refused on a loopback address (DNS rebinding from a web page), unless server.allowedHosts has it', async () => {
+    const s = await startStack({});
+    const refused = await raw(s.url, 'Host: rebind.attacker.example:8080\r\n');
+    expect(refused).toMatch(/^HTTP\/1\.1 403 /);
+    expect(JSON.parse(refused.slice(refused.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code: 'host_not_allowed', type: 'invalid_request_error' } });
+    expect(s.mock.stats().total).toBe(0);
+    // The local names: loopback IPs, localhost and its subdomains, names without a dot.
+    for (const host of ['127.0.0.1:8080', '[::1]:8080', 'localhost', 'api.localhost:8080', 'stormgate']) expect(await raw(s.url, `Host: ${host}\r\n`)).toMatch(/^HTTP\/1\.1 200 /);
+    const named = await startStack({ config: (mockUrl) => ({ ...defaultConfig(mockUrl), server: { host: '127.0.0.1', port: 0, allowedHosts: ['Gateway.Corp.Example'] } }) });
+    expect(await raw(named.url, 'Host: gateway.corp.example\r\n')).toMatch(/^HTTP\/1\.1 200 /);
+    expect(await raw(named.url, 'Host: other.corp.example\r\n')).toMatch(/^HTTP\/1\.1 403 /);
+    const any = await startStack({ config: (mockUrl) => ({ ...defaultConfig(mockUrl), server: { host: '127.0.0.1', port: 0, allowedHosts: ['*'] } }) });
+    expect(await raw(any.url, 'Host: rebind.attacker.example\r\n')).toMatch(/^HTTP\/1\.1 200 /);
+    // Listening beyond loopback (Docker, Kubernetes), the gateway is reached by its service names: every name is answered.
+    expect(hostAllowance({ host: '0.0.0.0' })).toBeUndefined();
+    expect(hostAllowance({ host: '::1' })!('evil.example')).toBe(false);
   });
 });
 

@@ -334,6 +334,8 @@ export const ServerSchema = z
     // Empty (`host: ${HOST}` with HOST set to nothing), Node would listen on every interface: the opposite of the default.
     host: z.string().min(1).default('127.0.0.1').describe('Address to listen on. Default: 127.0.0.1.'),
     port: z.number().int().min(0).max(65535).default(8080).describe('Port to listen on (0 picks a free one). Default: 8080.'),
+    allowedHosts: z.array(z.string().min(1)).min(1).optional()
+      .describe('Host names (the Host header without its port) a gateway on a loopback address answers besides the local ones (localhost, IP literals, names without a dot); others get 403 host_not_allowed, against DNS rebinding from a web page. `["*"]`: every name. Optional; default: local names only on a loopback address, every name on any other.'),
     bodyLimitBytes: z.number().int().positive().default(10 * 1024 * 1024)
       .describe('Largest request body accepted; larger ones get 413. Default: 10485760.'),
     requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
