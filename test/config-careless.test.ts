@@ -3,32 +3,16 @@
 // meant or fails at start-up with the path, the line and what to write instead, never with a stack trace or a secret.
 import { describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../src/config/load.ts';
+import { configErrorOf, validConfigText } from './helpers/config-text.ts';
 
 const env = { OPENAI_API_KEY: 'sk-live-SECRET-0123' };
 
-const valid = (extra = '') => `providers:
-  openai:
-    family: openai
-    baseUrl: https://api.openai.com/v1
-    apiKey: \${OPENAI_API_KEY}
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: openai } ]
-${extra}`;
+const valid = validConfigText;
 
 /** `valid()` with `from` replaced by `to` (a function, so "$$" stays "$$"). */
 const edit = (from: string, to: string, text = valid()) => text.replace(from, () => to);
 
-function configError(text: string, e: NodeJS.ProcessEnv = env): ConfigError {
-  try {
-    parseConfig(text, 'gw.yaml', e);
-  } catch (err) {
-    expect(err).toBeInstanceOf(ConfigError);
-    return err as ConfigError;
-  }
-  throw new Error('expected the config to be rejected');
-}
+const configError = (text: string, e: NodeJS.ProcessEnv = env): ConfigError => configErrorOf(text, e);
 
 describe('anchors and merge keys', () => {
   it('reads `<<: *defaults` as YAML 1.1 did, with an own key winning, from an `x-` block or another entry', () => {

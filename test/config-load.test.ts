@@ -5,32 +5,14 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { ConfigError, configEnvVars, loadConfigFile, parseConfig } from '../src/config/load.ts';
 import { describeZodIssues } from '../src/config/zod-issues.ts';
+import { configErrorOf, validConfigText } from './helpers/config-text.ts';
 
 const GATEWAY_YAML = resolve(import.meta.dirname, '../config/gateway.yaml');
 const env = { OPENAI_API_KEY: 'sk-test' };
 
-// A valid config; tests splice mistakes into it. Line numbers in assertions refer to this text.
-const valid = (extra = '') => `providers:
-  openai:
-    family: openai
-    baseUrl: https://api.openai.com/v1
-    apiKey: \${OPENAI_API_KEY}
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: openai } ]
-${extra}`;
+const valid = validConfigText;
 
-/** The ConfigError that parsing `text` throws. */
-function configError(text: string, e: NodeJS.ProcessEnv = env): ConfigError {
-  try {
-    parseConfig(text, 'gw.yaml', e);
-  } catch (err) {
-    expect(err).toBeInstanceOf(ConfigError);
-    return err as ConfigError;
-  }
-  throw new Error('expected the config to be rejected');
-}
+const configError = (text: string, e: NodeJS.ProcessEnv = env): ConfigError => configErrorOf(text, e);
 
 describe('loadConfigFile', () => {
   it('loads config/gateway.yaml as shipped, with defaults filled in', () => {

@@ -6,7 +6,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, parseConfig } from '../src/config/load.ts';
+import type { ConfigError } from '../src/config/load.ts';
+import { configErrorOf } from './helpers/config-text.ts';
 
 const env = { OPENAI_API_KEY: 'sk-test' };
 
@@ -21,15 +22,7 @@ routes:
     targets: [ { provider: openai } ]
 ${route}${extra}`;
 
-function configError(text: string): ConfigError {
-  try {
-    parseConfig(text, 'gw.yaml', env);
-  } catch (err) {
-    expect(err).toBeInstanceOf(ConfigError);
-    return err as ConfigError;
-  }
-  throw new Error('expected the config to be rejected');
-}
+const configError = (text: string): ConfigError => configErrorOf(text, env);
 
 describe('backoff capMs below baseMs', () => {
   it("is refused on a target's own retry, as on the route's", () => {

@@ -79,16 +79,21 @@ const sdk = (s: Stack, opts: NonNullable<ConstructorParameters<typeof OpenAI>[0]
   new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0, ...opts });
 const messages = [{ role: 'user' as const, content: 'Summarise this contract.' }];
 
+/** A provider's handler that answers once it has read the whole request. */
+const afterBody =
+  (answer: (req: IncomingMessage, res: ServerResponse) => void): RequestListener =>
+  (req, res) => {
+    req.resume();
+    req.on('end', () => answer(req, res));
+  };
+
 /** A provider that answers every request with one status, headers and JSON body (after reading the request). */
 const answering =
   (status: number, body: unknown, headers: Record<string, string> = {}): RequestListener =>
-  (req: IncomingMessage, res: ServerResponse) => {
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(status, { 'content-type': 'application/json', ...headers });
-      res.end(typeof body === 'string' ? body : JSON.stringify(body));
-    });
-  };
+  afterBody((_req, res) => {
+    res.writeHead(status, { 'content-type': 'application/json', ...headers });
+    res.end(typeof body === 'string' ? body : JSON.stringify(body));
+  });
 
 const completion = (content: string) => ({
   id: 'chatcmpl-x',
@@ -98,6 +103,16 @@ const completion = (content: string) => ({
   choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }],
   usage: { prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 },
 });
+
+/** A streamed chat whose answer must be a call of the `lookup` tool. */
+const lookupCall = (s: Stack) =>
+  sdk(s).chat.completions.create({
+    model: 'gpt-4o',
+    messages,
+    stream: true,
+    tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { id: { type: 'string' } } } } }],
+    tool_choice: { type: 'function', function: { name: 'lookup' } },
+  });
 
 const chatPaths = (m: MockServer) => m.requests().filter((r) => r.path === '/v1/chat/completions');
 
@@ -156,36 +171,20 @@ describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compa
     expect(chatPaths(backup)).toHaveLength(0);
   });
 
-  it('goes to contextWindowFallback for a context error sent as an event before the first output, in words only', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chatChunk({ role: 'assistant', content: '' }, null));
-        res.end(`data: ${JSON.stringify({ error: { message: "This endpoint's maximum context length is 131072 tokens. However, you requested about 200000 tokens.", code: 400 } })}\n\n`);
-      });
-    });
+  it.each([
+    ['in words only (OpenRouter: the status as its code)', { message: "This endpoint's maximum context length is 131072 tokens. However, you requested about 200000 tokens.", code: 400 }],
+    [
+      "DeepSeek's, whose code repeats its type",
+      { message: "This model's maximum context length is 65536 tokens. However, you requested 70000 tokens.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' },
+    ],
+  ])('goes to contextWindowFallback for a context error sent as an event before the first output: %s', async (_what, error) => {
+    const primary = await startProvider(afterBody((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(chatChunk({ role: 'assistant', content: '' }, null));
+      res.end(`data: ${JSON.stringify({ error })}\n\n`);
+    }));
     const { s, backup } = await pair({ primaryUrl: primary.origin, alone: true, contextWindowFallback: true });
-    const stream = await sdk(s).chat.completions.create({ model: 'openai/gpt-4o', messages, stream: true });
-    let text = '';
-    for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
-    expect(text.length).toBeGreaterThan(0);
-    expect(primary.hits()).toBe(1);
-    expect(chatPaths(backup).map((r) => r.model)).toEqual(['gpt-4.1-long']);
-  });
-
-  it("goes to contextWindowFallback for DeepSeek's context error sent as an event before the first output (code repeats the type)", async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chatChunk({ role: 'assistant', content: '' }, null));
-        const error = { message: "This model's maximum context length is 65536 tokens. However, you requested 70000 tokens.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' };
-        res.end(`data: ${JSON.stringify({ error })}\n\n`);
-      });
-    });
-    const { s, backup } = await pair({ primaryUrl: primary.origin, alone: true, contextWindowFallback: true });
-    const stream = await sdk(s).chat.completions.create({ model: 'deepseek-chat', messages, stream: true });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     let text = '';
     for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
     expect(text.length).toBeGreaterThan(0);
@@ -329,13 +328,10 @@ describe('Portkey: retry on status codes, wait hints, request timeout', () => {
 describe("Envoy retry_on: reset, connect-failure", () => {
   it('retries a connection reset before any answer (retry_on: reset) and answers from the same target', async () => {
     let n = 0;
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        if (n++ === 0) req.socket.destroy();
-        else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after a reset')));
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      if (n++ === 0) req.socket.destroy();
+      else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after a reset')));
+    }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true });
     const res = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
     expect(res.data.choices[0]!.message.content).toBe('after a reset');
@@ -375,15 +371,14 @@ describe('streaming fallbacks', () => {
     expect(((await res.json()) as { error: { code: string } }).error.code).toBe('upstream_bad_response');
   });
 
-  it('fails over when the error comes as an event after the role chunk (bifrost #5395, helm-api #381: preamble, then an overload)', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chatChunk({ role: 'assistant', content: '' }, null));
-        res.end(`data: ${JSON.stringify({ error: { message: 'The server is overloaded', type: 'server_error', code: 'server_is_overloaded' } })}\n\n`);
-      });
-    });
+  it.each([
+    ['an error event after the role chunk (bifrost #5395, helm-api #381: preamble, then an overload)', chatChunk({ role: 'assistant', content: '' }, null) + `data: ${JSON.stringify({ error: { message: 'The server is overloaded', type: 'server_error', code: 'server_is_overloaded' } })}\n\n`],
+    ['a 200 stream that ends with no event at all, not an empty answer (stella #2748)', ''],
+  ])('fails over on %s', async (_what, events) => {
+    const primary = await startProvider(afterBody((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(events);
+    }));
     const { s, backup } = await pair({ primaryUrl: primary.origin, route: { retry: { maxAttempts: 1 } } });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     let text = '';
@@ -392,69 +387,28 @@ describe('streaming fallbacks', () => {
     expect(chatPaths(backup)).toHaveLength(1);
   });
 
-  it('treats a 200 stream that ends with no event at all as a failed attempt, not an empty answer (stella #2748)', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.end();
-      });
-    });
-    const { s, backup } = await pair({ primaryUrl: primary.origin, route: { retry: { maxAttempts: 1 } } });
-    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
-    let text = '';
-    for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? '';
-    expect(text.length).toBeGreaterThan(0);
-    expect(chatPaths(backup)).toHaveLength(1);
-  });
-
-  it("passes on a stream the provider's content filter ended before any text (Azure: finish_reason content_filter), not retried nor failed over", async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chatChunk({ role: 'assistant', content: '' }, null));
-        res.write(chatChunk({}, 'content_filter'));
-        res.end('data: [DONE]\n\n');
-      });
-    });
+  it.each([
+    ['content_filter', "a stream the provider's content filter ended before any text (Azure)"],
+    ['stop', 'an empty answer that finished (no text), streamed'],
+  ])('passes on %s: %s, as the provider gave it, not retried nor failed over', async (reason) => {
+    const primary = await startProvider(afterBody((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(chatChunk({ role: 'assistant', content: '' }, null));
+      res.write(chatChunk({}, reason));
+      res.end('data: [DONE]\n\n');
+    }));
     const { s, backup } = await pair({ primaryUrl: primary.origin });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     const finishes: Array<string | null | undefined> = [];
     for await (const chunk of stream) finishes.push(chunk.choices[0]?.finish_reason);
-    expect(finishes).toContain('content_filter');
-    expect(primary.hits()).toBe(1);
-    expect(chatPaths(backup)).toHaveLength(0);
-  });
-
-  it('passes on an empty answer that finished (finish_reason stop, no text), streamed, as the provider gave it', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(chatChunk({ role: 'assistant', content: '' }, null));
-        res.write(chatChunk({}, 'stop'));
-        res.end('data: [DONE]\n\n');
-      });
-    });
-    const { s, backup } = await pair({ primaryUrl: primary.origin });
-    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
-    const finishes: Array<string | null | undefined> = [];
-    for await (const chunk of stream) finishes.push(chunk.choices[0]?.finish_reason);
-    expect(finishes).toContain('stop');
+    expect(finishes).toContain(reason);
     expect(primary.hits()).toBe(1);
     expect(chatPaths(backup)).toHaveLength(0);
   });
 
   it('ends a tool-call stream cut in the middle of its arguments with an error the SDK raises, never a clean end with half the arguments', async () => {
     const { s } = await pair({ faults: { stream: { cutAfterChunks: 1 } } });
-    const stream = await sdk(s).chat.completions.create({
-      model: 'gpt-4o',
-      messages,
-      stream: true,
-      tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { id: { type: 'string' } } } } }],
-      tool_choice: { type: 'function', function: { name: 'lookup' } },
-    });
+    const stream = await lookupCall(s);
     let args = '';
     const err = await (async () => {
       for await (const chunk of stream) args += chunk.choices[0]?.delta.tool_calls?.[0]?.function?.arguments ?? '';
@@ -465,13 +419,7 @@ describe('streaming fallbacks', () => {
 
   it("serves a tool call from the backup when the primary answers 503, with the backup's arguments whole", async () => {
     const { s, backup } = await pair({ faults: { errors: [{ status: 503 }] } });
-    const stream = await sdk(s).chat.completions.create({
-      model: 'gpt-4o',
-      messages,
-      stream: true,
-      tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { id: { type: 'string' } } } } }],
-      tool_choice: { type: 'function', function: { name: 'lookup' } },
-    });
+    const stream = await lookupCall(s);
     let args = '';
     let name = '';
     for await (const chunk of stream) {
@@ -486,24 +434,21 @@ describe('streaming fallbacks', () => {
 
 describe("OpenRouter's keep-alives", () => {
   it('streams through ": OPENROUTER PROCESSING" comments before the first token', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        let n = 0;
-        const t = setInterval(() => {
-          if (n++ < 4) {
-            res.write(': OPENROUTER PROCESSING\n\n');
-            return;
-          }
-          clearInterval(t);
-          res.write(chatChunk({ role: 'assistant', content: 'Hel' }, null));
-          res.write(chatChunk({ content: 'lo' }, null));
-          res.write(chatChunk({}, 'stop'));
-          res.end('data: [DONE]\n\n');
-        }, 100);
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      let n = 0;
+      const t = setInterval(() => {
+        if (n++ < 4) {
+          res.write(': OPENROUTER PROCESSING\n\n');
+          return;
+        }
+        clearInterval(t);
+        res.write(chatChunk({ role: 'assistant', content: 'Hel' }, null));
+        res.write(chatChunk({ content: 'lo' }, null));
+        res.write(chatChunk({}, 'stop'));
+        res.end('data: [DONE]\n\n');
+      }, 100);
+    }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true, primary: { timeouts: { firstTokenMs: 3_000, idleMs: 3_000 } } });
     const stream = await sdk(s).chat.completions.create({ model: 'openai/gpt-4o', messages, stream: true });
     let text = '';
@@ -513,15 +458,12 @@ describe("OpenRouter's keep-alives", () => {
   });
 
   it('takes a whole answer that whitespace kept alive before its JSON began', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.write('\n');
-        setTimeout(() => res.write('\n  \n'), 50);
-        setTimeout(() => res.end(JSON.stringify(completion('kept alive'))), 100);
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('\n');
+      setTimeout(() => res.write('\n  \n'), 50);
+      setTimeout(() => res.end(JSON.stringify(completion('kept alive'))), 100);
+    }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true });
     const res = await sdk(s).chat.completions.create({ model: 'openai/gpt-4o', messages });
     expect(res.choices[0]!.message.content).toBe('kept alive');
@@ -699,16 +641,13 @@ describe('a deployment retired behind a model the operator named', () => {
 });
 
 describe('Anthropic agents on /v1/messages (LiteLLM #38610)', () => {
-  const overloadedAfterStart: RequestListener = (req, res) => {
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const start = { type: 'message_start', message: { id: 'msg_1', type: 'message', role: 'assistant', model: 'claude-sonnet-4-6', content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 5, output_tokens: 1 } } };
-      res.write(`event: message_start\ndata: ${JSON.stringify(start)}\n\n`);
-      res.write('event: ping\ndata: {"type": "ping"}\n\n');
-      res.end(`event: error\ndata: ${JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } })}\n\n`);
-    });
-  };
+  const overloadedAfterStart: RequestListener = afterBody((req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const start = { type: 'message_start', message: { id: 'msg_1', type: 'message', role: 'assistant', model: 'claude-sonnet-4-6', content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 5, output_tokens: 1 } } };
+    res.write(`event: message_start\ndata: ${JSON.stringify(start)}\n\n`);
+    res.write('event: ping\ndata: {"type": "ping"}\n\n');
+    res.end(`event: error\ndata: ${JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } })}\n\n`);
+  });
 
   async function messagesStack(primaryOrigin: string, backupOrigin: string): Promise<Stack> {
     return startStack({
@@ -777,13 +716,10 @@ describe("Gemini's OpenAI-compatible endpoint: errors as a list, the wait in the
 
   it('waits out a retryDelay of 1.5 s given in the body before the retry, as it would a retry-after', async () => {
     let n = 0;
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        if (n++ === 0) res.writeHead(429, { 'content-type': 'application/json' }).end(JSON.stringify(exhausted('1.5s')));
-        else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after the quota')));
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      if (n++ === 0) res.writeHead(429, { 'content-type': 'application/json' }).end(JSON.stringify(exhausted('1.5s')));
+      else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after the quota')));
+    }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true, route: { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } } });
     const t0 = Date.now();
     const res = await sdk(s).chat.completions.create({ model: 'gemini-2.5-flash', messages });
@@ -904,14 +840,11 @@ describe("the SDK's own retry, invited by the gateway, lands after the hold-off"
 
 describe('silent providers that look alive (Kong / Envoy reports: "stream hangs", "timeout ignored")', () => {
   it('moves a stream that sends only keep-alive comments past firstTokenMs to the backup', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream' });
-        const t = setInterval(() => res.write(': ping\n\n'), 100);
-        res.on('close', () => clearInterval(t));
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const t = setInterval(() => res.write(': ping\n\n'), 100);
+      res.on('close', () => clearInterval(t));
+    }));
     const { s, backup } = await pair({ primaryUrl: primary.origin, primary: { timeouts: { firstTokenMs: 500 } } });
     const t0 = Date.now();
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
@@ -924,14 +857,11 @@ describe('silent providers that look alive (Kong / Envoy reports: "stream hangs"
   });
 
   it('ends a whole answer whose headers came at once but whose body never does at responseMs, and answers from the backup', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.flushHeaders();
-        res.write('{"id":"chatcmpl-1",');
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.flushHeaders();
+      res.write('{"id":"chatcmpl-1",');
+    }));
     const { s, backup } = await pair({ primaryUrl: primary.origin, primary: { timeouts: { responseMs: 500 } } });
     const t0 = Date.now();
     const res = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages });
@@ -941,15 +871,12 @@ describe('silent providers that look alive (Kong / Envoy reports: "stream hangs"
   });
 
   it('takes a stream labelled text/event-stream; charset=utf-8 as the stream it is', async () => {
-    const primary = await startProvider((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
-        res.write(chatChunk({ role: 'assistant', content: 'ok' }, null));
-        res.write(chatChunk({}, 'stop'));
-        res.end('data: [DONE]\n\n');
-      });
-    });
+    const primary = await startProvider(afterBody((req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
+      res.write(chatChunk({ role: 'assistant', content: 'ok' }, null));
+      res.write(chatChunk({}, 'stop'));
+      res.end('data: [DONE]\n\n');
+    }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     let text = '';
