@@ -116,8 +116,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // A callback hook, as the managed API's own preParsing: no promise per request.
   app.addHook('preParsing', (request, reply, payload, done) => {
     // Any other expectation was answered 417 (checkExpectation), and an HTTP/1.0 client is never sent a 100 (RFC 9110
-    // 15.2). A 404 is told to continue too: fastify reads its body before the not-found handler answers.
-    if (request.headers.expect !== undefined && request.raw.httpVersionMinor === 1 && request.raw.httpVersionMajor === 1) reply.raw.writeContinue();
+    // 15.2). A 404 is told to continue too: fastify reads its body before the not-found handler answers. A managed
+    // request whose content-length is past bodyLimitBytes is answered 413 before a byte is read: told to continue, curl
+    // uploaded all of it first (passthrough streams its bodies on unbounded, so is told to continue whatever their size).
+    if (request.headers.expect !== undefined && request.raw.httpVersionMinor === 1 && request.raw.httpVersionMajor === 1 && !(Number(request.headers['content-length']) > config.server.bodyLimitBytes && router.paths.has(request.routeOptions.url ?? ''))) {
+      reply.raw.writeContinue();
+    }
     done(null, payload);
   });
   const hostAllowed = hostAllowance(config.server);

@@ -180,6 +180,21 @@ routes:
     expect(parseConfig(ordered, 'gw.yaml', {}).routes).toHaveLength(2);
   });
 
+  it('keeps a route without match.models behind one of `*`: it serves the requests that name no model (moderations, images)', async () => {
+    const { createRouter } = await import('../src/routing/router.ts');
+    const text = `providers:
+  openai: { family: openai, baseUrl: https://api.openai.com/v1, apiKey: k }
+routes:
+  - { name: named, match: { path: /v1/moderations, models: ["*"] }, targets: [ { provider: openai } ] }
+  - { name: unnamed, match: { path: /v1/moderations }, targets: [ { provider: openai } ] }
+`;
+    const router = createRouter(parseConfig(text, 'gw.yaml', {}));
+    expect(router.match('/v1/moderations', undefined)).toMatchObject({ route: { name: 'unnamed' } });
+    expect(router.match('/v1/moderations', 'omni-moderation-latest')).toMatchObject({ route: { name: 'named' } });
+    // Behind `*`, a route that names models is never used.
+    expect(configError(text.replace('match: { path: /v1/moderations }', 'match: { path: /v1/moderations, models: [x] }')).message).toMatch(/route "unnamed" is never used/);
+  });
+
   it('refuses a passthrough method listed twice (fastify ended start-up on it with a stack trace)', () => {
     expect(configError(valid('passthrough: { provider: openai, paths: [/v1/files], methods: [GET, POST, GET] }\n')).message).toBe(
       'gw.yaml:10: passthrough.methods[2]: "GET" is listed already (passthrough.methods[0])',
@@ -195,5 +210,12 @@ describe('the listening address', () => {
   it('refuses an empty server.host, on which Node would listen on every interface', () => {
     const text = `server: { host: "\${HOST}" }\n${valid()}`;
     expect(configError(text, { ...env, HOST: '' }).message).toMatch(/gw\.yaml:1: server\.host: must not be empty/);
+  });
+
+  it('refuses a server.allowedHosts entry that no Host name can equal (a port, a scheme, a "*." pattern): every proxied request got 403', () => {
+    for (const name of ['gateway.corp.example:8443', 'https://gateway.corp.example', '*.corp.example']) {
+      expect(configError(`server: { allowedHosts: ["${name}"] }\n${valid()}`).message, name).toMatch(/gw\.yaml:1: server\.allowedHosts\[0\]: expected a host name alone/);
+    }
+    expect(parseConfig(`server: { allowedHosts: [gateway.corp.example, "*"] }\n${valid()}`, 'gw.yaml', env).server.allowedHosts).toEqual(['gateway.corp.example', '*']);
   });
 });

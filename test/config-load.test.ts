@@ -290,6 +290,15 @@ describe('config errors', () => {
     expect(bare.message).not.toContain('hunter2-PASSWORD');
   });
 
+  it('masks a password that holds "/" or "@" written unescaped (a base64 secret) to its end, not to the first of them', () => {
+    const slash = configError(valid('state:\n  redis: "redis://:hunter2/PASS+word==@redis.internal:6379/0 "'));
+    expect(slash.message).not.toMatch(/hunter2|PASS/);
+    expect(slash.message).toContain('received "redis://:[redacted]@redis.internal:6379/0 "');
+    const at = configError(valid('state:\n  redis: "redis://default:hunter2@SECRET-TAIL@redis.internal:6379/0 "'));
+    expect(at.message).not.toMatch(/hunter2|SECRET-TAIL/);
+    expect(at.message).toContain('received "redis://default:[redacted]@redis.internal:6379/0 "');
+  });
+
   it('rejects a target naming an unknown provider', () => {
     const e = configError(valid().replace('{ provider: openai }', '{ provider: anthropic }'));
     expect(e.message).toBe('gw.yaml:9: routes[0].targets[0].provider: unknown provider "anthropic"; expected one of: openai');

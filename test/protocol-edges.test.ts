@@ -93,6 +93,7 @@ describe('the Host header', () => {
     // Listening beyond loopback (Docker, Kubernetes), the gateway is reached by its service names: every name is answered.
     expect(hostAllowance({ host: '0.0.0.0' })).toBeUndefined();
     expect(hostAllowance({ host: '::1' })!('evil.example')).toBe(false);
+    for (const host of ['::ffff:127.0.0.1', '0:0:0:0:0:0:0:1', '127.0.0.2']) expect(hostAllowance({ host })!('evil.example')).toBe(false);
   });
 });
 
@@ -127,6 +128,34 @@ describe('expect: 100-continue', () => {
       expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code } });
     }
     expect(s.mock.stats().total).toBe(0);
+  });
+});
+
+describe('expect: 100-continue with a body past server.bodyLimitBytes', () => {
+  it('is answered 413 without being told to continue (curl would upload all of it first); one within the limit is told, and served', async () => {
+    const s = await startStack({ config: (mockUrl) => ({ ...defaultConfig(mockUrl), server: { host: '127.0.0.1', port: 0, bodyLimitBytes: 100_000 } }) });
+    const send = (length: number, body?: string): Promise<string> =>
+      new Promise((resolve) => {
+        const socket = connect(Number(new URL(s.url).port), '127.0.0.1');
+        let answer = '';
+        socket.on('data', (d) => {
+          answer += d.toString();
+          if (body !== undefined && answer === 'HTTP/1.1 100 Continue\r\n\r\n') socket.write(body);
+        });
+        socket.on('close', () => resolve(answer));
+        setTimeout(() => {
+          socket.destroy();
+          resolve(answer);
+        }, 2_000);
+        socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: ${length}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n`);
+      });
+    const refused = await send(50_000_000);
+    expect(refused).toMatch(/^HTTP\/1\.1 413 /);
+    expect(refused).not.toContain('100 Continue');
+    expect(JSON.parse(refused.slice(refused.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code: 'request_too_large' } });
+    const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    const served = await send(body.length, body);
+    expect(served).toMatch(/^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /);
   });
 });
 

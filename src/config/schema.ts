@@ -334,8 +334,10 @@ export const ServerSchema = z
     // Empty (`host: ${HOST}` with HOST set to nothing), Node would listen on every interface: the opposite of the default.
     host: z.string().min(1).default('127.0.0.1').describe('Address to listen on. Default: 127.0.0.1.'),
     port: z.number().int().min(0).max(65535).default(8080).describe('Port to listen on (0 picks a free one). Default: 8080.'),
-    allowedHosts: z.array(z.string().min(1)).min(1).optional()
-      .describe('Host names (the Host header without its port) a gateway on a loopback address answers besides the local ones (localhost, IP literals, names without a dot); others get 403 host_not_allowed, against DNS rebinding from a web page. `["*"]`: every name. Optional; default: local names only on a loopback address, every name on any other.'),
+    // A name as the check compares it (the Host header without its port): one written with a port, a scheme or a `*.`
+    // pattern never matched, and every request through the proxy got 403 with nothing said at start-up.
+    allowedHosts: z.array(z.string().min(1).regex(/^(\*|[^\s:/*?#@[\]]+)$/, 'a host name alone ("gateway.example.com": no scheme, port, path or "*." pattern), or "*" for every name')).min(1).optional()
+      .describe('Host names (the Host header without its port) a gateway on a loopback address answers besides the local ones (localhost, IP literals, names without a dot); others get 403 host_not_allowed, against DNS rebinding from a web page. `["*"]`: every name. Set, it applies on any address (0.0.0.0 too: a Kubernetes service name must then be listed). Optional; default: local names only on a loopback address, every name on any other.'),
     bodyLimitBytes: z.number().int().positive().default(10 * 1024 * 1024)
       .describe('Largest request body accepted; larger ones get 413. Default: 10485760.'),
     requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
@@ -476,7 +478,7 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" ends in "/", which clients never send: write ${p.replace(/\/+$/, '') || '/'}` });
       }
       // The first match wins: behind a route of the same path that takes every model, this one never gets a request.
-      const before = cfg.routes.findIndex((r, j) => j < i && r.match.path === p && takesEveryModel(r.match.models));
+      const before = cfg.routes.findIndex((r, j) => j < i && r.match.path === p && takesEveryModel(r.match.models, route.match.models));
       if (before !== -1) {
         ctx.addIssue({
           code: 'custom',
@@ -543,9 +545,13 @@ function unknownProvider(name: string, providers: Record<string, unknown>): stri
   return names.length === 0 ? `unknown provider "${name}": \`providers\` defines none` : `unknown provider "${name}"; expected one of: ${names.join(', ')}`;
 }
 
-/** A route's model filter that lets every model through: none, or a pattern of `*` alone. */
-function takesEveryModel(models: readonly string[] | undefined): boolean {
-  return models === undefined || models.some((m) => /^\*+$/.test(m));
+/**
+ * Does a route's model filter let through every request a later route's would take? None takes all; a pattern of `*`
+ * alone takes every model, but not a request that names none (the moderations and images APIs default it), which a
+ * later route without `models` still serves.
+ */
+function takesEveryModel(models: readonly string[] | undefined, later: readonly string[] | undefined): boolean {
+  return models === undefined || (later !== undefined && models.some((m) => /^\*+$/.test(m)));
 }
 
 /** A path as fastify takes it literally: its `:` starts a parameter, `*` a wildcard. */

@@ -117,8 +117,12 @@ function received(value: unknown, path: PropertyKey[]): string {
   return `, received ${kindOf(value)}`;
 }
 
-/** A URL's `user:password@` with the password masked: a state.redis URL with a typo would put it in the start-up log. */
-const URL_PASSWORD = /^([a-z][a-z0-9+.-]*:\/\/[^/?#@:]*):[^/?#@]*@/i;
+/**
+ * A URL's `user:password@` with the password masked: a state.redis URL with a typo would put it in the start-up log. To
+ * the last `@`: a generated password holds `/` (base64) or `@` as often as not, written unescaped, and a mask that
+ * stopped at the first of them quoted it whole, or its end.
+ */
+const URL_PASSWORD = /^([a-z][a-z0-9+.-]*:\/\/[^/?#@:]*):[^]*@/i;
 const withoutPassword = (value: string): string => value.replace(URL_PASSWORD, '$1:[redacted]@');
 
 /** A number or boolean written in quotes (often "${VAR}") is a string in YAML: say how to write it. */

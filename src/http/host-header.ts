@@ -37,7 +37,7 @@ export function hostAllowance(server: { host: string; allowedHosts?: readonly st
 }
 
 function isLoopback(address: string): boolean {
-  return address === 'localhost' || address === '::1' || /^127\.\d+\.\d+\.\d+$/.test(address);
+  return address === 'localhost' || address === '::1' || address === '0:0:0:0:0:0:0:1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/i.test(address);
 }
 
 /** The name of a Host header, lower case, without its port. */

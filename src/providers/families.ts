@@ -58,7 +58,8 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
     // JSON.parse takes a body nested tens of thousands deep (10 MB of `[`), but the recursion that translates it for
     // Anthropic, or JSON.stringify that swaps its model, overflows the stack: the client's request, not the gateway's
     // failure (it was a 500 internal_error, which clients retry).
-    if (err instanceof RangeError) return { ok: false, reason: 'the request is nested too deeply to be prepared for this target' };
+    // Only the stack's overflow: another RangeError is the gateway's own bug, not the client's request.
+    if (err instanceof RangeError && /call stack/i.test(err.message)) return { ok: false, reason: 'the request is nested too deeply to be prepared for this target' };
     throw err;
   }
 }
