@@ -105,13 +105,21 @@ export async function serveTargets(
   let fallback: FallbackReason | undefined;
   // A hand-over is recorded only to a target after the first: a parked request that goes back to the primary is not
   // a fallback, whichever target it tried last.
+  // It is counted once the request went to that target: one found held off, with its breaker open, its pool full or
+  // unable to express the request was sent nothing, and counting it made stormgate_fallbacks_total{to} promise the
+  // backup traffic it never got (in a chaos run, 556 hand-overs for 331 requests the backup saw).
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, hasNext: boolean, ticket?: Ticket) => {
-    if (left && left.plan !== plan && plan !== plans[0]) {
-      deps.onFallback?.(ctx.route.name, left.plan.key, plan.key, left.reason);
-      fallback = left.reason;
-      passedOver(left);
+    const from = left && left.plan !== plan && plan !== plans[0] ? left : undefined;
+    if (from) passedOver(from);
+    const sentBefore = run.sent;
+    const r = await tryTarget(ctx, plan, run, deps, hasNext, ticket);
+    if (from && run.sent > sentBefore) {
+      deps.onFallback?.(ctx.route.name, from.plan.key, plan.key, from.reason);
+      fallback = from.reason;
+    } else if (from && r.kind === 'unavailable') {
+      passedOver({ plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' });
     }
-    return tryTarget(ctx, plan, run, deps, hasNext, ticket);
+    return r;
   };
   /** A target left without an attempt (its breaker open, its provider holding requests off) is named in the log line. */
   const passedOver = ({ plan, reason }: { plan: TargetPlan; reason: FallbackReason }) => {

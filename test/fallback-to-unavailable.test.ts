@@ -1,0 +1,34 @@
+// A hand-over is counted when the request reaches the next target. Found in a chaos run (two gateways, the backup held
+// off by its own 429's retry-after while the primary failed): stormgate_fallbacks_total{to="backup"} said 556
+// hand-overs where the backup saw 331 requests, and the log lines of the phantom ones named no backup at all.
+import { describe, expect, it } from 'vitest';
+import { chatStatus, defaultConfig, metricSum, RETRY_LOOP_ONLY, useExtraMocks, useStacks } from './helpers/stack.ts';
+
+const extraMock = useExtraMocks();
+const start = useStacks();
+
+describe('a fallback target that is held off', () => {
+  it('is no hand-over: stormgate_fallbacks_total counts only requests the fallback was sent, and the log names it as skipped', async () => {
+    // The backup asks for a 30 s pause on the first request it sees; the primary fails every request (one attempt).
+    const backup = await extraMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] }, apiKey: 'backup-key' });
+    const s = await start({
+      faults: { errors: [{ status: 503 }] },
+      config: (url) => {
+        const base = defaultConfig(url, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1 } } : r)),
+        };
+      },
+    });
+    expect(await chatStatus(s.url)).toBe(429); // primary 503, backup 429 (starts its hold-off)
+    expect(await chatStatus(s.url)).toBe(503); // primary 503, backup held off: not sent
+    expect(await chatStatus(s.url)).toBe(503);
+    expect(backup.requests().length).toBe(1);
+    expect(await metricSum(s, 'stormgate_fallbacks_total{route="chat",from="mock/gpt-4o",to="backup/gpt-4o"')).toBe(backup.requests().length);
+    const lines = s.logs.map((l) => JSON.parse(l) as { route?: string; skipped?: Array<{ target: string; reason: string }> }).filter((l) => l.route === 'chat');
+    expect(lines).toHaveLength(3);
+    expect(lines[2]!.skipped).toEqual([{ target: 'backup/gpt-4o', reason: 'held off: the provider asked for a pause' }]);
+  });
+});
