@@ -41,13 +41,14 @@ export function streamRecovery(
     // break: the prefill goes without it, and the continuation without the whitespace the client already has.
     const prefillText = delivered.trimEnd();
     if (prefill && prefillText === '') return undefined;
-    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
     const asked = textOnly(req.json);
     const json = prefill ? { ...asked, messages: [...messages, { role: 'assistant', content: prefillText }] } : asked;
     const prepared = json !== req.json ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
     if (!prepared.ok || !planned.ok) return undefined;
+    // Taken from the budget only for a request that can go: one the target cannot take spends no retry.
+    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
     if (signal.aborted) return undefined;
     const startedAt = now();
     const result = await runAttempt({
