@@ -128,6 +128,15 @@ describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compa
       'vLLM (OpenAI shape, code 400)',
       { error: { message: "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens. Please reduce the length of the messages or completion.", type: 'BadRequestError', param: null, code: 400 } },
     ],
+    // vLLM's current wordings: before them, only the legacy "This model's maximum context length is ..." was read.
+    [
+      'vLLM 0.11 to 0.15 (prompt and max_tokens past the window)',
+      { object: 'error', message: "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 8192 tokens and your request has 7500 input tokens (1000 > 8192 - 7500).", type: 'BadRequestError', param: null, code: 400 },
+    ],
+    [
+      'vLLM 0.16 and later',
+      { error: { message: "You passed 9000 input tokens and requested 1000 output tokens. However, the model's context length is only 8192 tokens, resulting in a maximum input length of 7192 tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=9000)", type: 'BadRequestError', param: 'input_tokens', code: 400 } },
+    ],
     ['SGLang / Together', { error: { message: "The input (9000 tokens) is longer than the model's context length (8192 tokens).", type: 'invalid_request_error', param: null, code: null } }],
     ['llama.cpp server', { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error' } }],
     ['OpenRouter', { error: { message: "This endpoint's maximum context length is 131072 tokens. However, you requested about 200000 tokens (200000 of text input). Please reduce the length of either one.", code: 400 } }],
