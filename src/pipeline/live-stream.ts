@@ -443,7 +443,10 @@ export class LiveStream {
   #finish(kind: StreamEndKind): void {
     if (this.#ended) return;
     clearTimeout(this.#idle);
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(this.#usage && { usage: this.#usage }), ...(this.#accountRefused && { accountRefused: true }) };
+    // A translated stream's usage is the translator's, read from the upstream's events: the client's events carry it
+    // only when it asked for include_usage, and the tokens metric bills every answer.
+    const usage = this.#opts.translate?.usage() ?? this.#usage;
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }) };
     this.#ended = end;
     const { controller } = this.#opts;
     // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.

@@ -303,7 +303,13 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
     if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
-    if (run.attempts >= retry.maxAttempts || run.noRetries) return failed(hint?.delayMs, 'retries_exhausted');
+    if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
+    // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
+    // here rather than at its first attempt, which needed none when it was answered.
+    if (run.noRetries) {
+      deps.onBudgetExhausted?.(ctx.route.name, plan.key);
+      return failed(hint?.delayMs, 'budget');
+    }
     // A silent target (no headers, no first token in time) is not retried when another target can answer.
     if (cls.cls === 'timeout' && hasNext) return failed(undefined, 'timeout');
     const decision = decideRetryWait({
@@ -416,10 +422,7 @@ function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps,
 async function countFirstAttempt(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
   const { budget } = deps.guards;
   if (ctx.clientRetries > 0 && ctx.attempts.length === 0) {
-    if (!(await budget.countRetry(plan.budgetKey, ctx.route.config.budget))) {
-      run.noRetries = true;
-      deps.onBudgetExhausted?.(ctx.route.name, plan.key);
-    }
+    if (!(await budget.countRetry(plan.budgetKey, ctx.route.config.budget))) run.noRetries = true;
     return;
   }
   budget.countRequest(plan.budgetKey, ctx.route.config.budget);

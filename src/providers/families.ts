@@ -3,6 +3,7 @@
 import type { ProviderConfig } from '../config/schema.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { usageOf, type Usage } from '../streaming/usage.ts';
 import { AnthropicStreamTranslator, isAnthropicErrorType, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
 
 /** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
@@ -15,6 +16,11 @@ export interface ResponseTranslator {
 export interface StreamTranslator {
   push(ev: SseEvent): SseEvent[];
   end(): SseEvent[];
+  /**
+   * The usage the upstream's own events reported so far, whether or not the client asked for it: an Anthropic stream
+   * always carries it (message_start, message_delta), and the translated one only when include_usage was set.
+   */
+  usage(): Usage | undefined;
 }
 
 export interface UpstreamRequest {
@@ -172,6 +178,7 @@ function anthropicTranslator(model: string, includeUsage: boolean): ResponseTran
       return {
         push: (ev) => reframe(translator.push({ event: ev.event, data: ev.data })),
         end: () => reframe(translator.end()),
+        usage: () => usageOf({ usage: translator.usage }),
       };
     },
   };

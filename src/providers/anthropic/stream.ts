@@ -64,6 +64,11 @@ export class AnthropicStreamTranslator {
     this.#created = opts.created ?? Math.floor(Date.now() / 1000);
   }
 
+  /** The upstream's usage so far (message_start's, updated by message_delta's), in Anthropic's terms. */
+  get usage(): AnthropicUsage {
+    return this.#usage;
+  }
+
   /** Takes one upstream event; returns the complete SSE events (`data: ...\n\n`) to send, possibly none. */
   push(event: { event: string | null; data: string | null }): string[] {
     if (this.#over || event.data === null) return [];
