@@ -24,6 +24,12 @@ const ANSWER_FIELD: Partial<Record<ApiKind, string>> = {
 
 /** A list that must not be empty (a Responses `output` may be, while the response is queued). */
 const NON_EMPTY: ReadonlySet<string> = new Set(['"choices"']);
+/**
+ * Fields that must hold a list, not `null`: some routers answer a 200 with `{"choices": null, "error": {...}}`, and
+ * the SDK returns it as a completion whose `choices[0]` throws. (A Responses `output` key may also occur earlier in
+ * `instructions`, as a function_call_output's string, so only these are checked.)
+ */
+const LIST: ReadonlySet<string> = new Set(['"choices"', '"data"']);
 
 const WHITESPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 
@@ -156,17 +162,21 @@ function missingField(api: ApiKind, body: Buffer): string | undefined {
   const name = field.slice(1, -1);
   const at = body.indexOf(field);
   if (at === -1) return body.includes('"error"') ? 'the upstream answered 2xx with an error, not an answer' : `the upstream answer has no ${name}`;
-  if (NON_EMPTY.has(field) && emptyListAt(body, at + field.length)) return `the upstream answer's ${name} are empty`;
+  const list = listAt(body, at + field.length);
+  if (LIST.has(field) && list === 'none') {
+    return body.includes('"error"') ? 'the upstream answered 2xx with an error, not an answer' : `the upstream answer's ${name} are not a list`;
+  }
+  if (NON_EMPTY.has(field) && list === 'empty') return `the upstream answer's ${name} are empty`;
   return undefined;
 }
 
-/** Does `: [ ]` follow at `from`? */
-function emptyListAt(body: Buffer, from: number): boolean {
+/** What follows at `from`: `: [ ]` (empty), `: [` and more (a list), or anything else (none). */
+function listAt(body: Buffer, from: number): 'empty' | 'list' | 'none' {
   let i = skipSpace(body, from);
-  if (body[i] !== 0x3a) return false;
+  if (body[i] !== 0x3a) return 'none';
   i = skipSpace(body, i + 1);
-  if (body[i] !== 0x5b) return false;
-  return body[skipSpace(body, i + 1)] === 0x5d;
+  if (body[i] !== 0x5b) return 'none';
+  return body[skipSpace(body, i + 1)] === 0x5d ? 'empty' : 'list';
 }
 
 function skipSpace(body: Buffer, from: number): number {
