@@ -1,8 +1,10 @@
 // Paths the config opens outside the managed routes, forwarded by @fastify/http-proxy with the provider's credentials
 // in place of the client's. No retries: these are files, batches and the like, where a blind retry can duplicate work.
 // Bounded by connectMs to connect, the passthrough's timeoutMs for the answer's headers, idleMs between its chunks.
+import { randomUUID } from 'node:crypto';
 import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
+import { Agent, type Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
 import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
@@ -102,6 +104,31 @@ function withoutDotSegments(path: string): string {
   }
 }
 
+/** The gateway's own header naming a passthrough call to ClientBoundAgent; taken off before the request is sent. */
+const CALL_HEADER = 'x-stormgate-passthrough-call';
+
+/**
+ * The passthrough's upstream connections, each request bound to its client. reply-from has no way to abort the
+ * upstream request when the client leaves: one that had not got its answer's headers (a download the provider takes
+ * its time to start, a hung provider) ran on to `passthrough.timeoutMs` (2 min by default) for nobody, holding one of
+ * the passthrough's connections. `calls` holds each waiting client's signal under the id CALL_HEADER carries (not the
+ * request id: a client may pick that, and two may pick the same).
+ */
+class ClientBoundAgent extends Agent {
+  readonly calls = new Map<string, AbortSignal>();
+
+  override request<T = null>(options: Dispatcher.RequestOptions<T>): Promise<Dispatcher.ResponseData<T>>;
+  override request<T = null>(options: Dispatcher.RequestOptions<T>, callback: (err: Error | null, data: Dispatcher.ResponseData<T>) => void): void;
+  override request<T = null>(options: Dispatcher.RequestOptions<T>, callback?: (err: Error | null, data: Dispatcher.ResponseData<T>) => void): Promise<Dispatcher.ResponseData<T>> | void {
+    const headers = { ...(options.headers as Record<string, string | string[] | undefined>) };
+    const call = headers[CALL_HEADER];
+    delete headers[CALL_HEADER];
+    const signal = typeof call === 'string' ? this.calls.get(call) : undefined;
+    const bound = { ...options, headers, ...(signal && { signal }) };
+    return callback ? super.request(bound, callback) : super.request(bound);
+  }
+}
+
 /**
  * `managedPaths`: the routes' paths. A passthrough path under one of them (`/v1/responses/`, opened for retrieve,
  * cancel and delete) also matches `POST /v1/responses/`, which the provider runs as the managed call itself: with the
@@ -114,24 +141,29 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
   const base = new URL(provider.baseUrl);
   const basePath = base.pathname.replace(/\/+$/, '');
   for (const path of passthrough.paths) {
+    // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung provider
+    // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
+    // is a gap, not a length, so neither is a long download.
+    const agent = new ClientBoundAgent({ connections: 16, connect: { timeout: provider.timeouts.connectMs }, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs });
     await app.register(proxy, {
       upstream: base.origin,
       prefix: path,
       rewritePrefix: `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`,
       httpMethods: passthrough.methods,
-      preHandler: async (request) => {
+      preHandler: async (request, reply) => {
         const path = request.url.split('?')[0]!;
         if (managed.has(plainPath(path))) throw new GatewayError('unknown_url', `no route for ${request.method} ${path}`);
+        // The client leaving before its answer is written ends the upstream request (ClientBoundAgent).
+        const call = randomUUID();
+        const gone = new AbortController();
+        agent.calls.set(call, gone.signal);
+        request.headers[CALL_HEADER] = call;
+        reply.raw.once('close', () => {
+          agent.calls.delete(call);
+          if (!reply.raw.writableFinished) gone.abort();
+        });
       },
-      undici: {
-        connections: 16,
-        connect: { timeout: provider.timeouts.connectMs },
-        // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung
-        // provider for five minutes. The headers timer starts once the request body is sent, so a long upload is
-        // not cut; idleMs is a gap, not a length, so neither is a long download.
-        headersTimeout: passthrough.timeoutMs,
-        bodyTimeout: provider.timeouts.idleMs,
-      },
+      undici: agent,
       // The gateway writes one log line per request itself; reply-from would add two more.
       disableRequestLogging: true,
       replyOptions: {
@@ -146,6 +178,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           // undici also refuses to send keep-alive or upgrade at all, which turned such a request into a 502.
           const hop = hopByHop(headers.connection);
           for (const name in headers) if (!stripped(name) && !hop.has(name)) out[name] = headers[name];
+          out[CALL_HEADER] = headers[CALL_HEADER];
           out.authorization = `Bearer ${provider.apiKey}`;
           // The gateway's request id, as on the managed routes: the provider's support can find the call by it.
           out['x-client-request-id'] = req.id;
