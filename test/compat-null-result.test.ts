@@ -48,3 +48,14 @@ describe('a 200 whose result field is null', () => {
     expect(seen).toHaveLength(2);
   });
 });
+
+describe('an answer whose list key is preceded by the same word as a value', () => {
+  it('is judged by the key, not by a model named "data" or "choices"', () => {
+    const embeddings = Buffer.from('{"object":"list","model":"data","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"usage":{"prompt_tokens":1,"total_tokens":1}}');
+    expect(notAnAnswer({ api: 'embeddings', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, embeddings)).toBeUndefined();
+    const chat = Buffer.from('{"id":"c","object":"chat.completion","model":"choices","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}');
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, chat)).toBeUndefined();
+    // The router's null list is still refused.
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, Buffer.from('{"choices":null,"error":{"message":"x"}}'))).toBeDefined();
+  });
+});

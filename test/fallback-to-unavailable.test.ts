@@ -32,3 +32,30 @@ describe('a fallback target that is held off', () => {
     expect(lines[2]!.skipped).toEqual([{ target: 'backup/gpt-4o', reason: 'held off: the provider asked for a pause' }]);
   });
 });
+
+describe('a fallback target the request parks for', () => {
+  it('is a hand-over once the request released to it is sent there: counted, and named as the fallback in the log line', async () => {
+    // The backup's first answer asks for a 1 s pause, longer than the route waits out (maxWaitHintMs 500): the
+    // first request ends there, and the backup is held off when the second arrives.
+    const backup = await extraMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '1' }, times: 1 }] }, apiKey: 'backup-key' });
+    const s = await start({
+      faults: { errors: [{ status: 503 }] },
+      config: (url) => {
+        const base = defaultConfig(url, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1, maxWaitHintMs: 500 }, park: { maxQueue: 10 } } : r)),
+        };
+      },
+    });
+    expect(await chatStatus(s.url)).toBe(429);
+    await new Promise((r) => setTimeout(r, 700));
+    // Primary 503, the backup held off for ~0.3 s more: the request parks for it, is released and answered by it.
+    expect(await chatStatus(s.url)).toBe(200);
+    expect(backup.requests().length).toBe(2);
+    expect(await metricSum(s, 'stormgate_fallbacks_total{route="chat",from="mock/gpt-4o",to="backup/gpt-4o"')).toBe(2);
+    const lines = s.logs.map((l) => JSON.parse(l) as { route?: string; fallback?: unknown }).filter((l) => l.route === 'chat');
+    expect(lines[1]!.fallback).toBeDefined();
+  });
+});

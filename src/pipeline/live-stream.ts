@@ -445,7 +445,8 @@ export class LiveStream {
     clearTimeout(this.#idle);
     // A translated stream's usage is the translator's, read from the upstream's events: the client's events carry it
     // only when it asked for include_usage, and the tokens metric bills every answer.
-    const usage = this.#opts.translate?.usage() ?? this.#usage;
+    // Not for a recovered stream: its answer's end, and its usage, came from the continuation's target.
+    const usage = (kind !== 'recovered' ? this.#opts.translate?.usage() : undefined) ?? this.#usage;
     const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }) };
     this.#ended = end;
     const { controller } = this.#opts;

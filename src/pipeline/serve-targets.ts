@@ -108,16 +108,21 @@ export async function serveTargets(
   // It is counted once the request went to that target: one found held off, with its breaker open, its pool full or
   // unable to express the request was sent nothing, and counting it made stormgate_fallbacks_total{to} promise the
   // backup traffic it never got (in a chaos run, 556 hand-overs for 331 requests the backup saw).
+  // A hand-over to a target found unavailable is owed until the request is sent there: parked for that target and
+  // released to it, the request comes back with `left` naming that very target, and the hand-over was never counted.
+  let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, hasNext: boolean, ticket?: Ticket) => {
-    const from = left && left.plan !== plan && plan !== plans[0] ? left : undefined;
+    const from = plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined;
     if (from) passedOver(from);
     const sentBefore = run.sent;
     const r = await tryTarget(ctx, plan, run, deps, hasNext, ticket);
     if (from && run.sent > sentBefore) {
       deps.onFallback?.(ctx.route.name, from.plan.key, plan.key, from.reason);
       fallback = from.reason;
+      owed = undefined;
     } else if (from && r.kind === 'unavailable') {
       passedOver({ plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' });
+      owed = { to: plan, from };
     }
     return r;
   };

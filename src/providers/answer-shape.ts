@@ -160,9 +160,15 @@ function missingField(api: ApiKind, body: Buffer): string | undefined {
   const field = ANSWER_FIELD[api];
   if (field === undefined) return undefined;
   const name = field.slice(1, -1);
-  const at = body.indexOf(field);
+  let at = body.indexOf(field);
   if (at === -1) return body.includes('"error"') ? 'the upstream answered 2xx with an error, not an answer' : `the upstream answer has no ${name}`;
-  const list = listAt(body, at + field.length);
+  let list = listAt(body, at + field.length);
+  // The same quoted word as a string value (a model or deployment named `data`) is not the key: the key is the first
+  // occurrence a colon follows. A normal answer's first occurrence is its key, so this costs it nothing.
+  while (list === 'value') {
+    at = body.indexOf(field, at + field.length);
+    list = at === -1 ? 'none' : listAt(body, at + field.length);
+  }
   if (LIST.has(field) && list === 'none') {
     return body.includes('"error"') ? 'the upstream answered 2xx with an error, not an answer' : `the upstream answer's ${name} are not a list`;
   }
@@ -170,10 +176,10 @@ function missingField(api: ApiKind, body: Buffer): string | undefined {
   return undefined;
 }
 
-/** What follows at `from`: `: [ ]` (empty), `: [` and more (a list), or anything else (none). */
-function listAt(body: Buffer, from: number): 'empty' | 'list' | 'none' {
+/** What follows at `from`: `: [ ]` (empty), `: [` and more (a list), no colon (a string value), or anything else (none). */
+function listAt(body: Buffer, from: number): 'empty' | 'list' | 'none' | 'value' {
   let i = skipSpace(body, from);
-  if (body[i] !== 0x3a) return 'none';
+  if (body[i] !== 0x3a) return 'value';
   i = skipSpace(body, i + 1);
   if (body[i] !== 0x5b) return 'none';
   return body[skipSpace(body, i + 1)] === 0x5d ? 'empty' : 'list';

@@ -178,7 +178,8 @@ function anthropicTranslator(model: string, includeUsage: boolean): ResponseTran
       return {
         push: (ev) => reframe(translator.push({ event: ev.event, data: ev.data })),
         end: () => reframe(translator.end()),
-        usage: () => usageOf({ usage: translator.usage }),
+        // None before message_start: a stream broken before it reported nothing, not zero tokens.
+        usage: () => (Object.keys(translator.usage).length === 0 ? undefined : usageOf({ usage: translator.usage })),
       };
     },
   };
