@@ -3,25 +3,32 @@
 // hand-overs where the backup saw 331 requests, and the log lines of the phantom ones named no backup at all.
 import { describe, expect, it } from 'vitest';
 import { chatStatus, defaultConfig, metricSum, RETRY_LOOP_ONLY, useExtraMocks, useStacks } from './helpers/stack.ts';
+import type { FaultSpec } from '../src/mock/server.ts';
 
 const extraMock = useExtraMocks();
 const start = useStacks();
 
+/** A primary that answers 503 to everything and a backup with `errors`; the chat route tries one, then the other. */
+async function failingPrimaryWithBackup(errors: NonNullable<FaultSpec['errors']>, chat: Record<string, unknown>) {
+  const backup = await extraMock({ faults: { errors }, apiKey: 'backup-key' });
+  const s = await start({
+    faults: { errors: [{ status: 503 }] },
+    config: (url) => {
+      const base = defaultConfig(url, RETRY_LOOP_ONLY);
+      return {
+        ...base,
+        providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } },
+        routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }], ...chat } : r)),
+      };
+    },
+  });
+  return { backup, s };
+}
+
 describe('a fallback target that is held off', () => {
   it('is no hand-over: stormgate_fallbacks_total counts only requests the fallback was sent, and the log names it as skipped', async () => {
     // The backup asks for a 30 s pause on the first request it sees; the primary fails every request (one attempt).
-    const backup = await extraMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] }, apiKey: 'backup-key' });
-    const s = await start({
-      faults: { errors: [{ status: 503 }] },
-      config: (url) => {
-        const base = defaultConfig(url, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } },
-          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1 } } : r)),
-        };
-      },
-    });
+    const { backup, s } = await failingPrimaryWithBackup([{ status: 429, headers: { 'retry-after': '30' } }], { retry: { maxAttempts: 1 } });
     expect(await chatStatus(s.url)).toBe(429); // primary 503, backup 429 (starts its hold-off)
     expect(await chatStatus(s.url)).toBe(503); // primary 503, backup held off: not sent
     expect(await chatStatus(s.url)).toBe(503);
@@ -37,18 +44,7 @@ describe('a fallback target the request parks for', () => {
   it('is a hand-over once the request released to it is sent there: counted, and named as the fallback in the log line', async () => {
     // The backup's first answer asks for a 1 s pause, longer than the route waits out (maxWaitHintMs 500): the
     // first request ends there, and the backup is held off when the second arrives.
-    const backup = await extraMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '1' }, times: 1 }] }, apiKey: 'backup-key' });
-    const s = await start({
-      faults: { errors: [{ status: 503 }] },
-      config: (url) => {
-        const base = defaultConfig(url, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: 'backup-key', breaker: false } },
-          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1, maxWaitHintMs: 500 }, park: { maxQueue: 10 } } : r)),
-        };
-      },
-    });
+    const { backup, s } = await failingPrimaryWithBackup([{ status: 429, headers: { 'retry-after': '1' }, times: 1 }], { retry: { maxAttempts: 1, maxWaitHintMs: 500 }, park: { maxQueue: 10 } });
     expect(await chatStatus(s.url)).toBe(429);
     await new Promise((r) => setTimeout(r, 700));
     // Primary 503, the backup held off for ~0.3 s more: the request parks for it, is released and answered by it.
