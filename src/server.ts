@@ -194,7 +194,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (hostFault !== undefined) {
       sendError(reply, new GatewayError('bad_request', hostFault));
     } else if (hostAllowed !== undefined && request.headers.host !== undefined && !hostAllowed(request.headers.host)) {
-      sendError(reply, new GatewayError('host_not_allowed', `the gateway listens on a loopback address and answers its local names only, not "${printable(request.headers.host, 100)}": a DNS name pointed at this machine is how a web page would reach it (DNS rebinding); a proxy that sends that name needs it in server.allowedHosts`));
+      sendError(reply, new GatewayError('host_not_allowed', `the gateway does not answer to "${printable(request.headers.host, 100)}": on a loopback address it answers its local names only, since a DNS name pointed at this machine is how a web page would reach it (DNS rebinding); a proxy that sends that name needs it in server.allowedHosts`));
     } else if (request.headers.via !== undefined && runtime.loop.cameBack(request.headers.via)) {
       logger.error({ reqId: request.id, path: request.url.split('?')[0] }, 'a request this gateway sent upstream came back to it: a provider baseUrl points at the gateway itself');
       sendError(reply, new GatewayError('loop_detected', 'the request came back to the gateway that sent it upstream: a provider\'s baseUrl points at the gateway itself (is OPENAI_BASE_URL, or the variable the config reads, set to the gateway\'s address where it was started?)'));
