@@ -123,9 +123,7 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
   const raw = body && withoutBom(body);
   if (raw && raw.length > 0) {
     try {
-      const whole = JSON.parse(raw.toString('utf8')) as unknown;
-      // Gemini's OpenAI-compatible endpoint answers its errors as a one-element list.
-      const parsed = Array.isArray(whole) && whole.length === 1 ? (whole[0] as unknown) : whole;
+      const parsed = unlisted(JSON.parse(raw.toString('utf8')));
       if (isOpenAIErrorBody(parsed)) {
         const e = parsed.error;
         const type = typeof e.type === 'string' && e.type !== '' ? e.type : typeOfStatus(status);
@@ -166,11 +164,16 @@ export function stringOrNull(v: unknown): string | null {
  * (normaliseUpstreamErrorBody).
  */
 export function upstreamErrorFields(parsed: unknown): { code?: unknown; type?: unknown; message?: unknown } | undefined {
-  const body = Array.isArray(parsed) && parsed.length === 1 ? (parsed[0] as unknown) : parsed;
+  const body = unlisted(parsed);
   if (typeof body !== 'object' || body === null) return undefined;
   const error = (body as { error?: unknown }).error;
   if (typeof error === 'object' && error !== null) return error;
   return isFlatErrorBody(body) ? body : undefined;
+}
+
+/** Gemini's OpenAI-compatible endpoint answers its errors as a one-element list: the element. */
+function unlisted(parsed: unknown): unknown {
+  return Array.isArray(parsed) && parsed.length === 1 ? (parsed[0] as unknown) : parsed;
 }
 
 function isFlatErrorBody(v: unknown): v is { object: 'error'; message: string; type?: unknown; code?: unknown; param?: unknown } {
