@@ -324,9 +324,10 @@ function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
 
 async function createStore(config: Config, logger: Logger, now: () => number): Promise<StateStore> {
   const redis = config.state.redis;
-  if (redis === undefined || redis === '') return new MemoryStore();
+  const keptBytes = config.idempotency.memoryBytes;
+  if (redis === undefined || redis === '') return new MemoryStore({ keptBytes });
   const { RedisStore } = await import('./state/redis-store.ts');
-  const store = new RedisStore({ config: config.state, logger, now });
+  const store = new RedisStore({ config: config.state, logger, now, keptBytes });
   // An instance that served before it subscribed would miss what the fleet decides meanwhile (a breaker opened, a
   // credential hold) for every target it has not asked Redis about yet. A Redis that is away does not hold up the
   // start for long: the store serves on local state and catches up when Redis comes.

@@ -11,6 +11,7 @@ import { drainingError, GatewayError, methodNotAllowed, missingModel, type OpenA
 import { toAnthropicShape } from './providers/anthropic/index.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
+import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from './pipeline/idempotent-request.ts';
 import type { LiveStream } from './pipeline/live-stream.ts';
 import { createRouter, type CompiledRoute } from './routing/router.ts';
 import { asAnthropicModel, asAnthropicPage, createModelsList } from './routing/models-list.ts';
@@ -324,9 +325,22 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(path, body.json);
     checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
+    const keyed = keyedRequest(
+      { headers: request.headers, client: request.client, path, rawBody: body.raw, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed },
+      idempotencyDeps,
+    );
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
+    let claim: KeyClaim | undefined;
     try {
+      if (keyed) {
+        claim = await claimKey(keyed, idempotencyDeps);
+        if (claim.kind === 'replay') {
+          ends.leavePipeline(request, reply);
+          request.stormgate = replaySummary(route, claim.answer);
+          return sendAnswer(reply, { ...replayed(claim.answer), summary: request.stormgate });
+        }
+      }
       answer = await handleManagedRequest(
         {
           route,
@@ -341,10 +355,16 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
           ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown,
+          ...(keyed && { idempotent: true }),
         },
         runtime.pipeline,
       );
+      if (claim?.kind === 'run') {
+        answer.summary.idempotency = 'run';
+        answer = claim.keep(answer);
+      }
     } catch (err) {
+      if (claim?.kind === 'run') claim.giveBack();
       ends.leavePipeline(request, reply);
       throw err;
     }
@@ -370,6 +390,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     return sendAnswer(reply, answer);
   }
+
+  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random };
 
   /** The route for a managed request, or the error for a request without a usable model or one no route serves. */
   function routeFor(path: string, json: Record<string, unknown>): CompiledRoute {

@@ -207,7 +207,7 @@ describe('config errors', () => {
 
   it('lists the valid keys when no key is close', () => {
     expect(configError(valid('logging: {}\n')).message).toBe(
-      'gw.yaml:10: unknown key "logging"; valid keys: server, providers, routes, passthrough, auth, state, drain',
+      'gw.yaml:10: unknown key "logging"; valid keys: server, providers, routes, passthrough, auth, state, drain, idempotency',
     );
   });
 

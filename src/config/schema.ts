@@ -374,6 +374,15 @@ export const DrainSchema = z
   })
   .describe('Graceful shutdown on SIGTERM.');
 
+export const IdempotencySchema = z
+  .strictObject({
+    enabled: z.boolean().default(true).describe('A managed request with an `Idempotency-Key` header runs once: a repeat while it runs waits for its answer, a repeat after it gets the same answer again. Off: the header is only forwarded. Default: true.'),
+    ttlMs: positiveMs('How long an answer is kept for repeats of its key, from when it was given. Default: 600000 (10 minutes).').default(600_000),
+    maxAnswerBytes: z.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024).describe('Longest answer kept for repeats (a stream counts its events). A longer one is not kept: a repeat of its key gets 409 idempotency_answer_not_kept. Default: 1048576.'),
+    memoryBytes: z.number().int().positive().max(2 ** 40).default(64 * 1024 * 1024).describe('Without Redis (or while it is away): the most answer bytes kept in the process; the oldest go first. Default: 67108864.'),
+  })
+  .describe('Idempotency keys on the managed routes (the Idempotency-Key header), kept in the state store: shared by a fleet through Redis.');
+
 export const ConfigSchema = z
   .strictObject({
     server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, requestTimeoutMs: 60_000, logLevel: 'info', logSuccessRate: 1 }),
@@ -383,6 +392,7 @@ export const ConfigSchema = z
     auth: AuthSchema.optional(),
     state: StateSchema.default({ commandTimeoutMs: 50, keyPrefix: 'stormgate' }),
     drain: DrainSchema.default({ preStopMs: 5000, graceMs: 30000 }),
+    idempotency: IdempotencySchema.default({ enabled: true, ttlMs: 600_000, maxAnswerBytes: 1024 * 1024, memoryBytes: 64 * 1024 * 1024 }),
   })
   .superRefine((cfg, ctx) => {
     const names = new Set<string>();
@@ -647,4 +657,5 @@ export type BreakerConfig = z.infer<typeof BreakerSchema>;
 export type BudgetSettings = z.infer<typeof BudgetSchema>;
 export type ParkConfig = z.infer<typeof ParkSchema>;
 export type StateConfig = z.infer<typeof StateSchema>;
+export type IdempotencyConfig = z.infer<typeof IdempotencySchema>;
 export type PoolsConfig = z.infer<typeof PoolsSchema>;

@@ -121,6 +121,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       fallback: s.fallback,
       retriesStopped: s.retriesStopped,
       ...(s.skipped.length > 0 && { skipped: s.skipped }),
+      ...(s.idempotency && { idempotency: s.idempotency }),
     }),
   };
   const end = s?.streamEnd;

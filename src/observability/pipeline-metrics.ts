@@ -99,6 +99,7 @@ export class RequestRecorder {
       m.tokens.inc({ route, target, kind: 'prompt' }, s.usage.prompt);
       m.tokens.inc({ route, target, kind: 'completion' }, s.usage.completion);
     }
-    if (s.outcome !== 'client_gone') this.#window.record(route, { retried, ok, fallback: ok && s.fallback !== undefined });
+    // A replay (an idempotency key's answer sent again) is not a request the route served: out of its rates.
+    if (s.outcome !== 'client_gone' && s.outcome !== 'replayed') this.#window.record(route, { retried, ok, fallback: ok && s.fallback !== undefined });
   }
 }

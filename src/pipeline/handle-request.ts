@@ -47,6 +47,12 @@ export interface ManagedRequest {
   onClientGone: (listener: () => void) => () => void;
   /** Registers a call for when the instance's drain grace period is over (at once if it is); returns its removal. */
   onShutdown?: (listener: () => void) => () => void;
+  /**
+   * The request runs under an idempotency key (pipeline/idempotent-request.ts), detached from its client, which may
+   * come back under the key for the answer: its deadline is the route's, not the client's timeout, and a client that
+   * leaves does not stop it.
+   */
+  idempotent?: boolean;
 }
 
 export interface PipelineDeps extends ServeDeps {
@@ -80,7 +86,7 @@ export interface PipelineAnswer {
 
 const BROKEN_STREAM_ENDS: ReadonlySet<StreamEnd['kind']> = new Set(['cut', 'stalled', 'upstream-error', 'shutdown']);
 
-export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error'] as const;
+export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
 export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
 export interface RequestSummary {
@@ -113,11 +119,13 @@ export interface RequestSummary {
   skipped: SkippedTarget[];
   /** Tokens of the answer, for the cost metrics. */
   usage?: Usage;
+  /** Under an idempotency key: `run` (this request ran under it) or `replayed` (it got the run's answer again). */
+  idempotency?: 'run' | 'replayed';
 }
 
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
   const { route } = req;
-  const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.headers });
+  const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.idempotent ? {} : req.headers });
   // The deadline counts from the request's head, not from the end of its body: a large body sent over a slow link
   // spends seconds of the client's timeout before the pipeline sees it, and counted from here the answer came after
   // the client had given up (and its SDK had sent the request again).
@@ -130,7 +138,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const deadlineTimer = setTimeout(() => {
     if (!earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
   }, Math.max(0, deadline.budgetMs - receivedMs));
-  const stopWatchingClient = req.onClientGone(() => controller.abort(new ClientGone()));
+  const stopWatchingClient = req.idempotent ? () => {} : req.onClientGone(() => controller.abort(new ClientGone()));
   // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.
   const stopWatchingShutdown = req.onShutdown?.(() => controller.abort(new GatewayShutdown()));
   const summary: RequestSummary = {

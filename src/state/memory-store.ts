@@ -8,10 +8,15 @@ import {
   type BreakerRecord,
   type BudgetConfig,
   type BudgetWindow,
+  type KeyRecord,
   type OutcomeWindow,
   type StateChange,
   type StateStore,
 } from './store.ts';
+import { KeptKeys } from './kept-keys.ts';
+
+/** What the in-process store keeps of idempotency keys' answers at most, unless told otherwise (config: idempotency.memoryBytes). */
+export const DEFAULT_KEPT_BYTES = 64 * 1024 * 1024;
 
 /**
  * Per-second buckets; the window is the sum over the last windowS seconds. Seconds older than the longest window any
@@ -59,6 +64,11 @@ export class MemoryStore implements StateStore {
   readonly #budgets = new Map<string, SecondBuckets>();
   readonly #holdOffs = new Map<string, number>();
   readonly #listeners = new Set<(change: StateChange) => void>();
+  readonly #keys: KeptKeys;
+
+  constructor(opts: { keptBytes?: number } = {}) {
+    this.#keys = new KeptKeys(opts.keptBytes ?? DEFAULT_KEPT_BYTES);
+  }
 
   async addOutcomes(target: string, generation: number, delta: OutcomeWindow, nowMs: number, windowS: number): Promise<OutcomeWindow> {
     let w = this.#outcomes.get(target);
@@ -128,6 +138,22 @@ export class MemoryStore implements StateStore {
 
   async exchangeDemand(_pool: string, demand: readonly number[]): Promise<{ totals: number[]; instances: number }> {
     return { totals: [...demand], instances: 1 };
+  }
+
+  async claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined> {
+    return this.#keys.claim(key, fingerprint, runningMs, nowMs);
+  }
+
+  async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
+    return this.#keys.read(key, nowMs);
+  }
+
+  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
+    this.#keys.settle(key, record, ttlMs, nowMs);
+  }
+
+  async releaseKey(key: string): Promise<void> {
+    this.#keys.release(key);
   }
 
   onChange(listener: (change: StateChange) => void): () => void {

@@ -51,6 +51,11 @@ export class RedisKeys {
     return key === undefined ? `${this.#prefix}{probe}:probe` : `${key}:probe`;
   }
 
+  /** An idempotency key's record (state/kept-keys.ts): `key` is already scoped and hashed, so each has a slot of its own. */
+  idempotency(key: string): string {
+    return `${this.#prefix}idempotency:{${key}}`;
+  }
+
   /** Per-second request (`r:<sec>`) and retry (`x:<sec>`) counts of one retry budget. */
   budget(budgetKey: string): string {
     return `${this.#prefix}{${budgetKey}}:budget`;

@@ -83,6 +83,18 @@ return { 1, ARGV[1] }
 `;
 
 /**
+ * KEYS: an idempotency key. ARGV: the running record, its lifetime (ms). Returns the record already there (a request
+ * running under the key, or how one ended), or nil when this call claimed the key. One script, not SET NX then GET: a
+ * record that expires between the two would leave the caller neither the key nor a record to wait for.
+ */
+const CLAIM_KEY = `
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+`;
+
+/**
  * KEYS: budget hash. ARGV: sec, windowS, ratio, floor, mode ('peek' | 'take' | 'force'), ttlMs, then pending request
  * counts not yet flushed as sec, n, ... (counted first, so a retry sees every request this instance has seen).
  * Returns [requests, retries, allowed] with retries as they were before this take.
@@ -171,9 +183,15 @@ export interface ScriptCommands {
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
+  sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
 }
 
-export type ScriptClient = (Redis | Cluster) & ScriptCommands;
+/** ioredis defines a variant of every script that answers bulk strings as Buffers: a kept answer is bytes, not text. */
+interface BufferCommands {
+  sgClaimKeyBuffer(key: string, ...args: Arg[]): Promise<Buffer | null>;
+}
+
+export type ScriptClient = (Redis | Cluster) & ScriptCommands & BufferCommands;
 
 /** Registers every script on the client (ioredis sends EVALSHA and falls back to EVAL after a Redis restart). */
 export function defineScripts(client: Redis | Cluster): ScriptClient {
@@ -186,6 +204,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
     sgProbe: PROBE,
+    sgClaimKey: CLAIM_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });

@@ -15,8 +15,9 @@ import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { configProblem, isCommandTimeout, isReadOnly, safeError, type ConfigProblem } from './redis-errors.ts';
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, type ScriptClient } from './redis-scripts.ts';
+import { decodeKeyRecord, encodeKeyRecord } from './kept-keys.ts';
 import { FleetView } from './redis-view.ts';
-import { budgetOf, MAX_WINDOW_S, type BreakerRecord, type BudgetConfig, type BudgetWindow, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
+import { budgetOf, MAX_WINDOW_S, type BreakerRecord, type BudgetConfig, type BudgetWindow, type KeyRecord, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
 
 export interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */
@@ -24,6 +25,8 @@ export interface RedisStoreOptions {
   logger?: Logger;
   /** Clock for what the caller does not time itself (a hold-off key's expiry, pruning unsent counts). Default: Date.now. */
   now?: () => number;
+  /** The most idempotency answer bytes kept in the process while Redis is away (config: idempotency.memoryBytes). */
+  keptBytes?: number;
 }
 
 /** Batched request counts are sent at most this far apart. */
@@ -82,7 +85,7 @@ export class RedisStore implements StateStore {
   readonly #keys: RedisKeys;
   readonly #client: ScriptClient;
   readonly #sub: RedisConnection;
-  readonly #local = new MemoryStore();
+  readonly #local: MemoryStore;
   readonly #logger: Logger | undefined;
   readonly #now: () => number;
   readonly #view: FleetView;
@@ -119,6 +122,7 @@ export class RedisStore implements StateStore {
   #closed = false;
 
   constructor(opts: RedisStoreOptions) {
+    this.#local = new MemoryStore({ ...(opts.keptBytes !== undefined && { keptBytes: opts.keptBytes }) });
     this.#keys = new RedisKeys(opts.config.keyPrefix);
     this.#logger = opts.logger;
     this.#now = opts.now ?? Date.now;
@@ -276,6 +280,64 @@ export class RedisStore implements StateStore {
   async budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow> {
     const remote = await this.#budget(budgetKey, cfg, nowMs, 'peek');
     return remote ? { requests: remote.requests, retries: remote.retries } : this.#local.budgetWindow(budgetKey, cfg, nowMs);
+  }
+
+  // Idempotency keys: in Redis when it is usable, else in the process (a repeat that reaches another instance then
+  // runs again, as it would with no key at all). A key claimed on one side is not looked for on the other.
+
+  async claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined> {
+    if (!this.#usable()) return this.#local.claimKey(key, fingerprint, runningMs, nowMs);
+    const redisKey = this.#keys.idempotency(key);
+    try {
+      const running = encodeKeyRecord({ state: 'running', fingerprint, sinceMs: nowMs }).toString('utf8');
+      const held = await this.#client.sgClaimKeyBuffer(redisKey, running, runningMs);
+      this.#answered();
+      // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
+      return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: nowMs });
+    } catch (err) {
+      this.#failed(err, redisKey);
+      return this.#local.claimKey(key, fingerprint, runningMs, nowMs);
+    }
+  }
+
+  async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
+    if (!this.#usable()) return this.#local.readKey(key, nowMs);
+    const redisKey = this.#keys.idempotency(key);
+    try {
+      const raw = await this.#client.getBuffer(redisKey);
+      this.#answered();
+      return raw === null ? this.#local.readKey(key, nowMs) : decodeKeyRecord(raw);
+    } catch (err) {
+      this.#failed(err, redisKey);
+      return this.#local.readKey(key, nowMs);
+    }
+  }
+
+  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
+    // A claim taken while Redis was away lives in the process, where its repeats look: it is settled there too.
+    const local = (await this.#local.readKey(key, nowMs)) !== undefined;
+    if (local || !this.#usable()) await this.#local.settleKey(key, record, ttlMs, nowMs);
+    if (!this.#usable()) return;
+    const redisKey = this.#keys.idempotency(key);
+    try {
+      await this.#client.set(redisKey, encodeKeyRecord(record), 'PX', ttlMs);
+      this.#answered();
+    } catch (err) {
+      this.#failed(err, redisKey);
+      if (!local) await this.#local.settleKey(key, record, ttlMs, nowMs);
+    }
+  }
+
+  async releaseKey(key: string): Promise<void> {
+    await this.#local.releaseKey(key);
+    if (!this.#usable()) return;
+    const redisKey = this.#keys.idempotency(key);
+    try {
+      await this.#client.del(redisKey);
+      this.#answered();
+    } catch (err) {
+      this.#failed(err, redisKey);
+    }
   }
 
   getHoldOff(target: string): number | undefined {

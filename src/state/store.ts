@@ -44,6 +44,21 @@ export interface BudgetConfig {
   minRetriesPerSecond: number;
 }
 
+/** What a request under an idempotency key was answered, kept for the key's repeats. */
+export interface KeptAnswer {
+  status: number;
+  headers: Record<string, string>;
+  /** `whole`: the answer's body as sent; `stream`: the SSE bytes the client was sent, its end included. */
+  kind: 'whole' | 'stream';
+  body: Buffer;
+}
+
+/** An idempotency key's record: a request running under it, or how it ended. */
+export type KeyRecord =
+  | { state: 'running'; fingerprint: string; sinceMs: number }
+  /** `answer` absent: the answer was longer than idempotency.maxAnswerBytes (`bytes` long) and is not kept. */
+  | { state: 'done'; fingerprint: string; answer?: KeptAnswer; bytes: number };
+
 /** Something another instance (or this one) changed. */
 export type StateChange =
   | { kind: 'breaker'; target: string; record: BreakerRecord }
@@ -102,6 +117,19 @@ export interface StateStore {
    * the caller then keeps the share it had.
    */
   exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined>;
+
+  /**
+   * Claims an idempotency key (an opaque, already scoped and hashed string) for a request about to run; the claim
+   * lapses after runningMs, so an instance that died mid-request cannot hold it. Undefined when this request got the
+   * key; else the record already there (the request to wait for, or the answer to replay).
+   */
+  claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined>;
+  /** The key's record, undefined when it has none (never used, given back, or expired). */
+  readKey(key: string, nowMs: number): Promise<KeyRecord | undefined>;
+  /** Keeps how the request under the key ended, for ttlMs. */
+  settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void>;
+  /** Gives the key back: nothing was sent upstream, so a repeat may run the request. */
+  releaseKey(key: string): Promise<void>;
 
   /** Called for every change, from this instance or another. Returns an unsubscribe function. */
   onChange(listener: (change: StateChange) => void): () => void;

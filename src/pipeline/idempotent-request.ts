@@ -1,0 +1,193 @@
+// A managed request under an idempotency key runs once. The first to claim the key runs it, detached from its client:
+// a client that gives up (the tool call timed out at 3 s while the provider committed at 3.1 s) comes back under the
+// same key and waits for that run's answer instead of starting a second one. A repeat after the answer gets it again.
+// What is kept, and for how long, is in the state store: a fleet shares it through Redis.
+import { PassThrough, type Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { IdempotencyConfig } from '../config/schema.ts';
+import { GatewayError } from '../errors.ts';
+import { computeDeadline } from '../policy/deadline.ts';
+import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeatVerdict, scopedKey } from '../policy/idempotency.ts';
+import type { CompiledRoute } from '../routing/router.ts';
+import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
+import type { PipelineAnswer, RequestSummary } from './handle-request.ts';
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+export interface IdempotencyDeps {
+  store: StateStore;
+  config: IdempotencyConfig;
+  now: () => number;
+  random: () => number;
+}
+
+export interface KeyedRequest {
+  /** scopedKey() of the client's key. */
+  key: string;
+  /** fingerprintOf() of the request's body. */
+  fingerprint: string;
+  /** Longest the run may take: past it the claim lapses (an instance that died mid-request cannot hold the key). */
+  runningMs: number;
+  /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
+  waitUntilMs: number;
+  /** True once the repeat's client has left: it stops waiting. */
+  clientGone: () => boolean;
+}
+
+/** A managed request as the server has it, before the pipeline. */
+export interface ArrivedRequest {
+  headers: HeaderBag;
+  /** The client key's name, when auth is on. */
+  client: string | undefined;
+  path: string;
+  rawBody: Buffer;
+  route: CompiledRoute;
+  /** Since the request's head arrived, ms. */
+  receivedMs: number;
+  clientGone: () => boolean;
+}
+
+/** The request's idempotency key, scoped, with what a repeat needs; undefined without one (or with keys off). */
+export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedRequest | undefined {
+  if (!deps.config.enabled) return undefined;
+  const key = idempotencyKeyOf(req.headers);
+  if (key === undefined) return undefined;
+  if (key instanceof Error) throw new GatewayError('invalid_idempotency_key', key.message, { param: IDEMPOTENCY_HEADER });
+  const { timeoutMs, deadlineMarginMs } = req.route.config;
+  // A repeat waits for the run it finds at most until its own client would give up.
+  const waited = computeDeadline({ routeTimeoutMs: timeoutMs, marginMs: deadlineMarginMs, headers: req.headers });
+  return {
+    key: scopedKey(req.client, req.path, key),
+    fingerprint: fingerprintOf(req.rawBody),
+    // A started stream outlives the route's timeout (its idle timer bounds it): the claim lasts as long as an answer is kept.
+    runningMs: timeoutMs + deps.config.ttlMs,
+    waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
+    clientGone: req.clientGone,
+  };
+}
+
+export type KeyClaim =
+  /** This request runs: hand its answer to keep() before sending it, or giveBack() the key if it has none. */
+  | { kind: 'run'; keep: (answer: PipelineAnswer) => PipelineAnswer; giveBack: () => void }
+  /** A repeat: the answer the run under the key got. */
+  | { kind: 'replay'; answer: KeptAnswer };
+
+/** Claims the key, or waits for the run that holds it; throws the GatewayError a repeat that cannot be served gets. */
+export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promise<KeyClaim> {
+  let record = await deps.store.claimKey(req.key, req.fingerprint, req.runningMs, deps.now());
+  for (;;) {
+    if (record === undefined) return { kind: 'run', keep: (answer) => keep(req, answer, deps), giveBack: () => void deps.store.releaseKey(req.key) };
+    const verdict = repeatVerdict(record, req.fingerprint);
+    if (verdict === 'replay') return { kind: 'replay', answer: (record as KeyRecord & { state: 'done' }).answer! };
+    if (verdict === 'mismatch') {
+      throw new GatewayError('idempotency_key_reused', 'this Idempotency-Key was sent before with a different request body; a new request needs a new key');
+    }
+    if (verdict === 'not-kept') {
+      const bytes = (record as KeyRecord & { state: 'done' }).bytes;
+      throw new GatewayError(
+        'idempotency_answer_not_kept',
+        `the request under this Idempotency-Key has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; send a new key to run it again`,
+      );
+    }
+    // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
+    const waitMs = nextLookMs(deps.random);
+    if (req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
+      throw new GatewayError('idempotency_key_in_progress', 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer', {
+        shouldRetry: true,
+        retryAfterMs: 1000,
+      });
+    }
+    await sleep(waitMs);
+    record = await deps.store.readKey(req.key, deps.now());
+    // Given back (its run ended without an answer to keep) or lapsed: this repeat runs it, if it is the first to claim it.
+    if (record === undefined) record = await deps.store.claimKey(req.key, req.fingerprint, req.runningMs, deps.now());
+  }
+}
+
+/**
+ * Keeps the run's answer under its key when it is an answer: a whole 2xx, or a stream read to its end. Anything else
+ * gives the key back, and the next repeat runs the request again: a failure the provider may have run (a 500, a
+ * timeout) cannot be told from one it did not, and replayed, it would fail the key's every retry for ttlMs, for a
+ * chat call that costs only tokens to run again. A stream is read to its end whether or not its client is still there.
+ */
+function keep({ key, fingerprint }: KeyedRequest, answer: PipelineAnswer, deps: IdempotencyDeps): PipelineAnswer {
+  const { store, config } = deps;
+  const giveBack = () => void store.releaseKey(key);
+  if (answer.summary.outcome !== 'success') {
+    giveBack();
+    return answer;
+  }
+  const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) =>
+    void store.settleKey(
+      key,
+      { state: 'done', fingerprint, bytes, ...(body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body } }) },
+      config.ttlMs,
+      deps.now(),
+    );
+  const { body } = answer;
+  if (Buffer.isBuffer(body)) {
+    settle('whole', body.length <= config.maxAnswerBytes ? body : undefined, body.length);
+    return answer;
+  }
+  if (!isReadable(body)) {
+    giveBack();
+    return answer;
+  }
+  return {
+    ...answer,
+    body: readToTheEnd(body, config.maxAnswerBytes, (kept, bytes) => {
+      const end = answer.summary.streamEnd?.kind;
+      if (end === 'complete' || end === 'recovered') settle('stream', kept, bytes);
+      else giveBack();
+    }),
+  };
+}
+
+function isReadable(body: PipelineAnswer['body']): body is Readable {
+  return typeof (body as Readable).pipe === 'function';
+}
+
+/**
+ * The stream as its client reads it, while every chunk is also kept (up to maxBytes). The client's pace holds the
+ * upstream back as before; once the client has left, the rest is read anyway, so the answer its repeat waits for is whole.
+ */
+function readToTheEnd(body: Readable, maxBytes: number, done: (kept: Buffer | undefined, bytes: number) => void): Readable {
+  const out = new PassThrough();
+  let chunks: Buffer[] | undefined = [];
+  let bytes = 0;
+  let ended = false;
+  const take = (data: Buffer | string) => {
+    const chunk = typeof data === 'string' ? Buffer.from(data) : data;
+    bytes += chunk.length;
+    if (chunks && bytes <= maxBytes) chunks.push(chunk);
+    else chunks = undefined;
+    if (!out.destroyed && !out.write(chunk)) body.pause();
+  };
+  // What is already in hand (the first output, which the server writes with the head at once) goes through now.
+  for (let chunk = body.read() as Buffer | string | null; chunk !== null; chunk = body.read() as Buffer | string | null) take(chunk);
+  body.on('data', take);
+  out.on('drain', () => body.resume());
+  out.once('close', () => body.resume());
+  body.once('end', () => {
+    ended = true;
+    done(chunks && Buffer.concat(chunks), bytes);
+    out.end();
+  });
+  body.once('close', () => {
+    // Cut short without its end (the instance shut down, the upstream failed hard): no answer to keep.
+    if (!ended) done(undefined, bytes);
+    if (!out.destroyed && !ended) out.destroy();
+  });
+  body.once('error', (err) => out.destroy(err));
+  return out;
+}
+
+/** The kept answer as the pipeline's answer shape, for the server to send as it sends any other. */
+export function replayed(kept: KeptAnswer): { status: number; headers: Record<string, string>; body: Buffer } {
+  return { status: kept.status, headers: { ...kept.headers, 'idempotent-replayed': 'true' }, body: kept.body };
+}
+
+/** What the request log and the metrics know of a replay: the route, the target that answered the run, no attempts. */
+export function replaySummary(route: CompiledRoute, kept: KeptAnswer): RequestSummary {
+  return { route: route.name, target: kept.headers['x-stormgate-target'], outcome: 'replayed', attempts: [], budgetMs: 0, deadlineSource: 'route', skipped: [], idempotency: 'replayed' };
+}

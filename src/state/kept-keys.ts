@@ -1,0 +1,105 @@
+// Idempotency keys kept in the process (the in-process store, and the Redis store's stand-in while Redis is away),
+// and the one wire format both stores' records share in Redis.
+import type { KeptAnswer, KeyRecord } from './store.ts';
+
+interface Entry {
+  record: KeyRecord;
+  expiresAtMs: number;
+  bytes: number;
+}
+
+/**
+ * Records by key, each until it expires, and at most `maxBytes` of kept answers in all: past it the oldest records
+ * go first (a Map iterates in insertion order, and a record is re-inserted whenever it is written).
+ */
+export class KeptKeys {
+  readonly #entries = new Map<string, Entry>();
+  readonly #maxBytes: number;
+  #bytes = 0;
+
+  constructor(maxBytes: number) {
+    this.#maxBytes = maxBytes;
+  }
+
+  claim(key: string, fingerprint: string, runningMs: number, nowMs: number): KeyRecord | undefined {
+    const held = this.read(key, nowMs);
+    if (held) return held;
+    this.#put(key, { state: 'running', fingerprint, sinceMs: nowMs }, nowMs + runningMs);
+    this.#evict(nowMs);
+    return undefined;
+  }
+
+  read(key: string, nowMs: number): KeyRecord | undefined {
+    const entry = this.#entries.get(key);
+    if (entry === undefined) return undefined;
+    if (entry.expiresAtMs > nowMs) return entry.record;
+    this.#delete(key, entry);
+    return undefined;
+  }
+
+  settle(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): void {
+    this.#put(key, record, nowMs + ttlMs);
+    this.#evict(nowMs);
+  }
+
+  release(key: string): void {
+    const entry = this.#entries.get(key);
+    if (entry) this.#delete(key, entry);
+  }
+
+  #put(key: string, record: KeyRecord, expiresAtMs: number): void {
+    this.release(key);
+    const bytes = record.state === 'done' ? (record.answer?.body.length ?? 0) : 0;
+    this.#entries.set(key, { record, expiresAtMs, bytes });
+    this.#bytes += bytes;
+  }
+
+  #delete(key: string, entry: Entry): void {
+    this.#entries.delete(key);
+    this.#bytes -= entry.bytes;
+  }
+
+  /** Drops expired records from the oldest end, then the oldest kept answers while over the byte cap. */
+  #evict(nowMs: number): void {
+    for (const [key, entry] of this.#entries) {
+      if (entry.expiresAtMs > nowMs && this.#bytes <= this.#maxBytes) return;
+      // A running record is a claim, not memory: it stays until its request ends or its claim lapses.
+      if (entry.record.state === 'running' && entry.expiresAtMs > nowMs) continue;
+      this.#delete(key, entry);
+    }
+  }
+}
+
+/**
+ * A record as one Redis string: a JSON line of everything but the answer's body, then the body's bytes as they are
+ * (a stream's events, an embeddings answer: no base64 to grow them by a third).
+ */
+export function encodeKeyRecord(record: KeyRecord): Buffer {
+  if (record.state === 'running') return Buffer.from(JSON.stringify(record) + '\n');
+  const { answer, ...rest } = record;
+  const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind } } : rest;
+  return Buffer.concat([Buffer.from(JSON.stringify(meta) + '\n'), answer?.body ?? Buffer.alloc(0)]);
+}
+
+/** The record encodeKeyRecord wrote; undefined for anything else (a key another program wrote, a damaged value). */
+export function decodeKeyRecord(raw: Buffer): KeyRecord | undefined {
+  const cut = raw.indexOf(0x0a);
+  if (cut === -1) return undefined;
+  let meta: unknown;
+  try {
+    meta = JSON.parse(raw.subarray(0, cut).toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  if (typeof meta !== 'object' || meta === null) return undefined;
+  const m = meta as Record<string, unknown>;
+  if (typeof m.fingerprint !== 'string') return undefined;
+  if (m.state === 'running' && typeof m.sinceMs === 'number') return { state: 'running', fingerprint: m.fingerprint, sinceMs: m.sinceMs };
+  if (m.state !== 'done' || typeof m.bytes !== 'number') return undefined;
+  const a = m.answer as Partial<KeptAnswer> | undefined;
+  if (a === undefined) return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes };
+  if (typeof a.status !== 'number' || typeof a.headers !== 'object' || a.headers === null || (a.kind !== 'whole' && a.kind !== 'stream')) return undefined;
+  // A copy: the decoded value must not pin the whole reply buffer it came in.
+  const body = Buffer.from(raw.subarray(cut + 1));
+  return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes, answer: { status: a.status, headers: a.headers as Record<string, string>, kind: a.kind!, body } };
+}

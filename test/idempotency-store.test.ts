@@ -1,0 +1,136 @@
+// Idempotency keys in both state stores (the in-process one and Redis, on a real redis-server), and their wire format.
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { decodeKeyRecord, encodeKeyRecord, KeptKeys } from '../src/state/kept-keys.ts';
+import { MemoryStore } from '../src/state/memory-store.ts';
+import { RedisStore } from '../src/state/redis-store.ts';
+import type { KeyRecord, StateStore } from '../src/state/store.ts';
+import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+
+const T = 1_700_000_000_000;
+/** An answer whose body is not UTF-8: a kept answer is bytes, never text. */
+const BYTES = Buffer.from([0x7b, 0xff, 0x00, 0x0a, 0x0d, 0x7d]);
+const DONE: KeyRecord & { state: 'done' } = {
+  state: 'done',
+  fingerprint: 'fp-1',
+  bytes: BYTES.length,
+  answer: { status: 200, headers: { 'content-type': 'application/json', 'x-stormgate-target': 'mock/gpt-4o' }, kind: 'whole', body: BYTES },
+};
+
+describe('the record format', () => {
+  it('round-trips running and done records, a body of any bytes and a done record whose answer was not kept', () => {
+    const running: KeyRecord = { state: 'running', fingerprint: 'fp-1', sinceMs: T };
+    expect(decodeKeyRecord(encodeKeyRecord(running))).toEqual(running);
+    expect(decodeKeyRecord(encodeKeyRecord(DONE))).toEqual(DONE);
+    const notKept: KeyRecord = { state: 'done', fingerprint: 'fp-1', bytes: 5_000_000 };
+    expect(decodeKeyRecord(encodeKeyRecord(notKept))).toEqual(notKept);
+  });
+
+  it('reads anything else as no record, never throws', () => {
+    for (const raw of ['', 'no newline', '{not json\n', 'null\n', '{"state":"done"}\n', '{"state":"x","fingerprint":"a"}\n', '{"state":"done","fingerprint":"a","bytes":1,"answer":{"status":"200"}}\n']) {
+      expect(decodeKeyRecord(Buffer.from(raw))).toBeUndefined();
+    }
+  });
+});
+
+describe('KeptKeys (in the process)', () => {
+  it('keeps a record until it expires, by the clock it is given', () => {
+    const keys = new KeptKeys(1024);
+    expect(keys.claim('k', 'fp', 1000, T)).toBeUndefined();
+    expect(keys.claim('k', 'fp', 1000, T + 999)).toEqual({ state: 'running', fingerprint: 'fp', sinceMs: T });
+    // The claim lapsed (an instance that died mid-request): the next request claims the key.
+    expect(keys.claim('k', 'fp', 1000, T + 1000)).toBeUndefined();
+    keys.settle('k', DONE, 5000, T + 1000);
+    expect(keys.read('k', T + 5999)).toEqual(DONE);
+    expect(keys.read('k', T + 6000)).toBeUndefined();
+  });
+
+  it('keeps at most its byte cap of answers, dropping the oldest first, and never drops a running claim for room', () => {
+    const keys = new KeptKeys(2 * BYTES.length);
+    keys.claim('running', 'fp', 60_000, T);
+    for (const k of ['a', 'b', 'c']) keys.settle(k, DONE, 60_000, T);
+    expect(keys.read('a', T)).toBeUndefined();
+    expect(keys.read('b', T)).toEqual(DONE);
+    expect(keys.read('c', T)).toEqual(DONE);
+    expect(keys.read('running', T)?.state).toBe('running');
+  });
+});
+
+let redis: RedisHandle;
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis?.stop();
+});
+
+const factories: Record<string, () => Promise<StateStore>> = {
+  MemoryStore: async () => new MemoryStore(),
+  RedisStore: async () => {
+    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix: `idem-${randomUUID()}` } });
+    expect(await store.ready()).toBe(true);
+    return store;
+  },
+};
+
+describe.each(Object.entries(factories))('%s', (_name, create) => {
+  let store: StateStore;
+  beforeEach(async () => {
+    store = await create();
+  });
+  afterEach(async () => {
+    expect(store.degraded).toBe(false);
+    await store.close();
+  });
+
+  it('gives a key to one claim; the others get the running record, then the kept answer', async () => {
+    const now = Date.now();
+    const claims = await Promise.all([1, 2, 3].map(() => store.claimKey('k1', 'fp-1', 60_000, now)));
+    expect(claims.filter((c) => c === undefined)).toHaveLength(1);
+    expect(claims.filter((c) => c !== undefined)).toEqual([
+      { state: 'running', fingerprint: 'fp-1', sinceMs: now },
+      { state: 'running', fingerprint: 'fp-1', sinceMs: now },
+    ]);
+    await store.settleKey('k1', DONE, 60_000, now);
+    expect(await store.readKey('k1', now)).toEqual(DONE);
+    expect(await store.claimKey('k1', 'fp-1', 60_000, now)).toEqual(DONE);
+  });
+
+  it('gives a key back: the next claim gets it', async () => {
+    const now = Date.now();
+    expect(await store.claimKey('k2', 'fp', 60_000, now)).toBeUndefined();
+    await store.releaseKey('k2');
+    expect(await store.readKey('k2', now)).toBeUndefined();
+    expect(await store.claimKey('k2', 'fp', 60_000, now)).toBeUndefined();
+  });
+
+  it('lets a claim lapse after runningMs and a kept answer after ttlMs', async () => {
+    expect(await store.claimKey('k3', 'fp', 100, Date.now())).toBeUndefined();
+    await sleep(250);
+    expect(await store.claimKey('k3', 'fp', 60_000, Date.now())).toBeUndefined();
+    await store.settleKey('k3', DONE, 100, Date.now());
+    expect(await store.readKey('k3', Date.now())).toEqual(DONE);
+    await sleep(250);
+    expect(await store.readKey('k3', Date.now())).toBeUndefined();
+  });
+});
+
+describe('RedisStore away', () => {
+  it('keeps keys in the process while Redis cannot be reached, and claims in Redis again once it is back', async () => {
+    const own = await startRedis();
+    const store = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 100, keyPrefix: `idem-${randomUUID()}` } });
+    try {
+      expect(await store.ready()).toBe(true);
+      await own.stop();
+      const now = Date.now();
+      expect(await store.claimKey('k', 'fp', 60_000, now)).toBeUndefined();
+      expect(await store.claimKey('k', 'fp', 60_000, now)).toEqual({ state: 'running', fingerprint: 'fp', sinceMs: now });
+      await store.settleKey('k', DONE, 60_000, now);
+      expect(await store.readKey('k', now)).toEqual(DONE);
+    } finally {
+      await store.close();
+      await own.stop();
+    }
+  });
+});
