@@ -7,6 +7,8 @@ import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeyRecord, StateStore } from '../src/state/store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { eventually } from './helpers/redis-stores.ts';
+import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 const T = 1_700_000_000_000;
 /** An answer whose body is not UTF-8: a kept answer is bytes, never text. */
@@ -47,13 +49,27 @@ describe('KeptKeys (in the process)', () => {
   });
 
   it('keeps at most its byte cap of answers, dropping the oldest first, and never drops a running claim for room', () => {
-    const keys = new KeptKeys(2 * BYTES.length);
+    const big: KeyRecord & { state: 'done' } = { ...DONE, bytes: 10_000, answer: { ...DONE.answer!, body: Buffer.alloc(10_000) } };
+    const keys = new KeptKeys(2 * 10_000 + 2048);
     keys.claim('running', 'fp', 60_000, T);
-    for (const k of ['a', 'b', 'c']) keys.settle(k, DONE, 60_000, T);
+    for (const k of ['a', 'b', 'c']) keys.settle(k, big, 60_000, T);
     expect(keys.read('a', T)).toBeUndefined();
-    expect(keys.read('b', T)).toEqual(DONE);
-    expect(keys.read('c', T)).toEqual(DONE);
+    expect(keys.read('b', T)).toEqual(big);
+    expect(keys.read('c', T)).toEqual(big);
     expect(keys.read('running', T)?.state).toBe('running');
+  });
+
+  it('counts an answer\'s headers and its record against the cap, not its body alone: small answers do not pass it', () => {
+    // A provider's answer carries a kilobyte of headers (ids, rate limits, timings); a tool's body may be a few bytes.
+    const headers = Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`x-upstream-header-${i}`, 'v'.repeat(40)]));
+    const small: KeyRecord & { state: 'done' } = { ...DONE, bytes: 2, answer: { ...DONE.answer!, headers, body: Buffer.from('{}') } };
+    const keys = new KeptKeys(64 * 1024);
+    for (let i = 0; i < 1000; i++) keys.settle(`k${i}`, small, 60_000, T);
+    let kept = 0;
+    for (let i = 0; i < 1000; i++) if (keys.read(`k${i}`, T)) kept++;
+    // 1000 of them hold over a megabyte: the cap keeps fewer than 64.
+    expect(kept).toBeLessThan(64);
+    expect(keys.read('k999', T)).toEqual(small);
   });
 });
 
@@ -130,6 +146,40 @@ describe('RedisStore away', () => {
       expect(await store.readKey('k', now)).toEqual(DONE);
     } finally {
       await store.close();
+      await own.stop();
+    }
+  });
+});
+
+describe('RedisStore away mid-run', () => {
+  it('a key claimed in Redis whose run ended while Redis was away is given back, or its answer kept, in Redis once it is back', async () => {
+    // One gateway loses Redis mid-run (a partition, a failover to a replica that has the claim); the fleet still reaches it.
+    const own = await startRedis();
+    const proxy = await startTcpProxy(own.port);
+    const keyPrefix = `idem-${randomUUID()}`;
+    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: 100, keyPrefix } });
+    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
+    try {
+      expect(await cut.ready()).toBe(true);
+      expect(await fleet.ready()).toBe(true);
+      const now = Date.now();
+      expect(await cut.claimKey('failed', 'fp', 60_000, now)).toBeUndefined();
+      expect(await cut.claimKey('answered', 'fp-1', 60_000, now)).toBeUndefined();
+      await proxy.cut();
+      await eventually(() => cut.degraded, 3_000);
+      // The runs end while Redis is away: one without an answer, one with.
+      await cut.releaseKey('failed');
+      await cut.settleKey('answered', DONE, 60_000, Date.now());
+      await proxy.resume();
+      await eventually(() => !cut.degraded, 8_000);
+      // Not 'running' for the claim's whole lifetime (the route's timeout plus ttlMs), every repeat a 409.
+      await eventually(async () => (await fleet.readKey('failed', Date.now())) === undefined, 2_000);
+      expect(await fleet.claimKey('failed', 'fp', 60_000, Date.now())).toBeUndefined();
+      expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
+    } finally {
+      await cut.close();
+      await fleet.close();
+      await proxy.close();
       await own.stop();
     }
   });

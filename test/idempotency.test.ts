@@ -217,6 +217,38 @@ describe('what is kept', () => {
   });
 });
 
+describe('what is kept, streams', () => {
+  it('a stream whose provider never sends [DONE] (the gateway adds it) is whole: kept, and the repeat gets it again', async () => {
+    const s = await start({ faults: { stream: { omitDone: true } } });
+    const read = async () => {
+      const res = await post(s.url, 'k-done-added', { ...BODY, stream: true });
+      return { replayed: res.headers.get('idempotent-replayed'), text: await res.text() };
+    };
+    const first = await read();
+    expect(first.text).toContain('data: [DONE]');
+    await sleep(50);
+    const again = await read();
+    expect(again).toEqual({ replayed: 'true', text: first.text });
+    expect(upstreamChats(s)).toHaveLength(1);
+  });
+});
+
+describe('replays in the metrics', () => {
+  it('a replay is counted under the target key its run was counted under, never a label made of the client\'s model name', async () => {
+    const s = await start();
+    // A name no key is made of (a space): the run is counted under mock/other; x-stormgate-target shows it as sent.
+    const body = { ...BODY, model: 'my model' };
+    const run = await post(s.url, 'k-label', body);
+    expect(run.status).toBe(200);
+    expect(run.headers.get('x-stormgate-target')).toBe('mock/my model');
+    expect((await post(s.url, 'k-label', body)).headers.get('idempotent-replayed')).toBe('true');
+    await sleep(50);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    const targets = [...metrics.matchAll(/^stormgate_requests_total\{route="chat",target="([^"]*)"[^}]*outcome="(success|replayed)"\} 1$/gm)].map((m) => `${m[2]} ${m[1]}`);
+    expect(targets.sort()).toEqual(['replayed mock/other', 'success mock/other']);
+  });
+});
+
 describe('a fleet on one Redis', () => {
   it('a repeat that reaches another instance waits for the run on the first, and gets its answer', async () => {
     const s = await start({ faults: { latencyMs: 500 } });

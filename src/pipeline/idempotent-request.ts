@@ -11,6 +11,7 @@ import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeat
 import type { CompiledRoute } from '../routing/router.ts';
 import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
 import type { PipelineAnswer, RequestSummary } from './handle-request.ts';
+import type { StreamEndKind } from './live-stream.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -120,7 +121,7 @@ function keep({ key, fingerprint }: KeyedRequest, answer: PipelineAnswer, deps: 
   const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) =>
     void store.settleKey(
       key,
-      { state: 'done', fingerprint, bytes, ...(body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body } }) },
+      { state: 'done', fingerprint, bytes, ...(body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target: answer.summary.target } }) },
       config.ttlMs,
       deps.now(),
     );
@@ -137,11 +138,17 @@ function keep({ key, fingerprint }: KeyedRequest, answer: PipelineAnswer, deps: 
     ...answer,
     body: readToTheEnd(body, config.maxAnswerBytes, (kept, bytes) => {
       const end = answer.summary.streamEnd?.kind;
-      if (end === 'complete' || end === 'recovered') settle('stream', kept, bytes);
+      if (end !== undefined && WHOLE_STREAM_ENDS.has(end)) settle('stream', kept, bytes);
       else giveBack();
     }),
   };
 }
+
+/**
+ * A stream the client got whole: `done-added` too (every choice finished; the provider, as some do, never sent
+ * [DONE]). Left out, every stream from such a provider gave its key back, and each repeat ran it again.
+ */
+const WHOLE_STREAM_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done-added', 'recovered']);
 
 function isReadable(body: PipelineAnswer['body']): body is Readable {
   return typeof (body as Readable).pipe === 'function';
@@ -187,7 +194,10 @@ export function replayed(kept: KeptAnswer): { status: number; headers: Record<st
   return { status: kept.status, headers: { ...kept.headers, 'idempotent-replayed': 'true' }, body: kept.body };
 }
 
-/** What the request log and the metrics know of a replay: the route, the target that answered the run, no attempts. */
+/**
+ * What the request log and the metrics know of a replay: the route, the target key the run was counted under (not
+ * x-stormgate-target, which names the model as the client sent it: no bounded label), no attempts.
+ */
 export function replaySummary(route: CompiledRoute, kept: KeptAnswer): RequestSummary {
-  return { route: route.name, target: kept.headers['x-stormgate-target'], outcome: 'replayed', attempts: [], budgetMs: 0, deadlineSource: 'route', skipped: [], idempotency: 'replayed' };
+  return { route: route.name, target: kept.target, outcome: 'replayed', attempts: [], budgetMs: 0, deadlineSource: 'route', skipped: [], idempotency: 'replayed' };
 }

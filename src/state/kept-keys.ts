@@ -9,8 +9,26 @@ interface Entry {
 }
 
 /**
- * Records by key, each until it expires, and at most `maxBytes` of kept answers in all: past it the oldest records
- * go first (a Map iterates in insertion order, and a record is re-inserted whenever it is written).
+ * What a record holds besides its answer's body, roughly (the Map's entry, the objects, the fingerprint): counted too,
+ * with the key and the answer's headers, or small answers (a tool's `{"ok":true}` under its provider's kilobyte of
+ * headers) kept many times the cap.
+ */
+const RECORD_OVERHEAD_BYTES = 256;
+
+/** The bytes a record is counted for against the cap. */
+function sizeOf(key: string, record: KeyRecord): number {
+  let bytes = RECORD_OVERHEAD_BYTES + key.length + record.fingerprint.length;
+  const answer = record.state === 'done' ? record.answer : undefined;
+  if (answer) {
+    bytes += answer.body.length;
+    for (const [name, value] of Object.entries(answer.headers)) bytes += name.length + value.length;
+  }
+  return bytes;
+}
+
+/**
+ * Records by key, each until it expires, and at most `maxBytes` of them in all: past it the oldest records go first
+ * (a Map iterates in insertion order, and a record is re-inserted whenever it is written).
  */
 export class KeptKeys {
   readonly #entries = new Map<string, Entry>();
@@ -49,7 +67,7 @@ export class KeptKeys {
 
   #put(key: string, record: KeyRecord, expiresAtMs: number): void {
     this.release(key);
-    const bytes = record.state === 'done' ? (record.answer?.body.length ?? 0) : 0;
+    const bytes = sizeOf(key, record);
     this.#entries.set(key, { record, expiresAtMs, bytes });
     this.#bytes += bytes;
   }
@@ -59,7 +77,7 @@ export class KeptKeys {
     this.#bytes -= entry.bytes;
   }
 
-  /** Drops expired records from the oldest end, then the oldest kept answers while over the byte cap. */
+  /** Drops expired records from the oldest end, then the oldest ended ones while over the byte cap. */
   #evict(nowMs: number): void {
     for (const [key, entry] of this.#entries) {
       if (entry.expiresAtMs > nowMs && this.#bytes <= this.#maxBytes) return;
@@ -77,7 +95,7 @@ export class KeptKeys {
 export function encodeKeyRecord(record: KeyRecord): Buffer {
   if (record.state === 'running') return Buffer.from(JSON.stringify(record) + '\n');
   const { answer, ...rest } = record;
-  const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind } } : rest;
+  const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind, target: answer.target } } : rest;
   return Buffer.concat([Buffer.from(JSON.stringify(meta) + '\n'), answer?.body ?? Buffer.alloc(0)]);
 }
 
@@ -101,5 +119,6 @@ export function decodeKeyRecord(raw: Buffer): KeyRecord | undefined {
   if (typeof a.status !== 'number' || typeof a.headers !== 'object' || a.headers === null || (a.kind !== 'whole' && a.kind !== 'stream')) return undefined;
   // A copy: the decoded value must not pin the whole reply buffer it came in.
   const body = Buffer.from(raw.subarray(cut + 1));
-  return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes, answer: { status: a.status, headers: a.headers as Record<string, string>, kind: a.kind!, body } };
+  const target = typeof a.target === 'string' ? { target: a.target } : {};
+  return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes, answer: { status: a.status, headers: a.headers as Record<string, string>, kind: a.kind!, body, ...target } };
 }

@@ -104,6 +104,14 @@ export class RedisStore implements StateStore {
    * back, so the fleet's budget counts them instead of granting the same retries again.
    */
   readonly #pendingRetries = new Map<string, Map<number, number>>();
+  /** Idempotency keys this instance claimed in Redis (or may have: the claim's answer was lost), until their claims lapse. */
+  readonly #claimedInRedis = new Map<string, number>();
+  /**
+   * How runs under keys of #claimedInRedis ended while Redis was away (a kept answer, or no record: the key given back),
+   * each until it would have lapsed in Redis anyway: written when Redis is back. Else the run's claim stayed there for
+   * the route's timeout plus ttlMs, and every repeat on the fleet waited for a run that was over, then got a 409.
+   */
+  readonly #keyEnds = new Map<string, { record: (KeyRecord & { state: 'done' }) | undefined; untilMs: number }>();
   readonly #degradedListeners = new Set<(degraded: boolean) => void>();
   #flushTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
@@ -292,11 +300,14 @@ export class RedisStore implements StateStore {
       const running = encodeKeyRecord({ state: 'running', fingerprint, sinceMs: nowMs }).toString('utf8');
       const held = await this.#client.sgClaimKeyBuffer(redisKey, running, runningMs);
       this.#answered();
+      if (held === null) this.#claimedInRedis.set(key, nowMs + runningMs);
       // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
       return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: nowMs });
     } catch (err) {
       this.#failed(err, redisKey);
-      return this.#local.claimKey(key, fingerprint, runningMs, nowMs);
+      const held = await this.#local.claimKey(key, fingerprint, runningMs, nowMs);
+      if (held === undefined) this.#claimedInRedis.set(key, nowMs + runningMs);
+      return held;
     }
   }
 
@@ -317,26 +328,57 @@ export class RedisStore implements StateStore {
     // A claim taken while Redis was away lives in the process, where its repeats look: it is settled there too.
     const local = (await this.#local.readKey(key, nowMs)) !== undefined;
     if (local || !this.#usable()) await this.#local.settleKey(key, record, ttlMs, nowMs);
-    if (!this.#usable()) return;
+    if (!this.#usable()) return this.#endLater(key, record, nowMs + ttlMs);
     const redisKey = this.#keys.idempotency(key);
     try {
       await this.#client.set(redisKey, encodeKeyRecord(record), 'PX', ttlMs);
       this.#answered();
+      this.#claimedInRedis.delete(key);
     } catch (err) {
       this.#failed(err, redisKey);
       if (!local) await this.#local.settleKey(key, record, ttlMs, nowMs);
+      this.#endLater(key, record, nowMs + ttlMs);
     }
   }
 
   async releaseKey(key: string): Promise<void> {
     await this.#local.releaseKey(key);
-    if (!this.#usable()) return;
+    if (!this.#usable()) return this.#endLater(key, undefined, this.#claimedInRedis.get(key) ?? 0);
     const redisKey = this.#keys.idempotency(key);
     try {
       await this.#client.del(redisKey);
       this.#answered();
+      this.#claimedInRedis.delete(key);
     } catch (err) {
       this.#failed(err, redisKey);
+      this.#endLater(key, undefined, this.#claimedInRedis.get(key) ?? 0);
+    }
+  }
+
+  /**
+   * A run's end that did not reach Redis, for a key claimed there: written once Redis is back (#sendKeyEnds). Not
+   * after a lone timeout, which leaves the store on Redis: the write it timed out on was sent, and Redis runs it.
+   */
+  #endLater(key: string, record: (KeyRecord & { state: 'done' }) | undefined, untilMs: number): void {
+    if (!this.#claimedInRedis.delete(key) || this.#usable()) return;
+    this.#keyEnds.set(key, { record, untilMs });
+  }
+
+  /** Redis is back: the runs that ended meanwhile end there too, unless their claims have lapsed by themselves. */
+  #sendKeyEnds(): void {
+    const nowMs = this.#now();
+    for (const [key, end] of this.#keyEnds) {
+      this.#keyEnds.delete(key);
+      if (end.untilMs <= nowMs) continue;
+      const redisKey = this.#keys.idempotency(key);
+      const sent = end.record ? this.#client.set(redisKey, encodeKeyRecord(end.record), 'PX', end.untilMs - nowMs) : this.#client.del(redisKey);
+      sent.then(
+        () => this.#answered(),
+        (err: unknown) => {
+          this.#failed(err, redisKey);
+          if (!this.#usable() && !this.#keyEnds.has(key)) this.#keyEnds.set(key, end);
+        },
+      );
     }
   }
 
@@ -609,6 +651,7 @@ export class RedisStore implements StateStore {
     }
     this.#setDegraded(false);
     this.#flush();
+    this.#sendKeyEnds();
     void this.refresh(this.#watched);
   }
 

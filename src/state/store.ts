@@ -51,6 +51,8 @@ export interface KeptAnswer {
   /** `whole`: the answer's body as sent; `stream`: the SSE bytes the client was sent, its end included. */
   kind: 'whole' | 'stream';
   body: Buffer;
+  /** The target key the run was counted under (RequestSummary.target): its replays are counted there too. */
+  target?: string;
 }
 
 /** An idempotency key's record: a request running under it, or how it ended. */
