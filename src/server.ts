@@ -154,6 +154,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
   /** Streams being sent, and the aborts of requests still in the pipeline, for the end of a drain's grace period. */
   const live = new Set<LiveStream>();
+  /** Runs under idempotency keys not yet ended in the store (pipeline/idempotent-request.ts), for a drain to wait for. */
+  const detachedRuns = new Set<Promise<void>>();
   const inPipeline = new Set<() => void>();
   let pastGrace = false;
   /** The pipeline's abort for when the grace period is over (at once if it is); returns its removal. */
@@ -248,6 +250,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
   app.addHook('onClose', async () => {
     sweep.stop();
+    // Runs under idempotency keys whose clients left hold no connection, so close() did not wait for them: a drain
+    // does, before the store closes, or their answers (or their keys given back) never reached it and the keys stayed
+    // claimed. Past the grace period they were interrupted with the rest, and end at once.
+    if (phase === 'closing') await Promise.allSettled([...detachedRuns]);
     await runtime.close();
   });
 
@@ -335,6 +341,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     try {
       if (keyed) {
         claim = await claimKey(keyed, idempotencyDeps);
+        if (claim.kind === 'run') {
+          const { ended } = claim;
+          detachedRuns.add(ended);
+          void ended.then(() => detachedRuns.delete(ended));
+        }
         if (claim.kind === 'replay') {
           ends.leavePipeline(request, reply);
           request.stormgate = replaySummary(route, claim.answer);
@@ -373,7 +384,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (answer.live && answer.body instanceof Readable) {
       const stream = answer.live;
       live.add(stream);
-      answer.body.once('close', () => live.delete(stream));
+      // A run under a key is read to its end after its client has left: it is live until then.
+      if (claim?.kind === 'run') void claim.ended.then(() => live.delete(stream));
+      else answer.body.once('close', () => live.delete(stream));
       // Its first output came just as the grace period ran out: it ends after it, with the error event.
       if (pastGrace) stream.interrupt();
     }

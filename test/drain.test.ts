@@ -10,7 +10,11 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
+import { randomUUID } from 'node:crypto';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import { scopedKey } from '../src/policy/idempotency.ts';
+import { RedisStore } from '../src/state/redis-store.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 
 let mock: MockServer | undefined;
 let proc: ChildProcess | undefined;
@@ -31,7 +35,7 @@ async function freePort(): Promise<number> {
 }
 
 /** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once healthy. */
-async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }, faults: FaultSpec = {}): Promise<string> {
+async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }, faults: FaultSpec = {}, extra: Record<string, unknown> = {}): Promise<string> {
   mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 }, ...faults } });
   const port = await freePort();
   dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
@@ -43,6 +47,7 @@ async function startGateway(chunks: number, drain: { preStopMs: number; graceMs:
       providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
       routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
       drain,
+      ...extra,
     }),
   );
   proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: 'ignore' });
@@ -140,6 +145,39 @@ describe('SIGTERM', () => {
     const [code] = await exited;
     expect(code).toBe(0);
     expect(Date.now() - started).toBeLessThan(2_500);
+  });
+});
+
+describe('SIGTERM with a run under an idempotency key', () => {
+  const redis = useRedisServer();
+
+  it('waits for the run whose client left, and leaves its answer under the key in Redis for the fleet', async () => {
+    const keyPrefix = `drain-${randomUUID()}`;
+    const url = await startGateway(6, { preStopMs: 0, graceMs: 10_000 }, {}, { state: { redis: redis().url, keyPrefix } });
+    const abort = new AbortController();
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': 'deploy-1' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
+      signal: abort.signal,
+    });
+    await res.body!.getReader().read();
+    // The client leaves; the instance is told to go (a rolling deploy) while the run is still being read.
+    abort.abort();
+    await sleep(100);
+    const exited = once(proc!, 'exit');
+    proc!.kill('SIGTERM');
+    const [code] = await exited;
+    expect(code).toBe(0);
+    expect(mock!.requests().filter((r) => r.path === '/v1/chat/completions').map((r) => ({ aborted: r.aborted, chunks: r.chunksSent }))).toEqual([{ aborted: false, chunks: 6 }]);
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
+    try {
+      expect(await store.ready()).toBe(true);
+      const record = await store.readKey(scopedKey(undefined, '/v1/chat/completions', 'deploy-1'), Date.now());
+      expect(record).toMatchObject({ state: 'done', answer: { kind: 'stream', status: 200 } });
+    } finally {
+      await store.close();
+    }
   });
 });
 

@@ -6,11 +6,14 @@ import { decodeKeyRecord, encodeKeyRecord, KeptKeys } from '../src/state/kept-ke
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeyRecord, StateStore } from '../src/state/store.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { claimKey } from '../src/pipeline/idempotent-request.ts';
+import { startRedis, useRedisServerWithAdmin, type RedisHandle } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
 import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 const T = 1_700_000_000_000;
+/** A running claim of `owner` (default: the fingerprint's own name), made at `sinceMs`. */
+const running = (fingerprint: string, sinceMs: number, owner = `owner-${fingerprint}`): KeyRecord & { state: 'running' } => ({ state: 'running', fingerprint, sinceMs, owner });
 /** An answer whose body is not UTF-8: a kept answer is bytes, never text. */
 const BYTES = Buffer.from([0x7b, 0xff, 0x00, 0x0a, 0x0d, 0x7d]);
 const DONE: KeyRecord & { state: 'done' } = {
@@ -39,10 +42,10 @@ describe('the record format', () => {
 describe('KeptKeys (in the process)', () => {
   it('keeps a record until it expires, by the clock it is given', () => {
     const keys = new KeptKeys(1024);
-    expect(keys.claim('k', 'fp', 1000, T)).toBeUndefined();
-    expect(keys.claim('k', 'fp', 1000, T + 999)).toEqual({ state: 'running', fingerprint: 'fp', sinceMs: T });
+    expect(keys.claim('k', running('fp', T), 1000)).toBeUndefined();
+    expect(keys.claim('k', running('fp', T + 999), 1000)).toEqual(running('fp', T));
     // The claim lapsed (an instance that died mid-request): the next request claims the key.
-    expect(keys.claim('k', 'fp', 1000, T + 1000)).toBeUndefined();
+    expect(keys.claim('k', running('fp', T + 1000), 1000)).toBeUndefined();
     keys.settle('k', DONE, 5000, T + 1000);
     expect(keys.read('k', T + 5999)).toEqual(DONE);
     expect(keys.read('k', T + 6000)).toBeUndefined();
@@ -51,7 +54,7 @@ describe('KeptKeys (in the process)', () => {
   it('keeps at most its byte cap of answers, dropping the oldest first, and never drops a running claim for room', () => {
     const big: KeyRecord & { state: 'done' } = { ...DONE, bytes: 10_000, answer: { ...DONE.answer!, body: Buffer.alloc(10_000) } };
     const keys = new KeptKeys(2 * 10_000 + 2048);
-    keys.claim('running', 'fp', 60_000, T);
+    keys.claim('running', running('fp', T), 60_000);
     for (const k of ['a', 'b', 'c']) keys.settle(k, big, 60_000, T);
     expect(keys.read('a', T)).toBeUndefined();
     expect(keys.read('b', T)).toEqual(big);
@@ -102,29 +105,45 @@ describe.each(Object.entries(factories))('%s', (_name, create) => {
 
   it('gives a key to one claim; the others get the running record, then the kept answer', async () => {
     const now = Date.now();
-    const claims = await Promise.all([1, 2, 3].map(() => store.claimKey('k1', 'fp-1', 60_000, now)));
+    const claims = await Promise.all([1, 2, 3].map(() => store.claimKey('k1', running('fp-1', now), 60_000)));
     expect(claims.filter((c) => c === undefined)).toHaveLength(1);
-    expect(claims.filter((c) => c !== undefined)).toEqual([
-      { state: 'running', fingerprint: 'fp-1', sinceMs: now },
-      { state: 'running', fingerprint: 'fp-1', sinceMs: now },
-    ]);
+    expect(claims.filter((c) => c !== undefined)).toEqual([running('fp-1', now), running('fp-1', now)]);
     await store.settleKey('k1', DONE, 60_000, now);
     expect(await store.readKey('k1', now)).toEqual(DONE);
-    expect(await store.claimKey('k1', 'fp-1', 60_000, now)).toEqual(DONE);
+    expect(await store.claimKey('k1', running('fp-1', now), 60_000)).toEqual(DONE);
   });
 
   it('gives a key back: the next claim gets it', async () => {
     const now = Date.now();
-    expect(await store.claimKey('k2', 'fp', 60_000, now)).toBeUndefined();
-    await store.releaseKey('k2');
+    expect(await store.claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
+    await store.releaseKey('k2', 'owner-fp');
     expect(await store.readKey('k2', now)).toBeUndefined();
-    expect(await store.claimKey('k2', 'fp', 60_000, now)).toBeUndefined();
+    expect(await store.claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
+  });
+
+  it("gives back and renews its owner's claim only: not another's, taken since it lapsed, nor a kept answer", async () => {
+    const now = Date.now();
+    expect(await store.claimKey('k4', running('fp', now, 'second'), 60_000)).toBeUndefined();
+    await store.releaseKey('k4', 'first');
+    expect(await store.readKey('k4', now)).toEqual(running('fp', now, 'second'));
+    await store.settleKey('k4', DONE, 60_000, now);
+    await store.releaseKey('k4', 'second');
+    expect(await store.readKey('k4', now)).toEqual(DONE);
+    // Renewed, a claim outlives its first lifetime; another's renewal does nothing to it.
+    expect(await store.claimKey('k5', running('fp', Date.now(), 'mine'), 200)).toBeUndefined();
+    await sleep(100);
+    await store.renewKey('k5', 'mine', 400, Date.now());
+    await store.renewKey('k5', 'theirs', 60_000, Date.now());
+    await sleep(200);
+    expect((await store.readKey('k5', Date.now()))?.state).toBe('running');
+    await sleep(350);
+    expect(await store.readKey('k5', Date.now())).toBeUndefined();
   });
 
   it('lets a claim lapse after runningMs and a kept answer after ttlMs', async () => {
-    expect(await store.claimKey('k3', 'fp', 100, Date.now())).toBeUndefined();
+    expect(await store.claimKey('k3', running('fp', Date.now()), 100)).toBeUndefined();
     await sleep(250);
-    expect(await store.claimKey('k3', 'fp', 60_000, Date.now())).toBeUndefined();
+    expect(await store.claimKey('k3', running('fp', Date.now()), 60_000)).toBeUndefined();
     await store.settleKey('k3', DONE, 100, Date.now());
     expect(await store.readKey('k3', Date.now())).toEqual(DONE);
     await sleep(250);
@@ -140,8 +159,8 @@ describe('RedisStore away', () => {
       expect(await store.ready()).toBe(true);
       await own.stop();
       const now = Date.now();
-      expect(await store.claimKey('k', 'fp', 60_000, now)).toBeUndefined();
-      expect(await store.claimKey('k', 'fp', 60_000, now)).toEqual({ state: 'running', fingerprint: 'fp', sinceMs: now });
+      expect(await store.claimKey('k', running('fp', now), 60_000)).toBeUndefined();
+      expect(await store.claimKey('k', running('fp', now), 60_000)).toEqual(running('fp', now));
       await store.settleKey('k', DONE, 60_000, now);
       expect(await store.readKey('k', now)).toEqual(DONE);
     } finally {
@@ -163,24 +182,61 @@ describe('RedisStore away mid-run', () => {
       expect(await cut.ready()).toBe(true);
       expect(await fleet.ready()).toBe(true);
       const now = Date.now();
-      expect(await cut.claimKey('failed', 'fp', 60_000, now)).toBeUndefined();
-      expect(await cut.claimKey('answered', 'fp-1', 60_000, now)).toBeUndefined();
+      expect(await cut.claimKey('failed', running('fp', now), 60_000)).toBeUndefined();
+      expect(await cut.claimKey('answered', running('fp-1', now), 60_000)).toBeUndefined();
       await proxy.cut();
       await eventually(() => cut.degraded, 3_000);
       // The runs end while Redis is away: one without an answer, one with.
-      await cut.releaseKey('failed');
+      await cut.releaseKey('failed', 'owner-fp');
       await cut.settleKey('answered', DONE, 60_000, Date.now());
       await proxy.resume();
       await eventually(() => !cut.degraded, 8_000);
       // Not 'running' for the claim's whole lifetime (the route's timeout plus ttlMs), every repeat a 409.
       await eventually(async () => (await fleet.readKey('failed', Date.now())) === undefined, 2_000);
-      expect(await fleet.claimKey('failed', 'fp', 60_000, Date.now())).toBeUndefined();
+      expect(await fleet.claimKey('failed', running('fp', Date.now()), 60_000)).toBeUndefined();
       expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
     } finally {
       await cut.close();
       await fleet.close();
       await proxy.close();
       await own.stop();
+    }
+  });
+});
+
+describe('a claim whose reply is lost', () => {
+  const { redis, admin } = useRedisServerWithAdmin();
+
+  it('is not taken in the process while Redis holds the key for another instance: the repeat waits and gets its answer', async () => {
+    const keyPrefix = `idem-lost-${randomUUID()}`;
+    const [a, b] = [100, 100].map((commandTimeoutMs) => new RedisStore({ config: { redis: redis().url, commandTimeoutMs, keyPrefix } }));
+    try {
+      expect(await a!.ready()).toBe(true);
+      expect(await b!.ready()).toBe(true);
+      expect(await a!.claimKey('k', running('fp-1', Date.now(), 'instance-a'), 60_000)).toBeUndefined();
+      // Writes (the claim script among them) wait 300 ms: b's claim times out, and Redis runs it after.
+      await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
+      setTimeout(() => void a!.settleKey('k', DONE, 60_000, Date.now()), 450);
+      const deps = { store: b!, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const repeat = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'instance-b', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false }, deps);
+      expect(repeat).toEqual({ kind: 'replay', answer: DONE.answer });
+      expect(b!.degraded).toBe(false);
+    } finally {
+      await Promise.all([a!.close(), b!.close()]);
+    }
+  });
+
+  it('is found again as its own once Redis answers, and run', async () => {
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 100, keyPrefix: `idem-own-${randomUUID()}` } });
+    try {
+      expect(await store.ready()).toBe(true);
+      await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
+      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const claim = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false }, deps);
+      expect(claim.kind).toBe('run');
+      expect(await store.readKey('k', Date.now())).toMatchObject({ state: 'running', owner: 'me' });
+    } finally {
+      await store.close();
     }
   });
 });

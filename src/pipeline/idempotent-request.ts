@@ -2,6 +2,7 @@
 // a client that gives up (the tool call timed out at 3 s while the provider committed at 3.1 s) comes back under the
 // same key and waits for that run's answer instead of starting a second one. A repeat after the answer gets it again.
 // What is kept, and for how long, is in the state store: a fleet shares it through Redis.
+import { randomUUID } from 'node:crypto';
 import { PassThrough, type Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { IdempotencyConfig } from '../config/schema.ts';
@@ -22,12 +23,22 @@ export interface IdempotencyDeps {
   random: () => number;
 }
 
+/**
+ * How long a run's claim lasts past the route's timeout before it lapses (an instance that died mid-run holds the key
+ * no longer), and how often a stream still being read renews it: a whole answer comes within the route's timeout, a
+ * stream's output may run on for minutes after it.
+ */
+const CLAIM_SLACK_MS = 30_000;
+const RENEW_EVERY_MS = 10_000;
+
 export interface KeyedRequest {
   /** scopedKey() of the client's key. */
   key: string;
   /** fingerprintOf() of the request's body. */
   fingerprint: string;
-  /** Longest the run may take: past it the claim lapses (an instance that died mid-request cannot hold the key). */
+  /** This request's own claim id: a claim whose reply was lost is known again by it. */
+  owner: string;
+  /** How long a claim lasts unless renewed: the route's timeout and CLAIM_SLACK_MS. */
   runningMs: number;
   /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
   waitUntilMs: number;
@@ -60,24 +71,30 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
   return {
     key: scopedKey(req.client, req.path, key),
     fingerprint: fingerprintOf(req.rawBody),
-    // A started stream outlives the route's timeout (its idle timer bounds it): the claim lasts as long as an answer is kept.
-    runningMs: timeoutMs + deps.config.ttlMs,
+    owner: randomUUID(),
+    runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
   };
 }
 
 export type KeyClaim =
-  /** This request runs: hand its answer to keep() before sending it, or giveBack() the key if it has none. */
-  | { kind: 'run'; keep: (answer: PipelineAnswer) => PipelineAnswer; giveBack: () => void }
+  /**
+   * This request runs: hand its answer to keep() before sending it, or giveBack() the key if it has none. `ended`
+   * settles once the key holds how the run ended (a drain waits for it before it closes the store).
+   */
+  | { kind: 'run'; keep: (answer: PipelineAnswer) => PipelineAnswer; giveBack: () => void; ended: Promise<void> }
   /** A repeat: the answer the run under the key got. */
   | { kind: 'replay'; answer: KeptAnswer };
 
 /** Claims the key, or waits for the run that holds it; throws the GatewayError a repeat that cannot be served gets. */
 export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promise<KeyClaim> {
-  let record = await deps.store.claimKey(req.key, req.fingerprint, req.runningMs, deps.now());
+  const { store } = deps;
+  const claim = () => store.claimKey(req.key, { state: 'running', fingerprint: req.fingerprint, sinceMs: deps.now(), owner: req.owner }, req.runningMs);
+  let record = await claim();
   for (;;) {
-    if (record === undefined) return { kind: 'run', keep: (answer) => keep(req, answer, deps), giveBack: () => void deps.store.releaseKey(req.key) };
+    // Its own claim found again: the reply to it was lost (a Redis timeout), and it is this request's to run.
+    if (record === undefined || (record.state === 'running' && record.owner === req.owner)) return run(req, deps);
     const verdict = repeatVerdict(record, req.fingerprint);
     if (verdict === 'replay') return { kind: 'replay', answer: (record as KeyRecord & { state: 'done' }).answer! };
     if (verdict === 'mismatch') {
@@ -99,49 +116,54 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
       });
     }
     await sleep(waitMs);
-    record = await deps.store.readKey(req.key, deps.now());
+    record = await store.readKey(req.key, deps.now());
     // Given back (its run ended without an answer to keep) or lapsed: this repeat runs it, if it is the first to claim it.
-    if (record === undefined) record = await deps.store.claimKey(req.key, req.fingerprint, req.runningMs, deps.now());
+    if (record === undefined) record = await claim();
   }
 }
 
 /**
- * Keeps the run's answer under its key when it is an answer: a whole 2xx, or a stream read to its end. Anything else
- * gives the key back, and the next repeat runs the request again: a failure the provider may have run (a 500, a
- * timeout) cannot be told from one it did not, and replayed, it would fail the key's every retry for ttlMs, for a
- * chat call that costs only tokens to run again. A stream is read to its end whether or not its client is still there.
+ * The run's side of the key: keeps its answer when it is one (a whole 2xx, or a stream read to its end), else gives the
+ * key back, and the next repeat runs the request again. A failure the provider may have run (a 500, a timeout) cannot
+ * be told from one it did not, and kept, it would fail the key's every retry for ttlMs, for a chat call that costs only
+ * tokens to run again. A stream is read to its end whether or not its client is still there, its claim renewed meanwhile.
  */
-function keep({ key, fingerprint }: KeyedRequest, answer: PipelineAnswer, deps: IdempotencyDeps): PipelineAnswer {
+function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run' } {
   const { store, config } = deps;
-  const giveBack = () => void store.releaseKey(key);
-  if (answer.summary.outcome !== 'success') {
-    giveBack();
-    return answer;
-  }
-  const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) =>
-    void store.settleKey(
-      key,
-      { state: 'done', fingerprint, bytes, ...(body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target: answer.summary.target } }) },
-      config.ttlMs,
-      deps.now(),
-    );
-  const { body } = answer;
-  if (Buffer.isBuffer(body)) {
-    settle('whole', body.length <= config.maxAnswerBytes ? body : undefined, body.length);
-    return answer;
-  }
-  if (!isReadable(body)) {
-    giveBack();
-    return answer;
-  }
-  return {
-    ...answer,
-    body: readToTheEnd(body, config.maxAnswerBytes, (kept, bytes) => {
-      const end = answer.summary.streamEnd?.kind;
-      if (end !== undefined && WHOLE_STREAM_ENDS.has(end)) settle('stream', kept, bytes);
-      else giveBack();
-    }),
+  const { key, fingerprint, owner } = req;
+  let end!: () => void;
+  const ended = new Promise<void>((resolve) => (end = resolve));
+  const giveBack = () => void store.releaseKey(key, owner).finally(end);
+  const keep = (answer: PipelineAnswer): PipelineAnswer => {
+    if (answer.summary.outcome !== 'success') {
+      giveBack();
+      return answer;
+    }
+    const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) => {
+      const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target: answer.summary.target } };
+      void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, config.ttlMs, deps.now()).finally(end);
+    };
+    const { body } = answer;
+    if (Buffer.isBuffer(body)) {
+      settle('whole', body.length <= config.maxAnswerBytes ? body : undefined, body.length);
+      return answer;
+    }
+    if (!isReadable(body)) {
+      giveBack();
+      return answer;
+    }
+    const renewal = setInterval(() => void store.renewKey(key, owner, req.runningMs, deps.now()), RENEW_EVERY_MS).unref();
+    return {
+      ...answer,
+      body: readToTheEnd(body, config.maxAnswerBytes, (kept, bytes) => {
+        clearInterval(renewal);
+        const how = answer.summary.streamEnd?.kind;
+        if (how !== undefined && WHOLE_STREAM_ENDS.has(how)) settle('stream', kept, bytes);
+        else giveBack();
+      }),
+    };
   };
+  return { kind: 'run', keep, giveBack, ended };
 }
 
 /**

@@ -39,10 +39,11 @@ export class KeptKeys {
     this.#maxBytes = maxBytes;
   }
 
-  claim(key: string, fingerprint: string, runningMs: number, nowMs: number): KeyRecord | undefined {
-    const held = this.read(key, nowMs);
+  claim(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): KeyRecord | undefined {
+    const held = this.read(key, claim.sinceMs);
     if (held) return held;
-    this.#put(key, { state: 'running', fingerprint, sinceMs: nowMs }, nowMs + runningMs);
+    const nowMs = claim.sinceMs;
+    this.#put(key, claim, nowMs + runningMs);
     this.#evict(nowMs);
     return undefined;
   }
@@ -55,14 +56,20 @@ export class KeptKeys {
     return undefined;
   }
 
+  renew(key: string, owner: string, runningMs: number, nowMs: number): void {
+    const entry = this.#entries.get(key);
+    if (entry && ownedBy(entry.record, owner) && entry.expiresAtMs > nowMs) entry.expiresAtMs = nowMs + runningMs;
+  }
+
   settle(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): void {
     this.#put(key, record, nowMs + ttlMs);
     this.#evict(nowMs);
   }
 
-  release(key: string): void {
+  /** Removes the owner's running claim; without an owner, whatever the key holds. */
+  release(key: string, owner?: string): void {
     const entry = this.#entries.get(key);
-    if (entry) this.#delete(key, entry);
+    if (entry && (owner === undefined || ownedBy(entry.record, owner))) this.#delete(key, entry);
   }
 
   #put(key: string, record: KeyRecord, expiresAtMs: number): void {
@@ -88,12 +95,17 @@ export class KeptKeys {
   }
 }
 
+function ownedBy(record: KeyRecord, owner: string): boolean {
+  return record.state === 'running' && record.owner === owner;
+}
+
 /**
  * A record as one Redis string: a JSON line of everything but the answer's body, then the body's bytes as they are
  * (a stream's events, an embeddings answer: no base64 to grow them by a third).
  */
 export function encodeKeyRecord(record: KeyRecord): Buffer {
-  if (record.state === 'running') return Buffer.from(JSON.stringify(record) + '\n');
+  // `state` first: the Lua scripts tell a running claim by the value's first bytes (redis-scripts.ts).
+  if (record.state === 'running') return Buffer.from(JSON.stringify({ state: record.state, fingerprint: record.fingerprint, sinceMs: record.sinceMs, owner: record.owner }) + '\n');
   const { answer, ...rest } = record;
   const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind, target: answer.target } } : rest;
   return Buffer.concat([Buffer.from(JSON.stringify(meta) + '\n'), answer?.body ?? Buffer.alloc(0)]);
@@ -112,7 +124,9 @@ export function decodeKeyRecord(raw: Buffer): KeyRecord | undefined {
   if (typeof meta !== 'object' || meta === null) return undefined;
   const m = meta as Record<string, unknown>;
   if (typeof m.fingerprint !== 'string') return undefined;
-  if (m.state === 'running' && typeof m.sinceMs === 'number') return { state: 'running', fingerprint: m.fingerprint, sinceMs: m.sinceMs };
+  if (m.state === 'running' && typeof m.sinceMs === 'number') {
+    return { state: 'running', fingerprint: m.fingerprint, sinceMs: m.sinceMs, ...(typeof m.owner === 'string' && { owner: m.owner }) };
+  }
   if (m.state !== 'done' || typeof m.bytes !== 'number') return undefined;
   const a = m.answer as Partial<KeptAnswer> | undefined;
   if (a === undefined) return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes };

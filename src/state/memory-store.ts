@@ -140,20 +140,24 @@ export class MemoryStore implements StateStore {
     return { totals: [...demand], instances: 1 };
   }
 
-  async claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined> {
-    return this.#keys.claim(key, fingerprint, runningMs, nowMs);
+  async claimKey(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined> {
+    return this.#keys.claim(key, claim, runningMs);
   }
 
   async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
     return this.#keys.read(key, nowMs);
   }
 
+  async renewKey(key: string, owner: string, runningMs: number, nowMs: number): Promise<void> {
+    this.#keys.renew(key, owner, runningMs, nowMs);
+  }
+
   async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
     this.#keys.settle(key, record, ttlMs, nowMs);
   }
 
-  async releaseKey(key: string): Promise<void> {
-    this.#keys.release(key);
+  async releaseKey(key: string, owner: string): Promise<void> {
+    this.#keys.release(key, owner);
   }
 
   onChange(listener: (change: StateChange) => void): () => void {

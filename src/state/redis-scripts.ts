@@ -94,6 +94,28 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 `;
 
+/** Lua: is `held` the running claim of owner ARGV[1]? (The record's JSON starts with its state: state/kept-keys.ts.) */
+const OWNS_CLAIM = `
+local function owns(held)
+  return held and string.sub(held, 1, 18) == '{"state":"running"' and string.find(held, '"owner":"' .. ARGV[1] .. '"', 1, true)
+end
+`;
+
+/**
+ * KEYS: an idempotency key. ARGV: owner, the claim's new lifetime (ms). Extends the owner's running claim only: a key
+ * whose run has ended (its answer kept, or given back and claimed by another) keeps what it has.
+ */
+const RENEW_KEY = `${OWNS_CLAIM}
+if owns(redis.call('GET', KEYS[1])) then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+`;
+
+/** KEYS: an idempotency key. ARGV: owner. Deletes the owner's running claim only (not another's, taken since it lapsed). */
+const RELEASE_KEY = `${OWNS_CLAIM}
+if owns(redis.call('GET', KEYS[1])) then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
 /**
  * KEYS: budget hash. ARGV: sec, windowS, ratio, floor, mode ('peek' | 'take' | 'force'), ttlMs, then pending request
  * counts not yet flushed as sec, n, ... (counted first, so a retry sees every request this instance has seen).
@@ -184,6 +206,8 @@ export interface ScriptCommands {
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
+  sgRenewKey(key: string, ...args: Arg[]): Promise<number>;
+  sgReleaseKey(key: string, ...args: Arg[]): Promise<number>;
 }
 
 /** ioredis defines a variant of every script that answers bulk strings as Buffers: a kept answer is bytes, not text. */
@@ -205,6 +229,8 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgExchangeDemand: EXCHANGE_DEMAND,
     sgProbe: PROBE,
     sgClaimKey: CLAIM_KEY,
+    sgRenewKey: RENEW_KEY,
+    sgReleaseKey: RELEASE_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });

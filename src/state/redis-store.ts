@@ -29,6 +29,9 @@ export interface RedisStoreOptions {
   keptBytes?: number;
 }
 
+/** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
+type KeyEnd = { record: KeyRecord & { state: 'done' }; owner?: undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
+
 /** Batched request counts are sent at most this far apart. */
 const FLUSH_INTERVAL_MS = 50;
 /** An instance whose demand is older than this has left the fleet's share computation. */
@@ -105,13 +108,13 @@ export class RedisStore implements StateStore {
    */
   readonly #pendingRetries = new Map<string, Map<number, number>>();
   /** Idempotency keys this instance claimed in Redis (or may have: the claim's answer was lost), until their claims lapse. */
-  readonly #claimedInRedis = new Map<string, number>();
+  readonly #claimedInRedis = new Map<string, { owner: string; untilMs: number }>();
   /**
    * How runs under keys of #claimedInRedis ended while Redis was away (a kept answer, or no record: the key given back),
    * each until it would have lapsed in Redis anyway: written when Redis is back. Else the run's claim stayed there for
    * the route's timeout plus ttlMs, and every repeat on the fleet waited for a run that was over, then got a 409.
    */
-  readonly #keyEnds = new Map<string, { record: (KeyRecord & { state: 'done' }) | undefined; untilMs: number }>();
+  readonly #keyEnds = new Map<string, KeyEnd>();
   readonly #degradedListeners = new Set<(degraded: boolean) => void>();
   #flushTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
@@ -291,23 +294,25 @@ export class RedisStore implements StateStore {
   }
 
   // Idempotency keys: in Redis when it is usable, else in the process (a repeat that reaches another instance then
-  // runs again, as it would with no key at all). A key claimed on one side is not looked for on the other.
+  // runs again, as it would with no key at all).
 
-  async claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined> {
-    if (!this.#usable()) return this.#local.claimKey(key, fingerprint, runningMs, nowMs);
+  async claimKey(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined> {
+    if (!this.#usable()) return this.#local.claimKey(key, claim, runningMs);
     const redisKey = this.#keys.idempotency(key);
     try {
-      const running = encodeKeyRecord({ state: 'running', fingerprint, sinceMs: nowMs }).toString('utf8');
-      const held = await this.#client.sgClaimKeyBuffer(redisKey, running, runningMs);
+      const held = await this.#client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
       this.#answered();
-      if (held === null) this.#claimedInRedis.set(key, nowMs + runningMs);
+      if (held === null) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
       // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
-      return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: nowMs });
+      return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
     } catch (err) {
       this.#failed(err, redisKey);
-      const held = await this.#local.claimKey(key, fingerprint, runningMs, nowMs);
-      if (held === undefined) this.#claimedInRedis.set(key, nowMs + runningMs);
-      return held;
+      // The script may have run, and the claim be this request's in Redis: remembered, so its end reaches Redis.
+      this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
+      // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
+      if (this.#usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
+      return this.#local.claimKey(key, claim, runningMs);
     }
   }
 
@@ -324,11 +329,25 @@ export class RedisStore implements StateStore {
     }
   }
 
+  async renewKey(key: string, owner: string, runningMs: number, nowMs: number): Promise<void> {
+    await this.#local.renewKey(key, owner, runningMs, nowMs);
+    const claimed = this.#claimedInRedis.get(key);
+    if (claimed?.owner === owner) claimed.untilMs = nowMs + runningMs;
+    if (!this.#usable()) return;
+    const redisKey = this.#keys.idempotency(key);
+    try {
+      await this.#client.sgRenewKey(redisKey, owner, runningMs);
+      this.#answered();
+    } catch (err) {
+      this.#failed(err, redisKey);
+    }
+  }
+
   async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
     // A claim taken while Redis was away lives in the process, where its repeats look: it is settled there too.
     const local = (await this.#local.readKey(key, nowMs)) !== undefined;
     if (local || !this.#usable()) await this.#local.settleKey(key, record, ttlMs, nowMs);
-    if (!this.#usable()) return this.#endLater(key, record, nowMs + ttlMs);
+    if (!this.#usable()) return this.#endLater(key, { record, untilMs: nowMs + ttlMs });
     const redisKey = this.#keys.idempotency(key);
     try {
       await this.#client.set(redisKey, encodeKeyRecord(record), 'PX', ttlMs);
@@ -337,21 +356,22 @@ export class RedisStore implements StateStore {
     } catch (err) {
       this.#failed(err, redisKey);
       if (!local) await this.#local.settleKey(key, record, ttlMs, nowMs);
-      this.#endLater(key, record, nowMs + ttlMs);
+      this.#endLater(key, { record, untilMs: nowMs + ttlMs });
     }
   }
 
-  async releaseKey(key: string): Promise<void> {
-    await this.#local.releaseKey(key);
-    if (!this.#usable()) return this.#endLater(key, undefined, this.#claimedInRedis.get(key) ?? 0);
+  async releaseKey(key: string, owner: string): Promise<void> {
+    await this.#local.releaseKey(key, owner);
+    const until = () => this.#claimedInRedis.get(key)?.untilMs ?? 0;
+    if (!this.#usable()) return this.#endLater(key, { owner, untilMs: until() });
     const redisKey = this.#keys.idempotency(key);
     try {
-      await this.#client.del(redisKey);
+      await this.#client.sgReleaseKey(redisKey, owner);
       this.#answered();
       this.#claimedInRedis.delete(key);
     } catch (err) {
       this.#failed(err, redisKey);
-      this.#endLater(key, undefined, this.#claimedInRedis.get(key) ?? 0);
+      this.#endLater(key, { owner, untilMs: until() });
     }
   }
 
@@ -359,9 +379,9 @@ export class RedisStore implements StateStore {
    * A run's end that did not reach Redis, for a key claimed there: written once Redis is back (#sendKeyEnds). Not
    * after a lone timeout, which leaves the store on Redis: the write it timed out on was sent, and Redis runs it.
    */
-  #endLater(key: string, record: (KeyRecord & { state: 'done' }) | undefined, untilMs: number): void {
+  #endLater(key: string, end: KeyEnd): void {
     if (!this.#claimedInRedis.delete(key) || this.#usable()) return;
-    this.#keyEnds.set(key, { record, untilMs });
+    this.#keyEnds.set(key, end);
   }
 
   /** Redis is back: the runs that ended meanwhile end there too, unless their claims have lapsed by themselves. */
@@ -371,7 +391,7 @@ export class RedisStore implements StateStore {
       this.#keyEnds.delete(key);
       if (end.untilMs <= nowMs) continue;
       const redisKey = this.#keys.idempotency(key);
-      const sent = end.record ? this.#client.set(redisKey, encodeKeyRecord(end.record), 'PX', end.untilMs - nowMs) : this.#client.del(redisKey);
+      const sent = end.record ? this.#client.set(redisKey, encodeKeyRecord(end.record), 'PX', end.untilMs - nowMs) : this.#client.sgReleaseKey(redisKey, end.owner!);
       sent.then(
         () => this.#answered(),
         (err: unknown) => {

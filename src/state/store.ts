@@ -57,7 +57,8 @@ export interface KeptAnswer {
 
 /** An idempotency key's record: a request running under it, or how it ended. */
 export type KeyRecord =
-  | { state: 'running'; fingerprint: string; sinceMs: number }
+  /** `owner`: the claim's own id, so the request that took it knows it again (a claim whose reply was lost). */
+  | { state: 'running'; fingerprint: string; sinceMs: number; owner?: string }
   /** `answer` absent: the answer was longer than idempotency.maxAnswerBytes (`bytes` long) and is not kept. */
   | { state: 'done'; fingerprint: string; answer?: KeptAnswer; bytes: number };
 
@@ -121,17 +122,20 @@ export interface StateStore {
   exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined>;
 
   /**
-   * Claims an idempotency key (an opaque, already scoped and hashed string) for a request about to run; the claim
-   * lapses after runningMs, so an instance that died mid-request cannot hold it. Undefined when this request got the
-   * key; else the record already there (the request to wait for, or the answer to replay).
+   * Claims an idempotency key (an opaque, already scoped and hashed string) for a request about to run: `claim` is
+   * written unless the key has a record, and lapses after runningMs, so an instance that died mid-request cannot hold
+   * it. Undefined when this request got the key; else the record already there (the request to wait for, or the
+   * answer to replay).
    */
-  claimKey(key: string, fingerprint: string, runningMs: number, nowMs: number): Promise<KeyRecord | undefined>;
+  claimKey(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined>;
   /** The key's record, undefined when it has none (never used, given back, or expired). */
   readKey(key: string, nowMs: number): Promise<KeyRecord | undefined>;
+  /** Extends the owner's running claim (a stream still being read) to runningMs from now; nothing for another record. */
+  renewKey(key: string, owner: string, runningMs: number, nowMs: number): Promise<void>;
   /** Keeps how the request under the key ended, for ttlMs. */
   settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void>;
-  /** Gives the key back: nothing was sent upstream, so a repeat may run the request. */
-  releaseKey(key: string): Promise<void>;
+  /** Gives the key back (the run ended without an answer to keep): removes the owner's running claim, nothing else. */
+  releaseKey(key: string, owner: string): Promise<void>;
 
   /** Called for every change, from this instance or another. Returns an unsubscribe function. */
   onChange(listener: (change: StateChange) => void): () => void;
