@@ -42,8 +42,8 @@ export interface KeyedRequest {
   runningMs: number;
   /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
   waitUntilMs: number;
-  /** True once the repeat's client has left: it stops waiting. */
-  clientGone: () => boolean;
+  /** True once the repeat should stop waiting: its client has left, or the instance is past its drain's grace period. */
+  stopWaiting: () => boolean;
 }
 
 /** A managed request as the server has it, before the pipeline. */
@@ -56,7 +56,8 @@ export interface ArrivedRequest {
   route: CompiledRoute;
   /** Since the request's head arrived, ms. */
   receivedMs: number;
-  clientGone: () => boolean;
+  /** See KeyedRequest.stopWaiting. */
+  stopWaiting: () => boolean;
 }
 
 /** The request's idempotency key, scoped, with what a repeat needs; undefined without one (or with keys off). */
@@ -74,7 +75,7 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     owner: randomUUID(),
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
-    clientGone: req.clientGone,
+    stopWaiting: req.stopWaiting,
   };
 }
 
@@ -109,7 +110,7 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
     const waitMs = nextLookMs(deps.random);
-    if (req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
+    if (req.stopWaiting() || deps.now() + waitMs >= req.waitUntilMs) {
       throw new GatewayError('idempotency_key_in_progress', 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer', {
         shouldRetry: true,
         retryAfterMs: 1000,
