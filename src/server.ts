@@ -332,7 +332,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const route = routeFor(path, body.json);
     checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
     const keyed = keyedRequest(
-      { headers: request.headers, client: request.client, path, rawBody: body.raw, route, receivedMs: reply.elapsedTime, stopWaiting: () => reply.raw.destroyed || pastGrace },
+      { headers: request.headers, client: request.client, path, rawBody: body.raw, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
       idempotencyDeps,
     );
     ends.enterPipeline(request);

@@ -218,7 +218,7 @@ describe('a claim whose reply is lost', () => {
       await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
       setTimeout(() => void a!.settleKey('k', DONE, 60_000, Date.now()), 450);
       const deps = { store: b!, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
-      const repeat = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'instance-b', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, stopWaiting: () => false }, deps);
+      const repeat = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'instance-b', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false }, deps);
       expect(repeat).toEqual({ kind: 'replay', answer: DONE.answer });
       expect(b!.degraded).toBe(false);
     } finally {
@@ -232,7 +232,7 @@ describe('a claim whose reply is lost', () => {
       expect(await store.ready()).toBe(true);
       await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
       const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
-      const claim = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, stopWaiting: () => false }, deps);
+      const claim = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false }, deps);
       expect(claim.kind).toBe('run');
       expect(await store.readKey('k', Date.now())).toMatchObject({ state: 'running', owner: 'me' });
     } finally {

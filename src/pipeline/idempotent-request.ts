@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import { PassThrough, type Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { IdempotencyConfig } from '../config/schema.ts';
-import { GatewayError } from '../errors.ts';
+import { drainingError, GatewayError } from '../errors.ts';
 import { computeDeadline } from '../policy/deadline.ts';
 import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeatVerdict, scopedKey } from '../policy/idempotency.ts';
 import type { CompiledRoute } from '../routing/router.ts';
@@ -42,8 +42,10 @@ export interface KeyedRequest {
   runningMs: number;
   /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
   waitUntilMs: number;
-  /** True once the repeat should stop waiting: its client has left, or the instance is past its drain's grace period. */
-  stopWaiting: () => boolean;
+  /** True once the repeat's client has left: it stops waiting. */
+  clientGone: () => boolean;
+  /** True once the instance is past its drain's grace period: a waiting repeat is answered 503 gateway_draining. */
+  pastGrace: () => boolean;
 }
 
 /** A managed request as the server has it, before the pipeline. */
@@ -56,8 +58,8 @@ export interface ArrivedRequest {
   route: CompiledRoute;
   /** Since the request's head arrived, ms. */
   receivedMs: number;
-  /** See KeyedRequest.stopWaiting. */
-  stopWaiting: () => boolean;
+  clientGone: () => boolean;
+  pastGrace: () => boolean;
 }
 
 /** The request's idempotency key, scoped, with what a repeat needs; undefined without one (or with keys off). */
@@ -75,7 +77,8 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     owner: randomUUID(),
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
-    stopWaiting: req.stopWaiting,
+    clientGone: req.clientGone,
+    pastGrace: req.pastGrace,
   };
 }
 
@@ -110,7 +113,9 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
     const waitMs = nextLookMs(deps.random);
-    if (req.stopWaiting() || deps.now() + waitMs >= req.waitUntilMs) {
+    // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
+    if (req.pastGrace()) throw drainingError();
+    if (req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
       throw new GatewayError('idempotency_key_in_progress', 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer', {
         shouldRetry: true,
         retryAfterMs: 1000,

@@ -297,7 +297,10 @@ export class RedisStore implements StateStore {
   // runs again, as it would with no key at all).
 
   async claimKey(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined> {
-    if (!this.#usable()) return this.#local.claimKey(key, claim, runningMs);
+    // A run this instance claimed while Redis was away is looked for here first: Redis back, its repeats would else
+    // claim the key there and run it a second time.
+    const here = await this.#local.readKey(key, claim.sinceMs);
+    if (here !== undefined || !this.#usable()) return here ?? this.#local.claimKey(key, claim, runningMs);
     const redisKey = this.#keys.idempotency(key);
     try {
       const held = await this.#client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
