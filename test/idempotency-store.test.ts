@@ -1,14 +1,13 @@
 // Idempotency keys in both state stores (the in-process one and Redis, on a real redis-server), and their wire format.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { decodeKeyRecord, encodeKeyRecord, KeptKeys } from '../src/state/kept-keys.ts';
-import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
-import type { KeyRecord, StateStore } from '../src/state/store.ts';
+import type { KeyRecord } from '../src/state/store.ts';
 import { claimKey } from '../src/pipeline/idempotent-request.ts';
-import { startRedis, useRedisServerWithAdmin, type RedisHandle } from './helpers/redis-server.ts';
-import { eventually } from './helpers/redis-stores.ts';
+import { startRedis, useRedisServerWithAdmin } from './helpers/redis-server.ts';
+import { describeEachStore, eventually } from './helpers/redis-stores.ts';
 import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 const T = 1_700_000_000_000;
@@ -76,78 +75,52 @@ describe('KeptKeys (in the process)', () => {
   });
 });
 
-let redis: RedisHandle;
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis?.stop();
-});
-
-const factories: Record<string, () => Promise<StateStore>> = {
-  MemoryStore: async () => new MemoryStore(),
-  RedisStore: async () => {
-    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix: `idem-${randomUUID()}` } });
-    expect(await store.ready()).toBe(true);
-    return store;
-  },
-};
-
-describe.each(Object.entries(factories))('%s', (_name, create) => {
-  let store: StateStore;
-  beforeEach(async () => {
-    store = await create();
-  });
-  afterEach(async () => {
-    expect(store.degraded).toBe(false);
-    await store.close();
-  });
-
+describeEachStore((store) => {
   it('gives a key to one claim; the others get the running record, then the kept answer', async () => {
     const now = Date.now();
-    const claims = await Promise.all([1, 2, 3].map(() => store.claimKey('k1', running('fp-1', now), 60_000)));
+    const claims = await Promise.all([1, 2, 3].map(() => store().claimKey('k1', running('fp-1', now), 60_000)));
     expect(claims.filter((c) => c === undefined)).toHaveLength(1);
     expect(claims.filter((c) => c !== undefined)).toEqual([running('fp-1', now), running('fp-1', now)]);
-    await store.settleKey('k1', DONE, 60_000, now);
-    expect(await store.readKey('k1', now)).toEqual(DONE);
-    expect(await store.claimKey('k1', running('fp-1', now), 60_000)).toEqual(DONE);
+    await store().settleKey('k1', DONE, 60_000, now);
+    expect(await store().readKey('k1', now)).toEqual(DONE);
+    expect(await store().claimKey('k1', running('fp-1', now), 60_000)).toEqual(DONE);
   });
 
   it('gives a key back: the next claim gets it', async () => {
     const now = Date.now();
-    expect(await store.claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
-    await store.releaseKey('k2', 'owner-fp');
-    expect(await store.readKey('k2', now)).toBeUndefined();
-    expect(await store.claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
+    expect(await store().claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
+    await store().releaseKey('k2', 'owner-fp');
+    expect(await store().readKey('k2', now)).toBeUndefined();
+    expect(await store().claimKey('k2', running('fp', now), 60_000)).toBeUndefined();
   });
 
   it("gives back and renews its owner's claim only: not another's, taken since it lapsed, nor a kept answer", async () => {
     const now = Date.now();
-    expect(await store.claimKey('k4', running('fp', now, 'second'), 60_000)).toBeUndefined();
-    await store.releaseKey('k4', 'first');
-    expect(await store.readKey('k4', now)).toEqual(running('fp', now, 'second'));
-    await store.settleKey('k4', DONE, 60_000, now);
-    await store.releaseKey('k4', 'second');
-    expect(await store.readKey('k4', now)).toEqual(DONE);
+    expect(await store().claimKey('k4', running('fp', now, 'second'), 60_000)).toBeUndefined();
+    await store().releaseKey('k4', 'first');
+    expect(await store().readKey('k4', now)).toEqual(running('fp', now, 'second'));
+    await store().settleKey('k4', DONE, 60_000, now);
+    await store().releaseKey('k4', 'second');
+    expect(await store().readKey('k4', now)).toEqual(DONE);
     // Renewed, a claim outlives its first lifetime; another's renewal does nothing to it.
-    expect(await store.claimKey('k5', running('fp', Date.now(), 'mine'), 200)).toBeUndefined();
+    expect(await store().claimKey('k5', running('fp', Date.now(), 'mine'), 200)).toBeUndefined();
     await sleep(100);
-    await store.renewKey('k5', 'mine', 400, Date.now());
-    await store.renewKey('k5', 'theirs', 60_000, Date.now());
+    await store().renewKey('k5', 'mine', 400, Date.now());
+    await store().renewKey('k5', 'theirs', 60_000, Date.now());
     await sleep(200);
-    expect((await store.readKey('k5', Date.now()))?.state).toBe('running');
+    expect((await store().readKey('k5', Date.now()))?.state).toBe('running');
     await sleep(350);
-    expect(await store.readKey('k5', Date.now())).toBeUndefined();
+    expect(await store().readKey('k5', Date.now())).toBeUndefined();
   });
 
   it('lets a claim lapse after runningMs and a kept answer after ttlMs', async () => {
-    expect(await store.claimKey('k3', running('fp', Date.now()), 100)).toBeUndefined();
+    expect(await store().claimKey('k3', running('fp', Date.now()), 100)).toBeUndefined();
     await sleep(250);
-    expect(await store.claimKey('k3', running('fp', Date.now()), 60_000)).toBeUndefined();
-    await store.settleKey('k3', DONE, 100, Date.now());
-    expect(await store.readKey('k3', Date.now())).toEqual(DONE);
+    expect(await store().claimKey('k3', running('fp', Date.now()), 60_000)).toBeUndefined();
+    await store().settleKey('k3', DONE, 100, Date.now());
+    expect(await store().readKey('k3', Date.now())).toEqual(DONE);
     await sleep(250);
-    expect(await store.readKey('k3', Date.now())).toBeUndefined();
+    expect(await store().readKey('k3', Date.now())).toBeUndefined();
   });
 });
 

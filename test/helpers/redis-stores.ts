@@ -3,8 +3,11 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pino from 'pino';
-import { afterEach } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect } from 'vitest';
+import { MemoryStore } from '../../src/state/memory-store.ts';
 import { RedisStore } from '../../src/state/redis-store.ts';
+import type { StateStore } from '../../src/state/store.ts';
+import { startRedis, type RedisHandle } from './redis-server.ts';
 import { testLogSink } from './stack.ts';
 
 /** The ACL the README gives the gateway's Redis user (its command part). */
@@ -46,4 +49,38 @@ export async function eventually(check: () => boolean | Promise<boolean>, within
     if (Date.now() - start > withinMs) throw new Error(`condition not met within ${withinMs} ms`);
     await sleep(10);
   }
+}
+
+/**
+ * One conformance suite for both state stores: `suite` runs once with the in-process MemoryStore and once with a
+ * RedisStore on a real redis-server started for the file, each test with a fresh store (a fresh key prefix, so no
+ * test sees another's keys) that must not have gone over to local state by its end.
+ */
+export function describeEachStore(suite: (store: () => StateStore) => void): void {
+  let redis: RedisHandle | undefined;
+  beforeAll(async () => {
+    redis = await startRedis();
+  });
+  afterAll(async () => {
+    await redis?.stop();
+  });
+  const factories: Record<string, () => Promise<StateStore>> = {
+    MemoryStore: async () => new MemoryStore(),
+    RedisStore: async () => {
+      const store = new RedisStore({ config: { redis: redis!.url, commandTimeoutMs: 500, keyPrefix: `t-${randomUUID()}` } });
+      expect(await store.ready()).toBe(true);
+      return store;
+    },
+  };
+  describe.each(Object.entries(factories))('%s', (_name, create) => {
+    let store: StateStore;
+    beforeEach(async () => {
+      store = await create();
+    });
+    afterEach(async () => {
+      expect(store.degraded).toBe(false);
+      await store.close();
+    });
+    suite(() => store);
+  });
 }
