@@ -332,12 +332,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const route = routeFor(path, body.json);
     checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
     const keyed = keyedRequest(
-      { headers: request.headers, client: request.client, path, rawBody: body.raw, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
+      { headers: request.headers, client: request.client, path, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
       idempotencyDeps,
     );
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
     let claim: KeyClaim | undefined;
+    let runStream: Readable | undefined;
     try {
       if (keyed) {
         claim = await claimKey(keyed, idempotencyDeps);
@@ -372,6 +373,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       );
       if (claim?.kind === 'run') {
         answer.summary.idempotency = 'run';
+        // A stream under a key is read to its end after its client has left: its request ends (logged, its usage
+        // counted) when that stream does, not when the client's copy of it closes.
+        if (answer.body instanceof Readable) runStream = answer.body;
         answer = claim.keep(answer);
       }
     } catch (err) {
@@ -380,7 +384,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       throw err;
     }
     request.stormgate = answer.summary;
-    ends.leavePipeline(request, reply, answer.body instanceof Readable ? answer.body : undefined);
+    ends.leavePipeline(request, reply, runStream ?? (answer.body instanceof Readable ? answer.body : undefined));
     if (answer.live && answer.body instanceof Readable) {
       const stream = answer.live;
       live.add(stream);

@@ -46,6 +46,11 @@ export interface KeyedRequest {
   clientGone: () => boolean;
   /** True once the instance is past its drain's grace period: a waiting repeat is answered 503 gateway_draining. */
   pastGrace: () => boolean;
+  /**
+   * A Responses API stream with `background: true`: once its response.created reached the client, the response runs on
+   * at the provider whatever becomes of the stream, so a stream that broke after it is kept, not given back.
+   */
+  background?: boolean;
 }
 
 /** A managed request as the server has it, before the pipeline. */
@@ -55,6 +60,7 @@ export interface ArrivedRequest {
   client: string | undefined;
   path: string;
   rawBody: Buffer;
+  json: Record<string, unknown>;
   route: CompiledRoute;
   /** Since the request's head arrived, ms. */
   receivedMs: number;
@@ -79,6 +85,7 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
     pastGrace: req.pastGrace,
+    background: req.route.api === 'responses' && req.json.background === true,
   };
 }
 
@@ -165,6 +172,9 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
         clearInterval(renewal);
         const how = answer.summary.streamEnd?.kind;
         if (how !== undefined && WHOLE_STREAM_ENDS.has(how)) settle('stream', kept, bytes);
+        // A background response broken off while it may still run at the provider: a repeat that ran it again would
+        // start a second one beside it (what the gateway never does itself). It gets the same id, to retrieve it by.
+        else if (req.background && how !== undefined && BACKGROUND_RUNS_ON.has(how)) settle('stream', kept, bytes);
         else giveBack();
       }),
     };
@@ -177,6 +187,9 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
  * [DONE]). Left out, every stream from such a provider gave its key back, and each repeat ran it again.
  */
 const WHOLE_STREAM_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done-added', 'recovered']);
+
+/** How a background response's stream may end while the response itself runs on at the provider. */
+const BACKGROUND_RUNS_ON: ReadonlySet<StreamEndKind> = new Set(['cut', 'stalled', 'client-stalled', 'shutdown']);
 
 function isReadable(body: PipelineAnswer['body']): body is Readable {
   return typeof (body as Readable).pipe === 'function';
