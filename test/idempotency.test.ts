@@ -234,7 +234,7 @@ describe('what is kept, streams', () => {
 });
 
 describe('replays in the metrics', () => {
-  it('a replay is counted under the target key its run was counted under, never a label made of the client\'s model name', async () => {
+  it('a replay is counted under the target key and priority class its run was counted under, never a label made of the client\'s model name', async () => {
     const s = await start();
     // A name no key is made of (a space): the run is counted under mock/other; x-stormgate-target shows it as sent.
     const body = { ...BODY, model: 'my model' };
@@ -244,8 +244,8 @@ describe('replays in the metrics', () => {
     expect((await post(s.url, 'k-label', body)).headers.get('idempotent-replayed')).toBe('true');
     await sleep(50);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
-    const targets = [...metrics.matchAll(/^stormgate_requests_total\{route="chat",target="([^"]*)"[^}]*outcome="(success|replayed)"\} 1$/gm)].map((m) => `${m[2]} ${m[1]}`);
-    expect(targets.sort()).toEqual(['replayed mock/other', 'success mock/other']);
+    const series = [...metrics.matchAll(/^stormgate_requests_total\{route="chat",target="([^"]*)",priority="([^"]*)",outcome="(success|replayed)"\} 1$/gm)].map((m) => `${m[3]} ${m[1]} ${m[2]}`);
+    expect(series.sort()).toEqual(['replayed mock/other online', 'success mock/other online']);
   });
 });
 

@@ -153,7 +153,8 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
       return answer;
     }
     const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) => {
-      const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target: answer.summary.target } };
+      const { target, priority } = answer.summary;
+      const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target, priority } };
       void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, config.ttlMs, deps.now()).finally(end);
     };
     const { body } = answer;
@@ -236,9 +237,9 @@ export function replayed(kept: KeptAnswer): { status: number; headers: Record<st
 }
 
 /**
- * What the request log and the metrics know of a replay: the route, the target key the run was counted under (not
- * x-stormgate-target, which names the model as the client sent it: no bounded label), no attempts.
+ * What the request log and the metrics know of a replay: the route, the target key and priority class the run was
+ * counted under (not x-stormgate-target, which names the model as the client sent it: no bounded label), no attempts.
  */
 export function replaySummary(route: CompiledRoute, kept: KeptAnswer): RequestSummary {
-  return { route: route.name, target: kept.target, outcome: 'replayed', attempts: [], budgetMs: 0, deadlineSource: 'route', skipped: [], idempotency: 'replayed' };
+  return { route: route.name, target: kept.target, priority: kept.priority, outcome: 'replayed', attempts: [], budgetMs: 0, deadlineSource: 'route', skipped: [], idempotency: 'replayed' };
 }

@@ -107,7 +107,7 @@ export function encodeKeyRecord(record: KeyRecord): Buffer {
   // `state` first: the Lua scripts tell a running claim by the value's first bytes (redis-scripts.ts).
   if (record.state === 'running') return Buffer.from(JSON.stringify({ state: record.state, fingerprint: record.fingerprint, sinceMs: record.sinceMs, owner: record.owner }) + '\n');
   const { answer, ...rest } = record;
-  const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind, target: answer.target } } : rest;
+  const meta = answer ? { ...rest, answer: { status: answer.status, headers: answer.headers, kind: answer.kind, target: answer.target, priority: answer.priority } } : rest;
   return Buffer.concat([Buffer.from(JSON.stringify(meta) + '\n'), answer?.body ?? Buffer.alloc(0)]);
 }
 
@@ -133,6 +133,6 @@ export function decodeKeyRecord(raw: Buffer): KeyRecord | undefined {
   if (typeof a.status !== 'number' || typeof a.headers !== 'object' || a.headers === null || (a.kind !== 'whole' && a.kind !== 'stream')) return undefined;
   // A copy: the decoded value must not pin the whole reply buffer it came in.
   const body = Buffer.from(raw.subarray(cut + 1));
-  const target = typeof a.target === 'string' ? { target: a.target } : {};
-  return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes, answer: { status: a.status, headers: a.headers as Record<string, string>, kind: a.kind!, body, ...target } };
+  const labels = { ...(typeof a.target === 'string' && { target: a.target }), ...(typeof a.priority === 'string' && { priority: a.priority }) };
+  return { state: 'done', fingerprint: m.fingerprint, bytes: m.bytes, answer: { status: a.status, headers: a.headers as Record<string, string>, kind: a.kind!, body, ...labels } };
 }

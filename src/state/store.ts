@@ -53,6 +53,8 @@ export interface KeptAnswer {
   body: Buffer;
   /** The target key the run was counted under (RequestSummary.target): its replays are counted there too. */
   target?: string;
+  /** The priority class the run was counted under: its replays are counted there too. */
+  priority?: string;
 }
 
 /** An idempotency key's record: a request running under it, or how it ended. */
