@@ -157,6 +157,8 @@ describe('RedisStore away mid-run', () => {
       const now = Date.now();
       expect(await cut.claimKey('failed', running('fp', now), 60_000)).toBeUndefined();
       expect(await cut.claimKey('answered', running('fp-1', now), 60_000)).toBeUndefined();
+      // A repeat on the same instance gives up waiting (and gives back its own claim, if it had one): not the run's.
+      await cut.releaseKey('answered', 'a-repeat-that-gave-up');
       await proxy.cut();
       await eventually(() => cut.degraded, 3_000);
       // The runs end while Redis is away: one without an answer, one with.
@@ -208,6 +210,25 @@ describe('a claim whose reply is lost', () => {
       const claim = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false }, deps);
       expect(claim.kind).toBe('run');
       expect(await store.readKey('k', Date.now())).toMatchObject({ state: 'running', owner: 'me' });
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('is given back when the request gives up before it knows (its client left): the key is not held with nothing running it', async () => {
+    const keyPrefix = `idem-gone-${randomUUID()}`;
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 100, keyPrefix } });
+    try {
+      expect(await store.ready()).toBe(true);
+      // The claim times out, and Redis runs it after: the key is this request's, which does not know it.
+      await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
+      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const given = claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => true, pastGrace: () => false }, deps);
+      await expect(given).rejects.toMatchObject({ code: 'idempotency_key_in_progress' });
+      // The pause over, Redis has run the claim (and whatever followed it on the connection).
+      await sleep(400);
+      // Else every repeat waits for a run that never started and gets 409, for the claim's whole lifetime.
+      await eventually(async () => (await admin().exists(`${keyPrefix}:idempotency:{k}`)) === 0, 2_000);
     } finally {
       await store.close();
     }

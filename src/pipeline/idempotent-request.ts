@@ -120,9 +120,12 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
     const waitMs = nextLookMs(deps.random);
-    // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
-    if (req.pastGrace()) throw drainingError();
-    if (req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
+    if (req.pastGrace() || req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
+      // A claim whose reply was lost may be this request's own, unknown to it: given back (its owner's only), or the
+      // key stayed held for runningMs with nothing running under it, and every repeat waited for it and got a 409.
+      void store.releaseKey(req.key, req.owner);
+      // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
+      if (req.pastGrace()) throw drainingError();
       throw new GatewayError('idempotency_key_in_progress', 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer', {
         shouldRetry: true,
         retryAfterMs: 1000,

@@ -310,8 +310,12 @@ export class RedisStore implements StateStore {
       return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
     } catch (err) {
       this.#failed(err, redisKey);
-      // The script may have run, and the claim be this request's in Redis: remembered, so its end reaches Redis.
-      this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      // The script may have run, and the claim be this request's in Redis: remembered, so its end reaches Redis. Not
+      // over another request's here: that one holds the key, and this claim cannot have taken it.
+      const remembered = this.#claimedInRedis.get(key);
+      if (remembered === undefined || remembered.owner === claim.owner) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      // Such a claim may turn out not to be its own (the repeat gets the answer): nothing ends it; it goes once lapsed.
+      for (const [k, c] of this.#claimedInRedis) if (c.untilMs <= claim.sinceMs) this.#claimedInRedis.delete(k);
       // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
       // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
       if (this.#usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
@@ -371,7 +375,7 @@ export class RedisStore implements StateStore {
     try {
       await this.#client.sgReleaseKey(redisKey, owner);
       this.#answered();
-      this.#claimedInRedis.delete(key);
+      if (this.#claimedInRedis.get(key)?.owner === owner) this.#claimedInRedis.delete(key);
     } catch (err) {
       this.#failed(err, redisKey);
       this.#endLater(key, { owner, untilMs: until() });
@@ -383,7 +387,11 @@ export class RedisStore implements StateStore {
    * after a lone timeout, which leaves the store on Redis: the write it timed out on was sent, and Redis runs it.
    */
   #endLater(key: string, end: KeyEnd): void {
-    if (!this.#claimedInRedis.delete(key) || this.#usable()) return;
+    // A give-back is its owner's: a repeat that gave up waiting does not end the run this instance holds the key for.
+    const claimed = this.#claimedInRedis.get(key);
+    if (claimed === undefined || (end.owner !== undefined && claimed.owner !== end.owner)) return;
+    this.#claimedInRedis.delete(key);
+    if (this.#usable()) return;
     this.#keyEnds.set(key, end);
   }
 
