@@ -113,6 +113,15 @@ describeEachStore((store) => {
     expect(await store().readKey('k5', Date.now())).toBeUndefined();
   });
 
+  it("keeps an owner's answer, but not over another request's running claim (taken after the owner's lapsed)", async () => {
+    const now = Date.now();
+    expect(await store().claimKey('k6', running('fp-1', now, 'second'), 60_000)).toBeUndefined();
+    await store().settleKey('k6', DONE, 60_000, now, 'first');
+    expect(await store().readKey('k6', now)).toEqual(running('fp-1', now, 'second'));
+    await store().settleKey('k6', DONE, 60_000, now, 'second');
+    expect(await store().readKey('k6', now)).toEqual(DONE);
+  });
+
   it('lets a claim lapse after runningMs and a kept answer after ttlMs', async () => {
     expect(await store().claimKey('k3', running('fp', Date.now()), 100)).toBeUndefined();
     await sleep(250);

@@ -158,7 +158,7 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
     const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) => {
       const { target, priority } = answer.summary;
       const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target, priority } };
-      void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, config.ttlMs, deps.now()).finally(end);
+      void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, config.ttlMs, deps.now(), owner).finally(end);
     };
     const { body } = answer;
     if (Buffer.isBuffer(body)) {

@@ -61,7 +61,9 @@ export class KeptKeys {
     if (entry && ownedBy(entry.record, owner) && entry.expiresAtMs > nowMs) entry.expiresAtMs = nowMs + runningMs;
   }
 
-  settle(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): void {
+  settle(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): void {
+    const held = owner === undefined ? undefined : this.read(key, nowMs);
+    if (held?.state === 'running' && held.owner !== owner) return;
     this.#put(key, record, nowMs + ttlMs);
     this.#evict(nowMs);
   }

@@ -152,8 +152,8 @@ export class MemoryStore implements StateStore {
     this.#keys.renew(key, owner, runningMs, nowMs);
   }
 
-  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
-    this.#keys.settle(key, record, ttlMs, nowMs);
+  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): Promise<void> {
+    this.#keys.settle(key, record, ttlMs, nowMs, owner);
   }
 
   async releaseKey(key: string, owner: string): Promise<void> {

@@ -110,6 +110,17 @@ if owns(redis.call('GET', KEYS[1])) then return redis.call('PEXPIRE', KEYS[1], A
 return 0
 `;
 
+/**
+ * KEYS: an idempotency key. ARGV: owner, the record, its lifetime (ms). Writes how the owner's run ended unless another
+ * request's running claim holds the key (taken after the owner's lapsed): that run's answer is the one to keep.
+ */
+const SETTLE_KEY = `${OWNS_CLAIM}
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, 18) == '{"state":"running"' and not owns(held) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`;
+
 /** KEYS: an idempotency key. ARGV: owner. Deletes the owner's running claim only (not another's, taken since it lapsed). */
 const RELEASE_KEY = `${OWNS_CLAIM}
 if owns(redis.call('GET', KEYS[1])) then return redis.call('DEL', KEYS[1]) end
@@ -193,7 +204,7 @@ redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
 return 1
 `;
 
-type Arg = string | number;
+type Arg = string | number | Buffer;
 
 /** The scripts as methods on the client, after `defineScripts`. */
 export interface ScriptCommands {
@@ -208,6 +219,7 @@ export interface ScriptCommands {
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
   sgRenewKey(key: string, ...args: Arg[]): Promise<number>;
   sgReleaseKey(key: string, ...args: Arg[]): Promise<number>;
+  sgSettleKey(key: string, ...args: Arg[]): Promise<number>;
 }
 
 /** ioredis defines a variant of every script that answers bulk strings as Buffers: a kept answer is bytes, not text. */
@@ -231,6 +243,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgClaimKey: CLAIM_KEY,
     sgRenewKey: RENEW_KEY,
     sgReleaseKey: RELEASE_KEY,
+    sgSettleKey: SETTLE_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
   for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });

@@ -30,7 +30,7 @@ export interface RedisStoreOptions {
 }
 
 /** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
-type KeyEnd = { record: KeyRecord & { state: 'done' }; owner?: undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
+type KeyEnd = { record: KeyRecord & { state: 'done' }; owner: string | undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
 
 /** Batched request counts are sent at most this far apart. */
 const FLUSH_INTERVAL_MS = 50;
@@ -350,21 +350,27 @@ export class RedisStore implements StateStore {
     }
   }
 
-  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void> {
+  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): Promise<void> {
     // A claim taken while Redis was away lives in the process, where its repeats look: it is settled there too.
     const local = (await this.#local.readKey(key, nowMs)) !== undefined;
-    if (local || !this.#usable()) await this.#local.settleKey(key, record, ttlMs, nowMs);
-    if (!this.#usable()) return this.#endLater(key, { record, untilMs: nowMs + ttlMs });
+    if (local || !this.#usable()) await this.#local.settleKey(key, record, ttlMs, nowMs, owner);
+    if (!this.#usable()) return this.#endLater(key, { record, owner, untilMs: nowMs + ttlMs });
     const redisKey = this.#keys.idempotency(key);
     try {
-      await this.#client.set(redisKey, encodeKeyRecord(record), 'PX', ttlMs);
+      await this.#writeEnd(redisKey, record, owner, ttlMs);
       this.#answered();
-      this.#claimedInRedis.delete(key);
+      if (owner === undefined || this.#claimedInRedis.get(key)?.owner === owner) this.#claimedInRedis.delete(key);
     } catch (err) {
       this.#failed(err, redisKey);
-      if (!local) await this.#local.settleKey(key, record, ttlMs, nowMs);
-      this.#endLater(key, { record, untilMs: nowMs + ttlMs });
+      if (!local) await this.#local.settleKey(key, record, ttlMs, nowMs, owner);
+      this.#endLater(key, { record, owner, untilMs: nowMs + ttlMs });
     }
+  }
+
+  /** How a run ended, in Redis: with its owner, not over another request's running claim (redis-scripts.ts SETTLE_KEY). */
+  #writeEnd(redisKey: string, record: KeyRecord & { state: 'done' }, owner: string | undefined, ttlMs: number): Promise<unknown> {
+    const bytes = encodeKeyRecord(record);
+    return owner === undefined ? this.#client.set(redisKey, bytes, 'PX', ttlMs) : this.#client.sgSettleKey(redisKey, owner, bytes, ttlMs);
   }
 
   async releaseKey(key: string, owner: string): Promise<void> {
@@ -402,7 +408,7 @@ export class RedisStore implements StateStore {
       this.#keyEnds.delete(key);
       if (end.untilMs <= nowMs) continue;
       const redisKey = this.#keys.idempotency(key);
-      const sent = end.record ? this.#client.set(redisKey, encodeKeyRecord(end.record), 'PX', end.untilMs - nowMs) : this.#client.sgReleaseKey(redisKey, end.owner!);
+      const sent = end.record ? this.#writeEnd(redisKey, end.record, end.owner, end.untilMs - nowMs) : this.#client.sgReleaseKey(redisKey, end.owner);
       sent.then(
         () => this.#answered(),
         (err: unknown) => {

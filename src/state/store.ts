@@ -134,8 +134,11 @@ export interface StateStore {
   readKey(key: string, nowMs: number): Promise<KeyRecord | undefined>;
   /** Extends the owner's running claim (a stream still being read) to runningMs from now; nothing for another record. */
   renewKey(key: string, owner: string, runningMs: number, nowMs: number): Promise<void>;
-  /** Keeps how the request under the key ended, for ttlMs. */
-  settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number): Promise<void>;
+  /**
+   * Keeps how the request under the key ended, for ttlMs. With its `owner`, not over another request's running claim
+   * (one taken after the owner's lapsed, its instance cut off from Redis meanwhile): that run's answer is the one to keep.
+   */
+  settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): Promise<void>;
   /** Gives the key back (the run ended without an answer to keep): removes the owner's running claim, nothing else. */
   releaseKey(key: string, owner: string): Promise<void>;
 
