@@ -35,6 +35,8 @@ describe('the key, pure', () => {
     expect(idempotencyKeyOf({ 'idempotency-key': ' stainless-node-retry-0b6e4a1c ' })).toBe('stainless-node-retry-0b6e4a1c');
     for (const bad of ['', 'a b', 'k\u00e9', 'x'.repeat(256)]) expect(idempotencyKeyOf({ 'idempotency-key': bad })).toBeInstanceOf(Error);
     expect(idempotencyKeyOf({ 'idempotency-key': ['a', 'b'] })).toBeInstanceOf(Error);
+    // As Node hands over a header sent twice.
+    expect((idempotencyKeyOf({ 'idempotency-key': 'a, b' }) as Error).message).toBe('send one idempotency-key header, not several');
   });
 
   it('is scoped by client and path, so two clients or two endpoints never share an answer', () => {

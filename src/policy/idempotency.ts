@@ -15,7 +15,8 @@ const KEY = /^[\x21-\x7e]{1,255}$/;
 export function idempotencyKeyOf(headers: HeaderBag): string | undefined | Error {
   const value = headers[IDEMPOTENCY_HEADER];
   if (value === undefined) return undefined;
-  if (Array.isArray(value)) return new Error(`send one ${IDEMPOTENCY_HEADER} header, not ${value.length}`);
+  // Node joins a header sent more than once with ", " (an array only where a caller built the bag itself).
+  if (Array.isArray(value) || value.includes(', ')) return new Error(`send one ${IDEMPOTENCY_HEADER} header, not several`);
   const key = value.trim();
   if (!KEY.test(key)) return new Error(`${IDEMPOTENCY_HEADER} must be 1 to 255 visible ASCII characters (a UUID, say)`);
   return key;
