@@ -12,6 +12,7 @@ import { toAnthropicShape } from './providers/anthropic/index.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
 import { handleManagedRequest, type PipelineAnswer } from './pipeline/handle-request.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from './pipeline/idempotent-request.ts';
+import { IDEMPOTENCY_HEADER } from './policy/idempotency.ts';
 import type { LiveStream } from './pipeline/live-stream.ts';
 import { createRouter, type CompiledRoute } from './routing/router.ts';
 import { asAnthropicModel, asAnthropicPage, createModelsList } from './routing/models-list.ts';
@@ -331,10 +332,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(path, body.json);
     checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
-    const keyed = keyedRequest(
-      { headers: request.headers, client: request.client, path, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
-      idempotencyDeps,
-    );
+    // Built only for a request that has a key: the others (nearly all) pay one header lookup.
+    const keyed =
+      request.headers[IDEMPOTENCY_HEADER] === undefined
+        ? undefined
+        : keyedRequest(
+            { headers: request.headers, client: request.client, path, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
+            idempotencyDeps,
+          );
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
     let claim: KeyClaim | undefined;
