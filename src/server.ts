@@ -347,16 +347,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     try {
       if (keyed) {
         claim = await claimKey(keyed, idempotencyDeps);
-        if (claim.kind === 'run') {
-          const { ended } = claim;
-          detachedRuns.add(ended);
-          void ended.then(() => detachedRuns.delete(ended));
-        }
         if (claim.kind === 'replay') {
           ends.leavePipeline(request, reply);
           request.stormgate = replaySummary(route, claim.answer);
           return sendAnswer(reply, { ...replayed(claim.answer), summary: request.stormgate });
         }
+        const { ended } = claim;
+        detachedRuns.add(ended);
+        void ended.then(() => detachedRuns.delete(ended));
       }
       answer = await handleManagedRequest(
         {
@@ -389,13 +387,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       throw err;
     }
     request.stormgate = answer.summary;
-    ends.leavePipeline(request, reply, runStream ?? (answer.body instanceof Readable ? answer.body : undefined));
-    if (answer.live && answer.body instanceof Readable) {
+    // The pipeline's own stream: under a key it is read to its end after the client's copy has closed.
+    const upstream = runStream ?? (answer.body instanceof Readable ? answer.body : undefined);
+    ends.leavePipeline(request, reply, upstream);
+    if (answer.live && upstream) {
       const stream = answer.live;
       live.add(stream);
-      // A run under a key is read to its end after its client has left: it is live until then.
-      if (claim?.kind === 'run') void claim.ended.then(() => live.delete(stream));
-      else answer.body.once('close', () => live.delete(stream));
+      upstream.once('close', () => live.delete(stream));
       // Its first output came just as the grace period ran out: it ends after it, with the error event.
       if (pastGrace) stream.interrupt();
     }

@@ -3,7 +3,7 @@
 // same key and waits for that run's answer instead of starting a second one. A repeat after the answer gets it again.
 // What is kept, and for how long, is in the state store: a fleet shares it through Redis.
 import { randomUUID } from 'node:crypto';
-import { PassThrough, type Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { IdempotencyConfig } from '../config/schema.ts';
 import { drainingError, GatewayError } from '../errors.ts';
@@ -165,7 +165,7 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
       settle('whole', body.length <= config.maxAnswerBytes ? body : undefined, body.length);
       return answer;
     }
-    if (!isReadable(body)) {
+    if (!(body instanceof Readable)) {
       giveBack();
       return answer;
     }
@@ -195,10 +195,6 @@ const WHOLE_STREAM_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done
 /** How a background response's stream may end while the response itself runs on at the provider. */
 const BACKGROUND_RUNS_ON: ReadonlySet<StreamEndKind> = new Set(['cut', 'stalled', 'client-stalled', 'shutdown']);
 
-function isReadable(body: PipelineAnswer['body']): body is Readable {
-  return typeof (body as Readable).pipe === 'function';
-}
-
 /**
  * The stream as its client reads it, while every chunk is also kept (up to maxBytes). The client's pace holds the
  * upstream back as before; once the client has left, the rest is read anyway, so the answer its repeat waits for is whole.
@@ -208,15 +204,15 @@ function readToTheEnd(body: Readable, maxBytes: number, done: (kept: Buffer | un
   let chunks: Buffer[] | undefined = [];
   let bytes = 0;
   let ended = false;
-  const take = (data: Buffer | string) => {
-    const chunk = typeof data === 'string' ? Buffer.from(data) : data;
+  // A stream body is bytes (streaming/stream-body.ts pushes its events into a byte-mode Readable).
+  const take = (chunk: Buffer) => {
     bytes += chunk.length;
     if (chunks && bytes <= maxBytes) chunks.push(chunk);
     else chunks = undefined;
     if (!out.destroyed && !out.write(chunk)) body.pause();
   };
   // What is already in hand (the first output, which the server writes with the head at once) goes through now.
-  for (let chunk = body.read() as Buffer | string | null; chunk !== null; chunk = body.read() as Buffer | string | null) take(chunk);
+  for (let chunk = body.read() as Buffer | null; chunk !== null; chunk = body.read() as Buffer | null) take(chunk);
   body.on('data', take);
   out.on('drain', () => body.resume());
   out.once('close', () => body.resume());
