@@ -40,7 +40,7 @@ describe('runs that went wrong', () => {
     await sleep(100);
     expect(await metricSum(s, 'stormgate_tokens_total')).toBe(usage);
     const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
-    expect(run).toMatchObject({ clientGone: true, streamEnd: 'complete' });
+    expect(run).toMatchObject({ clientGone: true, streamEnd: 'complete', outcome: 'success' });
     expect(upstream(s, '/v1/chat/completions')).toBe(1);
   });
 

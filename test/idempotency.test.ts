@@ -72,7 +72,8 @@ describe('the coupon incident', () => {
     await sleep(50);
     expect(upstream[0]!.aborted).toBe(false);
     const lines = s.logs.map((l) => JSON.parse(l) as { idempotency?: string; outcome?: string; clientGone?: boolean });
-    expect(lines.filter((l) => l.idempotency === 'run')).toHaveLength(1);
+    // Its line tells how the run ended, and that its client left.
+    expect(lines.filter((l) => l.idempotency === 'run')).toMatchObject([{ outcome: 'success', clientGone: true }]);
     expect(lines.filter((l) => l.idempotency === 'replayed')).toHaveLength(1);
   });
 
@@ -232,6 +233,45 @@ describe('what is kept, streams', () => {
     const again = await read();
     expect(again).toEqual({ replayed: 'true', text: first.text });
     expect(upstreamChats(s)).toHaveLength(1);
+  });
+});
+
+describe('a client that stops reading its stream', () => {
+  it('is let go, its connection closed, and the run read on to its end without it: kept, not cut and given back', async () => {
+    const { connect } = await import('node:net');
+    // A long answer, sent at once: the client's socket fills and the run would wait on it, not on the upstream.
+    const s = await start({
+      config: (url) => ({
+        ...defaultConfig(url, { provider: { timeouts: { idleMs: 100 } } }),
+        idempotency: { maxAnswerBytes: 64 * 1024 * 1024, memoryBytes: 256 * 1024 * 1024 },
+      }),
+      faults: { stream: { chunks: 100_000 } },
+    });
+    const { port } = new URL(s.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    const body = JSON.stringify({ ...BODY, stream: true });
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nidempotency-key: k-stalled\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+    socket.pause();
+    try {
+      const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, n) => resolve(n)));
+      // Bounds, not waits: on a loaded machine the sockets' buffers take seconds to fill.
+      const deadline = Date.now() + 20_000;
+      while ((await connections()) > 0 && Date.now() < deadline) await sleep(50);
+      expect(await connections()).toBe(0);
+      while (!s.logs.join('').includes('"idempotency":"run"') && Date.now() < deadline) await sleep(20);
+      const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
+      expect(run).toMatchObject({ outcome: 'success', streamEnd: 'complete', clientGone: true });
+      const upstream = upstreamChats(s);
+      expect(upstream).toHaveLength(1);
+      expect(upstream[0]!.aborted).toBe(false);
+      expect(upstream[0]!.chunksSent).toBe(100_000);
+      const again = await post(s.url, 'k-stalled', { ...BODY, stream: true });
+      expect(again.headers.get('idempotent-replayed')).toBe('true');
+      await again.body?.cancel();
+      expect(upstreamChats(s)).toHaveLength(1);
+    } finally {
+      socket.destroy();
+    }
   });
 });
 

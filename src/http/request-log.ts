@@ -76,7 +76,8 @@ export class RequestEnds {
   #end(request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
     if (this.#ended.has(request)) return;
     this.#ended.add(request);
-    if (clientGone && request.stormgate) request.stormgate.outcome = 'client_gone';
+    // A run under an idempotency key went on without its client (its repeat gets the answer): it ended as it ended.
+    if (clientGone && request.stormgate && request.stormgate.idempotency !== 'run') request.stormgate.outcome = 'client_gone';
     this.onEnd(request, reply, clientGone);
   }
 }

@@ -165,14 +165,17 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
       settle('whole', body.length <= config.maxAnswerBytes ? body : undefined, body.length);
       return answer;
     }
-    if (!(body instanceof Readable)) {
+    // A stream the gateway answers is a LiveStream's; nothing else streams a success.
+    const { live } = answer;
+    if (!(body instanceof Readable) || live === undefined) {
       giveBack();
       return answer;
     }
     const renewal = setInterval(() => void store.renewKey(key, owner, req.runningMs, deps.now()), RENEW_EVERY_MS).unref();
     return {
       ...answer,
-      body: readToTheEnd(body, config.maxAnswerBytes, (kept, bytes) => {
+      // A client that stops reading is let go well before the stream would give up on it (and cut the run with it).
+      body: readToTheEnd(body, config.maxAnswerBytes, live.clientStallMs / 2, (kept, bytes) => {
         clearInterval(renewal);
         const how = answer.summary.streamEnd?.kind;
         if (how !== undefined && WHOLE_STREAM_ENDS.has(how)) settle('stream', kept, bytes);
@@ -197,25 +200,38 @@ const BACKGROUND_RUNS_ON: ReadonlySet<StreamEndKind> = new Set(['cut', 'stalled'
 
 /**
  * The stream as its client reads it, while every chunk is also kept (up to maxBytes). The client's pace holds the
- * upstream back as before; once the client has left, the rest is read anyway, so the answer its repeat waits for is whole.
+ * upstream back as before; once the client has left, the rest is read anyway, so the answer its repeat waits for is
+ * whole. A client still connected that takes nothing for `letGoAfterMs` is let go (its connection closed, as when a
+ * stream's client stalls) and the rest read without it: held back, the stream would give up on its stalled client
+ * and cut the run with it, and the key would go back with the provider's work thrown away.
  */
-function readToTheEnd(body: Readable, maxBytes: number, done: (kept: Buffer | undefined, bytes: number) => void): Readable {
+function readToTheEnd(body: Readable, maxBytes: number, letGoAfterMs: number, done: (kept: Buffer | undefined, bytes: number) => void): Readable {
   const out = new PassThrough();
   let chunks: Buffer[] | undefined = [];
   let bytes = 0;
   let ended = false;
+  let letGo: NodeJS.Timeout | undefined;
   // A stream body is bytes (streaming/stream-body.ts pushes its events into a byte-mode Readable).
   const take = (chunk: Buffer) => {
     bytes += chunk.length;
     if (chunks && bytes <= maxBytes) chunks.push(chunk);
     else chunks = undefined;
-    if (!out.destroyed && !out.write(chunk)) body.pause();
+    if (out.destroyed || out.write(chunk)) return;
+    body.pause();
+    letGo ??= setTimeout(() => out.destroy(), letGoAfterMs);
   };
   // What is already in hand (the first output, which the server writes with the head at once) goes through now.
   for (let chunk = body.read() as Buffer | null; chunk !== null; chunk = body.read() as Buffer | null) take(chunk);
   body.on('data', take);
-  out.on('drain', () => body.resume());
-  out.once('close', () => body.resume());
+  out.on('drain', () => {
+    clearTimeout(letGo);
+    letGo = undefined;
+    body.resume();
+  });
+  out.once('close', () => {
+    clearTimeout(letGo);
+    body.resume();
+  });
   body.once('end', () => {
     ended = true;
     done(chunks && Buffer.concat(chunks), bytes);

@@ -492,6 +492,11 @@ export class LiveStream {
     return this.#ended;
   }
 
+  /** How long its client may take nothing before the stream gives up on it (`client-stalled`). */
+  get clientStallMs(): number {
+    return clientStallMs(this.#opts.idleMs);
+  }
+
   #translated(events: SseEvent[]): SseEvent[] {
     return translatedAfterOutput(events, this.#opts.translate);
   }
