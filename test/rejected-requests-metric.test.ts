@@ -34,4 +34,22 @@ describe('requests refused before the pipeline', () => {
     expect(await metricSum(s, 'stormgate_upstream_attempts_total')).toBe(1);
     expect(s.mock.stats().total).toBe(1);
   });
+
+  it('requests refused under their idempotency key count as rejected too: none went upstream', async () => {
+    const s = await startStack();
+    const post = (key: string, content: string) =>
+      fetch(`${s.baseURL}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': key },
+        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content }] }),
+      }).then(async (r) => {
+        await r.arrayBuffer();
+        return r.status;
+      });
+    expect([await post('k-1', 'hi'), await post('k-1', 'another body'), await post('\u00e9', 'hi')]).toEqual([200, 422, 400]);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="rejected"}')).toBe(2);
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
+    expect(s.mock.stats().total).toBe(1);
+  });
 });
