@@ -332,9 +332,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(path, body.json);
     checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
-    // Built only for a request that has a key: the others (nearly all) pay one header lookup.
+    // Built only for a request that has a key (or a route whose bodies are keys): the others (nearly all) pay a lookup.
     const keyed =
-      request.headers[IDEMPOTENCY_HEADER] === undefined
+      request.headers[IDEMPOTENCY_HEADER] === undefined && route.config.idempotency === undefined
         ? undefined
         : keyedRequest(
             { headers: request.headers, client: request.client, path, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },

@@ -3,10 +3,10 @@
 // answer again, keys used for another request, and what a run under a key may send upstream.
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, onTestFinished } from 'vitest';
 import { readFileSync } from 'node:fs';
 import { parseConfig } from '../src/config/load.ts';
-import { ConfigSchema } from '../src/config/schema.ts';
+import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { fingerprintOf, idempotencyKeyOf, repeatVerdict, scopedKey } from '../src/policy/idempotency.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { countingClient, defaultConfig, RETRY_LOOP_ONLY, requestLine, useGateways, useStacks, type Stack } from './helpers/stack.ts';
@@ -307,44 +307,75 @@ describe('a fleet on one Redis', () => {
 });
 
 describe('a tool behind the gateway', () => {
-  it('the agent times out at 300 ms, the tool commits at 400 ms: one coupon, and the retry under the same key gets it', async () => {
+  /** A coupon tool that commits each call 400 ms after it arrives, behind a route on its path; `route` adds to it. */
+  async function couponTool(route: Partial<ConfigInput['routes'][number]> = {}) {
     const { createServer } = await import('node:http');
-    let coupons = 0;
-    const tool = createServer((req, res) => {
+    const tool = { coupons: 0 };
+    const server = createServer((req, res) => {
       let body = '';
       req.on('data', (c: Buffer) => (body += c));
       req.on('end', () =>
         setTimeout(() => {
-          coupons++;
+          tool.coupons++;
           res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(JSON.stringify({ coupon: `C-${coupons}`, for: (JSON.parse(body) as { user: string }).user }));
+          res.end(JSON.stringify({ coupon: `C-${tool.coupons}`, for: (JSON.parse(body) as { user: string }).user }));
         }, 400),
       );
     });
-    await new Promise<void>((resolve) => tool.listen(0, '127.0.0.1', resolve));
-    try {
-      const port = (tool.address() as { port: number }).port;
-      const s = await start({
-        config: (url) => ({
-          ...defaultConfig(url),
-          providers: { ...defaultConfig(url).providers, coupons: { family: 'openai', baseUrl: `http://127.0.0.1:${port}/v1`, apiKey: 'tool-key' } },
-          routes: [{ name: 'coupon-tool', match: { path: '/v1/tools/coupon' }, targets: [{ provider: 'coupons', model: 'coupon-tool' }], retry: { retryOn: [429, 503] } }],
-        }),
-      });
-      const call = (signal?: AbortSignal) =>
-        fetch(`${s.url}/v1/tools/coupon`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': 'call-42' }, body: JSON.stringify({ user: 'u1' }), signal });
-      // The agent's own loop: a 300 ms timeout, then the same call again, four times at most.
-      let answer: { coupon: string } | undefined;
-      for (let attempt = 0; attempt < 5 && !answer; attempt++) {
-        const res = await call(AbortSignal.timeout(300)).catch(() => undefined);
-        if (res?.ok) answer = (await res.json()) as { coupon: string };
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    onTestFinished(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    const port = (server.address() as { port: number }).port;
+    const s = await start({
+      config: (url) => ({
+        ...defaultConfig(url),
+        providers: { ...defaultConfig(url).providers, coupons: { family: 'openai', baseUrl: `http://127.0.0.1:${port}/v1`, apiKey: 'tool-key' } },
+        routes: [{ name: 'coupon-tool', match: { path: '/v1/tools/coupon' }, targets: [{ provider: 'coupons', model: 'coupon-tool' }], retry: { retryOn: [429, 503] }, ...route }],
+      }),
+    });
+    /** The agent's own loop: a 300 ms timeout, then the same call again, four times at most. */
+    const agent = async (user: string, headers: Record<string, string> = {}) => {
+      const call = () =>
+        fetch(`${s.url}/v1/tools/coupon`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ user }), signal: AbortSignal.timeout(300) });
+      for (let attempt = 0; attempt < 5; attempt++) {
+        const res = await call().catch(() => undefined);
+        if (res?.ok) return (await res.json()) as { coupon: string; for: string };
       }
-      expect(answer).toMatchObject({ coupon: 'C-1', for: 'u1' });
-      await sleep(600);
-      expect(coupons).toBe(1);
-    } finally {
-      await new Promise((resolve) => tool.close(resolve));
-    }
+      return undefined;
+    };
+    return { tool, agent };
+  }
+
+  it('the agent times out at 300 ms, the tool commits at 400 ms: one coupon, and the retry under the same key gets it', async () => {
+    const { tool, agent } = await couponTool();
+    expect(await agent('u1', { 'idempotency-key': 'call-42' })).toMatchObject({ coupon: 'C-1', for: 'u1' });
+    await sleep(600);
+    expect(tool.coupons).toBe(1);
+  });
+
+  it('an agent that sends no key: on a route with bodyAsKeyMs its retries are repeats of the first call, another body is another call', async () => {
+    const { tool, agent } = await couponTool({ idempotency: { bodyAsKeyMs: 60_000 } });
+    expect(await agent('u1')).toMatchObject({ coupon: 'C-1', for: 'u1' });
+    expect(await agent('u2')).toMatchObject({ coupon: 'C-2', for: 'u2' });
+    await sleep(600);
+    expect(tool.coupons).toBe(2);
+  });
+
+  it('bodyAsKeyMs after the answer: a repeat within it gets the answer again, one after it runs again', async () => {
+    const { tool, agent } = await couponTool({ idempotency: { bodyAsKeyMs: 1_500 } });
+    expect(await agent('u1')).toMatchObject({ coupon: 'C-1' });
+    await sleep(500);
+    expect(await agent('u1')).toMatchObject({ coupon: 'C-1' });
+    await sleep(2_000);
+    expect(await agent('u1')).toMatchObject({ coupon: 'C-2' });
+    await sleep(600);
+    expect(tool.coupons).toBe(2);
+  });
+
+  it('without a key or bodyAsKeyMs, every retry of the agent is a new call: the incident', async () => {
+    const { tool, agent } = await couponTool();
+    await agent('u1');
+    await sleep(600);
+    expect(tool.coupons).toBe(5);
   });
 });
 

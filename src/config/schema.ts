@@ -265,6 +265,12 @@ export const RouteSchema = z
     budget: BudgetSchema.default({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 }),
     park: z.union([z.literal(false), ParkSchema]).default({ maxQueue: 10000 })
       .describe('Parking while the target is unavailable, or false to fail at once instead. Default: on, maxQueue 10000.'),
+    idempotency: z
+      .strictObject({
+        bodyAsKeyMs: positiveMs('A request without an Idempotency-Key has its body as its key (scoped by client key and path, as a sent key is): one whose body repeats a request from the same client that is still running waits for it, and one that comes within this many ms of its answer gets that answer again. For a tool whose calls must not run twice, called by agents that send no key. Ignored when idempotency.enabled is false.'),
+      })
+      .optional()
+      .describe('Idempotency for this route\'s requests that carry no Idempotency-Key (those that do are served as idempotency says). Optional; default: off, a request without a key runs as it comes.'),
   })
   .describe('A route: which requests, which targets, which policies.');
 

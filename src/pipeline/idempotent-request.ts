@@ -38,6 +38,8 @@ export interface KeyedRequest {
   fingerprint: string;
   /** This request's own claim id: a claim whose reply was lost is known again by it. */
   owner: string;
+  /** How long its answer is kept for repeats: idempotency.ttlMs for a key the client sent, the route's bodyAsKeyMs for its body. */
+  keptMs: number;
   /** How long a claim lasts unless renewed: the route's timeout and CLAIM_SLACK_MS. */
   runningMs: number;
   /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
@@ -68,19 +70,26 @@ export interface ArrivedRequest {
   pastGrace: () => boolean;
 }
 
-/** The request's idempotency key, scoped, with what a repeat needs; undefined without one (or with keys off). */
+/**
+ * The request's idempotency key, scoped, with what a repeat needs; undefined without one (or with keys off). Without
+ * an Idempotency-Key, on a route with bodyAsKeyMs, the body is the key: an agent's retry sends the same bytes again.
+ */
 export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedRequest | undefined {
   if (!deps.config.enabled) return undefined;
-  const key = idempotencyKeyOf(req.headers);
-  if (key === undefined) return undefined;
-  if (key instanceof Error) throw new GatewayError('invalid_idempotency_key', key.message, { param: IDEMPOTENCY_HEADER });
+  const sent = idempotencyKeyOf(req.headers);
+  if (sent instanceof Error) throw new GatewayError('invalid_idempotency_key', sent.message, { param: IDEMPOTENCY_HEADER });
+  const bodyAsKeyMs = req.route.config.idempotency?.bodyAsKeyMs;
+  if (sent === undefined && bodyAsKeyMs === undefined) return undefined;
+  const fingerprint = fingerprintOf(req.rawBody);
   const { timeoutMs, deadlineMarginMs } = req.route.config;
   // A repeat waits for the run it finds at most until its own client would give up.
   const waited = computeDeadline({ routeTimeoutMs: timeoutMs, marginMs: deadlineMarginMs, headers: req.headers });
   return {
-    key: scopedKey(req.client, req.path, key),
-    fingerprint: fingerprintOf(req.rawBody),
+    // A body's key is not a key a client can send (a colon and the fingerprint after a space).
+    key: scopedKey(req.client, req.path, sent ?? `body: ${fingerprint}`),
+    fingerprint,
     owner: randomUUID(),
+    keptMs: sent === undefined ? bodyAsKeyMs! : deps.config.ttlMs,
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
@@ -158,7 +167,7 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
     const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) => {
       const { target, priority } = answer.summary;
       const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target, priority } };
-      void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, config.ttlMs, deps.now(), owner).finally(end);
+      void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, req.keptMs, deps.now(), owner).finally(end);
     };
     const { body } = answer;
     if (Buffer.isBuffer(body)) {
