@@ -98,6 +98,13 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       // Otherwise only credential problems get here: the provider's body may echo part of the key, so it is never passed on.
       return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`, opts);
     case 'network':
+      if (f.cls.cls === 'local-resource') {
+        return new GatewayError(
+          'upstream_unavailable',
+          `the gateway has no file descriptor left to connect to ${f.target} (${outcome.code}) after ${tried}; raise the gateway's open-files limit (ulimit -n, LimitNOFILE, the container's nofile): each stream holds two${all}`,
+          opts,
+        );
+      }
       return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})${all}`, opts);
     case 'timeout':
       return new GatewayError('upstream_timeout', `upstream ${f.target} timed out after ${tried} (last: ${outcome.phase.replace('-', ' ')} timeout)${all}`, opts);

@@ -166,11 +166,14 @@ export async function serveTargets(
       released = undefined;
       const failedBefore = run.lastFailure;
       let r: TargetResult;
+      let streaming = false;
       try {
         r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
+        streaming = r.kind === 'ok' && r.result.stream !== undefined;
       } finally {
-        // A released request gives its place in the lot back however the target answered (a throw included).
-        ticket?.done();
+        // A released request gives its place in the lot back however the target answered (a throw included); a stream
+        // gives it back when it ends (target-attempts.ts).
+        if (!streaming) ticket?.done();
       }
       if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {

@@ -284,7 +284,14 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     } finally {
       attempt.release();
     }
-    ticket?.done();
+    // A stream holds its pool slot to its end (slot-attempt.ts), and a released request holds its place in the lot as
+    // long: given back at the first token, the lot released a parked crowd of streams as fast as first tokens came,
+    // far faster than slots freed up, and the pool's bounded queue shed the overflow as the provider came back.
+    const releasedStream = cls.cls === 'success' ? result.stream : undefined;
+    if (releasedStream && ticket) {
+      const held = ticket;
+      releasedStream.whenDone(() => held.done());
+    } else ticket?.done();
     ticket = undefined;
 
     if (cls.cls === 'success') {

@@ -33,6 +33,7 @@ export type OutcomeClass =
   | 'server-error'
   | 'overloaded'
   | 'network'
+  | 'local-resource'
   | 'timeout'
   | 'bad-stream'
   | 'internal'
@@ -72,6 +73,10 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none' },
   overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited' },
   network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  // The gateway's own process is out of descriptors (its open-files limit, a crowd of streams): nothing reached the
+  // provider, whose health is not in question. Counted as a failure, it opened the breaker (fleet-wide, with Redis) and
+  // parked every request on a healthy provider. A retry may find a descriptor freed by a stream that ended.
+  'local-resource': { retryable: true, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
   timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
   'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
   // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
@@ -161,6 +166,7 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'ok':
       return { cls: 'success', retryKey: null, reason: 'ok' };
     case 'network':
+      if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'network' };
       return { cls: 'network', retryKey: 'network', reason: 'network' };
     case 'timeout':
       return { cls: 'timeout', retryKey: 'timeout', reason: `timeout_${outcome.phase.replace('-', '_')}` };
@@ -197,8 +203,11 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   return { cls: 'server-error', retryKey: 502, reason };
 }
 
-/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer). */
-const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+/** The gateway's process (EMFILE) or the host (ENFILE) has no file descriptor left for a new connection. */
+export const LOCAL_RESOURCE_CODES: ReadonlySet<string> = new Set(['EMFILE', 'ENFILE']);
+
+/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket). */
+const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', ...LOCAL_RESOURCE_CODES]);
 
 /**
  * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of
