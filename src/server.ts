@@ -337,7 +337,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       request.headers[IDEMPOTENCY_HEADER] === undefined && route.config.idempotency === undefined
         ? undefined
         : keyedRequest(
-            { headers: request.headers, client: request.client, path, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
+            { headers: request.headers, client: request.client, path, query: queryOf(request.url), rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => pastGrace },
             idempotencyDeps,
           );
     ends.enterPipeline(request);

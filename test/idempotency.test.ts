@@ -9,7 +9,7 @@ import { parseConfig } from '../src/config/load.ts';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { fingerprintOf, idempotencyKeyOf, repeatVerdict, scopedKey } from '../src/policy/idempotency.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
-import { countingClient, defaultConfig, RETRY_LOOP_ONLY, requestLine, useGateways, useStacks, type Stack } from './helpers/stack.ts';
+import { countingClient, defaultConfig, metricSum, RETRY_LOOP_ONLY, requestLine, useGateways, useStacks, type Stack } from './helpers/stack.ts';
 
 const start = useStacks();
 const startGateway = useGateways();
@@ -43,6 +43,9 @@ describe('the key, pure', () => {
     const keys = new Set([scopedKey(undefined, '/v1/chat/completions', 'k'), scopedKey('team-a', '/v1/chat/completions', 'k'), scopedKey('team-b', '/v1/chat/completions', 'k'), scopedKey('team-a', '/v1/responses', 'k')]);
     expect(keys.size).toBe(4);
     expect(fingerprintOf(Buffer.from('{"a":1}'))).not.toBe(fingerprintOf(Buffer.from('{"a":2}')));
+    // The query string goes upstream with the body: another query is another request (none: the body's hash, as before).
+    expect(fingerprintOf(Buffer.from('{"a":1}'), '?user=u2')).not.toBe(fingerprintOf(Buffer.from('{"a":1}'), '?user=u1'));
+    expect(fingerprintOf(Buffer.from('{"a":1}'), '')).toBe(fingerprintOf(Buffer.from('{"a":1}')));
   });
 
   it('tells a repeat to wait, replay, give up on an answer not kept, or refuse another request', () => {
@@ -261,6 +264,10 @@ describe('a client that stops reading its stream', () => {
       while (!s.logs.join('').includes('"idempotency":"run"') && Date.now() < deadline) await sleep(20);
       const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
       expect(run).toMatchObject({ outcome: 'success', streamEnd: 'complete', clientGone: true });
+      // Once: in the log and in the count, whichever of the let-go and the stream's end came first.
+      await sleep(200);
+      expect(s.logs.filter((l) => l.includes('"idempotency":"run"'))).toHaveLength(1);
+      expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
       const upstream = upstreamChats(s);
       expect(upstream).toHaveLength(1);
       expect(upstream[0]!.aborted).toBe(false);
@@ -318,7 +325,9 @@ describe('a tool behind the gateway', () => {
         setTimeout(() => {
           tool.coupons++;
           res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(JSON.stringify({ coupon: `C-${tool.coupons}`, for: (JSON.parse(body) as { user: string }).user }));
+          // The user in the body, or (a tool that takes its arguments so) in the query string.
+          const user = (JSON.parse(body) as { user?: string }).user ?? new URL(req.url!, 'http://tool').searchParams.get('user');
+          res.end(JSON.stringify({ coupon: `C-${tool.coupons}`, for: user }));
         }, 400),
       );
     });
@@ -333,16 +342,16 @@ describe('a tool behind the gateway', () => {
       }),
     });
     /** The agent's own loop: a 300 ms timeout, then the same call again, four times at most. */
-    const agent = async (user: string, headers: Record<string, string> = {}) => {
+    const agent = async (user: string | undefined, headers: Record<string, string> = {}, query = '') => {
       const call = () =>
-        fetch(`${s.url}/v1/tools/coupon`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ user }), signal: AbortSignal.timeout(300) });
+        fetch(`${s.url}/v1/tools/coupon${query}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ user }), signal: AbortSignal.timeout(300) });
       for (let attempt = 0; attempt < 5; attempt++) {
         const res = await call().catch(() => undefined);
         if (res?.ok) return (await res.json()) as { coupon: string; for: string };
       }
       return undefined;
     };
-    return { tool, agent };
+    return { tool, agent, s };
   }
 
   it('the agent times out at 300 ms, the tool commits at 400 ms: one coupon, and the retry under the same key gets it', async () => {
@@ -369,6 +378,32 @@ describe('a tool behind the gateway', () => {
     expect(await agent('u1')).toMatchObject({ coupon: 'C-2' });
     await sleep(600);
     expect(tool.coupons).toBe(2);
+  });
+
+  it('bodyAsKeyMs: the same body with another query string (which goes upstream with it) is another call', async () => {
+    const { tool, agent } = await couponTool({ idempotency: { bodyAsKeyMs: 60_000 } });
+    expect(await agent(undefined, {}, '?user=u1')).toMatchObject({ coupon: 'C-1', for: 'u1' });
+    // Before the fix u2 got u1's coupon: the key was the body alone.
+    expect(await agent(undefined, {}, '?user=u2')).toMatchObject({ coupon: 'C-2', for: 'u2' });
+    await sleep(600);
+    expect(tool.coupons).toBe(2);
+  });
+
+  it('bodyAsKeyMs: a repeat refused while the call runs is told of its body, not of an Idempotency-Key it never sent', async () => {
+    const { agent, s } = await couponTool({ idempotency: { bodyAsKeyMs: 60_000 } });
+    const run = agent('u1');
+    await sleep(50);
+    const res = await fetch(`${s.url}/v1/tools/coupon`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '150' },
+      body: JSON.stringify({ user: 'u1' }),
+    });
+    expect(res.status).toBe(409);
+    const { error } = (await res.json()) as { error: { code: string; message: string } };
+    expect(error.code).toBe('idempotency_key_in_progress');
+    expect(error.message).not.toMatch(/Idempotency-Key|same key/);
+    expect(error.message).toContain('bodyAsKeyMs');
+    expect(await run).toMatchObject({ coupon: 'C-1' });
   });
 
   it('without a key or bodyAsKeyMs, every retry of the agent is a new call: the incident', async () => {

@@ -3,7 +3,7 @@
 // to the end, so a lot paced by first tokens released the whole crowd at once and the pool's bounded queue shed the
 // overflow (503 load_shed, inviting every SDK back) just as the provider recovered.
 import { describe, expect, it } from 'vitest';
-import { useStacks } from './helpers/stack.ts';
+import { metricSum, useStacks } from './helpers/stack.ts';
 
 describe('streams parked through a brownout', () => {
   const stack = useStacks();
@@ -37,4 +37,39 @@ describe('streams parked through a brownout', () => {
     // Sixteen one-second streams through four slots take about four seconds; each had a minute.
     expect(statuses.filter((x) => x !== 'complete')).toEqual([]);
   }, 60_000);
+});
+
+describe('streams released after an outage, still running when the target fails again', () => {
+  const stack = useStacks();
+
+  it('do not keep the next probe (and every request parked behind it) in the lot until they end', async () => {
+    const s = await stack({
+      // Eight-second streams: they outlast the second outage and the deadline of the request parked through it.
+      faults: { stream: { chunks: 40, chunkDelayMs: 200 } },
+      provider: { breaker: { consecutiveFailures: 2, openS: 1, probeWhileParkedMs: 200, probeWhileParkedMaxMs: 400 } },
+      route: { timeoutMs: 4_000 },
+    });
+    const chat = (stream: boolean, content: string) =>
+      fetch(`${s.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'gpt-4o', stream, messages: [{ role: 'user', content }] }),
+      });
+    // The first outage: two streams park, and are released (one the probe) once it is over.
+    s.mock.brownout('503', 600);
+    const streams = await Promise.all([chat(true, 'a'), new Promise((r) => setTimeout(r, 50)).then(() => chat(true, 'b'))]);
+    expect(streams.map((r) => r.status)).toEqual([200, 200]);
+    expect(await metricSum(s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBeGreaterThanOrEqual(2);
+    try {
+      // The second: a request fails, opens the breaker again and parks; the provider is back half a second later.
+      s.mock.brownout('503', 500);
+      const started = Date.now();
+      const res = await chat(false, 'c');
+      // Its probe goes within a second of the outage's end (probeWhileParkedMaxMs), not once the streams end.
+      expect({ status: res.status, body: res.status === 200 ? '' : (await res.text()).slice(0, 200) }).toEqual({ status: 200, body: '' });
+      expect(Date.now() - started).toBeLessThan(3_500);
+    } finally {
+      await Promise.all(streams.map((r) => r.body?.cancel()));
+    }
+  }, 30_000);
 });

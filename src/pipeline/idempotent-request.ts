@@ -34,8 +34,10 @@ const RENEW_EVERY_MS = 10_000;
 export interface KeyedRequest {
   /** scopedKey() of the client's key. */
   key: string;
-  /** fingerprintOf() of the request's body. */
+  /** fingerprintOf() of the request's body and query string. */
   fingerprint: string;
+  /** The client sent no key: the body is the key (routes[].idempotency.bodyAsKeyMs). Refusals say so. */
+  bodyIsKey?: boolean;
   /** This request's own claim id: a claim whose reply was lost is known again by it. */
   owner: string;
   /** How long its answer is kept for repeats: idempotency.ttlMs for a key the client sent, the route's bodyAsKeyMs for its body. */
@@ -61,6 +63,8 @@ export interface ArrivedRequest {
   /** The client key's name, when auth is on. */
   client: string | undefined;
   path: string;
+  /** "" or "?a=b": it goes upstream with the body. */
+  query: string;
   rawBody: Buffer;
   json: Record<string, unknown>;
   route: CompiledRoute;
@@ -80,7 +84,7 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
   if (sent instanceof Error) throw new GatewayError('invalid_idempotency_key', sent.message, { param: IDEMPOTENCY_HEADER });
   const bodyAsKeyMs = req.route.config.idempotency?.bodyAsKeyMs;
   if (sent === undefined && bodyAsKeyMs === undefined) return undefined;
-  const fingerprint = fingerprintOf(req.rawBody);
+  const fingerprint = fingerprintOf(req.rawBody, req.query);
   const { timeoutMs, deadlineMarginMs } = req.route.config;
   // A repeat waits for the run it finds at most until its own client would give up.
   const waited = computeDeadline({ routeTimeoutMs: timeoutMs, marginMs: deadlineMarginMs, headers: req.headers });
@@ -88,8 +92,9 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     // A body's key is not a key a client can send (a colon and the fingerprint after a space).
     key: scopedKey(req.client, req.path, sent ?? `body: ${fingerprint}`),
     fingerprint,
+    bodyIsKey: sent === undefined,
     owner: randomUUID(),
-    keptMs: sent === undefined ? bodyAsKeyMs! : deps.config.ttlMs,
+    keptMs: sent === undefined && bodyAsKeyMs !== undefined ? bodyAsKeyMs : deps.config.ttlMs,
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
@@ -124,7 +129,9 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
       const bytes = (record as KeyRecord & { state: 'done' }).bytes;
       throw new GatewayError(
         'idempotency_answer_not_kept',
-        `the request under this Idempotency-Key has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; send a new key to run it again`,
+        req.bodyIsKey
+          ? `the same request (this body, on a route with idempotency.bodyAsKeyMs) has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; it runs again once bodyAsKeyMs has passed since that answer`
+          : `the request under this Idempotency-Key has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; send a new key to run it again`,
       );
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
@@ -135,7 +142,10 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
       void store.releaseKey(req.key, req.owner);
       // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
       if (req.pastGrace()) throw drainingError();
-      throw new GatewayError('idempotency_key_in_progress', 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer', {
+      const message = req.bodyIsKey
+        ? 'the same request (this body, on a route with idempotency.bodyAsKeyMs) is still running; send it again for its answer'
+        : 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer';
+      throw new GatewayError('idempotency_key_in_progress', message, {
         shouldRetry: true,
         retryAfterMs: 1000,
       });

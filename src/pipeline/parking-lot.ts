@@ -17,6 +17,12 @@ export type TargetState =
 export interface Ticket {
   /** Tells the lot the released request's attempt is over, so the next may go. */
   done(): void;
+  /**
+   * Its answer is a stream, which holds its pool slot until done(): it still counts against the target's limit, but
+   * no longer against its probes. Counted there, streams released after one outage kept the next outage's probe (and
+   * every request parked behind it) in the lot until they ended, minutes for a long answer.
+   */
+  streaming(): void;
 }
 
 /** How a parked request leaves the lot (stormgate_park_outcomes_total's outcome label). */
@@ -72,6 +78,8 @@ interface Queue {
   inflight: number;
   /** Released and not yet done, per class. */
   inflightByClass: number[];
+  /** Of those, the ones whose answer is a stream that has begun (Ticket.streaming), per class. */
+  streamingByClass: number[];
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
   /** Since when the target has been unavailable to this queue, while it is. */
@@ -183,7 +191,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, inflightByClass: [], timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
+    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
     return q;
   }
 
@@ -217,12 +225,14 @@ export class ParkingLot {
       }
       // Entries are in class order: one that may not go now (its class and the higher ones have `limit` out) holds
       // back every one after it.
-      if (inflightUpTo(q, entry.cls) >= limit) break;
+      // While probing, the slots are the breaker's probes: a stream begun is no probe any more.
+      if (inflightUpTo(q, entry.cls, state.mode === 'probing') >= limit) break;
       q.entries.splice(i, 1);
       q.inflight++;
       q.inflightByClass[entry.cls] = (q.inflightByClass[entry.cls] ?? 0) + 1;
       const cls = entry.cls;
       let reported = false;
+      let streaming = false;
       entry.settle({
         kind: 'released',
         ticket: {
@@ -231,6 +241,13 @@ export class ParkingLot {
             reported = true;
             q.inflight--;
             q.inflightByClass[cls]!--;
+            if (streaming) q.streamingByClass[cls]!--;
+            this.#pump(target, q);
+          },
+          streaming: () => {
+            if (reported || streaming) return;
+            streaming = true;
+            q.streamingByClass[cls] = (q.streamingByClass[cls] ?? 0) + 1;
             this.#pump(target, q);
           },
         },
@@ -281,10 +298,10 @@ function notBefore(a: number | undefined, b: number | undefined): number | undef
   return a === undefined ? b : b === undefined ? a : Math.max(a, b);
 }
 
-/** Released requests of class `cls` and the higher ones still out. */
-function inflightUpTo(q: Queue, cls: number): number {
+/** Released requests of class `cls` and the higher ones still out; `attemptsOnly`: less those streaming an answer. */
+function inflightUpTo(q: Queue, cls: number, attemptsOnly: boolean): number {
   let n = 0;
-  for (let k = 0; k <= cls; k++) n += q.inflightByClass[k] ?? 0;
+  for (let k = 0; k <= cls; k++) n += (q.inflightByClass[k] ?? 0) - (attemptsOnly ? (q.streamingByClass[k] ?? 0) : 0);
   return n;
 }
 

@@ -290,6 +290,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const releasedStream = cls.cls === 'success' ? result.stream : undefined;
     if (releasedStream && ticket) {
       const held = ticket;
+      held.streaming();
       releasedStream.whenDone(() => held.done());
     } else ticket?.done();
     ticket = undefined;

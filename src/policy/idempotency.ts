@@ -31,9 +31,15 @@ export function scopedKey(client: string | undefined, path: string, key: string)
   return createHash('sha256').update(`${client ?? ''}\n${path}\n${key}`).digest('base64url');
 }
 
-/** What makes two requests under one key the same request: their bodies, byte for byte. */
-export function fingerprintOf(rawBody: Buffer): string {
-  return createHash('sha256').update(rawBody).digest('base64url');
+/**
+ * What makes two requests under one key the same request: their bodies, byte for byte, and their query strings (sent
+ * upstream with them: a tool may take its arguments there). Without a query, the body's hash alone, as before.
+ */
+export function fingerprintOf(rawBody: Buffer, query = ''): string {
+  const hash = createHash('sha256');
+  // No JSON body starts with '?': a query and a body never hash as another body.
+  if (query !== '') hash.update(`${query}\n`);
+  return hash.update(rawBody).digest('base64url');
 }
 
 /** What a request that finds its key taken does. */
