@@ -285,7 +285,7 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Config['route
 function retryReasons(retryOn: ReadonlyArray<number | string>): string[] {
   return retryOn.flatMap((r) => {
     if (typeof r === 'number') return [`status_${r}`];
-    if (r === 'network') return ['network', 'bad_stream'];
+    if (r === 'network') return ['network', 'bad_stream', 'local_resource'];
     if (r === 'timeout') return ['timeout_connect', 'timeout_headers', 'timeout_first_token', 'timeout_response'];
     return [];
   });

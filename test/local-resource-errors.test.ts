@@ -54,5 +54,8 @@ describe('a connection refused by the gateway\'s own open-files limit', () => {
     expect(answers[0]!.message).toContain('open-files limit');
     expect(s.logs.some((l) => l.includes('"breaker open"'))).toBe(false);
     expect(await metricSum(s, 'stormgate_breaker_state{')).toBe(0);
+    // Its retries are counted as the gateway's limit, not as the provider's network failing.
+    expect(await metricSum(s, 'stormgate_retry_count_total{route="chat",target="mock/gpt-4o",reason="local_resource"}')).toBe(6);
+    expect(await metricSum(s, 'stormgate_retry_count_total{route="chat",target="mock/gpt-4o",reason="network"}')).toBe(0);
   });
 });

@@ -166,7 +166,8 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'ok':
       return { cls: 'success', retryKey: null, reason: 'ok' };
     case 'network':
-      if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'network' };
+      // Its own reason: under `network`, the retry count blamed the provider for the gateway's own limit.
+      if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'local_resource' };
       return { cls: 'network', retryKey: 'network', reason: 'network' };
     case 'timeout':
       return { cls: 'timeout', retryKey: 'timeout', reason: `timeout_${outcome.phase.replace('-', '_')}` };
