@@ -343,7 +343,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
     let claim: KeyClaim | undefined;
-    let runStream: Readable | undefined;
+    /** The pipeline's own stream: under a key, read to its end after the client's copy of it has closed. */
+    let pipelineStream: Readable | undefined;
     try {
       if (keyed) {
         claim = await claimKey(keyed, idempotencyDeps);
@@ -374,11 +375,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
         },
         runtime.pipeline,
       );
+      // The request ends (logged, its usage counted) when this stream does, not when the client's copy closes.
+      if (answer.body instanceof Readable) pipelineStream = answer.body;
       if (claim?.kind === 'run') {
         answer.summary.idempotency = 'run';
-        // A stream under a key is read to its end after its client has left: its request ends (logged, its usage
-        // counted) when that stream does, not when the client's copy of it closes.
-        if (answer.body instanceof Readable) runStream = answer.body;
         answer = claim.keep(answer);
       }
     } catch (err) {
@@ -387,13 +387,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       throw err;
     }
     request.stormgate = answer.summary;
-    // The pipeline's own stream: under a key it is read to its end after the client's copy has closed.
-    const upstream = runStream ?? (answer.body instanceof Readable ? answer.body : undefined);
-    ends.leavePipeline(request, reply, upstream);
-    if (answer.live && upstream) {
+    ends.leavePipeline(request, reply, pipelineStream);
+    if (answer.live && pipelineStream) {
       const stream = answer.live;
       live.add(stream);
-      upstream.once('close', () => live.delete(stream));
+      pipelineStream.once('close', () => live.delete(stream));
       // Its first output came just as the grace period ran out: it ends after it, with the error event.
       if (pastGrace) stream.interrupt();
     }

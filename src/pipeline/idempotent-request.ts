@@ -82,19 +82,20 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
   if (!deps.config.enabled) return undefined;
   const sent = idempotencyKeyOf(req.headers);
   if (sent instanceof Error) throw new GatewayError('invalid_idempotency_key', sent.message, { param: IDEMPOTENCY_HEADER });
-  const bodyAsKeyMs = req.route.config.idempotency?.bodyAsKeyMs;
-  if (sent === undefined && bodyAsKeyMs === undefined) return undefined;
+  // A key the client sent keeps its answer for ttlMs; without one, the body is the key only where the route says so.
+  const keptMs = sent === undefined ? req.route.config.idempotency?.bodyAsKeyMs : deps.config.ttlMs;
+  if (keptMs === undefined) return undefined;
   const fingerprint = fingerprintOf(req.rawBody, req.query);
   const { timeoutMs, deadlineMarginMs } = req.route.config;
   // A repeat waits for the run it finds at most until its own client would give up.
   const waited = computeDeadline({ routeTimeoutMs: timeoutMs, marginMs: deadlineMarginMs, headers: req.headers });
   return {
-    // A body's key is not a key a client can send (a colon and the fingerprint after a space).
+    // A space is no part of a key a client can send: no sent key can name a body's record, and replay its answer.
     key: scopedKey(req.client, req.path, sent ?? `body: ${fingerprint}`),
     fingerprint,
     bodyIsKey: sent === undefined,
     owner: randomUUID(),
-    keptMs: sent === undefined && bodyAsKeyMs !== undefined ? bodyAsKeyMs : deps.config.ttlMs,
+    keptMs,
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
@@ -127,11 +128,10 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     }
     if (verdict === 'not-kept') {
       const bytes = (record as KeyRecord & { state: 'done' }).bytes;
+      const again = req.bodyIsKey ? 'it runs again once bodyAsKeyMs has passed since that answer' : 'send a new key to run it again';
       throw new GatewayError(
         'idempotency_answer_not_kept',
-        req.bodyIsKey
-          ? `the same request (this body, on a route with idempotency.bodyAsKeyMs) has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; it runs again once bodyAsKeyMs has passed since that answer`
-          : `the request under this Idempotency-Key has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; send a new key to run it again`,
+        `${requestUnder(req)} has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; ${again}`,
       );
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
@@ -142,10 +142,8 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
       void store.releaseKey(req.key, req.owner);
       // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
       if (req.pastGrace()) throw drainingError();
-      const message = req.bodyIsKey
-        ? 'the same request (this body, on a route with idempotency.bodyAsKeyMs) is still running; send it again for its answer'
-        : 'a request with this Idempotency-Key is still running; send it again, with the same key, for its answer';
-      throw new GatewayError('idempotency_key_in_progress', message, {
+      const again = req.bodyIsKey ? 'send it again for its answer' : 'send it again, with the same key, for its answer';
+      throw new GatewayError('idempotency_key_in_progress', `${requestUnder(req)} is still running; ${again}`, {
         shouldRetry: true,
         retryAfterMs: 1000,
       });
@@ -155,6 +153,11 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     // Given back (its run ended without an answer to keep) or lapsed: this repeat runs it, if it is the first to claim it.
     if (record === undefined) record = await claim();
   }
+}
+
+/** The request a repeat found under its key, as its refusals name it: a keyless one never sent an Idempotency-Key. */
+function requestUnder(req: KeyedRequest): string {
+  return req.bodyIsKey ? 'the same request (this body, on a route with idempotency.bodyAsKeyMs)' : 'the request under this Idempotency-Key';
 }
 
 /**
