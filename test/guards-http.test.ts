@@ -227,6 +227,26 @@ describe('the circuit breaker', () => {
     expect(probes).toBeLessThanOrEqual(5);
   });
 
+  it('bounds a request\'s whole time parked by park.maxWaitMs, however many failed probes it lent its attempt to', async () => {
+    const s = await start({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      route: { retry: FAST, timeoutMs: 10_000, park: { maxWaitMs: 1_500 } },
+      provider: { breaker: { probeWhileParkedMs: 300 } },
+    });
+    await openBreaker(s);
+    await sleep(20);
+    const started = Date.now();
+    const { res, body } = await chat(s);
+    const tookMs = Date.now() - started;
+    // Released to a probe that failed, it parked again, each time with a fresh 1.5 s: it waited for the probes 300,
+    // 600 and 1,200 ms apart, then 1.5 s more for the next (2.4 s away), 3.6 s in all.
+    expect(tookMs).toBeGreaterThanOrEqual(1_400);
+    expect(tookMs).toBeLessThan(2_800);
+    expect(res.status).toBe(503);
+    expect(res.headers.get('x-should-retry')).toBe('false');
+    expect(body.error).toBeDefined();
+  });
+
   it('lets the next probe go when one hangs past its permit, instead of holding the parked requests to their deadline', async () => {
     const s = await start({
       faults: { errors: [{ status: 503, rate: 1 }] },

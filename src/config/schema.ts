@@ -159,6 +159,10 @@ export const ProviderSchema = z
       // undici sends no userinfo: a user:password written here would be dropped without a word.
       .refine((url) => !/^[a-z]+:\/\/[^/?#]*@/i.test(url), { message: 'holds a user or password (user:password@), which is never sent; the provider\'s key goes in apiKey' })
       .describe('Base URL the gateway adds each endpoint\'s path to: for openai with the version prefix (https://api.openai.com/v1), for anthropic the host (https://api.anthropic.com), for azure-openai the resource\'s endpoint (https://example.openai.azure.com). No endpoint path, query, fragment or user:password.'),
+    proxy: z
+      .union([z.literal(''), z.url({ protocol: /^https?$/ })])
+      .optional()
+      .describe('Egress proxy the provider is reached through, as an http:// or https:// URL, e.g. "${HTTPS_PROXY:-}" (empty: none). Connections are tunnelled with HTTP CONNECT; a user:password in the URL is sent as the proxy\'s Basic credentials and never logged. Default: none (the gateway does not read HTTPS_PROXY by itself: a provider on the company network usually must not go through it).'),
     apiKey: headerSecret()
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000, keepAliveMs: 4000 }),
@@ -228,7 +232,7 @@ export const BudgetSchema = z
 export const ParkSchema = z
   .strictObject({
     maxQueue: z.number().int().min(1).default(10000).describe('Requests that may wait for an unavailable target at once, per route; more get 503. Default: 10000.'),
-    maxWaitMs: positiveMs('Longest a request waits parked. Optional; default: no limit but its deadline (less minAttemptMs) and, for a hold-off, retry.maxWaitHintMs.').optional(),
+    maxWaitMs: positiveMs('Longest a request waits parked, all its waits together (released to a probe that failed, it parks again for what is left). Optional; default: no limit but its deadline (less minAttemptMs) and, for a hold-off, retry.maxWaitHintMs.').optional(),
   })
   .describe('Requests wait here while their target is unavailable (breaker open, hold-off) and no other target can take them. `false` turns it off.');
 

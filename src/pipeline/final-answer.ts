@@ -105,6 +105,13 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
           opts,
         );
       }
+      if (outcome.code.startsWith('PROXY_')) {
+        return new GatewayError(
+          'upstream_unavailable',
+          `the egress proxy refused to connect to upstream ${f.target} after ${tried} (last: ${outcome.code}; 407: the proxy refused the credentials in the provider's proxy URL, 403: it does not allow that host, 502 or 503: it could not reach it)${all}`,
+          opts,
+        );
+      }
       return new GatewayError('upstream_unavailable', `upstream ${f.target} could not be reached after ${tried} (last: ${outcome.code})${all}`, opts);
     case 'timeout':
       return new GatewayError('upstream_timeout', `upstream ${f.target} timed out after ${tried} (last: ${outcome.phase.replace('-', ' ')} timeout)${all}`, opts);

@@ -101,6 +101,11 @@ export async function serveTargets(
   const downBefore = (at: number): boolean => firstDown < at;
   const skips: SkippedTarget[] = [];
   let released: { index: number; ticket: Ticket } | undefined;
+  /**
+   * Time spent parked so far: `park.maxWaitMs` bounds the request's whole wait, not each one. A request released to a
+   * probe that failed parks again, and with a fresh limit each time one waited out its whole deadline (18 s with 10).
+   */
+  let parkedMs = 0;
   let left: { plan: TargetPlan; reason: FallbackReason } | undefined;
   let fallback: FallbackReason | undefined;
   // A hand-over is recorded only to a target after the first: a parked request that goes back to the primary is not
@@ -268,13 +273,14 @@ export async function serveTargets(
       deadlineAtMs: ctx.deadlineAtMs,
       signal: ctx.signal,
       maxQueue: park.maxQueue,
-      maxWaitMs: park.maxWaitMs,
+      maxWaitMs: park.maxWaitMs === undefined ? undefined : Math.max(0, park.maxWaitMs - parkedMs),
       minAttemptMs: ctx.route.config.minAttemptMs,
       cls: first.plan.cls,
       // A target that is probing may still have no permit for this request (others hold them, here or on another
       // instance): it waits for them rather than be released at once, refused, and parked again in a loop.
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
     });
+    parkedMs += deps.now() - now;
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };

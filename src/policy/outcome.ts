@@ -229,7 +229,8 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
     case 'timeout':
       return outcome.phase !== 'connect';
     case 'network':
-      return !NOT_SENT_CODES.has(outcome.code);
+      // PROXY_<status>: the egress proxy refused the tunnel; nothing reached the provider.
+      return !NOT_SENT_CODES.has(outcome.code) && !outcome.code.startsWith('PROXY_');
     case 'bad-stream':
       return outcome.ran;
     case 'http':

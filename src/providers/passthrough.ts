@@ -4,13 +4,14 @@
 import { randomUUID } from 'node:crypto';
 import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
-import { Agent, type Dispatcher } from 'undici';
+import { Agent, Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
 import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
+import { viaProxy } from './provider-client.ts';
 import { clientStallMs } from '../pipeline/live-stream.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
@@ -114,8 +115,25 @@ const CALL_HEADER = 'x-stormgate-passthrough-call';
  * the passthrough's connections. `calls` holds each waiting client's signal under the id CALL_HEADER carries (not the
  * request id: a client may pick that, and two may pick the same).
  */
-class ClientBoundAgent extends Agent {
+class ClientBoundAgent extends Dispatcher {
   readonly calls = new Map<string, AbortSignal>();
+
+  /** `upstream`: an Agent, or the provider's egress proxy. */
+  constructor(private readonly upstream: Dispatcher) {
+    super();
+  }
+
+  override dispatch(options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
+    return this.upstream.dispatch(options, handler);
+  }
+
+  override close(): Promise<void> {
+    return this.upstream.close();
+  }
+
+  override destroy(): Promise<void> {
+    return this.upstream.destroy();
+  }
 
   override request<T = null>(options: Dispatcher.RequestOptions<T>): Promise<Dispatcher.ResponseData<T>>;
   override request<T = null>(options: Dispatcher.RequestOptions<T>, callback: (err: Error | null, data: Dispatcher.ResponseData<T>) => void): void;
@@ -144,7 +162,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
     // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung provider
     // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
     // is a gap, not a length, so neither is a long download.
-    const agent = new ClientBoundAgent({ connections: 16, connect: { timeout: provider.timeouts.connectMs }, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs });
+    const options = { connections: 16, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs };
+    const agent = new ClientBoundAgent(
+      provider.proxy ? viaProxy(provider.proxy, provider.timeouts.connectMs, options) : new Agent({ ...options, connect: { timeout: provider.timeouts.connectMs } }),
+    );
     await app.register(proxy, {
       upstream: base.origin,
       prefix: path,

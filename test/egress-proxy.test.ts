@@ -1,0 +1,180 @@
+// A provider reached through the company's egress proxy (`providers.<name>.proxy`): managed routes, streams and the
+// passthrough all tunnel through it with HTTP CONNECT, its credentials go to the proxy and nowhere else, and a proxy
+// that refuses the tunnel is a provider out of reach (retried, never sent), not an answer that may have run.
+import { createServer, type Server } from 'node:http';
+import { connect, type AddressInfo, type Socket } from 'node:net';
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import { parseConfig } from '../src/config/load.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useStacks } from './helpers/stack.ts';
+import { TEST_SECRETS } from './helpers/test-secrets.ts';
+
+const PROXY_USER = 'egress-user';
+const PROXY_PASSWORD = TEST_SECRETS.find((s) => s.startsWith('egress-proxy-'))!;
+
+interface ConnectProxy {
+  url: string;
+  /** Each CONNECT: the host:port asked for and the Proxy-Authorization it carried. */
+  tunnels: Array<{ target: string; auth: string | undefined }>;
+  close(): Promise<void>;
+}
+
+/** A forward proxy that answers CONNECT only (as egress proxies for HTTPS do); `refuse`: the status it refuses with. */
+async function startConnectProxy(opts: { refuse?: number } = {}): Promise<ConnectProxy> {
+  const tunnels: ConnectProxy['tunnels'] = [];
+  const sockets = new Set<Socket>();
+  const server: Server = createServer((_req, res) => res.writeHead(405).end());
+  server.on('connect', (req, client: Socket, head: Buffer) => {
+    sockets.add(client);
+    client.on('close', () => sockets.delete(client));
+    client.on('error', () => {});
+    tunnels.push({ target: req.url ?? '', auth: req.headers['proxy-authorization'] });
+    if (opts.refuse !== undefined) {
+      client.end(`HTTP/1.1 ${opts.refuse} Refused\r\ncontent-length: 0\r\n\r\n`);
+      return;
+    }
+    const [host, port] = (req.url ?? '').split(':');
+    const upstream = connect(Number(port), host!, () => {
+      client.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+      upstream.write(head);
+      upstream.pipe(client);
+      client.pipe(upstream);
+    });
+    sockets.add(upstream);
+    upstream.on('close', () => sockets.delete(upstream));
+    upstream.on('error', () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://${PROXY_USER}:${PROXY_PASSWORD}@127.0.0.1:${port}`,
+    tunnels,
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+const start = useStacks();
+const proxies: ConnectProxy[] = [];
+afterEach(async () => {
+  await Promise.all(proxies.splice(0).map((p) => p.close()));
+});
+async function proxy(opts?: { refuse?: number }): Promise<ConnectProxy> {
+  const p = await startConnectProxy(opts);
+  proxies.push(p);
+  return p;
+}
+
+const BASIC = `Basic ${Buffer.from(`${PROXY_USER}:${PROXY_PASSWORD}`).toString('base64')}`;
+
+describe('a provider behind an egress proxy', () => {
+  it('tunnels chat (whole and streamed) through the proxy, with its credentials, and keeps the connection', async () => {
+    const p = await proxy();
+    const s = await start({ provider: { proxy: p.url } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    const whole = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    expect(whole.choices[0]?.message.content).toBeTruthy();
+    let text = '';
+    for await (const chunk of await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true })) {
+      text += chunk.choices[0]?.delta.content ?? '';
+    }
+    expect(text).not.toBe('');
+    await client.embeddings.create({ model: 'text-embedding-3-small', input: 'hi' });
+    const mockHost = new URL(s.mock.url).host;
+    expect(p.tunnels.length).toBeGreaterThanOrEqual(1);
+    // Keep-alive through the tunnel: three calls, one after the other, on one tunnel.
+    expect(p.tunnels.length).toBeLessThan(3);
+    for (const t of p.tunnels) expect(t).toEqual({ target: mockHost, auth: BASIC });
+    // The provider's key went through the tunnel to the provider; the proxy's credentials went to the proxy only.
+    const seen = s.mock.requests();
+    expect(seen.length).toBe(3);
+    for (const r of seen) {
+      expect(r.headers['authorization']).toBe(`Bearer ${TEST_KEY}`);
+      expect(r.headers['proxy-authorization']).toBeUndefined();
+    }
+    expect(s.logs.join('')).not.toContain(PROXY_PASSWORD);
+  });
+
+  it('treats a proxy that refuses the tunnel as a provider out of reach: retried, the provider never reached, a 502 that says so', async () => {
+    const p = await proxy({ refuse: 407 });
+    const s = await start({ ...RETRY_LOOP_ONLY, provider: { ...RETRY_LOOP_ONLY.provider, proxy: p.url }, route: { ...RETRY_LOOP_ONLY.route, retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 }, retryOn: [503, 'network'] } } });
+    const res = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    const body = (await res.json()) as { error: { message: string; type: string; code: string } };
+    expect(res.status).toBe(502);
+    expect(res.headers.get('x-should-retry')).toBe('false');
+    expect(res.headers.get('x-stormgate-attempts')).toBe('3');
+    expect(body.error.message).toContain('egress proxy refused');
+    expect(body.error.message).toContain('PROXY_407');
+    expect(p.tunnels.length).toBe(3);
+    expect(s.mock.requests()).toEqual([]);
+    const log = s.logs.join('');
+    expect(log).toContain('PROXY_407');
+    expect(log).not.toContain(PROXY_PASSWORD);
+  });
+
+  it('fails a refused tunnel over to a route without a second run, even where a lost connection would need consent', async () => {
+    const p = await proxy({ refuse: 502 });
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: p.url } },
+          // No `network` in retryOn: a request that may have run is not sent again. One refused by the proxy never ran.
+          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] } })),
+        };
+      },
+    });
+    const res = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('x-stormgate-target')).toContain('mock');
+    expect(p.tunnels.length).toBe(1);
+  });
+
+  it('tunnels the passthrough through the same proxy', async () => {
+    const p = await proxy();
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl);
+        return { ...base, providers: { mock: { ...base.providers['mock']!, proxy: p.url } }, passthrough: { provider: 'mock', paths: ['/v1/files'], methods: ['GET'] } };
+      },
+    });
+    const res = await fetch(`${s.baseURL}/files`);
+    await res.arrayBuffer();
+    expect(s.mock.requests().map((r) => r.path)).toEqual(['/v1/files']);
+    expect(p.tunnels).toEqual([{ target: new URL(s.mock.url).host, auth: BASIC }]);
+  });
+});
+
+describe('the proxy setting', () => {
+  const yaml = (proxyLine: string) => `
+providers:
+  openai: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k, ${proxyLine} }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: openai } ] }
+`;
+
+  it('reads an unset variable as no proxy', () => {
+    const config = parseConfig(yaml('proxy: "${STORMGATE_TEST_UNSET_PROXY:-}"'), 'gateway.yaml', {});
+    expect(config.providers['openai']!.proxy).toBe('');
+  });
+
+  it('refuses what is not an http(s) URL, naming the path and never the value of the variable', () => {
+    expect(() => parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `socks9://u:${PROXY_PASSWORD}@proxy:1080` })).toThrow(/providers\.openai\.proxy/);
+    try {
+      parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `socks9://u:${PROXY_PASSWORD}@proxy:1080` });
+    } catch (e) {
+      expect(String(e)).not.toContain(PROXY_PASSWORD);
+    }
+  });
+});
