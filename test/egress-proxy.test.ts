@@ -6,7 +6,7 @@ import { connect, type AddressInfo, type Socket } from 'node:net';
 import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useStacks } from './helpers/stack.ts';
+import { defaultConfig, requestLine, RETRY_LOOP_ONLY, TEST_KEY, useStacks } from './helpers/stack.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
 const PROXY_USER = 'egress-user';
@@ -16,19 +16,40 @@ interface ConnectProxy {
   url: string;
   /** Each CONNECT: the host:port asked for and the Proxy-Authorization it carried. */
   tunnels: Array<{ target: string; auth: string | undefined }>;
+  /** Connections that carried a CONNECT and that the gateway has not closed. */
+  openTunnels(): number;
   close(): Promise<void>;
 }
 
-/** A forward proxy that answers CONNECT only (as egress proxies for HTTPS do); `refuse`: the status it refuses with. */
-async function startConnectProxy(opts: { refuse?: number } = {}): Promise<ConnectProxy> {
+/**
+ * A forward proxy that answers CONNECT only (as egress proxies for HTTPS do); `refuse`: the status it refuses with;
+ * `hang`: it takes the connection and the CONNECT, and never answers (an overloaded proxy, one whose upstream DNS hangs);
+ * `drop`: it closes the connection in answer to CONNECT, with no status (a proxy restarting, one that sheds load).
+ */
+async function startConnectProxy(opts: { refuse?: number; hang?: boolean; drop?: boolean } = {}): Promise<ConnectProxy> {
   const tunnels: ConnectProxy['tunnels'] = [];
   const sockets = new Set<Socket>();
   const server: Server = createServer((_req, res) => res.writeHead(405).end());
+  let open = 0;
   server.on('connect', (req, client: Socket, head: Buffer) => {
     sockets.add(client);
     client.on('close', () => sockets.delete(client));
     client.on('error', () => {});
     tunnels.push({ target: req.url ?? '', auth: req.headers['proxy-authorization'] });
+    open++;
+    // The gateway's end (its FIN), or the socket's close, whichever comes first.
+    let closed = false;
+    const gone = () => {
+      if (!closed) open--;
+      closed = true;
+    };
+    client.on('end', gone);
+    client.on('close', gone);
+    if (opts.hang) return;
+    if (opts.drop) {
+      client.destroy();
+      return;
+    }
     if (opts.refuse !== undefined) {
       client.end(`HTTP/1.1 ${opts.refuse} Refused\r\ncontent-length: 0\r\n\r\n`);
       return;
@@ -49,8 +70,11 @@ async function startConnectProxy(opts: { refuse?: number } = {}): Promise<Connec
   return {
     url: `http://${PROXY_USER}:${PROXY_PASSWORD}@127.0.0.1:${port}`,
     tunnels,
+    openTunnels: () => open,
     async close() {
       for (const s of sockets) s.destroy();
+      // With the idle connections undici keeps to the proxy, which never carried a CONNECT.
+      server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
@@ -61,7 +85,7 @@ const proxies: ConnectProxy[] = [];
 afterEach(async () => {
   await Promise.all(proxies.splice(0).map((p) => p.close()));
 });
-async function proxy(opts?: { refuse?: number }): Promise<ConnectProxy> {
+async function proxy(opts?: { refuse?: number; hang?: boolean; drop?: boolean }): Promise<ConnectProxy> {
   const p = await startConnectProxy(opts);
   proxies.push(p);
   return p;
@@ -141,6 +165,68 @@ describe('a provider behind an egress proxy', () => {
     expect(p.tunnels.length).toBe(1);
   });
 
+  it('bounds a proxy that never answers CONNECT by connectMs: a connect timeout, retried, never past the deadline', async () => {
+    const p = await proxy({ hang: true });
+    const s = await start({
+      ...RETRY_LOOP_ONLY,
+      provider: { ...RETRY_LOOP_ONLY.provider, proxy: p.url, timeouts: { connectMs: 300, firstTokenMs: 20_000 } },
+      route: { ...RETRY_LOOP_ONLY.route, timeoutMs: 20_000, retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+    });
+    // Before, undici waited for the proxy's answer to CONNECT for 300 s: a stream hung past its first-token timer and
+    // its deadline (the attempt's abort waits for the connection), a whole request ran to its deadline on one attempt.
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 10_000 });
+    for (const stream of [true, false]) {
+      const started = Date.now();
+      const err = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(504);
+      expect((err as InstanceType<typeof OpenAI.APIError>).message).toContain('connect timeout');
+      expect((err as InstanceType<typeof OpenAI.APIError>).headers?.get('x-stormgate-attempts')).toBe('2');
+      expect(Date.now() - started).toBeLessThan(5_000);
+    }
+    expect(p.tunnels.length).toBe(4);
+    // The CONNECTs that were given up on do not stay open at the proxy.
+    await expect.poll(() => p.openTunnels(), { timeout: 2_000 }).toBe(0);
+  });
+
+  it('takes a proxy that closes the connection in answer to CONNECT as a refusal: no reconnect loop, failed over without consent', async () => {
+    const p = await proxy({ drop: true });
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: p.url } },
+          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] }, timeoutMs: 3_000 })),
+        };
+      },
+    });
+    // Before, undici took the closed connection for a passing socket error and opened the next at once: about a
+    // thousand CONNECTs a second for one request, until its deadline, and no failover.
+    const res = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    await res.arrayBuffer();
+    expect(res.status).toBe(200);
+    expect(res.headers.get('x-stormgate-target')).toContain('mock');
+    expect(p.tunnels.length).toBe(1);
+    expect((await requestLine(s)).attempts[0]).toMatchObject({ target: 'proxied/gpt-4o', reason: 'network', code: 'PROXY_CLOSED' });
+  });
+
+  it('answers GET /v1/models within its time when the proxy never answers CONNECT', async () => {
+    const p = await proxy({ hang: true });
+    const s = await start({ provider: { proxy: p.url, timeouts: { connectMs: 300 } } });
+    const started = Date.now();
+    const res = await fetch(`${s.url}/v1/models`, { signal: AbortSignal.timeout(10_000) });
+    await res.arrayBuffer();
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
   it('tunnels the passthrough through the same proxy', async () => {
     const p = await proxy();
     const s = await start({
@@ -167,6 +253,19 @@ routes:
   it('reads an unset variable as no proxy', () => {
     const config = parseConfig(yaml('proxy: "${STORMGATE_TEST_UNSET_PROXY:-}"'), 'gateway.yaml', {});
     expect(config.providers['openai']!.proxy).toBe('');
+  });
+
+  it('refuses a password with a % that is not percent-encoding at start-up, saying how to write it, never the password', () => {
+    // Before, undici's decodeURIComponent threw "URIError: URI malformed" with a stack trace when the gateway started.
+    const env = { HTTPS_PROXY: `http://u:50%off-${PROXY_PASSWORD}@proxy:3128` };
+    expect(() => parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', env)).toThrow(/providers\.openai\.proxy.*%25/s);
+    try {
+      parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', env);
+    } catch (e) {
+      expect(String(e)).not.toContain(PROXY_PASSWORD);
+    }
+    // Percent-encoded, it is taken.
+    expect(parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `http://u:50%25off%40x@proxy:3128` }).providers['openai']!.proxy).toBe('http://u:50%25off%40x@proxy:3128');
   });
 
   it('refuses what is not an http(s) URL, naming the path and never the value of the variable', () => {

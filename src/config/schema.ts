@@ -138,6 +138,18 @@ export const PoolsSchema = z
   })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
 
+/** A URL's user and password, percent-decoded, as undici reads them for a proxy's Basic credentials. */
+function userinfoDecodes(url: string): boolean {
+  try {
+    const { username, password } = new URL(url);
+    decodeURIComponent(username);
+    decodeURIComponent(password);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 export const ProviderSchema = z
   .strictObject({
     family: z.enum(['openai', 'anthropic', 'azure-openai'])
@@ -161,6 +173,8 @@ export const ProviderSchema = z
       .describe('Base URL the gateway adds each endpoint\'s path to: for openai with the version prefix (https://api.openai.com/v1), for anthropic the host (https://api.anthropic.com), for azure-openai the resource\'s endpoint (https://example.openai.azure.com). No endpoint path, query, fragment or user:password.'),
     proxy: z
       .union([z.literal(''), z.url({ protocol: /^https?$/ })])
+      // undici decodes the user and password once it starts: a bare % (a password such as "50%off") threw there.
+      .refine((url) => url === '' || userinfoDecodes(url), { message: 'its user or password holds a % that starts no percent-encoded byte: write % as %25 (and @ : / as %40 %3A %2F)' })
       .optional()
       .describe('Egress proxy the provider is reached through, as an http:// or https:// URL, e.g. "${HTTPS_PROXY:-}" (empty: none). Connections are tunnelled with HTTP CONNECT; a user:password in the URL is sent as the proxy\'s Basic credentials and never logged. Default: none (the gateway does not read HTTPS_PROXY by itself: a provider on the company network usually must not go through it).'),
     apiKey: headerSecret()
