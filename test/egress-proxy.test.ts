@@ -240,6 +240,15 @@ describe('a provider behind an egress proxy', () => {
     expect(s.mock.requests().map((r) => r.path)).toEqual(['/v1/files']);
     expect(p.tunnels).toEqual([{ target: new URL(s.mock.url).host, auth: BASIC }]);
   });
+  it('sends a user without a password (a token as the user name, as some proxies take it) as Basic credentials', async () => {
+    const p = await proxy();
+    const tokenOnly = p.url.replace(`${PROXY_USER}:${PROXY_PASSWORD}@`, `${PROXY_PASSWORD}@`);
+    const s = await start({ provider: { proxy: tokenOnly } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    // undici sends credentials only for a user with a password: a token alone was dropped without a word.
+    expect(p.tunnels.map((t) => t.auth)).toEqual([`Basic ${Buffer.from(`${PROXY_PASSWORD}:`).toString('base64')}`]);
+  });
 });
 
 describe('the proxy setting', () => {

@@ -46,9 +46,12 @@ export function createProviderClient(name: string, config: ProviderConfig, opts:
  * through the tunnel, and one that runs out is a connect timeout (never sent).
  */
 export function viaProxy(proxy: string, connectMs: number, options: Omit<ProxyAgent.Options, 'uri'>): ProxyAgent {
+  const { username, password } = new URL(proxy);
   return new ProxyAgent({
     ...options,
     uri: proxy,
+    // undici sends the URL's credentials only when both are there: a token given as the user name alone was dropped.
+    ...(username !== '' && { token: `Basic ${Buffer.from(`${decodeURIComponent(username)}:${decodeURIComponent(password)}`).toString('base64')}` }),
     proxyTls: { timeout: connectMs },
     requestTls: { timeout: connectMs },
     factory: (origin, opts) => new Pool(origin, { ...(opts as Pool.Options), connect: boundedTunnel((opts as { connect: buildConnector.connector }).connect, connectMs) }),
