@@ -24,9 +24,11 @@ interface ConnectProxy {
 /**
  * A forward proxy that answers CONNECT only (as egress proxies for HTTPS do); `refuse`: the status it refuses with;
  * `hang`: it takes the connection and the CONNECT, and never answers (an overloaded proxy, one whose upstream DNS hangs);
- * `drop`: it closes the connection in answer to CONNECT, with no status (a proxy restarting, one that sheds load).
+ * `drop`: it closes the connection in answer to CONNECT, with no status (a proxy restarting, one that sheds load);
+ * `reset`: it resets the connection in answer to CONNECT (a firewall that blocks the host, a proxy under load).
  */
-async function startConnectProxy(opts: { refuse?: number; hang?: boolean; drop?: boolean } = {}): Promise<ConnectProxy> {
+type ProxyBehaviour = { refuse?: number; hang?: boolean; drop?: boolean; reset?: boolean };
+async function startConnectProxy(opts: ProxyBehaviour = {}): Promise<ConnectProxy> {
   const tunnels: ConnectProxy['tunnels'] = [];
   const sockets = new Set<Socket>();
   const server: Server = createServer((_req, res) => res.writeHead(405).end());
@@ -48,6 +50,10 @@ async function startConnectProxy(opts: { refuse?: number; hang?: boolean; drop?:
     if (opts.hang) return;
     if (opts.drop) {
       client.destroy();
+      return;
+    }
+    if (opts.reset) {
+      client.resetAndDestroy();
       return;
     }
     if (opts.refuse !== undefined) {
@@ -85,7 +91,7 @@ const proxies: ConnectProxy[] = [];
 afterEach(async () => {
   await Promise.all(proxies.splice(0).map((p) => p.close()));
 });
-async function proxy(opts?: { refuse?: number; hang?: boolean; drop?: boolean }): Promise<ConnectProxy> {
+async function proxy(opts?: ProxyBehaviour): Promise<ConnectProxy> {
   const p = await startConnectProxy(opts);
   proxies.push(p);
   return p;
@@ -216,6 +222,49 @@ describe('a provider behind an egress proxy', () => {
     expect(res.headers.get('x-stormgate-target')).toContain('mock');
     expect(p.tunnels.length).toBe(1);
     expect((await requestLine(s)).attempts[0]).toMatchObject({ target: 'proxied/gpt-4o', reason: 'network', code: 'PROXY_CLOSED' });
+  });
+
+  it('takes a proxy that resets the connection in answer to CONNECT as one that closes it: failed over without consent', async () => {
+    const p = await proxy({ reset: true });
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: p.url } },
+          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] }, timeoutMs: 3_000 })),
+        };
+      },
+    });
+    // Before, the reset was an ECONNRESET like one after the request was sent: it "may have run", so the route, with no
+    // consent to run a request twice, ended with a 502 "could not be reached (last: ECONNRESET)" and no failover.
+    const res = await fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    await res.arrayBuffer();
+    expect(res.status).toBe(200);
+    expect(res.headers.get('x-stormgate-target')).toContain('mock');
+    expect(p.tunnels.length).toBe(1);
+    expect((await requestLine(s)).attempts[0]).toMatchObject({ target: 'proxied/gpt-4o', reason: 'network', code: 'PROXY_CLOSED' });
+  });
+
+  it('names the proxy\'s refusal in the passthrough\'s 502, as on the managed routes', async () => {
+    const p = await proxy({ refuse: 407 });
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl);
+        return { ...base, providers: { mock: { ...base.providers['mock']!, proxy: p.url } }, passthrough: { provider: 'mock', paths: ['/v1/files'], methods: ['GET'] } };
+      },
+    });
+    const res = await fetch(`${s.baseURL}/files`);
+    const body = (await res.json()) as { error: { message: string; code: string } };
+    expect(res.status).toBe(502);
+    expect(body.error.code).toBe('upstream_unavailable');
+    // Before: "(UND_ERR_ABORTED)", undici's code for a request the caller aborted, and no word of the proxy.
+    expect(body.error.message).toContain('PROXY_407');
+    expect(s.mock.requests()).toEqual([]);
   });
 
   it('answers GET /v1/models within its time when the proxy never answers CONNECT', async () => {

@@ -1,7 +1,7 @@
 // What the client gets when no target produced an answer: the upstream's own error when the client's request was
 // at fault (or the upstream's last status after retries), else the gateway's error naming what happened.
 import { GatewayError, normaliseUpstreamErrorBody, retryHeaders, type OpenAIErrorBody } from '../errors.ts';
-import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+import { OUTCOME_TABLE, refusedByProxy, type Classification } from '../policy/outcome.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import { printable } from '../http/request-body.ts';
@@ -105,7 +105,7 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
           opts,
         );
       }
-      if (outcome.code.startsWith('PROXY_')) {
+      if (refusedByProxy(outcome.code)) {
         return new GatewayError(
           'upstream_unavailable',
           `the egress proxy refused to connect to upstream ${f.target} after ${tried} (last: ${outcome.code}; 407: the proxy refused the credentials in the provider's proxy URL, 403: it does not allow that host, 502 or 503: it could not reach it)${all}`,

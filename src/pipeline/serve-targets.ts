@@ -103,7 +103,7 @@ export async function serveTargets(
   let released: { index: number; ticket: Ticket } | undefined;
   /**
    * Time spent parked so far: `park.maxWaitMs` bounds the request's whole wait, not each one. A request released to a
-   * probe that failed parks again, and with a fresh limit each time one waited out its whole deadline (18 s with 10).
+   * probe that failed parks again; given a fresh limit each time, one waited to its deadline (18 s with a 10 s limit).
    */
   let parkedMs = 0;
   let left: { plan: TargetPlan; reason: FallbackReason } | undefined;

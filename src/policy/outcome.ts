@@ -218,6 +218,14 @@ const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOST
  */
 const MAY_HAVE_RUN_STATUSES = new Set([500, 502, 504, 520, 524]);
 
+/** The network codes of a tunnel the egress proxy refused (PROXY_407) or closed (PROXY_CLOSED) start with this. */
+export const PROXY_REFUSAL = 'PROXY_';
+
+/** The egress proxy refused the way to the provider: nothing reached it. */
+export function refusedByProxy(code: string): boolean {
+  return code.startsWith(PROXY_REFUSAL);
+}
+
 /**
  * Might the provider have run the request? A timeout after the connection was made, a connection lost after the
  * request was sent, a 500 or a proxy's 502, 504, 520 or 524 say nothing about whether it was processed: sending it
@@ -229,8 +237,7 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
     case 'timeout':
       return outcome.phase !== 'connect';
     case 'network':
-      // PROXY_<status>: the egress proxy refused the tunnel; nothing reached the provider.
-      return !NOT_SENT_CODES.has(outcome.code) && !outcome.code.startsWith('PROXY_');
+      return !NOT_SENT_CODES.has(outcome.code) && !refusedByProxy(outcome.code);
     case 'bad-stream':
       return outcome.ran;
     case 'http':

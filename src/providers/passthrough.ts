@@ -11,7 +11,7 @@ import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
-import { viaProxy } from './provider-client.ts';
+import { viaProxy } from './egress-proxy.ts';
 import { clientStallMs } from '../pipeline/live-stream.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
@@ -166,6 +166,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
     const agent = new ClientBoundAgent(
       provider.proxy ? viaProxy(provider.proxy, provider.timeouts.connectMs, options) : new Agent({ ...options, connect: { timeout: provider.timeouts.connectMs } }),
     );
+    // reply-from leaves an agent it was given open: its kept connections (and a proxy's tunnels) end with the gateway.
+    app.addHook('onClose', () => agent.close());
     await app.register(proxy, {
       upstream: base.origin,
       prefix: path,

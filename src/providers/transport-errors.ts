@@ -46,8 +46,6 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   // on that port). undici's parser error carries no code: read as a network failure, the client was told the provider
   // "could not be reached (last: UNKNOWN)", and the operator looked for a connectivity problem. It may have run the request.
   if (code === undefined && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
-  const refused = proxyRefusal(err);
-  if (refused !== undefined) return { kind: 'network', code: `PROXY_${refused}` };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
@@ -67,14 +65,3 @@ function isParserError(err: unknown): boolean {
   return err instanceof errors.HTTPParserError || (err as { cause?: unknown } | undefined)?.cause instanceof errors.HTTPParserError;
 }
 
-/**
- * The status with which the egress proxy refused the tunnel (407: its credentials, 403: the host is not allowed, 502:
- * it could not reach the provider). undici reports it as a RequestAbortedError, the code of an aborted request, with
- * the status in the message alone; read as an abort, the request seemed to have run, and a refusal that never reached
- * the provider was neither retried nor failed over.
- */
-function proxyRefusal(err: unknown): number | undefined {
-  if (!(err instanceof errors.RequestAbortedError)) return undefined;
-  const m = /^Proxy response \((\d{3})\) !== 200 when HTTP Tunneling$/.exec(err.message);
-  return m ? Number(m[1]) : undefined;
-}
