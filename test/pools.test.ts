@@ -167,6 +167,19 @@ describe('the provider pool', () => {
     expect(p.classIndex('bulk')).toBeUndefined();
   });
 
+  it('gives an idle slot to a first attempt queued behind retries waiting for the retry share, not a load_shed', async () => {
+    // Four slots, one for retries; a queue of two. One retry holds the retry share, two more wait for it.
+    const { p } = pool(4, 2);
+    await slot(p, req(0, { retry: true }));
+    const waiting = [p.acquire(req(0, { retry: true })), p.acquire(req(0, { retry: true }))];
+    await flush();
+    // Three slots are idle: first attempts take them, though the class queue is full of retries they may not use.
+    const firsts = await Promise.all([p.acquire(req(0)), p.acquire(req(0)), p.acquire(req(0))]);
+    expect(firsts.map((a) => (a.ok ? 'slot' : a.reason))).toEqual(['slot', 'slot', 'slot']);
+    expect(p.snapshot().inUse).toEqual([4, 0]);
+    expect(waiting).toHaveLength(2);
+  });
+
   it('lets batch use capacity online leaves idle', async () => {
     const { p } = pool(4);
     for (let i = 0; i < 4; i++) await slot(p, req(1));
