@@ -144,6 +144,41 @@ describe('credential hold', () => {
   });
 });
 
+describe('a retry-after on the primary with a backup that can answer', () => {
+  it('sends the request that got the hint to the backup at once, as the hold-off sends every newcomer, not after waiting it out', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '3' } }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
+    expect(first.headers.get('x-stormgate-fallback')).toBe('held_off');
+    // Waited out, the hint kept this caller 3 to 3.6 s while a newcomer, skipping the held-off primary, took 10 ms.
+    expect(first.ms).toBeLessThan(1_500);
+    const newcomer = await chat(s);
+    expect(newcomer.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
+    expect(s.mock.stats().total).toBe(1);
+    expect(logLines(s)[0]!.attempts.map((a: { target: string; status: number }) => `${a.target} ${a.status}`)).toEqual(['mock/gpt-4o 429', 'backup/gpt-4.1 200']);
+  });
+
+  it('waits the hint out on the primary when the backup cannot answer either, and gets its answer there', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '600' } }] },
+      backupFaults: { errors: [{ status: 503 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(first.ms).toBeGreaterThanOrEqual(550);
+    expect(s.mock.stats().total).toBe(2);
+  });
+});
+
 describe('a fallback that rejects the request', () => {
   const maxTokensError = { status: 400, type: 'invalid_request_error', message: 'max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens' };
 

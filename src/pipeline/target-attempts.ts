@@ -339,8 +339,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const holdOffEnd = holdOffs.until(plan.key);
     const paced = decision.fromHint && holdOffEnd !== undefined;
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
-    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint.
-    const unavailable = unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
+    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless another
+    // target may answer: the hold-off sends every newcomer there meanwhile, and the request that got the hint waited
+    // seconds for the target they skipped (it parks for it only when no other target can take it).
+    const unavailable = ownHoldOff !== undefined && hasNext ? { kind: 'unavailable' as const, reason: 'hold-off' as const, availableAtMs: ownHoldOff } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
       // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
       // not refused the first time, see the admission above); tried again without parking, it is taken from the budget.
