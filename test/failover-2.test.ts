@@ -163,10 +163,10 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     expect(logLines(s)[0]!.attempts.map((a: { target: string; status: number }) => `${a.target} ${a.status}`)).toEqual(['mock/gpt-4o 429', 'backup/gpt-4.1 200']);
   });
 
-  it('waits the hint out on the primary when the backup cannot answer either, and gets its answer there', async () => {
+  it('comes back for the primary at the hold-off\'s end when the backup cannot answer either', async () => {
     const s = await stackWith({
       family: 'openai',
-      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '600' } }] },
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
       backupFaults: { errors: [{ status: 503 }] },
       route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
       backupRetry: { maxAttempts: 1 },
@@ -174,8 +174,22 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     const first = await chat(s);
     expect(first.status).toBe(200);
     expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
-    expect(first.ms).toBeGreaterThanOrEqual(550);
+    expect(first.ms).toBeGreaterThanOrEqual(1_900);
     expect(s.mock.stats().total).toBe(2);
+    expect(backup!.stats().total).toBe(1);
+  });
+
+  it('waits a backoff-sized hint (under a second) out on the primary, the target the route prefers', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '300' } }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(first.ms).toBeGreaterThanOrEqual(280);
+    expect(backup!.stats().total).toBe(0);
   });
 });
 

@@ -339,10 +339,14 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const holdOffEnd = holdOffs.until(plan.key);
     const paced = decision.fromHint && holdOffEnd !== undefined;
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
-    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless another
-    // target may answer: the hold-off sends every newcomer there meanwhile, and the request that got the hint waited
-    // seconds for the target they skipped (it parks for it only when no other target can take it).
-    const unavailable = ownHoldOff !== undefined && hasNext ? { kind: 'unavailable' as const, reason: 'hold-off' as const, availableAtMs: ownHoldOff } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
+    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless it is a
+    // pause (MOVE_ON_AFTER_MS or more) and another target may answer: the hold-off sends every newcomer there
+    // meanwhile, and the request that got the hint waited seconds for the target they skipped (it parks for it only
+    // when no other target can take it). A backoff-sized hint is waited out on the target the route prefers.
+    const unavailable: TargetResult | undefined =
+      ownHoldOff !== undefined && hasNext && ownHoldOff - deps.now() >= MOVE_ON_AFTER_MS
+        ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: ownHoldOff }
+        : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
       // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
       // not refused the first time, see the admission above); tried again without parking, it is taken from the budget.
@@ -402,6 +406,12 @@ const PERMIT_GRACE_MS = 500;
 
 /** Margin past a hold-off's end for a wait that is to outlast it. */
 const HOLD_OFF_SLACK_MS = 2;
+
+/**
+ * A hold-off at least this long, started by the request's own answer, sends it on to the next target rather than
+ * wait: a pause, not a backoff (Azure's retry-after-ms of 150 ms is waited out on the target the route prefers).
+ */
+const MOVE_ON_AFTER_MS = 1_000;
 
 /**
  * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a
