@@ -327,7 +327,7 @@ routes:
   });
 
   it('refuses what is not an http(s) URL, naming the path and never the value of the variable', () => {
-    expect(() => parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `socks9://u:${PROXY_PASSWORD}@proxy:1080` })).toThrow(/providers\.openai\.proxy/);
+    expect(() => parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `socks9://u:${PROXY_PASSWORD}@proxy:1080` })).toThrow(/providers\.openai\.proxy: expected an http:\/\/ or https:\/\/ proxy URL/);
     try {
       parseConfig(yaml('proxy: "${HTTPS_PROXY}"'), 'gateway.yaml', { HTTPS_PROXY: `socks9://u:${PROXY_PASSWORD}@proxy:1080` });
     } catch (e) {

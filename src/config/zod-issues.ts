@@ -102,6 +102,7 @@ function bound(issue: core.$ZodIssueTooSmall | core.$ZodIssueTooBig, value: unkn
 
 function invalidFormat(issue: core.$ZodIssueInvalidStringFormat, value: unknown, path: PropertyKey[]): string {
   const got = received(value, path);
+  if (issue.format === 'url' && path.at(-1) === 'proxy') return `expected an http:// or https:// proxy URL such as http://proxy.example.com:3128 (SOCKS is not supported), or "" for none${got}`;
   if (issue.format === 'url') return `expected a URL such as https://api.example.com/v1${got}`;
   if (issue.format === 'starts_with' && 'prefix' in issue) return `must start with "${String(issue.prefix)}"${got}`;
   // A regex with its own message ("letters, digits...") says what is allowed; zod's default only says "Invalid".
