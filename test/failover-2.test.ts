@@ -4,6 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
+import type { ServerDeps } from '../src/server.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -25,11 +26,13 @@ async function stackWith(opts: {
   backupRetry?: RouteInput['retry'];
   /** The chat route's targets: the primary then the backup (default), the backup alone, or the backup first. */
   order?: 'primary-first' | 'backup-only' | 'backup-first';
+  deps?: ServerDeps;
 }): Promise<Stack> {
   const family = opts.family === undefined ? 'anthropic' : opts.family;
   if (family) backup = await startBackup({ faults: opts.backupFaults, quiet: true, apiKey: 'backup-key' });
   return startStack({
     faults: opts.faults,
+    ...(opts.deps && { deps: opts.deps }),
     config: (url) => {
       const base = defaultConfig(url, {
         provider: { ...RETRY_LOOP_ONLY.provider, ...opts.provider },
@@ -190,6 +193,90 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
     expect(first.ms).toBeGreaterThanOrEqual(280);
     expect(backup!.stats().total).toBe(0);
+  });
+
+  it('judges a pause by its hint, not by the hold-off\'s spread: a 950 ms hint is waited out on the primary', async () => {
+    // The spread (up to a tenth) at its largest: 950 ms becomes a hold-off of 1,044 ms.
+    const s = await stackWith({
+      family: 'openai',
+      deps: { random: () => 0.99 },
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after-ms': '950' } }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(backup!.stats().total).toBe(0);
+  });
+
+  const backupsThatFail: Array<[string, 'openai' | 'anthropic', FaultSpec | undefined, Record<string, unknown>]> = [
+    ['a backup that fails', 'openai', { errors: [{ status: 503 }] }, {}],
+    ['an Anthropic backup that cannot express the request (n: 2)', 'anthropic', undefined, { n: 2 }],
+  ];
+  it.each(backupsThatFail)('with parking off, still waits its own hint out on the primary and gets its answer there, given %s', async (_name, family, backupFaults, extra) => {
+    // It cannot come back for the primary through the parking lot: moved on, it got the backup's 503 (or the
+    // primary's 429) at once where waiting 2 s got an answer.
+    const s = await stackWith({
+      family,
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
+      backupFaults,
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const first = await chat(s, extra);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(first.ms).toBeGreaterThanOrEqual(1_900);
+    expect(backup!.stats().total).toBe(0);
+  });
+
+  it('waits its own hint out on the primary when park.maxWaitMs could not cover the hold-off after a backup that fails', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
+      backupFaults: { errors: [{ status: 503 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: { maxWaitMs: 500 } },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(s.mock.stats().total).toBe(2);
+  });
+
+  it('parks for the primary after a backup that fails when its hint equals maxWaitHintMs and the hold-off\'s spread goes past it', async () => {
+    // retry-after: 2 with maxWaitHintMs 2000 is a wait the retry policy takes; the hold-off it starts ends up to 2.2 s later.
+    const s = await stackWith({
+      family: 'openai',
+      deps: { random: () => 0.99 },
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
+      backupFaults: { errors: [{ status: 503 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 }, maxWaitHintMs: 2_000 }, park: {} },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const first = await chat(s);
+    expect(first.status).toBe(200);
+    expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(first.ms).toBeGreaterThanOrEqual(2_000);
+    expect(s.mock.stats().total).toBe(2);
+  });
+
+  it('takes no retry from the primary\'s budget for a request the backup answered: a later failure there is still retried', async () => {
+    // A floor of one retry per 10 s window: the retry that never went to the primary spent it.
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }, { status: 500, times: 1 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {}, budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+    });
+    const movedOn = await chat(s);
+    expect(movedOn.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
+    // Past the hold-off (1 s and its spread of up to 100 ms).
+    await new Promise((r) => setTimeout(r, 1_300));
+    const later = await chat(s);
+    expect(later.status).toBe(200);
+    expect(later.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
+    expect(later.headers.get('x-stormgate-fallback')).toBeNull();
+    expect(backup!.stats().total).toBe(1);
   });
 });
 

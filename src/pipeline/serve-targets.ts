@@ -78,7 +78,7 @@ type Failed = Served & { kind: 'failed' };
  * Why a target cannot take the request now. `pacing`: nothing holds the target any more (no hold-off, its breaker
  * closed), but requests parked before this one are still being let go at its adaptive limit: the wait is for capacity.
  */
-type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off' | 'pacing'; availableAtMs: number };
+type Blocked = { plan: TargetPlan; reason: 'breaker' | 'hold-off' | 'pacing'; availableAtMs: number; own?: true };
 
 export async function serveTargets(
   ctx: RequestContext,
@@ -182,7 +182,7 @@ export async function serveTargets(
       }
       if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {
-        blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs });
+        blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs, ...(r.own && { own: r.own }) });
         // It failed before it went away (a failed probe, a breaker that opened during the retries, on that very failure
         // perhaps). Should the request end without an answer, it ends with this failure: it went upstream, and a
         // load_shed or hold-off from a target it never reached would invite the SDK to send it all over again.
@@ -264,7 +264,9 @@ export async function serveTargets(
     const now = deps.now();
     const waitMs = Math.max(0, first.availableAtMs - now);
     // A hold-off is the provider's own wait hint: parked or retrying, the route waits out at most maxWaitHintMs of it.
-    const hintTooLong = first.reason === 'hold-off' && waitMs > first.plan.retry.maxWaitHintMs;
+    // The one this request's own answer started was judged by its hint, which the retry policy accepted: its spread
+    // (up to a tenth more) must not turn the wait the request left to come back for into a refusal.
+    const hintTooLong = first.reason === 'hold-off' && !first.own && waitMs > first.plan.retry.maxWaitHintMs;
     if (!park || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       return worst(unavailable);
     }

@@ -5,6 +5,7 @@ import { classify, isRetryable, OUTCOME_TABLE, type Classification } from '../po
 import { canWait, decideRetryWait } from '../policy/retry-wait.ts';
 import { availableAtMs, type BreakerSettings } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
+import type { WaitHint } from '../policy/wait-hint.ts';
 import type { ApiKind, CompiledRoute } from '../routing/router.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
@@ -142,7 +143,8 @@ export type TargetResult =
   | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
   | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: RetriesStopped }
-  | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number };
+  /** `own`: the hold-off this request's own answer started, whose hint its retry policy accepted (it may park past maxWaitHintMs by the spread). */
+  | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number; own?: true };
 
 /** What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped). */
 export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed';
@@ -343,14 +345,17 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // pause (MOVE_ON_AFTER_MS or more) and another target may answer: the hold-off sends every newcomer there
     // meanwhile, and the request that got the hint waited seconds for the target they skipped (it parks for it only
     // when no other target can take it). A backoff-sized hint is waited out on the target the route prefers.
+    // It moves on only if it can come back through the parking lot: with parking off, or a hold-off longer than
+    // park.maxWaitMs, a backup that failed or could not take it left it a 429 where the wait used to get an answer.
+    const movesOnUntil = hasNext ? leavesUntil(ctx, hint, ownHoldOff, deps.now()) : undefined;
     const unavailable: TargetResult | undefined =
-      ownHoldOff !== undefined && hasNext && ownHoldOff - deps.now() >= MOVE_ON_AFTER_MS
-        ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: ownHoldOff }
-        : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
+      movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
       // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
       // not refused the first time, see the admission above); tried again without parking, it is taken from the budget.
-      if (paced) run.retryPaid = await payRetry(ctx, plan, deps, true);
+      // One that moves on is paid only if it comes back: the next target answers most of them, and a retry counted for
+      // each left the primary's budget spent on retries it never got.
+      if (paced && movesOnUntil === undefined) run.retryPaid = await payRetry(ctx, plan, deps, true);
       return unavailable;
     }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
@@ -408,10 +413,21 @@ const PERMIT_GRACE_MS = 500;
 const HOLD_OFF_SLACK_MS = 2;
 
 /**
- * A hold-off at least this long, started by the request's own answer, sends it on to the next target rather than
+ * A hint at least this long, in an answer that starts a hold-off, sends its request on to the next target rather than
  * wait: a pause, not a backoff (Azure's retry-after-ms of 150 ms is waited out on the target the route prefers).
  */
 const MOVE_ON_AFTER_MS = 1_000;
+
+/**
+ * The end of the hold-off the request's own answer started, when it leaves the target for the next one meanwhile: a
+ * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer.
+ */
+function leavesUntil(ctx: RequestContext, hint: WaitHint | undefined, ownHoldOff: number | undefined, nowMs: number): number | undefined {
+  if (ownHoldOff === undefined || hint === undefined || hint.delayMs < MOVE_ON_AFTER_MS) return undefined;
+  const { park } = ctx.route.config;
+  const mayPark = park !== false && (park.maxWaitMs === undefined || ownHoldOff - nowMs <= park.maxWaitMs);
+  return mayPark ? ownHoldOff : undefined;
+}
 
 /**
  * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a
