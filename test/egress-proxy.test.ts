@@ -6,6 +6,7 @@ import { connect, type AddressInfo, type Socket } from 'node:net';
 import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
+import type { ConfigInput } from '../src/config/schema.ts';
 import { defaultConfig, requestLine, RETRY_LOOP_ONLY, TEST_KEY, useStacks } from './helpers/stack.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
@@ -97,6 +98,21 @@ async function proxy(opts?: ProxyBehaviour): Promise<ConnectProxy> {
   return p;
 }
 
+/**
+ * Every route tries the mock through the proxy, then directly; one attempt each, and no `network` in retryOn: a request
+ * that may have run is not sent again, and one the proxy refused never ran.
+ */
+function proxiedThenDirect(proxyUrl: string, route: Partial<ConfigInput['routes'][number]> = {}) {
+  return (mockUrl: string): ConfigInput => {
+    const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+    return {
+      ...base,
+      providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: proxyUrl } },
+      routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] }, ...route })),
+    };
+  };
+}
+
 const BASIC = `Basic ${Buffer.from(`${PROXY_USER}:${PROXY_PASSWORD}`).toString('base64')}`;
 
 describe('a provider behind an egress proxy', () => {
@@ -150,17 +166,7 @@ describe('a provider behind an egress proxy', () => {
 
   it('fails a refused tunnel over to a route without a second run, even where a lost connection would need consent', async () => {
     const p = await proxy({ refuse: 502 });
-    const s = await start({
-      config: (mockUrl) => {
-        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: p.url } },
-          // No `network` in retryOn: a request that may have run is not sent again. One refused by the proxy never ran.
-          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] } })),
-        };
-      },
-    });
+    const s = await start({ config: proxiedThenDirect(p.url) });
     const res = await fetch(`${s.baseURL}/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
@@ -207,16 +213,7 @@ describe('a provider behind an egress proxy', () => {
     ['resets', { reset: true }],
   ])('takes a proxy that %s the connection in answer to CONNECT as a refusal: no reconnect loop, failed over without consent', async (_how, fault) => {
     const p = await proxy(fault);
-    const s = await start({
-      config: (mockUrl) => {
-        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: p.url } },
-          routes: base.routes.map((r) => ({ ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }], retry: { maxAttempts: 1, retryOn: [503] }, timeoutMs: 3_000 })),
-        };
-      },
-    });
+    const s = await start({ config: proxiedThenDirect(p.url, { timeoutMs: 3_000 }) });
     const res = await fetch(`${s.baseURL}/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
