@@ -101,11 +101,15 @@ describe('a connection cut after so many bytes of the answer', () => {
     await streamText(n.client);
     return Buffer.concat(n.proxy.downData[0]!).toString('latin1');
   }
-  /** The next request goes on a new connection that is cut (RST, or FIN) after `at` bytes of its answer. */
-  async function cutNext(n: Net, kind: 'resetAfterBytes' | 'closeAfterBytes', at: number) {
+  /**
+   * The next request goes on a new connection that is cut (RST, or FIN) after `at` bytes of its answer; `afterHead`:
+   * bytes of its body. An offset into the body is measured on one answer and used on another, whose head may differ in
+   * length (the mock's openai-processing-ms): counted from the first byte, it missed by a byte or two on a busy machine.
+   */
+  async function cutNext(n: Net, kind: 'resetAfterBytes' | 'closeAfterBytes', at: number, afterHead = false) {
     await n.proxy.drop();
     const next = n.proxy.accepted();
-    const down = { [kind]: at };
+    const down = { [kind]: at, afterHead };
     n.proxy.toxics = (c) => (c >= next ? { down } : undefined);
   }
 
@@ -117,18 +121,19 @@ describe('a connection cut after so many bytes of the answer', () => {
     const headersEnd = raw.indexOf('\r\n\r\n') + 4;
     const events = [...raw.matchAll(/\n\n/g)].map((m) => m.index + 2);
     // events[0]: the role chunk, [1]: the first output, [4]: the finish chunk, [5]: [DONE].
-    const cases: Array<{ at: number; code?: string; message?: RegExp; midStream?: true }> = [
+    // In the head: from the first byte; in the body: from the head's end (see cutNext).
+    const cases: Array<{ at: number; afterHead?: true; code?: string; message?: RegExp; midStream?: true }> = [
       { at: 0, code: 'upstream_unavailable' },
       { at: 20, code: 'upstream_unavailable' }, // mid status line
       { at: headersEnd - 3, code: 'upstream_unavailable' }, // mid headers
-      { at: events[0]!, code: 'upstream_bad_response', message: /broke before its first output/ },
-      { at: events[1]! - 3, code: 'upstream_bad_response', message: /broke before its first output/ },
-      { at: events[2]! - 3, midStream: true },
-      { at: events[3]! + 7, midStream: true },
+      { at: events[0]! - headersEnd, afterHead: true, code: 'upstream_bad_response', message: /broke before its first output/ },
+      { at: events[1]! - 3 - headersEnd, afterHead: true, code: 'upstream_bad_response', message: /broke before its first output/ },
+      { at: events[2]! - 3 - headersEnd, afterHead: true, midStream: true },
+      { at: events[3]! + 7 - headersEnd, afterHead: true, midStream: true },
     ];
     for (const kind of ['resetAfterBytes', 'closeAfterBytes'] as const) {
       for (const c of cases) {
-        await cutNext(n, kind, c.at);
+        await cutNext(n, kind, c.at, c.afterHead);
         const before = n.mock.requests().length;
         const err = await failure(streamText(n.client));
         expect(err, `${kind} ${c.at}`).toBeDefined();
@@ -148,7 +153,7 @@ describe('a connection cut after so many bytes of the answer', () => {
     }
     // Closed after the finish chunk or after [DONE]: the answer is whole, and the client gets it.
     for (const at of [events[4]!, events[5]!, raw.length - 2]) {
-      await cutNext(n, 'closeAfterBytes', at);
+      await cutNext(n, 'closeAfterBytes', at - headersEnd, true);
       expect(await streamText(n.client)).toBe(await wholeText(n.direct));
     }
     expect(await until(() => n.proxy.open() <= 1)).toBe(true);
@@ -159,8 +164,9 @@ describe('a connection cut after so many bytes of the answer', () => {
     const n = await net(() => undefined, { faults: { stream: { chunks: 3 } }, tune: retrying({}) });
     const raw = await streamBytes(n);
     const want = await wholeText(n.direct);
-    for (const at of [0, 20, raw.indexOf('\r\n\r\n'), raw.indexOf('\n\n') + 2]) {
-      await cutNext(n, 'resetAfterBytes', at);
+    const headersEnd = raw.indexOf('\r\n\r\n') + 4;
+    for (const [at, afterHead] of [[0, false], [20, false], [headersEnd - 4, false], [raw.indexOf('\n\n') + 2 - headersEnd, true]] as const) {
+      await cutNext(n, 'resetAfterBytes', at, afterHead);
       const before = n.mock.requests().length;
       expect(await streamText(n.client)).toBe(want);
       expect(n.mock.requests().length - before).toBe(2);
@@ -170,9 +176,10 @@ describe('a connection cut after so many bytes of the answer', () => {
   it('of a whole answer with a content-length is a cut answer the provider ran (limit_data), not a success nor a retry', async () => {
     const n = await net(() => undefined, { tune: retrying(NO_NETWORK) });
     await wholeText(n.client);
-    const total = n.proxy.downBytes[0]!;
-    for (const at of [total - 200, total - 1]) {
-      await cutNext(n, 'closeAfterBytes', at);
+    const raw = Buffer.concat(n.proxy.downData[0]!).toString('latin1');
+    const bodyBytes = raw.length - (raw.indexOf('\r\n\r\n') + 4);
+    for (const at of [bodyBytes - 200, bodyBytes - 1]) {
+      await cutNext(n, 'closeAfterBytes', at, true);
       const before = n.mock.requests().length;
       const err = await failure(wholeText(n.client));
       expect(err!.status).toBe(502);

@@ -20,22 +20,35 @@ describe('streams parked through a brownout', () => {
       route: { timeoutMs: 60_000 },
     });
     s.mock.brownout('503', 1_500);
+    const stream = async (i: number) => {
+      const res = await fetch(`${s.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'gpt-4o', stream: true, messages: [{ role: 'user', content: `hi ${i}` }] }),
+      });
+      const text = await res.text();
+      return res.status === 200 && text.includes('data: [DONE]') ? 'complete' : `${res.status} ${text.slice(0, 80)}`;
+    };
+    // Three streams fail and open the breaker; they park to retry: as many retries as the pool runs (maxConcurrentRetries,
+    // 1 here) and queues (maxQueue, 2), so the first attempts released beside them find the queue full of retries. The
+    // others come once the breaker is open, so each finds it open and parks before its first attempt. (Sent on a timer
+    // alone, on a loaded machine the first 503s came back late and four or more went upstream before the breaker
+    // opened: a fourth parked retry found the queue full and ended with its 503, as a retry without a slot does.)
+    const openers = [0, 1, 2].map(stream);
+    for (const end = Date.now() + 5_000; (await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')) !== 1; ) {
+      if (Date.now() > end) throw new Error('the breaker did not open');
+      await new Promise((r) => setTimeout(r, 10));
+    }
     const crowd = 16;
-    const statuses = await Promise.all(
-      Array.from({ length: crowd }, async (_, i) => {
-        // Spread over the brownout's first half second: each one finds the breaker open and parks.
-        await new Promise((r) => setTimeout(r, i * 30));
-        const res = await fetch(`${s.url}/v1/chat/completions`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ model: 'gpt-4o', stream: true, messages: [{ role: 'user', content: `hi ${i}` }] }),
-        });
-        const text = await res.text();
-        return res.status === 200 && text.includes('data: [DONE]') ? 'complete' : `${res.status} ${text.slice(0, 80)}`;
-      }),
-    );
+    const others = Array.from({ length: crowd - openers.length }, async (_, k) => {
+      // Spread over a third of a second, while the brownout lasts or after it: none of them meets a 503.
+      await new Promise((r) => setTimeout(r, k * 25));
+      return stream(k + openers.length);
+    });
+    const statuses = await Promise.all([...openers, ...others]);
     // Sixteen one-second streams through four slots take about four seconds; each had a minute.
     expect(statuses.filter((x) => x !== 'complete')).toEqual([]);
+    expect(await metricSum(s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBeGreaterThanOrEqual(crowd - openers.length);
   }, 60_000);
 });
 

@@ -15,6 +15,7 @@ import { requestWhole } from '../providers/whole-answer.ts';
 import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
 import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
+import { bodyChunks } from '../providers/body-chunks.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
@@ -103,7 +104,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
-    const first = await readUntilFirstOutput(req.api, req.shape, body, translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
+    const first = await readUntilFirstOutput(req.api, req.shape, bodyChunks(body, signal), translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
       return failureResult(req, first, status, headers);
@@ -312,9 +313,8 @@ function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
  * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
  * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
  */
-async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, body: AsyncIterable<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
+async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
   const parser = new SseParser();
-  const iterator = body[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let taken = false;
   let withdraw: (() => void) | undefined;
   const started =

@@ -20,6 +20,13 @@ export interface Toxics {
   resetAfterBytes?: number;
   /** After this many bytes, the gateway's side is ended (FIN) and the provider side dropped: limit_data. */
   closeAfterBytes?: number;
+  /**
+   * resetAfterBytes and closeAfterBytes count from the end of the response's head (its blank line), not from the
+   * connection's first byte: a head's length varies from answer to answer (the mock's `openai-processing-ms` is "9"
+   * for one and "12" for the next on a busy machine), so an offset into the body measured on one answer and counted
+   * from the first byte landed a byte or two off on the next (before the finish chunk's end, say).
+   */
+  afterHead?: boolean;
   /** Everything is swallowed; the connection stays open (toxiproxy's timeout toxic with timeout 0). */
   blackhole?: boolean;
   /**
@@ -116,6 +123,9 @@ export async function startFaultProxy(targetPort: number, seed = 1): Promise<Fau
       let done = false;
       /** This connection is the one the toxics' reset, close or black hole struck (see Toxics.spent). */
       let struck = false;
+      /** Where the head ends (afterHead), once seen; the last bytes looked at, for a blank line split between pieces. */
+      let headEnd: number | undefined = t.afterHead ? undefined : 0;
+      let headTail = '';
       const pump = async () => {
         pumping = true;
         while (queue.length > 0 && !done) {
@@ -142,7 +152,14 @@ export async function startFaultProxy(targetPort: number, seed = 1): Promise<Fau
           }
           for (const piece of pieces) {
             if (done) return;
-            const limit = t.spent && !struck ? undefined : (t.resetAfterBytes ?? t.closeAfterBytes);
+            if (headEnd === undefined) {
+              const seen = headTail + piece.toString('latin1');
+              const i = seen.indexOf('\r\n\r\n');
+              if (i !== -1) headEnd = sent - headTail.length + i + 4;
+              else headTail = seen.slice(-3);
+            }
+            const after = t.spent && !struck ? undefined : (t.resetAfterBytes ?? t.closeAfterBytes);
+            const limit = after === undefined || headEnd === undefined ? undefined : headEnd + after;
             if (limit !== undefined && sent + piece.length >= limit) {
               const last = piece.subarray(0, limit - sent);
               done = true;
