@@ -341,12 +341,9 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const holdOffEnd = holdOffs.until(plan.key);
     const paced = decision.fromHint && holdOffEnd !== undefined;
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
-    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless it is a
-    // pause (MOVE_ON_AFTER_MS or more) and another target may answer: the hold-off sends every newcomer there
-    // meanwhile, and the request that got the hint waited seconds for the target they skipped (it parks for it only
-    // when no other target can take it). A backoff-sized hint is waited out on the target the route prefers.
-    // It moves on only if it can come back through the parking lot: with parking off, or a hold-off longer than
-    // park.maxWaitMs, a backup that failed or could not take it left it a 429 where the wait used to get an answer.
+    // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless the request
+    // leaves for the next target meanwhile, as every newcomer does (leavesUntil): waiting, it took seconds longer than
+    // they did.
     const movesOnUntil = hasNext ? leavesUntil(ctx, hint, ownHoldOff, deps.now()) : undefined;
     const unavailable: TargetResult | undefined =
       movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
@@ -420,7 +417,9 @@ const MOVE_ON_AFTER_MS = 1_000;
 
 /**
  * The end of the hold-off the request's own answer started, when it leaves the target for the next one meanwhile: a
- * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer.
+ * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer. With parking off, or a
+ * hold-off longer than park.maxWaitMs, it could not come back, and a backup that failed left it an error where the
+ * wait gets an answer.
  */
 function leavesUntil(ctx: RequestContext, hint: WaitHint | undefined, ownHoldOff: number | undefined, nowMs: number): number | undefined {
   if (ownHoldOff === undefined || hint === undefined || hint.delayMs < MOVE_ON_AFTER_MS) return undefined;
