@@ -7,7 +7,7 @@ import { PROXY_REFUSAL } from '../policy/outcome.ts';
 /**
  * An agent whose connections to the provider are tunnelled (HTTP CONNECT) through the company's egress proxy; a
  * user:password in its URL is sent as Basic proxy credentials. undici's own connect timeout does not reach a tunnel:
- * `connectMs` bounds the whole way there, the connection to the proxy, its answer to CONNECT and the TLS handshake
+ * `connectMs` (boundedTunnel) bounds the whole way there, the connection to the proxy, its answer to CONNECT and the TLS handshake
  * through the tunnel, and one that runs out is a connect timeout (never sent).
  */
 export function viaProxy(proxy: string, connectMs: number, options: Omit<ProxyAgent.Options, 'uri'>): ProxyAgent {
@@ -17,46 +17,36 @@ export function viaProxy(proxy: string, connectMs: number, options: Omit<ProxyAg
     uri: proxy,
     // undici sends the URL's credentials only when both are there: a token given as the user name alone was dropped.
     ...(username !== '' && { token: `Basic ${Buffer.from(`${decodeURIComponent(username)}:${decodeURIComponent(password)}`).toString('base64')}` }),
-    proxyTls: { timeout: connectMs },
-    requestTls: { timeout: connectMs },
     factory: (origin, opts) => new Pool(origin, { ...(opts as Pool.Options), connect: boundedTunnel((opts as { connect: buildConnector.connector }).connect, connectMs) }),
   });
 }
 
 /**
- * The proxy closed the connection in answer to CONNECT, with no status (restarting, shedding load), or reset it (a
- * firewall that blocks the host). undici reads its "other side closed" (UND_ERR_SOCKET) as a passing socket error and
- * opens the next connection at once, for as long as the request waits: about a thousand CONNECTs a second for one
- * request; a reset (ECONNRESET) read as one after the request was sent, that may have run. Under a code of its own the
- * request fails, as one the proxy refused: nothing reached the provider.
- */
-class TunnelClosed extends Error {
-  readonly code = `${PROXY_REFUSAL}CLOSED`;
-  constructor(override readonly cause: Error) {
-    super('the egress proxy closed the connection in answer to CONNECT');
-  }
-}
-
-/**
- * The proxy refused the tunnel with a status (407: its credentials, 403: the host is not allowed, 502: it could not
- * reach the provider). undici reports it as a RequestAbortedError, the code of a request its caller aborted, with the
- * status in the message alone: here, where nothing else can raise that message, it gets a code that says what it is,
- * for the managed routes and the passthrough alike.
+ * The proxy refused the tunnel, with a status (407: its credentials, 403: the host is not allowed, 502: it could not
+ * reach the provider) or by closing or resetting the connection in answer to CONNECT (restarting, shedding load, a
+ * firewall that blocks the host). undici reports a status as a RequestAbortedError, the code of a request its caller
+ * aborted, with the status in the message alone; a close (UND_ERR_SOCKET) as a passing socket error, after which it
+ * opened the next connection at once, about a thousand CONNECTs a second for one request; a reset (ECONNRESET) as one
+ * after the request was sent, that may have run. Under a code of its own (PROXY_407, PROXY_CLOSED), raised here where
+ * nothing else can raise them, the request fails as one that never reached the provider, on the managed routes and
+ * the passthrough alike.
  */
 class TunnelRefused extends Error {
-  readonly code: string;
-  constructor(status: number, override readonly cause: Error) {
-    super(`the egress proxy refused the tunnel (${status})`);
-    this.code = `${PROXY_REFUSAL}${status}`;
+  constructor(
+    readonly code: string,
+    message: string,
+    override readonly cause: Error,
+  ) {
+    super(message);
   }
 }
 
 /** What an error that failed the way through the proxy says, by code: before the tunnel was up, nothing was sent. */
 function tunnelError(err: Error): Error {
   const code = (err as { code?: unknown }).code;
-  if (code === 'UND_ERR_SOCKET' || code === 'ECONNRESET') return new TunnelClosed(err);
+  if (code === 'UND_ERR_SOCKET' || code === 'ECONNRESET') return new TunnelRefused(`${PROXY_REFUSAL}CLOSED`, 'the egress proxy closed the connection in answer to CONNECT', err);
   const refused = err instanceof errors.RequestAbortedError ? /^Proxy response \((\d{3})\) !== 200 when HTTP Tunneling$/.exec(err.message) : null;
-  return refused ? new TunnelRefused(Number(refused[1]), err) : err;
+  return refused ? new TunnelRefused(`${PROXY_REFUSAL}${refused[1]}`, `the egress proxy refused the tunnel (${refused[1]})`, err) : err;
 }
 
 /**

@@ -64,4 +64,3 @@ function errorCode(err: unknown): string | undefined {
 function isParserError(err: unknown): boolean {
   return err instanceof errors.HTTPParserError || (err as { cause?: unknown } | undefined)?.cause instanceof errors.HTTPParserError;
 }
-
