@@ -33,7 +33,8 @@ describe('streams parked through a brownout', () => {
     // 1 here) and queues (maxQueue, 2), so the first attempts released beside them find the queue full of retries. The
     // others come once the breaker is open, so each finds it open and parks before its first attempt. (Sent on a timer
     // alone, on a loaded machine the first 503s came back late and four or more went upstream before the breaker
-    // opened: a fourth parked retry found the queue full and ended with its 503, as a retry without a slot does.)
+    // opened; a fourth parked retry then found the queue full and ended with its 503. Released retries now wait for a
+    // slot whatever the queue holds: test/park-release-pool.test.ts.)
     const openers = [0, 1, 2].map(stream);
     for (const end = Date.now() + 5_000; (await metricSum(s, 'stormgate_breaker_state{target="mock/gpt-4o"}')) !== 1; ) {
       if (Date.now() > end) throw new Error('the breaker did not open');

@@ -196,6 +196,22 @@ describe('the provider pool', () => {
     expect((shed as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(0);
   });
 
+  it('queues a request the parking lot released though the class queue is full: it waited, and the lot paces what it lets go', async () => {
+    const { p } = pool(1, 1);
+    const held = await slot(p, req(0));
+    void p.acquire(req(0));
+    expect(await p.acquire(req(0))).toMatchObject({ ok: false, reason: 'queue_full' });
+    let released = false;
+    void p.acquire(req(0, { released: true })).then((a) => (released = a.ok));
+    await flush();
+    expect(p.snapshot().queued).toEqual([2, 0]);
+    // It waits its turn: the slot goes to the waiter that came first, the next one to it.
+    held.release();
+    await flush();
+    expect(released).toBe(false);
+    expect(p.snapshot().queued).toEqual([1, 0]);
+  });
+
   it('assumes a second per round trip until an answer is timed, then takes the first timing as it is', async () => {
     const { p } = pool(1, 0);
     await slot(p, req(1));
@@ -427,5 +443,81 @@ describe('refusals that are not about our concurrency', () => {
     expect(r.st.noiseShare).toBeUndefined();
     expect(Math.floor(r.st.limit)).toBeLessThanOrEqual(21);
     expect(r.share).toBeLessThan(0.05);
+  });
+});
+
+describe('a class queue longer than anyone looks down at once', () => {
+  /** Two slots, one for retries; one retry holds the retry share and a first attempt the other slot. */
+  async function busyPool(maxQueue: number) {
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 2, retryCapacity: 1, classes: [{ name: 'online', minShare: 0, maxQueue }], decrease: 0.9, minLimit: 1 },
+      () => 0,
+    );
+    // A deadline far enough away that the wait estimate (thousands ahead, two slots) sheds none of them.
+    const req = (retry: boolean): SlotRequest => ({ cls: 0, target: 'p/m', retry, deadlineAtMs: 2_000_000_000, minAttemptMs: 0, signal: new AbortController().signal });
+    await slot(p, req(true));
+    const held = await slot(p, req(false));
+    return { p, req, held };
+  }
+
+  it('gives a freed slot to the first waiter that can use it, behind thousands held back by the retry share, not to a newcomer', async () => {
+    const { p, req, held } = await busyPool(10_000);
+    // 5,000 retries wait for the retry share; then a first attempt queues for the busy pool.
+    for (let i = 0; i < 5_000; i++) void p.acquire(req(true));
+    let first = false;
+    void p.acquire(req(false)).then((a) => (first = a.ok));
+    held.release();
+    await flush();
+    // The freed slot is the first attempt's (it came before the newcomer); the newcomer waits behind it.
+    expect(first).toBe(true);
+    let newcomer = false;
+    void p.acquire(req(false)).then((a) => (newcomer = a.ok));
+    await flush();
+    expect(newcomer).toBe(false);
+    expect(p.snapshot().queued).toEqual([5_001]);
+  });
+
+  it('serves waiters of a class in arrival order across targets and retries, whatever the queue length', async () => {
+    const { p, req, held } = await busyPool(10_000);
+    const order: string[] = [];
+    for (let i = 0; i < 3_000; i++) void p.acquire(req(true));
+    // First attempts for two targets, interleaved, behind the retries.
+    for (let i = 0; i < 6; i++) {
+      const r = { ...req(false), target: i % 2 === 0 ? 'p/a' : 'p/b' };
+      void p.acquire(r).then((a) => {
+        if (!a.ok) return;
+        order.push(`${r.target}#${i}`);
+        // Each answer over at once: its slot goes to the next in line.
+        a.slot.release();
+      });
+    }
+    held.release();
+    for (let i = 0; i < 10; i++) await flush();
+    expect(order).toEqual(['p/a#0', 'p/b#1', 'p/a#2', 'p/b#3', 'p/a#4', 'p/b#5']);
+  });
+
+  it('keeps a lower class\'s minShare for its waiter behind thousands held back by their own target', async () => {
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 4, retryCapacity: 4, classes: [{ name: 'online', minShare: 0, maxQueue: 10_000 }, { name: 'batch', minShare: 0.5, maxQueue: 10_000 }], decrease: 0.9, minLimit: 1 },
+      () => 0,
+    );
+    const req = (cls: number, target: string): SlotRequest => ({ cls, target, retry: false, deadlineAtMs: 2_000_000_000, minAttemptMs: 0, signal: new AbortController().signal });
+    try {
+      // Online holds every slot; p/a's quota is nearly spent, so its batch waiters (3,000) are held back; one batch
+      // request for p/b waits behind them, and online waits too.
+      const held = await Promise.all(Array.from({ length: 4 }, () => slot(p, req(0, 'p/m'))));
+      p.holdLowerClasses('p/a', 1_000_000_000);
+      for (let i = 0; i < 3_000; i++) void p.acquire(req(1, 'p/a'));
+      let batch = false;
+      void p.acquire(req(1, 'p/b')).then((a) => (batch = a.ok));
+      void p.acquire(req(0, 'p/m'));
+      held[0]!.release();
+      await flush();
+      // Batch is under its floor (half the pool): the freed slot is the p/b batch request's, not online's.
+      expect(batch).toBe(true);
+      expect(p.snapshot().inUse).toEqual([3, 1]);
+    } finally {
+      p.close();
+    }
   });
 });

@@ -29,7 +29,8 @@ export async function attemptInSlot(
   ctx: RequestContext,
   plan: TargetPlan,
   upstream: UpstreamRequest,
-  retry: boolean,
+  /** `released`: the parking lot let it go (SlotRequest.released). */
+  { retry, released }: { retry: boolean; released: boolean },
   now: () => number,
   stillAvailable?: StillAvailable,
 ): Promise<SlotAttempt> {
@@ -37,6 +38,7 @@ export async function attemptInSlot(
     cls: plan.cls,
     target: plan.key,
     retry,
+    released,
     deadlineAtMs: ctx.deadlineAtMs,
     minAttemptMs: ctx.route.config.minAttemptMs,
     signal: ctx.signal,

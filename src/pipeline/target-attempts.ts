@@ -227,7 +227,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const heldTicket = ticket;
     const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
     // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
-    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, run.sent > 0, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
     clearTimeout(slotTimer);
     // Nothing went upstream: a probe's permit goes back at once (or nobody may probe until it expires), and the lot's place.
     const notSent = () => {

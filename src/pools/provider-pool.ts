@@ -28,6 +28,13 @@ export interface SlotRequest {
   deadlineAtMs: number;
   minAttemptMs: number;
   signal: RequestSignal;
+  /**
+   * Released by the parking lot: admitted when it parked, it has waited, and the lot lets no more go at once than its
+   * target's probes or limit. The class queue's bound, there to shed newcomers, does not shed it: released after an
+   * outage into a pool with fewer slots than probes (or a retry share smaller than the retries released), such
+   * requests were shed `load_shed` just as the provider came back.
+   */
+  released?: boolean;
 }
 
 export interface Slot {
@@ -55,10 +62,31 @@ interface TargetUse {
 
 interface Waiter {
   req: SlotRequest;
+  /** Arrival order in the pool: of the waiters of a class that may go, the earliest does, whatever its lane. */
+  seq: number;
+  lane: Lane;
+  /** Out of its lane (granted, expired, aborted): its lane drops it when it comes to the head. */
+  gone: boolean;
   enqueuedAtMs: number;
   grant: (slot: Slot) => void;
   /** Leaves the queue without a slot: the one wait rule no longer holds for it. */
   expire: () => void;
+}
+
+/**
+ * The waiters of one class for one target, first attempts or retries: admission reads only those (#admissible), so a
+ * lane's waiters may all go or none may, and the first waiter of a class that may go is the earliest of the heads of
+ * its lanes that may. A queue of thousands held back by one thing (the retry share, its target's limit) is one look,
+ * not a scan: a scan bounded to the first 256 let a newcomer take the slot a waiter further down could use.
+ */
+interface Lane {
+  key: string;
+  target: TargetUse;
+  /** Arrival order; taken from `head` on, and compacted now and then. */
+  waiters: Waiter[];
+  head: number;
+  /** Waiters in it not yet gone. */
+  size: number;
 }
 
 export interface PoolObserver {
@@ -72,14 +100,18 @@ export interface PoolObserver {
  * The first timed answer replaces it.
  */
 const INITIAL_ROUND_TRIP_MS = 1_000;
-/** How far down a class queue to look for a waiter whose target has room. */
-const SCAN_DEPTH = 256;
+/** Gone waiters a lane keeps at its front before it copies the rest down (and at least half of it must be gone). */
+const LANE_COMPACT_AT = 1_024;
 
 export class ProviderPool {
   readonly settings: PoolSettings;
   readonly #limitSettings: LimitSettings;
   readonly #targets = new Map<string, TargetUse>();
-  readonly #queues: Waiter[][];
+  /** Per class: its lanes with someone waiting, by target and retry. */
+  readonly #lanes: Array<Map<string, Lane>>;
+  /** Per class: requests waiting. */
+  readonly #queued: number[];
+  #seq = 0;
   readonly #inUseByClass: number[];
   #inUse = 0;
   #retriesInUse = 0;
@@ -114,7 +146,8 @@ export class ProviderPool {
     this.#capacity = settings.capacity;
     this.#attainable = settings.capacity;
     this.#retryCapacity = settings.retryCapacity;
-    this.#queues = settings.classes.map(() => []);
+    this.#lanes = settings.classes.map(() => new Map());
+    this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
   }
 
@@ -136,23 +169,21 @@ export class ProviderPool {
       return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
-    const queue = this.#queues[req.cls]!;
     const expectedWaitMs = this.expectedWaitMs(req.cls, req.target);
-    if (queue.length >= cls.maxQueue) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
+    if (!req.released && this.#queued[req.cls]! >= cls.maxQueue) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
     if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
     return new Promise<Acquired>((resolve) => {
       // Still waiting when less than minAttemptMs is left: shed then, while the client still waits for an answer,
       // rather than hold the request until its deadline and a 504.
       const lastChance = setTimeout(() => {
-        const i = queue.indexOf(waiter);
-        if (i === -1) return;
-        queue.splice(i, 1);
-        t.waiting--;
-        waiter.expire();
+        if (this.#leave(waiter)) waiter.expire();
       }, Math.max(0, req.deadlineAtMs - req.minAttemptMs - this.now())).unref();
       const waiter: Waiter = {
         req,
+        seq: this.#seq++,
+        lane: this.#lane(req, t),
+        gone: false,
         expire: () => {},
         enqueuedAtMs: this.now(),
         grant: (slot) => {
@@ -164,11 +195,7 @@ export class ProviderPool {
       };
       const onAbort = () => {
         clearTimeout(lastChance);
-        const i = queue.indexOf(waiter);
-        if (i !== -1) {
-          queue.splice(i, 1);
-          t.waiting--;
-        }
+        this.#leave(waiter);
         resolve({ ok: false, reason: 'aborted' });
       };
       waiter.expire = () => {
@@ -177,7 +204,9 @@ export class ProviderPool {
         resolve(this.#shed(cls.name, 'deadline', this.expectedWaitMs(req.cls, req.target)));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
-      queue.push(waiter);
+      waiter.lane.waiters.push(waiter);
+      waiter.lane.size++;
+      this.#queued[req.cls]!++;
       t.waiting++;
       // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
       this.#drain();
@@ -190,7 +219,7 @@ export class ProviderPool {
    */
   expectedWaitMs(cls: number, target: string): number {
     let ahead = 0;
-    for (let k = 0; k <= cls; k++) ahead += this.#queues[k]!.length;
+    for (let k = 0; k <= cls; k++) ahead += this.#queued[k]!;
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
     const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTripMs, this.#slotHoldMs);
@@ -247,7 +276,7 @@ export class ProviderPool {
 
   /** Demand on this pool per class, highest first: slots in use plus requests waiting. */
   demandByClass(): number[] {
-    return this.#queues.map((q, k) => this.#inUseByClass[k]! + q.length);
+    return this.#queued.map((q, k) => this.#inUseByClass[k]! + q);
   }
 
   /**
@@ -268,7 +297,7 @@ export class ProviderPool {
   snapshot(): { inUse: number[]; queued: number[]; limits: Array<[string, number]> } {
     return {
       inUse: [...this.#inUseByClass],
-      queued: this.#queues.map((q) => q.length),
+      queued: [...this.#queued],
       limits: [...this.#targets].map(([k, t]) => [k, t.limit.limit]),
     };
   }
@@ -299,14 +328,56 @@ export class ProviderPool {
    * released after a brownout into a pool with three slots idle).
    */
   #waiterMayGo(cls: number): boolean {
-    for (let k = 0; k <= cls; k++) {
-      const queue = this.#queues[k]!;
-      for (let i = 0; i < Math.min(queue.length, SCAN_DEPTH); i++) {
-        const w = queue[i]!;
-        if (this.#admissible(w.req, this.#target(w.req.target))) return true;
-      }
-    }
+    for (let k = 0; k <= cls; k++) if (this.#first(k) !== undefined) return true;
     return false;
+  }
+
+  /** The lane a request waits in (made when none of its kind waits). */
+  #lane(req: SlotRequest, t: TargetUse): Lane {
+    const key = req.retry ? `r ${req.target}` : `a ${req.target}`;
+    const lanes = this.#lanes[req.cls]!;
+    let lane = lanes.get(key);
+    if (!lane) lanes.set(key, (lane = { key, target: t, waiters: [], head: 0, size: 0 }));
+    return lane;
+  }
+
+  /** Takes a waiter out of its lane (granted, expired or aborted); false when it was out already. */
+  #leave(w: Waiter): boolean {
+    if (w.gone) return false;
+    w.gone = true;
+    const lane = w.lane;
+    lane.size--;
+    this.#queued[w.req.cls]!--;
+    lane.target.waiting--;
+    // An empty lane goes: lanes are per target, and targets come and go (made-up model names).
+    if (lane.size === 0) this.#lanes[w.req.cls]!.delete(lane.key);
+    return true;
+  }
+
+  /** The first waiter of a lane still in it. */
+  #head(lane: Lane): Waiter | undefined {
+    const { waiters } = lane;
+    while (lane.head < waiters.length && waiters[lane.head]!.gone) lane.head++;
+    if (lane.head >= LANE_COMPACT_AT && lane.head * 2 >= waiters.length) {
+      lane.waiters = waiters.slice(lane.head);
+      lane.head = 0;
+    }
+    return lane.waiters[lane.head];
+  }
+
+  /**
+   * The earliest waiter of class `cls` that can take a slot now (and whose target passes `also`, when given): the one
+   * look both a newcomer (may it go first?) and a freed slot (who gets it?) take. Time left is not judged here.
+   */
+  #first(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
+    let first: Waiter | undefined;
+    for (const lane of this.#lanes[cls]!.values()) {
+      const w = this.#head(lane);
+      if (w === undefined || (first !== undefined && w.seq > first.seq)) continue;
+      if (!this.#admissible(w.req, lane.target) || (also !== undefined && !also(lane.target))) continue;
+      first = w;
+    }
+    return first;
   }
 
   #admissible(req: SlotRequest, t: TargetUse): boolean {
@@ -356,12 +427,12 @@ export class ProviderPool {
     for (;;) {
       const waiter = this.#nextUnderFloor() ?? this.#nextByPriority();
       if (!waiter) return;
-      waiter.grant(this.#take(waiter.req, this.#target(waiter.req.target)));
+      waiter.grant(this.#take(waiter.req, waiter.lane.target));
     }
   }
 
   #nextUnderFloor(): Waiter | undefined {
-    for (let k = this.#queues.length - 1; k >= 1; k--) {
+    for (let k = this.#lanes.length - 1; k >= 1; k--) {
       const minShare = this.settings.classes[k]!.minShare;
       const floor = Math.floor(minShare * this.#capacity);
       if (this.#inUseByClass[k]! < floor) {
@@ -376,32 +447,24 @@ export class ProviderPool {
 
   /** Higher classes first; a lower class gets a slot only when no higher waiter can use it (idle capacity is anyone's). */
   #nextByPriority(): Waiter | undefined {
-    for (let k = 0; k < this.#queues.length; k++) {
+    for (let k = 0; k < this.#lanes.length; k++) {
       const w = this.#pick(k);
       if (w) return w;
     }
     return undefined;
   }
 
-  /** The first waiter of the class that can take a slot now (and whose target passes `also`, when given). */
+  /** Takes out the first waiter of the class that can take a slot now (and whose target passes `also`, when given). */
   #pick(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
-    const queue = this.#queues[cls]!;
     const now = this.now();
-    for (let i = 0; i < Math.min(queue.length, SCAN_DEPTH); i++) {
-      const w = queue[i]!;
-      const t = this.#target(w.req.target);
-      if (!this.#admissible(w.req, t) || (also !== undefined && !also(t))) continue;
-      queue.splice(i, 1);
-      t.waiting--;
+    for (;;) {
+      const w = this.#first(cls, also);
+      if (w === undefined) return undefined;
+      this.#leave(w);
       // The one wait rule again at the moment of the grant: a slot is no use to an attempt with no time left.
-      if (!canWait(now, 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
-        w.expire();
-        i--;
-        continue;
-      }
-      return w;
+      if (canWait(now, 0, w.req.deadlineAtMs, w.req.minAttemptMs)) return w;
+      w.expire();
     }
-    return undefined;
   }
 
   /**
