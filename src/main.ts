@@ -7,6 +7,9 @@ import type { buildServer } from './server.ts';
 const DEFAULT_CONFIG = 'config/gateway.yaml';
 const USAGE = 'usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG or config/gateway.yaml)\n';
 
+/** Where src/early-signals.mjs, loaded before tsx by `npm start`, keeps a signal heard before this module ran. */
+const EARLY_SIGNALS = Symbol.for('stormgate.earlySignals');
+
 /** A problem the person starting the gateway can fix, said in one line (no stack trace): exit code 2. */
 class StartupError extends Error {}
 
@@ -15,15 +18,22 @@ async function main(): Promise<void> {
   // is built (start-up waits up to a second for Redis): Node's default would kill the process (exit 143, Redis
   // connections dropped mid-handshake), and as a container's PID 1 without an init it would ignore the signal.
   let running: App | undefined;
+  let building = false;
   let closing: string | undefined;
   const shutdown = (signal: string) => {
     if (closing !== undefined) return;
     closing = signal;
-    // Still starting: the rest of main() closes what was built.
     if (running) stop(running, signal);
+    // Nothing built yet (the modules and the config still loading, a second or two under tsx on a busy machine):
+    // nothing to close, so the process ends now rather than once the imports are done.
+    else if (!building) stoppedBeforeBuild(signal);
+    // Otherwise the server is being built: the rest of main() closes what was built.
   };
   process.once('SIGTERM', () => shutdown('SIGTERM'));
   process.once('SIGINT', () => shutdown('SIGINT'));
+  // A signal heard while tsx and this module loaded (npm start: src/early-signals.mjs).
+  const early = (globalThis as { [EARLY_SIGNALS]?: { takeOver(): string | undefined } })[EARLY_SIGNALS]?.takeOver();
+  if (early !== undefined) shutdown(early);
   let values: { config?: string; help?: boolean };
   try {
     ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
@@ -54,11 +64,7 @@ async function main(): Promise<void> {
     throw err;
   }
   const server = await import('./server.ts');
-  // Stopped before anything was built: nothing to close.
-  if (closing !== undefined) {
-    process.stderr.write(`stormgate: stopped during start-up (${closing})\n`);
-    process.exit(0);
-  }
+  building = true;
   const app = await server.buildServer(config);
   running = app;
   if (closing !== undefined) {
@@ -93,6 +99,11 @@ function isLoopback(host: string): boolean {
 }
 
 type App = Awaited<ReturnType<typeof buildServer>>;
+
+function stoppedBeforeBuild(signal: string): never {
+  process.stderr.write(`stormgate: stopped during start-up (${signal})\n`);
+  process.exit(0);
+}
 
 function stop(app: App, signal: string): void {
   app.log.info({ signal }, 'shutting down');

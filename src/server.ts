@@ -6,7 +6,7 @@ import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:
 import { Readable } from 'node:stream';
 import type { Socket } from 'node:net';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import type { Config } from './config/schema.ts';
+import type { Config, RouteConfig } from './config/schema.ts';
 import { drainingError, GatewayError, methodNotAllowed, missingModel, type OpenAIErrorBody } from './errors.ts';
 import { toAnthropicShape } from './providers/anthropic/index.ts';
 import { errorAnswer } from './pipeline/final-answer.ts';
@@ -23,8 +23,9 @@ import { accessLogger, createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { answerClientError, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { closeSweep } from './http/close-sweep.ts';
+import { continueWanted } from './http/expect-continue.ts';
 import { safeHeaders } from './http/header-safe.ts';
-import { timeoutHeaderMs } from './policy/deadline.ts';
+import { longestBudgetMs, timeoutHeaderMs } from './policy/deadline.ts';
 import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clientAuth } from './http/client-auth.ts';
@@ -115,24 +116,30 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // its 100 Continue only when its body is about to be read (preParsing below); refused before, it never sends the body
   // (Node closes the connection after such an answer, since the body may still come).
   app.server.on('checkContinue', (req, res) => app.server.emit('request', req, res));
+  const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
+  const isPassthrough = (path: string) => passthroughPaths.some((p) => path === p || path.startsWith(`${p}/`));
   // A callback hook, as the managed API's own preParsing: no promise per request.
   app.addHook('preParsing', (request, reply, payload, done) => {
     // Any other expectation was answered 417 (checkExpectation), and an HTTP/1.0 client is never sent a 100 (RFC 9110
-    // 15.2). A 404 is told to continue too: fastify reads its body before the not-found handler answers. A managed
-    // request whose content-length is past bodyLimitBytes is answered 413 before a byte is read: told to continue, curl
-    // uploaded all of it first (passthrough streams its bodies on unbounded, so is told to continue whatever their size).
-    if (request.headers.expect !== undefined && request.raw.httpVersionMinor === 1 && request.raw.httpVersionMajor === 1 && !(Number(request.headers['content-length']) > config.server.bodyLimitBytes && router.paths.has(request.routeOptions.url ?? ''))) {
+    // 15.2). A 404 is told to continue too: fastify reads its body before the not-found handler answers. A request
+    // whose headers decide its answer (a content-length past bodyLimitBytes, a managed path's content-type that is not
+    // JSON) gets its 413 or 415 before a byte is read: told to continue, curl uploaded all of it first.
+    if (
+      request.headers.expect !== undefined &&
+      request.raw.httpVersionMinor === 1 &&
+      request.raw.httpVersionMajor === 1 &&
+      continueWanted(request.headers, { managed: router.paths.has(request.routeOptions.url ?? ''), passthrough: isPassthrough(request.url.split('?')[0]!) }, config.server.bodyLimitBytes)
+    ) {
       reply.raw.writeContinue();
     }
     done(null, payload);
   });
   const hostAllowed = hostAllowance(config.server);
-  const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
   const sweep = closeSweep(app.server, (res) => {
     const reply = (res as RawWithReply)[REPLY];
     const path = reply?.request.url.split('?')[0] ?? '';
     // A passthrough request forwards its body as it arrives, and its answer is the provider's to give: it is cut.
-    if (!reply || passthroughPaths.some((p) => path === p || path.startsWith(`${p}/`))) return false;
+    if (!reply || isPassthrough(path)) return false;
     // The body's rest is never read: the connection closes after the answer.
     reply.header('connection', 'close');
     sendError(reply, drainingError());
@@ -278,8 +285,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // The managed API lives in its own context, with a JSON parser that keeps the raw bytes to forward unchanged.
   await app.register(async (api) => {
     const bodyLimit = config.server.bodyLimitBytes;
+    const routesByPath = new Map<string, RouteConfig[]>();
+    for (const r of router.routes) routesByPath.set(r.config.match.path, [...(routesByPath.get(r.config.match.path) ?? []), r.config]);
     // A callback hook, not an async one: the common case (no content-encoding) costs no promise.
-    api.addHook('preParsing', (request, _reply, payload, done) => {
+    api.addHook('preParsing', (request, reply, payload, done) => {
+      // The deadline counts from the request's head (handle-request.ts), the upload included: a body still arriving
+      // when it passes is answered then, not once the upload ends, long after the client gave up.
+      const routes = request.method === 'POST' && !request.raw.complete ? routesByPath.get(request.routeOptions.url ?? '') : undefined;
+      if (routes) answerAtDeadline(request, reply, longestBudgetMs(routes, request.headers));
       if (request.headers['content-encoding'] === undefined) return done(null, payload);
       try {
         const encoding = contentEncoding(request.headers['content-encoding']);
@@ -325,6 +338,21 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     });
     methodGuard(api, '/v1/models/*', ['GET', 'HEAD'], undefined, modelsConfig);
   });
+
+  /**
+   * Answers 504 deadline_exceeded when the deadline passes before the body has arrived whole, and closes the
+   * connection: the rest of the body is not read (the client has given up on the answer anyway).
+   */
+  function answerAtDeadline(request: FastifyRequest, reply: FastifyReply, budgetMs: number): void {
+    const timer = setTimeout(() => {
+      if (request.raw.complete || reply.sent || reply.raw.headersSent) return;
+      reply.header('connection', 'close');
+      sendError(reply, new GatewayError('deadline_exceeded', `the request's deadline of ${budgetMs} ms passed while its body was still arriving`));
+    }, Math.max(0, budgetMs - reply.elapsedTime));
+    const clear = () => clearTimeout(timer);
+    request.raw.once('end', clear);
+    reply.raw.once('close', clear);
+  }
 
   /** A managed request: route it, run the pipeline, write its answer. */
   async function serveManaged(path: string, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {

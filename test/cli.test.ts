@@ -1,7 +1,8 @@
 // The command line as a person meets it: mistakes get one line saying what to fix and exit 2, never a stack trace.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,6 +75,49 @@ routes:
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
+  // Before, `npm start` ran the tsx CLI: a SIGTERM while tsx and the gateway's modules loaded (a second or two on a busy
+  // machine) ended the process with 143 (tsx relayed it, then killed the process that had not confirmed within 30 ms;
+  // or the process had no handler yet). Once main.ts had one, the exit still waited for every module to load.
+  it.skipIf(process.platform !== 'linux')('stops cleanly on a SIGTERM that comes while npm start is still loading', async () => {
+    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
+    const file = join(dir, 'gw.yaml');
+    writeFileSync(file, `server: { host: 127.0.0.1, port: 0, logLevel: info }
+providers:
+  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
+`);
+    // A slow start, held where it is: tsx reads its tsconfig from a pipe that stays empty until the signal is sent.
+    const tsconfig = join(dir, 'tsconfig.fifo');
+    execFileSync('mkfifo', [tsconfig]);
+    // What npm runs for `npm start -- --config <file>`: the package's start script in a shell, node_modules/.bin on the
+    // PATH. The signal goes to the shell's process, as npm passes one on: the script's `exec` makes that the gateway.
+    const start = (JSON.parse(readFileSync('package.json', 'utf8')) as { scripts: { start: string } }).scripts.start;
+    const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...env } = process.env;
+    const gateway = spawn('sh', ['-c', `${start} --config "$0"`, file], {
+      env: { ...env, TSX_TSCONFIG_PATH: tsconfig, PATH: `${join(process.cwd(), 'node_modules/.bin')}:${env.PATH}` },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    child = gateway;
+    let out = '';
+    gateway.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    gateway.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    let exit: [number | null, string | null] | undefined;
+    gateway.once('exit', (...args) => (exit = args));
+    await expect.poll(() => openingPipe(gateway.pid!), { timeout: 20_000, interval: 10 }).toBe(true);
+    gateway.kill('SIGTERM');
+    // Loading goes on: the pipe gets the tsconfig each time it is opened, until the process is gone.
+    const tsconfigText = readFileSync('tsconfig.json');
+    const until = Date.now() + 20_000;
+    while (exit === undefined && Date.now() < until) {
+      if (openingPipe(gateway.pid!)) await writeFile(tsconfig, tsconfigText);
+      else await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(exit).toEqual([0, null]);
+    expect(out).toContain('stopped during start-up (SIGTERM)');
+    expect(out).not.toContain('stormgate listening');
+  });
+
   it('stops cleanly on SIGTERM while start-up is still waiting for Redis', async () => {
     // A Redis that accepts the connection and never answers: start-up waits for it (up to a second).
     blocker = createServer((socket) => sockets.push(socket));
@@ -103,3 +147,31 @@ state: { redis: "redis://127.0.0.1:${redisPort}" }
     expect(out).not.toContain('stormgate listening');
   });
 });
+
+/** Whether a thread of a process, or of one it started, waits for the other end of a pipe it opens. */
+function openingPipe(pid: number): boolean {
+  const parent = new Map<number, number>();
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      // pid (comm) state ppid ...: the name may hold spaces and parentheses, so it is cut at the last one.
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      parent.set(Number(entry), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch {
+      // gone in the meantime
+    }
+  }
+  const under = (p: number): boolean => {
+    for (let up: number | undefined = p; up !== undefined && up > 1; up = parent.get(up)) if (up === pid) return true;
+    return false;
+  };
+  for (const p of parent.keys()) {
+    if (!under(p)) continue;
+    try {
+      for (const task of readdirSync(`/proc/${p}/task`)) if (readFileSync(`/proc/${p}/task/${task}/wchan`, 'utf8') === 'wait_for_partner') return true;
+    } catch {
+      // gone in the meantime
+    }
+  }
+  return false;
+}

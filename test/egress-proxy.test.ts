@@ -9,6 +9,7 @@ import { parseConfig } from '../src/config/load.ts';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { defaultConfig, requestLine, RETRY_LOOP_ONLY, TEST_KEY, useStacks } from './helpers/stack.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
+import { freePort } from './helpers/free-port.ts';
 
 const PROXY_USER = 'egress-user';
 const PROXY_PASSWORD = TEST_SECRETS.find((s) => s.startsWith('egress-proxy-'))!;
@@ -241,6 +242,47 @@ describe('a provider behind an egress proxy', () => {
     // Before: "(UND_ERR_ABORTED)", undici's code for a request the caller aborted, and no word of the proxy.
     expect(body.error.message).toContain('PROXY_407');
     expect(s.mock.requests()).toEqual([]);
+  });
+
+  // Before, a proxy whose port refused the connection (not running, a wrong port in HTTPS_PROXY) gave "upstream
+  // proxied/gpt-4o could not be reached (last: ECONNREFUSED)", and the passthrough the same of "the provider": the
+  // operator looked at the provider, which the gateway never connects to when it has a proxy.
+  it('names the egress proxy (host:port, never its credentials) that could not be reached, and fails over from it', async () => {
+    const port = await freePort();
+    const down = `http://${PROXY_USER}:${PROXY_PASSWORD}@127.0.0.1:${port}`;
+    const s = await start({
+      config: (mockUrl) => {
+        const base = defaultConfig(mockUrl, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, proxied: { ...base.providers['mock']!, proxy: down } },
+          routes: base.routes.map((r) => (r.name === 'embeddings' ? { ...r, targets: [{ provider: 'proxied' }, { provider: 'mock' }] } : { ...r, targets: [{ provider: 'proxied' }] })),
+          passthrough: { provider: 'proxied', paths: ['/v1/files'], methods: ['GET'] },
+        };
+      },
+    });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    const err = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }).then(
+      () => undefined,
+      (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+    );
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(err!.status).toBe(502);
+    expect(err!.message).toContain(`egress proxy 127.0.0.1:${port} could not be reached`);
+    expect(err!.message).toContain('ECONNREFUSED');
+    expect(err!.message).not.toContain(PROXY_PASSWORD);
+    expect(err!.message).not.toContain(PROXY_USER);
+    // Nothing reached the provider: the next target takes the request, without the route's consent to a second run.
+    const answer = await client.embeddings.create({ model: 'text-embedding-3-small', input: 'hi' }).withResponse();
+    expect(answer.response.headers.get('x-stormgate-target')).toContain('mock');
+    const res = await fetch(`${s.baseURL}/files`);
+    const body = (await res.json()) as { error: { message: string; code: string } };
+    expect(res.status).toBe(502);
+    expect(body.error.code).toBe('upstream_unavailable');
+    expect(body.error.message).toContain(`egress proxy 127.0.0.1:${port} could not be reached`);
+    expect(body.error.message).not.toContain(PROXY_PASSWORD);
+    expect(s.mock.requests().map((r) => r.path)).toEqual(['/v1/embeddings']);
+    expect(s.logs.join('')).not.toContain(PROXY_PASSWORD);
   });
 
   it('answers GET /v1/models within its time when the proxy never answers CONNECT', async () => {

@@ -296,6 +296,25 @@ describe('replays in the metrics', () => {
     const series = [...metrics.matchAll(/^stormgate_requests_total\{route="chat",target="([^"]*)",priority="([^"]*)",outcome="(success|replayed)"\} 1$/gm)].map((m) => `${m[3]} ${m[1]} ${m[2]}`);
     expect(series.sort()).toEqual(['replayed mock/other online', 'success mock/other online']);
   });
+
+  // Before, each replay was observed in stormgate_request_duration_seconds{attempt="first"} as a request the route had
+  // answered in a millisecond or two: the dashboard's latency quantiles for first attempts fell with every agent retry.
+  it('keeps replays out of the request duration histogram: the route did not serve them again', async () => {
+    const s = await start({ faults: { latencyMs: 300 } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    const headers = { 'Idempotency-Key': 'k-latency' };
+    const run = await client.chat.completions.create(BODY, { headers }).withResponse();
+    expect(run.response.headers.get('idempotent-replayed')).toBeNull();
+    for (let i = 0; i < 4; i++) {
+      const again = await client.chat.completions.create(BODY, { headers }).withResponse();
+      expect(again.response.headers.get('idempotent-replayed')).toBe('true');
+    }
+    await sleep(50);
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat",target="mock/gpt-4o",priority="online",outcome="replayed"}')).toBe(4);
+    expect(await metricSum(s, 'stormgate_request_duration_seconds_count{route="chat"')).toBe(1);
+    // The one observation is the run's, provider's latency included.
+    expect(await metricSum(s, 'stormgate_request_duration_seconds_sum{route="chat"')).toBeGreaterThanOrEqual(0.3);
+  });
 });
 
 describe('a fleet on one Redis', () => {

@@ -4,7 +4,9 @@
 // that spends the client's deadline.
 import { once } from 'node:events';
 import { connect, createServer, type AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
 import OpenAI from 'openai';
+import { request as undiciRequest } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { chatChunk, useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, defaultConfig, useStacks } from './helpers/stack.ts';
@@ -129,7 +131,54 @@ describe('expect: 100-continue', () => {
     }
     expect(s.mock.stats().total).toBe(0);
   });
+
+  // Before, only a managed path's content-length past the limit was answered first: a wrong content-type got its 100
+  // Continue (curl then uploaded the whole body) and only then its 415, and an unknown path's oversized body its 413.
+  it('is not told to continue when its headers decide the answer: a content-type that is not JSON (415), a body past the limit anywhere (413)', async () => {
+    const s = await startStack({ config: (mockUrl) => ({ ...defaultConfig(mockUrl), server: { host: '127.0.0.1', port: 0, bodyLimitBytes: 100_000 } }) });
+    const cases: Array<[string, number, string]> = [
+      ['POST /v1/chat/completions HTTP/1.1\r\ncontent-type: text/plain\r\ncontent-length: 5000\r\n', 415, 'unsupported_media_type'],
+      ['POST /v1/chat/completions HTTP/1.1\r\ncontent-type: multipart/form-data; boundary=x\r\ncontent-length: 5000\r\n', 415, 'unsupported_media_type'],
+      ['POST /v1/embeddings HTTP/1.1\r\ncontent-length: 5000\r\n', 415, 'unsupported_media_type'],
+      ['POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-encoding: zstd\r\ncontent-length: 5000\r\n', 415, 'unsupported_media_type'],
+      ['POST /v1/not-a-route HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 5000000\r\n', 413, 'request_too_large'],
+    ];
+    for (const [head, status, code] of cases) {
+      const { answer, closed } = await rawHead(s.url, `${head}Host: x\r\nexpect: 100-continue\r\n\r\n`);
+      expect(answer).toMatch(new RegExp(`^HTTP/1\\.1 ${status} `));
+      expect(answer).not.toContain('100 Continue');
+      // The body may still come: the connection closes after the answer.
+      expect(closed).toBe(true);
+      expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code } });
+    }
+    // JSON in any case, with parameters, is told to continue and served.
+    const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    const { answer: served } = await rawHead(s.url, `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: Application/JSON; charset=utf-8\r\ncontent-length: ${body.length}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n`, body);
+    expect(served).toMatch(/^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /);
+    expect(s.mock.stats().total).toBe(1);
+  });
 });
+
+/**
+ * Sends a request's head, and `body` once told to continue; resolves with what came back before the close (or 2 s),
+ * and whether the gateway closed the connection.
+ */
+function rawHead(url: string, head: string, body?: string): Promise<{ answer: string; closed: boolean }> {
+  return new Promise((resolve) => {
+    const socket = connect(Number(new URL(url).port), '127.0.0.1');
+    let answer = '';
+    socket.on('data', (d) => {
+      answer += d.toString();
+      if (body !== undefined && answer === 'HTTP/1.1 100 Continue\r\n\r\n') socket.write(body);
+    });
+    socket.on('close', () => resolve({ answer, closed: true }));
+    setTimeout(() => {
+      socket.destroy();
+      resolve({ answer, closed: false });
+    }, 2_000);
+    socket.write(head);
+  });
+}
 
 describe('expect: 100-continue with a body past server.bodyLimitBytes', () => {
   it('is answered 413 without being told to continue (curl would upload all of it first); one within the limit is told, and served', async () => {
@@ -200,6 +249,52 @@ describe('a body that takes a while to arrive', () => {
     expect(answer).toMatch(/^HTTP\/1\.1 504 /);
     expect(answer).toContain('"code":"deadline_exceeded"');
     expect(elapsed).toBeLessThan(3_500);
+  });
+});
+
+describe('a body still arriving when the deadline passes', () => {
+  // Before, the deadline was only looked at once the body had arrived whole: a client trickling its body got its 504
+  // when the upload ended (here after 8 s, for a 1.5 s timeout), long after it had given up.
+  it('is answered 504 at the deadline (OpenAI shape, x-should-retry: false), and the rest of its body is not read', async () => {
+    const s = await startStack({});
+    const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(4000) }] });
+    const started = Date.now();
+    const { answer, closedAtMs } = await new Promise<{ answer: string; closedAtMs: number }>((resolve) => {
+      const socket = connect(Number(new URL(s.url).port), '127.0.0.1');
+      let out = '';
+      socket.on('data', (d) => (out += d.toString()));
+      socket.on('error', () => {});
+      // 40 pieces, one each 200 ms: the upload would end 8 s in.
+      const pieces = 40;
+      const size = Math.ceil(body.length / pieces);
+      const timers = Array.from({ length: pieces }, (_, i) => setTimeout(() => socket.writable && socket.write(body.slice(i * size, (i + 1) * size)), i * 200));
+      socket.on('close', () => {
+        for (const t of timers) clearTimeout(t);
+        resolve({ answer: out, closedAtMs: Date.now() - started });
+      });
+      socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nx-stormgate-timeout-ms: 1500\r\ncontent-length: ${body.length}\r\n\r\n`);
+    });
+    expect(answer).toMatch(/^HTTP\/1\.1 504 /);
+    expect(answer.toLowerCase()).toContain('x-should-retry: false');
+    expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).toMatchObject({ error: { code: 'deadline_exceeded', type: expect.any(String), message: expect.any(String) } });
+    // At the deadline (1.25 s after the head), not when the upload would have ended; the connection is closed.
+    expect(closedAtMs).toBeLessThan(5_000);
+    // A client that reads the answer while it sends (undici, the SDKs' fetch) gets it, not a broken connection.
+    const slowBody = async function* () {
+      for (let i = 0; i < body.length; i += 100) {
+        yield Buffer.from(body.slice(i, i + 100));
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    };
+    const res = await undiciRequest(`${s.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'content-length': String(body.length), 'x-stormgate-timeout-ms': '1500' },
+      body: Readable.from(slowBody()),
+    });
+    expect(res.statusCode).toBe(504);
+    expect(res.headers['x-should-retry']).toBe('false');
+    expect(await res.body.json()).toMatchObject({ error: { code: 'deadline_exceeded' } });
+    expect(s.mock.stats().total).toBe(0);
   });
 });
 

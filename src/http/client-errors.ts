@@ -6,6 +6,7 @@ import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify';
 import { GatewayError } from '../errors.ts';
 import { errorAnswer, type ErrorAnswer } from '../pipeline/final-answer.ts';
+import { refusedByProxy } from '../policy/outcome.ts';
 import { printable } from './request-body.ts';
 
 /** Connections whose request was answered before its body had come in (see markAnsweredEarly). */
@@ -94,10 +95,12 @@ export function toGatewayError(err: unknown, request: FastifyRequest): GatewayEr
   // Passthrough's proxy (reply-from, undici) could not get an answer from the provider.
   if (e.code !== undefined && (e.code.startsWith('FST_REPLY_FROM_') || e.code.startsWith('UND_ERR_') || e.code === 'ECONNRESET')) {
     // reply-from wraps undici's error: its code says which timer fired (UND_ERR_HEADERS_TIMEOUT: timeouts.firstTokenMs).
-    const code = (e as { cause?: { code?: unknown } }).cause?.code ?? e.code;
-    return e.statusCode === 504 || code === 'UND_ERR_BODY_TIMEOUT'
-      ? new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${printable(String(code))})`)
-      : new GatewayError('upstream_unavailable', `the provider could not be reached for the passthrough request (${printable(String(code))})`);
+    const cause = (e as { cause?: { code?: unknown; message?: unknown } }).cause;
+    const code = cause?.code ?? e.code;
+    if (e.statusCode === 504 || code === 'UND_ERR_BODY_TIMEOUT') return new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${printable(String(code))})`);
+    // The egress proxy's own failure (providers/egress-proxy.ts): its message names the proxy, never its credentials.
+    const proxy = typeof code === 'string' && refusedByProxy(code) && typeof cause?.message === 'string' ? `: ${printable(cause.message)}` : '';
+    return new GatewayError('upstream_unavailable', `the provider could not be reached for the passthrough request${proxy} (${printable(String(code))})`);
   }
   if (e.statusCode !== undefined && e.statusCode >= 400 && e.statusCode < 500) {
     return new GatewayError('bad_request', printable(e.message ?? 'bad request'), { status: e.statusCode });

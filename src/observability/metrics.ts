@@ -109,7 +109,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     requestDuration: new Histogram({
       name: 'stormgate_request_duration_seconds',
-      help: 'Time from a request arriving to its answer ending (a stream: its last event; a client that left: its leaving), by whether it needed more than one attempt.',
+      help: 'Time from a request arriving to its answer ending (a stream: its last event; a client that left: its leaving), by whether it needed more than one attempt. Replays of an idempotency key\'s answer are out.',
       labelNames: ['route', 'attempt'] as const,
       buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
       registers,

@@ -90,7 +90,9 @@ export class RequestRecorder {
     m.requests.inc({ route, target, priority: s.priority ?? 'none', outcome: s.outcome });
     const retried = s.attempts.length > 1;
     const ok = s.outcome === 'success';
-    m.requestDuration.observe({ route, attempt: retried ? 'retry' : 'first' }, durationS);
+    // A replay (an idempotency key's answer sent again, at once or after waiting for the run) is not a request the
+    // route served: no attempt of its own, so out of the first-attempt latency, which it would pull down.
+    if (s.outcome !== 'replayed') m.requestDuration.observe({ route, attempt: retried ? 'retry' : 'first' }, durationS);
     // A client that left is neither a retry's success nor its failure: out of the counter, as out of the gauge below.
     if (retried && s.outcome !== 'client_gone') m.retriedRequests.inc({ route, result: ok ? 'success' : 'failure' });
     if (ok && s.fallback) m.fallbackRequests.inc({ route });
@@ -99,7 +101,7 @@ export class RequestRecorder {
       m.tokens.inc({ route, target, kind: 'prompt' }, s.usage.prompt);
       m.tokens.inc({ route, target, kind: 'completion' }, s.usage.completion);
     }
-    // A replay (an idempotency key's answer sent again) is not a request the route served: out of its rates.
+    // Nor out of its rates.
     if (s.outcome !== 'client_gone' && s.outcome !== 'replayed') this.#window.record(route, { retried, ok, fallback: ok && s.fallback !== undefined });
   }
 }

@@ -1,7 +1,8 @@
 // What the client gets when no target produced an answer: the upstream's own error when the client's request was
 // at fault (or the upstream's last status after retries), else the gateway's error naming what happened.
 import { GatewayError, normaliseUpstreamErrorBody, retryHeaders, type OpenAIErrorBody } from '../errors.ts';
-import { OUTCOME_TABLE, refusedByProxy, type Classification } from '../policy/outcome.ts';
+import { OUTCOME_TABLE, PROXY_REFUSAL, proxyUnreachable, refusedByProxy, type Classification } from '../policy/outcome.ts';
+import { proxyHost } from '../providers/egress-proxy.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import { printable } from '../http/request-body.ts';
@@ -34,6 +35,8 @@ export interface FailureFacts {
   budgetMs: number;
   /** The key the failing target was sent, kept out of the upstream headers passed on. */
   apiKey?: string;
+  /** The failing target's egress proxy (`providers.<name>.proxy`), named by host:port when it could not be reached. */
+  proxy?: string;
 }
 
 export function failureAnswer(f: FailureFacts): ErrorAnswer {
@@ -102,6 +105,13 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
         return new GatewayError(
           'upstream_unavailable',
           `the gateway has no file descriptor left to connect to ${f.target} (${outcome.code}) after ${tried}; raise the gateway's open-files limit (ulimit -n, LimitNOFILE, the container's nofile): each stream holds two${all}`,
+          opts,
+        );
+      }
+      if (proxyUnreachable(outcome.code) && f.proxy) {
+        return new GatewayError(
+          'upstream_unavailable',
+          `the egress proxy ${proxyHost(f.proxy)} could not be reached for upstream ${f.target} after ${tried} (last: ${outcome.code.slice(PROXY_REFUSAL.length)}); check that provider's proxy URL and that the proxy runs${all}`,
           opts,
         );
       }

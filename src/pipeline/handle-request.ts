@@ -276,6 +276,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         target: served.plan.label,
         budgetMs,
         apiKey: served.plan.client.config.apiKey,
+        proxy: served.plan.client.config.proxy,
       });
     }
     case 'unavailable': {

@@ -40,6 +40,14 @@ export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineI
   return { budgetMs, timeoutMs, source };
 }
 
+/**
+ * The deadline of a request whose route is not known yet (its body, which names the model, is still arriving): the
+ * longest any of its path's routes would give it, so that it is never answered before its own route would have.
+ */
+export function longestBudgetMs(routes: ReadonlyArray<{ timeoutMs: number; deadlineMarginMs?: number | undefined }>, headers: HeaderBag): number {
+  return Math.max(0, ...routes.map((r) => computeDeadline({ routeTimeoutMs: r.timeoutMs, marginMs: r.deadlineMarginMs, headers }).budgetMs));
+}
+
 function header(headers: HeaderBag, name: string): string | undefined {
   const v = headers[name];
   return Array.isArray(v) ? v[0] : v;

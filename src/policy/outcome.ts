@@ -207,8 +207,11 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
 /** The gateway's process (EMFILE) or the host (ENFILE) has no file descriptor left for a new connection. */
 export const LOCAL_RESOURCE_CODES: ReadonlySet<string> = new Set(['EMFILE', 'ENFILE']);
 
+/** A connection that could not be made: refused, no route, no DNS answer, no local address. */
+export const UNREACHABLE_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+
 /** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket). */
-const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', ...LOCAL_RESOURCE_CODES]);
+const NOT_SENT_CODES = new Set([...UNREACHABLE_CODES, ...LOCAL_RESOURCE_CODES]);
 
 /**
  * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of
@@ -218,12 +221,20 @@ const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOST
  */
 const MAY_HAVE_RUN_STATUSES = new Set([500, 502, 504, 520, 524]);
 
-/** The network codes of a tunnel the egress proxy refused (PROXY_407) or closed (PROXY_CLOSED) start with this. */
+/**
+ * The network codes of a tunnel the egress proxy refused (PROXY_407) or closed (PROXY_CLOSED), or of a proxy that
+ * could not be reached at all (PROXY_ECONNREFUSED: the errno of the connection to the proxy), start with this.
+ */
 export const PROXY_REFUSAL = 'PROXY_';
 
-/** The egress proxy refused the way to the provider: nothing reached it. */
+/** The egress proxy refused the way to the provider, or could not be reached: nothing reached the provider. */
 export function refusedByProxy(code: string): boolean {
   return code.startsWith(PROXY_REFUSAL);
+}
+
+/** The egress proxy itself could not be reached (PROXY_ECONNREFUSED, PROXY_ENOTFOUND, ...), as opposed to one that answered. */
+export function proxyUnreachable(code: string): boolean {
+  return refusedByProxy(code) && UNREACHABLE_CODES.has(code.slice(PROXY_REFUSAL.length));
 }
 
 /**

@@ -2,7 +2,7 @@
 // CONNECT. What it leaves out is added here: a bound on the whole way to the provider, and codes that say the proxy
 // refused (nothing was sent, so the request is retried and fails over like one that could not connect).
 import { errors, Pool, ProxyAgent, type buildConnector } from 'undici';
-import { PROXY_REFUSAL } from '../policy/outcome.ts';
+import { PROXY_REFUSAL, UNREACHABLE_CODES } from '../policy/outcome.ts';
 
 /**
  * An agent whose connections to the provider are tunnelled (HTTP CONNECT) through the company's egress proxy; a
@@ -17,8 +17,13 @@ export function viaProxy(proxy: string, connectMs: number, options: Omit<ProxyAg
     uri: proxy,
     // undici sends the URL's credentials only when both are there: a token given as the user name alone was dropped.
     ...(username !== '' && { token: `Basic ${Buffer.from(`${decodeURIComponent(username)}:${decodeURIComponent(password)}`).toString('base64')}` }),
-    factory: (origin, opts) => new Pool(origin, { ...(opts as Pool.Options), connect: boundedTunnel((opts as { connect: buildConnector.connector }).connect, connectMs) }),
+    factory: (origin, opts) => new Pool(origin, { ...(opts as Pool.Options), connect: boundedTunnel((opts as { connect: buildConnector.connector }).connect, connectMs, proxyHost(proxy)) }),
   });
+}
+
+/** The proxy as a message names it: host:port, never the credentials its URL may carry. */
+export function proxyHost(proxy: string): string {
+  return new URL(proxy).host;
 }
 
 /**
@@ -29,7 +34,9 @@ export function viaProxy(proxy: string, connectMs: number, options: Omit<ProxyAg
  * opened the next connection at once, about a thousand CONNECTs a second for one request; a reset (ECONNRESET) as one
  * after the request was sent, that may have run. Under a code of its own (PROXY_407, PROXY_CLOSED), raised here where
  * nothing else can raise them, the request fails as one that never reached the provider, on the managed routes and
- * the passthrough alike.
+ * the passthrough alike. So does a proxy that could not be reached at all (its port refused the connection, its name
+ * did not resolve): undici passes on the errno of the connection to the proxy, which read as the provider's own
+ * (ECONNREFUSED), and the operator looked at the provider, which the gateway never connects to through a proxy.
  */
 class TunnelRefused extends Error {
   constructor(
@@ -42,8 +49,10 @@ class TunnelRefused extends Error {
 }
 
 /** What an error that failed the way through the proxy says, by code: before the tunnel was up, nothing was sent. */
-function tunnelError(err: Error): Error {
+function tunnelError(err: Error, proxy: string): Error {
   const code = (err as { code?: unknown }).code;
+  // The only connection the gateway makes itself is the one to the proxy: the proxy connects to the provider.
+  if (typeof code === 'string' && UNREACHABLE_CODES.has(code)) return new TunnelRefused(`${PROXY_REFUSAL}${code}`, `the egress proxy ${proxy} could not be reached (${code})`, err);
   if (code === 'UND_ERR_SOCKET' || code === 'ECONNRESET') return new TunnelRefused(`${PROXY_REFUSAL}CLOSED`, 'the egress proxy closed the connection in answer to CONNECT', err);
   const refused = err instanceof errors.RequestAbortedError ? /^Proxy response \((\d{3})\) !== 200 when HTTP Tunneling$/.exec(err.message) : null;
   return refused ? new TunnelRefused(`${PROXY_REFUSAL}${refused[1]}`, `the egress proxy refused the tunnel (${refused[1]})`, err) : err;
@@ -54,7 +63,7 @@ function tunnelError(err: Error): Error {
  * and a request waiting for its connection does not see its own abort until the connection is made or fails. A proxy
  * that took the connection and never answered held a stream past its first-token timer and its deadline.
  */
-function boundedTunnel(connect: buildConnector.connector, connectMs: number): buildConnector.connector {
+function boundedTunnel(connect: buildConnector.connector, connectMs: number, proxy: string): buildConnector.connector {
   return (opts, callback) => {
     // ProxyAgent passes this signal on to its CONNECT: aborted, it closes the connection to the proxy.
     const abort = new AbortController();
@@ -72,7 +81,7 @@ function boundedTunnel(connect: buildConnector.connector, connectMs: number): bu
       settled = true;
       clearTimeout(timer);
       const [err] = args;
-      if (err) callback(tunnelError(err), null);
+      if (err) callback(tunnelError(err, proxy), null);
       else callback(...args);
     });
   };
