@@ -1,6 +1,7 @@
 // The Lua scripts of the Redis state store. Each multi-step operation is one script, so it is atomic across the fleet
 // and costs one round trip; each touches the keys of one hash tag only, so it also runs on Redis Cluster. Time is
-// always passed in (the caller's injected clock), never read from Redis, so both stores agree to the millisecond.
+// always passed in (the caller's injected clock, which the store puts in Redis's clock where the two disagree:
+// fleet-clock.ts), never read by a script, so both stores agree to the millisecond.
 import type { Cluster, Redis } from 'ioredis';
 
 

@@ -5,6 +5,8 @@
 // MemoryStore (which it feeds all along, so local windows are warm), says so once, and returns to Redis by itself,
 // writing back what it decided alone where that is newer than what Redis holds (a breaker it opened, a hold-off).
 // A Redis that refuses the configuration (password, db, ACL) is served around the same way, but reported as such.
+// Every time written to Redis is in Redis's clock, and read back in this instance's (fleet-clock.ts): the instances'
+// own clocks may disagree by seconds or minutes.
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -16,6 +18,7 @@ import { configProblem, isCommandTimeout, isReadOnly, safeError, type ConfigProb
 import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } from './redis-keys.ts';
 import { defineScripts, type ScriptClient } from './redis-scripts.ts';
 import { decodeKeyRecord, encodeKeyRecord } from './kept-keys.ts';
+import { FleetClock, redisTimeMs } from './fleet-clock.ts';
 import { FleetView } from './redis-view.ts';
 import { budgetOf, MAX_WINDOW_S, type BreakerRecord, type BudgetConfig, type BudgetWindow, type KeyRecord, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
 
@@ -27,6 +30,8 @@ export interface RedisStoreOptions {
   now?: () => number;
   /** The most idempotency answer bytes kept in the process while Redis is away (config: idempotency.memoryBytes). */
   keptBytes?: number;
+  /** How often Redis's clock is read again, in ms (see CLOCK_READ_MS). Default: 10000. */
+  clockReadMs?: number;
 }
 
 /** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
@@ -64,6 +69,13 @@ const SUBSCRIBE_RETRY_MS = 1000;
  */
 const SUBSCRIBER_CHECK_MS = 5000;
 const SUBSCRIBER_ANSWER_MS = 2000;
+/**
+ * How often Redis's clock is read again: a VM resumed from suspend, or a clock NTP stepped, moves this instance's
+ * clock against the fleet's at once, and the shared state would be read that far off until the next reading.
+ */
+const CLOCK_READ_MS = 10_000;
+/** Readings of Redis's clock taken at most, one after another, for one whose round trip is short enough to use. */
+const CLOCK_READINGS = 3;
 /** How long close() waits for QUIT before it drops the connections. */
 const QUIT_WAIT_MS = 200;
 /** A hold-off key outlives the hold-off by this much, so a late reader still sees when it ended. */
@@ -92,6 +104,11 @@ export class RedisStore implements StateStore {
   readonly #logger: Logger | undefined;
   readonly #now: () => number;
   readonly #view: FleetView;
+  /** This instance's clock against Redis's: every time sent to Redis is in Redis's clock, every time read in ours. */
+  readonly #clock = new FleetClock();
+  /** Redis's clock has been read once (or could not be: then the clocks are taken to agree, as before there was a reading). */
+  #clockRead = false;
+  #clockTimer: NodeJS.Timeout | undefined;
   /** Targets whose breaker or hold-off this instance has asked about: re-read from Redis after every reconnect. */
   readonly #watched = new Set<string>();
   readonly #toRead = new Set<string>();
@@ -144,7 +161,8 @@ export class RedisStore implements StateStore {
 
     // 'connect' comes before AUTH and SELECT are answered: a new connection starts with a clean slate.
     this.#client.on('connect', () => (this.#misconfigured = undefined));
-    this.#client.on('ready', () => this.#onConnected());
+    // Redis's clock is read before the store uses a new connection: the first times it writes must already be in it.
+    this.#client.on('ready', () => void this.#readClock().then(() => this.#client.status === 'ready' && this.#onConnected()));
     // A connection that closes without an error event (a killed Redis) must not be reported with an older error.
     this.#client.on('close', () => {
       this.#lastError ??= new Error('connection to Redis closed');
@@ -160,6 +178,7 @@ export class RedisStore implements StateStore {
     this.#sub.on('node error', (err: unknown) => this.#connectionError(err, false));
     this.#sub.on('message', (channel: string, message: string) => this.#onMessage(channel, message));
     this.#subscriberTimer = setInterval(() => this.#checkSubscriber(), SUBSCRIBER_CHECK_MS).unref();
+    this.#clockTimer = setInterval(() => void (this.#usable() && this.#readClock()), opts.clockReadMs ?? CLOCK_READ_MS).unref();
   }
 
   get degraded(): boolean {
@@ -172,7 +191,7 @@ export class RedisStore implements StateStore {
    */
   async ready(timeoutMs = 5000): Promise<boolean> {
     const until = Date.now() + timeoutMs;
-    while (!(this.#client.status === 'ready' && this.#subscribed && !this.#misconfigured)) {
+    while (!(this.#client.status === 'ready' && this.#clockRead && this.#subscribed && !this.#misconfigured)) {
       if (this.#closed || this.#misconfigured || Date.now() >= until) return false;
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
@@ -194,7 +213,7 @@ export class RedisStore implements StateStore {
     return this.#run(
       key,
       async (c) => {
-        const [requests, failures] = await c.sgAddOutcomes(key, second(nowMs), windowS, delta.requests, delta.failures, (windowS + 5) * 1000);
+        const [requests, failures] = await c.sgAddOutcomes(key, second(this.#clock.toFleet(nowMs)), windowS, delta.requests, delta.failures, (windowS + 5) * 1000);
         return { requests, failures };
       },
       () => local,
@@ -231,7 +250,7 @@ export class RedisStore implements StateStore {
     return this.#run(
       key,
       (c) =>
-        c.sgTakePermit(key, this.#keys.breaker(target), nowMs, max, nowMs + ttlMs, ttl, id, generation ?? '').then(
+        c.sgTakePermit(key, this.#keys.breaker(target), this.#clock.toFleet(nowMs), max, this.#clock.toFleet(nowMs) + ttlMs, ttl, id, generation ?? '').then(
           (taken) => {
             if (taken !== 0) return taken;
             // The fleet's record is not the one this instance judged by. Usually its message is on the way; but where
@@ -272,7 +291,7 @@ export class RedisStore implements StateStore {
 
   addRequests(budgetKey: string, n: number, nowMs: number): void {
     this.#local.addRequests(budgetKey, n, nowMs);
-    addPending(this.#pending, budgetKey, nowMs, n);
+    addPending(this.#pending, budgetKey, this.#clock.toFleet(nowMs), n);
     this.#flushTimer ??= setTimeout(() => this.#flush(), FLUSH_INTERVAL_MS).unref();
   }
 
@@ -281,7 +300,7 @@ export class RedisStore implements StateStore {
     if (remote === undefined) {
       const allowed = await this.#local.takeRetry(budgetKey, cfg, nowMs, force);
       // Sent with the next flush on a usable Redis (the one after 'ready' at the latest).
-      if (allowed || force) addPending(this.#pendingRetries, budgetKey, nowMs, 1);
+      if (allowed || force) addPending(this.#pendingRetries, budgetKey, this.#clock.toFleet(nowMs), 1);
       return allowed;
     }
     // Mirror the fleet's decision locally so the local window stays a fair stand-in.
@@ -448,7 +467,7 @@ export class RedisStore implements StateStore {
     return this.#run(
       key,
       async (c) => {
-        const [totals, instances] = await c.sgExchangeDemand(key, this.#id, demand.join(','), nowMs, DEMAND_STALE_MS);
+        const [totals, instances] = await c.sgExchangeDemand(key, this.#id, demand.join(','), this.#clock.toFleet(nowMs), DEMAND_STALE_MS);
         // A total that is not a count (another instance's bad value: inf, nan) counts as none, not as NaN in the share.
         return { totals: totals === '' ? [] : totals.split(',').map((t) => demandCount(Number(t))), instances };
       },
@@ -493,6 +512,7 @@ export class RedisStore implements StateStore {
     clearInterval(this.#probeTimer);
     clearTimeout(this.#subscribeTimer);
     clearInterval(this.#subscriberTimer);
+    clearInterval(this.#clockTimer);
     await Promise.all([quitSoon(this.#client), quitSoon(this.#sub)]);
     this.#view.clearListeners();
     this.#degradedListeners.clear();
@@ -527,9 +547,10 @@ export class RedisStore implements StateStore {
 
   /** The CAS script; applies the result to the cache (our record on success, the stored one on failure). */
   async #casRemote(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
-    const message = encodeChange({ kind: 'breaker', target, record: next }, this.#id);
+    const fleetRecord = this.#toFleet(next);
+    const message = encodeChange({ kind: 'breaker', target, record: fleetRecord }, this.#id);
     const [ok, ...stored] = await this.#client.sgCasBreaker(
-      this.#keys.breaker(target), expectedGeneration, BREAKER_TTL_MS, this.#keys.events, message, ...encodeBreaker(next),
+      this.#keys.breaker(target), expectedGeneration, BREAKER_TTL_MS, this.#keys.events, message, ...encodeBreaker(fleetRecord),
     );
     this.#answered();
     if (ok === 1) {
@@ -537,16 +558,17 @@ export class RedisStore implements StateStore {
       return true;
     }
     const current = decodeBreaker(stored);
-    if (current) this.#view.putBreaker(target, current, true);
+    if (current) this.#view.putBreaker(target, this.#toLocal(current), true);
     return false;
   }
 
   /** The extend-only hold-off script; returns the hold-off's end as Redis now has it. */
   async #pushHoldOff(target: string, untilMs: number): Promise<number> {
     const ttlMs = Math.max(0, Math.ceil(untilMs - this.#now())) + HOLD_OFF_GRACE_MS;
-    const message = encodeChange({ kind: 'hold-off', target, untilMs }, this.#id);
-    const [, stored] = await this.#client.sgSetHoldOff(this.#keys.holdOff(target), untilMs, ttlMs, this.#keys.events, message);
-    return Number(stored);
+    const fleetUntilMs = this.#clock.toFleet(untilMs);
+    const message = encodeChange({ kind: 'hold-off', target, untilMs: fleetUntilMs }, this.#id);
+    const [, stored] = await this.#client.sgSetHoldOff(this.#keys.holdOff(target), fleetUntilMs, ttlMs, this.#keys.events, message);
+    return this.#clock.toLocal(Number(stored));
   }
 
   /** One budget script call, with this instance's unsent request counts for the key; undefined when Redis failed. */
@@ -557,7 +579,7 @@ export class RedisStore implements StateStore {
     this.#pending.delete(budgetKey);
     try {
       const [requests, retries, allowed] = await this.#client.sgBudget(
-        this.#keys.budget(budgetKey), second(nowMs), cfg.windowS, String(cfg.ratio), String(cfg.minRetriesPerSecond * cfg.windowS),
+        this.#keys.budget(budgetKey), second(this.#clock.toFleet(nowMs)), cfg.windowS, String(cfg.ratio), String(cfg.minRetriesPerSecond * cfg.windowS),
         mode, (cfg.windowS + 5) * 1000, ...pairs(pending),
       );
       this.#answered();
@@ -574,7 +596,7 @@ export class RedisStore implements StateStore {
     const kinds = [['r', this.#pending], ['x', this.#pendingRetries]] as const;
     if (!this.#usable()) {
       // Keep them for when Redis is back, but only what can still be inside a window.
-      const oldest = second(this.#now()) - MAX_WINDOW_S;
+      const oldest = second(this.#clock.toFleet(this.#now())) - MAX_WINDOW_S;
       for (const [, pending] of kinds) {
         for (const seconds of pending.values()) for (const s of seconds.keys()) if (s <= oldest) seconds.delete(s);
       }
@@ -599,7 +621,8 @@ export class RedisStore implements StateStore {
   async #refreshOne(target: string): Promise<void> {
     const before = this.#view.breaker(target);
     const [raw, hold] = await Promise.all([this.#client.hgetall(this.#keys.breaker(target)), this.#client.get(this.#keys.holdOff(target))]);
-    const stored = decodeBreaker(raw);
+    const fromRedis = decodeBreaker(raw);
+    const stored = fromRedis && this.#toLocal(fromRedis);
     const cached = this.#view.breaker(target);
     if (!stored) {
       if (cached) await this.#casRemote(target, 0, cached);
@@ -615,10 +638,56 @@ export class RedisStore implements StateStore {
       this.#view.putBreaker(target, stored, cached === before);
     }
 
-    const storedUntil = hold === null ? 0 : Number(hold);
+    const storedUntil = hold === null ? 0 : this.#clock.toLocal(Number(hold));
     const cachedUntil = this.#view.holdOff(target) ?? 0;
     if (storedUntil > cachedUntil) this.#view.putHoldOff(target, storedUntil);
     else if (cachedUntil > storedUntil && cachedUntil > this.#now()) await this.#pushHoldOff(target, cachedUntil);
+  }
+
+  // ---- the fleet's clock ------------------------------------------------------------------------------------------
+
+  /**
+   * Reads Redis's clock (INFO's server_time_usec: the README's ACL allows INFO, not TIME) and, where this instance's is
+   * off by more than the tolerance, from then on writes and reads times in Redis's. Never throws: unread, the clocks
+   * are taken to agree.
+   */
+  async #readClock(): Promise<void> {
+    try {
+      // A reading is as good as half its round trip: one slowed by a busy event loop is taken again, a few times.
+      let beforeMs = 0;
+      let afterMs = Number.POSITIVE_INFINITY;
+      let redisMs: number | undefined;
+      for (let i = 0; i < CLOCK_READINGS && !FleetClock.usable(beforeMs, afterMs); i++) {
+        beforeMs = this.#now();
+        const info = await this.#client.info('server');
+        afterMs = this.#now();
+        redisMs = redisTimeMs(info);
+        if (redisMs === undefined) throw new Error('INFO server has no server_time_usec');
+      }
+      const skewBeforeMs = this.#clock.skewMs;
+      if (this.#clock.observe(beforeMs, redisMs!, afterMs)) {
+        if (this.#clock.skewMs === 0) this.#logger?.info("this instance's clock agrees with Redis's again");
+        else this.#logger?.warn({ skewMs: this.#clock.skewMs }, "this instance's clock is off Redis's: shared times are kept in Redis's");
+        // Stepped since the last reading: what this instance holds moves with its clock, then is read again.
+        if (this.#clockRead) {
+          this.#view.rebase(this.#clock.skewMs - skewBeforeMs);
+          void this.refresh(this.#watched);
+        }
+      }
+    } catch (err) {
+      if (!this.#clockRead) this.#logger?.warn({ error: safeError(err) }, "state store could not read Redis's clock: instance clocks are taken to agree");
+    }
+    this.#clockRead = true;
+  }
+
+  /** A breaker record of this instance's clock, in Redis's. */
+  #toFleet(record: BreakerRecord): BreakerRecord {
+    return { ...record, sinceMs: this.#clock.toFleet(record.sinceMs), openUntilMs: this.#clock.toFleet(record.openUntilMs) };
+  }
+
+  /** A breaker record of Redis's clock, in this instance's. */
+  #toLocal(record: BreakerRecord): BreakerRecord {
+    return { ...record, sinceMs: this.#clock.toLocal(record.sinceMs), openUntilMs: this.#clock.toLocal(record.openUntilMs) };
   }
 
   // ---- keeping the view fresh -------------------------------------------------------------------------------------
@@ -632,8 +701,8 @@ export class RedisStore implements StateStore {
     // at their 404) would otherwise stay here for good, each in the view, the re-read at every reconnect and the
     // gateway's breaker series. A target looked up later is read from Redis then (firstRead), as by a new instance.
     if (!this.#watched.has(change.target)) return;
-    if (change.kind === 'breaker') this.#view.putBreaker(change.target, change.record, false);
-    else this.#view.putHoldOff(change.target, change.untilMs);
+    if (change.kind === 'breaker') this.#view.putBreaker(change.target, this.#toLocal(change.record), false);
+    else this.#view.putHoldOff(change.target, this.#clock.toLocal(change.untilMs));
   }
 
   /** First sight of a target: read its fleet state in the background, so a new instance learns of open breakers. */
@@ -661,7 +730,7 @@ export class RedisStore implements StateStore {
   // ---- connection state -------------------------------------------------------------------------------------------
 
   #usable(): boolean {
-    return !this.#degraded && !this.#closed && this.#client.status === 'ready';
+    return !this.#degraded && !this.#closed && this.#clockRead && this.#client.status === 'ready';
   }
 
   /** A new command connection is ready: configuration problems seen before it may be logged again if they come back. */

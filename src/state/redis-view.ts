@@ -41,6 +41,25 @@ export class FleetView {
     return true;
   }
 
+  /**
+   * Moves every time held by deltaMs (0 stays 0: not set), and fires onChange for each: this instance's clock was
+   * stepped against Redis's (a VM resumed, NTP), so what it holds is that far off its clock now. A re-read would not
+   * mend it alone: hold-offs only extend, and one held too long would be written back to Redis for the fleet.
+   */
+  rebase(deltaMs: number): void {
+    if (deltaMs === 0) return;
+    const move = (ms: number) => (ms === 0 ? 0 : ms + deltaMs);
+    for (const [target, r] of this.#breakers) {
+      const record = { ...r, sinceMs: move(r.sinceMs), openUntilMs: move(r.openUntilMs) };
+      this.#breakers.set(target, record);
+      this.#emit({ kind: 'breaker', target, record });
+    }
+    for (const [target, untilMs] of this.#holdOffs) {
+      this.#holdOffs.set(target, move(untilMs));
+      this.#emit({ kind: 'hold-off', target, untilMs: move(untilMs) });
+    }
+  }
+
   forget(target: string): void {
     this.#breakers.delete(target);
     this.#holdOffs.delete(target);
