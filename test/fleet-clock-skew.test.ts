@@ -10,8 +10,10 @@ import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { FleetClock, redisTimeMs } from '../src/state/fleet-clock.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useStacks, type Stack } from './helpers/stack.ts';
 
 let redis: RedisHandle;
+const startStack = useStacks();
 const stores: RedisStore[] = [];
 beforeAll(async () => {
   redis = await startRedis();
@@ -168,6 +170,42 @@ describe('an instance whose clock is stepped while it runs (a VM resumed, NTP st
   });
 });
 
+describe('a clock step on an instance serving requests', () => {
+  /** The adaptive limit of the stack's one target, as the gateway reports it. */
+  async function limitOf(s: Stack): Promise<number> {
+    const text = await (await fetch(`${s.url}/metrics`)).text();
+    return Number(text.split('\n').find((l) => l.startsWith('stormgate_pool_limit{target="mock/gpt-4o"}'))?.split(' ')[1]);
+  }
+
+  // The view moves its times with the clock and announces them again; a hold-off over long ago announced again was
+  // taken for one that had just ended, and the target's limit restarted at half once more (32 -> 16) for nothing.
+  it('leaves the adaptive limit of a target whose hold-off ended before the step as it was', async () => {
+    let offsetMs = 0;
+    const now = () => Date.now() + offsetMs;
+    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix: `step-limit-${randomUUID()}` }, now, clockReadMs: 200 });
+    stores.push(store);
+    expect(await store.ready()).toBe(true);
+    const s = await startStack({
+      faults: { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after': '1' } }] },
+      route: { retry: { maxAttempts: 1 }, park: false },
+      provider: { breaker: false },
+      deps: { store, now },
+    });
+    const res = await fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }) });
+    expect(res.status).toBe(429);
+    // The hold-off (1 s, spread up to 1.2 s) ends, and the limit restarts at half, once.
+    await expectWithin(() => store.getHoldOff('mock/gpt-4o')! < now() - 300, 3_000);
+    await sleep(200);
+    const limit = await limitOf(s);
+    expect(limit).toBeLessThan(64);
+    offsetMs = 30_000;
+    // Read again within 200 ms: the view moves 30 s ahead with the clock.
+    await expectWithin(() => store.getHoldOff('mock/gpt-4o')! > now() - 10_000, 3_000);
+    await sleep(300);
+    expect(await limitOf(s)).toBe(limit);
+  });
+});
+
 describe('FleetClock', () => {
   it('leaves times as they are for a clock within half a second of Redis, to the millisecond', () => {
     const clock = new FleetClock();
@@ -188,6 +226,16 @@ describe('FleetClock', () => {
     // NTP stepped the clock back: the skew follows.
     expect(clock.observe(50_000, 50_002, 50_004)).toBe(true);
     expect(clock.skewMs).toBe(0);
+  });
+
+  // A clock about half a second off reads a little under or over it, reading after reading (half the round trip is
+  // noise): judged by the rounded skew, 0 then 501 then 0, each flip moved the view and re-read every target watched.
+  it('keeps its skew for a clock that moves less than the tolerance about the tolerance itself', () => {
+    const clock = new FleetClock();
+    expect(clock.observe(10_000, 9_499, 10_000)).toBe(true);
+    expect(clock.skewMs).toBe(501);
+    for (const offMs of [499, 501, 480, 520, 499]) expect(clock.observe(20_000, 20_000 - offMs, 20_000)).toBe(false);
+    expect(clock.skewMs).toBe(501);
   });
 
   it('does not use a reading whose round trip was too slow to tell skew from delay', () => {

@@ -14,7 +14,7 @@
 export const CLOCK_TOLERANCE_MS = 500;
 
 export class FleetClock {
-  /** This instance's clock minus Redis's, in ms; 0 within CLOCK_TOLERANCE_MS. */
+  /** This instance's clock minus Redis's, in ms (within CLOCK_TOLERANCE_MS of it); 0 where the two agreed that closely when it last changed. */
   #skewMs = 0;
 
   get skewMs(): number {
@@ -34,9 +34,9 @@ export class FleetClock {
   observe(beforeMs: number, redisMs: number, afterMs: number): boolean {
     if (!Number.isFinite(redisMs) || !FleetClock.usable(beforeMs, afterMs)) return false;
     const measured = Math.round((beforeMs + afterMs) / 2 - redisMs);
-    const next = Math.abs(measured) < CLOCK_TOLERANCE_MS ? 0 : measured;
-    if (Math.abs(next - this.#skewMs) < CLOCK_TOLERANCE_MS) return false;
-    this.#skewMs = next;
+    // Judged by the measured skew, not the rounded one: a clock about the tolerance off would flip between 0 and it.
+    if (Math.abs(measured - this.#skewMs) < CLOCK_TOLERANCE_MS) return false;
+    this.#skewMs = Math.abs(measured) < CLOCK_TOLERANCE_MS ? 0 : measured;
     return true;
   }
 

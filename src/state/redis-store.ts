@@ -670,7 +670,7 @@ export class RedisStore implements StateStore {
         else this.#logger?.warn({ skewMs: this.#clock.skewMs }, "this instance's clock is off Redis's: shared times are kept in Redis's");
         // Stepped since the last reading: what this instance holds moves with its clock, then is read again.
         if (this.#clockRead) {
-          this.#view.rebase(this.#clock.skewMs - skewBeforeMs);
+          this.#view.rebase(this.#clock.skewMs - skewBeforeMs, this.#now());
           void this.refresh(this.#watched);
         }
       }

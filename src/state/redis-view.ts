@@ -45,8 +45,10 @@ export class FleetView {
    * Moves every time held by deltaMs (0 stays 0: not set), and fires onChange for each: this instance's clock was
    * stepped against Redis's (a VM resumed, NTP), so what it holds is that far off its clock now. A re-read would not
    * mend it alone: hold-offs only extend, and one held too long would be written back to Redis for the fleet.
+   * A hold-off already over by `nowMs` moves without a word: announced, it read as one that had just ended, and the
+   * target's adaptive limit restarted at half again (runtime.ts) for a hold-off over long ago.
    */
-  rebase(deltaMs: number): void {
+  rebase(deltaMs: number, nowMs: number): void {
     if (deltaMs === 0) return;
     const move = (ms: number) => (ms === 0 ? 0 : ms + deltaMs);
     for (const [target, r] of this.#breakers) {
@@ -56,7 +58,7 @@ export class FleetView {
     }
     for (const [target, untilMs] of this.#holdOffs) {
       this.#holdOffs.set(target, move(untilMs));
-      this.#emit({ kind: 'hold-off', target, untilMs: move(untilMs) });
+      if (move(untilMs) > nowMs) this.#emit({ kind: 'hold-off', target, untilMs: move(untilMs) });
     }
   }
 
