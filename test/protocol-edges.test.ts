@@ -9,7 +9,7 @@ import OpenAI from 'openai';
 import { request as undiciRequest } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { chatChunk, useFakeProviders } from './helpers/fake-provider.ts';
-import { configServedBy, defaultConfig, useStacks } from './helpers/stack.ts';
+import { configServedBy, defaultConfig, metricSum, useStacks } from './helpers/stack.ts';
 import { hostAllowance } from '../src/http/host-header.ts';
 
 const startProvider = useFakeProviders();
@@ -295,6 +295,8 @@ describe('a body still arriving when the deadline passes', () => {
     expect(res.headers['x-should-retry']).toBe('false');
     expect(await res.body.json()).toMatchObject({ error: { code: 'deadline_exceeded' } });
     expect(s.mock.stats().total).toBe(0);
+    // Counted as what it was, a deadline, not as a refused request.
+    expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="deadline"}')).toBe(2);
   });
 });
 
