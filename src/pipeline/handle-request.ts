@@ -203,6 +203,10 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
     }
     const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs);
+    // An upstream error passed on carries the provider's id, which the SDK shows as err.requestID: the log line names
+    // it too, or the id a developer quotes leads nowhere in the gateway's logs.
+    const upstreamId = answer.headers['x-request-id'];
+    if (upstreamId !== undefined) summary.upstreamRequestId = upstreamId;
     return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
   } catch (err) {
     const answer = errorAnswer(new GatewayError('internal_error', `the gateway failed: ${(err as Error).message}`));
