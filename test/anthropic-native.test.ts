@@ -249,6 +249,22 @@ describe('Anthropic Messages API (/v1/messages) with the Anthropic SDK', () => {
     expect(plain.data[0]).toEqual({ id: 'claude-sonnet-4-6', object: 'model', created: 0, owned_by: 'claude' });
   });
 
+  it('lists for the Anthropic SDK only the models it can call: not a chat completions alias, which /v1/messages would refuse', async () => {
+    const s = await anthropicStack({
+      route: { match: { path: '/v1/messages', models: ['claude-sonnet-4-6'] } },
+      routes: [{ name: 'smart', match: { path: '/v1/chat/completions', models: ['smart'] }, targets: [{ provider: 'claude', model: 'claude-opus-4-6' }] }],
+    });
+    const { client } = sdk(s);
+    const ids: string[] = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    expect(ids).toEqual(['claude-sonnet-4-6']);
+    const refused = await client.models.retrieve('smart').then(() => undefined, (e: unknown) => e as InstanceType<typeof Anthropic.APIError>);
+    expect(refused?.status).toBe(404);
+    // An OpenAI client (no anthropic-version) can call both, and is listed both.
+    const plain = (await (await fetch(`${s.url}/v1/models`)).json()) as { data: Array<{ id: string }> };
+    expect(plain.data.map((m) => m.id)).toEqual(['claude-sonnet-4-6', 'smart']);
+  });
+
   it('refuses at start-up a /v1/messages route with a target of another family, naming it', () => {
     const config = {
       providers: { openai: { family: 'openai', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'k' }, claude: { family: 'anthropic', baseUrl: 'http://127.0.0.1:9', apiKey: 'k' } },

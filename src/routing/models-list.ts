@@ -139,13 +139,15 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     return fetching;
   }
 
-  async function list(): Promise<{ object: 'list'; data: ModelEntry[] }> {
-    const names = [...new Set(router.routes.flatMap(listingProviders))];
+  /** `paths`: only the models of routes on these paths (what the client can call); all routes' when not given. */
+  async function list(paths?: ReadonlySet<string>): Promise<{ object: 'list'; data: ModelEntry[] }> {
+    const routes = paths === undefined ? router.routes : router.routes.filter((r) => paths.has(r.config.match.path));
+    const names = [...new Set(routes.flatMap(listingProviders))];
     const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
     const models = new Map<string, ModelEntry>();
     // File order, first wins, as in routing: a model is described by the provider that would get it first. A name
     // only the config gives has no provider object: its owner is that provider's name in the config.
-    for (const route of router.routes) {
+    for (const route of routes) {
       for (const id of route.exactModels) if (!models.has(id)) models.set(id, { id, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
       for (const provider of listingProviders(route)) {
         for (const m of lists.get(provider) ?? []) if (!models.has(m.id) && route.matchesModel(m.id)) models.set(m.id, m);
@@ -157,8 +159,8 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
   return {
     list,
     /** The model object for GET /v1/models/{model}, when the listing holds it. */
-    async retrieve(id: string): Promise<ModelEntry | undefined> {
-      return (await list()).data.find((m) => m.id === id);
+    async retrieve(id: string, paths?: ReadonlySet<string>): Promise<ModelEntry | undefined> {
+      return (await list(paths)).data.find((m) => m.id === id);
     },
   };
 }
