@@ -30,6 +30,7 @@ import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody 
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clientAuth } from './http/client-auth.ts';
 import { hostAllowance, hostHeaderFault } from './http/host-header.ts';
+import { StreamBody } from './streaming/stream-body.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -563,16 +564,19 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
   // Throws before hijacking when a header value cannot be written: the error handler answers then.
   res.writeHead(reply.statusCode, Object.assign(reply.getHeaders() as OutgoingHttpHeaders, safeHeaders(headers)));
   reply.hijack();
-  const first: unknown = body.read();
-  if (first !== null) {
-    res.write(first);
-    // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
-    res.socket?.uncork();
-  } else {
-    // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
-    res.flushHeaders();
+  // The pipeline's own body, not read by anyone else (an idempotency key's copy): written straight into the response.
+  if (!(body instanceof StreamBody && body.writeTo(res))) {
+    const first: unknown = body.read();
+    if (first !== null) {
+      res.write(first);
+      // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
+      res.socket?.uncork();
+    } else {
+      // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
+      res.flushHeaders();
+    }
+    body.pipe(res);
   }
-  body.pipe(res);
   body.once('error', (err) => {
     reply.log.warn({ err }, 'stream answer failed after it started');
     res.destroy();
@@ -583,7 +587,8 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
   // The client left before this listener was there (its 'close' has fired): the body goes now, as it would have then.
   if (res.destroyed && !body.destroyed) body.destroy();
   // Destroyed before its end without an error (a client that stopped reading: pipeline's client-stalled): pipe()
-  // only unpipes, which would leave the connection and its unread megabytes open for as long as the client keeps it.
+  // only unpipes (writeTo only stops), which would leave the connection and its unread megabytes open for as long as
+  // the client keeps it.
   body.once('close', () => {
     if (!res.writableEnded) res.destroy();
   });
