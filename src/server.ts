@@ -30,7 +30,7 @@ import { contentEncoding, decodeBody, parseJsonBody, printable, type ParsedBody 
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clientAuth } from './http/client-auth.ts';
 import { hostAllowance, hostHeaderFault } from './http/host-header.ts';
-import { StreamBody } from './streaming/stream-body.ts';
+import { StreamBody, writeOpening } from './streaming/stream-body.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -566,15 +566,7 @@ function sendStream(reply: FastifyReply, body: Readable, headers: Record<string,
   reply.hijack();
   // The pipeline's own body, not read by anyone else (an idempotency key's copy): written straight into the response.
   if (!(body instanceof StreamBody && body.writeTo(res))) {
-    const first: unknown = body.read();
-    if (first !== null) {
-      res.write(first);
-      // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
-      res.socket?.uncork();
-    } else {
-      // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
-      res.flushHeaders();
-    }
+    writeOpening(res, body.read());
     body.pipe(res);
   }
   body.once('error', (err) => {

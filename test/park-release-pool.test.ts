@@ -24,18 +24,23 @@ async function untilBreakerOpen(s: Stack): Promise<void> {
   }
 }
 
+/** A pool with a queue of one per class, and a breaker that opens after `consecutiveFailures` and probes three at a time. */
+function smallPool(o: { maxConnections: number; consecutiveFailures: number; maxAttempts: number }): Promise<Stack> {
+  return stack({
+    faults: { latencyMs: 100 },
+    provider: {
+      maxConnections: o.maxConnections,
+      pools: { classes: { online: { minShare: 0.5, maxQueue: 1 }, batch: { minShare: 0.1, maxQueue: 1 } } },
+      breaker: { consecutiveFailures: o.consecutiveFailures, openS: 1, halfOpenProbes: 3, closeAfter: 3, probeWhileParkedMs: 200, probeWhileParkedMaxMs: 400 },
+    },
+    route: { timeoutMs: 30_000, retry: { maxAttempts: o.maxAttempts } },
+  });
+}
+
 describe('requests parked through an outage, released into a small pool', () => {
   it('are served when the half-open breaker lets more probes go than the pool has slots and queue', async () => {
-    const s = await stack({
-      faults: { latencyMs: 100 },
-      // One slot and a queue of one; the half-open breaker lets three probes go at a time.
-      provider: {
-        maxConnections: 1,
-        pools: { classes: { online: { minShare: 0.5, maxQueue: 1 }, batch: { minShare: 0.1, maxQueue: 1 } } },
-        breaker: { consecutiveFailures: 1, openS: 1, halfOpenProbes: 3, closeAfter: 3, probeWhileParkedMs: 200, probeWhileParkedMaxMs: 400 },
-      },
-      route: { timeoutMs: 30_000, retry: { maxAttempts: 1 } },
-    });
+    // One slot and a queue of one; the half-open breaker lets three probes go at a time.
+    const s = await smallPool({ maxConnections: 1, consecutiveFailures: 1, maxAttempts: 1 });
     s.mock.brownout('503', 400);
     // One request fails and opens the breaker; the crowd comes once it is open and parks before its first attempt.
     expect(await chat(s, 0)).toMatch(/^503/);
@@ -46,16 +51,8 @@ describe('requests parked through an outage, released into a small pool', () => 
   }, 30_000);
 
   it('are served when more parked retries are released than the pool runs retries and queues', async () => {
-    const s = await stack({
-      faults: { latencyMs: 100 },
-      // Four slots, so one retry at a time (maxConcurrentRetries: a fifth), and a queue of one.
-      provider: {
-        maxConnections: 4,
-        pools: { classes: { online: { minShare: 0.5, maxQueue: 1 }, batch: { minShare: 0.1, maxQueue: 1 } } },
-        breaker: { consecutiveFailures: 2, openS: 1, halfOpenProbes: 3, closeAfter: 3, probeWhileParkedMs: 200, probeWhileParkedMaxMs: 400 },
-      },
-      route: { timeoutMs: 30_000, retry: { maxAttempts: 3 } },
-    });
+    // Four slots, so one retry at a time (maxConcurrentRetries: a fifth), and a queue of one.
+    const s = await smallPool({ maxConnections: 4, consecutiveFailures: 2, maxAttempts: 3 });
     s.mock.brownout('503', 800);
     // Four requests fail together and open the breaker; each parks to retry once the target is back.
     const retried = await Promise.all([0, 1, 2, 3].map((i) => chat(s, i)));

@@ -16,7 +16,7 @@ import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, ty
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
-import { streamBody } from '../streaming/stream-body.ts';
+import { StreamBody } from '../streaming/stream-body.ts';
 import { streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
@@ -364,7 +364,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     headers['cache-control'] = 'no-cache';
     headers['x-accel-buffering'] = 'no';
     const { first, rest } = live.open();
-    const body = streamBody(first, rest);
+    const body = new StreamBody(first, rest);
     live.onEnd = (end) => {
       summary.streamEnd = end;
       // The client got an error event, not an answer: counted as such, not among the successes.

@@ -19,7 +19,7 @@ import { decodeBreaker, decodeChange, encodeBreaker, encodeChange, RedisKeys } f
 import { defineScripts, type ScriptClient } from './redis-scripts.ts';
 import { decodeKeyRecord, encodeKeyRecord } from './kept-keys.ts';
 import { FleetClock, redisTimeMs } from './fleet-clock.ts';
-import { FleetView } from './redis-view.ts';
+import { FleetView, withTimes } from './redis-view.ts';
 import { budgetOf, MAX_WINDOW_S, type BreakerRecord, type BudgetConfig, type BudgetWindow, type KeyRecord, type OutcomeWindow, type StateChange, type StateStore } from './store.ts';
 
 export interface RedisStoreOptions {
@@ -682,12 +682,12 @@ export class RedisStore implements StateStore {
 
   /** A breaker record of this instance's clock, in Redis's. */
   #toFleet(record: BreakerRecord): BreakerRecord {
-    return { ...record, sinceMs: this.#clock.toFleet(record.sinceMs), openUntilMs: this.#clock.toFleet(record.openUntilMs) };
+    return withTimes(record, (ms) => this.#clock.toFleet(ms));
   }
 
   /** A breaker record of Redis's clock, in this instance's. */
   #toLocal(record: BreakerRecord): BreakerRecord {
-    return { ...record, sinceMs: this.#clock.toLocal(record.sinceMs), openUntilMs: this.#clock.toLocal(record.openUntilMs) };
+    return withTimes(record, (ms) => this.#clock.toLocal(ms));
   }
 
   // ---- keeping the view fresh -------------------------------------------------------------------------------------

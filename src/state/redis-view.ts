@@ -52,7 +52,7 @@ export class FleetView {
     if (deltaMs === 0) return;
     const move = (ms: number) => (ms === 0 ? 0 : ms + deltaMs);
     for (const [target, r] of this.#breakers) {
-      const record = { ...r, sinceMs: move(r.sinceMs), openUntilMs: move(r.openUntilMs) };
+      const record = withTimes(r, move);
       this.#breakers.set(target, record);
       this.#emit({ kind: 'breaker', target, record });
     }
@@ -99,4 +99,9 @@ function sameBreaker(a: BreakerRecord, b: BreakerRecord): boolean {
   return a.generation === b.generation && a.state === b.state && a.sinceMs === b.sinceMs
     && a.openUntilMs === b.openUntilMs && a.probeSuccesses === b.probeSuccesses && (a.failedProbes ?? 0) === (b.failedProbes ?? 0)
     && (a.probeFailures ?? 0) === (b.probeFailures ?? 0);
+}
+
+/** A breaker record with its times (sinceMs, openUntilMs) mapped: to or from Redis's clock, or moved with this one's. */
+export function withTimes(record: BreakerRecord, map: (ms: number) => number): BreakerRecord {
+  return { ...record, sinceMs: map(record.sinceMs), openUntilMs: map(record.openUntilMs) };
 }

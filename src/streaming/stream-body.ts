@@ -65,14 +65,7 @@ export class StreamBody extends Readable {
     if (this.#started || this.destroyed) return false;
     this.#started = true;
     this.#direct = true;
-    if (this.#first.length > 0) {
-      res.write(this.#first);
-      // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
-      res.socket?.uncork();
-    } else {
-      // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
-      res.flushHeaders();
-    }
+    writeOpening(res, this.#first.length > 0 ? this.#first : null);
     void this.#pump(res);
     return true;
   }
@@ -110,6 +103,14 @@ function drained(res: ServerResponse): Promise<void> {
   });
 }
 
-export function streamBody(first: string, rest: AsyncGenerator<string, unknown, undefined>): StreamBody {
-  return new StreamBody(first, rest);
+/** The answer's first bytes, into a response whose head is written; null: none yet, the head alone goes out. */
+export function writeOpening(res: ServerResponse, first: unknown): void {
+  if (first !== null) {
+    res.write(first);
+    // http corks the socket on the first write and uncorks on the next tick; the first token does not wait for it.
+    res.socket?.uncork();
+  } else {
+    // Started at the client's deadline before any event came (pipeline/early-start.ts): the head is what it waits for.
+    res.flushHeaders();
+  }
 }
