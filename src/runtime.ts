@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import type { Dispatcher } from 'undici';
 import type { Config } from './config/schema.ts';
 import { availability } from './policy/breaker.ts';
+import { retryReasons } from './policy/outcome.ts';
 import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
@@ -279,16 +280,6 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Config['route
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
   for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
   for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
-}
-
-/** The x-retry-reason values a route's retryOn allows (outcome.ts names them). */
-function retryReasons(retryOn: ReadonlyArray<number | string>): string[] {
-  return retryOn.flatMap((r) => {
-    if (typeof r === 'number') return [`status_${r}`];
-    if (r === 'network') return ['network', 'bad_stream', 'local_resource'];
-    if (r === 'timeout') return ['timeout_connect', 'timeout_headers', 'timeout_first_token', 'timeout_response'];
-    return [];
-  });
 }
 
 /** The keys a route's traffic to one target is counted under. */

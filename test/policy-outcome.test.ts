@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE, type AttemptOutcome } from '../src/policy/outcome.ts';
+import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE, retryReasons, type AttemptOutcome, type TimeoutPhase } from '../src/policy/outcome.ts';
 import type { RetryOn } from '../src/config/schema.ts';
 
 const DEFAULT_RETRY_ON: RetryOn[] = [429, 500, 502, 503, 504, 529, 'network', 'timeout'];
@@ -73,6 +73,49 @@ describe('the outcome table', () => {
     expect(classify(http(503)).reason).toBe('status_503');
     expect(classify({ kind: 'timeout', phase: 'first-token' }).reason).toBe('timeout_first_token');
     expect(classify({ kind: 'network', code: 'ECONNRESET' }).reason).toBe('network');
+  });
+});
+
+describe('the table\'s failover columns', () => {
+  it('ends the request on a safety decision, a disconnect or a drain; rejects it on the client\'s own mistakes; otherwise hands over', () => {
+    const ends = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.failover === 'end').map(([cls]) => cls);
+    const rejects = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.failover === 'reject').map(([cls]) => cls);
+    expect(ends.sort()).toEqual(['aborted', 'content-policy', 'shutdown']);
+    expect(rejects.sort()).toEqual(['client-error', 'context-length']);
+  });
+
+  it('passes on as a verdict exactly the upstream\'s judgements of the request, and only those it passes through', () => {
+    const verdicts = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.verdict).map(([cls]) => cls);
+    expect(verdicts.sort()).toEqual(['client-error', 'content-policy', 'context-length']);
+    for (const cls of verdicts) expect(OUTCOME_TABLE[cls as keyof typeof OUTCOME_TABLE].passThrough).toBe(true);
+  });
+
+  it('names the gateway\'s own configuration as the fallback reason, and moves on at once only from a silent target', () => {
+    expect(OUTCOME_TABLE.credentials.fallback).toBe('credentials');
+    expect(OUTCOME_TABLE.redirect.fallback).toBe('redirect');
+    expect(OUTCOME_TABLE.timeout.fallback).toBe('timeout');
+    expect(OUTCOME_TABLE['server-error'].fallback).toBe('error');
+    expect(Object.entries(OUTCOME_TABLE).filter(([, row]) => row.nextFirst).map(([cls]) => cls)).toEqual(['timeout']);
+  });
+});
+
+describe('the retry reasons a route\'s retryOn allows', () => {
+  it('holds every reason classify() gives an outcome that retryOn lets be retried, and nothing else', () => {
+    const phases: TimeoutPhase[] = ['connect', 'headers', 'first-token', 'idle', 'response'];
+    const outcomes: AttemptOutcome[] = [
+      ...[408, 409, 429, 500, 502, 503, 504, 529].map((status) => http(status)),
+      ...phases.map((phase): AttemptOutcome => ({ kind: 'timeout', phase })),
+      { kind: 'network', code: 'ECONNRESET' },
+      { kind: 'network', code: 'EMFILE' },
+      { kind: 'bad-stream', detail: 'malformed', ran: true },
+    ];
+    for (const retryOn of [DEFAULT_RETRY_ON, [429, 408, 409] as RetryOn[], ['network'] as RetryOn[], ['timeout'] as RetryOn[]]) {
+      const allowed = new Set(retryReasons(retryOn));
+      const retried = new Set(outcomes.map(classify).filter((c) => isRetryable(c, retryOn)).map((c) => c.reason));
+      // The idle timer is retryable by class, but runs only after output, when no attempt is retried.
+      retried.delete('timeout_idle');
+      expect([...allowed].sort(), JSON.stringify(retryOn)).toEqual([...retried].sort());
+    }
   });
 });
 

@@ -6,8 +6,7 @@ import { Readable } from 'node:stream';
 import type { ManagedRequest, PipelineAnswer } from './handle-request.ts';
 import type { Served } from './serve-targets.ts';
 import { shortModel } from './plan-targets.ts';
-
-const CLIENTS_OWN = new Set(['client-error', 'context-length', 'content-policy']);
+import { OUTCOME_TABLE } from '../policy/outcome.ts';
 
 /** Why a request gets the degraded answer (stormgate_degraded_total's reason label). */
 export const DEGRADED_REASONS = ['failed', 'unavailable', 'deadline', 'shed', 'park_full'] as const;
@@ -18,7 +17,7 @@ export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): (typeof
     case 'failed': {
       const { outcome } = served.failure.result;
       if (outcome.kind === 'aborted') return outcome.by === 'deadline' ? 'deadline' : undefined;
-      return CLIENTS_OWN.has(served.failure.cls.cls) ? undefined : 'failed';
+      return OUTCOME_TABLE[served.failure.cls.cls].verdict ? undefined : 'failed';
     }
     case 'unavailable':
       return 'unavailable';

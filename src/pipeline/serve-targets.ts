@@ -14,20 +14,13 @@ import type { ParkConfig } from '../config/schema.ts';
 import { availableAtMs } from '../policy/breaker.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
-import { classify, isRetryable, mayHaveRun } from '../policy/outcome.ts';
+import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
 import { newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
-/** Outcome classes that end the request: the client's own mistakes, a safety decision, a disconnect or the deadline. */
-const ENDS_REQUEST = new Set(['aborted', 'shutdown', 'client-error', 'context-length', 'content-policy']);
-/** Outcome classes by which a target rejects the request as it is: the client's fault unless an earlier target was down. */
-const REJECTS_REQUEST = new Set(['client-error', 'context-length']);
-/** Outcome classes that are an upstream's verdict on the request: passed on as they are, never with a note. */
-const VERDICTS = new Set(['client-error', 'context-length', 'content-policy']);
-
 /** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
 export function endedWithVerdict(served: Served): boolean {
-  return served.kind === 'failed' && VERDICTS.has(served.failure.cls.cls);
+  return served.kind === 'failed' && OUTCOME_TABLE[served.failure.cls.cls].verdict;
 }
 
 export const FALLBACK_REASONS = [
@@ -219,7 +212,7 @@ export async function serveTargets(
         if (c.kind === 'ok') return ok(contextFallback, c.result);
         if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
         const last: Failed = c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : { kind: 'failed', plan, failure: r };
-        if (!downBefore(i) || !REJECTS_REQUEST.has(last.failure.cls.cls)) return end(last);
+        if (!downBefore(i) || OUTCOME_TABLE[last.failure.cls.cls].failover !== 'reject') return end(last);
         rejected ??= { plan: last.plan, failure: last.failure };
         left = { plan, reason: 'error' };
         continue;
@@ -232,18 +225,18 @@ export async function serveTargets(
         markDown(i);
         continue;
       }
-      if (downBefore(i) && REJECTS_REQUEST.has(r.cls.cls)) {
+      if (downBefore(i) && OUTCOME_TABLE[r.cls.cls].failover === 'reject') {
         // A fallback's limits, not the client's mistake: the request moves on (or parks for the target that was down).
         rejected ??= { plan, failure: r };
         left = { plan, reason: 'error' };
         continue;
       }
       lastFailure = { kind: 'failed', plan, failure: r };
-      if (ENDS_REQUEST.has(r.cls.cls)) return end(lastFailure);
+      if (OUTCOME_TABLE[r.cls.cls].failover !== 'next') return end(lastFailure);
       // A request the provider may already have run goes to the next target only with the route's consent to run it
       // twice: a route that leaves `timeout` out of retryOn (it creates something) gets no second run anywhere.
       if (mayHaveRun(r.result.outcome) && !isRetryable(r.cls, plan.retry.retryOn)) return end(lastFailure);
-      left = { plan, reason: fallbackReason(r) };
+      left = { plan, reason: r.why ?? OUTCOME_TABLE[r.cls.cls].fallback };
       markDown(i);
     }
     released?.ticket.done();
@@ -327,18 +320,4 @@ function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
 
 function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {
   return rejected && { kind: 'failed', plan: rejected.plan, failure: rejected.failure };
-}
-
-function fallbackReason(r: TargetResult & { kind: 'failed' }): FallbackReason {
-  if (r.why) return r.why;
-  switch (r.cls.cls) {
-    case 'credentials':
-      return 'credentials';
-    case 'redirect':
-      return 'redirect';
-    case 'timeout':
-      return 'timeout';
-    default:
-      return 'error';
-  }
 }

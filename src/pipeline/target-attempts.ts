@@ -321,7 +321,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       return failed(hint?.delayMs, 'budget');
     }
     // A silent target (no headers, no first token in time) is not retried when another target can answer.
-    if (cls.cls === 'timeout' && hasNext) return failed(undefined, 'timeout');
+    if (OUTCOME_TABLE[cls.cls].nextFirst && hasNext) return failed(undefined, 'timeout');
     const decision = decideRetryWait({
       retry,
       hint,

@@ -40,7 +40,7 @@ export type OutcomeClass =
   | 'aborted'
   | 'shutdown';
 
-interface OutcomeRow {
+export interface OutcomeRow {
   /** May this class be retried at all (then `retryOn` decides)? */
   retryable: boolean;
   /** Does the client get the upstream's own status and body (its request was wrong), or the gateway's error? */
@@ -51,39 +51,50 @@ interface OutcomeRow {
   holdOff: boolean;
   /** What it does to the target's adaptive concurrency limit: other 5xx are the breaker's business, not the limit's. */
   limit: 'success' | 'rate-limited' | 'none';
+  /**
+   * What it means for the request's other targets: `end` the request (a safety decision, a disconnect, a drain);
+   * `reject` the request as it is (the client's fault, unless an earlier target was down: then a fallback's own
+   * limits, and the request moves on); or hand over to the `next` target.
+   */
+  failover: 'end' | 'reject' | 'next';
+  /** Is it the upstream's verdict on the request itself: passed on as it is, never with a note, never a degraded answer? */
+  verdict: boolean;
+  /** The fallback reason (stormgate_fallbacks_total's reason label) when the next target takes over. */
+  fallback: 'credentials' | 'redirect' | 'timeout' | 'error';
+  /** Is the next target tried before this one is retried? A silent target's retry would likely wait out the same timer. */
+  nextFirst: boolean;
 }
 
-/** Columns grow with later policies (fallback). */
 export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
-  success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'success' },
+  success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'success', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // A client's mistake says the provider is up and answering.
-  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' }, // only statuses in retryOn (408, 409), never NEVER_RETRY
-  'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' },
-  'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none' },
+  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false }, // only statuses in retryOn (408, 409), never NEVER_RETRY
+  'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false },
+  'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'end', verdict: true, fallback: 'error', nextFirst: false },
   // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
-  credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
+  credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'credentials', nextFirst: false },
   // A 3xx on an API endpoint is the gateway's configuration (a baseUrl on http that the provider moves to https, a host
   // that moved), the credentials' sibling: the same target answers the same way, so no retry there, while the next
   // target may well answer. The redirect is never followed: the body and the key would go to a host nobody configured.
   // Nor is it the provider's health: it answered at once, and an open breaker would turn a configuration mistake into
   // fleet-wide circuit_open answers whose retry-after promises a recovery only a fix of the config brings.
-  redirect: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
+  redirect: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'redirect', nextFirst: false },
   // A rate limit is the provider protecting itself, not failing: the breaker stays out of it; hold-offs handle it.
-  'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true, limit: 'rate-limited' },
-  'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none' },
-  overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited' },
-  network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // The gateway's own process is out of descriptors (its open-files limit, a crowd of streams): nothing reached the
   // provider, whose health is not in question. Counted as a failure, it opened the breaker (fleet-wide, with Redis) and
   // parked every request on a healthy provider. A retry may find a descriptor freed by a stream that ended.
-  'local-resource': { retryable: true, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
-  timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
-  'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none' },
+  'local-resource': { retryable: true, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'timeout', nextFirst: true },
+  'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
-  internal: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
-  aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none' },
+  internal: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none', failover: 'end', verdict: false, fallback: 'error', nextFirst: false },
   // The instance is going away, not the provider: a drain must never open a breaker the fleet shares.
-  shutdown: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' },
+  shutdown: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'end', verdict: false, fallback: 'error', nextFirst: false },
 };
 
 /** Statuses that say the client's request is wrong: retrying them can never help, whatever retryOn says. */
@@ -170,7 +181,7 @@ export function classify(outcome: AttemptOutcome): Classification {
       if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'local_resource' };
       return { cls: 'network', retryKey: 'network', reason: 'network' };
     case 'timeout':
-      return { cls: 'timeout', retryKey: 'timeout', reason: `timeout_${outcome.phase.replace('-', '_')}` };
+      return { cls: 'timeout', retryKey: 'timeout', reason: timeoutReason(outcome.phase) };
     case 'bad-stream':
       // A broken stream before any output is a broken answer in transit, like a reset connection.
       return { cls: 'bad-stream', retryKey: 'network', reason: 'bad_stream' };
@@ -182,6 +193,25 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'http':
       return classifyStatus(outcome.status, outcome.errorCode);
   }
+}
+
+function timeoutReason(phase: TimeoutPhase): string {
+  return `timeout_${phase.replace('-', '_')}`;
+}
+
+/** Timers that can fire before a stream's first output or a whole answer: the idle timer runs only after output, when no retry is made. */
+const RETRIED_TIMEOUT_PHASES: readonly TimeoutPhase[] = ['connect', 'headers', 'first-token', 'response'];
+
+/**
+ * Every reason classify() can give an outcome that a route's retryOn lets be retried: the retry counter's series are
+ * made at start-up for each, so a dashboard's rate() sees its first retry.
+ */
+export function retryReasons(retryOn: readonly RetryOn[]): string[] {
+  return retryOn.flatMap((r) => {
+    if (typeof r === 'number') return [`status_${r}`];
+    if (r === 'network') return ['network', 'bad_stream', 'local_resource'];
+    return RETRIED_TIMEOUT_PHASES.map(timeoutReason);
+  });
 }
 
 function classifyStatus(status: number, errorCode: string | null): Classification {
