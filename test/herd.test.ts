@@ -3,7 +3,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { seededRandom } from '../src/policy/random.ts';
-import { waitPastHoldOff } from '../src/pipeline/target-attempts.ts';
+import { waitPastHoldOff } from '../src/policy/hold-off-wait.ts';
 import { chatStatus as chat, useStacks } from './helpers/stack.ts';
 
 const start = useStacks();

@@ -11,12 +11,11 @@
 // have taken: the client gets the earlier failure, with the rejection as a note, never a 4xx telling it to change its
 // request.
 import type { ParkConfig } from '../config/schema.ts';
-import { availableAtMs } from '../policy/breaker.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { abortOutcome, type AttemptResult } from './attempt.ts';
 import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
-import { newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
+import { heldBack, newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
 export function endedWithVerdict(served: Served): boolean {
@@ -302,11 +301,7 @@ export async function serveTargets(
  * parked requests being released at its limit) the lot's pacing, now.
  */
 function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<Blocked, 'plan'> {
-  const heldUntil = deps.guards.holdOffs.until(plan.key);
-  if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
-  const a = deps.guards.board.availability(plan.key, plan.breaker, parkable);
-  if (a.kind === 'closed') return { reason: 'pacing', availableAtMs: deps.now() };
-  return { reason: 'breaker', availableAtMs: availableAtMs(a, deps.now()) };
+  return heldBack(deps.guards, plan, parkable, deps.now()) ?? { reason: 'pacing', availableAtMs: deps.now() };
 }
 
 /**

@@ -5,7 +5,7 @@ import { classify, isRetryable, OUTCOME_TABLE, type Classification } from '../po
 import { canWait, decideRetryWait } from '../policy/retry-wait.ts';
 import { availableAtMs, type BreakerSettings } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
-import type { WaitHint } from '../policy/wait-hint.ts';
+import { HOLD_OFF_SLACK_MS, leavesUntil, pastHoldOff, waitPastHoldOff } from '../policy/hold-off-wait.ts';
 import type { ApiKind, CompiledRoute } from '../routing/router.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
@@ -153,13 +153,22 @@ export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
 }
 
+/**
+ * Why a target turns requests away now, and until when: its hold-off, else its breaker (open, or probing with no
+ * permit for this request); undefined when neither holds it back.
+ */
+export function heldBack(guards: Guards, plan: TargetPlan, parkable: boolean, nowMs: number): { reason: 'hold-off' | 'breaker'; availableAtMs: number } | undefined {
+  const heldUntil = guards.holdOffs.until(plan.key);
+  if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
+  const view = guards.board.availability(plan.key, plan.breaker, parkable);
+  if (view.kind === 'closed') return undefined;
+  return { reason: 'breaker', availableAtMs: availableAtMs(view, nowMs) };
+}
+
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
 function goneMeanwhile(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
-  const heldUntil = deps.guards.holdOffs.until(plan.key);
-  if (heldUntil !== undefined) return { kind: 'gone', reason: 'hold-off', availableAtMs: heldUntil };
-  const view = deps.guards.board.availability(plan.key, plan.breaker, ctx.parkable);
-  if (view.kind === 'closed') return undefined;
-  return { kind: 'gone', reason: 'breaker', availableAtMs: availableAtMs(view, deps.now()) };
+  const held = heldBack(deps.guards, plan, ctx.parkable, deps.now());
+  return held && { kind: 'gone', ...held };
 }
 
 export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, hasNext: boolean, ticket?: Ticket): Promise<TargetResult> {
@@ -344,7 +353,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless the request
     // leaves for the next target meanwhile, as every newcomer does (leavesUntil): waiting, it took seconds longer than
     // they did.
-    const movesOnUntil = hasNext ? leavesUntil(ctx, hint, ownHoldOff, deps.now()) : undefined;
+    const movesOnUntil = hasNext ? leavesUntil(ctx.route.config.park, hint, ownHoldOff, deps.now()) : undefined;
     const unavailable: TargetResult | undefined =
       movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
@@ -397,46 +406,8 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   return false;
 }
 
-/** A wait to tell the client, lengthened to the end of a hold-off that would turn it away when it came back. */
-export function pastHoldOff(retryAfterMs: number | undefined, holdOffUntil: number | undefined, nowMs: number): number | undefined {
-  if (retryAfterMs === undefined || holdOffUntil === undefined) return retryAfterMs;
-  return Math.max(retryAfterMs, holdOffUntil - nowMs);
-}
-
 /** How long a probe permit outlives its attempt's own limit, for the verdict to be written. */
 const PERMIT_GRACE_MS = 500;
-
-/** Margin past a hold-off's end for a wait that is to outlast it. */
-const HOLD_OFF_SLACK_MS = 2;
-
-/**
- * A hint at least this long, in an answer that starts a hold-off, sends its request on to the next target rather than
- * wait: a pause, not a backoff (Azure's retry-after-ms of 150 ms is waited out on the target the route prefers).
- */
-const MOVE_ON_AFTER_MS = 1_000;
-
-/**
- * The end of the hold-off the request's own answer started, when it leaves the target for the next one meanwhile: a
- * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer. With parking off, or a
- * hold-off longer than park.maxWaitMs, it could not come back, and a backup that failed left it an error where the
- * wait gets an answer.
- */
-function leavesUntil(ctx: RequestContext, hint: WaitHint | undefined, ownHoldOff: number | undefined, nowMs: number): number | undefined {
-  if (ownHoldOff === undefined || hint === undefined || hint.delayMs < MOVE_ON_AFTER_MS) return undefined;
-  const { park } = ctx.route.config;
-  const mayPark = park !== false && (park.maxWaitMs === undefined || ownHoldOff - nowMs <= park.maxWaitMs);
-  return mayPark ? ownHoldOff : undefined;
-}
-
-/**
- * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a
- * jitter of its own (up to a fifth of the hold-off, at most a second), so requests that were all held do not all come
- * back at the hold-off's last millisecond.
- */
-export function waitPastHoldOff(ownMs: number, heldForMs: number, random: Random): number {
-  if (heldForMs <= ownMs) return ownMs;
-  return heldForMs + random() * Math.min(1_000, 0.2 * heldForMs);
-}
 
 function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
   const heldUntil = deps.guards.holdOffs.until(plan.key);

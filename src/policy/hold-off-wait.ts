@@ -1,0 +1,42 @@
+// How a retry's wait and the wait a client is told meet a hold-off on the target (the fleet's pause after a provider's
+// wait hint): pure arithmetic on times, kept apart from the attempt loop that applies it.
+import type { ParkConfig } from '../config/schema.ts';
+import type { Random } from './random.ts';
+import type { WaitHint } from './wait-hint.ts';
+
+/** Margin past a hold-off's end for a wait that is to outlast it: a timer may fire a millisecond early. */
+export const HOLD_OFF_SLACK_MS = 2;
+
+/**
+ * A hint at least this long, in an answer that starts a hold-off, sends its request on to the next target rather than
+ * wait: a pause, not a backoff (Azure's retry-after-ms of 150 ms is waited out on the target the route prefers).
+ */
+const MOVE_ON_AFTER_MS = 1_000;
+
+/** A wait to tell the client, lengthened to the end of a hold-off that would turn it away when it came back. */
+export function pastHoldOff(retryAfterMs: number | undefined, holdOffUntil: number | undefined, nowMs: number): number | undefined {
+  if (retryAfterMs === undefined || holdOffUntil === undefined) return retryAfterMs;
+  return Math.max(retryAfterMs, holdOffUntil - nowMs);
+}
+
+/**
+ * The end of the hold-off the request's own answer started, when it leaves the target for the next one meanwhile: a
+ * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer. With parking off, or a
+ * hold-off longer than park.maxWaitMs, it could not come back, and a backup that failed left it an error where the
+ * wait gets an answer.
+ */
+export function leavesUntil(park: ParkConfig | false, hint: WaitHint | undefined, ownHoldOff: number | undefined, nowMs: number): number | undefined {
+  if (ownHoldOff === undefined || hint === undefined || hint.delayMs < MOVE_ON_AFTER_MS) return undefined;
+  const mayPark = park !== false && (park.maxWaitMs === undefined || ownHoldOff - nowMs <= park.maxWaitMs);
+  return mayPark ? ownHoldOff : undefined;
+}
+
+/**
+ * The retry's wait when the fleet's hold-off on the target may outlast it: its own, or the hold-off's end plus a
+ * jitter of its own (up to a fifth of the hold-off, at most a second), so requests that were all held do not all come
+ * back at the hold-off's last millisecond.
+ */
+export function waitPastHoldOff(ownMs: number, heldForMs: number, random: Random): number {
+  if (heldForMs <= ownMs) return ownMs;
+  return heldForMs + random() * Math.min(1_000, 0.2 * heldForMs);
+}
