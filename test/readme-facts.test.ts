@@ -2,6 +2,7 @@
 // not drift from what they describe (a bench run committed without its README paragraph, a folder added to src/).
 import { readdirSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { FORWARD_REQUEST, FORWARD_RESPONSE } from '../src/providers/headers.ts';
 
 const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
 
@@ -23,6 +24,14 @@ describe('the README', () => {
     const entries = readdirSync(new URL('../src/', import.meta.url), { withFileTypes: true }).map((e) => (e.isDirectory() ? `src/${e.name}/` : `src/${e.name}`));
     const missing = entries.filter((entry) => !new RegExp(`^${entry.replaceAll('.', '\\.')}\\s`, 'm').test(layout));
     expect(missing, 'add these to the Layout section of README.md').toEqual([]);
+  });
+
+  it('lists every header the gateway forwards, each way (the allowlists in providers/headers.ts)', () => {
+    const section = readme.slice(readme.indexOf('### Headers'), readme.indexOf('### Paths'));
+    const sent = section.slice(0, section.indexOf('- Passed back'));
+    const passed = section.slice(section.indexOf('- Passed back'));
+    expect([...FORWARD_REQUEST].filter((h) => !sent.includes(`\`${h}\``))).toEqual([]);
+    expect([...FORWARD_RESPONSE].filter((h) => !passed.includes(`\`${h}\``))).toEqual([]);
   });
 
   it('describes the quick start\'s sample demo table with the table\'s own figures', () => {

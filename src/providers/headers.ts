@@ -6,7 +6,7 @@ import { withoutKey } from './key-echo.ts';
 type HeaderBag = Record<string, string | string[] | undefined>;
 
 /** Client headers a provider may need (README: "Headers"). `x-stainless-*` describe the SDK and help provider support. */
-const FORWARD_REQUEST = new Set([
+export const FORWARD_REQUEST: ReadonlySet<string> = new Set([
   'accept',
   'user-agent',
   'openai-beta',
@@ -23,7 +23,7 @@ const STAINLESS_SKIP = new Set(['x-stainless-timeout', 'x-stainless-read-timeout
  * Upstream response headers the client sees; the SDKs expose x-request-id and provider support asks for it (Azure's
  * for its apim-request-id).
  */
-const FORWARD_RESPONSE = new Set([
+export const FORWARD_RESPONSE: ReadonlySet<string> = new Set([
   'content-type',
   'x-request-id',
   'request-id',
@@ -59,6 +59,3 @@ export function forwardedResponseHeaders(upstream: HeaderBag, apiKey = ''): Reco
   if (out['x-request-id'] === undefined && out['request-id'] !== undefined) out['x-request-id'] = out['request-id'];
   return out;
 }
-
-export const FORWARDED_REQUEST_HEADERS: readonly string[] = [...FORWARD_REQUEST, 'x-stainless-* (except x-stainless-timeout, x-stainless-read-timeout)'];
-export const FORWARDED_RESPONSE_HEADERS: readonly string[] = [...FORWARD_RESPONSE];
