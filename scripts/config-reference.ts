@@ -15,6 +15,7 @@ type JsonSchema = {
   items?: JsonSchema;
   additionalProperties?: JsonSchema | boolean;
   anyOf?: JsonSchema[];
+  default?: unknown;
   enum?: unknown[];
   format?: string;
   pattern?: string;
@@ -33,6 +34,8 @@ export interface ConfigField {
   type: string;
   required: boolean;
   description: string | undefined;
+  /** The schema's default (`.default()`), which the description states in its "Default: ..." sentence. */
+  default?: unknown;
 }
 
 export const START_MARKER = '<!-- config-reference:start -->';
@@ -49,7 +52,7 @@ export function configFields(): ConfigField[] {
     const required = new Set(schema.required ?? []);
     for (const [key, child] of Object.entries(schema.properties ?? {})) {
       const path = prefix ? `${prefix}.${key}` : key;
-      fields.push({ path, type: typeOf(child), required: required.has(key), description: child.description });
+      fields.push({ path, type: typeOf(child), required: required.has(key), description: child.description, ...('default' in child && { default: child.default }) });
       visitChildren(child, path);
     }
   };

@@ -26,6 +26,13 @@ describe('config reference', () => {
     expect(readFileSync(DOCS_PAGE, 'utf8'), stale).toBe(renderDocsPage());
   });
 
+  it('states every plain default in its description as the schema has it', () => {
+    const plain = configFields().filter((f) => ['number', 'string', 'boolean'].includes(typeof f.default));
+    expect(plain.length).toBeGreaterThan(40);
+    const drifted = plain.filter((f) => !f.description?.includes(`Default: ${String(f.default)}`)).map((f) => `${f.path}: ${String(f.default)}`);
+    expect(drifted, 'the "Default: ..." text of these keys differs from their .default()').toEqual([]);
+  });
+
   it('every config key has a description', () => {
     const undocumented = configFields().filter((f) => !f.description?.trim()).map((f) => f.path);
     expect(undocumented, 'add .describe() to these keys in src/config/schema.ts').toEqual([]);

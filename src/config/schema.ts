@@ -41,7 +41,7 @@ export const RetrySchema = z
   .strictObject({
     maxAttempts: z.number().int().min(1).max(20).default(3)
       .describe('Attempts on one target, the first included (1 disables retries). Default: 3.'),
-    backoff: BackoffSchema.default({ strategy: 'full-jitter', baseMs: 200, capMs: 3000 }),
+    backoff: BackoffSchema.prefault({}),
     retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'])
       .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422, credential errors and redirects (3xx, a wrong baseUrl) are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
     maxWaitHintMs: ms('Longest upstream wait hint (retry-after and friends) the gateway waits out; a longer hint ends retries on that target and reaches the client as retry-after. Default: 20000.').default(20000),
@@ -57,19 +57,6 @@ export const TimeoutsSchema = z
     keepAliveMs: positiveMs('How long a connection to the provider is kept idle for the next request, in ms; below the provider\'s own idle timeout (many servers close at 5 s, without saying so), or a request sent as it closes the connection fails. A provider\'s Keep-Alive hint may shorten it, never lengthen it. Default: 4000.').default(4000),
   })
   .describe('Per-attempt timers of a provider.');
-
-const BREAKER_DEFAULTS = {
-  failureRate: 0.5,
-  windowS: 10,
-  minRequests: 20,
-  consecutiveFailures: 5,
-  slowCallMs: 5000,
-  openS: 30,
-  halfOpenProbes: 3,
-  closeAfter: 3,
-  probeWhileParkedMs: 1000,
-  probeWhileParkedMaxMs: 5000,
-};
 
 const breakerFields = {
   failureRate: z.number().gt(0).lte(1).describe('Share of failed requests in the window that opens the breaker (with at least minRequests). Default: 0.5.'),
@@ -98,16 +85,16 @@ const modelBreakerFields = Object.fromEntries(
 
 export const BreakerSchema = z
   .strictObject({
-    failureRate: breakerFields.failureRate.default(BREAKER_DEFAULTS.failureRate),
-    windowS: breakerFields.windowS.default(BREAKER_DEFAULTS.windowS),
-    minRequests: breakerFields.minRequests.default(BREAKER_DEFAULTS.minRequests),
-    consecutiveFailures: breakerFields.consecutiveFailures.default(BREAKER_DEFAULTS.consecutiveFailures),
-    slowCallMs: breakerFields.slowCallMs.default(BREAKER_DEFAULTS.slowCallMs),
-    openS: breakerFields.openS.default(BREAKER_DEFAULTS.openS),
-    halfOpenProbes: breakerFields.halfOpenProbes.default(BREAKER_DEFAULTS.halfOpenProbes),
-    closeAfter: breakerFields.closeAfter.default(BREAKER_DEFAULTS.closeAfter),
-    probeWhileParkedMs: breakerFields.probeWhileParkedMs.default(BREAKER_DEFAULTS.probeWhileParkedMs),
-    probeWhileParkedMaxMs: breakerFields.probeWhileParkedMaxMs.default(BREAKER_DEFAULTS.probeWhileParkedMaxMs),
+    failureRate: breakerFields.failureRate.default(0.5),
+    windowS: breakerFields.windowS.default(10),
+    minRequests: breakerFields.minRequests.default(20),
+    consecutiveFailures: breakerFields.consecutiveFailures.default(5),
+    slowCallMs: breakerFields.slowCallMs.default(5000),
+    openS: breakerFields.openS.default(30),
+    halfOpenProbes: breakerFields.halfOpenProbes.default(3),
+    closeAfter: breakerFields.closeAfter.default(3),
+    probeWhileParkedMs: breakerFields.probeWhileParkedMs.default(1000),
+    probeWhileParkedMaxMs: breakerFields.probeWhileParkedMaxMs.default(5000),
     models: z
       .record(z.string().min(1), z.strictObject(modelBreakerFields).partial().describe('Fields that differ for this model; each one left out is the provider\'s.'))
       .default({})
@@ -179,11 +166,11 @@ export const ProviderSchema = z
       .describe('Egress proxy the provider is reached through, as an http:// or https:// URL, e.g. "${HTTPS_PROXY:-}" (empty: none). Connections are tunnelled with HTTP CONNECT; a user:password in the URL is sent as the proxy\'s Basic credentials and never logged. Default: none (the gateway does not read HTTPS_PROXY by itself: a provider on the company network usually must not go through it).'),
     apiKey: headerSecret()
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
-    timeouts: TimeoutsSchema.default({ connectMs: 5000, firstTokenMs: 30000, idleMs: 30000, keepAliveMs: 4000 }),
+    timeouts: TimeoutsSchema.prefault({}),
     maxConnections: z.number().int().positive().default(128)
       .describe('Size of the keep-alive connection pool to this provider. Default: 128.'),
-    pools: PoolsSchema.default({ classes: DEFAULT_POOL_CLASSES, decrease: 0.9, minLimit: 1 }),
-    breaker: z.union([z.literal(false), BreakerSchema]).default({ ...BREAKER_DEFAULTS, models: {} })
+    pools: PoolsSchema.prefault({}),
+    breaker: z.union([z.literal(false), BreakerSchema]).prefault({})
       .describe('Circuit breaker of each target of this provider, or false to turn it off. Default: on, with the defaults below.'),
   })
   .superRefine((p, ctx) => {
@@ -272,16 +259,11 @@ export const RouteSchema = z
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),
     minAttemptMs: ms('A wait (backoff, wait hint) is only taken if at least this much time is left for the attempt after it, before the deadline; otherwise the gateway answers at once. Default: 1000.').default(1000),
     deadlineMarginMs: ms('Time kept back before the client\'s deadline so the gateway answers before the client gives up. Optional; default: the larger of 250 ms and 5% of the deadline.').optional(),
-    retry: RetrySchema.default({
-      maxAttempts: 3,
-      backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 3000 },
-      retryOn: [429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'],
-      maxWaitHintMs: 20000,
-    }),
+    retry: RetrySchema.prefault({}),
     priority: z.string().default('online')
       .describe('Priority class of the route\'s requests in its providers\' pools; the x-stormgate-priority header can only lower it. Default: online.'),
-    budget: BudgetSchema.default({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 }),
-    park: z.union([z.literal(false), ParkSchema]).default({ maxQueue: 10000 })
+    budget: BudgetSchema.prefault({}),
+    park: z.union([z.literal(false), ParkSchema]).prefault({})
       .describe('Parking while the target is unavailable, or false to fail at once instead. Default: on, maxQueue 10000.'),
     idempotency: z
       .strictObject({
@@ -409,14 +391,14 @@ export const IdempotencySchema = z
 
 export const ConfigSchema = z
   .strictObject({
-    server: ServerSchema.default({ host: '127.0.0.1', port: 8080, bodyLimitBytes: 10 * 1024 * 1024, requestTimeoutMs: 60_000, logLevel: 'info', logSuccessRate: 1 }),
+    server: ServerSchema.prefault({}),
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
     passthrough: PassthroughSchema.optional(),
     auth: AuthSchema.optional(),
-    state: StateSchema.default({ commandTimeoutMs: 50, keyPrefix: 'stormgate' }),
-    drain: DrainSchema.default({ preStopMs: 5000, graceMs: 30000 }),
-    idempotency: IdempotencySchema.default({ enabled: true, ttlMs: 600_000, maxAnswerBytes: 1024 * 1024, memoryBytes: 64 * 1024 * 1024 }),
+    state: StateSchema.prefault({}),
+    drain: DrainSchema.prefault({}),
+    idempotency: IdempotencySchema.prefault({}),
   })
   .superRefine((cfg, ctx) => {
     const names = new Set<string>();
