@@ -1,5 +1,5 @@
 // Typed abort reasons: the pipeline tells why a signal fired from its reason, never from an error message.
-import type { TimeoutPhase } from '../policy/outcome.ts';
+import type { AttemptOutcome, TimeoutPhase } from '../policy/outcome.ts';
 
 export class ClientGone extends Error {
   constructor() {
@@ -32,4 +32,13 @@ export class GatewayShutdown extends Error {
   constructor() {
     super('the gateway instance is shutting down');
   }
+}
+
+/** The outcome of an attempt its signal ended, by the signal's reason. */
+export function abortOutcome(reason: unknown): AttemptOutcome {
+  if (reason instanceof AttemptTimeout) return { kind: 'timeout', phase: reason.phase };
+  if (reason instanceof DeadlineReached) return { kind: 'aborted', by: 'deadline' };
+  if (reason instanceof ClientGone) return { kind: 'aborted', by: 'client' };
+  if (reason instanceof GatewayShutdown) return { kind: 'aborted', by: 'shutdown' };
+  return { kind: 'aborted', by: 'client' };
 }

@@ -3,26 +3,23 @@
 // RequestAbort, linked to the request's signal (client gone or deadline).
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
-import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
-import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { eventMeaning, startsAnswer, upstreamErrorIn, upstreamErrorOf, type StreamShape, type UpstreamStreamError } from '../streaming/stream-events.ts';
-import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, REQUEST_FAULT_CODES } from '../policy/outcome.ts';
-import { AttemptTimeout, ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
-import { afterFinishWaitMs, LiveStream, translatedAfterOutput } from './live-stream.ts';
+import { upstreamErrorIn, type StreamShape } from '../streaming/stream-events.ts';
+import { abortOutcome, AttemptTimeout } from './abort-reasons.ts';
+import { afterFinishWaitMs, LiveStream } from './live-stream.ts';
+import { brokenBeforeOutput, readUntilFirstOutput } from './first-output.ts';
+import { accountErrorOf, errorCodeOf, errorVerdict, httpOutcome, type ErrorVerdict } from '../providers/error-outcome.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
 import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { bodyChunks } from '../providers/body-chunks.ts';
 import { withoutKey } from '../providers/key-echo.ts';
-import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
+import type { ResponseTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
-import { printable } from '../http/request-body.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
-import { stringOrNull, upstreamErrorFields } from '../errors.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
@@ -215,67 +212,6 @@ function accountResult(account: { status: number; code: string }, headers: Heade
   return { outcome: { kind: 'http', status: account.status, errorCode: account.code, hint: undefined }, status: account.status, headers };
 }
 
-export function abortOutcome(reason: unknown): AttemptOutcome {
-  if (reason instanceof AttemptTimeout) return { kind: 'timeout', phase: reason.phase };
-  if (reason instanceof DeadlineReached) return { kind: 'aborted', by: 'deadline' };
-  if (reason instanceof ClientGone) return { kind: 'aborted', by: 'client' };
-  if (reason instanceof GatewayShutdown) return { kind: 'aborted', by: 'shutdown' };
-  return { kind: 'aborted', by: 'client' };
-}
-
-function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
-  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) };
-}
-
-/**
- * The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. Some
- * compatible servers send the status as a number there (`"code": 429`) and the name in `type` (`insufficient_quota`):
- * the name is what the classification knows, so a code that is not a name gives way to a type that is, and is read
- * as its digits only when there is none (as the client is given it, errors.ts). A 4xx without a named code whose
- * message says the prompt is over the model's window (vLLM, SGLang, OpenRouter, ...) is `context_length_exceeded`,
- * which is what sends it to the route's contextWindowFallback.
- */
-function errorCodeOf(status: number, body: Buffer): string | null {
-  // wholeResult has already dropped a byte order mark.
-  const error = errorFieldsOf(body);
-  if (error === undefined) return null;
-  const { code, type, message } = error;
-  if (typeof code === 'string' && namesError(code, type)) return code;
-  if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
-  return typeof type === 'string' ? type : stringOrNull(code);
-}
-
-/** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
-function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
-  const error = errorFieldsOf(body);
-  const code = typeof error?.code === 'string' ? error.code : undefined;
-  const type = typeof error?.type === 'string' ? error.type : undefined;
-  const status = accountStatusOfError(code, type);
-  return status === undefined ? undefined : { status, code: (code ?? type)! };
-}
-
-/**
- * The `error` object of an OpenAI-shaped body, when the body is JSON and has one (also inside the one-element list
- * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); or the body itself in the flat shape vLLM
- * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`.
- */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown } | undefined {
-  if (body.length === 0) return undefined;
-  try {
-    return upstreamErrorFields(JSON.parse(body.toString('utf8')));
-  } catch {
-    return undefined;
-  }
-}
-
-/** Another family's events, as OpenAI events; throws on a malformed one (the caller treats it as such). */
-export function translateEvents(events: SseEvent[], translate: StreamTranslator | undefined): SseEvent[] {
-  if (!translate) return events;
-  const out: SseEvent[] = [];
-  for (const ev of events) out.push(...translate.push(ev));
-  return out;
-}
-
 function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | undefined {
   try {
     return translator.body(raw);
@@ -292,122 +228,4 @@ function contentTypeOf(headers: HeaderBag): string | undefined {
 
 function isEventStream(headers: HeaderBag): boolean {
   return contentTypeOf(headers)?.startsWith('text/event-stream') ?? false;
-}
-
-type FirstOutput =
-  /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
-  | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
-  | ErrorVerdict;
-
-/**
- * The provider had begun a 2xx stream when its connection broke (a cut a moment after the first token loses that
- * token with the socket): a stream broken before its output, which may have run, not a provider out of reach.
- */
-function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOutput {
-  const outcome = signal.aborted ? abortOutcome(signal.reason) : cutOutcome(err, 'the stream broke before its first output');
-  return { failure: outcome.kind === 'bad-stream' ? outcome.detail : outcome.kind, outcome };
-}
-
-/**
- * Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order.
- * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
- * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
- */
-async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
-  const parser = new SseParser();
-  let taken = false;
-  let withdraw: (() => void) | undefined;
-  const started =
-    early &&
-    new Promise<'start'>((resolve) => {
-      withdraw = early.offer(() => {
-        taken = true;
-        resolve('start');
-      });
-    });
-  try {
-    const first = await readEvents(api, shape, parser, iterator, translate, started);
-    // The deadline came just as the read that failed the attempt did: it took the early start instead of aborting the
-    // request, so the attempt ends as the deadline's (no retry goes past it) rather than as a retryable failure.
-    return taken && 'failure' in first ? DEADLINE_PASSED : first;
-  } catch (err) {
-    if (taken) return DEADLINE_PASSED;
-    throw err;
-  } finally {
-    withdraw?.();
-  }
-}
-
-const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
-
-async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
-  let head = '';
-  for (;;) {
-    const read = iterator.next();
-    const next = started ? await Promise.race([read, started]) : await read;
-    if (next === 'start') return { head, pending: [], parser, iterator, pendingRead: read };
-    const { value, done } = next;
-    if (done) return { failure: 'stream ended before any output' };
-    let raw: SseEvent[];
-    try {
-      raw = parser.push(value);
-    } catch (err) {
-      if (err instanceof SseEventTooLarge) return { failure: err.message };
-      throw err;
-    }
-    for (let r = 0; r < raw.length; r++) {
-      let events: SseEvent[];
-      try {
-        events = translateEvents([raw[r]!], translate);
-      } catch {
-        return { failure: 'malformed event before any output' };
-      }
-      for (let i = 0; i < events.length; i++) {
-        const ev = events[i]!;
-        const meaning = eventMeaning(api, ev);
-        if (meaning === 'malformed') return { failure: 'malformed event before any output' };
-        if (meaning === 'error') return errorBeforeOutput(ev);
-        if (meaning === 'done') return { failure: 'stream ended before any output' };
-        if (meaning === 'output' || meaning === 'finish' || startsAnswer(api, shape, ev)) {
-          // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
-          return { head, pending: [...events.slice(i), ...translatedAfterOutput(raw.slice(r + 1), translate)], parser, iterator };
-        }
-        head += `${ev.raw}\n\n`;
-      }
-    }
-  }
-}
-
-/**
- * An error event before any output: a broken stream, retried, unless its code says the request itself is at fault
- * (a content policy, the context length, an input the provider cannot use). Retrying that reruns a safety decision
- * and loses the provider's reason; it is answered as the upstream's 400 instead. One that names the gateway's own
- * account is the 429, 402, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
- */
-function errorBeforeOutput(ev: SseEvent): FirstOutput {
-  const verdict = errorVerdict(upstreamErrorOf(ev), 'error event before any output');
-  return ev.data === null ? verdict : { ...verdict, event: Buffer.from(ev.data) };
-}
-
-/**
- * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
- * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the
- * request; event: the data of the upstream's error event, for a family that reads its own (errorEventMeaning).
- */
-type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer; event?: Buffer };
-
-/** What an upstream error reported inside a 2xx means (see errorBeforeOutput); `what` names where it came. */
-function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
-  const code = err?.code;
-  // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
-  // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
-  const failure = code === undefined ? what : `${what}: ${printable(code, 64)}`;
-  // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
-  const account = accountStatusOfError(code, err?.type);
-  if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
-  // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
-  const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
-  if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
-  const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
-  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
 }

@@ -12,7 +12,8 @@
 // request.
 import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
-import { abortOutcome, type AttemptResult } from './attempt.ts';
+import type { AttemptResult } from './attempt.ts';
+import { abortOutcome } from './abort-reasons.ts';
 import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
 import { heldBack, newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';

@@ -2,7 +2,8 @@
 // attempt, give the slot back (a stream: when it ends), and tell the target's adaptive limit how it went.
 import { classify, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import { quotaLowUntil } from '../policy/quota-headers.ts';
-import { abortOutcome, runAttempt, type AttemptResult } from './attempt.ts';
+import { runAttempt, type AttemptResult } from './attempt.ts';
+import { abortOutcome } from './abort-reasons.ts';
 import type { RequestContext, TargetPlan } from './target-attempts.ts';
 import type { UpstreamRequest } from '../providers/families.ts';
 

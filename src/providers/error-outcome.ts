@@ -1,0 +1,79 @@
+// What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
+// body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
+// out: the attempt decides nothing here, the outcome table does.
+import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
+import type { UpstreamStreamError } from '../streaming/stream-events.ts';
+import { printable } from '../http/request-body.ts';
+import { stringOrNull, upstreamErrorFields } from '../errors.ts';
+
+type HeaderBag = Record<string, string | string[] | undefined>;
+
+/** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
+export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
+  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) };
+}
+
+/**
+ * The `error.code` of an OpenAI error body (or `error.type` of an Anthropic one): the classification needs it. Some
+ * compatible servers send the status as a number there (`"code": 429`) and the name in `type` (`insufficient_quota`):
+ * the name is what the classification knows, so a code that is not a name gives way to a type that is, and is read
+ * as its digits only when there is none (as the client is given it, errors.ts). A 4xx without a named code whose
+ * message says the prompt is over the model's window (vLLM, SGLang, OpenRouter, ...) is `context_length_exceeded`,
+ * which is what sends it to the route's contextWindowFallback.
+ */
+export function errorCodeOf(status: number, body: Buffer): string | null {
+  // The attempt (wholeResult) has already dropped a byte order mark.
+  const error = errorFieldsOf(body);
+  if (error === undefined) return null;
+  const { code, type, message } = error;
+  if (typeof code === 'string' && namesError(code, type)) return code;
+  if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
+  return typeof type === 'string' ? type : stringOrNull(code);
+}
+
+/** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
+export function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
+  const error = errorFieldsOf(body);
+  const code = typeof error?.code === 'string' ? error.code : undefined;
+  const type = typeof error?.type === 'string' ? error.type : undefined;
+  const status = accountStatusOfError(code, type);
+  return status === undefined ? undefined : { status, code: (code ?? type)! };
+}
+
+/**
+ * The `error` object of an OpenAI-shaped body, when the body is JSON and has one (also inside the one-element list
+ * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); or the body itself in the flat shape vLLM
+ * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`.
+ */
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown } | undefined {
+  if (body.length === 0) return undefined;
+  try {
+    return upstreamErrorFields(JSON.parse(body.toString('utf8')));
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
+ * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the
+ * request; event: the data of the upstream's error event, for a family that reads its own (errorEventMeaning).
+ */
+export type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer; event?: Buffer };
+
+/** What an upstream error reported inside a 2xx means (pipeline/first-output.ts errorBeforeOutput); `what` names where it came. */
+export function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
+  const code = err?.code;
+  // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
+  // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
+  const failure = code === undefined ? what : `${what}: ${printable(code, 64)}`;
+  // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
+  const account = accountStatusOfError(code, err?.type);
+  if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
+  // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
+  const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
+  if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
+  const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
+  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
+}
