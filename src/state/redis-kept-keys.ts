@@ -1,0 +1,169 @@
+// Idempotency keys in Redis, with the in-process stand-in while Redis is away and the runs' ends written back after:
+// apart from the store, whose breaker and budget state never needs a run's owner.
+import type { MemoryStore } from './memory-store.ts';
+import { decodeKeyRecord, encodeKeyRecord } from './kept-keys.ts';
+import type { RedisHealth } from './redis-health.ts';
+import type { RedisKeys } from './redis-keys.ts';
+import type { ScriptClient } from './redis-scripts.ts';
+import type { KeyRecord } from './store.ts';
+
+/** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
+type KeyEnd = { record: KeyRecord & { state: 'done' }; owner: string | undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
+
+export interface RedisKeptKeysDeps {
+  client: ScriptClient;
+  keys: RedisKeys;
+  local: MemoryStore;
+  health: RedisHealth;
+  now: () => number;
+}
+
+/**
+ * Idempotency keys: in Redis when it is usable, else in the process (a repeat that reaches another instance then runs
+ * again, as it would with no key at all).
+ */
+export class RedisKeptKeys {
+  readonly #deps: RedisKeptKeysDeps;
+  /** Idempotency keys this instance claimed in Redis (or may have: the claim's answer was lost), until their claims lapse. */
+  readonly #claimedInRedis = new Map<string, { owner: string; untilMs: number }>();
+  /**
+   * How runs under keys of #claimedInRedis ended while Redis was away (a kept answer, or no record: the key given back),
+   * each until it would have lapsed in Redis anyway: written when Redis is back. Else the run's claim stayed there for
+   * the route's timeout plus ttlMs, and every repeat on the fleet waited for a run that was over, then got a 409.
+   */
+  readonly #keyEnds = new Map<string, KeyEnd>();
+
+  constructor(deps: RedisKeptKeysDeps) {
+    this.#deps = deps;
+  }
+
+  async claimKey(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined> {
+    const { client, keys, local, health } = this.#deps;
+    // A run this instance claimed while Redis was away is looked for here first: Redis back, its repeats would else
+    // claim the key there and run it a second time.
+    const here = await local.readKey(key, claim.sinceMs);
+    if (here !== undefined || !health.usable()) return here ?? local.claimKey(key, claim, runningMs);
+    const redisKey = keys.idempotency(key);
+    try {
+      const held = await client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
+      health.answered();
+      if (held === null) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
+      return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
+    } catch (err) {
+      health.failed(err, redisKey);
+      // The script may have run, and the claim be this request's in Redis: remembered, so its end reaches Redis. Not
+      // over another request's here: that one holds the key, and this claim cannot have taken it.
+      const remembered = this.#claimedInRedis.get(key);
+      if (remembered === undefined || remembered.owner === claim.owner) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      // Such a claim may turn out not to be its own (the repeat gets the answer): nothing ends it; it goes once lapsed.
+      for (const [k, c] of this.#claimedInRedis) if (c.untilMs <= claim.sinceMs) this.#claimedInRedis.delete(k);
+      // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
+      // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
+      if (health.usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
+      return local.claimKey(key, claim, runningMs);
+    }
+  }
+
+  async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
+    const { client, keys, local, health } = this.#deps;
+    if (!health.usable()) return local.readKey(key, nowMs);
+    const redisKey = keys.idempotency(key);
+    try {
+      const raw = await client.getBuffer(redisKey);
+      health.answered();
+      return raw === null ? local.readKey(key, nowMs) : decodeKeyRecord(raw);
+    } catch (err) {
+      health.failed(err, redisKey);
+      return local.readKey(key, nowMs);
+    }
+  }
+
+  async renewKey(key: string, owner: string, runningMs: number, nowMs: number): Promise<void> {
+    const { client, keys, local, health } = this.#deps;
+    await local.renewKey(key, owner, runningMs, nowMs);
+    const claimed = this.#claimedInRedis.get(key);
+    if (claimed?.owner === owner) claimed.untilMs = nowMs + runningMs;
+    if (!health.usable()) return;
+    const redisKey = keys.idempotency(key);
+    try {
+      await client.sgRenewKey(redisKey, owner, runningMs);
+      health.answered();
+    } catch (err) {
+      health.failed(err, redisKey);
+    }
+  }
+
+  async settleKey(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): Promise<void> {
+    const { keys, local: memory, health } = this.#deps;
+    // A claim taken while Redis was away lives in the process, where its repeats look: it is settled there too.
+    const local = (await memory.readKey(key, nowMs)) !== undefined;
+    if (local || !health.usable()) await memory.settleKey(key, record, ttlMs, nowMs, owner);
+    if (!health.usable()) return this.#endLater(key, { record, owner, untilMs: nowMs + ttlMs });
+    const redisKey = keys.idempotency(key);
+    try {
+      await this.#writeEnd(redisKey, record, owner, ttlMs);
+      health.answered();
+      if (owner === undefined || this.#claimedInRedis.get(key)?.owner === owner) this.#claimedInRedis.delete(key);
+    } catch (err) {
+      health.failed(err, redisKey);
+      if (!local) await memory.settleKey(key, record, ttlMs, nowMs, owner);
+      this.#endLater(key, { record, owner, untilMs: nowMs + ttlMs });
+    }
+  }
+
+  /** How a run ended, in Redis: with its owner, not over another request's running claim (redis-scripts.ts SETTLE_KEY). */
+  #writeEnd(redisKey: string, record: KeyRecord & { state: 'done' }, owner: string | undefined, ttlMs: number): Promise<unknown> {
+    const bytes = encodeKeyRecord(record);
+    const { client } = this.#deps;
+    return owner === undefined ? client.set(redisKey, bytes, 'PX', ttlMs) : client.sgSettleKey(redisKey, owner, bytes, ttlMs);
+  }
+
+  async releaseKey(key: string, owner: string): Promise<void> {
+    const { client, keys, local, health } = this.#deps;
+    await local.releaseKey(key, owner);
+    const until = () => this.#claimedInRedis.get(key)?.untilMs ?? 0;
+    if (!health.usable()) return this.#endLater(key, { owner, untilMs: until() });
+    const redisKey = keys.idempotency(key);
+    try {
+      await client.sgReleaseKey(redisKey, owner);
+      health.answered();
+      if (this.#claimedInRedis.get(key)?.owner === owner) this.#claimedInRedis.delete(key);
+    } catch (err) {
+      health.failed(err, redisKey);
+      this.#endLater(key, { owner, untilMs: until() });
+    }
+  }
+
+  /**
+   * A run's end that did not reach Redis, for a key claimed there: written once Redis is back (sendKeyEnds). Not
+   * after a lone timeout, which leaves the store on Redis: the write it timed out on was sent, and Redis runs it.
+   */
+  #endLater(key: string, end: KeyEnd): void {
+    // A give-back is its owner's: a repeat that gave up waiting does not end the run this instance holds the key for.
+    const claimed = this.#claimedInRedis.get(key);
+    if (claimed === undefined || (end.owner !== undefined && claimed.owner !== end.owner)) return;
+    this.#claimedInRedis.delete(key);
+    if (this.#deps.health.usable()) return;
+    this.#keyEnds.set(key, end);
+  }
+
+  /** Redis is back: the runs that ended meanwhile end there too, unless their claims have lapsed by themselves. */
+  sendKeyEnds(): void {
+    const { client, keys, health } = this.#deps;
+    const nowMs = this.#deps.now();
+    for (const [key, end] of this.#keyEnds) {
+      this.#keyEnds.delete(key);
+      if (end.untilMs <= nowMs) continue;
+      const redisKey = keys.idempotency(key);
+      const sent = end.record ? this.#writeEnd(redisKey, end.record, end.owner, end.untilMs - nowMs) : client.sgReleaseKey(redisKey, end.owner);
+      sent.then(
+        () => health.answered(),
+        (err: unknown) => {
+          health.failed(err, redisKey);
+          if (!health.usable() && !this.#keyEnds.has(key)) this.#keyEnds.set(key, end);
+        },
+      );
+    }
+  }
+}
