@@ -11,10 +11,8 @@ import { computeDeadline } from '../policy/deadline.ts';
 import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeatVerdict, scopedKey } from '../policy/idempotency.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
-import type { PipelineAnswer, RequestSummary } from './handle-request.ts';
+import type { ManagedRequest, PipelineAnswer, RequestSummary } from './handle-request.ts';
 import type { StreamEndKind } from './live-stream.ts';
-
-type HeaderBag = Record<string, string | string[] | undefined>;
 
 export interface IdempotencyDeps {
   store: StateStore;
@@ -57,17 +55,10 @@ export interface KeyedRequest {
   background?: boolean;
 }
 
-/** A managed request as the server has it, before the pipeline. */
-export interface ArrivedRequest {
-  headers: HeaderBag;
+/** A managed request as the server has it, before the pipeline: what the pipeline gets, and whose it is. */
+export interface ArrivedRequest extends Pick<ManagedRequest, 'route' | 'path' | 'query' | 'rawBody' | 'json' | 'headers'> {
   /** The client key's name, when auth is on. */
   client: string | undefined;
-  path: string;
-  /** "" or "?a=b": it goes upstream with the body. */
-  query: string;
-  rawBody: Buffer;
-  json: Record<string, unknown>;
-  route: CompiledRoute;
   /** Since the request's head arrived, ms. */
   receivedMs: number;
   clientGone: () => boolean;

@@ -1,0 +1,138 @@
+// A managed request from its parsed body to its answer, in one function: every way it ends (replay, error, stream)
+// leaves the pipeline once.
+import { Readable } from 'node:stream';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Config } from '../config/schema.ts';
+import { GatewayError, missingModel } from '../errors.ts';
+import { handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
+import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
+import { timeoutHeaderMs } from '../policy/deadline.ts';
+import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
+import type { CompiledRoute, Router } from '../routing/router.ts';
+import type { Runtime } from '../runtime.ts';
+import type { Drain } from './drain.ts';
+import { printable, type ParsedBody } from './request-body.ts';
+import type { RequestEnds } from './request-log.ts';
+import { sendAnswer } from './send-answer.ts';
+
+export interface ManagedDeps {
+  config: Pick<Config, 'auth' | 'idempotency'>;
+  runtime: Pick<Runtime, 'pipeline' | 'store'>;
+  router: Router;
+  ends: RequestEnds;
+  drain: Drain;
+}
+
+/** A managed request: route it, run the pipeline, write its answer. */
+export type ServeManaged = (path: string, request: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
+
+export function managedHandler({ config, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
+  // A Map, not the config's object: a client may be named `constructor`.
+  const clientPriorities = new Map(Object.entries(config.auth?.priority ?? {}));
+  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random };
+  return async function serveManaged(path, request, reply) {
+    const body = request.body as ParsedBody | undefined;
+    if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
+    const route = routeFor(router, path, body.json);
+    checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
+    const query = queryOf(request.url);
+    // Built only for a request that has a key (or a route whose bodies are keys): the others (nearly all) pay a lookup.
+    const keyed =
+      request.headers[IDEMPOTENCY_HEADER] === undefined && route.config.idempotency === undefined
+        ? undefined
+        : keyedRequest(
+            { headers: request.headers, client: request.client, path, query, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => drain.pastGrace },
+            idempotencyDeps,
+          );
+    ends.enterPipeline(request);
+    let answer: PipelineAnswer;
+    let claim: KeyClaim | undefined;
+    /** The pipeline's own stream: under a key, read to its end after the client's copy of it has closed. */
+    let pipelineStream: Readable | undefined;
+    try {
+      if (keyed) {
+        claim = await claimKey(keyed, idempotencyDeps);
+        if (claim.kind === 'replay') {
+          ends.leavePipeline(request, reply);
+          request.stormgate = replaySummary(route, claim.answer);
+          return sendAnswer(reply, { ...replayed(claim.answer), summary: request.stormgate });
+        }
+        drain.holdRun(claim.ended);
+      }
+      answer = await handleManagedRequest(
+        {
+          route,
+          path,
+          query,
+          rawBody: body.raw,
+          json: body.json,
+          headers: request.headers,
+          requestId: request.id,
+          // Since onRequest, right after the head arrived: the body's upload (and decoding) took this much of the deadline.
+          receivedMs: reply.elapsedTime,
+          ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
+          onClientGone: (listener) => ends.onClientGone(request, reply, listener),
+          onShutdown: drain.onShutdown,
+          ...(keyed && { idempotent: true }),
+        },
+        runtime.pipeline,
+      );
+      // The request ends (logged, its usage counted) when this stream does, not when the client's copy closes.
+      if (answer.body instanceof Readable) pipelineStream = answer.body;
+      if (claim?.kind === 'run') {
+        answer.summary.idempotency = 'run';
+        answer = claim.keep(answer);
+      }
+    } catch (err) {
+      if (claim?.kind === 'run') claim.giveBack();
+      ends.leavePipeline(request, reply);
+      throw err;
+    }
+    request.stormgate = answer.summary;
+    ends.leavePipeline(request, reply, pipelineStream);
+    if (answer.live && pipelineStream) drain.holdStream(answer.live, pipelineStream);
+    if (answer.clientStallMs !== undefined) {
+      // The socket's own timer: a write whose queue shrank since its last check (the client reads, however slowly)
+      // postpones it, so it fires after a stall of one to two times clientStallMs. Once the answer is written, Node
+      // puts the keep-alive timeout in its place. Node then reports the destroyed answer as finished: the request's
+      // end is taken first, as a client gone.
+      reply.raw.setTimeout(answer.clientStallMs, () => {
+        if (request.stormgate) request.stormgate.clientStalled = true;
+        ends.clientStalled(request, reply);
+        reply.raw.destroy();
+      });
+    }
+    return sendAnswer(reply, answer);
+  };
+}
+
+/** The route for a managed request, or the error for a request without a usable model or one no route serves. */
+function routeFor(router: Router, path: string, json: Record<string, unknown>): CompiledRoute {
+  const given = json.model;
+  if (given !== undefined && typeof given !== 'string') throw missingModel(given);
+  const model = given === '' ? undefined : given;
+  const match = router.match(path, model);
+  if ('error' in match) {
+    if (match.error === 'unknown_url') throw new GatewayError('unknown_url', `no route for POST ${path}`);
+    if (model === undefined) throw missingModel(given);
+    throw new GatewayError('model_not_found', `the model \`${printable(model)}\` is not served by this gateway`, { param: 'model' });
+  }
+  // A route that serves any model still needs one, unless every target names its own.
+  if (model === undefined && !match.route.config.targets.every((t) => t.model !== undefined)) throw missingModel(given);
+  return match.route;
+}
+
+/** A deadline the client asked for but wrote wrong must not be ignored in silence: the request would run for minutes. */
+function checkTimeoutHeader(value: string | string[] | undefined): void {
+  if (value === undefined) return;
+  const text = Array.isArray(value) ? value[0]! : value;
+  if (timeoutHeaderMs(text) === undefined) {
+    throw new GatewayError('bad_request', `x-stormgate-timeout-ms must be a positive number of milliseconds, got "${printable(text, 40)}"`);
+  }
+}
+
+/** The request's query string, forwarded upstream (rewriteUrl has already cut any fragment). */
+function queryOf(url: string): string {
+  const i = url.indexOf('?');
+  return i === -1 ? '' : url.slice(i);
+}
