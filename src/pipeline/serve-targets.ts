@@ -111,7 +111,7 @@ export async function serveTargets(
   let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, hasNext: boolean, ticket?: Ticket) => {
     const from = plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined;
-    if (from) passedOver(from);
+    if (from) notePassedOver(from);
     const sentBefore = run.sent;
     const r = await tryTarget(ctx, plan, run, deps, hasNext, ticket);
     if (from && run.sent > sentBefore) {
@@ -119,13 +119,13 @@ export async function serveTargets(
       fallback = from.reason;
       owed = undefined;
     } else if (from && r.kind === 'unavailable') {
-      passedOver({ plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' });
+      notePassedOver({ plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' });
       owed = { to: plan, from };
     }
     return r;
   };
   /** A target left without an attempt (its breaker open, its provider holding requests off) is named in the log line. */
-  const passedOver = ({ plan, reason }: { plan: TargetPlan; reason: FallbackReason }) => {
+  const notePassedOver = ({ plan, reason }: { plan: TargetPlan; reason: FallbackReason }) => {
     const why = reason === 'breaker_open' ? 'circuit breaker open' : reason === 'held_off' ? 'held off: the provider asked for a pause' : undefined;
     if (why && !ctx.attempts.some((a) => a.target === plan.label) && !ctx.skipped.some((s) => s.target === plan.label)) ctx.skipped.push({ target: plan.label, reason: why });
   };
@@ -141,14 +141,14 @@ export async function serveTargets(
   const worst = (otherwise: () => Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise());
   for (;;) {
     const blocked: Blocked[] = [];
-    /** Targets this pass did not look at (it was for the one the lot released): the next pass does. */
-    let passedOver = false;
+    /** Whether this pass left targets unlooked at (it was for the one the lot released): the next pass does. */
+    let unlooked = false;
     for (let i = 0; i < plans.length; i++) {
       const plan = plans[i]!;
       const run = runs[i]!;
       if (run.done) continue;
       if (released && released.index !== i) {
-        passedOver = true;
+        unlooked = true;
         continue;
       }
       // Parked requests go first, in deadline order: a newcomer queues behind them, for what holds them (its real end,
@@ -243,7 +243,7 @@ export async function serveTargets(
     released = undefined;
     // The target released for gave no answer (a fallback's rejection, or it is unavailable again): the others, down
     // when the request parked, are looked at again before it ends or parks again; they may be back sooner.
-    if (passedOver) continue;
+    if (unlooked) continue;
     if (blocked.length === 0) return worst(() => rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
     const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     // Behind parked requests the lot is letting go, the request waited for a slot: when none comes in time it is shed
