@@ -64,7 +64,7 @@ describe('an upstream redirect, in the outcome table', () => {
   }
 
   it('hides the provider\'s body and keeps the redirect from the breaker, the hold-offs and the adaptive limit', () => {
-    expect(OUTCOME_TABLE.redirect).toEqual({ retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none' });
+    expect(OUTCOME_TABLE.redirect).toEqual({ retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'redirect', nextFirst: false });
   });
 });
 
