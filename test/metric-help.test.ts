@@ -4,7 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { STATUS_CLASSES } from '../src/observability/pipeline-metrics.ts';
-import { STREAM_END_KINDS } from '../src/pipeline/live-stream.ts';
+import { STREAM_END_KINDS } from '../src/pipeline/stream-ends.ts';
 
 async function helpOf(name: string): Promise<string> {
   const m = createMetrics({ defaultMetrics: false });

@@ -30,7 +30,7 @@ export interface Metrics {
   readonly shed: Counter<'priority' | 'reason'>;
   readonly fallbacks: Counter<'route' | 'from' | 'to' | 'reason'>;
   readonly degraded: Counter<'route' | 'reason'>;
-  /** Fill gauges at scrape time; set by whoever owns the numbers (the runtime, the request recorder). */
+  /** Fill gauges at scrape time; set by whoever owns the numbers (scrape-gauges.ts, RequestRecorder). */
   collectPools: () => void;
   collectBreakers: () => void;
   collectCredentials: () => void;

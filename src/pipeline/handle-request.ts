@@ -12,6 +12,7 @@ import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts
 import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
 import { clientStallMs, type LiveStream, type StreamEnd } from './live-stream.ts';
+import { endedBroken } from './stream-ends.ts';
 import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
@@ -83,8 +84,6 @@ export interface PipelineAnswer {
    */
   clientStallMs?: number;
 }
-
-const BROKEN_STREAM_ENDS: ReadonlySet<StreamEnd['kind']> = new Set(['cut', 'stalled', 'upstream-error', 'shutdown']);
 
 export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
 export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
@@ -368,7 +367,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
     live.onEnd = (end) => {
       summary.streamEnd = end;
       // The client got an error event, not an answer: counted as such, not among the successes.
-      if (BROKEN_STREAM_ENDS.has(end.kind)) summary.outcome = 'stream_error';
+      if (endedBroken(end.kind)) summary.outcome = 'stream_error';
       if (end.usage) summary.usage = end.usage;
       deps.onStreamEnd?.(req.route.name, end);
       // A client that stopped reading long ago: its connection goes too, which ends the request (logged, counted).

@@ -12,7 +12,7 @@ import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeat
 import type { CompiledRoute } from '../routing/router.ts';
 import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
 import type { ManagedRequest, PipelineAnswer, RequestSummary } from './handle-request.ts';
-import type { StreamEndKind } from './live-stream.ts';
+import { backgroundRunsOn, endedWhole } from './stream-ends.ts';
 
 export interface IdempotencyDeps {
   store: StateStore;
@@ -191,25 +191,16 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
       body: readToTheEnd(body, config.maxAnswerBytes, live.clientStallMs / 2, (kept, bytes) => {
         clearInterval(renewal);
         const how = answer.summary.streamEnd?.kind;
-        if (how !== undefined && WHOLE_STREAM_ENDS.has(how)) settle('stream', kept, bytes);
+        if (how !== undefined && endedWhole(how)) settle('stream', kept, bytes);
         // A background response broken off while it may still run at the provider: a repeat that ran it again would
         // start a second one beside it (what the gateway never does itself). It gets the same id, to retrieve it by.
-        else if (req.background && how !== undefined && BACKGROUND_RUNS_ON.has(how)) settle('stream', kept, bytes);
+        else if (req.background && how !== undefined && backgroundRunsOn(how)) settle('stream', kept, bytes);
         else giveBack();
       }),
     };
   };
   return { kind: 'run', keep, giveBack, ended };
 }
-
-/**
- * A stream the client got whole: `done-added` too (every choice finished; the provider, as some do, never sent
- * [DONE]). Left out, every stream from such a provider gave its key back, and each repeat ran it again.
- */
-const WHOLE_STREAM_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done-added', 'recovered']);
-
-/** How a background response's stream may end while the response itself runs on at the provider. */
-const BACKGROUND_RUNS_ON: ReadonlySet<StreamEndKind> = new Set(['cut', 'stalled', 'client-stalled', 'shutdown']);
 
 /**
  * The stream as its client reads it, while every chunk is also kept (up to maxBytes). The client's pace holds the

@@ -3,17 +3,18 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { choiceIndexes, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
 import { accountStatusOfError } from '../policy/outcome.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import { MAX_TIMER_MS, type ProviderConfig } from '../config/schema.ts';
+import { AnswerProgress } from '../streaming/answer-progress.ts';
+import { drainResponse } from '../providers/drain-response.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import type { Aborter, RequestSignal } from './request-abort.ts';
-
-export const STREAM_END_KINDS = ['complete', 'done-added', 'cut', 'stalled', 'upstream-error', 'client-gone', 'client-stalled', 'recovered', 'shutdown'] as const;
-export type StreamEndKind = (typeof STREAM_END_KINDS)[number];
+import { endedWhole, type StreamEndKind } from './stream-ends.ts';
+import { DeliveredText } from './delivered-text.ts';
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
@@ -21,9 +22,6 @@ export type StreamEndKind = (typeof STREAM_END_KINDS)[number];
  * it cannot (the client then gets the original error).
  */
 export type StreamRecovery = (delivered: string) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
-
-/** How a continuation may end for the stream to count as recovered: the client got a whole answer. */
-const WHOLE_ENDS: ReadonlySet<StreamEndKind> = new Set(['complete', 'done-added']);
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -65,13 +63,6 @@ export interface LiveStreamOptions {
   apiKey: string;
 }
 
-/**
- * An event that carries a tool call: a non-empty `tool_calls` list (some servers send `"tool_calls":[]` with every
- * text delta), the Responses API's argument deltas, an Anthropic tool_use block or its input's deltas.
- */
-const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta|"type"\s*:\s*"(?:tool_use|input_json_delta)"/;
-/** An Anthropic answer has one "choice": its finish (the message_delta with a stop_reason) finishes the answer. */
-const ONE_FINISHED = { seen: [0], finished: [0] };
 /** Stands in for an event the translator could not read, so it is judged (and counted) as any malformed one. */
 const UNTRANSLATABLE: SseEvent = { raw: '', data: 'untranslatable', event: null };
 
@@ -92,14 +83,6 @@ export function translatedAfterOutput(events: SseEvent[], translate: StreamTrans
   return out;
 }
 
-/**
- * An answer that is over (its [DONE] or terminal event came) while the upstream's response is not (the chunked body's
- * last bytes are on their way): those bytes are read, up to this many and for this long, so the connection is kept
- * for the next request instead of being closed, which would cost the next stream a new TCP and TLS handshake. They
- * come within milliseconds; a response that lingers longer is closed rather than hold its pool slot.
- */
-const DRAIN_MAX_BYTES = 64 * 1024;
-const DRAIN_MS = 250;
 /**
  * Why the upstream request is aborted once the stream is over. One instance: a fresh error (or the DOMException an
  * abort without a reason makes) per stream, with undici formatting its stack, was a tenth of a stream's CPU.
@@ -137,32 +120,22 @@ export function clientStallMs(idleMs: number): number {
 }
 
 export class LiveStream {
-  #ended: StreamEnd | undefined;
-  readonly #opts: LiveStreamOptions;
-  readonly #finishers: Array<() => void> = [];
   onEnd: ((end: StreamEnd) => void) | undefined;
   /**
    * Called once, when the first output event is taken: in open() for a stream whose first output had arrived, later for
    * one started early (at the client's deadline, before its first output), whose time to first token is only known then.
    */
   onFirstOutput: (() => void) | undefined;
+
+  readonly #opts: LiveStreamOptions;
+  #ended: StreamEnd | undefined;
+  readonly #finishers: Array<() => void> = [];
   #outputSeen = false;
-
-  constructor(opts: LiveStreamOptions) {
-    this.#opts = opts;
-  }
-
   // Where the answer stands; read by #take as events pass, and by #finish when it ends.
   #events = 0;
   #dropped = 0;
-  /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
-  #finished = false;
-  readonly #finishedIndexes = new Set<number>();
-  /** With n > 1, the choices that have come at all: a provider that ignores `n` sends only one. */
-  readonly #seenIndexes = new Set<number>();
+  readonly #progress: AnswerProgress;
   #graceArmed = false;
-  /** A tool call's arguments are on their way (until a finish): a malformed event now would corrupt them. */
-  #toolCallOpen = false;
   #kind: StreamEndKind = 'client-gone';
   #accountRefused = false;
   #usage: Usage | undefined;
@@ -171,6 +144,17 @@ export class LiveStream {
   #quietUntilOutput = false;
   /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
   #lastResponsesData: string | null = null;
+  readonly #delivered = new DeliveredText();
+  #recover: StreamRecovery | undefined;
+  #upstreamEnded = false;
+  #awaitingUpstream = false;
+  /** How long the client has taken nothing while the gateway had text for it (backpressure). */
+  #clientWaitMs = 0;
+
+  constructor(opts: LiveStreamOptions) {
+    this.#opts = opts;
+    this.#progress = new AnswerProgress(opts.api, opts.shape);
+  }
 
   /**
    * The text to write to the client: `first` (the events up to and including the first output) at once, as the
@@ -242,7 +226,7 @@ export class LiveStream {
         this.#kind = 'complete';
       }
       if (!over) {
-        const whole = this.#whole();
+        const whole = this.#progress.whole();
         this.#kind = whole ? 'done-added' : 'cut';
         if (whole) yield doneEvent(api) ?? '';
         else if (!(yield* this.#recovered())) yield this.#streamError('the upstream stream ended before the answer was complete');
@@ -255,9 +239,9 @@ export class LiveStream {
         // No error event can be written in a format the gateway does not know: the client's connection is cut too.
         this.#kind = reason instanceof AttemptTimeout ? 'stalled' : 'cut';
         throw err;
-      } else if (this.#finished) {
+      } else if (this.#progress.finished) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
-        // Not #whole(): fewer choices than `n` is a provider that ignores `n` only when its response ends as any does;
+        // Not whole(): fewer choices than `n` is a provider that ignores `n` only when its response ends as any does;
         // broken, it may be one that sends the choices one after another, cut between two of them: [DONE] would have
         // the client take one answer of the `n` it asked for as all of them.
         this.#kind = 'done-added';
@@ -287,17 +271,6 @@ export class LiveStream {
     return this.#opts.api === 'responses' ? nextSequenceNumber(this.#lastResponsesData) : undefined;
   }
 
-  /**
-   * Is the answer whole, [DONE] aside, once the upstream's response has ended? Every choice asked for has finished;
-   * or, from a provider that ignores `n` and sends fewer, every choice that came has.
-   */
-  #whole(): boolean {
-    if (this.#finished) return true;
-    if (this.#finishedIndexes.size === 0) return false;
-    for (const i of this.#seenIndexes) if (!this.#finishedIndexes.has(i)) return false;
-    return true;
-  }
-
   /** One pass over a batch of events, framed into `out`; true when the answer is over. */
   #take(batch: SseEvent[], out: string[]): boolean {
     const { api, shape } = this.#opts;
@@ -306,7 +279,7 @@ export class LiveStream {
       if (meaning === 'malformed') {
         this.#dropped++;
         // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
-        if (this.#toolCallOpen) {
+        if (this.#progress.toolCallOpen) {
           this.#kind = 'cut';
           out.push(this.#streamError('the upstream sent a malformed event inside a tool call, whose arguments would be incomplete'));
           return true;
@@ -326,33 +299,18 @@ export class LiveStream {
       }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;
-      if (this.#recover && ev.data !== null && meaning !== 'done') this.#trackDelivered(ev.data);
-      if (meaning === 'finish') this.#toolCallOpen = false;
-      else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);
+      if (this.#recover && ev.data !== null && meaning !== 'done') this.#delivered.note(ev.data);
       this.#noteUsage(ev);
-      if (meaning === 'done') {
-        this.#kind = 'complete';
+      const end = this.#progress.passed(meaning, ev);
+      if (end !== undefined) {
+        this.#kind = end;
+        if (end === 'upstream-error') {
+          const err = upstreamErrorOf(ev);
+          this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
+        }
         return true;
       }
-      if (meaning === 'error') {
-        this.#kind = 'upstream-error';
-        const err = upstreamErrorOf(ev);
-        this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
-        return true;
-      }
-      if (meaning === 'finish' && doneEvent(api) === undefined) {
-        this.#kind = 'complete';
-        return true;
-      }
-      // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer. Every event is
-      // read for the choices it carries then (a provider that ignores `n` sends fewer); with one choice, finishes only.
-      if (meaning === 'finish' || shape.choices > 1) {
-        const { seen, finished } = api === 'messages' ? ONE_FINISHED : choiceIndexes(ev);
-        for (const i of seen) this.#seenIndexes.add(i);
-        for (const i of finished) this.#finishedIndexes.add(i);
-        this.#finished = this.#finishedIndexes.size >= shape.choices;
-      }
-      if (this.#finished && !this.#graceArmed && (!shape.usage || this.#usage !== undefined)) {
+      if (this.#progress.finished && !this.#graceArmed && (!shape.usage || this.#usage !== undefined)) {
         // After the last finish only [DONE] is left: do not wait a whole idle period for it.
         this.#graceArmed = true;
         clearTimeout(this.#idle);
@@ -371,27 +329,9 @@ export class LiveStream {
     }
   }
 
-  #delivered = '';
-  /** A tool call started, or content that is not plain text (a list of parts): no recovery could splice onto it. */
-  #notPlainText = false;
-  #recover: StreamRecovery | undefined;
-
   /** Turns on streamRecovery for this stream (before it is read). */
   recoverWith(recover: StreamRecovery | undefined): void {
     this.#recover = recover;
-  }
-
-  /** The text delivered so far, and whether a tool call started (then no recovery: never a half-sent tool call). */
-  #trackDelivered(data: string): void {
-    try {
-      const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown; tool_calls?: unknown[] } }> };
-      const delta = chunk.choices?.[0]?.delta;
-      if (typeof delta?.content === 'string') this.#delivered += delta.content;
-      if (Array.isArray(delta?.tool_calls) && delta.tool_calls.length > 0) this.#notPlainText = true;
-      if (Array.isArray(delta?.content)) this.#notPlainText = true;
-    } catch {
-      // malformed events are not forwarded and deliver nothing
-    }
   }
 
   /**
@@ -403,12 +343,12 @@ export class LiveStream {
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
-    if (!recover || this.#ended || this.#notPlainText || this.#delivered === '' || this.#opts.requestSignal.aborted) return false;
+    if (!recover || this.#ended || this.#delivered.notPlainText || this.#delivered.text === '' || this.#opts.requestSignal.aborted) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
-      rest = await recover(this.#delivered);
+      rest = await recover(this.#delivered.text);
     } catch {
       rest = undefined;
     }
@@ -419,7 +359,7 @@ export class LiveStream {
     } finally {
       const end = rest.ended();
       // Left before its end (the client went away): the kind this stream ends with says so, not the continuation's.
-      if (end) this.#kind = WHOLE_ENDS.has(end.kind) ? 'recovered' : end.kind;
+      if (end) this.#kind = endedWhole(end.kind) ? 'recovered' : end.kind;
     }
     return true;
   }
@@ -449,7 +389,7 @@ export class LiveStream {
     const usage = (kind !== 'recovered' ? this.#opts.translate?.usage() : undefined) ?? this.#usage;
     const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }) };
     this.#ended = end;
-    const { controller } = this.#opts;
+    const { controller, iterator } = this.#opts;
     // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.
     const open = !controller.signal.aborted && !this.#upstreamEnded;
     const draining = open && kind === 'complete';
@@ -461,31 +401,8 @@ export class LiveStream {
     const done = () => {
       for (const fn of finishers) fn();
     };
-    if (draining) this.#drainUpstream(done);
+    if (draining) drainResponse(iterator, () => controller.abort(STREAM_OVER), done);
     else done();
-  }
-
-  #upstreamEnded = false;
-
-  /** Reads what is left of a finished answer's response (see DRAIN_MS), so undici can reuse the connection; then `done`. */
-  #drainUpstream(done: () => void): void {
-    const { iterator, controller } = this.#opts;
-    const timer = setTimeout(() => controller.abort(STREAM_OVER), DRAIN_MS);
-    const over = () => {
-      clearTimeout(timer);
-      done();
-    };
-    let bytes = 0;
-    const next = (): void => {
-      iterator.next().then(({ done: ended, value }) => {
-        if (ended) return over();
-        bytes += value.length;
-        if (bytes <= DRAIN_MAX_BYTES) return next();
-        controller.abort(STREAM_OVER);
-        over();
-      }, over);
-    };
-    next();
   }
 
   get ended(): StreamEnd | undefined {
@@ -500,10 +417,6 @@ export class LiveStream {
   #translated(events: SseEvent[]): SseEvent[] {
     return translatedAfterOutput(events, this.#opts.translate);
   }
-
-  #awaitingUpstream = false;
-  /** How long the client has taken nothing while the gateway had text for it (backpressure). */
-  #clientWaitMs = 0;
 
   /**
    * Ends an upstream silent for `ms` while it is waited for. While the client is the one not reading, it counts the

@@ -1,0 +1,74 @@
+// The gauges Prometheus reads where their numbers live (the pools, the breaker board, the hold-offs, the retry budget)
+// when it scrapes: the request path pays nothing for them, and a series shows before anything changes it. Kept out of
+// the runtime, which only wires, and out of pipeline-metrics.ts, which counts the pipeline's events: these read state,
+// whoever changed it.
+import type { Config } from '../config/schema.ts';
+import type { Pools } from '../pools/pools.ts';
+import type { TargetKeys } from '../routing/target-keys.ts';
+import type { BreakerBoard } from '../state/breaker-board.ts';
+import type { HoldOffs } from '../state/hold-offs.ts';
+import type { RetryBudget } from '../state/retry-budget.ts';
+import type { Metrics } from './metrics.ts';
+import { configuredTargetKeys } from './zero-series.ts';
+
+/** stormgate_breaker_state's value for each breaker state (its help text says the same). */
+export const BREAKER_STATE_VALUE = { closed: 0, open: 1, 'half-open': 2 } as const;
+
+export interface ScrapeSources {
+  config: Config;
+  targetKeys: TargetKeys;
+  pools: Pools;
+  board: BreakerBoard;
+  holdOffs: HoldOffs;
+  budget: RetryBudget;
+  now: () => number;
+  /** The targets whose breaker record changed since the start (served here, or learnt from the fleet). */
+  breakersChanged: () => Iterable<string>;
+}
+
+/** Sets the metrics' scrape-time collectors (collectBreakers, collectCredentials, collectPools, collectBudgets). */
+export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
+  const { pools, board, holdOffs, budget, now } = s;
+  const knownTargets = configuredTargetKeys(s.config, s.targetKeys);
+  /** The targets with a breaker and a credential series: every configured one, and every one served or changed since. */
+  const reportedTargets = () => {
+    const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
+    return new Set([...knownTargets, ...s.breakersChanged(), ...used]);
+  };
+  metrics.collectBreakers = () => {
+    // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
+    // instance reports an open breaker it learnt from Redis) without waiting for a transition.
+    // An open breaker whose time is over waits for a request to probe with: half-open, not open, for an alert on a
+    // target nobody sends to would otherwise fire forever.
+    for (const target of reportedTargets()) {
+      const rec = board.current(target);
+      metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
+    }
+  };
+  // A refused key shows nowhere else: the breaker stays closed (a 401 is no provider failure) and, with a fallback,
+  // every request is answered. Read at scrape time for the same targets as the breaker states.
+  metrics.collectCredentials = () => {
+    for (const target of reportedTargets()) {
+      metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
+    }
+  };
+  collectPoolMetrics(metrics, pools);
+  metrics.collectBudgets = async () => {
+    for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
+  };
+}
+
+/** Pool (and breaker) gauges are read when Prometheus scrapes, never kept up to date on the request path. */
+function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
+  const collect = () => {
+    for (const pool of pools.all()) {
+      const snap = pool.snapshot();
+      pool.settings.classes.forEach((c, i) => {
+        metrics.poolInUse.set({ provider: pool.settings.provider, priority: c.name }, snap.inUse[i] ?? 0);
+        metrics.poolQueueDepth.set({ provider: pool.settings.provider, priority: c.name }, snap.queued[i] ?? 0);
+      });
+      for (const [target, limit] of snap.limits) metrics.poolLimit.set({ target }, Math.floor(limit));
+    }
+  };
+  metrics.collectPools = collect;
+}

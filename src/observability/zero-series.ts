@@ -1,0 +1,111 @@
+// Makes the series a dashboard reads exist at zero before their first event: a counter's first increments count in
+// rate() and increase() only if a scrape saw it at zero before. The label values come from the config (routes, their
+// target keys, pool classes) and the fixed sets the code counts under; a key learned from traffic starts at its first
+// attempt. Kept out of the runtime, which only wires, and out of pipeline-metrics.ts, which counts events as they come:
+// this reads the config, before any event.
+import type { Config } from '../config/schema.ts';
+import { DEGRADED_REASONS } from '../pipeline/degraded-answer.ts';
+import { REQUEST_OUTCOMES } from '../pipeline/handle-request.ts';
+import { STREAM_END_KINDS } from '../pipeline/stream-ends.ts';
+import { PARK_OUTCOMES } from '../pipeline/parking-lot.ts';
+import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
+import { retryReasons } from '../policy/outcome.ts';
+import type { TargetKeys } from '../routing/target-keys.ts';
+import type { Metrics } from './metrics.ts';
+import { REJECTED_LABELS, STATUS_CLASSES } from './pipeline-metrics.ts';
+
+type Route = Config['routes'][number];
+
+/** A route's series for a target key, started at zero once per key until the key is given back. */
+export interface TargetSeries {
+  /** Called at every attempt: does something only the first time the route sends to the key. */
+  zeroOnce(route: string, target: string): void;
+  /** The key was given back (see TargetKeys.forget): if it comes back, its series start at zero again. */
+  forget(target: string): void;
+}
+
+/**
+ * Zeroes every series the config names, now. A route's series for a target key start at zero once: the keys the config
+ * names now, those learnt from traffic (a route of any model) at their first attempt, through what this returns.
+ */
+export function zeroSeries(config: Config, metrics: Metrics, keys: TargetKeys): TargetSeries {
+  const zeroed = new Set<string>();
+  const routesByName = new Map(config.routes.map((r) => [r.name, r]));
+  const zeroOnce = (route: string, target: string): void => {
+    const seen = `${route}\n${target}`;
+    if (zeroed.has(seen)) return;
+    zeroed.add(seen);
+    zeroTargetSeries(config, metrics, routesByName.get(route)!, target);
+  };
+  for (const route of config.routes) if (route.park !== false) metrics.parked.inc({ route: route.name }, 0);
+  zeroCounters(config, metrics, keys, zeroOnce);
+  return {
+    zeroOnce,
+    forget: (target) => {
+      for (const seen of zeroed) if (seen.endsWith(`\n${target}`)) zeroed.delete(seen);
+    },
+  };
+}
+
+/**
+ * Counters start at zero for the label values the config names, so the first increments show in rate() and
+ * increase(): each route's primary target keys (the keys its traffic is counted under: a target's model, or each
+ * model the route matches; a route of any model learns its keys from traffic).
+ */
+function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTarget: (route: string, target: string) => void): void {
+  for (const route of config.routes) {
+    const r = { route: route.name };
+    for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ ...r, result }, 0);
+    metrics.fallbackRequests.inc(r, 0);
+    if (route.park !== false) for (const outcome of PARK_OUTCOMES) metrics.parkOutcomes.inc({ ...r, outcome }, 0);
+    if (route.degraded) for (const reason of DEGRADED_REASONS) metrics.degraded.inc({ ...r, reason }, 0);
+    for (const attempt of ['first', 'retry']) metrics.requestDuration.zero({ ...r, attempt });
+    if (route.match.path !== '/v1/embeddings') {
+      metrics.ttft.zero(r);
+      for (const end of STREAM_END_KINDS) metrics.streamEnds.inc({ ...r, end }, 0);
+    }
+    const byTarget = route.targets.map((t) => routeTargetKeys(route, t, keys));
+    for (const targets of byTarget) for (const target of targets) zeroTarget(route.name, target);
+    // Each hand-over the route can make, for every reason: a first fallback shows in increase() from its first burst.
+    for (let i = 0; i < byTarget.length; i++) {
+      for (const from of byTarget[i]!) {
+        for (const to of byTarget.slice(i + 1).flat()) for (const reason of FALLBACK_REASONS) metrics.fallbacks.inc({ ...r, from, to, reason }, 0);
+      }
+    }
+  }
+  for (const p of Object.values(config.providers)) {
+    for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
+  }
+  metrics.requests.inc(REJECTED_LABELS, 0);
+}
+
+/**
+ * One route's series for one of its target keys, at zero, every label value the code can give them: a counter's
+ * first increments count in increase() only if a scrape saw it at zero before.
+ */
+function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target: string): void {
+  if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) {
+    for (const to of ['open', 'half-open', 'closed']) metrics.breakerTransitions.inc({ target, to }, 0);
+  }
+  for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome }, 0);
+  metrics.budgetExhausted.inc({ route: route.name, target }, 0);
+  for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
+  for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
+  for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
+}
+
+/** The keys a route's traffic to one target is counted under. */
+function routeTargetKeys(route: Route, t: Route['targets'][number], keys: TargetKeys): string[] {
+  if (t.model) return [keys.key(t.provider, t.model)];
+  // A route that serves any model, or patterns (`gpt-*`), names no key: its models are learned from traffic (past
+  // the limit, `other`), so a key made up here would be a series no request is ever counted under.
+  const named = route.match.models?.filter((x) => !x.includes('*')) ?? [];
+  return named.map((m) => keys.key(t.provider, m));
+}
+
+/** Every target key the config names: each route target's model, or the models the route matches. */
+export function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
+  const out = new Set<string>();
+  for (const route of config.routes) for (const t of route.targets) for (const k of routeTargetKeys(route, t, keys)) out.add(k);
+  return [...out];
+}

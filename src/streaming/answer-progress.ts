@@ -1,0 +1,72 @@
+// Where a streamed answer stands as its events pass: which choices have come and which have finished, whether a tool
+// call's arguments are on their way, and whether an event ends the answer. Events in, state out, with no I/O and no
+// timers: the rules for `n` choices, providers that ignore `n` and tool calls are tested here event by event, while
+// the LiveStream that acts on them (timers, error events, the upstream's end) is tested through whole streams.
+import type { ApiKind } from '../routing/router.ts';
+import type { SseEvent } from './sse-parser.ts';
+import { choiceIndexes, doneEvent, type EventMeaning, type StreamShape } from './stream-events.ts';
+
+/**
+ * An event that carries a tool call: a non-empty `tool_calls` list (some servers send `"tool_calls":[]` with every
+ * text delta), the Responses API's argument deltas, an Anthropic tool_use block or its input's deltas.
+ */
+const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta|"type"\s*:\s*"(?:tool_use|input_json_delta)"/;
+/** An Anthropic answer has one "choice": its finish (the message_delta with a stop_reason) finishes the answer. */
+const ONE_FINISHED = { seen: [0], finished: [0] };
+
+/** How an event ended the answer: its end ([DONE], or a finish where the API has none after it), or an error event. */
+export type AnswerEnd = 'complete' | 'upstream-error';
+
+export class AnswerProgress {
+  readonly #api: ApiKind;
+  readonly #shape: StreamShape;
+  #finished = false;
+  readonly #finishedIndexes = new Set<number>();
+  /** With n > 1, the choices that have come at all: a provider that ignores `n` sends only one. */
+  readonly #seenIndexes = new Set<number>();
+  #toolCallOpen = false;
+
+  constructor(api: ApiKind, shape: StreamShape) {
+    this.#api = api;
+    this.#shape = shape;
+  }
+
+  /** Every choice has had its finish_reason: only [DONE] (and the usage chunk, when asked for) is left. */
+  get finished(): boolean {
+    return this.#finished;
+  }
+
+  /** A tool call's arguments are on their way (until a finish): a malformed event now would corrupt them. */
+  get toolCallOpen(): boolean {
+    return this.#toolCallOpen;
+  }
+
+  /** An event passed on to the client (a malformed one is not): how it ends the answer, or undefined. */
+  passed(meaning: EventMeaning, ev: SseEvent): AnswerEnd | undefined {
+    if (meaning === 'finish') this.#toolCallOpen = false;
+    else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);
+    if (meaning === 'done') return 'complete';
+    if (meaning === 'error') return 'upstream-error';
+    if (meaning === 'finish' && doneEvent(this.#api) === undefined) return 'complete';
+    // With n > 1 each choice finishes on its own: the first finish_reason does not end the answer. Every event is
+    // read for the choices it carries then (a provider that ignores `n` sends fewer); with one choice, finishes only.
+    if (meaning === 'finish' || this.#shape.choices > 1) {
+      const { seen, finished } = this.#api === 'messages' ? ONE_FINISHED : choiceIndexes(ev);
+      for (const i of seen) this.#seenIndexes.add(i);
+      for (const i of finished) this.#finishedIndexes.add(i);
+      this.#finished = this.#finishedIndexes.size >= this.#shape.choices;
+    }
+    return undefined;
+  }
+
+  /**
+   * Is the answer whole, [DONE] aside, once the upstream's response has ended? Every choice asked for has finished;
+   * or, from a provider that ignores `n` and sends fewer, every choice that came has.
+   */
+  whole(): boolean {
+    if (this.#finished) return true;
+    if (this.#finishedIndexes.size === 0) return false;
+    for (const i of this.#seenIndexes) if (!this.#finishedIndexes.has(i)) return false;
+    return true;
+  }
+}
