@@ -17,7 +17,7 @@ export interface InterpolationIssue {
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Splits a value into literals and references; `$${` is a literal `${`. Throws on a malformed reference. */
-export function parseTemplate(value: string): Part[] {
+function parseTemplate(value: string): Part[] {
   const parts: Part[] = [];
   let literal = '';
   let i = 0;

@@ -5,7 +5,7 @@ import type { core } from 'zod';
 type Schema = core.$ZodType;
 
 /** Strips wrappers that do not change the shape of the data (default, optional, pipe...). */
-export function unwrap(schema: Schema): Schema {
+function unwrap(schema: Schema): Schema {
   let s = schema as core.$ZodTypes;
   for (;;) {
     const def = s._zod.def;
@@ -32,7 +32,7 @@ export function unwrap(schema: Schema): Schema {
 }
 
 /** Schema of `schema[segment]`, or undefined when there is none. Unions answer with their first fitting option. */
-export function childSchema(schema: Schema, segment: PropertyKey): Schema | undefined {
+function childSchema(schema: Schema, segment: PropertyKey): Schema | undefined {
   const s = unwrap(schema) as core.$ZodTypes;
   const def = s._zod.def;
   switch (def.type) {
@@ -53,7 +53,7 @@ export function childSchema(schema: Schema, segment: PropertyKey): Schema | unde
   }
 }
 
-export function schemaAt(root: Schema, path: readonly PropertyKey[]): Schema | undefined {
+function schemaAt(root: Schema, path: readonly PropertyKey[]): Schema | undefined {
   let s: Schema | undefined = root;
   for (const seg of path) {
     if (!s) return undefined;

@@ -6,7 +6,7 @@ import { genericPath, keysAt } from './schema-walk.ts';
  * Keys that were renamed, by documented path (`routes[].retry.attempts`). A renamed key fails with a pointer
  * to its new name instead of being read silently, as undici does with its retired options.
  */
-export const RENAMED_KEYS: Readonly<Record<string, string>> = {
+const RENAMED_KEYS: Readonly<Record<string, string>> = {
   'routes[].timeout': 'timeoutMs',
   'routes[].retry.attempts': 'maxAttempts',
   'providers.<name>.timeouts.connect': 'connectMs',
@@ -44,7 +44,7 @@ export function closest(word: string, candidates: readonly string[]): string | u
   return best;
 }
 
-export function levenshtein(a: string, b: string): number {
+function levenshtein(a: string, b: string): number {
   let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
   for (let i = 1; i <= a.length; i++) {
     const row = [i];

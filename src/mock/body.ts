@@ -2,7 +2,7 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 
 /** Largest request body the mock reads; beyond it the request gets 413. */
-export const BODY_LIMIT_BYTES = 16 * 1024 * 1024;
+const BODY_LIMIT_BYTES = 16 * 1024 * 1024;
 
 /** Reads the whole body; calls back with undefined when it exceeds the limit. */
 export function readBody(req: IncomingMessage, done: (body: Buffer | undefined) => void): void {

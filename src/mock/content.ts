@@ -77,7 +77,7 @@ export function idSource(): (prefix: string) => string {
 }
 
 /** Dimensions of every mock embedding. */
-export const EMBEDDING_DIMENSIONS = 8;
+const EMBEDDING_DIMENSIONS = 8;
 
 /** A deterministic unit vector for a text; values are float32-exact so base64 and float agree. */
 export function embeddingOf(text: string): number[] {

@@ -24,7 +24,7 @@ export interface AnswerContext {
   chunks: number;
 }
 
-export const SYSTEM_FINGERPRINT = 'fp_mock0001';
+const SYSTEM_FINGERPRINT = 'fp_mock0001';
 const MALFORMED = 'data: {not json\n\n';
 
 /** A loosely typed JSON request body; builders check the fields they use. */

@@ -11,7 +11,7 @@ const HEADER_PATHS = [
   'headers["x-api-key"]',
 ];
 
-export const REDACT_PATHS = [...HEADER_PATHS, 'apiKey', '*.apiKey', 'providers.*.apiKey'];
+const REDACT_PATHS = [...HEADER_PATHS, 'apiKey', '*.apiKey', 'providers.*.apiKey'];
 
 export function createLogger(config: Pick<Config, 'server'>, destination?: pino.DestinationStream): Logger {
   const options: pino.LoggerOptions = {

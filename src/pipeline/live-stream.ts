@@ -108,7 +108,7 @@ export function afterFinishWaitMs(family: ProviderConfig['family'], idleMs: numb
  * A client that reads nothing for this many idle periods (5 min with the default idleMs) is given up on: a stream's
  * here, a whole answer's by the server (PipelineAnswer.clientStallMs).
  */
-export const CLIENT_STALL_IDLE_PERIODS = 10;
+const CLIENT_STALL_IDLE_PERIODS = 10;
 
 /**
  * How long a whole answer's client (or a passthrough download's) may take nothing before its connection is closed:

@@ -83,7 +83,7 @@ export function initialLimit(s: LimitSettings): LimitState {
 }
 
 /** A class's floor under the current limit: its minShare of it, at least one slot. */
-export function classFloor(st: LimitState, s: LimitSettings, cls: number): number {
+function classFloor(st: LimitState, s: LimitSettings, cls: number): number {
   return Math.max(1, Math.floor((s.minShares[cls] ?? 0) * st.limit));
 }
 

@@ -235,7 +235,7 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
 }
 
 /** The gateway's process (EMFILE) or the host (ENFILE) has no file descriptor left for a new connection. */
-export const LOCAL_RESOURCE_CODES: ReadonlySet<string> = new Set(['EMFILE', 'ENFILE']);
+const LOCAL_RESOURCE_CODES: ReadonlySet<string> = new Set(['EMFILE', 'ENFILE']);
 
 /** A connection that could not be made: refused, no route, no DNS answer, no local address. */
 export const UNREACHABLE_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);

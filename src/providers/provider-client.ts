@@ -20,7 +20,7 @@ export interface ProviderClientOptions {
   backstopMs: number;
 }
 
-export function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
+function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
   const { origin } = new URL(config.baseUrl);
   const poolOptions = {
     // An unset `connections` means unlimited in undici: always bound it.

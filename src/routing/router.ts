@@ -35,7 +35,7 @@ const API_BY_PATH: Record<string, ApiKind> = {
   '/v1/messages': 'messages',
 };
 
-export function apiKindOf(path: string): ApiKind {
+function apiKindOf(path: string): ApiKind {
   return API_BY_PATH[path] ?? 'other';
 }
 

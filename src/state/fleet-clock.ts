@@ -11,7 +11,7 @@
  * Skew under this is not corrected, nor is a change of the skew under it: a measurement is only as good as half its
  * round trip, and a store whose clock agrees with Redis's (the same machine's, NTP's) keeps times to the millisecond.
  */
-export const CLOCK_TOLERANCE_MS = 500;
+const CLOCK_TOLERANCE_MS = 500;
 
 export class FleetClock {
   /** This instance's clock minus Redis's, in ms (within CLOCK_TOLERANCE_MS of it); 0 where the two agreed that closely when it last changed. */

@@ -16,7 +16,7 @@ import {
 import { KeptKeys } from './kept-keys.ts';
 
 /** What the in-process store keeps of idempotency keys' answers at most, unless told otherwise (config: idempotency.memoryBytes). */
-export const DEFAULT_KEPT_BYTES = 64 * 1024 * 1024;
+const DEFAULT_KEPT_BYTES = 64 * 1024 * 1024;
 
 /**
  * Per-second buckets; the window is the sum over the last windowS seconds. Seconds older than the longest window any

@@ -7,7 +7,7 @@ import { isReadOnly } from './redis-errors.ts';
 export type RedisConnection = Redis | Cluster;
 
 /** Reconnect delay after the n-th failed attempt: 50 ms doubling, capped at 2 s, so a returning Redis is found quickly. */
-export function reconnectDelayMs(attempt: number): number {
+function reconnectDelayMs(attempt: number): number {
   return Math.min(50 * 2 ** Math.max(0, attempt - 1), 2000);
 }
 
