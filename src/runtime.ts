@@ -16,6 +16,7 @@ import type { StateStore } from './state/store.ts';
 import { ParkingLot } from './pipeline/parking-lot.ts';
 import { targetStateOf } from './pipeline/target-state.ts';
 import { Pools } from './pools/pools.ts';
+import { defaultWaitingBodyBytes, WaitingBodies } from './pools/waiting-bodies.ts';
 import { WeightedPicker } from './routing/weighted.ts';
 import type { TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
@@ -65,10 +66,16 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   });
   const holdOffs = new HoldOffs(store, now, random);
   const targetKeys = new TargetKeys(config, now);
-  const pools = new Pools(config, now, {
-    onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
-    onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
-  });
+  const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes ?? defaultWaitingBodyBytes());
+  const pools = new Pools(
+    config,
+    now,
+    {
+      onWait: (provider, priority, seconds) => metrics.poolWait.observe({ provider, priority }, seconds),
+      onShed: (priority, reason) => metrics.shed.inc({ priority, reason }),
+    },
+    bodies,
+  );
   const poolOf = (target: string) => pools.of(target.slice(0, target.indexOf('/')));
   const stopSharing = store.kind === 'redis' ? shareFleetCapacity(pools, store, now) : () => {};
   const lot = new ParkingLot({
@@ -83,6 +90,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     }),
     onParkedChange: (route, delta) => metrics.parked.inc({ route }, delta),
     onOutcome: (route, outcome) => metrics.parkOutcomes.inc({ route, outcome }),
+    bodies,
   });
 
   // After an outage (a breaker that closes again, a provider that asked for a pause), the target's adaptive limit
@@ -130,7 +138,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       board.availability(plan.key, plan.breaker, false).kind !== 'open',
   );
   const budget = new RetryBudget(store, now);
-  collectAtScrape(metrics, { config, targetKeys, pools, board, holdOffs, budget, now, breakersChanged: () => lastBreakerState.keys() });
+  collectAtScrape(metrics, { config, targetKeys, pools, bodies, board, holdOffs, budget, now, breakersChanged: () => lastBreakerState.keys() });
   const series = zeroSeries(config, metrics, targetKeys);
   const observer = metricsObserver(metrics);
   const loop = loopGuard();

@@ -346,6 +346,10 @@ export const ServerSchema = z
       .describe('Host names (the Host header without its port) a gateway on a loopback address answers besides the local ones (localhost, IP literals, names without a dot); others get 403 host_not_allowed, against DNS rebinding from a web page. `["*"]`: every name. Set, it applies on any address (0.0.0.0 too: a Kubernetes service name must then be listed). Optional; default: local names only on a loopback address, every name on any other.'),
     bodyLimitBytes: z.number().int().positive().default(10 * 1024 * 1024)
       .describe('Largest request body accepted; larger ones get 413. Default: 10485760.'),
+    // The queues bound requests, not bytes: 10,000 batch requests of 500 KB waiting would hold 5 GB of raw bodies and
+    // as much again parsed, past the heap's limit, and a process that dies drops every online request with the batch.
+    maxWaitingBodyBytes: z.number().int().positive().optional()
+      .describe('Most bytes of request bodies held by requests waiting for a pool slot or parked, across the instance (each also holds its parsed JSON, about as large, on the heap); a request that would pass it is shed (503 load_shed, 429 in a pool\'s lowest class; parked: 503 park_queue_full), with retry-after and x-should-retry: true. A pool\'s lowest class (batch) fills only half of it. Optional; default: a quarter of the V8 heap limit (--max-old-space-size), about 1 GB with Node\'s default on a machine of 16 GB or more.'),
     requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
       .describe('pino log level. Default: info.'),

@@ -27,6 +27,7 @@ export interface Metrics {
   readonly poolQueueDepth: Gauge<'provider' | 'priority'>;
   readonly poolWait: Histogram<'provider' | 'priority'>;
   readonly poolLimit: Gauge<'target'>;
+  readonly waitingBodyBytes: Gauge;
   readonly shed: Counter<'priority' | 'reason'>;
   readonly fallbacks: Counter<'route' | 'from' | 'to' | 'reason'>;
   readonly degraded: Counter<'route' | 'reason'>;
@@ -196,6 +197,11 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       labelNames: ['target'] as const,
       registers,
     }),
+    waitingBodyBytes: new Gauge({
+      name: 'stormgate_waiting_body_bytes',
+      help: 'Bytes of request bodies held by requests waiting for a pool slot or parked (bounded by server.maxWaitingBodyBytes).',
+      registers,
+    }),
     fallbacks: new Counter({
       name: 'stormgate_fallbacks_total',
       help: 'Requests handed from one target to the next, by route, from, to and reason.',
@@ -210,7 +216,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     shed: new Counter({
       name: 'stormgate_shed_total',
-      help: 'Requests shed by a pool (its class queue full, or no slot expected before the deadline), by priority and reason.',
+      help: 'Requests shed by a pool (its class queue full, the bodies of waiting requests at server.maxWaitingBodyBytes, or no slot expected before the deadline), by priority and reason.',
       labelNames: ['priority', 'reason'] as const,
       registers,
     }),

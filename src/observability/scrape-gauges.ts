@@ -4,6 +4,7 @@
 // whoever changed it.
 import type { Config } from '../config/schema.ts';
 import type { Pools } from '../pools/pools.ts';
+import type { WaitingBodies } from '../pools/waiting-bodies.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
@@ -18,6 +19,8 @@ export interface ScrapeSources {
   config: Config;
   targetKeys: TargetKeys;
   pools: Pools;
+  /** The bytes of waiting requests' bodies, the instance's. */
+  bodies: WaitingBodies;
   board: BreakerBoard;
   holdOffs: HoldOffs;
   budget: RetryBudget;
@@ -52,14 +55,14 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
       metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
     }
   };
-  collectPoolMetrics(metrics, pools);
+  collectPoolMetrics(metrics, pools, s.bodies);
   metrics.collectBudgets = async () => {
     for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
   };
 }
 
-/** Pool (and breaker) gauges are read when Prometheus scrapes, never kept up to date on the request path. */
-function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
+/** Pool gauges (and the waiting bodies' bytes) are read when Prometheus scrapes, never kept up to date on the request path. */
+function collectPoolMetrics(metrics: Metrics, pools: Pools, bodies: WaitingBodies): void {
   const collect = () => {
     for (const pool of pools.all()) {
       const snap = pool.snapshot();
@@ -69,6 +72,7 @@ function collectPoolMetrics(metrics: Metrics, pools: Pools): void {
       });
       for (const [target, limit] of snap.limits) metrics.poolLimit.set({ target }, Math.floor(limit));
     }
+    metrics.waitingBodyBytes.set(bodies.bytes);
   };
   metrics.collectPools = collect;
 }

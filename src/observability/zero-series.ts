@@ -10,6 +10,7 @@ import { STREAM_END_KINDS } from '../pipeline/stream-ends.ts';
 import { PARK_OUTCOMES } from '../pipeline/parking-lot.ts';
 import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
 import { retryReasons } from '../policy/outcome.ts';
+import { SHED_REASONS } from '../pools/provider-pool.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Metrics } from './metrics.ts';
 import { REJECTED_LABELS, STATUS_CLASSES } from './pipeline-metrics.ts';
@@ -74,7 +75,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
     }
   }
   for (const p of Object.values(config.providers)) {
-    for (const cls of Object.keys(p.pools.classes)) for (const reason of ['queue_full', 'deadline']) metrics.shed.inc({ priority: cls, reason }, 0);
+    for (const cls of Object.keys(p.pools.classes)) for (const reason of SHED_REASONS) metrics.shed.inc({ priority: cls, reason }, 0);
   }
   metrics.requests.inc(REJECTED_LABELS, 0);
 }

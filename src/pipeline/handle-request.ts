@@ -174,6 +174,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         skipped: summary.skipped,
         parkable: route.config.park !== false,
         clientRetries: clientRetryCount(req.headers),
+        bodyBytes: req.rawBody.length,
       },
       plans,
       contextFallback,
@@ -301,7 +302,12 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
     case 'shed': {
       summary.outcome = 'shed';
       const { className, lowestClass, retryAfterMs, reason } = served.shed;
-      const why = reason === 'queue_full' ? `its queue for class ${className} is full` : `no slot for class ${className} can be expected before the request's deadline`;
+      const why =
+        reason === 'queue_full'
+          ? `its queue for class ${className} is full`
+          : reason === 'body_bytes'
+            ? `the requests waiting in this gateway hold as many bytes of request bodies as server.maxWaitingBodyBytes allows${lowestClass ? ` for class ${className}` : ''}`
+            : `no slot for class ${className} can be expected before the request's deadline`;
       return errorAnswer(
         new GatewayError('load_shed', `provider ${served.plan.client.name} is at capacity and ${why}; retry later`, {
           status: lowestClass ? 429 : 503,

@@ -6,6 +6,7 @@
 // long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
 // at T.
 import type { RequestSignal } from './request-abort.ts';
+import type { WaitingBodies } from '../pools/waiting-bodies.ts';
 
 export type TargetState =
   /** Released requests may be in flight up to `slots` at a time: the target's adaptive limit. */
@@ -51,6 +52,10 @@ export interface ParkOptions {
    * their class's few slots must not keep online requests parked behind them (the noisy neighbour, back in the lot).
    */
   cls?: number;
+  /** Bytes of the request's body: while it is parked, they count against server.maxWaitingBodyBytes. */
+  bodyBytes?: number;
+  /** Its class is its pool's lowest (batch): its body may fill only half of server.maxWaitingBodyBytes. */
+  lowestClass?: boolean;
 }
 
 export interface ParkingLotDeps {
@@ -60,6 +65,8 @@ export interface ParkingLotDeps {
   stateOf: (target: string) => TargetState;
   onParkedChange?: (route: string, delta: number) => void;
   onOutcome?: (route: string, outcome: (typeof PARK_OUTCOMES)[number]) => void;
+  /** The bytes of waiting bodies, shared with the pools: a parked request holds its body as a queued one does. */
+  bodies?: WaitingBodies;
 }
 
 interface Entry {
@@ -119,6 +126,8 @@ export class ParkingLot {
     if (this.#closing) return Promise.resolve(this.#count(opts.route, { kind: 'closing' }));
     if ((this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     if (opts.signal.aborted) return Promise.resolve(this.#count(opts.route, { kind: 'aborted' }));
+    const bytes = opts.bodyBytes ?? 0;
+    if (this.#deps.bodies && !this.#deps.bodies.take(bytes, opts.lowestClass === true)) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     const q = this.#queue(target);
     return new Promise<ParkResult>((resolve) => {
       let waitTimer: NodeJS.Timeout | undefined;
@@ -133,6 +142,7 @@ export class ParkingLot {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
           this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 1) - 1);
+          this.#deps.bodies?.give(bytes);
           this.#deps.onParkedChange?.(opts.route, -1);
           resolve(this.#count(opts.route, r));
         },

@@ -6,9 +6,10 @@ import { runAttempt, type AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import type { RequestContext, TargetPlan } from './target-attempts.ts';
 import type { UpstreamRequest } from '../providers/families.ts';
+import type { ShedReason } from '../pools/provider-pool.ts';
 
 export type SlotAttempt =
-  | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
+  | { kind: 'shed'; reason: ShedReason; retryAfterMs: number }
   /** The target went away while the request waited for its slot (a hold-off began, the breaker opened). */
   | { kind: 'gone'; reason: 'hold-off' | 'breaker'; availableAtMs: number }
   /**
@@ -40,6 +41,7 @@ export async function attemptInSlot(
     target: plan.key,
     retry,
     released,
+    ...(ctx.bodyBytes !== undefined && { bodyBytes: ctx.bodyBytes }),
     deadlineAtMs: ctx.deadlineAtMs,
     minAttemptMs: ctx.route.config.minAttemptMs,
     signal: ctx.signal,

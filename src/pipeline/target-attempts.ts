@@ -14,7 +14,7 @@ import type { RetryBudget } from '../state/retry-budget.ts';
 import type { AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import { attemptInSlot, type SlotAttempt } from './slot-attempt.ts';
-import type { ProviderPool } from '../pools/provider-pool.ts';
+import type { ProviderPool, ShedReason } from '../pools/provider-pool.ts';
 import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
@@ -116,6 +116,8 @@ export interface RequestContext {
   parkable: boolean;
   /** The client's own retry count (x-stainless-retry-count), 0 when none. */
   clientRetries: number;
+  /** Bytes of the request's body, counted against server.maxWaitingBodyBytes while it waits (queued or parked). */
+  bodyBytes?: number;
 }
 
 export interface Guards {
@@ -141,7 +143,7 @@ export type TargetResult =
   /** The provider refused the gateway's credentials or billing lately: nothing is sent to it until `untilMs`. */
   | { kind: 'auth-held'; untilMs: number }
   /** The provider's pool could not give the request a slot in time (or its class queue is full). */
-  | { kind: 'shed'; reason: 'queue_full' | 'deadline'; retryAfterMs: number; className: string; lowestClass: boolean }
+  | { kind: 'shed'; reason: ShedReason; retryAfterMs: number; className: string; lowestClass: boolean }
   /** `why`: what ended the retries here, when it was not the outcome itself (for the fallback reason). */
   | { kind: 'failed'; result: AttemptResult; cls: Classification; retryAfterMs: number | undefined; why?: RetriesStopped }
   /** `own`: the hold-off this request's own answer started, whose hint its retry policy accepted (it may park past maxWaitHintMs by the spread). */

@@ -1,11 +1,12 @@
 // The priority pools of every provider, built once from the config, and the request's class in them.
 import type { Config } from '../config/schema.ts';
 import { ProviderPool, type PoolObserver } from './provider-pool.ts';
+import type { WaitingBodies } from './waiting-bodies.ts';
 
 export class Pools {
   readonly #pools = new Map<string, ProviderPool>();
 
-  constructor(config: Config, now: () => number, observer: PoolObserver = {}) {
+  constructor(config: Config, now: () => number, observer: PoolObserver = {}, bodies?: WaitingBodies) {
     for (const [name, p] of Object.entries(config.providers)) {
       const capacity = p.pools.maxConcurrent ?? p.maxConnections;
       this.#pools.set(
@@ -21,6 +22,7 @@ export class Pools {
           },
           now,
           observer,
+          bodies,
         ),
       );
     }

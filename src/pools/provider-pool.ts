@@ -5,6 +5,7 @@
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
+import type { WaitingBodies } from './waiting-bodies.ts';
 
 export interface PoolClass {
   name: string;
@@ -35,6 +36,8 @@ export interface SlotRequest {
    * requests were shed `load_shed` just as the provider came back.
    */
   released?: boolean;
+  /** Bytes of the request's body: while it waits, they count against server.maxWaitingBodyBytes. */
+  bodyBytes?: number;
 }
 
 export interface Slot {
@@ -47,8 +50,15 @@ export interface Slot {
 export type Acquired =
   /** queued: it waited for its slot (what it was admitted on may have changed meanwhile). */
   | { ok: true; slot: Slot; queued: boolean }
-  | { ok: false; reason: 'queue_full' | 'deadline'; retryAfterMs: number }
+  | { ok: false; reason: ShedReason; retryAfterMs: number }
   | { ok: false; reason: 'aborted' };
+
+/**
+ * Why a request was shed (stormgate_shed_total's reason label). body_bytes: the bodies of the requests waiting in the
+ * instance would pass server.maxWaitingBodyBytes.
+ */
+export const SHED_REASONS = ['queue_full', 'deadline', 'body_bytes'] as const;
+export type ShedReason = (typeof SHED_REASONS)[number];
 
 interface TargetUse {
   inUse: number;
@@ -140,6 +150,8 @@ export class ProviderPool {
     settings: PoolSettings,
     private readonly now: () => number,
     private readonly observer: PoolObserver = {},
+    /** Shared by every pool and the parking lot: the bytes of waiting bodies are the instance's, not one provider's. */
+    private readonly bodies?: WaitingBodies,
   ) {
     this.settings = settings;
     this.#limitSettings = { max: settings.capacity, min: settings.minLimit, decrease: settings.decrease, minShares: settings.classes.map((c) => c.minShare) };
@@ -173,6 +185,9 @@ export class ProviderPool {
     if (!req.released && this.#queued[req.cls]! >= cls.maxQueue) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
     if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
+    const bytes = req.bodyBytes ?? 0;
+    if (req.released) this.bodies?.add(bytes);
+    else if (this.bodies && !this.bodies.take(bytes, req.cls > 0 && req.cls === this.settings.classes.length - 1)) return this.#shed(cls.name, 'body_bytes', expectedWaitMs);
     return new Promise<Acquired>((resolve) => {
       // Still waiting when less than minAttemptMs is left: shed then, while the client still waits for an answer,
       // rather than hold the request until its deadline and a 504.
@@ -345,6 +360,7 @@ export class ProviderPool {
   #leave(w: Waiter): boolean {
     if (w.gone) return false;
     w.gone = true;
+    this.bodies?.give(w.req.bodyBytes ?? 0);
     const lane = w.lane;
     lane.size--;
     this.#queued[w.req.cls]!--;
@@ -477,7 +493,7 @@ export class ProviderPool {
     return retryAfterMs;
   }
 
-  #shed(cls: string, reason: 'queue_full' | 'deadline', retryAfterMs: number): Acquired {
+  #shed(cls: string, reason: ShedReason, retryAfterMs: number): Acquired {
     this.observer.onShed?.(cls, reason);
     return { ok: false, reason, retryAfterMs };
   }
