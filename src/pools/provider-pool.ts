@@ -6,6 +6,7 @@ import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type L
 import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
 import type { WaitingBodies } from './waiting-bodies.ts';
+import { MovingAverage } from '../policy/moving-average.ts';
 
 export interface PoolClass {
   name: string;
@@ -125,15 +126,13 @@ export class ProviderPool {
   readonly #inUseByClass: number[];
   #inUse = 0;
   #retriesInUse = 0;
-  #roundTripMs = INITIAL_ROUND_TRIP_MS;
-  #roundTripTimed = false;
+  readonly #roundTrip = new MovingAverage(INITIAL_ROUND_TRIP_MS);
   /**
    * How long an answered attempt holds its slot: a stream holds it until it ends, seconds or minutes after the first
    * token that ends its round trip. Slots free at this pace, so the wait estimates (and the retry-after of a shed
    * request) count in it; by round trips, 2,000 streamed agents were told to come back in 1.4 s for a 50 s queue.
    */
-  #slotHoldMs = INITIAL_ROUND_TRIP_MS;
-  #slotHoldTimed = false;
+  readonly #slotHold = new MovingAverage(INITIAL_ROUND_TRIP_MS);
   /** This instance's share of the fleet's capacity (1 alone; demand-weighted with a shared state store). */
   #capacity: number;
   /**
@@ -237,7 +236,7 @@ export class ProviderPool {
     for (let k = 0; k <= cls; k++) ahead += this.#queued[k]!;
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTripMs, this.#slotHoldMs);
+    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
@@ -247,12 +246,11 @@ export class ProviderPool {
     const t = this.#target(target);
     if (signal === 'success') {
       // Round trips of answers, not of the instant 429s, pace both the wait estimates and the once-per-round-trip cut.
-      if (roundTripMs > 0) this.#roundTripMs = this.#roundTripTimed ? 0.8 * this.#roundTripMs + 0.2 * roundTripMs : roundTripMs;
-      this.#roundTripTimed ||= roundTripMs > 0;
-      t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, this.#slotHoldMs);
+      if (roundTripMs > 0) this.#roundTrip.add(roundTripMs);
+      t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, this.#slotHold.value);
       this.#drain();
     } else {
-      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTripMs, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
+      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
     }
   }
 
@@ -434,8 +432,7 @@ export class ProviderPool {
 
   #timeSlotHold(heldMs: number): void {
     if (heldMs <= 0) return;
-    this.#slotHoldMs = this.#slotHoldTimed ? 0.8 * this.#slotHoldMs + 0.2 * heldMs : heldMs;
-    this.#slotHoldTimed = true;
+    this.#slotHold.add(heldMs);
   }
 
   /** Grants free slots: first to classes under their minShare floor, then by class, then by arrival. */
