@@ -44,6 +44,8 @@ export interface Runtime {
   loop: LoopGuard;
   store: StateStore;
   lot: ParkingLot;
+  /** The bytes of waiting request bodies across the instance (server.maxWaitingBodyBytes). */
+  bodies: WaitingBodies;
   close(): Promise<void>;
 }
 
@@ -179,6 +181,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     loop,
     store,
     lot,
+    bodies,
     async close() {
       for (const timer of recoveries.values()) clearTimeout(timer);
       lot.close();

@@ -61,6 +61,43 @@ describe('the bytes of waiting request bodies', () => {
     await vi.waitFor(async () => expect(await metricSum(g, 'stormgate_waiting_body_bytes')).toBe(0), { timeout: 5_000, interval: 20 });
   });
 
+  it('counts the body of a repeat waiting for its idempotency key\'s run, and answers one past half the cap 409 idempotency_key_in_progress with x-should-retry: true', async () => {
+    // Nothing else bounds how many repeats wait on one run: 2,500 agents repeating one key with 300 KB bodies, behind a
+    // hanging provider, took a 512 MB heap past its limit while the gauge said no body waited.
+    const g = await start({
+      faults: { hangRate: 1 },
+      config: (mockUrl) => ({
+        server: { host: '127.0.0.1', port: 0, logLevel: 'info', maxWaitingBodyBytes: 450_000 },
+        providers: { mock: { family: 'openai', baseUrl: `${mockUrl}/v1`, apiKey: TEST_KEY, maxConnections: 1, breaker: false } },
+        // The run ends (upstream_timeout) soon after the test, and the stack's close with it.
+        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }], park: false, timeoutMs: 8_000 }],
+      }),
+    });
+    const { client, seen } = recordingClient(g, { maxRetries: 0 });
+    const stop = new AbortController();
+    const call = () =>
+      client.chat.completions
+        .create(LONG, { headers: { 'Idempotency-Key': 'agent-call-1' }, timeout: 30_000, signal: stop.signal })
+        .then(() => 200, (e: { status?: number }) => e.status ?? 'aborted');
+    // The run: in flight (the provider never answers), not waiting.
+    const pending = [call()];
+    await vi.waitFor(() => expect(g.mock.requests().length).toBe(1), { timeout: 5_000, interval: 20 });
+    try {
+      // Repeats fill the half a batch does (225 KB: two bodies of 100 KB); the third is told to come back for the answer.
+      pending.push(call(), call());
+      await vi.waitFor(async () => expect(await metricSum(g, 'stormgate_waiting_body_bytes')).toBeGreaterThan(2 * 100_000), { timeout: 5_000, interval: 20 });
+      const refused = await client.chat.completions.create(LONG, { headers: { 'Idempotency-Key': 'agent-call-1' }, timeout: 30_000 }).catch((e: Error) => e);
+      expect(refused).toMatchObject({ status: 409, message: expect.stringContaining('server.maxWaitingBodyBytes') });
+      expect(seen.at(-1)).toMatchObject({ status: 409, code: 'idempotency_key_in_progress', shouldRetry: 'true' });
+      expect(g.mock.requests()).toHaveLength(1);
+    } finally {
+      stop.abort();
+      await Promise.all(pending);
+    }
+    // Their clients gone, the repeats stop waiting and give their bytes back.
+    await vi.waitFor(async () => expect(await metricSum(g, 'stormgate_waiting_body_bytes')).toBe(0), { timeout: 5_000, interval: 20 });
+  });
+
   it('gives a waiter\'s bytes back when it gets its slot or leaves, and counts a request the parking lot released without shedding it', async () => {
     const bodies = new WaitingBodies(300);
     const pool = new ProviderPool({ provider: 'p', capacity: 1, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 }, () => 0, {}, bodies);

@@ -17,7 +17,7 @@ import { sendAnswer } from './send-answer.ts';
 
 export interface ManagedDeps {
   config: Pick<Config, 'auth' | 'idempotency'>;
-  runtime: Pick<Runtime, 'pipeline' | 'store'>;
+  runtime: Pick<Runtime, 'pipeline' | 'store' | 'bodies'>;
   router: Router;
   ends: RequestEnds;
   drain: Drain;
@@ -29,7 +29,7 @@ export type ServeManaged = (path: string, request: FastifyRequest, reply: Fastif
 export function managedHandler({ config, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
   // A Map, not the config's object: a client may be named `constructor`.
   const clientPriorities = new Map(Object.entries(config.auth?.priority ?? {}));
-  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random };
+  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random, bodies: runtime.bodies };
   return async function serveManaged(path, request, reply) {
     const body = request.body as ParsedBody | undefined;
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');

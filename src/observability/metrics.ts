@@ -199,7 +199,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     waitingBodyBytes: new Gauge({
       name: 'stormgate_waiting_body_bytes',
-      help: 'Bytes of request bodies held by requests waiting for a pool slot or parked (bounded by server.maxWaitingBodyBytes).',
+      help: 'Bytes of request bodies held by requests waiting for a pool slot, parked, or repeating a running idempotency key (bounded by server.maxWaitingBodyBytes).',
       registers,
     }),
     fallbacks: new Counter({

@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto';
 import { PassThrough, Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { IdempotencyConfig } from '../config/schema.ts';
+import type { WaitingBodies } from '../pools/waiting-bodies.ts';
 import { drainingError, GatewayError } from '../errors.ts';
 import { computeDeadline } from '../policy/deadline.ts';
 import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeatVerdict, scopedKey } from '../policy/idempotency.ts';
@@ -19,6 +20,8 @@ export interface IdempotencyDeps {
   config: IdempotencyConfig;
   now: () => number;
   random: () => number;
+  /** The bytes of waiting bodies, shared with the pools and the parking lot: a repeat holds its body while it waits. */
+  bodies?: WaitingBodies;
 }
 
 /**
@@ -42,6 +45,8 @@ export interface KeyedRequest {
   keptMs: number;
   /** How long a claim lasts unless renewed: the route's timeout and CLAIM_SLACK_MS. */
   runningMs: number;
+  /** Bytes of the request's body: a repeat holds them while it waits, counted against server.maxWaitingBodyBytes. */
+  bodyBytes?: number;
   /** When a repeat stops waiting for the run it found (its own deadline), ms since the epoch. */
   waitUntilMs: number;
   /** True once the repeat's client has left: it stops waiting. */
@@ -86,6 +91,7 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     fingerprint,
     bodyIsKey: sent === undefined,
     owner: randomUUID(),
+    bodyBytes: req.rawBody.length,
     keptMs,
     runningMs: timeoutMs + CLAIM_SLACK_MS,
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
@@ -106,6 +112,16 @@ export type KeyClaim =
 
 /** Claims the key, or waits for the run that holds it; throws the GatewayError a repeat that cannot be served gets. */
 export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promise<KeyClaim> {
+  const held = { waiting: false };
+  try {
+    return await claimOrWait(req, deps, held);
+  } finally {
+    if (held.waiting) deps.bodies?.give(req.bodyBytes ?? 0);
+  }
+}
+
+/** claimKey's loop; `held.waiting` once its body counts among the waiting ones. */
+async function claimOrWait(req: KeyedRequest, deps: IdempotencyDeps, held: { waiting: boolean }): Promise<KeyClaim> {
   const { store } = deps;
   const claim = () => store.claimKey(req.key, { state: 'running', fingerprint: req.fingerprint, sinceMs: deps.now(), owner: req.owner }, req.runningMs);
   let record = await claim();
@@ -127,14 +143,20 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.
     const waitMs = nextLookMs(deps.random);
-    if (req.pastGrace() || req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
+    // A repeat holds its body (and its connection) while it waits, as a queued request does, and nothing else bounds
+    // how many wait on one run: 2,500 agents repeating one key of 300 KB behind a hanging provider took a 512 MB heap
+    // past its limit. It fills only the half a pool's lowest class does: it takes nothing of a provider, and can come back.
+    const shed = !held.waiting && deps.bodies !== undefined && !deps.bodies.take(req.bodyBytes ?? 0, true);
+    held.waiting = !shed;
+    if (shed || req.pastGrace() || req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
       // A claim whose reply was lost may be this request's own, unknown to it: given back (its owner's only), or the
       // key stayed held for runningMs with nothing running under it, and every repeat waited for it and got a 409.
       void store.releaseKey(req.key, req.owner);
       // As the requests in the pipeline are at that point: another instance can serve it (x-should-retry: true).
       if (req.pastGrace()) throw drainingError();
       const again = req.bodyIsKey ? 'send it again for its answer' : 'send it again, with the same key, for its answer';
-      throw new GatewayError('idempotency_key_in_progress', `${requestUnder(req)} is still running; ${again}`, {
+      const full = shed ? ', and the request bodies waiting in the instance are at server.maxWaitingBodyBytes' : '';
+      throw new GatewayError('idempotency_key_in_progress', `${requestUnder(req)} is still running${full}; ${again}`, {
         shouldRetry: true,
         retryAfterMs: 1000,
       });
