@@ -3,24 +3,18 @@
 // redis-server, one of them on a skewed clock (injected, as libfaketime would skew a process), checked both ways.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { BreakerSchema } from '../src/config/schema.ts';
 import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { FleetClock, redisTimeMs } from '../src/state/fleet-clock.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
 import { useStacks, type Stack } from './helpers/stack.ts';
 
-let redis: RedisHandle;
+const redis = useRedisServer();
 const startStack = useStacks();
 const stores: RedisStore[] = [];
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis?.stop();
-});
 afterEach(async () => {
   await Promise.all(stores.splice(0).map((s) => s.close()));
 });
@@ -35,7 +29,7 @@ async function skewedFleet(skewMs: number): Promise<{ a: Instance; b: Instance }
   const keyPrefix = `skew-${randomUUID()}`;
   const make = (offsetMs: number): Instance => {
     const now = () => Date.now() + offsetMs;
-    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix }, now });
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix }, now });
     stores.push(store);
     return { store, now };
   };
@@ -152,8 +146,8 @@ describe('an instance whose clock is stepped while it runs (a VM resumed, NTP st
     const keyPrefix = `step-${randomUUID()}`;
     let offsetMs = 0;
     const now = () => Date.now() + offsetMs;
-    const a = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix }, now, clockReadMs: 200 });
-    const b = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix } });
+    const a = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix }, now, clockReadMs: 200 });
+    const b = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
     stores.push(a, b);
     expect(await a.ready()).toBe(true);
     expect(await b.ready()).toBe(true);
@@ -182,7 +176,7 @@ describe('a clock step on an instance serving requests', () => {
   it('leaves the adaptive limit of a target whose hold-off ended before the step as it was', async () => {
     let offsetMs = 0;
     const now = () => Date.now() + offsetMs;
-    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 500, keyPrefix: `step-limit-${randomUUID()}` }, now, clockReadMs: 200 });
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix: `step-limit-${randomUUID()}` }, now, clockReadMs: 200 });
     stores.push(store);
     expect(await store.ready()).toBe(true);
     const s = await startStack({

@@ -11,20 +11,13 @@ import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { BreakerRecord, StateChange } from '../src/state/store.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { startRedis, useRedisServer, type RedisHandle } from './helpers/redis-server.ts';
 
 const OPEN: BreakerRecord = { state: 'open', sinceMs: 1000, openUntilMs: 6000, probeSuccesses: 0, generation: 1 };
 const BUDGET = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0 };
 
-let redis: RedisHandle;
+const redis = useRedisServer();
 const stores: RedisStore[] = [];
-
-beforeAll(async () => {
-  redis = await startRedis();
-});
-afterAll(async () => {
-  await redis?.stop();
-});
 afterEach(async () => {
   await Promise.all(stores.splice(0).map((s) => s.close()));
 });
@@ -45,7 +38,7 @@ async function fleet(n: number, opts: FleetOptions = {}): Promise<{ stores: Redi
       const logs = opts.logs;
       const base = { instance: stores.length };
       const logger = logs ? pino({ level: 'info', base }, new Writable({ write: (c, _e, cb) => cb(void logs.push(String(c))) })) : undefined;
-      const url = (opts.server ?? redis).url;
+      const url = (opts.server ?? redis()).url;
       const store = new RedisStore({ config: { redis: url, commandTimeoutMs: opts.commandTimeoutMs ?? 200, keyPrefix }, logger });
       stores.push(store);
       out.push(store);
@@ -124,7 +117,7 @@ describe('two instances on one Redis', () => {
     await eventually(() => b!.getBreaker('t1')?.generation === 6, 500);
     expect(b!.getBreaker('t1')).toEqual(closedRec);
     // A hash from before the field existed (a rolling upgrade): still a valid record, with no failed probes.
-    const raw = new Redis(redis.url);
+    const raw = new Redis(redis().url);
     // This fleet's key: other tests' fleets (other prefixes) hold a {t1} breaker too.
     const key = `${keyPrefix}:{t2}:breaker`;
     await raw.hset(key, 'state', 'open', 'sinceMs', '1000', 'openUntilMs', '6000', 'probeSuccesses', '0', 'generation', '1');
@@ -157,7 +150,7 @@ describe('two instances on one Redis', () => {
     expect(await a!.casBreaker('t1', 3, { ...OPEN, generation: 4, failedProbes: 3 })).toBe(true);
     // An older instance (its compare-and-set script HSETs only the fields it knows) closes it, and later trips it
     // afresh: neither write touches failedProbes.
-    const raw = new Redis(redis.url);
+    const raw = new Redis(redis().url);
     const key = `${keyPrefix}:{t1}:breaker`;
     expect(await raw.hget(key, 'failedProbes')).toBe('3');
     await raw.hset(key, 'state', 'closed', 'sinceMs', '9000', 'openUntilMs', '0', 'probeSuccesses', '0', 'generation', '5');
@@ -176,7 +169,7 @@ describe('two instances on one Redis', () => {
     expect(await a!.casBreaker('t1', 4, { state: 'half-open', sinceMs: 8000, openUntilMs: 0, probeSuccesses: 1, probeFailures: 2, generation: 5 })).toBe(true);
     // An instance of the release before (it knows failedProbes and its stamp, not probeFailures) reopens it on a failed
     // probe: its compare-and-set stamps the generation it writes, and leaves probeFailures behind.
-    const raw = new Redis(redis.url);
+    const raw = new Redis(redis().url);
     const key = `${keyPrefix}:{t1}:breaker`;
     await raw.hset(key, 'state', 'open', 'sinceMs', '9000', 'openUntilMs', '11000', 'probeSuccesses', '0', 'generation', '6', 'failedProbes', '1', 'failedProbesGeneration', '6');
     await raw.quit();
@@ -259,7 +252,7 @@ describe('a breaker record that Redis loses while it stays up (FLUSHALL, evictio
     let now = Date.now();
     const boardA = new BreakerBoard({ store: a!, now: () => now, random: () => 0 });
     const boardB = new BreakerBoard({ store: b!, now: () => now, random: () => 0 });
-    const admin = new Redis(redis.url);
+    const admin = new Redis(redis().url);
     const key = (await admin.keys('*breaker')).find((k) => k.includes('p/lost'));
     expect(key).toBeUndefined();
     try {
