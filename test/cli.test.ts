@@ -5,11 +5,24 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
 let blocker: Server | undefined;
 let dir: string | undefined;
+
+/** A one-route gateway config in a fresh temporary folder (removed after each test); `extra` is appended YAML. */
+function gatewayConfig(port: number, logLevel: 'silent' | 'info', extra = ''): string {
+  dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
+  const file = join(dir, 'gw.yaml');
+  writeFileSync(file, `server: { host: 127.0.0.1, port: ${port}, logLevel: ${logLevel} }
+providers:
+  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
+${extra}`);
+  return file;
+}
 /** A gateway a test started, and the blocker's sockets: a test that fails must not leave them running (close() waits for sockets). */
 let child: ChildProcess | undefined;
 const sockets: Socket[] = [];
@@ -61,14 +74,7 @@ describe('stormgate on the command line', () => {
     blocker = createServer();
     await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
     const port = (blocker.address() as { port: number }).port;
-    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
-    const file = join(dir, 'gw.yaml');
-    writeFileSync(file, `server: { host: 127.0.0.1, port: ${port}, logLevel: silent }
-providers:
-  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
-routes:
-  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
-`);
+    const file = gatewayConfig(port, 'silent');
     const { code, stderr } = await run(['--config', file]);
     expect(code).toBe(2);
     expect(stderr).toContain(`cannot listen: port ${port} is in use on 127.0.0.1 (server.port in ${file})`);
@@ -79,16 +85,9 @@ routes:
   // machine) ended the process with 143 (tsx relayed it, then killed the process that had not confirmed within 30 ms;
   // or the process had no handler yet). Once main.ts had one, the exit still waited for every module to load.
   it.skipIf(process.platform !== 'linux')('stops cleanly on a SIGTERM that comes while npm start is still loading', async () => {
-    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
-    const file = join(dir, 'gw.yaml');
-    writeFileSync(file, `server: { host: 127.0.0.1, port: 0, logLevel: info }
-providers:
-  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
-routes:
-  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
-`);
+    const file = gatewayConfig(0, 'info');
     // A slow start, held where it is: tsx reads its tsconfig from a pipe that stays empty until the signal is sent.
-    const tsconfig = join(dir, 'tsconfig.fifo');
+    const tsconfig = join(dirname(file), 'tsconfig.fifo');
     execFileSync('mkfifo', [tsconfig]);
     // What npm runs for `npm start -- --config <file>`: the package's start script in a shell, node_modules/.bin on the
     // PATH. The signal goes to the shell's process, as npm passes one on: the script's `exec` makes that the gateway.
@@ -123,15 +122,7 @@ routes:
     blocker = createServer((socket) => sockets.push(socket));
     await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
     const redisPort = (blocker.address() as { port: number }).port;
-    dir = mkdtempSync(join(tmpdir(), 'stormgate-cli-'));
-    const file = join(dir, 'gw.yaml');
-    writeFileSync(file, `server: { host: 127.0.0.1, port: 0, logLevel: info }
-providers:
-  p: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k }
-routes:
-  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: p } ] }
-state: { redis: "redis://127.0.0.1:${redisPort}" }
-`);
+    const file = gatewayConfig(0, 'info', `state: { redis: "redis://127.0.0.1:${redisPort}" }\n`);
     const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...env } = process.env;
     const gateway = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
     child = gateway;
