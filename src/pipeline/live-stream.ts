@@ -144,8 +144,8 @@ export class LiveStream {
   #quietUntilOutput = false;
   /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
   #lastResponsesData: string | null = null;
-  readonly #delivered = new DeliveredText();
-  #recover: StreamRecovery | undefined;
+  /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
+  #recover: { continueFrom: StreamRecovery; delivered: DeliveredText } | undefined;
   #upstreamEnded = false;
   #awaitingUpstream = false;
   /** How long the client has taken nothing while the gateway had text for it (backpressure). */
@@ -299,7 +299,7 @@ export class LiveStream {
       }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;
-      if (this.#recover && ev.data !== null && meaning !== 'done') this.#delivered.note(ev.data);
+      if (this.#recover && ev.data !== null && meaning !== 'done') this.#recover.delivered.note(ev.data);
       this.#noteUsage(ev);
       const end = this.#progress.passed(meaning, ev);
       if (end !== undefined) {
@@ -331,7 +331,7 @@ export class LiveStream {
 
   /** Turns on streamRecovery for this stream (before it is read). */
   recoverWith(recover: StreamRecovery | undefined): void {
-    this.#recover = recover;
+    this.#recover = recover && { continueFrom: recover, delivered: new DeliveredText() };
   }
 
   /**
@@ -343,12 +343,12 @@ export class LiveStream {
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
-    if (!recover || this.#ended || this.#delivered.notPlainText || this.#delivered.text === '' || this.#opts.requestSignal.aborted) return false;
+    if (!recover || this.#ended || recover.delivered.notPlainText || recover.delivered.text === '' || this.#opts.requestSignal.aborted) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
-      rest = await recover(this.#delivered.text);
+      rest = await recover.continueFrom(recover.delivered.text);
     } catch {
       rest = undefined;
     }
