@@ -146,8 +146,8 @@ async function claimOrWait(req: KeyedRequest, deps: IdempotencyDeps, held: { wai
     // A repeat holds its body (and its connection) while it waits, as a queued request does, and nothing else bounds
     // how many wait on one run: 2,500 agents repeating one key of 300 KB behind a hanging provider took a 512 MB heap
     // past its limit. It fills only the half a pool's lowest class does: it takes nothing of a provider, and can come back.
-    const shed = !held.waiting && deps.bodies !== undefined && !deps.bodies.take(req.bodyBytes ?? 0, true);
-    held.waiting = !shed;
+    held.waiting ||= deps.bodies?.take(req.bodyBytes ?? 0, true) ?? true;
+    const shed = !held.waiting;
     if (shed || req.pastGrace() || req.clientGone() || deps.now() + waitMs >= req.waitUntilMs) {
       // A claim whose reply was lost may be this request's own, unknown to it: given back (its owner's only), or the
       // key stayed held for runningMs with nothing running under it, and every repeat waited for it and got a 409.
