@@ -1,8 +1,8 @@
 // The bytes of request bodies held by the requests that wait (for a pool slot, parked, or repeating an idempotency key
-// whose run goes on), across the instance. Each
-// holds its body until it goes: the raw bytes (outside the heap) and the parsed JSON (about as large again, on it), and
-// a copy more when its model is swapped or it is translated for Anthropic. The queues bound requests, not bytes: 7,000
-// batch requests of 300 KB took the heap past Node's default limit and the process died, every online request with it.
+// whose run goes on), across the instance. Each holds its body until it goes: the raw bytes (outside the heap) and the
+// parsed JSON (about as large again, on it), and a copy more when its model is swapped or it is translated for
+// Anthropic. The queues bound requests, not bytes: 7,000 batch requests of 300 KB took the heap past Node's default
+// limit and the process died, every online request with it.
 import { getHeapStatistics } from 'node:v8';
 
 /** Without server.maxWaitingBodyBytes: a quarter of the heap limit, so the parsed bodies (two copies at most) fill half. */
