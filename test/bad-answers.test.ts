@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, requestLine, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 type Wrong = { status?: number; contentType?: string; body: string };
 
@@ -148,6 +148,25 @@ describe('a 2xx that is not the answer', () => {
     for (let r = await reader.read(); !r.done; r = await reader.read()) text += new TextDecoder().decode(r.value);
     expect(text).toContain('part 5');
     expect(custom.hits()).toBe(1);
+  });
+
+  it('counts a stream the upstream cut on a path it does not know as stream_error, not as a client that left', async () => {
+    // No error event can be written in a format the gateway does not know, so it cuts the client's connection: that
+    // close is the gateway's, and was logged and counted as client_gone (clientGone: true) as if the client had left.
+    const custom = await startProvider((req, res) => {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: {"part":1}\n\n');
+      setTimeout(() => res.socket!.destroy(), 50);
+    });
+    const s = await startStack({ config: (mockUrl) => routeTo(mockUrl, '/v1/custom/stream', `${custom.origin}/v1`) });
+    const res = await fetch(`${s.url}/v1/custom/stream`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', stream: true }) });
+    expect(res.status).toBe(200);
+    await expect(res.text()).rejects.toThrow();
+    const line = await requestLine(s, 'custom');
+    expect(line.outcome).toBe('stream_error');
+    expect(line.clientGone).toBeUndefined();
+    expect(line.streamEnd).toBe('cut');
   });
 
   it('passes an Anthropic stream on a /v1/messages route through once, to its end, with nothing added', async () => {

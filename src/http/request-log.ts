@@ -3,6 +3,7 @@
 import type { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
+import { endedBroken } from '../pipeline/stream-ends.ts';
 
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean) => void;
 
@@ -73,11 +74,15 @@ export class RequestEnds {
     else this.#end(request, reply, true);
   }
 
-  #end(request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
+  #end(request: FastifyRequest, reply: FastifyReply, closed: boolean): void {
     if (this.#ended.has(request)) return;
     this.#ended.add(request);
+    const s = request.stormgate;
+    // A stream the upstream broke ended before its connection closed: on a path without an API the gateway knows, no
+    // error event can be written, so the gateway closed the connection itself. That close is no client leaving.
+    const clientGone = closed && !(s?.streamEnd && endedBroken(s.streamEnd.kind));
     // A run under an idempotency key went on without its client (its repeat gets the answer): it ended as it ended.
-    if (clientGone && request.stormgate && request.stormgate.idempotency !== 'run') request.stormgate.outcome = 'client_gone';
+    if (clientGone && s && s.idempotency !== 'run') s.outcome = 'client_gone';
     this.onEnd(request, reply, clientGone);
   }
 }
