@@ -11,7 +11,7 @@ const gw = useScriptedGateway((c) => {
 });
 const messages = [{ role: 'user' as const, content: 'hi' }];
 const json = (o: unknown) => ({ headers: { 'content-type': 'application/json' }, steps: [JSON.stringify(o)] });
-const ctx = (api: 'chat' | 'embeddings') => ({ api, stream: false, contentType: 'application/json', ownFamily: true, framed: true });
+const ctx = (api: 'chat' | 'embeddings') => ({ api, stream: false, contentType: 'application/json', ownFamily: true });
 const routerError = { message: 'upstream error: do request failed', type: 'new_api_error', code: 'do_request_failed' };
 
 describe('a 200 whose result field is null', () => {
@@ -52,10 +52,10 @@ describe('a 200 whose result field is null', () => {
 describe('an answer whose list key is preceded by the same word as a value', () => {
   it('is judged by the key, not by a model named "data" or "choices"', () => {
     const embeddings = Buffer.from('{"object":"list","model":"data","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"usage":{"prompt_tokens":1,"total_tokens":1}}');
-    expect(notAnAnswer({ api: 'embeddings', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, embeddings)).toBeUndefined();
+    expect(notAnAnswer({ api: 'embeddings', stream: false, contentType: 'application/json', ownFamily: true }, embeddings)).toBeUndefined();
     const chat = Buffer.from('{"id":"c","object":"chat.completion","model":"choices","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}');
-    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, chat)).toBeUndefined();
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true }, chat)).toBeUndefined();
     // The router's null list is still refused.
-    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true, framed: true }, Buffer.from('{"choices":null,"error":{"message":"x"}}'))).toBeDefined();
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'application/json', ownFamily: true }, Buffer.from('{"choices":null,"error":{"message":"x"}}'))).toBeDefined();
   });
 });

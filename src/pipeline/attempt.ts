@@ -95,9 +95,10 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const status = res.statusCode;
     const encoding = encodingOf(headers);
     const body = encoding === undefined ? res.body : decodedStream(res.body, encoding);
-    // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other.
+    // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other;
+    // an error by its status and headers, with as much of its body as came before a break (read-capped.ts).
     if (status < 200 || status >= 300 || !isEventStream(headers)) {
-      const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status));
+      const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status), () => status >= 300 && !signal.aborted);
       return wholeResult(req, status, headers, bytes, whole);
     }
     const translate = req.translator?.stream();
@@ -169,8 +170,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   // that are not text at all (audio), passed on as they came unless they say they are JSON.
   const raw = req.api !== 'other' || contentType?.includes('json') ? withoutBom(received) : received;
   const quoted = contentType === undefined ? undefined : withoutKey(contentType, req.client.config.apiKey);
-  const framed = headers['content-length'] !== undefined || headers['transfer-encoding'] !== undefined;
-  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined, framed }, raw);
+  const wrong = notAnAnswer({ api: req.api, stream: req.stream, contentType: quoted, ownFamily: req.translator === undefined }, raw);
   if (wrong !== undefined) {
     // An error object with a 200 that names the gateway's own account is the 429, 402, 401 or 403 it stands for.
     const account = wrong.ran ? undefined : accountErrorOf(raw);

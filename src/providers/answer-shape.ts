@@ -4,9 +4,11 @@
 // the content-type and the bytes, never by a second JSON.parse of every answer. Paths the gateway does not know
 // (api "other") may answer anything.
 // A body whose length the transport never knew (no content-length, not chunked: it ends when the connection does)
-// arrives "whole" however early the connection closed. Cut after a nested object's `}`, it still begins with `{` and
-// ends with `}`: only the brackets outside strings, counted, tell (jsonEnd, with the bytes' own indexOf; a 3 MB
-// embeddings answer takes about 0.5 ms, JSON.parse of it over 20 ms).
+// arrives "whole" however early the connection closed; so does one its server cut and framed as whole (a proxy that
+// truncates an answer and writes its own content-length, a chunked answer ended cleanly after its writer failed).
+// Cut after a nested object's `}`, it still begins with `{` and ends with `}`: only the brackets outside strings,
+// counted, tell (jsonEnd, with the bytes' own indexOf; a 3 MB embeddings answer takes about 0.5 ms, JSON.parse of it
+// over 20 ms).
 import type { ApiKind } from '../routing/router.ts';
 import { bomLength } from '../http/byte-order-mark.ts';
 
@@ -40,11 +42,6 @@ export interface AnswerContext {
   contentType: string | undefined;
   /** The body is in the OpenAI shape the client expects (for another family, the translator judges the fields). */
   ownFamily: boolean;
-  /**
-   * The transport framed the body (content-length or chunked): one cut short fails there, so its brackets need no
-   * count. Unset, the body ended with its connection, however early.
-   */
-  framed?: boolean;
 }
 
 /**
@@ -57,7 +54,7 @@ export interface NotAnAnswer {
 }
 
 /** Why `body` is not an answer, or undefined when it looks like one. */
-export function notAnAnswer({ api, stream, contentType, ownFamily, framed }: AnswerContext, body: Buffer): NotAnAnswer | undefined {
+export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerContext, body: Buffer): NotAnAnswer | undefined {
   if (api === 'other') return undefined;
   if (stream && STREAMING_APIS.has(api)) return not(`a stream was asked for and the upstream answered ${contentType ?? 'without a content-type'}`);
   if (contentType !== undefined && !contentType.includes('json')) return not(`the upstream answered ${contentType.split(';')[0]}, not JSON`);
@@ -67,9 +64,10 @@ export function notAnAnswer({ api, stream, contentType, ownFamily, framed }: Ans
   while (last > first && WHITESPACE.has(body[last]!)) last--;
   if (first >= body.length) return not('the upstream answered with an empty body');
   if (body[first] !== 0x7b) return not('the upstream answer is not a whole JSON object');
-  // Another family's answer is parsed by its translator anyway, which refuses a cut one: no scan for it; nor for a
-  // framed body, the usual case, whose cut the transport reports.
-  if (ownFamily && !framed) {
+  // Another family's answer is parsed by its translator anyway, which refuses a cut one: no scan for it. A framed body
+  // is scanned too: its framing says the server sent all it meant to, not that it meant to send a whole answer, and a
+  // cut one ending in `}` reached the SDK as a SyntaxError, no retry, logged as a success.
+  if (ownFamily) {
     const end = jsonEnd(body, first, last);
     if (end === -1) return { detail: 'the upstream answer was cut before its end: its JSON object never closes', ran: true };
     if (end !== last) return not('the upstream answer is not a whole JSON object');

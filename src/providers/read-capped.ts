@@ -3,18 +3,28 @@
 /** An upstream error body is read (for its code, and to take a quoted key out) up to this much: errors are small. */
 export const MAX_ERROR_BODY_BYTES = 64 * 1024;
 
-/** The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed). */
-export async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, maxBytes: number): Promise<{ bytes: Buffer; whole: boolean }> {
+/**
+ * The body's first maxBytes; `whole` is false when there was more (the rest is discarded: the body is destroyed), or
+ * when its connection broke off and `keepBroken` says to keep what came: an error answer's status and headers (a
+ * 429's retry-after) already say what it is, and must not be lost to a cut in its wording. A break `keepBroken` does
+ * not keep (the request's own end: its deadline, its client gone, the attempt's timer) is thrown.
+ */
+export async function readCapped(body: AsyncIterable<Buffer> & { destroy(): void }, maxBytes: number, keepBroken?: () => boolean): Promise<{ bytes: Buffer; whole: boolean }> {
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of body) {
-    if (size + chunk.length > maxBytes) {
-      chunks.push(chunk.subarray(0, maxBytes - size));
-      body.destroy();
-      return { bytes: Buffer.concat(chunks), whole: false };
+  try {
+    for await (const chunk of body) {
+      if (size + chunk.length > maxBytes) {
+        chunks.push(chunk.subarray(0, maxBytes - size));
+        body.destroy();
+        return { bytes: Buffer.concat(chunks), whole: false };
+      }
+      chunks.push(chunk);
+      size += chunk.length;
     }
-    chunks.push(chunk);
-    size += chunk.length;
+  } catch (err) {
+    if (!keepBroken?.()) throw err;
+    return { bytes: Buffer.concat(chunks, size), whole: false };
   }
   return { bytes: Buffer.concat(chunks, size), whole: true };
 }

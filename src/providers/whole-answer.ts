@@ -9,7 +9,10 @@ import { AnswerCut } from './transport-errors.ts';
 export interface WholeAnswer {
   statusCode: number;
   headers: IncomingHttpHeaders;
-  /** The body, or its first `maxBytes` when it was larger (`whole` false; the connection is then closed). */
+  /**
+   * The body, or its first `maxBytes` when it was larger (`whole` false; the connection is then closed); for an error
+   * status whose body broke off, what came of it (`whole` false).
+   */
   body: Buffer;
   whole: boolean;
 }
@@ -94,10 +97,13 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
 
   onResponseError(_controller: Dispatcher.DispatchController | undefined, err: Error): void {
     if (this.#settled) return;
+    // An error status whose body broke is still that error: its status and headers (a 429's retry-after) are the
+    // provider's verdict, the body only its wording. Read as a lost connection, a 429 with retry-after was retried at
+    // the backoff's pace, its hint and hold-off lost, and counted by the breaker as the provider's failure.
+    if (this.#statusCode >= 300 && err !== this.req.signal.reason) return this.#settle(false);
     this.#settled = true;
     this.req.signal.removeEventListener('abort', this.#onAbort);
-    // After a 2xx's headers, the provider was answering: the error cut its answer (the signal's own reason aside). An
-    // error status whose body broke keeps the classification of a lost connection.
+    // After a 2xx's headers, the provider was answering: the error cut its answer (the signal's own reason aside).
     const answering = this.#statusCode >= 200 && this.#statusCode < 300;
     this.reject(answering && err !== this.req.signal.reason ? new AnswerCut(err) : err);
   }
