@@ -29,7 +29,7 @@ type JsonSchema = {
 };
 
 /** One documented key: `routes[].retry.backoff.capMs`, its type in words, and its `.describe()` text. */
-export interface ConfigField {
+interface ConfigField {
   path: string;
   type: string;
   required: boolean;
@@ -38,9 +38,9 @@ export interface ConfigField {
   default?: unknown;
 }
 
-export const START_MARKER = '<!-- config-reference:start -->';
-export const END_MARKER = '<!-- config-reference:end -->';
-export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const START_MARKER = '<!-- config-reference:start -->';
+const END_MARKER = '<!-- config-reference:end -->';
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const README = resolve(ROOT, 'README.md');
 export const DOCS_PAGE = resolve(ROOT, 'docs/config-reference.md');
 export const WRITE_COMMAND = 'npx tsx scripts/config-reference.ts --write';

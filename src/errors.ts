@@ -2,7 +2,7 @@
 // so clients and SDKs always see `{"error":{"message","type","param","code"}}` with a status that fits.
 import { withoutBom } from './http/byte-order-mark.ts';
 
-export type OpenAIErrorType = 'invalid_request_error' | 'server_error' | 'rate_limit_error' | 'authentication_error';
+type OpenAIErrorType = 'invalid_request_error' | 'server_error' | 'rate_limit_error' | 'authentication_error';
 
 export interface OpenAIErrorBody {
   error: { message: string; type: string; param: string | null; code: string | null };
@@ -49,7 +49,7 @@ export const ERROR_CODES = {
   loop_detected: { status: 508, type: 'server_error' },
 } as const satisfies Record<string, ErrorDef>;
 
-export type ErrorCode = keyof typeof ERROR_CODES;
+type ErrorCode = keyof typeof ERROR_CODES;
 
 /** An error the gateway answers with. `headers` carries retry-after and friends; x-should-retry is decided by `shouldRetry`. */
 export class GatewayError extends Error {

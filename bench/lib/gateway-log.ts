@@ -11,7 +11,7 @@ export interface LogGroup {
   example: string;
 }
 
-export interface LogRead {
+interface LogRead {
   lines: number;
   /** Level warn (40) and above, by message, most frequent first; lines `onLine` claimed aside. */
   problems: LogGroup[];

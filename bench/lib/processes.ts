@@ -71,7 +71,7 @@ export function stopper(proc: ChildProcess): () => Promise<void> {
   };
 }
 
-export interface MockOptions {
+interface MockOptions {
   faults: unknown;
   logFile: string;
 }
@@ -86,7 +86,7 @@ export async function startMockProcess(opts: MockOptions): Promise<Child> {
   return { url, proc, stop: stopper(proc) };
 }
 
-export interface GatewayOptions {
+interface GatewayOptions {
   mockUrl: string;
   configFile: string;
   logFile: string;

@@ -24,7 +24,7 @@ export interface Round {
 }
 
 /** A reference proxy's throughput against the same round's direct run, as a median over rounds. */
-export interface ReferenceFigure {
+interface ReferenceFigure {
   name: string;
   rps: number;
   ratio: number;
@@ -65,7 +65,7 @@ export function referenceTable(figs: Figure[], refs: ReferenceFigure[]): string 
   return ['| Proxy, same closed loop | Throughput | vs direct | CPU per request | Time to first token added | |', '|---|---:|---:|---:|---:|---|', ...rows].join('\n');
 }
 
-export interface Figure {
+interface Figure {
   name: string;
   unit: string;
   direct: number;
@@ -143,7 +143,7 @@ export function markdownTable(figs: Figure[]): string {
   return ['| Figure | Direct to mock | Through gateway | Gateway vs direct | Target | Result |', '|---|---:|---:|---:|---|---|', ...rows].join('\n');
 }
 
-export interface RunInfo {
+interface RunInfo {
   date: string;
   node: string;
   nproc: number;
@@ -163,7 +163,7 @@ function perRoundTable(figs: Figure[]): string {
   return [`| Figure | ${head.join(' | ')} |`, `|---|${head.map(() => '---:').join('|')}|`, ...rows].join('\n');
 }
 
-export function markdownReport(figs: Figure[], refs: ReferenceFigure[], info: RunInfo): string {
+function markdownReport(figs: Figure[], refs: ReferenceFigure[], info: RunInfo): string {
   const errorNote =
     info.errors.direct + info.errors.gateway === 0
       ? 'Every measured request got a 2xx answer (streams: a content event).'

@@ -35,7 +35,7 @@ export interface OnlineFigures {
   retried: number;
 }
 
-export interface BatchFigures {
+interface BatchFigures {
   /** Batch answers completed in the window, by outcome. */
   ok: number;
   okRps: number;
@@ -46,7 +46,7 @@ export interface BatchFigures {
   p50Ms: number;
 }
 
-export interface UpstreamFigures {
+interface UpstreamFigures {
   answered: number;
   status429: number;
   share429: number;
@@ -74,7 +74,7 @@ export interface Check {
 
 const failureKey = (r: { status: number; code?: string }) => (r.code === undefined ? String(r.status) : `${r.status} ${r.code}`);
 
-export function onlineFigures(records: readonly OnlineRecord[], [from, to]: [number, number], handlerMs: ReadonlyMap<string, number>): OnlineFigures {
+function onlineFigures(records: readonly OnlineRecord[], [from, to]: [number, number], handlerMs: ReadonlyMap<string, number>): OnlineFigures {
   const inWindow = records.filter((r) => r.at >= from && r.at < to);
   const ok = inWindow.filter((r) => r.status === 200);
   const lat = ok.map((r) => r.latencyMs!);

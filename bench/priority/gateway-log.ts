@@ -3,7 +3,7 @@
 // say what happened; this says what the gateway did about it.
 import { readGatewayLog, type LogGroup } from '../lib/gateway-log.ts';
 
-export interface ClassLog {
+interface ClassLog {
   requests: number;
   byStatus: Record<string, number>;
   byOutcome: Record<string, number>;

@@ -15,7 +15,7 @@ export interface CpuFigures {
   cores: Record<string, { loadGenerator: number; gateway: number | undefined; mock: number | undefined }>;
 }
 
-export interface PriorityReport {
+interface PriorityReport {
   date: string;
   node: string;
   nproc: number;
@@ -82,7 +82,7 @@ function timelineTable(rows: readonly SecondRow[], floodS: number): string {
   return [head, `|${'---:|'.repeat(14)}`, ...lines].join('\n');
 }
 
-export function markdownReport(r: PriorityReport): string {
+function markdownReport(r: PriorityReport): string {
   const f = r.figures;
   const tl = SETTINGS.timeline;
   const floodS = tl.baselineMs / 1000;

@@ -31,7 +31,7 @@ function parseLine(line: string): { name: string; labels: Record<string, string>
   return { name: m[1]!, labels, value: Number(m[3]) };
 }
 
-export function parseMetrics(text: string, at: number): Omit<Sample, 'mockInflight'> {
+function parseMetrics(text: string, at: number): Omit<Sample, 'mockInflight'> {
   const s: Omit<Sample, 'mockInflight'> = { at, limit: {}, inUse: {}, queued: {}, shed: {}, budgetExhausted: 0, upstreamAttempts: {} };
   for (const line of text.split('\n')) {
     if (line.startsWith('#') || line === '') continue;

@@ -14,7 +14,7 @@ const BODY = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', conten
 /** ms since the epoch with sub-ms resolution: the same clock as the mock's per-second buckets and the gateway's log. */
 export const epochMs = (): number => performance.timeOrigin + performance.now();
 
-export interface Answer {
+interface Answer {
   /** HTTP status; 0 when there was none (connection error, client timeout). */
   status: number;
   /** The OpenAI error code of a non-200 (`load_shed`, `rate_limit_exceeded`, ...), or the transport error's code. */
@@ -69,7 +69,7 @@ async function send(pool: Pool, headers: Record<string, string>, timeoutMs: numb
   }
 }
 
-export interface OnlineOptions {
+interface OnlineOptions {
   url: string;
   rate: number;
   /** First scheduled arrival and the end of arrivals, ms since the epoch. */
@@ -81,14 +81,14 @@ export interface OnlineOptions {
   arrivals: 'uniform' | 'poisson';
 }
 
-export interface OnlineResult {
+interface OnlineResult {
   records: OnlineRecord[];
   /** Largest delay of a send behind its schedule: large values mean the load generator, not the gateway, was late. */
   maxSendLagMs: number;
 }
 
 /** Scheduled send times, ms since the epoch, in [startAt, endAt). */
-export function arrivalTimes(o: Pick<OnlineOptions, 'rate' | 'startAt' | 'endAt' | 'arrivals'>): number[] {
+function arrivalTimes(o: Pick<OnlineOptions, 'rate' | 'startAt' | 'endAt' | 'arrivals'>): number[] {
   const out: number[] = [];
   const meanMs = 1000 / o.rate;
   if (o.arrivals === 'uniform') {
@@ -135,7 +135,7 @@ export async function onlineOpenLoop(o: OnlineOptions): Promise<OnlineResult> {
   return { records, maxSendLagMs };
 }
 
-export interface BatchOptions {
+interface BatchOptions {
   url: string;
   clients: number;
   startAt: number;
@@ -147,7 +147,7 @@ export interface BatchOptions {
   errorPauseMs: number;
 }
 
-export interface BatchResult {
+interface BatchResult {
   records: BatchRecord[];
   /** Time clients spent waiting out load_shed retry-after hints, in total (ms). */
   shedWaitMs: number;

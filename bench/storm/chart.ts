@@ -1,7 +1,7 @@
 // Upstream requests per second over time, one line per run, as hand-written SVG text: axes with ticks, one polyline
 // per run, a legend, and the brownout shaded. No dependency, and the file diffs as text.
 
-export interface Series {
+interface Series {
   label: string;
   color: string;
   /** [seconds since the run's start, upstream requests in that second] */

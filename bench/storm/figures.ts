@@ -95,7 +95,7 @@ export function runFigures(r: RunResult): RunFigures {
 }
 
 /** Success share of the answers completed in each second after `fromMs`, until `toMs`; NaN for a second without any. */
-export function successPerSecond(reqs: readonly Logical[], fromMs: number, toMs: number): number[] {
+function successPerSecond(reqs: readonly Logical[], fromMs: number, toMs: number): number[] {
   const n = Math.floor((toMs - fromMs) / 1000);
   const done = new Array<number>(n).fill(0);
   const ok = new Array<number>(n).fill(0);

@@ -23,7 +23,7 @@ export interface ScenarioReport {
   discarded: Array<{ mode: Mode; otherCpuShare: number; maxSendLagMs: number; summary: string }>;
 }
 
-export interface StormReport {
+interface StormReport {
   date: string;
   node: string;
   nproc: number;
@@ -95,7 +95,7 @@ Upstream attempts started with less than minAttemptMs left before the deadline: 
 ${problems}${g.unparsed.length > 0 ? `\nLines that are not JSON:\n\`\`\`\n${g.unparsed.join('\n')}\n\`\`\`` : ''}`;
 }
 
-export function markdown(r: StormReport): string {
+function markdown(r: StormReport): string {
   const checks = ['| Scenario | Target | Value | Required | Result |', '|---|---|---|---|---|', ...r.checks.map((c) => `| ${c.scenario} | ${c.name} | ${c.value} | ${c.target} | ${c.pass ? 'PASS' : '**FAIL**'} |`)].join('\n');
   const p = r.propagation;
   const prop = p

@@ -60,7 +60,7 @@ async function warmUp(url: string): Promise<void> {
   }
 }
 
-export async function runOnce(s: Scenario, mode: Mode, workDir: string): Promise<RunResult> {
+async function runOnce(s: Scenario, mode: Mode, workDir: string): Promise<RunResult> {
   const tag = `${s.name}-${mode}`;
   const mock = await startMockProcess({ faults: s.faults, logFile: join(workDir, `${tag}.mock.log`) });
   let gateway: Child | undefined;

@@ -7,9 +7,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { Agent, fetch as undiciFetch } from 'undici';
 
-export type ClientKind = 'sdk' | 'naive';
+type ClientKind = 'sdk' | 'naive';
 
-export interface TrafficOptions {
+interface TrafficOptions {
   /** e.g. http://127.0.0.1:1234/v1 */
   baseURL: string;
   kind: ClientKind;

@@ -28,7 +28,7 @@ export class ConfigError extends Error {
 }
 
 /** `<file>:<line>[:<col>]: <path>: <message>`; parts that are unknown are left out. */
-export function formatIssue(file: string, issue: ConfigIssue): string {
+function formatIssue(file: string, issue: ConfigIssue): string {
   const where = issue.line === undefined ? file : `${file}:${issue.line}${issue.col === undefined ? '' : `:${issue.col}`}`;
   return issue.path ? `${where}: ${issue.path}: ${issue.message}` : `${where}: ${issue.message}`;
 }

@@ -6,7 +6,7 @@ import { isMap, isScalar, isSeq, type Document, type Node, type Scalar, type Sca
 type Part = { literal: string } | { name: string; fallback?: Part[] };
 
 /** A reference that could not be resolved, with the YAML path of the value that holds it. */
-export interface InterpolationIssue {
+interface InterpolationIssue {
   path: Array<string | number>;
   node: Node;
   message: string;

@@ -8,7 +8,7 @@ import { keyAtOffset, lineOf, nodeAt } from './locate.ts';
 import { ConfigSchema, type Config } from './schema.ts';
 import { describeZodIssues } from './zod-issues.ts';
 
-export { ConfigError, type ConfigIssue } from './errors.ts';
+export { ConfigError } from './errors.ts';
 
 /** Loads and validates a config file; throws ConfigError listing every problem. */
 export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.env): Config {

@@ -14,15 +14,15 @@ const MAX_TIMER_S = Math.floor(MAX_TIMER_MS / 1000);
 const headerSecret = () =>
   z.string().trim().refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' });
 
-export const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
+const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
 
 /** What an upstream outcome may be retried on: an HTTP status, or a transport failure class. */
-export const RetryOnEntry = z.union([
+const RetryOnEntry = z.union([
   z.number().int().min(400).max(599),
   z.enum(['network', 'timeout']),
 ]);
 
-export const BackoffSchema = z
+const BackoffSchema = z
   .strictObject({
     strategy: z
       .enum(BACKOFF_STRATEGIES)
@@ -48,7 +48,7 @@ export const RetrySchema = z
   })
   .describe('Retry policy of a route.');
 
-export const TimeoutsSchema = z
+const TimeoutsSchema = z
   .strictObject({
     connectMs: positiveMs('Time to open a TCP/TLS connection to the provider, in ms. Default: 5000.').default(5000),
     firstTokenMs: positiveMs('For streams: time from sending the request to the first event that carries output (text, tool call, reasoning, refusal or audio; any Responses API delta or finished output item); role-only chunks and pings do not count. Longer than the longest silent thinking of a reasoning model. Default: 30000.').default(30000),
@@ -102,16 +102,16 @@ export const BreakerSchema = z
   })
   .describe('Circuit breaker per target (provider and model); `false` turns it off.');
 
-export const PoolClassSchema = z
+const PoolClassSchema = z
   .strictObject({
     minShare: z.number().min(0).max(1).default(0).describe('Share of maxConcurrent this class keeps under contention; idle capacity is open to any class. Default: 0.'),
     maxQueue: z.number().int().min(0).default(1000).describe('Requests of this class that may wait for a slot; more are shed. Default: 1000.'),
   })
   .describe('A priority class of the provider\'s pool.');
 
-export const DEFAULT_POOL_CLASSES = { online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10000 } };
+const DEFAULT_POOL_CLASSES = { online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10000 } };
 
-export const PoolsSchema = z
+const PoolsSchema = z
   .strictObject({
     maxConcurrent: z.number().int().positive().optional()
       .describe('Attempts in flight to this provider, all classes together; at most maxConnections. Optional; default: maxConnections.'),
@@ -137,7 +137,7 @@ function userinfoDecodes(url: string): boolean {
   }
 }
 
-export const ProviderSchema = z
+const ProviderSchema = z
   .strictObject({
     family: z.enum(['openai', 'anthropic', 'azure-openai'])
       .describe('API family the provider speaks: openai (also any OpenAI-compatible server such as vLLM, Ollama or OpenRouter), anthropic (Messages API, chat completions translated both ways), azure-openai (deployments, api-key header).'),
@@ -207,7 +207,7 @@ const EXAMPLE_BASE: Record<string, string> = {
   'azure-openai': 'https://example.openai.azure.com',
 };
 
-export const TargetSchema = z
+const TargetSchema = z
   .strictObject({
     provider: z.string().min(1).describe('Name of a provider under `providers`.'),
     model: z.string().min(1).optional().describe('Upstream model to send instead of the client\'s. Optional; default: the client\'s model.'),
@@ -217,12 +217,12 @@ export const TargetSchema = z
   .describe('Where a route sends a request: a provider and, optionally, the upstream model.');
 
 /** A route's context-window fallback: a target, tried alone, so its weight has nothing to weigh. */
-export const ContextWindowFallbackSchema = TargetSchema.extend({
+const ContextWindowFallbackSchema = TargetSchema.extend({
   weight: z.number().int().positive().default(1)
     .describe('Has no effect here: the context-window fallback is one target, tried on its own whatever `strategy` says (accepted so a target can be copied here as it is). Default: 1.'),
 });
 
-export const BudgetSchema = z
+const BudgetSchema = z
   .strictObject({
     ratio: z.number().min(0).max(10).default(0.1).describe('Retries allowed as a share of requests over the window. Default: 0.1.'),
     windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
@@ -230,14 +230,14 @@ export const BudgetSchema = z
   })
   .describe('Retry budget, kept per route, target and priority class: retries stay a fixed share of traffic however bad the upstream gets.');
 
-export const ParkSchema = z
+const ParkSchema = z
   .strictObject({
     maxQueue: z.number().int().min(1).default(10000).describe('Requests that may wait for an unavailable target at once, per route; more get 503. Default: 10000.'),
     maxWaitMs: positiveMs('Longest a request waits parked, all its waits together (released to a probe that failed, it parks again for what is left). Optional; default: no limit but its deadline (less minAttemptMs) and, for a hold-off, retry.maxWaitHintMs.').optional(),
   })
   .describe('Requests wait here while their target is unavailable (breaker open, hold-off) and no other target can take them. `false` turns it off.');
 
-export const RouteSchema = z
+const RouteSchema = z
   .strictObject({
     name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, "_", "." or "-"').describe('Route name, used in logs, headers and metric labels.'),
     match: z
@@ -274,7 +274,7 @@ export const RouteSchema = z
   })
   .describe('A route: which requests, which targets, which policies.');
 
-export const PassthroughSchema = z
+const PassthroughSchema = z
   .strictObject({
     provider: z.string().min(1).describe('Provider the paths are forwarded to, with its credentials.'),
     paths: z.array(z.string().startsWith('/')).min(1).describe('Paths forwarded as they are, with what is under them (no retries), e.g. /v1/files (also /v1/files/{id}/content).'),
@@ -293,7 +293,7 @@ function redisUrlDbIsNumber(url: string): boolean {
 
 const HostPort = z.strictObject({ host: z.string().min(1).describe('Host name or address of the node.'), port: z.number().int().min(1).max(65535).describe('Port of the node.') });
 
-export const RedisSchema = z.union([
+const RedisSchema = z.union([
   z
     .string()
     .regex(/^$|^rediss?:\/\/\S+$/, 'a redis:// or rediss:// URL (or "" for in-process state)')
@@ -327,7 +327,7 @@ export const RedisSchema = z.union([
     .describe('Sentinel or Cluster settings, as ioredis takes them.'),
 ]);
 
-export const StateSchema = z
+const StateSchema = z
   .strictObject({
     redis: RedisSchema.optional().describe('Shared state for a fleet of gateways. Optional; default: in-process state (one instance).'),
     commandTimeoutMs: positiveMs('Longest wait for Redis on the request path (a probe permit, a retry from the budget); past it the gateway decides on local state. Default: 50.').default(50),
@@ -335,7 +335,7 @@ export const StateSchema = z
   })
   .describe('Where the retry budget, breakers and hold-offs are kept.');
 
-export const ServerSchema = z
+const ServerSchema = z
   .strictObject({
     // Empty (`host: ${HOST}` with HOST set to nothing), Node would listen on every interface: the opposite of the default.
     host: z.string().min(1).default('127.0.0.1').describe('Address to listen on. Default: 127.0.0.1.'),
@@ -358,7 +358,7 @@ export const ServerSchema = z
   })
   .describe('The gateway\'s own HTTP listener.');
 
-export const AuthSchema = z
+const AuthSchema = z
   .strictObject({
     keys: z
       .record(
@@ -377,14 +377,14 @@ export const AuthSchema = z
   })
   .describe('Who may use the gateway. Optional; without it the gateway serves anyone who reaches its port with the providers\' keys: keep it on a loopback address, or behind a proxy that authenticates.');
 
-export const DrainSchema = z
+const DrainSchema = z
   .strictObject({
     preStopMs: ms('After SIGTERM, /readyz fails at once while requests are still served this long, so a load balancer can take the instance out. Default: 5000.').default(5000),
     graceMs: ms('Then parked requests are answered at once, new ones get 503 (x-should-retry: true), and in-flight requests and streams get this long to finish before the process exits. Default: 30000.').default(30000),
   })
   .describe('Graceful shutdown on SIGTERM.');
 
-export const IdempotencySchema = z
+const IdempotencySchema = z
   .strictObject({
     enabled: z.boolean().default(true).describe('A managed request with an `Idempotency-Key` header runs once: a repeat while it runs waits for its answer, a repeat after it gets the same answer again. Off: the header is only forwarded. Default: true.'),
     ttlMs: positiveMs('How long an answer is kept for repeats of its key, from when it was given. Default: 600000 (10 minutes).').default(600_000),
@@ -668,4 +668,3 @@ export type BudgetSettings = z.infer<typeof BudgetSchema>;
 export type ParkConfig = z.infer<typeof ParkSchema>;
 export type StateConfig = z.infer<typeof StateSchema>;
 export type IdempotencyConfig = z.infer<typeof IdempotencySchema>;
-export type PoolsConfig = z.infer<typeof PoolsSchema>;

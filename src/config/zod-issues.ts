@@ -6,7 +6,7 @@ import { closest, explainUnknownKey } from './unknown-key.ts';
  * A zod issue restated for a config file. `path` is the data path the message is about; `at`, when set, is a
  * more precise place to point at (the unknown key itself rather than the object that holds it).
  */
-export interface PlainIssue {
+interface PlainIssue {
   path: PropertyKey[];
   at?: PropertyKey[];
   message: string;

@@ -10,7 +10,7 @@ import type { LoopGuard } from './loop-guard.ts';
 import { printable } from './request-body.ts';
 import { sendError } from './send-answer.ts';
 
-export interface AdmissionDeps {
+interface AdmissionDeps {
   config: Pick<Config, 'server' | 'auth'>;
   loop: LoopGuard;
   logger: Logger;
@@ -22,7 +22,7 @@ export interface AdmissionDeps {
 }
 
 /** True when the request goes on; false when it has been answered (a wrong Host, a loop, no client key, closing). */
-export type Admission = (request: FastifyRequest, reply: FastifyReply) => boolean;
+type Admission = (request: FastifyRequest, reply: FastifyReply) => boolean;
 
 export function admission({ config, loop, logger, managedPaths, opsPaths, drain }: AdmissionDeps): Admission {
   const hostAllowed = hostAllowance(config.server);

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 
-export type ClientAuth = (headers: IncomingHttpHeaders) => { ok: true; client: string } | { ok: false; reason: 'missing' | 'invalid' };
+type ClientAuth = (headers: IncomingHttpHeaders) => { ok: true; client: string } | { ok: false; reason: 'missing' | 'invalid' };
 
 /**
  * The key a client sent: `Authorization: Bearer` (the OpenAI SDKs), `api-key` (Azure's), `x-api-key` (Anthropic's),

@@ -14,7 +14,7 @@ const SWEEP_MS = 100;
  * Answers a request whose body is still arriving when the cut comes (503, closing the connection); false when it
  * cannot, and the connection is destroyed instead.
  */
-export type AnswerUnfinished = (res: ServerResponse) => boolean;
+type AnswerUnfinished = (res: ServerResponse) => boolean;
 
 /** Closes, while the server closes, the connections no answer is owed on; requests in flight (streams too) finish. */
 export interface CloseSweep {

@@ -15,7 +15,7 @@ declare module 'fastify' {
   }
 }
 
-export type Phase = 'serving' | 'draining' | 'closing';
+type Phase = 'serving' | 'draining' | 'closing';
 
 /** After the drain's grace period, how long interrupted streams get to write their error event (and close() to finish) before the exit. */
 const STREAM_GOODBYE_MS = 500;

@@ -4,7 +4,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { contentEncoding } from './request-body.ts';
 
 /** Where the request goes, as far as its body matters. */
-export interface BodyPath {
+interface BodyPath {
   /** A managed route's path: a JSON body (application/json, in an encoding the gateway decodes) or 415. */
   managed: boolean;
   /** A passthrough path: the body goes to the provider as it comes, whatever its size or type. */

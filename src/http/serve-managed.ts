@@ -15,7 +15,7 @@ import { printable, type ParsedBody } from './request-body.ts';
 import type { RequestEnds } from './request-log.ts';
 import { sendAnswer } from './send-answer.ts';
 
-export interface ManagedDeps {
+interface ManagedDeps {
   config: Pick<Config, 'auth' | 'idempotency'>;
   runtime: Pick<Runtime, 'pipeline' | 'store' | 'bodies'>;
   router: Router;
@@ -24,7 +24,7 @@ export interface ManagedDeps {
 }
 
 /** A managed request: route it, run the pipeline, write its answer. */
-export type ServeManaged = (path: string, request: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
+type ServeManaged = (path: string, request: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
 
 export function managedHandler({ config, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
   // A Map, not the config's object: a client may be named `constructor`.

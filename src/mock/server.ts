@@ -17,7 +17,7 @@ import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
 import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
 
 export type { MockRequestLog, MockStats } from './stats.ts';
-export type { BrownoutMode, ErrorRule, FaultSpec, StreamFaults } from './faults.ts';
+export type { BrownoutMode, FaultSpec } from './faults.ts';
 
 export interface MockOptions {
   /** Port to listen on; 0 picks a free one. Default: 0. */

@@ -45,7 +45,7 @@ export interface StreamIO {
 }
 
 /** How a stream ended from the server's side. */
-export type StreamEnd = 'done' | 'cut' | 'stalled' | 'gone';
+type StreamEnd = 'done' | 'cut' | 'stalled' | 'gone';
 
 /**
  * Sends a plan with the faults applied. Events with no delay between them are written together,

@@ -10,7 +10,7 @@ interface Bucket {
   fallback: number;
 }
 
-export interface WindowRates {
+interface WindowRates {
   /** Undefined when nothing was retried in the window. */
   retrySuccess: number | undefined;
   /** Undefined when there were no requests in the window. */

@@ -15,7 +15,7 @@ import { configuredTargetKeys } from './zero-series.ts';
 /** stormgate_breaker_state's value for each breaker state (its help text says the same). */
 export const BREAKER_STATE_VALUE = { closed: 0, open: 1, 'half-open': 2 } as const;
 
-export interface ScrapeSources {
+interface ScrapeSources {
   config: Config;
   targetKeys: TargetKeys;
   pools: Pools;

@@ -18,7 +18,7 @@ import { REJECTED_LABELS, STATUS_CLASSES } from './pipeline-metrics.ts';
 type Route = Config['routes'][number];
 
 /** A route's series for a target key, started at zero once per key until the key is given back. */
-export interface TargetSeries {
+interface TargetSeries {
   /** Called at every attempt: does something only the first time the route sends to the key. */
   zeroOnce(route: string, target: string): void;
   /** The key was given back (see TargetKeys.forget): if it comes back, its series start at zero again. */

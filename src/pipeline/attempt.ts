@@ -23,7 +23,7 @@ import { withoutBom } from '../http/byte-order-mark.ts';
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
-export interface AttemptRequest {
+interface AttemptRequest {
   client: ProviderClient;
   api: ApiKind;
   path: string;

@@ -14,7 +14,7 @@ export interface ErrorAnswer {
   body: OpenAIErrorBody;
 }
 
-export interface FailureFacts {
+interface FailureFacts {
   result: AttemptResult;
   cls: Classification;
   retryAfterMs: number | undefined;

@@ -12,7 +12,7 @@ import { translatedAfterOutput } from './live-stream.ts';
 import type { RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
 
-export type FirstOutput =
+type FirstOutput =
   /** pendingRead: the answer was started early (early-start.ts) while this read was in flight; the LiveStream takes it. */
   | { head: string; pending: SseEvent[]; parser: SseParser; iterator: AsyncIterator<Buffer>; pendingRead?: Promise<IteratorResult<Buffer>> }
   | ErrorVerdict;

@@ -86,7 +86,7 @@ export interface PipelineAnswer {
 }
 
 export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
-export type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
+type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
 export interface RequestSummary {
   route: string;

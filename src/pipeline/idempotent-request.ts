@@ -32,7 +32,7 @@ export interface IdempotencyDeps {
 const CLAIM_SLACK_MS = 30_000;
 const RENEW_EVERY_MS = 10_000;
 
-export interface KeyedRequest {
+interface KeyedRequest {
   /** scopedKey() of the client's key. */
   key: string;
   /** fingerprintOf() of the request's body and query string. */
@@ -61,7 +61,7 @@ export interface KeyedRequest {
 }
 
 /** A managed request as the server has it, before the pipeline: what the pipeline gets, and whose it is. */
-export interface ArrivedRequest extends Pick<ManagedRequest, 'route' | 'path' | 'query' | 'rawBody' | 'json' | 'headers'> {
+interface ArrivedRequest extends Pick<ManagedRequest, 'route' | 'path' | 'query' | 'rawBody' | 'json' | 'headers'> {
   /** The client key's name, when auth is on. */
   client: string | undefined;
   /** Since the request's head arrived, ms. */

@@ -33,7 +33,7 @@ export interface StreamEnd {
   accountRefused?: true;
 }
 
-export interface LiveStreamOptions {
+interface LiveStreamOptions {
   api: ApiKind;
   shape: StreamShape;
   /** Events before the first output (role chunk, pings), already framed. */

@@ -29,14 +29,14 @@ export interface Ticket {
 /** How a parked request leaves the lot (stormgate_park_outcomes_total's outcome label). */
 export const PARK_OUTCOMES = ['released', 'full', 'timeout', 'aborted', 'closing'] as const;
 
-export type ParkResult =
+type ParkResult =
   | { kind: 'released'; ticket: Ticket }
   | { kind: 'full' }
   | { kind: 'timeout' }
   | { kind: 'aborted' }
   | { kind: 'closing' };
 
-export interface ParkOptions {
+interface ParkOptions {
   route: string;
   deadlineAtMs: number;
   signal: RequestSignal;
@@ -58,7 +58,7 @@ export interface ParkOptions {
   lowestClass?: boolean;
 }
 
-export interface ParkingLotDeps {
+interface ParkingLotDeps {
   now: () => number;
   /** Uniform in [0, 1): where in the release window each request leaves. */
   random: () => number;

@@ -10,7 +10,7 @@ import { RetryBudget } from '../state/retry-budget.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
 import type { TargetPlan } from './target-attempts.ts';
 
-export interface Plans {
+interface Plans {
   plans: TargetPlan[];
   /** For a context_length_exceeded answer, when the route names one. */
   contextFallback: TargetPlan | undefined;

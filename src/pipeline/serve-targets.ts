@@ -42,7 +42,7 @@ export type FallbackReason = (typeof FALLBACK_REASONS)[number];
 type Failure = TargetResult & { kind: 'failed' };
 
 /** A fallback that rejected the request after an earlier target failed for availability: a note on the answer. */
-export interface Rejection {
+interface Rejection {
   plan: TargetPlan;
   failure: Failure;
 }

@@ -25,7 +25,7 @@ export type SlotAttempt =
   | { kind: 'expired'; result: AttemptResult; cls: Classification };
 
 /** Is the target still free to take requests? Undefined when it is; else why not and until when. */
-export type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
+type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
 
 export async function attemptInSlot(
   ctx: RequestContext,

@@ -66,7 +66,7 @@ export interface TargetPlan {
 }
 
 /** What changes between attempts on one target of one request. */
-export interface TargetRun {
+interface TargetRun {
   /** Attempts that count towards maxAttempts. */
   attempts: number;
   /** Requests sent to the target, probes included (numbers x-retry-attempt). */
@@ -120,7 +120,7 @@ export interface RequestContext {
   bodyBytes?: number;
 }
 
-export interface Guards {
+interface Guards {
   board: BreakerBoard;
   holdOffs: HoldOffs;
   budget: RetryBudget;

@@ -6,7 +6,7 @@ import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
 import type { TargetState } from './parking-lot.ts';
 
-export interface TargetStateDeps {
+interface TargetStateDeps {
   holdOffs: HoldOffs;
   board: BreakerBoard;
   /** The target key's breaker settings; undefined when its provider has the breaker off. */

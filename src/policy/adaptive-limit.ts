@@ -13,7 +13,7 @@ export interface LimitSettings {
 }
 
 /** Answers counted since a share was last taken, refused (429, 529) and not, and the limit and time they began at. */
-export interface Tally {
+interface Tally {
   ok: number;
   refused: number;
   limit: number;
@@ -24,7 +24,7 @@ export interface Tally {
  * A burst of rate-limit signals: where the limit and caps were when it began, its worst round trip's refused share
  * and the limit that round trip's answers were sent under, and the shares' sum and count (their mean is the noise's).
  */
-export interface Burst {
+interface Burst {
   fromLimit: number;
   fromCaps: number[];
   peakShare: number;
@@ -174,7 +174,7 @@ function notOurConcurrency(burst: Burst, sentUnder: number, share: number): bool
 }
 
 /** Attempts of one target in flight when a signal came, all classes and per class (highest first), and requests waiting for it. */
-export interface InUse {
+interface InUse {
   total: number;
   byClass: readonly number[];
   waiting?: number;

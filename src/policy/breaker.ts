@@ -92,7 +92,7 @@ export const CONSECUTIVE_QUIET_MS = 250;
 export const LONG_RUN_FACTOR = 4;
 
 /** A target's current run of failures as one instance saw it, and how long it has been since its last success. */
-export interface FailureRun {
+interface FailureRun {
   failures: number;
   sinceSuccessMs: number;
 }

@@ -3,14 +3,14 @@
 
 type HeaderBag = Record<string, string | string[] | undefined>;
 
-export interface DeadlineInputs {
+interface DeadlineInputs {
   routeTimeoutMs: number;
   /** The route's configured margin; undefined means max(250 ms, 5% of the budget). */
   marginMs: number | undefined;
   headers: HeaderBag;
 }
 
-export interface Deadline {
+interface Deadline {
   /** Time the gateway may spend, margin already taken off. */
   budgetMs: number;
   /** The smallest timeout that applied, before the margin. */

@@ -43,7 +43,7 @@ export function fingerprintOf(rawBody: Buffer, query = ''): string {
 }
 
 /** What a request that finds its key taken does. */
-export type RepeatVerdict =
+type RepeatVerdict =
   /** The first request is still running: wait for its answer. */
   | 'wait'
   /** Its answer is kept: send it again. */

@@ -22,7 +22,7 @@ export type AttemptOutcome =
   | { kind: 'internal'; code: string }
   | { kind: 'aborted'; by: 'client' | 'deadline' | 'shutdown' };
 
-export type OutcomeClass =
+type OutcomeClass =
   | 'success'
   | 'client-error'
   | 'context-length'
@@ -40,7 +40,7 @@ export type OutcomeClass =
   | 'aborted'
   | 'shutdown';
 
-export interface OutcomeRow {
+interface OutcomeRow {
   /** May this class be retried at all (then `retryOn` decides)? */
   retryable: boolean;
   /** Does the client get the upstream's own status and body (its request was wrong), or the gateway's error? */

@@ -6,7 +6,7 @@ import { backoffDelayMs, jitterWaitHintMs } from './backoff.ts';
 import type { Random } from './random.ts';
 import type { WaitHint } from './wait-hint.ts';
 
-export type WaitDecision =
+type WaitDecision =
   | { wait: true; delayMs: number; fromHint: boolean }
   | { wait: false; why: 'hint-too-long' | 'deadline'; retryAfterMs: number | undefined };
 

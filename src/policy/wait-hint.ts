@@ -1,6 +1,6 @@
 // Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
 // One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
-export type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'retry-info';
+type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'retry-info';
 
 export interface WaitHint {
   /** Whole ms to wait, rounded up, at most MAX_WAIT_HINT_MS. */

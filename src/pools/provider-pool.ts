@@ -14,7 +14,7 @@ export interface PoolClass {
   maxQueue: number;
 }
 
-export interface PoolSettings {
+interface PoolSettings {
   provider: string;
   capacity: number;
   retryCapacity: number;

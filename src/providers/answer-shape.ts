@@ -35,7 +35,7 @@ const LIST: ReadonlySet<string> = new Set(['"choices"', '"data"']);
 
 const WHITESPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 
-export interface AnswerContext {
+interface AnswerContext {
   api: ApiKind;
   /** The client asked for a stream (and got a whole body). */
   stream: boolean;
@@ -48,7 +48,7 @@ export interface AnswerContext {
  * Why a 2xx body is not an answer. `ran`: it is the start of an answer cut before its end (the provider ran the
  * request), as opposed to something else altogether (a proxy's page, an error, an empty body).
  */
-export interface NotAnAnswer {
+interface NotAnAnswer {
   detail: string;
   ran: boolean;
 }

@@ -41,7 +41,7 @@ export interface UpstreamRequest {
   errorEventMeaning?: (data: Buffer) => { status: number; body: Buffer } | undefined;
 }
 
-export interface FamilyInput {
+interface FamilyInput {
   api: ApiKind;
   /** The client's path (e.g. /v1/chat/completions) and query string. */
   clientPath: string;

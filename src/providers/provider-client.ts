@@ -13,7 +13,7 @@ export interface ProviderClient {
   readonly disabled: boolean;
 }
 
-export interface ProviderClientOptions {
+interface ProviderClientOptions {
   /** Tests and embedders may pass their own dispatcher (e.g. an undici MockAgent). */
   dispatcher?: Dispatcher;
   /** Coarse backstop for headers and body reads, in ms: above every route timeout. */

@@ -6,7 +6,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
 import { AnswerCut } from './transport-errors.ts';
 
-export interface WholeAnswer {
+interface WholeAnswer {
   statusCode: number;
   headers: IncomingHttpHeaders;
   /**
@@ -17,7 +17,7 @@ export interface WholeAnswer {
   whole: boolean;
 }
 
-export interface WholeRequest {
+interface WholeRequest {
   path: string;
   method: 'POST' | 'GET';
   headers: Record<string, string>;

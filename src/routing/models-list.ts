@@ -8,7 +8,7 @@ import { withoutKey } from '../providers/key-echo.ts';
 import type { CompiledRoute, Router } from './router.ts';
 
 /** A provider's own fields (context windows, capabilities on some servers) are kept beside these. */
-export interface ModelEntry {
+interface ModelEntry {
   id: string;
   object: 'model';
   created: number;
@@ -16,7 +16,7 @@ export interface ModelEntry {
   [field: string]: unknown;
 }
 
-export interface ModelsListOptions {
+interface ModelsListOptions {
   now?: () => number;
   /** How long a provider's list is kept: 5 minutes. */
   cacheMs?: number;

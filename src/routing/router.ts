@@ -18,7 +18,7 @@ export interface CompiledRoute {
   upstreamModel(target: TargetConfig, clientModel: string | undefined): string | undefined;
 }
 
-export type RouteMatch = { route: CompiledRoute } | { error: 'unknown_url' | 'model_not_found' };
+type RouteMatch = { route: CompiledRoute } | { error: 'unknown_url' | 'model_not_found' };
 
 export interface Router {
   match(path: string, model: string | undefined): RouteMatch;

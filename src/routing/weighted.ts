@@ -2,7 +2,7 @@
 // every cycle of the weights, unlike random draws. Targets that cannot take requests now (breaker open, held off)
 // sit the round out; the others stay behind the chosen one as fallbacks.
 
-export interface Weighted {
+interface Weighted {
   readonly key: string;
   readonly weight: number;
 }

@@ -21,12 +21,12 @@ import { INITIAL_BREAKER, type BreakerRecord, type StateStore } from './store.ts
 const FLUSH_MS = 50;
 
 /** A probe's permit, and the spell of the breaker (its record's sinceMs) it was taken in. */
-export interface Probe {
+interface Probe {
   permit: string;
   spellSinceMs: number;
 }
 
-export type Admission =
+type Admission =
   | { admitted: true; probe: Probe | undefined }
   | { admitted: false; availableAtMs: number };
 
@@ -35,7 +35,7 @@ interface Pending {
   failures: number;
 }
 
-export interface BreakerBoardDeps {
+interface BreakerBoardDeps {
   store: StateStore;
   now: () => number;
   random: Random;

@@ -10,7 +10,7 @@ import { budgetOf, MAX_WINDOW_S, type BudgetConfig, type BudgetWindow } from './
 /** Batched request counts are sent at most this far apart. */
 const FLUSH_INTERVAL_MS = 50;
 
-export interface RedisBudgetDeps {
+interface RedisBudgetDeps {
   client: ScriptClient;
   keys: RedisKeys;
   /** The in-process stand-in, fed all along so its windows are warm when Redis goes away. */

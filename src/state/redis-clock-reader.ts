@@ -14,7 +14,7 @@ const CLOCK_READ_MS = 10_000;
 /** Readings of Redis's clock taken at most, one after another, for one whose round trip is short enough to use. */
 const CLOCK_READINGS = 3;
 
-export interface RedisClockReaderDeps {
+interface RedisClockReaderDeps {
   client: ScriptClient;
   /** Where the readings go: the store converts every time it sends or reads with it. */
   clock: FleetClock;

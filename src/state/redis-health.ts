@@ -32,7 +32,7 @@ const PROBE_TTL_MS = 1000;
  */
 const DEGRADE_AFTER_TIMEOUTS = 3;
 
-export interface RedisHealthDeps {
+interface RedisHealthDeps {
   /** The command connection: its events are watched here, and its health checked by keyed writes. */
   client: ScriptClient;
   keys: RedisKeys;

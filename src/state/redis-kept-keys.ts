@@ -10,7 +10,7 @@ import type { KeyRecord } from './store.ts';
 /** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
 type KeyEnd = { record: KeyRecord & { state: 'done' }; owner: string | undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
 
-export interface RedisKeptKeysDeps {
+interface RedisKeptKeysDeps {
   client: ScriptClient;
   keys: RedisKeys;
   local: MemoryStore;

@@ -208,7 +208,7 @@ return 1
 type Arg = string | number | Buffer;
 
 /** The scripts as methods on the client, after `defineScripts`. */
-export interface ScriptCommands {
+interface ScriptCommands {
   sgAddOutcomes(key: string, ...args: Arg[]): Promise<[number, number]>;
   sgCasBreaker(key: string, ...args: Arg[]): Promise<[number, ...string[]]>;
   sgTakePermit(permitsKey: string, breakerKey: string, ...args: Arg[]): Promise<string | null | 0>;

@@ -25,7 +25,7 @@ import { RedisKeptKeys } from './redis-kept-keys.ts';
 import { RedisSubscriber } from './redis-subscriber.ts';
 import type { BreakerRecord, BudgetConfig, BudgetWindow, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
 
-export interface RedisStoreOptions {
+interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */
   config: StateConfig;
   logger?: Logger;

@@ -16,7 +16,7 @@ const SUBSCRIBE_RETRY_MS = 1000;
 const SUBSCRIBER_CHECK_MS = 5000;
 const SUBSCRIBER_ANSWER_MS = 2000;
 
-export interface RedisSubscriberDeps {
+interface RedisSubscriberDeps {
   sub: RedisConnection;
   /** The events channel (RedisKeys.events). */
   channel: string;

@@ -15,7 +15,7 @@ const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.del
 const ONE_FINISHED = { seen: [0], finished: [0] };
 
 /** How an event ended the answer: its end ([DONE], or a finish where the API has none after it), or an error event. */
-export type AnswerEnd = 'complete' | 'upstream-error';
+type AnswerEnd = 'complete' | 'upstream-error';
 
 export class AnswerProgress {
   readonly #api: ApiKind;

@@ -23,7 +23,7 @@ export interface AzureSeen {
   body: Record<string, unknown>;
 }
 
-export interface AzureOptions {
+interface AzureOptions {
   apiKey: string;
   deployments: string[];
   apiVersion?: string;

@@ -8,7 +8,7 @@ import { seededRandom } from '../../src/policy/random.ts';
 import { freePort } from './free-port.ts';
 
 /** What happens to the bytes of one direction of one connection. */
-export interface Toxics {
+interface Toxics {
   /** Delivered in pieces of min..max bytes (random boundaries), with delayMs between pieces. */
   slicer?: { min: number; max: number; delayMs?: number };
   /** At most this many bytes a second. */

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { parse as parseYaml, stringify } from 'yaml';
 import { freePort } from './free-port.ts';
 
-export interface PrometheusOptions {
+interface PrometheusOptions {
   /** host:port of every endpoint to scrape at /metrics. */
   scrapeTargets: string[];
   /** Rule files (recording and alerting) to load; relative paths resolve against the working directory. */
@@ -137,13 +137,13 @@ export const SHIPPED = {
   dockerConfig: join(ROOT, 'config/docker.yaml'),
 } as const;
 
-export interface DashboardTarget {
+interface DashboardTarget {
   refId?: string;
   expr?: string;
   datasource?: { type?: string; uid?: string };
 }
 
-export interface DashboardPanel {
+interface DashboardPanel {
   id?: number;
   type: string;
   title?: string;
@@ -153,7 +153,7 @@ export interface DashboardPanel {
   panels?: DashboardPanel[];
 }
 
-export interface DashboardVariable {
+interface DashboardVariable {
   name: string;
   type: string;
   datasource?: { type?: string; uid?: string };
@@ -161,7 +161,7 @@ export interface DashboardVariable {
   definition?: string;
 }
 
-export interface Dashboard {
+interface Dashboard {
   uid: string;
   title: string;
   panels: DashboardPanel[];
@@ -205,7 +205,7 @@ export function withoutGrafanaVariables(expr: string): string {
     .replace(/\$\{(\w+)(:\w+)?\}|\$(\w+)/g, '.*');
 }
 
-export interface RuleFile {
+interface RuleFile {
   groups: Array<{
     name: string;
     rules: Array<{ record?: string; alert?: string; expr: string; for?: string; labels?: Record<string, string>; annotations?: Record<string, string> }>;

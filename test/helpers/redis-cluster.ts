@@ -22,7 +22,7 @@ export interface RedisClusterHandle {
 }
 
 /** A test CA and a server certificate for `localhost` (its only name: no IP address), as PEM files. */
-export interface TestCertificates {
+interface TestCertificates {
   ca: string;
   cert: string;
   key: string;

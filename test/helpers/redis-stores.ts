@@ -21,7 +21,7 @@ export interface LogLine {
   error?: { message: string };
 }
 
-export interface LoggedStore {
+interface LoggedStore {
   store: RedisStore;
   keyPrefix: string;
   raw: string[];

@@ -210,7 +210,7 @@ export function countingClient(s: Stack, opts: ClientOptions = {}): { client: Op
 }
 
 /** What the SDK's HTTP requests were answered with: status, x-should-retry and the error code, one entry each. */
-export interface Answered {
+interface Answered {
   status: number;
   shouldRetry: string | null;
   code?: string;

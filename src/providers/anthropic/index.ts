@@ -5,7 +5,7 @@
 //             toOpenAIError       Anthropic error (status + body) -> OpenAI error body, status kept
 //             toAnthropicShape    the gateway's OpenAI error body -> one the Anthropic SDKs read too (native routes)
 //   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
-export { toAnthropicRequest, type AnthropicRequestOptions, type AnthropicRequestResult, type SamplingMode } from './request.ts';
-export { isAnthropicErrorType, toAnthropicShape, toFinishReason, toOpenAIError, toOpenAIResponse, toOpenAIUsage, type AnthropicShapedError } from './response.ts';
-export { AnthropicStreamError, AnthropicStreamTranslator, type AnthropicStreamErrorCode, type AnthropicStreamOptions } from './stream.ts';
+export { toAnthropicRequest, type AnthropicRequestOptions } from './request.ts';
+export { isAnthropicErrorType, toAnthropicShape, toOpenAIError, toOpenAIResponse } from './response.ts';
+export { AnthropicStreamError, AnthropicStreamTranslator } from './stream.ts';
 export type * from './types.ts';

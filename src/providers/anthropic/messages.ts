@@ -24,7 +24,7 @@ export class Inexpressible extends Error {
 }
 
 /** What the conversation becomes: the system prompt (if any) and turns that alternate, starting with the user. */
-export interface AnthropicConversation {
+interface AnthropicConversation {
   system: string | undefined;
   messages: AnthropicMessageParam[];
 }

@@ -29,7 +29,7 @@ import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, Open
  * clamped to Anthropic's 0..1 (OpenAI allows up to 2; clamping keeps the value's meaning at the low end, where most are),
  * and top_p only without a temperature.
  */
-export type SamplingMode = 'drop' | 'refuse' | 'forward';
+type SamplingMode = 'drop' | 'refuse' | 'forward';
 
 export interface AnthropicRequestOptions {
   /** The upstream model name; the client's `model` is not sent. */
@@ -40,7 +40,7 @@ export interface AnthropicRequestOptions {
   sampling?: SamplingMode;
 }
 
-export type AnthropicRequestResult =
+type AnthropicRequestResult =
   /** `includeUsage`: the client asked for a usage chunk (stream_options.include_usage); give it to the stream translator. */
   | { ok: true; body: AnthropicMessagesRequest; includeUsage: boolean }
   /** `param`: the request field at fault, when one is (OpenAI's error `param`). */

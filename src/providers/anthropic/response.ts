@@ -149,7 +149,7 @@ export function isAnthropicErrorType(type: unknown): type is string {
 }
 
 /** An error as the Anthropic SDKs read it, which is the OpenAI shape too: `type: "error"` beside `error`. */
-export interface AnthropicShapedError extends OpenAIErrorBody {
+interface AnthropicShapedError extends OpenAIErrorBody {
   type: 'error';
 }
 

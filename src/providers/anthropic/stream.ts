@@ -5,7 +5,7 @@
 import { toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 
-export type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
+type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
 
 /** An upstream event the translator cannot read; the gateway treats it as a malformed event (a broken stream). */
 export class AnthropicStreamError extends Error {
@@ -18,7 +18,7 @@ export class AnthropicStreamError extends Error {
   }
 }
 
-export interface AnthropicStreamOptions {
+interface AnthropicStreamOptions {
   /** Used until message_start names the answering model, and if it never does. */
   model?: string;
   /** The client asked for stream_options.include_usage: send a usage chunk before [DONE]. */

@@ -8,30 +8,30 @@ export interface OpenAITextPart {
   type: 'text';
   text: string;
 }
-export interface OpenAIRefusalPart {
+interface OpenAIRefusalPart {
   type: 'refusal';
   refusal: string;
 }
-export interface OpenAIImagePart {
+interface OpenAIImagePart {
   type: 'image_url';
   image_url: { url: string; detail?: string };
 }
-export interface OpenAIFilePart {
+interface OpenAIFilePart {
   type: 'file';
   file: { file_data?: string; file_id?: string; filename?: string };
 }
-export interface OpenAIAudioPart {
+interface OpenAIAudioPart {
   type: 'input_audio';
   input_audio: { data: string; format: string };
 }
-export type OpenAIUserPart = OpenAITextPart | OpenAIImagePart | OpenAIFilePart | OpenAIAudioPart;
+type OpenAIUserPart = OpenAITextPart | OpenAIImagePart | OpenAIFilePart | OpenAIAudioPart;
 
 export interface OpenAIFunctionToolCall {
   id: string;
   type: 'function';
   function: { name: string; arguments: string };
 }
-export interface OpenAICustomToolCall {
+interface OpenAICustomToolCall {
   id: string;
   type: 'custom';
   custom: { name: string; input: string };
@@ -52,14 +52,14 @@ export type OpenAIMessage =
   | { role: 'tool'; content: string | OpenAITextPart[]; tool_call_id: string }
   | { role: 'function'; content: string | null; name: string };
 
-export type OpenAITool =
+type OpenAITool =
   | {
       type: 'function';
       function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean | null };
     }
   | { type: 'custom'; custom: { name: string; description?: string; format?: unknown } };
 
-export type OpenAIToolChoice =
+type OpenAIToolChoice =
   | 'none'
   | 'auto'
   | 'required'
@@ -67,7 +67,7 @@ export type OpenAIToolChoice =
   | { type: 'allowed_tools'; allowed_tools: { mode: 'auto' | 'required'; tools: Array<Record<string, unknown>> } }
   | { type: 'custom'; custom: { name: string } };
 
-export type OpenAIResponseFormat =
+type OpenAIResponseFormat =
   | { type: 'text' }
   | { type: 'json_object' }
   | { type: 'json_schema'; json_schema: { name: string; description?: string; schema?: Record<string, unknown>; strict?: boolean | null } };
@@ -172,18 +172,18 @@ export interface AnthropicImageBlock {
     | { type: 'url'; url: string };
 }
 export type AnthropicImageMediaType = 'image/jpeg' | 'image/png' | 'image/gif' | 'image/webp';
-export interface AnthropicDocumentBlock {
+interface AnthropicDocumentBlock {
   type: 'document';
   source: { type: 'base64'; media_type: 'application/pdf'; data: string };
   title?: string;
 }
-export interface AnthropicToolUseBlock {
+interface AnthropicToolUseBlock {
   type: 'tool_use';
   id: string;
   name: string;
   input: unknown;
 }
-export interface AnthropicToolResultBlock {
+interface AnthropicToolResultBlock {
   type: 'tool_result';
   tool_use_id: string;
   content: string | AnthropicTextBlock[];
