@@ -1,6 +1,7 @@
 // One upstream attempt: send, time it, and report the outcome. For a stream the attempt ends at the first
 // output-bearing event (or its failure); what follows is the LiveStream's job. Timers run on this attempt's own
 // RequestAbort, linked to the request's signal (client gone or deadline).
+import type { Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
@@ -90,7 +91,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data`, ran: false }, status: answer.statusCode, headers: answer.headers };
       return wholeResult(req, answer.statusCode, answer.headers, decoded.bytes, decoded.whole);
     }
-    const res = await req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) });
+    const res = await untilAborted(req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) }), signal);
     const { headers } = res;
     const status = res.statusCode;
     const encoding = encodingOf(headers);
@@ -137,6 +138,31 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     // Every path above has read the body to its end or destroyed it, so the connection is already free.
     if (!handedOff) release();
   }
+}
+
+/**
+ * A stream's request, given up as soon as its signal aborts. undici's request() hears its signal only once the request
+ * has a connection: a stream whose connection was still being made (a provider slow to accept, or not accepting at all)
+ * waited out the whole connect timeout past its first-token timer and its deadline, and its client, told nothing by
+ * the deadline, gave up on its own and retried. requestWhole settles at the abort the same way.
+ */
+function untilAborted(sent: Promise<Dispatcher.ResponseData>, signal: RequestSignal): Promise<Dispatcher.ResponseData> {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    sent.then(
+      (res) => {
+        signal.removeEventListener('abort', onAbort);
+        // An answer that comes after the abort is nobody's: its connection goes.
+        if (signal.aborted) res.body.destroy();
+        else resolve(res);
+      },
+      (err: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err);
+      },
+    );
+  });
 }
 
 /** Errors are read for their code (and passed on) up to MAX_ERROR_BODY_BYTES; answers whole, up to MAX_ANSWER_BYTES. */

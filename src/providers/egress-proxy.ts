@@ -3,6 +3,7 @@
 // refused (nothing was sent, so the request is retried and fails over like one that could not connect).
 import { errors, Pool, ProxyAgent, type buildConnector } from 'undici';
 import { PROXY_REFUSAL, UNREACHABLE_CODES } from '../policy/outcome.ts';
+import { boundedConnector } from './connect-timer.ts';
 
 /**
  * An agent whose connections to the provider are tunnelled (HTTP CONNECT) through the company's egress proxy; a
@@ -64,25 +65,15 @@ function tunnelError(err: Error, proxy: string): Error {
  * that took the connection and never answered held a stream past its first-token timer and its deadline.
  */
 function boundedTunnel(connect: buildConnector.connector, connectMs: number, proxy: string): buildConnector.connector {
-  return (opts, callback) => {
-    // ProxyAgent passes this signal on to its CONNECT: aborted, it closes the connection to the proxy.
-    const abort = new AbortController();
-    let settled = false;
-    const timer = setTimeout(() => {
-      settled = true;
-      abort.abort();
-      callback(new errors.ConnectTimeoutError(`Connect Timeout Error (through the egress proxy to ${opts.hostname}, timeout: ${connectMs}ms)`), null);
-    }, connectMs);
-    connect({ ...opts, signal: abort.signal } as buildConnector.Options, (...args: Parameters<buildConnector.Callback>) => {
-      if (settled) {
-        args[1]?.destroy();
-        return;
-      }
-      settled = true;
-      clearTimeout(timer);
-      const [err] = args;
-      if (err) callback(tunnelError(err, proxy), null);
-      else callback(...args);
-    });
-  };
+  return boundedConnector(
+    (opts, callback) => {
+      // ProxyAgent passes this signal on to its CONNECT: aborted, it closes the connection to the proxy.
+      const abort = new AbortController();
+      connect({ ...opts, signal: abort.signal } as buildConnector.Options, callback);
+      return () => abort.abort();
+    },
+    connectMs,
+    (opts) => `through the egress proxy to ${opts.hostname}`,
+    (err) => tunnelError(err, proxy),
+  );
 }

@@ -12,6 +12,7 @@ import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
 import { viaProxy } from './egress-proxy.ts';
+import { timedConnector } from './connect-timer.ts';
 import { clientStallMs } from '../pipeline/live-stream.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
@@ -164,7 +165,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
     // is a gap, not a length, so neither is a long download.
     const options = { connections: 16, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs };
     const agent = new ClientBoundAgent(
-      provider.proxy ? viaProxy(provider.proxy, provider.timeouts.connectMs, options) : new Agent({ ...options, connect: { timeout: provider.timeouts.connectMs } }),
+      provider.proxy ? viaProxy(provider.proxy, provider.timeouts.connectMs, options) : new Agent({ ...options, connect: timedConnector(provider.timeouts.connectMs) }),
     );
     // reply-from leaves an agent it was given open: its kept connections (and a proxy's tunnels) end with the gateway.
     app.addHook('onClose', () => agent.close());

@@ -3,6 +3,7 @@
 // request's signal in pipeline/attempt.ts.
 import { Pool, type Dispatcher } from 'undici';
 import { viaProxy } from './egress-proxy.ts';
+import { timedConnector } from './connect-timer.ts';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 
 export interface ProviderClient {
@@ -35,7 +36,7 @@ function createProviderClient(name: string, config: ProviderConfig, opts: Provid
     opts.dispatcher ??
     (config.proxy
       ? viaProxy(config.proxy, config.timeouts.connectMs, poolOptions).compose(toOrigin(origin))
-      : new Pool(origin, { ...poolOptions, connect: { timeout: config.timeouts.connectMs } }));
+      : new Pool(origin, { ...poolOptions, connect: timedConnector(config.timeouts.connectMs) }));
   return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
 

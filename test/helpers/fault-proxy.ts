@@ -49,6 +49,8 @@ export interface ConnectionToxics {
    * ended (FIN) as it arrives, the race of a server closing an idle connection just as the client reuses it.
    */
   closeOnReuse?: boolean;
+  /** As closeOnReuse, but the gateway's side is reset (RST) instead: the classic "socket hang up" of a kept connection. */
+  resetOnReuse?: boolean;
 }
 
 export interface FaultProxy {
@@ -192,9 +194,11 @@ export async function startFaultProxy(targetPort: number, seed = 1): Promise<Fau
         pumping = false;
       };
       from.on('data', (chunk: Buffer) => {
-        if (from === client && spec.closeOnReuse && downBytes[n]! > 0) {
+        if (from === client && (spec.closeOnReuse || spec.resetOnReuse) && downBytes[n]! > 0 && !done) {
           done = true;
-          client.end();
+          struckIds.push(n);
+          if (spec.resetOnReuse) client.resetAndDestroy();
+          else client.end();
           upstream.destroy();
           return;
         }
