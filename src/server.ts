@@ -136,8 +136,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
     // it is a client request answered: without this count a client sending only invalid requests would not show.
-    // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.)
-    else if (reply.statusCode >= 400 && router.paths.has(request.routeOptions.url ?? '')) recorder.rejected(reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected');
+    // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.) One whose client left
+    // before any answer (a repeat waiting for its idempotency key's run) has no status to go by: counted all the same.
+    else if (router.paths.has(request.routeOptions.url ?? '')) {
+      if (gone && !reply.raw.headersSent) recorder.rejected('client_gone');
+      else if (reply.statusCode >= 400) recorder.rejected(reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected');
+    }
     if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
     // Scrapes and probes come every few seconds from machines: a line each would bury the requests; failures still show.
     if (!summary && reply.statusCode < 400 && OPS_PATHS.has(request.routeOptions.url ?? '')) return;

@@ -1,7 +1,10 @@
 // stormgate_requests_total counts every client request a managed path answered, those refused before any route took
 // them too (outcome rejected): a client that sends only invalid requests must show on the dashboard, not only in logs.
-import { describe, expect, it } from 'vitest';
-import { metricSum, useStacks } from './helpers/stack.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
+import OpenAI from 'openai';
+import { describe, expect, it, vi } from 'vitest';
+import { MemoryStore } from '../src/state/memory-store.ts';
+import { metricSum, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
 
@@ -50,6 +53,51 @@ describe('requests refused before the pipeline', () => {
     await new Promise((r) => setTimeout(r, 50));
     expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="rejected"}')).toBe(2);
     expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
+    expect(s.mock.stats().total).toBe(1);
+  });
+});
+
+describe('a repeat under an idempotency key whose client leaves', () => {
+  const CHAT = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'hi' }] };
+  const sdk = (s: Stack) => new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 });
+
+  /** Sends a repeat of `key` and cancels it after `leaveAfterMs`; resolves once the SDK has given it up. */
+  async function repeatThatLeaves(s: Stack, key: string, leaveAfterMs: number): Promise<void> {
+    const ctrl = new AbortController();
+    setTimeout(() => ctrl.abort(), leaveAfterMs);
+    await expect(sdk(s).chat.completions.create(CHAT, { headers: { 'Idempotency-Key': key }, signal: ctrl.signal })).rejects.toThrow(OpenAI.APIUserAbortError);
+  }
+
+  it('while it waits for the run is counted once, as client_gone under route none: it sent nothing upstream', async () => {
+    // A random cancellation storm found such repeats in no series at all: their client left, the wait gave up, and the
+    // request ended with no summary and no status, so stormgate_requests_total fell short of the requests received.
+    const s = await startStack({ faults: { latencyMs: 800 } });
+    const run = sdk(s).chat.completions.create(CHAT, { headers: { 'Idempotency-Key': 'k-leaves' } });
+    await sleep(100);
+    await repeatThatLeaves(s, 'k-leaves', 200);
+    await run;
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_requests_total')).toBe(2), { timeout: 3_000, interval: 20 });
+    expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="client_gone"}')).toBe(1);
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat",target="mock/gpt-4o",priority="online",outcome="success"}')).toBe(1);
+    expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('as the run\'s answer comes is counted once, as client_gone under the run\'s labels', async () => {
+    // The repeat's look at the key is slow (a Redis round trip): the client leaves during it, and it finds the answer.
+    const store = new MemoryStore();
+    const readKey = store.readKey.bind(store);
+    store.readKey = async (key, nowMs) => {
+      await sleep(400);
+      return readKey(key, nowMs);
+    };
+    const s = await startStack({ faults: { latencyMs: 300 }, deps: { store } });
+    const run = sdk(s).chat.completions.create(CHAT, { headers: { 'Idempotency-Key': 'k-replay' } });
+    await sleep(50);
+    // Its first look (75-150 ms after it came) reads until after the run's answer; its client leaves in between.
+    await repeatThatLeaves(s, 'k-replay', 350);
+    await run;
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_requests_total')).toBe(2), { timeout: 3_000, interval: 20 });
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat",target="mock/gpt-4o",priority="online",outcome="client_gone"}')).toBe(1);
     expect(s.mock.stats().total).toBe(1);
   });
 });

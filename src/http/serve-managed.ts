@@ -53,8 +53,10 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
       if (keyed) {
         claim = await claimKey(keyed, idempotencyDeps);
         if (claim.kind === 'replay') {
-          ends.leavePipeline(request, reply);
+          // The summary first: a client that left meanwhile ends the request as it leaves the pipeline, and is counted
+          // by its summary (client_gone, under the run's labels).
           request.stormgate = replaySummary(route, claim.answer);
+          ends.leavePipeline(request, reply);
           return sendAnswer(reply, { ...replayed(claim.answer), summary: request.stormgate });
         }
         drain.holdRun(claim.ended);

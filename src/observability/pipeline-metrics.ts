@@ -77,10 +77,11 @@ export class RequestRecorder {
   /**
    * A request on a managed path answered without the pipeline's answer (a 4xx, or a 503 while draining: `rejected`;
    * a 500 from a bug in the gateway: `gateway_error`; a deadline that passed while the body was still arriving:
-   * `deadline`): counted, so the request count is every request a client sent, but out of the rate window and the
-   * histograms, which are the pipeline's.
+   * `deadline`; a client that left before the pipeline took it, a repeat waiting for its key's run: `client_gone`):
+   * counted, so the request count is every request a client sent, but out of the rate window and the histograms,
+   * which are the pipeline's.
    */
-  rejected(outcome: 'rejected' | 'gateway_error' | 'deadline' = 'rejected'): void {
+  rejected(outcome: 'rejected' | 'gateway_error' | 'deadline' | 'client_gone' = 'rejected'): void {
     this.m.requests.inc({ ...REJECTED_LABELS, outcome });
   }
 
