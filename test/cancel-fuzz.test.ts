@@ -10,6 +10,7 @@ import OpenAI from 'openai';
 import { describe, expect, it, vi } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { MockServer, MockStats } from '../src/mock/server.ts';
+import { seededRandom } from '../src/policy/random.ts';
 import { TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const start = useStacks();
@@ -17,18 +18,6 @@ const startBackup = useExtraMocks();
 
 const SEED = Number(process.env.STORMGATE_FUZZ_SEED ?? 20_261_203);
 const SLOTS = 4;
-
-/** mulberry32: a small seeded source, so one seed replays one storm (the gateway's own jitter aside). */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /**
  * Two routes on the chat path: `solo-*` models have the primary alone (so they park through its hold-offs and open
@@ -209,7 +198,7 @@ describe('random client cancellations under faults', () => {
       if (req.url?.startsWith('/v1/chat/completions')) received++;
     });
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0, timeout: 20_000 });
-    const random = seeded(SEED);
+    const random = seededRandom(SEED);
 
     // Two brownouts of the primary in the first wave: its breakers open (solo parks, chat fails over), then it hangs.
     const brownouts = [setTimeout(() => s.mock.brownout('503', 1_200), 2_000), setTimeout(() => s.mock.brownout('hang', 800), 4_500)];

@@ -10,7 +10,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { configServedBy, defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
-import { chatChunk, useFakeProviders } from './helpers/fake-provider.ts';
+import { chatChunk, chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 
 const startStack = useStacks();
 const startBackup = useExtraMocks();
@@ -20,14 +20,7 @@ const messages = [{ role: 'user' as const, content: 'Where is my parcel?' }];
 const sdk = (s: Stack, opts: NonNullable<ConstructorParameters<typeof OpenAI>[0]> = {}) =>
   new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0, ...opts });
 
-const COMPLETION = JSON.stringify({
-  id: 'chatcmpl-1',
-  object: 'chat.completion',
-  created: 1,
-  model: 'gpt-4o',
-  choices: [{ index: 0, message: { role: 'assistant', content: 'It is on its way.' }, finish_reason: 'stop' }],
-  usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 },
-});
+const COMPLETION = chatCompletion('It is on its way.');
 
 /** A gateway whose every route goes to one fake provider `handler`, retry loop only (no breaker, budget, parking). */
 async function servedBy(handler: RequestListener): Promise<{ s: Stack; hits: () => number }> {

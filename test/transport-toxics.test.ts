@@ -11,7 +11,7 @@ import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
 import { configServedBy, requestLine, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 import { startFaultProxy, type ConnectionToxics, type FaultProxy } from './helpers/fault-proxy.ts';
-import { useFakeProviders } from './helpers/fake-provider.ts';
+import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 import type { MockServer } from '../src/mock/server.ts';
 import type { FaultSpec } from '../src/mock/faults.ts';
 import type { ConfigInput } from '../src/config/schema.ts';
@@ -183,14 +183,7 @@ describe('a provider slow to accept connections, and one slow to answer', () => 
 });
 
 /** A whole chat completion sent chunked, in three writes (three chunks), as servers that stream their JSON do. */
-const COMPLETION = JSON.stringify({
-  id: 'chatcmpl-1',
-  object: 'chat.completion',
-  created: 1,
-  model: 'gpt-4o',
-  choices: [{ index: 0, message: { role: 'assistant', content: 'héllo 世界 🎉 done' }, finish_reason: 'stop' }],
-  usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 },
-});
+const COMPLETION = chatCompletion('héllo 世界 🎉 done');
 const chunkedAnswer: RequestListener = (req, res) => {
   req.resume();
   req.on('end', async () => {

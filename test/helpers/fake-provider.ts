@@ -38,6 +38,17 @@ export function useFakeProviders(): (handler: RequestListener) => Promise<FakePr
   };
 }
 
+/** A whole chat.completion answering `content`, as JSON text. */
+export const chatCompletion = (content: string): string =>
+  JSON.stringify({
+    id: 'chatcmpl-1',
+    object: 'chat.completion',
+    created: 1,
+    model: 'gpt-4o',
+    choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }],
+    usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 },
+  });
+
 /** One chat.completion.chunk event, framed for the wire. */
 export const chatChunk = (delta: Record<string, string>, finish: string | null): string =>
   `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
