@@ -76,3 +76,28 @@ describe('compressed answers', () => {
     });
   });
 });
+
+describe('a compressed error cut on the wire', () => {
+  // The status and headers say what it is (attempt.ts keeps what came of it), and what came is gzip: the client's
+  // message is the text it decodes to, as a stream request's is, not the compressed bytes read as UTF-8.
+  it.each([false, true])('is passed on with the text that decodes, not its raw bytes (stream: %s)', async (stream) => {
+    const error = { error: { message: `temperature is not supported with this model; ${'see the documentation '.repeat(20)}`, type: 'invalid_request_error', code: 'unsupported_parameter', param: 'temperature' } };
+    const zipped = gzipSync(JSON.stringify(error));
+    const p = await startProvider((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(400, { 'content-type': 'application/json', 'content-encoding': 'gzip', 'content-length': String(zipped.length) });
+        res.write(zipped.subarray(0, zipped.length - 20));
+        setTimeout(() => res.socket?.destroy(), 20);
+      });
+    });
+    const s = await startStack({ config: (mockUrl) => configServedBy(mockUrl, 'zipped', `${p.origin}/v1`) });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    const err = (await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(err.status).toBe(400);
+    expect(err.message).toContain('temperature is not supported with this model');
+    expect(err.message).not.toContain('\u001f');
+    expect(p.hits()).toBe(1);
+  });
+});

@@ -14,7 +14,7 @@ import { accountErrorOf, errorCodeOf, errorVerdict, httpOutcome, type ErrorVerdi
 import { requestWhole } from '../providers/whole-answer.ts';
 import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
-import { decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
+import { decodedPrefix, decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { bodyChunks } from '../providers/body-chunks.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { ResponseTranslator } from '../providers/families.ts';
@@ -86,7 +86,11 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     if (!req.stream) {
       const answer = await requestWhole(req.client.dispatcher, { path: req.path, method: 'POST', headers: req.headers, body: req.body, signal, maxBytes: bodyCap });
       const encoding = encodingOf(answer.headers);
-      if (encoding === undefined || !answer.whole) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
+      // An answer cut at its cap is judged by its size alone.
+      if (encoding === undefined || (!answer.whole && answer.statusCode < 300)) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
+      // An error cut short (at its cap, or on the wire) is read for what of it decodes, as a stream request's is: its
+      // compressed bytes, read as text, were the client's error message.
+      if (!answer.whole) return wholeResult(req, answer.statusCode, answer.headers, (await decodedPrefix(answer.body, encoding, MAX_ERROR_BODY_BYTES)) ?? Buffer.alloc(0), false);
       const decoded = await decodedWhole(answer.body, encoding, bodyCap(answer.statusCode));
       if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data`, ran: false }, status: answer.statusCode, headers: answer.headers };
       return wholeResult(req, answer.statusCode, answer.headers, decoded.bytes, decoded.whole);

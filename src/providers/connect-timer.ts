@@ -22,17 +22,25 @@ export function boundedConnector(start: StartConnect, connectMs: number, where: 
       cancel();
       callback(new errors.ConnectTimeoutError(`Connect Timeout Error (${where(opts)}, timeout: ${connectMs}ms)`), null);
     }, connectMs);
-    cancel = start(opts, (...args: Parameters<buildConnector.Callback>) => {
-      if (settled) {
-        args[1]?.destroy();
-        return;
-      }
+    try {
+      cancel = start(opts, (...args: Parameters<buildConnector.Callback>) => {
+        if (settled) {
+          args[1]?.destroy();
+          return;
+        }
+        settled = true;
+        clearTimeout(timer);
+        const [err] = args;
+        if (err && mapError) callback(mapError(err), null);
+        else callback(...args);
+      });
+    } catch (err) {
+      // undici's Client reports a connector's throw as the connection's error: the timer must not report it again
+      // later (a second connect error, while its next connection may be under way).
       settled = true;
       clearTimeout(timer);
-      const [err] = args;
-      if (err && mapError) callback(mapError(err), null);
-      else callback(...args);
-    });
+      throw err;
+    }
   };
 }
 
