@@ -11,7 +11,7 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { retryInfoHint } from '../src/policy/wait-hint.ts';
 import { requestLine, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
-import { chatChunk, useFakeProviders } from './helpers/fake-provider.ts';
+import { chatChunk, chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 
 const startStack = useStacks();
 const startBackup = useExtraMocks();
@@ -94,15 +94,6 @@ const answering =
     res.writeHead(status, { 'content-type': 'application/json', ...headers });
     res.end(typeof body === 'string' ? body : JSON.stringify(body));
   });
-
-const completion = (content: string) => ({
-  id: 'chatcmpl-x',
-  object: 'chat.completion',
-  created: 1,
-  model: 'gpt-4o',
-  choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }],
-  usage: { prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 },
-});
 
 /** A streamed chat whose answer must be a call of the `lookup` tool. */
 const lookupCall = (s: Stack) =>
@@ -339,7 +330,7 @@ describe("Envoy retry_on: reset, connect-failure", () => {
     let n = 0;
     const primary = await startProvider(afterBody((req, res) => {
       if (n++ === 0) req.socket.destroy();
-      else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after a reset')));
+      else res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('after a reset'));
     }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true });
     const res = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
@@ -471,7 +462,7 @@ describe("OpenRouter's keep-alives", () => {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.write('\n');
       setTimeout(() => res.write('\n  \n'), 50);
-      setTimeout(() => res.end(JSON.stringify(completion('kept alive'))), 100);
+      setTimeout(() => res.end(chatCompletion('kept alive')), 100);
     }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true });
     const res = await sdk(s).chat.completions.create({ model: 'openai/gpt-4o', messages });
@@ -727,7 +718,7 @@ describe("Gemini's OpenAI-compatible endpoint: errors as a list, the wait in the
     let n = 0;
     const primary = await startProvider(afterBody((req, res) => {
       if (n++ === 0) res.writeHead(429, { 'content-type': 'application/json' }).end(JSON.stringify(exhausted('1.5s')));
-      else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion('after the quota')));
+      else res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('after the quota'));
     }));
     const { s } = await pair({ primaryUrl: primary.origin, alone: true, route: { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } } });
     const t0 = Date.now();
