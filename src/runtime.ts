@@ -18,7 +18,7 @@ import { targetStateOf } from './pipeline/target-state.ts';
 import { Pools } from './pools/pools.ts';
 import { defaultWaitingBodyBytes, WaitingBodies } from './pools/waiting-bodies.ts';
 import { WeightedPicker } from './routing/weighted.ts';
-import type { TargetPlan } from './pipeline/target-attempts.ts';
+import { holdOffUntil, type TargetPlan } from './pipeline/target-attempts.ts';
 import { shareFleetCapacity } from './pools/fleet-share.ts';
 import type { PipelineDeps } from './pipeline/handle-request.ts';
 import type { Metrics } from './observability/metrics.ts';
@@ -135,7 +135,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   }
   const weighted = new WeightedPicker<TargetPlan>(
     (plan) =>
-      holdOffs.until(plan.key) === undefined &&
+      holdOffUntil(holdOffs, plan) === undefined &&
       holdOffs.credentialsHeldUntil(plan.key) === undefined &&
       board.availability(plan.key, plan.breaker, false).kind !== 'open',
   );

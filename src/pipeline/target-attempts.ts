@@ -43,6 +43,13 @@ export interface AttemptRecord {
 export interface TargetPlan {
   /** Breaker, hold-off and budget key, and the metric label: `<provider>/<model or other>`. */
   key: string;
+  /**
+   * Whether the target's fleet-wide hold-offs apply to this request, and its answers start them: not on a route on a
+   * path the gateway has no API for, whose endpoint has rate limits of its own (Anthropic's count_tokens: separate
+   * from, and independent of, message creation's). Shared, a count_tokens 429 with retry-after turned every agent's
+   * /v1/messages away for as long; there a wait hint is the request's own, as an x-ratelimit-reset hint is.
+   */
+  sharesHoldOffs: boolean;
   /** For x-stormgate-target: the provider and the upstream model as sent. */
   label: string;
   /** The upstream model: the target's override, else the client's. */
@@ -161,11 +168,16 @@ export function newRun(): TargetRun {
  * permit for this request); undefined when neither holds it back.
  */
 export function heldBack(guards: Guards, plan: TargetPlan, parkable: boolean, nowMs: number): { reason: 'hold-off' | 'breaker'; availableAtMs: number } | undefined {
-  const heldUntil = guards.holdOffs.until(plan.key);
+  const heldUntil = holdOffUntil(guards.holdOffs, plan);
   if (heldUntil !== undefined) return { reason: 'hold-off', availableAtMs: heldUntil };
   const view = guards.board.availability(plan.key, plan.breaker, parkable);
   if (view.kind === 'closed') return undefined;
   return { reason: 'breaker', availableAtMs: availableAtMs(view, nowMs) };
+}
+
+/** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesHoldOffs). */
+export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | undefined {
+  return plan.sharesHoldOffs ? holdOffs.until(plan.key) : undefined;
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -191,7 +203,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // Checked before the hold-off: a refused key does not come back by itself, so this is never waited for.
     const authHeldUntil = holdOffs.credentialsHeldUntil(plan.key);
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
-    const heldUntil = holdOffs.until(plan.key);
+    const heldUntil = holdOffUntil(holdOffs, plan);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
     // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
     // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
@@ -294,7 +306,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
       await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
-      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
+      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesHoldOffs && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
     } finally {
       attempt.release();
     }
@@ -321,7 +333,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // A wait the client is told lasts to the target's hold-off's end (the one this answer started, its hint plus a spread of
     // up to a tenth, or another's): told only the hint, an SDK invited back came during the hold-off's spread and was turned away again.
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
-      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffs.until(plan.key), deps.now()), ...(why && { why }) });
+      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now()), ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
     if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
@@ -350,7 +362,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
     // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
     // refused: a burst of 429s with retry-after ends as the provider asked, not in 429s the SDK is told not to retry.
-    const holdOffEnd = holdOffs.until(plan.key);
+    const holdOffEnd = holdOffUntil(holdOffs, plan);
     const paced = decision.fromHint && holdOffEnd !== undefined;
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless the request
@@ -413,7 +425,7 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
 const PERMIT_GRACE_MS = 500;
 
 function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
-  const heldUntil = deps.guards.holdOffs.until(plan.key);
+  const heldUntil = holdOffUntil(deps.guards.holdOffs, plan);
   if (heldUntil !== undefined && heldUntil > (ownHoldOffUntil ?? deps.now() + waitMs)) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
   // An open breaker lets nothing through but the parking lot's probes, however soon a parked request may probe: the
   // retry waits for them in the lot (and is paid when the lot releases it), rather than be taken from the budget now

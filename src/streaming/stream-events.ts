@@ -207,6 +207,10 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
     // A bare string (`{"error": "model crashed"}`, as some compatible servers send it): the SDKs would raise it with
     // no code nor type, and its JSON-quoted text as the message.
     if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error', nextSequence);
+    // The Anthropic SDKs raise only an `event: error` and skip an event without a name: an error sent as data alone
+    // (`{"type": "error", ...}`, as Anthropic-compatible servers may write it) ended the stream cleanly for them, the
+    // answer cut short with nothing raised.
+    if (api === 'messages' && ev.event !== 'error') return typedErrorEvent({ ...ev, event: 'error' }, parsed, true);
     return typedErrorEvent(ev, parsed);
   }
   if (api === 'responses') {
@@ -252,11 +256,12 @@ const numbered = (sequence: number | undefined) => (sequence === undefined ? {} 
 /**
  * An error event the SDKs already raise goes on as sent, unless its `code` or `param` is not what the OpenAI shape
  * types it as (a compatible server's `"code": 500`): then it goes on with them as errors.ts gives them, string or null.
+ * `reframe`: written anew with `ev`'s event name (an Anthropic error sent without one), not as its raw text.
  */
-function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }): string {
+function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }, reframe = false): string {
   const e = parsed.error as { code?: unknown; param?: unknown };
   const mistyped = (v: unknown) => v !== undefined && v !== null && typeof v !== 'string';
-  if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return `${ev.raw}\n\n`;
+  if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return reframe ? `event: ${ev.event}\n${(ev.data ?? '').replace(/^/gm, 'data: ')}\n\n` : `${ev.raw}\n\n`;
   const data = JSON.stringify({ ...parsed, error: { ...e, code: stringOrNull(e.code), param: stringOrNull(e.param) } });
   return `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}\n\n`;
 }

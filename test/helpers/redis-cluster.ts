@@ -69,9 +69,23 @@ process.on('exit', () => {
  * nodes speak only TLS (cluster bus too) and announce themselves as `localhost`.
  */
 export async function startRedisCluster(masters = 3, opts: { tls?: TestCertificates } = {}): Promise<RedisClusterHandle> {
-  const { tls } = opts;
+  try {
+    return await startCluster(masters, opts.tls);
+  } catch (err) {
+    // A free port found and then taken by another process before the node bound it (a busy machine, tests in
+    // parallel): the node exits at once. Once more, on fresh ports.
+    if (!(err instanceof NodeExited)) throw err;
+    return startCluster(masters, opts.tls);
+  }
+}
+
+class NodeExited extends Error {}
+
+async function startCluster(masters: number, tls: TestCertificates | undefined): Promise<RedisClusterHandle> {
   const dir = mkdtempSync(join(tmpdir(), 'stormgate-cluster-'));
   const started: ChildProcess[] = [];
+  /** Per node's port: its output once it has exited, else undefined. */
+  const exits = new Map<number, () => string | undefined>();
   const stop = async () => {
     await Promise.all(started.map(async (child) => {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -94,13 +108,16 @@ export async function startRedisCluster(masters = 3, opts: { tls?: TestCertifica
       const args = [...listen, '--cluster-port', String(busPort), '--bind', '127.0.0.1', '--cluster-enabled', 'yes',
         '--cluster-config-file', `nodes-${port}.conf`, '--cluster-node-timeout', '5000', '--save', '', '--appendonly', 'no',
         '--protected-mode', 'no', '--dir', dir];
-      const child = spawn('redis-server', args, { stdio: 'ignore' });
+      const child = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+      let output = '';
+      for (const stream of [child.stdout, child.stderr]) stream.on('data', (d: Buffer) => (output = (output + d.toString()).slice(-2_000)));
+      exits.set(port, () => (child.exitCode === null ? undefined : output));
       children.add(child);
       started.push(child);
       child.once('exit', () => children.delete(child));
       nodes.push({ host: tls ? 'localhost' : '127.0.0.1', port });
     }
-    await Promise.all(nodes.map((n) => untilAnswers(n.port, tls)));
+    await Promise.all(nodes.map((n) => untilAnswers(n.port, tls, exits.get(n.port)!)));
     const cliTls = tls ? ['--tls', '--cacert', tls.ca] : [];
     const create = spawnSync('redis-cli', [...cliTls, '--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '0', '--cluster-yes'],
       { encoding: 'utf8', timeout: 20_000 });
@@ -128,18 +145,20 @@ export async function startRedisCluster(masters = 3, opts: { tls?: TestCertifica
   }
 }
 
-async function untilAnswers(port: number, tls: TestCertificates | undefined): Promise<void> {
-  await untilInfo(port, tls, () => true);
+async function untilAnswers(port: number, tls: TestCertificates | undefined, exited: () => string | undefined): Promise<void> {
+  await untilInfo(port, tls, () => true, exited);
 }
 
 async function untilClusterOk(port: number, tls: TestCertificates | undefined): Promise<void> {
   await untilInfo(port, tls, (info) => info.includes('cluster_state:ok'));
 }
 
-async function untilInfo(port: number, tls: TestCertificates | undefined, ok: (clusterInfo: string) => boolean): Promise<void> {
+async function untilInfo(port: number, tls: TestCertificates | undefined, ok: (clusterInfo: string) => boolean, exited?: () => string | undefined): Promise<void> {
   const deadline = Date.now() + 15_000;
   const host = tls ? 'localhost' : '127.0.0.1';
   for (;;) {
+    const output = exited?.();
+    if (output !== undefined) throw new NodeExited(`cluster node on port ${port} exited:\n${output}`);
     const conn = new Redis({
       port, host, lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0,
       ...(tls && { tls: { ca: readFileSync(tls.ca) } }),
