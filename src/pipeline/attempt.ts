@@ -224,8 +224,8 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
 /** The attempt's result for an upstream error reported inside a 2xx (errorVerdict). */
 function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: number, headers: HeaderBag): AttemptResult {
   // One that rejects the request itself (a content policy, the context length): the upstream's verdict, passed on as
-  // the 400 it would have been, never retried nor routed around.
-  if (verdict.rejection) return { outcome: verdict.outcome!, status: 400, headers, body: withoutKey(verdict.rejection, req.client.config.apiKey) };
+  // the 400 it would have been, never retried nor routed around. A rate limit: the 429 it would have been.
+  if (verdict.answer && verdict.outcome?.kind === 'http') return { outcome: verdict.outcome, status: verdict.outcome.status, headers, body: withoutKey(verdict.answer, req.client.config.apiKey) };
   // A family's own error event that stands for an error answer (Anthropic's overload in a 200 stream is its 529): that
   // answer, judged as it would have been with its status, and passed on (once retries are over) as the family sent it.
   const meaning = verdict.outcome === undefined && verdict.event !== undefined ? req.errorEventMeaning?.(verdict.event) : undefined;

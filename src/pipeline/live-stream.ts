@@ -83,6 +83,14 @@ export function translatedAfterOutput(events: SseEvent[], translate: StreamTrans
   return out;
 }
 
+/** The data of the last event in framed SSE text (a stream's head), or null when it has none. */
+function lastDataIn(text: string): string | null {
+  if (text === '') return null;
+  const events = new SseParser().push(Buffer.from(text));
+  for (let i = events.length - 1; i >= 0; i--) if (events[i]!.data !== null) return events[i]!.data;
+  return null;
+}
+
 /**
  * Why the upstream request is aborted once the stream is over. One instance: a fresh error (or the DOMException an
  * abort without a reason makes) per stream, with undici formatting its stack, was a tenth of a stream's CPU.
@@ -266,9 +274,14 @@ export class LiveStream {
     return streamErrorEvent(this.#opts.api, message, 'stream_interrupted', this.#nextSequence());
   }
 
-  /** The Responses API's next sequence_number, parsed from the last event passed only when an error event needs it. */
+  /**
+   * The Responses API's next sequence_number, parsed from the last event passed only when an error event needs it.
+   * None passed yet: a stream the client's deadline started before its first output has sent only its head
+   * (response.created, in_progress, a reasoning item added), and the error that ends it numbers on from there.
+   */
   #nextSequence(): number | undefined {
-    return this.#opts.api === 'responses' ? nextSequenceNumber(this.#lastResponsesData) : undefined;
+    if (this.#opts.api !== 'responses') return undefined;
+    return nextSequenceNumber(this.#lastResponsesData ?? lastDataIn(this.#opts.head));
   }
 
   /** One pass over a batch of events, framed into `out`; true when the answer is over. */

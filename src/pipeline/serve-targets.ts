@@ -219,8 +219,11 @@ export async function serveTargets(
       }
       if (ownModelNotFound(plan, r)) {
         // The operator's model name, not the client's (a retired model, a deleted Azure deployment): that target is
-        // out of service for this route, and the next one may well answer the request as it is.
-        lastFailure = { kind: 'failed', plan, failure: r };
+        // out of service for this route, and the next one may well answer the request as it is. After an earlier
+        // target was down it is a fallback's rejection like any other: taken as the last failure, the 404 (a backup
+        // server with no /v1/responses, say) hid the primary's 503 and told the client its valid request was not found.
+        if (downBefore(i)) rejected ??= { plan, failure: r };
+        else lastFailure = { kind: 'failed', plan, failure: r };
         left = { plan, reason: 'error' };
         markDown(i);
         continue;

@@ -155,6 +155,11 @@ export function isContextLengthMessage(message: string): boolean {
 /** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
 /**
+ * Codes that name a rate limit: OpenAI's 429 `rate_limit_exceeded`, which the Responses API also reports inside a 2xx
+ * (ResponseError.code of a `response.failed`, or an `error` event) once it has sent `response.created`.
+ */
+export const RATE_LIMIT_CODES: ReadonlySet<string> = new Set(['rate_limit_exceeded']);
+/**
  * Codes of the Responses API's `response.failed` (ResponseError.code) that say the request itself is at fault (an
  * input image it cannot use): sending it again, here or to another target, gets the same answer.
  */

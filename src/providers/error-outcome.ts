@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -57,10 +57,11 @@ function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?
 
 /**
  * An attempt that failed before its first output. outcome: when it is not the broken stream `failure` describes (an
- * abort, a timeout, the status an error stands for); rejection: the upstream's 400 body, for an error that blames the
- * request; event: the data of the upstream's error event, for a family that reads its own (errorEventMeaning).
+ * abort, a timeout, the status an error stands for); answer: the error body of that status, passed on as it would have
+ * come (the upstream's 400 for an error that blames the request, its 429 for a rate limit); event: the data of the
+ * upstream's error event, for a family that reads its own (errorEventMeaning).
  */
-export type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; rejection?: Buffer; event?: Buffer };
+export type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; answer?: Buffer; event?: Buffer };
 
 /** What an upstream error reported inside a 2xx means (pipeline/first-output.ts errorBeforeOutput); `what` names where it came. */
 export function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
@@ -73,7 +74,14 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string)
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
   // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
   const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
+  // A rate limit (the Responses API reports one as a response.failed or an error event after response.created): the
+  // 429 it stands for. Read as a broken stream, it was retried at the backoff's pace, counted as a breaker failure (a
+  // burst of them opened the breaker: circuit_open for every client, where a 429 never opens it) and ended as a 502.
+  if (named !== undefined && RATE_LIMIT_CODES.has(named)) {
+    const error = { message: err!.message ?? named, type: err!.type ?? 'rate_limit_error', param: err!.param ?? null, code: named };
+    return { failure, outcome: { kind: 'http', status: 429, errorCode: named, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
+  }
   if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
   const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
-  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, rejection: Buffer.from(JSON.stringify({ error })) };
+  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
 }
