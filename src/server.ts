@@ -153,6 +153,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-stormgate-request-id', request.id);
+    // Draining: the load balancer sends new connections elsewhere, but a keep-alive client stays on its connection
+    // (an L4 balancer, kube-proxy, keeps it where it is) and met the closing instance's 503s, or its idle close as it
+    // sent. Closed after this answer, the client's next request opens a connection the balancer sends to a ready one.
+    if (drain.phase !== 'serving') reply.header('connection', 'close');
     ends.watch(request, reply);
     (reply.raw as RawWithReply)[REPLY] = reply;
     // Pipelined behind an answer still being written: Node hands this one the connection when that answer is done,
