@@ -74,14 +74,19 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string)
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
   // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
   const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
-  // A rate limit (the Responses API reports one as a response.failed or an error event after response.created): the
-  // 429 it stands for. Read as a broken stream, it was retried at the backoff's pace, counted as a breaker failure (a
-  // burst of them opened the breaker: circuit_open for every client, where a 429 never opens it) and ended as a 502.
-  if (named !== undefined && RATE_LIMIT_CODES.has(named)) {
-    const error = { message: err!.message ?? named, type: err!.type ?? 'rate_limit_error', param: err!.param ?? null, code: named };
-    return { failure, outcome: { kind: 'http', status: 429, errorCode: named, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
-  }
-  if (named === undefined || !(CONTENT_POLICY_CODES.has(named) || CONTEXT_LENGTH_CODES.has(named) || REQUEST_FAULT_CODES.has(named))) return { failure };
-  const error = { message: err!.message ?? named, type: err!.type ?? 'invalid_request_error', param: err!.param, code: code ?? null };
-  return { failure, outcome: { kind: 'http', status: 400, errorCode: named, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
+  const status = named === undefined ? undefined : statusOfErrorCode(named);
+  if (status === undefined) return { failure };
+  const error = { message: err!.message ?? named, type: err!.type ?? (status === 429 ? 'rate_limit_error' : 'invalid_request_error'), param: err!.param ?? null, code: code ?? null };
+  return { failure, outcome: { kind: 'http', status, errorCode: named!, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
+}
+
+/**
+ * The status an error code inside a 2xx stands for, when it is not a broken stream: 400 for one that blames the request
+ * (a content policy, the context length, an input it cannot use); 429 for a rate limit (the Responses API reports one
+ * as a response.failed or an error event after response.created: read as a broken stream, it was retried at the
+ * backoff's pace, counted as a breaker failure, where a 429 never opens it, and ended as a 502).
+ */
+function statusOfErrorCode(code: string): 400 | 429 | undefined {
+  if (RATE_LIMIT_CODES.has(code)) return 429;
+  return CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code) ? 400 : undefined;
 }

@@ -210,7 +210,8 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
     // The Anthropic SDKs raise only an `event: error` and skip an event without a name: an error sent as data alone
     // (`{"type": "error", ...}`, as Anthropic-compatible servers may write it) ended the stream cleanly for them, the
     // answer cut short with nothing raised.
-    if (api === 'messages' && ev.event !== 'error') return typedErrorEvent({ ...ev, event: 'error' }, parsed, true);
+    // An `event:` line's last value is the event's name, so one appended names it whatever the event said before.
+    if (api === 'messages' && ev.event !== 'error') return typedErrorEvent({ ...ev, event: 'error', raw: `${ev.raw}\nevent: error` }, parsed);
     return typedErrorEvent(ev, parsed);
   }
   if (api === 'responses') {
@@ -256,12 +257,11 @@ const numbered = (sequence: number | undefined) => (sequence === undefined ? {} 
 /**
  * An error event the SDKs already raise goes on as sent, unless its `code` or `param` is not what the OpenAI shape
  * types it as (a compatible server's `"code": 500`): then it goes on with them as errors.ts gives them, string or null.
- * `reframe`: written anew with `ev`'s event name (an Anthropic error sent without one), not as its raw text.
  */
-function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }, reframe = false): string {
+function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }): string {
   const e = parsed.error as { code?: unknown; param?: unknown };
   const mistyped = (v: unknown) => v !== undefined && v !== null && typeof v !== 'string';
-  if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return reframe ? `event: ${ev.event}\n${(ev.data ?? '').replace(/^/gm, 'data: ')}\n\n` : `${ev.raw}\n\n`;
+  if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return `${ev.raw}\n\n`;
   const data = JSON.stringify({ ...parsed, error: { ...e, code: stringOrNull(e.code), param: stringOrNull(e.param) } });
   return `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}\n\n`;
 }
