@@ -121,7 +121,7 @@ const PoolsSchema = z
       .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000).'),
     decrease: z.number().gt(0).lt(1).default(0.9)
       .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529, at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
-    minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit. Default: 1.'),
+    minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit; one above maxConcurrent is maxConcurrent. Default: 1.'),
   })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
 
@@ -226,7 +226,7 @@ const BudgetSchema = z
   .strictObject({
     ratio: z.number().min(0).max(10).default(0.1).describe('Retries allowed as a share of requests over the window. Default: 0.1.'),
     windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
-    minRetriesPerSecond: z.number().min(0).default(1).describe('Fleet-wide floor, so a quiet route can still retry. Default: 1.'),
+    minRetriesPerSecond: z.number().min(0).default(1).describe('Fleet-wide floor, so a quiet route can still retry: minRetriesPerSecond × windowS whole retries per window (under 1 / windowS, none). Default: 1.'),
   })
   .describe('Retry budget, kept per route, target and priority class: retries stay a fixed share of traffic however bad the upstream gets.');
 

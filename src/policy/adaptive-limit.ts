@@ -82,6 +82,14 @@ export function initialLimit(s: LimitSettings): LimitState {
   return { limit: s.max, caps: s.minShares.map(() => s.max), slowStartTo: undefined, lastDecreaseAtMs: Number.NEGATIVE_INFINITY, lastSignalAtMs: Number.NEGATIVE_INFINITY };
 }
 
+/**
+ * The limit's floor: minLimit, but never above the ceiling. The config lets minLimit exceed maxConcurrent (or the
+ * maxConnections it defaults to), and the first 429 then raised the limit past the pool's capacity.
+ */
+function floorOf(s: LimitSettings): number {
+  return Math.min(s.min, s.max);
+}
+
 /** A class's floor under the current limit: its minShare of it, at least one slot. */
 function classFloor(st: LimitState, s: LimitSettings, cls: number): number {
   return Math.max(1, Math.floor((s.minShares[cls] ?? 0) * st.limit));
@@ -140,7 +148,7 @@ export function onRateLimited(st: LimitState, s: LimitSettings, nowMs: number, r
       return { ...judged, caps, slowStartTo: undefined, lastDecreaseAtMs: nowMs };
     }
   }
-  const limit = Math.max(s.min, judged.limit * s.decrease);
+  const limit = Math.max(floorOf(s), judged.limit * s.decrease);
   return { ...judged, limit, caps: caps.map((c) => Math.min(c, limit)), slowStartTo: undefined, lastDecreaseAtMs: nowMs };
 }
 
@@ -198,7 +206,7 @@ function clampToObserved(st: LimitState, s: LimitSettings, inUse: InUse): LimitS
       return { ...st, caps };
     }
   }
-  const limit = Math.max(s.min, Math.min(st.limit, inUse.total - 1));
+  const limit = Math.max(floorOf(s), Math.min(st.limit, inUse.total - 1));
   return limit < st.limit ? { ...st, limit, caps: st.caps.map((c) => Math.min(c, limit)) } : st;
 }
 
@@ -248,6 +256,6 @@ export function onSuccess(st: LimitState, s: LimitSettings, nowMs: number, round
  * slow-start back to it; a second outage before the first's slow start is over slow-starts back to the first's limit.
  */
 export function onRecovered(st: LimitState, s: LimitSettings): LimitState {
-  const limit = Math.max(s.min, Math.floor(st.limit / 2));
+  const limit = Math.max(floorOf(s), Math.floor(st.limit / 2));
   return { ...st, limit, caps: st.caps.map((c) => Math.min(c, limit)), slowStartTo: Math.max(st.limit, st.slowStartTo ?? 0) };
 }

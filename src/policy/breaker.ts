@@ -113,14 +113,15 @@ export function tripsOnConsecutive(rec: BreakerRecord, run: FailureRun, s: Break
  * closeAfter failures; closeAfter successes close it (a fresh window: a new generation). One failure no longer reopens:
  * a provider back with a steady 20% error rate failed one probe round in two that way, and the demo's breaker stayed
  * open 85 s after a 20 s brownout, on a provider the closed breaker would never have tripped on.
- * `spellSinceMs`: the record's sinceMs when the probe's permit was taken. A result from before the breaker last
- * (re)opened or half-opened says nothing about now: a success would undo the reopen and let a new round of probes out.
+ * `spellSinceMs`, `spellState`: the record's sinceMs and state when the probe's permit was taken. A result from before
+ * the breaker last (re)opened or half-opened says nothing about now: a success would undo the reopen and let a new
+ * round of probes out.
  */
-export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number): BreakerRecord | undefined {
+export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number, spellState?: BreakerRecord['state']): BreakerRecord | undefined {
   if (rec.state === 'closed' || verdict === 'ignore') return undefined;
   // Nor does a failure: the breaker has reopened since, on the failure of a probe out together with it (half-open lets
   // several go), and counting it again would double the parked requests' probe wait once more per probe, not per round.
-  if (rec.sinceMs > spellSinceMs) return undefined;
+  if (isStale(rec, spellSinceMs, spellState)) return undefined;
   const reopen = () => opened(rec, s, nowMs, random, (rec.failedProbes ?? 0) + 1);
   if (rec.state === 'open' && verdict === 'failure') return reopen();
   // An open record's counts are none of this spell's (a record another release wrote may carry some): the first probe
@@ -143,14 +144,23 @@ export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: Break
 }
 
 /**
+ * Has the breaker (re)opened or half-opened since the probe's permit was taken? By sinceMs, and by the state for a
+ * reopen in the very millisecond its half-open spell began (a probe refused at once, as a closed port is): sinceMs is
+ * the same then, and a half-open spell's late success undid the reopen. Only a reopen ends a half-open spell.
+ */
+function isStale(rec: BreakerRecord, spellSinceMs: number, spellState: BreakerRecord['state'] | undefined): boolean {
+  return rec.sinceMs > spellSinceMs || (rec.state === 'open' && spellState === 'half-open');
+}
+
+/**
  * A first probe that went out but got no answer in the time its request had (cut short by its deadline or client, too
  * soon to count as a slow call): not a failure (no new openS), but the parked wait starts again and doubles as after
  * one, and a newcomer waits as long once openS is over. Left as it was, the next probe would be due at once, and in a
  * hang every request with a second left would carry one, a probe a second; the wait's cap bounds how late a slow but
  * healthy provider is found back.
  */
-export function afterInconclusiveProbe(rec: BreakerRecord, s: BreakerSettings, nowMs: number, spellSinceMs: number): BreakerRecord | undefined {
-  if (rec.state !== 'open' || rec.sinceMs > spellSinceMs) return undefined;
+export function afterInconclusiveProbe(rec: BreakerRecord, s: BreakerSettings, nowMs: number, spellSinceMs: number, spellState?: BreakerRecord['state']): BreakerRecord | undefined {
+  if (rec.state !== 'open' || isStale(rec, spellSinceMs, spellState)) return undefined;
   const next = { ...rec, sinceMs: nowMs, generation: rec.generation + 1, failedProbes: (rec.failedProbes ?? 0) + 1 };
   return { ...next, openUntilMs: Math.max(rec.openUntilMs, nowMs + parkedProbeWaitMs(next, s)) };
 }

@@ -107,12 +107,12 @@ function header(headers: ResponseHeaders, name: string): string | undefined {
   return trimmed === undefined || trimmed === '' ? undefined : trimmed;
 }
 
-// Rejects what Number() would let through: "-1", "Infinity", "1e3", "0x10", "".
+// Rejects what Number() would let through: "-1", "Infinity", "1e3", "0x10", "". A run of digits past a double's range
+// is still a valid wait, and a long one: Infinity, which hint() clamps to MAX_WAIT_HINT_MS as any wait over a day.
+// Dropped instead, it left the answer no hint, or a lower header's shorter one, and the gateway came back at once.
 function parseNonNegativeDecimal(value: string): number | undefined {
   const text = value.trim();
-  if (!/^\d+(\.\d+)?$/.test(text)) return undefined;
-  const n = Number(text);
-  return Number.isFinite(n) ? n : undefined;
+  return /^\d+(\.\d+)?$/.test(text) ? Number(text) : undefined;
 }
 
 /**

@@ -20,10 +20,11 @@ import { INITIAL_BREAKER, type BreakerRecord, type StateStore } from './store.ts
 
 const FLUSH_MS = 50;
 
-/** A probe's permit, and the spell of the breaker (its record's sinceMs) it was taken in. */
+/** A probe's permit, and the spell of the breaker (its record's sinceMs and state) it was taken in. */
 interface Probe {
   permit: string;
   spellSinceMs: number;
+  spellState: BreakerRecord['state'];
 }
 
 type Admission =
@@ -33,6 +34,8 @@ type Admission =
 interface Pending {
   requests: number;
   failures: number;
+  /** The closed breaker's generation the outcomes came in: another generation's window is none of theirs. */
+  generation: number;
 }
 
 interface BreakerBoardDeps {
@@ -83,12 +86,12 @@ export class BreakerBoard {
     if (a.kind === 'closed') return { admitted: true, probe: undefined };
     if (a.kind === 'open') return { admitted: false, availableAtMs: a.probeAtMs };
     const now = this.#deps.now();
-    const { sinceMs: spellSinceMs, generation } = this.current(target);
+    const { sinceMs: spellSinceMs, state: spellState, generation } = this.current(target);
     // For this record only: another instance may have reopened (or closed) the breaker a moment ago, and a permit its
     // probe just gave back must not send a second probe into the outage on a view that has not heard of it yet.
     const permit = await this.#deps.store.takePermit(target, a.probes, permitTtlMs, now, generation);
     // Other probes are out: the answer comes within a probe's round trip.
-    return permit ? { admitted: true, probe: { permit, spellSinceMs } } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
+    return permit ? { admitted: true, probe: { permit, spellSinceMs, spellState } } : { admitted: false, availableAtMs: now + Math.min(permitTtlMs, 1_000) };
   }
 
   /** Gives back the permit of a probe that never went upstream (shed by the pool, past its deadline): nothing learnt. */
@@ -113,7 +116,9 @@ export class BreakerBoard {
       const inconclusive = v === 'ignore';
       try {
         await this.#transition(target, (rec) =>
-          inconclusive ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs) : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs),
+          inconclusive
+            ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
+            : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
         );
       } finally {
         void this.#deps.store.releasePermit(target, probe.permit);
@@ -137,7 +142,13 @@ export class BreakerBoard {
   }
 
   #pendingOutcome(target: string, s: BreakerSettings, v: BreakerVerdict): void {
-    const p = this.#pending.get(target) ?? { requests: 0, failures: 0, settings: s };
+    // Only a closed breaker's window counts outcomes, and only those of its own spell: stragglers answered while it was
+    // open or half-open (sent before it opened), written in the batch after probes closed it, filled the fresh window
+    // with the outage's failures and reopened it at once.
+    const { state, generation } = this.current(target);
+    if (state !== 'closed') return;
+    const kept = this.#pending.get(target);
+    const p = kept?.generation === generation ? kept : { requests: 0, failures: 0, generation, settings: s };
     p.requests++;
     if (v === 'failure') p.failures++;
     this.#pending.set(target, p);
@@ -152,8 +163,8 @@ export class BreakerBoard {
     await Promise.all(
       batch.map(async ([target, p]) => {
         const rec = this.current(target);
-        if (rec.state !== 'closed') return;
-        const window = await this.#deps.store.addOutcomes(target, rec.generation, p, this.#deps.now(), p.settings.windowS);
+        if (rec.state !== 'closed' || rec.generation !== p.generation) return;
+        const window = await this.#deps.store.addOutcomes(target, rec.generation, { requests: p.requests, failures: p.failures }, this.#deps.now(), p.settings.windowS);
         if (tripsOnWindow(rec, window, p.settings)) {
           await this.#transition(target, (r) => (r.generation === rec.generation ? opened(r, p.settings, this.#deps.now(), this.#deps.random) : undefined));
         }
