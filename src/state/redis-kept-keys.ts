@@ -24,8 +24,11 @@ interface RedisKeptKeysDeps {
  */
 export class RedisKeptKeys {
   readonly #deps: RedisKeptKeysDeps;
-  /** Idempotency keys this instance claimed in Redis (or may have: the claim's answer was lost), until their claims lapse. */
-  readonly #claimedInRedis = new Map<string, { owner: string; untilMs: number }>();
+  /**
+   * Idempotency keys this instance claimed in Redis (or may have: the claim's answer was lost), until their claims lapse;
+   * `claim` once the claim is known to be this instance's run (see claimAgain).
+   */
+  readonly #claimedInRedis = new Map<string, { owner: string; untilMs: number; claim?: KeyRecord & { state: 'running' } }>();
   /**
    * How runs under keys of #claimedInRedis ended while Redis was away (a kept answer, or no record: the key given back),
    * each until it would have lapsed in Redis anyway: written when Redis is back. Else the run's claim stayed there for
@@ -47,7 +50,7 @@ export class RedisKeptKeys {
     try {
       const held = await client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
       health.answered();
-      if (held === null) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
+      if (held === null) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs, claim });
       // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
       return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
     } catch (err) {
@@ -72,7 +75,12 @@ export class RedisKeptKeys {
     try {
       const raw = await client.getBuffer(redisKey);
       health.answered();
-      return raw === null ? local.readKey(key, nowMs) : decodeKeyRecord(raw);
+      if (raw === null) return local.readKey(key, nowMs);
+      const record = decodeKeyRecord(raw);
+      // A claim whose reply was lost turns out to be this instance's: its request runs it now (idempotent-request.ts).
+      const claimed = this.#claimedInRedis.get(key);
+      if (record?.state === 'running' && claimed !== undefined && record.owner === claimed.owner) claimed.claim = record;
+      return record;
     } catch (err) {
       health.failed(err, redisKey);
       return local.readKey(key, nowMs);
@@ -146,6 +154,25 @@ export class RedisKeptKeys {
     this.#claimedInRedis.delete(key);
     if (this.#deps.health.usable()) return;
     this.#keyEnds.set(key, end);
+  }
+
+  /**
+   * Redis is back: the runs still going here claim their keys again where Redis no longer has them (a Redis restarted
+   * without persistence, a failover to a replica that had not got the claim). Else a repeat on another instance found
+   * the key free and ran the request a second time beside the run, which is what the key is there to prevent. A key
+   * another request claimed meanwhile keeps that claim.
+   */
+  claimAgain(): void {
+    const { client, keys, health } = this.#deps;
+    const nowMs = this.#deps.now();
+    for (const [key, { claim, untilMs }] of this.#claimedInRedis) {
+      if (claim === undefined || untilMs <= nowMs) continue;
+      const redisKey = keys.idempotency(key);
+      client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), Math.ceil(untilMs - nowMs)).then(
+        () => health.answered(),
+        (err: unknown) => health.failed(err, redisKey),
+      );
+    }
   }
 
   /** Redis is back: the runs that ended meanwhile end there too, unless their claims have lapsed by themselves. */

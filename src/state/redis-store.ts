@@ -23,6 +23,7 @@ import { RedisHealth } from './redis-health.ts';
 import { RedisBudget, second } from './redis-budget.ts';
 import { RedisKeptKeys } from './redis-kept-keys.ts';
 import { RedisSubscriber } from './redis-subscriber.ts';
+import { MemoryPolicyCheck } from './redis-memory-policy.ts';
 import type { BreakerRecord, BudgetConfig, BudgetWindow, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
 
 interface RedisStoreOptions {
@@ -92,6 +93,7 @@ export class RedisStore implements StateStore {
       onRecovered: () => {
         this.#budget.flush();
         this.#keptKeys.sendKeyEnds();
+        this.#keptKeys.claimAgain();
         void this.refresh(this.#watched);
       },
     });
@@ -113,6 +115,8 @@ export class RedisStore implements StateStore {
     });
     // Redis's clock is read before the store uses a new connection: the first times it writes must already be in it.
     this.#client.on('ready', () => void this.#clockReader.read().then(() => this.#client.status === 'ready' && this.#health.onConnected()));
+    const memoryPolicy = new MemoryPolicyCheck(this.#client, this.#logger);
+    this.#client.on('ready', () => void memoryPolicy.check());
   }
 
   get degraded(): boolean {
