@@ -227,11 +227,12 @@ function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: numbe
   // the 400 it would have been, never retried nor routed around. A rate limit: the 429 it would have been.
   if (verdict.answer && verdict.outcome?.kind === 'http') return { outcome: verdict.outcome, status: verdict.outcome.status, headers, body: withoutKey(verdict.answer, req.client.config.apiKey) };
   // A family's own error event that stands for an error answer (Anthropic's overload in a 200 stream is its 529): that
-  // answer, judged as it would have been with its status, and passed on (once retries are over) as the family sent it.
+  // answer, judged as it would have been with its status, and passed on (once retries are over) as the family sent it,
+  // or, to a client of another API the request was translated from, in that API's shape.
   const meaning = verdict.outcome === undefined && verdict.event !== undefined ? req.errorEventMeaning?.(verdict.event) : undefined;
   if (meaning) {
     const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.status, meaning.body), hint: undefined };
-    return { outcome, status: meaning.status, headers, body: withoutKey(verdict.event!, req.client.config.apiKey) };
+    return { outcome, status: meaning.status, headers, body: withoutKey(req.translator ? meaning.body : verdict.event!, req.client.config.apiKey) };
   }
   // One that stands for a status (the gateway's account) is logged with that status, as it would have come.
   const failedStatus = verdict.outcome?.kind === 'http' ? verdict.outcome.status : status;

@@ -65,13 +65,21 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
     const next = started ? await Promise.race([read, started]) : await read;
     if (next === 'start') return { head, pending: [], parser, iterator, pendingRead: read };
     const { value, done } = next;
-    if (done) return { failure: 'stream ended before any output' };
     let raw: SseEvent[];
-    try {
-      raw = parser.push(value);
-    } catch (err) {
-      if (err instanceof SseEventTooLarge) return { failure: err.message };
-      throw err;
+    if (done) {
+      // An event the upstream left without its closing blank line when it ended the stream is still its event, as the
+      // LiveStream reads one after the first output: an error event so sent (`event: error` with Anthropic's overload,
+      // a rate limit) was dropped here, and the attempt ended as a stream with nothing in it, a 502.
+      const last = parser.flush();
+      if (last === undefined) return { failure: 'stream ended before any output' };
+      raw = [last];
+    } else {
+      try {
+        raw = parser.push(value);
+      } catch (err) {
+        if (err instanceof SseEventTooLarge) return { failure: err.message };
+        throw err;
+      }
     }
     for (let r = 0; r < raw.length; r++) {
       let events: SseEvent[];
@@ -84,7 +92,7 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
         const ev = events[i]!;
         const meaning = eventMeaning(api, ev);
         if (meaning === 'malformed') return { failure: 'malformed event before any output' };
-        if (meaning === 'error') return errorBeforeOutput(ev);
+        if (meaning === 'error') return errorBeforeOutput(ev, raw[r]!);
         if (meaning === 'done') return { failure: 'stream ended before any output' };
         if (meaning === 'output' || meaning === 'finish' || startsAnswer(api, shape, ev)) {
           // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
@@ -93,6 +101,7 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
         head += `${ev.raw}\n\n`;
       }
     }
+    if (done) return { failure: 'stream ended before any output' };
   }
 }
 
@@ -102,7 +111,9 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
  * and loses the provider's reason; it is answered as the upstream's 400 instead. One that names the gateway's own
  * account is the 429, 402, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
-function errorBeforeOutput(ev: SseEvent): FirstOutput {
+function errorBeforeOutput(ev: SseEvent, upstream: SseEvent): FirstOutput {
   const verdict = errorVerdict(upstreamErrorOf(ev), 'error event before any output');
-  return ev.data === null ? verdict : { ...verdict, event: Buffer.from(ev.data) };
+  // The event as the upstream sent it, before any translation: its family reads the status it stands for from it
+  // (Anthropic's overloaded_error is its 529), which its translation for another API's clients no longer carries.
+  return upstream.data === null ? verdict : { ...verdict, event: Buffer.from(upstream.data) };
 }

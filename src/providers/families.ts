@@ -35,8 +35,9 @@ export interface UpstreamRequest {
    */
   errorMeaning?: (status: number, body: Buffer) => { status: number; body: Buffer };
   /**
-   * For the same: the error answer an error event before a stream's first output stands for (its data, the family's
-   * own error object), read as errorMeaning reads one; undefined when the event names no status.
+   * For the same, and for a request translated to the family: the error answer an error event before a stream's first
+   * output stands for (its data as the upstream sent it, the family's own error object), read in OpenAI terms as
+   * errorMeaning reads one; undefined when the event names no status.
    */
   errorEventMeaning?: (data: Buffer) => { status: number; body: Buffer } | undefined;
 }
@@ -120,7 +121,11 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
   }
   const path = `${basePath.replace(/\/v1$/, '')}/v1/messages`;
   const headers = { 'x-api-key': provider.apiKey, 'anthropic-version': provider.anthropicVersion };
-  return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator: anthropicTranslator(input.model, translated.includeUsage) } };
+  // An error event before the first output stands for the status its type names, as on Anthropic's own API: an
+  // overload read as a broken stream reached chat clients as a 502, and did not lower the target's concurrency as the
+  // same overload answered with a 529 does.
+  const translator = anthropicTranslator(input.model, translated.includeUsage);
+  return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator, errorEventMeaning: anthropicErrorEventMeaning } };
 }
 
 /**
