@@ -85,6 +85,15 @@ describe('n choices', () => {
     expect(progress.whole()).toBe(true);
   });
 
+  it('is not whole when a choice whose role chunk came before the first output never finished', () => {
+    // OpenAI opens every choice with its role chunk before any text: those chunks are the stream's head, not passed.
+    const progress = new AnswerProgress('chat', THREE);
+    progress.announced(chunk(choice(0, { role: 'assistant', content: '' })));
+    progress.announced(chunk(choice(1, { role: 'assistant', content: '' })));
+    for (const e of [chunk(choice(0, { content: 'a' })), chunk(choice(0, {}, 'stop'))]) pass(progress, 'chat', e);
+    expect(progress.whole()).toBe(false);
+  });
+
   it('reads a choice without an index by its place in the list', () => {
     const noIndex = (finish: string | null) => ({ delta: {}, finish_reason: finish });
     const { progress } = feed('chat', { choices: 2, usage: false }, [ev({ choices: [noIndex(null), noIndex(null)] }), ev({ choices: [noIndex('stop'), noIndex('stop')] })]);

@@ -171,9 +171,16 @@ export class LiveStream {
    */
   open(): { first: string; rest: AsyncGenerator<string> } {
     this.#idle = this.#armIdle(this.#opts.idleMs);
-    // An Anthropic stream tells its input tokens in message_start, before any output.
-    if (this.#opts.head.includes('"usage"')) for (const ev of new SseParser().push(Buffer.from(this.#opts.head))) this.#noteUsage(ev);
-    const out: string[] = [this.#opts.head];
+    // An Anthropic stream tells its input tokens in message_start, before any output; with n > 1, the role chunks
+    // before it tell which choices have begun.
+    const { head } = this.#opts;
+    if (head.includes('"usage"') || this.#opts.shape.choices > 1) {
+      for (const ev of new SseParser().push(Buffer.from(head))) {
+        this.#noteUsage(ev);
+        this.#progress.announced(ev);
+      }
+    }
+    const out: string[] = [head];
     const over = this.#take(this.#opts.pending, out);
     const quiet = this.#opts.beforeOutputIdleMs;
     if (!over && !this.#outputSeen && !this.#graceArmed && quiet !== undefined && quiet > this.#opts.idleMs) {

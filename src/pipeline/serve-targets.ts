@@ -16,7 +16,7 @@ import type { AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
-import { heldBack, newRun, tryTarget, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
+import { heldBack, newRun, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
 export function endedWithVerdict(served: Served): boolean {
@@ -109,11 +109,11 @@ export async function serveTargets(
   // A hand-over to a target found unavailable is owed until the request is sent there: parked for that target and
   // released to it, the request comes back with `left` naming that very target, and the hand-over was never counted.
   let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
-  const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, hasNext: boolean, ticket?: Ticket) => {
+  const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
     const from = plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined;
     if (from) notePassedOver(from);
     const sentBefore = run.sent;
-    const r = await tryTarget(ctx, plan, run, deps, hasNext, ticket);
+    const r = await tryTarget(ctx, plan, run, deps, others, ticket);
     if (from && run.sent > sentBefore) {
       deps.onFallback?.(ctx.route.name, from.plan.key, plan.key, from.reason);
       fallback = from.reason;
@@ -165,8 +165,9 @@ export async function serveTargets(
       const failedBefore = run.lastFailure;
       let r: TargetResult;
       let streaming = false;
+      const others = { later: runs.slice(i + 1).some((n) => !n.done), earlier: runs.slice(0, i).some((n) => !n.done) };
       try {
-        r = await attempt(plan, run, runs.slice(i + 1).some((n) => !n.done), ticket);
+        r = await attempt(plan, run, others, ticket);
         streaming = r.kind === 'ok' && r.result.stream !== undefined;
       } finally {
         // A released request gives its place in the lot back however the target answered (a throw included); a stream
@@ -208,7 +209,7 @@ export async function serveTargets(
       }
       if (r.cls.cls === 'context-length' && contextFallback && plan !== contextFallback) {
         left = { plan, reason: 'context_length' };
-        const c = await attempt(contextFallback, newRun(), false);
+        const c = await attempt(contextFallback, newRun(), { later: false, earlier: false });
         if (c.kind === 'ok') return ok(contextFallback, c.result);
         if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
         const last: Failed = c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : { kind: 'failed', plan, failure: r };

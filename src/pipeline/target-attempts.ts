@@ -186,7 +186,17 @@ function goneMeanwhile(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps):
   return held && { kind: 'gone', ...held };
 }
 
-export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, hasNext: boolean, ticket?: Ticket): Promise<TargetResult> {
+/**
+ * The request's other targets that may still answer: `later` ones in order, and `earlier` ones it left unavailable (held
+ * off, breaker open), which it comes back for through the parking lot.
+ */
+export interface OtherTargets {
+  later: boolean;
+  earlier: boolean;
+}
+
+export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, others: OtherTargets, ticket?: Ticket): Promise<TargetResult> {
+  const hasNext = others.later;
   const { minAttemptMs } = ctx.route.config;
   const { retry } = plan;
   const { board, holdOffs } = deps.guards;
@@ -368,7 +378,10 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless the request
     // leaves for the next target meanwhile, as every newcomer does (leavesUntil): waiting, it took seconds longer than
     // they did.
-    const movesOnUntil = hasNext ? leavesUntil(ctx.route.config.park, hint, ownHoldOff, deps.now()) : undefined;
+    // An earlier target it left counts too: the request parks for whichever is back first (a fallback's 3 s hint waited
+    // out in place while the primary's 1 s hold-off had long ended). Only here: a silent fallback is still retried
+    // while the earlier target is away, since that one may not be back before the deadline.
+    const movesOnUntil = hasNext || others.earlier ? leavesUntil(ctx.route.config.park, hint, ownHoldOff, deps.now()) : undefined;
     const unavailable: TargetResult | undefined =
       movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {

@@ -41,6 +41,15 @@ export class AnswerProgress {
     return this.#toolCallOpen;
   }
 
+  /**
+   * An event from before the first output (the head the client gets with it): with n > 1, the choices its role chunks
+   * open have begun, as OpenAI opens every choice before any text, and must finish before the answer is whole, just
+   * as a choice whose role chunk came after the first output must.
+   */
+  announced(ev: SseEvent): void {
+    if (this.#shape.choices > 1 && this.#api !== 'messages') for (const i of choiceIndexes(ev).seen) this.#seenIndexes.add(i);
+  }
+
   /** An event passed on to the client (a malformed one is not): how it ends the answer, or undefined. */
   passed(meaning: EventMeaning, ev: SseEvent): AnswerEnd | undefined {
     if (meaning === 'finish') this.#toolCallOpen = false;
