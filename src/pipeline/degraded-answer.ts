@@ -35,13 +35,17 @@ export function degradedReason(served: Exclude<Served, { kind: 'ok' }>): (typeof
 /**
  * Whether a fixed text can answer this request as OpenAI would. Not when it asks for structured output
  * (`response_format` json_schema or json_object: the SDKs' `parse()` helpers would throw a JSON SyntaxError on the text,
- * not an APIError) or forces a tool call (`tool_choice` required, a named function or custom tool, allowed_tools in
- * required mode: an agent waits for a call). Such a request gets its error instead, as if the route had no degraded
- * answer.
+ * not an APIError), forces a tool call (`tool_choice` required, a named function or custom tool, allowed_tools in
+ * required mode: an agent waits for a call), or asks for what a text has not got: token log probabilities (`logprobs`,
+ * `top_logprobs`: a classifier reading `choices[0].logprobs.content` would crash on the null) or audio output
+ * (`audio`, `modalities` with audio: `message.audio` would be missing). Such a request gets its error instead, as if
+ * the route had no degraded answer.
  */
 export function degradedFits(json: Record<string, unknown>): boolean {
   const format = (json.response_format as { type?: unknown } | null | undefined)?.type;
   if (format === 'json_schema' || format === 'json_object') return false;
+  if (json.logprobs === true || (typeof json.top_logprobs === 'number' && json.top_logprobs > 0)) return false;
+  if (json.audio != null || (Array.isArray(json.modalities) && json.modalities.includes('audio'))) return false;
   const choice = json.tool_choice as { type?: unknown; allowed_tools?: { mode?: unknown } } | string | null | undefined;
   if (choice === 'required') return false;
   if (typeof choice === 'object' && choice !== null) {

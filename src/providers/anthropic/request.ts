@@ -14,8 +14,9 @@
 //   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
 //            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
 //   malformed  what OpenAI itself would answer 400 to (messages not a list, content: 5, a non-object tool schema,
-//            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x") is refused too, with the
-//            field as `param`: when no target can take the request, the client gets a 400 naming it, not a 503.
+//            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x", n "2", logprobs "true",
+//            modalities "audio") is refused too, with the field as `param`: when no target can take the request, the
+//            client gets a 400 naming it, not a 503.
 import { createHash } from 'node:crypto';
 import { toAnthropicSchema } from './json-schema.ts';
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
@@ -86,6 +87,7 @@ function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): v
     throw new Inexpressible(`${why} is not supported by an Anthropic target`, param);
   };
   if (typeof body !== 'object' || body === null) throw new Inexpressible('the request body must be a JSON object');
+  refuseMistyped(body);
   if (typeof body.n === 'number' && body.n > 1) refuse('n > 1', 'n');
   if (body.logprobs === true || (typeof body.top_logprobs === 'number' && body.top_logprobs > 0)) refuse('logprobs', 'logprobs');
   if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) refuse('logit_bias', 'logit_bias');
@@ -98,6 +100,27 @@ function refuseInexpressible(body: OpenAIChatRequest, sampling: SamplingMode): v
   if (body.response_format?.type === 'json_object') refuse('response_format json_object (use json_schema)', 'response_format');
   if (body.web_search_options != null) refuse('web_search_options', 'web_search_options');
   if (sampling === 'refuse' && (body.temperature != null || body.top_p != null)) refuse('temperature / top_p', body.temperature != null ? 'temperature' : 'top_p');
+}
+
+/**
+ * The fields below are read by type (`n > 1`, `logprobs === true`, ...): one of another type (`n: "2"`, `logprobs:
+ * "true"`, `modalities: "audio"`), which OpenAI answers 400, would pass unseen and be answered with one choice, no
+ * logprobs, text. Refused as malformed instead, as `max_tokens: "x"` is.
+ */
+function refuseMistyped(body: OpenAIChatRequest): void {
+  const fields = body as unknown as Record<string, unknown>;
+  const malformed = (param: string, what: string) => {
+    throw new Inexpressible(`${param} must be ${what}`, param);
+  };
+  const n = fields['n'];
+  if (n != null && !(typeof n === 'number' && Number.isInteger(n) && n >= 1)) malformed('n', 'a positive integer');
+  if (fields['logprobs'] != null && typeof fields['logprobs'] !== 'boolean') malformed('logprobs', 'a boolean');
+  const top = fields['top_logprobs'];
+  if (top != null && !(typeof top === 'number' && Number.isInteger(top) && top >= 0)) malformed('top_logprobs', 'a non-negative integer');
+  if (fields['modalities'] != null && !Array.isArray(fields['modalities'])) malformed('modalities', 'an array');
+  for (const param of ['presence_penalty', 'frequency_penalty']) {
+    if (fields[param] != null && typeof fields[param] !== 'number') malformed(param, 'a number');
+  }
 }
 
 // A uuid, or a hex digest (MD5 to SHA-512): what Anthropic asks metadata.user_id to be.
