@@ -118,6 +118,29 @@ describe('rate limits a Claude agent fleet hits', () => {
     expect(p.hits()).toBe(4);
   });
 
+  // The same separate limits: count_tokens' 429s cut the adaptive concurrency limit that /v1/messages lives under
+  // (both keyed by provider and model), so a token-counting burst throttled every agent's message creation.
+  it.each([['count_tokens', false], ['messages', true]])("keeps count_tokens' 429s from cutting message creation's adaptive concurrency limit (%s limited)", async (_, messagesLimited) => {
+    let created = 0;
+    const p = await startProvider(
+      afterBody((req, res) => {
+        const limited = req.url?.includes('count_tokens') ? !messagesLimited : messagesLimited && created++ > 0;
+        if (limited) json(res, 429, errorBody('rate_limit_error', 'Number of requests has exceeded your rate limit'));
+        else json(res, 200, req.url?.includes('count_tokens') ? JSON.stringify({ input_tokens: 12 }) : JSON.stringify(message));
+      }),
+    );
+    const s = await stackOf(p.origin, { provider: { maxConnections: 4 }, route: { retry: { maxAttempts: 1 } }, routes: [{ ...countRoute, retry: { maxAttempts: 1 } }] });
+    const { client } = sdk(s, { maxRetries: 0 });
+    const limit = async () => Number((await (await fetch(`${s.url}/metrics`)).text()).match(/^stormgate_pool_limit\{target="claude\/claude-sonnet-4-6"\} ([\d.]+)$/m)?.[1]);
+    expect((await client.messages.create(ask)).content[0]).toMatchObject({ text: 'Shipped.' });
+    expect(await limit()).toBe(4);
+    for (let i = 0; i < 12; i++) {
+      await Promise.all(Array.from({ length: 4 }, () => (messagesLimited ? client.messages.create(ask) : client.messages.countTokens({ model: ask.model, messages: ask.messages })).catch((e: unknown) => e)));
+    }
+    if (messagesLimited) expect(await limit()).toBeLessThan(4);
+    else expect(await limit()).toBe(4);
+  });
+
   it('waits for an anthropic-ratelimit-requests-reset when no retry-after came, and the SDK sends the call once', async () => {
     let n = 0;
     const p = await startProvider(

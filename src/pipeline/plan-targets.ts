@@ -66,7 +66,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     const className = pool.settings.classes[cls]!.name;
     return {
       key,
-      sharesHoldOffs: route.api !== 'other',
+      sharesRateLimits: route.api !== 'other',
       label,
       model,
       ownModel: target.model !== undefined,

@@ -74,9 +74,9 @@ export async function attemptInSlot(
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
-  plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
+  if (plan.sharesRateLimits) plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
   if (cls.cls === 'success') acquired.slot.answered();
-  if (cls.cls === 'success' && result.headers) {
+  if (cls.cls === 'success' && result.headers && plan.sharesRateLimits) {
     const lowUntil = quotaLowUntil(result.headers, now());
     if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.key, lowUntil);
   }

@@ -44,12 +44,14 @@ export interface TargetPlan {
   /** Breaker, hold-off and budget key, and the metric label: `<provider>/<model or other>`. */
   key: string;
   /**
-   * Whether the target's fleet-wide hold-offs apply to this request, and its answers start them: not on a route on a
+   * Whether the target's rate-limit state is this request's: its fleet-wide hold-offs apply to it and its answers
+   * start them, and its 429s, round trips and quota headers teach the target's adaptive limit. Not on a route on a
    * path the gateway has no API for, whose endpoint has rate limits of its own (Anthropic's count_tokens: separate
    * from, and independent of, message creation's). Shared, a count_tokens 429 with retry-after turned every agent's
-   * /v1/messages away for as long; there a wait hint is the request's own, as an x-ratelimit-reset hint is.
+   * /v1/messages away for as long, and a burst of its 429s cut the limit message creation lives under to its floor;
+   * there a wait hint is the request's own, as an x-ratelimit-reset hint is.
    */
-  sharesHoldOffs: boolean;
+  sharesRateLimits: boolean;
   /** For x-stormgate-target: the provider and the upstream model as sent. */
   label: string;
   /** The upstream model: the target's override, else the client's. */
@@ -175,9 +177,9 @@ export function heldBack(guards: Guards, plan: TargetPlan, parkable: boolean, no
   return { reason: 'breaker', availableAtMs: availableAtMs(view, nowMs) };
 }
 
-/** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesHoldOffs). */
+/** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesRateLimits). */
 export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | undefined {
-  return plan.sharesHoldOffs ? holdOffs.until(plan.key) : undefined;
+  return plan.sharesRateLimits ? holdOffs.until(plan.key) : undefined;
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -316,7 +318,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
       await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
-      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesHoldOffs && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
+      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesRateLimits && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
     } finally {
       attempt.release();
     }
