@@ -60,13 +60,19 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     now,
     random,
     logger,
-    onTransition: (target, from, to) => {
+    onTransition: (target, from, to, cause) => {
       metrics.breakerTransitions.inc({ target, to: to.state });
       // Only real state changes come here: the board logs a probe that leaves the state as it was at debug level.
-      logger.warn({ target, from: from.state, to: to.state, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
+      logger.warn({ target, from: from.state, to: to.state, ...cause, openUntil: to.state === 'open' ? new Date(to.openUntilMs).toISOString() : undefined }, `breaker ${to.state}`);
     },
   });
-  const holdOffs = new HoldOffs(store, now, random);
+  // One line per hold that starts (not per answer that extends it): the operator's record of what turned a target away.
+  const holdOffs = new HoldOffs(store, now, random, (h) => {
+    const until = new Date(h.untilMs).toISOString();
+    if (h.kind === 'hold-off') logger.warn({ target: h.target, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
+    // A refused key is the configuration's fault and stays until someone fixes it: error level, as a Redis misconfiguration.
+    else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until }, 'credentials refused: target held');
+  });
   const targetKeys = new TargetKeys(config, now);
   const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes ?? defaultWaitingBodyBytes());
   const pools = new Pools(

@@ -118,6 +118,8 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       attempts: s.attempts,
       budgetMs: s.budgetMs,
       deadlineSource: s.deadlineSource,
+      ...(s.backoffMs !== undefined && { backoffMs: s.backoffMs }),
+      ...(s.parkedMs !== undefined && { parkedMs: s.parkedMs }),
       ttftMs: s.ttftMs,
       ...(s.startedEarly && { startedEarly: true }),
       upstreamRequestId: s.upstreamRequestId,

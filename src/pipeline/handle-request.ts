@@ -101,6 +101,10 @@ export interface RequestSummary {
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
+  /** Time the request spent parked, all its parks together (a released one's also shows as its attempt's wait). */
+  parkedMs?: number;
+  /** Time it spent in backoffs before retries (wait hints included), all together; a wait cut short counts as far as it went. */
+  backoffMs?: number;
   /** A stream's time from the request's arrival to its first output event (a stream started early included). */
   ttftMs?: number;
   /** The client's deadline started the stream before its first output (early-start.ts). */
@@ -173,6 +177,10 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         attempts: summary.attempts,
         skipped: summary.skipped,
         parkable: route.config.park !== false,
+        onWaited: (kind, ms) => {
+          const field = kind === 'parked' ? 'parkedMs' : 'backoffMs';
+          summary[field] = Math.round((summary[field] ?? 0) + ms);
+        },
         clientRetries: clientRetryCount(req.headers),
         bodyBytes: req.rawBody.length,
       },
@@ -205,7 +213,9 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs);
     // An upstream error passed on carries the provider's id, which the SDK shows as err.requestID: the log line names
     // it too, or the id a developer quotes leads nowhere in the gateway's logs.
-    const upstreamId = answer.headers['x-request-id'];
+    // An error the gateway writes itself (a refused key's 502, say) names the provider's id of the answer it failed on:
+    // the provider's support asks for it.
+    const upstreamId = answer.headers['x-request-id'] ?? (served.kind === 'failed' ? requestIdOf(served.failure.result.headers) : undefined);
     if (upstreamId !== undefined) summary.upstreamRequestId = upstreamId;
     return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
   } catch (err) {
@@ -242,6 +252,12 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
     forgotten.push(plan.key);
   }
   return forgotten;
+}
+
+/** The provider's id of an answer: x-request-id, or Anthropic's request-id. */
+function requestIdOf(headers: HeaderBag | undefined): string | undefined {
+  const v = headers?.['x-request-id'] ?? headers?.['request-id'];
+  return typeof v === 'string' ? v : undefined;
 }
 
 function clientRetryCount(headers: HeaderBag): number {

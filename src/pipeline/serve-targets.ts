@@ -129,6 +129,13 @@ export async function serveTargets(
     const why = reason === 'breaker_open' ? 'circuit breaker open' : reason === 'held_off' ? 'held off: the provider asked for a pause' : undefined;
     if (why && !ctx.attempts.some((a) => a.target === plan.label) && !ctx.skipped.some((s) => s.target === plan.label)) ctx.skipped.push({ target: plan.label, reason: why });
   };
+  /**
+   * The request ends without an attempt on the targets that held it back (its only target's breaker open, a hold-off):
+   * the log line names them as it names a fallback's passed-over targets, or it says `unavailable` and nothing of why.
+   */
+  const noteBlocked = (blocked: Blocked[]): void => {
+    for (const b of blocked) if (b.reason !== 'pacing') notePassedOver({ plan: b.plan, reason: b.reason === 'breaker' ? 'breaker_open' : 'held_off' });
+  };
   const ok = (plan: TargetPlan, result: AttemptResult): Served => ({ kind: 'ok', plan, result, fallback: plan === plans[0] ? undefined : fallback });
   // Whatever the request ends with carries the fallback's rejection, if there was one: not a success, and not a verdict
   // on the request (the rejection itself, or the primary's own 400, 404, 422, context length or content policy).
@@ -265,6 +272,7 @@ export async function serveTargets(
     // (up to a tenth more) must not turn the wait the request left to come back for into a refusal.
     const hintTooLong = first.reason === 'hold-off' && !first.own && waitMs > first.plan.retry.maxWaitHintMs;
     if (!park || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
+      noteBlocked(blocked);
       return worst(unavailable);
     }
     const parked = await deps.lot.park(first.plan.key, {
@@ -281,6 +289,8 @@ export async function serveTargets(
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
     });
     parkedMs += deps.now() - now;
+    ctx.onWaited?.('parked', deps.now() - now);
+    if (parked.kind !== 'released') noteBlocked(blocked);
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };

@@ -123,6 +123,11 @@ export interface RequestContext {
   skipped: SkippedTarget[];
   /** May the request park while its targets are unavailable? */
   parkable: boolean;
+  /**
+   * A wait the request took: parked, or a backoff (a wait hint's included) before a retry. For its log line: a wait that
+   * led to no attempt (the deadline came, the target went away meanwhile) shows in no attempt's waitMs.
+   */
+  onWaited?: (kind: 'parked' | 'backoff', ms: number) => void;
   /** The client's own retry count (x-stainless-retry-count), 0 when none. */
   clientRetries: number;
   /** Bytes of the request's body, counted against server.maxWaitingBodyBytes while it waits (queued or parked). */
@@ -298,6 +303,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
     const outcome = result.outcome;
+    const code = outcome.kind === 'network' || outcome.kind === 'internal' ? outcome.code : undefined;
     ctx.attempts.push({
       target: plan.label,
       attempt: run.attempts,
@@ -306,7 +312,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       waitMs: run.waitMs,
       durationMs,
       ...(admission.probe && { probe: true }),
-      ...((outcome.kind === 'network' || outcome.kind === 'internal') && { code: outcome.code }),
+      ...(code !== undefined && { code }),
     });
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own. A probe
     // the breaker does not judge (a 429 without a wait hint: the provider is there but refusing) is an answer the
@@ -317,8 +323,8 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     let ownHoldOff: number | undefined;
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
-      await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe);
-      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesRateLimits && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint) : undefined;
+      await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe, { reason: cls.reason, ...(code !== undefined && { code }) });
+      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesRateLimits && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint, { reason: cls.reason, status: result.outcome.status }) : undefined;
     } finally {
       attempt.release();
     }
@@ -338,7 +344,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       // they would after a refusal before it.
       const stream = result.stream;
       stream?.whenDone(() => {
-        if (stream.ended?.accountRefused) holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
+        if (stream.ended?.accountRefused) holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
       });
       return { kind: 'ok', result };
     }
@@ -347,7 +353,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now()), ...(why && { why }) });
     // The gateway's own credentials or billing: no request goes to this target for authHoldS.
-    if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000);
+    if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
@@ -405,9 +411,12 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
     if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
+    const sleptFromMs = deps.now();
     try {
       await deps.sleep(delayMs, ctx.signal);
+      ctx.onWaited?.('backoff', delayMs);
     } catch {
+      ctx.onWaited?.('backoff', deps.now() - sleptFromMs);
       const aborted = { outcome: abortOutcome(ctx.signal.reason) };
       return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: undefined };
     }

@@ -34,6 +34,8 @@ type Admission =
 interface Pending {
   requests: number;
   failures: number;
+  /** The batch's last failure, for the line of a breaker it opens. */
+  lastFailure?: FailureFacts;
   /** The closed breaker's generation the outcomes came in: another generation's window is none of theirs. */
   generation: number;
 }
@@ -47,7 +49,25 @@ interface BreakerBoardDeps {
    * Called when this instance changed the breaker's state (and only then: the fleet logs and counts each change once).
    * A write that keeps the state (a failed probe reopening an open breaker, a probe success while half-open) is not one.
    */
-  onTransition?: (target: string, from: BreakerRecord, to: BreakerRecord) => void;
+  onTransition?: (target: string, from: BreakerRecord, to: BreakerRecord, cause: BreakerCause) => void;
+}
+
+/**
+ * What moved a breaker, for its log line: a run of failures, the window's failure rate, or a probe's answer; with the
+ * reason of the failure that tripped it (status_503, timeout_response, network, ...), so the one line tells an operator
+ * whether the provider errs, hangs or cannot be reached.
+ */
+export type BreakerCause = (
+  | { cause: 'consecutive_failures'; failures: number }
+  | { cause: 'failure_rate'; failures: number; requests: number }
+  | { cause: 'probe_failed' | 'probe_succeeded' }
+) &
+  Partial<FailureFacts>;
+
+/** An attempt's outcome as its log line names it: the reason (status_503, network, ...) and a network failure's code. */
+export interface FailureFacts {
+  reason: string;
+  code?: string;
 }
 
 export class BreakerBoard {
@@ -104,7 +124,7 @@ export class BreakerBoard {
    * once a transition the outcome causes at once (a probe's result, a run of failures) is written; the window's
    * failure rate is applied later, in batches.
    */
-  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined): Promise<void> {
+  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined, facts?: FailureFacts): Promise<void> {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
     if (probe !== undefined) {
@@ -115,10 +135,13 @@ export class BreakerBoard {
       // due at once, and the parked requests would each send one, back to back.
       const inconclusive = v === 'ignore';
       try {
-        await this.#transition(target, (rec) =>
-          inconclusive
-            ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
-            : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
+        await this.#transition(
+          target,
+          (rec) =>
+            inconclusive
+              ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
+              : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
+          { cause: v === 'failure' ? 'probe_failed' : 'probe_succeeded', ...facts },
         );
       } finally {
         void this.#deps.store.releasePermit(target, probe.permit);
@@ -133,15 +156,19 @@ export class BreakerBoard {
     run.failures = v === 'failure' && this.current(target).state === 'closed' ? run.failures + 1 : 0;
     if (v === 'success') run.lastSuccessMs = now;
     this.#runs.set(target, run);
-    this.#pendingOutcome(target, s, v);
+    this.#pendingOutcome(target, s, v, facts);
     const seen = { failures: run.failures, sinceSuccessMs: now - run.lastSuccessMs };
     if (tripsOnConsecutive(this.current(target), seen, s)) {
       run.failures = 0;
-      await this.#transition(target, (rec) => (tripsOnConsecutive(rec, seen, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined));
+      await this.#transition(target, (rec) => (tripsOnConsecutive(rec, seen, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined), {
+        cause: 'consecutive_failures',
+        failures: seen.failures,
+        ...facts,
+      });
     }
   }
 
-  #pendingOutcome(target: string, s: BreakerSettings, v: BreakerVerdict): void {
+  #pendingOutcome(target: string, s: BreakerSettings, v: BreakerVerdict, facts: FailureFacts | undefined): void {
     // Only a closed breaker's window counts outcomes, and only those of its own spell: stragglers answered while it was
     // open or half-open (sent before it opened), written in the batch after probes closed it, filled the fresh window
     // with the outage's failures and reopened it at once.
@@ -150,7 +177,10 @@ export class BreakerBoard {
     const kept = this.#pending.get(target);
     const p = kept?.generation === generation ? kept : { requests: 0, failures: 0, generation, settings: s };
     p.requests++;
-    if (v === 'failure') p.failures++;
+    if (v === 'failure') {
+      p.failures++;
+      p.lastFailure = facts;
+    }
     this.#pending.set(target, p);
     this.#timer ??= setTimeout(() => void this.flush(), FLUSH_MS).unref();
   }
@@ -166,7 +196,12 @@ export class BreakerBoard {
         if (rec.state !== 'closed' || rec.generation !== p.generation) return;
         const window = await this.#deps.store.addOutcomes(target, rec.generation, { requests: p.requests, failures: p.failures }, this.#deps.now(), p.settings.windowS);
         if (tripsOnWindow(rec, window, p.settings)) {
-          await this.#transition(target, (r) => (r.generation === rec.generation ? opened(r, p.settings, this.#deps.now(), this.#deps.random) : undefined));
+          await this.#transition(target, (r) => (r.generation === rec.generation ? opened(r, p.settings, this.#deps.now(), this.#deps.random) : undefined), {
+            cause: 'failure_rate',
+            failures: window.failures,
+            requests: window.requests,
+            ...p.lastFailure,
+          });
         }
       }),
     );
@@ -184,13 +219,13 @@ export class BreakerBoard {
   }
 
   /** Compare-and-set with one re-read: another instance may have moved first, and then its move stands. */
-  async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined): Promise<void> {
+  async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined, cause: BreakerCause): Promise<void> {
     for (let i = 0; i < 2; i++) {
       const from = this.current(target);
       const to = step(from);
       if (!to) return;
       if (await this.#deps.store.casBreaker(target, from.generation, to)) {
-        if (changesState(from, to)) this.#deps.onTransition?.(target, from, to);
+        if (changesState(from, to)) this.#deps.onTransition?.(target, from, to, cause);
         else this.#logKept(target, to);
         return;
       }

@@ -51,11 +51,25 @@ export function startsHoldOff(status: number, hint: WaitHint | undefined): hint 
   return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0;
 }
 
+/**
+ * A hold-off or credential hold this instance started while none was in force (one extended is no news): the operator's
+ * one line about it. `reason` is the attempt's (status_429, status_401, ...), `hintMs` the wait the provider asked for.
+ */
+export interface HoldStart {
+  kind: 'hold-off' | 'credentials';
+  target: string;
+  untilMs: number;
+  reason: string;
+  status?: number;
+  hintMs?: number;
+}
+
 export class HoldOffs {
   constructor(
     private readonly store: StateStore,
     private readonly now: () => number,
     private readonly random: Random,
+    private readonly onStart?: (start: HoldStart) => void,
   ) {}
 
   /** When the target's hold-off ends, if it is still in force. */
@@ -65,8 +79,11 @@ export class HoldOffs {
   }
 
   /** Keeps requests off the target for a fixed time: the provider refused the gateway's own credentials or billing. */
-  holdCredentials(target: string, ms: number): void {
-    void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, Math.ceil(this.now() + ms));
+  holdCredentials(target: string, ms: number, cause: { reason: string; status?: number } = { reason: 'credentials' }): void {
+    const fresh = this.credentialsHeldUntil(target) === undefined;
+    const untilMs = Math.ceil(this.now() + ms);
+    void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, untilMs);
+    if (fresh) this.onStart?.({ kind: 'credentials', target, untilMs, ...cause });
   }
 
   /**
@@ -121,19 +138,23 @@ export class HoldOffs {
    * that pushed a 60 s hint to 61 s took that from it. A longer hint is capped at MAX_HOLD_OFF_MS plus the spread, and
    * its own end is kept (askedUntil), so every request held off meanwhile is told what the first one was.
    */
-  start(target: string, hint: WaitHint): number {
+  start(target: string, hint: WaitHint, cause: { reason: string; status?: number } = { reason: 'wait_hint' }): number {
     const now = this.now();
+    // Only a hold-off that starts is news to the operator: each answer of a 429 storm extends the one in force.
+    const fresh = this.until(target) === undefined;
     const spread = this.random() * Math.min(MAX_SPREAD_MS, Math.min(hint.delayMs, MAX_HOLD_OFF_MS) * 0.1);
+    let untilMs: number;
     if (hint.delayMs <= MAX_HOLD_OFF_MS) {
-      const untilMs = Math.ceil(now + Math.min(hint.delayMs + spread, MAX_HOLD_OFF_MS));
+      untilMs = Math.ceil(now + Math.min(hint.delayMs + spread, MAX_HOLD_OFF_MS));
       void this.store.setHoldOff(target, untilMs);
-      return untilMs;
+    } else {
+      untilMs = Math.ceil(now + MAX_HOLD_OFF_MS + spread);
+      // Side keys first: a request that sees the hold-off must not miss what it was asked for.
+      void this.store.setHoldOff(target + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
+      void this.store.setHoldOff(target + LONG_SUFFIX, untilMs);
+      void this.store.setHoldOff(target, untilMs);
     }
-    const untilMs = Math.ceil(now + MAX_HOLD_OFF_MS + spread);
-    // Side keys first: a request that sees the hold-off must not miss what it was asked for.
-    void this.store.setHoldOff(target + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
-    void this.store.setHoldOff(target + LONG_SUFFIX, untilMs);
-    void this.store.setHoldOff(target, untilMs);
+    if (fresh) this.onStart?.({ kind: 'hold-off', target, untilMs, hintMs: hint.delayMs, ...cause });
     return untilMs;
   }
 }

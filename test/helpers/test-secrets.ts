@@ -1,5 +1,5 @@
 /** Every credential the tests hand the gateway or send as a client: none may appear in any gateway log line. */
-export const TEST_SECRETS = ['sk-test-stormgate-0123456789', 'backup-key', 'client-secret', 'sk-client-not-a-provider-key', 'client-x-api-key', 'client-azure-key', 'echoing-key', 'files-key', 'slow-key', 'thinking-key', 'zipped-key', 'sg-client-agents-key', 'sg-client-batch-key', 'sg-wrong-guess-key', 'azure-key-0123456789abcdef0123456789', 'egress-proxy-password-7f3a'];
+export const TEST_SECRETS = ['sk-test-stormgate-0123456789', 'backup-key', 'client-secret', 'sk-client-not-a-provider-key', 'client-x-api-key', 'client-azure-key', 'echoing-key', 'files-key', 'slow-key', 'thinking-key', 'zipped-key', 'sg-client-agents-key', 'sg-client-batch-key', 'sg-wrong-guess-key', 'azure-key-0123456789abcdef0123456789', 'egress-proxy-password-7f3a', 'sk-misconfigured-key-4242'];
 
 /** Where every gateway started by the tests also writes its log lines (fresh for each run). */
 export const TEST_LOG_DIR = '.tmp/test-logs';
