@@ -69,8 +69,9 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
   }
   const message: OpenAIChatCompletion['choices'][number]['message'] = {
     role: 'assistant',
-    // Text blocks are pieces of one answer (split at citations); streaming concatenates them the same way.
-    content: text.length > 0 ? text.join('') : null,
+    // Text blocks are pieces of one answer (split at citations); streaming concatenates them the same way, and sends
+    // no content for empty ones, which the SDKs read as null: an answer with no text has null here too.
+    content: text.join('') || null,
     refusal: null,
   };
   if (toolCalls.length > 0) message.tool_calls = toolCalls;

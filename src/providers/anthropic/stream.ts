@@ -156,6 +156,8 @@ export class AnthropicStreamTranslator {
     } else if (delta.type === 'thinking_delta' && typeof delta.thinking === 'string' && delta.thinking !== '') {
       out.push(this.#chunk({ reasoning_content: delta.thinking }));
     } else if (delta.type === 'input_json_delta') {
+      // A server tool's block (server_tool_use) streams its input too; it has no chat.completions form, like the block.
+      if (block?.kind === 'other') return out;
       // Arguments with nowhere to go would silently corrupt a tool call: better to fail the stream.
       if (block?.kind !== 'tool') {
         throw new AnthropicStreamError('unexpected_event', `input_json_delta for block ${String(data.index)}, which is not a tool_use block`);
