@@ -44,7 +44,11 @@ interface ParkOptions {
   maxWaitMs: number | undefined;
   /** The one wait rule: a request is never released with less than this left before its deadline; it times out then. */
   minAttemptMs: number;
-  /** Not released before then, whatever the target's state says (the probe permits are out until then). */
+  /**
+   * Not released before then, whatever the target's state says (the probe permits are out until then), unless the
+   * target comes back from being unavailable first: the release window then decides (a breaker another instance's
+   * probe closed lets the parked go before the probe time they parked with).
+   */
   notBeforeMs?: number;
   /**
    * The request's priority class in the target's pool (0, the highest, by default). Higher classes leave first, and a

@@ -240,7 +240,7 @@ export class ProviderPool {
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
-  /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 shrink it, success grows it). */
+  /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 mostly shrink it, success grows it). */
   observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
     if (signal === 'none') return;
     const t = this.#target(target);
@@ -248,10 +248,12 @@ export class ProviderPool {
       // Round trips of answers, not of the instant 429s, pace both the wait estimates and the once-per-round-trip cut.
       if (roundTripMs > 0) this.#roundTrip.add(roundTripMs);
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, this.#slotHold.value);
-      this.#drain();
     } else {
       t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
     }
+    // A 429 can raise a class's limit too: refusals judged not to be about our concurrency put the caps back where
+    // their burst began, and a batch request waiting for its cap waited beside the room until another answer came.
+    this.#drain();
   }
 
   /** The target's breaker closed after an outage: restart its limit at half and slow-start back. */
@@ -299,11 +301,14 @@ export class ProviderPool {
   setShare(share: number, othersDemand = 0): void {
     // NaN would become the capacity, which no count of slots in use ever reaches: the pool would stop limiting.
     if (!Number.isFinite(share)) return;
-    const grew = this.settings.capacity * share > this.#capacity;
+    const before = { slots: this.#capacity, retries: this.#retryCapacity };
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
-    if (grew) this.#drain();
+    // More room lets waiters go now, not at the next slot given back. The retry share rounds apart from the slots: a
+    // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
+    // waited beside the room.
+    if (this.#capacity > before.slots || this.#retryCapacity > before.retries) this.#drain();
   }
 
   /** For metrics: in use and queued per class, and each target's limit. */

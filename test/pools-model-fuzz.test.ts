@@ -1,0 +1,1019 @@
+// Seeded model-based tests of the hand-written concurrency code: the priority pools (provider-pool.ts, through
+// pools.ts, with the waiting bodies' bytes) and the parking lot. Each is driven with thousands of random operations
+// (slots of random classes and targets taken and given back, cancellations at random times, 429s and successes to the
+// adaptive limit, quota holds, fleet shares, time passing) beside a plain model written from the README's "Priority
+// pools" and "Parking" paragraphs, and the two must agree after every step. The adaptive limit's own arithmetic is the
+// policy's (fuzzed in policy-model-fuzz.test.ts): the model runs the same pure functions on the same inputs, and
+// checks how the pool uses it. A disagreement found this way also has a small named test (at the end).
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { ConfigSchema, type Config } from '../src/config/schema.ts';
+import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
+import { collectAtScrape } from '../src/observability/scrape-gauges.ts';
+import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
+import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
+import { MovingAverage } from '../src/policy/moving-average.ts';
+import { seededRandom, type Random } from '../src/policy/random.ts';
+import { canWait } from '../src/policy/retry-wait.ts';
+import { fleetShare } from '../src/pools/fleet-share.ts';
+import { Pools } from '../src/pools/pools.ts';
+import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
+import { TargetKeys } from '../src/routing/target-keys.ts';
+
+/**
+ * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
+ * (`FUZZ_SEEDS=50 npx vitest run test/pools-model-fuzz.test.ts` for a longer hunt); the default stays within seconds.
+ */
+const SEEDS = Number(process.env.FUZZ_SEEDS ?? 1);
+const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_301);
+
+function gen(random: Random) {
+  const int = (lo: number, hi: number) => lo + Math.floor(random() * (hi - lo + 1));
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)]!;
+  const chance = (p: number) => random() < p;
+  /** An even moment at least `ms` from now: cut-offs are even and hold ends odd, so no two timers tie. */
+  const evenAfter = (nowMs: number, ms: number) => 2 * Math.ceil((nowMs + ms) / 2);
+  return { int, pick, chance, evenAfter, random };
+}
+type Gen = ReturnType<typeof gen>;
+
+/** Lets every promise settled by the step run its callbacks (a grant resolves through two async frames). */
+async function settle(): Promise<void> {
+  for (let i = 0; i < 10; i++) await Promise.resolve();
+}
+
+const PROVIDER = 'p';
+const CLASS_NAMES = ['critical', 'online', 'batch'];
+
+/** A config with one provider whose pool has these settings: the pools are built as the gateway builds them. */
+function poolConfig(capacity: number, retries: number | undefined, classes: readonly PoolClass[], decrease: number, minLimit: number): Config {
+  return ConfigSchema.parse({
+    server: { maxWaitingBodyBytes: 1_000 },
+    providers: {
+      [PROVIDER]: {
+        family: 'openai',
+        baseUrl: 'http://127.0.0.1:9/v1',
+        apiKey: 'sk-test',
+        maxConnections: capacity,
+        breaker: false,
+        pools: { maxConcurrent: capacity, ...(retries !== undefined && { maxConcurrentRetries: retries }), classes: Object.fromEntries(classes.map((c) => [c.name, { minShare: c.minShare, maxQueue: c.maxQueue }])), decrease, minLimit },
+      },
+    },
+    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: PROVIDER }] }],
+  });
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The provider pool, as the README's "Priority pools" paragraphs describe it.
+// ------------------------------------------------------------------------------------------------------------------
+
+type Expected =
+  | { kind: 'granted'; queued: boolean }
+  | { kind: 'shed'; reason: 'queue_full' | 'deadline' | 'body_bytes'; retryAfterMs: number }
+  | { kind: 'aborted' };
+
+/** One request for a slot, as the model and as the pool see it. */
+interface PoolReq {
+  id: number;
+  req: SlotRequest;
+  ctrl: AbortController;
+  /** The model's view: waiting in the queue, holding a slot, or answered without one. */
+  state: 'queued' | 'held' | 'done';
+  /** Arrival order in the queue. */
+  seq: number;
+  expected?: Expected;
+  actual?: Acquired;
+  slot?: Slot;
+  grantedAtMs: number;
+  answered: boolean;
+  slotGiven: boolean;
+}
+
+interface ModelTarget {
+  limit: LimitState;
+  lowerHeldUntilMs: number;
+  inUse: number;
+  byClass: number[];
+}
+
+/**
+ * The pool from the README: a class may use any capacity the others leave idle, keeps minShare of it (of the target's
+ * limit once that is cut) under contention; waiters are served by class, then arrival; bounded queues per class (a
+ * request the lot released is not shed for a full one); a waiter held back by what does not hold a newcomer back does
+ * not keep it from an idle slot; the one wait rule on arrival, at the grant and when minAttemptMs is left; retries at
+ * most maxConcurrentRetries; lower classes wait out a nearly spent quota; waiting bodies bounded, batch to half.
+ */
+class PoolModel {
+  capacity: number;
+  attainable: number;
+  retryCapacity: number;
+  inUseByClass: number[];
+  retriesInUse = 0;
+  readonly targets = new Map<string, ModelTarget>();
+  /** Waiters in arrival order. */
+  queue: PoolReq[] = [];
+  readonly roundTrip = new MovingAverage(1_000);
+  readonly slotHold = new MovingAverage(1_000);
+  bytes = 0;
+  #seq = 0;
+  /** What the step resolved, in order: grants and sheds of waiters (the queued path). */
+  order: number[] = [];
+  onAnswer?: (p: PoolReq) => void;
+  onNote?: (what: string) => void;
+
+  constructor(
+    readonly classes: readonly PoolClass[],
+    readonly settings: { capacity: number; retryCapacity: number; maxBytes: number },
+    readonly limitSettings: LimitSettings,
+    readonly now: () => number,
+  ) {
+    this.capacity = settings.capacity;
+    this.attainable = settings.capacity;
+    this.retryCapacity = settings.retryCapacity;
+    this.inUseByClass = classes.map(() => 0);
+  }
+
+  get inUse(): number {
+    return this.inUseByClass.reduce((a, b) => a + b, 0);
+  }
+
+  queuedOf(cls: number): number {
+    return this.queue.filter((w) => w.req.cls === cls).length;
+  }
+
+  target(key: string): ModelTarget {
+    let t = this.targets.get(key);
+    if (!t) this.targets.set(key, (t = { limit: initialLimit(this.limitSettings), lowerHeldUntilMs: 0, inUse: 0, byClass: this.classes.map(() => 0) }));
+    return t;
+  }
+
+  /** Can it take a slot now? `holdEndsLate`: a quota hold ending this very millisecond still holds (its timer is 1 ms after). */
+  admissible(r: SlotRequest, holdEndsLate = false): boolean {
+    const t = this.target(r.target);
+    if (this.inUse >= this.capacity) return false;
+    if (r.retry && this.retriesInUse >= this.retryCapacity) return false;
+    if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
+    if (r.cls > 0 && t.byClass[r.cls]! >= classLimit(t.limit, r.cls)) return false;
+    if (r.cls > 0 && (holdEndsLate ? t.lowerHeldUntilMs >= this.now() : t.lowerHeldUntilMs > this.now())) return false;
+    return true;
+  }
+
+  /** "the queue ahead of it, at the target's limit per round trip of a slot's hold; a lower class: at least the quota hold". */
+  expectedWaitMs(cls: number, target: string): number {
+    const ahead = this.queue.filter((w) => w.req.cls <= cls).length;
+    const t = this.target(target);
+    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.attainable));
+    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.roundTrip.value, this.slotHold.value);
+    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
+  }
+
+  acquire(p: PoolReq): void {
+    const { req } = p;
+    const now = this.now();
+    if (req.signal.aborted) return this.#answer(p, { kind: 'aborted' }, false);
+    const mayGoAhead = this.queue.some((w) => w.req.cls <= req.cls && this.admissible(w.req));
+    if (!mayGoAhead && this.admissible(req)) {
+      this.#take(p);
+      return this.#answer(p, { kind: 'granted', queued: false }, false);
+    }
+    const c = this.classes[req.cls]!;
+    const expected = this.expectedWaitMs(req.cls, req.target);
+    if (!req.released && this.queuedOf(req.cls) >= c.maxQueue) return this.#answer(p, { kind: 'shed', reason: 'queue_full', retryAfterMs: expected }, false);
+    if (!canWait(now, expected, req.deadlineAtMs, req.minAttemptMs)) return this.#answer(p, { kind: 'shed', reason: 'deadline', retryAfterMs: expected }, false);
+    const bytes = req.bodyBytes ?? 0;
+    const lowest = req.cls > 0 && req.cls === this.classes.length - 1;
+    const cap = lowest ? this.settings.maxBytes / 2 : this.settings.maxBytes;
+    if (!req.released && this.bytes > 0 && this.bytes + bytes > cap) return this.#answer(p, { kind: 'shed', reason: 'body_bytes', retryAfterMs: expected }, false);
+    this.bytes += bytes;
+    p.seq = this.#seq++;
+    p.state = 'queued';
+    this.queue.push(p);
+    this.drain();
+  }
+
+  release(p: PoolReq): void {
+    if (p.slotGiven || p.state !== 'held') return;
+    p.slotGiven = true;
+    p.state = 'done';
+    if (p.answered && this.now() - p.grantedAtMs > 0) this.slotHold.add(this.now() - p.grantedAtMs);
+    const t = this.target(p.req.target);
+    this.inUseByClass[p.req.cls]!--;
+    t.inUse--;
+    t.byClass[p.req.cls]!--;
+    if (p.req.retry) this.retriesInUse--;
+    this.drain();
+  }
+
+  abort(p: PoolReq): void {
+    if (p.state !== 'queued') return;
+    this.#leave(p);
+    this.#answer(p, { kind: 'aborted' }, true);
+  }
+
+  /** The pool's waiters whose last chance (minAttemptMs before the deadline) is now. */
+  expireAt(nowMs: number): void {
+    for (const w of [...this.queue]) {
+      if (w.req.deadlineAtMs - w.req.minAttemptMs === nowMs) this.#expire(w);
+    }
+  }
+
+  observe(target: string, signal: 'rate-limited' | 'success', roundTripMs: number): void {
+    const t = this.target(target);
+    if (signal === 'success') {
+      if (roundTripMs > 0) this.roundTrip.add(roundTripMs);
+      t.limit = onSuccess(t.limit, this.limitSettings, this.now(), this.roundTrip.value, this.slotHold.value);
+    } else {
+      const waiting = this.queue.filter((w) => w.req.target === target).length;
+      const before = this.classes.map((_, k) => classLimit(t.limit, k));
+      t.limit = onRateLimited(t.limit, this.limitSettings, this.now(), this.roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting });
+      if (this.classes.some((_, k) => classLimit(t.limit, k) > before[k]!)) this.onNote?.('a 429 raised a class limit');
+    }
+    // Whatever the limit lets in goes now.
+    this.drain();
+  }
+
+  setShare(share: number, othersDemand: number): void {
+    const capacity = Math.max(1, Math.round(this.settings.capacity * share));
+    const retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
+    if (capacity <= this.capacity && retryCapacity > this.retryCapacity) this.onNote?.('the retry share grew alone');
+    this.capacity = capacity;
+    this.attainable = Math.max(this.capacity, this.settings.capacity - othersDemand);
+    this.retryCapacity = retryCapacity;
+    // Whatever the share lets in goes now.
+    this.drain();
+  }
+
+  /** "first to classes under their minShare floor, then by class, then by arrival". */
+  drain(): void {
+    for (;;) {
+      const w = this.#underFloor() ?? this.#byPriority();
+      if (!w) return;
+      this.#take(w);
+      this.#answer(w, { kind: 'granted', queued: true }, true);
+    }
+  }
+
+  #underFloor(): PoolReq | undefined {
+    for (let k = this.classes.length - 1; k >= 1; k--) {
+      const share = this.classes[k]!.minShare;
+      if (this.inUseByClass[k]! >= Math.floor(share * this.capacity)) continue;
+      const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(share * Math.min(this.capacity, t.limit.limit)));
+      if (w) return w;
+    }
+    return undefined;
+  }
+
+  #byPriority(): PoolReq | undefined {
+    for (let k = 0; k < this.classes.length; k++) {
+      const w = this.#pick(k);
+      if (w) return w;
+    }
+    return undefined;
+  }
+
+  /** The earliest waiter of the class that may go; one with no time left for an attempt is shed instead. */
+  #pick(cls: number, also?: (t: ModelTarget) => boolean): PoolReq | undefined {
+    for (;;) {
+      const w = this.queue.find((x) => x.req.cls === cls && this.admissible(x.req) && (also === undefined || also(this.target(x.req.target))));
+      if (!w) return undefined;
+      if (canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
+        this.#leave(w);
+        return w;
+      }
+      this.#expire(w);
+    }
+  }
+
+  #expire(w: PoolReq): void {
+    this.#leave(w);
+    this.#answer(w, { kind: 'shed', reason: 'deadline', retryAfterMs: this.expectedWaitMs(w.req.cls, w.req.target) }, true);
+  }
+
+  #leave(w: PoolReq): void {
+    this.queue.splice(this.queue.indexOf(w), 1);
+    this.bytes -= w.req.bodyBytes ?? 0;
+  }
+
+  #take(p: PoolReq): void {
+    const t = this.target(p.req.target);
+    this.inUseByClass[p.req.cls]!++;
+    t.inUse++;
+    t.byClass[p.req.cls]!++;
+    if (p.req.retry) this.retriesInUse++;
+    p.state = 'held';
+    p.grantedAtMs = this.now();
+  }
+
+  #answer(p: PoolReq, e: Expected, fromQueue: boolean): void {
+    this.onAnswer?.(p);
+    if (e.kind !== 'granted') p.state = 'done';
+    p.expected = e;
+    if (fromQueue) this.order.push(p.id);
+  }
+
+  /** No lost wake-up: nobody waits who could take a slot now, with time left for an attempt. */
+  idleWhileWaiting(): PoolReq | undefined {
+    return this.queue.find((w) => this.admissible(w.req, true) && canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs));
+  }
+}
+
+async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
+  const g: Gen = gen(seededRandom(seed));
+  const classCount = g.int(2, 3);
+  const classes: PoolClass[] = CLASS_NAMES.slice(3 - classCount).map((name, k) => ({
+    name,
+    minShare: k === 0 ? g.pick([0, 0.5]) : g.pick([0, 0.1, 0.25, 0.5]),
+    maxQueue: g.int(0, 6),
+  }));
+  const capacity = g.int(1, 8);
+  const retries = g.chance(0.5) ? undefined : g.int(1, capacity);
+  const retryCapacity = retries ?? Math.max(1, Math.floor(capacity / 5));
+  const decrease = g.pick([0.5, 0.7, 0.9]);
+  const minLimit = g.int(1, 3);
+  const config = poolConfig(capacity, retries, classes, decrease, minLimit);
+  const now = () => Date.now();
+  const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes!);
+  const pools = new Pools(config, now, {}, bodies);
+  const pool: ProviderPool = pools.of(PROVIDER);
+  const metrics = createMetrics({ defaultMetrics: false });
+  collectAtScrape(metrics, { config, targetKeys: new TargetKeys(config, now), pools, bodies, board: {} as never, holdOffs: {} as never, budget: {} as never, now, breakersChanged: () => [] });
+  const limitSettings: LimitSettings = { max: capacity, min: minLimit, decrease, minShares: classes.map((c) => c.minShare) };
+  const model = new PoolModel(classes, { capacity, retryCapacity, maxBytes: bodies.maxBytes }, limitSettings, now);
+  model.onAnswer = (p) => touched.add(p);
+  model.onNote = (what) => seen.add(what);
+  const targets = ['p/a', 'p/b', 'p/c'].slice(0, g.int(1, 3));
+  const reqs: PoolReq[] = [];
+  let actualOrder: number[] = [];
+  let step = 0;
+  let op = '';
+  const where = () => `seed ${seed}, step ${step} (${op}), t=${now()}`;
+
+  const newReq = (): PoolReq => {
+    const cls = g.int(0, classCount - 1);
+    const ctrl = new AbortController();
+    if (g.chance(0.03)) ctrl.abort();
+    const minAttemptMs = g.pick([0, 200, 1_000]);
+    const req: SlotRequest = {
+      cls,
+      target: g.pick(targets),
+      retry: g.chance(0.25),
+      deadlineAtMs: g.evenAfter(now(), g.int(0, 20_000)),
+      minAttemptMs,
+      signal: ctrl.signal,
+      ...(g.chance(0.1) && { released: true }),
+      ...(g.chance(0.8) && { bodyBytes: g.int(0, 400) }),
+    };
+    return { id: reqs.length, req, ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false };
+  };
+  const held = () => reqs.filter((p) => p.state === 'held');
+  /** Requests whose model answer or pool answer may have come in this step. */
+  const touched = new Set<PoolReq>();
+  const queued = () => model.queue;
+
+  const check = async (): Promise<void> => {
+    await settle();
+    expect(actualOrder, `order of the queue's answers, ${where()}`).toEqual(model.order);
+    actualOrder = [];
+    model.order = [];
+    // Only the requests the step touched: a request's answer, once given, does not change.
+    for (const p of touched) {
+      const problem = disagreement(p);
+      expect(problem && `request ${p.id} (class ${p.req.cls}, ${p.req.target}${p.req.retry ? ', retry' : ''}${p.req.released ? ', released' : ''}): ${problem}`, where()).toBeUndefined();
+    }
+    touched.clear();
+    const snap = pool.snapshot();
+    expect(snap.inUse, `in use by class, ${where()}`).toEqual(model.inUseByClass);
+    expect(snap.queued, `queued by class, ${where()}`).toEqual(classes.map((_, k) => model.queuedOf(k)));
+    for (const [key, t] of model.targets) expect(pool.limitOf(key), `${key}'s limit, ${where()}`).toBeCloseTo(Math.min(t.limit.limit, model.capacity), 9);
+    expect(bodies.bytes, `waiting body bytes, ${where()}`).toBe(model.bytes);
+    // The README's bounds, whatever the model says: within the capacity, the retry share, each queue's maxQueue.
+    if (model.inUse > model.capacity) seen.add('over capacity after a share shrank');
+    for (const [k, c] of classes.entries()) {
+      const newcomers = model.queue.filter((w) => w.req.cls === k && !w.req.released).length;
+      expect(newcomers, `class ${k}'s queue, ${where()}`).toBeLessThanOrEqual(c.maxQueue);
+    }
+    const idle = model.idleWhileWaiting();
+    expect(idle && `request ${idle.id} (class ${idle.req.cls}, ${idle.req.target}) waits beside a slot it could take`, `lost wake-up, ${where()}`).toBeUndefined();
+    if (model.queue.length > 0) seen.add('waiting');
+    if (model.queue.some((w) => w.req.cls > 0 && model.target(w.req.target).lowerHeldUntilMs > now())) seen.add('lower class held');
+  };
+
+  const gauges = async (): Promise<void> => {
+    for (const [k, c] of classes.entries()) {
+      const labels = { provider: PROVIDER, priority: c.name };
+      // Reading one pool gauge collects them all, as a scrape does.
+      await metrics.poolInUse.get();
+      expect(gaugeValue(await metrics.poolInUse.get(), labels), `stormgate_pool_in_use ${c.name}, ${where()}`).toBe(model.inUseByClass[k]);
+      expect(gaugeValue(await metrics.poolQueueDepth.get(), labels), `stormgate_pool_queue_depth ${c.name}, ${where()}`).toBe(model.queuedOf(k));
+    }
+    expect(gaugeValue(await metrics.waitingBodyBytes.get(), {}), `stormgate_waiting_body_bytes, ${where()}`).toBe(model.bytes);
+  };
+
+  const acquire = (p: PoolReq): void => {
+    reqs.push(p);
+    touched.add(p);
+    void pool.acquire(p.req).then((a) => {
+      touched.add(p);
+      p.actual = a;
+      if (a.ok) p.slot = a.slot;
+      if (a.ok ? a.queued : a.reason === 'aborted' ? p.seq >= 0 : p.seq >= 0) actualOrder.push(p.id);
+    });
+    model.acquire(p);
+    if (p.expected?.kind === 'shed') seen.add(`shed ${p.expected.reason}`);
+    if (p.expected?.kind === 'granted' && !p.expected.queued) seen.add('granted at once');
+  };
+
+  const release = (p: PoolReq): void => {
+    if (g.chance(0.7)) {
+      p.slot!.answered();
+      p.answered = true;
+    }
+    p.slot!.release();
+    if (g.chance(0.1)) p.slot!.release();
+    model.release(p);
+  };
+
+  /** Advances the clock to `untilMs`, stopping at every moment a pool timer fires so the model does the same then. */
+  const advance = async (untilMs: number): Promise<void> => {
+    for (;;) {
+      const t = now();
+      const moments = [
+        ...model.queue.map((w) => w.req.deadlineAtMs - w.req.minAttemptMs),
+        ...[...model.targets.values()].map((x) => x.lowerHeldUntilMs + 1),
+      ].filter((m) => m > t && m <= untilMs);
+      const next = moments.length > 0 ? Math.min(...moments) : untilMs;
+      await vi.advanceTimersByTimeAsync(next - t);
+      model.expireAt(next);
+      if ([...model.targets.values()].some((x) => x.lowerHeldUntilMs + 1 === next)) {
+        model.drain();
+        seen.add('quota hold ended');
+      }
+      await check();
+      if (next >= untilMs) return;
+    }
+  };
+
+  for (step = 0; step < steps; step++) {
+    const roll = g.random();
+    if (roll < 0.36) {
+      op = 'acquire';
+      acquire(newReq());
+    } else if (roll < 0.58) {
+      op = 'release';
+      const h = held();
+      if (h.length > 0) release(g.pick(h));
+    } else if (roll < 0.64) {
+      op = 'abort a waiter';
+      const q = queued();
+      if (q.length > 0) {
+        const p = g.pick(q);
+        p.ctrl.abort();
+        model.abort(p);
+        seen.add('aborted while queued');
+      }
+    } else if (roll < 0.67) {
+      // A cancellation racing a grant: a slot is given back and a waiter aborts in the same tick, either order.
+      op = 'release and abort, one tick';
+      const h = held();
+      const q = queued();
+      if (h.length > 0 && q.length > 0) {
+        const slotOf = g.pick(h);
+        const waiter = g.chance(0.5) ? q[0]! : g.pick(q);
+        if (g.chance(0.5)) {
+          release(slotOf);
+          waiter.ctrl.abort();
+          model.abort(waiter);
+        } else {
+          waiter.ctrl.abort();
+          model.abort(waiter);
+          release(slotOf);
+        }
+        seen.add('cancellation raced a grant');
+      }
+    } else if (roll < 0.69) {
+      op = 'abort a holder';
+      const h = held();
+      if (h.length > 0) g.pick(h).ctrl.abort();
+    } else if (roll < 0.77) {
+      op = 'success';
+      const target = g.pick(targets);
+      const rtt = g.pick([0, g.int(1, 3_000)]);
+      pool.observe(target, 'success', rtt);
+      model.observe(target, 'success', rtt);
+    } else if (roll < 0.83) {
+      op = '429';
+      const target = g.pick(targets);
+      pool.observe(target, 'rate-limited', 0);
+      model.observe(target, 'rate-limited', 0);
+      seen.add('429');
+    } else if (roll < 0.84) {
+      op = 'recovered';
+      const target = g.pick(targets);
+      pool.recovered(target);
+      const t = model.target(target);
+      t.limit = onRecovered(t.limit, limitSettings);
+    } else if (roll < 0.86) {
+      op = 'hold lower classes';
+      const target = g.pick(targets);
+      // Even ends: the pool's timer fires a millisecond after, at an odd moment no cut-off shares.
+      const untilMs = g.evenAfter(now(), g.int(1, 6_000));
+      pool.holdLowerClasses(target, untilMs);
+      const t = model.target(target);
+      t.lowerHeldUntilMs = Math.max(t.lowerHeldUntilMs, untilMs);
+    } else if (roll < 0.9) {
+      op = 'fleet share';
+      // Shares on and near the rounding of capacity and retry share as well as anywhere.
+      const share = g.pick([1, g.random(), 0.5, g.int(1, 2 * capacity) / (2 * capacity), g.int(1, 2 * retryCapacity) / (2 * retryCapacity)]) || 1;
+      const others = g.int(0, capacity);
+      pool.setShare(share, others);
+      model.setShare(share, others);
+    } else {
+      op = 'time passes';
+      await advance(now() + g.pick([1, g.int(1, 300), g.int(1, 4_000)]));
+      continue;
+    }
+    await check();
+    if (step % 97 === 0) await gauges();
+  }
+
+  // Everything given back or cancelled: nothing in use, nothing queued, no bytes held, and the gauges say so.
+  op = 'wind down';
+  for (const p of [...queued()]) {
+    p.ctrl.abort();
+    model.abort(p);
+  }
+  for (let round = 0; held().length > 0; round++) {
+    for (const p of held()) release(p);
+    await check();
+    expect(round, 'everything given back').toBeLessThan(1_000);
+  }
+  await check();
+  expect(pool.snapshot().inUse.every((n) => n === 0) && pool.snapshot().queued.every((n) => n === 0), where()).toBe(true);
+  expect(bodies.bytes).toBe(0);
+  await gauges();
+  pools.close();
+}
+
+/** How the pool's answer to a request differs from the model's, if it does. */
+function disagreement(p: PoolReq): string | undefined {
+  const a = p.actual;
+  const e = p.expected;
+  if (e === undefined) return undefined;
+  if (p.state === 'queued') return a === undefined ? undefined : `answered ${JSON.stringify(a)} while the model has it waiting`;
+  if (a === undefined) return `still waiting while the model answered ${JSON.stringify(e)}`;
+  const got = a.ok ? { kind: 'granted', queued: a.queued } : a.reason === 'aborted' ? { kind: 'aborted' } : { kind: 'shed', reason: a.reason, retryAfterMs: a.retryAfterMs };
+  if (got.kind !== e.kind || ('queued' in got && 'queued' in e && got.queued !== e.queued) || ('reason' in got && 'reason' in e && got.reason !== e.reason)) {
+    return `answered ${JSON.stringify(got)}, the model ${JSON.stringify(e)}`;
+  }
+  if (got.kind === 'shed' && e.kind === 'shed') {
+    // Shed requests are told when to come back: a finite, non-negative wait, the model's estimate.
+    const after = got.retryAfterMs!;
+    if (!Number.isFinite(after) || after < 0) return `told to come back after ${after} ms`;
+    if (Math.abs(after - e.retryAfterMs) > 1e-6) return `told to come back after ${after} ms, the model ${e.retryAfterMs} ms`;
+  }
+  return undefined;
+}
+
+function gaugeValue(m: { values: Array<{ value: number; labels: Partial<Record<string, string | number>> }> }, labels: Record<string, string>): number | undefined {
+  return m.values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x))?.value;
+}
+
+describe('the provider pool against the README model', () => {
+  beforeEach(() => vi.useFakeTimers({ now: 1_000_000 }));
+  afterEach(() => vi.useRealTimers());
+
+  it('admits, queues, sheds, grants and forgets as the README says, through thousands of random operations', async () => {
+    const seen = new Set<string>();
+    for (let s = 0; s < 12 * SEEDS; s++) await runPoolFuzz(BASE_SEED + s, 600, seen);
+    if (process.env.FUZZ_SEEN) console.log([...seen]);
+    for (const what of ['waiting', 'granted at once', 'shed queue_full', 'shed deadline', 'shed body_bytes', 'aborted while queued', 'cancellation raced a grant', '429', 'lower class held', 'quota hold ended']) {
+      expect(seen, `the runs reached: ${what}`).toContain(what);
+    }
+  }, 60_000 * SEEDS);
+});
+
+// ------------------------------------------------------------------------------------------------------------------
+// The parking lot, as the README's "Parking" paragraph describes it.
+// ------------------------------------------------------------------------------------------------------------------
+
+/** One request parked (perhaps again and again, lent to probes that failed), as the driver and the model see it. */
+interface LotReq {
+  id: number;
+  target: string;
+  route: string;
+  cls: number;
+  deadlineAtMs: number;
+  /** park.maxWaitMs: all its waits together. */
+  maxWaitMs: number | undefined;
+  /** Time parked before the current wait (serve-targets.ts's parkedMs). */
+  parkedMs: number;
+  parkedAtMs: number;
+  /** The limit the current wait was given (what was left of maxWaitMs). */
+  waitLeftMs: number | undefined;
+  /** The explicit notBeforeMs of the current wait (probe permits out until then). */
+  notBeforeMs: number | undefined;
+  /**
+   * The target was unavailable at some moment of the current wait: once it is back, the release window decides when
+   * the request goes, not the moment it parked with (a breaker another instance's probe closed early lets it go sooner).
+   */
+  awaySincePark: boolean;
+  bytes: number;
+  lowest: boolean;
+  ctrl: AbortController;
+  state: 'parked' | 'released' | 'done';
+  /** Order of the current wait's arrival. */
+  seq: number;
+  ticket?: Ticket;
+  streaming: boolean;
+}
+
+async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
+  const g: Gen = gen(seededRandom(seed));
+  const now = () => Date.now();
+  const targets = ['p/a', 'p/b'].slice(0, g.int(1, 2));
+  const routes = new Map(['chat', 'batch-chat'].map((r) => [r, g.int(1, 6)]));
+  const minAttemptMs = g.pick([0, 200, 1_000]);
+  const classes = g.int(1, 3);
+  const states = new Map<string, TargetState>(targets.map((t) => [t, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }]));
+  /** Since when each target's state is what it is (non-blocked: the lot must have let what may go go within 1.25 s). */
+  const stateSince = new Map<string, number>(targets.map((t) => [t, now()]));
+  const bodies = new WaitingBodies(1_000);
+  const metrics: Metrics = createMetrics({ defaultMetrics: false });
+  /** Outcomes of waits the lot reported (answers at the door are taken out), in the order their promises settle: [kind, when, target pumped]. */
+  const outcomes: Array<[string, number, string | undefined, TargetState | undefined]> = [];
+  let pumped: string | undefined;
+  const lot = new ParkingLot({
+    now,
+    random: g.random,
+    stateOf: (target) => {
+      pumped = target;
+      return states.get(target)!;
+    },
+    onParkedChange: (route, delta) => metrics.parked.inc({ route }, delta),
+    onOutcome: (route, outcome) => {
+      metrics.parkOutcomes.inc({ route, outcome });
+      outcomes.push([outcome, now(), outcome === 'released' ? pumped : undefined, outcome === 'released' ? states.get(pumped!) : undefined]);
+    },
+    bodies,
+  });
+  const reqs: LotReq[] = [];
+  let seq = 0;
+  let step = 0;
+  let op = '';
+  const where = () => `seed ${seed}, step ${step} (${op}), t=${now()}`;
+  const problems: string[] = [];
+  const fail = (what: string) => problems.push(`${what}, ${where()}`);
+
+  const parked = (target?: string) => reqs.filter((r) => r.state === 'parked' && (target === undefined || r.target === target));
+  const inflight = (target: string, upTo: number, attemptsOnly: boolean) =>
+    reqs.filter((r) => r.state === 'released' && r.target === target && r.cls <= upTo && !(attemptsOnly && r.streaming)).length;
+  const cutoff = (r: LotReq) => r.deadlineAtMs - minAttemptMs;
+  /** Ahead in the lot's order: higher class, then earlier deadline, then earlier arrival. */
+  const ahead = (a: LotReq, b: LotReq) => a.cls < b.cls || (a.cls === b.cls && (a.deadlineAtMs < b.deadlineAtMs || (a.deadlineAtMs === b.deadlineAtMs && a.seq < b.seq)));
+
+  /** The wait ended at `atMs` with `kind`: check it against the README. */
+  const ended = (r: LotReq, kind: string, atMs: number, releasedFrom: string | undefined, stateThen: TargetState | undefined) => {
+    const waited = r.parkedMs + (atMs - r.parkedAtMs);
+    r.parkedMs = waited;
+    if (kind === 'released') {
+      const state = stateThen!;
+      seen.add(`released while ${state.mode}`);
+      if (releasedFrom !== r.target) fail(`request ${r.id} released by a pump of ${releasedFrom}, parked for ${r.target}`);
+      // Nothing parked is sent while the target is unavailable; never with less than minAttemptMs left; never past maxWaitMs.
+      if (state.mode === 'blocked') fail(`request ${r.id} released while ${r.target} is blocked`);
+      if (atMs >= cutoff(r)) fail(`request ${r.id} released with ${r.deadlineAtMs - atMs} ms left (minAttemptMs ${minAttemptMs})`);
+      if (r.maxWaitMs !== undefined && waited > r.maxWaitMs) fail(`request ${r.id} released after ${waited} ms parked in all (maxWaitMs ${r.maxWaitMs})`);
+      if (r.notBeforeMs !== undefined && !r.awaySincePark && atMs < r.notBeforeMs) fail(`request ${r.id} released at ${atMs}, before its notBeforeMs ${r.notBeforeMs}`);
+      // As many at a time as the target's limit (its probes: streams begun do not count), a class counting its own and higher.
+      r.state = 'released';
+      r.streaming = false;
+      if (state.mode !== 'blocked' && inflight(r.target, r.cls, state.mode === 'probing') > state.slots) {
+        fail(`request ${r.id} (class ${r.cls}) released beyond ${state.mode} slots ${state.slots}: ${inflight(r.target, r.cls, state.mode === 'probing')} out`);
+      }
+      // Release order: of the same class, one ahead of it that parked no later and has no moment of its own to wait for
+      // goes first (the release window spreads the parked in order).
+      for (const a of parked(r.target)) {
+        if (a.cls === r.cls && ahead(a, r) && a.seq < r.seq && a.notBeforeMs === undefined && r.notBeforeMs === undefined && atMs < cutoff(a)) {
+          fail(`request ${r.id} (deadline ${r.deadlineAtMs}) released ahead of request ${a.id} (deadline ${a.deadlineAtMs})`);
+        }
+      }
+      return;
+    }
+    r.state = 'done';
+    if (kind === 'timeout') {
+      seen.add('timeout');
+      // Answered when less than minAttemptMs is left, or once it has waited maxWaitMs in all: not before, not after.
+      const due = Math.min(r.parkedAtMs + (r.waitLeftMs ?? Number.POSITIVE_INFINITY), cutoff(r));
+      if (atMs !== Math.max(due, r.parkedAtMs)) fail(`request ${r.id} timed out at ${atMs}, due at ${due}`);
+      if (r.maxWaitMs !== undefined && waited > r.maxWaitMs) fail(`request ${r.id} waited ${waited} ms in all (maxWaitMs ${r.maxWaitMs})`);
+    }
+  };
+
+  const park = (r: LotReq, notBeforeMs?: number): void => {
+    const before = outcomes.length;
+    r.parkedAtMs = now();
+    r.waitLeftMs = r.maxWaitMs === undefined ? undefined : Math.max(0, r.maxWaitMs - r.parkedMs);
+    r.notBeforeMs = notBeforeMs;
+    r.awaySincePark = states.get(r.target)!.mode === 'blocked';
+    r.seq = seq++;
+    // The model's answer at the door: the route's queue, the client gone, the bodies' bytes.
+    const routeCount = reqs.filter((x) => x.state === 'parked' && x.route === r.route).length;
+    const cap = r.lowest ? bodies.maxBytes / 2 : bodies.maxBytes;
+    const parkedBytes = reqs.filter((x) => x.state === 'parked').reduce((a, x) => a + x.bytes, 0);
+    const expected = routeCount >= routes.get(r.route)! ? 'full' : r.ctrl.signal.aborted ? 'aborted' : parkedBytes > 0 && parkedBytes + r.bytes > cap ? 'full' : 'parked';
+    if (expected === 'full') seen.add(routeCount >= routes.get(r.route)! ? 'route queue full' : 'bodies full');
+    r.state = expected === 'parked' ? 'parked' : 'done';
+    let immediate = true;
+    void lot
+      .park(r.target, {
+        route: r.route,
+        deadlineAtMs: r.deadlineAtMs,
+        signal: r.ctrl.signal,
+        maxQueue: routes.get(r.route)!,
+        maxWaitMs: r.waitLeftMs,
+        minAttemptMs,
+        cls: r.cls,
+        bodyBytes: r.bytes,
+        lowestClass: r.lowest,
+        ...(notBeforeMs !== undefined && { notBeforeMs }),
+      })
+      .then((res) => {
+        if (immediate) {
+          if (res.kind !== expected) fail(`request ${r.id} answered ${res.kind} at the door, the model ${expected}`);
+          return;
+        }
+        // Outcomes in settle order, but the promise of a request settled within its own park() call is handled after
+        // those of the others the call settled: the first outcome of its kind (and target) is its.
+        const i = outcomes.findIndex((o) => o[0] === res.kind && (res.kind !== 'released' || o[2] === r.target));
+        if (i === -1) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
+        const o = outcomes.splice(i, 1)[0]!;
+        if (res.kind === 'released') r.ticket = res.ticket;
+        ended(r, res.kind, o[1], o[2], o[3]);
+      });
+    // Answered at the door (the lot's first outcome in the call is the answer) or parked (outcomes are the pump's).
+    const first = outcomes[before];
+    immediate = first !== undefined && ['full', 'aborted', 'closing'].includes(first[0]);
+    if (immediate) outcomes.splice(before, 1);
+    else if (expected !== 'parked') fail(`request ${r.id} parked, the model ${expected}`);
+  };
+
+  const newReq = (): LotReq => {
+    const ctrl = new AbortController();
+    if (g.chance(0.03)) ctrl.abort();
+    const cls = g.int(0, classes - 1);
+    const r: LotReq = {
+      id: reqs.length,
+      target: g.pick(targets),
+      route: g.pick([...routes.keys()]),
+      cls,
+      deadlineAtMs: g.evenAfter(now(), g.int(0, 12_000)),
+      maxWaitMs: g.chance(0.5) ? undefined : g.int(0, 6_000),
+      parkedMs: 0,
+      parkedAtMs: now(),
+      waitLeftMs: undefined,
+      notBeforeMs: undefined,
+      awaySincePark: false,
+      bytes: g.chance(0.7) ? g.int(0, 300) : 0,
+      lowest: classes > 1 && cls === classes - 1,
+      ctrl,
+      state: 'done',
+      seq: 0,
+      streaming: false,
+    };
+    reqs.push(r);
+    return r;
+  };
+
+  const check = async (): Promise<void> => {
+    await settle();
+    if (problems.length > 0) expect(problems).toEqual([]);
+    expect(outcomes, `outcomes without a request, ${where()}`).toEqual([]);
+    for (const t of targets) {
+      const mine = parked(t);
+      expect(lot.waiting(t), `${t} waiting, ${where()}`).toBe(mine.length);
+      for (let k = 0; k < classes; k++) expect(lot.waiting(t, k), `${t} waiting up to class ${k}, ${where()}`).toBe(mine.filter((r) => r.cls <= k).length);
+      // No lost wake-up: a target back for 1.25 s (the release window, at most 1 s, and the lot's re-check) has let go
+      // everything its limit allows, but what waits for a moment of its own.
+      const state = states.get(t)!;
+      if (state.mode !== 'blocked' && now() - stateSince.get(t)! >= 1_250) {
+        for (const r of mine) {
+          if (r.notBeforeMs !== undefined && r.notBeforeMs > now() - 250) continue;
+          if (inflight(t, r.cls, state.mode === 'probing') < state.slots) {
+            expect.fail(`request ${r.id} (class ${r.cls}) still parked on ${t}, ${state.mode} with ${state.slots} slots for ${now() - stateSince.get(t)!} ms, ${where()}`);
+          }
+        }
+      }
+    }
+    for (const route of routes.keys()) {
+      const count = reqs.filter((r) => r.state === 'parked' && r.route === route).length;
+      expect(count, `${route}'s park.maxQueue, ${where()}`).toBeLessThanOrEqual(routes.get(route)!);
+      expect(gaugeValue(await metrics.parked.get(), { route }) ?? 0, `stormgate_parked_requests{route="${route}"}, ${where()}`).toBe(count);
+    }
+    expect(bodies.bytes, `waiting body bytes, ${where()}`).toBe(parked().reduce((a, r) => a + r.bytes, 0));
+    if (parked().length > 0) seen.add('parked');
+  };
+
+  const setState = (t: string, next: TargetState, notify: boolean) => {
+    states.set(t, next);
+    stateSince.set(t, now());
+    if (next.mode === 'blocked') for (const r of parked(t)) r.awaySincePark = true;
+    if (notify) lot.notify(t);
+  };
+
+  for (step = 0; step < steps; step++) {
+    const roll = g.random();
+    if (roll < 0.34) {
+      op = 'park';
+      const r = newReq();
+      park(r, g.chance(0.08) ? now() + g.int(1, 1_500) : undefined);
+    } else if (roll < 0.42) {
+      op = 'client leaves';
+      const p = parked();
+      if (p.length > 0) {
+        const r = g.pick(p);
+        r.ctrl.abort();
+        seen.add('aborted while parked');
+      }
+    } else if (roll < 0.56) {
+      op = 'attempt over';
+      const out = reqs.filter((r) => r.state === 'released');
+      if (out.length > 0) {
+        const r = g.pick(out);
+        r.state = 'done';
+        r.ticket!.done();
+        if (g.chance(0.1)) r.ticket!.done();
+        // A probe that failed: the target is away again and the request parks for what is left of its maxWaitMs.
+        if (g.chance(0.35) && now() < cutoff(r)) {
+          op = 'probe failed, parks again';
+          setState(r.target, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }, true);
+          // What the last done() let go has gone by the time the request comes back to park.
+          await settle();
+          park(r);
+          seen.add('parked again after a failed probe');
+        }
+      }
+    } else if (roll < 0.6) {
+      op = 'stream begins';
+      const out = reqs.filter((r) => r.state === 'released' && !r.streaming);
+      if (out.length > 0) {
+        const r = g.pick(out);
+        r.streaming = true;
+        r.ticket!.streaming();
+        seen.add('streaming');
+      }
+    } else if (roll < 0.7) {
+      op = 'target state';
+      const t = g.pick(targets);
+      const before = states.get(t)!;
+      const next: TargetState = g.pick([
+        { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) },
+        { mode: 'probing', slots: g.int(1, 3) },
+        { mode: 'available', slots: g.int(1, 5) },
+      ]);
+      // The runtime tells the lot of every change it makes; from one open state to another the lot also looks again by itself.
+      setState(t, next, before.mode === 'blocked' || next.mode === 'blocked' || g.chance(0.5));
+    } else if (roll < 0.72) {
+      op = 'forget';
+      const t = g.pick(targets);
+      lot.forget(t);
+    } else {
+      op = 'time passes';
+      await vi.advanceTimersByTimeAsync(g.pick([1, g.int(1, 400), g.int(1, 2_500)]));
+      // A blocked target's time is up: the lot wakes at availableAtMs; the runtime would say whether it is back.
+      for (const t of targets) {
+        const st = states.get(t)!;
+        if (st.mode === 'blocked' && st.availableAtMs <= now() && g.chance(0.7)) setState(t, { mode: 'probing', slots: g.int(1, 3) }, true);
+      }
+    }
+    await check();
+  }
+
+  // Everything leaves: nothing parked, no bytes, no gauge left over; then the lot closes.
+  op = 'wind down';
+  for (const r of parked()) r.ctrl.abort();
+  for (const r of reqs.filter((x) => x.state === 'released')) {
+    r.state = 'done';
+    r.ticket!.done();
+  }
+  await check();
+  for (const t of targets) expect(lot.waiting(t)).toBe(0);
+  expect(bodies.bytes).toBe(0);
+  lot.close();
+  const late = newReq();
+  park(late);
+  await settle();
+  expect(problems.filter((p) => !p.includes(`request ${late.id} `))).toEqual([]);
+  for (const t of targets) lot.forget(t);
+  expect(lot.size).toBe(0);
+}
+
+describe('the parking lot against the README model', () => {
+  beforeEach(() => vi.useFakeTimers({ now: 1_000_000 }));
+  afterEach(() => vi.useRealTimers());
+
+  it('bounds, orders, paces, times out and forgets parked requests as the README says, through thousands of random operations', async () => {
+    const seen = new Set<string>();
+    for (let s = 0; s < 10 * SEEDS; s++) await runLotFuzz(BASE_SEED + s, 500, seen);
+    if (process.env.FUZZ_SEEN) console.log([...seen]);
+    for (const what of ['parked', 'released while available', 'released while probing', 'timeout', 'route queue full', 'bodies full', 'aborted while parked', 'parked again after a failed probe', 'streaming']) {
+      expect(seen, `the runs reached: ${what}`).toContain(what);
+    }
+  }, 60_000 * SEEDS);
+});
+
+describe('class and fleet share', () => {
+  it('takes the route\'s class, lowered and never raised by the header, whatever its case or spacing', () => {
+    const g = gen(seededRandom(BASE_SEED));
+    const config = poolConfig(4, undefined, CLASS_NAMES.map((name) => ({ name, minShare: 0, maxQueue: 1 })), 0.9, 1);
+    const pools = new Pools(config, () => 0);
+    const spell = (name: string) => g.pick([name, name.toUpperCase(), ` ${name} `, name[0]!.toUpperCase() + name.slice(1)]);
+    for (let i = 0; i < 2_000; i++) {
+      const route = g.pick(CLASS_NAMES);
+      const asked = g.pick([undefined, 'bulk', '', ...CLASS_NAMES]);
+      const got = pools.classFor(PROVIDER, route, asked === undefined ? undefined : spell(asked === '' ? ' ' : asked));
+      const base = CLASS_NAMES.indexOf(route);
+      const lower = asked === undefined ? -1 : CLASS_NAMES.indexOf(asked);
+      expect(got, `${route}, asked ${asked}`).toBe(Math.max(base, lower));
+    }
+  });
+
+  it('hands the fleet its capacity once over, each lower class its floor and the higher ones the rest', () => {
+    const g = gen(seededRandom(BASE_SEED + 1));
+    for (let i = 0; i < 3_000; i++) {
+      const capacity = g.int(1, 200);
+      const classes: PoolClass[] = CLASS_NAMES.slice(g.int(0, 1)).map((name, k) => ({ name, minShare: k === 0 ? 0 : g.pick([0, 0.1, 0.25, 0.5]), maxQueue: 1 }));
+      const instances = g.int(1, 5);
+      const demands = Array.from({ length: instances }, () => classes.map(() => (g.chance(0.4) ? 0 : g.int(0, 3 * capacity))));
+      const fleet = classes.map((_, k) => demands.reduce((a, d) => a + d[k]!, 0));
+      const shares = demands.map((own) => fleetShare(capacity, classes, own, fleet, instances));
+      const label = JSON.stringify({ capacity, classes: classes.map((c) => c.minShare), demands });
+      for (const share of shares) expect(share >= 0 && share <= 1, label).toBe(true);
+      // "N instances do not send N times the concurrency the provider accepts": the shares add up to one pool.
+      expect(shares.reduce((a, b) => a + b, 0), label).toBeCloseTo(1, 9);
+    }
+    // One instance all online, another all batch, both far past capacity: batch keeps its floor, online has the rest.
+    for (const minShare of [0.1, 0.25, 0.5]) {
+      const classes: PoolClass[] = [{ name: 'online', minShare: 0.5, maxQueue: 1 }, { name: 'batch', minShare, maxQueue: 1 }];
+      const fleet = [500, 500];
+      expect(fleetShare(40, classes, [500, 0], fleet, 2)).toBeCloseTo(1 - minShare, 9);
+      expect(fleetShare(40, classes, [0, 500], fleet, 2)).toBeCloseTo(minShare, 9);
+    }
+  });
+});
+
+describe('cases the models found', () => {
+  beforeEach(() => vi.useFakeTimers({ now: 0 }));
+  afterEach(() => vi.useRealTimers());
+
+  const twoClasses: PoolClass[] = [{ name: 'online', minShare: 0.5, maxQueue: 10 }, { name: 'batch', minShare: 0.1, maxQueue: 10 }];
+  const slotReq = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
+
+  it('lets a retry waiting for the retry share go when a new fleet share grows that share but not the slots', async () => {
+    // maxConcurrent 10, maxConcurrentRetries 3: at a share of 0.45, 5 slots (4.5) and 1 retry (1.35); at 0.5, still
+    // 5 slots but 2 retries. The retry queued behind the first waited beside the room it had until some slot was given back.
+    const pool = new Pools(poolConfig(10, 3, twoClasses, 0.9, 1), () => Date.now()).of(PROVIDER);
+    pool.setShare(0.45);
+    const first = await pool.acquire(slotReq({ retry: true }));
+    expect(first.ok).toBe(true);
+    let second: Acquired | undefined;
+    void pool.acquire(slotReq({ retry: true })).then((a) => (second = a));
+    await settle();
+    expect(second).toBeUndefined();
+    pool.setShare(0.5);
+    await settle();
+    expect(second).toMatchObject({ ok: true, queued: true });
+    expect(pool.snapshot()).toMatchObject({ inUse: [2, 0], queued: [0, 0] });
+  });
+
+  it('lets a batch request waiting for its class limit go when a 429 judged not to be about concurrency puts the caps back', async () => {
+    // A provider refusing about half of everything whatever the concurrency: the cuts of the burst took batch's cap to
+    // 1 and the limit to 2; then the refusals were judged noise and the caps went back to where the burst began. The
+    // batch request waiting for its cap waited beside the room until another answer came.
+    vi.setSystemTime(1_000);
+    const pool = new Pools(poolConfig(4, undefined, [{ name: 'online', minShare: 0, maxQueue: 10 }, { name: 'batch', minShare: 0.25, maxQueue: 10 }], 0.5, 2), () => Date.now()).of(PROVIDER);
+    pool.observe('p/m', 'success', 100);
+    const slots: Slot[] = [];
+    for (const cls of [0, 0, 1, 1]) {
+      const a = await pool.acquire(slotReq({ cls }));
+      if (a.ok) slots.push(a.slot);
+    }
+    let waiter: Acquired | undefined;
+    void pool.acquire(slotReq({ cls: 1 })).then((a) => (waiter = a));
+    // Two round trips of answers, about half refused, with all four slots in flight.
+    for (const [from, answers] of [[1_000, 11], [1_100, 10]] as const) {
+      for (let i = 0; i < answers; i++) {
+        vi.setSystemTime(from + i);
+        pool.observe('p/m', i % 2 === 0 ? 'rate-limited' : 'success', 100);
+      }
+    }
+    vi.setSystemTime(1_200);
+    for (const slot of slots.slice(0, 3)) slot.release();
+    await settle();
+    expect(waiter, 'batch at its cap: one in flight').toBeUndefined();
+    expect(pool.limitOf('p/m')).toBe(2);
+    pool.observe('p/m', 'rate-limited', 100);
+    await settle();
+    expect(waiter).toMatchObject({ ok: true, queued: true });
+    expect(pool.snapshot()).toMatchObject({ inUse: [0, 2], queued: [0, 0] });
+  });
+});
