@@ -53,13 +53,14 @@ interface BreakerBoardDeps {
 }
 
 /**
- * What moved a breaker, for its log line: a run of failures, the window's failure rate, or a probe's answer; with the
+ * What moved a breaker, for its log line: a run of failures, the window's failure rate, a probe's answer, or the
+ * failure share of a half-open round of probes (probe_failure_rate: its failures of the probes answered); with the
  * reason of the failure that tripped it (status_503, timeout_response, network, ...), so the one line tells an operator
  * whether the provider errs, hangs or cannot be reached.
  */
 export type BreakerCause = (
   | { cause: 'consecutive_failures'; failures: number }
-  | { cause: 'failure_rate'; failures: number; requests: number }
+  | { cause: 'failure_rate' | 'probe_failure_rate'; failures: number; requests: number }
   | { cause: 'probe_failed' | 'probe_succeeded' }
 ) &
   Partial<FailureFacts>;
@@ -134,6 +135,12 @@ export class BreakerBoard {
       // breaker ignores, such as a 429 without a wait hint) is inconclusive: left as it was, the next probe would be
       // due at once, and the parked requests would each send one, back to back.
       const inconclusive = v === 'ignore';
+      // A success can be the answer that completes a half-open round with too many failures in it: the round's failure
+      // share reopens the breaker then, not the success (whose line read `breaker open`, probe_succeeded, reason ok).
+      const cause = (from: BreakerRecord, to: BreakerRecord): BreakerCause =>
+        v === 'success' && to.state === 'open'
+          ? { cause: 'probe_failure_rate', failures: from.probeFailures ?? 0, requests: from.probeSuccesses + (from.probeFailures ?? 0) + 1 }
+          : { cause: v === 'failure' ? 'probe_failed' : 'probe_succeeded', ...facts };
       try {
         await this.#transition(
           target,
@@ -141,7 +148,7 @@ export class BreakerBoard {
             inconclusive
               ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
               : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
-          { cause: v === 'failure' ? 'probe_failed' : 'probe_succeeded', ...facts },
+          cause,
         );
       } finally {
         void this.#deps.store.releasePermit(target, probe.permit);
@@ -219,13 +226,13 @@ export class BreakerBoard {
   }
 
   /** Compare-and-set with one re-read: another instance may have moved first, and then its move stands. */
-  async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined, cause: BreakerCause): Promise<void> {
+  async #transition(target: string, step: (rec: BreakerRecord) => BreakerRecord | undefined, cause: BreakerCause | ((from: BreakerRecord, to: BreakerRecord) => BreakerCause)): Promise<void> {
     for (let i = 0; i < 2; i++) {
       const from = this.current(target);
       const to = step(from);
       if (!to) return;
       if (await this.#deps.store.casBreaker(target, from.generation, to)) {
-        if (changesState(from, to)) this.#deps.onTransition?.(target, from, to, cause);
+        if (changesState(from, to)) this.#deps.onTransition?.(target, from, to, typeof cause === 'function' ? cause(from, to) : cause);
         else this.#logKept(target, to);
         return;
       }
