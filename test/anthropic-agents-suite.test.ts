@@ -120,7 +120,7 @@ describe('rate limits a Claude agent fleet hits', () => {
 
   // The same separate limits: count_tokens' 429s cut the adaptive concurrency limit that /v1/messages lives under
   // (both keyed by provider and model), so a token-counting burst throttled every agent's message creation.
-  it.each([['count_tokens', false], ['messages', true]])("keeps count_tokens' 429s from cutting message creation's adaptive concurrency limit (%s limited)", async (_, messagesLimited) => {
+  it.each([['count_tokens', false], ['messages', true]])("gives count_tokens an adaptive concurrency limit of its own, which its 429s cut and message creation's do not (%s limited)", async (_, messagesLimited) => {
     let created = 0;
     const p = await startProvider(
       afterBody((req, res) => {
@@ -131,7 +131,7 @@ describe('rate limits a Claude agent fleet hits', () => {
     );
     const s = await stackOf(p.origin, { provider: { maxConnections: 4 }, route: { retry: { maxAttempts: 1 } }, routes: [{ ...countRoute, retry: { maxAttempts: 1 } }] });
     const { client } = sdk(s, { maxRetries: 0 });
-    const limit = async () => Number((await (await fetch(`${s.url}/metrics`)).text()).match(/^stormgate_pool_limit\{target="claude\/claude-sonnet-4-6"\} ([\d.]+)$/m)?.[1]);
+    const limit = async (of = 'claude/claude-sonnet-4-6') => Number((await (await fetch(`${s.url}/metrics`)).text()).match(new RegExp(`^stormgate_pool_limit\\{target="${of}"\\} ([\\d.]+)$`, 'm'))?.[1]);
     expect((await client.messages.create(ask)).content[0]).toMatchObject({ text: 'Shipped.' });
     expect(await limit()).toBe(4);
     for (let i = 0; i < 12; i++) {
@@ -139,6 +139,8 @@ describe('rate limits a Claude agent fleet hits', () => {
     }
     if (messagesLimited) expect(await limit()).toBeLessThan(4);
     else expect(await limit()).toBe(4);
+    // count_tokens' own 429s still damp count_tokens: its route has a limit of its own.
+    if (!messagesLimited) expect(await limit('claude/claude-sonnet-4-6 count')).toBeLessThan(4);
   });
 
   it('waits for an anthropic-ratelimit-requests-reset when no retry-after came, and the SDK sends the call once', async () => {

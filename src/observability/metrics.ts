@@ -193,7 +193,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     poolLimit: new Gauge({
       name: 'stormgate_pool_limit',
-      help: 'The adaptive concurrency limit of a target (provider and model).',
+      help: 'The adaptive concurrency limit of a target (provider and model; with the route, for a route on a path with no known API).',
       labelNames: ['target'] as const,
       registers,
     }),

@@ -66,7 +66,8 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     const className = pool.settings.classes[cls]!.name;
     return {
       key,
-      sharesRateLimits: route.api !== 'other',
+      sharesHoldOffs: route.api !== 'other',
+      limitKey: route.api === 'other' ? `${key} ${route.name}` : key,
       label,
       model,
       ownModel: target.model !== undefined,

@@ -38,7 +38,7 @@ export async function attemptInSlot(
 ): Promise<SlotAttempt> {
   const acquired = await plan.pool.acquire({
     cls: plan.cls,
-    target: plan.key,
+    target: plan.limitKey,
     retry,
     released,
     ...(ctx.bodyBytes !== undefined && { bodyBytes: ctx.bodyBytes }),
@@ -74,11 +74,11 @@ export async function attemptInSlot(
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
-  if (plan.sharesRateLimits) plan.pool.observe(plan.key, OUTCOME_TABLE[cls.cls].limit, durationMs);
+  plan.pool.observe(plan.limitKey, OUTCOME_TABLE[cls.cls].limit, durationMs);
   if (cls.cls === 'success') acquired.slot.answered();
-  if (cls.cls === 'success' && result.headers && plan.sharesRateLimits) {
+  if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());
-    if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.key, lowUntil);
+    if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.limitKey, lowUntil);
   }
   if (result.stream) {
     result.stream.whenDone(() => acquired.slot.release());

@@ -44,14 +44,18 @@ export interface TargetPlan {
   /** Breaker, hold-off and budget key, and the metric label: `<provider>/<model or other>`. */
   key: string;
   /**
-   * Whether the target's rate-limit state is this request's: its fleet-wide hold-offs apply to it and its answers
-   * start them, and its 429s, round trips and quota headers teach the target's adaptive limit. Not on a route on a
+   * Whether the target's fleet-wide hold-offs apply to this request, and its answers start them: not on a route on a
    * path the gateway has no API for, whose endpoint has rate limits of its own (Anthropic's count_tokens: separate
    * from, and independent of, message creation's). Shared, a count_tokens 429 with retry-after turned every agent's
-   * /v1/messages away for as long, and a burst of its 429s cut the limit message creation lives under to its floor;
-   * there a wait hint is the request's own, as an x-ratelimit-reset hint is.
+   * /v1/messages away for as long; there a wait hint is the request's own, as an x-ratelimit-reset hint is.
    */
-  sharesRateLimits: boolean;
+  sharesHoldOffs: boolean;
+  /**
+   * The key of the adaptive limit (and quota hold) the request's slot is taken under in its provider's pool: the
+   * target's, or for such a route the target's and the route's, for the same reason: a burst of count_tokens 429s cut
+   * the limit every agent's /v1/messages lives under to its floor.
+   */
+  limitKey: string;
   /** For x-stormgate-target: the provider and the upstream model as sent. */
   label: string;
   /** The upstream model: the target's override, else the client's. */
@@ -182,9 +186,9 @@ export function heldBack(guards: Guards, plan: TargetPlan, parkable: boolean, no
   return { reason: 'breaker', availableAtMs: availableAtMs(view, nowMs) };
 }
 
-/** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesRateLimits). */
+/** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesHoldOffs). */
 export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | undefined {
-  return plan.sharesRateLimits ? holdOffs.until(plan.key) : undefined;
+  return plan.sharesHoldOffs ? holdOffs.until(plan.key) : undefined;
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -324,7 +328,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
       await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe, { reason: cls.reason, ...(code !== undefined && { code }) });
-      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesRateLimits && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint, { reason: cls.reason, status: result.outcome.status }) : undefined;
+      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesHoldOffs && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint, { reason: cls.reason, status: result.outcome.status }) : undefined;
     } finally {
       attempt.release();
     }
