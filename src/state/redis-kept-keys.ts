@@ -45,7 +45,8 @@ export class RedisKeptKeys {
     // A run this instance claimed while Redis was away is looked for here first: Redis back, its repeats would else
     // claim the key there and run it a second time.
     const here = await local.readKey(key, claim.sinceMs);
-    if (here !== undefined || !health.usable()) return here ?? local.claimKey(key, claim, runningMs);
+    if (here !== undefined) return here;
+    if (!health.usable()) return this.#ownRun(key, claim.sinceMs) ?? local.claimKey(key, claim, runningMs);
     const redisKey = keys.idempotency(key);
     try {
       const held = await client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
@@ -64,8 +65,19 @@ export class RedisKeptKeys {
       // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
       // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
       if (health.usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
-      return local.claimKey(key, claim, runningMs);
+      return this.#ownRun(key, claim.sinceMs) ?? local.claimKey(key, claim, runningMs);
     }
+  }
+
+  /**
+   * This instance's own run under the key, claimed in Redis before Redis went away and still going: a repeat that
+   * reaches this instance meanwhile waits for it. Else it found the key free in the process and ran the request a
+   * second time beside it, on the very instance that knows of the run (a gateway that lost Redis mid-run, the agent's
+   * retry coming back to it: the coupon twice).
+   */
+  #ownRun(key: string, nowMs: number): (KeyRecord & { state: 'running' }) | undefined {
+    const claimed = this.#claimedInRedis.get(key);
+    return claimed?.claim !== undefined && claimed.untilMs > nowMs ? claimed.claim : undefined;
   }
 
   async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
