@@ -284,11 +284,14 @@ export class LiveStream {
   /**
    * The Responses API's next sequence_number, parsed from the last event passed only when an error event needs it.
    * None passed yet: a stream the client's deadline started before its first output has sent only its head
-   * (response.created, in_progress, a reasoning item added), and the error that ends it numbers on from there.
+   * (response.created, in_progress, a reasoning item added), and the error that ends it numbers on from there. With
+   * no event at all (the provider sent its headers and nothing by the deadline) the error is the stream's first: 0,
+   * where the API starts; without a number the Vercel AI SDK read the stall as a validation failure.
    */
   #nextSequence(): number | undefined {
     if (this.#opts.api !== 'responses') return undefined;
-    return nextSequenceNumber(this.#lastResponsesData ?? lastDataIn(this.#opts.head));
+    const last = this.#lastResponsesData ?? lastDataIn(this.#opts.head);
+    return last === null ? 0 : nextSequenceNumber(last);
   }
 
   /** One pass over a batch of events, framed into `out`; true when the answer is over. */
