@@ -19,6 +19,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, useStacks, type Stack } from './helpers/stack.ts';
+import { chance, int, pick, prng, type Rng } from './helpers/seeded-draws.ts';
 
 const FIRST_TOKEN_MS = 1_200;
 const IDLE_MS = 500;
@@ -38,22 +39,6 @@ const MEDIUM_MS = 1_800;
 /** A background response's silence before its first output: longer than idleMs, shorter than firstTokenMs. */
 const THINK_MS = 800;
 
-// ---- a seeded PRNG (mulberry32) ----
-
-type Rng = () => number;
-function prng(seed: number): Rng {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const int = (r: Rng, lo: number, hi: number) => lo + Math.floor(r() * (hi - lo + 1));
-const pick = <T>(r: Rng, xs: readonly T[]): T => xs[int(r, 0, xs.length - 1)]!;
-const chance = (r: Rng, p: number) => r() < p;
 
 // ---- what an upstream sends ----
 

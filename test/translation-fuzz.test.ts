@@ -18,23 +18,8 @@ import {
 } from '../src/providers/anthropic/index.ts';
 import { SseParser } from '../src/streaming/sse-parser.ts';
 import { fastRetries, useScriptedGateway, type Step } from './helpers/scripted-provider.ts';
+import { chance, int, pick, prng, type Rng } from './helpers/seeded-draws.ts';
 
-// ---- a seeded PRNG (mulberry32) and the draws the generators use ----
-
-type Rng = () => number;
-function prng(seed: number): Rng {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const int = (r: Rng, lo: number, hi: number) => lo + Math.floor(r() * (hi - lo + 1));
-const pick = <T>(r: Rng, xs: readonly T[]): T => xs[int(r, 0, xs.length - 1)]!;
-const chance = (r: Rng, p: number) => r() < p;
 
 // Characters that stress JSON and SSE: quotes, backslashes, line breaks (an SSE event ends at a blank line), control
 // characters, multi-byte UTF-8 and astral characters (two UTF-16 units), the JS line separators.
