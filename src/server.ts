@@ -131,7 +131,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
 
   // Math.random, not the policy's random source: sampling log lines must not shift a seeded test's jitter.
   const { logSuccessRate } = config.server;
-  const ends = new RequestEnds((request, reply, gone) => {
+  const ends = new RequestEnds((request, reply, gone, sentNothing) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
@@ -139,13 +139,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.) One whose client left
     // before any answer (a repeat waiting for its idempotency key's run) has no status to go by: counted all the same.
     else if (router.paths.has(request.routeOptions.url ?? '')) {
-      if (gone && !reply.raw.headersSent) recorder.rejected('client_gone');
+      if (sentNothing) recorder.rejected('client_gone');
       else if (reply.statusCode >= 400) recorder.rejected(reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected');
     }
     if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
     // Scrapes and probes come every few seconds from machines: a line each would bury the requests; failures still show.
     if (!summary && reply.statusCode < 400 && OPS_PATHS.has(request.routeOptions.url ?? '')) return;
-    logRequest(access, request, reply, gone);
+    logRequest(access, request, reply, gone, sentNothing);
   });
 
   const drain = gracefulDrain(app, config.drain, logger, runtime, sweep);

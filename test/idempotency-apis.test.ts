@@ -5,7 +5,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { gzipSync } from 'node:zlib';
 import OpenAI from 'openai';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, defaultConfig, metricSum, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
@@ -42,6 +42,32 @@ describe('runs that went wrong', () => {
     const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
     expect(run).toMatchObject({ clientGone: true, streamEnd: 'complete', outcome: 'success' });
     expect(upstream(s, '/v1/chat/completions')).toBe(1);
+  });
+
+  it('a keyed stream whose client left before its first output, and that then broke, is logged as the run whose client left, with no status', async () => {
+    // The run's broken end was taken for the gateway closing the connection of a stream it could write no error event
+    // on: the line said status 200 (the client never got a byte) and not clientGone (found by the chaos soak).
+    const s = await start({ faults: { stream: { chunks: 6, firstTokenDelayMs: 300, chunkDelayMs: 20, cutAfterChunks: 2 } } });
+    const abort = new AbortController();
+    setTimeout(() => abort.abort(), 100);
+    await expect(sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true }, { ...keyed('k-left-then-cut'), signal: abort.signal })).rejects.toThrow();
+    await vi.waitFor(() => expect(s.logs.join('')).toContain('"idempotency":"run"'), { timeout: 3_000 });
+    const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
+    expect(run).toMatchObject({ clientGone: true, streamEnd: 'cut', outcome: 'stream_error' });
+    expect(run).not.toHaveProperty('status');
+    expect(upstream(s, '/v1/chat/completions')).toBe(1);
+  });
+
+  it('a keyed stream whose client left before its first output, read whole by its run, is logged with no status', async () => {
+    // The run writes its answer to the closed response, which marks its headers sent: the line said status 200.
+    const s = await start({ faults: { stream: { chunks: 3, firstTokenDelayMs: 300 } } });
+    const abort = new AbortController();
+    setTimeout(() => abort.abort(), 100);
+    await expect(sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true }, { ...keyed('k-left-then-whole'), signal: abort.signal })).rejects.toThrow();
+    await vi.waitFor(() => expect(s.logs.join('')).toContain('"idempotency":"run"'), { timeout: 3_000 });
+    const run = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.idempotency === 'run');
+    expect(run).toMatchObject({ clientGone: true, streamEnd: 'complete', outcome: 'success' });
+    expect(run).not.toHaveProperty('status');
   });
 
   it('a background Responses stream that broke after response.created is kept: the repeat gets the same id, and the provider made one', async () => {

@@ -5,7 +5,8 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
 
-type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean) => void;
+/** `sentNothing`: the client left before the answer's status and headers were written to it. */
+type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean) => void;
 
 /**
  * Calls `onEnd` once per request. fastify runs onResponse only for an answer it finished writing, so a client that
@@ -15,6 +16,10 @@ type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean)
 export class RequestEnds {
   readonly #ended = new WeakSet<FastifyRequest>();
   readonly #clientLeft = new WeakSet<FastifyRequest>();
+  /** Requests whose connection closed while their stream (if any) had not broken: the client's doing, not the gateway's. */
+  readonly #leftFirst = new WeakSet<FastifyRequest>();
+  /** Requests whose client left before any header was written (a keyed run writes its answer after that, to no one). */
+  readonly #leftBeforeHeaders = new WeakSet<FastifyRequest>();
   readonly #inPipeline = new WeakSet<FastifyRequest>();
   readonly #streams = new WeakMap<FastifyRequest, Readable>();
   readonly #goneListeners = new WeakMap<FastifyRequest, () => void>();
@@ -67,7 +72,16 @@ export class RequestEnds {
   }
 
   #clientGone(request: FastifyRequest, reply: FastifyReply): void {
-    this.#clientLeft.add(request);
+    if (!this.#clientLeft.has(request)) {
+      // A stream the upstream broke ended before its connection closed: on a path without an API the gateway knows, no
+      // error event can be written, so the gateway closed the connection itself. That close is no client leaving.
+      // Judged when the connection closes, not when the line is written: a keyed run read on after its client left
+      // may break later (it said status 200 and no clientGone for a client that never got a byte).
+      const end = request.stormgate?.streamEnd;
+      if (!(end && endedBroken(end.kind))) this.#leftFirst.add(request);
+      if (!reply.raw.headersSent) this.#leftBeforeHeaders.add(request);
+      this.#clientLeft.add(request);
+    }
     if (this.#inPipeline.has(request)) return;
     const stream = this.#streams.get(request);
     if (stream && !stream.closed) stream.once('close', () => this.#end(request, reply, true));
@@ -78,12 +92,10 @@ export class RequestEnds {
     if (this.#ended.has(request)) return;
     this.#ended.add(request);
     const s = request.stormgate;
-    // A stream the upstream broke ended before its connection closed: on a path without an API the gateway knows, no
-    // error event can be written, so the gateway closed the connection itself. That close is no client leaving.
-    const clientGone = closed && !(s?.streamEnd && endedBroken(s.streamEnd.kind));
+    const clientGone = closed && this.#leftFirst.has(request);
     // A run under an idempotency key went on without its client (its repeat gets the answer): it ended as it ended.
     if (clientGone && s && s.idempotency !== 'run') s.outcome = 'client_gone';
-    this.onEnd(request, reply, clientGone);
+    this.onEnd(request, reply, clientGone, clientGone && this.#leftBeforeHeaders.has(request));
   }
 }
 
@@ -98,14 +110,14 @@ export function plainSuccess(request: FastifyRequest, clientGone: boolean): bool
 }
 
 /** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
-export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean): void {
+export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean): void {
   const s = request.stormgate;
   const line = {
     reqId: request.id,
     method: request.method,
     path: request.routeOptions.url ?? request.url.split('?')[0],
     // A client that left before any header was written never saw a status.
-    status: clientGone && !reply.raw.headersSent ? undefined : reply.statusCode,
+    status: sentNothing ? undefined : reply.statusCode,
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
     ...(request.client !== undefined && { client: request.client }),
