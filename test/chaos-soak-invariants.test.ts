@@ -656,8 +656,10 @@ describe('a seeded chaos soak of a two-instance fleet on Redis', () => {
       const answered = new Map([...answers.values()].flat().map((a) => [a.reqId, a]));
       for (const [reqId, l] of lineOf) {
         const a = answered.get(reqId);
-        // A client that left before its headers came saw no status, and the line says it left (a keyed run's too).
-        if (a === undefined && (l.status !== undefined || !l.clientGone)) v(`${reqId}: its client got no answer, the log says status ${l.status}, clientGone ${l.clientGone}: ${JSON.stringify(l).slice(0, 600)}`);
+        // A client that left before its headers came: the line says it left (a keyed run's too). Its status may be
+        // there: the gateway can write headers (a replay's, at once) before it hears of a close the client already made.
+        // idempotency-apis.test.ts pins the case without that race (no status once the close was heard).
+        if (a === undefined && !l.clientGone) v(`${reqId}: its client got no answer, the log says status ${l.status}, clientGone ${l.clientGone}: ${JSON.stringify(l).slice(0, 600)}`);
         if (a !== undefined && l.status !== a.status) v(`${reqId}: the client got ${a.status}, the log says ${l.status}: ${JSON.stringify(l).slice(0, 600)}`);
       }
       // Whole answers on the client's own deadline given more than 250 ms (the margin) past it: the SDK gave up first.
