@@ -20,6 +20,7 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, useStacks, type Stack } from './helpers/stack.ts';
 import { chance, int, pick, prng, type Rng } from './helpers/seeded-draws.ts';
+import { drained } from '../src/streaming/stream-body.ts';
 
 const FIRST_TOKEN_MS = 1_200;
 const IDLE_MS = 500;
@@ -579,18 +580,6 @@ function streamed(c: Case, script: AttemptScript, from: number, times: number[],
 
 const OVERSIZED_BYTES = 16 * 1024 * 1024 + 64 * 1024;
 
-function untilDrainedOrClosed(res: ServerResponse): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
-    };
-    res.on('drain', done);
-    res.on('close', done);
-  });
-}
-
 /** An event's text with the case's line breaks. */
 const framed = (c: Case, text: string) => (c.framing === 'lf' ? text : text.replace(/\n/g, c.framing === 'crlf' ? '\r\n' : '\r'));
 const EVENT_END = { lf: '\n\n', crlf: '\r\n\r\n', cr: '\r\r' } as const;
@@ -622,7 +611,7 @@ async function play(res: ServerResponse, c: Case, script: AttemptScript): Promis
       const piece = 'a'.repeat(1024 * 1024);
       res.write('data: {"x":"');
       for (let sent = 0; sent < OVERSIZED_BYTES && !closed; sent += piece.length) {
-        if (!res.write(piece)) await untilDrainedOrClosed(res);
+        if (!res.write(piece)) await drained(res);
       }
       if (closed) return;
       res.write('"}\n\n');

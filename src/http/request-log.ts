@@ -15,11 +15,12 @@ type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean,
  */
 export class RequestEnds {
   readonly #ended = new WeakSet<FastifyRequest>();
-  readonly #clientLeft = new WeakSet<FastifyRequest>();
-  /** Requests whose connection closed while their stream (if any) had not broken: the client's doing, not the gateway's. */
-  readonly #leftFirst = new WeakSet<FastifyRequest>();
-  /** Requests whose client left before any header was written (a keyed run writes its answer after that, to no one). */
-  readonly #leftBeforeHeaders = new WeakSet<FastifyRequest>();
+  /**
+   * How each closed connection closed, judged when it closed: `byClient` while the request's stream (if any) had not
+   * broken (else the gateway closed it itself), `beforeHeaders` when no header had been written (a keyed run writes
+   * its answer after that, to no one).
+   */
+  readonly #closed = new WeakMap<FastifyRequest, { byClient: boolean; beforeHeaders: boolean }>();
   readonly #inPipeline = new WeakSet<FastifyRequest>();
   readonly #streams = new WeakMap<FastifyRequest, Readable>();
   readonly #goneListeners = new WeakMap<FastifyRequest, () => void>();
@@ -68,19 +69,17 @@ export class RequestEnds {
   leavePipeline(request: FastifyRequest, reply: FastifyReply, stream?: Readable): void {
     this.#inPipeline.delete(request);
     if (stream) this.#streams.set(request, stream);
-    if (this.#clientLeft.has(request)) this.#clientGone(request, reply);
+    if (this.#closed.has(request)) this.#clientGone(request, reply);
   }
 
   #clientGone(request: FastifyRequest, reply: FastifyReply): void {
-    if (!this.#clientLeft.has(request)) {
+    if (!this.#closed.has(request)) {
       // A stream the upstream broke ended before its connection closed: on a path without an API the gateway knows, no
       // error event can be written, so the gateway closed the connection itself. That close is no client leaving.
       // Judged when the connection closes, not when the line is written: a keyed run read on after its client left
       // may break later (it said status 200 and no clientGone for a client that never got a byte).
       const end = request.stormgate?.streamEnd;
-      if (!(end && endedBroken(end.kind))) this.#leftFirst.add(request);
-      if (!reply.raw.headersSent) this.#leftBeforeHeaders.add(request);
-      this.#clientLeft.add(request);
+      this.#closed.set(request, { byClient: !(end && endedBroken(end.kind)), beforeHeaders: !reply.raw.headersSent });
     }
     if (this.#inPipeline.has(request)) return;
     const stream = this.#streams.get(request);
@@ -92,10 +91,11 @@ export class RequestEnds {
     if (this.#ended.has(request)) return;
     this.#ended.add(request);
     const s = request.stormgate;
-    const clientGone = closed && this.#leftFirst.has(request);
+    const how = closed ? this.#closed.get(request) : undefined;
+    const clientGone = how?.byClient === true;
     // A run under an idempotency key went on without its client (its repeat gets the answer): it ended as it ended.
     if (clientGone && s && s.idempotency !== 'run') s.outcome = 'client_gone';
-    this.onEnd(request, reply, clientGone, clientGone && this.#leftBeforeHeaders.has(request));
+    this.onEnd(request, reply, clientGone, clientGone && how.beforeHeaders);
   }
 }
 

@@ -288,8 +288,9 @@ export async function serveTargets(
       // instance): it waits for them rather than be released at once, refused, and parked again in a loop.
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
     });
-    parkedMs += deps.now() - now;
-    ctx.onWaited?.('parked', deps.now() - now);
+    const waited = deps.now() - now;
+    parkedMs += waited;
+    ctx.onWaited?.('parked', waited);
     if (parked.kind !== 'released') noteBlocked(blocked);
     switch (parked.kind) {
       case 'released':

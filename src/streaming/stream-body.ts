@@ -91,7 +91,7 @@ export class StreamBody extends Readable {
 }
 
 /** Resolves when `res` can take more ('drain'), or will never ('close'). */
-function drained(res: ServerResponse): Promise<void> {
+export function drained(res: ServerResponse): Promise<void> {
   return new Promise((resolve) => {
     const done = () => {
       res.off('drain', done);
