@@ -4,7 +4,9 @@
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
-import { accountStatusOfError } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, OUTCOME_TABLE } from '../policy/outcome.ts';
+import { errorVerdict } from '../providers/error-outcome.ts';
+import type { FailureFacts } from '../state/breaker-board.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -31,6 +33,11 @@ export interface StreamEnd {
   usage?: Usage;
   /** It ended with an upstream error event that names the gateway's own account (a quota spent mid-answer). */
   accountRefused?: true;
+  /**
+   * The provider broke the stream after it began (a cut, a stall, a server error event), whatever a recovery made of
+   * it: a failure for its breaker in place of the success its first output counted (BreakerBoard.streamBroke).
+   */
+  upstreamBroke?: FailureFacts;
 }
 
 interface LiveStreamOptions {
@@ -146,6 +153,7 @@ export class LiveStream {
   #graceArmed = false;
   #kind: StreamEndKind = 'client-gone';
   #accountRefused = false;
+  #upstreamBroke: FailureFacts | undefined;
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
   /** The idle timer runs at beforeOutputIdleMs until the first output comes. */
@@ -243,6 +251,7 @@ export class LiveStream {
       if (!over) {
         const whole = this.#progress.whole();
         this.#kind = whole ? 'done-added' : 'cut';
+        if (!whole) this.#upstreamBroke = { reason: 'stream_cut' };
         if (whole) yield doneEvent(api) ?? '';
         else if (!(yield* this.#recovered())) yield this.#streamError('the upstream stream ended before the answer was complete');
       }
@@ -253,6 +262,7 @@ export class LiveStream {
       } else if (api === 'other') {
         // No error event can be written in a format the gateway does not know: the client's connection is cut too.
         this.#kind = reason instanceof AttemptTimeout ? 'stalled' : 'cut';
+        this.#upstreamBroke = brokenBy(reason, err);
         throw err;
       } else if (this.#progress.finished) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
@@ -266,9 +276,11 @@ export class LiveStream {
         yield this.#streamError(`${reason.message} before the answer was complete; send the request again`);
       } else if (reason instanceof AttemptTimeout) {
         this.#kind = 'stalled';
+        this.#upstreamBroke = brokenBy(reason, err);
         if (!(yield* this.#recovered())) yield this.#streamError(`the upstream stream stalled: ${reason.message}`);
       } else {
         this.#kind = 'cut';
+        this.#upstreamBroke = brokenBy(reason, err);
         if (!(yield* this.#recovered())) yield this.#streamError(`the upstream stream was cut: ${(err as Error)?.message ?? 'unknown error'}`);
       }
     } finally {
@@ -304,6 +316,7 @@ export class LiveStream {
         // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
         if (this.#progress.toolCallOpen) {
           this.#kind = 'cut';
+          this.#upstreamBroke = { reason: 'bad_stream' };
           out.push(this.#streamError('the upstream sent a malformed event inside a tool call, whose arguments would be incomplete'));
           return true;
         }
@@ -330,6 +343,7 @@ export class LiveStream {
         if (end === 'upstream-error') {
           const err = upstreamErrorOf(ev);
           this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
+          this.#upstreamBroke = errorEventBreaks(err);
         }
         return true;
       }
@@ -410,7 +424,7 @@ export class LiveStream {
     // only when it asked for include_usage, and the tokens metric bills every answer.
     // Not for a recovered stream: its answer's end, and its usage, came from the continuation's target.
     const usage = (kind !== 'recovered' ? this.#opts.translate?.usage() : undefined) ?? this.#usage;
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }) };
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
     this.#ended = end;
     const { controller, iterator } = this.#opts;
     // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.
@@ -458,4 +472,22 @@ export class LiveStream {
     }, ms);
     return timer;
   }
+}
+
+/** A cut or a stall of the upstream after the stream began, as the breaker's line names it. */
+function brokenBy(reason: unknown, err: unknown): FailureFacts {
+  if (reason instanceof AttemptTimeout) return { reason: 'stream_stalled' };
+  const code = (err as { code?: unknown } | null)?.code;
+  return { reason: 'stream_cut', ...(typeof code === 'string' && { code: code.slice(0, 64) }) };
+}
+
+/**
+ * Whether an error event that ends a stream after it began is the provider failing (a server error, `overloaded_error`),
+ * judged by the outcome table as the same error before the first output is: one that blames the request, a rate limit
+ * or the gateway's own account says nothing against the provider's health.
+ */
+function errorEventBreaks(err: ReturnType<typeof upstreamErrorOf>): FailureFacts | undefined {
+  const { outcome } = errorVerdict(err, 'error event');
+  if (outcome !== undefined && OUTCOME_TABLE[classify(outcome).cls].breaker !== 'failure') return undefined;
+  return { reason: 'stream_error', ...(err?.code !== undefined && { code: err.code.slice(0, 64) }) };
 }

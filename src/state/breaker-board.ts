@@ -16,7 +16,7 @@ import {
   type BreakerVerdict,
 } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
-import { INITIAL_BREAKER, type BreakerRecord, type StateStore } from './store.ts';
+import { INITIAL_BREAKER, type BreakerRecord, type OutcomeWindow, type StateStore } from './store.ts';
 
 const FLUSH_MS = 50;
 
@@ -34,8 +34,6 @@ type Admission =
 interface Pending {
   requests: number;
   failures: number;
-  /** The batch's last failure, for the line of a breaker it opens. */
-  lastFailure?: FailureFacts;
   /** The closed breaker's generation the outcomes came in: another generation's window is none of theirs. */
   generation: number;
 }
@@ -76,6 +74,11 @@ export class BreakerBoard {
   /** Each target's run of failures while closed, and when it last answered well (-Infinity: not since this instance started). */
   readonly #runs = new Map<string, { failures: number; lastSuccessMs: number }>();
   readonly #pending = new Map<string, Pending & { settings: BreakerSettings }>();
+  /**
+   * Each target's last failure counted in its window, for the line of a breaker the window opens: the batch that tips
+   * it may hold only successes (the one that brings the window to minRequests), the failures written before.
+   */
+  readonly #lastFailures = new Map<string, FailureFacts | undefined>();
   #timer: NodeJS.Timeout | undefined;
 
   constructor(deps: BreakerBoardDeps) {
@@ -95,6 +98,7 @@ export class BreakerBoard {
   forget(target: string): void {
     this.#runs.delete(target);
     this.#pending.delete(target);
+    this.#lastFailures.delete(target);
   }
 
   /**
@@ -163,7 +167,7 @@ export class BreakerBoard {
     run.failures = v === 'failure' && this.current(target).state === 'closed' ? run.failures + 1 : 0;
     if (v === 'success') run.lastSuccessMs = now;
     this.#runs.set(target, run);
-    this.#pendingOutcome(target, s, v, facts);
+    this.#pendingOutcome(target, s, { requests: 1, failures: v === 'failure' ? 1 : 0 }, facts);
     const seen = { failures: run.failures, sinceSuccessMs: now - run.lastSuccessMs };
     if (tripsOnConsecutive(this.current(target), seen, s)) {
       run.failures = 0;
@@ -175,7 +179,19 @@ export class BreakerBoard {
     }
   }
 
-  #pendingOutcome(target: string, s: BreakerSettings, v: BreakerVerdict, facts: FailureFacts | undefined): void {
+  /**
+   * A stream whose first output `record` counted as a success, that the provider then broke (cut, stalled, a server
+   * error event; LiveStream's StreamEnd.upstreamBroke): that success turns into a failure in the window it was counted
+   * in (`generation`, the breaker's when it was recorded), so a provider that breaks every answer mid-stream opens
+   * the breaker by the failure rate. Not in the run of consecutive failures: every stream's first output resets that,
+   * so breaks between first outputs never make a run.
+   */
+  streamBroke(target: string, s: BreakerSettings | undefined, generation: number, facts: FailureFacts): void {
+    if (!s || this.current(target).generation !== generation) return;
+    this.#pendingOutcome(target, s, { requests: 0, failures: 1 }, facts);
+  }
+
+  #pendingOutcome(target: string, s: BreakerSettings, add: OutcomeWindow, facts: FailureFacts | undefined): void {
     // Only a closed breaker's window counts outcomes, and only those of its own spell: stragglers answered while it was
     // open or half-open (sent before it opened), written in the batch after probes closed it, filled the fresh window
     // with the outage's failures and reopened it at once.
@@ -183,11 +199,9 @@ export class BreakerBoard {
     if (state !== 'closed') return;
     const kept = this.#pending.get(target);
     const p = kept?.generation === generation ? kept : { requests: 0, failures: 0, generation, settings: s };
-    p.requests++;
-    if (v === 'failure') {
-      p.failures++;
-      p.lastFailure = facts;
-    }
+    p.requests += add.requests;
+    p.failures += add.failures;
+    if (add.failures > 0) this.#lastFailures.set(target, facts);
     this.#pending.set(target, p);
     this.#timer ??= setTimeout(() => void this.flush(), FLUSH_MS).unref();
   }
@@ -207,7 +221,7 @@ export class BreakerBoard {
             cause: 'failure_rate',
             failures: window.failures,
             requests: window.requests,
-            ...p.lastFailure,
+            ...this.#lastFailures.get(target),
           });
         }
       }),
