@@ -330,6 +330,16 @@ describe('stream recovery (streamRecovery: continue)', () => {
     expect(backup!.stats().total).toBe(0);
   });
 
+  it('does not continue an answer of n > 1 choices, which has no one delivered text: no request to the next target', async () => {
+    const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 2 } }, family: 'openai', backupModel: 'gpt-4o', route: { streamRecovery: 'continue' } });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true, n: 2 });
+    const err = await (async () => {
+      for await (const _ of stream) void _;
+    })().catch((e: unknown) => e as Error);
+    expect(String(err)).toMatch(/cut|ended before the answer was complete/);
+    expect(backup!.stats().total).toBe(0);
+  });
+
   it('does not ask a Claude 4.6 or later model, which refuses a prefill with a 400, to continue: no request, no retry spent', async () => {
     const s = await withBackup({ faults: { stream: { chunks: 6, cutAfterChunks: 2 } }, route: { streamRecovery: 'continue' }, backupModel: 'claude-sonnet-4-6' });
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });

@@ -11,7 +11,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
-import { metricSum, requestLine, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { countingClient, metricSum, requestLine, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { freePort } from './helpers/free-port.ts';
 
@@ -91,21 +91,6 @@ async function sdkError(p: Promise<unknown>): Promise<APIError> {
   return err as APIError;
 }
 
-/** An SDK client whose HTTP requests (its own retries included) are counted. */
-function countedClient(s: Stack, opts: NonNullable<ConstructorParameters<typeof OpenAI>[0]> = {}) {
-  const counter = { requests: 0 };
-  const client = new OpenAI({
-    baseURL: s.baseURL,
-    apiKey: 'sk-client-not-a-provider-key',
-    fetch: async (url, init) => {
-      counter.requests++;
-      return fetch(url, init);
-    },
-    ...opts,
-  });
-  return { client, counter };
-}
-
 const CONTEXT_ERROR = {
   status: 400,
   code: 'context_length_exceeded',
@@ -168,7 +153,7 @@ describe('embeddings under faults', () => {
       { a: { errors: [{ status: 400, message: "This model's maximum context length is 8192 tokens, however you requested 9000 tokens", param: 'input' }] }, b: {} },
       [route('emb', '/v1/embeddings', [{ provider: 'a' }, { provider: 'b' }])],
     );
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const err = await sdkError(client.embeddings.create({ model: EMB, input: 'very long' }));
     expect(err.status).toBe(400);
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
@@ -205,7 +190,7 @@ describe('embeddings under faults', () => {
 
   it("answers an embeddings call on a hung lone target at the route's timeoutMs with 504, and the SDK does not retry it", async () => {
     const g = await gw({ a: { hangRate: 1 } }, [route('emb', '/v1/embeddings', [{ provider: 'a' }], { timeoutMs: 800, deadlineMarginMs: 0 })]);
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const t0 = Date.now();
     const err = await sdkError(client.embeddings.create({ model: EMB, input: 'x' }));
     expect(Date.now() - t0).toBeLessThan(1_500);
@@ -427,7 +412,7 @@ describe('the model list and unknown models', () => {
 
   it('answers a model no route serves with 404 model_not_found, sends nothing upstream, and the SDK does not retry it', async () => {
     const g = await gw({ a: {} }, routes());
-    const { client, counter } = countedClient(g.s, { maxRetries: 3 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 3 });
     const err = await sdkError(client.chat.completions.create({ model: 'gpt-5-imaginary', messages }));
     expect(err).toBeInstanceOf(OpenAI.NotFoundError);
     expect(err.code).toBe('model_not_found');
@@ -603,7 +588,7 @@ describe('batch and online when the pool is full', () => {
     const g = await pooled({ latencyMs: 400 });
     const running = [g.client.chat.completions.create({ model: 'gpt-4o', messages }, batch), g.client.chat.completions.create({ model: 'gpt-4o', messages }, batch)];
     await sleep(100);
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const r = await client.chat.completions.create({ model: 'gpt-4o', messages }, batch);
     expect(r.choices[0]!.message.content).toBeTruthy();
     expect(counter.requests).toBe(2);
@@ -645,7 +630,7 @@ describe('a retry budget spent, as the client sees it', () => {
 
   it("answers the provider's 503 after one attempt, says the budget stopped the retries, and the SDK does not send it again", async () => {
     const g = await gw({ a: { errors: [{ status: 503 }] } }, [route('chat', '/v1/chat/completions', [{ provider: 'a' }], { retry: { maxAttempts: 3 }, budget: NO_BUDGET })]);
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const err = await sdkError(client.chat.completions.create({ model: 'gpt-4o', messages }));
     expect(err.status).toBe(503);
     expect(err.headers?.get('x-should-retry')).toBe('false');
@@ -734,7 +719,7 @@ describe('a retry budget spent, as the client sees it', () => {
 describe('context-window errors: fail fast, or the fallback meant for them', () => {
   it('passes context_length_exceeded on at once without a contextWindowFallback: no retry, no backup, no SDK retry', async () => {
     const g = await gw({ a: { errors: [CONTEXT_ERROR] }, b: {} }, [route('chat', '/v1/chat/completions', [{ provider: 'a' }, { provider: 'b' }], { retry: { maxAttempts: 3 } })]);
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const err = await sdkError(client.chat.completions.create({ model: 'gpt-4o', messages }));
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect(err.code).toBe('context_length_exceeded');
@@ -794,7 +779,7 @@ describe('very large request bodies', () => {
 
   it('answers a body over bodyLimitBytes with 413 in the OpenAI shape, sends nothing upstream, and the SDK does not retry', async () => {
     const g = await gw({ a: {} }, [route('chat', '/v1/chat/completions', [{ provider: 'a' }])], { extra: { server: { host: '127.0.0.1', port: 0, bodyLimitBytes: 1_000_000 } } });
-    const { client, counter } = countedClient(g.s, { maxRetries: 2 });
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const err = await sdkError(client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(1_500_000) }] }));
     expect(err.status).toBe(413);
     expect(typeof err.code).toBe('string');

@@ -49,8 +49,22 @@ const USAGE_FIELDS = /"(prompt_tokens|completion_tokens|input_tokens|output_toke
  * than by parsing the whole answer, which would cost every request a second JSON.parse of its body.
  */
 export function usageOfBody(body: Buffer): Usage | undefined {
-  const at = body.lastIndexOf('"usage"');
-  if (at === -1) return undefined;
+  // The last "usage" key is the answer's in every API (it comes after the echoed tools, whose schemas may name a
+  // property so); but the Responses API echoes the request's metadata after it, whose keys are the client's: a
+  // `"usage": "nightly-eval"` there held no counts, and the answer was billed nothing. A few keys back, no more.
+  let at = body.lastIndexOf('"usage"');
+  for (let tries = 0; at !== -1 && tries < USAGE_KEYS_TRIED; tries++) {
+    const usage = usageAt(body, at);
+    if (usage !== undefined) return usage;
+    at = at === 0 ? -1 : body.lastIndexOf('"usage"', at - 1);
+  }
+  return undefined;
+}
+
+const USAGE_KEYS_TRIED = 4;
+
+/** Usage from the object after the `"usage"` key at `at`; undefined when it holds no counts. */
+function usageAt(body: Buffer, at: number): Usage | undefined {
   const text = body.toString('utf8', at, Math.min(body.length, at + 600));
   let prompt: number | undefined;
   let completion: number | undefined;
