@@ -317,6 +317,40 @@ describe('stream recovery (streamRecovery: continue)', () => {
     expect(text.split('Mock answer').length).toBe(2);
   });
 
+  it('does not splice on an OpenAI-compatible answer that says something else: the client gets the cut, not two answers glued', async () => {
+    const chunk = (content: string, finish: string | null = null) =>
+      `data: ${JSON.stringify({ id: 'chatcmpl-x', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta: { content }, logprobs: null, finish_reason: finish }] })}\n\n`;
+    let asked = 0;
+    const next = await startProvider((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        asked++;
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(`${chunk('A different model ')}${chunk('writes a different answer entirely.')}${chunk('', 'stop')}data: [DONE]\n\n`);
+      });
+    });
+    const s = await startStack({
+      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
+      config: (url) => {
+        const base = defaultConfig(url, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, next: { family: 'openai', baseUrl: `${next.origin}/v1`, apiKey: 'next-key', breaker: false } },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'next' }], streamRecovery: 'continue' as const } : r)),
+        };
+      },
+    });
+    const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    const err = await (async () => {
+      for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
+    })().catch((e: unknown) => e as Error);
+    expect(asked).toBe(1);
+    expect(String(err)).toMatch(/cut|ended before the answer was complete/);
+    expect(text).toMatch(/^Mock answer/);
+    expect(text).not.toContain('different');
+  });
+
   it('recovers only with a retry from the budget: none left, no request to the next target', async () => {
     const s = await withBackup({
       faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
