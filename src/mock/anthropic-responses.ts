@@ -1,5 +1,6 @@
 // Anthropic Messages answers (`POST /v1/messages`): the message object and its real event sequence.
 import { answerText, contentText, continuationText, countTokens, lastText, promptChars, schemaExample, splitText, TOOL_ARGUMENTS } from './content.ts';
+import { checkMessagesRequest } from './anthropic-strict.ts';
 import { MockRequestError } from './errors.ts';
 import type { AnswerContext, Body } from './openai-responses.ts';
 import { namedEvent, type StreamPlan } from './sse.ts';
@@ -22,6 +23,8 @@ function parse(body: Body): Parsed {
   if (typeof body['max_tokens'] !== 'number') throw new MockRequestError(400, 'max_tokens: Field required');
   const messages = body['messages'];
   if (!Array.isArray(messages) || messages.length === 0) throw new MockRequestError(400, 'messages: Field required');
+  // What the real API refuses, the mock refuses too: a translation that breaks its rules must fail here, not in production.
+  checkMessagesRequest(body);
 
   const last = messages[messages.length - 1] as { role?: unknown; content?: unknown };
   const tools = body['tools'];
@@ -70,6 +73,7 @@ export function tokenCount(body: Body): unknown {
   const messages = body['messages'];
   if (typeof body['model'] !== 'string' || body['model'] === '') throw new MockRequestError(400, 'model: Field required');
   if (!Array.isArray(messages) || messages.length === 0) throw new MockRequestError(400, 'messages: Field required');
+  checkMessagesRequest(body);
   const chars = promptChars(messages) + contentText(body['system']).length;
   return { input_tokens: Math.max(1, Math.ceil(chars / 4)) };
 }

@@ -124,7 +124,7 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
   // An error event before the first output stands for the status its type names, as on Anthropic's own API: an
   // overload read as a broken stream reached chat clients as a 502, and did not lower the target's concurrency as the
   // same overload answered with a 529 does.
-  const translator = anthropicTranslator(input.model, translated.includeUsage);
+  const translator = anthropicTranslator(input.model, translated.includeUsage, translated.toolNames);
   return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator, errorEventMeaning: anthropicErrorEventMeaning } };
 }
 
@@ -168,17 +168,17 @@ function anthropicErrorEventMeaning(data: Buffer): { status: number; body: Buffe
   return typeof parsed === 'object' && isAnthropicErrorType(parsed?.error?.type) ? openAIErrorOf(0, parsed) : undefined;
 }
 
-function anthropicTranslator(model: string, includeUsage: boolean): ResponseTranslator {
+function anthropicTranslator(model: string, includeUsage: boolean, toolNames: ReadonlyMap<string, string> | undefined): ResponseTranslator {
   return {
     error: anthropicErrorMeaning,
     body(body) {
       const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage | null;
       // Anything but a message (`{}`, an error with a 200) would become an empty "successful" completion.
       if (msg?.type !== 'message' || !Array.isArray(msg.content)) throw new Error('the answer is not an Anthropic message');
-      return Buffer.from(JSON.stringify(toOpenAIResponse(msg, { model })));
+      return Buffer.from(JSON.stringify(toOpenAIResponse(msg, { model, toolNames })));
     },
     stream() {
-      const translator = new AnthropicStreamTranslator({ model, includeUsage });
+      const translator = new AnthropicStreamTranslator({ model, includeUsage, toolNames });
       const reframe = (texts: string[]) => (texts.length === 0 ? [] : new SseParser().push(Buffer.from(texts.join(''))));
       return {
         push: (ev) => reframe(translator.push({ event: ev.event, data: ev.data })),

@@ -12,6 +12,7 @@ import type {
   OpenAIMessage,
   OpenAITextPart,
 } from './types.ts';
+import type { ToolNames } from './tool-names.ts';
 
 /** The request asks for something the Anthropic target cannot do; the message says what, `param` which field. */
 export class Inexpressible extends Error {
@@ -39,7 +40,7 @@ const DATA_URL = /^data:([^;,]+)(?:;[^;,]*)*?;base64,(.*)$/s;
 const OPENING_USER_TURN = '.';
 
 /** Translates the whole message list; throws Inexpressible. */
-export function toAnthropicConversation(input: unknown): AnthropicConversation {
+export function toAnthropicConversation(input: unknown, names: ToolNames): AnthropicConversation {
   if (!Array.isArray(input)) throw new Inexpressible('messages must be an array', 'messages');
   const system: string[] = [];
   const turns: AnthropicMessageParam[] = [];
@@ -58,7 +59,7 @@ export function toAnthropicConversation(input: unknown): AnthropicConversation {
         append(turns, 'user', userBlocks(msg.content, `messages[${i}]`));
         break;
       case 'assistant':
-        append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`, ids));
+        append(turns, 'assistant', assistantBlocks(msg, `messages[${i}]`, ids, names));
         break;
       case 'tool':
         if (typeof msg.tool_call_id !== 'string') throw new Inexpressible(`messages[${i}].tool_call_id must be a string`, `messages[${i}].tool_call_id`);
@@ -90,7 +91,8 @@ type Blocks = AnthropicUserBlock[] | AnthropicAssistantBlock[];
  * `functions.get_weather:0` would be refused with a 400), and each used once in the conversation. Anthropic answers
  * 400 to a repeated one ("`tool_use` ids must be unique"); OpenAI pairs a result with the call before it, and servers
  * that number the calls of each answer (`call_0`) repeat ids from turn to turn. A repeated id gets a suffix, and a
- * tool result takes the oldest unanswered call of its id, so call and result still pair. One instance per conversation.
+ * tool result takes the oldest unanswered call of its id, so call and result still pair. An empty id (servers that
+ * give none) is refused by Anthropic's pattern too, and becomes `call`, paired the same way. One instance per conversation.
  */
 class ToolIds {
   readonly #used = new Set<string>();
@@ -98,7 +100,7 @@ class ToolIds {
   readonly #unanswered = new Map<string, string[]>();
 
   call(id: string): string {
-    const base = idCharacters(id);
+    const base = idCharacters(id) || 'call';
     let given = base;
     for (let n = 2; this.#used.has(given); n++) given = `${base}_${n}`;
     this.#used.add(given);
@@ -216,7 +218,7 @@ function pdfBlock(file: { file_data?: unknown; filename?: unknown } | undefined,
   return { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: m[2] ?? '' }, ...title };
 }
 
-function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string, ids: ToolIds): AnthropicAssistantBlock[] {
+function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, where: string, ids: ToolIds, names: ToolNames): AnthropicAssistantBlock[] {
   if (msg.function_call != null) throw new Inexpressible(`${where}.function_call (legacy) is not supported; use tool_calls`, `${where}.function_call`);
   if (msg.audio != null) throw new Inexpressible(`${where}.audio is not supported by an Anthropic target`, `${where}.audio`);
   const blocks: AnthropicAssistantBlock[] = [];
@@ -238,7 +240,7 @@ function assistantBlocks(msg: Extract<OpenAIMessage, { role: 'assistant' }>, whe
     if (typeof call.id !== 'string' || typeof call.function?.name !== 'string') {
       throw new Inexpressible(`${at} needs an id and a function name`, at);
     }
-    blocks.push({ type: 'tool_use', id: ids.call(call.id), name: call.function.name, input: toolInput(call.function.arguments, at) });
+    blocks.push({ type: 'tool_use', id: ids.call(call.id), name: names.of(call.function.name), input: toolInput(call.function.arguments, at) });
   }
   return blocks;
 }

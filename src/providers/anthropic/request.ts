@@ -9,7 +9,8 @@
 //            takes, other constraints written into descriptions (json-schema.ts); safety_identifier (else user) -> metadata.user_id
 //            (a uuid or hash as it is, anything else as its SHA-256);
 //            parallel_tool_calls false -> disable_parallel_tool_use; allowed_tools -> the listed tools only;
-//            no tools but tool calls in the history -> those tools defined by name, tool_choice none
+//            no tools but tool calls in the history -> those tools defined by name, tool_choice none;
+//            tool names Anthropic's pattern refuses (`fs.read_file`) -> respelled, and back in the answer (tool-names.ts)
 //   sampling temperature / top_p: see SamplingMode
 //   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
 //            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
@@ -20,6 +21,7 @@
 import { createHash } from 'node:crypto';
 import { toAnthropicSchema } from './json-schema.ts';
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
+import { requestToolNames, ToolNames } from './tool-names.ts';
 import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
 
 /**
@@ -42,8 +44,11 @@ export interface AnthropicRequestOptions {
 }
 
 type AnthropicRequestResult =
-  /** `includeUsage`: the client asked for a usage chunk (stream_options.include_usage); give it to the stream translator. */
-  | { ok: true; body: AnthropicMessagesRequest; includeUsage: boolean }
+  /**
+   * `includeUsage`: the client asked for a usage chunk (stream_options.include_usage); `toolNames`: Anthropic's name ->
+   * the client's for tool names respelled for Anthropic (tool-names.ts). Give both to the answer's translator.
+   */
+  | { ok: true; body: AnthropicMessagesRequest; includeUsage: boolean; toolNames?: ReadonlyMap<string, string> }
   /** `param`: the request field at fault, when one is (OpenAI's error `param`). */
   | { ok: false; reason: string; param?: string };
 
@@ -51,7 +56,8 @@ type AnthropicRequestResult =
 export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicRequestOptions): AnthropicRequestResult {
   try {
     refuseInexpressible(body, opts.sampling ?? 'drop');
-    const { system, messages } = toAnthropicConversation(body.messages);
+    const names = new ToolNames(requestToolNames(body));
+    const { system, messages } = toAnthropicConversation(body.messages, names);
     const out: AnthropicMessagesRequest = { model: opts.model, max_tokens: maxTokens(body, opts.defaultMaxTokens), messages };
     if (system !== undefined) out.system = system;
     const stop = stopSequences(body.stop);
@@ -62,7 +68,7 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
       // specified"); temperature, the one clients set habitually, goes.
       if (typeof body.top_p === 'number' && out.temperature === undefined) out.top_p = body.top_p;
     }
-    Object.assign(out, toolFields(body) ?? historyToolFields(messages));
+    Object.assign(out, toolFields(body, names) ?? historyToolFields(messages));
     const format = body.response_format;
     if (format?.type === 'json_schema') {
       const schema = format.json_schema?.schema;
@@ -75,7 +81,8 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: opaqueUserId(userId) };
     const stream = body.stream === true;
     if (stream) out.stream = true;
-    return { ok: true, body: out, includeUsage: stream && body.stream_options?.include_usage === true };
+    const toolNames = names.respelled;
+    return { ok: true, body: out, includeUsage: stream && body.stream_options?.include_usage === true, ...(toolNames && { toolNames }) };
   } catch (err) {
     if (err instanceof Inexpressible) return { ok: false, reason: err.message, ...(err.param !== undefined && { param: err.param }) };
     throw err;
@@ -162,7 +169,7 @@ const NEEDS_TOOLS = new Set(['required', 'function', 'allowed_tools']);
 type ToolFields = Pick<AnthropicMessagesRequest, 'tools' | 'tool_choice'>;
 
 /** The request's tools and tool_choice; undefined when it has no tools (tool_choice auto or none is then dropped). */
-function toolFields(body: OpenAIChatRequest): ToolFields | undefined {
+function toolFields(body: OpenAIChatRequest, names: ToolNames): ToolFields | undefined {
   const choice = body.tool_choice;
   if (typeof choice === 'object' && choice?.type === 'custom') {
     throw new Inexpressible('a custom tool_choice is not supported by an Anthropic target', 'tool_choice');
@@ -187,7 +194,7 @@ function toolFields(body: OpenAIChatRequest): ToolFields | undefined {
     }
     const schema = { ...(params as Record<string, unknown>), type: 'object' as const };
     return {
-      name: fn.name,
+      name: names.of(fn.name),
       ...(typeof fn.description === 'string' ? { description: fn.description } : {}),
       // A strict tool's input is decoded under the schema, as structured outputs are: the same subset applies.
       input_schema: fn.strict === true ? { ...toAnthropicSchema(schema, `tools[${i}].function.parameters`), type: 'object' } : schema,
@@ -197,7 +204,7 @@ function toolFields(body: OpenAIChatRequest): ToolFields | undefined {
   // Anthropic answers 400 to a repeated name, and a tool call could not say which of the two it means.
   const seen = new Set<string>();
   for (const [i, t] of tools.entries()) {
-    if (seen.has(t.name)) throw new Inexpressible(`tools[${i}].function.name ${JSON.stringify(t.name)} is already the name of another tool`, `tools[${i}].function.name`);
+    if (seen.has(t.name)) throw new Inexpressible(`tools[${i}].function.name ${JSON.stringify((body.tools[i] as { function: { name: string } }).function.name)} is already the name of another tool`, `tools[${i}].function.name`);
     seen.add(t.name);
   }
   let mapped: AnthropicToolChoice | undefined;
@@ -206,10 +213,10 @@ function toolFields(body: OpenAIChatRequest): ToolFields | undefined {
   else if (choice === 'none') mapped = { type: 'none' }; // tools stay: earlier tool_use blocks need their definitions
   else if (choice?.type === 'function') {
     if (typeof choice.function?.name !== 'string') throw new Inexpressible('tool_choice.function.name must be a string', 'tool_choice.function.name');
-    mapped = { type: 'tool', name: choice.function.name };
+    mapped = { type: 'tool', name: names.of(choice.function.name) };
   } else if (choice?.type === 'allowed_tools') {
     const listed = Array.isArray(choice.allowed_tools?.tools) ? choice.allowed_tools.tools : [];
-    const allowed = new Set(listed.map((t) => (t?.['function'] as { name?: unknown } | undefined)?.name));
+    const allowed = new Set(listed.map((t) => (t?.['function'] as { name?: unknown } | undefined)?.name).filter((n) => typeof n === 'string').map((n) => names.of(n as string)));
     tools = tools.filter((t) => allowed.has(t.name));
     if (tools.length === 0) throw new Inexpressible('tool_choice.allowed_tools names none of the function tools', 'tool_choice.allowed_tools');
     mapped = { type: choice.allowed_tools?.mode === 'required' ? 'any' : 'auto' };

@@ -50,8 +50,11 @@ function isBlock<T extends string>(b: AnthropicBlockLike, type: T): b is Anthrop
   return b?.type === type;
 }
 
-/** Translates a non-streamed Messages answer. `model` is the answering model, else `opts.model`. */
-export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; created?: number }): OpenAIChatCompletion {
+/**
+ * Translates a non-streamed Messages answer. `model` is the answering model, else `opts.model`; `toolNames` gives tool
+ * names respelled for Anthropic back their client's spelling (toAnthropicRequest's `toolNames`).
+ */
+export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; created?: number; toolNames?: ReadonlyMap<string, string> }): OpenAIChatCompletion {
   const text: string[] = [];
   const thinking: string[] = [];
   const toolCalls: OpenAIFunctionToolCall[] = [];
@@ -63,7 +66,7 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
       toolCalls.push({
         id: String(block['id']),
         type: 'function',
-        function: { name: String(block['name']), arguments: JSON.stringify(block['input'] ?? {}) },
+        function: { name: clientToolName(block['name'], opts.toolNames), arguments: JSON.stringify(block['input'] ?? {}) },
       });
     }
   }
@@ -84,6 +87,12 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
     choices: [{ index: 0, message, logprobs: null, finish_reason: toFinishReason(msg.stop_reason) }],
     usage: toOpenAIUsage(msg.usage ?? {}),
   };
+}
+
+/** A tool_use block's name in the client's spelling. */
+export function clientToolName(name: unknown, toolNames: ReadonlyMap<string, string> | undefined): string {
+  const given = String(name);
+  return toolNames?.get(given) ?? given;
 }
 
 interface ErrorDef {

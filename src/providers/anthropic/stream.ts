@@ -2,7 +2,7 @@
 // Anthropic numbers content blocks (text, thinking, tool_use, ...) in one sequence; OpenAI numbers tool calls
 // alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
 // a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
-import { toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
+import { clientToolName, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 
 type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
@@ -23,6 +23,8 @@ interface AnthropicStreamOptions {
   model?: string;
   /** The client asked for stream_options.include_usage: send a usage chunk before [DONE]. */
   includeUsage: boolean;
+  /** Anthropic's name -> the client's, for tool names respelled for Anthropic (toAnthropicRequest's `toolNames`). */
+  toolNames?: ReadonlyMap<string, string>;
   /** Chunk id; default `chatcmpl-` + the Anthropic message id. */
   id?: string;
   /** Unix seconds; default now. */
@@ -47,6 +49,7 @@ const PING = ': ping\n\n';
 /** Translates Anthropic stream events into OpenAI chunk SSE text. One instance per upstream stream. */
 export class AnthropicStreamTranslator {
   readonly #includeUsage: boolean;
+  readonly #toolNames: ReadonlyMap<string, string> | undefined;
   readonly #created: number;
   #id: string | undefined;
   #model: string;
@@ -59,6 +62,7 @@ export class AnthropicStreamTranslator {
 
   constructor(opts: AnthropicStreamOptions) {
     this.#includeUsage = opts.includeUsage;
+    this.#toolNames = opts.toolNames;
     this.#id = opts.id;
     this.#model = opts.model ?? '';
     this.#created = opts.created ?? Math.floor(Date.now() / 1000);
@@ -133,7 +137,7 @@ export class AnthropicStreamTranslator {
     if (block.type === 'tool_use') {
       const toolIndex = this.#tools++;
       this.#blocks.set(index, { kind: 'tool', toolIndex, args: false, input: block.input });
-      const fn = { name: String(block.name), arguments: '' };
+      const fn = { name: clientToolName(block.name, this.#toolNames), arguments: '' };
       out.push(this.#chunk({ tool_calls: [{ index: toolIndex, id: String(block.id), type: 'function', function: fn }] }));
     } else if (block.type === 'text' || block.type === 'thinking') {
       this.#blocks.set(index, { kind: block.type });
