@@ -138,6 +138,10 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
 
   for (const p of providers.values()) {
     if (p.disabled) logger.warn({ provider: p.name }, `provider ${p.name} is optional and has no key: disabled, its targets are skipped`);
+    // Said at every start, so a setting made for a test server does not reach production unnoticed.
+    if (p.config.tls?.rejectUnauthorized === false) {
+      logger.warn({ provider: p.name }, `provider ${p.name} has tls.rejectUnauthorized: false: the gateway accepts any certificate there, so anyone on the way can read its requests and its key; trust its CA with tls.caFile instead`);
+    }
   }
   const weighted = new WeightedPicker<TargetPlan>(
     (plan) =>

@@ -2,6 +2,7 @@
 // with the file and line, so a bad config fails at startup with a message that says what to fix.
 import { readFileSync } from 'node:fs';
 import { LineCounter, parseDocument, type Document, type Node } from 'yaml';
+import { caFileIssues } from './ca-file.ts';
 import { ConfigError, formatPath, type ConfigIssue } from './errors.ts';
 import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
 import { keyAtOffset, lineOf, nodeAt } from './locate.ts';
@@ -18,7 +19,11 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   } catch (err) {
     throw new ConfigError(file, [{ path: '', message: `cannot read the config file: ${(err as Error).message}` }]);
   }
-  return parseConfig(text, file, env);
+  const config = parseConfig(text, file, env);
+  // The files the config names, once it is valid: a CA file that cannot be used fails start-up as a config problem.
+  const issues = caFileIssues(config);
+  if (issues.length > 0) throw new ConfigError(file, issues);
+  return config;
 }
 
 /** Validates config text; `file` is only used in messages. Throws ConfigError listing every problem. */

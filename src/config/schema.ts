@@ -137,6 +137,15 @@ function userinfoDecodes(url: string): boolean {
   }
 }
 
+const ProviderTlsSchema = z
+  .strictObject({
+    caFile: z.string().min(1).optional()
+      .describe('PEM file of the CA certificates the provider\'s certificate is checked against, in place of Node\'s public roots: the private CA of an internal gateway or vLLM. Read at start-up (a relative path from the working directory); a file that cannot be read or holds no certificate fails start-up. Optional; default: Node\'s public roots, plus NODE_EXTRA_CA_CERTS.'),
+    rejectUnauthorized: z.boolean().default(true)
+      .describe('Refuse a certificate that does not verify (untrusted, expired, for another name). false accepts any certificate, so anyone on the way can read the requests and the provider\'s key: for a test server only, and the gateway warns at start-up. Default: true.'),
+  })
+  .describe('TLS to the provider (an https:// baseUrl). A certificate the gateway refuses fails the attempt with its TLS code (CERT_HAS_EXPIRED, ...): not retried on that target, nothing for its breaker, the next target is tried.');
+
 const ProviderSchema = z
   .strictObject({
     family: z.enum(['openai', 'anthropic', 'azure-openai'])
@@ -164,6 +173,7 @@ const ProviderSchema = z
       .refine((url) => url === '' || userinfoDecodes(url), { message: 'its user or password holds a % that starts no percent-encoded byte: write % as %25 (and @ : / as %40 %3A %2F)' })
       .optional()
       .describe('Egress proxy the provider is reached through, as an http:// or https:// URL, e.g. "${HTTPS_PROXY:-}" (empty: none). Connections are tunnelled with HTTP CONNECT; a user:password in the URL is sent as the proxy\'s Basic credentials and never logged. Default: none (the gateway does not read HTTPS_PROXY by itself: a provider on the company network usually must not go through it).'),
+    tls: ProviderTlsSchema.optional(),
     apiKey: headerSecret()
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.prefault({}),
@@ -176,6 +186,8 @@ const ProviderSchema = z
   .superRefine((p, ctx) => {
     const problem = URL.canParse(p.baseUrl) ? baseUrlProblem(p.family, new URL(p.baseUrl)) : undefined;
     if (problem) ctx.addIssue({ code: 'custom', path: ['baseUrl'], message: problem });
+    // A plain http:// provider makes no TLS connection: the setting would be ignored without a word.
+    if (p.tls && /^http:/i.test(p.baseUrl)) ctx.addIssue({ code: 'custom', path: ['tls'], message: 'applies to an https:// baseUrl only: this provider\'s is http://' });
   })
   .describe('An upstream provider.');
 

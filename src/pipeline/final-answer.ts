@@ -108,6 +108,14 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
           opts,
         );
       }
+      if (f.cls.cls === 'tls') {
+        // The code alone: Node's message quotes the certificate's names, which are the operator's to look up.
+        const fix =
+          outcome.code === 'ERR_SSL_WRONG_VERSION_NUMBER'
+            ? "its port does not speak TLS: check that provider's baseUrl (https:// for a plain http:// server?)"
+            : "for a provider behind a private CA, give its CA in that provider's tls.caFile; an expired certificate, or one for another host name, is the provider's to fix";
+        return new GatewayError('upstream_unavailable', `the TLS handshake with upstream ${f.target} failed after ${tried} (${outcome.code}): ${fix}${all}`, opts);
+      }
       if (proxyUnreachable(outcome.code) && f.proxy) {
         return new GatewayError(
           'upstream_unavailable',

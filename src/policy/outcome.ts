@@ -34,6 +34,7 @@ type OutcomeClass =
   | 'overloaded'
   | 'network'
   | 'local-resource'
+  | 'tls'
   | 'timeout'
   | 'bad-stream'
   | 'internal'
@@ -88,6 +89,11 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   // provider, whose health is not in question. Counted as a failure, it opened the breaker (fleet-wide, with Redis) and
   // parked every request on a healthy provider. A retry may find a descriptor freed by a stream that ended.
   'local-resource': { retryable: true, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  // The gateway refused the provider's certificate (untrusted, expired, for another name) or its port speaks no TLS:
+  // the handshake fails, so nothing was sent, and every retry fails the same way until someone changes the certificate
+  // or the config. Nor is it the provider's health: an open breaker would hide the TLS code behind circuit_open, whose
+  // retry-after promises a recovery only that change brings. The next target, with a certificate of its own, may answer.
+  tls: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'timeout', nextFirst: true },
   'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
@@ -184,6 +190,7 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'network':
       // Its own reason: under `network`, the retry count blamed the provider for the gateway's own limit.
       if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'local_resource' };
+      if (TLS_REFUSED_CODES.has(outcome.code)) return { cls: 'tls', retryKey: null, reason: 'tls' };
       return { cls: 'network', retryKey: 'network', reason: 'network' };
     case 'timeout':
       return { cls: 'timeout', retryKey: 'timeout', reason: timeoutReason(outcome.phase) };
@@ -245,8 +252,21 @@ const LOCAL_RESOURCE_CODES: ReadonlySet<string> = new Set(['EMFILE', 'ENFILE']);
 /** A connection that could not be made: refused, no route, no DNS answer, no local address. */
 export const UNREACHABLE_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
 
-/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket). */
-const NOT_SENT_CODES = new Set([...UNREACHABLE_CODES, ...LOCAL_RESOURCE_CODES]);
+/**
+ * A TLS handshake the gateway gave up: the provider's certificate did not verify (OpenSSL's verify codes, as Node names
+ * them, and Node's own host name check), or the port answered the ClientHello in plain HTTP (an https:// baseUrl on an
+ * http server). Each comes before a byte of the request is sent, and comes again on every attempt.
+ */
+export const TLS_REFUSED_CODES: ReadonlySet<string> = new Set([
+  'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID', 'ERROR_IN_CERT_NOT_BEFORE_FIELD', 'ERROR_IN_CERT_NOT_AFTER_FIELD',
+  'UNABLE_TO_DECRYPT_CERT_SIGNATURE', 'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
+  'INVALID_CA', 'PATH_LENGTH_EXCEEDED', 'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH',
+  'ERR_TLS_CERT_ALTNAME_INVALID', 'ERR_SSL_WRONG_VERSION_NUMBER',
+]);
+
+/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket, no TLS). */
+const NOT_SENT_CODES = new Set([...UNREACHABLE_CODES, ...LOCAL_RESOURCE_CODES, ...TLS_REFUSED_CODES]);
 
 /**
  * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of

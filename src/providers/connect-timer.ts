@@ -3,6 +3,7 @@
 // 900 ms to accept was not timed out at all, and one that never accepted cost three times the configured wait. The
 // egress proxy's tunnel is bounded by the same timer (egress-proxy.ts).
 import type { Socket } from 'node:net';
+import type { ConnectionOptions } from 'node:tls';
 import { buildConnector, errors } from 'undici';
 
 /** Starts a connection and returns how to close what it had opened when the time is up. */
@@ -44,9 +45,9 @@ export function boundedConnector(start: StartConnect, connectMs: number, where: 
   };
 }
 
-/** undici's own connector (TCP, TLS) with no timer of its own, bounded by `connectMs`. */
-export function timedConnector(connectMs: number): buildConnector.connector {
-  const connect = buildConnector({ timeout: 0 });
+/** undici's own connector (TCP, TLS with `tls`: the provider's CA, ...) with no timer of its own, bounded by `connectMs`. */
+export function timedConnector(connectMs: number, tls: ConnectionOptions = {}): buildConnector.connector {
+  const connect = buildConnector({ ...tls, timeout: 0 });
   return boundedConnector(
     (opts, callback) => {
       // undici's connector returns the socket it is opening (its types say void): closed at once when the time is up.

@@ -13,6 +13,7 @@ import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
 import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
+import { providerTls } from './provider-tls.ts';
 import { clientStallMs } from '../pipeline/live-stream.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
@@ -164,8 +165,11 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
     // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
     // is a gap, not a length, so neither is a long download.
     const options = { connections: 16, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs };
+    const tls = providerTls(providerName, provider);
     const agent = new ClientBoundAgent(
-      provider.proxy ? viaProxy(provider.proxy, provider.timeouts.connectMs, options) : new Agent({ ...options, connect: timedConnector(provider.timeouts.connectMs) }),
+      provider.proxy
+        ? viaProxy(provider.proxy, provider.timeouts.connectMs, { ...options, requestTls: tls })
+        : new Agent({ ...options, connect: timedConnector(provider.timeouts.connectMs, tls) }),
     );
     // reply-from leaves an agent it was given open: its kept connections (and a proxy's tunnels) end with the gateway.
     app.addHook('onClose', () => agent.close());

@@ -4,6 +4,7 @@
 import { Pool, type Dispatcher } from 'undici';
 import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
+import { providerTls } from './provider-tls.ts';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 
 export interface ProviderClient {
@@ -32,11 +33,13 @@ function createProviderClient(name: string, config: ProviderConfig, opts: Provid
     keepAliveTimeout: config.timeouts.keepAliveMs,
     keepAliveMaxTimeout: config.timeouts.keepAliveMs,
   };
+  // Read even with an injected dispatcher: a caFile that cannot be used fails start-up either way.
+  const tls = providerTls(name, config);
   const dispatcher =
     opts.dispatcher ??
     (config.proxy
-      ? viaProxy(config.proxy, config.timeouts.connectMs, poolOptions).compose(toOrigin(origin))
-      : new Pool(origin, { ...poolOptions, connect: timedConnector(config.timeouts.connectMs) }));
+      ? viaProxy(config.proxy, config.timeouts.connectMs, { ...poolOptions, requestTls: tls }).compose(toOrigin(origin))
+      : new Pool(origin, { ...poolOptions, connect: timedConnector(config.timeouts.connectMs, tls) }));
   return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
 

@@ -1,0 +1,33 @@
+// A provider's CA file (`providers.<name>.tls.caFile`), read and checked: by the loader, which reports a file that cannot
+// be used as a config problem (file, field, what is wrong), and by the provider's client, which trusts what it holds.
+import { readFileSync } from 'node:fs';
+import { X509Certificate } from 'node:crypto';
+import type { Config } from './schema.ts';
+import type { ConfigIssue } from './errors.ts';
+
+/** A CA file's PEM, or what is wrong with it, in words for the operator (the path, the errno; never its content). */
+export function readCaFile(file: string): { pem: string } | { problem: string } {
+  let pem: string;
+  try {
+    pem = readFileSync(file, 'utf8');
+  } catch (err) {
+    return { problem: `cannot read ${file} (${(err as NodeJS.ErrnoException).code ?? 'unreadable'})` };
+  }
+  // Node takes a file with no certificate in it without a word, and then trusts nothing: every handshake failed.
+  if (!pem.includes('-----BEGIN CERTIFICATE-----')) return { problem: `${file} holds no PEM certificate (-----BEGIN CERTIFICATE-----)` };
+  // Nor does it say when a certificate does not parse (a truncated copy): the first one, at least, is parsed here.
+  try {
+    new X509Certificate(pem);
+  } catch (err) {
+    return { problem: `${file} holds a certificate that does not parse (${(err as { code?: string }).code ?? 'invalid'})` };
+  }
+  return { pem };
+}
+
+/** Every provider's caFile that cannot be used, as config issues. */
+export function caFileIssues(config: Config): ConfigIssue[] {
+  return Object.entries(config.providers).flatMap(([name, p]) => {
+    const read = p.tls?.caFile ? readCaFile(p.tls.caFile) : undefined;
+    return read && 'problem' in read ? [{ path: `providers.${name}.tls.caFile`, message: read.problem }] : [];
+  });
+}
