@@ -30,7 +30,7 @@ describe('the breaker board and streams broken after their first output', () => 
     for (let i = 0; i < 4; i++) await b.record('p/m', settings, 'success', 10, undefined);
     await b.flush();
     expect(transitions).toEqual([]);
-    for (let i = 0; i < 3; i++) b.streamBroke('p/m', settings, generation, { reason: 'stream_cut' });
+    for (let i = 0; i < 3; i++) b.streamBroke('p/m', settings, { generation, atMs: 10_000 }, { reason: 'stream_cut' });
     now += 100;
     await b.flush();
     // 3 of 4: past failureRate 0.5.
@@ -50,7 +50,7 @@ describe('the breaker board and streams broken after their first output', () => 
     expect(probe.admitted).toBe(true);
     await b.record('p/m', { ...settings, closeAfter: 1 }, 'success', 10, probe.admitted ? probe.probe : undefined);
     expect(b.current('p/m').state).toBe('closed');
-    for (let i = 0; i < 4; i++) b.streamBroke('p/m', settings, generation, { reason: 'stream_cut' });
+    for (let i = 0; i < 4; i++) b.streamBroke('p/m', settings, { generation, atMs: 10_000 }, { reason: 'stream_cut' });
     await b.flush();
     expect(transitions.filter((t) => t.startsWith('closed->open failure_rate'))).toEqual([]);
   });

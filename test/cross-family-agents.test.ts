@@ -247,7 +247,7 @@ describe("the mock's Anthropic endpoint refuses what the real Messages API refus
     ['a whitespace-only text block alone', { messages: [user([{ type: 'text', text: '\n' }])] }, 'messages: text content blocks must contain non-whitespace text'],
     ['a message with no content', { messages: [user('q'), { role: 'assistant', content: [] }, user('r')] }, 'messages.1: all messages must have non-empty content except for the optional final assistant message'],
     ['a tool name with a dot', { messages: [user('q')], tools: [{ name: 'fs.read', input_schema: { type: 'object' } }] }, "tools.0.custom.name: String should match pattern '^[a-zA-Z0-9_-]{1,128}$'"],
-    ['a tool name over 128 characters', { messages: [user('q')], tools: [{ name: 'a'.repeat(129), input_schema: { type: 'object' } }] }, 'tools.0.custom.name: String should match pattern'],
+    ['a tool name over 128 characters', { messages: [user('q')], tools: [{ name: 'a'.repeat(129), input_schema: { type: 'object' } }] }, 'tools.0.custom.name: String should have at most 128 characters'],
     ['two tools of one name', { messages: [user('q')], tools: [...tools, ...tools] }, 'tools: Tool names must be unique.'],
     ['a tool_use id with a colon', { messages: [user('q'), { role: 'assistant', content: [use('functions.a:0')] }, user([result('functions.a:0')])], tools }, "messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"],
     ['a tool_use left unanswered', { messages: [user('q'), { role: 'assistant', content: [use('t1'), use('t2')] }, user([result('t1')])], tools }, '`tool_use` ids were found without `tool_result` blocks immediately after: t2'],

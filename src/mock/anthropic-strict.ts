@@ -53,6 +53,8 @@ function checkTools(tools: unknown): Set<string> {
     const type = tool?.['type'];
     if (type !== undefined && type !== null && type !== 'custom') continue; // a server tool (web_search_20250305, ...)
     const name = tool?.['name'];
+    // A name of the right characters that is too long gets the length's own message (as Claude Code's MCP users saw it).
+    if (typeof name === 'string' && name.length > 128 && TOOL_NAME.test(name.slice(0, 128))) refuse(`tools.${i}.custom.name: String should have at most 128 characters`);
     if (typeof name !== 'string' || !TOOL_NAME.test(name)) refuse(`tools.${i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{1,128}$'`);
     const schema = tool['input_schema'] as Block | undefined;
     if (typeof schema !== 'object' || schema === null || schema['type'] !== 'object') refuse(`tools.${i}.custom.input_schema.type: Input should be 'object'`);

@@ -132,6 +132,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       ...(req.shape.background && { beforeOutputIdleMs: firstTokenMs }),
       afterFinishMs: afterFinishWaitMs(req.client.config.family, idleMs),
       apiKey: req.client.config.apiKey,
+      errorEventMeaning: req.errorEventMeaning,
     });
     return { outcome: { kind: 'ok', status }, status, headers, stream, ...(first.pendingRead && { startedEarly: true }) };
   } catch (err) {

@@ -4,9 +4,9 @@
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
-import { accountStatusOfError, classify, OUTCOME_TABLE } from '../policy/outcome.ts';
-import { errorVerdict } from '../providers/error-outcome.ts';
+import { accountStatusOfError } from '../policy/outcome.ts';
 import type { FailureFacts } from '../state/breaker-board.ts';
+import { brokenBy, errorEventBreaks, type ErrorEventMeaning } from './stream-break.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -68,6 +68,8 @@ interface LiveStreamOptions {
   afterFinishMs?: number;
   /** The provider's key, taken out of the error events it sends (providers/key-echo.ts). */
   apiKey: string;
+  /** The status a family's own error event stands for (UpstreamRequest.errorEventMeaning), as before the first output. */
+  errorEventMeaning?: ErrorEventMeaning | undefined;
 }
 
 /** Stands in for an event the translator could not read, so it is judged (and counted) as any malformed one. */
@@ -262,7 +264,9 @@ export class LiveStream {
       } else if (api === 'other') {
         // No error event can be written in a format the gateway does not know: the client's connection is cut too.
         this.#kind = reason instanceof AttemptTimeout ? 'stalled' : 'cut';
-        this.#upstreamBroke = brokenBy(reason, err);
+        // The instance's own shutdown broke nothing of the provider's: a fleet's rolling restart must not count every
+        // passthrough stream it ends against the providers' shared windows.
+        if (!(reason instanceof GatewayShutdown)) this.#upstreamBroke = brokenBy(reason, err);
         throw err;
       } else if (this.#progress.finished) {
         // Every choice had finished: what broke (a stall, a reset, the instance's shutdown) only kept [DONE] from coming.
@@ -343,7 +347,7 @@ export class LiveStream {
         if (end === 'upstream-error') {
           const err = upstreamErrorOf(ev);
           this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
-          this.#upstreamBroke = errorEventBreaks(err);
+          this.#upstreamBroke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning);
         }
         return true;
       }
@@ -472,22 +476,4 @@ export class LiveStream {
     }, ms);
     return timer;
   }
-}
-
-/** A cut or a stall of the upstream after the stream began, as the breaker's line names it. */
-function brokenBy(reason: unknown, err: unknown): FailureFacts {
-  if (reason instanceof AttemptTimeout) return { reason: 'stream_stalled' };
-  const code = (err as { code?: unknown } | null)?.code;
-  return { reason: 'stream_cut', ...(typeof code === 'string' && { code: code.slice(0, 64) }) };
-}
-
-/**
- * Whether an error event that ends a stream after it began is the provider failing (a server error, `overloaded_error`),
- * judged by the outcome table as the same error before the first output is: one that blames the request, a rate limit
- * or the gateway's own account says nothing against the provider's health.
- */
-function errorEventBreaks(err: ReturnType<typeof upstreamErrorOf>): FailureFacts | undefined {
-  const { outcome } = errorVerdict(err, 'error event');
-  if (outcome !== undefined && OUTCOME_TABLE[classify(outcome).cls].breaker !== 'failure') return undefined;
-  return { reason: 'stream_error', ...(err?.code !== undefined && { code: err.code.slice(0, 64) }) };
 }

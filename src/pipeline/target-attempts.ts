@@ -326,7 +326,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
     let ownHoldOff: number | undefined;
     // The window a stream's success is counted in, for the failure its provider may still make of it (streamBroke).
-    const judgedIn = board.current(plan.key).generation;
+    const judgedIn = { generation: board.current(plan.key).generation, atMs: deps.now() };
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
       await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe, { reason: cls.reason, ...(code !== undefined && { code }) });

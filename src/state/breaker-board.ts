@@ -76,9 +76,11 @@ export class BreakerBoard {
   readonly #pending = new Map<string, Pending & { settings: BreakerSettings }>();
   /**
    * Each target's last failure counted in its window, for the line of a breaker the window opens: the batch that tips
-   * it may hold only successes (the one that brings the window to minRequests), the failures written before.
+   * it may hold only successes (the one that brings the window to minRequests), the failures written before. With the
+   * window's generation and when it was counted: in a fleet the window's failures may all be another instance's, and
+   * this one's last failure then belongs to a window long gone.
    */
-  readonly #lastFailures = new Map<string, FailureFacts | undefined>();
+  readonly #lastFailures = new Map<string, { facts: FailureFacts | undefined; generation: number; atMs: number }>();
   #timer: NodeJS.Timeout | undefined;
 
   constructor(deps: BreakerBoardDeps) {
@@ -182,13 +184,16 @@ export class BreakerBoard {
   /**
    * A stream whose first output `record` counted as a success, that the provider then broke (cut, stalled, a server
    * error event; LiveStream's StreamEnd.upstreamBroke): that success turns into a failure in the window it was counted
-   * in (`generation`, the breaker's when it was recorded), so a provider that breaks every answer mid-stream opens
-   * the breaker by the failure rate. Not in the run of consecutive failures: every stream's first output resets that,
-   * so breaks between first outputs never make a run.
+   * in (`counted.generation`, the breaker's when it was recorded), so a provider that breaks every answer mid-stream
+   * opens the breaker by the failure rate. Not in the run of consecutive failures: every stream's first output resets
+   * that, so breaks between first outputs never make a run. A stream longer than windowS (most are, at the default
+   * 10 s) breaks after its success has left the window: the failure then brings its request along, or the window
+   * held more failures than requests (3 of 4 where 3 of 7 were judged in it) and opened on a share never reached.
    */
-  streamBroke(target: string, s: BreakerSettings | undefined, generation: number, facts: FailureFacts): void {
-    if (!s || this.current(target).generation !== generation) return;
-    this.#pendingOutcome(target, s, { requests: 0, failures: 1 }, facts);
+  streamBroke(target: string, s: BreakerSettings | undefined, counted: { generation: number; atMs: number }, facts: FailureFacts): void {
+    if (!s || this.current(target).generation !== counted.generation) return;
+    const successGone = this.#deps.now() - counted.atMs >= s.windowS * 1000;
+    this.#pendingOutcome(target, s, { requests: successGone ? 1 : 0, failures: 1 }, facts);
   }
 
   #pendingOutcome(target: string, s: BreakerSettings, add: OutcomeWindow, facts: FailureFacts | undefined): void {
@@ -201,7 +206,7 @@ export class BreakerBoard {
     const p = kept?.generation === generation ? kept : { requests: 0, failures: 0, generation, settings: s };
     p.requests += add.requests;
     p.failures += add.failures;
-    if (add.failures > 0) this.#lastFailures.set(target, facts);
+    if (add.failures > 0) this.#lastFailures.set(target, { facts, generation, atMs: this.#deps.now() });
     this.#pending.set(target, p);
     this.#timer ??= setTimeout(() => void this.flush(), FLUSH_MS).unref();
   }
@@ -221,11 +226,17 @@ export class BreakerBoard {
             cause: 'failure_rate',
             failures: window.failures,
             requests: window.requests,
-            ...this.#lastFailures.get(target),
+            ...this.#lastFailureIn(target, rec.generation, p.settings),
           });
         }
       }),
     );
+  }
+
+  /** This instance's last failure counted in the target's current window, if it is still in it. */
+  #lastFailureIn(target: string, generation: number, s: BreakerSettings): FailureFacts | undefined {
+    const last = this.#lastFailures.get(target);
+    return last?.generation === generation && this.#deps.now() - last.atMs < s.windowS * 1000 ? last.facts : undefined;
   }
 
   close(): void {
