@@ -35,12 +35,13 @@ describe('the request deadline', () => {
     expect(d).toEqual({ budgetMs: 19_900, timeoutMs: 20_000, source: 'x-stainless-timeout' });
   });
 
-  it('keeps back a configured margin from the route timeout, and the same share (at least 250 ms) of a shorter client timeout', () => {
-    // The route's 5 s margin on 60 s; an SDK with a 3 s timeout keeps 250 ms back, not all 5 s (which left it 50 ms).
+  it('keeps back a configured margin whole, but at most half of a shorter client timeout', () => {
+    // The route's 5 s margin on 60 s; an SDK with a 3 s timeout keeps 1.5 s back, not all 5 s (which left it 50 ms).
     expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 5_000, headers: {} }).budgetMs).toBe(55_000);
-    expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 5_000, headers: { 'x-stainless-timeout': '3' } }).budgetMs).toBe(2_750);
-    expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 5_000, headers: { 'x-stormgate-timeout-ms': '30000' } }).budgetMs).toBe(27_500);
-    // Never more than configured, and a margin of 0 stays 0.
+    expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 5_000, headers: { 'x-stainless-timeout': '3' } }).budgetMs).toBe(1_500);
+    expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 5_000, headers: { 'x-stormgate-timeout-ms': '30000' } }).budgetMs).toBe(25_000);
+    expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: 600, headers: { 'x-stormgate-timeout-ms': '1500' } }).budgetMs).toBe(900);
+    // And a margin of 0 stays 0.
     expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 100, headers: { 'x-stainless-timeout': '3' } }).budgetMs).toBe(2_900);
     expect(computeDeadline({ routeTimeoutMs: 60_000, marginMs: 0, headers: { 'x-stainless-timeout': '3' } }).budgetMs).toBe(3_000);
   });

@@ -811,8 +811,8 @@ describe('the deadline against the README', () => {
       const bad = !(Number.isFinite(d.budgetMs) && d.budgetMs > 0 && d.budgetMs <= d.timeoutMs && d.timeoutMs <= routeTimeoutMs);
       if (bad) expect({ routeTimeoutMs, marginMs, headers, d }).toBe('a positive budget within the smallest timeout');
       if (expected === undefined) continue;
-      // A configured margin is the route's: a shorter client timeout keeps back its share of it (at least 250 ms, at most it).
-      const share = (ms: number) => (expected!.timeoutMs >= routeTimeoutMs ? ms : Math.min(ms, Math.max(250, Math.round((expected!.timeoutMs * ms) / routeTimeoutMs))));
+      // A configured margin is kept back whole, but from a client's shorter timeout at most half of it.
+      const share = (ms: number) => (expected!.timeoutMs >= routeTimeoutMs ? ms : Math.min(ms, Math.round(expected!.timeoutMs / 2)));
       const margin = marginMs === undefined ? Math.max(250, Math.round(expected.timeoutMs * 0.05)) : share(marginMs);
       // "minus a margin"; a margin as long as the timeout itself leaves a sliver (50 ms at most) rather than nothing.
       const budgetMs = Math.max(Math.min(expected.timeoutMs, 50), expected.timeoutMs - margin);
