@@ -243,6 +243,21 @@ describe('failover to another provider', () => {
 });
 
 describe('stream recovery (streamRecovery: continue)', () => {
+  /** The mock cuts its streams after 2 chunks; `next` (an OpenAI-compatible server at `origin`) is asked to continue. */
+  function cutThenNext(origin: string): Promise<Stack> {
+    return startStack({
+      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
+      config: (url) => {
+        const base = defaultConfig(url, RETRY_LOOP_ONLY);
+        return {
+          ...base,
+          providers: { ...base.providers, next: { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'next-key', breaker: false } },
+          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'next' }], streamRecovery: 'continue' as const } : r)),
+        };
+      },
+    });
+  }
+
   async function rawText(s: Stack): Promise<string> {
     const res = await fetch(`${s.baseURL}/chat/completions`, {
       method: 'POST',
@@ -282,17 +297,7 @@ describe('stream recovery (streamRecovery: continue)', () => {
         res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error"}}');
       });
     });
-    const s = await startStack({
-      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
-      config: (url) => {
-        const base = defaultConfig(url, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, next: { family: 'openai', baseUrl: `${next.origin}/v1`, apiKey: 'next-key', breaker: false } },
-          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'next' }], streamRecovery: 'continue' as const } : r)),
-        };
-      },
-    });
+    const s = await cutThenNext(next.origin);
     const tools = [{ type: 'function' as const, function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
     // After a tool's result the answer is text (the mock's too), and the request still has its tools.
     const history = [
@@ -329,17 +334,7 @@ describe('stream recovery (streamRecovery: continue)', () => {
         res.end(`${chunk('A different model ')}${chunk('writes a different answer entirely.')}${chunk('', 'stop')}data: [DONE]\n\n`);
       });
     });
-    const s = await startStack({
-      faults: { stream: { chunks: 6, cutAfterChunks: 2 } },
-      config: (url) => {
-        const base = defaultConfig(url, RETRY_LOOP_ONLY);
-        return {
-          ...base,
-          providers: { ...base.providers, next: { family: 'openai', baseUrl: `${next.origin}/v1`, apiKey: 'next-key', breaker: false } },
-          routes: base.routes.map((r) => (r.name === 'chat' ? { ...r, targets: [{ provider: 'mock' }, { provider: 'next' }], streamRecovery: 'continue' as const } : r)),
-        };
-      },
-    });
+    const s = await cutThenNext(next.origin);
     const stream = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages, stream: true });
     let text = '';
     const err = await (async () => {
