@@ -49,8 +49,10 @@ export function admission({ config, loop, logger, managedPaths, opsPaths, drain 
       sendError(reply, new GatewayError('loop_detected', 'the request came back to the gateway that sent it upstream: a provider\'s baseUrl points at the gateway itself (is OPENAI_BASE_URL, or the variable the config reads, set to the gateway\'s address where it was started?)'));
     } else if (!admitted(request, reply)) {
       // Answered 401 by admitted().
-    } else if (drain.phase === 'closing' && managedPaths.has(request.url.split('?')[0]!)) sendError(reply, drainingError());
-    else return true;
+    } else if (drain.phase === 'closing' && managedPaths.has(request.routeOptions.url ?? '')) {
+      // The route matched, not the URL as sent: the router decodes `/v1/chat/%63ompletions` and serves it.
+      sendError(reply, drainingError());
+    } else return true;
     return false;
   };
 }
