@@ -45,7 +45,9 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   // The provider answered in bytes that are not HTTP/1.1 (a broken status line or header, a server of another protocol
   // on that port). undici's parser error carries no code: read as a network failure, the client was told the provider
   // "could not be reached (last: UNKNOWN)", and the operator looked for a connectivity problem. It may have run the request.
-  if (code === undefined && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
+  // (No code only through an undici slip, which looks llhttp's code up by number in a table keyed by name: fixed, it
+  // gives HPE_* codes, read the same.)
+  if ((code === undefined || code.startsWith('HPE_')) && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
