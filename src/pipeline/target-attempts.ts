@@ -326,7 +326,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
     let ownHoldOff: number | undefined;
     // The window a stream's success is counted in, for the failure its provider may still make of it (streamBroke).
-    const judgedIn = { generation: board.current(plan.key).generation, atMs: deps.now() };
+    const judgedIn = result.stream && { generation: board.current(plan.key).generation, atMs: deps.now() };
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
       await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe, { reason: cls.reason, ...(code !== undefined && { code }) });
@@ -353,7 +353,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
         if (stream.ended?.accountRefused) holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
         // A probe's verdict was its first output: the breaker's round is judged on answers begun, not on how they end.
         const broke = stream.ended?.upstreamBroke;
-        if (broke && !admission.probe) board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
+        if (broke && judgedIn && !admission.probe) board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
       });
       return { kind: 'ok', result };
     }
