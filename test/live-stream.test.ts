@@ -2,8 +2,8 @@
 // finished (n > 1), the usage chunk asked for is waited for, and a client that reads slowly is not an upstream stall.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
+import { handedOverStream } from './helpers/live-stream.ts';
 import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
-import { SseParser } from '../src/streaming/sse-parser.ts';
 import type { StreamShape } from '../src/streaming/stream-events.ts';
 
 const chunk = (index: number, content: string, finish: string | null = null): string =>
@@ -30,24 +30,7 @@ function upstream(controller: AbortController, steps: Step[]): AsyncIterator<Buf
 /** A stream whose first output (`first`) has arrived, as runAttempt hands it over, reading `rest` from the upstream. */
 function liveStream(first: string, rest: Step[], shape: StreamShape, idleMs = 2_000): { live: LiveStream; ended: Promise<StreamEnd> } {
   const controller = new AbortController();
-  const parser = new SseParser();
-  const pending = parser.push(Buffer.from(first));
-  const live = new LiveStream({
-    api: 'chat',
-    shape,
-    head: '',
-    pending,
-    parser,
-    iterator: upstream(controller, rest),
-    translate: undefined,
-    controller,
-    requestSignal: new AbortController().signal,
-    detach: () => undefined,
-    idleMs,
-    apiKey: KEY,
-  });
-  const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
-  return { live, ended };
+  return handedOverStream({ first, iterator: upstream(controller, rest), controller, shape, idleMs, apiKey: KEY });
 }
 
 async function readAll(live: LiveStream, pauseAfterFirstMs = 0): Promise<string> {

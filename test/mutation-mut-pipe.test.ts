@@ -14,7 +14,7 @@ import { classify } from '../src/policy/outcome.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import type { SseEvent } from '../src/streaming/sse-parser.ts';
 import type { UpstreamStreamError } from '../src/streaming/stream-events.ts';
-import { cc, delta, useScriptedGateway, type ConfigShape } from './helpers/scripted-provider.ts';
+import { cc, delta, recoveringToNext, useScriptedGateway, type ConfigShape } from './helpers/scripted-provider.ts';
 
 describe('stream-break: what a break after the first output means to the breaker', () => {
   const ev = (data: string | null): SseEvent => ({ raw: `data: ${data ?? ''}`, data, event: null });
@@ -75,17 +75,8 @@ describe('final-answer: a hold-off answer', () => {
   });
 });
 
-/** The chat route goes to `p`, then to `q` (the same scripted server under a second name, its breaker opening at one failure), with recovery on. */
-const nextWithBreaker: ConfigShape = (c, origin) => {
-  c.providers.q = { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'q-key', breaker: { consecutiveFailures: 1, openS: 60 } };
-  for (const r of c.routes) {
-    if (r.name !== 'chat') continue;
-    r.targets = [{ provider: 'p' }, { provider: 'q' }];
-    r.streamRecovery = 'continue';
-    r.retry = { maxAttempts: 1 };
-  }
-};
-const startRecovering = useScriptedGateway(nextWithBreaker);
+/** Recovery to `q`, whose breaker opens at one failure. */
+const startRecovering = useScriptedGateway(recoveringToNext({ consecutiveFailures: 1, openS: 60 }));
 
 describe('stream-recovery: the guards of a retry', () => {
   it('sends no continuation to a next target whose breaker is open: the client gets the cut', async () => {

@@ -4,12 +4,11 @@
 // (Anthropic's own, on /v1/messages or translated) counts no more after the first output than before it.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
+import { handedOverStream } from './helpers/live-stream.ts';
 import { BreakerSchema } from '../src/config/schema.ts';
 import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard, type BreakerCause } from '../src/state/breaker-board.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
-import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
-import { SseParser } from '../src/streaming/sse-parser.ts';
 import { useScriptedGateway } from './helpers/scripted-provider.ts';
 
 const T = 1_700_000_000_000;
@@ -133,22 +132,7 @@ describe('a passthrough stream the instance ends at its shutdown', () => {
       yield Buffer.from('data: {"anything": 2}\n\n');
       await sleep(5_000, undefined, { signal: controller.signal });
     })();
-    const parser = new SseParser();
-    const live = new LiveStream({
-      api: 'other',
-      shape: { choices: 1, usage: false },
-      head: '',
-      pending: parser.push(Buffer.from('data: {"anything": 1}\n\n')),
-      parser,
-      iterator,
-      translate: undefined,
-      controller,
-      requestSignal: new AbortController().signal,
-      detach: () => undefined,
-      idleMs: 10_000,
-      apiKey: 'sk-provider',
-    });
-    const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
+    const { live, ended } = handedOverStream({ api: 'other', first: 'data: {"anything": 1}\n\n', iterator, controller, idleMs: 10_000 });
     const read = (async () => {
       for await (const _ of live.body()) if (_.includes('"anything": 2')) live.interrupt();
     })().catch(() => undefined);

@@ -1,20 +1,10 @@
 // streamRecovery: continue, when the continuation itself breaks: the client gets an error event (never a clean end),
 // and the request is logged and counted as the broken stream it is, not as a recovered success.
 import { describe, expect, it } from 'vitest';
-import { cc, delta, useScriptedGateway, type ConfigShape } from './helpers/scripted-provider.ts';
+import { cc, delta, recoveringToNext, useScriptedGateway } from './helpers/scripted-provider.ts';
 import { metricSum } from './helpers/stack.ts';
 
-/** The chat route goes to `p`, then to `q`: the same scripted server under a second name, with recovery on. */
-const withNextTarget: ConfigShape = (c, origin) => {
-  c.providers.q = { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'q-key', breaker: false };
-  for (const r of c.routes) {
-    if (r.name !== 'chat') continue;
-    r.targets = [{ provider: 'p' }, { provider: 'q' }];
-    r.streamRecovery = 'continue';
-    r.retry = { maxAttempts: 1 };
-  }
-};
-const start = useScriptedGateway(withNextTarget);
+const start = useScriptedGateway(recoveringToNext());
 const cut = { destroy: true } as const;
 
 describe('a stream recovery that breaks too', () => {

@@ -8,9 +8,8 @@ import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
-import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
+import { handedOverStream } from './helpers/live-stream.ts';
 import { bodyChunks } from '../src/providers/body-chunks.ts';
-import { SseParser } from '../src/streaming/sse-parser.ts';
 import { chatChunk } from './helpers/fake-provider.ts';
 
 const servers: Server[] = [];
@@ -47,23 +46,8 @@ describe('an answer whose provider closes the connection after its finish chunk,
     const res = await request(`${origin}/v1/chat/completions`, { method: 'POST', body: '{}', dispatcher: agent, signal: controller.signal });
     // As runAttempt reads a stream: through bodyChunks, on the attempt's own signal.
     const iterator = bodyChunks(res.body, controller.signal);
-    const parser = new SseParser();
     const first = await iterator.next();
-    const live = new LiveStream({
-      api: 'chat',
-      shape: { choices: 1, usage: false },
-      head: '',
-      pending: parser.push(first.value as Buffer),
-      parser,
-      iterator,
-      translate: undefined,
-      controller,
-      requestSignal: new AbortController().signal,
-      detach: () => undefined,
-      idleMs: 5_000,
-      apiKey: 'sk-provider',
-    });
-    const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
+    const { live, ended } = handedOverStream({ first: first.value as Buffer, iterator, controller, idleMs: 5_000 });
     let text = '';
     for await (const part of live.body()) {
       if (text === '') {

@@ -121,6 +121,22 @@ export const fastRetries: ConfigShape = (c) => {
 };
 
 /**
+ * The chat route goes to `p`, then to `q` (the same scripted server under a second name, with `breaker` as its breaker),
+ * with stream recovery on and one attempt per target.
+ */
+export function recoveringToNext(breaker: ConfigInput['providers'][string]['breaker'] = false): ConfigShape {
+  return (c, origin) => {
+    c.providers.q = { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'q-key', breaker };
+    for (const r of c.routes) {
+      if (r.name !== 'chat') continue;
+      r.targets = [{ provider: 'p' }, { provider: 'q' }];
+      r.streamRecovery = 'continue';
+      r.retry = { maxAttempts: 1 };
+    }
+  };
+}
+
+/**
  * A gateway whose every route goes to one scripted provider `p` (see scripted()), and an `openai` SDK client of it
  * that never retries by itself. Call at the top of a test file: it registers the servers' clean-up.
  */

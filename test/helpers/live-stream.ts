@@ -1,0 +1,34 @@
+// A LiveStream as runAttempt hands it over (its first output parsed, the rest read from `iterator`), built by hand for
+// tests of the stream itself, and the promise of how it ends.
+import { LiveStream, type StreamEnd } from '../../src/pipeline/live-stream.ts';
+import type { ApiKind } from '../../src/routing/router.ts';
+import { SseParser } from '../../src/streaming/sse-parser.ts';
+import type { StreamShape } from '../../src/streaming/stream-events.ts';
+
+export function handedOverStream(o: {
+  first: string | Buffer;
+  iterator: AsyncIterator<Buffer>;
+  controller: AbortController;
+  api?: ApiKind;
+  shape?: StreamShape;
+  idleMs?: number;
+  apiKey?: string;
+}): { live: LiveStream; ended: Promise<StreamEnd> } {
+  const parser = new SseParser();
+  const live = new LiveStream({
+    api: o.api ?? 'chat',
+    shape: o.shape ?? { choices: 1, usage: false },
+    head: '',
+    pending: parser.push(typeof o.first === 'string' ? Buffer.from(o.first) : o.first),
+    parser,
+    iterator: o.iterator,
+    translate: undefined,
+    controller: o.controller,
+    requestSignal: new AbortController().signal,
+    detach: () => undefined,
+    idleMs: o.idleMs ?? 2_000,
+    apiKey: o.apiKey ?? 'sk-provider',
+  });
+  const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
+  return { live, ended };
+}
