@@ -145,6 +145,28 @@ describe('parseWaitHint', () => {
       expect(parseWaitHint(headers, now)?.delayMs).toBe(17);
     });
 
+    it('on a 429 with room left in every limit, waits for the token limits to be full again (a request larger than what is left)', () => {
+      const headers = {
+        'x-ratelimit-reset-requests': '40s', 'x-ratelimit-remaining-requests': '12',
+        'x-ratelimit-reset-tokens': '3s', 'x-ratelimit-remaining-tokens': '1200',
+      };
+      expect(parseWaitHint(headers, now, true)).toEqual({ delayMs: 3000, source: 'x-ratelimit-reset', fleetWide: false });
+      // Another status with the same headers (OpenAI sends them on every answer): they say nothing about it.
+      expect(parseWaitHint(headers, now, false)).toBeUndefined();
+      // An exhausted limit is still the one that counts.
+      expect(parseWaitHint({ ...headers, 'x-ratelimit-remaining-requests': '0' }, now, true)?.delayMs).toBe(40_000);
+    });
+
+    it('on an Anthropic 429 with room left, takes the latest of the token limits, never the requests limit', () => {
+      const headers = {
+        'anthropic-ratelimit-requests-reset': iso(50_000), 'anthropic-ratelimit-requests-remaining': '40',
+        'anthropic-ratelimit-input-tokens-reset': iso(2_000), 'anthropic-ratelimit-input-tokens-remaining': '900',
+        'anthropic-ratelimit-output-tokens-reset': iso(1_000), 'anthropic-ratelimit-output-tokens-remaining': '8000',
+      };
+      expect(parseWaitHint(headers, now, true)?.delayMs).toBe(2000);
+      expect(parseWaitHint(headers, now)).toBeUndefined();
+    });
+
     it('rounds a sub-millisecond reset up to 1 ms', () => {
       expect(parseWaitHint({ 'x-ratelimit-reset-tokens': '500us' }, now)?.delayMs).toBe(1);
     });

@@ -28,7 +28,7 @@ const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimi
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
  */
-export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
+export function parseWaitHint(headers: ResponseHeaders, nowMs: number, rateLimited = false): WaitHint | undefined {
   const retryAfterMs = header(headers, 'retry-after-ms');
   const fromMs = retryAfterMs === undefined ? undefined : parseNonNegativeDecimal(retryAfterMs);
   if (fromMs !== undefined && fromMs > 0) return hint(fromMs, 'retry-after-ms', true);
@@ -37,13 +37,13 @@ export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
   if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
-  const anthropic = latestExhaustedResetMs(headers, ANTHROPIC_LIMITS, v => {
+  const anthropic = latestExhaustedResetMs(headers, ANTHROPIC_LIMITS, rateLimited, v => {
     const atMs = parseRfc3339Ms(v);
     return atMs === undefined ? undefined : atMs - nowMs;
   });
   if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
 
-  const openai = latestExhaustedResetMs(headers, OPENAI_LIMITS, parseDurationMs);
+  const openai = latestExhaustedResetMs(headers, OPENAI_LIMITS, rateLimited, parseDurationMs);
   if (openai !== undefined) return hint(openai, 'x-ratelimit-reset', false);
   return undefined;
 }
@@ -121,12 +121,17 @@ function parseNonNegativeDecimal(value: string): number | undefined {
  * with room left says nothing about this refusal, and waiting for it would over-wait. With no remaining headers every reset
  * counts, and the latest one is the safe choice. Resets already past (or due now) are skipped; none left means no hint
  * from this family.
+ * A 429 (`rateLimited`) while every limit has room is a request larger than what a token limit has left (OpenAI's
+ * "Limit 30000, Used 25000, Requested 8000"): a request always fits the requests limit's room of one. The token limits'
+ * resets (when they are full again, the first time the request surely fits) are then its hint; without it the retries
+ * went back at the backoff's pace into the same refusal.
  */
-function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined): number | undefined {
+function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, rateLimited: boolean, parseResetMs: (v: string) => number | undefined): number | undefined {
   const anyRemaining = pairs.some(([, remaining]) => header(headers, remaining) !== undefined);
+  const exhausted = anyRemaining ? pairs.filter(([, remaining]) => isZero(header(headers, remaining))) : pairs;
+  const counted = exhausted.length === 0 && rateLimited ? pairs.filter(([reset]) => reset.includes('tokens')) : exhausted;
   let latest: number | undefined;
-  for (const [reset, remaining] of pairs) {
-    if (anyRemaining && !isZero(header(headers, remaining))) continue;
+  for (const [reset] of counted) {
     const value = header(headers, reset);
     const resetMs = value === undefined ? undefined : parseResetMs(value);
     if (resetMs === undefined || resetMs <= 0) continue;

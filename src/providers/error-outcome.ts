@@ -11,7 +11,7 @@ type HeaderBag = Record<string, string | string[] | undefined>;
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
-  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) };
+  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs, status === 429) ?? retryInfoHint(errorFieldsOf(body)) };
 }
 
 /**
