@@ -224,6 +224,19 @@ describe('config errors', () => {
     expect(e.message).toBe('gw.yaml:11: routes[0].retry.backoff.capMs: expected number, received string ("3s"); capMs is a plain number of milliseconds: write capMs: 3000');
   });
 
+  it("refuses a pool that promises more than it has: minShare values over 1 in all, maxConcurrent over maxConnections", () => {
+    const classes = (shares: string) => valid().replace('    apiKey:', `    pools:\n      classes: { ${shares} }\n    apiKey:`);
+    expect(configError(classes('critical: { minShare: 0.5 }, online: { minShare: 0.5 }, batch: { minShare: 0.2 }')).message).toBe(
+      'gw.yaml:6: providers.openai.pools.classes: the minShare values add up to 1.2 (critical 0.5, online 0.5, batch 0.2), more than the whole pool: expected at most 1 in all, as each is a share of maxConcurrent kept for its class under contention',
+    );
+    // undici would queue what the pool lets through beyond its connections, out of the pools' sight.
+    expect(configError(valid().replace('    apiKey:', '    maxConnections: 8\n    pools: { maxConcurrent: 16 }\n    apiKey:')).message).toBe(
+      "gw.yaml:6: providers.openai.pools.maxConcurrent: maxConcurrent (16) must not exceed maxConnections (8), or undici would queue behind the gateway's back",
+    );
+    // A sum of exactly 1, however the floating point adds it up, is the whole pool: allowed.
+    expect(parseConfig(classes('online: { minShare: 0.1 }, batch: { minShare: 0.2 }, bulk: { minShare: 0.7 }'), 'gw.yaml', env).providers.openai!.pools.classes).toHaveProperty('bulk');
+  });
+
   it('says which plain number a duration written with a unit means, in the unit its key names', () => {
     const e = configError(
       valid('    timeoutMs: 1.5s\n    budget: { windowS: 500ms }\n').replace('    apiKey:', '    authHoldS: 2m\n    breaker: { openS: "30s" }\n    apiKey:'),

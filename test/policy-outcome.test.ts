@@ -32,6 +32,19 @@ describe('the outcome table', () => {
     ['408 (the provider timed out; not in retryOn)', http(408), 'server-error', false],
     ['529', http(529, 'overloaded_error'), 'overloaded', true],
     ['connect error', { kind: 'network', code: 'ECONNREFUSED' }, 'network', true],
+    ['certificate the gateway refuses', { kind: 'network', code: 'DEPTH_ZERO_SELF_SIGNED_CERT' }, 'tls', false],
+    // The provider's alerts that say the two ends cannot agree: every attempt gets the same one.
+    ['client certificate required (mutual TLS)', { kind: 'network', code: 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED' }, 'tls', false],
+    ['handshake failure alert', { kind: 'network', code: 'ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE' }, 'tls', false],
+    ['unknown CA alert', { kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_UNKNOWN_CA' }, 'tls', false],
+    ['protocol version alert', { kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION' }, 'tls', false],
+    ['unrecognized name alert (SNI)', { kind: 'network', code: 'ERR_SSL_TLSV1_UNRECOGNIZED_NAME' }, 'tls', false],
+    ['no TLS version enabled', { kind: 'network', code: 'ERR_SSL_NO_PROTOCOLS_AVAILABLE' }, 'tls', false],
+    ['a TLS version the gateway does not speak', { kind: 'network', code: 'ERR_SSL_UNSUPPORTED_PROTOCOL' }, 'tls', false],
+    // Alerts about this connection only (the provider's own failure, a record damaged on the way): another may pass.
+    ['internal error alert', { kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_INTERNAL_ERROR' }, 'network', true],
+    ['user cancelled alert', { kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_USER_CANCELLED' }, 'network', true],
+    ['bad record MAC alert', { kind: 'network', code: 'ERR_SSL_SSLV3_ALERT_BAD_RECORD_MAC' }, 'network', true],
     ['connect timeout', { kind: 'timeout', phase: 'connect' }, 'timeout', true],
     ['first-token timeout', { kind: 'timeout', phase: 'first-token' }, 'timeout', true],
     ['malformed stream before output', { kind: 'bad-stream', detail: 'malformed', ran: true }, 'bad-stream', true],
@@ -162,6 +175,8 @@ describe('an outcome the provider may already have run', () => {
       [{ kind: 'network', code: 'UNKNOWN' }, true],
       [{ kind: 'network', code: 'ECONNREFUSED' }, false],
       [{ kind: 'network', code: 'ENOTFOUND' }, false],
+      [{ kind: 'network', code: 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED' }, false],
+      [{ kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_INTERNAL_ERROR' }, true],
       [{ kind: 'bad-stream', detail: 'stream ended before any output', ran: true }, true],
       // A proxy's HTML page or an error delivered with a 200 is no run of the request.
       [{ kind: 'bad-stream', detail: 'the upstream answered text/html, not JSON', ran: false }, false],

@@ -320,11 +320,13 @@ class PoolModel {
 async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
   const g: Gen = gen(seededRandom(seed));
   const classCount = g.int(2, 3);
-  const classes: PoolClass[] = CLASS_NAMES.slice(3 - classCount).map((name, k) => ({
-    name,
-    minShare: k === 0 ? g.pick([0, 0.5]) : g.pick([0, 0.1, 0.25, 0.5]),
-    maxQueue: g.int(0, 6),
-  }));
+  // The config refuses minShare values over 1 in all: each class takes at most what the ones before it left.
+  let shareLeft = 1;
+  const classes: PoolClass[] = CLASS_NAMES.slice(3 - classCount).map((name, k) => {
+    const minShare = Math.min(shareLeft, k === 0 ? g.pick([0, 0.5]) : g.pick([0, 0.1, 0.25, 0.5]));
+    shareLeft -= minShare;
+    return { name, minShare, maxQueue: g.int(0, 6) };
+  });
   const capacity = g.int(1, 8);
   const retries = g.chance(0.5) ? undefined : g.int(1, capacity);
   const retryCapacity = retries ?? Math.max(1, Math.floor(capacity / 5));

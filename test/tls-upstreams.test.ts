@@ -1,11 +1,12 @@
 // Providers on https:// (every real one is): a private CA the operator trusts per provider (`tls.caFile`), a
 // certificate the gateway refuses (untrusted, expired, for another name) named by its TLS code and never retried on
-// the same target nor counted against the provider's health, a handshake that stalls bounded by connectMs, streams and
+// the same target nor counted against the provider's health, as is a handshake the provider refuses with an alert
+// (a client certificate it asks for, a TLS version it lacks), a handshake that stalls bounded by connectMs, streams and
 // kept-alive connections over TLS, a TLS connection reset mid-stream, and TLS through the egress proxy's tunnel.
 import { writeFileSync } from 'node:fs';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
-import { createSecureContext, TLSSocket } from 'node:tls';
+import { createSecureContext, TLSSocket, type SecureVersion } from 'node:tls';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, loadConfigFile } from '../src/config/load.ts';
@@ -35,11 +36,17 @@ interface FrontOptions {
   stall?: boolean;
   /** Reset the TCP connection once the provider's bytes passed to the gateway hold this string this many times. */
   resetAfter?: { marker: string; count: number };
+  /** Ask for a client certificate signed by the test CA (mutual TLS), and refuse the handshake without one. */
+  requestCert?: boolean;
+  /** The TLS versions the front speaks. */
+  versions?: { min: SecureVersion; max: SecureVersion };
+  /** Answer the ClientHello with this fatal TLS alert (its number), as a terminator in trouble does. */
+  alert?: number;
 }
 
 /** A TLS terminator on 127.0.0.1 in front of the mock provider, presenting `cert`. */
 async function startTlsFront(cert: string, opts: FrontOptions = {}): Promise<TlsFront> {
-  const secureContext = createSecureContext({ key: certs.key, cert });
+  const secureContext = createSecureContext({ key: certs.key, cert, ...(opts.requestCert && { ca: certs.ca }), minVersion: opts.versions?.min, maxVersion: opts.versions?.max });
   const sockets = new Set<Socket>();
   const front: TlsFront = { port: 0, connections: 0, handshakes: 0, target: 0, close: async () => {} };
   const server: Server = createServer((raw) => {
@@ -48,7 +55,9 @@ async function startTlsFront(cert: string, opts: FrontOptions = {}): Promise<Tls
     raw.on('close', () => sockets.delete(raw));
     raw.on('error', () => {});
     if (opts.stall) return;
-    const tls = new TLSSocket(raw, { isServer: true, secureContext });
+    // A TLS 1.2 record: fatal (2), the alert's number.
+    if (opts.alert !== undefined) return void raw.once('data', () => raw.end(Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, opts.alert!])));
+    const tls = new TLSSocket(raw, { isServer: true, secureContext, requestCert: opts.requestCert ?? false, rejectUnauthorized: opts.requestCert ?? false });
     tls.on('error', () => raw.destroy());
     tls.on('secure', () => {
       front.handshakes++;
@@ -245,6 +254,50 @@ describe('a certificate the gateway does not trust', () => {
   });
 });
 
+describe('a provider that refuses the handshake with a TLS alert', () => {
+  const cases = [
+    { name: 'asks for a client certificate (mutual TLS, TLS 1.3)', front: { requestCert: true }, code: 'ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED', fix: /client certificate \(mutual TLS\)/ },
+    { name: 'asks for a client certificate over TLS 1.2', front: { requestCert: true, versions: { min: 'TLSv1.2', max: 'TLSv1.2' } }, code: 'ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE', fix: /client certificate \(mutual TLS\).*TLS version or cipher/ },
+    { name: 'speaks TLS 1.0 only', front: { versions: { min: 'TLSv1', max: 'TLSv1' } }, code: 'ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION', fix: /TLS version or cipher/ },
+  ] satisfies Array<{ name: string; front: FrontOptions; code: string; fix: RegExp }>;
+  it.each(cases)('$name: one attempt, a 502 naming $code and what to fix, nothing for the breaker', async ({ front: opts, code, fix }) => {
+    const front = await startTlsFront(certs.good, opts);
+    const s = await gatewayTo(front, { tls: { caFile: certs.caFile }, breaker: {} }, { budget: RETRY_LOOP_ONLY.route!.budget, park: false });
+    const { client, counter } = countingClient(s, { maxRetries: 0 });
+    for (let i = 0; i < 6; i++) {
+      const err = (await ask(client).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      expect(err.status).toBe(502);
+      expect(err.headers?.get('x-should-retry')).toBe('false');
+      // Never circuit_open: five refusals in a row are no sign of the provider's health.
+      expect(err.message).toContain(code);
+      expect(err.message).toMatch(fix);
+    }
+    expect(counter.requests).toBe(6);
+    expect(front.connections).toBe(6);
+    expect(front.handshakes).toBe(0);
+    expect((await requestLine(s)).attempts).toEqual([expect.objectContaining({ reason: 'tls', code })]);
+    expect(s.mock.stats().total).toBe(0);
+  });
+
+  it('hands the request to the next target at once when it asks for a client certificate', async () => {
+    const front = await startTlsFront(certs.good, { requestCert: true });
+    const s = await gatewayTo(front, { tls: { caFile: certs.caFile } }, { retry: { maxAttempts: 3 } }, true);
+    const res = await ask(new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 })).withResponse();
+    expect(res.response.headers.get('x-stormgate-target')).toMatch(/^mock/);
+    expect(front.connections).toBe(1);
+  });
+
+  it('retries an internal error alert, which says nothing about the next connection, as a network failure', async () => {
+    const front = await startTlsFront(certs.good, { alert: 80 });
+    const s = await gatewayTo(front, { tls: { caFile: certs.caFile } }, { retry: { maxAttempts: 3 } });
+    const err = (await ask(new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 })).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(502);
+    expect(err.message).toMatch(/could not be reached after 3 attempts \(last: ERR_SSL_TLSV1_ALERT_INTERNAL_ERROR\)/);
+    expect(front.connections).toBe(3);
+  });
+});
+
 describe('TLS timing and streams', () => {
   it('bounds a handshake the provider never answers by connectMs, as a connect timeout', async () => {
     const front = await startTlsFront(certs.good, { stall: true });
@@ -320,6 +373,15 @@ describe('an https provider through the egress proxy', () => {
     expect(err.status).toBe(502);
     expect(err.message).toContain('DEPTH_ZERO_SELF_SIGNED_CERT');
     expect(err.message).not.toMatch(/egress proxy/);
+    expect(front.connections).toBe(1);
+  });
+
+  it('names the alert of a provider that asks for a client certificate inside the tunnel, and does not retry it', async () => {
+    const front = await startTlsFront(certs.good, { requestCert: true });
+    const s = await gatewayTo(front, { proxy: proxyUrl, tls: { caFile: certs.caFile } });
+    const err = (await ask(new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 })).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(502);
+    expect(err.message).toMatch(/ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED.*client certificate/);
     expect(front.connections).toBe(1);
   });
 });

@@ -104,7 +104,7 @@ export const BreakerSchema = z
 
 const PoolClassSchema = z
   .strictObject({
-    minShare: z.number().min(0).max(1).default(0).describe('Share of maxConcurrent this class keeps under contention; idle capacity is open to any class. Default: 0.'),
+    minShare: z.number().min(0).max(1).default(0).describe('Share of maxConcurrent this class keeps under contention; idle capacity is open to any class. The classes of a pool add up to 1 at most. Default: 0.'),
     maxQueue: z.number().int().min(0).default(1000).describe('Requests of this class that may wait for a slot; more are shed. Default: 1000.'),
   })
   .describe('A priority class of the provider\'s pool.');
@@ -449,6 +449,17 @@ export const ConfigSchema = z
         });
       }
       if (Object.keys(p.pools.classes).length === 0) ctx.addIssue({ code: 'custom', path: ['providers', name, 'pools', 'classes'], message: 'at least one class is needed' });
+      // Shares that add up to more than the pool cannot all be kept: under contention the pool keeps the lower classes'
+      // floors first, and a higher class gets less than its minShare promised. A hair over 1 is floating point (0.1 + 0.2 + 0.7).
+      const shares = Object.entries(p.pools.classes);
+      const total = shares.reduce((sum, [, c]) => sum + c.minShare, 0);
+      if (total > 1 + 1e-9) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['providers', name, 'pools', 'classes'],
+          message: `the minShare values add up to ${Number(total.toFixed(6))} (${shares.map(([cls, c]) => `${cls} ${c.minShare}`).join(', ')}), more than the whole pool: expected at most 1 in all, as each is a share of maxConcurrent kept for its class under contention`,
+        });
+      }
     }
     cfg.routes.forEach((route, i) => {
       route.targets.forEach((t) => {

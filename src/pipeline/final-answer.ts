@@ -110,11 +110,7 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       }
       if (f.cls.cls === 'tls') {
         // The code alone: Node's message quotes the certificate's names, which are the operator's to look up.
-        const fix =
-          outcome.code === 'ERR_SSL_WRONG_VERSION_NUMBER'
-            ? "its port does not speak TLS: check that provider's baseUrl (https:// for a plain http:// server?)"
-            : "for a provider behind a private CA, give its CA in that provider's tls.caFile; an expired certificate, or one for another host name, is the provider's to fix";
-        return new GatewayError('upstream_unavailable', `the TLS handshake with upstream ${f.target} failed after ${tried} (${outcome.code}): ${fix}${all}`, opts);
+        return new GatewayError('upstream_unavailable', `the TLS handshake with upstream ${f.target} failed after ${tried} (${outcome.code}): ${tlsFix(outcome.code)}${all}`, opts);
       }
       if (proxyUnreachable(outcome.code) && f.proxy) {
         return new GatewayError(
@@ -149,6 +145,24 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
     case 'ok':
       return new GatewayError('internal_error', 'a successful attempt was treated as a failure', opts);
   }
+}
+
+/** The alerts of a provider that wants a client certificate (mutual TLS): none sent, or (in principle) one refused. */
+const CLIENT_CERT_ALERT = /_ALERT_(?:NO_CERTIFICATE|BAD_CERTIFICATE|UNSUPPORTED_CERTIFICATE|CERTIFICATE_\w+|UNKNOWN_CA|ACCESS_DENIED)$/;
+/** No TLS version or cipher both ends accept, or a server too old for the gateway's OpenSSL: the provider's alert or the gateway's own refusal. */
+const NO_COMMON_TLS = /_ALERT_(?:PROTOCOL_VERSION|INSUFFICIENT_SECURITY)$|^ERR_SSL_(?:NO_PROTOCOLS_AVAILABLE|UNSUPPORTED_PROTOCOL|UNSAFE_LEGACY_RENEGOTIATION_DISABLED|DH_KEY_TOO_SMALL)$/;
+const NO_CLIENT_CERT = 'a client certificate (mutual TLS), which the gateway does not send';
+const NO_COMMON_TLS_TEXT = "no TLS version or cipher with the gateway (which offers TLS 1.2 and 1.3, Node's defaults)";
+
+/** What to check for a TLS handshake that failed by `code`: the baseUrl, the CA the gateway trusts, or the provider's TLS settings. */
+function tlsFix(code: string): string {
+  if (code === 'ERR_SSL_WRONG_VERSION_NUMBER') return "its port does not speak TLS: check that provider's baseUrl (https:// for a plain http:// server?)";
+  if (CLIENT_CERT_ALERT.test(code)) return `the provider asks for ${NO_CLIENT_CERT}: let it accept the gateway without one, or reach it through a sidecar that presents one`;
+  // Before TLS 1.3 a missing client certificate is refused with this alert too: it cannot tell the two apart.
+  if (code === 'ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE') return `the provider refused the handshake: it may ask for ${NO_CLIENT_CERT}, or share ${NO_COMMON_TLS_TEXT}`;
+  if (NO_COMMON_TLS.test(code)) return `the provider shares ${NO_COMMON_TLS_TEXT}: its TLS settings are what to change`;
+  if (code.startsWith('ERR_SSL_')) return "the provider refused the handshake with that alert: check its TLS settings and the host name in that provider's baseUrl";
+  return "for a provider behind a private CA, give its CA in that provider's tls.caFile; an expired certificate, or one for another host name, is the provider's to fix";
 }
 
 /**

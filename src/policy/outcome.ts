@@ -190,7 +190,7 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'network':
       // Its own reason: under `network`, the retry count blamed the provider for the gateway's own limit.
       if (LOCAL_RESOURCE_CODES.has(outcome.code)) return { cls: 'local-resource', retryKey: 'network', reason: 'local_resource' };
-      if (TLS_REFUSED_CODES.has(outcome.code)) return { cls: 'tls', retryKey: null, reason: 'tls' };
+      if (refusedTls(outcome.code)) return { cls: 'tls', retryKey: null, reason: 'tls' };
       return { cls: 'network', retryKey: 'network', reason: 'network' };
     case 'timeout':
       return { cls: 'timeout', retryKey: 'timeout', reason: timeoutReason(outcome.phase) };
@@ -254,19 +254,48 @@ export const UNREACHABLE_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', '
 
 /**
  * A TLS handshake the gateway gave up: the provider's certificate did not verify (OpenSSL's verify codes, as Node names
- * them, and Node's own host name check), or the port answered the ClientHello in plain HTTP (an https:// baseUrl on an
- * http server). Each comes before a byte of the request is sent, and comes again on every attempt.
+ * them, and Node's own host name check), the port answered the ClientHello in plain HTTP (an https:// baseUrl on an
+ * http server), or the gateway's OpenSSL offers no version the provider speaks (NO_PROTOCOLS_AVAILABLE,
+ * UNSUPPORTED_PROTOCOL) or will not talk to a server that old (no secure renegotiation, a weak DH key). Each comes
+ * before a byte of the request is sent, and comes again on every attempt.
  */
 export const TLS_REFUSED_CODES: ReadonlySet<string> = new Set([
   'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'DEPTH_ZERO_SELF_SIGNED_CERT',
   'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID', 'ERROR_IN_CERT_NOT_BEFORE_FIELD', 'ERROR_IN_CERT_NOT_AFTER_FIELD',
   'UNABLE_TO_DECRYPT_CERT_SIGNATURE', 'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
   'INVALID_CA', 'PATH_LENGTH_EXCEEDED', 'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH',
-  'ERR_TLS_CERT_ALTNAME_INVALID', 'ERR_SSL_WRONG_VERSION_NUMBER',
+  'ERR_TLS_CERT_ALTNAME_INVALID', 'ERR_SSL_WRONG_VERSION_NUMBER', 'ERR_SSL_NO_PROTOCOLS_AVAILABLE', 'ERR_SSL_UNSUPPORTED_PROTOCOL',
+  'ERR_SSL_UNSAFE_LEGACY_RENEGOTIATION_DISABLED', 'ERR_SSL_DH_KEY_TOO_SMALL',
 ]);
 
-/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket, no TLS). */
-const NOT_SENT_CODES = new Set([...UNREACHABLE_CODES, ...LOCAL_RESOURCE_CODES, ...TLS_REFUSED_CODES]);
+/**
+ * A TLS alert the provider sent: OpenSSL's reasons for a received alert are exactly those named `sslv3 ...`,
+ * `tlsv1 ...` and `tlsv13 ...` (ERR_SSL_TLSV1_ALERT_UNKNOWN_CA; some without ALERT: ERR_SSL_TLSV1_UNRECOGNIZED_NAME,
+ * the SNI's). Most say the two ends cannot agree: a client certificate asked for (mutual TLS) that the gateway does not
+ * send (TLSV13_ALERT_CERTIFICATE_REQUIRED, or HANDSHAKE_FAILURE before TLS 1.3), no version or cipher in common
+ * (PROTOCOL_VERSION, HANDSHAKE_FAILURE, INSUFFICIENT_SECURITY), a host name it does not serve. Read as `network`,
+ * each was retried maxAttempts times to the same answer, counted against the breaker, and the client was told the
+ * provider "could not be reached".
+ */
+const TLS_ALERT = /^ERR_SSL_(?:SSLV3|TLSV1|TLSV13)_/;
+
+/**
+ * Alerts about this one connection, which the next one may well pass: the provider's own failure (INTERNAL_ERROR,
+ * a terminator short of memory or of its key store), a handshake it gave up (USER_CANCELLED, a restart), or a record
+ * damaged on the way (BAD_RECORD_MAC, DECRYPTION_FAILED, RECORD_OVERFLOW). They stay network failures.
+ */
+const TRANSIENT_TLS_ALERTS: ReadonlySet<string> = new Set([
+  'ERR_SSL_TLSV1_ALERT_INTERNAL_ERROR', 'ERR_SSL_TLSV1_ALERT_USER_CANCELLED', 'ERR_SSL_SSLV3_ALERT_BAD_RECORD_MAC',
+  'ERR_SSL_TLSV1_ALERT_DECRYPTION_FAILED', 'ERR_SSL_TLSV1_ALERT_RECORD_OVERFLOW',
+]);
+
+/** A TLS handshake that fails the same way on every attempt, until a certificate or the config changes. */
+export function refusedTls(code: string): boolean {
+  return TLS_REFUSED_CODES.has(code) || (TLS_ALERT.test(code) && !TRANSIENT_TLS_ALERTS.has(code));
+}
+
+/** Network errors raised before the request left: nothing reached the provider (refused, no route, no DNS answer, no socket). */
+const NOT_SENT_CODES = new Set([...UNREACHABLE_CODES, ...LOCAL_RESOURCE_CODES]);
 
 /**
  * Statuses that may come after the request ran: an error in the middle of processing (500), or a proxy in front of
@@ -303,7 +332,8 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
     case 'timeout':
       return outcome.phase !== 'connect';
     case 'network':
-      return !NOT_SENT_CODES.has(outcome.code) && !refusedByProxy(outcome.code);
+      // A TLS refusal comes in the handshake, before the provider reads a byte of the request.
+      return !NOT_SENT_CODES.has(outcome.code) && !refusedTls(outcome.code) && !refusedByProxy(outcome.code);
     case 'bad-stream':
       return outcome.ran;
     case 'http':

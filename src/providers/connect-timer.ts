@@ -5,6 +5,7 @@
 import type { Socket } from 'node:net';
 import type { ConnectionOptions } from 'node:tls';
 import { buildConnector, errors } from 'undici';
+import { keepTlsAlert } from './tls-alert.ts';
 
 /** Starts a connection and returns how to close what it had opened when the time is up. */
 type StartConnect = (opts: buildConnector.Options, callback: buildConnector.Callback) => () => void;
@@ -31,7 +32,8 @@ export function boundedConnector(start: StartConnect, connectMs: number, where: 
         }
         settled = true;
         clearTimeout(timer);
-        const [err] = args;
+        const [err, socket] = args;
+        if (socket) keepTlsAlert(socket);
         if (err && mapError) callback(mapError(err), null);
         else callback(...args);
       });
