@@ -98,3 +98,40 @@ describe('provider_held_off on both sides of 60 s', () => {
     expect(s.mock.stats().total).toBe(1);
   });
 });
+
+describe('retriesStopped when the target is held back after one attempt', () => {
+  /** The request log lines of route chat. */
+  const chatLines = (s: Stack) => s.logs.map((l) => JSON.parse(l) as Record<string, any>).filter((l) => l.route === 'chat');
+  const settled = async (s: Stack, n: number) => {
+    for (let i = 0; i < 100 && chatLines(s).length < n; i++) await new Promise((r) => setTimeout(r, 10));
+    return chatLines(s);
+  };
+
+  it("says held_off, not retries_exhausted, for a retry that found another request's longer hold-off", async () => {
+    // Two requests in flight together: one is told to come back in 1 s, the other in 30 s (past maxWaitHintMs, 20 s).
+    // The first one's retry finds the target held off for the 30 s and the request ends after its only attempt.
+    const s = await start({
+      faults: {
+        latencyMs: 200,
+        errors: [
+          { status: 429, times: 1, headers: { 'retry-after': '1' } },
+          { status: 429, times: 1, headers: { 'retry-after': '30' } },
+        ],
+      },
+      provider: { breaker: false },
+    });
+    await Promise.all([chat(s), chat(s)]);
+    const lines = await settled(s, 2);
+    expect(s.mock.stats().total).toBe(2);
+    expect(lines.map((l) => l.attempts.length)).toEqual([1, 1]);
+    expect(lines.map((l) => l.retriesStopped).sort()).toEqual(['held_off', 'wait_hint']);
+  });
+
+  it('says breaker_open, not retries_exhausted, for a retry the breaker its failure opened stopped', async () => {
+    const s = await start({ faults: { errors: [{ status: 503 }] }, route: { park: false }, provider: { breaker: { consecutiveFailures: 1 } } });
+    expect((await chat(s)).status).toBe(503);
+    const [line] = await settled(s, 1);
+    expect(line!.attempts).toHaveLength(1);
+    expect(line!.retriesStopped).toBe('breaker_open');
+  });
+});

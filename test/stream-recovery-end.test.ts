@@ -1,11 +1,29 @@
 // streamRecovery: continue, when the continuation itself breaks: the client gets an error event (never a clean end),
 // and the request is logged and counted as the broken stream it is, not as a recovered success.
 import { describe, expect, it } from 'vitest';
-import { cc, delta, recoveringToNext, useScriptedGateway } from './helpers/scripted-provider.ts';
+import OpenAI from 'openai';
+import { cc, delta, recoveringToNext, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
 import { metricSum } from './helpers/stack.ts';
 
 const start = useScriptedGateway(recoveringToNext());
 const cut = { destroy: true } as const;
+
+/** The first target's answer: "Hel", then a cut. */
+const cutAfterHel: Script = { steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: 'Hel' })]), 30, cut] };
+const busy: Script = { status: 503, headers: { 'content-type': 'application/json' }, steps: ['{"error":{"message":"busy","type":"server_error"}}'] };
+const hello: Script = { steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: 'Hello' })]), cc([delta({}, 'stop')]), 'data: [DONE]\n\n'] };
+
+/** One streamed request read to its end; its error (the cut the client was told of), if any, swallowed. */
+async function readStream(client: OpenAI): Promise<string> {
+  const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+  let text = '';
+  try {
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  } catch {
+    // the cut, as an error event
+  }
+  return text;
+}
 
 describe('a stream recovery that breaks too', () => {
   it('is a stream_error with the continuation\'s end, not a recovered success', async () => {
@@ -45,5 +63,40 @@ describe('a stream recovery that breaks too', () => {
     expect(line.attempts.map((a) => [a.target, a.reason])).toEqual([['p/gpt-4o', 'ok'], ['q/gpt-4o', 'ok']]);
     expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="p/gpt-4o"')).toBe(1);
     expect(await metricSum(s, 'stormgate_upstream_attempts_total{target="q/gpt-4o"')).toBe(1);
+  });
+
+  describe("the continuation's target's breaker", () => {
+    // q opens on 2 failures in a row (with no success from it for 250 ms), or when every one of at least 2 requests failed.
+    const guarded = useScriptedGateway(recoveringToNext({ consecutiveFailures: 2, minRequests: 2, failureRate: 1 }));
+
+    it('counts a failed continuation as a failure and a successful one as a success, as any attempt on it', async () => {
+      // Every request is cut at p after "Hel"; q answers its continuations 503, then "Hello", then 503, 503.
+      const fromQ = [busy, hello, busy, busy];
+      const { client, seen } = await guarded((_body, n) => (seen[n - 1]!.headers.authorization === 'Bearer q-key' ? (fromQ.shift() ?? busy) : cutAfterHel));
+      const asked = () => seen.filter((r) => r.headers.authorization === 'Bearer q-key').length;
+      await readStream(client);
+      // q's success resets the run: its breaker does not open on the failures either side of it.
+      expect(await readStream(client)).toBe('Hello');
+      await readStream(client);
+      expect(asked()).toBe(3);
+      await new Promise((r) => setTimeout(r, 300));
+      // The second failure in a row opens q's breaker, and the next cut is not sent to it.
+      await readStream(client);
+      expect(asked()).toBe(4);
+      await readStream(client);
+      expect(asked()).toBe(4);
+    });
+
+    it('counts a continuation the provider breaks after its first output as a failure in the failure-rate window', async () => {
+      const { client, seen, s } = await guarded(() => cutAfterHel);
+      const asked = () => seen.filter((r) => r.headers.authorization === 'Bearer q-key').length;
+      await readStream(client);
+      await readStream(client);
+      expect(asked()).toBe(2);
+      // Two continuations begun (successes at their first output) and both cut: two of two, once the window is written.
+      await expect.poll(() => metricSum(s, 'stormgate_breaker_state{target="q/gpt-4o"}')).toBe(1);
+      await readStream(client);
+      expect(asked()).toBe(2);
+    });
   });
 });

@@ -10,6 +10,7 @@ import { runAttempt } from './attempt.ts';
 import type { StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts';
+import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { classify } from '../policy/outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
 import type { RequestSignal } from './request-abort.ts';
@@ -67,10 +68,16 @@ export function streamRecovery(
     // any other, or the amplification the operator watches misses every recovery.
     const durationMs = now() - startedAt;
     const cls = classify(result.outcome);
-    attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs });
+    const code = failureCode(result);
+    attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs, ...(code !== undefined && { code }) });
     deps.onAttempt?.(req.route.name, next.key, result, durationMs);
+    // And in the target's guards, as any attempt on it: unrecorded, a backup that failed every continuation (a 503, a
+    // refused connection) never opened its breaker, and kept being sent the recoveries of every broken stream.
+    const judgedIn = result.stream && { generation: board.current(next.key).generation, atMs: now() };
+    await recordOutcome(deps.guards, next, result, cls, durationMs, undefined);
     const live = result.stream;
     if (!live) return undefined;
+    judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();
     const ended = () => live.ended;
     if (!prefill) {

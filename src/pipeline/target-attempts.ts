@@ -9,9 +9,9 @@ import { HOLD_OFF_SLACK_MS, leavesUntil, pastHoldOff, waitPastHoldOff } from '..
 import type { ApiKind, CompiledRoute } from '../routing/router.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
-import { startsHoldOff } from '../state/hold-offs.ts';
 import type { RetryBudget } from '../state/retry-budget.ts';
 import type { AttemptResult } from './attempt.ts';
+import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import { attemptInSlot, type SlotAttempt } from './slot-attempt.ts';
 import type { ProviderPool, ShedReason } from '../pools/provider-pool.ts';
@@ -138,7 +138,7 @@ export interface RequestContext {
   bodyBytes?: number;
 }
 
-interface Guards {
+export interface Guards {
   board: BreakerBoard;
   holdOffs: HoldOffs;
   budget: RetryBudget;
@@ -167,8 +167,13 @@ export type TargetResult =
   /** `own`: the hold-off this request's own answer started, whose hint its retry policy accepted (it may park past maxWaitHintMs by the spread). */
   | { kind: 'unavailable'; reason: 'breaker' | 'hold-off'; availableAtMs: number; own?: true };
 
-/** What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped). */
-export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed';
+type Unavailable = TargetResult & { kind: 'unavailable' };
+
+/**
+ * What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped).
+ * `held_off`, `breaker_open`: the retry was due when the target went away, and the request ended without coming back.
+ */
+export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed' | 'held_off' | 'breaker_open';
 
 export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
@@ -225,7 +230,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const authHeldUntil = holdOffs.credentialsHeldUntil(plan.key);
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffUntil(holdOffs, plan);
-    if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
+    if (heldUntil !== undefined) return heldBackRetry(run, { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil });
     // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
     // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
     // answering the first. Without responseMs, firstTokenMs still bounds the permit: a hung probe must not hold it
@@ -244,7 +249,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
       const ownView = board.availability(plan.key, plan.breaker, ticket !== undefined);
       const at = parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
-      return { kind: 'unavailable', reason: 'breaker', availableAtMs: at };
+      return heldBackRetry(run, { kind: 'unavailable', reason: 'breaker', availableAtMs: at });
     }
     // A retry the target's unavailability deferred (the breaker opened, a hold-off outlasted its wait) and that the
     // parking lot has now released (`ticket`) is paced like one that waits out a hold-off: nothing went to the target
@@ -290,7 +295,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       ticket?.done();
       // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
       if (run.sent > 0) run.retryPaid = true;
-      return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
+      return heldBackRetry(run, { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs });
     }
     if (attempt.kind === 'expired') {
       // Past the deadline, or aborted in the pool's queue, before it was sent: not an attempt for the log, the metrics or the breaker.
@@ -306,8 +311,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     if (retryOf) deps.onRetry?.(ctx.route.name, plan.key, retryOf.reason, run.waitMs);
     run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
-    const outcome = result.outcome;
-    const code = outcome.kind === 'network' || outcome.kind === 'internal' ? outcome.code : undefined;
+    const code = failureCode(result);
     ctx.attempts.push({
       target: plan.label,
       attempt: run.attempts,
@@ -329,8 +333,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const judgedIn = result.stream && { generation: board.current(plan.key).generation, atMs: deps.now() };
     try {
       // Awaited: a transition this outcome causes (the breaker opening) must steer this request's next step.
-      await board.record(plan.key, plan.breaker, row.breaker, durationMs, admission.probe, { reason: cls.reason, ...(code !== undefined && { code }) });
-      ownHoldOff = result.outcome.kind === 'http' && row.holdOff && plan.sharesHoldOffs && startsHoldOff(result.outcome.status, hint) ? holdOffs.start(plan.key, hint, { reason: cls.reason, status: result.outcome.status }) : undefined;
+      ownHoldOff = await recordOutcome(deps.guards, plan, result, cls, durationMs, admission.probe);
     } finally {
       attempt.release();
     }
@@ -346,23 +349,14 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     ticket = undefined;
 
     if (cls.cls === 'success') {
-      // The account refused after the answer began (a quota spent mid-stream): the next requests skip the target as
-      // they would after a refusal before it.
-      const stream = result.stream;
-      stream?.whenDone(() => {
-        if (stream.ended?.accountRefused) holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
-        // A probe's verdict was its first output: the breaker's round is judged on answers begun, not on how they end.
-        const broke = stream.ended?.upstreamBroke;
-        if (broke && judgedIn && !admission.probe) board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
-      });
+      // A probe's verdict was its first output: the breaker's round is judged on answers begun, not on how they end.
+      if (result.stream) judgeStreamEnd(deps.guards, plan, result.stream, admission.probe ? undefined : judgedIn);
       return { kind: 'ok', result };
     }
     // A wait the client is told lasts to the target's hold-off's end (the one this answer started, its hint plus a spread of
     // up to a tenth, or another's): told only the hint, an SDK invited back came during the hold-off's spread and was turned away again.
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now()), ...(why && { why }) });
-    // The gateway's own credentials or billing: no request goes to this target for authHoldS.
-    if (cls.cls === 'credentials') holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
@@ -385,7 +379,9 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     });
     // A hint too long, or one the time left cannot wait out, is the hint's doing; a backoff that does not fit, the deadline's.
     if (!decision.wait) return failed(decision.retryAfterMs, decision.why === 'deadline' && !hint ? 'deadline' : 'wait_hint');
-    failed(hint?.delayMs, 'retries_exhausted');
+    // The failure to answer with should the retry go no further: what stops it (the budget, a shed, the target gone
+    // meanwhile) names itself below; retries_exhausted is for maxAttempts spent, not for a retry that never went.
+    failed(hint?.delayMs);
     // A retry that waits out the provider's wait hint past a hold-off is paced by it: nothing goes to the target until
     // it ends, and what goes then is paced by the pool's limit, restarted at half. It is counted in the budget but not
     // refused: a burst of 429s with retry-after ends as the provider asked, not in 429s the SDK is told not to retry.
@@ -399,7 +395,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     // out in place while the primary's 1 s hold-off had long ended). Only here: a silent fallback is still retried
     // while the earlier target is away, since that one may not be back before the deadline.
     const movesOnUntil = hasNext || others.earlier ? leavesUntil(ctx.route.config.park, hint, ownHoldOff, deps.now()) : undefined;
-    const unavailable: TargetResult | undefined =
+    const unavailable: Unavailable | undefined =
       movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
       // Paced, it is paid now; any other is paid when it goes: released by the parking lot, it is paced too (counted,
@@ -407,7 +403,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       // One that moves on is paid only if it comes back: the next target answers most of them, and a retry counted for
       // each left the primary's budget spent on retries it never got.
       if (paced && movesOnUntil === undefined) run.retryPaid = await payRetry(ctx, plan, deps, true);
-      return unavailable;
+      return heldBackRetry(run, unavailable);
     }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
@@ -454,10 +450,20 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
   return false;
 }
 
+/**
+ * The target went away with a retry of this request due (held off, its breaker open): should the request end without
+ * coming back for it (the hold-off too long, the deadline too near, parking off), its failure says why the retry never
+ * went. Told `retries_exhausted`, the log line said maxAttempts were spent after one attempt.
+ */
+function heldBackRetry(run: TargetRun, unavailable: Unavailable): Unavailable {
+  if (run.lastFailure) run.lastFailure.why = unavailable.reason === 'breaker' ? 'breaker_open' : 'held_off';
+  return unavailable;
+}
+
 /** How long a probe permit outlives its attempt's own limit, for the verdict to be written. */
 const PERMIT_GRACE_MS = 500;
 
-function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): TargetResult | undefined {
+function unavailableNow(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, waitMs: number, ownHoldOffUntil: number | undefined): Unavailable | undefined {
   const heldUntil = holdOffUntil(deps.guards.holdOffs, plan);
   if (heldUntil !== undefined && heldUntil > (ownHoldOffUntil ?? deps.now() + waitMs)) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
   // An open breaker lets nothing through but the parking lot's probes, however soon a parked request may probe: the

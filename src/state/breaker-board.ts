@@ -21,7 +21,7 @@ import { INITIAL_BREAKER, type BreakerRecord, type OutcomeWindow, type StateStor
 const FLUSH_MS = 50;
 
 /** A probe's permit, and the spell of the breaker (its record's sinceMs and state) it was taken in. */
-interface Probe {
+export interface Probe {
   permit: string;
   spellSinceMs: number;
   spellState: BreakerRecord['state'];

@@ -1,0 +1,46 @@
+// What one upstream attempt's outcome tells its target's guards (breaker, hold-offs, credential holds), shared by every
+// path that sends one: the attempt loop (target-attempts.ts) and a stream recovery's continuation (stream-recovery.ts).
+// Kept in one place so that no path sends upstream requests the target's breaker never hears of.
+import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+import type { Probe } from '../state/breaker-board.ts';
+import { startsHoldOff } from '../state/hold-offs.ts';
+import type { AttemptResult } from './attempt.ts';
+import type { LiveStream } from './live-stream.ts';
+import type { Guards, TargetPlan } from './target-attempts.ts';
+
+/** A network (or the gateway's own) failure's code, for the log's attempt and the breaker's facts. */
+export function failureCode(result: AttemptResult): string | undefined {
+  const { outcome } = result;
+  return outcome.kind === 'network' || outcome.kind === 'internal' ? outcome.code : undefined;
+}
+
+/**
+ * What an attempt's outcome tells its target's guards (the outcome table's breaker and hold-off columns, and a hold of
+ * the gateway's refused credentials), whichever path sent it: the attempt loop, or a stream recovery's continuation,
+ * which must open the breaker of a backup that fails every continuation as its failed attempts would. Resolves once
+ * a breaker transition it causes is written; returns the end of the hold-off its wait hint started, if it started one.
+ */
+export async function recordOutcome(guards: Guards, plan: TargetPlan, result: AttemptResult, cls: Classification, durationMs: number, probe: Probe | undefined): Promise<number | undefined> {
+  const row = OUTCOME_TABLE[cls.cls];
+  const { outcome } = result;
+  const code = failureCode(result);
+  await guards.board.record(plan.key, plan.breaker, row.breaker, durationMs, probe, { reason: cls.reason, ...(code !== undefined && { code }) });
+  // The gateway's own credentials or billing: no request goes to this target for authHoldS.
+  if (cls.cls === 'credentials') guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
+  if (outcome.kind !== 'http' || !row.holdOff || !plan.sharesHoldOffs || !startsHoldOff(outcome.status, outcome.hint)) return undefined;
+  return guards.holdOffs.start(plan.key, outcome.hint, { reason: cls.reason, status: outcome.status });
+}
+
+/**
+ * What a stream's end tells its target's guards that its first output could not: an account refused after the answer
+ * began (a quota spent mid-stream) holds the credentials, as a refusal before it would; a break the provider made
+ * turns the success its first output counted in `judgedIn` (the breaker's window then) into a failure. No `judgedIn`
+ * for a probe, whose verdict was its first output.
+ */
+export function judgeStreamEnd(guards: Guards, plan: TargetPlan, stream: LiveStream, judgedIn: { generation: number; atMs: number } | undefined): void {
+  stream.whenDone(() => {
+    if (stream.ended?.accountRefused) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
+    const broke = stream.ended?.upstreamBroke;
+    if (broke && judgedIn) guards.board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
+  });
+}
