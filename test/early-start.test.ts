@@ -1,10 +1,10 @@
 // A stream on the client's own deadline starts at that deadline when its provider has begun answering but sent no
-// token yet (pipeline/early-start.ts): the client gets the head in time, as it would from the provider directly, and
-// the stream is bounded by its idle timeout from there.
+// token yet (pipeline/early-start.ts): the client gets the head in time, as it would from the provider directly; what
+// is left of the attempt's firstTokenMs bounds the silence until the first token, and idleMs the gaps after it.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { chatChunk as chunk, eventStream, useFakeProviders, type FakeProvider } from './helpers/fake-provider.ts';
-import { configServedBy, useStacks } from './helpers/stack.ts';
+import { configServedBy, metricSum, requestLine, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
@@ -21,14 +21,32 @@ function thinkingProvider(answerAfterMs: number | undefined): Promise<FakeProvid
   );
 }
 
-const gatewayTo = (p: FakeProvider, idleMs = 30_000) =>
+const gatewayTo = (p: FakeProvider, timeouts: { firstTokenMs?: number; idleMs?: number } = {}) =>
   startStack({
     config: (mockUrl) => {
       const c = configServedBy(mockUrl, 'thinking', `${p.origin}/v1`);
-      c.providers.thinking!.timeouts = { idleMs };
+      c.providers.thinking!.timeouts = timeouts;
       return c;
     },
   });
+
+/** A client whose SDK timeout is 1 s (the gateway's deadline, its margin taken off: 750 ms). */
+const clientOf = (baseURL: string) => new OpenAI({ baseURL, apiKey: 'client-key', maxRetries: 0, defaultHeaders: { 'x-stormgate-timeout-ms': '1000' } });
+
+/** Reads a chat stream to its end: its text and finish_reason, or the error it ended with. */
+async function readChat(stream: AsyncIterable<OpenAI.Chat.Completions.ChatCompletionChunk>): Promise<{ text: string; finish?: string; error?: Error }> {
+  let text = '';
+  let finish: string | undefined;
+  try {
+    for await (const c of stream) {
+      text += c.choices[0]?.delta?.content ?? '';
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+  } catch (error) {
+    return { text, error: error as Error };
+  }
+  return { text, ...(finish !== undefined && { finish }) };
+}
 
 describe('a stream started at the client\'s deadline', () => {
   it('sends the head at the deadline, before any event, then the answer when it comes', async () => {
@@ -52,18 +70,56 @@ describe('a stream started at the client\'s deadline', () => {
     expect(s.logs.join('')).toContain('"startedEarly":true');
   });
 
-  it('ends with an error event the SDK raises when the provider then stays silent past idleMs', async () => {
+  it('ends with an error event the SDK raises when the provider then stays silent past firstTokenMs', async () => {
     const p = await thinkingProvider(undefined);
-    const s = await gatewayTo(p, 500);
-    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0, defaultHeaders: { 'x-stormgate-timeout-ms': '1000' } });
-    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-    const err = await (async () => {
-      for await (const _ of stream) {
-        // no events come
-      }
-    })().catch((e: unknown) => e as Error);
-    expect(String(err)).toMatch(/stalled/);
+    const s = await gatewayTo(p, { firstTokenMs: 1_500, idleMs: 500 });
+    const stream = await clientOf(s.baseURL).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    const { error } = await readChat(stream);
+    expect(String(error)).toMatch(/stalled/);
     expect(p.hits()).toBe(1);
     expect(s.logs.join('')).toMatch(/"startedEarly":true.*"streamEnd":"stalled"|"streamEnd":"stalled".*"startedEarly":true/);
+  });
+});
+
+describe('a stream started at the client\'s deadline, from a model that thinks past it (the bundled mock)', () => {
+  /** The mock sends its headers and role chunk at once, and its first token `thinkMs` later; idleMs is far shorter. */
+  const thinking = (thinkMs: number) =>
+    startStack({ faults: { stream: { firstTokenDelayMs: thinkMs, chunks: 3 } }, provider: { breaker: false, timeouts: { firstTokenMs: 3_000, idleMs: 400 } } });
+
+  it('waits for the first token as long as firstTokenMs allows, not idleMs: the whole answer comes', async () => {
+    // Started at ~750 ms; the first token at ~2 s is over 1 s of silence later, past idleMs, within firstTokenMs.
+    const s = await thinking(2_000);
+    const started = Date.now();
+    const { data: stream, response } = await clientOf(s.baseURL).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true }).withResponse();
+    expect(Date.now() - started).toBeLessThan(1_800);
+    const got = await readChat(stream);
+    expect(response.status).toBe(200);
+    expect(got.error).toBeUndefined();
+    expect(got.finish).toBe('stop');
+    expect(got.text.length).toBeGreaterThan(0);
+    const line = await requestLine(s);
+    expect(line).toMatchObject({ startedEarly: true, streamEnd: 'complete' });
+    // Its time to first token is the token's, not the early start's.
+    expect(line.ttftMs).toBeGreaterThanOrEqual(1_900);
+    expect(await metricSum(s, 'stormgate_ttft_seconds_sum{route="chat"}')).toBeGreaterThanOrEqual(1.9);
+    expect(await metricSum(s, 'stormgate_stream_ends_total{route="chat",end="complete"}')).toBe(1);
+  });
+
+  it('ends with the stall error event once the attempt\'s firstTokenMs has passed without a token, counted from its start', async () => {
+    const s = await thinking(10_000);
+    const started = Date.now();
+    const stream = await clientOf(s.baseURL).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
+    const { error, text } = await readChat(stream);
+    const endedAfterMs = Date.now() - started;
+    expect(String(error)).toMatch(/stalled: no first token within 3000 ms/);
+    expect(text).toBe('');
+    // firstTokenMs from the attempt's start (not from the early start, 750 ms later); a loaded machine's lag allowed.
+    expect(endedAfterMs).toBeGreaterThanOrEqual(2_900);
+    expect(endedAfterMs).toBeLessThan(4_500);
+    const line = await requestLine(s);
+    expect(line).toMatchObject({ startedEarly: true, streamEnd: 'stalled', outcome: 'stream_error' });
+    expect(line.ttftMs).toBeUndefined();
+    expect(await metricSum(s, 'stormgate_ttft_seconds_count{route="chat"}')).toBe(0);
+    expect(await metricSum(s, 'stormgate_stream_ends_total{route="chat",end="stalled"}')).toBe(1);
   });
 });

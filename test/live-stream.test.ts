@@ -221,3 +221,55 @@ describe('LiveStream: idle timer', () => {
     expect(text).not.toContain(KEY);
   });
 });
+
+describe('LiveStream: handed over before its first output (started early, a background response)', () => {
+  const created = `event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1', status: 'queued', background: true } })}\n\n`;
+  const delta = (n: number, text: string) => `event: response.output_text.delta\ndata: ${JSON.stringify({ type: 'response.output_text.delta', sequence_number: n, delta: text })}\n\n`;
+  const completed = (n: number) => `event: response.completed\ndata: ${JSON.stringify({ type: 'response.completed', sequence_number: n, response: { id: 'resp_1', status: 'completed' } })}\n\n`;
+  const BACKGROUND: StreamShape = { choices: 1, usage: false, background: true };
+  /** A ping every 100 ms, `n` of them. */
+  const pings = (n: number): Step[] => Array.from({ length: n }, () => [100, ': ping\n\n'] as Step[]).flat();
+
+  it('lets the model think silently for longer than idleMs, within what is left of firstTokenMs', async () => {
+    const controller = new AbortController();
+    const { live, ended } = handedOverStream({ first: created, iterator: upstream(controller, [900, delta(1, 'Hi'), completed(2)]), controller, api: 'responses', shape: BACKGROUND, idleMs: 300, firstTokenLeftMs: 2_000 });
+    const text = await readAll(live);
+    expect(text).toContain('"delta":"Hi"');
+    expect((await ended).kind).toBe('complete');
+  });
+
+  it('ends with a stall at the first-token limit, however many pings come before any output', async () => {
+    const controller = new AbortController();
+    const started = Date.now();
+    const { live, ended } = handedOverStream({ first: created, iterator: upstream(controller, [...pings(30), delta(1, 'Hi'), completed(2)]), controller, api: 'responses', shape: BACKGROUND, idleMs: 300, firstTokenLeftMs: 700 });
+    const text = await readAll(live);
+    expect(text).toContain('the upstream stream stalled: no first token within 700 ms');
+    expect(text).not.toContain('"delta":"Hi"');
+    expect(await ended).toMatchObject({ kind: 'stalled', upstreamBroke: { reason: 'stream_stalled' } });
+    // At the first-token limit (700 ms), not after the 3 s of pings; a loaded machine's lag allowed.
+    expect(Date.now() - started).toBeLessThan(2_000);
+  });
+
+  it('still gives up on a client that reads nothing, while the model thinks', async () => {
+    const controller = new AbortController();
+    const { live, ended } = handedOverStream({ first: created, iterator: upstream(controller, [60_000]), controller, api: 'responses', shape: BACKGROUND, idleMs: 50, firstTokenLeftMs: 10_000 });
+    const started = Date.now();
+    live.open(); // the head is taken, then nothing more is read
+    expect((await ended).kind).toBe('client-stalled');
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
+  it('after its first output, is bounded by idleMs between events: the first-token timer is stopped', async () => {
+    const controller = new AbortController();
+    const { live, ended } = handedOverStream({ first: chunk(0, ''), iterator: upstream(controller, [100, chunk(0, 'a'), ...pings(12), chunk(0, 'b', 'stop'), DONE]), controller, idleMs: 300, firstTokenLeftMs: 600 });
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('complete');
+    const silent = new AbortController();
+    const late = handedOverStream({ first: chunk(0, ''), iterator: upstream(silent, [100, chunk(0, 'a'), 60_000]), controller: silent, idleMs: 300, firstTokenLeftMs: 5_000 });
+    const started = Date.now();
+    expect(await readAll(late.live)).toContain('the upstream stream stalled: no event for 300 ms');
+    expect((await late.ended).kind).toBe('stalled');
+    expect(Date.now() - started).toBeLessThan(2_000);
+  });
+});

@@ -92,7 +92,8 @@ describe('a reasoning model that thinks before its first output', () => {
     expect(cut.at(-1)!.data).toMatchObject({ type: 'error', sequence_number: 3, code: 'stream_interrupted' });
     expect(seen.length).toBe(1);
 
-    const { s: s2 } = await gw(() => ({ steps: thinkingHead(), hold: true }), { idleMs: 400 });
+    // A model that then stays silent: what is left of firstTokenMs ends it (idleMs bounds gaps only after the first output).
+    const { s: s2 } = await gw(() => ({ steps: thinkingHead(), hold: true }), { firstTokenMs: 1_500, idleMs: 400 });
     const stalled = await eventsOf(s2.baseURL, { 'x-stormgate-timeout-ms': '1000' });
     expect(stalled.at(-1)!.data).toMatchObject({ type: 'error', sequence_number: 3 });
     expect(String(stalled.at(-1)!.data.message)).toContain('stalled');

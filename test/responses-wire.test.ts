@@ -233,6 +233,21 @@ describe('Responses API on the wire', () => {
     expect(seen.length).toBe(1);
   });
 
+  it('R11f a background stream that sends only pings after response.created is still cut at firstTokenMs: pings are no output', async () => {
+    // A ping every 200 ms for 3 s: each resets idleMs, none the bound on the wait for the first output.
+    const created = rev('response.created', { response: { ...baseResponse('in_progress'), background: true } }, 0);
+    const pings = Array.from({ length: 15 }, () => [200, ': ping\n\n']).flat();
+    const { client, seen } = await gw(() => ({ steps: [created, ...pings, ...responsesHead().slice(1), textDelta('Hel', 4), textDelta('lo', 5), ...responsesTail('Hello', 6)] }), {
+      firstTokenMs: 1_000,
+      idleMs: 600,
+    });
+    const started = Date.now();
+    const err = await client.responses.stream({ model: 'o3-pro', input: 'hi', background: true }).finalResponse().catch((e: unknown) => e);
+    expect(String(err)).toMatch(/stalled: no first token within 1000 ms/);
+    expect(Date.now() - started).toBeLessThan(2_500);
+    expect(seen.length).toBe(1);
+  });
+
   it('R11c a stream that is not background is still held until its first output, and retried when it is late', async () => {
     const created = rev('response.created', { response: baseResponse('in_progress') }, 0);
     const { client, seen } = await gw((_b, n) => ({ steps: n === 1 ? [created, 1_500] : full() }), { firstTokenMs: 800 });

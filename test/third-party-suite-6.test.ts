@@ -311,21 +311,25 @@ describe('a model that thinks after its headers', () => {
     expect(g.seen.r1).toHaveLength(1);
   });
 
-  it('lets a retry started early at the deadline think past firstTokenMs: from there idleMs bounds it, as the README says', async () => {
+  it("bounds a retry started early at the deadline by what is left of its own firstTokenMs: its error the SDK raises, never idleMs's wait", async () => {
     // Headers and role chunk at once, the first token 2.4 s later. firstTokenMs 1 s: the first attempt times out and
     // is retried at ~1 s; that retry is in flight at the client's deadline (1.75 s) and starts early; its first token
-    // comes at ~3.4 s, past the retry's firstTokenMs (~2 s), 2.4 s after its role chunk: within idleMs (5 s).
+    // would come at ~3.4 s, past the retry's firstTokenMs (~2 s): the README's early start keeps that bound, so the
+    // stream ends with the stall error at ~2 s, however long idleMs (5 s) is.
     const g = await gateway({ o: { timeouts: { firstTokenMs: 1_000, idleMs: 5_000 }, mock: { stream: { firstTokenDelayMs: 2_400, chunks: 2 } } } }, [
       chatRoute([{ provider: 'o' }], { minAttemptMs: 200 }),
     ]);
+    const started = Date.now();
     const { data: stream, response } = await g.openai.chat.completions.create({ model: 'o3', messages: O_MESSAGES, stream: true }, { timeout: 2_000 }).withResponse();
     let text = '';
     const err = await drain(stream, (c) => (text += c.choices[0]?.delta?.content ?? ''));
     expect(response.status).toBe(200);
-    expect(err).toBeUndefined();
-    expect(text.length).toBeGreaterThan(0);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect(String((err as Error).message)).toMatch(/no first token within 1000 ms/);
+    expect(text).toBe('');
+    expect(Date.now() - started).toBeLessThan(3_300);
     expect(g.mocks.o!.requests()).toHaveLength(2);
-    expect((await requestLine(g.s)).startedEarly).toBe(true);
+    expect(await requestLine(g.s)).toMatchObject({ startedEarly: true, streamEnd: 'stalled', outcome: 'stream_error' });
   });
 
   it("answers 504 at the route's timeoutMs while the model still thinks (the operator's bound, no early start), which the SDK does not retry", async () => {

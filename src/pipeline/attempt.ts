@@ -113,8 +113,18 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return failureResult(req, first, status, headers);
     }
     handedOff = true;
-    // The first token is here: from now on the stream's idle timer bounds it, not the first-token timer.
-    clearTimeout(timer);
+    // Handed over before its first output (started early at the client's deadline, or a background response at its
+    // response.created), the stream's silence until that output is the first-token timer's, as it was until now:
+    // pings do not put it back. Otherwise the first token is here: from now on the stream's idle timer bounds it.
+    const beforeOutput = first.pendingRead !== undefined || req.shape.background === true;
+    if (!beforeOutput) clearTimeout(timer);
+    else if (first.pendingRead === undefined) {
+      // A background response's answer starts at its response.created: its silence until its first output (a model
+      // thinking, a job queued) may last firstTokenMs from there, or idleMs when that is longer, as any started stream's.
+      clearTimeout(timer);
+      const quietMs = Math.max(firstTokenMs, idleMs);
+      timer = setTimeout(() => own!.abort(new AttemptTimeout('first-token', quietMs)), quietMs);
+    }
     const stream = new LiveStream({
       api: req.api,
       shape: req.shape,
@@ -128,8 +138,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       requestSignal: req.requestSignal,
       detach: release,
       idleMs,
-      // A background response starts at its response.created: its silent thinking after it is firstTokenMs's to bound.
-      ...(req.shape.background && { beforeOutputIdleMs: firstTokenMs }),
+      ...(beforeOutput && { firstTokenTimer: timer! }),
       afterFinishMs: afterFinishWaitMs(req.client.config.family, idleMs),
       apiKey: req.client.config.apiKey,
       errorEventMeaning: req.errorEventMeaning,

@@ -59,11 +59,13 @@ interface LiveStreamOptions {
   detach: () => void;
   idleMs: number;
   /**
-   * For a stream started before its first output (a background response, at its response.created): the longest
-   * silence until that output, when longer than idleMs. The provider's firstTokenMs is the operator's bound on a
-   * model's silent thinking; idleMs, kept short for gaps within an answer, cut such streams after their created event.
+   * For a stream handed over before its first output (started early at the client's deadline, or a background
+   * response at its response.created): the attempt's first-token timer, still running. Until the first output (or a
+   * finish) it alone bounds the upstream's silence, as it did before the hand-over: pings and role chunks do not put
+   * it back, and idleMs, kept short for gaps within an answer, cut a model thinking within its firstTokenMs. The
+   * stream stops it at that output; idleMs bounds the gaps from there (and a client that reads nothing, throughout).
    */
-  beforeOutputIdleMs?: number;
+  firstTokenTimer?: NodeJS.Timeout;
   /** How long a finished answer waits for the upstream's own end (afterFinishWaitMs); default a second. */
   afterFinishMs?: number;
   /** The provider's key, taken out of the error events it sends (providers/key-echo.ts). */
@@ -158,8 +160,8 @@ export class LiveStream {
   #upstreamBroke: FailureFacts | undefined;
   #usage: Usage | undefined;
   #idle: NodeJS.Timeout | undefined;
-  /** The idle timer runs at beforeOutputIdleMs until the first output comes. */
-  #quietUntilOutput = false;
+  /** Handed over before its first output, which has not come yet: the first-token timer bounds the upstream's silence. */
+  #beforeOutput = false;
   /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
   #lastResponsesData: string | null = null;
   /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
@@ -181,6 +183,8 @@ export class LiveStream {
    */
   open(): { first: string; rest: AsyncGenerator<string> } {
     this.#idle = this.#armIdle(this.#opts.idleMs);
+    // A stream whose first output is among its pending events stops the first-token timer as #take passes it.
+    this.#beforeOutput = this.#opts.firstTokenTimer !== undefined;
     // An Anthropic stream tells its input tokens in message_start, before any output; with n > 1, the role chunks
     // before it tell which choices have begun.
     const { head } = this.#opts;
@@ -192,12 +196,6 @@ export class LiveStream {
     }
     const out: string[] = [head];
     const over = this.#take(this.#opts.pending, out);
-    const quiet = this.#opts.beforeOutputIdleMs;
-    if (!over && !this.#outputSeen && !this.#graceArmed && quiet !== undefined && quiet > this.#opts.idleMs) {
-      clearTimeout(this.#idle);
-      this.#idle = this.#armIdle(quiet);
-      this.#quietUntilOutput = true;
-    }
     return { first: out.join(''), rest: this.#rest(over) };
   }
 
@@ -330,12 +328,11 @@ export class LiveStream {
       if (meaning === 'output' && !this.#outputSeen) {
         this.#outputSeen = true;
         this.onFirstOutput?.();
-        if (this.#quietUntilOutput) {
-          // The answer has begun: from here its gaps are idleMs's.
-          this.#quietUntilOutput = false;
-          clearTimeout(this.#idle);
-          this.#idle = this.#armIdle(this.#opts.idleMs);
-        }
+      }
+      if (this.#beforeOutput && (meaning === 'output' || meaning === 'finish')) {
+        // The answer has begun (a finish begins an empty one, as before the hand-over): from here its gaps are idleMs's.
+        this.#beforeOutput = false;
+        clearTimeout(this.#opts.firstTokenTimer);
       }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;
@@ -424,6 +421,7 @@ export class LiveStream {
   #finish(kind: StreamEndKind): void {
     if (this.#ended) return;
     clearTimeout(this.#idle);
+    clearTimeout(this.#opts.firstTokenTimer);
     // A translated stream's usage is the translator's, read from the upstream's events: the client's events carry it
     // only when it asked for include_usage, and the tokens metric bills every answer.
     // Not for a recovered stream: its answer's end, and its usage, came from the continuation's target.
@@ -467,7 +465,9 @@ export class LiveStream {
   #armIdle(ms: number): NodeJS.Timeout {
     const timer = setTimeout(() => {
       if (this.#awaitingUpstream) {
-        this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+        // Before the first output the upstream's silence is the first-token timer's to bound; a client's is still this one's.
+        if (this.#beforeOutput) timer.refresh();
+        else this.#opts.controller.abort(new AttemptTimeout('idle', ms));
         return;
       }
       this.#clientWaitMs += ms;

@@ -1,5 +1,6 @@
 // A LiveStream as runAttempt hands it over (its first output parsed, the rest read from `iterator`), built by hand for
 // tests of the stream itself, and the promise of how it ends.
+import { AttemptTimeout } from '../../src/pipeline/abort-reasons.ts';
 import { LiveStream, type StreamEnd } from '../../src/pipeline/live-stream.ts';
 import type { ApiKind } from '../../src/routing/router.ts';
 import { SseParser } from '../../src/streaming/sse-parser.ts';
@@ -13,8 +14,15 @@ export function handedOverStream(o: {
   shape?: StreamShape;
   idleMs?: number;
   apiKey?: string;
+  /**
+   * Handed over before its first output (`first` holds none: a role chunk, a background response's response.created),
+   * with this much left of the attempt's first-token timer, which then aborts `controller` as runAttempt's does.
+   */
+  firstTokenLeftMs?: number;
 }): { live: LiveStream; ended: Promise<StreamEnd> } {
   const parser = new SseParser();
+  const left = o.firstTokenLeftMs;
+  const firstTokenTimer = left === undefined ? undefined : setTimeout(() => o.controller.abort(new AttemptTimeout('first-token', left)), left);
   const live = new LiveStream({
     api: o.api ?? 'chat',
     shape: o.shape ?? { choices: 1, usage: false },
@@ -27,6 +35,7 @@ export function handedOverStream(o: {
     requestSignal: new AbortController().signal,
     detach: () => undefined,
     idleMs: o.idleMs ?? 2_000,
+    ...(firstTokenTimer && { firstTokenTimer }),
     apiKey: o.apiKey ?? 'sk-provider',
   });
   const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
