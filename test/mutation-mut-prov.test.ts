@@ -146,6 +146,23 @@ describe('httpOutcome', () => {
     expect(o).toMatchObject({ kind: 'http', status: 429 });
     expect(o.kind === 'http' && o.hint?.delayMs).toBe(3_000);
   });
+
+  it("reads the token limits' reset as a 429's wait only for a rate limit, not for an account's refusal", () => {
+    // OpenAI's headers with room left in every limit: a rate-limited 429 waits for the token limit's reset; a spent
+    // quota (insufficient_quota) waits for no reset, and an upstream_auth_error must carry no retry-after.
+    const headers = { 'x-ratelimit-remaining-requests': '499', 'x-ratelimit-remaining-tokens': '29000', 'x-ratelimit-reset-requests': '120ms', 'x-ratelimit-reset-tokens': '2s' };
+    const body = (code: string) => Buffer.from(JSON.stringify({ error: { message: 'no', type: code, code } }));
+    const hintOf = (o: ReturnType<typeof httpOutcome>) => (o.kind === 'http' ? o.hint : undefined);
+    expect(hintOf(httpOutcome(429, headers, body('rate_limit_exceeded'), 0))?.delayMs).toBe(2_000);
+    for (const code of ['insufficient_quota', 'billing_not_active', 'access_terminated']) expect(hintOf(httpOutcome(429, headers, body(code), 0))).toBeUndefined();
+  });
+
+  it("prefers the body's RetryInfo, a wait the provider said, over the token limits' reset, a guess", () => {
+    const headers = { 'x-ratelimit-remaining-requests': '499', 'x-ratelimit-remaining-tokens': '1200', 'x-ratelimit-reset-tokens': '2s' };
+    const body = Buffer.from(JSON.stringify({ error: { code: 429, status: 'RESOURCE_EXHAUSTED', details: [{ '@type': 'type.googleapis.com/google.rpc.RetryInfo', retryDelay: '7s' }] } }));
+    const o = httpOutcome(429, headers, body, 0);
+    expect(o.kind === 'http' && o.hint?.delayMs).toBe(7_000);
+  });
 });
 
 describe('errorVerdict', () => {

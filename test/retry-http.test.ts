@@ -78,6 +78,25 @@ describe('retries over HTTP', () => {
     });
   }
 
+  it("tells no retry-after with the upstream_auth_error of a 429 insufficient_quota that carries OpenAI's rate-limit headers", async () => {
+    // Every limit has room: the token limit's reset says nothing about a spent quota, which no wait brings back.
+    const headers = { 'x-ratelimit-remaining-requests': '499', 'x-ratelimit-remaining-tokens': '29000', 'x-ratelimit-reset-requests': '120ms', 'x-ratelimit-reset-tokens': '2s' };
+    const s = await start({ faults: { errors: [{ status: 429, code: 'insufficient_quota', rate: 1, headers }] } });
+    const { res, body } = await chat(s);
+    expect(body.error.code).toBe('upstream_auth_error');
+    expect(res.headers.get('retry-after')).toBeNull();
+    expect(res.headers.get('retry-after-ms')).toBeNull();
+  });
+
+  it('tells no retry-after with the upstream_auth_error of a 429 insufficient_quota that carries a retry-after of its own', async () => {
+    // No wait mends a spent quota: a client told to come back in 20 s came back to the same refusal.
+    const s = await start({ faults: { errors: [{ status: 429, code: 'insufficient_quota', rate: 1, headers: { 'retry-after': '20' } }] } });
+    const { res, body } = await chat(s);
+    expect(body.error.code).toBe('upstream_auth_error');
+    expect(res.headers.get('retry-after')).toBeNull();
+    expect(res.headers.get('x-should-retry')).toBe('false');
+  });
+
   it('succeeds on a retry and says how many attempts it took', async () => {
     const s = await start({ faults: { errors: [{ status: 503, rate: 1, times: 2 }] } });
     const { res, body } = await chat(s);

@@ -98,8 +98,9 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
           `provider target ${f.target} answered a redirect (${outcome.status}, ${locationOf(f.result.headers, f.apiKey)}), which the gateway does not follow; check that provider's baseUrl (http instead of https? a host that moved?)${all}`,
         );
       }
-      // Otherwise only credential problems get here: the provider's body may echo part of the key, so it is never passed on.
-      return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`, opts);
+      // Otherwise only credential problems get here: the provider's body may echo part of the key, so it is never passed
+      // on; nor its retry-after, since no wait mends a key or a bill.
+      return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`);
     case 'network':
       if (f.cls.cls === 'local-resource') {
         return new GatewayError(

@@ -27,6 +27,7 @@ const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimi
  * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
+ * `rateLimited`: the answer is a rate limit's 429, whose token limits' resets count even with room left (below).
  */
 export function parseWaitHint(headers: ResponseHeaders, nowMs: number, rateLimited = false): WaitHint | undefined {
   const retryAfterMs = header(headers, 'retry-after-ms');
@@ -121,10 +122,10 @@ function parseNonNegativeDecimal(value: string): number | undefined {
  * with room left says nothing about this refusal, and waiting for it would over-wait. With no remaining headers every reset
  * counts, and the latest one is the safe choice. Resets already past (or due now) are skipped; none left means no hint
  * from this family.
- * A 429 (`rateLimited`) while every limit has room is a request larger than what a token limit has left (OpenAI's
- * "Limit 30000, Used 25000, Requested 8000"): a request always fits the requests limit's room of one. The token limits'
- * resets (when they are full again, the first time the request surely fits) are then its hint; without it the retries
- * went back at the backoff's pace into the same refusal.
+ * A rate limit's 429 (`rateLimited`; not an account's) while every limit has room is a request larger than what a
+ * token limit has left (OpenAI's "Limit 30000, Used 25000, Requested 8000"): a request always fits the requests limit's
+ * room of one. The token limits' resets (when they are full again, the first time the request surely fits) are then
+ * its hint; without it the retries went back at the backoff's pace into the same refusal.
  */
 function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, rateLimited: boolean, parseResetMs: (v: string) => number | undefined): number | undefined {
   const anyRemaining = pairs.some(([, remaining]) => header(headers, remaining) !== undefined);

@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -11,7 +11,13 @@ type HeaderBag = Record<string, string | string[] | undefined>;
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
-  return { kind: 'http', status, errorCode: errorCodeOf(status, body), hint: parseWaitHint(headers, nowMs, status === 429) ?? retryInfoHint(errorFieldsOf(body)) };
+  const errorCode = errorCodeOf(status, body);
+  // Only a rate limit's refusal waits for the token limits' reset: a 429 that names the account (insufficient_quota)
+  // comes back after no reset, and its upstream_auth_error was told a retry-after from one.
+  const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
+  // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
+  const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? parseWaitHint(headers, nowMs, true) : undefined);
+  return { kind: 'http', status, errorCode, hint };
 }
 
 /**
