@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { handedOverStream } from './helpers/live-stream.ts';
 import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
 import type { StreamShape } from '../src/streaming/stream-events.ts';
+import { MAX_EVENT_BYTES } from '../src/streaming/sse-parser.ts';
 
 const chunk = (index: number, content: string, finish: string | null = null): string =>
   `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index, delta: { content }, finish_reason: finish }] })}\n\n`;
@@ -212,6 +213,23 @@ describe('LiveStream: idle timer', () => {
     expect(out).not.toContain(':1}');
     expect(out).not.toContain('[DONE]');
     expect(await tool.ended).toMatchObject({ kind: 'cut', droppedMalformed: 1 });
+  });
+
+  it('passes the events that came in one read with the start of an oversized event, then ends with the cut', async () => {
+    const oversized = `data: {"x":"${'a'.repeat(MAX_EVENT_BYTES)}`;
+    // After the first output: the read holds the next delta and the event over the limit.
+    const after = liveStream(chunk(0, 'a'), [chunk(0, 'b') + oversized], { choices: 1, usage: false });
+    const text = await readAll(after.live);
+    expect(text).toContain('"content":"b"');
+    expect(text).toContain('the upstream stream was cut: an event larger than 16 MB');
+    expect(await after.ended).toMatchObject({ kind: 'cut', events: 2 });
+    // Handed over with it: the first output came in the read that began the oversized event.
+    const controller = new AbortController();
+    const withFirst = handedOverStream({ first: chunk(0, 'a') + oversized, iterator: upstream(controller, []), controller, apiKey: KEY });
+    const out = await readAll(withFirst.live);
+    expect(out).toContain('"content":"a"');
+    expect(out).toContain('an event larger than 16 MB');
+    expect(await withFirst.ended).toMatchObject({ kind: 'cut', events: 1 });
   });
 
   it('takes the provider\'s key out of an error event that quotes it', async () => {

@@ -3,7 +3,7 @@
 import { EventEmitter } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import { describe, expect, it } from 'vitest';
-import { SseParser, type SseEvent } from '../src/streaming/sse-parser.ts';
+import { MAX_EVENT_BYTES, SseParser, type SseEvent } from '../src/streaming/sse-parser.ts';
 import { errorEventForClient, eventMeaning, nextSequenceNumber, startsAnswer, streamShapeOf } from '../src/streaming/stream-events.ts';
 import { laterUsage, usageOf, usageOfBody } from '../src/streaming/usage.ts';
 import { readUntilFirstOutput } from '../src/pipeline/first-output.ts';
@@ -180,6 +180,37 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
     const started = await settledSoon(first);
     expect(started).not.toBe('pending');
     expect((started as { pending: SseEvent[] }).pending.map((e) => e.event)).toEqual(['response.created']);
+  });
+
+  it('judges the events of one read in their order: output first makes what follows it the LiveStream\'s', async () => {
+    const role = 'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n';
+    const error = 'data: {"error":{"message":"overloaded","type":"server_error","code":"server_error"}}\n\n';
+    const datas = async (text: string) => {
+      const up = manualUpstream();
+      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+      await up.send(text);
+      const out = await first;
+      return 'failure' in out ? out.failure : out.pending.map((e) => e.data);
+    };
+    // After the output, a malformed event is dropped and an error event ends the answer, by the LiveStream.
+    expect(await datas(role + chatChunk('Hi') + 'data: {not json\n\n')).toEqual([chatChunk('Hi').slice(6, -2), '{not json']);
+    expect(await datas(role + chatChunk('Hi') + error)).toEqual([chatChunk('Hi').slice(6, -2), error.slice(6, -2)]);
+    // An oversized event after it breaks the stream at the LiveStream's next read: the output is the client's.
+    expect(await datas(role + chatChunk('Hi') + `data: ${'a'.repeat(MAX_EVENT_BYTES)}`)).toEqual([chatChunk('Hi').slice(6, -2)]);
+    // Before it, each fails the attempt, to be retried.
+    expect(await datas(role + 'data: {not json\n\n' + chatChunk('Hi'))).toBe('malformed event before any output');
+    expect(await datas(role + error + chatChunk('Hi'))).toMatch(/^error event before any output/);
+  });
+
+  it('fails the attempt at an oversized event that came in one read after events without output, at the next read or the end', async () => {
+    for (const then of ['more', 'end'] as const) {
+      const up = manualUpstream();
+      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+      await up.send(`: ping\n\ndata: ${'a'.repeat(MAX_EVENT_BYTES)}`);
+      if (then === 'more') await up.send('aaaa');
+      else await up.end();
+      expect(await first).toEqual({ failure: 'an event larger than 16 MB' });
+    }
   });
 
   it('keeps every event a translation makes of the first output, not only the first of them', async () => {

@@ -54,4 +54,15 @@ describe('the SSE parser', () => {
       for (let i = 0; i <= MAX_EVENT_BYTES / piece.length + 1; i++) p.push(piece);
     }).toThrow(SseEventTooLarge);
   });
+
+  it('returns the events a read completes before an oversized one, and gives up at the next read or the end', () => {
+    const read = bytes(`data: {"a":1}\n\n: ping\n\ndata: ${'a'.repeat(MAX_EVENT_BYTES)}`);
+    const next = new SseParser();
+    expect(next.push(read).map((e) => e.data)).toEqual(['{"a":1}', null]);
+    // Even bytes that would end it: the event is over the limit already.
+    expect(() => next.push(bytes('\n\n'))).toThrow(SseEventTooLarge);
+    const end = new SseParser();
+    expect(end.push(read)).toHaveLength(2);
+    expect(() => end.flush()).toThrow(SseEventTooLarge);
+  });
 });

@@ -278,8 +278,10 @@ function mainAttempt(r: Rng, c: Case): AttemptScript {
   const insert = (e: UpEvent) => events.splice(int(r, chance(r, 0.7) ? Math.min(firstOutput + 1, events.length) : from, events.length), 0, e);
   if (chance(r, 0.1)) {
     // SSE fields the gateway does not read go on as they came.
+    // A stream cut before its first event has none: int(r, 0, -1) draws 0, an index past its end.
     const at = int(r, 0, events.length - 1);
-    if (at >= 0 && events[at]!.meaning.m !== 'oversized' && events[at]!.meaning.m !== 'beat') events[at]!.text = `id: ${at}\nretry: 3000\n${events[at]!.text}`;
+    const target = events[at];
+    if (target && target.meaning.m !== 'oversized' && target.meaning.m !== 'beat') target.text = `id: ${at}\nretry: 3000\n${target.text}`;
   }
   for (let k = int(r, 0, 3); k > 0; k--) insert(keepalive(r, c.api));
   if (chance(r, 0.35)) for (let k = int(r, 1, 2); k > 0; k--) insert(malformed(r, c.api));
@@ -321,8 +323,8 @@ function mainAttempt(r: Rng, c: Case): AttemptScript {
       events.splice(int(r, from, events.length), 0, ...pings());
     } else if (chance(r, 0.05)) {
       // As long, one event's bytes dribbling in: bytes that complete no event do not reset idleMs.
-      const at = int(r, from, events.length - 1);
-      if (at >= 0 && events[at]!.meaning.m !== 'oversized') events[at]!.dribble = { pieces: 16, everyMs: PING_EVERY_MS };
+      const target = events[int(r, from, events.length - 1)];
+      if (target && target.meaning.m !== 'oversized') target.dribble = { pieces: 16, everyMs: PING_EVERY_MS };
     }
   }
   return { events, ending, ...(partial !== undefined && { partial }) };
@@ -414,6 +416,12 @@ interface Expected {
    * client share, tens of ms late by then; only the end is compared, not that count.
    */
   pingsBeforeEndVary?: true;
+  /**
+   * Ended by an event over 16 MB after the first output: a cut, or a stall when taking in those bytes outlasts idleMs
+   * (bytes that complete no event do not put it back). A few hundred ms on a loaded 2-core machine, from 0.2 to 0.8 s
+   * against an idleMs of 500: the events are the same (the error event's code is stream_interrupted either way).
+   */
+  oversizedMayStall?: true;
 }
 
 const DONE_EVENT: Record<Api, string | undefined> = { chat: 'data: [DONE]', responses: undefined, messages: 'event: message_stop\ndata: {"type":"message_stop"}' };
@@ -545,7 +553,7 @@ function streamed(c: Case, script: AttemptScript, from: number, times: number[],
         }
         continue;
       case 'oversized':
-        return broken('cut');
+        return { ...broken('cut'), oversizedMayStall: true };
       case 'error':
         if (m.client === 'raw') out.push({ raw: framed(c, e.text) });
         else if (m.client === 'rewritten') out.push({ error: m.code, ...(e.seq !== undefined && { seq: e.seq }) });
@@ -796,7 +804,8 @@ function compare(c: Case, want: Expected, got: Seen): string[] {
         break;
       }
     }
-    if (got.end !== want.end) diffs.push(`logged stream end ${got.end}, expected ${want.end}`);
+    const stalledReading = want.oversizedMayStall === true && want.end === 'cut' && got.end === 'stalled';
+    if (got.end !== want.end && !stalledReading) diffs.push(`logged stream end ${got.end}, expected ${want.end}`);
     if (got.dropped !== want.dropped) diffs.push(`logged ${got.dropped} malformed dropped, expected ${want.dropped}`);
     // Headers are held until the first output (or the client's deadline): never before the stream's start.
     const firstAt = firstOutputAtLeast(c, want);

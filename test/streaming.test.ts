@@ -3,6 +3,8 @@
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { cc, delta, fastRetries, useScriptedGateway } from './helpers/scripted-provider.ts';
+import { MAX_EVENT_BYTES } from '../src/streaming/sse-parser.ts';
 
 const start = useStacks(RETRY_LOOP_ONLY);
 
@@ -162,6 +164,36 @@ describe('streaming', () => {
         for await (const _ of stream) void _;
       })(),
     ).rejects.toThrow(/cut|ended before the answer was complete/);
+  });
+});
+
+describe('an event larger than the gateway holds (16 MB)', () => {
+  const scripted = useScriptedGateway(fastRetries);
+  const messages = [{ role: 'user' as const, content: 'hi' }];
+  const role = cc([delta({ role: 'assistant', content: '' })]);
+  const whole = [role, cc([delta({ content: 'Hi there' })]), cc([delta({}, 'stop')]), 'data: [DONE]\n\n'];
+  // Written at once with the events before it: they are the answer's, whatever reads the gateway's socket makes of it.
+  // A MB over the limit: the parser checks an event's size while it is open, so one whose end comes in the read that
+  // takes it over the limit (a read is at most some 64 KB) still passes.
+  const oversized = `data: {"x":"${'a'.repeat(MAX_EVENT_BYTES + 1024 * 1024)}"}\n\n`;
+
+  it('after the first output breaks the stream: the client gets the text before it, then an error the SDK raises', async () => {
+    const { client, seen } = await scripted(() => ({ steps: [role, cc([delta({ content: 'Hi' })]) + cc([delta({ content: ' there' })]) + oversized, ...whole.slice(2)] }));
+    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true });
+    let text = '';
+    const read = (async () => {
+      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    })();
+    await expect(read).rejects.toThrow(/an event larger than 16 MB/);
+    expect(text).toBe('Hi there');
+    expect(seen).toHaveLength(1);
+  });
+
+  it('before the first output is a broken stream, retried', async () => {
+    const { client, seen } = await scripted((_, n) => ({ steps: n === 1 ? [role + oversized] : whole }));
+    const answer = await client.chat.completions.stream({ model: 'gpt-4o', messages }).finalChatCompletion();
+    expect(answer.choices[0]!.message.content).toBe('Hi there');
+    expect(seen).toHaveLength(2);
   });
 });
 

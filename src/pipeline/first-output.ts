@@ -66,20 +66,19 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
     if (next === 'start') return { head, pending: [], parser, iterator, pendingRead: read };
     const { value, done } = next;
     let raw: SseEvent[];
-    if (done) {
-      // An event the upstream left without its closing blank line when it ended the stream is still its event, as the
-      // LiveStream reads one after the first output: an error event so sent (`event: error` with Anthropic's overload,
-      // a rate limit) was dropped here, and the attempt ended as a stream with nothing in it, a 502.
-      const last = parser.flush();
-      if (last === undefined) return { failure: 'stream ended before any output' };
-      raw = [last];
-    } else {
-      try {
-        raw = parser.push(value);
-      } catch (err) {
-        if (err instanceof SseEventTooLarge) return { failure: err.message };
-        throw err;
-      }
+    try {
+      if (done) {
+        // An event the upstream left without its closing blank line when it ended the stream is still its event, as the
+        // LiveStream reads one after the first output: an error event so sent (`event: error` with Anthropic's overload,
+        // a rate limit) was dropped here, and the attempt ended as a stream with nothing in it, a 502.
+        const last = parser.flush();
+        if (last === undefined) return { failure: 'stream ended before any output' };
+        raw = [last];
+      } else raw = parser.push(value);
+    } catch (err) {
+      // At the end too: the read before it may have begun the oversized event after events without output.
+      if (err instanceof SseEventTooLarge) return { failure: err.message };
+      throw err;
     }
     for (let r = 0; r < raw.length; r++) {
       let events: SseEvent[];

@@ -32,10 +32,16 @@ export class SseParser {
   #length = 0;
   /** The last 3 characters of the pieces, for an event end split over several short reads. */
   #tail = '';
+  /** An event outgrew the limit in a read that completed others before it: those were returned, the next call throws. */
+  #tooLarge = false;
   readonly #decoder = new TextDecoder();
 
-  /** Feeds bytes and returns every event they complete; throws SseEventTooLarge when an event outgrows the limit. */
+  /**
+   * Feeds bytes and returns every event they complete; throws SseEventTooLarge when an event outgrows the limit (at
+   * the next call, push or flush, when the read that did so completed events before it: they are the provider's too).
+   */
   push(chunk: Uint8Array): SseEvent[] {
+    if (this.#tooLarge) throw new SseEventTooLarge();
     const text = this.#decoder.decode(chunk, { stream: true });
     // Only the new text (and the last 3 characters before it, for a line break split across reads) can hold the end
     // of the event: an endless line is not searched again from its start on every read.
@@ -43,7 +49,7 @@ export class SseParser {
       if (text.length > 0) this.#pieces.push(text);
       this.#length += text.length;
       this.#tail = (this.#tail + text).slice(-3);
-      if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
+      if (this.#length > MAX_EVENT_BYTES) this.#giveUp([]);
       return [];
     }
     let buffer = this.#pieces.join('') + text;
@@ -57,12 +63,25 @@ export class SseParser {
     this.#pieces = buffer.length > 0 ? [buffer] : [];
     this.#length = buffer.length;
     this.#tail = buffer.slice(-3);
-    if (this.#length > MAX_EVENT_BYTES) throw new SseEventTooLarge();
-    return events;
+    return this.#length > MAX_EVENT_BYTES ? this.#giveUp(events) : events;
+  }
+
+  /**
+   * An event has outgrown the limit: its text is let go, and SseEventTooLarge thrown now, or at the next call when
+   * this read completed events before it. Thrown at once, those were lost with it: an output delta read together with
+   * the oversized event's first 16 MB never reached the client, or a first output was taken for a broken stream. (Only
+   * a read that large does it: undici's are some 64 KB; the events are judged in their order whatever the reads.)
+   */
+  #giveUp(completed: SseEvent[]): SseEvent[] {
+    this.#tooLarge = true;
+    this.#pieces = [];
+    if (completed.length === 0) throw new SseEventTooLarge();
+    return completed;
   }
 
   /** Whatever is left when the stream ends: an event the provider never terminated. */
   flush(): SseEvent | undefined {
+    if (this.#tooLarge) throw new SseEventTooLarge();
     const rest = (this.#pieces.join('') + this.#decoder.decode()).trim();
     this.#pieces = [];
     this.#length = 0;
