@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Dispatcher } from 'undici';
 import type { Config } from './config/schema.ts';
+import { configWarnings } from './config/warnings.ts';
 import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
@@ -143,6 +144,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       logger.warn({ provider: p.name }, `provider ${p.name} has tls.rejectUnauthorized: false: the gateway accepts any certificate there, so anyone on the way can read its requests and its key; trust its CA with tls.caFile instead`);
     }
   }
+  // Settings that load but cannot do what they say (a baseUrl with no /v1, a retryOn status never retried, ...).
+  for (const warning of configWarnings(config)) logger.warn(warning);
   const weighted = new WeightedPicker<TargetPlan>(
     (plan) =>
       holdOffUntil(holdOffs, plan) === undefined &&

@@ -425,6 +425,12 @@ ${extra}`;
     }
   });
 
+  it('takes passthrough: false as off, as breaker: false and park: false are, and still refuses true', () => {
+    expect(parseConfig(valid('passthrough: false\n'), 'gw.yaml', env).passthrough).toBeUndefined();
+    expect(configError(valid('passthrough: true\n')).message).toBe('gw.yaml:10: passthrough: expected one of: false, received true');
+    expect(configError(valid('passthrough: { provider: openai }\n')).message).toBe('gw.yaml:10: passthrough: missing required key "paths" (expected list)');
+  });
+
   it('refuses a passthrough path that covers a managed route', () => {
     expect(configError(valid('passthrough: { provider: openai, paths: [/v1] }\n')).message).toMatch(/passthrough\.paths\[0\]: "\/v1" covers the managed route path \/v1\/chat\/completions/);
   });

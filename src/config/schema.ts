@@ -116,7 +116,7 @@ const PoolsSchema = z
     maxConcurrent: z.number().int().positive().optional()
       .describe('Attempts in flight to this provider, all classes together; at most maxConnections. Optional; default: maxConnections.'),
     maxConcurrentRetries: z.number().int().positive().optional()
-      .describe('Retries in flight to this provider; retries never bypass the pool. Optional; default: a fifth of maxConcurrent (at least 1).'),
+      .describe('Retries in flight to this provider; retries never bypass the pool, so one above maxConcurrent lets retries take the whole pool, as maxConcurrent itself does. Optional; default: a fifth of maxConcurrent (at least 1).'),
     classes: z.record(z.string().regex(/^[a-z][a-z0-9_-]*$/), PoolClassSchema).default(DEFAULT_POOL_CLASSES)
       .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000).'),
     decrease: z.number().gt(0).lt(1).default(0.9)
@@ -410,7 +410,9 @@ export const ConfigSchema = z
     server: ServerSchema.prefault({}),
     providers: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/), ProviderSchema).describe('Upstream providers by name.'),
     routes: z.array(RouteSchema).min(1).describe('Managed routes, tried in file order.'),
-    passthrough: PassthroughSchema.optional(),
+    // `false` reads as left out, so the rest of the gateway sees one way of saying "off" (undefined), as before.
+    passthrough: z.union([z.literal(false).transform(() => undefined), PassthroughSchema]).optional()
+      .describe('Paths outside the managed routes that are forwarded unchanged, or false (the same as leaving it out). Optional; off by default, so the gateway is no open relay for the provider key.'),
     auth: AuthSchema.optional(),
     state: StateSchema.prefault({}),
     drain: DrainSchema.prefault({}),

@@ -1,0 +1,56 @@
+// Settings the schema accepts (a config that starts today must keep starting) but that cannot do what they say:
+// said once at start-up, so a new user learns it then rather than from a 404 or a retry that never comes.
+import { classify, isRetryable } from '../policy/outcome.ts';
+import { computeDeadline } from '../policy/deadline.ts';
+import type { Config, RetryConfig } from './schema.ts';
+
+/** One sentence per setting that cannot work as written, each naming where it is. Pure: runtime.ts logs them. */
+export function configWarnings(config: Config): string[] {
+  return [...providerWarnings(config), ...routeWarnings(config)];
+}
+
+function providerWarnings(config: Config): string[] {
+  return Object.entries(config.providers).flatMap(([name, p]) => {
+    // The openai family adds /chat/completions to the base as it is, while OpenAI and most compatible servers serve
+    // their API under /v1: every request got the provider's 404. Only a bare origin warns: a compatible server may
+    // well put its API under another path (/openai/v1, /v1beta/openai, /api/v1), and azure-openai takes the origin.
+    if (p.family !== 'openai' || new URL(p.baseUrl).pathname !== '/') return [];
+    const base = p.baseUrl.replace(/\/+$/, '');
+    return [`provider ${name}: baseUrl ${base} has no path, so requests go to ${base}/chat/completions; OpenAI and most compatible servers want ${base}/v1 (the gateway adds only the endpoint's path)`];
+  });
+}
+
+function routeWarnings(config: Config): string[] {
+  return config.routes.flatMap((route) => {
+    const at = `route ${route.name}`;
+    const retries: Array<[string, RetryConfig | undefined]> = [
+      ['retry', route.retry],
+      ...route.targets.map((t, i): [string, RetryConfig | undefined] => [`targets[${i}].retry`, t.retry]),
+      ['contextWindowFallback.retry', route.contextWindowFallback?.retry],
+    ];
+    const out = retries.flatMap(([path, retry]) => (retry ? ignoredRetryOn(`${at}: ${path}.retryOn`, retry) : []));
+    // The one wait rule takes a wait only if minAttemptMs is left after it: a deadline no longer than that leaves none.
+    const { budgetMs } = computeDeadline({ routeTimeoutMs: route.timeoutMs, marginMs: route.deadlineMarginMs, headers: {} });
+    if (budgetMs <= route.minAttemptMs) {
+      out.push(`${at}: timeoutMs ${route.timeoutMs} leaves ${budgetMs} ms after its deadline margin, no more than minAttemptMs ${route.minAttemptMs}: no wait is ever taken, so a failed attempt is never retried and an unavailable target never parked; raise timeoutMs or lower minAttemptMs`);
+    }
+    return out;
+  });
+}
+
+/** Why the outcome table never retries a class of status, in the words of its row. */
+const NEVER_RETRIED_BECAUSE: Partial<Record<string, string>> = {
+  'client-error': 'the request itself is wrong',
+  credentials: 'the gateway\'s key or billing',
+};
+
+/** Statuses in retryOn that the outcome table never lets be retried, whatever retryOn says. */
+function ignoredRetryOn(where: string, retry: RetryConfig): string[] {
+  const ignored = retry.retryOn.flatMap((r) => {
+    if (typeof r !== 'number') return [];
+    const c = classify({ kind: 'http', status: r, errorCode: null, hint: undefined });
+    return isRetryable(c, [r]) ? [] : [`${r} (${NEVER_RETRIED_BECAUSE[c.cls] ?? c.cls})`];
+  });
+  if (ignored.length === 0) return [];
+  return [`${where} lists ${ignored.join(', ')}, which the gateway never retries whatever retryOn says: the same request would get the same answer, so ${ignored.length === 1 ? 'it is' : 'they are'} ignored`];
+}
