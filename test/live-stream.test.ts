@@ -2,7 +2,7 @@
 // finished (n > 1), the usage chunk asked for is waited for, and a client that reads slowly is not an upstream stall.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { handedOverStream } from './helpers/live-stream.ts';
+import { handedOverStream, readAll, upstream, type Step } from './helpers/live-stream.ts';
 import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
 import type { StreamShape } from '../src/streaming/stream-events.ts';
 import { MAX_EVENT_BYTES } from '../src/streaming/sse-parser.ts';
@@ -13,36 +13,10 @@ const usageChunk = `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.
 const DONE = 'data: [DONE]\n\n';
 const KEY = 'sk-live-stream-provider-key';
 
-/** A step of the upstream: text it sends, a pause in ms, or an error (a reset). Like undici's body, it fails once its request is aborted. */
-type Step = string | number | Error;
-
-function upstream(controller: AbortController, steps: Step[]): AsyncIterator<Buffer> {
-  return (async function* () {
-    for (const step of steps) {
-      controller.signal.throwIfAborted();
-      if (typeof step === 'number') await sleep(step, undefined, { signal: controller.signal });
-      else if (step instanceof Error) throw step;
-      else yield Buffer.from(step);
-    }
-    controller.signal.throwIfAborted();
-  })();
-}
-
 /** A stream whose first output (`first`) has arrived, as runAttempt hands it over, reading `rest` from the upstream. */
 function liveStream(first: string, rest: Step[], shape: StreamShape, idleMs = 2_000): { live: LiveStream; ended: Promise<StreamEnd> } {
   const controller = new AbortController();
   return handedOverStream({ first, iterator: upstream(controller, rest), controller, shape, idleMs, apiKey: KEY });
-}
-
-async function readAll(live: LiveStream, pauseAfterFirstMs = 0): Promise<string> {
-  let text = '';
-  let first = true;
-  for await (const part of live.body()) {
-    text += part;
-    if (first && pauseAfterFirstMs > 0) await sleep(pauseAfterFirstMs);
-    first = false;
-  }
-  return text;
 }
 
 describe('LiveStream: when an answer is whole', () => {

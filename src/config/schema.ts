@@ -452,7 +452,7 @@ export const ConfigSchema = z
       }
       if (Object.keys(p.pools.classes).length === 0) ctx.addIssue({ code: 'custom', path: ['providers', name, 'pools', 'classes'], message: 'at least one class is needed' });
       // Shares that add up to more than the pool cannot all be kept: under contention the pool keeps the lower classes'
-      // floors first, and a higher class gets less than its minShare promised. A hair over 1 is floating point (0.1 + 0.2 + 0.7).
+      // floors first, and a higher class gets less than its minShare promised. A hair over 1 is floating point (0.34 + 0.56 + 0.1).
       const shares = Object.entries(p.pools.classes);
       const total = shares.reduce((sum, [, c]) => sum + c.minShare, 0);
       if (total > 1 + 1e-9) {

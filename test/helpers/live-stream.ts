@@ -1,5 +1,6 @@
 // A LiveStream as runAttempt hands it over (its first output parsed, the rest read from `iterator`), built by hand for
 // tests of the stream itself, and the promise of how it ends.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { AttemptTimeout } from '../../src/pipeline/abort-reasons.ts';
 import { LiveStream, type StreamEnd } from '../../src/pipeline/live-stream.ts';
 import type { ApiKind } from '../../src/routing/router.ts';
@@ -40,4 +41,31 @@ export function handedOverStream(o: {
   });
   const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
   return { live, ended };
+}
+
+/** A step of the upstream: text it sends, a pause in ms, or an error (a reset). Like undici's body, it fails once its request is aborted. */
+export type Step = string | number | Error;
+
+export function upstream(controller: AbortController, steps: Step[]): AsyncIterator<Buffer> {
+  return (async function* () {
+    for (const step of steps) {
+      controller.signal.throwIfAborted();
+      if (typeof step === 'number') await sleep(step, undefined, { signal: controller.signal });
+      else if (step instanceof Error) throw step;
+      else yield Buffer.from(step);
+    }
+    controller.signal.throwIfAborted();
+  })();
+}
+
+/** The whole text the client gets; `pauseAfterFirstMs`: a client slow to read on after the first part. */
+export async function readAll(live: LiveStream, pauseAfterFirstMs = 0): Promise<string> {
+  let text = '';
+  let first = true;
+  for await (const part of live.body()) {
+    text += part;
+    if (first && pauseAfterFirstMs > 0) await sleep(pauseAfterFirstMs);
+    first = false;
+  }
+  return text;
 }
