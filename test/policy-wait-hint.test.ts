@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { MAX_WAIT_HINT_MS, parseDurationMs, parseRetryAfterMs, parseWaitHint } from '../src/policy/wait-hint.ts';
+import { MAX_WAIT_HINT_MS, parseDurationMs, parseRetryAfterMs, parseWaitHint, tokenRoomHint } from '../src/policy/wait-hint.ts';
 
 const now = Date.UTC(2015, 9, 21, 7, 28, 0); // Wed, 21 Oct 2015 07:28:00 GMT
 const iso = (offsetMs: number) => new Date(now + offsetMs).toISOString();
@@ -150,11 +150,12 @@ describe('parseWaitHint', () => {
         'x-ratelimit-reset-requests': '40s', 'x-ratelimit-remaining-requests': '12',
         'x-ratelimit-reset-tokens': '3s', 'x-ratelimit-remaining-tokens': '1200',
       };
-      expect(parseWaitHint(headers, now, true)).toEqual({ delayMs: 3000, source: 'x-ratelimit-reset', fleetWide: false });
+      expect(tokenRoomHint(headers, now)).toEqual({ delayMs: 3000, source: 'x-ratelimit-reset', fleetWide: false });
       // Another status with the same headers (OpenAI sends them on every answer): they say nothing about it.
-      expect(parseWaitHint(headers, now, false)).toBeUndefined();
+      expect(parseWaitHint(headers, now)).toBeUndefined();
       // An exhausted limit is still the one that counts.
-      expect(parseWaitHint({ ...headers, 'x-ratelimit-remaining-requests': '0' }, now, true)?.delayMs).toBe(40_000);
+      expect(parseWaitHint({ ...headers, 'x-ratelimit-remaining-requests': '0' }, now)?.delayMs).toBe(40_000);
+      expect(tokenRoomHint({ ...headers, 'x-ratelimit-remaining-requests': '0' }, now)).toBeUndefined();
     });
 
     it('on an Anthropic 429 with room left, takes the latest of the token limits, never the requests limit', () => {
@@ -163,7 +164,7 @@ describe('parseWaitHint', () => {
         'anthropic-ratelimit-input-tokens-reset': iso(2_000), 'anthropic-ratelimit-input-tokens-remaining': '900',
         'anthropic-ratelimit-output-tokens-reset': iso(1_000), 'anthropic-ratelimit-output-tokens-remaining': '8000',
       };
-      expect(parseWaitHint(headers, now, true)?.delayMs).toBe(2000);
+      expect(tokenRoomHint(headers, now)?.delayMs).toBe(2000);
       expect(parseWaitHint(headers, now)).toBeUndefined();
     });
 

@@ -27,9 +27,8 @@ const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimi
  * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
- * `rateLimited`: the answer is a rate limit's 429, whose token limits' resets count even with room left (below).
  */
-export function parseWaitHint(headers: ResponseHeaders, nowMs: number, rateLimited = false): WaitHint | undefined {
+export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
   const retryAfterMs = header(headers, 'retry-after-ms');
   const fromMs = retryAfterMs === undefined ? undefined : parseNonNegativeDecimal(retryAfterMs);
   if (fromMs !== undefined && fromMs > 0) return hint(fromMs, 'retry-after-ms', true);
@@ -38,15 +37,35 @@ export function parseWaitHint(headers: ResponseHeaders, nowMs: number, rateLimit
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
   if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
-  const anthropic = latestExhaustedResetMs(headers, ANTHROPIC_LIMITS, rateLimited, v => {
+  return resetHint(headers, nowMs, latestExhaustedResetMs);
+}
+
+/**
+ * The wait of a rate limit's 429 that no limit explains, when no other hint came (the caller's to know it is one, not an
+ * account's): every limit the provider counts has room left, so it refused a request larger than what a token limit has
+ * left (OpenAI's "Limit 30000, Used 25000, Requested 8000"); a request always fits the requests limit's room of one.
+ * The token limits' resets (when they are full again, the first time the request surely fits) are its hint: without
+ * it the retries went back at the backoff's pace into the same refusal.
+ */
+export function tokenRoomHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
+  return resetHint(headers, nowMs, (h, pairs, parse) => {
+    const present = pairs.filter(([, remaining]) => header(h, remaining) !== undefined);
+    if (present.length === 0 || present.some(([, remaining]) => isZero(header(h, remaining)))) return undefined;
+    return latestResetMs(h, pairs.filter(([reset]) => reset.includes('tokens')), parse);
+  });
+}
+
+type ResetPick = (headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined) => number | undefined;
+
+/** The reset `pick` chooses among Anthropic's limits, else among OpenAI's. */
+function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): WaitHint | undefined {
+  const anthropic = pick(headers, ANTHROPIC_LIMITS, v => {
     const atMs = parseRfc3339Ms(v);
     return atMs === undefined ? undefined : atMs - nowMs;
   });
   if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
-
-  const openai = latestExhaustedResetMs(headers, OPENAI_LIMITS, rateLimited, parseDurationMs);
-  if (openai !== undefined) return hint(openai, 'x-ratelimit-reset', false);
-  return undefined;
+  const openai = pick(headers, OPENAI_LIMITS, parseDurationMs);
+  return openai === undefined ? undefined : hint(openai, 'x-ratelimit-reset', false);
 }
 
 /**
@@ -122,17 +141,15 @@ function parseNonNegativeDecimal(value: string): number | undefined {
  * with room left says nothing about this refusal, and waiting for it would over-wait. With no remaining headers every reset
  * counts, and the latest one is the safe choice. Resets already past (or due now) are skipped; none left means no hint
  * from this family.
- * A rate limit's 429 (`rateLimited`; not an account's) while every limit has room is a request larger than what a
- * token limit has left (OpenAI's "Limit 30000, Used 25000, Requested 8000"): a request always fits the requests limit's
- * room of one. The token limits' resets (when they are full again, the first time the request surely fits) are then
- * its hint; without it the retries went back at the backoff's pace into the same refusal.
  */
-function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, rateLimited: boolean, parseResetMs: (v: string) => number | undefined): number | undefined {
+function latestExhaustedResetMs(headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined): number | undefined {
   const anyRemaining = pairs.some(([, remaining]) => header(headers, remaining) !== undefined);
-  const exhausted = anyRemaining ? pairs.filter(([, remaining]) => isZero(header(headers, remaining))) : pairs;
-  const counted = exhausted.length === 0 && rateLimited ? pairs.filter(([reset]) => reset.includes('tokens')) : exhausted;
+  return latestResetMs(headers, anyRemaining ? pairs.filter(([, remaining]) => isZero(header(headers, remaining))) : pairs, parseResetMs);
+}
+
+function latestResetMs(headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined): number | undefined {
   let latest: number | undefined;
-  for (const [reset] of counted) {
+  for (const [reset] of pairs) {
     const value = header(headers, reset);
     const resetMs = value === undefined ? undefined : parseResetMs(value);
     if (resetMs === undefined || resetMs <= 0) continue;

@@ -2,7 +2,7 @@
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
 import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
-import { parseWaitHint, retryInfoHint } from '../policy/wait-hint.ts';
+import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
 import { stringOrNull, upstreamErrorFields } from '../errors.ts';
@@ -16,7 +16,7 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // comes back after no reset, and its upstream_auth_error was told a retry-after from one.
   const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
   // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
-  const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? parseWaitHint(headers, nowMs, true) : undefined);
+  const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
   return { kind: 'http', status, errorCode, hint };
 }
 
