@@ -212,6 +212,12 @@ export interface OtherTargets {
 }
 
 export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, others: OtherTargets, ticket?: Ticket): Promise<TargetResult> {
+  const result = await attemptsOn(ctx, plan, run, deps, others, ticket);
+  if (result.kind === 'unavailable') heldBackRetry(run, result);
+  return result;
+}
+
+async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, others: OtherTargets, ticket?: Ticket): Promise<TargetResult> {
   const hasNext = others.later;
   const { minAttemptMs } = ctx.route.config;
   const { retry } = plan;
@@ -230,7 +236,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
     const authHeldUntil = holdOffs.credentialsHeldUntil(plan.key);
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffUntil(holdOffs, plan);
-    if (heldUntil !== undefined) return heldBackRetry(run, { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil });
+    if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
     // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
     // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
     // answering the first. Without responseMs, firstTokenMs still bounds the permit: a hung probe must not hold it
@@ -249,7 +255,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       const parkedView = board.availability(plan.key, plan.breaker, ctx.parkable);
       const ownView = board.availability(plan.key, plan.breaker, ticket !== undefined);
       const at = parkedView.kind === 'open' ? parkedView.probeAtMs : parkedView.kind === 'probing' && ownView.kind === 'open' ? deps.now() : admission.availableAtMs;
-      return heldBackRetry(run, { kind: 'unavailable', reason: 'breaker', availableAtMs: at });
+      return { kind: 'unavailable', reason: 'breaker', availableAtMs: at };
     }
     // A retry the target's unavailability deferred (the breaker opened, a hold-off outlasted its wait) and that the
     // parking lot has now released (`ticket`) is paced like one that waits out a hold-off: nothing went to the target
@@ -295,7 +301,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       ticket?.done();
       // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
       if (run.sent > 0) run.retryPaid = true;
-      return heldBackRetry(run, { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs });
+      return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
     }
     if (attempt.kind === 'expired') {
       // Past the deadline, or aborted in the pool's queue, before it was sent: not an attempt for the log, the metrics or the breaker.
@@ -403,7 +409,7 @@ export async function tryTarget(ctx: RequestContext, plan: TargetPlan, run: Targ
       // One that moves on is paid only if it comes back: the next target answers most of them, and a retry counted for
       // each left the primary's budget spent on retries it never got.
       if (paced && movesOnUntil === undefined) run.retryPaid = await payRetry(ctx, plan, deps, true);
-      return heldBackRetry(run, unavailable);
+      return unavailable;
     }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
     // hint x [1, 1.2]. Someone else's longer one gets a spread of its own on top (waitPastHoldOff).
@@ -455,9 +461,8 @@ async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps
  * coming back for it (the hold-off too long, the deadline too near, parking off), its failure says why the retry never
  * went. Told `retries_exhausted`, the log line said maxAttempts were spent after one attempt.
  */
-function heldBackRetry(run: TargetRun, unavailable: Unavailable): Unavailable {
+function heldBackRetry(run: TargetRun, unavailable: Unavailable): void {
   if (run.lastFailure) run.lastFailure.why = unavailable.reason === 'breaker' ? 'breaker_open' : 'held_off';
-  return unavailable;
 }
 
 /** How long a probe permit outlives its attempt's own limit, for the verdict to be written. */
