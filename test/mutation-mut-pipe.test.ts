@@ -15,6 +15,7 @@ import { MemoryStore } from '../src/state/memory-store.ts';
 import type { SseEvent } from '../src/streaming/sse-parser.ts';
 import type { UpstreamStreamError } from '../src/streaming/stream-events.ts';
 import { cc, delta, recoveringToNext, useScriptedGateway, type ConfigShape } from './helpers/scripted-provider.ts';
+import { streamedText } from './helpers/chat-stream.ts';
 
 describe('stream-break: what a break after the first output means to the breaker', () => {
   const ev = (data: string | null): SseEvent => ({ raw: `data: ${data ?? ''}`, data, event: null });
@@ -93,10 +94,7 @@ describe('stream-recovery: the guards of a retry', () => {
     await expect(client.chat.completions.create({ model: 'gpt-4o', messages })).rejects.toThrow();
     expect(seen.length).toBe(2);
     const stream = await client.chat.completions.create({ model: 'gpt-4o', messages, stream: true });
-    let text = '';
-    const err = await (async () => {
-      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
-    })().catch((e: unknown) => e as Error);
+    const { text, err } = await streamedText(stream);
     expect(String(err)).toMatch(/cut/);
     expect(text).toBe('Hel');
     expect(seen.length).toBe(3);

@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
 import { cc, delta, recoveringToNext, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
 import { metricSum } from './helpers/stack.ts';
+import { streamedText } from './helpers/chat-stream.ts';
 
 const start = useScriptedGateway(recoveringToNext());
 const cut = { destroy: true } as const;
@@ -16,13 +17,7 @@ const hello: Script = { steps: [cc([delta({ role: 'assistant', content: '' })]),
 /** One streamed request read to its end; its error (the cut the client was told of), if any, swallowed. */
 async function readStream(client: OpenAI): Promise<string> {
   const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-  let text = '';
-  try {
-    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
-  } catch {
-    // the cut, as an error event
-  }
-  return text;
+  return (await streamedText(stream)).text;
 }
 
 describe('a stream recovery that breaks too', () => {
@@ -30,10 +25,7 @@ describe('a stream recovery that breaks too', () => {
     // The first target is cut after "Hel"; the next one starts with exactly that (so it is spliced on) and is cut too.
     const { client, s } = await start(() => ({ steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: 'Hel' })]), 30, cut] }));
     const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-    let text = '';
-    const err = await (async () => {
-      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
-    })().catch((e: unknown) => e as Error);
+    const { text, err } = await streamedText(stream);
     expect(String(err)).toMatch(/cut/);
     expect(text).toBe('Hel');
     await expect.poll(() => s.logs.find((l) => l.includes('"reqId"'))).toBeDefined();
@@ -51,8 +43,7 @@ describe('a stream recovery that breaks too', () => {
         : { steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: 'Hello' })]), cc([delta({}, 'stop')]), 'data: [DONE]\n\n'] },
     );
     const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-    let text = '';
-    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    const { text } = await streamedText(stream);
     expect(text).toBe('Hello');
     await expect.poll(() => s.logs.find((l) => l.includes('"reqId"'))).toBeDefined();
     const line = JSON.parse(s.logs.find((l) => l.includes('"reqId"'))!) as { outcome: string; streamEnd: string; attempts: Array<{ target: string; reason: string }> };
