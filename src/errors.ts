@@ -120,8 +120,9 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
  * Makes an upstream error body safe to hand to the client in the OpenAI shape: a well-formed OpenAI error (or an
  * Anthropic one, whose `error` has a `message` too) passes as it is, its own fields kept (Azure's `innererror` says
  * which content filter fired, Anthropic's `details`), with any of the four the shape needs filled in; the flat
- * `{"object": "error", "message", ...}` of vLLM and Mistral is put in that shape; anything else (an HTML page from a
- * load balancer) is wrapped.
+ * `{"object": "error", "message", ...}` of vLLM and Mistral is put in that shape, and so is an error that is only
+ * its message (`{"error": "..."}`, Ollama's native API and TGI); anything else (an HTML page from a load balancer) is
+ * wrapped.
  */
 export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefined): OpenAIErrorBody {
   const raw = body && withoutBom(body);
@@ -140,6 +141,9 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
         const type = typeof parsed.type === 'string' && parsed.type !== '' ? parsed.type : typeOfStatus(status);
         return errorBody(parsed.message, type, stringOrNull(parsed.code), stringOrNull(parsed.param));
       }
+      // Ollama's native API and Hugging Face TGI say the error in words alone (`{"error": "model \"x\" not found"}`,
+      // TGI with an `error_type` beside it): wrapped whole, the client's message was that JSON, quotes escaped.
+      if (isStringErrorBody(parsed)) return errorBody(parsed.error, typeOfStatus(status), null);
     } catch {
       // not JSON: fall through to the wrapped form
     }
@@ -164,14 +168,15 @@ export function stringOrNull(v: unknown): string | null {
 
 /**
  * The error object of a parsed upstream error body, for its classification: `error` in the OpenAI shape (also inside
- * Gemini's one-element list), or the flat body of vLLM (before 0.8) and Mistral. The same shapes the client is given
- * (normaliseUpstreamErrorBody).
+ * Gemini's one-element list), the flat body of vLLM (before 0.8) and Mistral, or the message of an error that is only
+ * a string. The same shapes the client is given (normaliseUpstreamErrorBody).
  */
 export function upstreamErrorFields(parsed: unknown): { code?: unknown; type?: unknown; message?: unknown } | undefined {
   const body = unlisted(parsed);
   if (typeof body !== 'object' || body === null) return undefined;
   const error = (body as { error?: unknown }).error;
   if (typeof error === 'object' && error !== null) return error;
+  if (isStringErrorBody(body)) return { message: body.error };
   return isFlatErrorBody(body) ? body : undefined;
 }
 
@@ -183,6 +188,12 @@ function unlisted(parsed: unknown): unknown {
 function isFlatErrorBody(v: unknown): v is { object: 'error'; message: string; type?: unknown; code?: unknown; param?: unknown } {
   const o = v as { object?: unknown; message?: unknown } | null;
   return typeof o === 'object' && o !== null && o.object === 'error' && typeof o.message === 'string';
+}
+
+/** An error that is only its message: `{"error": "..."}` (Ollama's native API, TGI with its `error_type`). */
+function isStringErrorBody(v: unknown): v is { error: string } {
+  const e = (v as { error?: unknown } | null)?.error;
+  return typeof e === 'string' && e !== '';
 }
 
 function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: unknown; code?: unknown; param?: unknown } } {
