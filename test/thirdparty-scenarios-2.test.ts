@@ -110,7 +110,7 @@ const chatPaths = (m: MockServer) => m.requests().filter((r) => r.path === '/v1/
 describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compatible server', () => {
   // LiteLLM issue #12680 (vLLM's error, top-level and with the status as its code) and #10793 (SGLang's message):
   // without a `context_length_exceeded` code, the context error was not recognised and the fallback never ran.
-  const contextErrors: Array<[string, unknown]> = [
+  const contextErrors: Array<[string, unknown, number?]> = [
     [
       "vLLM (its own top-level shape, code 400)",
       { object: 'error', message: "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.", type: 'BadRequestError', param: null, code: 400 },
@@ -137,10 +137,13 @@ describe('LiteLLM context_window_fallbacks: the context error of an OpenAI-compa
       'DeepSeek (its code repeats its type)',
       { error: { message: "This model's maximum context length is 65536 tokens. However, you requested 70000 tokens (70000 in the messages, 0 in the completion). Please reduce the length of the messages or completion.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' } },
     ],
+    // TGI says it in a 422, its error a bare string.
+    ['Hugging Face TGI (prompt and max_new_tokens past the window)', { error: 'Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`', error_type: 'validation' }, 422],
+    ['Hugging Face TGI (prompt past the input limit)', { error: 'Input validation error: `inputs` must have less than 1024 tokens. Given: 2000', error_type: 'validation' }, 422],
   ];
-  for (const [who, body] of contextErrors) {
+  for (const [who, body, status = 400] of contextErrors) {
     it(`goes to contextWindowFallback for ${who}`, async () => {
-      const primary = await startProvider(answering(400, body));
+      const primary = await startProvider(answering(status, body));
       const { s, backup } = await pair({ primaryUrl: primary.origin, alone: true, contextWindowFallback: true });
       const res = await sdk(s).chat.completions.create({ model: 'llama-3.1-8b', messages }).withResponse();
       expect(res.data.choices[0]!.message.content).toBeTruthy();

@@ -138,13 +138,14 @@ export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_lengt
  * context length is ..."), SGLang and Together ("The input (9000 tokens) is longer than the model's context length
  * (8192 tokens)."), Mistral ("Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum
  * context length"), Gemini ("The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."),
- * llama.cpp before its error type. Read as a plain 400, the request never reached
+ * llama.cpp before its error type, Hugging Face TGI (a 422: "Input validation error: `inputs` tokens + `max_new_tokens` must
+ * be <= 4096. Given: ...", or "... `inputs` must have less than 4096 tokens. Given: ..."). Read as a plain 400, the request never reached
  * `contextWindowFallback` (LiteLLM's context_window_fallbacks had the same hole: its issues #10793, #12680). Anchored
  * at the start of the message, as these servers write it: a validation error that quotes what the client sent must not
  * read as one.
  */
 const CONTEXT_LENGTH_MESSAGE =
-  /^(?:this (?:model|endpoint)'s maximum context length is \d|'max_tokens' or 'max_completion_tokens' is too large: \d+\. this model's maximum context length is \d|you passed \d+ input (?:tokens|characters)\b[^.]*\. however, the model's context length is only \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed)/i;
+  /^(?:this (?:model|endpoint)'s maximum context length is \d|'max_tokens' or 'max_completion_tokens' is too large: \d+\. this model's maximum context length is \d|you passed \d+ input (?:tokens|characters)\b[^.]*\. however, the model's context length is only \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed|input validation error: `inputs` (?:tokens \+ `max_new_tokens` must be <= \d|must have less than \d+ tokens\. given: \d))/i;
 
 /**
  * Does an error's `code` name what went wrong? Not the status as digits (`"400"`, vLLM, OpenRouter), nor its `type`
