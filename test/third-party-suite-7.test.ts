@@ -467,12 +467,32 @@ describe('streams in the servers\' own dialects', () => {
     expect(l.hits()).toBe(1);
   });
 
-  it('passes vLLM\'s finish_reason "abort" after output on as the end it says, ending with [DONE]', async () => {
+  // vLLM finishes a request its engine stopped (a replica shutting down, a pause) with finish_reason "abort", then
+  // [DONE] (vLLM issue #57082): an answer cut short, not a complete one.
+  it('raises vLLM\'s finish_reason "abort" after output as an error in the SDK, never the clean end its [DONE] says', async () => {
     const l = await selfHosted(() => streamed(['All quiet'], 'abort'));
-    const r = await post(l.s, { stream: true });
-    expect(r.text).toContain('"finish_reason":"abort"');
-    expect(r.text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    const err = await collect(await l.client.chat.completions.create({ model: LLAMA, messages, stream: true })).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as APIError).message).toContain('finish_reason "abort"');
     expect(l.hits()).toBe(1);
+    const r = await post(l.s, { stream: true });
+    expect(r.text).toContain('All quiet');
+    expect(r.text).not.toContain('"finish_reason":"abort"');
+    expect(r.text).not.toContain('[DONE]');
+  });
+
+  it('retries vLLM\'s finish_reason "abort" before any output (the replica stopped it), and streams the retry', async () => {
+    const l = await selfHosted((body, n) => (n === 1 ? streamed([], 'abort') : answer(body)));
+    const out = await collect(await l.client.chat.completions.create({ model: LLAMA, messages, stream: true }));
+    expect(out).toMatchObject({ text: 'All quiet overnight.', finish: 'stop' });
+    expect(l.hits()).toBe(2);
+  });
+
+  it('retries vLLM\'s whole answer that finished with "abort" (the replica stopped it): the retry\'s answer reaches the SDK', async () => {
+    const l = await selfHosted((body, n) => (n === 1 ? completion('All qu', 'abort') : answer(body)));
+    const a = await l.client.chat.completions.create({ model: LLAMA, messages });
+    expect(a.choices[0]!.message.content).toBe('All quiet overnight.');
+    expect(l.seen.map((x) => x.headers['x-retry-reason'])).toEqual([undefined, 'bad_stream']);
   });
 
   it('keeps the first-token timer running through chunks with an empty delta: a server sending only `delta: {}` is timed out and retried', async () => {

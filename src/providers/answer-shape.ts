@@ -75,7 +75,13 @@ export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerConte
     return not('the upstream answer is not a whole JSON object');
   }
   const missing = ownFamily ? missingField(api, body) : undefined;
-  return missing === undefined ? undefined : not(missing);
+  if (missing !== undefined) return not(missing);
+  // vLLM's answer to a request its engine stopped (a replica shutting down, a pause): what it had so far, with this
+  // finish_reason, no OpenAI value. As bytes, it cannot be a string's content (its quotes would be escaped there).
+  if (ownFamily && (api === 'chat' || api === 'completions') && body.indexOf('"finish_reason":"abort"') !== -1) {
+    return { detail: 'the provider aborted the answer (finish_reason "abort")', ran: true };
+  }
+  return undefined;
 }
 
 const not = (detail: string): NotAnAnswer => ({ detail, ran: false });

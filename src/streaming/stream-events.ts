@@ -35,6 +35,14 @@ const present = (v: unknown) => v !== undefined && v !== null;
  * pause of a second mid-answer ended it with [DONE], truncated.
  */
 const finishes = (reason: unknown) => present(reason) && reason !== '';
+/**
+ * vLLM ends a request its engine stopped (a replica shutting down or paused, an abort) with `finish_reason: "abort"`,
+ * which is no OpenAI value, and then `[DONE]` (vLLM issue #57082). Read as a finish, the answer cut short reached the
+ * client as complete; it is an error event: retried before the first output, raised by the SDKs after it.
+ */
+const ABORTED = 'abort';
+const ABORTED_MESSAGE = 'the provider aborted the answer (finish_reason "abort")';
+const aborted = (chunk: { choices?: unknown }) => Array.isArray(chunk.choices) && (chunk.choices as ChatChoice[]).some((c) => c?.finish_reason === ABORTED);
 
 /**
  * Responses API events that carry output: every `*.delta` (text, refusal, reasoning, function and custom tool
@@ -113,6 +121,7 @@ function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMe
 function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMeaning {
   if (chunk.error !== undefined && chunk.error !== null) return 'error';
   if (!Array.isArray(chunk.choices)) return 'keepalive';
+  if (aborted(chunk)) return 'error';
   let meaning: EventMeaning = 'keepalive';
   for (const choice of chunk.choices as ChatChoice[]) {
     if (finishes(choice.finish_reason)) return 'finish';
@@ -197,7 +206,7 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
  * the SDK to raise it (an `event: error` with a bare `{message}` would be handed to the user as a chunk).
  */
 export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: number): string {
-  let parsed: { error?: unknown; message?: unknown } | undefined;
+  let parsed: { error?: unknown; message?: unknown; choices?: unknown } | undefined;
   try {
     parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as typeof parsed);
   } catch {
@@ -229,7 +238,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
     const sequence = nextSequenceNumber(parsed) ?? nextSequence;
     return `${ev.raw}\n\nevent: error\ndata: ${JSON.stringify({ type: 'error', ...numbered(sequence), code, message, param: error.param, error })}\n\n`;
   }
-  const message = typeof parsed?.message === 'string' ? parsed.message : 'the upstream sent an error event';
+  const message = typeof parsed?.message === 'string' ? parsed.message : parsed && aborted(parsed) ? ABORTED_MESSAGE : 'the upstream sent an error event';
   return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error', nextSequence);
 }
 
