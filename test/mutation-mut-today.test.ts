@@ -123,7 +123,10 @@ describe("recordOutcome: what an attempt tells its target's guards", () => {
     };
     return { guards: { board, holdOffs, budget: {} } as unknown as Guards, seen };
   }
-  const plan = (sharesHoldOffs = true) => ({ key: 'p/m', breaker: {}, sharesHoldOffs, client: { config: { authHoldS: 60 } } }) as unknown as TargetPlan;
+  /** What the plan's pool heard: the adaptive limit's signal per attempt, with its round trip. */
+  let limitSignals: Array<[string, string, number]> = [];
+  const plan = (sharesHoldOffs = true) =>
+    ({ key: 'p/m', limitKey: 'p/m', breaker: {}, sharesHoldOffs, client: { config: { authHoldS: 60 } }, pool: { observe: (...a: [string, string, number]) => void limitSignals.push(a) } }) as unknown as TargetPlan;
   const record = (guards: Guards, result: AttemptResult, p = plan()) => recordOutcome(guards, p, result, classify(result.outcome), 5, undefined);
   const http = (status: number, errorCode: string | null, delayMs?: number): AttemptResult => ({
     outcome: { kind: 'http', status, errorCode, hint: delayMs === undefined ? undefined : { delayMs, source: 'retry-after', fleetWide: true } },
@@ -157,6 +160,19 @@ describe("recordOutcome: what an attempt tells its target's guards", () => {
     expect(await record(guards, http(503, null, 2_000))).toBe(3_000);
     expect(await record(guards, http(503, null, 2_000), plan(false))).toBeUndefined();
     expect(seen.holdOffs).toEqual([2_000]);
+  });
+
+  it("tells the target's adaptive limit of a 429 and of a success, whichever path sent the attempt", async () => {
+    limitSignals = [];
+    const { guards } = guardsSeeing();
+    await record(guards, http(429, 'rate_limit_exceeded'));
+    await record(guards, { outcome: { kind: 'ok', status: 200 }, status: 200 });
+    await record(guards, http(503, null));
+    expect(limitSignals).toEqual([
+      ['p/m', 'rate-limited', 5],
+      ['p/m', 'success', 5],
+      ['p/m', 'none', 5],
+    ]);
   });
 
   it("holds the credentials on a 429 that is the account's, and starts no hold-off for its retry-after", async () => {

@@ -419,10 +419,9 @@ describe('a reasoning stream that breaks before its content', () => {
     expect(g.seen.r1).toHaveLength(1);
   });
 
-  // streamRecovery continues "the rest of a text answer" from the text already delivered; thoughts alone are none, so
-  // there is nothing to continue from (live-stream.ts asks for delivered text). The README does not say what a stream
-  // cut before its text gets: this checks what it must get in any case, an error the SDK raises, never a clean end.
-  it('with streamRecovery on, still ends a stream cut after its thoughts but before any text with an error the SDK raises', async () => {
+  // streamRecovery continues "the rest of a text answer"; a stream cut after its thoughts alone has no text to continue
+  // from, so the next target is asked the request afresh, and its reasoning and text carry on the client's stream.
+  it('with streamRecovery on, finishes a stream cut after its thoughts but before any text from the next target', async () => {
     const g = await gateway(
       {
         r1: { script: () => ({ headers: SSE, steps: [roleChunk, thought('Let me think.'), 50, { destroy: true }] }) },
@@ -431,11 +430,16 @@ describe('a reasoning stream that breaks before its content', () => {
       [chatRoute([{ provider: 'r1' }, { provider: 'r2' }], { streamRecovery: 'continue' })],
     );
     let text = '';
-    const err = await drain(await g.openai.chat.completions.create({ model: 'deepseek-reasoner', messages: O_MESSAGES, stream: true }), (c) => (text += c.choices[0]?.delta?.content ?? ''));
-    expect(err).toBeInstanceOf(OpenAI.APIError);
-    expect((err as APIError).code).toBe('stream_interrupted');
-    expect(text).toBe('');
-    expect(await metric(g.s, 'stormgate_stream_ends_total', 'end="cut"')).toBe(1);
+    let reasoning = '';
+    const err = await drain(await g.openai.chat.completions.create({ model: 'deepseek-reasoner', messages: O_MESSAGES, stream: true }), (c) => {
+      text += c.choices[0]?.delta?.content ?? '';
+      reasoning += (c.choices[0]?.delta as { reasoning_content?: string } | undefined)?.reasoning_content ?? '';
+    });
+    expect(err).toBeUndefined();
+    expect(reasoning).toBe('Let me think.');
+    expect(text).toBe('Forty-two.');
+    expect(g.seen.r2).toHaveLength(1);
+    expect(await metric(g.s, 'stormgate_stream_ends_total', 'end="recovered"')).toBe(1);
   });
 });
 

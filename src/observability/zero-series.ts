@@ -80,6 +80,9 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
   metrics.requests.inc(REJECTED_LABELS, 0);
 }
 
+/** The reasons a streamRecovery continuation is counted as a retry for: how the stream it finishes broke (stream-break.ts). */
+const RECOVERY_REASONS = ['stream_cut', 'stream_stalled'];
+
 /**
  * One route's series for one of its target keys, at zero, every label value the code can give them: a counter's
  * first increments count in increase() only if a scrape saw it at zero before.
@@ -91,7 +94,8 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
   for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome }, 0);
   metrics.budgetExhausted.inc({ route: route.name, target }, 0);
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
-  for (const reason of retryReasons(route.retry.retryOn)) metrics.retries.inc({ route: route.name, target, reason }, 0);
+  const reasons = route.streamRecovery === 'continue' ? [...retryReasons(route.retry.retryOn), ...RECOVERY_REASONS] : retryReasons(route.retry.retryOn);
+  for (const reason of reasons) metrics.retries.inc({ route: route.name, target, reason }, 0);
   for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
 }
 

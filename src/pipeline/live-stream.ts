@@ -19,11 +19,12 @@ import { endedWhole, type StreamEndKind } from './stream-ends.ts';
 import { DeliveredText } from './delivered-text.ts';
 
 /**
- * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue):
- * the SSE text to send after what was delivered, and how that continuation ended once it is read; or undefined when
- * it cannot (the client then gets the original error).
+ * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue), given
+ * the text delivered (empty, or only whitespace, when the client had reasoning alone) and why the stream broke (the
+ * breaker's reason: `stream_cut`, `stream_stalled`): the SSE text to send after what was delivered, and how that
+ * continuation ended once it is read; or undefined when it cannot (the client then gets the original error).
  */
-export type StreamRecovery = (delivered: string) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
+export type StreamRecovery = (delivered: string, brokeBy: string) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -380,13 +381,16 @@ export class LiveStream {
    */
   async *#recovered(): AsyncGenerator<string, boolean> {
     const recover = this.#recover;
-    // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation.
-    if (!recover || this.#ended || recover.delivered.notPlainText || recover.delivered.text === '' || this.#opts.requestSignal.aborted) return false;
+    // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation. Reasoning alone is an
+    // answer begun with no text to continue: the next target is asked afresh.
+    if (!recover || this.#ended || this.#opts.requestSignal.aborted) return false;
+    const { delivered } = recover;
+    if (delivered.notPlainText || (delivered.text === '' && !delivered.reasoning)) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
-      rest = await recover.continueFrom(recover.delivered.text);
+      rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut');
     } catch {
       rest = undefined;
     }

@@ -1,6 +1,7 @@
-// What one upstream attempt's outcome tells its target's guards (breaker, hold-offs, credential holds), shared by every
-// path that sends one: the attempt loop (target-attempts.ts) and a stream recovery's continuation (stream-recovery.ts).
-// Kept in one place so that no path sends upstream requests the target's breaker never hears of.
+// What one upstream attempt's outcome tells its target's guards (breaker, adaptive limit, hold-offs, credential holds),
+// shared by every path that sends one: the attempt loop (target-attempts.ts) and a stream recovery's continuation
+// (stream-recovery.ts). Kept in one place so that no path sends upstream requests the target's breaker or limit never
+// hears of.
 import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import type { Probe } from '../state/breaker-board.ts';
 import { startsHoldOff } from '../state/hold-offs.ts';
@@ -15,15 +16,19 @@ export function failureCode(result: AttemptResult): string | undefined {
 }
 
 /**
- * What an attempt's outcome tells its target's guards (the outcome table's breaker and hold-off columns, and a hold of
- * the gateway's refused credentials), whichever path sent it: the attempt loop, or a stream recovery's continuation,
- * which must open the breaker of a backup that fails every continuation as its failed attempts would. Resolves once
- * a breaker transition it causes is written; returns the end of the hold-off its wait hint started, if it started one.
+ * What an attempt's outcome tells its target's guards (the outcome table's breaker, limit and hold-off columns, and a
+ * hold of the gateway's refused credentials), whichever path sent it: the attempt loop, or a stream recovery's
+ * continuation, which must open the breaker of a backup that fails every continuation as its failed attempts would,
+ * and cut its adaptive limit on a 429 as theirs would. Resolves once a breaker transition it causes is written;
+ * returns the end of the hold-off its wait hint started, if it started one.
  */
 export async function recordOutcome(guards: Guards, plan: TargetPlan, result: AttemptResult, cls: Classification, durationMs: number, probe: Probe | undefined): Promise<number | undefined> {
   const row = OUTCOME_TABLE[cls.cls];
   const { outcome } = result;
   const code = failureCode(result);
+  // Before any await, while the attempt's slot (if it took one) is still held: the limit learns how many were in
+  // flight when the provider said no. A 429 without a wait hint starts no hold-off: the limit is all that hears it.
+  plan.pool.observe(plan.limitKey, row.limit, durationMs);
   await guards.board.record(plan.key, plan.breaker, row.breaker, durationMs, probe, { reason: cls.reason, ...(code !== undefined && { code }) });
   // The gateway's own credentials or billing: no request goes to this target for authHoldS.
   if (cls.cls === 'credentials') guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });

@@ -1,6 +1,7 @@
 // One attempt inside the provider's pool: take a slot (by class, then arrival; a retry also under the retry cap),
-// attempt, give the slot back (a stream: when it ends), and tell the target's adaptive limit how it went.
-import { classify, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+// attempt, and give the slot back (a stream: when it ends). How it went reaches the target's adaptive limit through
+// recordOutcome (record-outcome.ts), which the caller runs before it releases the slot.
+import { classify, type Classification } from '../policy/outcome.ts';
 import { quotaLowUntil } from '../policy/quota-headers.ts';
 import { runAttempt, type AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
@@ -73,8 +74,6 @@ export async function attemptInSlot(
   const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
-  // Observed while the slot is still held: the limit learns how many were in flight when the provider said no.
-  plan.pool.observe(plan.limitKey, OUTCOME_TABLE[cls.cls].limit, durationMs);
   if (cls.cls === 'success') acquired.slot.answered();
   if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());

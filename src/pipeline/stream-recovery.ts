@@ -1,8 +1,10 @@
 // streamRecovery: continue (experimental): a text answer that broke after its first byte is finished by the next
 // target. A target that continues an assistant prefill (Claude before 4.6, or `prefill: true`) is sent the text
 // already delivered and streams the rest; an OpenAI-compatible one that does not is sent the original request, and its
-// answer is spliced on only if it begins with exactly the delivered text. Anything else leaves the client with the
-// original failure.
+// answer is spliced on only if it begins with exactly the delivered text. A stream cut before any text (after its
+// reasoning alone) has nothing to prefill or match: any next target is sent the original request, as a failover would
+// be. Anything else leaves the client with the original failure. The continuation is a retry taken from the budget,
+// and counted and recorded as one.
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
@@ -20,43 +22,53 @@ export function streamRecovery(
   shape: StreamShape,
   next: TargetPlan | undefined,
   signal: RequestSignal,
-  deps: Pick<TargetDeps, 'guards' | 'now' | 'onAttempt'>,
+  deps: Pick<TargetDeps, 'guards' | 'now' | 'onAttempt' | 'onRetry' | 'onBudgetExhausted'>,
   attempts: AttemptRecord[],
 ): StreamRecovery | undefined {
   if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
   if (shape.choices > 1) return undefined;
   const { now } = deps;
-  return async (delivered) => {
+  return async (delivered, brokeBy) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
     // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
     const { board, holdOffs, budget } = deps.guards;
     if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
     if (holdOffs.until(next.key) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
     const provider = next.client.config;
-    const prefill = takesPrefill(provider, next.model);
+    // No text of the answer went out (the client had its reasoning alone, perhaps a paragraph break): nothing to
+    // prefill or to match, so the next target is asked the request as the client sent it, as a failover would ask it,
+    // tools and all (with no answer begun, a tool call is as good an answer as text). Its stream goes to the client
+    // whole, its own reasoning included: the thoughts behind the answer the client gets, where dropped they left it
+    // silent for as long as the next model thought.
+    const fresh = delivered.trim() === '';
+    const prefill = !fresh && takesPrefill(provider, next.model);
     // Another family's model, asked again, is not going to begin with the very words the first one wrote: splicing
     // would spend a retry and an upstream request on nothing.
-    if (!prefill && provider.family === 'anthropic') return undefined;
+    if (!fresh && !prefill && provider.family === 'anthropic') return undefined;
     // Anthropic refuses a prefill that ends in whitespace (400), and cuts often land after a space or a paragraph
     // break: the prefill goes without it, and the continuation without the whitespace the client already has.
     const prefillText = delivered.trimEnd();
-    if (prefill && prefillText === '') return undefined;
     const messages = Array.isArray(req.json.messages) ? req.json.messages : [];
-    const asked = textOnly(req.json);
+    const asked = fresh ? req.json : textOnly(req.json);
     const json = prefill ? { ...asked, messages: [...messages, { role: 'assistant', content: prefillText }] } : asked;
     const prepared = json !== req.json ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
     if (!prepared.ok || !planned.ok) return undefined;
-    // Taken from the budget only for a request that can go: one the target cannot take spends no retry.
-    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) return undefined;
+    // Taken from the budget only for a request that can go: one the target cannot take spends no retry. A refusal is
+    // counted as any retry's (stormgate_retry_budget_exhausted_total).
+    if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) {
+      deps.onBudgetExhausted?.(req.route.name, next.key);
+      return undefined;
+    }
     if (signal.aborted) return undefined;
     const startedAt = now();
     const result = await runAttempt({
       client: next.client,
       api: 'chat',
       path: prepared.request.path,
-      headers: { ...planned.request.headers, ...prepared.request.headers },
+      // Marked as the retry it is, as every retry is: the request ran once already, at the target whose stream broke.
+      headers: { ...planned.request.headers, ...prepared.request.headers, 'x-retry-attempt': '1', 'x-retry-reason': brokeBy },
       body: prepared.request.body,
       stream: true,
       shape,
@@ -65,14 +77,17 @@ export function streamRecovery(
       now,
     });
     // A second upstream request: in the request's log line (`attempts`) and stormgate_upstream_attempts_total, as
-    // any other, or the amplification the operator watches misses every recovery.
+    // any other, or the amplification the operator watches misses every recovery; and a retry the budget paid for,
+    // in stormgate_retry_count_total (with the break as its reason) as the budget's other retries are.
     const durationMs = now() - startedAt;
     const cls = classify(result.outcome);
     const code = failureCode(result);
     attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs, ...(code !== undefined && { code }) });
+    deps.onRetry?.(req.route.name, next.key, brokeBy, 0);
     deps.onAttempt?.(req.route.name, next.key, result, durationMs);
     // And in the target's guards, as any attempt on it: unrecorded, a backup that failed every continuation (a 503, a
-    // refused connection) never opened its breaker, and kept being sent the recoveries of every broken stream.
+    // refused connection) never opened its breaker, and kept being sent the recoveries of every broken stream; and
+    // a 429 it answered one with never reached its adaptive limit, which paced its own requests as if it had room.
     const judgedIn = result.stream && { generation: board.current(next.key).generation, atMs: now() };
     await recordOutcome(deps.guards, next, result, cls, durationMs, undefined);
     const live = result.stream;
@@ -80,6 +95,7 @@ export function streamRecovery(
     judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();
     const ended = () => live.ended;
+    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended };
     if (!prefill) {
       const text = await splice(body, delivered, () => live.abandon());
       return text && { text, ended };

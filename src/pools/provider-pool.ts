@@ -240,7 +240,10 @@ export class ProviderPool {
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
-  /** The upstream answered an attempt (whose slot is still held): adapt the target's limit (429/529 mostly shrink it, success grows it). */
+  /**
+   * The upstream answered an attempt (whose slot is still held; a stream recovery's continuation, which takes none, is
+   * heard too): adapt the target's limit (429/529 mostly shrink it, success grows it).
+   */
   observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
     if (signal === 'none') return;
     const t = this.#target(target);
