@@ -325,6 +325,31 @@ describe("the servers' error bodies", () => {
     expect(l.hits()).toBe(1);
   });
 
+  // TGI's 424 (generation failed: CUDA out of memory) is the server failing, as a 5xx is, though a 4xx.
+  it("fails TGI's 424 (generation failed) over to the cloud, and retries it first once retryOn lists it", async () => {
+    const generation = { error: 'Request failed during generation: Server error: CUDA out of memory.', error_type: 'generation' };
+    const plain = await selfHosted(() => json(424, generation), { backup: true });
+    const a = await plain.client.chat.completions.create({ model: 'tgi', messages });
+    expect(a.choices[0]!.message.content).toBeTruthy();
+    expect([plain.hits(), plain.backupChats()]).toEqual([1, 1]);
+
+    const listed = await selfHosted(() => json(424, generation), { backup: true, route: { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 }, retryOn: [424, 429, 500, 502, 503, 504, 'network', 'timeout'] } } });
+    const b = await listed.client.chat.completions.create({ model: 'tgi', messages });
+    expect(b.choices[0]!.message.content).toBeTruthy();
+    expect(listed.seen.map((x) => x.headers['x-retry-reason'])).toEqual([undefined, 'status_424']);
+    expect(listed.backupChats()).toBe(1);
+  });
+
+  it("passes TGI's 424 on as it is, its message in the OpenAI shape, when there is no backup", async () => {
+    const generation = { error: 'Request failed during generation: Server error: CUDA out of memory.', error_type: 'generation' };
+    const l = await selfHosted(() => json(424, generation));
+    const err = await failure(l.client.chat.completions.create({ model: 'tgi', messages }));
+    expect(err.status).toBe(424);
+    expect((err.error as { message: string }).message).toBe(generation.error);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(l.hits()).toBe(1);
+  });
+
   it("never retries TGI's 422 validation error, and passes its text on as the message", async () => {
     const message = 'Input validation error: `temperature` must be strictly positive';
     const l = await selfHosted(() => json(422, { error: message, error_type: 'validation' }), { backup: true });

@@ -236,9 +236,11 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   if (errorCode && CONTEXT_LENGTH_CODES.has(errorCode)) return { cls: 'context-length', retryKey: null, reason: 'context_length' };
   if (status === 429) return { cls: 'rate-limited', retryKey: 429, reason };
-  // The provider timed out (Azure answers 408 "The operation was timeout"): its failure, not the request's; retried
-  // only if retryOn lists 408, but never the end of the request while another target can answer.
-  if (status === 408) return { cls: 'server-error', retryKey: 408, reason };
+  // The provider timed out (Azure answers 408 "The operation was timeout"), or its model failed while generating (424:
+  // Hugging Face TGI's "Request failed during generation", CUDA out of memory; Bedrock's ModelErrorException): its
+  // failure, not the request's; retried only if retryOn lists it, but never the end of the request while another
+  // target can answer.
+  if (status === 408 || status === 424) return { cls: 'server-error', retryKey: status, reason };
   if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
   if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
   if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
