@@ -5,6 +5,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
+import { ProviderPool } from '../src/pools/provider-pool.ts';
 import { defaultConfig, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 
@@ -27,6 +28,24 @@ describe('the fleet share of a pool', () => {
     // Batch keeps at least its minShare, and the fleet stays within its capacity.
     expect(a * 24).toBeGreaterThanOrEqual(2.4);
     expect(a + b).toBeLessThanOrEqual(1 + 1e-9);
+  });
+
+  it('counts as demand the calls an instance served between two exchanges, not only those in flight at the exchange', async () => {
+    // Online calls of 100 ms, one at a time: at the moment of an exchange there is mostly none in flight. Read as no
+    // demand, the instance was left one slot of 6 while another instance's batch flood took the rest, and its calls met
+    // the provider's 429s (test/third-party-suite-8.test.ts).
+    const pool = new ProviderPool({ provider: 'p', capacity: 6, retryCapacity: 1, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => 0);
+    const signal = new AbortController().signal;
+    for (let i = 0; i < 2; i++) {
+      const a = await pool.acquire({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 0, signal });
+      if (!a.ok) throw new Error('no slot');
+      a.slot.release();
+    }
+    const demand = pool.demandByClass();
+    expect(demand).toEqual([1, 0]);
+    expect(fleetShare(6, CLASSES, demand, [1, 150], 2) * 6).toBeGreaterThanOrEqual(2);
+    // The next exchange counts from this one: nothing since, nothing asked for.
+    expect(pool.demandByClass()).toEqual([0, 0]);
   });
 
   it('splits an idle fleet evenly and a single class by demand, as before', () => {

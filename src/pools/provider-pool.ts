@@ -124,6 +124,13 @@ export class ProviderPool {
   readonly #queued: number[];
   #seq = 0;
   readonly #inUseByClass: number[];
+  /**
+   * Per class: the most slots held plus requests waiting since the fleet last asked for this pool's demand. A sample
+   * taken at the exchange alone misses short-lived demand: online calls that come and go between two exchanges (or are
+   * refused at once by a provider another instance's batch flood fills) read as none, and that instance was left one
+   * slot while the other took the rest (a third-party fleet run: 30 of 30 online calls answered 429).
+   */
+  readonly #peakByClass: number[];
   #inUse = 0;
   #retriesInUse = 0;
   readonly #roundTrip = new MovingAverage(INITIAL_ROUND_TRIP_MS);
@@ -160,6 +167,7 @@ export class ProviderPool {
     this.#lanes = settings.classes.map(() => new Map());
     this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
+    this.#peakByClass = settings.classes.map(() => 0);
   }
 
   /** Index of a class by name, or undefined. */
@@ -221,6 +229,7 @@ export class ProviderPool {
       waiter.lane.waiters.push(waiter);
       waiter.lane.size++;
       this.#queued[req.cls]!++;
+      this.#notePeak(req.cls);
       t.waiting++;
       // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
       this.#drain();
@@ -292,9 +301,19 @@ export class ProviderPool {
     return Math.min(this.#target(target).limit.limit, this.#capacity);
   }
 
-  /** Demand on this pool per class, highest first: slots in use plus requests waiting. */
+  /**
+   * Demand on this pool per class, highest first: the most slots in use plus requests waiting at once since the last
+   * call (the fleet's exchange), and at least what is in use and waiting now.
+   */
   demandByClass(): number[] {
-    return this.#queued.map((q, k) => this.#inUseByClass[k]! + q);
+    const demand = this.#queued.map((q, k) => Math.max(this.#peakByClass[k]!, this.#inUseByClass[k]! + q));
+    for (let k = 0; k < demand.length; k++) this.#peakByClass[k] = this.#inUseByClass[k]! + this.#queued[k]!;
+    return demand;
+  }
+
+  #notePeak(cls: number): void {
+    const now = this.#inUseByClass[cls]! + this.#queued[cls]!;
+    if (now > this.#peakByClass[cls]!) this.#peakByClass[cls] = now;
   }
 
   /**
@@ -414,6 +433,7 @@ export class ProviderPool {
   #take(req: SlotRequest, t: TargetUse): Slot {
     this.#inUse++;
     this.#inUseByClass[req.cls]!++;
+    this.#notePeak(req.cls);
     t.inUse++;
     t.byClass[req.cls]!++;
     if (req.retry) this.#retriesInUse++;

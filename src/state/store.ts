@@ -116,10 +116,10 @@ export interface StateStore {
   setHoldOff(target: string, untilMs: number): Promise<void>;
 
   /**
-   * Tells the fleet this instance's demand on a provider's pool per priority class (slots in use plus waiting, highest
-   * class first) and returns the fleet's total demand per class and its instance count, so each instance can take a
-   * share of the pool by what it needs, higher classes first. Undefined when the fleet cannot be asked (Redis away):
-   * the caller then keeps the share it had.
+   * Tells the fleet this instance's demand on a provider's pool per priority class (the most slots in use plus
+   * waiting since the last exchange, highest class first) and returns the fleet's total demand per class and its
+   * instance count, so each instance can take a share of the pool by what it needs, higher classes first. Undefined
+   * when the fleet cannot be asked (Redis away): the caller then keeps the share it had.
    */
   exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined>;
 
