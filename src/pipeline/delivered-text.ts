@@ -2,6 +2,7 @@
 // has to carry on from, whether reasoning went out before it, and whether anything but plain text went out, which no
 // continuation can splice onto. Not in stream-recovery.ts: that module runs attempts, whose streams are LiveStreams,
 // and the LiveStream that keeps this record would import the module that builds it.
+import { nonEmpty, present } from '../streaming/stream-events.ts';
 
 export class DeliveredText {
   #text = '';
@@ -45,7 +46,3 @@ export class DeliveredText {
     }
   }
 }
-
-const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
-/** Set, not null: some servers send every field of a delta, `"function_call": null` included. */
-const present = (v: unknown) => v !== undefined && v !== null;

@@ -312,8 +312,8 @@ export class ProviderPool {
   }
 
   #notePeak(cls: number): void {
-    const now = this.#inUseByClass[cls]! + this.#queued[cls]!;
-    if (now > this.#peakByClass[cls]!) this.#peakByClass[cls] = now;
+    const demand = this.#inUseByClass[cls]! + this.#queued[cls]!;
+    if (demand > this.#peakByClass[cls]!) this.#peakByClass[cls] = demand;
   }
 
   /**

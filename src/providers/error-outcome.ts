@@ -49,8 +49,9 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
 
 /**
  * The `error` object of an OpenAI-shaped body, when the body is JSON and has one (also inside the one-element list
- * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); or the body itself in the flat shape vLLM
- * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`.
+ * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); the body itself in the flat shape vLLM
+ * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
+ * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
 function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown } | undefined {
   if (body.length === 0) return undefined;

@@ -20,7 +20,7 @@ interface ChatChoice {
   finish_reason?: unknown;
 }
 
-const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
+export const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
 /**
  * Content sent as a list of parts, as Mistral's reasoning models stream their thinking (`[{"type":"thinking",...}]`):
  * output like a string. Held back as silence, a model thinking longer than firstTokenMs was timed out and run again
@@ -28,7 +28,7 @@ const nonEmpty = (v: unknown) => typeof v === 'string' && v.length > 0;
  */
 const contentParts = (v: unknown) => Array.isArray(v) && v.length > 0;
 /** Set, not null: servers that serialise every field of the SDK's models send `"function_call": null` in each delta. */
-const present = (v: unknown) => v !== undefined && v !== null;
+export const present = (v: unknown) => v !== undefined && v !== null;
 /**
  * Whether a choice's finish_reason says it finished. Some compatible servers (Ollama before 0.1.39, SGLang before
  * 0.4.4) send `""` on every chunk until the last: read as a finish, the answer was over from its first chunk, and a
