@@ -3,6 +3,7 @@
 // other files let live.
 import { describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
+import { streamedText } from './helpers/chat-stream.ts';
 import type { ChatCompletionChunk } from 'openai/resources/chat/completions';
 import type { MockServer } from '../src/mock/server.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
@@ -187,13 +188,7 @@ const thinksThenCut: Script = { steps: [role, thought('Let me think.'), 30, cut]
 
 async function read(client: OpenAI): Promise<{ text: string; err: Error | undefined }> {
   const stream = (await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'What is six times seven?' }], stream: true })) as AsyncIterable<ChatCompletionChunk>;
-  let text = '';
-  try {
-    for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
-  } catch (e) {
-    return { text, err: e as Error };
-  }
-  return { text, err: undefined };
+  return streamedText(stream);
 }
 
 const startRecovering = useScriptedGateway(recoveringToNext());

@@ -11,6 +11,7 @@
 // over 20 ms).
 import type { ApiKind } from '../routing/router.ts';
 import { bomLength } from '../http/byte-order-mark.ts';
+import { ABORTED_MESSAGE } from '../streaming/stream-events.ts';
 
 /** The APIs whose `stream: true` makes the provider answer with server-sent events; all of them answer JSON otherwise. */
 const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses', 'messages']);
@@ -79,7 +80,7 @@ export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerConte
   // vLLM's answer to a request its engine stopped (a replica shutting down, a pause): what it had so far, with this
   // finish_reason, no OpenAI value. As bytes, it cannot be a string's content (its quotes would be escaped there).
   if (ownFamily && (api === 'chat' || api === 'completions') && body.indexOf('"finish_reason":"abort"') !== -1) {
-    return { detail: 'the provider aborted the answer (finish_reason "abort")', ran: true };
+    return { detail: ABORTED_MESSAGE, ran: true };
   }
   return undefined;
 }

@@ -41,7 +41,7 @@ const finishes = (reason: unknown) => present(reason) && reason !== '';
  * client as complete; it is an error event: retried before the first output, raised by the SDKs after it.
  */
 const ABORTED = 'abort';
-const ABORTED_MESSAGE = 'the provider aborted the answer (finish_reason "abort")';
+export const ABORTED_MESSAGE = 'the provider aborted the answer (finish_reason "abort")';
 const aborted = (chunk: { choices?: unknown }) => Array.isArray(chunk.choices) && (chunk.choices as ChatChoice[]).some((c) => c?.finish_reason === ABORTED);
 
 /**
