@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE, retryReasons, type AttemptOutcome, type TimeoutPhase } from '../src/policy/outcome.ts';
+import { classify, isOverRateLimitMessage, isRetryable, mayHaveRun, OUTCOME_TABLE, OVER_RATE_LIMIT_CODE, retryReasons, type AttemptOutcome, type TimeoutPhase } from '../src/policy/outcome.ts';
+import { errorCodeOf, errorVerdict, httpOutcome } from '../src/providers/error-outcome.ts';
 import type { RetryOn } from '../src/config/schema.ts';
 
 const DEFAULT_RETRY_ON: RetryOn[] = [429, 500, 502, 503, 504, 529, 'network', 'timeout'];
@@ -99,7 +100,7 @@ describe('the table\'s failover columns', () => {
 
   it('passes on as a verdict exactly the upstream\'s judgements of the request, and only those it passes through', () => {
     const verdicts = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.verdict).map(([cls]) => cls);
-    expect(verdicts.sort()).toEqual(['client-error', 'content-policy', 'context-length']);
+    expect(verdicts.sort()).toEqual(['client-error', 'content-policy', 'context-length', 'over-rate-limit']);
     for (const cls of verdicts) expect(OUTCOME_TABLE[cls as keyof typeof OUTCOME_TABLE].passThrough).toBe(true);
   });
 
@@ -188,5 +189,44 @@ describe('an outcome the provider may already have run', () => {
       [{ kind: 'internal', code: 'ERR_INVALID_CHAR' }, false],
     ];
     for (const [outcome, expected] of cases) expect(mayHaveRun(outcome), JSON.stringify(outcome)).toBe(expected);
+  });
+});
+
+describe('a request larger than the whole token limit', () => {
+  const openai =
+    'Request too large for gpt-4o in organization org-abc on tokens per min (TPM): Limit 30000, Requested 36278. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.';
+  const groq = 'Request too large for model `llama-3.1-70b-versatile` in organization `org_01` service tier `on_demand` on tokens per minute (TPM): Limit 6000, Requested 7431, please reduce your message size and try again.';
+
+  it("is told by OpenAI's and Groq's words, and only when the request is over the limit", () => {
+    expect(isOverRateLimitMessage(openai)).toBe(true);
+    expect(isOverRateLimitMessage(groq)).toBe(true);
+    expect(isOverRateLimitMessage('Request too large for gpt-4o on tokens per day (TPD): Limit 90000, Requested 95000.')).toBe(true);
+    // A rate limit the request would fit once the window moves on: waiting helps.
+    expect(isOverRateLimitMessage('Rate limit reached for gpt-4o in organization org-abc on tokens per min (TPM): Limit 30000, Used 29000, Requested 2000.')).toBe(false);
+    expect(isOverRateLimitMessage('Request too large for gpt-4o on tokens per min (TPM): Limit 30000, Requested 30000.')).toBe(false);
+    // Quoted, not said: a message that merely contains the words.
+    expect(isOverRateLimitMessage(`upstream said: ${openai}`)).toBe(false);
+  });
+
+  it('is neither retried nor a hold-off nor a cut of the limit, and moves on to the next target', () => {
+    for (const status of [429, 413]) {
+      const c = classify({ kind: 'http', status, errorCode: OVER_RATE_LIMIT_CODE, hint: { delayMs: 20_000, source: 'retry-after', fleetWide: true } });
+      expect(c).toEqual({ cls: 'over-rate-limit', retryKey: null, reason: 'request_over_rate_limit' });
+      expect(isRetryable(c, [...DEFAULT_RETRY_ON, 413])).toBe(false);
+      expect(OUTCOME_TABLE[c.cls]).toMatchObject({ holdOff: false, limit: 'none', breaker: 'ignore', failover: 'next', passThrough: true });
+    }
+  });
+
+  it("is read from the error body whatever code it names, and from an error inside a 2xx (the Responses API's response.failed)", () => {
+    const body = (status: number) => errorCodeOf(status, Buffer.from(JSON.stringify({ error: { message: openai, type: 'tokens', param: null, code: 'rate_limit_exceeded' } })));
+    expect(body(429)).toBe(OVER_RATE_LIMIT_CODE);
+    expect(body(413)).toBe(OVER_RATE_LIMIT_CODE);
+    expect(body(400)).toBe('rate_limit_exceeded');
+    // Its retry-after is a rate limit's habit, after which the request fits no better: no hint.
+    const whole = Buffer.from(JSON.stringify({ error: { message: openai, type: 'tokens', param: null, code: 'rate_limit_exceeded' } }));
+    expect(httpOutcome(429, { 'retry-after': '20' }, whole, 0)).toEqual({ kind: 'http', status: 429, errorCode: OVER_RATE_LIMIT_CODE, hint: undefined });
+    const v = errorVerdict({ code: 'rate_limit_exceeded', message: openai, type: undefined, param: null }, 'response.failed');
+    expect(v.outcome).toMatchObject({ kind: 'http', status: 429, errorCode: OVER_RATE_LIMIT_CODE });
+    expect(errorVerdict({ code: 'rate_limit_exceeded', message: 'Rate limit reached for gpt-4o', type: undefined, param: null }, 'response.failed').outcome).toMatchObject({ errorCode: 'rate_limit_exceeded' });
   });
 });

@@ -93,6 +93,18 @@ async function sdkError(p: Promise<unknown>): Promise<APIError> {
   return err as APIError;
 }
 
+/** OpenAI's 429 for one request larger than the whole tokens-per-minute limit, and the headers it comes with. */
+const TOO_LARGE =
+  'Request too large for text-embedding-3-small in organization org-abc on tokens per min (TPM): Limit 1000000, Requested 1350000. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.';
+const TOO_LARGE_HEADERS = {
+  'x-ratelimit-limit-requests': '3000',
+  'x-ratelimit-remaining-requests': '2999',
+  'x-ratelimit-limit-tokens': '1000000',
+  'x-ratelimit-remaining-tokens': '1000000',
+  'x-ratelimit-reset-requests': '20ms',
+  'x-ratelimit-reset-tokens': '0s',
+};
+
 /** A float32 little-endian vector as base64, as OpenAI sends it for encoding_format base64. */
 const b64 = (v: number[]): string => Buffer.from(new Float32Array(v).buffer).toString('base64');
 
@@ -256,22 +268,11 @@ describe('token limits and huge batches', () => {
     expect(g.seen('a')).toHaveLength(1);
   });
 
-  it("keeps a batch larger than the provider's whole token limit (OpenAI's 'Request too large') to maxAttempts upstream, and tells the SDK not to send it again", async () => {
+  it("sends a batch larger than the provider's whole token limit (OpenAI's 'Request too large') upstream once, and tells the SDK not to send it again", async () => {
     // OpenAI's answer to one request larger than the TPM limit itself: a 429 rate_limit_exceeded with every limit's
-    // room intact and the token reset at 0s, which no wait ends ("The input or output tokens must be reduced"). The
-    // gateway reads it as a rate limit (its retries are bounded by maxAttempts: see the report's design question);
-    // what must hold is that the client is not invited to multiply them.
-    const headers = {
-      'x-ratelimit-limit-requests': '3000',
-      'x-ratelimit-remaining-requests': '2999',
-      'x-ratelimit-limit-tokens': '1000000',
-      'x-ratelimit-remaining-tokens': '1000000',
-      'x-ratelimit-reset-requests': '20ms',
-      'x-ratelimit-reset-tokens': '0s',
-    };
-    const message =
-      'Request too large for text-embedding-3-small in organization org-abc on tokens per min (TPM): Limit 1000000, Requested 1350000. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.';
-    const g = await gw({ a: { mock: { errors: [{ status: 429, code: 'rate_limit_exceeded', type: 'tokens', message, headers }] } } }, [
+    // room intact and the token reset at 0s, which no wait ends ("The input or output tokens must be reduced").
+    // No retry can fit it (before, it was sent maxAttempts times), and the client must not be invited to send it again.
+    const g = await gw({ a: { mock: { errors: [{ status: 429, code: 'rate_limit_exceeded', type: 'tokens', message: TOO_LARGE, headers: { ...TOO_LARGE_HEADERS, 'retry-after': '20' } }] } } }, [
       route('emb', '/v1/embeddings', [{ provider: 'a' }], { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } }),
     ]);
     const { client, counter } = countingClient(g.s, { maxRetries: 2 });
@@ -282,7 +283,32 @@ describe('token limits and huge batches', () => {
     expect(err.headers?.get('x-should-retry')).toBe('false');
     expect(err.headers?.get('retry-after')).toBeNull();
     expect(counter.requests).toBe(1);
-    expect(g.seen('a')).toHaveLength(3);
+    expect(g.seen('a')).toHaveLength(1);
+  });
+
+  it("fails a 'Request too large' over to a target with a limit of its own, and holds the first target off for no one: the next small call goes to it at once", async () => {
+    // The refusal comes with retry-after, as a rate limit's does: read as one, it held the target off for every
+    // request (of every instance) that would have fitted.
+    const answered: string[] = [];
+    const a = scripted((res, body) => {
+      const big = Array.isArray(body['input']) && body['input'].length > 100;
+      answered.push(big ? 'refused' : 'served');
+      if (big) jsonAnswer(res, 429, JSON.stringify({ error: { message: TOO_LARGE, type: 'tokens', param: null, code: 'rate_limit_exceeded' } }), { ...TOO_LARGE_HEADERS, 'retry-after': '20' });
+      else jsonAnswer(res, 200, embeddingsBody(1));
+    });
+    const g = await gw({ a: { handler: a }, b: { mock: {} } }, [
+      route('emb', '/v1/embeddings', [{ provider: 'a' }, { provider: 'b' }], { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } }),
+    ]);
+    const big = await g.client.embeddings.create({ model: EMB, input: Array.from({ length: 2048 }, (_, i) => `long passage ${i}`) }).withResponse();
+    expect(big.response.headers.get('x-stormgate-target')).toContain('b');
+    expect(big.data.data).toHaveLength(2048);
+    const small = await g.client.embeddings.create({ model: EMB, input: 'one short passage' }).withResponse();
+    expect(small.response.headers.get('x-stormgate-target')).toContain('a');
+    expect(answered).toEqual(['refused', 'served']);
+    expect(g.seen('b')).toHaveLength(1);
+    // The refusal's own reason in the log, not a rate limit's.
+    const line = await requestLine(g.s, 'emb');
+    expect(JSON.stringify(line.attempts)).toContain('request_over_rate_limit');
   });
 
   it('holds a batch-class embeddings call for the reset when the last answer said the token quota is nearly spent, while online chat goes at once', async () => {

@@ -30,6 +30,7 @@ type OutcomeClass =
   | 'credentials'
   | 'redirect'
   | 'rate-limited'
+  | 'over-rate-limit'
   | 'server-error'
   | 'overloaded'
   | 'network'
@@ -82,6 +83,10 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   redirect: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'redirect', nextFirst: false },
   // A rate limit is the provider protecting itself, not failing: the breaker stays out of it; hold-offs handle it.
   'rate-limited': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  // One request larger than the whole per-minute limit: no wait lets it through here, so no retry; nor does it say
+  // anything of the provider's load, so no hold-off (its retry-after held every request off) and no cut of the limit.
+  // Another target, with a limit of its own, may take it.
+  'over-rate-limit': { retryable: false, passThrough: true, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: true, fallback: 'error', nextFirst: false },
   'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
@@ -176,6 +181,25 @@ export const REQUEST_FAULT_CODES: ReadonlySet<string> = new Set([
   'failed_to_download_image', 'image_file_not_found',
 ]);
 
+/**
+ * How a provider says one request is larger than its whole token limit per minute (or day), so that no wait can let
+ * it through: OpenAI's 429 `rate_limit_exceeded` "Request too large for gpt-4o in organization org-... on tokens per
+ * min (TPM): Limit 30000, Requested 36278. The input or output tokens must be reduced in order to run successfully.",
+ * and Groq's 413 in the same words ("... on tokens per minute (TPM): Limit 6000, Requested 7431, please reduce your
+ * message size"). Read as a rate limit, it was retried maxAttempts times into the same refusal, and its retry-after
+ * held the target off for every request, of every instance, that would have fitted.
+ */
+const OVER_RATE_LIMIT_MESSAGE = /^request too large for .*? on tokens per (?:min|minute|day) \(\w+\): limit (\d+), requested (\d+)/i;
+
+/** The error code error-outcome.ts gives such an answer, whatever code the provider named (`rate_limit_exceeded`). */
+export const OVER_RATE_LIMIT_CODE = 'request_over_rate_limit';
+
+/** Does a 429's (or 413's) message say the request alone is larger than the provider's token limit? */
+export function isOverRateLimitMessage(message: string): boolean {
+  const m = OVER_RATE_LIMIT_MESSAGE.exec(message.trimStart());
+  return m !== null && Number(m[2]) > Number(m[1]);
+}
+
 export interface Classification {
   cls: OutcomeClass;
   /** Which `retryOn` entry governs this outcome; null when none can. */
@@ -233,6 +257,7 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
   // The reason is the code itself: one of a fixed set, so bounded as a metric label.
   if (status === 429 && errorCode !== null && ACCOUNT_429_CODES.has(errorCode)) return { cls: 'credentials', retryKey: null, reason: errorCode };
+  if ((status === 429 || status === 413) && errorCode === OVER_RATE_LIMIT_CODE) return { cls: 'over-rate-limit', retryKey: null, reason: OVER_RATE_LIMIT_CODE };
   if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   if (errorCode && CONTEXT_LENGTH_CODES.has(errorCode)) return { cls: 'context-length', retryKey: null, reason: 'context_length' };
   if (status === 429) return { cls: 'rate-limited', retryKey: 429, reason };

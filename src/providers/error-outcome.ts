@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, namesError, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -12,6 +12,9 @@ type HeaderBag = Record<string, string | string[] | undefined>;
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
   const errorCode = errorCodeOf(status, body);
+  // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
+  // passed on it invited the client to send it again then.
+  if (errorCode === OVER_RATE_LIMIT_CODE) return { kind: 'http', status, errorCode, hint: undefined };
   // Only a rate limit's refusal waits for the token limits' reset: a 429 that names the account (insufficient_quota)
   // comes back after no reset, and its upstream_auth_error was told a retry-after from one.
   const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
@@ -26,13 +29,15 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
  * the name is what the classification knows, so a code that is not a name gives way to a type that is, and is read
  * as its digits only when there is none (as the client is given it, errors.ts). A 4xx without a named code whose
  * message says the prompt is over the model's window (vLLM, SGLang, OpenRouter, ...) is `context_length_exceeded`,
- * which is what sends it to the route's contextWindowFallback.
+ * which is what sends it to the route's contextWindowFallback. A 429 (or 413) whose message says the request alone is
+ * larger than the provider's token limit is OVER_RATE_LIMIT_CODE, whatever code it names: no retry can fit it.
  */
 export function errorCodeOf(status: number, body: Buffer): string | null {
   // The attempt (wholeResult) has already dropped a byte order mark.
   const error = errorFieldsOf(body);
   if (error === undefined) return null;
   const { code, type, message } = error;
+  if ((status === 429 || status === 413) && typeof message === 'string' && isOverRateLimitMessage(message)) return OVER_RATE_LIMIT_CODE;
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
@@ -84,7 +89,9 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string)
   const status = named === undefined ? undefined : statusOfErrorCode(named);
   if (status === undefined) return { failure };
   const error = { message: err!.message ?? named, type: err!.type ?? (status === 429 ? 'rate_limit_error' : 'invalid_request_error'), param: err!.param ?? null, code: code ?? null };
-  return { failure, outcome: { kind: 'http', status, errorCode: named!, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
+  // A rate limit the request alone is larger than (the Responses API reports OpenAI's "Request too large" this way too).
+  const errorCode = status === 429 && err!.message !== undefined && isOverRateLimitMessage(err!.message) ? OVER_RATE_LIMIT_CODE : named!;
+  return { failure, outcome: { kind: 'http', status, errorCode, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
 }
 
 /**
