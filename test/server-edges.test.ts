@@ -32,7 +32,9 @@ describe('bad input gets an OpenAI-shaped error', () => {
       body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(5000) }] }),
     });
     expect(res.status).toBe(413);
-    expectOpenAIError(await res.json(), 'request_too_large');
+    const error = expectOpenAIError(await res.json(), 'request_too_large');
+    // The limit itself, so the client knows how much to cut without asking the operator.
+    expect(error.message).toBe('the request body is larger than server.bodyLimitBytes (1024 bytes)');
   });
 
   it('answers an unknown path with 404 unknown_url and a wrong method with 405', async () => {

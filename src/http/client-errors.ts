@@ -81,7 +81,8 @@ export function toGatewayError(err: unknown, request: FastifyRequest): GatewayEr
   const e = err as { code?: string; statusCode?: number; message?: string };
   switch (e.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new GatewayError('request_too_large', `the request body is larger than server.bodyLimitBytes (${e.message ?? ''})`);
+      // fastify's own message ("Request body is too large") names no size: the route's limit does.
+      return new GatewayError('request_too_large', `the request body is larger than server.bodyLimitBytes (${request.routeOptions.bodyLimit} bytes)`);
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': {
       const type = request.headers['content-type'];
       return new GatewayError('unsupported_media_type', type ? `content-type ${printable(type)} is not supported; send application/json` : 'the request has a body but no content-type; send application/json');
