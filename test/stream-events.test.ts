@@ -2,7 +2,7 @@
 // does not recognise holds the stream back (nothing reaches the client) until the first-token timeout retries it,
 // and the provider runs, and bills, the request again.
 import { describe, expect, it } from 'vitest';
-import { eventMeaning } from '../src/streaming/stream-events.ts';
+import { cutShort, eventMeaning } from '../src/streaming/stream-events.ts';
 import type { SseEvent } from '../src/streaming/sse-parser.ts';
 
 const ev = (data: unknown, event: string | null = null): SseEvent => {
@@ -24,6 +24,25 @@ describe('chat chunks', () => {
     expect(eventMeaning('chat', ev(chunk({}, 'stop')))).toBe('finish');
     expect(eventMeaning('chat', ev('[DONE]'))).toBe('done');
     expect(eventMeaning('chat', ev('{"choices":[{"delta":'))).toBe('malformed');
+  });
+});
+
+// vLLM's finish_reason "abort" after the first output: the answer cut short, with what its chunk still carries.
+describe('an answer vLLM aborted', () => {
+  it('leaves the chunk\'s own text, and another choice\'s finish, with the abort taken out', () => {
+    const short = cutShort('chat', ev(chunk({ content: 'lo' }, 'abort')));
+    expect(short?.why).toContain('finish_reason "abort"');
+    expect(JSON.parse(short!.left!.data!)).toEqual(chunk({ content: 'lo' }));
+    const two = { object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'stop' }, { index: 1, delta: {}, finish_reason: 'abort' }] };
+    expect(JSON.parse(cutShort('chat', ev(two))!.left!.data!).choices.map((c: { finish_reason: unknown }) => c.finish_reason)).toEqual(['stop', null]);
+    expect(cutShort('completions', ev({ object: 'text_completion', choices: [{ index: 0, text: 'lo', finish_reason: 'abort' }] }))?.left?.data).toContain('"text":"lo","finish_reason":null');
+  });
+
+  it('leaves nothing of a chunk that carried only the abort, and is no other event', () => {
+    expect(cutShort('chat', ev(chunk({}, 'abort')))).toEqual({ left: undefined, why: expect.stringContaining('abort') });
+    expect(cutShort('chat', ev(chunk({ content: 'abort' })))).toBeUndefined();
+    expect(cutShort('chat', ev({ error: { message: 'engine dead' }, choices: [{ index: 0, delta: {}, finish_reason: 'abort' }] }))).toBeUndefined();
+    expect(cutShort('responses', ev({ type: 'abort' }))).toBeUndefined();
   });
 });
 

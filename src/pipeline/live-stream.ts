@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { cutShort, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
 import { accountStatusOfError } from '../policy/outcome.ts';
 import type { FailureFacts } from '../state/breaker-board.ts';
 import { brokenBy, errorEventBreaks, type ErrorEventMeaning } from './stream-break.ts';
@@ -168,6 +168,8 @@ export class LiveStream {
   /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
   #recover: { continueFrom: StreamRecovery; delivered: DeliveredText } | undefined;
   #upstreamEnded = false;
+  /** What cut the answer short while its stream went on (vLLM's abort, stream-events.ts cutShort): a cut all the same. */
+  #cutShortBy: string | undefined;
   #awaitingUpstream = false;
   /** How long the client has taken nothing while the gateway had text for it (backpressure). */
   #clientWaitMs = 0;
@@ -256,6 +258,7 @@ export class LiveStream {
         if (whole) yield doneEvent(api) ?? '';
         else if (!(yield* this.#recovered())) yield this.#streamError('the upstream stream ended before the answer was complete');
       }
+      if (this.#cutShortBy !== undefined && !(yield* this.#recovered())) yield this.#streamError(`the upstream stream was cut: ${this.#cutShortBy}`);
     } catch (err) {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
@@ -324,6 +327,15 @@ export class LiveStream {
           return true;
         }
         continue;
+      }
+      const short = meaning === 'error' ? cutShort(api, ev) : undefined;
+      if (short) {
+        // What the chunk still carries goes on as any chunk would, then the answer ends as a cut (#rest recovers it).
+        if (short.left) this.#take([short.left], out);
+        this.#kind = 'cut';
+        this.#upstreamBroke = { reason: 'stream_cut' };
+        this.#cutShortBy = short.why;
+        return true;
       }
       this.#events++;
       if (meaning === 'output' && !this.#outputSeen) {

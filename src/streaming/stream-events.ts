@@ -38,11 +38,35 @@ const finishes = (reason: unknown) => present(reason) && reason !== '';
 /**
  * vLLM ends a request its engine stopped (a replica shutting down or paused, an abort) with `finish_reason: "abort"`,
  * which is no OpenAI value, and then `[DONE]` (vLLM issue #57082). Read as a finish, the answer cut short reached the
- * client as complete; it is an error event: retried before the first output, raised by the SDKs after it.
+ * client as complete. It is an error event before the first output (the attempt failed, and is retried); after it,
+ * the answer cut short (cutShort): the provider stopped producing it, as when its connection drops.
  */
 const ABORTED = 'abort';
 export const ABORTED_MESSAGE = 'the provider aborted the answer (finish_reason "abort")';
 const aborted = (chunk: { choices?: unknown }) => Array.isArray(chunk.choices) && (chunk.choices as ChatChoice[]).some((c) => c?.finish_reason === ABORTED);
+
+/**
+ * An event after the first output that ends the answer cut short though the upstream's stream goes on to its clean
+ * end (vLLM's abort): for the LiveStream a cut, which streamRecovery may finish, not an error event of the provider's.
+ * `left` is what the chunk still carries for the client (its last text, another choice's finish) with the abort taken
+ * out, or undefined when it carries nothing else; `why` says what cut it. Undefined for any other event.
+ */
+export function cutShort(api: ApiKind, ev: SseEvent): { left: SseEvent | undefined; why: string } | undefined {
+  if ((api !== 'chat' && api !== 'completions') || ev.data === null || !ev.data.includes(ABORTED)) return undefined;
+  let chunk: { error?: unknown; choices?: unknown; usage?: unknown };
+  try {
+    chunk = JSON.parse(ev.data) as typeof chunk;
+  } catch {
+    return undefined;
+  }
+  // An error object makes the chunk the provider's error event, whatever its choices say (choicesMeaning).
+  if (typeof chunk !== 'object' || chunk === null || present(chunk.error) || !aborted(chunk)) return undefined;
+  const choices = (chunk.choices as ChatChoice[]).map((c) => (c?.finish_reason === ABORTED ? { ...c, finish_reason: null } : c));
+  const rest = { ...chunk, choices };
+  const data = JSON.stringify(rest);
+  const carries = choicesMeaning(rest) !== 'keepalive' || present(chunk.usage);
+  return { left: carries ? { raw: `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}`, data, event: ev.event } : undefined, why: ABORTED_MESSAGE };
+}
 
 /**
  * Responses API events that carry output: every `*.delta` (text, refusal, reasoning, function and custom tool
