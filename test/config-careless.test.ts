@@ -114,6 +114,21 @@ describe('values YAML types by their looks', () => {
     expect(message).not.toContain('20240101');
   });
 
+  it('quotes the text found where a number, list or map belongs, except at a credential\'s key or from the environment', () => {
+    expect(configError(edit('port: 8080', 'port: "eighty"', valid('server: { port: 8080 }\n'))).message).toBe(
+      'gw.yaml:10: server.port: expected number, received string ("eighty")',
+    );
+    expect(configError(valid().replace('targets: [ { provider: openai } ]', 'targets: openai')).message).toBe(
+      'gw.yaml:9: routes[0].targets: expected list, received string ("openai")',
+    );
+    const secret = configError(valid('auth: { keys: sk-client-SECRET-42 }\n')).message;
+    expect(secret).toMatch(/auth\.keys: expected map of name to \w+, received string$/);
+    expect(secret).not.toContain('SECRET');
+    expect(configError(valid('    timeoutMs: ${T}\n'), { ...env, T: 'soon' }).message).toBe(
+      'gw.yaml:10: routes[0].timeoutMs: expected number, received string (the value of $T)',
+    );
+  });
+
   it('says to write true or false for yes, no, on, off', () => {
     expect(configError(edit('family: openai', 'family: openai\n    optional: yes')).message).toBe(
       'gw.yaml:4: providers.openai.optional: expected boolean, received string ("yes"); write true or false',

@@ -248,13 +248,13 @@ describe('config errors', () => {
       'gw.yaml:13: routes[0].budget.windowS: expected number, received string ("500ms"); windowS is a plain number of seconds',
     ]);
     // Text that is no duration, or a key without a unit in its name, gets no guess.
-    expect(configError(valid('    timeoutMs: soon\n')).message).toBe('gw.yaml:10: routes[0].timeoutMs: expected number, received string');
-    expect(configError(valid('    retry: { maxAttempts: 3s }\n')).message).toBe('gw.yaml:10: routes[0].retry.maxAttempts: expected number, received string');
+    expect(configError(valid('    timeoutMs: soon\n')).message).toBe('gw.yaml:10: routes[0].timeoutMs: expected number, received string ("soon")');
+    expect(configError(valid('    retry: { maxAttempts: 3s }\n')).message).toBe('gw.yaml:10: routes[0].retry.maxAttempts: expected number, received string ("3s")');
   });
 
   it('names lists and maps as the config reference and YAML do, not as JavaScript arrays and records', () => {
     expect(configError(valid().replace('targets: [ { provider: openai } ]', 'targets: openai')).message).toBe(
-      'gw.yaml:9: routes[0].targets: expected list, received string',
+      'gw.yaml:9: routes[0].targets: expected list, received string ("openai")',
     );
     expect(configError('providers: []\nroutes: {}\n').message.split('\n')).toEqual([
       'gw.yaml:1: providers: expected map of name to object, received list',
@@ -375,7 +375,7 @@ describe('config errors', () => {
     expect(configError(text, {}).message.split('\n')).toEqual([
       'gw.yaml:3: providers.openai.family: expected one of: openai, anthropic, azure-openai, received "openia"; did you mean "openai"?',
       'gw.yaml:5: providers.openai.apiKey: environment variable OPENAI_API_KEY is not set',
-      'gw.yaml:10: routes[0].timeoutMs: expected number, received string',
+      'gw.yaml:10: routes[0].timeoutMs: expected number, received string ("soon")',
     ]);
   });
 });

@@ -73,8 +73,12 @@ function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
 
 function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
   switch (issue.code) {
-    case 'invalid_type':
-      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}${typedHint(issue.expected, value)}`;
+    case 'invalid_type': {
+      const hint = `${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}${typedHint(issue.expected, value)}`;
+      // A hint that quotes the text found says it once; "received string" alone leaves the reader to find which.
+      const found = hint.startsWith(' (') ? '' : quotedText(value, path);
+      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${found}${hint}`;
+    }
     case 'invalid_value': {
       const options = issue.values.map(String);
       const guess = typeof value === 'string' ? closest(value, options) : undefined;
@@ -116,6 +120,12 @@ function received(value: unknown, path: PropertyKey[]): string {
   if (typeof value === 'string') return `, received ${JSON.stringify(withoutPassword(value))}`;
   if (typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
   return `, received ${kindOf(value)}`;
+}
+
+/** The text found, in quotes, where another type belongs; never a credential's (load.ts names a variable's instead). */
+function quotedText(value: unknown, path: PropertyKey[]): string {
+  if (typeof value !== 'string' || value === '' || SECRET_KEY.test(String(path.at(-1)))) return '';
+  return ` (${JSON.stringify(withoutPassword(value))})`;
 }
 
 /**
