@@ -57,6 +57,31 @@ describe('GET /v1/models lists what a client can request', () => {
     }
   });
 
+  it("lists the model that answers a route for any model whose every target sends its own (a self-hosted model with a cloud fallback), not nothing", async () => {
+    // config/examples/self-hosted-with-cloud-backup.yaml: any name is accepted and the first target's model answers it.
+    // Before, models.list() came back empty, and a client that picks its model from the list had none to pick.
+    stack = await startStack({
+      config: (url) => ({
+        server: { host: '127.0.0.1', port: 0 },
+        providers: { vllm: { family: 'openai', baseUrl: `${url}/v1`, apiKey: TEST_KEY }, openai: { family: 'openai', baseUrl: `${url}/v1`, apiKey: TEST_KEY } },
+        routes: [
+          { name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'vllm', model: 'meta-llama/Llama-3.1-8B-Instruct' }, { provider: 'openai', model: 'gpt-4o-mini' }] },
+          // A glob the first target's model does not match: that name could not be requested, so it is not listed.
+          { name: 'other', match: { path: '/v1/completions', models: ['davinci*'] }, targets: [{ provider: 'openai', model: 'gpt-3.5-turbo-instruct' }] },
+        ],
+      }),
+    });
+    const client = sdk(stack);
+    const ids: string[] = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    expect(ids).toEqual(['meta-llama/Llama-3.1-8B-Instruct']);
+    // The fallback's model is not listed: asked for by name, it would be answered by the first target's model.
+    const model = await client.models.retrieve('meta-llama/Llama-3.1-8B-Instruct');
+    expect(model).toMatchObject({ id: 'meta-llama/Llama-3.1-8B-Instruct', object: 'model', owned_by: 'vllm' });
+    const answer = await client.chat.completions.create({ model: ids[0]!, messages });
+    expect(answer.choices[0]!.message.content).toBeTruthy();
+  });
+
   it('lists a provider\'s models though its first answer to the listing is a passing 503 (as from a flaky provider)', async () => {
     stack = await startStack({ faults: { errors: [{ status: 503, rate: 1, times: 1 }] } });
     const ids: string[] = [];

@@ -53,6 +53,19 @@ function listingProviders(route: CompiledRoute): string[] {
 }
 
 /**
+ * The model that answers a route for any model whose every target sends its own (a self-hosted model with a cloud
+ * fallback): whatever name a client sends, its first target's model answers, so that name is the one to list (asked
+ * for, it is served by that very model). No provider's list can say what such a route serves, and without it the
+ * listing was empty. A fallback's model is not listed: asked for by name, the first target's would answer it.
+ */
+function answeringModel(route: CompiledRoute): string | undefined {
+  const first = route.config.targets[0]?.model;
+  // Weighted targets answer by turns: no one model answers a name.
+  if (!route.open || first === undefined || route.config.strategy !== 'fallback' || route.config.targets.some((t) => t.model === undefined)) return undefined;
+  return route.matchesModel(first) ? first : undefined;
+}
+
+/**
  * A provider's model object as the OpenAI API lists it: an OpenAI-compatible one as the provider sent it (apps sort
  * by `created`), an Anthropic one (`{ type, id, display_name, created_at }`) translated.
  */
@@ -149,6 +162,8 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     // only the config gives has no provider object: its owner is that provider's name in the config.
     for (const route of routes) {
       for (const id of route.exactModels) if (!models.has(id)) models.set(id, { id, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
+      const served = answeringModel(route);
+      if (served !== undefined && !models.has(served)) models.set(served, { id: served, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
       for (const provider of listingProviders(route)) {
         for (const m of lists.get(provider) ?? []) if (!models.has(m.id) && route.matchesModel(m.id)) models.set(m.id, m);
       }
