@@ -4,13 +4,14 @@
 // lower class with demand keeps its minShare floor, then higher classes first, so an instance whose clients are all
 // batch cannot take the slots another instance's online users need (by total demand alone, 150 batch agents on one
 // instance left 3 of 24 slots to the online traffic of another, which queued for seconds). While the store cannot be
-// asked, an instance keeps the share it had.
+// asked, an instance keeps the share it had. An instance left only the pool's floor slot holds its online newcomers
+// until the others have made room (floor-hold.ts).
 import type { StateStore } from '../state/store.ts';
 import type { Pools } from './pools.ts';
-import type { PoolClass } from './provider-pool.ts';
+import type { PoolClass, ProviderPool } from './provider-pool.ts';
 
 /** Half a second: shares follow a shift in demand within about a second. */
-const REFRESH_MS = 500;
+export const REFRESH_MS = 500;
 
 /**
  * Slots a class's demand is counted for: what it holds and waits for, plus room for the arrivals of the next half
@@ -55,16 +56,19 @@ export function fleetShare(capacity: number, classes: readonly PoolClass[], own:
 }
 
 export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => number): () => void {
-  const refresh = async () => {
-    for (const pool of pools.all()) {
-      const demand = pool.demandByClass();
-      const fleet = await store.exchangeDemand(pool.settings.provider, demand, now());
-      if (!fleet) continue;
-      const own = demand.reduce((a, b) => a + b, 0);
-      const total = fleet.totals.reduce((a, b) => a + b, 0);
-      pool.setShare(fleetShare(pool.settings.capacity, pool.settings.classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own));
-    }
+  const exchange = async (pool: ProviderPool) => {
+    const demand = pool.demandByClass();
+    const fleet = await store.exchangeDemand(pool.settings.provider, demand, now());
+    if (!fleet) return;
+    const own = demand.reduce((a, b) => a + b, 0);
+    const total = fleet.totals.reduce((a, b) => a + b, 0);
+    pool.setShare(fleetShare(pool.settings.capacity, pool.settings.classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own));
   };
+  const refresh = async () => {
+    for (const pool of pools.all()) await exchange(pool);
+  };
+  // A newcomer held for room the fleet has not made (floor-hold.ts) is demand the others should hear now.
+  for (const pool of pools.all()) pool.shareOnDemand(() => void exchange(pool));
   const timer = setInterval(() => void refresh(), REFRESH_MS);
   timer.unref();
   void refresh();

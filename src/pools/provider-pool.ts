@@ -7,6 +7,7 @@ import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
 import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
+import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 
 export interface PoolClass {
   name: string;
@@ -151,6 +152,11 @@ export class ProviderPool {
   #attainable: number;
   #retryCapacity: number;
   #holdTimer: NodeJS.Timeout | undefined;
+  /** Higher classes wait for the fleet to make room before they take a floor slot it did not give (floor-hold.ts). */
+  readonly #floor: FloorHold;
+  #floorTimer: NodeJS.Timeout | undefined;
+  /** Asks the fleet for an exchange now; set by the fleet's sharing (alone, a pool has no one to wait for). */
+  #askShare: (() => void) | undefined;
 
   constructor(
     settings: PoolSettings,
@@ -168,6 +174,12 @@ export class ProviderPool {
     this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
     this.#peakByClass = settings.classes.map(() => 0);
+    this.#floor = new FloorHold(now);
+  }
+
+  /** In a fleet: `ask` exchanges this pool's demand now, for a newcomer held for room (floor-hold.ts). */
+  shareOnDemand(ask: () => void): void {
+    this.#askShare = ask;
   }
 
   /** Index of a class by name, or undefined. */
@@ -182,6 +194,9 @@ export class ProviderPool {
   async acquire(req: SlotRequest): Promise<Acquired> {
     if (req.signal.aborted) return { ok: false, reason: 'aborted' };
     const t = this.#target(req.target);
+    // Its demand goes to the fleet once it waits (the exchange reads the queue), not at the next refresh.
+    const askShare = this.#floorHoldsClass(req.cls) && this.#floor.arrive();
+    if (askShare) this.#armFloorTimer();
     if (!this.#waiterMayGo(req.cls) && this.#admissible(req, t)) {
       // Counted too: a histogram of the waiters alone shows a p95 of the few that queued, or nothing at all.
       this.observer.onWait?.(this.settings.provider, this.settings.classes[req.cls]!.name, 0);
@@ -231,6 +246,7 @@ export class ProviderPool {
       this.#queued[req.cls]!++;
       this.#notePeak(req.cls);
       t.waiting++;
+      if (askShare) this.#askShare?.();
       // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
       this.#drain();
     });
@@ -327,6 +343,11 @@ export class ProviderPool {
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
+    if (this.#askShare) {
+      const until = this.#floor.untilMs;
+      this.#floor.exchanged(onlyTheFloor(this.settings.capacity, share, othersDemand), sharedSlots(this.settings.capacity, share));
+      if (this.#floor.untilMs !== until) this.#armFloorTimer();
+    }
     // More room lets waiters go now, not at the next slot given back. The retry share rounds apart from the slots: a
     // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
     // waited beside the room.
@@ -344,6 +365,18 @@ export class ProviderPool {
 
   close(): void {
     clearTimeout(this.#holdTimer);
+    clearTimeout(this.#floorTimer);
+  }
+
+  /** Is class `cls` one the floor hold keeps waiting? The lowest class never: the floor slot is there for it. */
+  #floorHoldsClass(cls: number): boolean {
+    return cls < this.settings.classes.length - 1;
+  }
+
+  /** Its waiters go when the hold ends. */
+  #armFloorTimer(): void {
+    clearTimeout(this.#floorTimer);
+    this.#floorTimer = setTimeout(() => this.#drain(), Math.max(0, this.#floor.untilMs - this.now()) + 1).unref();
   }
 
   /** Drops a target's entry once nothing of it is in flight or queued (its model turned out not to exist). */
@@ -427,6 +460,9 @@ export class ProviderPool {
     if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
     if (req.cls > 0 && t.byClass[req.cls]! >= classLimit(t.limit, req.cls)) return false;
     if (req.cls > 0 && t.lowerHeldUntilMs > this.now()) return false;
+    // Only a request that can wait the floor hold out is held (the estimate leaves the hold out for that reason): one
+    // whose deadline is nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
+    if (this.#floorHoldsClass(req.cls) && this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
     return true;
   }
 

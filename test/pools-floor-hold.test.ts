@@ -1,0 +1,145 @@
+// The floor hold (src/pools/floor-hold.ts): an instance the fleet's exchange left no slot of its own still has the
+// pool's floor of one, but that slot is beyond what the provider takes while another instance's batch holds all of it.
+// A newcomer above the lowest class waits for the fleet to make room (its demand exchanged at once, then a settle for
+// the others to shrink at their next exchange), at most FLOOR_HOLD_MAX_MS, and only once per "only the floor" exchange,
+// so an instance cut off from Redis falls back to the floor slot as before. Fake clock throughout.
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { FLOOR_HOLD_MAX_MS, FLOOR_SETTLE_MS, FloorHold, onlyTheFloor, sharedSlots } from '../src/pools/floor-hold.ts';
+import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+
+beforeEach(() => vi.useFakeTimers({ now: 0 }));
+afterEach(() => vi.useRealTimers());
+
+describe('onlyTheFloor', () => {
+  it("is true when the share rounds to no slot and the others' demand covers the capacity", () => {
+    expect(onlyTheFloor(6, 0, 46)).toBe(true);
+    expect(onlyTheFloor(6, 0.05, 6)).toBe(true);
+  });
+
+  it('is false when the others leave room, or the share is a slot of its own', () => {
+    expect(onlyTheFloor(6, 0, 5)).toBe(false);
+    expect(onlyTheFloor(6, 0.2, 46)).toBe(false);
+    expect(sharedSlots(6, 0.2)).toBe(1);
+  });
+});
+
+describe('FloorHold', () => {
+  const clock = () => Date.now();
+
+  it('holds nobody until an exchange says only the floor is left', () => {
+    const h = new FloorHold(clock);
+    expect(h.arrive()).toBe(false);
+    h.exchanged(false, 3);
+    expect(h.arrive()).toBe(false);
+    expect(h.holds()).toBe(false);
+  });
+
+  it('holds the first newcomer after such an exchange up to the cap, and one hold per exchange', () => {
+    const h = new FloorHold(clock);
+    h.exchanged(true, 0);
+    expect(h.arrive()).toBe(true);
+    expect(h.untilMs).toBe(FLOOR_HOLD_MAX_MS);
+    expect(h.arrive()).toBe(false);
+    // No exchange answers (Redis away): the hold ends at its cap, and no newcomer starts another.
+    vi.setSystemTime(FLOOR_HOLD_MAX_MS);
+    expect(h.holds()).toBe(false);
+    expect(h.arrive()).toBe(false);
+  });
+
+  it('ends a settle after the last exchange that gave more slots, never after the cap', () => {
+    const h = new FloorHold(clock);
+    h.exchanged(true, 0);
+    h.arrive();
+    vi.setSystemTime(50);
+    h.exchanged(false, 3);
+    expect(h.untilMs).toBe(50 + FLOOR_SETTLE_MS);
+    vi.setSystemTime(200);
+    h.exchanged(false, 3);
+    expect(h.untilMs).toBe(50 + FLOOR_SETTLE_MS);
+    vi.setSystemTime(400);
+    h.exchanged(false, 5);
+    expect(h.untilMs).toBe(FLOOR_HOLD_MAX_MS);
+    // An exchange that still gives only the floor neither ends nor re-arms a hold in force.
+    h.exchanged(true, 0);
+    expect(h.untilMs).toBe(FLOOR_HOLD_MAX_MS);
+    expect(h.arrive()).toBe(false);
+  });
+
+  it('is armed again by the next "only the floor" exchange once the hold is over', () => {
+    const h = new FloorHold(clock);
+    h.exchanged(true, 0);
+    h.arrive();
+    vi.setSystemTime(FLOOR_HOLD_MAX_MS + 1);
+    h.exchanged(true, 0);
+    expect(h.arrive()).toBe(true);
+  });
+});
+
+describe('a pool in a fleet that left it only the floor slot', () => {
+  const pool = () =>
+    new ProviderPool(
+      { provider: 'p', capacity: 6, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
+      () => Date.now(),
+    );
+  const req = (cls: number, deadlineAtMs = 30_000): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs, minAttemptMs: 1_000, signal: new AbortController().signal });
+  const track = (p: Promise<Acquired>) => {
+    const out: { answer?: Acquired } = {};
+    void p.then((a) => (out.answer = a));
+    return out;
+  };
+
+  it('holds an online newcomer, asks the fleet at once with its demand counted, and lets it go a settle after a backing exchange', async () => {
+    const p = pool();
+    const asked: number[][] = [];
+    p.shareOnDemand(() => asked.push(p.demandByClass()));
+    p.setShare(0, 46);
+    const online = track(p.acquire(req(0)));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(online.answer).toBeUndefined();
+    expect(asked).toEqual([[1, 0]]);
+    vi.setSystemTime(100);
+    p.setShare(0.5, 46);
+    await vi.advanceTimersByTimeAsync(FLOOR_SETTLE_MS - 10);
+    expect(online.answer).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(20);
+    expect(online.answer).toMatchObject({ ok: true, queued: true });
+    p.close();
+  });
+
+  it('does not hold the lowest class: the floor slot is there for it', async () => {
+    const p = pool();
+    p.shareOnDemand(() => {});
+    p.setShare(0, 46);
+    expect(await p.acquire(req(1))).toMatchObject({ ok: true, queued: false });
+    p.close();
+  });
+
+  it('takes the floor slot at its cap when no exchange answers (Redis away), and then holds no one', async () => {
+    const p = pool();
+    p.shareOnDemand(() => {});
+    p.setShare(0, 46);
+    const first = track(p.acquire(req(0)));
+    await vi.advanceTimersByTimeAsync(FLOOR_HOLD_MAX_MS - 10);
+    expect(first.answer).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(20);
+    expect(first.answer).toMatchObject({ ok: true });
+    (first.answer as { slot: { release(): void } }).slot.release();
+    expect(await p.acquire(req(0))).toMatchObject({ ok: true, queued: false });
+    p.close();
+  });
+
+  it('lets a request whose deadline cannot wait the hold out take the floor slot at once, rather than shed it', async () => {
+    const p = pool();
+    p.shareOnDemand(() => {});
+    p.setShare(0, 46);
+    expect(await p.acquire(req(0, 1_500))).toMatchObject({ ok: true, queued: false });
+    p.close();
+  });
+
+  it('holds no one outside a fleet (no exchange to ask for): a share of none is the floor slot as before', async () => {
+    const p = pool();
+    p.setShare(0, 46);
+    expect(await p.acquire(req(0))).toMatchObject({ ok: true, queued: false });
+    p.close();
+  });
+});
