@@ -6,6 +6,9 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { FLOOR_HOLD_MAX_MS, FLOOR_SETTLE_MS, FloorHold, onlyTheFloor, sharedSlots } from '../src/pools/floor-hold.ts';
 import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { shareFleetCapacity } from '../src/pools/fleet-share.ts';
+import type { Pools } from '../src/pools/pools.ts';
+import type { StateStore } from '../src/state/store.ts';
 
 beforeEach(() => vi.useFakeTimers({ now: 0 }));
 afterEach(() => vi.useRealTimers());
@@ -140,6 +143,92 @@ describe('a pool in a fleet that left it only the floor slot', () => {
     const p = pool();
     p.setShare(0, 46);
     expect(await p.acquire(req(0))).toMatchObject({ ok: true, queued: false });
+    p.close();
+  });
+});
+
+describe("the fleet's exchange decides whether a hold can win a slot", () => {
+  // The real exchange (fleet-share.ts) over a store whose other instances' demand per class is fixed.
+  const fleetOf = (others: number[], instances: number) =>
+    ({
+      exchangeDemand: async (_pool: string, demand: readonly number[]) => ({ totals: demand.map((d, k) => d + (others[k] ?? 0)), instances }),
+    }) as unknown as StateStore;
+  const poolOf = (capacity: number) =>
+    new ProviderPool(
+      { provider: 'p', capacity, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
+      () => Date.now(),
+    );
+  const online = (): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 1_000, signal: new AbortController().signal });
+  /** The answer an online newcomer has within `ms`, or undefined while it is still held. */
+  const goesWithin = async (p: ProviderPool, ms: number) => {
+    let answer: Acquired | undefined;
+    void p.acquire(online()).then((a) => (answer = a));
+    await vi.advanceTimersByTimeAsync(ms);
+    return answer;
+  };
+  const share = (p: ProviderPool, store: StateStore) => shareFleetCapacity({ all: () => [p].values() } as unknown as Pools, store, () => Date.now());
+
+  it("holds an online newcomer while another instance's batch fills the provider: the fleet gives it slots", async () => {
+    const p = poolOf(6);
+    const stop = share(p, fleetOf([0, 40], 2));
+    await vi.advanceTimersByTimeAsync(1);
+    let answer: Acquired | undefined;
+    void p.acquire(online()).then((a) => (answer = a));
+    await vi.advanceTimersByTimeAsync(100);
+    expect(answer).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(FLOOR_HOLD_MAX_MS);
+    expect(answer).toMatchObject({ ok: true, queued: true });
+    stop();
+    p.close();
+  });
+
+  it("does not hold an online newcomer when the others' demand is online too: the fleet would never make room", async () => {
+    // 40 online calls on another instance: a newcomer here is 1 of 41 online, whose share of 6 slots rounds to none
+    // however long it waits. Held, it took the floor slot a second later all the same.
+    const p = poolOf(6);
+    const stop = share(p, fleetOf([40, 0], 2));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(await goesWithin(p, 100)).toMatchObject({ ok: true, queued: false });
+    stop();
+    p.close();
+  });
+
+  it('holds only the classes the fleet would make room for: critical above online elsewhere, not online beside it', async () => {
+    const p = new ProviderPool(
+      {
+        provider: 'p',
+        capacity: 6,
+        retryCapacity: 1,
+        classes: [{ name: 'critical', minShare: 0, maxQueue: 100 }, { name: 'online', minShare: 0.4, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }],
+        decrease: 0.9,
+        minLimit: 1,
+      },
+      () => Date.now(),
+    );
+    const stop = share(p, fleetOf([0, 40, 0], 2));
+    await vi.advanceTimersByTimeAsync(1);
+    const sameClass = { ...online(), cls: 1 };
+    let onlineAnswer: Acquired | undefined;
+    void p.acquire(sameClass).then((a) => (onlineAnswer = a));
+    let criticalAnswer: Acquired | undefined;
+    void p.acquire({ ...online(), cls: 0 }).then((a) => (criticalAnswer = a));
+    await vi.advanceTimersByTimeAsync(100);
+    expect(onlineAnswer).toMatchObject({ ok: true, queued: false });
+    // Critical waits for the room the fleet gives it (3 slots from the exchange its arrival asked for), then goes.
+    expect(criticalAnswer).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(FLOOR_HOLD_MAX_MS);
+    expect(criticalAnswer).toMatchObject({ ok: true, queued: true });
+    stop();
+    p.close();
+  });
+
+  it('does not hold an online newcomer when there are more busy instances than slots', async () => {
+    // maxConcurrent 2 over 5 instances, each with an online call: every share rounds to none, at every exchange.
+    const p = poolOf(2);
+    const stop = share(p, fleetOf([4, 0], 5));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(await goesWithin(p, 100)).toMatchObject({ ok: true, queued: false });
+    stop();
     p.close();
   });
 });

@@ -311,6 +311,25 @@ describe('token limits and huge batches', () => {
     expect(JSON.stringify(line.attempts)).toContain('request_over_rate_limit');
   });
 
+  it("leaves the client the primary's outage, not a fallback's 'Request too large', when the primary was down: that limit is the fallback's own", async () => {
+    // The primary (a larger limit) is down; the fallback's TPM limit is smaller than the batch. Told the fallback's
+    // 429 "The input or output tokens must be reduced" (x-should-retry: false), the job would cut a batch the primary
+    // takes once it is back: a fallback's own limits are a note on the primary's failure (README "Failover").
+    const g = await gw(
+      {
+        a: { mock: { errors: [{ status: 503, message: 'the primary is overloaded' }] } },
+        b: { mock: { errors: [{ status: 429, code: 'rate_limit_exceeded', type: 'tokens', message: TOO_LARGE, headers: { ...TOO_LARGE_HEADERS, 'retry-after': '20' } }] } },
+      },
+      [route('emb', '/v1/embeddings', [{ provider: 'a' }, { provider: 'b' }])],
+    );
+    const err = await sdkError(g.client.embeddings.create({ model: EMB, input: Array.from({ length: 2048 }, (_, i) => `long passage ${i}`) }));
+    expect(err.status).toBe(503);
+    expect(err.message).toMatch(/the primary is overloaded/);
+    expect(err.message).toMatch(/the fallback b\/.* rejected the request \(429: Request too large/);
+    expect(g.seen('a')).toHaveLength(2);
+    expect(g.seen('b')).toHaveLength(1);
+  });
+
   it('holds a batch-class embeddings call for the reset when the last answer said the token quota is nearly spent, while online chat goes at once', async () => {
     let n = 0;
     const quota = (): Record<string, string> =>

@@ -236,7 +236,7 @@ export async function serveTargets(
         markDown(i);
         continue;
       }
-      if (downBefore(i) && OUTCOME_TABLE[r.cls.cls].failover === 'reject') {
+      if (downBefore(i) && fallbacksOwnLimit(r)) {
         // A fallback's limits, not the client's mistake: the request moves on (or parks for the target that was down).
         rejected ??= { plan, failure: r };
         left = { plan, reason: 'error' };
@@ -328,6 +328,17 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
 function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
   const { outcome } = r.result;
   return plan.ownModel && outcome.kind === 'http' && outcome.status === 404;
+}
+
+/**
+ * A verdict on the request that, from a fallback after an earlier target was down, speaks of that fallback's own limits:
+ * a rejection (400, 422, context too long), or one that hands over to the next target (a request larger than its
+ * token limit per minute: told "the input or output tokens must be reduced", the client cut a request the primary
+ * takes once back). A safety decision (content policy) ends the request wherever it comes from.
+ */
+function fallbacksOwnLimit(r: Failure): boolean {
+  const row = OUTCOME_TABLE[r.cls.cls];
+  return row.failover === 'reject' || (row.verdict && row.failover === 'next');
 }
 
 function rejectedAsFailure(rejected: Rejection | undefined): Failed | undefined {

@@ -55,6 +55,23 @@ export function fleetShare(capacity: number, classes: readonly PoolClass[], own:
   return Number.isFinite(share) ? Math.min(1, Math.max(0, share)) : 1 / Math.max(1, instances);
 }
 
+/**
+ * For how many classes, from the highest, a newcomer of that class would get a slot of its own from the fleet (its share of `capacity`
+ * rounding to one), the lowest class left out (the floor hold never holds it). Only those are worth holding for room
+ * (floor-hold.ts): where the others' demand is as high a class (40 online calls on another instance leave a newcomer
+ * here a forty-first of the slots) or the instances outnumber the slots, no exchange ever makes room, and the hold only
+ * delayed the newcomer by its cap before it took the floor slot all the same.
+ */
+export function classesBacked(capacity: number, classes: readonly PoolClass[], own: readonly number[], fleet: readonly number[], instances: number): number {
+  let k = 0;
+  for (; k < classes.length - 1; k++) {
+    const plusOne = (xs: readonly number[]) => classes.map((_, j) => (xs[j] ?? 0) + (j === k ? 1 : 0));
+    // As sharedSlots (floor-hold.ts) counts them; that module imports this one.
+    if (Math.round(capacity * fleetShare(capacity, classes, plusOne(own), plusOne(fleet), instances)) < 1) break;
+  }
+  return k;
+}
+
 export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => number): () => void {
   const exchange = async (pool: ProviderPool) => {
     const demand = pool.demandByClass();
@@ -62,7 +79,8 @@ export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => n
     if (!fleet) return;
     const own = demand.reduce((a, b) => a + b, 0);
     const total = fleet.totals.reduce((a, b) => a + b, 0);
-    pool.setShare(fleetShare(pool.settings.capacity, pool.settings.classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own));
+    const { capacity, classes } = pool.settings;
+    pool.setShare(fleetShare(capacity, classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own), classesBacked(capacity, classes, demand, fleet.totals, fleet.instances));
   };
   const refresh = async () => {
     for (const pool of pools.all()) await exchange(pool);

@@ -157,6 +157,8 @@ export class ProviderPool {
   #floorTimer: NodeJS.Timeout | undefined;
   /** Asks the fleet for an exchange now; set by the fleet's sharing (alone, a pool has no one to wait for). */
   #askShare: (() => void) | undefined;
+  /** How many classes, from the highest, the last exchange would give a newcomer a slot of its own (fleet-share.ts classesBacked). */
+  #backed: number;
 
   constructor(
     settings: PoolSettings,
@@ -175,6 +177,7 @@ export class ProviderPool {
     this.#inUseByClass = settings.classes.map(() => 0);
     this.#peakByClass = settings.classes.map(() => 0);
     this.#floor = new FloorHold(now);
+    this.#backed = settings.classes.length - 1;
   }
 
   /** In a fleet: `ask` exchanges this pool's demand now, for a newcomer held for room (floor-hold.ts). */
@@ -334,24 +337,27 @@ export class ProviderPool {
 
   /**
    * Takes `share` (0..1] of the configured capacity, so a fleet together stays within maxConcurrent; `othersDemand`,
-   * the rest of the fleet's demand at that exchange, bounds what a burst here can expect next.
+   * the rest of the fleet's demand at that exchange, bounds what a burst here can expect next; `backed`, the classes
+   * from the highest for which a newcomer would get a slot of its own (only those are held for room, floor-hold.ts).
    */
-  setShare(share: number, othersDemand = 0): void {
+  setShare(share: number, othersDemand = 0, backed = this.settings.classes.length - 1): void {
     // NaN would become the capacity, which no count of slots in use ever reaches: the pool would stop limiting.
     if (!Number.isFinite(share)) return;
-    const before = { slots: this.#capacity, retries: this.#retryCapacity };
+    const before = { slots: this.#capacity, retries: this.#retryCapacity, backed: this.#backed };
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
     if (this.#askShare) {
       const until = this.#floor.untilMs;
-      this.#floor.exchanged(onlyTheFloor(this.settings.capacity, share, othersDemand), sharedSlots(this.settings.capacity, share));
+      this.#backed = backed;
+      this.#floor.exchanged(onlyTheFloor(this.settings.capacity, share, othersDemand) && backed > 0, sharedSlots(this.settings.capacity, share));
       if (this.#floor.untilMs !== until) this.#armFloorTimer();
     }
     // More room lets waiters go now, not at the next slot given back. The retry share rounds apart from the slots: a
     // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
     // waited beside the room.
-    if (this.#capacity > before.slots || this.#retryCapacity > before.retries) this.#drain();
+    // So do fewer classes held: a class the fleet no longer backs waits for no room it would not get.
+    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed) this.#drain();
   }
 
   /** For metrics: in use and queued per class, and each target's limit. */
@@ -368,9 +374,12 @@ export class ProviderPool {
     clearTimeout(this.#floorTimer);
   }
 
-  /** Is class `cls` one the floor hold keeps waiting? The lowest class never: the floor slot is there for it. */
+  /**
+   * Is class `cls` one the floor hold keeps waiting? The lowest class never: the floor slot is there for it. Nor one
+   * the fleet would give no slot of its own however long it waited.
+   */
   #floorHoldsClass(cls: number): boolean {
-    return cls < this.settings.classes.length - 1;
+    return cls < Math.min(this.#backed, this.settings.classes.length - 1);
   }
 
   /** Its waiters go when the hold ends. */
