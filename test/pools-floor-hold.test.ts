@@ -117,6 +117,27 @@ describe('a pool in a fleet that left it only the floor slot', () => {
     p.close();
   });
 
+  it('holds a batch newcomer too while a hold is in force: it must not take the floor slot the held online request waits for', async () => {
+    const p = pool();
+    p.shareOnDemand(() => {});
+    p.setShare(0, 46);
+    const online = track(p.acquire(req(0)));
+    await vi.advanceTimersByTimeAsync(1);
+    // Let in, the batch call would be the request beyond the provider's capacity the hold is there to keep back, and
+    // the online one would wait behind it.
+    const batch = track(p.acquire(req(1)));
+    await vi.advanceTimersByTimeAsync(1);
+    expect(batch.answer).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(FLOOR_HOLD_MAX_MS);
+    // Served by class when the hold ends: online takes the floor slot, batch waits for it.
+    expect(online.answer).toMatchObject({ ok: true });
+    expect(batch.answer).toBeUndefined();
+    (online.answer as { slot: { release(): void } }).slot.release();
+    await vi.advanceTimersByTimeAsync(1);
+    expect(batch.answer).toMatchObject({ ok: true });
+    p.close();
+  });
+
   it('takes the floor slot at its cap when no exchange answers (Redis away), and then holds no one', async () => {
     const p = pool();
     p.shareOnDemand(() => {});

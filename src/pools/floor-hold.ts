@@ -4,8 +4,9 @@
 // another instance's batch flood held all of it (test/fleet-online-first.test.ts: 2 to 10 of B's attempts refused,
 // and B's adaptive limit cut to 1-3 for what A's batch did). So a newcomer above the lowest class waits for that slot
 // until the fleet has made room: its demand is exchanged at once, and once an exchange backs a share, the others shrink
-// at their next exchange (within one refresh) and their batch beyond it ends. The lowest class is not held: the floor
-// slot is what keeps it from starving, and the fleet would rarely back its share anyway (batch is split by demand).
+// at their next exchange (within one refresh) and their batch beyond it ends. The lowest class starts no hold: the
+// floor slot is what keeps it from starving, and the fleet would rarely back its share anyway (batch is split by
+// demand); but while a hold is in force it waits too, or it would take the floor slot the held request waits for.
 // Pure: the pool owns the timer and the clock.
 import { REFRESH_MS } from './fleet-share.ts';
 

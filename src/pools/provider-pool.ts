@@ -198,7 +198,7 @@ export class ProviderPool {
     if (req.signal.aborted) return { ok: false, reason: 'aborted' };
     const t = this.#target(req.target);
     // Its demand goes to the fleet once it waits (the exchange reads the queue), not at the next refresh.
-    const askShare = this.#floorHoldsClass(req.cls) && this.#floor.arrive();
+    const askShare = this.#startsFloorHold(req.cls) && this.#floor.arrive();
     if (askShare) this.#armFloorTimer();
     if (!this.#waiterMayGo(req.cls) && this.#admissible(req, t)) {
       // Counted too: a histogram of the waiters alone shows a p95 of the few that queued, or nothing at all.
@@ -375,10 +375,10 @@ export class ProviderPool {
   }
 
   /**
-   * Is class `cls` one the floor hold keeps waiting? The lowest class never: the floor slot is there for it. Nor one
+   * Does a newcomer of class `cls` start a floor hold? The lowest class never: the floor slot is there for it. Nor one
    * the fleet would give no slot of its own however long it waited.
    */
-  #floorHoldsClass(cls: number): boolean {
+  #startsFloorHold(cls: number): boolean {
     return cls < Math.min(this.#backed, this.settings.classes.length - 1);
   }
 
@@ -469,9 +469,11 @@ export class ProviderPool {
     if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
     if (req.cls > 0 && t.byClass[req.cls]! >= classLimit(t.limit, req.cls)) return false;
     if (req.cls > 0 && t.lowerHeldUntilMs > this.now()) return false;
-    // Only a request that can wait the floor hold out is held (the estimate leaves the hold out for that reason): one
-    // whose deadline is nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
-    if (this.#floorHoldsClass(req.cls) && this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
+    // A floor hold, once a higher class started it, holds every class: a lower one let in would take the floor slot
+    // the held request waits for, and be the request beyond the provider's capacity the hold keeps back. Only a
+    // request that can wait it out is held (the estimate leaves the hold out for that reason): one whose deadline is
+    // nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
+    if (this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
     return true;
   }
 
