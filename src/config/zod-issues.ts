@@ -122,9 +122,12 @@ function received(value: unknown, path: PropertyKey[]): string {
   return `, received ${kindOf(value)}`;
 }
 
-/** The text found, in quotes, where another type belongs; never a credential's (load.ts names a variable's instead). */
+/**
+ * The text found, in quotes, where another type belongs; never a credential's (load.ts names a variable's instead): not
+ * at a secret's key, nor anywhere in `auth`, whose strings are client keys (`auth: sk-...` for `auth: { keys: ... }`).
+ */
 function quotedText(value: unknown, path: PropertyKey[]): string {
-  if (typeof value !== 'string' || value === '' || SECRET_KEY.test(String(path.at(-1)))) return '';
+  if (typeof value !== 'string' || value === '' || path[0] === 'auth' || SECRET_KEY.test(String(path.at(-1)))) return '';
   return ` (${JSON.stringify(withoutPassword(value))})`;
 }
 
