@@ -17,7 +17,8 @@ import { createRouter } from '../src/routing/router.ts';
 import { createModelsList } from '../src/routing/models-list.ts';
 import { TEST_KEY, useStacks } from './helpers/stack.ts';
 import { FLOOR_HOLD_MAX_MS, FLOOR_SETTLE_MS, FloorHold, onlyTheFloor } from '../src/pools/floor-hold.ts';
-import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { ProviderPool, SlotRequest } from '../src/pools/provider-pool.ts';
+import { fleetPool, slotRequest, track } from './helpers/floor-pool.ts';
 import { shareFleetCapacity } from '../src/pools/fleet-share.ts';
 import type { Pools } from '../src/pools/pools.ts';
 import type { StateStore } from '../src/state/store.ts';
@@ -171,17 +172,8 @@ describe('the floor hold', () => {
 
 describe('a pool in a fleet, and its floor hold', () => {
   afterEach(() => vi.useRealTimers());
-  const pool = () =>
-    new ProviderPool(
-      { provider: 'p', capacity: 6, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
-      () => Date.now(),
-    );
-  const req = (cls: number, deadlineAtMs = 30_000): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs, minAttemptMs: 1_000, signal: new AbortController().signal });
-  const track = (p: Promise<Acquired>) => {
-    const out: { answer?: Acquired } = {};
-    void p.then((a) => (out.answer = a));
-    return out;
-  };
+  const pool = () => fleetPool();
+  const req = slotRequest;
 
   it('holds no one when the share rounds to a slot, or the others leave room: judged on maxConcurrent, not on the slots it has now', async () => {
     vi.useFakeTimers({ now: 0 });
@@ -248,12 +240,8 @@ describe("the fleet's exchange for a pool", () => {
     const stop = shareFleetCapacity({ all: () => [pool] } as unknown as Pools, { exchangeDemand } as unknown as StateStore, () => Date.now());
     return { exchangeDemand, stop };
   }
-  const newPool = () =>
-    new ProviderPool(
-      { provider: 'p', capacity: 6, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
-      () => Date.now(),
-    );
-  const online: SlotRequest = { cls: 0, target: 'p/m', retry: false, deadlineAtMs: 30_000, minAttemptMs: 1_000, signal: new AbortController().signal };
+  const newPool = () => fleetPool();
+  const online: SlotRequest = slotRequest(0);
 
   it('is asked at once for a held newcomer, with its demand counted, and gives the pool the others\' demand without its own', async () => {
     vi.useFakeTimers({ now: 0 });

@@ -5,7 +5,8 @@
 // so an instance cut off from Redis falls back to the floor slot as before. Fake clock throughout.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { FLOOR_HOLD_MAX_MS, FLOOR_SETTLE_MS, FloorHold, onlyTheFloor, sharedSlots } from '../src/pools/floor-hold.ts';
-import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { Acquired, ProviderPool, SlotRequest } from '../src/pools/provider-pool.ts';
+import { fleetPool, slotRequest, track } from './helpers/floor-pool.ts';
 import { shareFleetCapacity } from '../src/pools/fleet-share.ts';
 import type { Pools } from '../src/pools/pools.ts';
 import type { StateStore } from '../src/state/store.ts';
@@ -79,17 +80,8 @@ describe('FloorHold', () => {
 });
 
 describe('a pool in a fleet that left it only the floor slot', () => {
-  const pool = () =>
-    new ProviderPool(
-      { provider: 'p', capacity: 6, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
-      () => Date.now(),
-    );
-  const req = (cls: number, deadlineAtMs = 30_000): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs, minAttemptMs: 1_000, signal: new AbortController().signal });
-  const track = (p: Promise<Acquired>) => {
-    const out: { answer?: Acquired } = {};
-    void p.then((a) => (out.answer = a));
-    return out;
-  };
+  const pool = () => fleetPool();
+  const req = slotRequest;
 
   it('holds an online newcomer, asks the fleet at once with its demand counted, and lets it go a settle after a backing exchange', async () => {
     const p = pool();
@@ -174,12 +166,8 @@ describe("the fleet's exchange decides whether a hold can win a slot", () => {
     ({
       exchangeDemand: async (_pool: string, demand: readonly number[]) => ({ totals: demand.map((d, k) => d + (others[k] ?? 0)), instances }),
     }) as unknown as StateStore;
-  const poolOf = (capacity: number) =>
-    new ProviderPool(
-      { provider: 'p', capacity, retryCapacity: 1, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }], decrease: 0.9, minLimit: 1 },
-      () => Date.now(),
-    );
-  const online = (): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 60_000, minAttemptMs: 1_000, signal: new AbortController().signal });
+  const poolOf = (capacity: number) => fleetPool(capacity);
+  const online = (): SlotRequest => slotRequest(0, 60_000);
   /** The answer an online newcomer has within `ms`, or undefined while it is still held. */
   const goesWithin = async (p: ProviderPool, ms: number) => {
     let answer: Acquired | undefined;
@@ -215,17 +203,7 @@ describe("the fleet's exchange decides whether a hold can win a slot", () => {
   });
 
   it('holds only the classes the fleet would make room for: critical above online elsewhere, not online beside it', async () => {
-    const p = new ProviderPool(
-      {
-        provider: 'p',
-        capacity: 6,
-        retryCapacity: 1,
-        classes: [{ name: 'critical', minShare: 0, maxQueue: 100 }, { name: 'online', minShare: 0.4, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }],
-        decrease: 0.9,
-        minLimit: 1,
-      },
-      () => Date.now(),
-    );
+    const p = fleetPool(6, [{ name: 'critical', minShare: 0, maxQueue: 100 }, { name: 'online', minShare: 0.4, maxQueue: 100 }, { name: 'batch', minShare: 0.1, maxQueue: 100 }]);
     const stop = share(p, fleetOf([0, 40, 0], 2));
     await vi.advanceTimersByTimeAsync(1);
     const sameClass = { ...online(), cls: 1 };
