@@ -200,7 +200,8 @@ export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: s
   if (u.reason === 'breaker') {
     return errorAnswer(new GatewayError('circuit_open', `target ${u.target} is unavailable: its circuit breaker is open; retry in ${seconds} s`, { retryAfterMs }));
   }
-  const again = u.holdOffMs !== undefined && u.holdOffMs < retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
+  // Against the unclamped wait: a hold-off that ends now is no capped one that "asks it again in 0 s".
+  const again = u.holdOffMs !== undefined && u.holdOffMs < u.retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
   return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs, shouldRetry: true }));
 }
 

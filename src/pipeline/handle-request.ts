@@ -305,7 +305,10 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       if (served.reason === 'breaker') return unavailableAnswer({ reason: 'breaker', target: served.plan.key, retryAfterMs });
       // A hold-off capped at a minute: the client is told the end the provider asked for, as the first request was.
       const askedUntil = Math.max(served.availableAtMs, holdOffs.askedUntil(served.plan.key) ?? 0);
-      return unavailableAnswer({ reason: 'hold-off', target: served.plan.key, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: retryAfterMs });
+      // The hold-off in force now: a request parked to its deadline saw the end of one that a newer 429 has renewed
+      // since, and told against that stale end it read "for another 1 s (the gateway asks it again in 0 s)".
+      const heldUntil = Math.max(served.availableAtMs, holdOffs.until(served.plan.key) ?? 0);
+      return unavailableAnswer({ reason: 'hold-off', target: served.plan.key, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: Math.max(0, heldUntil - nowMs) });
     }
     case 'park-full':
       summary.outcome = 'unavailable';
