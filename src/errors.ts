@@ -135,11 +135,12 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
         // Its other top-level fields stay too (Anthropic's `type: "error"` and `request_id`, for an Anthropic client).
         return { ...parsed, error: { ...e, message: e.message, type, param: stringOrNull(e.param), code: stringOrNull(e.code) } };
       }
-      // vLLM before 0.8 and Mistral answer the same four fields flat, beside `"object": "error"`: wrapped whole, the
-      // client's message was that JSON and its code null.
+      // vLLM before 0.8, Mistral and Cerebras answer the same four fields flat: wrapped whole, the client's message was
+      // that JSON, cut at 200 characters, and its code null (Mistral's validation details go on as their JSON).
       if (isFlatErrorBody(parsed)) {
         const type = typeof parsed.type === 'string' && parsed.type !== '' ? parsed.type : typeOfStatus(status);
-        return errorBody(parsed.message, type, stringOrNull(parsed.code), stringOrNull(parsed.param));
+        const message = typeof parsed.message === 'string' ? parsed.message : JSON.stringify(parsed.message);
+        return errorBody(message, type, stringOrNull(parsed.code), stringOrNull(parsed.param));
       }
       // Ollama's native API and Hugging Face TGI say the error in words alone (`{"error": "model \"x\" not found"}`,
       // TGI with an `error_type` beside it): wrapped whole, the client's message was that JSON, quotes escaped.
@@ -185,9 +186,15 @@ function unlisted(parsed: unknown): unknown {
   return Array.isArray(parsed) && parsed.length === 1 ? (parsed[0] as unknown) : parsed;
 }
 
-function isFlatErrorBody(v: unknown): v is { object: 'error'; message: string; type?: unknown; code?: unknown; param?: unknown } {
-  const o = v as { object?: unknown; message?: unknown } | null;
-  return typeof o === 'object' && o !== null && o.object === 'error' && typeof o.message === 'string';
+/**
+ * The four fields flat: beside `"object": "error"` (vLLM before 0.8, Mistral), or with a `type` and a `code` and no
+ * `object` (Cerebras: `{"message", "type", "param", "code"}`). Mistral's 422 has its validation details, an object,
+ * as the message.
+ */
+function isFlatErrorBody(v: unknown): v is { message: unknown; type?: unknown; code?: unknown; param?: unknown } {
+  const o = v as { object?: unknown; message?: unknown; type?: unknown } | null;
+  if (typeof o !== 'object' || o === null || !(o.object === 'error' || (typeof o.type === 'string' && 'code' in o))) return false;
+  return typeof o.message === 'string' || (typeof o.message === 'object' && o.message !== null);
 }
 
 /** An error that is only its message: `{"error": "..."}` (Ollama's native API, TGI with its `error_type`). */

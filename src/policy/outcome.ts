@@ -200,6 +200,19 @@ export function isOverRateLimitMessage(message: string): boolean {
   return m !== null && Number(m[2]) > Number(m[1]);
 }
 
+/**
+ * How a provider that names no account code says a 429 is the account's spend, not a rate: xAI's `{"code": "Some
+ * resource has been exhausted", "error": "Your team <id> has either used all available credits or reached its monthly
+ * spending limit. ..."}`. No wait ends it, only credits: read as a rate limit, it was retried maxAttempts times on every
+ * request, and its body, naming the team, went to the client. Anchored at the start, as xAI writes it.
+ */
+const ACCOUNT_SPENT_MESSAGE = /^your team \S+ has either used all available credits or reached its monthly spending limit/i;
+
+/** Does a 429's message, with no account code beside it, say the account has no credits left? */
+export function isAccountSpentMessage(message: string): boolean {
+  return ACCOUNT_SPENT_MESSAGE.test(message.trimStart());
+}
+
 export interface Classification {
   cls: OutcomeClass;
   /** Which `retryOn` entry governs this outcome; null when none can. */
@@ -253,12 +266,14 @@ export function retryReasons(retryOn: readonly RetryOn[]): string[] {
 
 function classifyStatus(status: number, errorCode: string | null): Classification {
   const reason = `status_${status}`;
+  // Before the credentials: OpenRouter answers a moderation flag on the input with a 403. Read as the gateway's key, one
+  // user's flagged prompt was routed around the safety decision and held the target from every request for authHoldS.
+  if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
   if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
   // The reason is the code itself: one of a fixed set, so bounded as a metric label.
   if (status === 429 && errorCode !== null && ACCOUNT_429_CODES.has(errorCode)) return { cls: 'credentials', retryKey: null, reason: errorCode };
   if ((status === 429 || status === 413) && errorCode === OVER_RATE_LIMIT_CODE) return { cls: 'over-rate-limit', retryKey: null, reason: OVER_RATE_LIMIT_CODE };
-  if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   if (errorCode && CONTEXT_LENGTH_CODES.has(errorCode)) return { cls: 'context-length', retryKey: null, reason: 'context_length' };
   if (status === 429) return { cls: 'rate-limited', retryKey: 429, reason };
   // The provider timed out (Azure answers 408 "The operation was timeout"), or its model failed while generating (424:

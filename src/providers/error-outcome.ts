@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -38,9 +38,20 @@ export function errorCodeOf(status: number, body: Buffer): string | null {
   if (error === undefined) return null;
   const { code, type, message } = error;
   if ((status === 429 || status === 413) && typeof message === 'string' && isOverRateLimitMessage(message)) return OVER_RATE_LIMIT_CODE;
+  if (status === 403 && isModerationFlag(error)) return 'content_policy_violation';
+  if (status === 429 && typeof message === 'string' && isAccountSpentMessage(message)) return 'insufficient_quota';
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
+}
+
+/**
+ * OpenRouter's 403 for an input its moderation flagged carries what was flagged in `error.metadata` (`reasons`,
+ * `flagged_input`): a content-policy decision on the request, however its status reads.
+ */
+function isModerationFlag(error: { metadata?: unknown }): boolean {
+  const m = error.metadata as { reasons?: unknown; flagged_input?: unknown } | null | undefined;
+  return typeof m === 'object' && m !== null && (Array.isArray(m.reasons) || typeof m.flagged_input === 'string');
 }
 
 /** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
@@ -58,7 +69,7 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
  * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
  * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown } | undefined {
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown } | undefined {
   if (body.length === 0) return undefined;
   try {
     return upstreamErrorFields(JSON.parse(body.toString('utf8')));
