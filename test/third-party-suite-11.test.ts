@@ -209,8 +209,19 @@ const PERPLEXITY_401_HTML = '<html>\r\n<head><title>401 Authorization Required</
 
 // ---------------------------------------------------------------------------------------------------------------
 describe('Groq', () => {
-  it("passes a 498 flex-tier capacity error on as it came, after one request, not failed over (an unknown 4xx: README 'other 4xx')", async () => {
+  it('fails a 498 flex-tier capacity error over to the next target after one request: capacity_exceeded is the provider at capacity, not the request', async () => {
     const g = await gw({ groq: () => json(498, GROQ_498), together: healthy('from together') }, [{ provider: 'groq' }, { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' }]);
+    const { client, counter } = countingClient(g.s, { maxRetries: 2 });
+    const res = await client.chat.completions.create({ model: 'llama-3.3-70b-versatile', messages }).withResponse();
+    expect(res.data.choices[0]!.message.content).toBe('from together');
+    expect(res.response.headers.get('x-stormgate-target')).toContain('together');
+    expect(counter.requests).toBe(1);
+    expect(g.seen.groq).toHaveLength(1);
+    expect(g.seen.together).toHaveLength(1);
+  });
+
+  it('passes a 498 on as it came when no other target can answer, not retried (498 is in no default retryOn), and tells the SDK not to retry', async () => {
+    const g = await gw({ groq: () => json(498, GROQ_498) }, [{ provider: 'groq' }]);
     const { client, counter } = countingClient(g.s, { maxRetries: 2 });
     const err = await sdkError(client.chat.completions.create({ model: 'llama-3.3-70b-versatile', messages }));
     expect(err.status).toBe(498);
@@ -218,7 +229,6 @@ describe('Groq', () => {
     expect((err.error as { code?: string }).code).toBe('capacity_exceeded');
     expect(counter.requests).toBe(1);
     expect(g.seen.groq).toHaveLength(1);
-    expect(g.seen.together).toHaveLength(0);
   });
 
   it("fails a 413 'Request too large ... TPM: Limit 6000, Requested 7431' over to the next target at once, never retried on Groq", async () => {

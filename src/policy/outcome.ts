@@ -213,6 +213,9 @@ export function isAccountSpentMessage(message: string): boolean {
   return ACCOUNT_SPENT_MESSAGE.test(message.trimStart());
 }
 
+/** Codes that say the provider is at capacity, not that the request is wrong. */
+const CAPACITY_CODES: ReadonlySet<string> = new Set(['capacity_exceeded']);
+
 export interface Classification {
   cls: OutcomeClass;
   /** Which `retryOn` entry governs this outcome; null when none can. */
@@ -282,6 +285,9 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   // target can answer.
   if (status === 408 || status === 424) return { cls: 'server-error', retryKey: status, reason };
   if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
+  // The provider at capacity, whatever status it chose: Groq's flex tier answers 498 `capacity_exceeded` ("try again
+  // later"). Read as a client's 4xx, it ended the request though the next target could answer it.
+  if (errorCode !== null && CAPACITY_CODES.has(errorCode)) return { cls: 'overloaded', retryKey: status, reason };
   if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
   if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
   if (status >= 300) return { cls: 'redirect', retryKey: null, reason };
