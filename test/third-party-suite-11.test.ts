@@ -619,6 +619,23 @@ describe('Together and Fireworks', () => {
     expect(g.seen.together).toHaveLength(1);
   });
 
+  it("tries the next target on Together's 400 model_not_available (a non-serverless model) for a model the config named", async () => {
+    // Together answers a model that needs a dedicated endpoint with a 400: the operator's choice of model, as its 404 is.
+    const dedicated = { error: { message: 'Unable to access non-serverless model meta-llama/Llama-3-70b-chat-hf. Please visit https://api.together.ai/models to view the list of supported models, or create a dedicated endpoint.', type: 'invalid_request_error', param: null, code: 'model_not_available' } };
+    const g = await gw({ together: () => json(400, dedicated), fireworks: healthy('from fireworks') }, [
+      { provider: 'together', model: 'meta-llama/Llama-3-70b-chat-hf' },
+      { provider: 'fireworks', model: 'accounts/fireworks/models/llama-v3p3-70b-instruct' },
+    ]);
+    const res = await chat(g, 'llama-70b');
+    expect(res.data.choices[0]!.message.content).toBe('from fireworks');
+    expect(g.seen.together).toHaveLength(1);
+    // The client's own name for a model: its 400 as it came.
+    const own = await gw({ together: () => json(400, dedicated), fireworks: healthy('from fireworks') }, [{ provider: 'together' }, { provider: 'fireworks', model: 'accounts/fireworks/models/llama-v3p3-70b-instruct' }]);
+    const err = await sdkError(own.client.chat.completions.create({ model: 'meta-llama/Llama-3-70b-chat-hf', messages }));
+    expect(err.status).toBe(400);
+    expect(own.seen.fireworks).toHaveLength(0);
+  });
+
   it("gives the client Together's 404 for a model the client named itself, not failed over", async () => {
     const g = await gw({ together: () => json(404, TOGETHER_404), fireworks: healthy('from fireworks') }, [{ provider: 'together' }, { provider: 'fireworks', model: 'accounts/fireworks/models/llama-v3p3-70b-instruct' }]);
     const err = await sdkError(g.client.chat.completions.create({ model: 'meta-llama/Llama-3-70b-chat-hf', messages }));

@@ -322,13 +322,18 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
 }
 
 /**
- * A 404 from a target that sends a model of its own in place of the client's: it names no fault of the request (the
- * client never chose that name) but the target's configuration, like a redirect or a refused key.
+ * A 404 from a target that sends a model of its own in place of the client's, or a 400 that names the model
+ * (Together's `model_not_available` for a model that needs a dedicated endpoint): it names no fault of the request
+ * (the client never chose that name) but the target's configuration, like a redirect or a refused key.
  */
 function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
   const { outcome } = r.result;
-  return plan.ownModel && outcome.kind === 'http' && outcome.status === 404;
+  if (!plan.ownModel || outcome.kind !== 'http') return false;
+  return outcome.status === 404 || (outcome.status === 400 && outcome.errorCode !== null && MODEL_UNAVAILABLE_CODES.has(outcome.errorCode));
 }
+
+/** Codes that say the model named cannot be used here, whatever the status. */
+const MODEL_UNAVAILABLE_CODES: ReadonlySet<string> = new Set(['model_not_found', 'model_not_available']);
 
 /**
  * A verdict on the request that, from a fallback after an earlier target was down, speaks of that fallback's own limits:
