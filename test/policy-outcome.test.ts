@@ -68,6 +68,11 @@ describe('the outcome table', () => {
     }
   });
 
+  it('fails a capacity_exceeded over whatever its status, but never retries it on a status that is never retried', () => {
+    expect(classify(http(400, 'capacity_exceeded'))).toMatchObject({ cls: 'overloaded', retryKey: null });
+    expect(isRetryable(classify(http(498, 'capacity_exceeded')), [...DEFAULT_RETRY_ON, 498])).toBe(true);
+  });
+
   it('retries other 4xx only when retryOn lists them', () => {
     expect(isRetryable(classify(http(409)), DEFAULT_RETRY_ON)).toBe(false);
     expect(isRetryable(classify(http(409)), [...DEFAULT_RETRY_ON, 409])).toBe(true);

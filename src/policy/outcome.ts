@@ -287,7 +287,7 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
   // The provider at capacity, whatever status it chose: Groq's flex tier answers 498 `capacity_exceeded` ("try again
   // later"). Read as a client's 4xx, it ended the request though the next target could answer it.
-  if (errorCode !== null && CAPACITY_CODES.has(errorCode)) return { cls: 'overloaded', retryKey: status, reason };
+  if (errorCode !== null && CAPACITY_CODES.has(errorCode)) return { cls: 'overloaded', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
   if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
   if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
   if (status >= 300) return { cls: 'redirect', retryKey: null, reason };
