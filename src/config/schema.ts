@@ -43,7 +43,7 @@ export const RetrySchema = z
       .describe('Attempts on one target, the first included (1 disables retries). Default: 3.'),
     backoff: BackoffSchema.prefault({}),
     retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'])
-      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422, credential errors and redirects (3xx, a wrong baseUrl) are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
+      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422, credential errors, redirects (3xx, a wrong baseUrl) and a request larger than the provider\'s whole token limit ("Request too large") are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
     maxWaitHintMs: ms('Longest upstream wait hint (retry-after and friends) the gateway waits out; a longer hint ends retries on that target and reaches the client as retry-after. Default: 20000.').default(20000),
   })
   .describe('Retry policy of a route.');
@@ -120,7 +120,7 @@ const PoolsSchema = z
     classes: z.record(z.string().regex(/^[a-z][a-z0-9_-]*$/), PoolClassSchema).default(DEFAULT_POOL_CLASSES)
       .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000).'),
     decrease: z.number().gt(0).lt(1).default(0.9)
-      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529, at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
+      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
     minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit; one above maxConcurrent is maxConcurrent. Default: 1.'),
   })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
