@@ -216,6 +216,20 @@ export function isAccountSpentMessage(message: string): boolean {
 /** Codes that say the provider is at capacity, not that the request is wrong. */
 const CAPACITY_CODES: ReadonlySet<string> = new Set(['capacity_exceeded']);
 
+/**
+ * How a provider whose 403 code does not tell a refused request from a refused team says it is the request: xAI's
+ * `{"code": "permission-denied", "error": "Content violates usage guidelines. "}` (its team refused the endpoint has the
+ * same code, other words). Read as the gateway's key, one user's prompt was routed around the safety decision and held
+ * the target from every request for authHoldS. Anchored at the start, as xAI writes it: words quoted after others are
+ * not this refusal.
+ */
+const CONTENT_REFUSAL_MESSAGE = /^content violates usage guidelines\b/i;
+
+/** Does a 403's message, with no content-policy code beside it, say the request's content was refused? */
+export function isContentRefusalMessage(message: string): boolean {
+  return CONTENT_REFUSAL_MESSAGE.test(message.trimStart());
+}
+
 export interface Classification {
   cls: OutcomeClass;
   /** Which `retryOn` entry governs this outcome; null when none can. */
@@ -269,9 +283,11 @@ export function retryReasons(retryOn: readonly RetryOn[]): string[] {
 
 function classifyStatus(status: number, errorCode: string | null): Classification {
   const reason = `status_${status}`;
-  // Before the credentials: OpenRouter answers a moderation flag on the input with a 403. Read as the gateway's key, one
-  // user's flagged prompt was routed around the safety decision and held the target from every request for authHoldS.
-  if (errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
+  // Before the credentials, for a 403 only: OpenRouter answers a moderation flag on the input with one. Read as the
+  // gateway's key, one user's flagged prompt was routed around the safety decision and held the target from every
+  // request for authHoldS. A 401 or 402 is the key or the billing whatever code it names: passed on as a content
+  // decision, its body (which can quote the key) reached the client and the backup was never asked.
+  if (status !== 401 && status !== 402 && errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
   if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
   // The reason is the code itself: one of a fixed set, so bounded as a metric label.

@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -30,7 +30,8 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
  * as its digits only when there is none (as the client is given it, errors.ts). A 4xx without a named code whose
  * message says the prompt is over the model's window (vLLM, SGLang, OpenRouter, ...) is `context_length_exceeded`,
  * which is what sends it to the route's contextWindowFallback. A 429 (or 413) whose message says the request alone is
- * larger than the provider's token limit is OVER_RATE_LIMIT_CODE, whatever code it names: no retry can fit it.
+ * larger than the provider's token limit is OVER_RATE_LIMIT_CODE, whatever code it names: no retry can fit it. A 403
+ * that flags the request's content (OpenRouter's moderation metadata, xAI's words) is `content_policy_violation`.
  */
 export function errorCodeOf(status: number, body: Buffer): string | null {
   // The attempt (wholeResult) has already dropped a byte order mark.
@@ -38,7 +39,7 @@ export function errorCodeOf(status: number, body: Buffer): string | null {
   if (error === undefined) return null;
   const { code, type, message } = error;
   if ((status === 429 || status === 413) && typeof message === 'string' && isOverRateLimitMessage(message)) return OVER_RATE_LIMIT_CODE;
-  if (status === 403 && isModerationFlag(error)) return 'content_policy_violation';
+  if (status === 403 && (isModerationFlag(error) || (typeof message === 'string' && isContentRefusalMessage(message)))) return 'content_policy_violation';
   if (status === 429 && typeof message === 'string' && isAccountSpentMessage(message)) return 'insufficient_quota';
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
