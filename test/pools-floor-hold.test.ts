@@ -130,6 +130,22 @@ describe('a pool in a fleet that left it only the floor slot', () => {
     p.close();
   });
 
+  it('lets the held requests go at once when an exchange says the fleet would no longer give them a slot of their own', async () => {
+    const p = pool();
+    p.shareOnDemand(() => {});
+    p.setShare(0, 46, 1);
+    const online = track(p.acquire(req(0)));
+    const batch = track(p.acquire(req(1)));
+    await vi.advanceTimersByTimeAsync(100);
+    expect(online.answer).toBeUndefined();
+    // The others' demand turned online (or outnumbers the slots): no exchange will make room, so waiting is only delay.
+    p.setShare(0, 46, 0);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(online.answer).toMatchObject({ ok: true, queued: true });
+    expect(batch.answer).toBeUndefined();
+    p.close();
+  });
+
   it('takes the floor slot at its cap when no exchange answers (Redis away), and then holds no one', async () => {
     const p = pool();
     p.shareOnDemand(() => {});

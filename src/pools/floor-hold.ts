@@ -73,6 +73,11 @@ export class FloorHold {
     return true;
   }
 
+  /** The fleet would give no held class a slot of its own: waiting longer only delays them. */
+  end(): void {
+    this.#untilMs = Math.min(this.#untilMs, this.now());
+  }
+
   /** Higher classes wait until then (0 or past: they do not). */
   get untilMs(): number {
     return this.#untilMs;

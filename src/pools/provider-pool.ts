@@ -351,6 +351,7 @@ export class ProviderPool {
       const until = this.#floor.untilMs;
       this.#backed = backed;
       this.#floor.exchanged(onlyTheFloor(this.settings.capacity, share, othersDemand) && backed > 0, sharedSlots(this.settings.capacity, share));
+      if (backed === 0) this.#floor.end();
       if (this.#floor.untilMs !== until) this.#armFloorTimer();
     }
     // More room lets waiters go now, not at the next slot given back. The retry share rounds apart from the slots: a
