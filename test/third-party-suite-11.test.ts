@@ -11,6 +11,7 @@
 // official `openai` SDK and counts what each scripted upstream (a node:http server on 127.0.0.1) received.
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
+import { sdkError } from './helpers/openai-error.ts';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
@@ -22,7 +23,6 @@ const startProvider = useFakeProviders();
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
-type APIError = InstanceType<typeof OpenAI.APIError>;
 type Answer = (body: Record<string, unknown>, n: number) => Script;
 
 const messages = [{ role: 'user' as const, content: 'Draft the release note.' }];
@@ -102,16 +102,6 @@ async function gw(
     }),
   });
   return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
-}
-
-/** The SDK error a promise rejects with (fails the test if it resolves). */
-async function sdkError(p: Promise<unknown>): Promise<APIError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(OpenAI.APIError);
-  return err as APIError;
 }
 
 const chat = (g: Gw, model = 'llama-3.3-70b-versatile') => g.client.chat.completions.create({ model, messages }).withResponse();

@@ -12,7 +12,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { countingClient, metricSum, requestLine, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
-import { expectOpenAIError } from './helpers/openai-error.ts';
+import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { freePort } from './helpers/free-port.ts';
 
 const startStack = useStacks();
@@ -20,7 +20,6 @@ const startMock = useExtraMocks();
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
-type APIError = InstanceType<typeof OpenAI.APIError>;
 
 const messages = [{ role: 'user' as const, content: 'Summarise the incident report.' }];
 
@@ -80,16 +79,6 @@ const route = (name: string, path: string, targets: RouteInput['targets'], more:
   ...FAST,
   ...more,
 });
-
-/** The SDK error a promise rejects with (fails the test if it resolves). */
-async function sdkError(p: Promise<unknown>): Promise<APIError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(OpenAI.APIError);
-  return err as APIError;
-}
 
 const CONTEXT_ERROR = {
   status: 400,

@@ -15,7 +15,7 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
-import { expectOpenAIError } from './helpers/openai-error.ts';
+import { type APIError, expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { countingClient, metricSum, requestLine, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -24,7 +24,6 @@ const startFake = useFakeProviders();
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
-type APIError = InstanceType<typeof OpenAI.APIError>;
 
 const EMB = 'text-embedding-3-small';
 
@@ -81,16 +80,6 @@ async function gw(
   const s = await startStack({ config: () => ({ server: { host: '127.0.0.1', port: 0, logLevel: 'info' }, providers, routes, ...opts.extra }) });
   const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 });
   return { s, m, client, seen: (name, path = '/v1/embeddings') => m[name]!.requests().filter((r) => r.path === path) };
-}
-
-/** The SDK error a promise rejects with (fails the test if it resolves). */
-async function sdkError(p: Promise<unknown>): Promise<APIError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(OpenAI.APIError);
-  return err as APIError;
 }
 
 /** OpenAI's 429 for one request larger than the whole tokens-per-minute limit, and the headers it comes with. */
