@@ -11,6 +11,9 @@ type HeaderBag = Record<string, string | string[] | undefined>;
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
+  // Google refuses a key it does not know with a 400: read as the client's request, the provider's answer reached the
+  // client, nothing failed over and the target was never held. It is the gateway's key, the 401 it stands for.
+  if (status === 400 && isGoogleKeyRefusal(errorFieldsOf(body))) return { kind: 'http', status: 401, errorCode: 'invalid_api_key', hint: undefined };
   const errorCode = errorCodeOf(status, body);
   // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
   // passed on it invited the client to send it again then.
@@ -55,6 +58,20 @@ function isModerationFlag(error: { metadata?: unknown }): boolean {
   return typeof m === 'object' && m !== null && (Array.isArray(m.reasons) || typeof m.flagged_input === 'string');
 }
 
+/**
+ * Google's answer to a key it does not know (Gemini's OpenAI-compatible endpoint, as its native API): `400
+ * INVALID_ARGUMENT` "API key not valid. Please pass a valid API key.", told by its ErrorInfo detail's `reason`
+ * (`API_KEY_INVALID`, also sent for an expired key), a structured field, never words a client sent.
+ */
+function isGoogleKeyRefusal(error: { details?: unknown } | undefined): boolean {
+  const details = error?.details;
+  if (!Array.isArray(details)) return false;
+  return details.some((d: unknown) => {
+    const info = d as { '@type'?: unknown; reason?: unknown } | null;
+    return typeof info?.['@type'] === 'string' && info['@type'].endsWith('google.rpc.ErrorInfo') && info.reason === 'API_KEY_INVALID';
+  });
+}
+
 /** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
 export function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
   const error = errorFieldsOf(body);
@@ -70,7 +87,7 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
  * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
  * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown } | undefined {
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown } | undefined {
   if (body.length === 0) return undefined;
   try {
     return upstreamErrorFields(JSON.parse(body.toString('utf8')));
