@@ -15,7 +15,7 @@ import { sdkError } from './helpers/openai-error.ts';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
-import { cc, delta, scripted, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { cc, completion, delta, DONE, failsThen, healthy, json, scripted, streamed, type Answer, type Script, type Seen } from './helpers/scripted-provider.ts';
 import { countingClient, requestLine, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -23,42 +23,10 @@ const startProvider = useFakeProviders();
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
-type Answer = (body: Record<string, unknown>, n: number) => Script;
 
 const messages = [{ role: 'user' as const, content: 'Draft the release note.' }];
-const DONE = 'data: [DONE]\n\n';
 
-const json = (status: number, body: unknown, headers: Record<string, string> = {}): Script => ({
-  status,
-  headers: { 'content-type': 'application/json', ...headers },
-  steps: [typeof body === 'string' ? body : JSON.stringify(body)],
-});
 const html = (status: number, page: string): Script => ({ status, headers: { 'content-type': 'text/html' }, steps: [page] });
-
-/** A whole chat completion, as any of these providers answers one. */
-const completion = (content: string, model: string): Script =>
-  json(200, {
-    id: 'chatcmpl-7f3a',
-    object: 'chat.completion',
-    created: 1741290958,
-    model,
-    choices: [{ index: 0, message: { role: 'assistant', content }, logprobs: null, finish_reason: 'stop' }],
-    usage: { prompt_tokens: 12, completion_tokens: 4, total_tokens: 16 },
-  });
-/** A streamed answer: role chunk, text, finish, [DONE]. */
-const streamed = (text: string): Script => ({
-  steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: text })]), cc([delta({}, 'stop')]), DONE],
-});
-/** A provider that answers every request well, with `text`. */
-const healthy =
-  (text: string, model = 'gpt-4o'): Answer =>
-  (body) =>
-    body.stream === true ? streamed(text) : completion(text, model);
-/** A provider that plays `first` for its first `times` requests, then answers well with `text`. */
-const failsThen =
-  (times: number, first: Answer, text = 'recovered'): Answer =>
-  (body, n) =>
-    n <= times ? first(body, n) : healthy(text)(body, n);
 
 /** Fast, deterministic retries, a budget that never refuses, no parking and no breaker, unless a scenario asks. */
 const FAST: Partial<RouteInput> = {

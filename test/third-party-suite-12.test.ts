@@ -21,7 +21,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { sdkError } from './helpers/openai-error.ts';
-import { baseResponse, cc, delta, msgItem, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { baseResponse, completion, DONE, failsThen, healthy, json, msgItem, responsesHead, responsesTail, rev, scripted, streamed, textDelta, type Answer, type Seen } from './helpers/scripted-provider.ts';
 import { countingClient, requestLine, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -29,37 +29,8 @@ const startProvider = useFakeProviders();
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
-type Answer = (body: Record<string, unknown>, n: number) => Script;
 
 const messages = [{ role: 'user' as const, content: 'Summarise the incident report.' }];
-const DONE = 'data: [DONE]\n\n';
-
-const json = (status: number, body: unknown, headers: Record<string, string> = {}): Script => ({
-  status,
-  headers: { 'content-type': 'application/json', ...headers },
-  steps: [typeof body === 'string' ? body : JSON.stringify(body)],
-});
-
-const completion = (content: string | null, model: string, finish = 'stop'): Script =>
-  json(200, {
-    id: 'chatcmpl-b1',
-    object: 'chat.completion',
-    created: 1741290958,
-    model,
-    choices: [{ index: 0, message: { role: 'assistant', content }, logprobs: null, finish_reason: finish }],
-    usage: { prompt_tokens: 12, completion_tokens: 4, total_tokens: 16 },
-  });
-const streamed = (text: string): Script => ({
-  steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: text })]), cc([delta({}, 'stop')]), DONE],
-});
-const healthy =
-  (text: string, model = 'gpt-4o'): Answer =>
-  (body) =>
-    body.stream === true ? streamed(text) : completion(text, model);
-const failsThen =
-  (times: number, first: Answer, text = 'recovered'): Answer =>
-  (body, n) =>
-    n <= times ? first(body, n) : healthy(text)(body, n);
 
 /** Claude's Messages API answer, as Anthropic's own endpoint sends it. */
 const claude =

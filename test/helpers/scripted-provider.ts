@@ -158,3 +158,43 @@ export function useScriptedGateway(shape?: ConfigShape) {
     return { client, seen, s };
   };
 }
+
+/** A scripted provider's answer to its `n`th request (from 1), given the request's JSON body. */
+export type Answer = (body: Record<string, unknown>, n: number) => Script;
+
+export const DONE = 'data: [DONE]\n\n';
+
+/** A whole JSON answer with `status` (a string body is sent as it is). */
+export const json = (status: number, body: unknown, headers: Record<string, string> = {}): Script => ({
+  status,
+  headers: { 'content-type': 'application/json', ...headers },
+  steps: [typeof body === 'string' ? body : JSON.stringify(body)],
+});
+
+/** A whole chat completion, as any OpenAI-compatible provider answers one. */
+export const completion = (content: string | null, model: string, finish = 'stop'): Script =>
+  json(200, {
+    id: 'chatcmpl-7f3a',
+    object: 'chat.completion',
+    created: 1741290958,
+    model,
+    choices: [{ index: 0, message: { role: 'assistant', content }, logprobs: null, finish_reason: finish }],
+    usage: { prompt_tokens: 12, completion_tokens: 4, total_tokens: 16 },
+  });
+
+/** A streamed answer: role chunk, text, finish, [DONE]. */
+export const streamed = (text: string): Script => ({
+  steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: text })]), cc([delta({}, 'stop')]), DONE],
+});
+
+/** A provider that answers every request well, with `text`. */
+export const healthy =
+  (text: string, model = 'gpt-4o'): Answer =>
+  (body) =>
+    body.stream === true ? streamed(text) : completion(text, model);
+
+/** A provider that plays `first` for its first `times` requests, then answers well with `text`. */
+export const failsThen =
+  (times: number, first: Answer, text = 'recovered'): Answer =>
+  (body, n) =>
+    n <= times ? first(body, n) : healthy(text)(body, n);
