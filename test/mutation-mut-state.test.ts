@@ -144,7 +144,7 @@ describe('the breaker board, mutants of its batching and compare-and-set', () =>
 
 describe('hold-offs, mutants of their edges', () => {
   it('starts a fleet-wide hold-off on 429, 503 and 529 with a positive fleet-wide hint only', () => {
-    for (const status of [429, 503, 529]) expect(startsHoldOff(status, hint(1_000))).toBe(true);
+    for (const status of [429, 498, 503, 529]) expect(startsHoldOff(status, hint(1_000))).toBe(true);
     expect(startsHoldOff(500, hint(1_000))).toBe(false);
     expect(startsHoldOff(429, hint(1_000, false))).toBe(false);
     expect(startsHoldOff(429, hint(0))).toBe(false);

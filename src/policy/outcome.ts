@@ -230,6 +230,12 @@ export function isContentRefusalMessage(message: string): boolean {
   return CONTENT_REFUSAL_MESSAGE.test(message.trimStart());
 }
 
+/**
+ * The provider does not serve the country the gateway calls from: OpenAI's 403 `unsupported_country_region_territory`
+ * ("Country, region, or territory not supported"), and Google's location refusal, read as it (error-outcome.ts).
+ */
+export const REGION_REFUSED_CODE = 'unsupported_country_region_territory';
+
 export interface Classification {
   cls: OutcomeClass;
   /** Which `retryOn` entry governs this outcome; null when none can. */
@@ -289,6 +295,8 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   // decision, its body (which can quote the key) reached the client and the backup was never asked.
   if (status !== 401 && status !== 402 && errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
   // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
+  // A refused location is the gateway's deployment, not its key: the reason says so, where status_403 sent the operator to the key.
+  if (status === 403 && errorCode === REGION_REFUSED_CODE) return { cls: 'credentials', retryKey: null, reason: REGION_REFUSED_CODE };
   if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
   // The reason is the code itself: one of a fixed set, so bounded as a metric label.
   if (status === 429 && errorCode !== null && ACCOUNT_429_CODES.has(errorCode)) return { cls: 'credentials', retryKey: null, reason: errorCode };

@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -14,6 +14,9 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // Google refuses a key it does not know with a 400: read as the client's request, the provider's answer reached the
   // client, nothing failed over and the target was never held. It is the gateway's key, the 401 it stands for.
   if (status === 400 && isGoogleKeyRefusal(errorFieldsOf(body))) return { kind: 'http', status: 401, errorCode: 'invalid_api_key', hint: undefined };
+  // Nor is a location Google does not serve the client's: the gateway's deployment (where it calls from), which every
+  // request from it meets. The 403 OpenAI answers the same refusal with, under its code.
+  if (status === 400 && isGoogleLocationRefusal(errorFieldsOf(body))) return { kind: 'http', status: 403, errorCode: REGION_REFUSED_CODE, hint: undefined };
   const errorCode = errorCodeOf(status, body);
   // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
   // passed on it invited the client to send it again then.
@@ -72,6 +75,20 @@ function isGoogleKeyRefusal(error: { details?: unknown } | undefined): boolean {
   });
 }
 
+/**
+ * How Google says it does not serve the place the gateway calls from: `400 FAILED_PRECONDITION` "User location is not
+ * supported for the API use." (a host or egress outside Gemini's available regions), or "Gemini API free tier is not
+ * available in your country. Please enable billing on your project in Google AI Studio." Anchored at the start, as
+ * Google writes them: FAILED_PRECONDITION also names a request's own state (a file not yet ACTIVE), which stays the
+ * client's 400.
+ */
+const GOOGLE_LOCATION_MESSAGE = /^(?:user location is not supported for the api use|gemini api free tier is not available in your country)\b/i;
+
+/** Google's refusal of the gateway's location (Gemini's OpenAI-compatible endpoint, as its native API). */
+function isGoogleLocationRefusal(error: { status?: unknown; message?: unknown } | undefined): boolean {
+  return error?.status === 'FAILED_PRECONDITION' && typeof error.message === 'string' && GOOGLE_LOCATION_MESSAGE.test(error.message.trimStart());
+}
+
 /** The status and code of an OpenAI-shaped error body that names the gateway's own account, if it is one. */
 export function accountErrorOf(body: Buffer): { status: number; code: string } | undefined {
   const error = errorFieldsOf(body);
@@ -87,7 +104,7 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
  * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
  * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown } | undefined {
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown; status?: unknown } | undefined {
   if (body.length === 0) return undefined;
   try {
     return upstreamErrorFields(JSON.parse(body.toString('utf8')));

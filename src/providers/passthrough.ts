@@ -6,7 +6,10 @@ import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import { Agent, Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
-import { GatewayError } from '../errors.ts';
+import { GatewayError, normaliseUpstreamErrorBody } from '../errors.ts';
+import { classify } from '../policy/outcome.ts';
+import { withoutBom } from '../http/byte-order-mark.ts';
+import { errorCodeOf } from './error-outcome.ts';
 import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
@@ -56,8 +59,20 @@ function hopByHop(connection: unknown): Set<string> {
   return names;
 }
 
-/** The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on. */
+/**
+ * The provider refused the gateway's own key or billing: its body can echo part of the key, so it is never passed on.
+ * Unless it refuses the request's content instead (isContentRefusal).
+ */
 const CREDENTIAL_STATUSES = new Set([401, 403]);
+
+/**
+ * Is a credential status's body the provider's verdict on the request's content (OpenRouter's moderation 403, xAI's
+ * "Content violates usage guidelines"), as the managed routes' outcome table reads it (never a 401)? Answered
+ * upstream_auth_error, the client was told the gateway's configuration was at fault for a refusal of what it sent.
+ */
+function isContentRefusal(status: number, body: Buffer): boolean {
+  return classify({ kind: 'http', status, errorCode: errorCodeOf(status, withoutBom(body)), hint: undefined }).cls === 'content-policy';
+}
 
 /**
  * A passthrough error's body without the key. One in an encoding the gateway decodes is decoded (`decoded`: sent
@@ -225,7 +240,19 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           return out as typeof headers;
         },
         onResponse: (request, reply, res) => {
-          if (res.statusCode >= 300 && !CREDENTIAL_STATUSES.has(res.statusCode) && hasBody(request.method, res.statusCode)) {
+          const credentials = CREDENTIAL_STATUSES.has(res.statusCode);
+          // The gateway's own answer to a refused key or billing, in place of the provider's (headers and body).
+          const authError = () => {
+            for (const name of ['content-length', 'content-encoding', 'content-type', 'transfer-encoding']) reply.removeHeader(name);
+            const err = new GatewayError(
+              'upstream_auth_error',
+              `provider ${providerName} rejected the gateway's credentials or billing (status_${res.statusCode}); this is a gateway configuration problem, not the request's`,
+            );
+            return reply.code(err.status).type('application/json').send(err.toBody());
+          };
+          // A 403 is read as well, as a managed route reads it: it may refuse the request's content, not the key. A 401
+          // is the key whatever its body says.
+          if (res.statusCode >= 300 && (!credentials || res.statusCode === 403) && hasBody(request.method, res.statusCode)) {
             // An error can quote the key the provider was sent: read (it is small), the key taken out, then sent.
             // A compressed one is decoded first and sent as it decodes: providers compress errors for every client
             // that accepts it (the SDKs all do), so the key would otherwise pass in gzip. A redirect's body too: a
@@ -235,13 +262,17 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
               .then(({ bytes, whole }) => errorWithoutKey(bytes, whole, reply.getHeader('content-encoding'), provider.apiKey))
               .then(
                 ({ bytes, decoded }) => {
+                  if (credentials && !isContentRefusal(res.statusCode, bytes)) return authError();
+                  // A content refusal goes on as on a managed route: the provider's reason, in the OpenAI shape.
+                  if (credentials) return void reply.removeHeader('content-encoding').removeHeader('content-length').type('application/json').send(normaliseUpstreamErrorBody(res.statusCode, bytes));
                   if (decoded) reply.removeHeader('content-encoding');
                   reply.removeHeader('content-length').send(bytes);
                 },
-                (err: Error) => reply.send(err),
+                // A 403 whose body broke off is still a refusal: read before, it was the gateway's answer at once.
+                (err: Error) => (credentials ? authError() : reply.send(err)),
               );
           }
-          if (!CREDENTIAL_STATUSES.has(res.statusCode)) {
+          if (!credentials) {
             // A client that takes nothing of the answer (a hung consumer keeping its connection open) would hold one of
             // the passthrough's few upstream connections for as long as it stays, and undici's body timer does not count
             // a body paused by backpressure: it is given up on as a stream's client is. The socket's own timer: a write
@@ -250,12 +281,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
             return reply.send(res.stream);
           }
           res.stream.resume();
-          for (const name of ['content-length', 'content-encoding', 'content-type', 'transfer-encoding']) reply.removeHeader(name);
-          const err = new GatewayError(
-            'upstream_auth_error',
-            `provider ${providerName} rejected the gateway's credentials or billing (status_${res.statusCode}); this is a gateway configuration problem, not the request's`,
-          );
-          return reply.code(err.status).type('application/json').send(err.toBody());
+          return authError();
         },
       },
     });

@@ -1,5 +1,5 @@
-// Fleet-wide hold-offs: when a provider says "come back in N seconds" (retry-after, retry-after-ms on a 429, 503 or
-// 529), no instance sends that target new attempts until then. x-ratelimit-reset-* hints never start one: a token
+// Fleet-wide hold-offs: when a provider says "come back in N seconds" (retry-after, retry-after-ms on a 429, 503, 529
+// or Groq's 498 capacity_exceeded), no instance sends that target new attempts until then. x-ratelimit-reset-* hints never start one: a token
 // bucket refills continuously, and one large prompt must not stop a fleet for minutes.
 // Credential holds (the provider refused the gateway's own key or billing) are a second kind, kept under their own
 // state key: a hold-off ends by itself and is worth waiting for (park, retry-after), a refused key is not (someone has
@@ -8,7 +8,12 @@ import type { WaitHint } from '../policy/wait-hint.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from './store.ts';
 
-const HOLD_OFF_STATUSES = new Set([429, 503, 529]);
+/**
+ * 498: Groq's flex tier at capacity (`capacity_exceeded`), the provider overloaded as a 503 or 529 says it; without a
+ * hold-off, every request in the window it named went to it again. Only the outcome table's rows with `holdOff` get
+ * here (pipeline/record-outcome.ts), so a 498 that means anything else (a client-error) starts none.
+ */
+const HOLD_OFF_STATUSES = new Set([429, 498, 503, 529]);
 /** Spread added to a hold-off's end so a fleet told the same time does not come back at the same millisecond. */
 const MAX_SPREAD_MS = 1_000;
 /** Suffix of a credential hold's state key: shared through the store like a hold-off, never read as one. */

@@ -1,0 +1,234 @@
+// Three upstream answers the outcome table used to read wrong, each driven with the official `openai` SDK through a
+// real gateway against scripted providers (node:http servers on 127.0.0.1): Groq's 498 `capacity_exceeded` with a
+// `retry-after` (the provider overloaded, as a 503 is: its hint now holds the target off), Gemini's 400
+// FAILED_PRECONDITION "User location is not supported for the API use." (the gateway's deployment, not the client's
+// request: the 403 it stands for), and a content-policy 403 on a passthrough path (a content refusal, not the gateway's
+// credentials), each as the provider sends it on the wire.
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
+import { healthy, json, scripted, type Answer, type Seen } from './helpers/scripted-provider.ts';
+import { countingClient, useStacks, type Stack } from './helpers/stack.ts';
+
+const startStack = useStacks();
+const startProvider = useFakeProviders();
+
+type RouteInput = ConfigInput['routes'][number];
+
+const messages = [{ role: 'user' as const, content: 'Summarise the incident report.' }];
+
+/** Fast, deterministic retries, a budget that never refuses, no parking and no breaker. */
+const FAST: Partial<RouteInput> = {
+  retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
+  budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
+  park: false,
+};
+
+interface Gw {
+  s: Stack;
+  client: OpenAI;
+  seen: Record<string, Seen[]>;
+}
+
+/** A gateway whose chat route goes to `targets`, each provider (at `/v1`, or its own path) played by its Answer. */
+async function gw(ups: Record<string, Answer | { answer: Answer; path: string }>, targets: RouteInput['targets'], extra: Partial<ConfigInput> = {}): Promise<Gw> {
+  const providers: ConfigInput['providers'] = {};
+  const seen: Record<string, Seen[]> = {};
+  for (const [name, up] of Object.entries(ups)) {
+    const { answer, path } = typeof up === 'function' ? { answer: up, path: '/v1' } : up;
+    seen[name] = [];
+    const p = await startProvider(scripted(answer, seen[name]));
+    providers[name] = {
+      family: 'openai',
+      baseUrl: `${p.origin}${path}`,
+      apiKey: `${name}-key-0123456789`,
+      breaker: false,
+      timeouts: { connectMs: 1_000, firstTokenMs: 5_000, idleMs: 5_000 },
+    };
+  }
+  const s = await startStack({
+    config: () => ({
+      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+      providers,
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets, ...FAST }],
+      ...extra,
+    }),
+  });
+  return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
+}
+
+const chat = (g: Gw, model: string) => g.client.chat.completions.create({ model, messages }).withResponse();
+
+// ---------------------------------------------------------------------------------------------------------------
+/** Groq's 498 on the flex service tier: the tier is at capacity and the request was not processed. */
+const GROQ_498 = {
+  error: { message: 'Flex tier capacity exceeded. This is a known issue and we are working on it. Please try again later.', type: 'invalid_request_error', code: 'capacity_exceeded' },
+};
+
+describe("Groq's 498 capacity_exceeded with retry-after", () => {
+  it('holds Groq off for the hint, as a 503 would: the next request goes straight to the backup (held_off)', async () => {
+    const g = await gw({ groq: () => json(498, GROQ_498, { 'retry-after': '5' }), together: healthy('from together') }, [
+      { provider: 'groq', model: 'llama-3.3-70b-versatile' },
+      { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' },
+    ]);
+    const first = await chat(g, 'llama-70b');
+    expect(first.data.choices[0]!.message.content).toBe('from together');
+    const second = await chat(g, 'llama-70b');
+    expect(second.data.choices[0]!.message.content).toBe('from together');
+    expect(second.response.headers.get('x-stormgate-fallback')).toBe('held_off');
+    // The overloaded target was asked once, not once per request during the window it named.
+    expect(g.seen.groq).toHaveLength(1);
+    expect(g.seen.together).toHaveLength(2);
+  });
+
+  it('answers a lone Groq held off by its 498 with 429 provider_held_off and the remaining retry-after, without asking it again', async () => {
+    const g = await gw({ groq: () => json(498, GROQ_498, { 'retry-after': '5' }) }, [{ provider: 'groq', model: 'llama-3.3-70b-versatile' }]);
+    const { client, counter } = countingClient(g.s, { maxRetries: 0 });
+    const first = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages }));
+    expect(first.status).toBe(498);
+    expect((first.error as { code?: string }).code).toBe('capacity_exceeded');
+    // Told the wait to the hold-off's end, and not invited back by the SDK: the gateway answers that wait itself.
+    expect(Number(first.headers?.get('retry-after'))).toBeGreaterThanOrEqual(5);
+    expect(first.headers?.get('x-should-retry')).toBe('false');
+    const second = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages }));
+    expect(second.status).toBe(429);
+    expect((second.error as { code?: string }).code).toBe('provider_held_off');
+    const retryAfter = Number(second.headers?.get('retry-after'));
+    expect(retryAfter).toBeGreaterThanOrEqual(1);
+    expect(retryAfter).toBeLessThanOrEqual(6);
+    expect(counter.requests).toBe(2);
+    expect(g.seen.groq).toHaveLength(1);
+  });
+
+  it('starts no hold-off on a 498 that is not capacity_exceeded (another meaning of the status): the next request asks Groq again', async () => {
+    const other = { error: { message: 'Invalid token.', type: 'invalid_request_error', code: 'invalid_token' } };
+    const g = await gw({ groq: () => json(498, other, { 'retry-after': '5' }), together: healthy('should not be asked') }, [
+      { provider: 'groq', model: 'llama-3.3-70b-versatile' },
+      { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' },
+    ]);
+    expect((await sdkError(chat(g, 'llama-70b'))).status).toBe(498);
+    expect((await sdkError(chat(g, 'llama-70b'))).status).toBe(498);
+    expect(g.seen.groq).toHaveLength(2);
+    expect(g.seen.together).toHaveLength(0);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+const LOCATION = 'User location is not supported for the API use.';
+/** As Gemini's OpenAI-compatible endpoint answers it: a one-element list of Google API errors. */
+const GEMINI_LOCATION_LIST = [{ error: { code: 400, message: LOCATION, status: 'FAILED_PRECONDITION' } }];
+/** As Google's native API (and a proxy that unwraps the list) answers it. */
+const GEMINI_LOCATION_OBJECT = { error: { code: 400, message: LOCATION, status: 'FAILED_PRECONDITION' } };
+const gemini = (answer: Answer) => ({ answer, path: '/v1beta/openai' });
+
+describe("Gemini's 400 FAILED_PRECONDITION 'User location is not supported'", () => {
+  it('fails over to the backup without retrying Gemini, and holds Gemini like refused credentials: the next request skips it', async () => {
+    const g = await gw({ gemini: gemini(() => json(400, GEMINI_LOCATION_LIST)), openai: healthy('from openai') }, [
+      { provider: 'gemini', model: 'gemini-2.5-flash' },
+      { provider: 'openai', model: 'gpt-4o-mini' },
+    ]);
+    const first = await chat(g, 'flash');
+    expect(first.data.choices[0]!.message.content).toBe('from openai');
+    expect(first.response.headers.get('x-stormgate-fallback')).toBe('credentials');
+    const second = await chat(g, 'flash');
+    expect(second.data.choices[0]!.message.content).toBe('from openai');
+    expect(second.response.headers.get('x-stormgate-fallback')).toBe('credentials');
+    expect(g.seen.gemini).toHaveLength(1);
+    expect(g.seen.openai).toHaveLength(2);
+  });
+
+  it('reads the object form of the same error the same way', async () => {
+    const g = await gw({ gemini: gemini(() => json(400, GEMINI_LOCATION_OBJECT)), openai: healthy('from openai') }, [
+      { provider: 'gemini', model: 'gemini-2.5-flash' },
+      { provider: 'openai', model: 'gpt-4o-mini' },
+    ]);
+    const res = await chat(g, 'flash');
+    expect(res.data.choices[0]!.message.content).toBe('from openai');
+    expect(g.seen.gemini).toHaveLength(1);
+  });
+
+  it("never tells the client to fix its request: a lone Gemini's refusal is 502 upstream_auth_error, not Google's 400", async () => {
+    const g = await gw({ gemini: gemini(() => json(400, GEMINI_LOCATION_LIST)) }, [{ provider: 'gemini', model: 'gemini-2.5-flash' }]);
+    const err = await sdkError(chat(g, 'flash'));
+    expect(err.status).toBe(502);
+    expect((err.error as { code?: string }).code).toBe('upstream_auth_error');
+    expect(err.message).not.toContain('User location');
+    // The operator is sent to the deployment's location, not to the key.
+    expect(err.message).toContain('unsupported_country_region_territory');
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(err.headers?.get('retry-after')).toBeNull();
+    expect(g.seen.gemini).toHaveLength(1);
+  });
+
+  it('still passes on a FAILED_PRECONDITION about the request itself (a file not yet ACTIVE) as the 400 it is', async () => {
+    const notActive = [{ error: { code: 400, message: 'The File abc123 is not in an ACTIVE state and usage is not allowed.', status: 'FAILED_PRECONDITION' } }];
+    const g = await gw({ gemini: gemini(() => json(400, notActive)), openai: healthy('should not be asked') }, [
+      { provider: 'gemini', model: 'gemini-2.5-flash' },
+      { provider: 'openai', model: 'gpt-4o-mini' },
+    ]);
+    const err = await sdkError(chat(g, 'flash'));
+    expect(err.status).toBe(400);
+    expect(err.message).toContain('not in an ACTIVE state');
+    expect(g.seen.openai).toHaveLength(0);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+const OPENROUTER_MODERATION = {
+  error: {
+    code: 403,
+    message: 'openai/gpt-4o requires moderation on OpenAI. Your input was flagged for "violence/graphic". No credits were charged.',
+    metadata: { reasons: ['violence/graphic'], flagged_input: 'describe the crash scene in...', provider_name: 'OpenAI', model_slug: 'openai/gpt-4o' },
+  },
+  user_id: 'user_2x9',
+};
+const XAI_CONTENT_403 = { code: 'permission-denied', error: 'Content violates usage guidelines. Failed check: SAFETY_CHECK_TYPE_CSAM' };
+/** A credentials 403 that quotes the key it was sent, as some providers' do. */
+const KEY_403 = { error: { message: 'Project does not have access to this model with key images-key-0123456789.', type: 'invalid_request_error', param: null, code: 'model_not_found' } };
+
+/** A gateway whose passthrough forwards POST /v1/images/generations to a provider that answers `status` with `body`. */
+async function imagesPassthrough(status: number, body: unknown): Promise<{ client: OpenAI; seen: Seen[] }> {
+  const seen: Seen[] = [];
+  const p = await startProvider(scripted(() => json(status, body), seen));
+  const s = await startStack({
+    config: () => ({
+      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+      providers: { images: { family: 'openai', baseUrl: `${p.origin}/v1`, apiKey: 'images-key-0123456789', breaker: false } },
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'images' }], ...FAST }],
+      passthrough: { provider: 'images', paths: ['/v1/images/generations'], methods: ['POST'] },
+    }),
+  });
+  return { seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
+}
+
+describe('a passthrough 403', () => {
+  it("passes OpenRouter's moderation 403 to the client as the content refusal it is, in the OpenAI shape", async () => {
+    const { client, seen } = await imagesPassthrough(403, OPENROUTER_MODERATION);
+    const err = await sdkError(client.images.generate({ model: 'openai/gpt-image-1', prompt: 'a crash scene' }));
+    expect(err.status).toBe(403);
+    expect(err.message).toContain('Your input was flagged');
+    expect((err.error as { metadata?: { reasons?: string[] } }).metadata?.reasons).toEqual(['violence/graphic']);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(seen).toHaveLength(1);
+  });
+
+  it("passes xAI's 'Content violates usage guidelines' 403 on as an OpenAI-shaped content refusal", async () => {
+    const { client } = await imagesPassthrough(403, XAI_CONTENT_403);
+    const err = await sdkError(client.images.generate({ model: 'grok-2-image', prompt: 'something refused' }));
+    expect(err.status).toBe(403);
+    expect(err.message).toContain('Content violates usage guidelines');
+    expect(typeof (err.error as { type?: unknown }).type).toBe('string');
+  });
+
+  it("keeps a credentials 403 the gateway's upstream_auth_error, with its own message: never the provider's body", async () => {
+    const { client } = await imagesPassthrough(403, KEY_403);
+    const err = await sdkError(client.images.generate({ model: 'gpt-image-1', prompt: 'a lighthouse' }));
+    expect(err.status).toBe(502);
+    expectOpenAIError(err.error === undefined ? {} : { error: err.error }, 'upstream_auth_error', 'server_error');
+    expect(err.message).not.toContain('Project does not have access');
+    expect(err.message).not.toContain('images-key-0123456789');
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+  });
+});
