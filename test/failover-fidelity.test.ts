@@ -282,7 +282,6 @@ describe('what an Anthropic backup leaves out', () => {
     service_tier: 'flex',
     store: true,
     metadata: { team: 'support' },
-    reasoning_effort: 'low',
     verbosity: 'low',
   };
 

@@ -605,7 +605,7 @@ describe('a reasoning request failed over to Claude', () => {
   const claudeBackup = (claude: Upstream) =>
     gateway({ o: { mock: { errors: [{ status: 503 }] } }, claude: { ...claude, family: 'anthropic' } }, [chatRoute([{ provider: 'o' }, { provider: 'claude', model: 'claude-sonnet-4-6' }])]);
 
-  it('sends max_completion_tokens as max_tokens and the developer message as the system prompt, leaves reasoning_effort out, and hands thinking back as reasoning_content', async () => {
+  it('sends max_completion_tokens as max_tokens, the developer message as the system prompt and reasoning_effort as thinking within half of max_tokens, and hands thinking back as reasoning_content', async () => {
     const g = await claudeBackup({
       script: () => ({ headers: JSON_HEAD, steps: [aMessage([{ type: 'thinking', thinking: '6 x 7 = 42.', signature: 'sig' }, { type: 'text', text: 'Forty-two.' }])] }),
     });
@@ -620,7 +620,8 @@ describe('a reasoning request failed over to Claude', () => {
     expect(sent.max_tokens).toBe(3_000);
     expect(JSON.stringify(sent.system)).toContain('You are a careful planner.');
     expect((sent.messages as Array<{ role: string }>).map((m) => m.role)).toEqual(['user']); // the developer message is not a turn
-    for (const k of ['max_completion_tokens', 'reasoning_effort', 'developer', 'thinking']) expect(sent).not.toHaveProperty(k);
+    expect(sent.thinking).toEqual({ type: 'enabled', budget_tokens: 1_500 }); // high is 16384, but the answer keeps half of 3000
+    for (const k of ['max_completion_tokens', 'reasoning_effort', 'developer']) expect(sent).not.toHaveProperty(k);
   });
 
   it('moves a non-streaming o-series call that thinks past responseMs to Claude after one attempt, well within the SDK timeout', async () => {

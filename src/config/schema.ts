@@ -125,6 +125,19 @@ const PoolsSchema = z
   })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
 
+const thinkingBudget = (effort: string, tokens: number) =>
+  z.number().int().min(1024).max(128000).default(tokens)
+    .describe(`budget_tokens for reasoning_effort "${effort}", at least 1024 (Anthropic's minimum). Default: ${tokens}.`);
+
+const ThinkingSchema = z
+  .strictObject({
+    low: thinkingBudget('low', 1024),
+    medium: thinkingBudget('medium', 4096),
+    high: thinkingBudget('high', 16384),
+    xhigh: thinkingBudget('xhigh', 24576),
+  })
+  .describe('Thinking budgets, in tokens, by reasoning_effort.');
+
 /** A URL's user and password, percent-decoded, as undici reads them for a proxy's Basic credentials. */
 function userinfoDecodes(url: string): boolean {
   try {
@@ -158,6 +171,8 @@ const ProviderSchema = z
       .describe('anthropic only: max_tokens sent when the client sets none (the Messages API requires it). Default: 4096.'),
     sampling: z.enum(['drop', 'forward', 'refuse']).default('drop')
       .describe('anthropic only: what happens to temperature and top_p, which newer Anthropic models reject: drop them, forward them (temperature clamped to 0..1; top_p only without a temperature, since newer models refuse the two together), or refuse the request for this target. Default: drop.'),
+    thinking: z.union([z.literal(false), ThinkingSchema]).prefault({})
+      .describe('anthropic only: a translated chat completion\'s reasoning_effort (low, medium, high, xhigh) asks for extended thinking, which comes back as reasoning_content: thinking.type enabled with the budget below on Claude 3.7 to 4.6, adaptive with output_config.effort on Claude 4.7 and later. Without a max_tokens from the client, max_tokens is defaultMaxTokens plus the budget (keep that under the model\'s output limit); with one, it is kept and the budget takes at most half of it. Left out (the request goes without thinking, never refused) where Anthropic would refuse it: a model older than 3.7 or an id not of the form claude-<family>-<version> or claude-<version>-<family>, half the client\'s max_tokens under 1024, a tool_choice that forces a call, temperature other than 1 or top_p under 0.95 (sampling: forward), a conversation ending in an assistant message (a prefill) or in tool results. none and minimal ask for no thinking. false ignores reasoning_effort. Default: on, with the budgets below.'),
     prefill: z.boolean().optional()
       .describe('The provider\'s models continue an assistant message placed last (a prefill), so stream recovery can send them the text already delivered. Default: false, except for anthropic, where it follows the model: Claude models before 4.6 take a prefill, Claude 4.6 and later refuse it.'),
     authHoldS: z.number().positive().max(MAX_TIMER_S).default(60)

@@ -11,7 +11,26 @@ interface Parsed {
   model: string;
   answer: MessagesAnswer;
   inputTokens: number;
+  /** The thinking block's text when the request asked for thinking (and for its text), which opens the answer. */
+  thinking: string | undefined;
 }
+
+/**
+ * What the answer thinks, when the request turned thinking on: it names the budget or effort asked for, so a test
+ * reads from the client's reasoning_content what the translation sent. A display of `omitted` gets the block with
+ * its text left out, as Claude 4.7 sends it.
+ */
+function thinkingText(body: Body): string | undefined {
+  const thinking = body['thinking'] as { type?: unknown; budget_tokens?: unknown; display?: unknown } | undefined;
+  if (thinking?.type === 'enabled') return `Thinking it over (budget_tokens ${String(thinking.budget_tokens)}).`;
+  if (thinking?.type !== 'adaptive') return undefined;
+  if (thinking.display === 'omitted') return '';
+  const effort = (body['output_config'] as { effort?: unknown } | undefined)?.effort ?? 'high';
+  return `Thinking it over (adaptive, effort ${String(effort)}).`;
+}
+
+// Anthropic signs each thinking block so that it can check one sent back; the mock's is a fixed placeholder.
+const SIGNATURE = 'EqMBCkYIBxgCKkBtZXRob2Qtbm90LWEtcmVhbC1zaWduYXR1cmU=';
 
 function isToolResult(content: unknown): boolean {
   return Array.isArray(content) && content.some((b) => (b as { type?: unknown } | null)?.type === 'tool_result');
@@ -57,11 +76,11 @@ function parse(body: Body): Parsed {
     answer = { kind: 'text', text };
   }
   const chars = promptChars(messages) + contentText(body['system']).length;
-  return { model, answer, inputTokens: Math.max(1, Math.ceil(chars / 4)) };
+  return { model, answer, inputTokens: Math.max(1, Math.ceil(chars / 4)), thinking: thinkingText(body) };
 }
 
-function outputTokens(answer: MessagesAnswer): number {
-  return countTokens(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS.repeat(answer.names.length));
+function outputTokens(answer: MessagesAnswer, thinking: string | undefined): number {
+  return countTokens(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS.repeat(answer.names.length)) + (thinking ? countTokens(thinking) : 0);
 }
 
 function usage(inputTokens: number, output: number) {
@@ -80,11 +99,12 @@ export function tokenCount(body: Body): unknown {
 
 /** Non-stream message. */
 export function message(body: Body, ctx: AnswerContext): unknown {
-  const { model, answer, inputTokens } = parse(body);
-  const content =
+  const { model, answer, inputTokens, thinking } = parse(body);
+  const content: unknown[] =
     answer.kind === 'text'
       ? [{ type: 'text', text: answer.text }]
       : answer.names.map((name) => ({ type: 'tool_use', id: ctx.id('toolu_'), name, input: { x: 1 } }));
+  if (thinking !== undefined) content.unshift({ type: 'thinking', thinking, signature: SIGNATURE });
   return {
     id: ctx.id('msg_'),
     type: 'message',
@@ -93,13 +113,17 @@ export function message(body: Body, ctx: AnswerContext): unknown {
     content,
     stop_reason: answer.kind === 'text' ? 'end_turn' : 'tool_use',
     stop_sequence: null,
-    usage: usage(inputTokens, outputTokens(answer)),
+    usage: usage(inputTokens, outputTokens(answer, thinking)),
   };
 }
 
-/** message_start, content_block_start, ping, content_block_delta..., content_block_stop, message_delta, message_stop. */
+/**
+ * message_start, content_block_start, ping, content_block_delta..., content_block_stop, message_delta, message_stop.
+ * With thinking, a thinking block (its text, then its signature) comes first, whole in the head, and the answer's
+ * blocks number on from 1.
+ */
 export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
-  const { model, answer, inputTokens } = parse(body);
+  const { model, answer, inputTokens, thinking } = parse(body);
   const ev = (type: string, fields: Record<string, unknown>) => namedEvent(type, { type, ...fields });
   const start = {
     id: ctx.id('msg_'),
@@ -111,30 +135,39 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
     stop_sequence: null,
     usage: usage(inputTokens, 1),
   };
-  // One content block per tool call (indexes 0, 1, ...), each opened, streamed and closed in turn.
+  const first = thinking === undefined ? 0 : 1; // the index of the answer's first block
+  // One content block per tool call (indexes first, first + 1, ...), each opened, streamed and closed in turn.
   const block = (k: number) =>
     answer.kind === 'text' ? { type: 'text', text: '' } : { type: 'tool_use', id: ctx.id('toolu_'), name: answer.names[k], input: {} };
+  const thought =
+    thinking === undefined
+      ? ''
+      : ev('content_block_start', { index: 0, content_block: { type: 'thinking', thinking: '', signature: '' } }) +
+        (thinking === '' ? '' : ev('content_block_delta', { index: 0, delta: { type: 'thinking_delta', thinking } })) +
+        ev('content_block_delta', { index: 0, delta: { type: 'signature_delta', signature: SIGNATURE } }) +
+        ev('content_block_stop', { index: 0 });
   const head =
     ev('message_start', { message: start }) +
-    ev('content_block_start', { index: 0, content_block: block(0) }) +
+    thought +
+    ev('content_block_start', { index: first, content_block: block(0) }) +
     ev('ping', {});
   const blocks = answer.kind === 'text' ? 1 : answer.names.length;
   const pieces = splitText(answer.kind === 'text' ? answer.text : TOOL_ARGUMENTS, ctx.chunks);
   const chunks = Array.from({ length: blocks }, (_, k) =>
     pieces.map(
       (piece, j) =>
-        (k > 0 && j === 0 ? ev('content_block_stop', { index: k - 1 }) + ev('content_block_start', { index: k, content_block: block(k) }) : '') +
+        (k > 0 && j === 0 ? ev('content_block_stop', { index: first + k - 1 }) + ev('content_block_start', { index: first + k, content_block: block(k) }) : '') +
         ev('content_block_delta', {
-          index: k,
+          index: first + k,
           delta: answer.kind === 'text' ? { type: 'text_delta', text: piece } : { type: 'input_json_delta', partial_json: piece },
         }),
     ),
   ).flat();
   const tail =
-    ev('content_block_stop', { index: blocks - 1 }) +
+    ev('content_block_stop', { index: first + blocks - 1 }) +
     ev('message_delta', {
       delta: { stop_reason: answer.kind === 'text' ? 'end_turn' : 'tool_use', stop_sequence: null },
-      usage: { output_tokens: outputTokens(answer) },
+      usage: { output_tokens: outputTokens(answer, thinking) },
     });
   return { head, chunks, tail, done: ev('message_stop', {}), malformed: 'event: content_block_delta\ndata: {not json\n\n' };
 }

@@ -32,6 +32,7 @@ export function checkMessagesRequest(body: Body): void {
   checkSystem(body['system']);
   const turns = mergedTurns(body['messages']);
   checkToolPairs(turns, tools);
+  checkThinking(body, turns);
 }
 
 function checkScalars(body: Body): void {
@@ -130,7 +131,7 @@ function checkBlock(block: Block, at: string, role: Turn['role'], last: boolean,
       return;
     }
     default:
-      return; // documents, thinking and the rest: not produced by a chat.completions translation
+      return; // documents, thinking and the rest: not produced by a chat.completions translation (thinking: checkThinking)
   }
 }
 
@@ -178,4 +179,57 @@ function checkToolPairs(turns: Turn[], tools: Set<string>): void {
     }
   }
   if (toolBlocks && tools.size === 0) refuse('Requests which include `tool_use` or `tool_result` blocks must define tools.');
+}
+
+const FEATURES = 'Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking#feature-compatibility';
+
+/**
+ * Extended thinking's own rules (the extended-thinking and adaptive-thinking guides, and the API's 400s): a budget of
+ * at least 1024 and under max_tokens, no sampling changes, no forced tool use, and a last assistant turn (a prefill,
+ * or the one whose tool calls the conversation ends answering) that opens with a thinking block. And which models
+ * take which form: none before Claude 3.7, `enabled` up to 4.6, `adaptive` from 4.6. The model messages are ours
+ * (the API's wording for them is not in public reports); the others are the API's.
+ */
+function checkThinking(body: Body, turns: Turn[]): void {
+  const thinking = body['thinking'] as Block | undefined;
+  if (thinking === undefined || thinking === null) return;
+  const type = thinking['type'];
+  if (type === 'disabled') return;
+  if (type !== 'enabled' && type !== 'adaptive') refuse("thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'");
+  const display = thinking['display'];
+  if (display !== undefined && display !== 'summarized' && display !== 'omitted') refuse(`thinking.${type}.display: Input should be 'summarized' or 'omitted'`);
+  const version = claudeVersion(String(body['model']));
+  if (version !== undefined && version < 3.7) refuse(`${String(body['model'])} does not support thinking.`);
+  if (type === 'enabled') {
+    if (version !== undefined && version >= 4.7) refuse('thinking.type.enabled is not supported for this model. Use thinking.type.adaptive and output_config.effort instead.');
+    const budget = thinking['budget_tokens'];
+    if (typeof budget !== 'number' || !Number.isInteger(budget)) refuse('thinking.enabled.budget_tokens: Field required');
+    if ((budget as number) < 1024) refuse('thinking.enabled.budget_tokens: Input should be greater than or equal to 1024');
+    const max = body['max_tokens'];
+    if (typeof max === 'number' && max <= (budget as number)) {
+      refuse('`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size');
+    }
+  } else if (version !== undefined && version < 4.6) refuse('adaptive thinking is not supported on this model. Use thinking.type.enabled with budget_tokens.');
+  const effort = (body['output_config'] as Block | undefined)?.['effort'];
+  if (effort !== undefined && !['low', 'medium', 'high', 'max'].includes(String(effort))) refuse("output_config.effort: Input should be 'low', 'medium', 'high' or 'max'");
+  if (body['temperature'] !== undefined && body['temperature'] !== 1) refuse(`\`temperature\` may only be set to 1 when thinking is enabled or in interleaved thinking mode. ${FEATURES}`);
+  if (typeof body['top_p'] === 'number' && body['top_p'] < 0.95) refuse(`\`top_p\` must be greater than or equal to 0.95 or unset when thinking is enabled. ${FEATURES}`);
+  if (body['top_k'] !== undefined) refuse(`\`top_k\` must be unset when thinking is enabled. ${FEATURES}`);
+  const choice = (body['tool_choice'] as Block | undefined)?.['type'];
+  if (choice === 'any' || choice === 'tool') refuse('Thinking may not be enabled when tool_choice forces tool use.');
+  const last = turns.at(-1);
+  const endsInResults = last?.role === 'user' && last.blocks.some((b) => b['type'] === 'tool_result');
+  const final = last?.role === 'assistant' ? last : endsInResults ? turns.at(-2) : undefined;
+  const first = final?.blocks[0]?.['type'];
+  if (final !== undefined && first !== 'thinking' && first !== 'redacted_thinking') {
+    refuse(
+      `messages.${final.at}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`${String(first)}\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block (preceeding the lastmost set of \`tool_use\` and \`tool_result\` blocks). We recommend you include thinking blocks from previous turns. To avoid this requirement, disable \`thinking\`. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking`,
+    );
+  }
+}
+
+/** A Claude model's version as a number (3.7, 4.6, 4) when its id reads as one, else undefined (any model goes). */
+function claudeVersion(model: string): number | undefined {
+  const m = /claude-([1-3])(?:[-.](\d))?(?=-|$)/.exec(model) ?? /claude-(?:opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?!\d)/.exec(model);
+  return m ? Number(m[1]) + Number(m[2] ?? 0) / 10 : undefined;
 }

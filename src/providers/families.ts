@@ -115,7 +115,7 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
   if (input.api === 'messages' || input.api === 'other') return nativeAnthropic(provider, basePath, input, body);
   if (input.api !== 'chat') return { ok: false, reason: `anthropic targets serve chat completions and Anthropic's own API only, not ${input.clientPath}` };
   if (!input.model) return { ok: false, reason: 'anthropic needs a model and the request has none', param: 'model' };
-  const translated = toAnthropicRequest(input.json as unknown as OpenAIChatRequest, { model: input.model, defaultMaxTokens: provider.defaultMaxTokens, sampling: provider.sampling });
+  const translated = toAnthropicRequest(input.json as unknown as OpenAIChatRequest, { model: input.model, defaultMaxTokens: provider.defaultMaxTokens, sampling: provider.sampling, thinking: provider.thinking });
   if (!translated.ok) {
     return { ok: false, reason: `anthropic cannot express this request: ${translated.reason}`, ...(translated.param !== undefined && { param: translated.param }) };
   }

@@ -4,8 +4,10 @@
 //   response: toOpenAIResponse    Messages answer -> chat.completion
 //             toOpenAIError       Anthropic error (status + body) -> OpenAI error body, status kept
 //             toAnthropicShape    the gateway's OpenAI error body -> one the Anthropic SDKs read too (native routes)
+//   thinking: thinkingFields      reasoning_effort -> thinking, where the target takes it (part of toAnthropicRequest)
 //   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
 export { toAnthropicRequest, type AnthropicRequestOptions } from './request.ts';
 export { isAnthropicErrorType, toAnthropicShape, toOpenAIError, toOpenAIResponse } from './response.ts';
 export { AnthropicStreamError, AnthropicStreamTranslator } from './stream.ts';
+export { MIN_BUDGET_TOKENS, thinkingFields, thinkingForm, type ThinkingBudgets } from './thinking.ts';
 export type * from './types.ts';

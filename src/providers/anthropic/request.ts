@@ -12,8 +12,9 @@
 //            no tools but tool calls in the history -> those tools defined by name, tool_choice none;
 //            tool names Anthropic's pattern refuses (`fs.read_file`) -> respelled, and back in the answer (tool-names.ts)
 //   sampling temperature / top_p: see SamplingMode
-//   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort,
-//            verbosity, stream_options.include_obfuscation, message `name`, image `detail`
+//   thinking reasoning_effort low / medium / high / xhigh -> thinking, where the target takes it (thinking.ts)
+//   ignored  metadata, store, seed, service_tier, prediction, prompt_cache_key / _retention, reasoning_effort
+//            none / minimal, verbosity, stream_options.include_obfuscation, message `name`, image `detail`
 //   malformed  what OpenAI itself would answer 400 to (messages not a list, content: 5, a non-object tool schema,
 //            an unknown tool_choice, tool_choice "required" without tools, max_tokens "x", n "2", logprobs "true",
 //            modalities "audio") is refused too, with the field as `param`: when no target can take the request, the
@@ -21,6 +22,7 @@
 import { createHash } from 'node:crypto';
 import { toAnthropicSchema } from './json-schema.ts';
 import { Inexpressible, toAnthropicConversation } from './messages.ts';
+import { thinkingFields, type ThinkingBudgets } from './thinking.ts';
 import { requestToolNames, ToolNames } from './tool-names.ts';
 import type { AnthropicMessagesRequest, AnthropicTool, AnthropicToolChoice, OpenAIChatRequest } from './types.ts';
 
@@ -41,6 +43,8 @@ export interface AnthropicRequestOptions {
   defaultMaxTokens: number;
   /** temperature / top_p handling. Default: 'drop'. */
   sampling?: SamplingMode;
+  /** Thinking budgets for reasoning_effort, or false to ignore it. Default: false. */
+  thinking?: ThinkingBudgets | false;
 }
 
 type AnthropicRequestResult =
@@ -79,6 +83,10 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
     }
     const userId = body.safety_identifier ?? body.user;
     if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: opaqueUserId(userId) };
+    if (opts.thinking) {
+      const clientMaxTokens = body.max_completion_tokens != null || body.max_tokens != null;
+      Object.assign(out, thinkingFields({ effort: body.reasoning_effort, request: out, clientMaxTokens, budgets: opts.thinking }));
+    }
     const stream = body.stream === true;
     if (stream) out.stream = true;
     const toolNames = names.respelled;

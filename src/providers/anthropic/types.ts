@@ -220,7 +220,9 @@ export interface AnthropicMessagesRequest {
   tools?: AnthropicTool[];
   tool_choice?: AnthropicToolChoice;
   metadata?: { user_id: string };
-  output_config?: { format: { type: 'json_schema'; schema: Record<string, unknown> } };
+  output_config?: { format?: { type: 'json_schema'; schema: Record<string, unknown> }; effort?: 'low' | 'medium' | 'high' };
+  /** Extended thinking: a budget (Claude 3.7 to 4.6) or adaptive (Claude 4.7 and later); see thinking.ts. */
+  thinking?: { type: 'enabled'; budget_tokens: number } | { type: 'adaptive'; display: 'summarized' };
 }
 
 // ---- Anthropic Messages: what the target answers ----
