@@ -126,7 +126,7 @@ describe('LiveStream: idle timer', () => {
   it('gives up on a client that reads nothing for ten idle periods, freeing the upstream and the slot', async () => {
     const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), chunk(0, 'c', 'stop'), DONE], { choices: 1, usage: false }, 50);
     let slotFreed = false;
-    live.whenDone(() => (slotFreed = true));
+    live.whenUpstreamDone(() => (slotFreed = true));
     const started = Date.now();
     live.open(); // the first chunk is taken, then nothing more is read
     const end = await ended;
@@ -150,6 +150,51 @@ describe('LiveStream: idle timer', () => {
     const text = await readAll(live);
     expect(text.endsWith(DONE)).toBe(true);
     expect((await ended).kind).toBe('recovered');
+  });
+
+  it('lets go of a broken upstream before its continuation starts: the response cut off, the slot given back once, the break known', async () => {
+    // "Hel", then silence: the stall the idle timer cuts while the upstream's response is still open.
+    const controller = new AbortController();
+    const { live, ended } = handedOverStream({ first: chunk(0, 'Hel'), iterator: upstream(controller, [60_000]), controller, idleMs: 100, apiKey: KEY });
+    let released = 0;
+    live.whenUpstreamDone(() => released++);
+    const atContinuation: Array<{ released: number; aborted: boolean; broke: string | undefined }> = [];
+    live.recoverWith(async () => {
+      atContinuation.push({ released, aborted: controller.signal.aborted, broke: live.upstreamBroke?.reason });
+      return {
+        text: (async function* () {
+          await sleep(50);
+          yield chunk(0, 'lo', 'stop') + DONE;
+        })(),
+        ended: (): StreamEnd => ({ kind: 'complete', events: 2, droppedMalformed: 0 }),
+      };
+    });
+    const text = await readAll(live);
+    expect(text.endsWith(DONE)).toBe(true);
+    expect(atContinuation).toEqual([{ released: 1, aborted: true, broke: 'stream_stalled' }]);
+    expect((await ended).kind).toBe('recovered');
+    expect(released).toBe(1);
+    // One registered once the upstream is let go of runs at once, as on any ended stream.
+    live.whenUpstreamDone(() => released++);
+    expect(released).toBe(2);
+  });
+
+  it('lets go of a cut upstream still open (a cut-short answer) before its continuation, and only once when that is refused', async () => {
+    const controller = new AbortController();
+    const abortChunk = `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'abort', stop_reason: null }] })}\n\n`;
+    const { live, ended } = handedOverStream({ first: chunk(0, 'Hel'), iterator: upstream(controller, [abortChunk, 60_000]), controller, apiKey: KEY });
+    let released = 0;
+    live.whenUpstreamDone(() => released++);
+    let seen: { released: number; aborted: boolean } | undefined;
+    live.recoverWith(async () => {
+      seen = { released, aborted: controller.signal.aborted };
+      return undefined;
+    });
+    const text = await readAll(live);
+    expect(text).toContain('stream_interrupted');
+    expect(seen).toEqual({ released: 1, aborted: true });
+    expect((await ended).kind).toBe('cut');
+    expect(released).toBe(1);
   });
 
   it('ends as its continuation did when a recovery breaks too: the client got that error event, not an answer', async () => {

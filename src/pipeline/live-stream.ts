@@ -149,7 +149,9 @@ export class LiveStream {
 
   readonly #opts: LiveStreamOptions;
   #ended: StreamEnd | undefined;
+  /** Run once the upstream response is let go of (whenUpstreamDone). */
   readonly #finishers: Array<() => void> = [];
+  #upstreamLetGo = false;
   #outputSeen = false;
   // Where the answer stands; read by #take as events pass, and by #finish when it ends.
   #events = 0;
@@ -400,6 +402,12 @@ export class LiveStream {
     if (delivered.notPlainText || (delivered.text === '' && !delivered.reasoning)) return false;
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
+    clearTimeout(this.#opts.firstTokenTimer);
+    // And another upstream request: the broken one is over, whatever the continuation makes of the answer. Its pool
+    // slot goes back now, and its response (cut short but perhaps still open, or stalled) is closed: held until the
+    // continuation ended, each recovering stream kept a slot of the provider that broke it, and a dead socket, for
+    // the whole continuation; a brownout that cut many streams took half the pool just when it was short.
+    this.#letGoUpstream(this.#kind)();
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
       rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut');
@@ -418,10 +426,27 @@ export class LiveStream {
     return true;
   }
 
-  /** Runs `fn` once the stream is over, however it ends (the pool slot is given back then). */
-  whenDone(fn: () => void): void {
-    if (this.#ended) fn();
+  /**
+   * Runs `fn` once, when the upstream response is over and let go of: when the stream ends, however it ends; or, for a
+   * broken stream that a streamRecovery continuation takes over, before that continuation starts. The pool slot is
+   * given back then, and the target's guards hear how the stream broke (upstreamBroke, accountRefused).
+   */
+  whenUpstreamDone(fn: () => void): void {
+    if (this.#upstreamLetGo) fn();
     else this.#finishers.push(fn);
+  }
+
+  /**
+   * How the provider broke the stream after it began, once it has (StreamEnd.upstreamBroke): for a recovered stream,
+   * known at its break, before its end.
+   */
+  get upstreamBroke(): FailureFacts | undefined {
+    return this.#upstreamBroke;
+  }
+
+  /** It ended with an upstream error event that names the gateway's own account (StreamEnd.accountRefused). */
+  get accountRefused(): boolean {
+    return this.#accountRefused;
   }
 
   /** Ends the stream now with an error event the SDKs raise (the instance is shutting down), not with a reset. */
@@ -444,20 +469,31 @@ export class LiveStream {
     const usage = (kind !== 'recovered' ? this.#opts.translate?.usage() : undefined) ?? this.#usage;
     const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
     this.#ended = end;
+    const giveBack = this.#letGoUpstream(kind);
+    this.onEnd?.(end);
+    giveBack();
+  }
+
+  /**
+   * Done with the upstream response, once (a recovered stream is done with it before its continuation, its end then
+   * lets go of nothing more): cut off if still open, and its listeners released. Returns what gives back what it held
+   * (whenUpstreamDone's callbacks), for the caller to run when it has said how the stream ended.
+   */
+  #letGoUpstream(kind: StreamEndKind): () => void {
+    if (this.#upstreamLetGo) return () => {};
+    this.#upstreamLetGo = true;
     const { controller, iterator } = this.#opts;
     // The upstream's response is still open: a finished answer's last bytes are read, anything else is cut off.
     const open = !controller.signal.aborted && !this.#upstreamEnded;
     const draining = open && kind === 'complete';
     if (open && !draining) controller.abort(STREAM_OVER);
     this.#opts.detach();
-    this.onEnd?.(end);
     // The pool slot stands for the connection: while the last bytes are read it is still taken.
     const finishers = this.#finishers.splice(0);
     const done = () => {
       for (const fn of finishers) fn();
     };
-    if (draining) drainResponse(iterator, () => controller.abort(STREAM_OVER), done);
-    else done();
+    return draining ? () => drainResponse(iterator, () => controller.abort(STREAM_OVER), done) : done;
   }
 
   get ended(): StreamEnd | undefined {

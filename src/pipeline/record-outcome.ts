@@ -43,9 +43,11 @@ export async function recordOutcome(guards: Guards, plan: TargetPlan, result: At
  * for a probe, whose verdict was its first output.
  */
 export function judgeStreamEnd(guards: Guards, plan: TargetPlan, stream: LiveStream, judgedIn: { generation: number; atMs: number } | undefined): void {
-  stream.whenDone(() => {
-    if (stream.ended?.accountRefused) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
-    const broke = stream.ended?.upstreamBroke;
+  // Heard when the upstream is let go of, as the slot goes back: for a stream a recovery continues, at the break, not
+  // at the end of a continuation on another target, with the slot long taken by the provider's next requests.
+  stream.whenUpstreamDone(() => {
+    if (stream.accountRefused) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
+    const broke = stream.upstreamBroke;
     if (broke && judgedIn) guards.board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
   });
 }

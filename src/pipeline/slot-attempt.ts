@@ -1,6 +1,7 @@
 // One attempt inside the provider's pool: take a slot (by class, then arrival; a retry also under the retry cap),
-// attempt, and give the slot back (a stream: when it ends). How it went reaches the target's adaptive limit through
-// recordOutcome (record-outcome.ts), which the caller runs before it releases the slot.
+// attempt, and give the slot back (a stream: when it ends, or at its break when a streamRecovery continuation takes
+// over). How it went reaches the target's adaptive limit through recordOutcome (record-outcome.ts), which the caller
+// runs before it releases the slot.
 import { classify, type Classification } from '../policy/outcome.ts';
 import { quotaLowUntil } from '../policy/quota-headers.ts';
 import { runAttempt, type AttemptResult } from './attempt.ts';
@@ -14,7 +15,7 @@ export type SlotAttempt =
   /** The target went away while the request waited for its slot (a hold-off began, the breaker opened). */
   | { kind: 'gone'; reason: 'hold-off' | 'breaker'; availableAtMs: number }
   /**
-   * `release` gives a whole answer's slot back (a stream's goes when the stream ends): the caller calls it once the
+   * `release` gives a whole answer's slot back (a stream's goes when its upstream is done): the caller calls it once the
    * outcome has done its work (a hold-off begun, the breaker told), so no request waiting for the slot goes out
    * between the provider's "stop" and the gateway's heeding it.
    */
@@ -80,7 +81,7 @@ export async function attemptInSlot(
     if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.limitKey, lowUntil);
   }
   if (result.stream) {
-    result.stream.whenDone(() => acquired.slot.release());
+    result.stream.whenUpstreamDone(() => acquired.slot.release());
     return { kind: 'done', result, cls, durationMs, release: () => {} };
   }
   return { kind: 'done', result, cls, durationMs, release: () => acquired.slot.release() };

@@ -343,14 +343,15 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     } finally {
       attempt.release();
     }
-    // A stream holds its pool slot to its end (slot-attempt.ts), and a released request holds its place in the lot as
-    // long: given back at the first token, the lot released a parked crowd of streams as fast as first tokens came,
-    // far faster than slots freed up, and the pool's bounded queue shed the overflow as the provider came back.
+    // A stream holds its pool slot to its end (slot-attempt.ts; a recovered one, to its break), and a released request
+    // holds its place in the lot as long: given back at the first token, the lot released a parked crowd of streams as
+    // fast as first tokens came, far faster than slots freed up, and the pool's bounded queue shed the overflow as the
+    // provider came back.
     const releasedStream = cls.cls === 'success' ? result.stream : undefined;
     if (releasedStream && ticket) {
       const held = ticket;
       held.streaming();
-      releasedStream.whenDone(() => held.done());
+      releasedStream.whenUpstreamDone(() => held.done());
     } else ticket?.done();
     ticket = undefined;
 
