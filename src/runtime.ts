@@ -10,7 +10,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { HoldOffs, isCredentialHoldKey, isLongHintKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { flexTierKey, HoldOffs, isCredentialHoldKey, isFlexTierKey, isLongHintKey, targetOfCredentialHold } from './state/hold-offs.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -70,7 +70,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   // One line per hold that starts (not per answer that extends it): the operator's record of what turned a target away.
   const holdOffs = new HoldOffs(store, now, random, (h) => {
     const until = new Date(h.untilMs).toISOString();
-    if (h.kind === 'hold-off') logger.warn({ target: h.target, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
+    if (h.kind === 'hold-off') logger.warn({ target: h.target, tier: h.tier, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
     // A refused key is the configuration's fault and stays until someone fixes it: error level, as a Redis misconfiguration.
     else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until }, 'credentials refused: target held');
   });
@@ -115,6 +115,11 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     }, Math.max(0, untilMs - now()));
     recoveries.set(target, timer.unref());
   };
+  // The lot keeps a flex tier's requests in a queue of their own (TargetPlan.holdOffKey), held by the target's state too.
+  const notify = (target: string): void => {
+    lot.notify(target);
+    lot.notify(flexTierKey(target));
+  };
   const unsubscribe = store.onChange((change) => {
     if (change.kind === 'breaker') {
       metrics.breakerState.set({ target: change.target }, BREAKER_STATE_VALUE[change.record.state]);
@@ -125,14 +130,19 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       // A credential hold has no capacity to regain; requests parked on the target for another reason go at once and
       // skip it (target-state.ts), to the next target or to their 502.
       if (isCredentialHoldKey(change.target)) {
-        lot.notify(targetOfCredentialHold(change.target));
+        notify(targetOfCredentialHold(change.target));
         return;
       }
       // What a long hint asked for only changes what held-off requests are told; the hold-off's own key moves the rest.
       if (isLongHintKey(change.target)) return;
+      // A flex tier's hold-off cut no limit (a 498 does not): nothing to recover, only its own queue to move.
+      if (isFlexTierKey(change.target)) {
+        lot.notify(change.target);
+        return;
+      }
       recoverWhenOver(change.target, change.untilMs);
     }
-    lot.notify(change.target);
+    notify(change.target);
   });
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
@@ -183,6 +193,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       lot.forget(key);
+      lot.forget(flexTierKey(key));
       void forgetTargetSeries(metrics, key);
     },
   };

@@ -32,8 +32,8 @@ describe('the outcome table', () => {
     ['501 (not in retryOn)', http(501), 'server-error', false],
     ['408 (the provider timed out; not in retryOn)', http(408), 'server-error', false],
     ['529', http(529, 'overloaded_error'), 'overloaded', true],
-    // Groq's flex tier at capacity: failed over, retried only where retryOn lists 498.
-    ['498 capacity_exceeded', http(498, 'capacity_exceeded'), 'overloaded', false],
+    // Groq's flex tier at capacity: failed over, retried only where retryOn lists 498; its own class (the tier's, not the target's).
+    ['498 capacity_exceeded', http(498, 'capacity_exceeded'), 'flex-capacity', false],
     ['connect error', { kind: 'network', code: 'ECONNREFUSED' }, 'network', true],
     ['certificate the gateway refuses', { kind: 'network', code: 'DEPTH_ZERO_SELF_SIGNED_CERT' }, 'tls', false],
     // The provider's alerts that say the two ends cannot agree: every attempt gets the same one.

@@ -9,8 +9,8 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
-import { healthy, json, scripted, type Answer, type Seen } from './helpers/scripted-provider.ts';
-import { countingClient, useStacks, type Stack } from './helpers/stack.ts';
+import { completion, healthy, json, scripted, type Answer, type Seen } from './helpers/scripted-provider.ts';
+import { countingClient, metricSum, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
@@ -32,8 +32,18 @@ interface Gw {
   seen: Record<string, Seen[]>;
 }
 
-/** A gateway whose chat route goes to `targets`, each provider (at `/v1`, or its own path) played by its Answer. */
-async function gw(ups: Record<string, Answer | { answer: Answer; path: string }>, targets: RouteInput['targets'], extra: Partial<ConfigInput> = {}): Promise<Gw> {
+type ProviderInput = ConfigInput['providers'][string];
+
+/**
+ * A gateway whose chat route goes to `targets`, each provider (at `/v1`, or its own path) played by its Answer; `route`
+ * and `provider` change the route's and every provider's settings.
+ */
+async function gw(
+  ups: Record<string, Answer | { answer: Answer; path: string }>,
+  targets: RouteInput['targets'],
+  extra: Partial<ConfigInput> = {},
+  tweak: { route?: Partial<RouteInput>; provider?: Partial<ProviderInput> } = {},
+): Promise<Gw> {
   const providers: ConfigInput['providers'] = {};
   const seen: Record<string, Seen[]> = {};
   for (const [name, up] of Object.entries(ups)) {
@@ -46,13 +56,14 @@ async function gw(ups: Record<string, Answer | { answer: Answer; path: string }>
       apiKey: `${name}-key-0123456789`,
       breaker: false,
       timeouts: { connectMs: 1_000, firstTokenMs: 5_000, idleMs: 5_000 },
+      ...tweak.provider,
     };
   }
   const s = await startStack({
     config: () => ({
       server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
       providers,
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets, ...FAST }],
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets, ...FAST, ...tweak.route }],
       ...extra,
     }),
   });
@@ -60,6 +71,9 @@ async function gw(ups: Record<string, Answer | { answer: Answer; path: string }>
 }
 
 const chat = (g: Gw, model: string) => g.client.chat.completions.create({ model, messages }).withResponse();
+/** The same request on a service tier (`flex`: Groq's batch tier; `on_demand`, Groq's default, is not in the SDK's types). */
+const onTier = (g: Gw, model: string, tier: string) =>
+  g.client.chat.completions.create({ model, messages, service_tier: tier as 'flex' }).withResponse();
 
 // ---------------------------------------------------------------------------------------------------------------
 /** Groq's 498 on the flex service tier: the tier is at capacity and the request was not processed. */
@@ -68,14 +82,14 @@ const GROQ_498 = {
 };
 
 describe("Groq's 498 capacity_exceeded with retry-after", () => {
-  it('holds Groq off for the hint, as a 503 would: the next request goes straight to the backup (held_off)', async () => {
+  it('holds Groq off for the hint, as a 503 would: the next flex request goes straight to the backup (held_off)', async () => {
     const g = await gw({ groq: () => json(498, GROQ_498, { 'retry-after': '5' }), together: healthy('from together') }, [
       { provider: 'groq', model: 'llama-3.3-70b-versatile' },
       { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' },
     ]);
-    const first = await chat(g, 'llama-70b');
+    const first = await onTier(g, 'llama-70b', 'flex');
     expect(first.data.choices[0]!.message.content).toBe('from together');
-    const second = await chat(g, 'llama-70b');
+    const second = await onTier(g, 'llama-70b', 'flex');
     expect(second.data.choices[0]!.message.content).toBe('from together');
     expect(second.response.headers.get('x-stormgate-fallback')).toBe('held_off');
     // The overloaded target was asked once, not once per request during the window it named.
@@ -86,13 +100,13 @@ describe("Groq's 498 capacity_exceeded with retry-after", () => {
   it('answers a lone Groq held off by its 498 with 429 provider_held_off and the remaining retry-after, without asking it again', async () => {
     const g = await gw({ groq: () => json(498, GROQ_498, { 'retry-after': '5' }) }, [{ provider: 'groq', model: 'llama-3.3-70b-versatile' }]);
     const { client, counter } = countingClient(g.s, { maxRetries: 0 });
-    const first = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages }));
+    const first = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages, service_tier: 'flex' }));
     expect(first.status).toBe(498);
     expect((first.error as { code?: string }).code).toBe('capacity_exceeded');
     // Told the wait to the hold-off's end, and not invited back by the SDK: the gateway answers that wait itself.
     expect(Number(first.headers?.get('retry-after'))).toBeGreaterThanOrEqual(5);
     expect(first.headers?.get('x-should-retry')).toBe('false');
-    const second = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages }));
+    const second = await sdkError(client.chat.completions.create({ model: 'llama-70b', messages, service_tier: 'flex' }));
     expect(second.status).toBe(429);
     expect((second.error as { code?: string }).code).toBe('provider_held_off');
     const retryAfter = Number(second.headers?.get('retry-after'));
@@ -108,10 +122,91 @@ describe("Groq's 498 capacity_exceeded with retry-after", () => {
       { provider: 'groq', model: 'llama-3.3-70b-versatile' },
       { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' },
     ]);
-    expect((await sdkError(chat(g, 'llama-70b'))).status).toBe(498);
-    expect((await sdkError(chat(g, 'llama-70b'))).status).toBe(498);
+    expect((await sdkError(onTier(g, 'llama-70b', 'flex'))).status).toBe(498);
+    expect((await sdkError(onTier(g, 'llama-70b', 'flex'))).status).toBe(498);
     expect(g.seen.groq).toHaveLength(2);
     expect(g.seen.together).toHaveLength(0);
+  });
+});
+
+
+/** Groq as it serves two tiers: its flex tier full (498 with retry-after), its on-demand tier answering. */
+const groqFlexFull =
+  (retryAfter = '5'): Answer =>
+  (body) =>
+    body.service_tier === 'flex' ? json(498, GROQ_498, { 'retry-after': retryAfter }) : completion('from groq', 'llama-3.3-70b-versatile');
+
+describe("Groq's 498 holds off its flex tier only", () => {
+  const targets = [
+    { provider: 'groq', model: 'llama-3.3-70b-versatile' },
+    { provider: 'together', model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo' },
+  ];
+
+  it('sends default-tier requests (no service_tier, auto, on_demand) to Groq while its flex tier is held off; a second flex request goes to the backup', async () => {
+    const g = await gw({ groq: groqFlexFull(), together: healthy('from together') }, targets);
+    const batch = await onTier(g, 'llama-70b', 'flex');
+    expect(batch.data.choices[0]!.message.content).toBe('from together');
+    // Online traffic on the same target: Groq's on-demand tier has room, and nothing the flex tier said holds it.
+    const online = await chat(g, 'llama-70b');
+    expect(online.data.choices[0]!.message.content).toBe('from groq');
+    expect(online.response.headers.get('x-stormgate-fallback')).toBeNull();
+    for (const tier of ['auto', 'on_demand']) {
+      const res = await onTier(g, 'llama-70b', tier);
+      expect(res.data.choices[0]!.message.content, tier).toBe('from groq');
+    }
+    const batch2 = await onTier(g, 'llama-70b', 'flex');
+    expect(batch2.data.choices[0]!.message.content).toBe('from together');
+    expect(batch2.response.headers.get('x-stormgate-fallback')).toBe('held_off');
+    // Groq: the first flex request, then the three default-tier ones; the second flex request never went.
+    expect(g.seen.groq!.map((s) => s.body.service_tier ?? 'none')).toEqual(['flex', 'none', 'auto', 'on_demand']);
+  });
+
+  it('answers a flex request 429 provider_held_off when Groq is the only target, and a default-tier request from Groq', async () => {
+    const g = await gw({ groq: groqFlexFull() }, [targets[0]!]);
+    expect((await sdkError(onTier(g, 'llama-70b', 'flex'))).status).toBe(498);
+    const online = await chat(g, 'llama-70b');
+    expect(online.data.choices[0]!.message.content).toBe('from groq');
+    const held = await sdkError(onTier(g, 'llama-70b', 'flex'));
+    expect(held.status).toBe(429);
+    expect((held.error as { code?: string }).code).toBe('provider_held_off');
+    expect(held.message).toContain('flex');
+    expect(g.seen.groq).toHaveLength(2);
+  });
+
+  it('opens no breaker for the default tier however often the flex tier is full, and cuts none of its limit', async () => {
+    // Without retry-after (no hold-off): every flex request asks Groq and is refused.
+    const g = await gw({ groq: (body) => (body.service_tier === 'flex' ? json(498, GROQ_498) : completion('from groq', 'llama-3.3-70b-versatile')), together: healthy('from together') }, targets, {}, {
+      provider: { breaker: { consecutiveFailures: 2, minRequests: 2, failureRate: 0.5, openS: 30 } },
+    });
+    for (let i = 0; i < 4; i++) expect((await onTier(g, 'llama-70b', 'flex')).data.choices[0]!.message.content).toBe('from together');
+    const online = await chat(g, 'llama-70b');
+    expect(online.data.choices[0]!.message.content).toBe('from groq');
+    expect(online.response.headers.get('x-stormgate-fallback')).toBeNull();
+    expect(g.seen.groq).toHaveLength(5);
+  });
+
+  it('parks a flex request for the flex tier without holding up default-tier requests, and releases it when the hold-off ends', async () => {
+    let flexAsked = 0;
+    const g = await gw(
+      { groq: (body) => (body.service_tier === 'flex' && ++flexAsked === 1 ? json(498, GROQ_498, { 'retry-after': '1' }) : completion(`from groq ${String(body.service_tier ?? 'default')}`, 'llama-3.3-70b-versatile')) },
+      [targets[0]!],
+      {},
+      { route: { park: { maxQueue: 10 } } },
+    );
+    expect((await sdkError(onTier(g, 'llama-70b', 'flex'))).status).toBe(498);
+    const startedAt = Date.now();
+    const parked = onTier(g, 'llama-70b', 'flex');
+    // While the flex request waits in the lot, online requests do not queue behind it.
+    const online = await chat(g, 'llama-70b');
+    expect(online.data.choices[0]!.message.content).toBe('from groq default');
+    expect(Date.now() - startedAt).toBeLessThan(900);
+    const released = await parked;
+    expect(released.data.choices[0]!.message.content).toBe('from groq flex');
+    expect(Date.now() - startedAt).toBeGreaterThanOrEqual(500);
+    expect(g.seen.groq!.map((s) => s.body.service_tier ?? 'none')).toEqual(['flex', 'none', 'flex']);
+    // Only the flex request went through the lot: the online one never queued behind it (in one queue, it parked
+    // behind the flex request and was let go past it).
+    expect(await metricSum(g.s, 'stormgate_park_outcomes_total{route="chat",outcome="released"}')).toBe(1);
   });
 });
 
@@ -160,6 +255,42 @@ describe("Gemini's 400 FAILED_PRECONDITION 'User location is not supported'", ()
     expect(err.headers?.get('x-should-retry')).toBe('false');
     expect(err.headers?.get('retry-after')).toBeNull();
     expect(g.seen.gemini).toHaveLength(1);
+  });
+
+  it('names the location, not the key or the billing, to the requests that find Gemini under the hold it started', async () => {
+    const g = await gw({ gemini: gemini(() => json(400, GEMINI_LOCATION_LIST)) }, [{ provider: 'gemini', model: 'gemini-2.5-flash' }]);
+    expect((await sdkError(chat(g, 'flash'))).status).toBe(502);
+    const held = await sdkError(chat(g, 'flash'));
+    expect(held.status).toBe(502);
+    expect((held.error as { code?: string }).code).toBe('upstream_auth_error');
+    expect(held.message).toMatch(/is not used for another \d+ s/);
+    expect(held.message).toContain('unsupported_country_region_territory');
+    expect(held.message).toContain('location');
+    expect(held.message).not.toContain('credentials or billing');
+    expect(held.message).not.toContain('User location');
+    expect(g.seen.gemini).toHaveLength(1);
+  });
+
+  it("names the location in the note on a held Gemini that a failed backup's answer carries", async () => {
+    const g = await gw({ gemini: gemini(() => json(400, GEMINI_LOCATION_LIST)), openai: () => json(500, { error: { message: 'boom', type: 'server_error', code: null } }) }, [
+      { provider: 'gemini', model: 'gemini-2.5-flash' },
+      { provider: 'openai', model: 'gpt-4o-mini' },
+    ]);
+    expect((await sdkError(chat(g, 'flash'))).status).toBe(500);
+    const held = await sdkError(chat(g, 'flash'));
+    expect(held.message).toContain('gemini/gemini-2.5-flash (held for');
+    expect(held.message).toContain('the provider refused the location the gateway calls from');
+    expect(g.seen.gemini).toHaveLength(1);
+  });
+
+  it('still says credentials or billing to the requests held after a refused key', async () => {
+    const g = await gw({ gemini: gemini(() => json(401, { error: { message: 'Incorrect API key provided.', type: 'invalid_request_error', code: 'invalid_api_key' } })) }, [
+      { provider: 'gemini', model: 'gemini-2.5-flash' },
+    ]);
+    expect((await sdkError(chat(g, 'flash'))).status).toBe(502);
+    const held = await sdkError(chat(g, 'flash'));
+    expect(held.message).toContain("rejected the gateway's credentials or billing");
+    expect(held.message).not.toContain('location');
   });
 
   it('still passes on a FAILED_PRECONDITION about the request itself (a file not yet ACTIVE) as the 400 it is', async () => {

@@ -120,7 +120,7 @@ const PoolsSchema = z
     classes: z.record(z.string().regex(/^[a-z][a-z0-9_-]*$/), PoolClassSchema).default(DEFAULT_POOL_CLASSES)
       .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000).'),
     decrease: z.number().gt(0).lt(1).default(0.9)
-      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
+      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded, except Groq\'s 498: its flex tier at capacity, not the target), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
     minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit; one above maxConcurrent is maxConcurrent. Default: 1.'),
   })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');

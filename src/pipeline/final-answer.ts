@@ -1,7 +1,7 @@
 // What the client gets when no target produced an answer: the upstream's own error when the client's request was
 // at fault (or the upstream's last status after retries), else the gateway's error naming what happened.
 import { GatewayError, normaliseUpstreamErrorBody, retryHeaders, type OpenAIErrorBody } from '../errors.ts';
-import { OUTCOME_TABLE, PROXY_REFUSAL, proxyUnreachable, refusedByProxy, type Classification } from '../policy/outcome.ts';
+import { OUTCOME_TABLE, PROXY_REFUSAL, proxyUnreachable, REGION_REFUSED_CODE, refusedByProxy, type Classification } from '../policy/outcome.ts';
 import { proxyHost } from '../providers/egress-proxy.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { withoutKey } from '../providers/key-echo.ts';
@@ -100,7 +100,7 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
       }
       // Otherwise only credential problems get here: the provider's body may echo part of the key, so it is never passed
       // on; nor its retry-after, since no wait mends a key or a bill.
-      return new GatewayError('upstream_auth_error', `provider target ${f.target} rejected the gateway's credentials or billing (${f.cls.reason}); this is a gateway configuration problem, not the request's`);
+      return new GatewayError('upstream_auth_error', `provider target ${f.target} ${refused(f.cls.reason)}; this is a gateway ${setupOf(f.cls.reason)} problem, not the request's`);
     case 'network':
       if (f.cls.cls === 'local-resource') {
         return new GatewayError(
@@ -209,11 +209,26 @@ export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: s
  * The provider refused the gateway's credentials moments ago and the hold (authHoldS) is still on: answered at once,
  * without retry-after or an invitation to retry, since only a fix of the gateway's configuration helps.
  */
-export function authHeldAnswer(u: { target: string; remainingMs: number }): ErrorAnswer {
+export function authHeldAnswer(u: { target: string; remainingMs: number; reason: string | undefined }): ErrorAnswer {
   const seconds = Math.ceil(u.remainingMs / 1000);
   return errorAnswer(
-    new GatewayError('upstream_auth_error', `provider target ${u.target} rejected the gateway's credentials or billing and is not used for another ${seconds} s; this is a gateway configuration problem, not the request's`),
+    new GatewayError('upstream_auth_error', `provider target ${u.target} ${refused(u.reason)} and is not used for another ${seconds} s; this is a gateway ${setupOf(u.reason)} problem, not the request's`),
   );
+}
+
+/**
+ * What the provider refused of the gateway's own, with the reason's code when it is known (one of the outcome table's
+ * fixed codes, never the provider's words): a location it does not serve is where the gateway calls from, and told
+ * "credentials or billing" the operator went looking at a key that was fine.
+ */
+function refused(reason: string | undefined): string {
+  if (reason === REGION_REFUSED_CODE) return `does not serve the location the gateway calls from (${reason})`;
+  return `rejected the gateway's credentials or billing${reason === undefined ? '' : ` (${reason})`}`;
+}
+
+/** What the operator fixes: where the gateway is deployed (its egress), or its configuration (a key, a bill). */
+function setupOf(reason: string | undefined): string {
+  return reason === REGION_REFUSED_CODE ? 'deployment' : 'configuration';
 }
 
 /**

@@ -304,11 +304,14 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       const retryAfterMs = Math.max(0, served.availableAtMs - nowMs);
       if (served.reason === 'breaker') return unavailableAnswer({ reason: 'breaker', target: served.plan.key, retryAfterMs });
       // A hold-off capped at a minute: the client is told the end the provider asked for, as the first request was.
-      const askedUntil = Math.max(served.availableAtMs, holdOffs.askedUntil(served.plan.key) ?? 0);
+      const { key, holdOffKey } = served.plan;
+      const askedUntil = Math.max(served.availableAtMs, holdOffs.askedUntil(holdOffKey) ?? 0);
       // The hold-off in force now: a request parked to its deadline saw the end of one that a newer 429 has renewed
       // since, and told against that stale end it read "for another 1 s (the gateway asks it again in 0 s)".
-      const heldUntil = Math.max(served.availableAtMs, holdOffs.until(served.plan.key) ?? 0);
-      return unavailableAnswer({ reason: 'hold-off', target: served.plan.key, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: Math.max(0, heldUntil - nowMs) });
+      const heldUntil = Math.max(served.availableAtMs, holdOffs.until(holdOffKey) ?? 0);
+      // Held off by the flex tier alone: the client learns that its default-tier requests still go.
+      const target = holdOffKey !== key && holdOffs.until(key) === undefined ? `${key} (its flex service tier)` : key;
+      return unavailableAnswer({ reason: 'hold-off', target, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: Math.max(0, heldUntil - nowMs) });
     }
     case 'park-full':
       summary.outcome = 'unavailable';
@@ -340,7 +343,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       return errorAnswer(drainingError());
     case 'auth-held':
       summary.outcome = 'unavailable';
-      return authHeldAnswer({ target: served.plan.label, remainingMs: Math.max(0, served.untilMs - nowMs) });
+      return authHeldAnswer({ target: served.plan.label, remainingMs: Math.max(0, served.untilMs - nowMs), reason: holdOffs.credentialsHeldFor(served.plan.key) });
     case 'no-target':
       // A disabled target might have taken the request: the gateway's configuration is short, not the request.
       if (disabled) {

@@ -7,6 +7,7 @@ import { forwardedRequestHeaders } from '../providers/headers.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
 import { prepareUpstream, type Prepared } from '../providers/families.ts';
 import { RetryBudget } from '../state/retry-budget.ts';
+import { flexTierKey } from '../state/hold-offs.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
 import type { TargetPlan } from './target-attempts.ts';
 
@@ -40,6 +41,8 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
   const version = req.headers['anthropic-version'];
   const anthropicVersion = Array.isArray(version) ? version[0] : version;
+  // Batch jobs on Groq's flex tier: held off apart from the default tier's requests on the same target.
+  const flexTier = req.json.service_tier === 'flex';
 
   const plan = (target: TargetConfig): TargetPlan | undefined => {
     const client = deps.providers.get(target.provider)!;
@@ -67,6 +70,7 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
     return {
       key,
       sharesHoldOffs: route.api !== 'other',
+      holdOffKey: flexTier ? flexTierKey(key) : key,
       limitKey: route.api === 'other' ? `${key} ${route.name}` : key,
       label,
       model,

@@ -4,7 +4,7 @@
 // hears of.
 import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import type { Probe } from '../state/breaker-board.ts';
-import { startsHoldOff } from '../state/hold-offs.ts';
+import { flexTierKey, startsHoldOff } from '../state/hold-offs.ts';
 import type { AttemptResult } from './attempt.ts';
 import type { LiveStream } from './live-stream.ts';
 import type { Guards, TargetPlan } from './target-attempts.ts';
@@ -33,7 +33,11 @@ export async function recordOutcome(guards: Guards, plan: TargetPlan, result: At
   // The gateway's own credentials or billing: no request goes to this target for authHoldS.
   if (cls.cls === 'credentials') guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
   if (outcome.kind !== 'http' || !row.holdOff || !plan.sharesHoldOffs || !startsHoldOff(outcome.status, outcome.hint)) return undefined;
-  return guards.holdOffs.start(plan.key, outcome.hint, { reason: cls.reason, status: outcome.status });
+  const key = row.holdOff === 'flex-tier' ? flexTierKey(plan.key) : plan.key;
+  const untilMs = guards.holdOffs.start(key, outcome.hint, { reason: cls.reason, status: outcome.status });
+  // A flex tier's hold-off does not hold a request on another tier (one Groq answered 498 all the same): it is not
+  // the request's own to wait out, and its answer's hint goes to it as a hint alone.
+  return key === plan.key || key === plan.holdOffKey ? untilMs : undefined;
 }
 
 /**

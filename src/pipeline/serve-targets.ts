@@ -160,7 +160,7 @@ export async function serveTargets(
       }
       // Parked requests go first, in deadline order: a newcomer queues behind them, for what holds them (its real end,
       // so the one wait rule and the answer, should it not wait, say the truth).
-      if (!released && park && deps.lot.waiting(plan.key, plan.cls) > 0) {
+      if (!released && park && deps.lot.waiting(plan.holdOffKey, plan.cls) > 0) {
         const holding = whatHolds(plan, ctx.parkable, deps);
         blocked.push({ plan, ...holding });
         left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : holding.reason === 'pacing' ? 'shed' : 'breaker_open' };
@@ -202,7 +202,8 @@ export async function serveTargets(
       if (r.kind === 'auth-held') {
         // Never parked for and never retried: a refused key comes back only when someone fixes the configuration.
         authHeld ??= { kind: 'auth-held', plan, untilMs: r.untilMs };
-        ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused the gateway's credentials or billing` });
+        const refused = deps.guards.holdOffs.credentialsHeldFor(plan.key) === undefined ? "the gateway's credentials or billing" : 'the location the gateway calls from';
+        ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused ${refused}` });
         left = { plan, reason: 'credentials' };
         markDown(i);
         continue;
@@ -275,7 +276,7 @@ export async function serveTargets(
       noteBlocked(blocked);
       return worst(unavailable);
     }
-    const parked = await deps.lot.park(first.plan.key, {
+    const parked = await deps.lot.park(first.plan.holdOffKey, {
       route: ctx.route.name,
       deadlineAtMs: ctx.deadlineAtMs,
       signal: ctx.signal,

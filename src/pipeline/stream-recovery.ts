@@ -34,7 +34,7 @@ export function streamRecovery(
     // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
     const { board, holdOffs, budget } = deps.guards;
     if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
-    if (holdOffs.until(next.key) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
+    if (holdOffs.until(next.holdOffKey) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
     const provider = next.client.config;
     // No text of the answer went out (the client had its reasoning alone, perhaps a paragraph break): nothing to
     // prefill or to match, so the next target is asked the request as the client sent it, as a failover would ask it,

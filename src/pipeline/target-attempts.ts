@@ -51,6 +51,12 @@ export interface TargetPlan {
    */
   sharesHoldOffs: boolean;
   /**
+   * The key of the hold-offs that hold this request off, and of its queue in the parking lot: the target's, or for a
+   * request that asks for the flex service tier (`service_tier: "flex"`) that tier's (HoldOffs.flexTierKey), which a
+   * 498 capacity_exceeded holds off alone and the target's own hold-offs hold too.
+   */
+  holdOffKey: string;
+  /**
    * The key of the adaptive limit (and quota hold) the request's slot is taken under in its provider's pool: the
    * target's, or for such a route the target's and the route's, for the same reason: a burst of count_tokens 429s cut
    * the limit every agent's /v1/messages lives under to its floor.
@@ -193,7 +199,7 @@ export function heldBack(guards: Guards, plan: TargetPlan, parkable: boolean, no
 
 /** When the target's hold-off ends, if one is in force and applies to the plan's requests (sharesHoldOffs). */
 export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | undefined {
-  return plan.sharesHoldOffs ? holdOffs.until(plan.key) : undefined;
+  return plan.sharesHoldOffs ? holdOffs.until(plan.holdOffKey) : undefined;
 }
 
 /** The target's state now, for a request that was admitted before it waited for a pool slot. */
@@ -229,7 +235,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
   // hold-off and credential hold of a target until it has read them: judged clear meanwhile, its first requests (a
   // burst, if a load balancer held them for it) went upstream into an open breaker or a hold-off. Once per target, one
   // batched Redis read that brings all three, bounded by commandTimeoutMs.
-  const reading = holdOffs.firstRead(plan.key);
+  const reading = holdOffs.firstRead(plan.holdOffKey);
   if (reading) await reading;
   for (;;) {
     // Checked before the hold-off: a refused key does not come back by itself, so this is never waited for.

@@ -3,7 +3,7 @@
 // script any state, and out of state/, whose stores know nothing of the lot: this composes them for it.
 import { availability, type BreakerSettings } from '../policy/breaker.ts';
 import type { BreakerBoard } from '../state/breaker-board.ts';
-import type { HoldOffs } from '../state/hold-offs.ts';
+import { targetOfHoldOffKey, type HoldOffs } from '../state/hold-offs.ts';
 import type { TargetState } from './parking-lot.ts';
 
 interface TargetStateDeps {
@@ -16,12 +16,17 @@ interface TargetStateDeps {
   now: () => number;
 }
 
-/** The parking lot's `stateOf`: the parking lot asks where a target stands; breakers and hold-offs answer. */
-export function targetStateOf({ holdOffs, board, breakerSettings, limitOf, now }: TargetStateDeps): (target: string) => TargetState {
-  return (target) => {
+/**
+ * The parking lot's `stateOf`: the parking lot asks where a target stands; breakers and hold-offs answer. Its queues
+ * are kept by hold-off key (TargetPlan.holdOffKey): a flex tier's queue stands where its target does, but for the
+ * tier's own hold-off.
+ */
+export function targetStateOf({ holdOffs, board, breakerSettings, limitOf, now }: TargetStateDeps): (key: string) => TargetState {
+  return (key) => {
+    const target = targetOfHoldOffKey(key);
     // Nothing waits for a credential hold: requests parked for another reason go, and skip the target at once.
     if (holdOffs.credentialsHeldUntil(target) !== undefined) return { mode: 'available', slots: Number.MAX_SAFE_INTEGER };
-    const held = holdOffs.until(target);
+    const held = holdOffs.until(key);
     if (held !== undefined) return { mode: 'blocked', availableAtMs: held };
     const available: TargetState = { mode: 'available', slots: Math.max(1, Math.floor(limitOf(target))) };
     const s = breakerSettings(target);

@@ -33,6 +33,7 @@ type OutcomeClass =
   | 'over-rate-limit'
   | 'server-error'
   | 'overloaded'
+  | 'flex-capacity'
   | 'network'
   | 'local-resource'
   | 'tls'
@@ -49,8 +50,11 @@ interface OutcomeRow {
   passThrough: boolean;
   /** What the outcome tells the target's circuit breaker; `slow-call` means failure only past slowCallMs. */
   breaker: 'success' | 'failure' | 'ignore' | 'slow-call';
-  /** May a fleet-wide wait hint (retry-after, retry-after-ms) on this outcome hold the target off for every instance? */
-  holdOff: boolean;
+  /**
+   * May a fleet-wide wait hint (retry-after, retry-after-ms) on this outcome hold the target off for every instance?
+   * `flex-tier`: only its flex service tier, which only requests that ask for that tier read (HoldOffs.flexTierKey).
+   */
+  holdOff: boolean | 'flex-tier';
   /** What it does to the target's adaptive concurrency limit: other 5xx are the breaker's business, not the limit's. */
   limit: 'success' | 'rate-limited' | 'none';
   /**
@@ -89,6 +93,10 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   'over-rate-limit': { retryable: false, passThrough: true, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: true, fallback: 'error', nextFirst: false },
   'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  // The provider's flex tier at capacity (Groq's 498): the batch traffic that opted into it, not the target. Its hint
+  // holds off that tier alone, and neither the breaker nor the adaptive limit hears of it: counted, a full flex tier
+  // opened the breaker (or cut the limit) of the online requests on the default tier beside it.
+  'flex-capacity': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: 'flex-tier', limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // The gateway's own process is out of descriptors (its open-files limit, a crowd of streams): nothing reached the
   // provider, whose health is not in question. Counted as a failure, it opened the breaker (fleet-wide, with Redis) and
@@ -310,7 +318,9 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   if (status === 408 || status === 424) return { cls: 'server-error', retryKey: status, reason };
   if (status === 529) return { cls: 'overloaded', retryKey: 529, reason };
   // The provider at capacity, whatever status it chose: Groq's flex tier answers 498 `capacity_exceeded` ("try again
-  // later"). Read as a client's 4xx, it ended the request though the next target could answer it.
+  // later"). Read as a client's 4xx, it ended the request though the next target could answer it. Groq answers a 498
+  // only to a request on its flex tier: that tier's capacity, not the target's.
+  if (status === 498 && errorCode !== null && CAPACITY_CODES.has(errorCode)) return { cls: 'flex-capacity', retryKey: 498, reason };
   if (errorCode !== null && CAPACITY_CODES.has(errorCode)) return { cls: 'overloaded', retryKey: NEVER_RETRY.has(status) ? null : status, reason };
   if (status >= 500) return { cls: 'server-error', retryKey: status, reason };
   if (status >= 400) return { cls: 'client-error', retryKey: NEVER_RETRY.has(status) ? null : status, reason };

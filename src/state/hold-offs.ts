@@ -1,6 +1,9 @@
 // Fleet-wide hold-offs: when a provider says "come back in N seconds" (retry-after, retry-after-ms on a 429, 503, 529
 // or Groq's 498 capacity_exceeded), no instance sends that target new attempts until then. x-ratelimit-reset-* hints never start one: a token
 // bucket refills continuously, and one large prompt must not stop a fleet for minutes.
+// A 498 holds off the target's flex service tier only, under a key of its own (flexTierKey): the requests that ask for
+// that tier read it as well as the target's, the others never do, so a full flex tier (batch jobs) holds no online
+// request on the default tier off the target.
 // Credential holds (the provider refused the gateway's own key or billing) are a second kind, kept under their own
 // state key: a hold-off ends by itself and is worth waiting for (park, retry-after), a refused key is not (someone has
 // to fix the configuration), so requests skip a credential-held target at once instead of waiting for it.
@@ -9,9 +12,9 @@ import type { Random } from '../policy/random.ts';
 import type { StateStore } from './store.ts';
 
 /**
- * 498: Groq's flex tier at capacity (`capacity_exceeded`), the provider overloaded as a 503 or 529 says it; without a
- * hold-off, every request in the window it named went to it again. Only the outcome table's rows with `holdOff` get
- * here (pipeline/record-outcome.ts), so a 498 that means anything else (a client-error) starts none.
+ * 498: Groq's flex tier at capacity (`capacity_exceeded`); without a hold-off, every flex request in the window it
+ * named went to it again. Only the outcome table's rows with `holdOff` get here (pipeline/record-outcome.ts), so a 498
+ * that means anything else (a client-error) starts none, and capacity_exceeded's row holds off the flex tier alone.
  */
 const HOLD_OFF_STATUSES = new Set([429, 498, 503, 529]);
 /** Spread added to a hold-off's end so a fleet told the same time does not come back at the same millisecond. */
@@ -27,14 +30,43 @@ const CREDENTIALS_SUFFIX = '#credentials';
 const ASKED_SUFFIX = '#asked';
 const LONG_SUFFIX = '#long';
 
+/** Suffix of the key of a target's flex service tier: its hold-offs hold only the requests that ask for that tier. */
+const FLEX_SUFFIX = '#flex';
+/**
+ * A side key, kept beside a credential hold for as long as it (same end): the hold is for a location the provider does
+ * not serve (unsupported_country_region_territory), not for the key or the billing. Fleet-wide, so every instance
+ * names the right reason to the requests it turns away.
+ */
+const LOCATION_SUFFIX = '#location';
+/** The credential hold's reason a LOCATION_SUFFIX key stands for (policy/outcome.ts REGION_REFUSED_CODE). */
+const LOCATION_REASON = 'unsupported_country_region_territory';
+
+/** The hold-off key of a target's flex service tier (`<target>#flex`), and the parking lot's queue of its requests. */
+export function flexTierKey(target: string): string {
+  return target + FLEX_SUFFIX;
+}
+
+/** Is this a flex tier's hold-off key (not a target's own)? */
+export function isFlexTierKey(key: string): boolean {
+  return key.endsWith(FLEX_SUFFIX);
+}
+
+/** The target a hold-off key is about: the key itself, or the target of a flex tier's key. */
+export function targetOfHoldOffKey(key: string): string {
+  return isFlexTierKey(key) ? key.slice(0, -FLEX_SUFFIX.length) : key;
+}
+
 /** Is this state key a credential hold (not a target's own key)? For listeners of the store's changes. */
 export function isCredentialHoldKey(key: string): boolean {
   return key.endsWith(CREDENTIALS_SUFFIX);
 }
 
-/** Is this state key one a long hint leaves beside its hold-off (not a target's own key)? For listeners of changes. */
+/**
+ * Is this state key one a long hint leaves beside its hold-off, or one that names a credential hold's reason (not a
+ * target's own key)? For listeners of changes.
+ */
 export function isLongHintKey(key: string): boolean {
-  return key.endsWith(ASKED_SUFFIX) || key.endsWith(LONG_SUFFIX);
+  return key.endsWith(ASKED_SUFFIX) || key.endsWith(LONG_SUFFIX) || key.endsWith(LOCATION_SUFFIX);
 }
 
 /** The target a credential hold's state key is about. */
@@ -63,10 +95,17 @@ export function startsHoldOff(status: number, hint: WaitHint | undefined): hint 
 export interface HoldStart {
   kind: 'hold-off' | 'credentials';
   target: string;
+  /** A hold-off of the target's flex service tier only. */
+  tier?: 'flex';
   untilMs: number;
   reason: string;
   status?: number;
   hintMs?: number;
+}
+
+/** The later of two ends, either of which may be absent. */
+function later(a: number | undefined, b: number | undefined): number | undefined {
+  return a === undefined ? b : b === undefined ? a : Math.max(a, b);
 }
 
 export class HoldOffs {
@@ -77,9 +116,16 @@ export class HoldOffs {
     private readonly onStart?: (start: HoldStart) => void,
   ) {}
 
-  /** When the target's hold-off ends, if it is still in force. */
-  until(target: string): number | undefined {
-    const until = this.store.getHoldOff(target);
+  /**
+   * When the hold-off of a key ends, if one is in force: a target's own, or for a flex tier's key (flexTierKey) the
+   * later of the tier's and its target's, both of which hold that tier's requests.
+   */
+  until(key: string): number | undefined {
+    return isFlexTierKey(key) ? later(this.#until(key), this.#until(targetOfHoldOffKey(key))) : this.#until(key);
+  }
+
+  #until(key: string): number | undefined {
+    const until = this.store.getHoldOff(key);
     return until !== undefined && until > this.now() ? until : undefined;
   }
 
@@ -87,8 +133,19 @@ export class HoldOffs {
   holdCredentials(target: string, ms: number, cause: { reason: string; status?: number } = { reason: 'credentials' }): void {
     const fresh = this.credentialsHeldUntil(target) === undefined;
     const untilMs = Math.ceil(this.now() + ms);
+    // The side key first, as a long hint's: a request that sees the hold must not miss why it is held.
+    if (cause.reason === LOCATION_REASON) void this.store.setHoldOff(target + LOCATION_SUFFIX, untilMs);
     void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, untilMs);
     if (fresh) this.onStart?.({ kind: 'credentials', target, untilMs, ...cause });
+  }
+
+  /**
+   * Why the target's credential hold is in force, where that is told apart: a location the provider does not serve
+   * (LOCATION_REASON) while the hold's end is the one that refusal set; undefined otherwise (credentials or billing).
+   */
+  credentialsHeldFor(target: string): typeof LOCATION_REASON | undefined {
+    const until = this.credentialsHeldUntil(target);
+    return until !== undefined && this.store.getHoldOff(target + LOCATION_SUFFIX) === until ? LOCATION_REASON : undefined;
   }
 
   /**
@@ -97,10 +154,14 @@ export class HoldOffs {
    * same). Undefined when no hold-off is in force. Of two long hints, the longer ask counts until a short one replaces
    * them: both say "more than a minute".
    */
-  askedUntil(target: string): number | undefined {
-    const until = this.until(target);
-    if (until === undefined || this.store.getHoldOff(target + LONG_SUFFIX) !== until) return until;
-    return Math.max(until, this.store.getHoldOff(target + ASKED_SUFFIX) ?? 0);
+  askedUntil(key: string): number | undefined {
+    return isFlexTierKey(key) ? later(this.#askedUntil(key), this.#askedUntil(targetOfHoldOffKey(key))) : this.#askedUntil(key);
+  }
+
+  #askedUntil(key: string): number | undefined {
+    const until = this.#until(key);
+    if (until === undefined || this.store.getHoldOff(key + LONG_SUFFIX) !== until) return until;
+    return Math.max(until, this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0);
   }
 
   /** When the target's credential hold ends, if it is still in force. */
@@ -115,14 +176,25 @@ export class HoldOffs {
    * key its credential hold. A store keeps only what it was asked about, so an instance that never sent to the target
    * has not heard of what another one started; its first request must not go into it.
    */
-  firstRead(target: string): Promise<void> | undefined {
+  firstRead(key: string): Promise<void> | undefined {
     // Asked on every request: no promise or array once all are in. The store reads them in one batch.
-    const holdOff = this.store.firstRead?.(target);
+    const target = targetOfHoldOffKey(key);
+    const holdOff = this.#firstRead(target);
     const credentials = this.store.firstRead?.(target + CREDENTIALS_SUFFIX);
-    const asked = this.store.firstRead?.(target + ASKED_SUFFIX);
-    const long = this.store.firstRead?.(target + LONG_SUFFIX);
-    if (holdOff === undefined && credentials === undefined && asked === undefined && long === undefined) return undefined;
-    return Promise.all([holdOff, credentials, asked, long]).then(() => undefined);
+    const location = this.store.firstRead?.(target + LOCATION_SUFFIX);
+    // A flex tier's request reads the tier's hold-off too.
+    const tier = key === target ? undefined : this.#firstRead(key);
+    if (holdOff === undefined && credentials === undefined && location === undefined && tier === undefined) return undefined;
+    return Promise.all([holdOff, credentials, location, tier]).then(() => undefined);
+  }
+
+  /** The first read of a hold-off key and its long hint's side keys; undefined once all are in. */
+  #firstRead(key: string): Promise<void> | undefined {
+    const holdOff = this.store.firstRead?.(key);
+    const asked = this.store.firstRead?.(key + ASKED_SUFFIX);
+    const long = this.store.firstRead?.(key + LONG_SUFFIX);
+    if (holdOff === undefined && asked === undefined && long === undefined) return undefined;
+    return Promise.all([holdOff, asked, long]).then(() => undefined);
   }
 
   /**
@@ -131,35 +203,39 @@ export class HoldOffs {
    * asked about, so each made-up model name would otherwise stay behind in it for good.
    */
   forget(target: string): void {
-    this.store.forget(target);
     this.store.forget(target + CREDENTIALS_SUFFIX);
-    this.store.forget(target + ASKED_SUFFIX);
-    this.store.forget(target + LONG_SUFFIX);
+    this.store.forget(target + LOCATION_SUFFIX);
+    for (const key of [target, flexTierKey(target)]) {
+      this.store.forget(key);
+      this.store.forget(key + ASKED_SUFFIX);
+      this.store.forget(key + LONG_SUFFIX);
+    }
   }
 
   /**
-   * Starts (or extends) the target's hold-off; returns when it ends. A hint within MAX_HOLD_OFF_MS ends within it,
+   * Starts (or extends) the hold-off of a key (a target's, or its flex tier's: flexTierKey); returns when it ends. A hint within MAX_HOLD_OFF_MS ends within it,
    * spread included: a held-off request is invited back (x-should-retry) only for a wait of at most 60 s, and a spread
    * that pushed a 60 s hint to 61 s took that from it. A longer hint is capped at MAX_HOLD_OFF_MS plus the spread, and
    * its own end is kept (askedUntil), so every request held off meanwhile is told what the first one was.
    */
-  start(target: string, hint: WaitHint, cause: { reason: string; status?: number } = { reason: 'wait_hint' }): number {
+  start(key: string, hint: WaitHint, cause: { reason: string; status?: number } = { reason: 'wait_hint' }): number {
     const now = this.now();
     // Only a hold-off that starts is news to the operator: each answer of a 429 storm extends the one in force.
-    const fresh = this.until(target) === undefined;
+    const fresh = this.#until(key) === undefined;
     const spread = this.random() * Math.min(MAX_SPREAD_MS, Math.min(hint.delayMs, MAX_HOLD_OFF_MS) * 0.1);
     let untilMs: number;
     if (hint.delayMs <= MAX_HOLD_OFF_MS) {
       untilMs = Math.ceil(now + Math.min(hint.delayMs + spread, MAX_HOLD_OFF_MS));
-      void this.store.setHoldOff(target, untilMs);
+      void this.store.setHoldOff(key, untilMs);
     } else {
       untilMs = Math.ceil(now + MAX_HOLD_OFF_MS + spread);
       // Side keys first: a request that sees the hold-off must not miss what it was asked for.
-      void this.store.setHoldOff(target + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
-      void this.store.setHoldOff(target + LONG_SUFFIX, untilMs);
-      void this.store.setHoldOff(target, untilMs);
+      void this.store.setHoldOff(key + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
+      void this.store.setHoldOff(key + LONG_SUFFIX, untilMs);
+      void this.store.setHoldOff(key, untilMs);
     }
-    if (fresh) this.onStart?.({ kind: 'hold-off', target, untilMs, hintMs: hint.delayMs, ...cause });
+    const target = targetOfHoldOffKey(key);
+    if (fresh) this.onStart?.({ kind: 'hold-off', target, ...(key !== target && { tier: 'flex' as const }), untilMs, hintMs: hint.delayMs, ...cause });
     return untilMs;
   }
 }
