@@ -229,11 +229,14 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   }
 }
 
-/** A target that answered 404 has no such model: its learned key is given back (see routing/target-keys.ts). */
+/**
+ * A target that answered 404 has no such model: its learned key is given back (see routing/target-keys.ts). Not a 404
+ * that names another field of the request (a previous_response_id the provider does not have): the model exists.
+ */
 function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], deps: PipelineDeps): string[] {
   const forgotten: string[] = [];
   for (const a of attempts) {
-    if (a.status !== 404) continue;
+    if (a.status !== 404 || a.param !== undefined) continue;
     const plan = plans.find((p) => p.label === a.target);
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
     // Only a request counted under the model's own key has something to drop (a later one is under `other` already).

@@ -37,6 +37,8 @@ export interface AttemptRecord {
    * `network`, and what the operator fixes (a host, a port, http for https) is in the code the client's message names.
    */
   code?: string;
+  /** A 404's `param` when it names a field other than the model (previous_response_id, input): not an unknown model. */
+  param?: string;
 }
 
 /** Everything about one target of one request that does not change between attempts. */
@@ -333,6 +335,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       durationMs,
       ...(admission.probe && { probe: true }),
       ...(code !== undefined && { code }),
+      ...(result.outcome.kind === 'http' && result.outcome.param !== undefined && { param: result.outcome.param }),
     });
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own. A probe
     // the breaker does not judge (a 429 without a wait hint: the provider is there but refusing) is an answer the

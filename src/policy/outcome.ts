@@ -9,7 +9,11 @@ export type TimeoutPhase = 'connect' | 'headers' | 'first-token' | 'idle' | 'res
 /** What one attempt ended with, as seen by the pipeline. */
 export type AttemptOutcome =
   | { kind: 'ok'; status: number }
-  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined }
+  /**
+   * `param`: for a 404, the request field the error names when it is not `model` (a `previous_response_id`, an `input`
+   * item the provider does not have): the request's own reference is missing, not the model.
+   */
+  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string }
   | { kind: 'network'; code: string }
   | { kind: 'timeout'; phase: TimeoutPhase }
   /**

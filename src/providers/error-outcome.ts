@@ -26,7 +26,18 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
   // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
   const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
-  return { kind: 'http', status, errorCode, hint };
+  const param = status === 404 ? otherParamOf(body) : undefined;
+  return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }) };
+}
+
+/**
+ * The field a 404 names when it is not the model: the Responses API's `previous_response_id` it has not stored (or no
+ * longer), an `input` item not kept under `store: false`. Such a 404 says the model exists; read as "no such model",
+ * it gave a learned model's target key back, and that model's traffic went to `<provider>/other` for good.
+ */
+function otherParamOf(body: Buffer): string | undefined {
+  const param = errorFieldsOf(body)?.param;
+  return typeof param === 'string' && param !== '' && param !== 'model' ? param : undefined;
 }
 
 /**
@@ -104,7 +115,7 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
  * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
  * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown; status?: unknown } | undefined {
+function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown; status?: unknown; param?: unknown } | undefined {
   if (body.length === 0) return undefined;
   try {
     return upstreamErrorFields(JSON.parse(body.toString('utf8')));
