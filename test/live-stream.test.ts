@@ -197,6 +197,29 @@ describe('LiveStream: idle timer', () => {
     expect(released).toBe(1);
   });
 
+  it('asks for no continuation once interrupted: a break read after the shutdown ends with the shutdown\'s error event', async () => {
+    const controller = new AbortController();
+    const abortChunk = `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'abort', stop_reason: null }] })}\n\n`;
+    // "lo" and the cut come in one read: the stream waits at "lo" for its client, which is where the shutdown finds it.
+    const { live, ended } = handedOverStream({ first: chunk(0, 'Hel'), iterator: upstream(controller, [chunk(0, 'lo') + abortChunk, 60_000]), controller, apiKey: KEY });
+    const asked: boolean[] = [];
+    live.recoverWith(async (_delivered, _brokeBy, shutdown) => {
+      asked.push(shutdown.aborted);
+      return undefined;
+    });
+    const body = live.body();
+    await body.next();
+    expect((await body.next()).value).toContain('"lo"');
+    live.interrupt();
+    let rest = '';
+    for await (const part of body) rest += part;
+    // The continuation is told of the shutdown before anything goes upstream (stream-recovery.ts sends nothing then).
+    expect(asked).toEqual([true]);
+    expect(rest).toContain('the gateway instance is shutting down before the answer was complete');
+    expect(rest).toContain('stream_interrupted');
+    expect((await ended).kind).toBe('shutdown');
+  });
+
   it('ends as its continuation did when a recovery breaks too: the client got that error event, not an answer', async () => {
     const { live, ended } = liveStream(chunk(0, 'Hel'), [], { choices: 1, usage: false }, 50);
     live.recoverWith(async () => ({

@@ -22,6 +22,14 @@ describe('metric HELP texts', () => {
     expect(missing(await helpOf('stormgate_stream_ends_total'), STREAM_END_KINDS)).toEqual([]);
   });
 
+  it('stormgate_retry_budget_remaining says it sums every budget of the route: each priority class and target', async () => {
+    // One budget per route, priority class and target (RetryBudget.key); the gauge, labelled by route alone, sums them.
+    const help = await helpOf('stormgate_retry_budget_remaining');
+    expect(help).toMatch(/summed/);
+    expect(help).toMatch(/priority class/);
+    expect(help).toMatch(/target/);
+  });
+
   it('stormgate_upstream_attempts_total names every status class', async () => {
     expect(missing(await helpOf('stormgate_upstream_attempts_total'), STATUS_CLASSES)).toEqual([]);
   });

@@ -91,7 +91,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     budgetRemaining: new Gauge({
       name: 'stormgate_retry_budget_remaining',
-      help: 'Retries the route\'s budget still allows in its current window (summed over its targets).',
+      help: 'Retries the route\'s budgets still allow in their current window, summed over every budget (priority class and target) of the route this instance has served.',
       labelNames: ['route'] as const,
       registers,
       collect: () => metrics.collectBudgets(),

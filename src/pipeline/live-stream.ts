@@ -14,7 +14,7 @@ import { MAX_TIMER_MS, type ProviderConfig } from '../config/schema.ts';
 import { AnswerProgress } from '../streaming/answer-progress.ts';
 import { drainResponse } from '../providers/drain-response.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
-import type { Aborter, RequestSignal } from './request-abort.ts';
+import { RequestAbort, type Aborter, type RequestSignal } from './request-abort.ts';
 import { endedWhole, type StreamEndKind } from './stream-ends.ts';
 import { DeliveredText } from './delivered-text.ts';
 
@@ -23,8 +23,9 @@ import { DeliveredText } from './delivered-text.ts';
  * the text delivered (empty, or only whitespace, when the client had reasoning alone) and why the stream broke (the
  * breaker's reason: `stream_cut`, `stream_stalled`): the SSE text to send after what was delivered, and how that
  * continuation ended once it is read; or undefined when it cannot (the client then gets the original error).
+ * `shutdown` aborts (with GatewayShutdown) when the instance's shutdown ends the stream: the continuation ends with it.
  */
-export type StreamRecovery = (delivered: string, brokeBy: string) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
+export type StreamRecovery = (delivered: string, brokeBy: string, shutdown: RequestSignal) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -167,6 +168,13 @@ export class LiveStream {
   #beforeOutput = false;
   /** The last Responses API event passed on: an error event the gateway writes numbers on from it (read only then). */
   #lastResponsesData: string | null = null;
+  /**
+   * A continuation's shutdown signal, from the moment one is asked for: interrupt() ends it through this, since this
+   * stream's own upstream, let go of at the break, has nothing left to abort.
+   */
+  #continuation: RequestAbort | undefined;
+  /** interrupt() was called: a continuation asked for after it (the break read as the shutdown came) is not sent. */
+  #interrupted = false;
   /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
   #recover: { continueFrom: StreamRecovery; delivered: DeliveredText } | undefined;
   #upstreamEnded = false;
@@ -281,7 +289,7 @@ export class LiveStream {
         yield doneEvent(api) ?? '';
       } else if (reason instanceof GatewayShutdown) {
         this.#kind = 'shutdown';
-        yield this.#streamError(`${reason.message} before the answer was complete; send the request again`);
+        yield this.#shutdownError(reason);
       } else if (reason instanceof AttemptTimeout) {
         this.#kind = 'stalled';
         this.#upstreamBroke = brokenBy(reason, err);
@@ -299,6 +307,11 @@ export class LiveStream {
   /** The error event that ends a broken answer (stream_interrupted), numbered on from the last event passed. */
   #streamError(message: string): string {
     return streamErrorEvent(this.#opts.api, message, 'stream_interrupted', this.#nextSequence());
+  }
+
+  /** The error event that ends a stream the instance's shutdown cut short. */
+  #shutdownError(reason: GatewayShutdown): string {
+    return this.#streamError(`${reason.message} before the answer was complete; send the request again`);
   }
 
   /**
@@ -408,11 +421,20 @@ export class LiveStream {
     // continuation ended, each recovering stream kept a slot of the provider that broke it, and a dead socket, for
     // the whole continuation; a brownout that cut many streams took half the pool just when it was short.
     this.#letGoUpstream(this.#kind)();
+    const shutdown = (this.#continuation = new RequestAbort());
+    if (this.#interrupted) shutdown.abort(new GatewayShutdown());
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
-      rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut');
+      rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut', shutdown.signal);
     } catch {
       rest = undefined;
+    }
+    if (!rest && shutdown.aborted) {
+      // The shutdown gave up the continuation's request before its first output: the client is told so, as any
+      // stream the shutdown ends is, not that the stream was cut (sent again, the request would meet the same cut).
+      this.#kind = 'shutdown';
+      yield this.#shutdownError(shutdown.reason as GatewayShutdown);
+      return true;
     }
     if (!rest) return false;
     yield ': stormgate stream recovered from the next target\n\n';
@@ -449,9 +471,15 @@ export class LiveStream {
     return this.#accountRefused;
   }
 
-  /** Ends the stream now with an error event the SDKs raise (the instance is shutting down), not with a reset. */
+  /**
+   * Ends the stream now with an error event the SDKs raise (the instance is shutting down), not with a reset; a stream
+   * a streamRecovery continuation has taken over, through that continuation (whose upstream request is aborted).
+   */
   interrupt(): void {
-    if (!this.#ended) this.#opts.controller.abort(new GatewayShutdown());
+    if (this.#ended) return;
+    this.#interrupted = true;
+    this.#opts.controller.abort(new GatewayShutdown());
+    this.#continuation?.abort(new GatewayShutdown());
   }
 
   /** The client went away before the stream was read to its end: free the upstream connection and the slot. */

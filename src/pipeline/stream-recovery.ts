@@ -15,7 +15,7 @@ import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { classify } from '../policy/outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
-import type { RequestSignal } from './request-abort.ts';
+import { RequestAbort, type RequestSignal } from './request-abort.ts';
 
 export function streamRecovery(
   req: ManagedRequest,
@@ -29,7 +29,7 @@ export function streamRecovery(
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
   if (shape.choices > 1) return undefined;
   const { now } = deps;
-  return async (delivered, brokeBy) => {
+  return async (delivered, brokeBy, shutdown) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
     // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
     const { board, holdOffs, budget } = deps.guards;
@@ -61,7 +61,15 @@ export function streamRecovery(
       deps.onBudgetExhausted?.(req.route.name, next.key);
       return undefined;
     }
-    if (signal.aborted) return undefined;
+    if (signal.aborted || shutdown.aborted) return undefined;
+    // The instance's shutdown ends the continuation as it ends any stream: until the continuation's first output its
+    // request is given up (the broken stream then tells the client), after it its own stream is interrupted, which
+    // writes the error event. Its request signal hears the shutdown only until then: a stream whose request signal has
+    // fired reads it as its client gone, and ends without a word.
+    const attemptSignal = new RequestAbort();
+    const stop = () => attemptSignal.abort(shutdown.reason);
+    signal.addEventListener('abort', () => attemptSignal.abort(signal.reason), { once: true });
+    shutdown.addEventListener('abort', stop, { once: true });
     const startedAt = now();
     const result = await runAttempt({
       client: next.client,
@@ -73,9 +81,12 @@ export function streamRecovery(
       stream: true,
       shape,
       translator: prepared.request.translator,
-      requestSignal: signal,
+      requestSignal: attemptSignal,
       now,
     });
+    shutdown.removeEventListener('abort', stop);
+    const live = result.stream;
+    if (live) shutdown.addEventListener('abort', () => live.interrupt(), { once: true });
     // A second upstream request: in the request's log line (`attempts`) and stormgate_upstream_attempts_total, as
     // any other, or the amplification the operator watches misses every recovery; and a retry the budget paid for,
     // in stormgate_retry_count_total (with the break as its reason) as the budget's other retries are.
@@ -90,7 +101,6 @@ export function streamRecovery(
     // a 429 it answered one with never reached its adaptive limit, which paced its own requests as if it had room.
     const judgedIn = result.stream && { generation: board.current(next.key).generation, atMs: now() };
     await recordOutcome(deps.guards, next, result, cls, durationMs, undefined);
-    const live = result.stream;
     if (!live) return undefined;
     judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();

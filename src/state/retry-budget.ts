@@ -37,7 +37,7 @@ export class RetryBudget {
     return this.store.takeRetry(key, cfg, this.now());
   }
 
-  /** Retries each route's budgets still allow in their current window, summed over the route's targets. */
+  /** Retries each route's budgets still allow in their current window, summed over its budgets (each priority class and target). */
   async remainingByRoute(): Promise<Map<string, number>> {
     const out = new Map<string, number>();
     // Side by side: each is a Redis round trip, and every budget that served a request is here (a class and target each).
