@@ -480,6 +480,21 @@ describe('previous_response_id: a conversation lives where it was stored', () =>
     const params = s.logs.flatMap((l) => ((JSON.parse(l) as { attempts?: Array<{ param?: string }> }).attempts ?? []).flatMap((a) => (a.param ? [a.param] : [])));
     expect(params).toEqual(['previous_response_id', 'input']);
   });
+
+  it("passes a 404 about an input item on a target that names its own model to the client, as the client's, rather than failing over", async () => {
+    // A target with a model of its own answering 404 is the operator's model missing (a retired model, a deleted
+    // deployment): the next target is tried. A 404 that names `input` (an item not kept under store: false) is the
+    // client's reference: the backup has no such item either, and sending the turn there only hid the reason.
+    const itemGone = json({ error: { message: "Item with id 'rs_1' not found. Items are not persisted when `store` is set to false.", type: 'invalid_request_error', param: 'input', code: null } }, 404);
+    const p = await provider(() => itemGone);
+    const q = await provider(() => completed('from q'));
+    const s = await gateway(p, { route: { targets: [{ provider: 'p', model: 'gpt-4.1' }, { provider: 'q', model: 'gpt-4.1' }] }, q });
+    const { client } = agent(s);
+    const err = await sdkError(client.responses.create({ model: MODEL, store: false, input: [{ type: 'item_reference', id: 'rs_1' }] }));
+    expect(err).toBeInstanceOf(OpenAI.NotFoundError);
+    expect(err.param).toBe('input');
+    expect(q.seen).toHaveLength(0);
+  });
 });
 
 describe('background responses through the gateway', () => {

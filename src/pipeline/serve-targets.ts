@@ -330,7 +330,9 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
 function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
   const { outcome } = r.result;
   if (!plan.ownModel || outcome.kind !== 'http') return false;
-  return outcome.status === 404 || (outcome.status === 400 && outcome.errorCode !== null && MODEL_UNAVAILABLE_CODES.has(outcome.errorCode));
+  // A 404 that names another field (an `input` item not kept under store: false) is the client's reference, which the
+  // next target does not have either.
+  return (outcome.status === 404 && outcome.param === undefined) || (outcome.status === 400 && outcome.errorCode !== null && MODEL_UNAVAILABLE_CODES.has(outcome.errorCode));
 }
 
 /** Codes that say the model named cannot be used here, whatever the status. */
