@@ -230,6 +230,6 @@ function checkThinking(body: Body, turns: Turn[]): void {
 
 /** A Claude model's version as a number (3.7, 4.6, 4) when its id reads as one, else undefined (any model goes). */
 function claudeVersion(model: string): number | undefined {
-  const m = /claude-([1-3])(?:[-.](\d))?(?=-|$)/.exec(model) ?? /claude-(?:opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?!\d)/.exec(model);
+  const m = /claude-([1-3])(?:[-.](\d))?(?=-|$)/.exec(model) ?? /claude-(?:opus|sonnet|haiku)-(\d+)(?:[-.](\d{1,2}))?(?!\d)/.exec(model);
   return m ? Number(m[1]) + Number(m[2] ?? 0) / 10 : undefined;
 }

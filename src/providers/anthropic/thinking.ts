@@ -81,8 +81,9 @@ export function thinkingForm(model: string): 'budget' | 'adaptive' | undefined {
 
 // Ids that name the version first: claude-3-7-sonnet-20250219, claude-3-5-haiku-latest, claude-3-opus-20240229, claude-2.1.
 const VERSION_FIRST = /claude-([1-3])(?:[-.](\d))?(?=-|$)/;
-// Ids that name the family first: claude-sonnet-4-5, claude-opus-4-1-20250805, us.anthropic.claude-opus-4-6-v1, claude-sonnet-4-20250514.
-const FAMILY_FIRST = /claude-(?:opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?!\d)/;
+// Ids that name the family first: claude-sonnet-4-5, claude-opus-4-1-20250805, us.anthropic.claude-opus-4-6-v1, claude-sonnet-4-20250514,
+// and dotted as OpenRouter and LiteLLM spell them (anthropic/claude-opus-4.7): read as 4.0, that got the budget form 4.7 refuses.
+const FAMILY_FIRST = /claude-(?:opus|sonnet|haiku)-(\d+)(?:[-.](\d{1,2}))?(?!\d)/;
 
 function claudeVersion(model: string): [major: number, minor: number] | undefined {
   const m = VERSION_FIRST.exec(model) ?? FAMILY_FIRST.exec(model);
