@@ -13,64 +13,18 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { sdkError } from './helpers/openai-error.ts';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
-import { useFakeProviders } from './helpers/fake-provider.ts';
-import { cc, completion, delta, DONE, failsThen, healthy, json, scripted, streamed, type Answer, type Script, type Seen } from './helpers/scripted-provider.ts';
-import { countingClient, requestLine, useStacks, type Stack } from './helpers/stack.ts';
+import { cc, completion, delta, DONE, failsThen, healthy, json, streamed, type Script } from './helpers/scripted-provider.ts';
+import { countingClient, requestLine } from './helpers/stack.ts';
+import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
 
-const startStack = useStacks();
-const startProvider = useFakeProviders();
 
-type RouteInput = ConfigInput['routes'][number];
-type ProviderInput = ConfigInput['providers'][string];
 
 const messages = [{ role: 'user' as const, content: 'Draft the release note.' }];
 
 const html = (status: number, page: string): Script => ({ status, headers: { 'content-type': 'text/html' }, steps: [page] });
 
-/** Fast, deterministic retries, a budget that never refuses, no parking and no breaker, unless a scenario asks. */
-const FAST: Partial<RouteInput> = {
-  retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
-  budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-  park: false,
-};
-
-interface Gw {
-  s: Stack;
-  client: OpenAI;
-  /** What each named upstream received. */
-  seen: Record<string, Seen[]>;
-}
-
-/** A gateway whose chat route goes to `targets`, each provider played by its `Answer` on a server of its own. */
-async function gw(
-  ups: Record<string, Answer>,
-  targets: RouteInput['targets'],
-  opts: { route?: Partial<RouteInput>; providers?: Record<string, Partial<ProviderInput>> } = {},
-): Promise<Gw> {
-  const providers: ConfigInput['providers'] = {};
-  const seen: Record<string, Seen[]> = {};
-  for (const [name, answer] of Object.entries(ups)) {
-    seen[name] = [];
-    const p = await startProvider(scripted(answer, seen[name]));
-    providers[name] = {
-      family: 'openai',
-      baseUrl: `${p.origin}/v1`,
-      apiKey: `${name}-key-0123456789`,
-      breaker: false,
-      timeouts: { connectMs: 1_000, firstTokenMs: 5_000, idleMs: 5_000 },
-      ...opts.providers?.[name],
-    };
-  }
-  const s = await startStack({
-    config: () => ({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers,
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets, ...FAST, ...opts.route }],
-    }),
-  });
-  return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
-}
+const gw = useScriptedUpstreams();
+type Gw = UpstreamsGateway;
 
 const chat = (g: Gw, model = 'llama-3.3-70b-versatile') => g.client.chat.completions.create({ model, messages }).withResponse();
 

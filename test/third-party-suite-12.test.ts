@@ -18,17 +18,12 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
-import { useFakeProviders } from './helpers/fake-provider.ts';
 import { sdkError } from './helpers/openai-error.ts';
-import { baseResponse, completion, DONE, failsThen, healthy, json, msgItem, responsesHead, responsesTail, rev, scripted, streamed, textDelta, type Answer, type Seen } from './helpers/scripted-provider.ts';
-import { countingClient, requestLine, useStacks, type Stack } from './helpers/stack.ts';
+import { baseResponse, completion, DONE, failsThen, healthy, json, msgItem, responsesHead, responsesTail, rev, streamed, textDelta, type Answer } from './helpers/scripted-provider.ts';
+import { countingClient, requestLine } from './helpers/stack.ts';
+import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
 
-const startStack = useStacks();
-const startProvider = useFakeProviders();
 
-type RouteInput = ConfigInput['routes'][number];
-type ProviderInput = ConfigInput['providers'][string];
 
 const messages = [{ role: 'user' as const, content: 'Summarise the incident report.' }];
 
@@ -54,59 +49,15 @@ const responseAnswer = (text: string): Answer => (body) => {
   return { steps: [...responsesHead(), textDelta(text, 4), ...responsesTail(text, 5)] };
 };
 
-const FAST: Partial<RouteInput> = {
-  retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
-  budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-  park: false,
-};
-
-interface Gw {
-  s: Stack;
-  client: OpenAI;
-  seen: Record<string, Seen[]>;
-}
-
-type Family = 'openai' | 'azure-openai' | 'anthropic';
-/** Where each kind of upstream's API lives under its origin, as its baseUrl names it. */
-const basePath: Record<Family, string> = { openai: '/v1', 'azure-openai': '', anthropic: '' };
-
-async function gw(
-  ups: Record<string, Answer | { family: Family; answer: Answer; path?: string }>,
-  targets: RouteInput['targets'],
-  opts: { route?: Partial<RouteInput>; providers?: Record<string, Partial<ProviderInput>>; path?: string } = {},
-): Promise<Gw> {
-  const providers: ConfigInput['providers'] = {};
-  const seen: Record<string, Seen[]> = {};
-  for (const [name, up] of Object.entries(ups)) {
-    const { family, answer, path } = typeof up === 'function' ? { family: 'openai' as Family, answer: up, path: undefined } : up;
-    seen[name] = [];
-    const p = await startProvider(scripted(answer, seen[name]));
-    providers[name] = {
-      family,
-      baseUrl: `${p.origin}${path ?? basePath[family]}`,
-      apiKey: `${name}-key-0123456789`,
-      breaker: false,
-      timeouts: { connectMs: 1_000, firstTokenMs: 5_000, idleMs: 5_000 },
-      ...(family === 'azure-openai' ? { apiVersion: '2024-10-21' } : {}),
-      ...opts.providers?.[name],
-    } as ProviderInput;
-  }
-  const s = await startStack({
-    config: () => ({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers,
-      routes: [{ name: 'chat', match: { path: opts.path ?? '/v1/chat/completions' }, targets, ...FAST, ...opts.route }],
-    }),
-  });
-  return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
-}
+const gw = useScriptedUpstreams();
+type Gw = UpstreamsGateway;
 
 const chat = (g: Gw, model = 'gemini-2.5-flash') => g.client.chat.completions.create({ model, messages }).withResponse();
 
 // ---------------------------------------------------------------------------------------------------------------
 // Wire shapes.
 
-const gemini = (up: Answer) => ({ family: 'openai' as Family, answer: up, path: '/v1beta/openai' });
+const gemini = (up: Answer) => ({ family: 'openai' as const, answer: up, path: '/v1beta/openai' });
 /** Gemini's OpenAI-compatible endpoint answers errors as a one-element list of Google API errors. */
 const googleError = (code: number, status: string, message: string, details?: unknown[]) => [{ error: { code, message, status, ...(details ? { details } : {}) } }];
 const GEMINI_429 = (retryDelay: string) =>
@@ -129,7 +80,7 @@ const GEMINI_BAD_ARG = googleError(400, 'INVALID_ARGUMENT', 'Invalid JSON payloa
 const gchunk = (d: Record<string, unknown>, finish: string | null = null) =>
   `data: ${JSON.stringify({ choices: [{ delta: d, finish_reason: finish, index: 0 }], created: 1741290958, id: 'Hq2zZ9-hA5', model: 'gemini-2.5-flash', object: 'chat.completion.chunk' })}\n\n`;
 
-const azure = (up: Answer) => ({ family: 'azure-openai' as Family, answer: up });
+const azure = (up: Answer) => ({ family: 'azure-openai' as const, answer: up });
 const FILTER_HIT = {
   hate: { filtered: false, severity: 'safe' },
   jailbreak: { filtered: true, detected: true },

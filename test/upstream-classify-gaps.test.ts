@@ -1,74 +1,24 @@
 // Three upstream answers the outcome table used to read wrong, each driven with the official `openai` SDK through a
 // real gateway against scripted providers (node:http servers on 127.0.0.1): Groq's 498 `capacity_exceeded` with a
-// `retry-after` (the provider overloaded, as a 503 is: its hint now holds the target off), Gemini's 400
+// `retry-after` (Groq's flex tier at capacity: its hint now holds that tier of the target off, and only it), Gemini's 400
 // FAILED_PRECONDITION "User location is not supported for the API use." (the gateway's deployment, not the client's
 // request: the 403 it stands for), and a content-policy 403 on a passthrough path (a content refusal, not the gateway's
 // credentials), each as the provider sends it on the wire.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { completion, healthy, json, scripted, type Answer, type Seen } from './helpers/scripted-provider.ts';
-import { countingClient, metricSum, useStacks, type Stack } from './helpers/stack.ts';
+import { countingClient, metricSum, useStacks } from './helpers/stack.ts';
+import { FAST, useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
 
-type RouteInput = ConfigInput['routes'][number];
-
 const messages = [{ role: 'user' as const, content: 'Summarise the incident report.' }];
 
-/** Fast, deterministic retries, a budget that never refuses, no parking and no breaker. */
-const FAST: Partial<RouteInput> = {
-  retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } },
-  budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-  park: false,
-};
-
-interface Gw {
-  s: Stack;
-  client: OpenAI;
-  seen: Record<string, Seen[]>;
-}
-
-type ProviderInput = ConfigInput['providers'][string];
-
-/**
- * A gateway whose chat route goes to `targets`, each provider (at `/v1`, or its own path) played by its Answer; `route`
- * and `provider` change the route's and every provider's settings.
- */
-async function gw(
-  ups: Record<string, Answer | { answer: Answer; path: string }>,
-  targets: RouteInput['targets'],
-  extra: Partial<ConfigInput> = {},
-  tweak: { route?: Partial<RouteInput>; provider?: Partial<ProviderInput> } = {},
-): Promise<Gw> {
-  const providers: ConfigInput['providers'] = {};
-  const seen: Record<string, Seen[]> = {};
-  for (const [name, up] of Object.entries(ups)) {
-    const { answer, path } = typeof up === 'function' ? { answer: up, path: '/v1' } : up;
-    seen[name] = [];
-    const p = await startProvider(scripted(answer, seen[name]));
-    providers[name] = {
-      family: 'openai',
-      baseUrl: `${p.origin}${path}`,
-      apiKey: `${name}-key-0123456789`,
-      breaker: false,
-      timeouts: { connectMs: 1_000, firstTokenMs: 5_000, idleMs: 5_000 },
-      ...tweak.provider,
-    };
-  }
-  const s = await startStack({
-    config: () => ({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers,
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets, ...FAST, ...tweak.route }],
-      ...extra,
-    }),
-  });
-  return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
-}
+const gw = useScriptedUpstreams();
+type Gw = UpstreamsGateway;
 
 const chat = (g: Gw, model: string) => g.client.chat.completions.create({ model, messages }).withResponse();
 /** The same request on a service tier (`flex`: Groq's batch tier; `on_demand`, Groq's default, is not in the SDK's types). */
@@ -175,7 +125,7 @@ describe("Groq's 498 holds off its flex tier only", () => {
 
   it('opens no breaker for the default tier however often the flex tier is full, and cuts none of its limit', async () => {
     // Without retry-after (no hold-off): every flex request asks Groq and is refused.
-    const g = await gw({ groq: (body) => (body.service_tier === 'flex' ? json(498, GROQ_498) : completion('from groq', 'llama-3.3-70b-versatile')), together: healthy('from together') }, targets, {}, {
+    const g = await gw({ groq: (body) => (body.service_tier === 'flex' ? json(498, GROQ_498) : completion('from groq', 'llama-3.3-70b-versatile')), together: healthy('from together') }, targets, {
       provider: { breaker: { consecutiveFailures: 2, minRequests: 2, failureRate: 0.5, openS: 30 } },
     });
     for (let i = 0; i < 4; i++) expect((await onTier(g, 'llama-70b', 'flex')).data.choices[0]!.message.content).toBe('from together');
@@ -190,7 +140,6 @@ describe("Groq's 498 holds off its flex tier only", () => {
     const g = await gw(
       { groq: (body) => (body.service_tier === 'flex' && ++flexAsked === 1 ? json(498, GROQ_498, { 'retry-after': '1' }) : completion(`from groq ${String(body.service_tier ?? 'default')}`, 'llama-3.3-70b-versatile')) },
       [targets[0]!],
-      {},
       { route: { park: { maxQueue: 10 } } },
     );
     expect((await sdkError(onTier(g, 'llama-70b', 'flex'))).status).toBe(498);
