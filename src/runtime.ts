@@ -68,12 +68,19 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     },
   });
   // One line per hold that starts (not per answer that extends it): the operator's record of what turned a target away.
-  const holdOffs = new HoldOffs(store, now, random, (h) => {
-    const until = new Date(h.untilMs).toISOString();
-    if (h.kind === 'hold-off') logger.warn({ target: h.target, tier: h.tier, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
-    // A refused key is the configuration's fault and stays until someone fixes it: error level, as a Redis misconfiguration.
-    else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until }, 'credentials refused: target held');
-  });
+  // Counted once fleet-wide, as breaker transitions are: by the instance the store says started it.
+  const holdOffs = new HoldOffs(
+    store,
+    now,
+    random,
+    (h) => {
+      const until = new Date(h.untilMs).toISOString();
+      if (h.kind === 'hold-off') logger.warn({ target: h.target, tier: h.tier, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
+      // A refused key is the configuration's fault and stays until someone fixes it: error level, as a Redis misconfiguration.
+      else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until }, 'credentials refused: target held');
+    },
+    (h) => metrics.holdsStarted.inc({ target: h.target, kind: h.kind === 'hold-off' ? 'hold_off' : 'credentials', tier: h.tier ?? 'all', reason: h.reason }),
+  );
   const targetKeys = new TargetKeys(config, now);
   const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes ?? defaultWaitingBodyBytes());
   const pools = new Pools(

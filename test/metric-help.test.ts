@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { STATUS_CLASSES } from '../src/observability/pipeline-metrics.ts';
 import { STREAM_END_KINDS } from '../src/pipeline/stream-ends.ts';
+import { HOLD_REASONS } from '../src/state/hold-offs.ts';
 
 async function helpOf(name: string): Promise<string> {
   const m = createMetrics({ defaultMetrics: false });
@@ -28,6 +29,15 @@ describe('metric HELP texts', () => {
     expect(help).toMatch(/summed/);
     expect(help).toMatch(/priority class/);
     expect(help).toMatch(/target/);
+  });
+
+  it('stormgate_holds_started_total names every kind, tier and reason a hold starts with', async () => {
+    const help = await helpOf('stormgate_holds_started_total');
+    expect(missing(help, ['hold_off', 'credentials', 'all', 'flex', ...HOLD_REASONS.holdOff, ...HOLD_REASONS.flexTier, ...HOLD_REASONS.credentials])).toEqual([]);
+  });
+
+  it('stormgate_hold_remaining_seconds names every kind and tier', async () => {
+    expect(missing(await helpOf('stormgate_hold_remaining_seconds'), ['hold_off', 'credentials', 'all', 'flex'])).toEqual([]);
   });
 
   it('stormgate_upstream_attempts_total names every status class', async () => {

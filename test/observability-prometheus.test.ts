@@ -59,6 +59,7 @@ describe('promtool on the shipped Prometheus files', () => {
       'StormgateShedRateHigh',
       'StormgateStateStoreDegraded',
       'StormgateStreamErrorsHigh',
+      'StormgateTargetHeldOff',
     ]);
     for (const a of alerts) {
       expect(a.for, a.alert).toMatch(/^\d+[smh]$/);

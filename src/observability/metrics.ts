@@ -22,6 +22,8 @@ export interface Metrics {
   readonly breakerState: Gauge<'target'>;
   readonly breakerTransitions: Counter<'target' | 'to'>;
   readonly credentialsHeld: Gauge<'target'>;
+  readonly holdsStarted: Counter<'target' | 'kind' | 'tier' | 'reason'>;
+  readonly holdRemaining: Gauge<'target' | 'kind' | 'tier'>;
   readonly stateDegraded: Gauge;
   readonly poolInUse: Gauge<'provider' | 'priority'>;
   readonly poolQueueDepth: Gauge<'provider' | 'priority'>;
@@ -35,6 +37,7 @@ export interface Metrics {
   collectPools: () => void;
   collectBreakers: () => void;
   collectCredentials: () => void;
+  collectHolds: () => void;
   collectRates: () => void;
   collectBudgets: () => Promise<void> | void;
 }
@@ -49,6 +52,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     collectPools: () => {},
     collectBreakers: () => {},
     collectCredentials: () => {},
+    collectHolds: () => {},
     collectRates: () => {},
     collectBudgets: () => {},
     registry,
@@ -165,6 +169,19 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       labelNames: ['target'] as const,
       registers,
       collect: () => metrics.collectCredentials(),
+    }),
+    holdsStarted: new Counter({
+      name: 'stormgate_holds_started_total',
+      help: 'Holds started (not extended) on a target, each counted once fleet-wide by the instance whose answer started it, by target, kind (hold_off: the provider asked for a pause with retry-after on a 429, 503 or 529, or a 498 on the flex tier; credentials: it refused the gateway\'s own key or billing), tier (all: every request to the target; flex: only those of the flex service tier) and reason (the answer\'s: status_429, status_503, status_529, status_498 for a hold-off; status_401, status_402, status_403, unsupported_country_region_territory, insufficient_quota, billing_not_active, access_terminated, account_refused_in_stream for a credential hold).',
+      labelNames: ['target', 'kind', 'tier', 'reason'] as const,
+      registers,
+    }),
+    holdRemaining: new Gauge({
+      name: 'stormgate_hold_remaining_seconds',
+      help: 'Seconds left of the hold in force on a target as this instance knows it (its own and, with Redis, the fleet\'s), by target, kind (hold_off, credentials) and tier (all: every request to the target; flex: the flex service tier\'s own hold-off, present only while one is in force); 0 when none.',
+      labelNames: ['target', 'kind', 'tier'] as const,
+      registers,
+      collect: () => metrics.collectHolds(),
     }),
     stateDegraded: new Gauge({
       name: 'stormgate_state_degraded',

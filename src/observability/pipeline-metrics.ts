@@ -37,7 +37,7 @@ export function metricsObserver(m: Metrics): Pick<PipelineDeps, 'onAttempt' | 'o
  * 404), so such names cannot grow the label sets without bound.
  */
 export async function forgetTargetSeries(m: Metrics, target: string): Promise<void> {
-  const metrics: Array<Counter<string> | Gauge<string>> = [m.requests, m.upstreamAttempts, m.tokens, m.budgetExhausted, m.retries, m.fallbacks, m.poolLimit, m.breakerState, m.breakerTransitions, m.credentialsHeld];
+  const metrics: Array<Counter<string> | Gauge<string>> = [m.requests, m.upstreamAttempts, m.tokens, m.budgetExhausted, m.retries, m.fallbacks, m.poolLimit, m.breakerState, m.breakerTransitions, m.credentialsHeld, m.holdsStarted, m.holdRemaining];
   for (const metric of metrics) {
     const { values } = await metric.get();
     for (const { labels } of values) {

@@ -29,7 +29,7 @@ interface ScrapeSources {
   breakersChanged: () => Iterable<string>;
 }
 
-/** Sets the metrics' scrape-time collectors (collectBreakers, collectCredentials, collectPools, collectBudgets). */
+/** Sets the metrics' scrape-time collectors (collectBreakers, collectCredentials, collectHolds, collectPools, collectBudgets). */
 export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
   const { pools, board, holdOffs, budget, now } = s;
   const knownTargets = configuredTargetKeys(s.config, s.targetKeys);
@@ -53,6 +53,19 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
   metrics.collectCredentials = () => {
     for (const target of reportedTargets()) {
       metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
+    }
+  };
+  // What turns a target away now, and for how long: the hold-offs (the target's, and its flex tier's apart) and the
+  // credential holds this instance knows of, another instance's included once the store has told it.
+  metrics.collectHolds = () => {
+    const left = (untilMs: number | undefined) => (untilMs === undefined ? 0 : Math.max(0, (untilMs - now()) / 1000));
+    for (const target of reportedTargets()) {
+      metrics.holdRemaining.set({ target, kind: 'hold_off', tier: 'all' }, left(holdOffs.until(target)));
+      metrics.holdRemaining.set({ target, kind: 'credentials', tier: 'all' }, left(holdOffs.credentialsHeldUntil(target)));
+      // A flex tier's series only while it is held: most targets have no flex tier.
+      const flexUntil = holdOffs.flexTierUntil(target);
+      if (flexUntil === undefined) metrics.holdRemaining.remove({ target, kind: 'hold_off', tier: 'flex' });
+      else metrics.holdRemaining.set({ target, kind: 'hold_off', tier: 'flex' }, left(flexUntil));
     }
   };
   collectPoolMetrics(metrics, pools, s.bodies);

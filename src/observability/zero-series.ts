@@ -12,6 +12,7 @@ import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
 import { retryReasons } from '../policy/outcome.ts';
 import { SHED_REASONS } from '../pools/provider-pool.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
+import { HOLD_REASONS } from '../state/hold-offs.ts';
 import type { Metrics } from './metrics.ts';
 import { REJECTED_LABELS, STATUS_CLASSES } from './pipeline-metrics.ts';
 
@@ -91,6 +92,9 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
   if (config.providers[target.slice(0, target.indexOf('/'))]?.breaker !== false) {
     for (const to of ['open', 'half-open', 'closed']) metrics.breakerTransitions.inc({ target, to }, 0);
   }
+  for (const reason of HOLD_REASONS.holdOff) metrics.holdsStarted.inc({ target, kind: 'hold_off', tier: 'all', reason }, 0);
+  for (const reason of HOLD_REASONS.flexTier) metrics.holdsStarted.inc({ target, kind: 'hold_off', tier: 'flex', reason }, 0);
+  for (const reason of HOLD_REASONS.credentials) metrics.holdsStarted.inc({ target, kind: 'credentials', tier: 'all', reason }, 0);
   for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome }, 0);
   metrics.budgetExhausted.inc({ route: route.name, target }, 0);
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);

@@ -4,7 +4,7 @@
 // hears of.
 import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import type { Probe } from '../state/breaker-board.ts';
-import { flexTierKey, startsHoldOff } from '../state/hold-offs.ts';
+import { ACCOUNT_REFUSED_IN_STREAM, flexTierKey, startsHoldOff } from '../state/hold-offs.ts';
 import type { AttemptResult } from './attempt.ts';
 import type { LiveStream } from './live-stream.ts';
 import type { Guards, TargetPlan } from './target-attempts.ts';
@@ -50,7 +50,7 @@ export function judgeStreamEnd(guards: Guards, plan: TargetPlan, stream: LiveStr
   // Heard when the upstream is let go of, as the slot goes back: for a stream a recovery continues, at the break, not
   // at the end of a continuation on another target, with the slot long taken by the provider's next requests.
   stream.whenUpstreamDone(() => {
-    if (stream.accountRefused) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: 'account_refused_in_stream' });
+    if (stream.accountRefused) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: ACCOUNT_REFUSED_IN_STREAM });
     const broke = stream.upstreamBroke;
     if (broke && judgedIn) guards.board.streamBroke(plan.key, plan.breaker, judgedIn, broke);
   });

@@ -7,6 +7,7 @@
 // Credential holds (the provider refused the gateway's own key or billing) are a second kind, kept under their own
 // state key: a hold-off ends by itself and is worth waiting for (park, retry-after), a refused key is not (someone has
 // to fix the configuration), so requests skip a credential-held target at once instead of waiting for it.
+import { ACCOUNT_429_CODES, REGION_REFUSED_CODE } from '../policy/outcome.ts';
 import type { WaitHint } from '../policy/wait-hint.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from './store.ts';
@@ -88,9 +89,23 @@ export function startsHoldOff(status: number, hint: WaitHint | undefined): hint 
   return HOLD_OFF_STATUSES.has(status) && hint !== undefined && hint.fleetWide && hint.delayMs > 0;
 }
 
+/** The reason of a credential hold an account refusal inside a started stream set (record-outcome.ts). */
+export const ACCOUNT_REFUSED_IN_STREAM = 'account_refused_in_stream';
+
+/**
+ * Every reason a hold can start for (the attempt's classification reason), by kind and tier: a hold-off's is its
+ * status (only HOLD_OFF_STATUSES start one, 498 only a flex tier's), a credential hold's the status or the account code
+ * the provider refused the gateway's key or billing with. Fixed sets, so bounded as metric labels.
+ */
+export const HOLD_REASONS = {
+  holdOff: ['status_429', 'status_503', 'status_529'],
+  flexTier: ['status_498'],
+  credentials: ['status_401', 'status_402', 'status_403', REGION_REFUSED_CODE, ...ACCOUNT_429_CODES, ACCOUNT_REFUSED_IN_STREAM],
+} as const;
+
 /**
  * A hold-off or credential hold this instance started while none was in force (one extended is no news): the operator's
- * one line about it. `reason` is the attempt's (status_429, status_401, ...), `hintMs` the wait the provider asked for.
+ * one line about it, and (once the store confirms no instance had started it meanwhile) the count of holds started. `reason` is the attempt's (status_429, status_401, ...), `hintMs` the wait the provider asked for.
  */
 export interface HoldStart {
   kind: 'hold-off' | 'credentials';
@@ -114,7 +129,20 @@ export class HoldOffs {
     private readonly now: () => number,
     private readonly random: Random,
     private readonly onStart?: (start: HoldStart) => void,
+    /**
+     * A hold this instance started, as onStart, once the store has confirmed that none was in force fleet-wide either:
+     * of instances whose answers start the same hold at once (before the news from Redis reaches them), only the
+     * first one the store heard is told, so a count of starts summed over the fleet counts each once.
+     */
+    private readonly onFleetStart?: (start: HoldStart) => void,
   ) {}
+
+  /** Tells both listeners of a hold this instance started, the fleet's once the store's write says it started it. */
+  #started(start: HoldStart, write: Promise<boolean>): void {
+    this.onStart?.(start);
+    const onFleetStart = this.onFleetStart;
+    if (onFleetStart) void write.then((started) => started && onFleetStart(start));
+  }
 
   /**
    * When the hold-off of a key ends, if one is in force: a target's own, or for a flex tier's key (flexTierKey) the
@@ -122,6 +150,14 @@ export class HoldOffs {
    */
   until(key: string): number | undefined {
     return isFlexTierKey(key) ? later(this.#until(key), this.#until(targetOfHoldOffKey(key))) : this.#until(key);
+  }
+
+  /**
+   * When the hold-off of the target's flex tier alone ends, if one is in force: not the target's own, which holds that
+   * tier too (until(flexTierKey(target)) has both). For a gauge that shows each hold-off once.
+   */
+  flexTierUntil(target: string): number | undefined {
+    return this.#until(flexTierKey(target));
   }
 
   #until(key: string): number | undefined {
@@ -135,8 +171,8 @@ export class HoldOffs {
     const untilMs = Math.ceil(this.now() + ms);
     // The side key first, as a long hint's: a request that sees the hold must not miss why it is held.
     if (cause.reason === LOCATION_REASON) void this.store.setHoldOff(target + LOCATION_SUFFIX, untilMs);
-    void this.store.setHoldOff(target + CREDENTIALS_SUFFIX, untilMs);
-    if (fresh) this.onStart?.({ kind: 'credentials', target, untilMs, ...cause });
+    const write = this.store.setHoldOff(target + CREDENTIALS_SUFFIX, untilMs, this.now());
+    if (fresh) this.#started({ kind: 'credentials', target, untilMs, ...cause }, write);
   }
 
   /**
@@ -226,16 +262,15 @@ export class HoldOffs {
     let untilMs: number;
     if (hint.delayMs <= MAX_HOLD_OFF_MS) {
       untilMs = Math.ceil(now + Math.min(hint.delayMs + spread, MAX_HOLD_OFF_MS));
-      void this.store.setHoldOff(key, untilMs);
     } else {
       untilMs = Math.ceil(now + MAX_HOLD_OFF_MS + spread);
       // Side keys first: a request that sees the hold-off must not miss what it was asked for.
       void this.store.setHoldOff(key + ASKED_SUFFIX, Math.ceil(now + hint.delayMs));
       void this.store.setHoldOff(key + LONG_SUFFIX, untilMs);
-      void this.store.setHoldOff(key, untilMs);
     }
+    const write = this.store.setHoldOff(key, untilMs, now);
     const target = targetOfHoldOffKey(key);
-    if (fresh) this.onStart?.({ kind: 'hold-off', target, ...(key !== target && { tier: 'flex' as const }), untilMs, hintMs: hint.delayMs, ...cause });
+    if (fresh) this.#started({ kind: 'hold-off', target, ...(key !== target && { tier: 'flex' as const }), untilMs, hintMs: hint.delayMs, ...cause }, write);
     return untilMs;
   }
 }

@@ -130,10 +130,12 @@ export class MemoryStore implements StateStore {
     return this.#holdOffs.get(target);
   }
 
-  async setHoldOff(target: string, untilMs: number): Promise<void> {
-    if ((this.#holdOffs.get(target) ?? 0) >= untilMs) return;
+  async setHoldOff(target: string, untilMs: number, nowMs = 0): Promise<boolean> {
+    const current = this.#holdOffs.get(target) ?? 0;
+    if (current >= untilMs) return false;
     this.#holdOffs.set(target, untilMs);
     this.#emit({ kind: 'hold-off', target, untilMs });
+    return current <= nowMs;
   }
 
   async exchangeDemand(_pool: string, demand: readonly number[]): Promise<{ totals: number[]; instances: number }> {

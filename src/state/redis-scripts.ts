@@ -72,15 +72,19 @@ return ARGV[5]
 `;
 
 /**
- * KEYS: hold-off key. ARGV: untilMs, ttlMs, channel, message. Extends only.
- * Returns [1, untilMs] when extended (and published), else [0, storedUntilMs].
+ * KEYS: hold-off key. ARGV: untilMs, ttlMs, channel, message, nowMs. Extends only.
+ * Returns [1, untilMs, started] when extended (and published), else [0, storedUntilMs, 0]; `started` is 1 when no
+ * hold-off was in force at nowMs (the key kept an ended one for its grace, or none): of instances told at once, only
+ * the first one started it.
  */
 const SET_HOLD_OFF = `
 local current = redis.call('GET', KEYS[1])
-if current and tonumber(current) >= tonumber(ARGV[1]) then return { 0, current } end
+if current and tonumber(current) >= tonumber(ARGV[1]) then return { 0, current, 0 } end
+local started = 0
+if not current or tonumber(current) <= tonumber(ARGV[5]) then started = 1 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
-return { 1, ARGV[1] }
+return { 1, ARGV[1], started }
 `;
 
 /**
@@ -212,7 +216,7 @@ interface ScriptCommands {
   sgAddOutcomes(key: string, ...args: Arg[]): Promise<[number, number]>;
   sgCasBreaker(key: string, ...args: Arg[]): Promise<[number, ...string[]]>;
   sgTakePermit(permitsKey: string, breakerKey: string, ...args: Arg[]): Promise<string | null | 0>;
-  sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string]>;
+  sgSetHoldOff(key: string, ...args: Arg[]): Promise<[number, string, number]>;
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;

@@ -267,16 +267,21 @@ export class RedisStore implements StateStore {
     return untilMs;
   }
 
-  async setHoldOff(target: string, untilMs: number): Promise<void> {
+  async setHoldOff(target: string, untilMs: number, nowMs = 0): Promise<boolean> {
     this.#watched.add(target);
+    // Redis away: this instance's view is the fleet it knows of.
+    const startedHere = (this.#view.holdOff(target) ?? 0) <= nowMs;
     // In force here at once, not after the round trip: this instance's own requests (the one that got the hint
     // included) must see it while Redis is being told. Hold-offs only extend, so Redis's answer can only add to it.
     this.#view.putHoldOff(target, untilMs);
-    if (!this.#health.usable()) return;
+    if (!this.#health.usable()) return startedHere;
     try {
-      this.#view.putHoldOff(target, await this.#pushHoldOff(target, untilMs));
+      const pushed = await this.#pushHoldOff(target, untilMs, nowMs);
+      this.#view.putHoldOff(target, pushed.untilMs);
+      return pushed.started;
     } catch (err) {
       this.#health.failed(err, this.#keys.holdOff(target));
+      return startedHere;
     }
   }
 
@@ -380,13 +385,16 @@ export class RedisStore implements StateStore {
     return false;
   }
 
-  /** The extend-only hold-off script; returns the hold-off's end as Redis now has it. */
-  async #pushHoldOff(target: string, untilMs: number): Promise<number> {
+  /**
+   * The extend-only hold-off script; returns the hold-off's end as Redis now has it, and whether this push started it
+   * (none in force at nowMs).
+   */
+  async #pushHoldOff(target: string, untilMs: number, nowMs = 0): Promise<{ untilMs: number; started: boolean }> {
     const ttlMs = Math.max(0, Math.ceil(untilMs - this.#now())) + HOLD_OFF_GRACE_MS;
     const fleetUntilMs = this.#clock.toFleet(untilMs);
     const message = encodeChange({ kind: 'hold-off', target, untilMs: fleetUntilMs }, this.#id);
-    const [, stored] = await this.#client.sgSetHoldOff(this.#keys.holdOff(target), fleetUntilMs, ttlMs, this.#keys.events, message);
-    return this.#clock.toLocal(Number(stored));
+    const [, stored, started] = await this.#client.sgSetHoldOff(this.#keys.holdOff(target), fleetUntilMs, ttlMs, this.#keys.events, message, this.#clock.toFleet(nowMs));
+    return { untilMs: this.#clock.toLocal(Number(stored)), started: started === 1 };
   }
 
   /**

@@ -112,8 +112,12 @@ export interface StateStore {
 
   /** When the target's hold-off ends, as last seen; undefined when none. Synchronous. */
   getHoldOff(target: string): number | undefined;
-  /** Extends (never shortens) the target's hold-off to untilMs and tells every instance. */
-  setHoldOff(target: string, untilMs: number): Promise<void>;
+  /**
+   * Extends (never shortens) the target's hold-off to untilMs and tells every instance. Resolves true when this call
+   * started it: no hold-off of the key was in force at nowMs, as the fleet has it (Redis's answer, or local state when
+   * Redis is away), so that of instances told at once only one counts the start.
+   */
+  setHoldOff(target: string, untilMs: number, nowMs?: number): Promise<boolean>;
 
   /**
    * Tells the fleet this instance's demand on a provider's pool per priority class (the most slots in use plus
