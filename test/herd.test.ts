@@ -3,7 +3,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { seededRandom } from '../src/policy/random.ts';
-import { waitPastHoldOff } from '../src/policy/hold-off-wait.ts';
+import { pastHoldOff, toldPastHoldOff, waitPastHoldOff } from '../src/policy/hold-off-wait.ts';
 import { chatStatus as chat, useStacks } from './helpers/stack.ts';
 
 const start = useStacks();
@@ -45,5 +45,21 @@ describe('a retry that the fleet\'s hold-off outlasts', () => {
     expect(waitPastHoldOff(1_200, 1_500, () => 0)).toBe(1_500);
     expect(waitPastHoldOff(1_200, 1_500, () => 0.5)).toBe(1_650);
     expect(waitPastHoldOff(1_000, 20_000, () => 0.999)).toBeCloseTo(20_999);
+  });
+});
+
+describe('clients a hold-off turns away', () => {
+  // The SDKs wait exactly the retry-after-ms they are told: told the hold-off's end alone, 30 agents came back within a
+  // few ms of it (test/third-party-suite-15.test.ts).
+  it('are each told its end plus a spread of their own (a fifth, at most a second), never past the minute they are invited back for', () => {
+    expect(toldPastHoldOff(2_000, () => 0.5)).toBe(2_200);
+    expect(toldPastHoldOff(20_000, () => 0.5)).toBe(20_500);
+    expect(toldPastHoldOff(59_800, () => 0.999)).toBe(60_000);
+    // A longer wait is the provider's word, told as it is: the SDKs are not invited back for it.
+    expect(toldPastHoldOff(90_000, () => 0.9)).toBe(90_000);
+    // The request that started it is told the same, unless its own hint is the longer one.
+    expect(pastHoldOff(2_000, 12_100, 10_000, () => 0.5)).toBe(2_100 + 0.5 * 420);
+    expect(pastHoldOff(70_000, 71_000, 10_000, () => 0.5)).toBe(70_000);
+    expect(pastHoldOff(undefined, 12_100, 10_000, () => 0.5)).toBeUndefined();
   });
 });

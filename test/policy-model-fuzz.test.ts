@@ -936,7 +936,7 @@ describe('hold-offs, waits past them, and the small policies', () => {
       const now = g.int(0, 1e12);
       const retryAfter = g.pick([undefined, 0, 500, 30_000]);
       const holdUntil = g.pick([undefined, now - 5, now + 10_000]);
-      const told = pastHoldOff(retryAfter, holdUntil, now);
+      const told = pastHoldOff(retryAfter, holdUntil, now, () => 0);
       if (retryAfter === undefined) expect(told).toBeUndefined();
       else expect(told).toBe(holdUntil === undefined ? retryAfter : Math.max(retryAfter, holdUntil - now));
     }

@@ -61,7 +61,8 @@ describe("Groq's 498 capacity_exceeded with retry-after", () => {
     expect((second.error as { code?: string }).code).toBe('provider_held_off');
     const retryAfter = Number(second.headers?.get('retry-after'));
     expect(retryAfter).toBeGreaterThanOrEqual(1);
-    expect(retryAfter).toBeLessThanOrEqual(6);
+    // The hold-off's spread (a tenth) and the request's own (up to a second).
+    expect(retryAfter).toBeLessThanOrEqual(7);
     expect(counter.requests).toBe(2);
     expect(g.seen.groq).toHaveLength(1);
   });

@@ -192,7 +192,7 @@ function locationOf(headers: AttemptResult['headers'], apiKey: string | undefine
  * `retryAfterMs` is what the provider asked for (HoldOffs.askedUntil); `holdOffMs`, when shorter, is when the gateway
  * asks it again (a hold-off is capped at a minute): the client is told the provider's word, and not invited back.
  */
-export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number; holdOffMs?: number }): ErrorAnswer {
+export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: string; retryAfterMs: number; holdOffMs?: number; toldMs?: number }): ErrorAnswer {
   // A window that ends as the answer is written is no invitation to come back at once (`retry-after: 0`), nor
   // "retry in 0 s": at least 100 ms, as a shed request is told.
   const retryAfterMs = Math.max(100, u.retryAfterMs);
@@ -202,7 +202,9 @@ export function unavailableAnswer(u: { reason: 'breaker' | 'hold-off'; target: s
   }
   // Against the unclamped wait: a hold-off that ends now is no capped one that "asks it again in 0 s".
   const again = u.holdOffMs !== undefined && u.holdOffMs < u.retryAfterMs ? ` (the gateway asks it again in ${Math.ceil(u.holdOffMs / 1000)} s)` : '';
-  return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs, shouldRetry: true }));
+  // The retry-after sent is `toldMs` when given: the hold-off's end plus a spread of the request's own (toldPastHoldOff).
+  const told = Math.max(retryAfterMs, u.toldMs ?? 0);
+  return errorAnswer(new GatewayError('provider_held_off', `target ${u.target} asked for no requests for another ${seconds} s${again}`, { retryAfterMs: told, shouldRetry: true }));
 }
 
 /**

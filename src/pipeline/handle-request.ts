@@ -4,6 +4,8 @@ import { Readable } from 'node:stream';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { computeDeadline } from '../policy/deadline.ts';
+import { toldPastHoldOff } from '../policy/hold-off-wait.ts';
+import type { Random } from '../policy/random.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
@@ -210,7 +212,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
       return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
     }
-    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs);
+    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs, deps.random);
     // An upstream error passed on carries the provider's id, which the SDK shows as err.requestID: the log line names
     // it too, or the id a developer quotes leads nowhere in the gateway's logs.
     // An error the gateway writes itself (a refused key's 502, say) names the provider's id of the answer it failed on:
@@ -270,14 +272,14 @@ function clientRetryCount(headers: HeaderBag): number {
 }
 
 /** `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request). */
-function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs): ErrorAnswer {
-  const answer = errorOf(served, summary, budgetMs, nowMs, disabled, holdOffs);
+function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random): ErrorAnswer {
+  const answer = errorOf(served, summary, budgetMs, nowMs, disabled, holdOffs, random);
   // no-target's message lists every skip already; a verdict on the request is the client's to fix wherever it goes.
   const noted = served.kind === 'no-target' || endedWithVerdict(served) ? answer : withSkipNote(answer, served.plan.label, summary.skipped);
   return served.rejected ? withRejectionNote(noted, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : noted;
 }
 
-function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs): ErrorAnswer {
+function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random): ErrorAnswer {
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
@@ -314,7 +316,8 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       const heldUntil = Math.max(served.availableAtMs, holdOffs.until(holdOffKey) ?? 0);
       // Held off by the flex tier alone: the client learns that its default-tier requests still go.
       const target = holdOffKey !== key && holdOffs.until(key) === undefined ? `${key} (its flex service tier)` : key;
-      return unavailableAnswer({ reason: 'hold-off', target, retryAfterMs: Math.max(0, askedUntil - nowMs), holdOffMs: Math.max(0, heldUntil - nowMs) });
+      const askedMs = Math.max(0, askedUntil - nowMs);
+      return unavailableAnswer({ reason: 'hold-off', target, retryAfterMs: askedMs, holdOffMs: Math.max(0, heldUntil - nowMs), toldMs: toldPastHoldOff(askedMs, random) });
     }
     case 'park-full':
       summary.outcome = 'unavailable';

@@ -371,8 +371,9 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     }
     // A wait the client is told lasts to the target's hold-off's end (the one this answer started, its hint plus a spread of
     // up to a tenth, or another's): told only the hint, an SDK invited back came during the hold-off's spread and was turned away again.
+    // Past that end, a spread of its own: every client told the same end would come back at once.
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
-      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now()), ...(why && { why }) });
+      (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now(), deps.random), ...(why && { why }) });
     if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted

@@ -13,10 +13,28 @@ export const HOLD_OFF_SLACK_MS = 2;
  */
 const MOVE_ON_AFTER_MS = 1_000;
 
-/** A wait to tell the client, lengthened to the end of a hold-off that would turn it away when it came back. */
-export function pastHoldOff(retryAfterMs: number | undefined, holdOffUntil: number | undefined, nowMs: number): number | undefined {
-  if (retryAfterMs === undefined || holdOffUntil === undefined) return retryAfterMs;
-  return Math.max(retryAfterMs, holdOffUntil - nowMs);
+/**
+ * A wait to tell the client, lengthened to the end of a hold-off that would turn it away when it came back, with a
+ * spread of its own past that end (toldPastHoldOff).
+ */
+export function pastHoldOff(retryAfterMs: number | undefined, holdOffUntil: number | undefined, nowMs: number, random: Random): number | undefined {
+  if (retryAfterMs === undefined || holdOffUntil === undefined || holdOffUntil - nowMs < retryAfterMs) return retryAfterMs;
+  return toldPastHoldOff(holdOffUntil - nowMs, random);
+}
+
+/** The longest wait the SDKs are invited back for (x-should-retry): a spread never takes a wait past it. */
+const LONGEST_INVITED_MS = 60_000;
+
+/**
+ * The wait told to a client that a hold-off turns away (or that started it), `heldForMs` to its end: that end plus a
+ * spread of its own, as the gateway's own retries get (waitPastHoldOff). The SDKs wait exactly what they are told:
+ * told the end alone, every agent the hold-off turned away came back at its last millisecond, all at once. Only a
+ * wait the SDKs are invited back for (at most a minute), and never past that minute; a longer one is the provider's
+ * word, told as it is.
+ */
+export function toldPastHoldOff(heldForMs: number, random: Random): number {
+  if (heldForMs > LONGEST_INVITED_MS) return heldForMs;
+  return Math.min(waitPastHoldOff(0, heldForMs, random), LONGEST_INVITED_MS);
 }
 
 /**
