@@ -33,6 +33,9 @@ export function streamRecovery(
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
     // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
     const { board, holdOffs, budget } = deps.guards;
+    // Nothing goes once the shutdown has begun or the client has gone: nor is a retry taken from the (fleet's) budget
+    // for it, which the instances staying up through a rolling deploy share.
+    if (signal.aborted || shutdown.aborted) return undefined;
     if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
     if (holdOffs.until(next.holdOffKey) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
     const provider = next.client.config;
