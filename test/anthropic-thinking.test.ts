@@ -5,22 +5,12 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema } from '../src/config/schema.ts';
 import { checkMessagesRequest } from '../src/mock/anthropic-strict.ts';
-import { toAnthropicRequest, thinkingForm, type OpenAIChatRequest, type ThinkingBudgets } from '../src/providers/anthropic/index.ts';
+import { thinkingForm, type OpenAIChatRequest } from '../src/providers/anthropic/index.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { accepted, ask, budgets, translate } from './helpers/thinking-translate.ts';
 
-const budgets: ThinkingBudgets = { low: 1024, medium: 4096, high: 16384, xhigh: 24576 };
-const ask = [{ role: 'user' as const, content: 'Prove that there are infinitely many primes.' }];
 const weather = { type: 'function' as const, function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } };
 
-function translate(extra: Partial<OpenAIChatRequest>, opts: { model?: string; sampling?: 'drop' | 'forward'; thinking?: ThinkingBudgets | false } = {}) {
-  const body = { model: 'o3', messages: ask, ...extra } as OpenAIChatRequest;
-  const r = toAnthropicRequest(body, { model: opts.model ?? 'claude-sonnet-4-5', defaultMaxTokens: 4096, sampling: opts.sampling, thinking: opts.thinking ?? budgets });
-  if (!r.ok) throw new Error(r.reason);
-  return r.body;
-}
-
-/** The translated request is one the (strict) mock, and so Anthropic, takes. */
-const accepted = (body: object) => expect(() => checkMessagesRequest(body as Record<string, unknown>)).not.toThrow();
 
 describe('reasoning_effort -> thinking (toAnthropicRequest)', () => {
   it.each([

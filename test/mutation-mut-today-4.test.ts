@@ -11,12 +11,13 @@ import { message, messageStream } from '../src/mock/anthropic-responses.ts';
 import { checkMessagesRequest } from '../src/mock/anthropic-strict.ts';
 import type { AnswerContext } from '../src/mock/openai-responses.ts';
 import type { StreamPlan } from '../src/mock/sse.ts';
-import { thinkingForm, toAnthropicRequest, type OpenAIChatRequest, type ThinkingBudgets } from '../src/providers/anthropic/index.ts';
+import { thinkingForm, type OpenAIChatRequest } from '../src/providers/anthropic/index.ts';
 import { httpOutcome } from '../src/providers/error-outcome.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { json, scripted, type Script } from './helpers/scripted-provider.ts';
 import { useStacks } from './helpers/stack.ts';
+import { accepted, translate } from './helpers/thinking-translate.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
@@ -144,16 +145,6 @@ describe('a passthrough 401 or 403', () => {
 });
 
 // ---------------------------------------------------------------------------------------------------------------
-const budgets: ThinkingBudgets = { low: 1024, medium: 4096, high: 16384, xhigh: 24576 };
-const ask = [{ role: 'user' as const, content: 'Prove that there are infinitely many primes.' }];
-
-function translate(extra: Partial<OpenAIChatRequest>, opts: { model?: string; sampling?: 'drop' | 'forward'; thinking?: ThinkingBudgets | false } = {}) {
-  const body = { model: 'o3', messages: ask, ...extra } as OpenAIChatRequest;
-  const r = toAnthropicRequest(body, { model: opts.model ?? 'claude-sonnet-4-5', defaultMaxTokens: 4096, sampling: opts.sampling, thinking: opts.thinking ?? budgets });
-  if (!r.ok) throw new Error(r.reason);
-  return r.body;
-}
-const accepted = (body: object) => expect(() => checkMessagesRequest(body as Record<string, unknown>)).not.toThrow();
 
 describe('reasoning_effort -> thinking, at the edges', () => {
   it("keeps the client's max_tokens on the adaptive form too: the effort adds nothing to it", () => {
