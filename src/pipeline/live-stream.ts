@@ -24,8 +24,14 @@ import { DeliveredText } from './delivered-text.ts';
  * breaker's reason: `stream_cut`, `stream_stalled`): the SSE text to send after what was delivered, and how that
  * continuation ended once it is read; or undefined when it cannot (the client then gets the original error).
  * `shutdown` aborts (with GatewayShutdown) when the instance's shutdown ends the stream: the continuation ends with it.
+ * `whenEnded` hears the continuation's end however it comes, even one it reaches by itself while nobody reads it (its
+ * client stalled): the stream it continues, whose own timers stopped at the break, ends with it.
  */
-export type StreamRecovery = (delivered: string, brokeBy: string, shutdown: RequestSignal) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined } | undefined>;
+export type StreamRecovery = (
+  delivered: string,
+  brokeBy: string,
+  shutdown: RequestSignal,
+) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void } | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -437,13 +443,18 @@ export class LiveStream {
       return true;
     }
     if (!rest) return false;
+    // How this stream ends once its continuation has: the continuation's kind, or `recovered` for a whole answer.
+    const endedAs = (end: StreamEnd): StreamEndKind => (endedWhole(end.kind) ? 'recovered' : end.kind);
+    // A continuation can end while nobody reads it (its client stalled, on its own target's timer): this stream, held
+    // at its yield with its own timers stopped, ends with it then, or the client's connection stayed open unlogged.
+    rest.whenEnded?.((end) => this.#finish(endedAs(end)));
     yield ': stormgate stream recovered from the next target\n\n';
     try {
       for await (const text of rest.text) yield text;
     } finally {
       const end = rest.ended();
       // Left before its end (the client went away): the kind this stream ends with says so, not the continuation's.
-      if (end) this.#kind = endedWhole(end.kind) ? 'recovered' : end.kind;
+      if (end) this.#kind = endedAs(end);
     }
     return true;
   }

@@ -9,7 +9,7 @@ import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
 import { runAttempt } from './attempt.ts';
-import type { StreamRecovery } from './live-stream.ts';
+import type { StreamEnd, StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
@@ -108,12 +108,13 @@ export function streamRecovery(
     judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();
     const ended = () => live.ended;
-    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended };
+    const whenEnded = (fn: (end: StreamEnd) => void) => (live.onEnd = fn);
+    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded };
     if (!prefill) {
       const text = await splice(body, delivered, () => live.abandon());
-      return text && { text, ended };
+      return text && { text, ended, whenEnded };
     }
-    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended };
+    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded };
   };
 }
 
