@@ -10,7 +10,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { flexTierKey, HoldOffs, isCredentialHoldKey, isFlexTierKey, isLongHintKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { flexTierKey, HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold } from './state/hold-offs.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -140,8 +140,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
         notify(targetOfCredentialHold(change.target));
         return;
       }
-      // What a long hint asked for only changes what held-off requests are told; the hold-off's own key moves the rest.
-      if (isLongHintKey(change.target)) return;
+      // A side key (what a long hint asked for, why a credential hold is in force) only changes what held requests are
+      // told; the hold-off's own key moves the rest.
+      if (isSideKey(change.target)) return;
       // A flex tier's hold-off cut no limit (a 498 does not): nothing to recover, only its own queue to move.
       if (isFlexTierKey(change.target)) {
         lot.notify(change.target);

@@ -4,7 +4,7 @@
 // hold says so to every instance that shares the store. Times and draws are injected: every number is exact.
 import { describe, expect, it } from 'vitest';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
-import { flexTierKey, HoldOffs, isFlexTierKey, isLongHintKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
+import { flexTierKey, HoldOffs, isFlexTierKey, isSideKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { targetStateOf } from '../src/pipeline/target-state.ts';
 import { classify, OUTCOME_TABLE } from '../src/policy/outcome.ts';
@@ -56,8 +56,8 @@ describe("a flex tier's hold-off", () => {
     expect(isFlexTierKey('groq/llama')).toBe(false);
     expect(targetOfHoldOffKey(FLEX)).toBe('groq/llama');
     expect(targetOfHoldOffKey('groq/llama')).toBe('groq/llama');
-    expect(isLongHintKey(`${FLEX}#long`)).toBe(true);
-    expect(isLongHintKey(FLEX)).toBe(false);
+    expect(isSideKey(`${FLEX}#long`)).toBe(true);
+    expect(isSideKey(FLEX)).toBe(false);
   });
 
   it("waits for the first read of the tier's keys for a flex request, and forgets them with the target", async () => {

@@ -7,7 +7,7 @@ import { Pools } from '../src/pools/pools.ts';
 import { defaultConfig } from './helpers/stack.ts';
 import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard, type BreakerCause } from '../src/state/breaker-board.ts';
-import { HoldOffs, isLongHintKey, startsHoldOff, type HoldStart } from '../src/state/hold-offs.ts';
+import { HoldOffs, isSideKey, startsHoldOff, type HoldStart } from '../src/state/hold-offs.ts';
 import { MemoryStore, SecondBuckets } from '../src/state/memory-store.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
 import { MAX_WINDOW_S } from '../src/state/store.ts';
@@ -206,9 +206,9 @@ describe('hold-offs, mutants of their edges', () => {
   });
 
   it('tells both keys a long hint leaves beside its hold-off from a target\'s own key', () => {
-    expect(isLongHintKey('p/m#asked')).toBe(true);
-    expect(isLongHintKey('p/m#long')).toBe(true);
-    expect(isLongHintKey('p/m')).toBe(false);
+    expect(isSideKey('p/m#asked')).toBe(true);
+    expect(isSideKey('p/m#long')).toBe(true);
+    expect(isSideKey('p/m')).toBe(false);
   });
 
   it('waits for the first read of every key a hold-off is kept under, the long hint\'s end included', async () => {

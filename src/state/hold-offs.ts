@@ -17,7 +17,8 @@ import type { StateStore } from './store.ts';
  * named went to it again. Only the outcome table's rows with `holdOff` get here (pipeline/record-outcome.ts), so a 498
  * that means anything else (a client-error) starts none, and capacity_exceeded's row holds off the flex tier alone.
  */
-const HOLD_OFF_STATUSES = new Set([429, 498, 503, 529]);
+const FLEX_TIER_STATUS = 498;
+const HOLD_OFF_STATUSES = new Set([429, FLEX_TIER_STATUS, 503, 529]);
 /** Spread added to a hold-off's end so a fleet told the same time does not come back at the same millisecond. */
 const MAX_SPREAD_MS = 1_000;
 /** Suffix of a credential hold's state key: shared through the store like a hold-off, never read as one. */
@@ -66,7 +67,7 @@ export function isCredentialHoldKey(key: string): boolean {
  * Is this state key one a long hint leaves beside its hold-off, or one that names a credential hold's reason (not a
  * target's own key)? For listeners of changes.
  */
-export function isLongHintKey(key: string): boolean {
+export function isSideKey(key: string): boolean {
   return key.endsWith(ASKED_SUFFIX) || key.endsWith(LONG_SUFFIX) || key.endsWith(LOCATION_SUFFIX);
 }
 
@@ -98,8 +99,8 @@ export const ACCOUNT_REFUSED_IN_STREAM = 'account_refused_in_stream';
  * the provider refused the gateway's key or billing with. Fixed sets, so bounded as metric labels.
  */
 export const HOLD_REASONS = {
-  holdOff: ['status_429', 'status_503', 'status_529'],
-  flexTier: ['status_498'],
+  holdOff: [...HOLD_OFF_STATUSES].filter((s) => s !== FLEX_TIER_STATUS).map((s) => `status_${s}`),
+  flexTier: [`status_${FLEX_TIER_STATUS}`],
   credentials: ['status_401', 'status_402', 'status_403', REGION_REFUSED_CODE, ...ACCOUNT_429_CODES, ACCOUNT_REFUSED_IN_STREAM],
 } as const;
 
