@@ -11,6 +11,7 @@ import { createProviderClients, closeProviderClients } from './providers/provide
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
 import { flexTierKey, HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { ClientRepeats } from './state/client-repeats.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
 import type { StateStore } from './state/store.ts';
@@ -47,6 +48,8 @@ export interface Runtime {
   lot: ParkingLot;
   /** The bytes of waiting request bodies across the instance (server.maxWaitingBodyBytes). */
   bodies: WaitingBodies;
+  /** Requests failed lately, so a client's undeclared retry of one counts as a retry. */
+  repeats: ClientRepeats;
   close(): Promise<void>;
 }
 
@@ -214,6 +217,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     store,
     lot,
     bodies,
+    repeats: new ClientRepeats(now),
     async close() {
       for (const timer of recoveries.values()) clearTimeout(timer);
       lot.close();

@@ -26,6 +26,7 @@ import { contentEncoding, decodeBody, parseJsonBody } from './http/request-body.
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clearHeaders, sendError } from './http/send-answer.ts';
 import { managedHandler } from './http/serve-managed.ts';
+import type { Arrival } from './state/client-repeats.ts';
 
 export type ServerDeps = Partial<RuntimeDeps>;
 
@@ -34,6 +35,8 @@ declare module 'fastify' {
     stormgate?: PipelineAnswer['summary'];
     /** The client's name in auth.keys, when the gateway has client keys. */
     client?: string;
+    /** A managed request, as the watch for clients' undeclared retries knows it (state/client-repeats.ts). */
+    arrival?: Arrival;
   }
 }
 
@@ -50,6 +53,8 @@ const REQUEST_ID = /^[\w.:@-]{1,128}$/;
 
 /** The gateway's own endpoints for Prometheus and the orchestrator. */
 const OPS_PATHS: ReadonlySet<string> = new Set(['/metrics', '/healthz', '/readyz']);
+/** Outcomes a client does not retry: every other one makes a repeat of the request soon after a retry. */
+const ANSWERED: ReadonlySet<string> = new Set(['success', 'degraded', 'replayed']);
 
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
   const logger = deps.logger ?? createLogger(config);
@@ -134,6 +139,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const ends = new RequestEnds((request, reply, gone, sentNothing) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
+    if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
     // it is a client request answered: without this count a client sending only invalid requests would not show.
     // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.) One whose client left

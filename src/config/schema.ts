@@ -254,6 +254,15 @@ const BudgetSchema = z
     ratio: z.number().min(0).max(10).default(0.1).describe('Retries allowed as a share of requests over the window. Default: 0.1.'),
     windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
     minRetriesPerSecond: z.number().min(0).default(1).describe('Fleet-wide floor, so a quiet route can still retry: minRetriesPerSecond × windowS whole retries per window (under 1 / windowS, none). Default: 1.'),
+    repeats: z
+      .strictObject({
+        windowS: z.number().int().min(0).max(600).default(60)
+          .describe('A request whose body repeats, byte for byte (same client key, path, query and x-stormgate-priority), one this instance answered with an error (or whose client left) less than this many seconds ago is the client retrying without saying so (LangChain, the Vercel AI SDK, a fixed-interval loop): logged (clientRetry: repeat) and counted in stormgate_client_retries_total. 0 turns the watch off. Default: 60.'),
+        countAsRetries: z.boolean().default(false)
+          .describe('Take such a repeat from the retry budget as a retry, as one with x-stainless-retry-count is: the budget spent, it is served once and not retried by the gateway, and it does not enlarge the budget. Off by default: clients that send the same body on purpose (a load test, a health check) would be counted as retrying. Default: false.'),
+      })
+      .prefault({})
+      .describe('Clients\' undeclared retries.'),
   })
   .describe('Retry budget, kept per route, target and priority class: retries stay a fixed share of traffic however bad the upstream gets.');
 
@@ -704,7 +713,8 @@ export type BackoffConfig = z.infer<typeof BackoffSchema>;
 export type TargetConfig = z.infer<typeof TargetSchema>;
 export type RetryOn = z.infer<typeof RetryOnEntry>;
 export type BreakerConfig = z.infer<typeof BreakerSchema>;
-export type BudgetSettings = z.infer<typeof BudgetSchema>;
+/** What the budget's arithmetic reads (repeats is the request side's: state/client-repeats.ts). */
+export type BudgetSettings = Omit<z.infer<typeof BudgetSchema>, 'repeats'>;
 export type ParkConfig = z.infer<typeof ParkSchema>;
 export type StateConfig = z.infer<typeof StateSchema>;
 export type IdempotencyConfig = z.infer<typeof IdempotencySchema>;

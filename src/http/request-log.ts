@@ -130,6 +130,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       attempts: s.attempts,
       budgetMs: s.budgetMs,
       deadlineSource: s.deadlineSource,
+      ...(s.clientRetry && { clientRetry: s.clientRetry }),
       ...(s.backoffMs !== undefined && { backoffMs: s.backoffMs }),
       ...(s.parkedMs !== undefined && { parkedMs: s.parkedMs }),
       ttftMs: s.ttftMs,

@@ -7,6 +7,7 @@ import { GatewayError, missingModel } from '../errors.ts';
 import { handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
 import { timeoutHeaderMs } from '../policy/deadline.ts';
+import type { Arrival } from '../state/client-repeats.ts';
 import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
 import type { CompiledRoute, Router } from '../routing/router.ts';
 import type { Runtime } from '../runtime.ts';
@@ -17,7 +18,7 @@ import { sendAnswer } from './send-answer.ts';
 
 interface ManagedDeps {
   config: Pick<Config, 'auth' | 'idempotency'>;
-  runtime: Pick<Runtime, 'pipeline' | 'store' | 'bodies'>;
+  runtime: Pick<Runtime, 'pipeline' | 'store' | 'bodies' | 'repeats'>;
   router: Router;
   ends: RequestEnds;
   drain: Drain;
@@ -44,6 +45,11 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
             { headers: request.headers, client: request.client, path, query, rawBody: body.raw, json: body.json, route, receivedMs: reply.elapsedTime, clientGone: () => reply.raw.destroyed, pastGrace: () => drain.pastGrace },
             idempotencyDeps,
           );
+    const { windowS } = route.config.budget.repeats;
+    const priority = request.headers['x-stormgate-priority'];
+    const arrival: Arrival | undefined =
+      windowS > 0 ? { client: request.client, path, query, priority: typeof priority === 'string' ? priority : priority?.[0], rawBody: body.raw, windowMs: windowS * 1000 } : undefined;
+    request.arrival = arrival;
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
     let claim: KeyClaim | undefined;
@@ -73,6 +79,7 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
           // Since onRequest, right after the head arrived: the body's upload (and decoding) took this much of the deadline.
           receivedMs: reply.elapsedTime,
           ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
+          ...(arrival && runtime.repeats.isRepeat(arrival) && { repeat: true }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,
           ...(keyed && { idempotent: true }),

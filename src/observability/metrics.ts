@@ -7,6 +7,7 @@ export interface Metrics {
   readonly requests: Counter<'route' | 'target' | 'priority' | 'outcome'>;
   readonly retriedRequests: Counter<'route' | 'result'>;
   readonly fallbackRequests: Counter<'route'>;
+  readonly clientRetries: Counter<'route' | 'how'>;
   readonly retrySuccessRate: Gauge<'route'>;
   readonly fallbackRate: Gauge<'route'>;
   readonly tokens: Counter<'route' | 'target' | 'kind'>;
@@ -72,6 +73,12 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_fallback_requests_total',
       help: 'Client requests answered by a fallback target, by route.',
       labelNames: ['route'] as const,
+      registers,
+    }),
+    clientRetries: new Counter({
+      name: 'stormgate_client_retries_total',
+      help: 'Requests that are a client\'s own retry, counted as retries by the retry budget, by route and how the gateway knew: declared (x-stainless-retry-count above 0, the openai and Anthropic SDKs) or repeat (the same body from the same client soon after this instance failed it: a client retrying without saying so).',
+      labelNames: ['route', 'how'] as const,
       registers,
     }),
     retrySuccessRate: new Gauge({

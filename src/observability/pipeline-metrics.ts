@@ -98,6 +98,7 @@ export class RequestRecorder {
     // A client that left is neither a retry's success nor its failure: out of the counter, as out of the gauge below.
     if (retried && s.outcome !== 'client_gone') m.retriedRequests.inc({ route, result: ok ? 'success' : 'failure' });
     if (ok && s.fallback) m.fallbackRequests.inc({ route });
+    if (s.clientRetry) m.clientRetries.inc({ route, how: s.clientRetry });
     if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
     if (s.usage) {
       m.tokens.inc({ route, target, kind: 'prompt' }, s.usage.prompt);

@@ -5,7 +5,7 @@
 // this reads the config, before any event.
 import type { Config } from '../config/schema.ts';
 import { DEGRADED_REASONS } from '../pipeline/degraded-answer.ts';
-import { REQUEST_OUTCOMES } from '../pipeline/handle-request.ts';
+import { CLIENT_RETRY_KINDS, REQUEST_OUTCOMES } from '../pipeline/handle-request.ts';
 import { STREAM_END_KINDS } from '../pipeline/stream-ends.ts';
 import { PARK_OUTCOMES } from '../pipeline/parking-lot.ts';
 import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
@@ -58,6 +58,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
   for (const route of config.routes) {
     const r = { route: route.name };
     for (const result of ['success', 'failure']) metrics.retriedRequests.inc({ ...r, result }, 0);
+    for (const how of CLIENT_RETRY_KINDS) metrics.clientRetries.inc({ ...r, how }, 0);
     metrics.fallbackRequests.inc(r, 0);
     if (route.park !== false) for (const outcome of PARK_OUTCOMES) metrics.parkOutcomes.inc({ ...r, outcome }, 0);
     if (route.degraded) for (const reason of DEGRADED_REASONS) metrics.degraded.inc({ ...r, reason }, 0);

@@ -41,6 +41,8 @@ export interface ManagedRequest {
   requestId: string;
   /** The class the client's key caps its requests at (auth.priority), when it has one. */
   clientPriority?: string;
+  /** The same body from the same client failed here a moment ago (state/client-repeats.ts): the client is retrying. */
+  repeat?: boolean;
   /**
    * How long the request had been arriving when it reached the pipeline: the upload of its body after its head. The
    * client's own timeout (x-stainless-timeout, x-stormgate-timeout-ms) has been running since it began to send.
@@ -87,6 +89,9 @@ export interface PipelineAnswer {
   clientStallMs?: number;
 }
 
+export const CLIENT_RETRY_KINDS = ['declared', 'repeat'] as const;
+type ClientRetryKind = (typeof CLIENT_RETRY_KINDS)[number];
+
 export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
 type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
@@ -103,6 +108,8 @@ export interface RequestSummary {
   attempts: AttemptRecord[];
   budgetMs: number;
   deadlineSource: string;
+  /** The request is the client's own retry: it said so (x-stainless-retry-count), or its body repeats a failed one. */
+  clientRetry?: ClientRetryKind;
   /** Time the request spent parked, all its parks together (a released one's also shows as its attempt's wait). */
   parkedMs?: number;
   /** Time it spent in backoffs before retries (wait hints included), all together; a wait cut short counts as far as it went. */
@@ -155,6 +162,9 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     budgetMs: deadline.budgetMs,
     deadlineSource: deadline.source,
   };
+  const declaredRetries = clientRetryCount(req.headers);
+  if (declaredRetries > 0) summary.clientRetry = 'declared';
+  else if (req.repeat) summary.clientRetry = 'repeat';
   let handedToStream = false;
   const { plans, contextFallback, skipped, disabled, unknownPriority } = planTargets(req, deps);
   const shape = streamShapeOf(route.api, req.json);
@@ -183,7 +193,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
           const field = kind === 'parked' ? 'parkedMs' : 'backoffMs';
           summary[field] = Math.round((summary[field] ?? 0) + ms);
         },
-        clientRetries: clientRetryCount(req.headers),
+        clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
       },
       plans,

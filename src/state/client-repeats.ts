@@ -1,0 +1,81 @@
+// Which requests this instance answered with an error a moment ago, by client and body: a client that sends the same
+// body again soon after is retrying, whether or not it says so. The openai and Anthropic SDKs say so
+// (x-stainless-retry-count); agent frameworks that retry on their own (LangChain's AsyncCaller, six times; the Vercel
+// AI SDK; a loop that tries again every second) do not. Counted as new requests, their retries take nothing from the
+// retry budget and enlarge it (the budget is a share of requests), so the gateway's own retries multiply theirs: the
+// watch names them (log, metric) and, where the route says so (budget.repeats.countAsRetries), the budget counts them
+// as the retries they are. Kept per instance, in memory: a lookup on the request path must not wait for Redis, and a
+// repeat that reaches another instance is counted as a request, as before.
+import { fingerprintOf, scopedKey } from '../policy/idempotency.ts';
+
+/** A request as the watch needs it: whose, where, what; its key is worked out once, when first needed. */
+export interface Arrival {
+  client: string | undefined;
+  path: string;
+  query: string;
+  /** The x-stormgate-priority it asked for, if any: a batch job's failure does not make an online request a retry. */
+  priority: string | undefined;
+  rawBody: Buffer;
+  /** How long a failure of this request makes a repeat of it a retry (the route's budget.repeats.windowS). */
+  windowMs: number;
+  key?: string;
+}
+
+/** Enough for a storm of distinct failing bodies; past it the oldest are forgotten (their repeats count as requests). */
+const MAX_ENTRIES = 10_000;
+
+export class ClientRepeats {
+  /** Key -> when its failure stops making a repeat a retry. Oldest first: an entry is moved to the end when renewed. */
+  readonly #until = new Map<string, number>();
+
+  constructor(
+    private readonly now: () => number,
+    private readonly maxEntries = MAX_ENTRIES,
+  ) {}
+
+  get size(): number {
+    return this.#until.size;
+  }
+
+  /** On arrival: whether the same client sent the same body to the same path (at the same priority) and this instance failed it, lately. */
+  isRepeat(a: Arrival): boolean {
+    // Nothing failed lately (nearly always): no body is hashed.
+    if (this.#until.size === 0) return false;
+    const key = keyOf(a);
+    const until = this.#until.get(key);
+    if (until === undefined) return false;
+    if (until > this.now()) return true;
+    this.#until.delete(key);
+    return false;
+  }
+
+  /**
+   * At the request's end: a failure is remembered for the request's window (renewed by each failed repeat, so an agent
+   * retrying every few seconds stays counted); a repeat that succeeded is forgotten, so the same question asked again
+   * later is a new request.
+   */
+  ended(a: Arrival, failed: boolean): void {
+    if (!failed) {
+      if (a.key !== undefined) this.#until.delete(a.key);
+      return;
+    }
+    const key = keyOf(a);
+    this.#until.delete(key);
+    this.#until.set(key, this.now() + a.windowMs);
+    this.#sweep();
+  }
+
+  /** Drops expired entries from the oldest end, then the oldest past the cap. */
+  #sweep(): void {
+    const now = this.now();
+    for (const [key, until] of this.#until) {
+      if (until > now && this.#until.size <= this.maxEntries) break;
+      this.#until.delete(key);
+    }
+  }
+}
+
+function keyOf(a: Arrival): string {
+  a.key ??= scopedKey(a.client, `${a.path}\n${a.priority ?? ''}`, fingerprintOf(a.rawBody, a.query));
+  return a.key;
+}
