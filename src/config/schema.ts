@@ -10,9 +10,22 @@ export const MAX_TIMER_MS = 2 ** 31 - 1;
 const ms = (doc: string) => z.number().int().nonnegative().max(MAX_TIMER_MS).describe(doc);
 const positiveMs = (doc: string) => z.number().int().positive().max(MAX_TIMER_MS).describe(doc);
 const MAX_TIMER_S = Math.floor(MAX_TIMER_MS / 1000);
-/** A key sent in a header: one written with `echo` ends in a line break, which no header may hold (trimmed, not sent). */
+/**
+ * A key sent in a header: one written with `echo` ends in a line break, which no header may hold (trimmed, not sent).
+ * Nor a character past U+00FF (a zero-width space or a typographic quote pasted with the key): undici refuses to send
+ * it, and every request to the provider was a 500. The message names the character, never the key.
+ */
 const headerSecret = () =>
-  z.string().trim().refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' });
+  z
+    .string()
+    .trim()
+    .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
+    .superRefine((key, ctx) => {
+      const beyond = /[^\x00-\xff]/u.exec(key)?.[0];
+      if (beyond === undefined) return;
+      const code = `U+${beyond.codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`;
+      ctx.addIssue({ code: 'custom', message: `holds the character ${code}, which no HTTP header can carry (pasted with the key?); write the key again by hand` });
+    });
 
 const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
 

@@ -3,6 +3,7 @@
 import { Readable } from 'node:stream';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import { forwardedResponseHeaders } from '../providers/headers.ts';
+import { withoutKey } from '../providers/key-echo.ts';
 import { computeDeadline } from '../policy/deadline.ts';
 import { toldPastHoldOff } from '../policy/hold-off-wait.ts';
 import type { Random } from '../policy/random.ts';
@@ -227,7 +228,9 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     // it too, or the id a developer quotes leads nowhere in the gateway's logs.
     // An error the gateway writes itself (a refused key's 502, say) names the provider's id of the answer it failed on:
     // the provider's support asks for it.
-    const upstreamId = answer.headers['x-request-id'] ?? (served.kind === 'failed' ? requestIdOf(served.failure.result.headers) : undefined);
+    // That id is read from the provider's own headers, not from the ones passed on: a server that echoes the key it was
+    // sent (in its request id, as on a 401) must not put it in the log line through it.
+    const upstreamId = answer.headers['x-request-id'] ?? (served.kind === 'failed' ? requestIdOf(served.failure.result.headers, served.plan.client.config.apiKey) : undefined);
     if (upstreamId !== undefined) summary.upstreamRequestId = upstreamId;
     return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
   } catch (err) {
@@ -269,10 +272,10 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
   return forgotten;
 }
 
-/** The provider's id of an answer: x-request-id, or Anthropic's request-id. */
-function requestIdOf(headers: HeaderBag | undefined): string | undefined {
+/** The provider's request id (OpenAI's `x-request-id`, Anthropic's `request-id`), without the key it was sent. */
+function requestIdOf(headers: HeaderBag | undefined, apiKey: string): string | undefined {
   const v = headers?.['x-request-id'] ?? headers?.['request-id'];
-  return typeof v === 'string' ? v : undefined;
+  return typeof v === 'string' ? withoutKey(v, apiKey) : undefined;
 }
 
 function clientRetryCount(headers: HeaderBag): number {
