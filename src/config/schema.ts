@@ -12,8 +12,9 @@ const positiveMs = (doc: string) => z.number().int().positive().max(MAX_TIMER_MS
 const MAX_TIMER_S = Math.floor(MAX_TIMER_MS / 1000);
 /**
  * A key sent in a header: one written with `echo` ends in a line break, which no header may hold (trimmed, not sent).
- * Nor a character past U+00FF (a zero-width space or a typographic quote pasted with the key): undici refuses to send
- * it, and every request to the provider was a 500. The message names the character, never the key.
+ * Nor a character past ASCII (a zero-width space or a typographic quote pasted with the key): past U+00FF undici
+ * refuses to send it, and every request to the provider was a 500; below, it goes as a byte no provider's key holds,
+ * and the provider's refusal held the target off as a bad key. The message names the character, never the key.
  */
 const headerSecret = () =>
   z
@@ -21,10 +22,10 @@ const headerSecret = () =>
     .trim()
     .refine((key) => !/[\x00-\x1f\x7f]/.test(key), { message: 'contains a line break or another control character inside it; a key is one line' })
     .superRefine((key, ctx) => {
-      const beyond = /[^\x00-\xff]/u.exec(key)?.[0];
+      const beyond = /[^\x00-\x7f]/u.exec(key)?.[0];
       if (beyond === undefined) return;
       const code = `U+${beyond.codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`;
-      ctx.addIssue({ code: 'custom', message: `holds the character ${code}, which no HTTP header can carry (pasted with the key?); write the key again by hand` });
+      ctx.addIssue({ code: 'custom', message: `holds a character beyond ASCII (${code}, pasted with the key?): a key is letters, digits and punctuation` });
     });
 
 const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
@@ -412,10 +413,9 @@ const AuthSchema = z
     keys: z
       .record(
         z.string().regex(/^[A-Za-z0-9_.-]+$/, 'letters, digits, "_", "." or "-"'),
+        // ASCII only (headerSecret): header bytes reach the gateway as Latin-1 while the config is UTF-8, so a key
+        // beyond ASCII matched only for clients that send it as Latin-1 (fetch), never for those that send UTF-8 (curl).
         headerSecret()
-          // Header bytes reach the gateway as Latin-1 while the config is UTF-8: a key beyond ASCII matches only for
-          // clients that send it as Latin-1 (fetch), never for those that send UTF-8 (curl), and fetch refuses one past U+00FF.
-          .refine((key) => !/[^\x00-\x7f]/.test(key), { message: 'holds a character beyond ASCII, which clients send in different encodings; use letters, digits and punctuation' })
           .describe('A client key, usually from the environment: "${STORMGATE_KEY_AGENTS}" (surrounding whitespace trimmed); never logged.'),
       )
       .describe('Client keys by client name. A request must carry one as its API key (Authorization: Bearer, x-api-key or api-key), or it gets 401 invalid_api_key; the name is logged with the request. /healthz, /readyz and /metrics stay open.'),
