@@ -10,7 +10,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { flexTierKey, HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold } from './state/hold-offs.ts';
 import { ClientRepeats } from './state/client-repeats.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
@@ -125,11 +125,6 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     }, Math.max(0, untilMs - now()));
     recoveries.set(target, timer.unref());
   };
-  // The lot keeps a flex tier's requests in a queue of their own (TargetPlan.holdOffKey), held by the target's state too.
-  const notify = (target: string): void => {
-    lot.notify(target);
-    lot.notify(flexTierKey(target));
-  };
   const unsubscribe = store.onChange((change) => {
     if (change.kind === 'breaker') {
       metrics.breakerState.set({ target: change.target }, BREAKER_STATE_VALUE[change.record.state]);
@@ -140,20 +135,21 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       // A credential hold has no capacity to regain; requests parked on the target for another reason go at once and
       // skip it (target-state.ts), to the next target or to their 502.
       if (isCredentialHoldKey(change.target)) {
-        notify(targetOfCredentialHold(change.target));
+        lot.notify(targetOfCredentialHold(change.target));
         return;
       }
       // A side key (what a long hint asked for, why a credential hold is in force) only changes what held requests are
       // told; the hold-off's own key moves the rest.
       if (isSideKey(change.target)) return;
-      // A flex tier's hold-off cut no limit (a 498 does not): nothing to recover, only its own queue to move.
+      // A flex tier's hold-off cut no limit (a 498 does not): nothing to recover, only its requests to move (the lot
+      // keeps them in their target's queue, under the tier's key: TargetPlan.holdOffKey).
       if (isFlexTierKey(change.target)) {
         lot.notify(change.target);
         return;
       }
       recoverWhenOver(change.target, change.untilMs);
     }
-    notify(change.target);
+    lot.notify(change.target);
   });
   const unsubscribeDegraded = store.onDegradedChange((degraded) => metrics.stateDegraded.set(degraded ? 1 : 0));
   metrics.stateDegraded.set(store.degraded ? 1 : 0);
@@ -204,7 +200,6 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       lot.forget(key);
-      lot.forget(flexTierKey(key));
       void forgetTargetSeries(metrics, key);
     },
   };

@@ -1,6 +1,7 @@
 // The parking lot: bounded, deadline-ordered, released at a slow-start pace, nothing released while blocked.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ParkingLot, type TargetState } from '../src/pipeline/parking-lot.ts';
+import { flexTierKey } from '../src/state/hold-offs.ts';
 
 let state: TargetState;
 let lot: ParkingLot;
@@ -255,5 +256,128 @@ describe('the parking lot with priority classes', () => {
     lot.notify('t');
     await vi.advanceTimersByTimeAsync(10);
     expect(order).toEqual(['online']);
+  });
+});
+
+describe("the parking lot with a target's flex tier", () => {
+  // The states by key: the target's own, and its flex tier's (which its hold-offs hold too, target-state.ts).
+  const T = 'groq/llama';
+  const FLEX = flexTierKey(T);
+  let states: Record<string, TargetState>;
+  let tiered: ParkingLot;
+  beforeEach(() => {
+    states = { [T]: { mode: 'blocked', availableAtMs: 1_000 }, [FLEX]: { mode: 'blocked', availableAtMs: 1_000 } };
+    tiered = new ParkingLot({ now: () => Date.now(), random: () => random(), stateOf: (key) => states[key]! });
+  });
+  afterEach(() => tiered.close());
+  const back = (slots: number) => {
+    states[T] = { mode: 'available', slots };
+    states[FLEX] = { mode: 'available', slots };
+  };
+
+  it('releases what both tiers parked through a target-wide hold-off under one limit, not one per tier', async () => {
+    const out: Array<{ done(): void }> = [];
+    let most = 0;
+    const note = (r: Awaited<ReturnType<ParkingLot['park']>>) => {
+      if (r.kind !== 'released') return;
+      out.push(r.ticket);
+      most = Math.max(most, out.length);
+    };
+    for (let i = 0; i < 3; i++) void tiered.park(T, opts(60_000 + i)).then(note);
+    for (let i = 0; i < 3; i++) void tiered.park(FLEX, opts(60_100 + i)).then(note);
+    await vi.advanceTimersByTimeAsync(999);
+    back(2);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(out).toHaveLength(2);
+    // Each one done lets one more go, never more than the limit out at once.
+    while (out.length > 0) {
+      out.shift()!.done();
+      await vi.advanceTimersByTimeAsync(0);
+    }
+    expect(most).toBe(2);
+    expect(tiered.waiting(T) + tiered.waiting(FLEX)).toBe(0);
+  });
+
+  it('releases both tiers in one deadline order when the target comes back', async () => {
+    const order: string[] = [];
+    const out: Array<{ done(): void }> = [];
+    const park = (key: string, deadline: number, name: string) =>
+      void tiered.park(key, opts(deadline)).then((r) => r.kind === 'released' && (order.push(name), out.push(r.ticket)));
+    park(T, 10_000, 'default 10 s');
+    park(FLEX, 20_000, 'flex 20 s');
+    park(T, 30_000, 'default 30 s');
+    park(FLEX, 15_000, 'flex 15 s');
+    await vi.advanceTimersByTimeAsync(999);
+    back(1);
+    for (let i = 0; i < 4; i++) {
+      await vi.advanceTimersByTimeAsync(1);
+      expect(order).toHaveLength(i + 1);
+      out.shift()!.done();
+    }
+    expect(order).toEqual(['default 10 s', 'flex 15 s', 'flex 20 s', 'default 30 s']);
+  });
+
+  it('has a flex newcomer queue behind default-tier requests parked for its target, and a default one not behind flex ones', async () => {
+    void tiered.park(T, opts(60_000));
+    await vi.advanceTimersByTimeAsync(10);
+    expect(tiered.waiting(FLEX, 0)).toBe(1);
+    // The flex tier's own hold-off holds its requests; the target is there for the default tier.
+    states[T] = { mode: 'available', slots: 4 };
+    states[FLEX] = { mode: 'blocked', availableAtMs: 5_000 };
+    tiered.notify(T);
+    await vi.advanceTimersByTimeAsync(10);
+    expect(tiered.waiting(T, 0)).toBe(0);
+    void tiered.park(FLEX, opts(60_000));
+    expect(tiered.waiting(T, 0)).toBe(0);
+    expect(tiered.waiting(FLEX, 0)).toBe(1);
+  });
+
+  it('parks a flex newcomer behind the default-tier requests spread over the release window', async () => {
+    random = () => 0.5;
+    const releasedAt: Array<[string, number]> = [];
+    void tiered.park(T, opts(60_000)).then((r) => r.kind === 'released' && releasedAt.push(['parked', Date.now()]));
+    await vi.advanceTimersByTimeAsync(1_000);
+    back(64);
+    tiered.notify(T);
+    // Window: 0.2 x 1 s = 200 ms; the parked request leaves at +100, the flex newcomer at +200, as a default one would.
+    void tiered.park(FLEX, opts(30_000)).then((r) => r.kind === 'released' && releasedAt.push(['flex newcomer', Date.now()]));
+    await vi.advanceTimersByTimeAsync(500);
+    expect(releasedAt).toEqual([
+      ['parked', 1_100],
+      ['flex newcomer', 1_200],
+    ]);
+  });
+
+  it("lets default-tier requests go past flex ones the flex tier's own hold-off holds, which wait for that one only", async () => {
+    states[T] = { mode: 'available', slots: 2 };
+    states[FLEX] = { mode: 'blocked', availableAtMs: 5_000 };
+    const releasedAt: Array<[string, number]> = [];
+    const out: Array<{ done(): void }> = [];
+    // The flex request's deadline is the earliest: first in the lot's order, yet it must hold nobody back.
+    void tiered.park(FLEX, opts(30_000)).then((r) => r.kind === 'released' && (releasedAt.push(['flex', Date.now()]), out.push(r.ticket)));
+    for (const d of [60_000, 61_000]) void tiered.park(T, opts(d)).then((r) => r.kind === 'released' && (releasedAt.push([`default ${d / 1000} s`, Date.now()]), out.push(r.ticket)));
+    await vi.advanceTimersByTimeAsync(10);
+    expect(releasedAt).toEqual([
+      ['default 60 s', 0],
+      ['default 61 s', 0],
+    ]);
+    out.splice(0).forEach((t) => t.done());
+    await vi.advanceTimersByTimeAsync(4_980);
+    expect(releasedAt).toHaveLength(2);
+    states[FLEX] = { mode: 'available', slots: 2 };
+    await vi.advanceTimersByTimeAsync(1_100);
+    expect(releasedAt.map(([n]) => n)).toEqual(['default 60 s', 'default 61 s', 'flex']);
+    expect(releasedAt[2]![1]).toBeGreaterThanOrEqual(5_000);
+  });
+
+  it('drops the queue of a target given back, its flex tier included, once nothing waits on either', async () => {
+    back(4);
+    const r = await tiered.park(FLEX, opts(60_000));
+    expect(r.kind).toBe('released');
+    tiered.forget(T);
+    expect(tiered.size).toBe(1);
+    if (r.kind === 'released') r.ticket.done();
+    tiered.forget(T);
+    expect(tiered.size).toBe(0);
   });
 });

@@ -5,7 +5,11 @@
 // the breaker's probes. The requests parked when a target comes back leave spread over a short window (a fifth of how
 // long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
 // at T.
+// A target's flex service tier (TargetPlan.holdOffKey) parks under a key of its own, for the hold-off that holds that
+// tier alone, but in its target's queue: one order and one limit for everything released to the target. Kept apart,
+// each tier's queue was paced to the limit, and twice the limit left for the target when a target-wide hold-off ended.
 import type { RequestSignal } from './request-abort.ts';
+import { targetOfHoldOffKey } from '../state/hold-offs.ts';
 import type { WaitingBodies } from '../pools/waiting-bodies.ts';
 
 export type TargetState =
@@ -75,6 +79,9 @@ interface ParkingLotDeps {
 
 interface Entry {
   route: string;
+  /** The key it parked under (the target's, or its flex tier's): whose state says whether it may go. */
+  key: string;
+  tier: Tier;
   cls: number;
   deadlineAtMs: number;
   /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
@@ -84,8 +91,22 @@ interface Entry {
   settle: (r: ParkResult) => void;
 }
 
+/** The requests of a target's queue parked under one key: the target's own, or its flex tier's. */
+interface Tier {
+  parked: number;
+  /** Since when the key has been unavailable to its parked requests, while it is. */
+  blockedSinceMs: number | undefined;
+  /** The end of its current release window: newcomers park behind the requests spread over it. */
+  spreadUntilMs: number;
+  /** Where its key stood when the lot last looked (#pump): the state its requests are released by. */
+  state: TargetState;
+}
+
+/** A target's queue: the requests parked for it under any of its keys, in one order, released under one limit. */
 interface Queue {
+  /** By class, then deadline, whatever key they parked under. */
   entries: Entry[];
+  tiers: Map<string, Tier>;
   inflight: number;
   /** Released and not yet done, per class. */
   inflightByClass: number[];
@@ -93,13 +114,11 @@ interface Queue {
   streamingByClass: number[];
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
-  /** Since when the target has been unavailable to this queue, while it is. */
-  blockedSinceMs: number | undefined;
-  /** The end of the current release window: newcomers park behind the requests spread over it. */
-  spreadUntilMs: number;
 }
 
 const NO_TIMER = Number.POSITIVE_INFINITY;
+/** A new tier's state until the lot first looks. */
+const AVAILABLE: TargetState = { mode: 'available', slots: 0 };
 /** The release window after an unavailable spell: this share of the spell, as the wait hints' random(1, 1.2)... */
 const RELEASE_SPREAD_SHARE = 0.2;
 /** ...and at most this long, so the end of a long outage does not hold the parked back for long. */
@@ -116,32 +135,43 @@ export class ParkingLot {
   }
 
   /**
-   * Requests waiting for a target (new arrivals queue behind them, so the deadline order holds); with `cls`, only those
-   * of that class or a higher one: a newcomer does not queue behind lower classes.
+   * Requests a newcomer parked under `key` queues behind (so the deadline order holds): those parked for its target
+   * under that key or the target's own, whose hold-offs hold it too (a flex request queues behind the default tier's,
+   * a default-tier request never behind the flex tier's, which its hold-off may hold alone). With `cls`, only those of
+   * that class or a higher one: a newcomer does not queue behind lower classes.
    */
-  waiting(target: string, cls?: number): number {
+  waiting(key: string, cls?: number): number {
+    const target = targetOfHoldOffKey(key);
     const entries = this.#queues.get(target)?.entries;
-    // Asked on every request: the common answer (none parked) allocates nothing.
+    // Asked on every request: the common answer (none parked) allocates nothing, nor does any other.
     if (entries === undefined || entries.length === 0) return 0;
-    return cls === undefined ? entries.length : entries.filter((e) => e.cls <= cls).length;
+    let n = 0;
+    for (const e of entries) if ((cls === undefined || e.cls <= cls) && (e.key === key || e.key === target)) n++;
+    return n;
   }
 
-  park(target: string, opts: ParkOptions): Promise<ParkResult> {
+  park(key: string, opts: ParkOptions): Promise<ParkResult> {
     if (this.#closing) return Promise.resolve(this.#count(opts.route, { kind: 'closing' }));
     if ((this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     if (opts.signal.aborted) return Promise.resolve(this.#count(opts.route, { kind: 'aborted' }));
     const bytes = opts.bodyBytes ?? 0;
     if (this.#deps.bodies && !this.#deps.bodies.take(bytes, opts.lowestClass === true)) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
+    const target = targetOfHoldOffKey(key);
     const q = this.#queue(target);
+    const tier = this.#tier(q, key);
+    // It parks behind the release windows of the requests it queues behind (waiting()): its own key's and its target's.
+    const windowEndMs = Math.max(tier.spreadUntilMs, q.tiers.get(target)?.spreadUntilMs ?? 0);
     return new Promise<ParkResult>((resolve) => {
       let waitTimer: NodeJS.Timeout | undefined;
       const cutoffMs = opts.deadlineAtMs - opts.minAttemptMs;
       const entry: Entry = {
         route: opts.route,
+        key,
+        tier,
         cls: opts.cls ?? 0,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
-        notBeforeMs: notBefore(q.spreadUntilMs > this.#deps.now() ? Math.min(q.spreadUntilMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
+        notBeforeMs: notBefore(windowEndMs > this.#deps.now() ? Math.min(windowEndMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
         settle: (r) => {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
@@ -154,9 +184,7 @@ export class ParkingLot {
       const leave = (r: ParkResult) => {
         const i = q.entries.indexOf(entry);
         if (i === -1) return;
-        q.entries.splice(i, 1);
-        // Nobody left waiting: a later spell away starts afresh (and so does its release window).
-        if (q.entries.length === 0) q.blockedSinceMs = undefined;
+        takeOut(q, i);
         entry.settle(r);
       };
       const onAbort = () => leave({ kind: 'aborted' });
@@ -164,30 +192,33 @@ export class ParkingLot {
       const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, cutoffMs - this.#deps.now());
       waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
+      tier.parked++;
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
       this.#deps.onParkedChange?.(opts.route, 1);
       this.#pump(target, q);
     });
   }
 
-  /** The target's state may have changed (a breaker transition, a hold-off, a timer): release what may go. */
-  notify(target: string): void {
+  /** The state of a target or of its flex tier may have changed (a breaker transition, a hold-off, a timer): release what may go. */
+  notify(key: string): void {
+    const target = targetOfHoldOffKey(key);
     const q = this.#queues.get(target);
     if (q) this.#pump(target, q);
   }
 
-  /** Targets the lot keeps a queue for. */
+  /** Targets the lot keeps a queue for (a flex tier's requests are in their target's). */
   get size(): number {
     return this.#queues.size;
   }
 
   /**
    * Drops the queue of a target key given back (a made-up model name the provider answered 404), once nothing waits
-   * on it or was released from it: a queue is kept per target ever parked on, so such names would grow the lot
-   * without bound. Requests still parked or in flight keep theirs (the last to leave drops nothing; the key's next
-   * 404, or none, as for the pools).
+   * on it or was released from it, under either of its keys: a queue is kept per target ever parked on, so such names
+   * would grow the lot without bound. Requests still parked or in flight keep theirs (the last to leave drops nothing;
+   * the key's next 404, or none, as for the pools).
    */
-  forget(target: string): void {
+  forget(key: string): void {
+    const target = targetOfHoldOffKey(key);
     const q = this.#queues.get(target);
     if (!q || q.entries.length > 0 || q.inflight > 0) return;
     clearTimeout(q.timer);
@@ -205,21 +236,45 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, blockedSinceMs: undefined, spreadUntilMs: 0 }));
+    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER }));
     return q;
+  }
+
+  #tier(q: Queue, key: string): Tier {
+    let tier = q.tiers.get(key);
+    if (!tier) q.tiers.set(key, (tier = { parked: 0, blockedSinceMs: undefined, spreadUntilMs: 0, state: AVAILABLE }));
+    return tier;
   }
 
   #pump(target: string, q: Queue): void {
     if (q.entries.length === 0) return;
-    const state = this.#deps.stateOf(target);
     const now = this.#deps.now();
-    if (state.mode === 'blocked') {
-      q.blockedSinceMs ??= now;
-      this.#wakeAt(target, q, state.availableAtMs);
+    // Where each key its requests parked under stands, read once a pump: the target's, and its flex tier's, which the
+    // tier's own hold-off may block alone. Blocked keys wake the lot when they end; the others release.
+    let blockedUntilMs = Number.POSITIVE_INFINITY;
+    let open = false;
+    let back: Tier[] | undefined;
+    let backSinceMs = Number.POSITIVE_INFINITY;
+    for (const [key, tier] of q.tiers) {
+      if (tier.parked === 0) continue;
+      const state = (tier.state = this.#deps.stateOf(key));
+      if (state.mode === 'blocked') {
+        tier.blockedSinceMs ??= now;
+        blockedUntilMs = Math.min(blockedUntilMs, state.availableAtMs);
+        continue;
+      }
+      open = true;
+      if (tier.blockedSinceMs !== undefined) {
+        (back ??= []).push(tier);
+        backSinceMs = Math.min(backSinceMs, tier.blockedSinceMs);
+      }
+    }
+    if (!open) {
+      this.#wakeAt(target, q, blockedUntilMs);
       return;
     }
-    if (q.blockedSinceMs !== undefined) this.#spread(q, now);
-    const limit = state.slots;
+    // Keys back at once (a target-wide hold-off over) share one window, their requests their moments in one order.
+    if (back) this.#spread(q, back, backSinceMs, now);
     let next = Number.POSITIVE_INFINITY;
     let i = 0;
     while (i < q.entries.length) {
@@ -228,20 +283,22 @@ export class ParkingLot {
       // answer, whose breaker change releases parked requests) before any due timer, and a request released now would
       // reach undici before its deadline's timer could stop it. It times out now, as its timer would have.
       if (now >= entry.cutoffMs) {
-        q.entries.splice(i, 1);
+        takeOut(q, i);
         entry.settle({ kind: 'timeout' });
         continue;
       }
-      if (entry.notBeforeMs !== undefined && entry.notBeforeMs > now) {
-        next = Math.min(next, entry.notBeforeMs);
+      const state = entry.tier.state;
+      // Held by its key's own hold-off (a flex tier's): it holds back nobody parked under another key.
+      if (state.mode === 'blocked' || (entry.notBeforeMs !== undefined && entry.notBeforeMs > now)) {
+        if (state.mode !== 'blocked') next = Math.min(next, entry.notBeforeMs!);
         i++;
         continue;
       }
-      // Entries are in class order: one that may not go now (its class and the higher ones have `limit` out) holds
-      // back every one after it.
+      // Entries are in class order: one that may not go now (its class and the higher ones have `limit` out, whatever
+      // key they parked under) holds back every one after it.
       // While probing, the slots are the breaker's probes: a stream begun is no probe any more.
-      if (inflightUpTo(q, entry.cls, state.mode === 'probing') >= limit) break;
-      q.entries.splice(i, 1);
+      if (inflightUpTo(q, entry.cls, state.mode === 'probing') >= state.slots) break;
+      takeOut(q, i);
       q.inflight++;
       q.inflightByClass[entry.cls] = (q.inflightByClass[entry.cls] ?? 0) + 1;
       const cls = entry.cls;
@@ -268,23 +325,29 @@ export class ParkingLot {
       });
     }
     if (q.entries.length === 0) return;
-    // The next moment in the release window; and, since a probe's answer moves the breaker and answers raise the
-    // limit, a re-check soon in case nothing reports back.
-    this.#wakeAt(target, q, Math.min(next, now + 250));
+    // The next moment in the release window, or the end of a key's unavailability; and, while requests of a key that
+    // is not blocked wait (a probe's answer moves the breaker and answers raise the limit), a re-check soon in case
+    // nothing reports back.
+    let openLeft = false;
+    for (const tier of q.tiers.values()) if (tier.parked > 0 && tier.state.mode !== 'blocked') openLeft = true;
+    this.#wakeAt(target, q, Math.min(next, blockedUntilMs, openLeft ? now + 250 : Number.POSITIVE_INFINITY));
   }
 
   /**
-   * The target is back: each request parked now gets its moment in the window, never past half its time left nor its
-   * cut-off. The random moments are sorted before they are handed out in deadline order: drawn per request, a request
-   * unlucky in window after window (a provider that keeps asking for short pauses) would wait out its whole deadline
-   * while later ones went.
+   * Keys are back: each request parked under them now gets its moment in the window, never past half its time left
+   * nor its cut-off. The random moments are sorted before they are handed out in deadline order: drawn per request, a
+   * request unlucky in window after window (a provider that keeps asking for short pauses) would wait out its whole
+   * deadline while later ones went.
    */
-  #spread(q: Queue, now: number): void {
-    const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - q.blockedSinceMs!));
-    q.blockedSinceMs = undefined;
-    q.spreadUntilMs = now + windowMs;
-    const moments = q.entries.map(() => windowMs * this.#deps.random()).sort((a, b) => a - b);
-    q.entries.forEach((e, i) => {
+  #spread(q: Queue, back: Tier[], sinceMs: number, now: number): void {
+    const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - sinceMs));
+    for (const tier of back) {
+      tier.blockedSinceMs = undefined;
+      tier.spreadUntilMs = now + windowMs;
+    }
+    const coming = back.length === q.tiers.size ? q.entries : q.entries.filter((e) => back.includes(e.tier));
+    const moments = coming.map(() => windowMs * this.#deps.random()).sort((a, b) => a - b);
+    coming.forEach((e, i) => {
       e.notBeforeMs = now + Math.min(moments[i]!, (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
     });
   }
@@ -300,11 +363,16 @@ export class ParkingLot {
     }, Math.max(0, atMs - this.#deps.now()));
     q.timer.unref();
   }
-
   #count(route: string, r: ParkResult): ParkResult {
     this.#deps.onOutcome?.(route, r.kind);
     return r;
   }
+}
+
+/** Takes the i-th entry out of its queue; the last of its key to leave ends the key's spell away (the next starts afresh). */
+function takeOut(q: Queue, i: number): void {
+  const [entry] = q.entries.splice(i, 1);
+  if (--entry!.tier.parked === 0) entry!.tier.blockedSinceMs = undefined;
 }
 
 /** The later of two moments an entry may not leave before, either unset. */

@@ -53,9 +53,10 @@ export interface TargetPlan {
    */
   sharesHoldOffs: boolean;
   /**
-   * The key of the hold-offs that hold this request off, and of its queue in the parking lot: the target's, or for a
-   * request that asks for the flex service tier (`service_tier: "flex"`) that tier's (HoldOffs.flexTierKey), which a
-   * 498 capacity_exceeded holds off alone and the target's own hold-offs hold too.
+   * The key of the hold-offs that hold this request off, and the one it parks under: the target's, or for a request
+   * that asks for the flex service tier (`service_tier: "flex"`) that tier's (HoldOffs.flexTierKey), which a 498
+   * capacity_exceeded holds off alone and the target's own hold-offs hold too. The parking lot keeps both keys' requests
+   * in their target's queue, in one order and under one limit.
    */
   holdOffKey: string;
   /**

@@ -17,9 +17,9 @@ interface TargetStateDeps {
 }
 
 /**
- * The parking lot's `stateOf`: the parking lot asks where a target stands; breakers and hold-offs answer. Its queues
- * are kept by hold-off key (TargetPlan.holdOffKey): a flex tier's queue stands where its target does, but for the
- * tier's own hold-off.
+ * The parking lot's `stateOf`: the parking lot asks where a target stands; breakers and hold-offs answer. It asks by
+ * the key its requests parked under (TargetPlan.holdOffKey): a flex tier's key stands where its target does, but for
+ * the tier's own hold-off.
  */
 export function targetStateOf({ holdOffs, board, breakerSettings, limitOf, now }: TargetStateDeps): (key: string) => TargetState {
   return (key) => {

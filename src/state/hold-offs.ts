@@ -43,7 +43,7 @@ const LOCATION_SUFFIX = '#location';
 /** The credential hold's reason a LOCATION_SUFFIX key stands for (policy/outcome.ts REGION_REFUSED_CODE). */
 const LOCATION_REASON = 'unsupported_country_region_territory';
 
-/** The hold-off key of a target's flex service tier (`<target>#flex`), and the parking lot's queue of its requests. */
+/** The hold-off key of a target's flex service tier (`<target>#flex`), which its requests park under too. */
 export function flexTierKey(target: string): string {
   return target + FLEX_SUFFIX;
 }
