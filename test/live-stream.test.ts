@@ -220,6 +220,29 @@ describe('LiveStream: idle timer', () => {
     expect((await ended).kind).toBe('shutdown');
   });
 
+  it('abandons a continuation its client left before reading any of it (at the recovery\'s marker): its upstream and slot go back', async () => {
+    const controller = new AbortController();
+    const { live, ended } = handedOverStream({ first: chunk(0, 'Hel'), iterator: upstream(controller, [new Error('other side closed')]), controller, apiKey: KEY });
+    let abandoned = 0;
+    let started = false;
+    live.recoverWith(async () => ({
+      text: (async function* () {
+        started = true;
+        yield chunk(0, 'lo', 'stop') + DONE;
+      })(),
+      ended: () => undefined,
+      abandon: () => abandoned++,
+    }));
+    const body = live.body();
+    await body.next();
+    // The marker: the continuation is in hand, and the client goes (its response destroyed) before reading on.
+    expect((await body.next()).value).toContain('stream recovered');
+    await body.return(undefined);
+    expect(started).toBe(false);
+    expect(abandoned).toBe(1);
+    expect((await ended).kind).toBe('client-gone');
+  });
+
   it('ends as its continuation did when a recovery breaks too: the client got that error event, not an answer', async () => {
     const { live, ended } = liveStream(chunk(0, 'Hel'), [], { choices: 1, usage: false }, 50);
     live.recoverWith(async () => ({

@@ -48,7 +48,7 @@ describe('a stream recovery asked for after the shutdown began', () => {
     const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
     const shutdown = new RequestAbort();
     shutdown.abort(new GatewayShutdown());
-    expect(await recover('Hel', 'stream_cut', shutdown)).toBeUndefined();
+    expect(await recover('Hel', 'stream_cut', shutdown, 30_000)).toBeUndefined();
     expect(taken).toEqual([]);
     expect(exhausted).toEqual([]);
   });
@@ -58,14 +58,14 @@ describe('a stream recovery asked for after the shutdown began', () => {
     const signal = new RequestAbort();
     const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, signal, deps, [])!;
     signal.abort(new Error('client gone'));
-    expect(await recover('Hel', 'stream_cut', new RequestAbort())).toBeUndefined();
+    expect(await recover('Hel', 'stream_cut', new RequestAbort(), 30_000)).toBeUndefined();
     expect(taken).toEqual([]);
   });
 
   it('still asks the budget while neither has happened (the refusal counted)', async () => {
     const { req, next, deps, taken, exhausted } = setUp();
     const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
-    expect(await recover('Hel', 'stream_cut', new RequestAbort())).toBeUndefined();
+    expect(await recover('Hel', 'stream_cut', new RequestAbort(), 30_000)).toBeUndefined();
     expect(taken).toEqual(['chat q/gpt-4o']);
     expect(exhausted).toEqual(['q/gpt-4o']);
   });

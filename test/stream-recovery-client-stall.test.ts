@@ -7,6 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { cc, delta, recoveringToNext, scripted, type Script } from './helpers/scripted-provider.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, metricSum, useStacks } from './helpers/stack.ts';
+import { createMetrics } from '../src/observability/metrics.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
@@ -27,7 +28,13 @@ describe('a client that stops reading a stream recovery\'s continuation', () => 
       res.on('close', () => closed.push(k));
       play(req, res);
     });
+    const metrics = createMetrics({ defaultMetrics: false });
+    const inUseAtQ = async () => {
+      metrics.collectPools();
+      return (await metrics.poolInUse.get()).values.filter((v) => v.labels.provider === 'q').reduce((sum, v) => sum + v.value, 0);
+    };
     const s = await startStack({
+      deps: { metrics },
       config: (mockUrl) => {
         const c = configServedBy(mockUrl, 'p', `${provider.origin}/v1`);
         // The broken stream's own stall limit is long (300 s); the continuation's target stalls its client in a second.
@@ -59,6 +66,9 @@ describe('a client that stops reading a stream recovery\'s continuation', () => 
     try {
       await until(() => received.includes('stream recovered'));
       expect(received).toContain('stream recovered');
+      // The continuation holds a slot of q's pool until it ends, and gives it back when its client is given up on
+      // (read from the registry: a scrape's keep-alive connection would be one more connection to the gateway).
+      expect(await inUseAtQ()).toBe(1);
       const connections = () => new Promise<number>((resolve) => s.gateway.server.getConnections((_e, c) => resolve(c)));
       await until(async () => (await connections()) === 0);
       expect(await connections()).toBe(0);
@@ -74,6 +84,8 @@ describe('a client that stops reading a stream recovery\'s continuation', () => 
       // The continuation's upstream response (the second request) is closed too.
       await until(() => closed.includes(2));
       expect(closed).toContain(2);
+      await until(async () => (await inUseAtQ()) === 0);
+      expect(await inUseAtQ()).toBe(0);
     } finally {
       socket.destroy();
     }

@@ -24,14 +24,17 @@ import { DeliveredText } from './delivered-text.ts';
  * breaker's reason: `stream_cut`, `stream_stalled`): the SSE text to send after what was delivered, and how that
  * continuation ended once it is read; or undefined when it cannot (the client then gets the original error).
  * `shutdown` aborts (with GatewayShutdown) when the instance's shutdown ends the stream: the continuation ends with it.
+ * `idleMs`: the broken stream's idle limit, the longest silence the client's stream is kept waiting for a pool slot.
  * `whenEnded` hears the continuation's end however it comes, even one it reaches by itself while nobody reads it (its
- * client stalled): the stream it continues, whose own timers stopped at the break, ends with it.
+ * client stalled): the stream it continues, whose own timers stopped at the break, ends with it. `abandon` ends a
+ * continuation whose text is never read (its client left first), giving back its upstream request and pool slot.
  */
 export type StreamRecovery = (
   delivered: string,
   brokeBy: string,
   shutdown: RequestSignal,
-) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void } | undefined>;
+  idleMs: number,
+) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void; abandon?: () => void } | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -431,7 +434,7 @@ export class LiveStream {
     if (this.#interrupted) shutdown.abort(new GatewayShutdown());
     let rest: Awaited<ReturnType<StreamRecovery>>;
     try {
-      rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut', shutdown.signal);
+      rest = await recover.continueFrom(delivered.text, this.#upstreamBroke?.reason ?? 'stream_cut', shutdown.signal, this.#opts.idleMs);
     } catch {
       rest = undefined;
     }
@@ -448,13 +451,19 @@ export class LiveStream {
     // A continuation can end while nobody reads it (its client stalled, on its own target's timer): this stream, held
     // at its yield with its own timers stopped, ends with it then, or the client's connection stayed open unlogged.
     rest.whenEnded?.((end) => this.#finish(endedAs(end)));
-    yield ': stormgate stream recovered from the next target\n\n';
     try {
+      yield ': stormgate stream recovered from the next target\n\n';
       for await (const text of rest.text) yield text;
     } finally {
       const end = rest.ended();
       // Left before its end (the client went away): the kind this stream ends with says so, not the continuation's.
       if (end) this.#kind = endedAs(end);
+      else if (rest.abandon) {
+        // Left before the continuation was read at all (at the marker, its client not reading): nothing reads it to
+        // its end, which gives back its upstream request and its pool slot, so it is ended here.
+        this.#kind = 'client-gone';
+        rest.abandon();
+      }
     }
     return true;
   }

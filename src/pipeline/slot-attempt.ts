@@ -1,7 +1,8 @@
 // One attempt inside the provider's pool: take a slot (by class, then arrival; a retry also under the retry cap),
 // attempt, and give the slot back (a stream: when it ends, or at its break when a streamRecovery continuation takes
 // over). How it went reaches the target's adaptive limit through recordOutcome (record-outcome.ts), which the caller
-// runs before it releases the slot.
+// runs before it releases the slot. The attempt loop (target-attempts.ts) and a stream recovery's continuation
+// (stream-recovery.ts) both go through here: a continuation that took no slot went past the next target's pool.
 import { classify, type Classification } from '../policy/outcome.ts';
 import { quotaLowUntil } from '../policy/quota-headers.ts';
 import { runAttempt, type AttemptResult } from './attempt.ts';
@@ -26,11 +27,17 @@ export type SlotAttempt =
    */
   | { kind: 'expired'; result: AttemptResult; cls: Classification };
 
+/**
+ * What of a request its slot and attempt read: the request's own context, or the one a stream recovery's continuation
+ * makes (its signal, and a deadline that bounds only its wait for the slot).
+ */
+export type SlotContext = Pick<RequestContext, 'route' | 'api' | 'stream' | 'shape' | 'signal' | 'deadlineAtMs' | 'earlyStart' | 'bodyBytes'>;
+
 /** Is the target still free to take requests? Undefined when it is; else why not and until when. */
 type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
 
 export async function attemptInSlot(
-  ctx: RequestContext,
+  ctx: SlotContext,
   plan: TargetPlan,
   upstream: UpstreamRequest,
   /** `released`: the parking lot let it go (SlotRequest.released). */

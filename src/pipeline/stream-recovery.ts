@@ -4,16 +4,15 @@
 // answer is spliced on only if it begins with exactly the delivered text. A stream cut before any text (after its
 // reasoning alone) has nothing to prefill or match: any next target is sent the original request, as a failover would
 // be. Anything else leaves the client with the original failure. The continuation is a retry taken from the budget,
-// and counted and recorded as one.
+// and counted and recorded as one; it goes through the next target's pool as any attempt on it does (slot-attempt.ts).
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
-import { runAttempt } from './attempt.ts';
+import { attemptInSlot, type SlotContext } from './slot-attempt.ts';
 import type { StreamEnd, StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
-import type { AttemptRecord, TargetDeps, TargetPlan } from './target-attempts.ts';
+import { heldBack, type AttemptRecord, type TargetDeps, type TargetPlan } from './target-attempts.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
-import { classify } from '../policy/outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
 import { RequestAbort, type RequestSignal } from './request-abort.ts';
 
@@ -29,7 +28,7 @@ export function streamRecovery(
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
   if (shape.choices > 1) return undefined;
   const { now } = deps;
-  return async (delivered, brokeBy, shutdown) => {
+  return async (delivered, brokeBy, shutdown, idleMs) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
     // recoveries must not storm the next target. Only a target free to take requests, and a retry the budget grants.
     const { board, holdOffs, budget } = deps.guards;
@@ -73,28 +72,29 @@ export function streamRecovery(
     const stop = () => attemptSignal.abort(shutdown.reason);
     signal.addEventListener('abort', () => attemptSignal.abort(signal.reason), { once: true });
     shutdown.addEventListener('abort', stop, { once: true });
-    const startedAt = now();
-    const result = await runAttempt({
-      client: next.client,
-      api: 'chat',
-      path: prepared.request.path,
-      // Marked as the retry it is, as every retry is: the request ran once already, at the target whose stream broke.
-      headers: { ...planned.request.headers, ...prepared.request.headers, 'x-retry-attempt': '1', 'x-retry-reason': brokeBy },
-      body: prepared.request.body,
-      stream: true,
-      shape,
-      translator: prepared.request.translator,
-      requestSignal: attemptSignal,
-      now,
+    // Marked as the retry it is, as every retry is: the request ran once already, at the target whose stream broke.
+    const upstream = { ...prepared.request, headers: { ...planned.request.headers, ...prepared.request.headers, 'x-retry-attempt': '1', 'x-retry-reason': brokeBy } };
+    // It goes through the next target's pool as its first attempt there would: a slot of the request's class (not
+    // under the retry cap, which bounds a target's retries of its own requests), waited for by the one wait rule. Past
+    // the pool, a primary that cut many streams at once sent every continuation to the backup at once, beyond its
+    // maxConcurrent and its adaptive limit, unseen by its in-use gauge. The wait has no request deadline to keep to
+    // (it ended at the first output): the client's stream waits as long as its idle limit lets it go silent (less
+    // minAttemptMs), from the break; once sent, the continuation's own timers bound it as before.
+    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes: Buffer.byteLength(upstream.body) };
+    const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, () => {
+      const held = heldBack(deps.guards, next, false, now());
+      return held && { kind: 'gone', ...held };
     });
     shutdown.removeEventListener('abort', stop);
+    // Shed (its class queue full, no slot within the wait), the target gone meanwhile, or the client or the shutdown
+    // gone before it was sent: nothing went upstream, and the client has the original failure (or the shutdown's).
+    if (attempt.kind !== 'done') return undefined;
+    const { result, cls, durationMs } = attempt;
     const live = result.stream;
     if (live) shutdown.addEventListener('abort', () => live.interrupt(), { once: true });
     // A second upstream request: in the request's log line (`attempts`) and stormgate_upstream_attempts_total, as
     // any other, or the amplification the operator watches misses every recovery; and a retry the budget paid for,
     // in stormgate_retry_count_total (with the break as its reason) as the budget's other retries are.
-    const durationMs = now() - startedAt;
-    const cls = classify(result.outcome);
     const code = failureCode(result);
     attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs, ...(code !== undefined && { code }) });
     deps.onRetry?.(req.route.name, next.key, brokeBy, 0);
@@ -102,19 +102,26 @@ export function streamRecovery(
     // And in the target's guards, as any attempt on it: unrecorded, a backup that failed every continuation (a 503, a
     // refused connection) never opened its breaker, and kept being sent the recoveries of every broken stream; and
     // a 429 it answered one with never reached its adaptive limit, which paced its own requests as if it had room.
+    // Recorded while the slot is held, as the attempt loop records: the limit hears how many were in flight. A stream's
+    // slot goes back when its upstream is let go of (slot-attempt.ts), however the continuation ends; any other's now.
     const judgedIn = result.stream && { generation: board.current(next.key).generation, atMs: now() };
-    await recordOutcome(deps.guards, next, result, cls, durationMs, undefined);
+    try {
+      await recordOutcome(deps.guards, next, result, cls, durationMs, undefined);
+    } finally {
+      attempt.release();
+    }
     if (!live) return undefined;
     judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();
     const ended = () => live.ended;
     const whenEnded = (fn: (end: StreamEnd) => void) => (live.onEnd = fn);
-    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded };
+    const abandon = () => live.abandon();
+    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded, abandon };
     if (!prefill) {
-      const text = await splice(body, delivered, () => live.abandon());
-      return text && { text, ended, whenEnded };
+      const text = await splice(body, delivered, abandon);
+      return text && { text, ended, whenEnded, abandon };
     }
-    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded };
+    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded, abandon };
   };
 }
 

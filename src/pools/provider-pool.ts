@@ -269,8 +269,8 @@ export class ProviderPool {
   }
 
   /**
-   * The upstream answered an attempt (whose slot is still held; a stream recovery's continuation, which takes none, is
-   * heard too): adapt the target's limit (429/529 mostly shrink it, success grows it).
+   * The upstream answered an attempt (whose slot is still held; a stream recovery's continuation's too): adapt the
+   * target's limit (429/529 mostly shrink it, success grows it).
    */
   observe(target: string, signal: 'rate-limited' | 'success' | 'none', roundTripMs: number): void {
     if (signal === 'none') return;
