@@ -18,7 +18,13 @@ describe('ClientRepeats', () => {
     repeats.ended(first, true);
     now = 999;
     expect(repeats.isRepeat(arrival('{"a":1}'))).toBe(true);
-    expect(repeats.isRepeat(arrival('{"a":2}'))).toBe(false);
+    const other = arrival('{"a":2}');
+    expect(repeats.isRepeat(other)).toBe(false);
+    // Same length, so hashed to tell; one of another length is not hashed at all.
+    expect(other.key).toBeDefined();
+    const longer = arrival('{"a":22}');
+    expect(repeats.isRepeat(longer)).toBe(false);
+    expect(longer.key).toBeUndefined();
     expect(repeats.isRepeat(arrival('{"a":1}', { client: 'team-b' }))).toBe(false);
     expect(repeats.isRepeat(arrival('{"a":1}', { path: '/v1/embeddings' }))).toBe(false);
     expect(repeats.isRepeat(arrival('{"a":1}', { query: '?x=1' }))).toBe(false);

@@ -77,7 +77,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     clientRetries: new Counter({
       name: 'stormgate_client_retries_total',
-      help: 'Requests that are a client\'s own retry, counted as retries by the retry budget, by route and how the gateway knew: declared (x-stainless-retry-count above 0, the openai and Anthropic SDKs) or repeat (the same body from the same client soon after this instance failed it: a client retrying without saying so).',
+      help: 'Requests that are a client\'s own retry, by route and how the gateway knew: declared (x-stainless-retry-count above 0, the openai and Anthropic SDKs; the retry budget counts it as a retry) or repeat (the same body from the same client soon after this instance failed it: a client retrying without saying so; counted as a retry by the budget only with budget.repeats.countAsRetries).',
       labelNames: ['route', 'how'] as const,
       registers,
     }),

@@ -27,6 +27,13 @@ const MAX_ENTRIES = 10_000;
 export class ClientRepeats {
   /** Key -> when its failure stops making a repeat a retry. Oldest first: an entry is moved to the end when renewed. */
   readonly #until = new Map<string, number>();
+  /** The latest of those ends: past it, every entry has expired. */
+  #lastUntilMs = 0;
+  /**
+   * The body lengths of the failures kept (and of some forgotten since: cleared only with the map): a body of another
+   * length repeats none, and is not hashed. With a trickle of failures there is nearly always something kept.
+   */
+  readonly #lengths = new Set<number>();
 
   constructor(
     private readonly now: () => number,
@@ -41,10 +48,19 @@ export class ClientRepeats {
   isRepeat(a: Arrival): boolean {
     // Nothing failed lately (nearly always): no body is hashed.
     if (this.#until.size === 0) return false;
+    const now = this.now();
+    // Every failure kept is past its window: forgotten at once, or with no later failure to sweep them, one failure
+    // long ago would have every body hashed for the rest of the process's life.
+    if (now >= this.#lastUntilMs) {
+      this.#until.clear();
+      this.#lengths.clear();
+      return false;
+    }
+    if (!this.#lengths.has(a.rawBody.length)) return false;
     const key = keyOf(a);
     const until = this.#until.get(key);
     if (until === undefined) return false;
-    if (until > this.now()) return true;
+    if (until > now) return true;
     this.#until.delete(key);
     return false;
   }
@@ -61,7 +77,10 @@ export class ClientRepeats {
     }
     const key = keyOf(a);
     this.#until.delete(key);
-    this.#until.set(key, this.now() + a.windowMs);
+    const until = this.now() + a.windowMs;
+    this.#until.set(key, until);
+    this.#lengths.add(a.rawBody.length);
+    this.#lastUntilMs = Math.max(this.#lastUntilMs, until);
     this.#sweep();
   }
 
