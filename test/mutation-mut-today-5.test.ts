@@ -50,6 +50,7 @@ describe('LiveStream at a break a continuation takes over', () => {
           yield chunk('lo', 'stop') + DONE;
         })(),
         ended: (): StreamEnd => ({ kind: 'complete', events: 2, droppedMalformed: 0 }),
+        target: 'backup/gpt-4o',
       };
     });
     for await (const _ of live.body());
@@ -122,7 +123,7 @@ describe('a stream recovery', () => {
     const shutdown = new RequestAbort();
     const { req, next, deps, taken, sent } = recoverySetUp({ onBudget: () => shutdown.abort(new GatewayShutdown()) });
     const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
-    const got = await Promise.race([recover('Hel', 'stream_cut', shutdown).catch(() => 'threw'), sleep(2_000, 'pending')]);
+    const got = await Promise.race([recover('Hel', 'stream_cut', shutdown, 30_000).catch(() => 'threw'), sleep(2_000, 'pending')]);
     expect(got).toBeUndefined();
     expect(taken).toEqual(['chat q/gpt-4o']);
     expect(sent()).toBe(0);
@@ -131,7 +132,7 @@ describe('a stream recovery', () => {
   it("of a flex request is not sent to a next target whose flex tier is held off, nor takes a retry for it", async () => {
     const { req, next, deps, taken, sent } = recoverySetUp({ holdOffKey: 'q/gpt-4o#flex', heldKeys: ['q/gpt-4o#flex'] });
     const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
-    const got = await Promise.race([recover('Hel', 'stream_cut', new RequestAbort()).catch(() => 'threw'), sleep(2_000, 'pending')]);
+    const got = await Promise.race([recover('Hel', 'stream_cut', new RequestAbort(), 30_000).catch(() => 'threw'), sleep(2_000, 'pending')]);
     expect(got).toBeUndefined();
     expect(taken).toEqual([]);
     expect(sent()).toBe(0);
@@ -227,6 +228,7 @@ describe('the breaker of a target whose stream a continuation takes over', () =>
           yield chunk('lo', 'stop') + DONE;
         })(),
         ended: (): StreamEnd => ({ kind: 'complete', events: 2, droppedMalformed: 0 }),
+        target: 'backup/gpt-4o',
       };
     });
     for await (const _ of live.body());
