@@ -146,6 +146,7 @@ describe('LiveStream: idle timer', () => {
         yield chunk(0, '.', 'stop') + DONE;
       })(),
       ended: (): StreamEnd => ({ kind: 'complete', events: 16, droppedMalformed: 0 }),
+      target: 'next/gpt-4o',
     }));
     const text = await readAll(live);
     expect(text.endsWith(DONE)).toBe(true);
@@ -167,6 +168,7 @@ describe('LiveStream: idle timer', () => {
           yield chunk(0, 'lo', 'stop') + DONE;
         })(),
         ended: (): StreamEnd => ({ kind: 'complete', events: 2, droppedMalformed: 0 }),
+        target: 'next/gpt-4o',
       };
     });
     const text = await readAll(live);
@@ -231,6 +233,7 @@ describe('LiveStream: idle timer', () => {
         yield chunk(0, 'lo', 'stop') + DONE;
       })(),
       ended: () => undefined,
+      target: 'next/gpt-4o',
       abandon: () => abandoned++,
     }));
     const body = live.body();
@@ -251,6 +254,7 @@ describe('LiveStream: idle timer', () => {
         yield 'data: {"error":{"message":"the upstream stream was cut","type":"server_error","param":null,"code":"stream_interrupted"}}\n\n';
       })(),
       ended: (): StreamEnd => ({ kind: 'stalled', events: 1, droppedMalformed: 0 }),
+      target: 'next/gpt-4o',
     }));
     const text = await readAll(live);
     expect(text).toContain('stream_interrupted');

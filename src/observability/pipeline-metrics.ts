@@ -100,9 +100,10 @@ export class RequestRecorder {
     if (ok && s.fallback) m.fallbackRequests.inc({ route });
     if (s.clientRetry) m.clientRetries.inc({ route, how: s.clientRetry });
     if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
-    if (s.usage) {
-      m.tokens.inc({ route, target, kind: 'prompt' }, s.usage.prompt);
-      m.tokens.inc({ route, target, kind: 'completion' }, s.usage.completion);
+    for (const [billed, usage] of [[target, s.usage], [s.continuationUsage?.target, s.continuationUsage?.usage]] as const) {
+      if (billed === undefined || usage === undefined) continue;
+      m.tokens.inc({ route, target: billed, kind: 'prompt' }, usage.prompt);
+      m.tokens.inc({ route, target: billed, kind: 'completion' }, usage.completion);
     }
     // Nor out of its rates.
     if (s.outcome !== 'client_gone' && s.outcome !== 'replayed') this.#window.record(route, { retried, ok, fallback: ok && s.fallback !== undefined });

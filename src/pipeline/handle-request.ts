@@ -130,8 +130,10 @@ export interface RequestSummary {
   retriesStopped?: RetriesStopped;
   /** Targets left out for this request, with the reason. */
   skipped: SkippedTarget[];
-  /** Tokens of the answer, for the cost metrics. */
+  /** Tokens of the answer, for the cost metrics (a recovered stream's: of its broken part, billed to `target`). */
   usage?: Usage;
+  /** A streamRecovery continuation's tokens, billed to the target it went to. */
+  continuationUsage?: { target: string; usage: Usage };
   /** Under an idempotency key: `run` (this request ran under it) or `replayed` (it got the run's answer again). */
   idempotency?: 'run' | 'replayed';
 }
@@ -416,6 +418,7 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
       // The client got an error event, not an answer: counted as such, not among the successes.
       if (endedBroken(end.kind)) summary.outcome = 'stream_error';
       if (end.usage) summary.usage = end.usage;
+      if (end.continuation) summary.continuationUsage = end.continuation;
       deps.onStreamEnd?.(req.route.name, end);
       // A client that stopped reading long ago: its connection goes too, which ends the request (logged, counted).
       if (end.kind === 'client-stalled') body.destroy();

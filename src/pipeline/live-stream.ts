@@ -34,14 +34,19 @@ export type StreamRecovery = (
   brokeBy: string,
   shutdown: RequestSignal,
   idleMs: number,
-) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void; abandon?: () => void } | undefined>;
+) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void; abandon?: () => void; target: string } | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
   events: number;
   droppedMalformed: number;
-  /** The usage the stream reported (chat with include_usage, the Responses API's completed event). */
+  /**
+   * The usage this stream's own upstream reported (chat with include_usage, the Responses API's completed event, an
+   * Anthropic stream's message_start and message_delta), as far as it went: a recovered stream's broken part included.
+   */
   usage?: Usage;
+  /** A streamRecovery continuation's usage, billed to the target it went to (its key), not to the one that broke. */
+  continuation?: { target: string; usage: Usage };
   /** It ended with an upstream error event that names the gateway's own account (a quota spent mid-answer). */
   accountRefused?: true;
   /**
@@ -172,6 +177,8 @@ export class LiveStream {
   #accountRefused = false;
   #upstreamBroke: FailureFacts | undefined;
   #usage: Usage | undefined;
+  /** What the streamRecovery continuation reported, once it has ended. */
+  #continuationUsage: StreamEnd['continuation'];
   #idle: NodeJS.Timeout | undefined;
   /** Handed over before its first output, which has not come yet: the first-token timer bounds the upstream's silence. */
   #beforeOutput = false;
@@ -450,12 +457,20 @@ export class LiveStream {
     const endedAs = (end: StreamEnd): StreamEndKind => (endedWhole(end.kind) ? 'recovered' : end.kind);
     // A continuation can end while nobody reads it (its client stalled, on its own target's timer): this stream, held
     // at its yield with its own timers stopped, ends with it then, or the client's connection stayed open unlogged.
-    rest.whenEnded?.((end) => this.#finish(endedAs(end)));
+    // Its bill is its target's: the continuation is a request of its own at another provider.
+    const billed = (end: StreamEnd | undefined) => {
+      if (end?.usage) this.#continuationUsage = { target: rest.target, usage: end.usage };
+    };
+    rest.whenEnded?.((end) => {
+      billed(end);
+      this.#finish(endedAs(end));
+    });
     try {
       yield ': stormgate stream recovered from the next target\n\n';
       for await (const text of rest.text) yield text;
     } finally {
       const end = rest.ended();
+      billed(end);
       // Left before its end (the client went away): the kind this stream ends with says so, not the continuation's.
       if (end) this.#kind = endedAs(end);
       else if (rest.abandon) {
@@ -512,10 +527,11 @@ export class LiveStream {
     clearTimeout(this.#idle);
     clearTimeout(this.#opts.firstTokenTimer);
     // A translated stream's usage is the translator's, read from the upstream's events: the client's events carry it
-    // only when it asked for include_usage, and the tokens metric bills every answer.
-    // Not for a recovered stream: its answer's end, and its usage, came from the continuation's target.
-    const usage = (kind !== 'recovered' ? this.#opts.translate?.usage() : undefined) ?? this.#usage;
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
+    // only when it asked for include_usage, and the tokens metric bills every answer. A recovered stream's is what its
+    // provider reported before the break (billed to it, as a cut stream's is), and its continuation's apart.
+    const usage = this.#opts.translate?.usage() ?? this.#usage;
+    const continuation = this.#continuationUsage;
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(continuation && { continuation }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
     this.#ended = end;
     const giveBack = this.#letGoUpstream(kind);
     this.onEnd?.(end);

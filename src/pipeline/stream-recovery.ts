@@ -116,12 +116,13 @@ export function streamRecovery(
     const ended = () => live.ended;
     const whenEnded = (fn: (end: StreamEnd) => void) => (live.onEnd = fn);
     const abandon = () => live.abandon();
-    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded, abandon };
+    const target = next.key;
+    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded, abandon, target };
     if (!prefill) {
       const text = await splice(body, delivered, abandon);
-      return text && { text, ended, whenEnded, abandon };
+      return text && { text, ended, whenEnded, abandon, target };
     }
-    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded, abandon };
+    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded, abandon, target };
   };
 }
 
