@@ -456,6 +456,8 @@ describe('streams that break after their first output', () => {
     expect(got.usage).toEqual(backupBill);
     const [line] = await requestLines(gw, 1);
     expect(line!.streamEnd).toBe('recovered');
+    // The log line bills as the counter does: the broken part to its target, the continuation apart.
+    expect(line).toMatchObject({ usage: { prompt: 2_033, completion: 1 }, continuationUsage: { target: 'backup/gpt-4o', usage: { prompt: 1_001, completion: 9 } } });
     expect(await tokens(gw.url)).toEqual({
       'chat claude/claude-haiku-4-5 prompt': 2_033,
       'chat claude/claude-haiku-4-5 completion': 1,
@@ -538,8 +540,15 @@ describe('chargeback per client key (auth.keys) from the request log', () => {
     // The refused request went nowhere, and is counted as rejected with no route.
     expect(lines.find((l) => l.status === 401)?.client).toBeUndefined();
     expect(await counts(gw.url, 'stormgate_requests_total', ['route', 'outcome'])).toEqual({ 'chat success': 3, 'none rejected': 1 });
-    // The tokens counter sums the route's targets: which team spent them is only in the log (see the report).
+    // The tokens counter sums the route's targets: which team spent them is in the log, each line's usage next to its client.
     expect(await tokens(gw.url)).toEqual({ 'chat primary/gpt-4o prompt': 203, 'chat primary/gpt-4o completion': 20, 'chat backup/gpt-4o prompt': 777, 'chat backup/gpt-4o completion': 11 });
+    const byClient: Record<string, { prompt: number; completion: number }> = {};
+    for (const l of served) {
+      const sum = (byClient[l.client] ??= { prompt: 0, completion: 0 });
+      sum.prompt += l.usage.prompt;
+      sum.completion += l.usage.completion;
+    }
+    expect(byClient).toEqual({ 'team-a': { prompt: 203, completion: 20 }, 'team-b': { prompt: 777, completion: 11 } });
   });
 });
 

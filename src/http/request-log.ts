@@ -143,6 +143,9 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       retriesStopped: s.retriesStopped,
       ...(s.skipped.length > 0 && { skipped: s.skipped }),
       ...(s.idempotency && { idempotency: s.idempotency }),
+      // With `client`, what a chargeback per client key needs: the tokens the provider reported, by target.
+      ...(s.usage && { usage: s.usage }),
+      ...(s.continuationUsage && { continuationUsage: s.continuationUsage }),
     }),
   };
   const end = s?.streamEnd;
