@@ -57,7 +57,7 @@ export const RetrySchema = z
       .describe('Attempts on one target, the first included (1 disables retries). Default: 3.'),
     backoff: BackoffSchema.prefault({}),
     retryOn: z.array(RetryOnEntry).default([429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'])
-      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, idle, response). 400, 404, 422, credential errors, redirects (3xx, a wrong baseUrl) and a request larger than the provider\'s whole token limit ("Request too large") are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
+      .describe('Outcomes that are retried: HTTP statuses, `network` (refused, reset, DNS) and `timeout` (connect, first token, response; an idle stream\'s after its first output is never retried). 400, 404, 422, credential errors, redirects (3xx, a wrong baseUrl) and a request larger than the provider\'s whole token limit ("Request too large") are never retried whatever this says. An outcome left out here that the provider may have run (a timeout or lost connection after sending, a 500, 502, 504, or Cloudflare\'s 520 or 524) is not sent to the next target either. Default: [429, 500, 502, 503, 504, 520, 524, 529, network, timeout].'),
     maxWaitHintMs: ms('Longest upstream wait hint (retry-after and friends) the gateway waits out; a longer hint ends retries on that target and reaches the client as retry-after. Default: 20000.').default(20000),
   })
   .describe('Retry policy of a route.');
