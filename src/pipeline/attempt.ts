@@ -17,7 +17,7 @@ import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
 import { decodedPrefix, decodedStream, decodedWhole, encodingOf } from '../providers/content-decoding.ts';
 import { bodyChunks } from '../providers/body-chunks.ts';
 import { withoutKey } from '../providers/key-echo.ts';
-import type { ResponseTranslator } from '../providers/families.ts';
+import type { ResponseTranslator, StreamTranslator } from '../providers/families.ts';
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
@@ -38,6 +38,8 @@ interface AttemptRequest {
   errorMeaning?: ((status: number, body: Buffer) => { status: number; body: Buffer }) | undefined;
   /** The error answer a family's error event before the first output stands for (UpstreamRequest.errorEventMeaning). */
   errorEventMeaning?: ((data: Buffer) => { status: number; body: Buffer } | undefined) | undefined;
+  /** Takes out of a stream's events the usage the gateway asked for and the client did not (UpstreamRequest.hideUsage). */
+  hideUsage?: (() => StreamTranslator) | undefined;
   /** Aborted with ClientGone or DeadlineReached. */
   requestSignal: RequestSignal;
   /** For a stream whose deadline is the client's: lets the deadline start the answer before its first output. */
@@ -106,7 +108,8 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status), () => status >= 300 && !signal.aborted);
       return wholeResult(req, status, headers, bytes, whole);
     }
-    const translate = req.translator?.stream();
+    // Another family's events translated, or an OpenAI-family stream's usage that only the gateway asked for taken out.
+    const translate = req.translator?.stream() ?? req.hideUsage?.();
     const first = await readUntilFirstOutput(req.api, req.shape, bodyChunks(body, signal), translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();

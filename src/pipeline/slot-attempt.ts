@@ -78,8 +78,8 @@ export async function attemptInSlot(
     return { kind: 'expired', result, cls: classify(result.outcome) };
   }
   const startedAt = now();
-  const { path, headers, body, translator, errorMeaning, errorEventMeaning } = upstream;
-  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
+  const { path, headers, body, translator, errorMeaning, errorEventMeaning, hideUsage } = upstream;
+  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   if (cls.cls === 'success') acquired.slot.answered();

@@ -3,7 +3,9 @@
 import type { ProviderConfig } from '../config/schema.ts';
 import type { ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { usageOf, type Usage } from '../streaming/usage.ts';
+import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
+import { takeUsageOut } from '../streaming/hidden-usage.ts';
+import { asksUsage } from '../streaming/stream-events.ts';
 import { AnthropicStreamTranslator, isAnthropicErrorType, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
 
 /** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
@@ -21,6 +23,11 @@ export interface StreamTranslator {
    * always carries it (message_start, message_delta), and the translated one only when include_usage was set.
    */
   usage(): Usage | undefined;
+  /**
+   * The usage the gateway asked for (streamUsage) has not come yet: a finished answer waits for it, as for a usage
+   * chunk the client asked for, before the second after its finish counts.
+   */
+  usageDue?(): boolean;
 }
 
 export interface UpstreamRequest {
@@ -40,6 +47,11 @@ export interface UpstreamRequest {
    * errorMeaning reads one; undefined when the event names no status.
    */
   errorEventMeaning?: (data: Buffer) => { status: number; body: Buffer } | undefined;
+  /**
+   * An OpenAI-family chat stream whose usage the gateway asked for (the provider's streamUsage) and the client did
+   * not: its events with that usage taken out, for the client, and the usage kept for the bill.
+   */
+  hideUsage?: () => StreamTranslator;
 }
 
 interface FamilyInput {
@@ -73,13 +85,16 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
 
 function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
   const basePath = basePathOf(provider);
-  const body = input.model === undefined || input.model === input.json.model ? input.rawBody : JSON.stringify({ ...input.json, model: input.model });
+  const usageAsked = provider.family !== 'anthropic' && provider.streamUsage && usageToAsk(input);
+  const json = usageAsked ? { ...input.json, stream_options: { ...(input.json.stream_options as object | null | undefined), include_usage: true } } : input.json;
+  const body = !usageAsked && (input.model === undefined || input.model === input.json.model) ? input.rawBody : JSON.stringify({ ...json, ...(input.model !== undefined && { model: input.model }) });
+  const hidden = usageAsked ? { hideUsage: usageHidingStream } : undefined;
   if (input.api === 'messages' && provider.family !== 'anthropic') return { ok: false, reason: `${provider.family} targets do not serve the Anthropic Messages API` };
   switch (provider.family) {
     case 'openai':
       return {
         ok: true,
-        request: { path: `${basePath}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}${input.query}`, headers: { authorization: `Bearer ${provider.apiKey}` }, body, translator: undefined },
+        request: { path: `${basePath}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}${input.query}`, headers: { authorization: `Bearer ${provider.apiKey}` }, body, translator: undefined, ...hidden },
       };
     case 'azure-openai': {
       if (!input.model) return { ok: false, reason: 'azure-openai needs a model (its deployment name) and the request has none', param: 'model' };
@@ -94,11 +109,37 @@ function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
       const query = new URLSearchParams(input.query.slice(1));
       query.set('api-version', provider.apiVersion!);
       const path = `${basePath}/openai/deployments/${encodeURIComponent(input.model)}${input.clientPath.replace(/^\/v1(?=\/|$)/, '')}?${query}`;
-      return { ok: true, request: { path, headers: { 'api-key': provider.apiKey }, body, translator: undefined } };
+      return { ok: true, request: { path, headers: { 'api-key': provider.apiKey }, body, translator: undefined, ...hidden } };
     }
     case 'anthropic':
       return prepareAnthropic(provider, basePath, input, body);
   }
+}
+
+/**
+ * streamUsage: a streamed chat completion whose client did not ask for its usage (stream_options.include_usage) is
+ * asked for it here. Only where stream_options is an object or absent: anything else is the client's request to be
+ * refused as it wrote it. The Responses API reports its usage always, as Anthropic does.
+ */
+function usageToAsk(input: FamilyInput): boolean {
+  if (input.api !== 'chat' || input.json.stream !== true || asksUsage(input.json)) return false;
+  const options = input.json.stream_options;
+  return options === undefined || options === null || (typeof options === 'object' && !Array.isArray(options));
+}
+
+/** The client's events of a stream whose usage the gateway asked for: that usage out of them, kept for the bill. */
+function usageHidingStream(): StreamTranslator {
+  let usage: Usage | undefined;
+  return {
+    push(ev) {
+      const taken = takeUsageOut(ev);
+      usage = laterUsage(usage, taken.usage);
+      return taken.left ? [taken.left] : [];
+    },
+    end: () => [],
+    usage: () => usage,
+    usageDue: () => usage === undefined,
+  };
 }
 
 const basePaths = new WeakMap<ProviderConfig, string>();

@@ -188,8 +188,12 @@ export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): Stre
   if (api === 'responses') return { choices: 1, usage: false, ...(json.background === true && { background: true as const }) };
   if (api === 'messages') return { choices: 1, usage: false };
   const n = json.n;
-  const options = json.stream_options as { include_usage?: unknown } | null | undefined;
-  return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: options?.include_usage === true };
+  return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: asksUsage(json) };
+}
+
+/** The client asked for a chat or completions stream's usage chunk (stream_options.include_usage). */
+export function asksUsage(json: Record<string, unknown>): boolean {
+  return (json.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true;
 }
 
 /**
