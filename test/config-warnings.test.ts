@@ -34,6 +34,15 @@ describe('configWarnings', () => {
     expect(warningsOf({ provider: { family: 'anthropic', baseUrl: 'https://api.anthropic.com' } })).toEqual([]);
   });
 
+  it('warns about streamUsage where it cannot work: an anthropic provider, an Azure api-version that refuses stream_options', () => {
+    expect(warningsOf({ provider: { family: 'anthropic', baseUrl: 'https://api.anthropic.com', streamUsage: true } })).toEqual([expect.stringMatching(/^provider p: streamUsage does nothing for an anthropic provider/)]);
+    const azure = (apiVersion: string) => warningsOf({ provider: { family: 'azure-openai', baseUrl: 'https://example.openai.azure.com', apiVersion, streamUsage: true } as Partial<ProviderInput> });
+    expect(azure('2024-06-01')).toEqual([expect.stringMatching(/^provider p: streamUsage sends stream_options, which Azure's api-version 2024-06-01 refuses .* raise apiVersion or turn streamUsage off$/)]);
+    expect(azure('2024-08-01-preview')).toHaveLength(1);
+    for (const ok of ['2024-09-01-preview', '2024-10-21', '2025-04-01-preview', 'preview', 'v1']) expect(azure(ok), ok).toEqual([]);
+    expect(warningsOf({ provider: { streamUsage: true } })).toEqual([]);
+  });
+
   it('names the route, the statuses and why for retryOn statuses the gateway never retries, wherever retryOn is', () => {
     expect(warningsOf({ route: { retry: { retryOn: [400, 404, 422, 429, 500, 'network'] } } })).toEqual([
       'route chat: retry.retryOn lists 400 (the request itself is wrong), 404 (the request itself is wrong), 422 (the request itself is wrong), which the gateway never retries whatever retryOn says: the same request would get the same answer, so they are ignored',

@@ -10,14 +10,31 @@ export function configWarnings(config: Config): string[] {
 }
 
 function providerWarnings(config: Config): string[] {
-  return Object.entries(config.providers).flatMap(([name, p]) => {
-    // The openai family adds /chat/completions to the base as it is, while OpenAI and most compatible servers serve
-    // their API under /v1: every request got the provider's 404. Only a bare origin warns: a compatible server may
-    // well put its API under another path (/openai/v1, /v1beta/openai, /api/v1), and azure-openai takes the origin.
-    if (p.family !== 'openai' || new URL(p.baseUrl).pathname !== '/') return [];
-    const base = p.baseUrl.replace(/\/+$/, '');
-    return [`provider ${name}: baseUrl ${base} has no path, so requests go to ${base}/chat/completions; OpenAI and most compatible servers want ${base}/v1 (the gateway adds only the endpoint's path)`];
-  });
+  return Object.entries(config.providers).flatMap(([name, p]) => [...baseUrlWarnings(name, p), ...streamUsageWarnings(name, p)]);
+}
+
+/** Azure refused stream_options before its 2024-09-01-preview api-version: every stream would get a 400. */
+const FIRST_AZURE_STREAM_OPTIONS = '2024-09-01';
+
+function streamUsageWarnings(name: string, p: Config['providers'][string]): string[] {
+  if (!p.streamUsage) return [];
+  if (p.family === 'anthropic') return [`provider ${name}: streamUsage does nothing for an anthropic provider, whose streams report their usage always`];
+  const dated = /^\d{4}-\d{2}-\d{2}/.exec(p.apiVersion ?? '')?.[0];
+  if (p.family === 'azure-openai' && dated !== undefined && dated < FIRST_AZURE_STREAM_OPTIONS) {
+    return [`provider ${name}: streamUsage sends stream_options, which Azure's api-version ${p.apiVersion} refuses (from ${FIRST_AZURE_STREAM_OPTIONS}-preview; 2024-10-21 is the first GA one): every streamed chat completion would get a 400; raise apiVersion or turn streamUsage off`];
+  }
+  return [];
+}
+
+/**
+ * The openai family adds /chat/completions to the base as it is, while OpenAI and most compatible servers serve their
+ * API under /v1: every request got the provider's 404. Only a bare origin warns: a compatible server may well put its
+ * API under another path (/openai/v1, /v1beta/openai, /api/v1), and azure-openai takes the origin.
+ */
+function baseUrlWarnings(name: string, p: Config['providers'][string]): string[] {
+  if (p.family !== 'openai' || new URL(p.baseUrl).pathname !== '/') return [];
+  const base = p.baseUrl.replace(/\/+$/, '');
+  return [`provider ${name}: baseUrl ${base} has no path, so requests go to ${base}/chat/completions; OpenAI and most compatible servers want ${base}/v1 (the gateway adds only the endpoint's path)`];
 }
 
 function routeWarnings(config: Config): string[] {
