@@ -353,6 +353,8 @@ export class ParkingLot {
   }
 
   #wakeAt(target: string, q: Queue, atMs: number): void {
+    // Nothing to wake for: a timer at Infinity would fire at once (Node takes it as 1 ms, with a warning), in a loop.
+    if (!Number.isFinite(atMs)) return;
     if (q.timer !== undefined && q.timerAtMs <= atMs) return;
     clearTimeout(q.timer);
     q.timerAtMs = atMs;
@@ -363,6 +365,7 @@ export class ParkingLot {
     }, Math.max(0, atMs - this.#deps.now()));
     q.timer.unref();
   }
+
   #count(route: string, r: ParkResult): ParkResult {
     this.#deps.onOutcome?.(route, r.kind);
     return r;
