@@ -17,6 +17,7 @@ import OpenAI from 'openai';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { cc, delta, DONE } from './helpers/scripted-provider.ts';
+import { streamUntil } from './helpers/chat-stream.ts';
 
 const arrival = (body: string, over: Partial<Arrival> = {}): Arrival => ({ client: undefined, path: '/v1/chat/completions', query: '', priority: undefined, rawBody: Buffer.from(body), windowMs: 1_000, ...over });
 
@@ -458,28 +459,7 @@ describe("a stream recovery's continuation in the next target's pool", () => {
     return { client: new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }), s };
   }
 
-  /** Opens a streamed request and reads it to "Hel"; the returned function reads on to its end or its error. */
-  async function untilHel(client: OpenAI): Promise<() => Promise<{ text: string; err?: unknown }>> {
-    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-    const it = stream[Symbol.asyncIterator]();
-    let text = '';
-    while (text !== 'Hel') {
-      const { value, done } = await it.next();
-      if (done) throw new Error(`the stream ended at ${JSON.stringify(text)}`);
-      text += value.choices[0]?.delta?.content ?? '';
-    }
-    return async () => {
-      try {
-        for (;;) {
-          const { value, done } = await it.next();
-          if (done) return { text };
-          text += value.choices[0]?.delta?.content ?? '';
-        }
-      } catch (err) {
-        return { text, err };
-      }
-    };
-  }
+  const untilHel = async (client: OpenAI) => (await streamUntil(client, 'Hel')).rest;
   const inUseAtQ = (s: Stack) => metricSum(s, 'stormgate_pool_in_use{provider="q"');
   const queuedAtQ = (s: Stack) => metricSum(s, 'stormgate_pool_queue_depth{provider="q"');
 

@@ -13,6 +13,7 @@ import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { cc, delta, DONE } from './helpers/scripted-provider.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { metricSum, useStacks, type Stack } from './helpers/stack.ts';
+import { streamUntil } from './helpers/chat-stream.ts';
 
 const role = cc([delta({ role: 'assistant', content: '' })]);
 const SSE = { 'content-type': 'text/event-stream' };
@@ -72,31 +73,7 @@ function backup(holdMs?: number) {
   return { handler, up };
 }
 
-type Rest = () => Promise<{ text: string; err?: unknown }>;
-
-/** Opens a streamed request and reads it until `wanted` has come; the returned function reads on to its end or error. */
-async function until(client: OpenAI, wanted: string): Promise<{ rest: Rest; abort: () => void }> {
-  const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-  const it = stream[Symbol.asyncIterator]();
-  let text = '';
-  while (text !== wanted) {
-    const { value, done } = await it.next();
-    if (done) throw new Error(`the stream ended at ${JSON.stringify(text)}`);
-    text += value.choices[0]?.delta?.content ?? '';
-  }
-  const rest: Rest = async () => {
-    try {
-      for (;;) {
-        const { value, done } = await it.next();
-        if (done) return { text };
-        text += value.choices[0]?.delta?.content ?? '';
-      }
-    } catch (err) {
-      return { text, err };
-    }
-  };
-  return { rest, abort: () => stream.controller.abort() };
-}
+const until = streamUntil;
 
 const inUseAtQ = (s: Stack) => metricSum(s, 'stormgate_pool_in_use{provider="q"');
 const queuedAtQ = (s: Stack) => metricSum(s, 'stormgate_pool_queue_depth{provider="q"');

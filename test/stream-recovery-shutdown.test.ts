@@ -12,6 +12,7 @@ import OpenAI from 'openai';
 import { cc, delta, DONE, recoveringToNext } from './helpers/scripted-provider.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { configServedBy, metricSum, requestLine, useStacks } from './helpers/stack.ts';
+import { streamUntil } from './helpers/chat-stream.ts';
 
 const role = cc([delta({ role: 'assistant', content: '' })]);
 const GRACE_MS = 300;
@@ -98,29 +99,7 @@ describe('a stream being continued by streamRecovery', () => {
     return { client: new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }), s, up };
   }
 
-  /** Opens the streamed request and reads it until `text` has come; `rest` reads on to the end, or to the error. */
-  async function until(client: OpenAI, wanted: string) {
-    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true });
-    const it = stream[Symbol.asyncIterator]();
-    let text = '';
-    while (text !== wanted) {
-      const { value, done } = await it.next();
-      if (done) throw new Error(`the stream ended at ${JSON.stringify(text)}`);
-      text += value.choices[0]?.delta?.content ?? '';
-    }
-    const rest = async (): Promise<{ text: string; err?: unknown }> => {
-      try {
-        for (;;) {
-          const { value, done } = await it.next();
-          if (done) return { text };
-          text += value.choices[0]?.delta?.content ?? '';
-        }
-      } catch (err) {
-        return { text, err };
-      }
-    };
-    return rest;
-  }
+  const until = async (client: OpenAI, wanted: string) => (await streamUntil(client, wanted)).rest;
 
   for (const heldAt of ['output', 'headers'] as const) {
     it(`(held at its ${heldAt}) ends at the grace period's end with the shutdown's error event, its continuation's request aborted`, async () => {
