@@ -18,7 +18,7 @@ import { useFakeProviders } from './helpers/fake-provider.ts';
 import { dashboardQueries, query, readDashboard, SHIPPED, startPrometheus, withoutGrafanaVariables, type PrometheusHandle } from './helpers/prometheus.ts';
 import { startRedis, useRedisServer } from './helpers/redis-server.ts';
 import { json, scripted, streamed } from './helpers/scripted-provider.ts';
-import { TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
+import { parseMetrics, scrapeMetrics, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
 const startMock = useExtraMocks();
@@ -146,28 +146,7 @@ async function all<T>(n: number, fn: (i: number) => Promise<T>): Promise<T[]> {
   return Promise.all(Array.from({ length: n }, (_, i) => fn(i)));
 }
 
-interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-function parseMetrics(text: string): Sample[] {
-  const out: Sample[] = [];
-  for (const line of text.split('\n')) {
-    if (line === '' || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m) throw new Error(`unparsable /metrics line: ${line}`);
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
-    out.push({ name: m[1]!, labels, value: Number(m[3]) });
-  }
-  return out;
-}
-
-async function scrape(url: string): Promise<Sample[]> {
-  return parseMetrics(await (await fetch(`${url}/metrics`)).text());
-}
+const scrape = scrapeMetrics;
 
 /** The sum of a metric's samples whose labels include `where`, over every instance given. */
 async function metric(urls: string | string[], name: string, where: Record<string, string> = {}): Promise<number> {

@@ -15,7 +15,7 @@ import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { cc, delta, DONE, json, rev, baseResponse, msgItem, responsesHead, textDelta, scripted, type Answer, type Script, type Seen } from './helpers/scripted-provider.ts';
-import { useGateways } from './helpers/stack.ts';
+import { scrapeMetrics, useGateways } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startGateway = useGateways();
@@ -158,24 +158,7 @@ const down503: Script = json(503, { error: { message: 'The server is overloaded'
 // ---------------------------------------------------------------------------------------------------------------
 // Reading /metrics and the request log.
 
-interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-
-async function scrape(url: string): Promise<Sample[]> {
-  const out: Sample[] = [];
-  for (const line of (await (await fetch(`${url}/metrics`)).text()).split('\n')) {
-    if (line === '' || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m) throw new Error(`unparsable /metrics line: ${line}`);
-    const labels: Record<string, string> = {};
-    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
-    out.push({ name: m[1]!, labels, value: Number(m[3]) });
-  }
-  return out;
-}
+const scrape = scrapeMetrics;
 
 /** Every series of stormgate_tokens_total with a non-zero count, as `route target kind` -> tokens. */
 async function tokens(url: string): Promise<Record<string, number>> {

@@ -168,6 +168,32 @@ export async function chatStatus(url: string): Promise<number> {
   return res.status;
 }
 
+/** One sample of a /metrics scrape. */
+export interface MetricSample {
+  name: string;
+  labels: Record<string, string>;
+  value: number;
+}
+
+/** The samples of a Prometheus text exposition (comments left out); a line it cannot read fails the test. */
+export function parseMetrics(text: string): MetricSample[] {
+  const out: MetricSample[] = [];
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (!m) throw new Error(`unparsable /metrics line: ${line}`);
+    const labels: Record<string, string> = {};
+    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]!] = l[2]!;
+    out.push({ name: m[1]!, labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+/** A gateway's /metrics, as samples. */
+export async function scrapeMetrics(url: string): Promise<MetricSample[]> {
+  return parseMetrics(await (await fetch(`${url}/metrics`)).text());
+}
+
 /** The sum of a metric's series on a stack's /metrics whose line starts with `name` (labels included, to pick some). */
 export async function metricSum(s: Stack, name: string): Promise<number> {
   const text = await (await fetch(`${s.url}/metrics`)).text();
