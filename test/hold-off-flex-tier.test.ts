@@ -18,7 +18,7 @@ describe("a flex tier's hold-off", () => {
   it("reads Groq's 498 capacity_exceeded as the flex tier's capacity: its hint holds that tier off, and neither the breaker nor the limit hears of it", () => {
     const c = classify({ kind: 'http', status: 498, errorCode: 'capacity_exceeded', hint: hint(5_000) });
     expect(c).toEqual({ cls: 'flex-capacity', retryKey: 498, reason: 'status_498' });
-    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ holdOff: 'flex-tier', breaker: 'ignore', limit: 'none', failover: 'next' });
+    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ holdOff: 'flex-tier', breaker: 'ignore-request', limit: 'none', failover: 'next' });
     // Another status naming capacity_exceeded is the provider overloaded, as before.
     expect(classify({ kind: 'http', status: 503, errorCode: 'capacity_exceeded', hint: undefined }).cls).toBe('overloaded');
   });

@@ -151,7 +151,7 @@ describe("recordOutcome: what an attempt tells its target's guards", () => {
     await record(guards, { outcome: { kind: 'internal', code: 'ERR_INVALID_CHAR' } });
     expect(seen.records).toEqual([
       { verdict: 'failure', facts: { reason: 'network', code: 'ECONNREFUSED' } },
-      { verdict: 'ignore', facts: { reason: expect.any(String), code: 'ERR_INVALID_CHAR' } },
+      { verdict: 'ignore-request', facts: { reason: expect.any(String), code: 'ERR_INVALID_CHAR' } },
     ]);
   });
 

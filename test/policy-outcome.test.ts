@@ -147,7 +147,7 @@ describe('a request the gateway could not send', () => {
     expect(outcome).toEqual({ kind: 'internal', code: 'UND_ERR_INVALID_ARG' });
     const c = classify(outcome);
     expect(isRetryable(c, DEFAULT_RETRY_ON)).toBe(false);
-    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ breaker: 'ignore', limit: 'none', holdOff: false });
+    expect(OUTCOME_TABLE[c.cls]).toMatchObject({ breaker: 'ignore-request', limit: 'none', holdOff: false });
   });
 });
 
@@ -220,7 +220,7 @@ describe('a request larger than the whole token limit', () => {
       const c = classify({ kind: 'http', status, errorCode: OVER_RATE_LIMIT_CODE, hint: { delayMs: 20_000, source: 'retry-after', fleetWide: true } });
       expect(c).toEqual({ cls: 'over-rate-limit', retryKey: null, reason: 'request_over_rate_limit' });
       expect(isRetryable(c, [...DEFAULT_RETRY_ON, 413])).toBe(false);
-      expect(OUTCOME_TABLE[c.cls]).toMatchObject({ holdOff: false, limit: 'none', breaker: 'ignore', failover: 'next', passThrough: true });
+      expect(OUTCOME_TABLE[c.cls]).toMatchObject({ holdOff: false, limit: 'none', breaker: 'ignore-request', failover: 'next', passThrough: true });
     }
   });
 

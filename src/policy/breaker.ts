@@ -15,8 +15,11 @@ export function settingsForModel(cfg: BreakerConfig, model: string | undefined):
   return override ? { ...base, ...override } : base;
 }
 
-/** What an attempt's outcome means to the breaker. */
-export type BreakerVerdict = 'success' | 'failure' | 'ignore';
+/**
+ * What an attempt's outcome means to the breaker. `ignore-request`: an answer that is the request's own (its service
+ * tier, its size), ignored as `ignore` is, but a probe that gets it is no probe at all: its permit goes back unjudged.
+ */
+export type BreakerVerdict = 'success' | 'failure' | 'ignore' | 'ignore-request';
 
 /** Where a target stands, for the pipeline and the parking lot. */
 export type Availability =
@@ -118,7 +121,7 @@ export function tripsOnConsecutive(rec: BreakerRecord, run: FailureRun, s: Break
  * round of probes out.
  */
 export function afterProbe(rec: BreakerRecord, verdict: BreakerVerdict, s: BreakerSettings, nowMs: number, random: Random, spellSinceMs: number, spellState?: BreakerRecord['state']): BreakerRecord | undefined {
-  if (rec.state === 'closed' || verdict === 'ignore') return undefined;
+  if (rec.state === 'closed' || verdict === 'ignore' || verdict === 'ignore-request') return undefined;
   // Nor does a failure: the breaker has reopened since, on the failure of a probe out together with it (half-open lets
   // several go), and counting it again would double the parked requests' probe wait once more per probe, not per round.
   if (isStale(rec, spellSinceMs, spellState)) return undefined;

@@ -52,8 +52,13 @@ interface OutcomeRow {
   retryable: boolean;
   /** Does the client get the upstream's own status and body (its request was wrong), or the gateway's error? */
   passThrough: boolean;
-  /** What the outcome tells the target's circuit breaker; `slow-call` means failure only past slowCallMs. */
-  breaker: 'success' | 'failure' | 'ignore' | 'slow-call';
+  /**
+   * What the outcome tells the target's circuit breaker; `slow-call` means failure only past slowCallMs. `ignore`: not
+   * counted, but the target's doing (refusing, silent, misconfigured), so a probe that gets it is inconclusive and the
+   * next probe waits (BreakerBoard.record). `ignore-request`: this request's alone (its service tier, its size, a header
+   * the gateway could not send), so a probe that gets it gives its permit back with no verdict and the next goes at once.
+   */
+  breaker: 'success' | 'failure' | 'ignore' | 'ignore-request' | 'slow-call';
   /**
    * May a fleet-wide wait hint (retry-after, retry-after-ms) on this outcome hold the target off for every instance?
    * `flex-tier`: only its flex service tier, which only requests that ask for that tier read (HoldOffs.flexTierKey).
@@ -94,13 +99,14 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   // One request larger than the whole per-minute limit: no wait lets it through here, so no retry; nor does it say
   // anything of the provider's load, so no hold-off (its retry-after held every request off) and no cut of the limit.
   // Another target, with a limit of its own, may take it.
-  'over-rate-limit': { retryable: false, passThrough: true, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: true, fallback: 'error', nextFirst: false },
+  'over-rate-limit': { retryable: false, passThrough: true, breaker: 'ignore-request', holdOff: false, limit: 'none', failover: 'next', verdict: true, fallback: 'error', nextFirst: false },
   'server-error': { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   overloaded: { retryable: true, passThrough: true, breaker: 'failure', holdOff: true, limit: 'rate-limited', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // The provider's flex tier at capacity (Groq's 498): the batch traffic that opted into it, not the target. Its hint
   // holds off that tier alone, and neither the breaker nor the adaptive limit hears of it: counted, a full flex tier
-  // opened the breaker (or cut the limit) of the online requests on the default tier beside it.
-  'flex-capacity': { retryable: true, passThrough: true, breaker: 'ignore', holdOff: 'flex-tier', limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  // opened the breaker (or cut the limit) of the online requests on the default tier beside it. Nor does it say anything
+  // as a probe: a default-tier request parked behind it is the next probe at once.
+  'flex-capacity': { retryable: true, passThrough: true, breaker: 'ignore-request', holdOff: 'flex-tier', limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   network: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // The gateway's own process is out of descriptors (its open-files limit, a crowd of streams): nothing reached the
   // provider, whose health is not in question. Counted as a failure, it opened the breaker (fleet-wide, with Redis) and
@@ -114,7 +120,7 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   timeout: { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'timeout', nextFirst: true },
   'bad-stream': { retryable: true, passThrough: false, breaker: 'failure', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // Nothing reached the provider: retrying would fail the same way, and the provider's health is not in question.
-  internal: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
+  internal: { retryable: false, passThrough: false, breaker: 'ignore-request', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   aborted: { retryable: false, passThrough: false, breaker: 'slow-call', holdOff: false, limit: 'none', failover: 'end', verdict: false, fallback: 'error', nextFirst: false },
   // The instance is going away, not the provider: a drain must never open a breaker the fleet shares.
   shutdown: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'end', verdict: false, fallback: 'error', nextFirst: false },

@@ -135,6 +135,13 @@ export class BreakerBoard {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
     if (probe !== undefined) {
+      // An answer that is the request's own (a flex-tier request's 498, a request over the token limit) says nothing of
+      // the target: no verdict, the permit back at once. Judged inconclusive, it held the fleet's next probe (a
+      // default-tier request parked behind it) off for twice probeWhileParkedMs.
+      if (v === 'ignore-request') {
+        void this.#deps.store.releasePermit(target, probe.permit);
+        return;
+      }
       // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
       // on an instance whose view is a moment behind) before the reopen it was to learn from.
       // A probe whose outcome says nothing of the provider's health (cut short too soon to count, or an answer the
@@ -161,7 +168,7 @@ export class BreakerBoard {
       }
       return;
     }
-    if (v === 'ignore') return;
+    if (v === 'ignore' || v === 'ignore-request') return;
     // A run of failures is counted while the breaker is closed only: stragglers that fail while it is open (sent before
     // it opened) would otherwise reopen it at the first failure after probes closed it.
     const now = this.#deps.now();
