@@ -17,6 +17,14 @@ import { useStacks, type Stack } from './helpers/stack.ts';
 const event = (text: string): SseEvent => new SseParser().push(Buffer.from(`${text}\n\n`))[0]!;
 
 describe('takeUsageOut: the usage a client did not ask for, out of one chat chunk', () => {
+  it("drops a usage chunk carrying a vendor's extension (x_groq) with it, and keeps one carrying anything else, without its usage", () => {
+    const groq = takeUsageOut(event('data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},"x_groq":{"id":"req_1","usage":{"queue_time":0.01}}}'));
+    expect(groq.left).toBeUndefined();
+    expect(groq.usage).toEqual({ prompt: 3, completion: 2 });
+    const filtered = takeUsageOut(event('data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},"prompt_filter_results":[{"prompt_index":0}]}'));
+    expect(JSON.parse(filtered.left!.data!)).toEqual({ choices: [], prompt_filter_results: [{ prompt_index: 0 }] });
+  });
+
   it('takes `"usage":null` out of an ordinary chunk and leaves every other byte as the provider sent it', () => {
     const sent = 'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"caf\\u00e9"},"logprobs":{"content":[{"token":"x","logprob":-1.0e-5}]},"finish_reason":null}],"usage":null,"obfuscation":"Qx"}';
     const { left, usage } = takeUsageOut(event(sent));

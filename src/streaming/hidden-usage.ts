@@ -7,8 +7,13 @@ import { usageOf, type Usage } from './usage.ts';
 const USAGE_KEY = /"usage"\s*:/g;
 /** `"usage": null` and the comma on one side of it, as OpenAI puts it on every chunk when include_usage is on. */
 const NULL_USAGE = /\s*,\s*"usage"\s*:\s*null|"usage"\s*:\s*null\s*,?\s*/;
-/** What OpenAI's usage chunk holds besides `choices: []` and its usage: nothing for the client. */
+/**
+ * What OpenAI's usage chunk holds besides `choices: []` and its usage: nothing for the client. So is a vendor's
+ * extension (`x_groq`, ...): the chunk exists only because the gateway asked, and an empty `choices` a client did not
+ * expect breaks code that reads `chunk.choices[0]`.
+ */
 const ENVELOPE = new Set(['id', 'object', 'created', 'model', 'system_fingerprint', 'service_tier', 'choices', 'usage', 'obfuscation']);
+const isEnvelope = (key: string) => ENVELOPE.has(key) || key.startsWith('x_');
 
 /**
  * One chat chunk without its top-level `usage`, and the usage it held. `left` is undefined for the usage chunk itself
@@ -29,7 +34,7 @@ export function takeUsageOut(ev: SseEvent): { left: SseEvent | undefined; usage:
   if (typeof chunk !== 'object' || chunk === null || Array.isArray(chunk) || !Object.hasOwn(chunk, 'usage')) return { left: ev, usage: undefined };
   const { usage: held, ...rest } = chunk;
   const usage = usageOf(chunk);
-  if (held !== null && typeof held === 'object' && noChoices(rest) && Object.keys(rest).every((k) => ENVELOPE.has(k))) return { left: undefined, usage };
+  if (held !== null && typeof held === 'object' && noChoices(rest) && Object.keys(rest).every(isEnvelope)) return { left: undefined, usage };
   if (held === null && !ev.data.includes('\n') && (ev.data.match(USAGE_KEY)?.length ?? 0) === 1) {
     const data = ev.data.replace(NULL_USAGE, '');
     if (data !== ev.data) return { left: withData(ev, data), usage };
