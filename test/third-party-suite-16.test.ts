@@ -319,8 +319,10 @@ describe('1. retry multiplication at the frameworks\' default retry settings', (
         model: 'gpt-4o',
         apiKey: CLIENT_KEY,
         configuration: { baseURL, fetch: countingFetch(c) },
-        onFailedAttempt: (err: { name?: string; headers?: Headers }) => {
+        onFailedAttempt: async (err: { name?: string; headers?: Headers }) => {
           if (err?.name === 'AbortError' || err?.headers?.get?.('x-should-retry') === 'false') throw err;
+          const waitMs = Number(err?.headers?.get?.('retry-after-ms'));
+          if (waitMs > 0) await new Promise((done) => setTimeout(done, waitMs));
         },
       }).invoke(prompt);
     // A provider that is down: one request from each, the gateway's 3 attempts.
