@@ -40,6 +40,7 @@ export const ERROR_CODES = {
   deadline_exceeded: { status: 504, type: 'server_error' },
   circuit_open: { status: 503, type: 'server_error' },
   provider_held_off: { status: 429, type: 'rate_limit_error' },
+  client_rate_limited: { status: 429, type: 'rate_limit_error' },
   park_queue_full: { status: 503, type: 'server_error' },
   load_shed: { status: 503, type: 'server_error' },
   gateway_draining: { status: 503, type: 'server_error' },

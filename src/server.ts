@@ -15,6 +15,7 @@ import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { admission } from './http/admission.ts';
+import { clientLimits } from './http/client-limits.ts';
 import { answerClientError, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { closeSweep } from './http/close-sweep.ts';
 import { gracefulDrain } from './http/drain.ts';
@@ -61,7 +62,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const access = accessLogger(logger);
   const metrics = deps.metrics ?? createMetrics();
   const runtime = await createRuntime(config, { ...deps, logger, metrics });
-  const recorder = new RequestRecorder(metrics, deps.now ?? Date.now);
+  const now = deps.now ?? Date.now;
+  const recorder = new RequestRecorder(metrics, now);
   const router = createRouter(config);
   const models = createModelsList(router, runtime.pipeline.providers);
 
@@ -155,7 +157,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
 
   const drain = gracefulDrain(app, config.drain, logger, runtime, sweep);
-  const admit = admission({ config, loop: runtime.loop, logger, managedPaths: router.paths, opsPaths: OPS_PATHS, drain });
+  const limit = clientLimits(config.auth?.limits, {
+    store: runtime.store, now, random: deps.random ?? Math.random, onLimited: (client) => metrics.clientLimited.inc({ client }),
+  });
+  const admit = admission({ config, loop: runtime.loop, logger, managedPaths: router.paths, opsPaths: OPS_PATHS, drain, limit });
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-stormgate-request-id', request.id);
@@ -171,7 +176,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // this request was cut once it waited on its provider longer than the limit.
     if (reply.raw.socket === null) reply.raw.once('socket', (socket: Socket) => socket.setTimeout(app.server.timeout));
     // Answered here, done() is not called: fastify goes no further.
-    if (admit(request, reply)) done();
+    const admitted = admit(request, reply);
+    if (admitted === true) done();
+    else if (admitted !== false) void admitted.then((ok) => ok && done());
   });
   app.addHook('onResponse', (request, reply, done) => {
     markAnsweredEarly(request);

@@ -425,6 +425,18 @@ const AuthSchema = z
       .record(z.string(), z.string().describe('A priority class of the providers\' pools, e.g. batch.'))
       .optional()
       .describe('Priority class a client\'s requests take at most, by client name (e.g. batch-jobs: batch): like the x-stormgate-priority header, it can only lower the route\'s class. Optional; default: the route\'s class.'),
+    limits: z
+      .record(
+        z.string(),
+        z
+          .strictObject({
+            requestsPerMinute: z.number().positive().max(6_000_000).describe('Requests the client may send per minute, on average, fleet-wide with a Redis state store (each instance on its own while Redis is away).'),
+            burst: z.number().int().min(1).max(1_000_000).optional().describe('Requests the client may send at once after a quiet spell. Optional; default: ten seconds\' worth (requestsPerMinute / 6), at least 1.'),
+          })
+          .describe('A client\'s request rate.'),
+      )
+      .optional()
+      .describe('Request rate per client, by client name; "*" sets it for every client not named (each its own). A request past it gets 429 client_rate_limited with retry-after-ms at once, before its body is read and before any provider is asked. Counts every request with the client\'s key, retries the client makes included. Optional; default: no limit.'),
   })
   .describe('Who may use the gateway. Optional; without it the gateway serves anyone who reaches its port with the providers\' keys: keep it on a loopback address, or behind a proxy that authenticates.');
 
@@ -528,6 +540,11 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `no client "${name}" in auth.keys; expected one of: ${Object.keys(cfg.auth!.keys).join(', ')}` });
       } else if (!classNames.includes(cls)) {
         ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `"${cls}" is not a priority class of any provider; expected one of: ${classNames.join(', ')}` });
+      }
+    }
+    for (const name of Object.keys(cfg.auth?.limits ?? {})) {
+      if (name !== '*' && !Object.hasOwn(cfg.auth!.keys, name)) {
+        ctx.addIssue({ code: 'custom', path: ['auth', 'limits', name], message: `no client "${name}" in auth.keys; expected one of: ${[...Object.keys(cfg.auth!.keys), '*'].join(', ')}` });
       }
     }
     if (cfg.auth && Object.keys(cfg.auth.keys).length === 0) {

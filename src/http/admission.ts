@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/schema.ts';
 import { drainingError, GatewayError } from '../errors.ts';
 import { clientAuth } from './client-auth.ts';
+import type { ClientLimit } from './client-limits.ts';
 import type { Drain } from './drain.ts';
 import { hostAllowance, hostHeaderFault } from './host-header.ts';
 import type { LoopGuard } from './loop-guard.ts';
@@ -19,12 +20,17 @@ interface AdmissionDeps {
   /** The gateway's own endpoints, open without a client key. */
   opsPaths: ReadonlySet<string>;
   drain: Pick<Drain, 'phase'>;
+  /** auth.limits, when any client has one. */
+  limit?: ClientLimit | undefined;
 }
 
-/** True when the request goes on; false when it has been answered (a wrong Host, a loop, no client key, closing). */
-type Admission = (request: FastifyRequest, reply: FastifyReply) => boolean;
+/**
+ * True when the request goes on; false when it has been answered (a wrong Host, a loop, no client key, closing, a
+ * client over its rate). A promise only for a client with a rate limit, which the state store is asked about.
+ */
+type Admission = (request: FastifyRequest, reply: FastifyReply) => boolean | Promise<boolean>;
 
-export function admission({ config, loop, logger, managedPaths, opsPaths, drain }: AdmissionDeps): Admission {
+export function admission({ config, loop, logger, managedPaths, opsPaths, drain, limit }: AdmissionDeps): Admission {
   const hostAllowed = hostAllowance(config.server);
   const auth = clientAuth(config.auth?.keys);
   /** With client keys configured, a request without one of them is answered 401 here; the ops endpoints stay open. */
@@ -37,6 +43,16 @@ export function admission({ config, loop, logger, managedPaths, opsPaths, drain 
     }
     sendError(reply, unauthorized(verdict.reason));
     return false;
+  };
+  /** Last, so a request refused for any other reason does not use up its client's rate. */
+  const withinRate = (request: FastifyRequest, reply: FastifyReply): boolean | Promise<boolean> => {
+    const refusal = request.client === undefined ? undefined : limit?.(request.client);
+    if (refusal === undefined) return true;
+    return refusal.then((err) => {
+      if (err === undefined) return true;
+      sendError(reply, err);
+      return false;
+    });
   };
   return (request, reply) => {
     const hostFault = hostHeaderFault(request.raw);
@@ -52,7 +68,7 @@ export function admission({ config, loop, logger, managedPaths, opsPaths, drain 
     } else if (drain.phase === 'closing' && managedPaths.has(request.routeOptions.url ?? '')) {
       // The route matched, not the URL as sent: the router decodes `/v1/chat/%63ompletions` and serves it.
       sendError(reply, drainingError());
-    } else return true;
+    } else return withinRate(request, reply);
     return false;
   };
 }

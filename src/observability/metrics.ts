@@ -8,6 +8,7 @@ export interface Metrics {
   readonly retriedRequests: Counter<'route' | 'result'>;
   readonly fallbackRequests: Counter<'route'>;
   readonly clientRetries: Counter<'route' | 'how'>;
+  readonly clientLimited: Counter<'client'>;
   readonly retrySuccessRate: Gauge<'route'>;
   readonly fallbackRate: Gauge<'route'>;
   readonly tokens: Counter<'route' | 'target' | 'kind'>;
@@ -79,6 +80,12 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_client_retries_total',
       help: 'Requests that are a client\'s own retry, by route and how the gateway knew: declared (x-stainless-retry-count above 0, the openai and Anthropic SDKs; the retry budget counts it as a retry) or repeat (the same body from the same client soon after this instance failed it: a client retrying without saying so; counted as a retry by the budget only with budget.repeats.countAsRetries).',
       labelNames: ['route', 'how'] as const,
+      registers,
+    }),
+    clientLimited: new Counter({
+      name: 'stormgate_client_limited_total',
+      help: 'Requests refused 429 client_rate_limited because their client was past its rate (auth.limits), by client name; these are also in stormgate_requests_total{outcome="rejected"} when on a managed path.',
+      labelNames: ['client'] as const,
       registers,
     }),
     retrySuccessRate: new Gauge({

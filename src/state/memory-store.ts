@@ -1,6 +1,7 @@
 // The in-process state store: the default when no Redis is configured, and the Redis store's stand-in while Redis
 // cannot be reached. Same semantics as the Redis store, for one instance.
 import { randomUUID } from 'node:crypto';
+import { admit, type Rate } from '../policy/client-rate.ts';
 import {
   budgetOf,
   MAX_WINDOW_S,
@@ -63,6 +64,8 @@ export class MemoryStore implements StateStore {
   readonly #permits = new Map<string, Map<string, number>>();
   readonly #budgets = new Map<string, SecondBuckets>();
   readonly #holdOffs = new Map<string, number>();
+  /** Each limited client's due time (policy/client-rate.ts); one entry per client the config names. */
+  readonly #rates = new Map<string, number>();
   readonly #listeners = new Set<(change: StateChange) => void>();
   readonly #keys: KeptKeys;
 
@@ -124,6 +127,13 @@ export class MemoryStore implements StateStore {
   async budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow> {
     const [requests = 0, retries = 0] = this.#budget(budgetKey).sum(nowMs, cfg.windowS, 2);
     return { requests, retries };
+  }
+
+  async takeRate(client: string, rate: Rate, nowMs: number): Promise<number> {
+    const verdict = admit(this.#rates.get(client), nowMs, rate);
+    if (!verdict.admitted) return verdict.waitMs;
+    this.#rates.set(client, verdict.dueMs);
+    return 0;
   }
 
   getHoldOff(target: string): number | undefined {

@@ -60,6 +60,11 @@ export class RedisKeys {
   budget(budgetKey: string): string {
     return `${this.#prefix}{${budgetKey}}:budget`;
   }
+
+  /** A limited client's due time (auth.limits; policy/client-rate.ts), ms in Redis's clock. */
+  rate(client: string): string {
+    return `${this.#prefix}{client/${client}}:rate`;
+  }
 }
 
 const BREAKER_STATES = new Set<BreakerRecord['state']>(['closed', 'open', 'half-open']);

@@ -168,6 +168,22 @@ return 1
 `;
 
 /**
+ * KEYS: a client's rate key. ARGV: nowMs, intervalMs, burst. policy/client-rate.ts's `admit`, atomic across the fleet:
+ * returns 0 when admitted (the due time stored, kept until it has passed), else the ms until a request would be, rounded
+ * up (a refused request changes nothing).
+ */
+const TAKE_RATE = `
+local now, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local from = math.max(due, now)
+local allowedAt = from - (burst - 1) * interval
+if now < allowedAt then return math.ceil(allowedAt - now) end
+local nextDue = from + interval
+redis.call('SET', KEYS[1], string.format('%.3f', nextDue), 'PX', math.ceil(nextDue - now) + 1000)
+return 0
+`;
+
+/**
  * KEYS: demand hash. ARGV: instance id, demand, nowMs, staleMs. Writes this instance's demand, drops instances not
  * heard from within staleMs, and returns [sum of demand, instances].
  */
@@ -220,6 +236,7 @@ interface ScriptCommands {
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
+  sgTakeRate(key: string, ...args: Arg[]): Promise<number>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
   sgRenewKey(key: string, ...args: Arg[]): Promise<number>;
@@ -244,6 +261,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgBudget: BUDGET,
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
+    sgTakeRate: TAKE_RATE,
     sgProbe: PROBE,
     sgClaimKey: CLAIM_KEY,
     sgRenewKey: RENEW_KEY,

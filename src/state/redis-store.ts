@@ -12,6 +12,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
+import type { Rate } from '../policy/client-rate.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { decodeBreaker, encodeBreaker, encodeChange, RedisKeys, type ChangeMessage } from './redis-keys.ts';
@@ -287,6 +288,13 @@ export class RedisStore implements StateStore {
 
   onChange(listener: (change: StateChange) => void): () => void {
     return this.#view.onChange(listener);
+  }
+
+  takeRate(client: string, rate: Rate, nowMs: number): Promise<number> {
+    const key = this.#keys.rate(client);
+    // Away from Redis each instance admits the client's whole rate on its own: more than the limit across a fleet, for
+    // as long as Redis is away, rather than refusing every request.
+    return this.#run(key, (c) => c.sgTakeRate(key, this.#clock.toFleet(nowMs), rate.intervalMs, rate.burst), () => this.#local.takeRate(client, rate, nowMs));
   }
 
   async exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined> {

@@ -1,6 +1,7 @@
 // Where the fleet's shared counters live. One interface, two implementations: in-process (memory-store.ts, the
 // default) and Redis (redis-store.ts). The pipeline never knows which it has. Policy (when to trip, how much budget)
 // is pure code in policy/; a store only counts, compares-and-sets, and tells every instance what changed.
+import type { Rate } from '../policy/client-rate.ts';
 
 /** The breaker state of one target, as the whole fleet sees it. Serialisable; `generation` is the CAS token. */
 export interface BreakerRecord {
@@ -109,6 +110,12 @@ export interface StateStore {
   takeRetry(budgetKey: string, cfg: BudgetConfig, nowMs: number, force?: boolean): Promise<boolean>;
   /** The budget's sums over the window, for the remaining-budget metric. */
   budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow>;
+
+  /**
+   * Admits one request of a client under its rate (auth.limits): 0 when admitted (and counted), else the ms until one
+   * would be (nothing counted). Fleet-wide on Redis, one round trip; local while Redis is away.
+   */
+  takeRate(client: string, rate: Rate, nowMs: number): Promise<number>;
 
   /** When the target's hold-off ends, as last seen; undefined when none. Synchronous. */
   getHoldOff(target: string): number | undefined;
