@@ -21,8 +21,8 @@ import type { ResponseTranslator, StreamTranslator } from '../providers/families
 import { asAbortSignal, RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
-type HeaderBag = Record<string, string | string[] | undefined>;
 
 interface AttemptRequest {
   client: ProviderClient;
@@ -266,8 +266,7 @@ function translateBody(translator: ResponseTranslator, raw: Buffer): Buffer | un
 
 /** The answer's content-type in lower case: media types are case-insensitive (RFC 9110 8.3.1), `Application/JSON` is JSON. */
 function contentTypeOf(headers: HeaderBag): string | undefined {
-  const ct = headers['content-type'];
-  return (Array.isArray(ct) ? ct[0] : ct)?.toLowerCase();
+  return firstHeader(headers, 'content-type')?.toLowerCase();
 }
 
 function isEventStream(headers: HeaderBag): boolean {

@@ -7,6 +7,7 @@ import { forwardedResponseHeaders } from '../providers/headers.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import { printable } from '../http/request-body.ts';
 import type { AttemptResult } from './attempt.ts';
+import { firstHeader } from '../header-bag.ts';
 
 export interface ErrorAnswer {
   status: number;
@@ -171,8 +172,7 @@ function tlsFix(code: string): string {
  * part may hold a token), without the provider's key (a server may redirect to a URL with it in the path), printable.
  */
 function locationOf(headers: AttemptResult['headers'], apiKey: string | undefined): string {
-  const raw = headers?.location;
-  const value = Array.isArray(raw) ? raw[0] : raw;
+  const value = headers === undefined ? undefined : firstHeader(headers, 'location');
   if (typeof value !== 'string' || value.trim() === '') return 'no location given';
   const clean = apiKey === undefined ? value.trim() : withoutKey(value.trim(), apiKey);
   let shown: string;

@@ -28,8 +28,8 @@ import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from '.
 import { RequestAbort } from './request-abort.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
 import { EarlyStart } from './early-start.ts';
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
-type HeaderBag = Record<string, string | string[] | undefined>;
 
 export interface ManagedRequest {
   route: CompiledRoute;
@@ -281,8 +281,7 @@ function requestIdOf(headers: HeaderBag | undefined, apiKey: string): string | u
 }
 
 function clientRetryCount(headers: HeaderBag): number {
-  const v = headers['x-stainless-retry-count'];
-  const n = Number(Array.isArray(v) ? v[0] : v);
+  const n = Number(firstHeader(headers, 'x-stainless-retry-count'));
   return Number.isInteger(n) && n > 0 ? n : 0;
 }
 

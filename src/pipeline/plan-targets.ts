@@ -10,6 +10,7 @@ import { RetryBudget } from '../state/retry-budget.ts';
 import { flexTierKey } from '../state/hold-offs.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
 import type { TargetPlan } from './target-attempts.ts';
+import { firstHeader } from '../header-bag.ts';
 
 interface Plans {
   plans: TargetPlan[];
@@ -36,11 +37,9 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const skipped: Plans['skipped'] = [];
   let disabled = 0;
   const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: upstreamVia(deps.via, req.headers.via) }) };
-  const asked = req.headers['x-stormgate-priority'];
-  const askedPriority = Array.isArray(asked) ? asked[0] : asked;
+  const askedPriority = firstHeader(req.headers, 'x-stormgate-priority');
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
-  const version = req.headers['anthropic-version'];
-  const anthropicVersion = Array.isArray(version) ? version[0] : version;
+  const anthropicVersion = firstHeader(req.headers, 'anthropic-version');
   // Batch jobs on Groq's flex tier: held off apart from the default tier's requests on the same target.
   const flexTier = req.json.service_tier === 'flex';
 

@@ -1,7 +1,6 @@
 // How long the gateway may spend on one request. The client's own timeout wins when it is shorter: an SDK that
 // times out by itself retries whatever the gateway would have said, so the gateway must answer first.
-
-type HeaderBag = Record<string, string | string[] | undefined>;
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
 interface DeadlineInputs {
   routeTimeoutMs: number;
@@ -31,9 +30,9 @@ export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineI
       source = from;
     }
   };
-  consider(timeoutHeaderMs(header(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
-  consider(stainlessSeconds(header(headers, 'x-stainless-timeout')), 'x-stainless-timeout');
-  consider(stainlessSeconds(header(headers, 'x-stainless-read-timeout')), 'x-stainless-read-timeout');
+  consider(timeoutHeaderMs(firstHeader(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
+  consider(stainlessSeconds(firstHeader(headers, 'x-stainless-timeout')), 'x-stainless-timeout');
+  consider(stainlessSeconds(firstHeader(headers, 'x-stainless-read-timeout')), 'x-stainless-read-timeout');
   const margin = marginMs === undefined ? Math.max(MIN_MARGIN_MS, Math.round(timeoutMs * MARGIN_SHARE)) : scaledMargin(marginMs, routeTimeoutMs, timeoutMs);
   // A margin larger than the timeout would leave nothing: keep at least a sliver so the request is tried.
   const budgetMs = Math.max(Math.min(timeoutMs, 50), timeoutMs - margin);
@@ -55,11 +54,6 @@ function scaledMargin(marginMs: number, routeTimeoutMs: number, timeoutMs: numbe
  */
 export function longestBudgetMs(routes: ReadonlyArray<{ timeoutMs: number; deadlineMarginMs?: number | undefined }>, headers: HeaderBag): number {
   return Math.max(0, ...routes.map((r) => computeDeadline({ routeTimeoutMs: r.timeoutMs, marginMs: r.deadlineMarginMs, headers }).budgetMs));
-}
-
-function header(headers: HeaderBag, name: string): string | undefined {
-  const v = headers[name];
-  return Array.isArray(v) ? v[0] : v;
 }
 
 /** A plain decimal: Number() alone would also read hex (`0x10`), exponents and binary. */

@@ -1,14 +1,10 @@
 // Reading a provider's remaining quota from its answers: when a limit is nearly spent before it resets, lower classes
 // (batch) should wait for the reset instead of spending the rest and collecting 429s that online traffic then shares.
 import { parseDurationMs, parseRfc3339Ms, type ResponseHeaders } from './wait-hint.ts';
+import { firstHeader } from '../header-bag.ts';
 
 /** "Nearly spent": at most this share of the limit left (and at least one request's worth). */
 const LOW_SHARE = 0.02;
-
-function header(h: ResponseHeaders, name: string): string | undefined {
-  const v = h[name];
-  return Array.isArray(v) ? v[0] : v;
-}
 
 function num(v: string | undefined): number | undefined {
   if (v === undefined || !/^\d+(\.\d+)?$/.test(v.trim())) return undefined;
@@ -30,16 +26,16 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
     if (at !== undefined && at > nowMs) until = Math.max(until ?? 0, at);
   };
   for (const kind of OPENAI_KINDS) {
-    consider(header(h, `x-ratelimit-limit-${kind}`), header(h, `x-ratelimit-remaining-${kind}`), () => {
-      const reset = header(h, `x-ratelimit-reset-${kind}`);
+    consider(firstHeader(h, `x-ratelimit-limit-${kind}`), firstHeader(h, `x-ratelimit-remaining-${kind}`), () => {
+      const reset = firstHeader(h, `x-ratelimit-reset-${kind}`);
       const ms = reset === undefined ? undefined : parseDurationMs(reset);
       return ms === undefined ? undefined : nowMs + ms;
     });
   }
   if (h['anthropic-ratelimit-requests-remaining'] === undefined && h['anthropic-ratelimit-tokens-remaining'] === undefined) return until;
   for (const kind of ANTHROPIC_KINDS) {
-    consider(header(h, `anthropic-ratelimit-${kind}-limit`), header(h, `anthropic-ratelimit-${kind}-remaining`), () => {
-      const reset = header(h, `anthropic-ratelimit-${kind}-reset`);
+    consider(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`), () => {
+      const reset = firstHeader(h, `anthropic-ratelimit-${kind}-reset`);
       return reset === undefined ? undefined : parseRfc3339Ms(reset);
     });
   }

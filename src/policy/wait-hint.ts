@@ -1,5 +1,6 @@
 // Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
 // One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'retry-info';
 
 export interface WaitHint {
@@ -11,7 +12,7 @@ export interface WaitHint {
 }
 
 /** Response headers with lower-case names, as undici's `request()` returns them. */
-export type ResponseHeaders = Record<string, string | string[] | undefined>;
+export type ResponseHeaders = HeaderBag;
 
 /** Longest hint reported (24 h); longer valid hints are clamped, not dropped, so the caller still sees it must not wait. */
 export const MAX_WAIT_HINT_MS = 24 * 60 * 60 * 1000;
@@ -121,9 +122,7 @@ function hint(delayMs: number, source: WaitHintSource, fleetWide: boolean): Wait
 }
 
 function header(headers: ResponseHeaders, name: string): string | undefined {
-  const raw = headers[name];
-  const value = Array.isArray(raw) ? raw[0] : raw;
-  const trimmed = value?.trim();
+  const trimmed = firstHeader(headers, name)?.trim();
   return trimmed === undefined || trimmed === '' ? undefined : trimmed;
 }
 

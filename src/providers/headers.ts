@@ -1,9 +1,9 @@
 import { withoutKey } from './key-echo.ts';
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
 // Which headers cross the gateway, in each direction. Allowlists, not denylists: the client's credentials,
 // cookies and hop-by-hop headers must never reach a provider, and the provider's account details never reach clients.
 
-type HeaderBag = Record<string, string | string[] | undefined>;
 
 /** Client headers a provider may need (README: "Headers"). `x-stainless-*` describe the SDK and help provider support. */
 export const FORWARD_REQUEST: ReadonlySet<string> = new Set([
@@ -52,8 +52,8 @@ export function forwardedRequestHeaders(client: HeaderBag): Record<string, strin
 export function forwardedResponseHeaders(upstream: HeaderBag, apiKey = ''): Record<string, string> {
   const out: Record<string, string> = {};
   for (const name of FORWARD_RESPONSE) {
-    const value = upstream[name];
-    if (value !== undefined) out[name] = withoutKey(Array.isArray(value) ? value[0]! : value, apiKey);
+    const value = firstHeader(upstream, name);
+    if (value !== undefined) out[name] = withoutKey(value, apiKey);
   }
   // Anthropic names its id `request-id`; the OpenAI SDKs read `x-request-id` (their `request_id`) only.
   if (out['x-request-id'] === undefined && out['request-id'] !== undefined) out['x-request-id'] = out['request-id'];
