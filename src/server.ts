@@ -136,11 +136,17 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     return true;
   });
 
+  const limit = clientLimits(config.auth?.limits, {
+    store: runtime.store, now, random: deps.random ?? Math.random, onLimited: (client, by) => metrics.clientLimited.inc({ client, by }),
+  });
+
   // Math.random, not the policy's random source: sampling log lines must not shift a seeded test's jitter.
   const { logSuccessRate } = config.server;
   const ends = new RequestEnds((request, reply, gone, sentNothing) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
+    // A replay used no provider tokens.
+    if (summary && request.client !== undefined && summary.outcome !== 'replayed') limit?.used(request.client, [summary.usage, summary.continuationUsage?.usage]);
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
     // it is a client request answered: without this count a client sending only invalid requests would not show.
@@ -157,9 +163,6 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
 
   const drain = gracefulDrain(app, config.drain, logger, runtime, sweep);
-  const limit = clientLimits(config.auth?.limits, {
-    store: runtime.store, now, random: deps.random ?? Math.random, onLimited: (client) => metrics.clientLimited.inc({ client }),
-  });
   const admit = admission({ config, loop: runtime.loop, logger, managedPaths: router.paths, opsPaths: OPS_PATHS, drain, limit });
   // A callback hook: an async one costs every request a promise and a tick.
   app.addHook('onRequest', (request, reply, done) => {

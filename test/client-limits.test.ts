@@ -6,7 +6,8 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { admit, rateOf } from '../src/policy/client-rate.ts';
+import { admitClient, clientRates, rateOf, spend, type ClientDues, type Rate } from '../src/policy/client-rate.ts';
+import type { StateStore } from '../src/state/store.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { describeEachStore } from './helpers/redis-stores.ts';
@@ -15,15 +16,25 @@ import { defaultConfig, parseMetrics, RETRY_LOOP_ONLY, useExtraMocks, useGateway
 
 const messages = [{ role: 'user' as const, content: 'hi' }];
 
+/** A client with a request rate only: each call asks at nowMs and answers 0 (admitted) or the wait. */
+function requestsAt(rate: Rate): (nowMs: number) => number {
+  const dues: ClientDues = {};
+  return (nowMs) => {
+    const v = admitClient(dues, nowMs, { requests: rate });
+    if (!v.admitted) return v.waitMs;
+    dues.requests = v.requestsDue;
+    return 0;
+  };
+}
+
+/** A store's answer for a client with a request rate only: 0 admitted, else the wait. */
+async function take(store: Pick<StateStore, 'admitClient'>, client: string, rate: Rate, nowMs: number): Promise<number> {
+  return (await store.admitClient(client, { requests: rate }, nowMs))?.waitMs ?? 0;
+}
+
 describe('the rate policy (GCRA)', () => {
   it('admits a burst at once, then one request per interval, and tells a refused request when one would fit', () => {
-    const rate = rateOf(60, 3); // one per second, three at once
-    let due: number | undefined;
-    const at = (nowMs: number) => {
-      const v = admit(due, nowMs, rate);
-      if (v.admitted) due = v.dueMs;
-      return v.admitted ? 0 : v.waitMs;
-    };
+    const at = requestsAt(rateOf(60, 3)); // one per second, three at once
     expect([at(0), at(0), at(0)]).toEqual([0, 0, 0]);
     expect(at(0)).toBe(1000);
     expect(at(400)).toBe(600);
@@ -36,6 +47,25 @@ describe('the rate policy (GCRA)', () => {
     expect(at(60_000)).toBe(1000);
   });
 
+  it('admits while any tokens are left, counts them once answered, and holds an overdrawn client until they are paid back', () => {
+    const { tokens } = clientRates({ tokensPerMinute: 6000 }); // 100 a second, a minute's worth at once
+    const dues: ClientDues = {};
+    const at = (nowMs: number) => {
+      const v = admitClient(dues, nowMs, { tokens });
+      return v.admitted ? 0 : v.waitMs;
+    };
+    expect(at(0)).toBe(0);
+    dues.tokens = spend(dues.tokens, 0, tokens!, 5_999);
+    expect(at(0)).toBe(0); // one token left
+    dues.tokens = spend(dues.tokens, 0, tokens!, 3_000); // overdrawn by 2,999
+    expect(at(0)).toBeCloseTo(30_000, 6);
+    expect(at(29_999)).toBeCloseTo(1, 6);
+    expect(at(30_000)).toBe(0);
+    // Both rates: the longer wait, and the rate that set it.
+    expect(admitClient({ tokens: dues.tokens }, 0, { tokens, requests: rateOf(60, 1) })).toEqual({ admitted: false, waitMs: expect.closeTo(30_000, 6), by: 'tokens' });
+    expect(admitClient({ requests: 2000 }, 0, { tokens, requests: rateOf(60, 1) })).toEqual({ admitted: false, waitMs: 2000, by: 'requests' });
+  });
+
   it('defaults the burst to ten seconds of the rate, at least one', () => {
     expect(rateOf(600)).toEqual({ intervalMs: 100, burst: 100 });
     expect(rateOf(3)).toEqual({ intervalMs: 20_000, burst: 1 });
@@ -43,36 +73,29 @@ describe('the rate policy (GCRA)', () => {
   });
 
   it('keeps a rate that does not divide a minute exactly', () => {
-    const rate = rateOf(7, 1);
-    let due: number | undefined;
+    const at = requestsAt(rateOf(7, 1));
     let admitted = 0;
     // A client asking every millisecond for ten minutes: 8,571.43 ms apart, never rounded down to a faster rate.
-    for (let t = 0; t < 600_000; t += 1) {
-      const v = admit(due, t, rate);
-      if (v.admitted) {
-        due = v.dueMs;
-        admitted++;
-      }
-    }
+    for (let t = 0; t < 600_000; t += 1) if (at(t) === 0) admitted++;
     expect(admitted).toBe(70);
   });
 });
 
 describeEachStore((store) => {
-  it('takeRate: admits the burst, refuses with the wait until the next slot, per client', async () => {
+  it('admitClient: admits the burst, refuses with the wait until the next slot, per client', async () => {
     const s = store();
     const now = Date.now();
     const rate = rateOf(60, 2);
-    expect(await s.takeRate('a', rate, now)).toBe(0);
-    expect(await s.takeRate('a', rate, now)).toBe(0);
-    expect(await s.takeRate('a', rate, now)).toBe(1000);
-    expect(await s.takeRate('a', rate, now + 300)).toBe(700);
-    expect(await s.takeRate('b', rate, now)).toBe(0);
-    expect(await s.takeRate('a', rate, now + 1000)).toBe(0);
+    expect(await take(s, 'a', rate, now)).toBe(0);
+    expect(await take(s, 'a', rate, now)).toBe(0);
+    expect(await take(s, 'a', rate, now)).toBe(1000);
+    expect(await take(s, 'a', rate, now + 300)).toBe(700);
+    expect(await take(s, 'b', rate, now)).toBe(0);
+    expect(await take(s, 'a', rate, now + 1000)).toBe(0);
   });
 });
 
-describe('takeRate on Redis', () => {
+describe('admitClient on Redis', () => {
   const redis = useRedisServer();
 
   it('is one rate for the fleet, and each instance keeps the client to it alone while Redis is away', async () => {
@@ -84,14 +107,14 @@ describe('takeRate on Redis', () => {
       expect(await b.ready()).toBe(true);
       const rate = rateOf(6, 2); // one per 10 s, two at once
       const now = Date.now();
-      expect(await a.takeRate('agents', rate, now)).toBe(0);
-      expect(await b.takeRate('agents', rate, now)).toBe(0);
-      expect(await a.takeRate('agents', rate, now)).toBeGreaterThan(9_000);
-      expect(await b.takeRate('agents', rate, now)).toBeGreaterThan(9_000);
+      expect(await take(a, 'agents', rate, now)).toBe(0);
+      expect(await take(b, 'agents', rate, now)).toBe(0);
+      expect(await take(a, 'agents', rate, now)).toBeGreaterThan(9_000);
+      expect(await take(b, 'agents', rate, now)).toBeGreaterThan(9_000);
       await redis().stop();
       try {
         // Degraded: the local rate, from nothing (a burst of its own) rather than every request refused.
-        expect(await a.takeRate('agents', rate, now + 1)).toBe(0);
+        expect(await take(a, 'agents', rate, now + 1)).toBe(0);
         expect(a.degraded).toBe(true);
       } finally {
         await redis().restart();
@@ -129,9 +152,9 @@ describe('client rate limits, end to end', () => {
     expect(err.type).toBe('rate_limit_error');
     expect(err.headers.get('x-should-retry')).toBe('true');
     const waitMs = Number(err.headers.get('retry-after-ms'));
-    // Told within 1-1.2 x the half second to the next slot (less the time the two answers took).
+    // Told the half second to the next slot (less the time the two answers took), spread over one more slot.
     expect(waitMs).toBeGreaterThan(0);
-    expect(waitMs).toBeLessThanOrEqual(600);
+    expect(waitMs).toBeLessThanOrEqual(1000);
     expect(Number(err.headers.get('retry-after'))).toBe(Math.ceil(waitMs / 1000));
     // Another client is not held by this one's rate.
     for (let i = 0; i < 5; i++) await other.chat.completions.create({ model: 'gpt-4o-mini', messages });
@@ -176,6 +199,49 @@ describe('client rate limits, end to end', () => {
     expect(slow.status).toBe(429);
   });
 
+  it('counts the tokens of each answered request, and refuses a client that used its minute\'s worth until they are back', async () => {
+    const { url } = await gateway({ agents: { tokensPerMinute: 60 } });
+    const agents = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'key-agents', maxRetries: 0 });
+    let used = 0;
+    let answered = 0;
+    let refused: unknown;
+    while (refused === undefined && answered < 40) {
+      await agents.chat.completions.create({ model: 'gpt-4o-mini', messages }).then(
+        (r) => {
+          used += r.usage!.total_tokens;
+          answered++;
+        },
+        (e: unknown) => (refused = e),
+      );
+    }
+    // Admitted while any of the 60 tokens were left: the last one admitted overdrew them.
+    expect(used).toBeGreaterThanOrEqual(60);
+    expect(refused).toBeInstanceOf(OpenAI.RateLimitError);
+    const err = refused as InstanceType<typeof OpenAI.RateLimitError>;
+    expect(err.code).toBe('client_rate_limited');
+    expect(err.message).toContain('60 tokens per minute');
+    // The overdraft, at a token a second, is the wait (less the time the requests took), plus up to a fifth.
+    const waitMs = Number(err.headers.get('retry-after-ms'));
+    expect(waitMs).toBeGreaterThan((used - 60) * 1000 - 5_000);
+    expect(waitMs).toBeLessThanOrEqual(Math.max(1, used - 60 + 1) * 1000 * 1.2 + 1);
+    const samples = parseMetrics(await (await fetch(`${url}/metrics`)).text());
+    expect(samples.find((s) => s.name === 'stormgate_client_limited_total' && s.labels.client === 'agents')?.labels.by).toBe('tokens');
+  });
+
+  it('spreads clients refused together over the slots they wait for, so they do not all come back for one', async () => {
+    const { url } = await gateway({ agents: { requestsPerMinute: 600, burst: 5 } });
+    const call = () => fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer key-agents', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages }),
+    });
+    const answers = await Promise.all(Array.from({ length: 30 }, call));
+    const waits = answers.filter((a) => a.status === 429).map((a) => Number(a.headers.get('retry-after-ms'))).sort((x, y) => x - y);
+    expect(waits.length).toBeGreaterThanOrEqual(20);
+    // 25 refused for slots 100 ms apart: told waits spread over more than a second, not all within a fifth of one.
+    expect(waits.at(-1)! - waits[0]!).toBeGreaterThan(1000);
+  });
+
   it('holds a client to one rate across two gateways sharing Redis', async () => {
     const mock = await startMock();
     const keyPrefix = `limits-${randomUUID()}`;
@@ -207,15 +273,17 @@ auth:
 `;
     expect(() => parseConfig(yaml, 'gateway.yaml', {})).toThrow(/auth\.limits\.agnets[\s\S]*no client "agnets" in auth\.keys; expected one of: agents, \*/);
     expect(() => parseConfig(yaml.replace('agnets: { requestsPerMinute: 600 }', 'agents: { requestsPerMinute: 0 }'), 'gateway.yaml', {})).toThrow(/auth\.limits\.agents\.requestsPerMinute/);
+    expect(() => parseConfig(yaml.replace('agnets: { requestsPerMinute: 600 }', 'agents: {}'), 'gateway.yaml', {})).toThrow(/auth\.limits\.agents[\s\S]*sets no rate: expected requestsPerMinute, tokensPerMinute or both/);
+    expect(() => parseConfig(yaml.replace('agnets: { requestsPerMinute: 600 }', 'agents: { tokensPerMinute: 1000, burst: 5 }'), 'gateway.yaml', {})).toThrow(/auth\.limits\.agents\.burst[\s\S]*needs requestsPerMinute/);
   });
 });
 
-describe('MemoryStore.takeRate', () => {
+describe('MemoryStore.admitClient', () => {
   it('keeps one due time per client', async () => {
     const s = new MemoryStore();
     const rate = rateOf(60, 1);
-    expect(await s.takeRate('x', rate, 0)).toBe(0);
-    expect(await s.takeRate('x', rate, 10)).toBe(990);
-    expect(await s.takeRate('y', rate, 10)).toBe(0);
+    expect(await take(s, 'x', rate, 0)).toBe(0);
+    expect(await take(s, 'x', rate, 10)).toBe(990);
+    expect(await take(s, 'y', rate, 10)).toBe(0);
   });
 });

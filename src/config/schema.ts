@@ -430,13 +430,18 @@ const AuthSchema = z
         z.string(),
         z
           .strictObject({
-            requestsPerMinute: z.number().positive().max(6_000_000).describe('Requests the client may send per minute, on average, fleet-wide with a Redis state store (each instance on its own while Redis is away).'),
+            // The floors (one request in about 69 days) keep a whole burst's due time within what Redis can expire (PX): a
+            // rate of 1e-12 failed the script, which degraded the whole state store on each of the client's requests.
+            requestsPerMinute: z.number().min(0.0001).max(6_000_000).optional().describe('Requests the client may send per minute, on average. Optional; default: no request rate.'),
             burst: z.number().int().min(1).max(1_000_000).optional().describe('Requests the client may send at once after a quiet spell. Optional; default: ten seconds\' worth (requestsPerMinute / 6), at least 1.'),
+            tokensPerMinute: z.number().min(1).max(1_000_000_000).optional().describe('Tokens (prompt and completion, as the providers\' answers report them) the client\'s requests may use per minute, on average, up to a minute\'s worth at once: a request is admitted while any are left, and its tokens are counted when it is answered, so one large request can overdraw it and hold the client until it is paid back. Optional; default: no token rate.'),
           })
-          .describe('A client\'s request rate.'),
+          .refine((l) => l.requestsPerMinute !== undefined || l.tokensPerMinute !== undefined, { message: 'sets no rate: expected requestsPerMinute, tokensPerMinute or both' })
+          .refine((l) => l.burst === undefined || l.requestsPerMinute !== undefined, { message: 'burst is the request rate\'s: it needs requestsPerMinute', path: ['burst'] })
+          .describe('A client\'s rates, fleet-wide with a Redis state store (each instance on its own while Redis is away).'),
       )
       .optional()
-      .describe('Request rate per client, by client name; "*" sets it for every client not named (each its own). A request past it gets 429 client_rate_limited with retry-after-ms at once, before its body is read and before any provider is asked. Counts every request with the client\'s key, retries the client makes included. Optional; default: no limit.'),
+      .describe('Request and token rates per client, by client name; "*" sets them for every client not named (each its own). A request past one gets 429 client_rate_limited with retry-after-ms at once, before its body is read and before any provider is asked. Counts every request with the client\'s key, retries the client makes included. Optional; default: no limit.'),
   })
   .describe('Who may use the gateway. Optional; without it the gateway serves anyone who reaches its port with the providers\' keys: keep it on a loopback address, or behind a proxy that authenticates.');
 

@@ -46,7 +46,7 @@ export function admission({ config, loop, logger, managedPaths, opsPaths, drain,
   };
   /** Last, so a request refused for any other reason does not use up its client's rate. */
   const withinRate = (request: FastifyRequest, reply: FastifyReply): boolean | Promise<boolean> => {
-    const refusal = request.client === undefined ? undefined : limit?.(request.client);
+    const refusal = request.client === undefined ? undefined : limit?.admit(request.client);
     if (refusal === undefined) return true;
     return refusal.then((err) => {
       if (err === undefined) return true;

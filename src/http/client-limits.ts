@@ -1,41 +1,62 @@
-// auth.limits: a client past its request rate is told when to come back, before its body is read or a provider is
-// asked. A fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
+// auth.limits: a client past its rates is told when to come back, before its body is read or a provider is asked. A
+// fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
 import type { Config } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { jitterWaitHintMs } from '../policy/backoff.ts';
-import { rateOf, type Rate } from '../policy/client-rate.ts';
+import { clientRates, type ClientRates, type Rate } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
+import type { Usage } from '../streaming/usage.ts';
 
-/** The refusal for a client over its rate, or undefined when admitted; undefined (no promise) for a client without a limit. */
-export type ClientLimit = (client: string) => Promise<GatewayError | undefined> | undefined;
+export interface ClientLimit {
+  /** The refusal for a client over its rates, or undefined when admitted; undefined (no promise) for a client without limits. */
+  admit(client: string): Promise<GatewayError | undefined> | undefined;
+  /** Counts what a client's answered request used against its token rate, if it has one. */
+  used(client: string, usage: readonly (Usage | undefined)[]): void;
+}
 
 interface ClientLimitsDeps {
-  store: Pick<StateStore, 'takeRate'>;
+  store: Pick<StateStore, 'admitClient' | 'spendTokens'>;
   now: () => number;
   random: Random;
-  /** Counts a refusal, by client name. */
-  onLimited: (client: string) => void;
+  /** Counts a refusal, by client name and the rate that refused. */
+  onLimited: (client: string, by: 'requests' | 'tokens') => void;
 }
 
 export function clientLimits(limits: NonNullable<Config['auth']>['limits'], deps: ClientLimitsDeps): ClientLimit | undefined {
   if (limits === undefined || Object.keys(limits).length === 0) return undefined;
-  const rates = new Map<string, Rate>(Object.entries(limits).map(([name, l]) => [name, rateOf(l.requestsPerMinute, l.burst)]));
+  const rates = new Map<string, ClientRates>(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
   const anyClient = rates.get('*');
-  return (client) => {
-    const rate = rates.get(client) ?? anyClient;
-    if (rate === undefined) return undefined;
-    return deps.store.takeRate(client, rate, deps.now()).then((waitMs) => {
-      if (waitMs <= 0) return undefined;
-      deps.onLimited(client);
-      // Clients refused together are told apart (x 1-1.2), or they would all come back for the same one slot.
-      const retryAfterMs = jitterWaitHintMs(waitMs, deps.random);
-      return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${formatRate(rate)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
-    });
+  /** The latest time each client's refused requests were told to come back, on this instance. */
+  const toldBack = new Map<string, number>();
+  const ratesOf = (client: string) => rates.get(client) ?? anyClient;
+  return {
+    admit(client) {
+      const r = ratesOf(client);
+      if (r === undefined) return undefined;
+      const nowMs = deps.now();
+      return deps.store.admitClient(client, r, nowMs).then((refusal) => {
+        if (refusal === undefined) return undefined;
+        deps.onLimited(client, refusal.by);
+        // Requests refused together all wait for the same next slot: each is told the slot after the last one told, as
+        // in a queue, or they would all come back for that one slot, again and again. The told times run ahead of now
+        // only while refusals come faster than the rate, that is while the client's backlog lasts.
+        const slotMs = refusal.by === 'requests' ? r.requests!.intervalMs : 0;
+        const backAt = Math.max(nowMs + refusal.waitMs, (toldBack.get(client) ?? 0) + slotMs);
+        toldBack.set(client, backAt);
+        const retryAfterMs = Math.ceil(backAt - nowMs + deps.random() * Math.max(slotMs, 0.2 * refusal.waitMs));
+        return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${describe(r, refusal.by)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
+      });
+    },
+    used(client, usage) {
+      const rate = ratesOf(client)?.tokens;
+      if (rate === undefined) return;
+      const tokens = usage.reduce((sum, u) => sum + (u ? u.prompt + u.completion : 0), 0);
+      if (tokens > 0) deps.store.spendTokens(client, rate, tokens, deps.now());
+    },
   };
 }
 
-function formatRate(rate: Rate): string {
-  const perMinute = Math.round((60_000 / rate.intervalMs) * 1000) / 1000;
-  return `${perMinute} requests per minute (burst ${rate.burst})`;
+function describe(r: ClientRates, by: 'requests' | 'tokens'): string {
+  const perMinute = (rate: Rate) => Math.round((60_000 / rate.intervalMs) * 1000) / 1000;
+  return by === 'requests' ? `${perMinute(r.requests!)} requests per minute (burst ${r.requests!.burst})` : `${perMinute(r.tokens!)} tokens per minute`;
 }

@@ -8,7 +8,7 @@ export interface Metrics {
   readonly retriedRequests: Counter<'route' | 'result'>;
   readonly fallbackRequests: Counter<'route'>;
   readonly clientRetries: Counter<'route' | 'how'>;
-  readonly clientLimited: Counter<'client'>;
+  readonly clientLimited: Counter<'client' | 'by'>;
   readonly retrySuccessRate: Gauge<'route'>;
   readonly fallbackRate: Gauge<'route'>;
   readonly tokens: Counter<'route' | 'target' | 'kind'>;
@@ -84,8 +84,8 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     clientLimited: new Counter({
       name: 'stormgate_client_limited_total',
-      help: 'Requests refused 429 client_rate_limited because their client was past its rate (auth.limits), by client name; these are also in stormgate_requests_total{outcome="rejected"} when on a managed path.',
-      labelNames: ['client'] as const,
+      help: 'Requests refused 429 client_rate_limited because their client was past its rate (auth.limits), by client name and the rate that refused (requests or tokens); these are also in stormgate_requests_total{outcome="rejected"} when on a managed path.',
+      labelNames: ['client', 'by'] as const,
       registers,
     }),
     retrySuccessRate: new Gauge({

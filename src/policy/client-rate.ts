@@ -1,27 +1,67 @@
-// A client's request rate (auth.limits), as GCRA, the generic cell rate algorithm: a token bucket kept as one number,
-// the time the client's next request is due at its rate ("theoretical arrival time"). One value per client is what
-// lets the Redis store share it across instances in one atomic script (state/redis-scripts.ts mirrors `admit`).
+// A client's rates (auth.limits), as GCRA, the generic cell rate algorithm: a token bucket kept as one number, the
+// time the bucket would be full again at its rate ("theoretical arrival time", here `due`). One value per rate is what
+// lets the Redis store share it across instances in one atomic script (state/redis-scripts.ts mirrors this file).
 // Unlike a fixed window, nothing resets at a boundary: clients refused together are not all let in at once later.
 
-/** A rate: one request per intervalMs on average, up to `burst` at once after a quiet spell. */
+/** A rate: one unit (a request, a token) per intervalMs on average, up to `burst` at once after a quiet spell. */
 export interface Rate {
   intervalMs: number;
   burst: number;
 }
 
-/** The rate of `requestsPerMinute` with its burst (default: ten seconds' worth, at least one). */
-export function rateOf(requestsPerMinute: number, burst?: number): Rate {
-  return { intervalMs: 60_000 / requestsPerMinute, burst: burst ?? Math.max(1, Math.floor(requestsPerMinute / 6)) };
+/** A client's rates: requests are counted as they arrive, tokens once their answer says how many were used. */
+export interface ClientRates {
+  requests?: Rate | undefined;
+  tokens?: Rate | undefined;
+}
+
+/** The due times a store keeps for one client, ms; undefined: never used (or expired, i.e. full). */
+export interface ClientDues {
+  requests?: number | undefined;
+  tokens?: number | undefined;
+}
+
+/** The rate of `perMinute` with its burst (default: ten seconds' worth, at least one). */
+export function rateOf(perMinute: number, burst?: number): Rate {
+  return { intervalMs: 60_000 / perMinute, burst: burst ?? Math.max(1, Math.floor(perMinute / 6)) };
+}
+
+/** The client's rates from its auth.limits entry; a token rate holds a minute's worth, as providers' limits do. */
+export function clientRates(limit: { requestsPerMinute?: number | undefined; burst?: number | undefined; tokensPerMinute?: number | undefined }): ClientRates {
+  return {
+    requests: limit.requestsPerMinute === undefined ? undefined : rateOf(limit.requestsPerMinute, limit.burst),
+    tokens: limit.tokensPerMinute === undefined ? undefined : rateOf(limit.tokensPerMinute, Math.max(1, Math.floor(limit.tokensPerMinute))),
+  };
 }
 
 /**
- * Whether a request at nowMs fits the rate, given the stored due time (undefined: none yet). Admitted: the due time to
- * store. Refused: how long until one request would fit; nothing changes, so a refused request costs its client nothing.
+ * How long until `cost` units fit the rate at nowMs, given the stored due time: 0 when they fit now.
+ * (from + cost × interval) - burst × interval, written so cost = burst is exactly `from`: in floating point the long
+ * form can land a hair past it, and a request exactly on time was refused for a whole interval.
  */
-export function admit(dueMs: number | undefined, nowMs: number, rate: Rate): { admitted: true; dueMs: number } | { admitted: false; waitMs: number } {
-  const from = Math.max(dueMs ?? 0, nowMs);
-  // (from + interval) - burst × interval, written so a burst of 1 is exactly `from`: in floating point the long form
-  // can land a hair past it, and a request exactly on time was refused for a whole interval.
-  const allowedAt = from - (rate.burst - 1) * rate.intervalMs;
-  return nowMs < allowedAt ? { admitted: false, waitMs: allowedAt - nowMs } : { admitted: true, dueMs: from + rate.intervalMs };
+function waitFor(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
+  const allowedAt = Math.max(dueMs ?? 0, nowMs) - (rate.burst - cost) * rate.intervalMs;
+  return nowMs < allowedAt ? allowedAt - nowMs : 0;
+}
+
+/** The due time after `cost` units are used at nowMs; may run past the burst (a request's tokens are owed all the same). */
+export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
+  return Math.max(dueMs ?? 0, nowMs) + cost * rate.intervalMs;
+}
+
+/**
+ * Whether a client's request at nowMs fits its rates: one request of the request rate, and at least one token left of
+ * the token rate (what the request will use is not known until it is answered). Admitted: the request rate's new due
+ * time, to store. Refused: the wait until both would fit, and the rate that refused; nothing changes, so a refused
+ * request costs its client nothing.
+ */
+export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates):
+  | { admitted: true; requestsDue: number | undefined }
+  | { admitted: false; waitMs: number; by: 'requests' | 'tokens' } {
+  const tokenWait = rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, 1) : 0;
+  const requestWait = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, 1) : 0;
+  if (tokenWait > 0 || requestWait > 0) {
+    return { admitted: false, waitMs: Math.max(tokenWait, requestWait), by: tokenWait >= requestWait ? 'tokens' : 'requests' };
+  }
+  return { admitted: true, requestsDue: rates.requests ? spend(dues.requests, nowMs, rates.requests, 1) : undefined };
 }

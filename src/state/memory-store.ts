@@ -1,7 +1,7 @@
 // The in-process state store: the default when no Redis is configured, and the Redis store's stand-in while Redis
 // cannot be reached. Same semantics as the Redis store, for one instance.
 import { randomUUID } from 'node:crypto';
-import { admit, type Rate } from '../policy/client-rate.ts';
+import { admitClient, spend, type ClientDues, type ClientRates, type Rate } from '../policy/client-rate.ts';
 import {
   budgetOf,
   MAX_WINDOW_S,
@@ -9,6 +9,7 @@ import {
   type BreakerRecord,
   type BudgetConfig,
   type BudgetWindow,
+  type ClientRefusal,
   type KeyRecord,
   type OutcomeWindow,
   type StateChange,
@@ -64,8 +65,8 @@ export class MemoryStore implements StateStore {
   readonly #permits = new Map<string, Map<string, number>>();
   readonly #budgets = new Map<string, SecondBuckets>();
   readonly #holdOffs = new Map<string, number>();
-  /** Each limited client's due time (policy/client-rate.ts); one entry per client the config names. */
-  readonly #rates = new Map<string, number>();
+  /** Each limited client's due times (policy/client-rate.ts); one entry per client with a key. */
+  readonly #clients = new Map<string, ClientDues>();
   readonly #listeners = new Set<(change: StateChange) => void>();
   readonly #keys: KeptKeys;
 
@@ -129,11 +130,17 @@ export class MemoryStore implements StateStore {
     return { requests, retries };
   }
 
-  async takeRate(client: string, rate: Rate, nowMs: number): Promise<number> {
-    const verdict = admit(this.#rates.get(client), nowMs, rate);
-    if (!verdict.admitted) return verdict.waitMs;
-    this.#rates.set(client, verdict.dueMs);
-    return 0;
+  async admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined> {
+    const dues = this.#clients.get(client) ?? {};
+    const verdict = admitClient(dues, nowMs, rates);
+    if (!verdict.admitted) return { waitMs: verdict.waitMs, by: verdict.by };
+    this.#clients.set(client, { ...dues, requests: verdict.requestsDue });
+    return undefined;
+  }
+
+  spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void {
+    const dues = this.#clients.get(client) ?? {};
+    this.#clients.set(client, { ...dues, tokens: spend(dues.tokens, nowMs, rate, tokens) });
   }
 
   getHoldOff(target: string): number | undefined {

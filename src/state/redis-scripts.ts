@@ -167,20 +167,47 @@ redis.call('PEXPIRE', key, ARGV[1])
 return 1
 `;
 
+// policy/client-rate.ts in Lua: the wait until `cost` units fit a rate, and the due time after spending them.
+const CLIENT_RATE_LUA = `
+local function waitFor(due, now, interval, burst, cost)
+  local allowedAt = math.max(due, now) - (burst - cost) * interval
+  if now < allowedAt then return allowedAt - now end
+  return 0
+end
+local function spend(key, due, now, interval, cost)
+  local nextDue = math.max(due, now) + cost * interval
+  redis.call('SET', key, string.format('%.3f', nextDue), 'PX', math.ceil(nextDue - now) + 1000)
+end
+local function dueOf(key)
+  return tonumber(redis.call('GET', key) or '0') or 0
+end
+`;
+
 /**
- * KEYS: a client's rate key. ARGV: nowMs, intervalMs, burst. policy/client-rate.ts's `admit`, atomic across the fleet:
- * returns 0 when admitted (the due time stored, kept until it has passed), else the ms until a request would be, rounded
- * up (a refused request changes nothing).
+ * KEYS: the client's requests key, its tokens key (one hash tag). ARGV: nowMs, then per rate its intervalMs and burst
+ * (0 and 0: no such rate). policy/client-rate.ts's `admitClient`, atomic across the fleet: returns [0] when admitted
+ * (the request counted), else [ms until it would be, rounded up; 1 requests or 2 tokens refused] with nothing counted.
  */
-const TAKE_RATE = `
-local now, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-local from = math.max(due, now)
-local allowedAt = from - (burst - 1) * interval
-if now < allowedAt then return math.ceil(allowedAt - now) end
-local nextDue = from + interval
-redis.call('SET', KEYS[1], string.format('%.3f', nextDue), 'PX', math.ceil(nextDue - now) + 1000)
-return 0
+const ADMIT_CLIENT = `${CLIENT_RATE_LUA}
+local now = tonumber(ARGV[1])
+local reqInterval, reqBurst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tokInterval, tokBurst = tonumber(ARGV[4]), tonumber(ARGV[5])
+local reqDue = dueOf(KEYS[1])
+local tokenWait, requestWait = 0, 0
+if tokInterval > 0 then tokenWait = waitFor(dueOf(KEYS[2]), now, tokInterval, tokBurst, 1) end
+if reqInterval > 0 then requestWait = waitFor(reqDue, now, reqInterval, reqBurst, 1) end
+if tokenWait > 0 or requestWait > 0 then
+  if tokenWait >= requestWait then return { math.ceil(tokenWait), 2 } end
+  return { math.ceil(requestWait), 1 }
+end
+if reqInterval > 0 then spend(KEYS[1], reqDue, now, reqInterval, 1) end
+return { 0 }
+`;
+
+/** KEYS: the client's tokens key. ARGV: nowMs, intervalMs, tokens. Spends them, past the burst if need be. */
+const SPEND_TOKENS = `${CLIENT_RATE_LUA}
+spend(KEYS[1], dueOf(KEYS[1]), tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return 1
 `;
 
 /**
@@ -236,7 +263,8 @@ interface ScriptCommands {
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
-  sgTakeRate(key: string, ...args: Arg[]): Promise<number>;
+  sgAdmitClient(requestsKey: string, tokensKey: string, ...args: Arg[]): Promise<[number, number?]>;
+  sgSpendTokens(key: string, ...args: Arg[]): Promise<number>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
   sgRenewKey(key: string, ...args: Arg[]): Promise<number>;
@@ -261,7 +289,8 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgBudget: BUDGET,
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
-    sgTakeRate: TAKE_RATE,
+    sgAdmitClient: ADMIT_CLIENT,
+    sgSpendTokens: SPEND_TOKENS,
     sgProbe: PROBE,
     sgClaimKey: CLAIM_KEY,
     sgRenewKey: RENEW_KEY,
@@ -269,6 +298,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgSettleKey: SETTLE_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
-  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' ? 2 : 1, lua });
+  // The client script reads both of a client's rates (one hash tag).
+  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' || name === 'sgAdmitClient' ? 2 : 1, lua });
   return client as ScriptClient;
 }

@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
-import type { Rate } from '../policy/client-rate.ts';
+import type { ClientRates, Rate } from '../policy/client-rate.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { decodeBreaker, encodeBreaker, encodeChange, RedisKeys, type ChangeMessage } from './redis-keys.ts';
@@ -25,7 +25,7 @@ import { RedisBudget, second } from './redis-budget.ts';
 import { RedisKeptKeys } from './redis-kept-keys.ts';
 import { RedisSubscriber } from './redis-subscriber.ts';
 import { MemoryPolicyCheck } from './redis-memory-policy.ts';
-import type { BreakerRecord, BudgetConfig, BudgetWindow, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
+import type { BreakerRecord, BudgetConfig, BudgetWindow, ClientRefusal, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
 
 interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */
@@ -290,11 +290,32 @@ export class RedisStore implements StateStore {
     return this.#view.onChange(listener);
   }
 
-  takeRate(client: string, rate: Rate, nowMs: number): Promise<number> {
-    const key = this.#keys.rate(client);
-    // Away from Redis each instance admits the client's whole rate on its own: more than the limit across a fleet, for
-    // as long as Redis is away, rather than refusing every request.
-    return this.#run(key, (c) => c.sgTakeRate(key, this.#clock.toFleet(nowMs), rate.intervalMs, rate.burst), () => this.#local.takeRate(client, rate, nowMs));
+  // Away from Redis each instance holds a client to its whole rates on its own: more than the limit across a fleet,
+  // for as long as Redis is away, rather than refusing every request.
+  admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined> {
+    const { requests, tokens } = rates;
+    const requestsKey = this.#keys.clientRate(client, 'requests', requests);
+    return this.#run(
+      requestsKey,
+      async (c) => {
+        const [waitMs, by] = await c.sgAdmitClient(
+          requestsKey, this.#keys.clientRate(client, 'tokens', tokens), this.#clock.toFleet(nowMs),
+          requests?.intervalMs ?? 0, requests?.burst ?? 0, tokens?.intervalMs ?? 0, tokens?.burst ?? 0,
+        );
+        return waitMs > 0 ? { waitMs, by: by === 2 ? 'tokens' : 'requests' } : undefined;
+      },
+      () => this.#local.admitClient(client, rates, nowMs),
+    );
+  }
+
+  spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void {
+    this.#local.spendTokens(client, rate, tokens, nowMs);
+    const key = this.#keys.clientRate(client, 'tokens', rate);
+    if (!this.#health.usable()) return;
+    this.#client.sgSpendTokens(key, this.#clock.toFleet(nowMs), rate.intervalMs, tokens).then(
+      () => this.#health.answered(),
+      (err: unknown) => this.#health.failed(err, key),
+    );
   }
 
   async exchangeDemand(pool: string, demand: readonly number[], nowMs: number): Promise<{ totals: number[]; instances: number } | undefined> {

@@ -1,7 +1,13 @@
 // Where the fleet's shared counters live. One interface, two implementations: in-process (memory-store.ts, the
 // default) and Redis (redis-store.ts). The pipeline never knows which it has. Policy (when to trip, how much budget)
 // is pure code in policy/; a store only counts, compares-and-sets, and tells every instance what changed.
-import type { Rate } from '../policy/client-rate.ts';
+import type { ClientRates, Rate } from '../policy/client-rate.ts';
+
+/** Why a client's request was refused by its rates: how long until it would fit, and which rate. */
+export interface ClientRefusal {
+  waitMs: number;
+  by: 'requests' | 'tokens';
+}
 
 /** The breaker state of one target, as the whole fleet sees it. Serialisable; `generation` is the CAS token. */
 export interface BreakerRecord {
@@ -112,10 +118,13 @@ export interface StateStore {
   budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow>;
 
   /**
-   * Admits one request of a client under its rate (auth.limits): 0 when admitted (and counted), else the ms until one
-   * would be (nothing counted). Fleet-wide on Redis, one round trip; local while Redis is away.
+   * Admits one request of a client under its rates (auth.limits; policy/client-rate.ts): undefined when admitted (the
+   * request counted), else the ms until one would be and the rate that refused (nothing counted). Fleet-wide on
+   * Redis, one round trip; local while Redis is away.
    */
-  takeRate(client: string, rate: Rate, nowMs: number): Promise<number>;
+  admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined>;
+  /** Counts the tokens a client's request used against its token rate; may overdraw it. Never awaited on the request path. */
+  spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void;
 
   /** When the target's hold-off ends, as last seen; undefined when none. Synchronous. */
   getHoldOff(target: string): number | undefined;
