@@ -74,9 +74,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // fastify turns Node's request timeout off by default: a client that never finishes its body would hold its
     // connection (and a file descriptor) forever. Node answers 408 through clientErrorHandler below.
     requestTimeout: config.server.requestTimeoutMs,
-    // fastify's default, pinned because the README promises it to load balancers: longer than AWS ALB's 60 s idle
-    // timeout, so the balancer, not the gateway, closes an idle connection, and never sends into one being closed.
-    keepAliveTimeout: 72_000,
+    // Above a load balancer's idle timeout (72 s, fastify's own default, against AWS ALB's 60 s), so the balancer, not
+    // the gateway, closes an idle connection, and never sends into one being closed.
+    keepAliveTimeout: config.server.keepAliveTimeoutMs,
     // Node checks the timeouts on this interval (30 s by default, which would stretch a 60 s limit to 90 s).
     http: {
       connectionsCheckingInterval: Math.min(30_000, Math.max(250, Math.floor(config.server.requestTimeoutMs / 4))),

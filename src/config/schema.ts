@@ -403,6 +403,7 @@ const ServerSchema = z
     maxWaitingBodyBytes: z.number().int().positive().optional()
       .describe('Most bytes of request bodies held by requests waiting for a pool slot, parked, or repeating an idempotency key whose run is still going, across the instance (each also holds its parsed JSON, about as large, on the heap); a request that would pass it is shed (503 load_shed, 429 in a pool\'s lowest class; parked: 503 park_queue_full; a repeat: 409 idempotency_key_in_progress), with retry-after and x-should-retry: true. A pool\'s lowest class (batch) and repeats fill only half of it. Optional; default: a quarter of the V8 heap limit (--max-old-space-size), about 1 GB with Node\'s default on a machine of 16 GB or more.'),
     requestTimeoutMs: positiveMs('Longest a client may take to send its whole request, headers and body; past it the gateway answers 408 and closes the connection. Default: 60000.').default(60_000),
+    keepAliveTimeoutMs: positiveMs('How long an idle client connection is kept open (answers say Keep-Alive: timeout=<seconds>). Keep it above the idle timeout of a load balancer in front (AWS ALB: 60 s), so the balancer closes an idle connection first and never sends a request into one the gateway is closing. Default: 72000.').default(72_000),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
       .describe('pino log level. Default: info.'),
     logSuccessRate: z.number().min(0).max(1).default(1)
