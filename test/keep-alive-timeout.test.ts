@@ -12,7 +12,7 @@ function keepAliveHeader(url: string): Promise<string | undefined> {
   return new Promise((resolve, reject) => {
     const req = request(`${url}/healthz`, { agent: false, headers: { connection: 'keep-alive' } }, (res) => {
       res.resume();
-      res.on('end', () => resolve(res.headers['keep-alive']));
+      res.on('end', () => resolve(res.headers['keep-alive']?.toString()));
     });
     req.on('error', reject);
     req.end();

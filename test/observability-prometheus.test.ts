@@ -71,6 +71,8 @@ describe('promtool on the shipped Prometheus files', () => {
   });
 });
 
+const LOAD_KEY = 'sk-load-client-key-4fq9';
+
 describe('the shipped rules and dashboard against a gateway under fault-injected load', () => {
   let primary: MockServer | undefined;
   let backup: MockServer | undefined;
@@ -122,6 +124,8 @@ describe('the shipped rules and dashboard against a gateway under fault-injected
           degraded: { message: 'busy, try again later' },
         },
       ],
+      // A client key with a rate it never reaches: the dashboard's client-limit panel has its series at zero.
+      auth: { keys: { load: LOAD_KEY }, limits: { load: { requestsPerMinute: 6_000_000, burst: 1_000_000 } } },
     };
     const config = ConfigSchema.parse(input);
     const sink = new Writable({ write: (_chunk, _enc, cb) => cb() });
@@ -147,7 +151,7 @@ describe('the shipped rules and dashboard against a gateway under fault-injected
     const client = async (model: string, i: number) => {
       while (Date.now() < until) {
         const stream = n++ % 2 === 0;
-        const headers: Record<string, string> = { 'content-type': 'application/json' };
+        const headers: Record<string, string> = { 'content-type': 'application/json', authorization: `Bearer ${LOAD_KEY}` };
         if (i % 3 === 0) headers['x-stormgate-priority'] = 'batch';
         const body = { model, stream, ...(stream ? { stream_options: { include_usage: true } } : {}), messages: [{ role: 'user', content: 'hi' }] };
         let key: string;

@@ -708,12 +708,15 @@ describe('every metric and label of the README table', () => {
       backup,
       primary: { breaker: { consecutiveFailures: 5 } },
       route: { degraded: { message: 'busy' }, park: {} },
+      // A client key with a rate (README "Client keys"), so the client-limit counter has a client to count.
+      extra: (c) => (c.auth = { keys: { agents: 'sk-agent-7Hq2' }, limits: { agents: { requestsPerMinute: 1, burst: 4 } } }),
     });
     const client = sdk(gw.url);
     await chat(client, 'gpt-4o');
     await chat(client, 'gpt-4o-mini');
     await chat(client, 'gpt-4o-mini');
     await chatStream(client, 'gpt-4o');
+    expect((await chat(client, 'gpt-4o')).code).toBe('client_rate_limited');
     const samples = await scrape(gw.url);
     const missing: string[] = [];
     for (const { name, labels } of table) {

@@ -76,6 +76,13 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
       }
     }
   }
+  // Each client with a rate, for each of its rates: the first refusals of a client show from their first burst.
+  const limits = config.auth?.limits ?? {};
+  for (const client of Object.keys(config.auth?.keys ?? {})) {
+    const limit = limits[client] ?? limits['*'];
+    if (limit?.requestsPerMinute !== undefined) metrics.clientLimited.inc({ client, by: 'requests' }, 0);
+    if (limit?.tokensPerMinute !== undefined) metrics.clientLimited.inc({ client, by: 'tokens' }, 0);
+  }
   for (const p of Object.values(config.providers)) {
     for (const cls of Object.keys(p.pools.classes)) for (const reason of SHED_REASONS) metrics.shed.inc({ priority: cls, reason }, 0);
   }
