@@ -103,6 +103,12 @@ describe('prepareUpstream with streamUsage', () => {
     }
   });
 
+  it('asks for a legacy completions stream\'s usage too', () => {
+    const p = prepared('oai', { model: 'gpt-4o', prompt: 'hi', stream: true }, 'completions', '/v1/completions');
+    expect(p.body.stream_options).toEqual({ include_usage: true });
+    expect(p.request.hideUsage).toBeTypeOf('function');
+  });
+
   it('changes nothing when the client asked for the usage itself, for whole answers, other APIs, other families, or with the setting off', () => {
     const asked = prepared('oai', { ...chat, stream_options: { include_usage: true } });
     expect(asked.request.body).toBe(asked.rawBody);
@@ -111,7 +117,6 @@ describe('prepareUpstream with streamUsage', () => {
       prepared('oai', { ...chat, stream: false }),
       prepared('off', chat),
       prepared('oai', { model: 'gpt-4o', input: 'hi', stream: true }, 'responses', '/v1/responses'),
-      prepared('oai', { model: 'gpt-4o', prompt: 'hi', stream: true }, 'completions', '/v1/completions'),
     ]) {
       expect(p.request.body).toBe(p.rawBody);
       expect(p.request.hideUsage).toBeUndefined();
@@ -274,6 +279,25 @@ describe('streamUsage: true on an OpenAI-family provider', () => {
     const t = await tokens(s);
     expect(t['mock/gpt-4o prompt']).toBeGreaterThan(0);
     expect(t['mock/gpt-4o completion']).toBeGreaterThan(0);
+  });
+});
+
+describe('streamUsage on /v1/completions', () => {
+  it('with the mock provider: the SDK\'s completions stream carries no usage chunk, the metric and the log line have it', async () => {
+    const s = await startStack({ provider: { streamUsage: true } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client', maxRetries: 0 });
+    const chunks: OpenAI.Completion[] = [];
+    for await (const c of await client.completions.create({ model: 'gpt-4o', prompt: 'Say hi', stream: true })) chunks.push(c);
+    expect(chunks.map((c) => c.choices[0]?.text ?? '').join('').length).toBeGreaterThan(0);
+    expect(chunks.filter((c) => c.usage || c.choices.length === 0)).toEqual([]);
+    const [line] = await requestLines(s, 1);
+    expect(line!.usage).toMatchObject({ prompt: expect.any(Number), completion: expect.any(Number) });
+    const t = await tokens(s);
+    expect(t['mock/gpt-4o completion']).toBeGreaterThan(0);
+    // A client that asks gets its usage chunk, once.
+    const asked: OpenAI.Completion[] = [];
+    for await (const c of await client.completions.create({ model: 'gpt-4o', prompt: 'Say hi', stream: true, stream_options: { include_usage: true } })) asked.push(c);
+    expect(asked.filter((c) => c.usage)).toHaveLength(1);
   });
 });
 

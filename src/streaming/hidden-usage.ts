@@ -1,5 +1,5 @@
 // The usage the gateway asked an OpenAI-family provider for (streamUsage) and the client did not: taken out of the
-// client's chat chunks, kept for the bill. The client's stream is then the one it would have had without the setting.
+// client's chat (and legacy completions) chunks, kept for the bill. The client's stream is then the one it would have had without the setting.
 import type { SseEvent } from './sse-parser.ts';
 import { usageOf, type Usage } from './usage.ts';
 
