@@ -181,10 +181,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // an idle connection gets the server's. Nothing would hear that timer, and Node's default closes the connection:
     // this request was cut once it waited on its provider longer than the limit.
     if (reply.raw.socket === null) reply.raw.once('socket', (socket: Socket) => socket.setTimeout(app.server.timeout));
-    // Answered here, done() is not called: fastify goes no further.
+    // Answered here (at once, or once a limited client's rates are read), done() is not called: fastify goes no further.
+    // A failure reading the rates goes to the error handler, rather than leave the request hanging unanswered.
     const admitted = admit(request, reply);
     if (admitted === true) done();
-    else if (admitted !== false) void admitted.then((ok) => ok && done());
+    else if (admitted !== false) admitted.then((ok) => ok && done(), (err: unknown) => done(err as Error));
   });
   app.addHook('onResponse', (request, reply, done) => {
     markAnsweredEarly(request);

@@ -411,6 +411,19 @@ const ServerSchema = z
   })
   .describe('The gateway\'s own HTTP listener.');
 
+const ClientLimitSchema = z
+  .strictObject({
+    // The floor (one request in about 7 days, 6e8 ms apart) keeps a whole burst's due time, up to 6e14 ms ahead, within
+    // what a Redis PX takes: a rate of 1e-12 failed the script, which degraded the whole state store on each of the
+    // client's requests.
+    requestsPerMinute: z.number().min(0.0001).max(6_000_000).optional().describe('Requests the client may send per minute, on average. Optional; default: no request rate.'),
+    burst: z.number().int().min(1).max(1_000_000).optional().describe('Requests the client may send at once after a quiet spell. Optional; default: ten seconds\' worth (requestsPerMinute / 6), at least 1.'),
+    tokensPerMinute: z.number().min(1).max(1_000_000_000).optional().describe('Tokens (prompt and completion, as the providers\' answers report them) the client\'s requests may use per minute, on average, up to a minute\'s worth at once: a request is admitted while any are left, and its tokens are counted when it is answered, so one large request can overdraw it and hold the client until it is paid back. Optional; default: no token rate.'),
+  })
+  .refine((l) => l.requestsPerMinute !== undefined || l.tokensPerMinute !== undefined, { message: 'sets no rate: expected requestsPerMinute, tokensPerMinute or both' })
+  .refine((l) => l.burst === undefined || l.requestsPerMinute !== undefined, { message: 'burst is the request rate\'s: it needs requestsPerMinute', path: ['burst'] })
+  .describe('A client\'s rates, fleet-wide with a Redis state store (each instance on its own while Redis is away).');
+
 const AuthSchema = z
   .strictObject({
     keys: z
@@ -427,20 +440,7 @@ const AuthSchema = z
       .optional()
       .describe('Priority class a client\'s requests take at most, by client name (e.g. batch-jobs: batch): like the x-stormgate-priority header, it can only lower the route\'s class. Optional; default: the route\'s class.'),
     limits: z
-      .record(
-        z.string(),
-        z
-          .strictObject({
-            // The floors (one request in about 69 days) keep a whole burst's due time within what Redis can expire (PX): a
-            // rate of 1e-12 failed the script, which degraded the whole state store on each of the client's requests.
-            requestsPerMinute: z.number().min(0.0001).max(6_000_000).optional().describe('Requests the client may send per minute, on average. Optional; default: no request rate.'),
-            burst: z.number().int().min(1).max(1_000_000).optional().describe('Requests the client may send at once after a quiet spell. Optional; default: ten seconds\' worth (requestsPerMinute / 6), at least 1.'),
-            tokensPerMinute: z.number().min(1).max(1_000_000_000).optional().describe('Tokens (prompt and completion, as the providers\' answers report them) the client\'s requests may use per minute, on average, up to a minute\'s worth at once: a request is admitted while any are left, and its tokens are counted when it is answered, so one large request can overdraw it and hold the client until it is paid back. Optional; default: no token rate.'),
-          })
-          .refine((l) => l.requestsPerMinute !== undefined || l.tokensPerMinute !== undefined, { message: 'sets no rate: expected requestsPerMinute, tokensPerMinute or both' })
-          .refine((l) => l.burst === undefined || l.requestsPerMinute !== undefined, { message: 'burst is the request rate\'s: it needs requestsPerMinute', path: ['burst'] })
-          .describe('A client\'s rates, fleet-wide with a Redis state store (each instance on its own while Redis is away).'),
-      )
+      .record(z.string(), ClientLimitSchema)
       .optional()
       .describe('Request and token rates per client, by client name; "*" sets them for every client not named (each its own). A request past one gets 429 client_rate_limited with retry-after-ms at once, before its body is read and before any provider is asked. Counts every request with the client\'s key, retries the client makes included. Optional; default: no limit.'),
   })
@@ -756,3 +756,5 @@ export type BudgetSettings = Omit<z.infer<typeof BudgetSchema>, 'repeats'>;
 export type ParkConfig = z.infer<typeof ParkSchema>;
 export type StateConfig = z.infer<typeof StateSchema>;
 export type IdempotencyConfig = z.infer<typeof IdempotencySchema>;
+/** One client's entry in auth.limits. */
+export type ClientLimitConfig = z.infer<typeof ClientLimitSchema>;

@@ -1,8 +1,8 @@
 // auth.limits: a client past its rates is told when to come back, before its body is read or a provider is asked. A
 // fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
-import type { Config } from '../config/schema.ts';
+import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, type ClientRates, type Rate } from '../policy/client-rate.ts';
+import { clientRates, comeBack, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -19,10 +19,10 @@ interface ClientLimitsDeps {
   now: () => number;
   random: Random;
   /** Counts a refusal, by client name and the rate that refused. */
-  onLimited: (client: string, by: 'requests' | 'tokens') => void;
+  onLimited: (client: string, by: RateKind) => void;
 }
 
-export function clientLimits(limits: NonNullable<Config['auth']>['limits'], deps: ClientLimitsDeps): ClientLimit | undefined {
+export function clientLimits(limits: Record<string, ClientLimitConfig> | undefined, deps: ClientLimitsDeps): ClientLimit | undefined {
   if (limits === undefined || Object.keys(limits).length === 0) return undefined;
   const rates = new Map<string, ClientRates>(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
   const anyClient = rates.get('*');
@@ -37,14 +37,9 @@ export function clientLimits(limits: NonNullable<Config['auth']>['limits'], deps
       return deps.store.admitClient(client, r, nowMs).then((refusal) => {
         if (refusal === undefined) return undefined;
         deps.onLimited(client, refusal.by);
-        // Requests refused together all wait for the same next slot: each is told the slot after the last one told, as
-        // in a queue, or they would all come back for that one slot, again and again. The told times run ahead of now
-        // only while refusals come faster than the rate, that is while the client's backlog lasts.
-        const slotMs = refusal.by === 'requests' ? r.requests!.intervalMs : 0;
-        const backAt = Math.max(nowMs + refusal.waitMs, (toldBack.get(client) ?? 0) + slotMs);
-        toldBack.set(client, backAt);
-        const retryAfterMs = Math.ceil(backAt - nowMs + deps.random() * Math.max(slotMs, 0.2 * refusal.waitMs));
-        return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${describe(r, refusal.by)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
+        const { toldMs, retryAfterMs } = comeBack(refusal, r, nowMs, toldBack.get(client) ?? 0, deps.random);
+        toldBack.set(client, toldMs);
+        return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${rateText(r, refusal.by)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
       });
     },
     used(client, usage) {
@@ -56,7 +51,7 @@ export function clientLimits(limits: NonNullable<Config['auth']>['limits'], deps
   };
 }
 
-function describe(r: ClientRates, by: 'requests' | 'tokens'): string {
+function rateText(r: ClientRates, by: RateKind): string {
   const perMinute = (rate: Rate) => Math.round((60_000 / rate.intervalMs) * 1000) / 1000;
   return by === 'requests' ? `${perMinute(r.requests!)} requests per minute (burst ${r.requests!.burst})` : `${perMinute(r.tokens!)} tokens per minute`;
 }

@@ -4,6 +4,7 @@ import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config/schema.ts';
 import { GatewayError, missingModel } from '../errors.ts';
+import { firstHeader } from '../header-bag.ts';
 import { handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
 import { timeoutHeaderMs } from '../policy/deadline.ts';
@@ -35,7 +36,7 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
     const body = request.body as ParsedBody | undefined;
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(router, path, body.json);
-    checkTimeoutHeader(request.headers['x-stormgate-timeout-ms']);
+    checkTimeoutHeader(firstHeader(request.headers, 'x-stormgate-timeout-ms'));
     const query = queryOf(request.url);
     // Built only for a request that has a key (or a route whose bodies are keys): the others (nearly all) pay a lookup.
     const keyed =
@@ -46,9 +47,8 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
             idempotencyDeps,
           );
     const { windowS } = route.config.budget.repeats;
-    const priority = request.headers['x-stormgate-priority'];
     const arrival: Arrival | undefined =
-      windowS > 0 ? { client: request.client, path, query, priority: typeof priority === 'string' ? priority : priority?.[0], rawBody: body.raw, windowMs: windowS * 1000 } : undefined;
+      windowS > 0 ? { client: request.client, path, query, priority: firstHeader(request.headers, 'x-stormgate-priority'), rawBody: body.raw, windowMs: windowS * 1000 } : undefined;
     request.arrival = arrival;
     ends.enterPipeline(request);
     let answer: PipelineAnswer;
@@ -132,9 +132,8 @@ function routeFor(router: Router, path: string, json: Record<string, unknown>): 
 }
 
 /** A deadline the client asked for but wrote wrong must not be ignored in silence: the request would run for minutes. */
-function checkTimeoutHeader(value: string | string[] | undefined): void {
-  if (value === undefined) return;
-  const text = Array.isArray(value) ? value[0]! : value;
+function checkTimeoutHeader(text: string | undefined): void {
+  if (text === undefined) return;
   if (timeoutHeaderMs(text) === undefined) {
     throw new GatewayError('bad_request', `x-stormgate-timeout-ms must be a positive number of milliseconds, got "${printable(text, 40)}"`);
   }

@@ -23,7 +23,6 @@ import type { EarlyStart } from './early-start.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
 import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
-
 interface AttemptRequest {
   client: ProviderClient;
   api: ApiKind;

@@ -30,7 +30,6 @@ import type { HoldOffs } from '../state/hold-offs.ts';
 import { EarlyStart } from './early-start.ts';
 import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
-
 export interface ManagedRequest {
   route: CompiledRoute;
   /** The client's path, e.g. /v1/chat/completions, and its query string ("" or "?a=b"). */

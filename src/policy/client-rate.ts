@@ -2,6 +2,8 @@
 // time the bucket would be full again at its rate ("theoretical arrival time", here `due`). One value per rate is what
 // lets the Redis store share it across instances in one atomic script (state/redis-scripts.ts mirrors this file).
 // Unlike a fixed window, nothing resets at a boundary: clients refused together are not all let in at once later.
+import type { ClientLimitConfig } from '../config/schema.ts';
+import type { Random } from './random.ts';
 
 /** A rate: one unit (a request, a token) per intervalMs on average, up to `burst` at once after a quiet spell. */
 export interface Rate {
@@ -13,6 +15,15 @@ export interface Rate {
 export interface ClientRates {
   requests?: Rate | undefined;
   tokens?: Rate | undefined;
+}
+
+/** Which of a client's rates: the request rate or the token rate. */
+export type RateKind = keyof ClientRates;
+
+/** Why a client's request was refused: how long until it would fit, and the rate that refused it. */
+export interface ClientRefusal {
+  waitMs: number;
+  by: RateKind;
 }
 
 /** The due times a store keeps for one client, ms; undefined: never used (or expired, i.e. full). */
@@ -27,7 +38,7 @@ export function rateOf(perMinute: number, burst?: number): Rate {
 }
 
 /** The client's rates from its auth.limits entry; a token rate holds a minute's worth, as providers' limits do. */
-export function clientRates(limit: { requestsPerMinute?: number | undefined; burst?: number | undefined; tokensPerMinute?: number | undefined }): ClientRates {
+export function clientRates(limit: ClientLimitConfig): ClientRates {
   return {
     requests: limit.requestsPerMinute === undefined ? undefined : rateOf(limit.requestsPerMinute, limit.burst),
     tokens: limit.tokensPerMinute === undefined ? undefined : rateOf(limit.tokensPerMinute, Math.max(1, Math.floor(limit.tokensPerMinute))),
@@ -36,8 +47,9 @@ export function clientRates(limit: { requestsPerMinute?: number | undefined; bur
 
 /**
  * How long until `cost` units fit the rate at nowMs, given the stored due time: 0 when they fit now.
- * (from + cost × interval) - burst × interval, written so cost = burst is exactly `from`: in floating point the long
- * form can land a hair past it, and a request exactly on time was refused for a whole interval.
+ * With from = max(due, now), that is (from + cost × interval) - burst × interval, written so cost = burst is exactly
+ * `from`: in floating point the long form can land a hair past it, and a request exactly on time was refused for a
+ * whole interval.
  */
 function waitFor(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
   const allowedAt = Math.max(dueMs ?? 0, nowMs) - (rate.burst - cost) * rate.intervalMs;
@@ -57,11 +69,26 @@ export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost
  */
 export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates):
   | { admitted: true; requestsDue: number | undefined }
-  | { admitted: false; waitMs: number; by: 'requests' | 'tokens' } {
+  | ({ admitted: false } & ClientRefusal) {
   const tokenWait = rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, 1) : 0;
   const requestWait = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, 1) : 0;
   if (tokenWait > 0 || requestWait > 0) {
     return { admitted: false, waitMs: Math.max(tokenWait, requestWait), by: tokenWait >= requestWait ? 'tokens' : 'requests' };
   }
   return { admitted: true, requestsDue: rates.requests ? spend(dues.requests, nowMs, rates.requests, 1) : undefined };
+}
+
+/**
+ * When a refused request is told to come back, given the latest time this client's refused requests were told
+ * (lastToldMs, 0 for none). Requests refused together all wait for the same next slot: each is told the slot after the
+ * last one told, as in a queue, or they would all come back for that one slot, again and again. The told times run
+ * ahead of now only while refusals come faster than the rate, that is while the client's backlog lasts. A token rate
+ * has no slot of its own (a request's tokens are unknown): its refusals share the wait, spread by a fifth of it.
+ * retryAfterMs adds a spread of up to one slot, or a fifth of the wait when that is longer, so the queue does not
+ * come back in lockstep.
+ */
+export function comeBack(refusal: ClientRefusal, rates: ClientRates, nowMs: number, lastToldMs: number, random: Random): { toldMs: number; retryAfterMs: number } {
+  const slotMs = refusal.by === 'requests' ? (rates.requests?.intervalMs ?? 0) : 0;
+  const toldMs = Math.max(nowMs + refusal.waitMs, lastToldMs + slotMs);
+  return { toldMs, retryAfterMs: Math.ceil(toldMs - nowMs + random() * Math.max(slotMs, 0.2 * refusal.waitMs)) };
 }

@@ -3,8 +3,7 @@
 // The I/O (the store, waiting, capturing a stream) is in pipeline/idempotent-request.ts.
 import { createHash } from 'node:crypto';
 import type { KeyRecord } from '../state/store.ts';
-import { type HeaderBag } from '../header-bag.ts';
-
+import type { HeaderBag } from '../header-bag.ts';
 
 /** The IETF draft's header (draft-ietf-httpapi-idempotency-key-header), as Stripe, PayPal and OpenAI spell it. */
 export const IDEMPOTENCY_HEADER = 'idempotency-key';

@@ -4,8 +4,7 @@
 import { pipeline, type Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import { brotliDecompress, createBrotliDecompress, createGunzip, createInflate, gunzip, inflate } from 'node:zlib';
-import { type HeaderBag } from '../header-bag.ts';
-
+import type { HeaderBag } from '../header-bag.ts';
 
 const STREAMS = { gzip: createGunzip, 'x-gzip': createGunzip, deflate: createInflate, br: createBrotliDecompress } as const;
 const WHOLE = { gzip: promisify(gunzip), 'x-gzip': promisify(gunzip), deflate: promisify(inflate), br: promisify(brotliDecompress) } as const;

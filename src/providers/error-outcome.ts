@@ -6,8 +6,7 @@ import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
 import { stringOrNull, upstreamErrorFields } from '../errors.ts';
-import { type HeaderBag } from '../header-bag.ts';
-
+import type { HeaderBag } from '../header-bag.ts';
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {

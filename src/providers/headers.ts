@@ -1,9 +1,7 @@
-import { withoutKey } from './key-echo.ts';
-import { firstHeader, type HeaderBag } from '../header-bag.ts';
-
 // Which headers cross the gateway, in each direction. Allowlists, not denylists: the client's credentials,
 // cookies and hop-by-hop headers must never reach a provider, and the provider's account details never reach clients.
-
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
+import { withoutKey } from './key-echo.ts';
 
 /** Client headers a provider may need (README: "Headers"). `x-stainless-*` describe the SDK and help provider support. */
 export const FORWARD_REQUEST: ReadonlySet<string> = new Set([

@@ -1,7 +1,7 @@
 // The in-process state store: the default when no Redis is configured, and the Redis store's stand-in while Redis
 // cannot be reached. Same semantics as the Redis store, for one instance.
 import { randomUUID } from 'node:crypto';
-import { admitClient, spend, type ClientDues, type ClientRates, type Rate } from '../policy/client-rate.ts';
+import { admitClient, spend, type ClientDues, type ClientRates, type ClientRefusal, type Rate } from '../policy/client-rate.ts';
 import {
   budgetOf,
   MAX_WINDOW_S,
@@ -9,7 +9,6 @@ import {
   type BreakerRecord,
   type BudgetConfig,
   type BudgetWindow,
-  type ClientRefusal,
   type KeyRecord,
   type OutcomeWindow,
   type StateChange,

@@ -1,7 +1,7 @@
 // The Redis wire format of the state store: key layout, the breaker hash, and the pub/sub messages.
 // Every key of one target (or budget) carries the same hash tag `{...}`, so each script touches one slot and runs on
 // Redis Cluster unchanged.
-import type { Rate } from '../policy/client-rate.ts';
+import type { Rate, RateKind } from '../policy/client-rate.ts';
 import type { BreakerRecord, StateChange } from './store.ts';
 
 /** Key and channel names under one prefix. */
@@ -67,7 +67,7 @@ export class RedisKeys {
    * hash tag for both. The rate is in the name: a due time is a debt at its own rate, and one left by a slower limit (a
    * burst at one a minute leaves an hour to pay back) held the client past a raised one, across the restart that raised it.
    */
-  clientRate(client: string, kind: 'requests' | 'tokens', rate: Rate | undefined): string {
+  clientRate(client: string, kind: RateKind, rate: Rate | undefined): string {
     return `${this.#prefix}{client/${client}}:${kind}:${rate ? `${rate.intervalMs}/${rate.burst}` : 'none'}`;
   }
 }

@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
-import type { ClientRates, Rate } from '../policy/client-rate.ts';
+import type { ClientRates, ClientRefusal, Rate } from '../policy/client-rate.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { decodeBreaker, encodeBreaker, encodeChange, RedisKeys, type ChangeMessage } from './redis-keys.ts';
@@ -25,7 +25,7 @@ import { RedisBudget, second } from './redis-budget.ts';
 import { RedisKeptKeys } from './redis-kept-keys.ts';
 import { RedisSubscriber } from './redis-subscriber.ts';
 import { MemoryPolicyCheck } from './redis-memory-policy.ts';
-import type { BreakerRecord, BudgetConfig, BudgetWindow, ClientRefusal, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
+import type { BreakerRecord, BudgetConfig, BudgetWindow, KeyRecord, OutcomeWindow, StateChange, StateStore } from './store.ts';
 
 interface RedisStoreOptions {
   /** `state` from the config; `redis` must be set. */
@@ -308,6 +308,9 @@ export class RedisStore implements StateStore {
     );
   }
 
+  // Not awaited (the request has been answered), so not through #run: its failure and its answer still count toward
+  // Redis's health. The local debt is kept too, as addOutcomes keeps its window warm: an instance that loses Redis
+  // still holds a client to the tokens it answered here. (Its local request due times are not: they start full.)
   spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void {
     this.#local.spendTokens(client, rate, tokens, nowMs);
     const key = this.#keys.clientRate(client, 'tokens', rate);

@@ -1,13 +1,9 @@
 // Where the fleet's shared counters live. One interface, two implementations: in-process (memory-store.ts, the
 // default) and Redis (redis-store.ts). The pipeline never knows which it has. Policy (when to trip, how much budget)
 // is pure code in policy/; a store only counts, compares-and-sets, and tells every instance what changed.
-import type { ClientRates, Rate } from '../policy/client-rate.ts';
+import type { ClientRates, ClientRefusal, Rate } from '../policy/client-rate.ts';
 
-/** Why a client's request was refused by its rates: how long until it would fit, and which rate. */
-export interface ClientRefusal {
-  waitMs: number;
-  by: 'requests' | 'tokens';
-}
+export type { ClientRefusal };
 
 /** The breaker state of one target, as the whole fleet sees it. Serialisable; `generation` is the CAS token. */
 export interface BreakerRecord {
