@@ -62,8 +62,8 @@ describe('the rate policy (GCRA)', () => {
     expect(at(29_999)).toBeCloseTo(1, 6);
     expect(at(30_000)).toBe(0);
     // Both rates: the longer wait, and the rate that set it.
-    expect(admitClient({ tokens: dues.tokens }, 0, { tokens, requests: rateOf(60, 1) })).toEqual({ admitted: false, waitMs: expect.closeTo(30_000, 6), by: 'tokens' });
-    expect(admitClient({ requests: 2000 }, 0, { tokens, requests: rateOf(60, 1) })).toEqual({ admitted: false, waitMs: 2000, by: 'requests' });
+    expect(admitClient({ tokens: dues.tokens }, 0, { tokens, requests: rateOf(60, 1) })).toMatchObject({ admitted: false, waitMs: expect.closeTo(30_000, 6), by: 'tokens' });
+    expect(admitClient({ requests: 2000 }, 0, { tokens, requests: rateOf(60, 1) })).toMatchObject({ admitted: false, waitMs: 2000, by: 'requests' });
   });
 
   it('defaults the burst to ten seconds of the rate, at least one', () => {
@@ -89,7 +89,8 @@ describeEachStore((store) => {
     expect(await take(s, 'a', rate, now)).toBe(0);
     expect(await take(s, 'a', rate, now)).toBe(0);
     expect(await take(s, 'a', rate, now)).toBe(1000);
-    expect(await take(s, 'a', rate, now + 300)).toBe(700);
+    // Refused behind the one told to come at now + 1000: the slot after it, as in a queue.
+    expect(await take(s, 'a', rate, now + 300)).toBe(1700);
     expect(await take(s, 'b', rate, now)).toBe(0);
     expect(await take(s, 'a', rate, now + 1000)).toBe(0);
   });
@@ -119,6 +120,28 @@ describe('admitClient on Redis', () => {
       } finally {
         await redis().restart();
       }
+    } finally {
+      await Promise.all([a.close(), b.close()]);
+    }
+  });
+});
+
+describe('the queue of refused requests on Redis', () => {
+  const redis = useRedisServer();
+
+  it('is the fleet\'s: requests refused on two instances are told successive slots, not each instance its own queue', async () => {
+    const keyPrefix = `told-${randomUUID()}`;
+    const a = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
+    const b = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
+    try {
+      expect(await a.ready()).toBe(true);
+      expect(await b.ready()).toBe(true);
+      const rate = rateOf(60, 1); // one a second
+      const now = Date.now();
+      expect(await take(a, 'agents', rate, now)).toBe(0);
+      const waits: number[] = [];
+      for (let i = 0; i < 6; i++) waits.push(await take(i % 2 ? b : a, 'agents', rate, now));
+      expect(waits).toEqual([1000, 2000, 3000, 4000, 5000, 6000]);
     } finally {
       await Promise.all([a.close(), b.close()]);
     }

@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { admitClient, clientRates, comeBack, spend, type ClientDues } from '../src/policy/client-rate.ts';
+import { admitClient, clientRates, retryAfterOf, spend, type ClientDues } from '../src/policy/client-rate.ts';
 import { seededRandom } from '../src/policy/random.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { defineScripts } from '../src/state/redis-scripts.ts';
@@ -28,6 +28,7 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
       const rates = clientRates(limit);
       const requestsKey = keys.clientRate('a', 'requests', rates.requests);
       const tokensKey = keys.clientRate('a', 'tokens', rates.tokens);
+      const toldKey = keys.clientTold('a', rates);
       const dueOf = async (key: string) => {
         const v = await client.get(key);
         return v === null ? undefined : Number(v);
@@ -39,10 +40,10 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
       let refused = 0;
       for (let i = 0; i < 300; i++) {
         nowMs += Math.floor(random() * stepMs);
-        const dues: ClientDues = { requests: await dueOf(requestsKey), tokens: await dueOf(tokensKey) };
+        const dues: ClientDues = { requests: await dueOf(requestsKey), tokens: await dueOf(tokensKey), told: await dueOf(toldKey) };
         const policy = admitClient(dues, nowMs, rates);
         const [waitMs, by] = await client.sgAdmitClient(
-          requestsKey, tokensKey, nowMs,
+          requestsKey, tokensKey, toldKey, nowMs,
           rates.requests?.intervalMs ?? 0, rates.requests?.burst ?? 0, rates.tokens?.intervalMs ?? 0, rates.tokens?.burst ?? 0,
         );
         if (policy.admitted) {
@@ -50,13 +51,15 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
           if (policy.requestsDue !== undefined) {
             expect(Math.abs((await dueOf(requestsKey))! - policy.requestsDue)).toBeLessThanOrEqual(STORED_WITHIN_MS);
             // PX: kept until the due time has passed (then the bucket is full, as a missing key is), plus a second.
-            expect(await client.pttl(requestsKey)).toBeGreaterThanOrEqual(Math.ceil(policy.requestsDue - nowMs) + 1000 - 50);
+            expect(await client.pttl(requestsKey)).toBeGreaterThanOrEqual(Math.ceil(policy.requestsDue - nowMs) + 1000 - 500);
           }
         } else {
           refused++;
           expect(waitMs).toBe(Math.ceil(policy.waitMs));
           expect(by).toBe(policy.by === 'tokens' ? 2 : 1);
           expect(await dueOf(requestsKey)).toBe(dues.requests);
+          expect(Math.abs((await dueOf(toldKey))! - policy.toldMs)).toBeLessThanOrEqual(STORED_WITHIN_MS);
+          expect(await client.pttl(toldKey)).toBeGreaterThanOrEqual(Math.ceil(policy.toldMs - nowMs) + 1000 - 500);
         }
         if (rates.tokens !== undefined && random() < 0.6) {
           const tokens = 1 + Math.floor(random() * random() * rates.tokens.burst * 0.4);
@@ -73,24 +76,32 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
   });
 });
 
-describe('when a refused client is told to come back (comeBack)', () => {
+describe('when a refused client is told to come back', () => {
   const rates = clientRates({ requestsPerMinute: 60, burst: 1 }); // one a second
 
   it('tells requests refused together successive slots, as in a queue, each spread by at most one slot', () => {
-    let told = 0;
+    const dues: ClientDues = { requests: 10_400 };
     const answers = [0, 1, 2].map(() => {
-      const r = comeBack({ waitMs: 400, by: 'requests' }, rates, 10_000, told, () => 0.5);
-      told = r.toldMs;
-      return r;
+      const v = admitClient(dues, 10_000, rates);
+      if (v.admitted) throw new Error('admitted');
+      dues.told = v.toldMs;
+      return { ...v, retryAfterMs: retryAfterOf(v, rates, () => 0.5) };
     });
     expect(answers.map((a) => a.toldMs)).toEqual([10_400, 11_400, 12_400]);
+    expect(answers.map((a) => a.waitMs)).toEqual([400, 1_400, 2_400]);
     expect(answers.map((a) => a.retryAfterMs)).toEqual([900, 1_900, 2_900]);
+    // A queue told in the past is no queue: a later refusal waits for its own slot only.
+    const later = admitClient({ requests: 21_000, told: dues.told }, 20_500, rates);
+    expect(later).toMatchObject({ admitted: false, waitMs: 500, toldMs: 21_000 });
   });
 
-  it('tells a token refusal when a token is back, spread by a fifth of the wait, never before it', () => {
-    const r = comeBack({ waitMs: 5_000, by: 'tokens' }, clientRates({ tokensPerMinute: 600 }), 10_000, 0, () => 0.999);
-    expect(r.toldMs).toBe(15_000);
-    expect(r.retryAfterMs).toBe(Math.ceil(5_000 + 0.999 * 1_000));
-    expect(comeBack({ waitMs: 5_000, by: 'tokens' }, clientRates({ tokensPerMinute: 600 }), 10_000, 0, () => 0).retryAfterMs).toBe(5_000);
+  it('tells a token refusal when a token is back (or at the queue\'s end), spread by a fifth of the wait, never before it', () => {
+    const tokens = clientRates({ tokensPerMinute: 600 });
+    const v = admitClient({ tokens: 10_000 + 600 * 100 + 5_000 - 100 }, 10_000, tokens);
+    expect(v).toMatchObject({ admitted: false, by: 'tokens', waitMs: 5_000, toldMs: 15_000 });
+    if (v.admitted) return;
+    expect(retryAfterOf(v, tokens, () => 0.999)).toBe(Math.ceil(5_000 + 0.999 * 1_000));
+    expect(retryAfterOf(v, tokens, () => 0)).toBe(5_000);
+    expect(admitClient({ tokens: 10_000 + 600 * 100 + 5_000 - 100, told: 18_000 }, 10_000, tokens)).toMatchObject({ waitMs: 8_000, toldMs: 18_000 });
   });
 });

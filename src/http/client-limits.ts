@@ -2,7 +2,7 @@
 // fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, comeBack, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
+import { clientRates, retryAfterOf, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -26,8 +26,6 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
   if (limits === undefined || Object.keys(limits).length === 0) return undefined;
   const rates = new Map<string, ClientRates>(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
   const anyClient = rates.get('*');
-  /** The latest time each client's refused requests were told to come back, on this instance. */
-  const toldBack = new Map<string, number>();
   const ratesOf = (client: string) => rates.get(client) ?? anyClient;
   return {
     admit(client) {
@@ -37,8 +35,7 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
       return deps.store.admitClient(client, r, nowMs).then((refusal) => {
         if (refusal === undefined) return undefined;
         deps.onLimited(client, refusal.by);
-        const { toldMs, retryAfterMs } = comeBack(refusal, r, nowMs, toldBack.get(client) ?? 0, deps.random);
-        toldBack.set(client, toldMs);
+        const retryAfterMs = retryAfterOf(refusal, r, deps.random);
         return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${rateText(r, refusal.by)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
       });
     },

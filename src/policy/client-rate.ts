@@ -20,16 +20,20 @@ export interface ClientRates {
 /** Which of a client's rates: the request rate or the token rate. */
 export type RateKind = keyof ClientRates;
 
-/** Why a client's request was refused: how long until it would fit, and the rate that refused it. */
+/** Why a client's request was refused: how long until its turn (see admitClient), and the rate that refused it. */
 export interface ClientRefusal {
   waitMs: number;
   by: RateKind;
 }
 
-/** The due times a store keeps for one client, ms; undefined: never used (or expired, i.e. full). */
+/**
+ * What a store keeps for one client, ms: each rate's due time (undefined: never used, or expired, i.e. full), and the
+ * latest time a refused request of the client was told to come back (the queue of refused requests, below).
+ */
 export interface ClientDues {
   requests?: number | undefined;
   tokens?: number | undefined;
+  told?: number | undefined;
 }
 
 /** The rate of `perMinute` with its burst (default: ten seconds' worth, at least one). */
@@ -64,31 +68,36 @@ export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost
 /**
  * Whether a client's request at nowMs fits its rates: one request of the request rate, and at least one token left of
  * the token rate (what the request will use is not known until it is answered). Admitted: the request rate's new due
- * time, to store. Refused: the wait until both would fit, and the rate that refused; nothing changes, so a refused
- * request costs its client nothing.
+ * time, to store. Refused: the wait until its turn, the rate that refused, and the told time to store; the rates do not
+ * change, so a refused request costs its client nothing.
+ * Requests refused together all wait for the same next slot: each is told the slot after the last one told, as in a
+ * queue, or they would all come back for that one slot, again and again. The told times run ahead of now only while
+ * refusals come faster than the rate, that is while the client's backlog lasts. A token rate has no slot of its own (a
+ * request's tokens are unknown): its refusals wait for the queue's end and share the wait.
  */
 export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates):
   | { admitted: true; requestsDue: number | undefined }
-  | ({ admitted: false } & ClientRefusal) {
+  | ({ admitted: false; toldMs: number } & ClientRefusal) {
   const tokenWait = rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, 1) : 0;
   const requestWait = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, 1) : 0;
   if (tokenWait > 0 || requestWait > 0) {
-    return { admitted: false, waitMs: Math.max(tokenWait, requestWait), by: tokenWait >= requestWait ? 'tokens' : 'requests' };
+    const by = tokenWait >= requestWait ? 'tokens' : 'requests';
+    const toldMs = Math.max(nowMs + Math.max(tokenWait, requestWait), (dues.told ?? 0) + slotOf(rates, by));
+    return { admitted: false, waitMs: toldMs - nowMs, by, toldMs };
   }
   return { admitted: true, requestsDue: rates.requests ? spend(dues.requests, nowMs, rates.requests, 1) : undefined };
 }
 
+/** The time between two turns of the refusal queue: the request rate's interval; none for a token rate. */
+function slotOf(rates: ClientRates, by: RateKind): number {
+  return by === 'requests' ? (rates.requests?.intervalMs ?? 0) : 0;
+}
+
 /**
- * When a refused request is told to come back, given the latest time this client's refused requests were told
- * (lastToldMs, 0 for none). Requests refused together all wait for the same next slot: each is told the slot after the
- * last one told, as in a queue, or they would all come back for that one slot, again and again. The told times run
- * ahead of now only while refusals come faster than the rate, that is while the client's backlog lasts. A token rate
- * has no slot of its own (a request's tokens are unknown): its refusals share the wait, spread by a fifth of it.
- * retryAfterMs adds a spread of up to one slot, or a fifth of the wait when that is longer, so the queue does not
- * come back in lockstep.
+ * The retry-after a refused request is told: its turn, spread by up to one slot (a fifth of the wait for a token rate),
+ * so the queue does not come back in lockstep; never before its turn.
  */
-export function comeBack(refusal: ClientRefusal, rates: ClientRates, nowMs: number, lastToldMs: number, random: Random): { toldMs: number; retryAfterMs: number } {
-  const slotMs = refusal.by === 'requests' ? (rates.requests?.intervalMs ?? 0) : 0;
-  const toldMs = Math.max(nowMs + refusal.waitMs, lastToldMs + slotMs);
-  return { toldMs, retryAfterMs: Math.ceil(toldMs - nowMs + random() * Math.max(slotMs, 0.2 * refusal.waitMs)) };
+export function retryAfterOf(refusal: ClientRefusal, rates: ClientRates, random: Random): number {
+  const spread = refusal.by === 'requests' ? slotOf(rates, 'requests') : 0.2 * refusal.waitMs;
+  return Math.ceil(refusal.waitMs + random() * spread);
 }

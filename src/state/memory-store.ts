@@ -132,9 +132,12 @@ export class MemoryStore implements StateStore {
   async admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined> {
     const dues = this.#clients.get(client) ?? {};
     const verdict = admitClient(dues, nowMs, rates);
-    if (!verdict.admitted) return { waitMs: verdict.waitMs, by: verdict.by };
-    this.#clients.set(client, { ...dues, requests: verdict.requestsDue });
-    return undefined;
+    if (verdict.admitted) {
+      this.#clients.set(client, { ...dues, requests: verdict.requestsDue });
+      return undefined;
+    }
+    this.#clients.set(client, { ...dues, told: verdict.toldMs });
+    return { waitMs: verdict.waitMs, by: verdict.by };
   }
 
   spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void {

@@ -1,7 +1,7 @@
 // The Redis wire format of the state store: key layout, the breaker hash, and the pub/sub messages.
 // Every key of one target (or budget) carries the same hash tag `{...}`, so each script touches one slot and runs on
 // Redis Cluster unchanged.
-import type { Rate, RateKind } from '../policy/client-rate.ts';
+import type { ClientRates, Rate, RateKind } from '../policy/client-rate.ts';
 import type { BreakerRecord, StateChange } from './store.ts';
 
 /** Key and channel names under one prefix. */
@@ -70,6 +70,14 @@ export class RedisKeys {
   clientRate(client: string, kind: RateKind, rate: Rate | undefined): string {
     return `${this.#prefix}{client/${client}}:${kind}:${rate ? `${rate.intervalMs}/${rate.burst}` : 'none'}`;
   }
+  /**
+   * The latest time a refused request of the client was told to come back (the queue of refused requests), ms in Redis's
+   * clock. Under the request rate's name too: a queue told at a slower rate is not one a raised rate waits behind.
+   */
+  clientTold(client: string, rates: ClientRates): string {
+    return `${this.clientRate(client, 'requests', rates.requests)}:told`;
+  }
+
 }
 
 const BREAKER_STATES = new Set<BreakerRecord['state']>(['closed', 'open', 'half-open']);

@@ -184,9 +184,10 @@ end
 `;
 
 /**
- * KEYS: the client's requests key, its tokens key (one hash tag). ARGV: nowMs, then per rate its intervalMs and burst
- * (0 and 0: no such rate). policy/client-rate.ts's `admitClient`, atomic across the fleet: returns [0] when admitted
- * (the request counted), else [ms until it would be, rounded up; 1 requests or 2 tokens refused] with nothing counted.
+ * KEYS: the client's requests key, its tokens key, its told key (one hash tag). ARGV: nowMs, then per rate its
+ * intervalMs and burst (0 and 0: no such rate). policy/client-rate.ts's `admitClient`, atomic across the fleet, so the
+ * queue of refused requests is the fleet's: returns [0] when admitted (the request counted), else [ms until its turn,
+ * rounded up; 1 requests or 2 tokens refused] with the told time stored and the rates as they were.
  */
 const ADMIT_CLIENT = `${CLIENT_RATE_LUA}
 local now = tonumber(ARGV[1])
@@ -197,8 +198,11 @@ local tokenWait, requestWait = 0, 0
 if tokInterval > 0 then tokenWait = waitFor(dueOf(KEYS[2]), now, tokInterval, tokBurst, 1) end
 if reqInterval > 0 then requestWait = waitFor(reqDue, now, reqInterval, reqBurst, 1) end
 if tokenWait > 0 or requestWait > 0 then
-  if tokenWait >= requestWait then return { math.ceil(tokenWait), 2 } end
-  return { math.ceil(requestWait), 1 }
+  local by, slot = 2, 0
+  if tokenWait < requestWait then by, slot = 1, reqInterval end
+  local told = math.max(now + math.max(tokenWait, requestWait), dueOf(KEYS[3]) + slot)
+  redis.call('SET', KEYS[3], string.format('%.3f', told), 'PX', math.ceil(told - now) + 1000)
+  return { math.ceil(told - now), by }
 end
 if reqInterval > 0 then spend(KEYS[1], reqDue, now, reqInterval, 1) end
 return { 0 }
@@ -263,7 +267,7 @@ interface ScriptCommands {
   sgBudget(key: string, ...args: Arg[]): Promise<[number, number, number]>;
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
-  sgAdmitClient(requestsKey: string, tokensKey: string, ...args: Arg[]): Promise<[number, number?]>;
+  sgAdmitClient(requestsKey: string, tokensKey: string, toldKey: string, ...args: Arg[]): Promise<[number, number?]>;
   sgSpendTokens(key: string, ...args: Arg[]): Promise<number>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
@@ -298,7 +302,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgSettleKey: SETTLE_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
-  // The client script reads both of a client's rates (one hash tag).
-  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgTakePermit' || name === 'sgAdmitClient' ? 2 : 1, lua });
+  // The client script reads both of a client's rates and its told time (one hash tag).
+  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgAdmitClient' ? 3 : name === 'sgTakePermit' ? 2 : 1, lua });
   return client as ScriptClient;
 }

@@ -299,7 +299,7 @@ export class RedisStore implements StateStore {
       requestsKey,
       async (c) => {
         const [waitMs, by] = await c.sgAdmitClient(
-          requestsKey, this.#keys.clientRate(client, 'tokens', tokens), this.#clock.toFleet(nowMs),
+          requestsKey, this.#keys.clientRate(client, 'tokens', tokens), this.#keys.clientTold(client, rates), this.#clock.toFleet(nowMs),
           requests?.intervalMs ?? 0, requests?.burst ?? 0, tokens?.intervalMs ?? 0, tokens?.burst ?? 0,
         );
         return waitMs > 0 ? { waitMs, by: by === 2 ? 'tokens' : 'requests' } : undefined;
