@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { admitClient, clientRates, retryAfterOf, spend, type ClientDues } from '../src/policy/client-rate.ts';
+import { admitClient, clientRates, QUEUE_AHEAD_MS, retryAfterOf, spend, type ClientDues } from '../src/policy/client-rate.ts';
 import { seededRandom } from '../src/policy/random.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { defineScripts } from '../src/state/redis-scripts.ts';
@@ -44,7 +44,7 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
         const policy = admitClient(dues, nowMs, rates);
         const [waitMs, by] = await client.sgAdmitClient(
           requestsKey, tokensKey, toldKey, nowMs,
-          rates.requests?.intervalMs ?? 0, rates.requests?.burst ?? 0, rates.tokens?.intervalMs ?? 0, rates.tokens?.burst ?? 0,
+          rates.requests?.intervalMs ?? 0, rates.requests?.burst ?? 0, rates.tokens?.intervalMs ?? 0, rates.tokens?.burst ?? 0, QUEUE_AHEAD_MS,
         );
         if (policy.admitted) {
           expect(waitMs).toBe(0);
@@ -90,6 +90,8 @@ describe('when a refused client is told to come back', () => {
     expect(answers.map((a) => a.toldMs)).toEqual([10_400, 11_400, 12_400]);
     expect(answers.map((a) => a.waitMs)).toEqual([400, 1_400, 2_400]);
     expect(answers.map((a) => a.retryAfterMs)).toEqual([900, 1_900, 2_900]);
+    // At most a minute past its own wait, however long the queue (agents looping on the 429 take a place each time).
+    expect(admitClient({ requests: 10_400, told: 500_000 }, 10_000, rates)).toMatchObject({ admitted: false, waitMs: 400 + QUEUE_AHEAD_MS });
     // A queue told in the past is no queue: a later refusal waits for its own slot only.
     const later = admitClient({ requests: 21_000, told: dues.told }, 20_500, rates);
     expect(later).toMatchObject({ admitted: false, waitMs: 500, toldMs: 21_000 });

@@ -6,6 +6,9 @@ import { parseConfig } from '../src/config/load.ts';
 import { prepareUpstream } from '../src/providers/families.ts';
 import { AnthropicStreamTranslator, toAnthropicRequest, toOpenAIError, toOpenAIResponse } from '../src/providers/anthropic/index.ts';
 import { toOpenAIUsage } from '../src/providers/anthropic/response.ts';
+import { toAnthropicSchema } from '../src/providers/anthropic/json-schema.ts';
+import { thinkingFields } from '../src/providers/anthropic/thinking.ts';
+import { ToolNames } from '../src/providers/anthropic/tool-names.ts';
 
 const config = parseConfig(
   `providers:
@@ -143,5 +146,103 @@ describe('AnthropicStreamTranslator', () => {
       expect.stringContaining('"finish_reason":"length"'),
     ]);
     expect(t.push({ event: 'message_stop', data: '{}' }).at(-1)).toBe('data: [DONE]\n\n');
+  });
+});
+
+describe('AnthropicStreamTranslator: text a block starts with', () => {
+  it("passes on text and thinking that arrive in content_block_start itself, not only in deltas", () => {
+    const t = new AnthropicStreamTranslator({ model: 'claude', includeUsage: false });
+    t.push({ event: 'message_start', data: JSON.stringify({ type: 'message_start', message: { id: 'msg_1', model: 'claude', usage: { input_tokens: 3 } } }) });
+    const chunks = [
+      ...t.push({ event: 'content_block_start', data: JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'thinking', thinking: 'Let me' } }) }),
+      ...t.push({ event: 'content_block_start', data: JSON.stringify({ type: 'content_block_start', index: 1, content_block: { type: 'text', text: 'Hel' } }) }),
+      ...t.push({ event: 'content_block_delta', data: JSON.stringify({ type: 'content_block_delta', index: 1, delta: { type: 'text_delta', text: 'lo' } }) }),
+    ].map((c) => (JSON.parse(c.slice('data: '.length)) as { choices: [{ delta: Record<string, unknown> }] }).choices[0].delta);
+    expect(chunks).toEqual([{ reasoning_content: 'Let me' }, { content: 'Hel' }, { content: 'lo' }]);
+  });
+});
+
+describe('toOpenAIError: an answer that is no error Anthropic documents', () => {
+  it('gives a redirect (not followed) with no Anthropic error body the 502 of a bad gateway, not a 500 of its own', () => {
+    const e = toOpenAIError(302, '<html>moved</html>');
+    expect(e).toMatchObject({ status: 502, body: { error: { type: 'server_error', code: null } } });
+  });
+});
+
+describe('AnthropicStreamTranslator: a stream that stops without a stop_reason', () => {
+  it('still ends the choice with finish_reason "stop" before [DONE], as OpenAI clients wait for one', () => {
+    const t = new AnthropicStreamTranslator({ model: 'claude', includeUsage: false });
+    t.push({ event: 'message_start', data: JSON.stringify({ type: 'message_start', message: { id: 'msg_1', model: 'claude', usage: { input_tokens: 3 } } }) });
+    t.push({ event: 'content_block_start', data: JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }) });
+    t.push({ event: 'content_block_delta', data: JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'hi' } }) });
+    const out = t.push({ event: 'message_stop', data: JSON.stringify({ type: 'message_stop' }) });
+    expect(out).toEqual([expect.stringContaining('"finish_reason":"stop"'), 'data: [DONE]\n\n']);
+  });
+});
+
+describe('AnthropicStreamTranslator: chunks with nothing in them', () => {
+  const start = (t: AnthropicStreamTranslator) => {
+    t.push({ event: 'message_start', data: JSON.stringify({ type: 'message_start', message: { id: 'msg_1', model: 'claude', usage: { input_tokens: 3 } } }) });
+    t.push({ event: 'content_block_start', data: JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }) });
+  };
+  it('sends no chunk for an empty text delta', () => {
+    const t = new AnthropicStreamTranslator({ model: 'claude', includeUsage: false });
+    start(t);
+    expect(t.push({ event: 'content_block_delta', data: JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: '' } }) })).toEqual([]);
+  });
+  it('sends the role chunk first even when the stream begins with its message_delta (no message_start)', () => {
+    const t = new AnthropicStreamTranslator({ model: 'claude', includeUsage: false });
+    const out = t.push({ event: 'message_delta', data: JSON.stringify({ type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 1 } }) });
+    expect(out).toEqual([expect.stringContaining('"role":"assistant"'), expect.stringContaining('"finish_reason":"stop"')]);
+  });
+  it('sends the role chunk first even when the stream begins with a content block (no message_start)', () => {
+    const t = new AnthropicStreamTranslator({ model: 'claude', includeUsage: false });
+    const out = t.push({ event: 'content_block_start', data: JSON.stringify({ type: 'content_block_start', index: 0, content_block: { type: 'text', text: 'Hi' } }) });
+    expect(out).toEqual([expect.stringContaining('"role":"assistant"'), expect.stringContaining('"content":"Hi"')]);
+  });
+});
+
+describe('thinkingFields', () => {
+  const budgets = { low: 2048, medium: 4096, high: 8192, xhigh: 16384 };
+  const request = { model: 'claude-opus-4-7', max_tokens: 3000, messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }] }] } as never;
+  it("adaptive (Claude 4.7 and later): keeps the client's own max_tokens, which covers thinking and answer, as OpenAI's max_completion_tokens does", () => {
+    expect(thinkingFields({ effort: 'low', request, clientMaxTokens: true, budgets })?.max_tokens).toBe(3000);
+  });
+  it("adaptive: adds the effort's budget to the provider's default, so the answer keeps the room it has without thinking", () => {
+    expect(thinkingFields({ effort: 'low', request, clientMaxTokens: false, budgets })?.max_tokens).toBe(5048);
+  });
+  it('thinks with top_p 0.95, the lowest Anthropic takes with thinking, and not under it', () => {
+    const sampled = (top_p: number) => ({ ...(request as object), model: 'claude-sonnet-4-5', top_p }) as never;
+    expect(thinkingFields({ effort: 'low', request: sampled(0.95), clientMaxTokens: false, budgets })?.thinking).toEqual({ type: 'enabled', budget_tokens: 2048 });
+    expect(thinkingFields({ effort: 'low', request: sampled(0.94), clientMaxTokens: false, budgets })).toBeUndefined();
+  });
+});
+
+describe('ToolNames', () => {
+  it('keeps a name Anthropic takes as it is, even when a name respelled before it in the request would become it', () => {
+    const names = new ToolNames(['fs.read', 'fs_read']);
+    expect(names.of('fs_read')).toBe('fs_read');
+    expect(names.of('fs.read')).toBe('fs_read_2');
+    expect(names.respelled).toEqual(new Map([['fs_read_2', 'fs.read']]));
+  });
+  it('gives long names that respell alike names Anthropic still takes, suffix and all (at most 128 characters)', () => {
+    const long = ['mcp.server.', 'mcp/server/'].map((p) => p + 'x'.repeat(200));
+    const names = new ToolNames(long);
+    const given = long.map((n) => names.of(n));
+    expect(new Set(given).size).toBe(2);
+    for (const g of given) expect(g).toMatch(/^[a-zA-Z0-9_-]{1,128}$/);
+  });
+});
+
+describe('toAnthropicSchema', () => {
+  it('sends a oneOf as an anyOf (the structured-output subset has no oneOf), not a property left unconstrained', () => {
+    const schema = { type: 'object', properties: { v: { oneOf: [{ type: 'string' }, { type: 'integer' }] } }, required: ['v'], additionalProperties: false };
+    expect(toAnthropicSchema(schema, 'response_format.json_schema.schema')).toEqual({
+      type: 'object', properties: { v: { anyOf: [{ type: 'string' }, { type: 'integer' }] } }, additionalProperties: false, required: ['v'],
+    });
+  });
+  it('keeps a string format Anthropic takes, and writes one it does not (a regex) into the description', () => {
+    expect(toAnthropicSchema({ type: 'string', format: 'email' }, 's')).toEqual({ type: 'string', format: 'email' });
+    expect(toAnthropicSchema({ type: 'string', format: 'regex' }, 's')).toEqual({ type: 'string', description: '{format: "regex"}' });
   });
 });

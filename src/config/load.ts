@@ -83,6 +83,13 @@ export function configEnvVars(text: string): string[] {
 
 /** An unquoted ${...} after a flow mapping or list opened on the same line: `{ port: ${PORT} }`. */
 const UNQUOTED_REF_IN_FLOW = /[{[][^"'\n]*?[\s,:[]\$\{/;
+/** An unquoted `*` as a key (`*: { requestsPerMinute: 600 }`): YAML reads it as an alias, auth.limits means every client. */
+const UNQUOTED_STAR_KEY = /(?:^|[\s{,])\*\s*:/;
+
+/** A line with its quoted text and comment each replaced by x: what is left is what YAML reads as syntax. */
+function stripQuoted(line: string): string {
+  return line.replace(/"(?:[^"\\]|\\.)*"|'[^']*'|\s#.*$/g, 'x');
+}
 
 function parseYaml(text: string, file: string, lineCounter: LineCounter): Document {
   // Merge keys (`<<: *defaults`) are YAML 1.1's, which the 1.2 parser leaves off unless asked; configs use them.
@@ -94,7 +101,7 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
   const first = problems[0]!;
   const firstLine = first.linePos?.[0]?.line;
   // Quoted text and comments may hold braces and ${...} legitimately: only what is left is looked at.
-  const source = firstLine === undefined ? undefined : text.split(/\r?\n/)[firstLine - 1]!.replace(/"(?:[^"\\]|\\.)*"|'[^']*'|\s#.*$/g, 'x');
+  const source = firstLine === undefined ? undefined : stripQuoted(text.split(/\r?\n/)[firstLine - 1]!);
   if (first.code === 'UNEXPECTED_TOKEN' && source !== undefined && UNQUOTED_REF_IN_FLOW.test(source)) {
     throw new ConfigError(file, [
       {
@@ -104,6 +111,12 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
           'an unquoted ${VAR} inside a flow mapping or list ({ } or [ ]) is not valid YAML: quote it ("${VAR}") where the value is text, or write that mapping in block style (one key per line) where it is a number or true/false',
       },
     ]);
+  }
+  // The parser's words for an unquoted `*` key ("Alias ending in : is ambiguous", after tokens it calls unexpected)
+  // do not say to quote it, as the README writes auth.limits' "*".
+  const star = problems.map((e) => e.linePos?.[0]?.line).find((line) => line !== undefined && UNQUOTED_STAR_KEY.test(stripQuoted(text.split(/\r?\n/)[line - 1]!)));
+  if (star !== undefined) {
+    throw new ConfigError(file, [{ path: '', line: star, message: 'an unquoted * is a YAML alias, not a name: quote it ("*": ...), as auth.limits writes the limit of every client not named' }]);
   }
   throw new ConfigError(
     file,

@@ -73,7 +73,10 @@ export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost
  * Requests refused together all wait for the same next slot: each is told the slot after the last one told, as in a
  * queue, or they would all come back for that one slot, again and again. The told times run ahead of now only while
  * refusals come faster than the rate, that is while the client's backlog lasts. A token rate has no slot of its own (a
- * request's tokens are unknown): its refusals wait for the queue's end and share the wait.
+ * request's tokens are unknown): its refusals wait for the queue's end and share the wait. The queue runs at most a
+ * minute past a request's own wait: every refusal takes a place, and agents looping on the 429 without reading its
+ * retry-after took one each time, which told the client's next request, admitted one slot later, to wait minutes (147 s
+ * after a 1,500-call loop); past a minute the SDKs give up anyway (x-should-retry: false).
  */
 export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates):
   | { admitted: true; requestsDue: number | undefined }
@@ -82,11 +85,15 @@ export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates)
   const requestWait = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, 1) : 0;
   if (tokenWait > 0 || requestWait > 0) {
     const by = tokenWait >= requestWait ? 'tokens' : 'requests';
-    const toldMs = Math.max(nowMs + Math.max(tokenWait, requestWait), (dues.told ?? 0) + slotOf(rates, by));
+    const ownMs = nowMs + Math.max(tokenWait, requestWait);
+    const toldMs = Math.min(Math.max(ownMs, (dues.told ?? 0) + slotOf(rates, by)), ownMs + QUEUE_AHEAD_MS);
     return { admitted: false, waitMs: toldMs - nowMs, by, toldMs };
   }
   return { admitted: true, requestsDue: rates.requests ? spend(dues.requests, nowMs, rates.requests, 1) : undefined };
 }
+
+/** How far past a refused request's own wait the queue of refused requests may tell it to come back. */
+export const QUEUE_AHEAD_MS = 60_000;
 
 /** The time between two turns of the refusal queue: the request rate's interval; none for a token rate. */
 function slotOf(rates: ClientRates, by: RateKind): number {

@@ -185,7 +185,7 @@ end
 
 /**
  * KEYS: the client's requests key, its tokens key, its told key (one hash tag). ARGV: nowMs, then per rate its
- * intervalMs and burst (0 and 0: no such rate). policy/client-rate.ts's `admitClient`, atomic across the fleet, so the
+ * intervalMs and burst (0 and 0: no such rate), then how far past its own wait a refusal may be told (QUEUE_AHEAD_MS). policy/client-rate.ts's `admitClient`, atomic across the fleet, so the
  * queue of refused requests is the fleet's: returns [0] when admitted (the request counted), else [ms until its turn,
  * rounded up; 1 requests or 2 tokens refused] with the told time stored and the rates as they were.
  */
@@ -200,7 +200,8 @@ if reqInterval > 0 then requestWait = waitFor(reqDue, now, reqInterval, reqBurst
 if tokenWait > 0 or requestWait > 0 then
   local by, slot = 2, 0
   if tokenWait < requestWait then by, slot = 1, reqInterval end
-  local told = math.max(now + math.max(tokenWait, requestWait), dueOf(KEYS[3]) + slot)
+  local own = now + math.max(tokenWait, requestWait)
+  local told = math.min(math.max(own, dueOf(KEYS[3]) + slot), own + tonumber(ARGV[6]))
   redis.call('SET', KEYS[3], string.format('%.3f', told), 'PX', math.ceil(told - now) + 1000)
   return { math.ceil(told - now), by }
 end

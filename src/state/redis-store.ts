@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
-import type { ClientRates, ClientRefusal, Rate } from '../policy/client-rate.ts';
+import { QUEUE_AHEAD_MS, type ClientRates, type ClientRefusal, type Rate } from '../policy/client-rate.ts';
 import { MemoryStore } from './memory-store.ts';
 import { connectRedis, type RedisConnection } from './redis-client.ts';
 import { decodeBreaker, encodeBreaker, encodeChange, RedisKeys, type ChangeMessage } from './redis-keys.ts';
@@ -300,7 +300,7 @@ export class RedisStore implements StateStore {
       async (c) => {
         const [waitMs, by] = await c.sgAdmitClient(
           requestsKey, this.#keys.clientRate(client, 'tokens', tokens), this.#keys.clientTold(client, rates), this.#clock.toFleet(nowMs),
-          requests?.intervalMs ?? 0, requests?.burst ?? 0, tokens?.intervalMs ?? 0, tokens?.burst ?? 0,
+          requests?.intervalMs ?? 0, requests?.burst ?? 0, tokens?.intervalMs ?? 0, tokens?.burst ?? 0, QUEUE_AHEAD_MS,
         );
         return waitMs > 0 ? { waitMs, by: by === 2 ? 'tokens' : 'requests' } : undefined;
       },
