@@ -2,7 +2,7 @@
 // fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, retryAfterOf, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
+import { clientRates, limitOf, retryAfterOf, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -24,9 +24,8 @@ interface ClientLimitsDeps {
 
 export function clientLimits(limits: Record<string, ClientLimitConfig> | undefined, deps: ClientLimitsDeps): ClientLimit | undefined {
   if (limits === undefined || Object.keys(limits).length === 0) return undefined;
-  const rates = new Map<string, ClientRates>(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
-  const anyClient = rates.get('*');
-  const ratesOf = (client: string) => rates.get(client) ?? anyClient;
+  const rates: Record<string, ClientRates> = Object.fromEntries(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
+  const ratesOf = (client: string) => limitOf(rates, client);
   return {
     admit(client) {
       const r = ratesOf(client);

@@ -9,6 +9,7 @@ import { CLIENT_RETRY_KINDS, REQUEST_OUTCOMES } from '../pipeline/handle-request
 import { STREAM_END_KINDS } from '../pipeline/stream-ends.ts';
 import { PARK_OUTCOMES } from '../pipeline/parking-lot.ts';
 import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
+import { limitOf } from '../policy/client-rate.ts';
 import { retryReasons } from '../policy/outcome.ts';
 import { SHED_REASONS } from '../pools/provider-pool.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
@@ -79,7 +80,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
   // Each client with a rate, for each of its rates: the first refusals of a client show from their first burst.
   const limits = config.auth?.limits ?? {};
   for (const client of Object.keys(config.auth?.keys ?? {})) {
-    const limit = limits[client] ?? limits['*'];
+    const limit = limitOf(limits, client);
     if (limit?.requestsPerMinute !== undefined) metrics.clientLimited.inc({ client, by: 'requests' }, 0);
     if (limit?.tokensPerMinute !== undefined) metrics.clientLimited.inc({ client, by: 'tokens' }, 0);
   }

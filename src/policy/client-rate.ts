@@ -36,6 +36,11 @@ export interface ClientDues {
   told?: number | undefined;
 }
 
+/** A client's entry of auth.limits (or of rates made from it): its own, else the one for every client not named, "*". */
+export function limitOf<T>(limits: Readonly<Record<string, T>>, client: string): T | undefined {
+  return Object.hasOwn(limits, client) ? limits[client] : limits['*'];
+}
+
 /** The rate of `perMinute` with its burst (default: ten seconds' worth, at least one). */
 export function rateOf(perMinute: number, burst?: number): Rate {
   return { intervalMs: 60_000 / perMinute, burst: burst ?? Math.max(1, Math.floor(perMinute / 6)) };

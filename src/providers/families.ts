@@ -118,8 +118,8 @@ function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
 
 /**
  * streamUsage: a streamed chat completion or completion (/v1/completions) whose client did not ask for its usage
- * (stream_options.include_usage) is asked for it here. Only where stream_options is an object or absent: anything else is the client's request to be
- * refused as it wrote it. The Responses API reports its usage always, as Anthropic does.
+ * (stream_options.include_usage) is asked for it here. Only where stream_options is an object or absent: anything else
+ * is the client's request, to be refused as it wrote it. The Responses API reports its usage always, as Anthropic does.
  */
 function usageToAsk(input: FamilyInput): boolean {
   if ((input.api !== 'chat' && input.api !== 'completions') || input.json.stream !== true || asksUsage(input.json)) return false;

@@ -130,19 +130,25 @@ export class MemoryStore implements StateStore {
   }
 
   async admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined> {
-    const dues = this.#clients.get(client) ?? {};
+    const dues = this.#dues(client);
     const verdict = admitClient(dues, nowMs, rates);
     if (verdict.admitted) {
-      this.#clients.set(client, { ...dues, requests: verdict.requestsDue });
+      dues.requests = verdict.requestsDue;
       return undefined;
     }
-    this.#clients.set(client, { ...dues, told: verdict.toldMs });
+    dues.told = verdict.toldMs;
     return { waitMs: verdict.waitMs, by: verdict.by };
   }
 
   spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void {
-    const dues = this.#clients.get(client) ?? {};
-    this.#clients.set(client, { ...dues, tokens: spend(dues.tokens, nowMs, rate, tokens) });
+    const dues = this.#dues(client);
+    dues.tokens = spend(dues.tokens, nowMs, rate, tokens);
+  }
+
+  #dues(client: string): ClientDues {
+    let dues = this.#clients.get(client);
+    if (!dues) this.#clients.set(client, (dues = {}));
+    return dues;
   }
 
   getHoldOff(target: string): number | undefined {
