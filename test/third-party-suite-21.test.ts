@@ -306,8 +306,8 @@ describe('a batch-only tenant flooding a provider in a 429 storm', () => {
   });
 });
 
-describe('two online tenants on one pool: no fairness between tenants within a class', () => {
-  it('a tenant within its rate that holds many slots queues the quiet one behind it; its key at batch (auth.priority) does not', async () => {
+describe('two online tenants on one pool: the class shared between tenants', () => {
+  it('a tenant within its rate that holds many slots does not queue the quiet one behind it, in one class or with its key at batch', async () => {
     const measure = async (priority: AuthInput['priority']) => {
       const mock = await startMock({ faults: { latencyMs: 300 } });
       const url = await tenantGateway(mock, { priority }, { provider: { pools: { maxConcurrent: 8 } } });
@@ -326,10 +326,10 @@ describe('two online tenants on one pool: no fairness between tenants within a c
     const shared = await measure(undefined);
     const demoted = await measure({ alpha: 'batch' });
     console.info(`quiet tenant's p50 beside 48 concurrent calls of another on 8 slots (300 ms answers): both online ${shared} ms; the noisy one at batch ${demoted} ms`);
-    // Served by class, then arrival: in one class the quiet tenant waits its turn behind the other's queue (48 / 8 x
-    // 300 ms is about 1.8 s); with the noisy key at batch, it takes the next slot.
-    expect(shared).toBeGreaterThan(900);
-    expect(demoted).toBeLessThan(shared / 1.5);
+    // Served by class, then by client (the one holding the fewest slots first): in one class the quiet tenant takes the
+    // next slot freed, as it does with the noisy key at batch, instead of waiting its turn behind the other's queue
+    // (48 / 8 x 300 ms, about 1.8 s, by arrival alone).
+    expect(shared).toBeLessThan(1200);
     expect(demoted).toBeLessThan(1200);
   });
 });

@@ -78,7 +78,7 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
           requestId: request.id,
           // Since onRequest, right after the head arrived: the body's upload (and decoding) took this much of the deadline.
           receivedMs: reply.elapsedTime,
-          ...(request.client !== undefined && { clientPriority: clientPriorities.get(request.client) }),
+          ...(request.client !== undefined && { client: request.client, clientPriority: clientPriorities.get(request.client) }),
           ...(arrival && runtime.repeats.isRepeat(arrival) && { repeat: true }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,

@@ -39,6 +39,8 @@ export interface ManagedRequest {
   json: Record<string, unknown>;
   headers: HeaderBag;
   requestId: string;
+  /** The client's key's name (auth.keys), when the gateway has keys: a class's slots are shared fairly by client. */
+  client?: string;
   /** The class the client's key caps its requests at (auth.priority), when it has one. */
   clientPriority?: string;
   /** The same body from the same client failed here a moment ago (state/client-repeats.ts): the client is retrying. */
@@ -197,6 +199,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         },
         clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
+        client: req.client,
       },
       plans,
       contextFallback,

@@ -80,7 +80,7 @@ export function streamRecovery(
     // maxConcurrent and its adaptive limit, unseen by its in-use gauge. The wait has no request deadline to keep to
     // (it ended at the first output): the client's stream waits as long as its idle limit lets it go silent (less
     // minAttemptMs), from the break; once sent, the continuation's own timers bound it as before.
-    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes: Buffer.byteLength(upstream.body) };
+    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes: Buffer.byteLength(upstream.body), client: req.client };
     const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, () => {
       const held = heldBack(deps.guards, next, false, now());
       return held && { kind: 'gone', ...held };

@@ -145,6 +145,8 @@ export interface RequestContext {
   clientRetries: number;
   /** Bytes of the request's body, counted against server.maxWaitingBodyBytes while it waits (queued or parked). */
   bodyBytes?: number;
+  /** The client's key's name (auth.keys): its requests wait for slots in turn with other clients' (SlotRequest.client). */
+  client?: string;
 }
 
 export interface Guards {

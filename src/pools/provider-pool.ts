@@ -1,7 +1,8 @@
 // One provider's concurrency, shared by priority classes. An attempt takes a slot and gives it back when its answer is
 // over (a stream: when it ends); a request waiting for anything else (backoff, parking) holds none. Waiting requests
-// queue by class, then arrival; a class may use whatever the others leave idle, keeps its minShare under contention,
-// and each target (provider and model) also lives under its adaptive limit (policy/adaptive-limit.ts).
+// queue by class; within a class the client (auth.keys) holding the fewest of its slots goes first, then arrival. A
+// class may use whatever the others leave idle, keeps its minShare under contention, and each target (provider and
+// model) also lives under its adaptive limit (policy/adaptive-limit.ts).
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
@@ -40,6 +41,11 @@ export interface SlotRequest {
   released?: boolean;
   /** Bytes of the request's body: while it waits, they count against server.maxWaitingBodyBytes. */
   bodyBytes?: number;
+  /**
+   * The client's key (auth.keys) the request came with: a class's slots are shared fairly between its clients, so a
+   * tenant flooding its class queues behind its own requests, not in front of everyone else's. Unnamed, one client.
+   */
+  client?: string;
 }
 
 export interface Slot {
@@ -81,19 +87,28 @@ interface Waiter {
   gone: boolean;
   enqueuedAtMs: number;
   grant: (slot: Slot) => void;
-  /** Leaves the queue without a slot: the one wait rule no longer holds for it. */
-  expire: () => void;
+  /** Leaves the queue without a slot: the one wait rule no longer holds for it, or a fuller client's turn is given away. */
+  shed: (reason: ShedReason) => void;
+}
+
+/** One client's part of a class in this pool: what the fair share between the class's clients goes by. */
+interface ClientUse {
+  inUse: number;
+  waiting: number;
+  /** When it was last given a slot (the pool's count of grants): of clients holding as many, the longest unserved goes. */
+  servedAt: number;
 }
 
 /**
- * The waiters of one class for one target, first attempts or retries: admission reads only those (#admissible), so a
- * lane's waiters may all go or none may, and the first waiter of a class that may go is the earliest of the heads of
- * its lanes that may. A queue of thousands held back by one thing (the retry share, its target's limit) is one look,
+ * The waiters of one class and one client for one target, first attempts or retries: admission reads only those
+ * (#admissible), so a lane's waiters may all go or none may, and the first waiter of a class that may go is a head of
+ * its lanes that may (of the client holding the fewest slots, the earliest). A queue of thousands held back by one thing (the retry share, its target's limit) is one look,
  * not a scan: a scan bounded to the first 256 let a newcomer take the slot a waiter further down could use.
  */
 interface Lane {
   key: string;
   target: TargetUse;
+  client: string;
   /** Arrival order; taken from `head` on, and compacted now and then. */
   waiters: Waiter[];
   head: number;
@@ -114,6 +129,8 @@ export interface PoolObserver {
 const INITIAL_ROUND_TRIP_MS = 1_000;
 /** Gone waiters a lane keeps at its front before it copies the rest down (and at least half of it must be gone). */
 const LANE_COMPACT_AT = 1_024;
+/** The client of requests that name none: without auth.keys, every request is one client's and the queue is by arrival. */
+const NO_CLIENT = '';
 
 export class ProviderPool {
   readonly settings: PoolSettings;
@@ -124,7 +141,10 @@ export class ProviderPool {
   /** Per class: requests waiting. */
   readonly #queued: number[];
   #seq = 0;
+  #grants = 0;
   readonly #inUseByClass: number[];
+  /** Per class: its clients with a slot held or a request waiting. */
+  readonly #clients: Array<Map<string, ClientUse>>;
   /**
    * Per class: the most slots held plus requests waiting since the fleet last asked for this pool's demand. A sample
    * taken at the exchange alone misses short-lived demand: online calls that come and go between two exchanges (or are
@@ -175,6 +195,7 @@ export class ProviderPool {
     this.#lanes = settings.classes.map(() => new Map());
     this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
+    this.#clients = settings.classes.map(() => new Map());
     this.#peakByClass = settings.classes.map(() => 0);
     this.#floor = new FloorHold(now);
     this.#backed = settings.classes.length - 1;
@@ -206,10 +227,13 @@ export class ProviderPool {
       return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
-    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target);
-    if (!req.released && this.#queued[req.cls]! >= cls.maxQueue) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
+    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target, req.client);
+    const displaced = !req.released && this.#queued[req.cls]! >= cls.maxQueue ? this.#displaced(req) : undefined;
+    if (displaced === null) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
     if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
+    // The bytes of the one it displaces are given back first: it leaves the queue either way.
+    if (displaced && this.#leave(displaced)) displaced.shed('queue_full');
     const bytes = req.bodyBytes ?? 0;
     if (req.released) this.bodies?.add(bytes);
     else if (this.bodies && !this.bodies.take(bytes, req.cls > 0 && req.cls === this.settings.classes.length - 1)) return this.#shed(cls.name, 'body_bytes', expectedWaitMs);
@@ -217,14 +241,14 @@ export class ProviderPool {
       // Still waiting when less than minAttemptMs is left: shed then, while the client still waits for an answer,
       // rather than hold the request until its deadline and a 504.
       const lastChance = setTimeout(() => {
-        if (this.#leave(waiter)) waiter.expire();
+        if (this.#leave(waiter)) waiter.shed('deadline');
       }, Math.max(0, req.deadlineAtMs - req.minAttemptMs - this.now())).unref();
       const waiter: Waiter = {
         req,
         seq: this.#seq++,
         lane: this.#lane(req, t),
         gone: false,
-        expire: () => {},
+        shed: () => {},
         enqueuedAtMs: this.now(),
         grant: (slot) => {
           clearTimeout(lastChance);
@@ -238,14 +262,15 @@ export class ProviderPool {
         this.#leave(waiter);
         resolve({ ok: false, reason: 'aborted' });
       };
-      waiter.expire = () => {
+      waiter.shed = (reason) => {
         clearTimeout(lastChance);
         req.signal.removeEventListener('abort', onAbort);
-        resolve(this.#shed(cls.name, 'deadline', this.expectedWaitMs(req.cls, req.target)));
+        resolve(this.#shed(cls.name, reason, this.expectedWaitMs(req.cls, req.target, req.client)));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       waiter.lane.waiters.push(waiter);
       waiter.lane.size++;
+      this.#clientUse(req.cls, waiter.lane.client).waiting++;
       this.#queued[req.cls]!++;
       this.#notePeak(req.cls);
       t.waiting++;
@@ -258,10 +283,14 @@ export class ProviderPool {
   /**
    * A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip;
    * for a lower class while the target's quota is nearly spent, at least until that hold ends (no slot comes before).
+   * Ahead of it in its own class: its client's waiters, and of each other client's as many again and one (its turns
+   * alternate with theirs), not a flooding tenant's whole queue.
    */
-  expectedWaitMs(cls: number, target: string): number {
+  expectedWaitMs(cls: number, target: string, client = NO_CLIENT): number {
     let ahead = 0;
-    for (let k = 0; k <= cls; k++) ahead += this.#queued[k]!;
+    for (let k = 0; k < cls; k++) ahead += this.#queued[k]!;
+    const own = this.#clients[cls]!.get(client)?.waiting ?? 0;
+    for (const [name, use] of this.#clients[cls]!) ahead += name === client ? own : Math.min(use.waiting, own + 1);
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
     const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
@@ -417,11 +446,54 @@ export class ProviderPool {
 
   /** The lane a request waits in (made when none of its kind waits). */
   #lane(req: SlotRequest, t: TargetUse): Lane {
-    const key = req.retry ? `r ${req.target}` : `a ${req.target}`;
+    const client = req.client ?? NO_CLIENT;
+    const key = `${req.retry ? 'r' : 'a'} ${req.target}\u0000${client}`;
     const lanes = this.#lanes[req.cls]!;
     let lane = lanes.get(key);
-    if (!lane) lanes.set(key, (lane = { key, target: t, waiters: [], head: 0, size: 0 }));
+    if (!lane) lanes.set(key, (lane = { key, target: t, client, waiters: [], head: 0, size: 0 }));
     return lane;
+  }
+
+  #clientUse(cls: number, client: string): ClientUse {
+    const clients = this.#clients[cls]!;
+    let use = clients.get(client);
+    if (!use) clients.set(client, (use = { inUse: 0, waiting: 0, servedAt: -1 }));
+    return use;
+  }
+
+  /** A client's entry goes once it holds and waits for nothing: client names come and go with the keys in use. */
+  #forgetIdle(cls: number, client: string, use: ClientUse): void {
+    if (use.inUse === 0 && use.waiting === 0) this.#clients[cls]!.delete(client);
+  }
+
+  /**
+   * The class queue is full: a newcomer whose client waits for fewer than another client's waiters less one takes the
+   * place of that client's newest (shed queue_full, as the newcomer would have been), so a tenant that fills the
+   * queue cannot shut the others out of it. Requests the parking lot released, admitted before, keep their place.
+   * Null: no one to displace, the newcomer is shed.
+   */
+  #displaced(req: SlotRequest): Waiter | null {
+    const client = req.client ?? NO_CLIENT;
+    const own = this.#clients[req.cls]!.get(client)?.waiting ?? 0;
+    let fullest: string | undefined;
+    let most = own + 1;
+    for (const [name, use] of this.#clients[req.cls]!) {
+      if (use.waiting > most) [fullest, most] = [name, use.waiting];
+    }
+    if (fullest === undefined) return null;
+    let newest: Waiter | undefined;
+    for (const lane of this.#lanes[req.cls]!.values()) {
+      if (lane.client !== fullest) continue;
+      for (let i = lane.waiters.length - 1; i >= lane.head; i--) {
+        const w = lane.waiters[i]!;
+        if (newest !== undefined && w.seq < newest.seq) break;
+        if (!w.gone && !w.req.released) {
+          newest = w;
+          break;
+        }
+      }
+    }
+    return newest ?? null;
   }
 
   /** Takes a waiter out of its lane (granted, expired or aborted); false when it was out already. */
@@ -431,6 +503,9 @@ export class ProviderPool {
     this.bodies?.give(w.req.bodyBytes ?? 0);
     const lane = w.lane;
     lane.size--;
+    const use = this.#clientUse(w.req.cls, lane.client);
+    use.waiting--;
+    this.#forgetIdle(w.req.cls, lane.client, use);
     this.#queued[w.req.cls]!--;
     lane.target.waiting--;
     // An empty lane goes: lanes are per target, and targets come and go (made-up model names).
@@ -450,16 +525,24 @@ export class ProviderPool {
   }
 
   /**
-   * The earliest waiter of class `cls` that can take a slot now (and whose target passes `also`, when given): the one
-   * look both a newcomer (may it go first?) and a freed slot (who gets it?) take. Time left is not judged here.
+   * The waiter of class `cls` that can take a slot now (and whose target passes `also`, when given): of the client
+   * holding the fewest of the class's slots (of those, the one served longest ago), the earliest. The one look both a
+   * newcomer (may it go first?) and a freed slot (who gets it?) take. Time left is not judged here. Fewest held rather
+   * than turns alone: a tenant whose answers take a minute holds its slots that long, and turns would give it as many
+   * slots as one whose answers take a second.
    */
   #first(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
     let first: Waiter | undefined;
+    let firstUse: ClientUse | undefined;
+    const clients = this.#clients[cls]!;
     for (const lane of this.#lanes[cls]!.values()) {
       const w = this.#head(lane);
-      if (w === undefined || (first !== undefined && w.seq > first.seq)) continue;
+      if (w === undefined) continue;
+      const use = clients.get(lane.client)!;
+      if (first !== undefined && !goesBefore(use, w, firstUse!, first)) continue;
       if (!this.#admissible(w.req, lane.target) || (also !== undefined && !also(lane.target))) continue;
       first = w;
+      firstUse = use;
     }
     return first;
   }
@@ -479,6 +562,10 @@ export class ProviderPool {
   }
 
   #take(req: SlotRequest, t: TargetUse): Slot {
+    const client = req.client ?? NO_CLIENT;
+    const use = this.#clientUse(req.cls, client);
+    use.inUse++;
+    use.servedAt = this.#grants++;
     this.#inUse++;
     this.#inUseByClass[req.cls]!++;
     this.#notePeak(req.cls);
@@ -496,6 +583,8 @@ export class ProviderPool {
         if (released) return;
         released = true;
         if (answered) this.#timeSlotHold(this.now() - grantedAtMs);
+        use.inUse--;
+        this.#forgetIdle(req.cls, client, use);
         this.#inUse--;
         this.#inUseByClass[req.cls]!--;
         t.inUse--;
@@ -552,7 +641,7 @@ export class ProviderPool {
       this.#leave(w);
       // The one wait rule again at the moment of the grant: a slot is no use to an attempt with no time left.
       if (canWait(now, 0, w.req.deadlineAtMs, w.req.minAttemptMs)) return w;
-      w.expire();
+      w.shed('deadline');
     }
   }
 
@@ -572,3 +661,9 @@ export class ProviderPool {
   }
 }
 
+/** Does waiter `w` (of a client using `use`) go before `other`: its client holds fewer, was served longer ago, or it came first. */
+function goesBefore(use: ClientUse, w: Waiter, otherUse: ClientUse, other: Waiter): boolean {
+  if (use.inUse !== otherUse.inUse) return use.inUse < otherUse.inUse;
+  if (use !== otherUse && use.servedAt !== otherUse.servedAt) return use.servedAt < otherUse.servedAt;
+  return w.seq < other.seq;
+}
