@@ -1,0 +1,74 @@
+// Runs `src/main.ts` as a child process (a pod), for tests of what only a real process shows: SIGKILL, SIGTERM, a
+// start-up that fails. Every child is killed when the test process exits, even after a failed test.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll } from 'vitest';
+import { stringify } from 'yaml';
+
+export interface GatewayProcess {
+  proc: ChildProcess;
+  /** The config file it was started with. */
+  file: string;
+  /** Its exit code (null when a signal ended it). */
+  exited: Promise<number | null>;
+  /** What it wrote on stdout and stderr so far (the log lines, a start-up error). */
+  output: () => string;
+}
+
+const children = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const child of children) child.kill('SIGKILL');
+});
+
+/**
+ * Starts gateway processes for one test file from YAML (text, or an object turned into YAML) in a temp dir of the
+ * file's own, with `env` added to (or, as undefined, taken from) the test's environment; kills what is left afterwards.
+ */
+export function useGatewayProcesses(): (name: string, config: string | object, env?: Record<string, string | undefined>) => GatewayProcess {
+  let dir: string | undefined;
+  afterAll(async () => {
+    await Promise.all(
+      [...children].map(async (child) => {
+        if (child.exitCode !== null || child.signalCode !== null) return;
+        const gone = once(child, 'exit');
+        child.kill('SIGKILL');
+        await gone;
+      }),
+    );
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+  return (name, config, env = {}) => {
+    dir ??= mkdtempSync(join(tmpdir(), 'stormgate-procs-'));
+    const file = join(dir, `${name}.yaml`);
+    writeFileSync(file, typeof config === 'string' ? config : stringify(config));
+    const childEnv: NodeJS.ProcessEnv = { ...process.env };
+    for (const [k, v] of Object.entries(env)) {
+      if (v === undefined) delete childEnv[k];
+      else childEnv[k] = v;
+    }
+    const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.add(proc);
+    proc.once('exit', () => children.delete(proc));
+    let output = '';
+    const keep = (d: Buffer) => (output = (output + d.toString()).slice(-200_000));
+    proc.stdout!.on('data', keep);
+    proc.stderr!.on('data', keep);
+    const exited = once(proc, 'exit').then(([code]) => code as number | null);
+    return { proc, file, exited, output: () => output };
+  };
+}
+
+/** Resolves once the process's /readyz answers 200; fails with its output if it exits or takes longer than `withinMs`. */
+export async function waitReady(g: GatewayProcess, port: number, withinMs = 20_000): Promise<void> {
+  const deadline = Date.now() + withinMs;
+  while (Date.now() < deadline) {
+    if (await fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.ok, () => false)) return;
+    if (g.proc.exitCode !== null) break;
+    await sleep(50);
+  }
+  throw new Error(`gateway on ${port} not ready:\n${g.output()}`);
+}
