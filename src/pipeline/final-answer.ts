@@ -15,7 +15,8 @@ export interface ErrorAnswer {
   body: OpenAIErrorBody;
 }
 
-interface FailureFacts {
+/** What the last failure's answer is built from (not breaker-board.ts's FailureFacts, an attempt's reason for its log line). */
+interface FinalFailure {
   result: AttemptResult;
   cls: Classification;
   retryAfterMs: number | undefined;
@@ -40,7 +41,7 @@ interface FailureFacts {
   proxy?: string;
 }
 
-export function failureAnswer(f: FailureFacts): ErrorAnswer {
+export function failureAnswer(f: FinalFailure): ErrorAnswer {
   const { outcome } = f.result;
   if (outcome.kind === 'http' && OUTCOME_TABLE[f.cls.cls].passThrough) {
     const upstreamHeaders = f.result.headers ? forwardedResponseHeaders(f.result.headers, f.apiKey) : {};
@@ -65,27 +66,31 @@ export function attemptsByTarget(records: ReadonlyArray<{ target: string }>): Ar
   return [...counts];
 }
 
-/** "3 attempts": the attempts on `target`, the one named in the message. */
-function attemptsOn(attempts: FailureFacts['attempts'], target: string): string {
-  const n = attempts.find(([t]) => t === target)?.[1] ?? 0;
+/** "1 attempt", "3 attempts". */
+function attemptCount(n: number): string {
   return `${n} attempt${n === 1 ? '' : 's'}`;
 }
 
-function totalOf(attempts: FailureFacts['attempts']): number {
+/** "3 attempts": the attempts on `target`, the one named in the message. */
+function attemptsOn(attempts: FinalFailure['attempts'], target: string): string {
+  return attemptCount(attempts.find(([t]) => t === target)?.[1] ?? 0);
+}
+
+function totalOf(attempts: FinalFailure['attempts']): number {
   return attempts.reduce((n, [, c]) => n + c, 0);
 }
 
 /** "a 2, b 3": attempts per target. */
-function perTarget(attempts: FailureFacts['attempts']): string {
+function perTarget(attempts: FinalFailure['attempts']): string {
   return attempts.map(([t, c]) => `${t} ${c}`).join(', ');
 }
 
 /** "; 5 attempts in all: a 2, b 3" when other targets were tried too, else nothing. */
-function allAttempts(attempts: FailureFacts['attempts']): string {
+function allAttempts(attempts: FinalFailure['attempts']): string {
   return attempts.length < 2 ? '' : `; ${totalOf(attempts)} attempts in all: ${perTarget(attempts)}`;
 }
 
-function gatewayErrorFor(f: FailureFacts): GatewayError {
+function gatewayErrorFor(f: FinalFailure): GatewayError {
   const tried = attemptsOn(f.attempts, f.target);
   // Why one attempt and no more: a retry budget spent by a fleet-wide failure, not a bug in the retry policy.
   const all = `${allAttempts(f.attempts)}${f.budgetSpent ? '; not retried: the retry budget is spent' : ''}${f.retryShed ? "; not retried: the provider's pool had no slot for a retry before the deadline" : ''}`;
@@ -140,9 +145,8 @@ function gatewayErrorFor(f: FailureFacts): GatewayError {
     case 'bad-stream':
       return new GatewayError('upstream_bad_response', `upstream ${f.target} gave no usable answer after ${tried} (last: ${outcome.detail})${all}`, opts);
     case 'aborted': {
-      const total = totalOf(f.attempts);
       const where = f.attempts.length < 2 ? '' : `; ${perTarget(f.attempts)}`;
-      return new GatewayError('deadline_exceeded', `the request's deadline of ${f.budgetMs} ms passed after ${total} attempt${total === 1 ? '' : 's'} (last target: ${f.target}${where})`, opts);
+      return new GatewayError('deadline_exceeded', `the request's deadline of ${f.budgetMs} ms passed after ${attemptCount(totalOf(f.attempts))} (last target: ${f.target}${where})`, opts);
     }
     case 'ok':
       return new GatewayError('internal_error', 'a successful attempt was treated as a failure', opts);

@@ -396,7 +396,7 @@ export class LiveStream {
     // Once per batch, not per event: the usage chunk the gateway asked for is taken out of the client's events (a
     // batch of none), and the wait for it is over all the same.
     if (this.#progress.finished && !this.#graceArmed && !(shape.usage && this.#usage === undefined) && this.#opts.translate?.usageDue?.() !== true) {
-      // After the last finish only [DONE] is left: do not wait a whole idle period for it.
+      // After the last finish only [DONE] is left: wait afterFinishMs for it (a second; a whole idle period on Azure).
       this.#graceArmed = true;
       clearTimeout(this.#idle);
       this.#idle = this.#armIdle(Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs));

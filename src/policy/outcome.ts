@@ -1,5 +1,5 @@
-// The one outcome table: every upstream outcome maps to what it means for retry (and, as later policies arrive,
-// for the breaker, adaptive limits and hold-offs). A new policy adds a column here, never a branch in the pipeline.
+// The one outcome table: every upstream outcome maps to what it means for retry, the breaker, hold-offs, the adaptive
+// limit and failover (OutcomeRow's columns). A new policy adds a column here, never a branch in the pipeline.
 import type { RetryOn } from '../config/schema.ts';
 import type { WaitHint } from './wait-hint.ts';
 
@@ -83,7 +83,7 @@ interface OutcomeRow {
 export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   success: { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'success', failover: 'next', verdict: false, fallback: 'error', nextFirst: false },
   // A client's mistake says the provider is up and answering.
-  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false }, // only statuses in retryOn (408, 409), never NEVER_RETRY
+  'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false }, // only statuses in retryOn (a 409, say), never NEVER_RETRY
   'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false },
   'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'end', verdict: true, fallback: 'error', nextFirst: false },
   // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
@@ -312,9 +312,9 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   // request for authHoldS. A 401 or 402 is the key or the billing whatever code it names: passed on as a content
   // decision, its body (which can quote the key) reached the client and the backup was never asked.
   if (status !== 401 && status !== 402 && errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
-  // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
   // A refused location is the gateway's deployment, not its key: the reason says so, where status_403 sent the operator to the key.
   if (status === 403 && errorCode === REGION_REFUSED_CODE) return { cls: 'credentials', retryKey: null, reason: REGION_REFUSED_CODE };
+  // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.
   if (status === 401 || status === 402 || status === 403) return { cls: 'credentials', retryKey: null, reason };
   // The reason is the code itself: one of a fixed set, so bounded as a metric label.
   if (status === 429 && errorCode !== null && ACCOUNT_429_CODES.has(errorCode)) return { cls: 'credentials', retryKey: null, reason: errorCode };
@@ -352,7 +352,7 @@ export const UNREACHABLE_CODES: ReadonlySet<string> = new Set(['ECONNREFUSED', '
  * UNSUPPORTED_PROTOCOL) or will not talk to a server that old (no secure renegotiation, a weak DH key). Each comes
  * before a byte of the request is sent, and comes again on every attempt.
  */
-export const TLS_REFUSED_CODES: ReadonlySet<string> = new Set([
+const TLS_REFUSED_CODES: ReadonlySet<string> = new Set([
   'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'DEPTH_ZERO_SELF_SIGNED_CERT',
   'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID', 'ERROR_IN_CERT_NOT_BEFORE_FIELD', 'ERROR_IN_CERT_NOT_AFTER_FIELD',
   'UNABLE_TO_DECRYPT_CERT_SIGNATURE', 'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
@@ -383,7 +383,7 @@ const TRANSIENT_TLS_ALERTS: ReadonlySet<string> = new Set([
 ]);
 
 /** A TLS handshake that fails the same way on every attempt, until a certificate or the config changes. */
-export function refusedTls(code: string): boolean {
+function refusedTls(code: string): boolean {
   return TLS_REFUSED_CODES.has(code) || (TLS_ALERT.test(code) && !TRANSIENT_TLS_ALERTS.has(code));
 }
 

@@ -134,40 +134,7 @@ export class BreakerBoard {
   async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined, facts?: FailureFacts): Promise<void> {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
-    if (probe !== undefined) {
-      // An answer that is the request's own (a flex-tier request's 498, a request over the token limit) says nothing of
-      // the target: no verdict, the permit back at once. Judged inconclusive, it held the fleet's next probe (a
-      // default-tier request parked behind it) off for twice probeWhileParkedMs.
-      if (v === 'ignore-request') {
-        void this.#deps.store.releasePermit(target, probe.permit);
-        return;
-      }
-      // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
-      // on an instance whose view is a moment behind) before the reopen it was to learn from.
-      // A probe whose outcome says nothing of the provider's health (cut short too soon to count, or an answer the
-      // breaker ignores, such as a 429 without a wait hint) is inconclusive: left as it was, the next probe would be
-      // due at once, and the parked requests would each send one, back to back.
-      const inconclusive = v === 'ignore';
-      // A success can be the answer that completes a half-open round with too many failures in it: the round's failure
-      // share reopens the breaker then, not the success (whose line read `breaker open`, probe_succeeded, reason ok).
-      const cause = (from: BreakerRecord, to: BreakerRecord): BreakerCause =>
-        v === 'success' && to.state === 'open'
-          ? { cause: 'probe_failure_rate', failures: from.probeFailures ?? 0, requests: from.probeSuccesses + (from.probeFailures ?? 0) + 1 }
-          : { cause: v === 'failure' ? 'probe_failed' : 'probe_succeeded', ...facts };
-      try {
-        await this.#transition(
-          target,
-          (rec) =>
-            inconclusive
-              ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
-              : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
-          cause,
-        );
-      } finally {
-        void this.#deps.store.releasePermit(target, probe.permit);
-      }
-      return;
-    }
+    if (probe !== undefined) return this.#recordProbe(target, s, v, probe, facts);
     if (v === 'ignore' || v === 'ignore-request') return;
     // A run of failures is counted while the breaker is closed only: stragglers that fail while it is open (sent before
     // it opened) would otherwise reopen it at the first failure after probes closed it.
@@ -185,6 +152,41 @@ export class BreakerBoard {
         failures: seen.failures,
         ...facts,
       });
+    }
+  }
+
+  /** record() for a probe: its verdict moves the half-open breaker, and its permit goes back once that is written. */
+  async #recordProbe(target: string, s: BreakerSettings, v: BreakerVerdict, probe: Probe, facts: FailureFacts | undefined): Promise<void> {
+    // An answer that is the request's own (a flex-tier request's 498, a request over the token limit) says nothing of
+    // the target: no verdict, the permit back at once. Judged inconclusive, it held the fleet's next probe (a
+    // default-tier request parked behind it) off for twice probeWhileParkedMs.
+    if (v === 'ignore-request') {
+      void this.#deps.store.releasePermit(target, probe.permit);
+      return;
+    }
+    // The permit goes back once the probe's verdict is written: given back first, it let the next probe out (here, or
+    // on an instance whose view is a moment behind) before the reopen it was to learn from.
+    // A probe whose outcome says nothing of the provider's health (cut short too soon to count, or an answer the
+    // breaker ignores, such as a 429 without a wait hint) is inconclusive: left as it was, the next probe would be
+    // due at once, and the parked requests would each send one, back to back.
+    const inconclusive = v === 'ignore';
+    // A success can be the answer that completes a half-open round with too many failures in it: the round's failure
+    // share reopens the breaker then, not the success (whose line read `breaker open`, probe_succeeded, reason ok).
+    const cause = (from: BreakerRecord, to: BreakerRecord): BreakerCause =>
+      v === 'success' && to.state === 'open'
+        ? { cause: 'probe_failure_rate', failures: from.probeFailures ?? 0, requests: from.probeSuccesses + (from.probeFailures ?? 0) + 1 }
+        : { cause: v === 'failure' ? 'probe_failed' : 'probe_succeeded', ...facts };
+    try {
+      await this.#transition(
+        target,
+        (rec) =>
+          inconclusive
+            ? afterInconclusiveProbe(rec, s, this.#deps.now(), probe.spellSinceMs, probe.spellState)
+            : afterProbe(rec, v, s, this.#deps.now(), this.#deps.random, probe.spellSinceMs, probe.spellState),
+        cause,
+      );
+    } finally {
+      void this.#deps.store.releasePermit(target, probe.permit);
     }
   }
 

@@ -40,8 +40,8 @@ const FLEX_SUFFIX = '#flex';
  * names the right reason to the requests it turns away.
  */
 const LOCATION_SUFFIX = '#location';
-/** The credential hold's reason a LOCATION_SUFFIX key stands for (policy/outcome.ts REGION_REFUSED_CODE). */
-const LOCATION_REASON = 'unsupported_country_region_territory';
+/** The credential hold's reason a LOCATION_SUFFIX key stands for: the classification's reason for a refused location. */
+const LOCATION_REASON = REGION_REFUSED_CODE;
 
 /** The hold-off key of a target's flex service tier (`<target>#flex`), which its requests park under too. */
 export function flexTierKey(target: string): string {
@@ -161,6 +161,7 @@ export class HoldOffs {
     return this.#until(flexTierKey(target));
   }
 
+  /** When the hold under this state key ends, if it is still in force. */
   #until(key: string): number | undefined {
     const until = this.store.getHoldOff(key);
     return until !== undefined && until > this.now() ? until : undefined;
@@ -203,8 +204,7 @@ export class HoldOffs {
 
   /** When the target's credential hold ends, if it is still in force. */
   credentialsHeldUntil(target: string): number | undefined {
-    const until = this.store.getHoldOff(target + CREDENTIALS_SUFFIX);
-    return until !== undefined && until > this.now() ? until : undefined;
+    return this.#until(target + CREDENTIALS_SUFFIX);
   }
 
   /**

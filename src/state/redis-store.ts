@@ -9,6 +9,7 @@
 // clocks may disagree by seconds or minutes. Its parts, each in its own file: connection health, the subscriber, the
 // clock reader, retry budgets, idempotency keys.
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
@@ -132,7 +133,7 @@ export class RedisStore implements StateStore {
     const until = Date.now() + timeoutMs;
     while (!(this.#client.status === 'ready' && this.#clockReader.done && this.#subscriber.subscribed && !this.#health.misconfigured)) {
       if (this.#health.closed || this.#health.misconfigured || Date.now() >= until) return false;
-      await new Promise((resolve) => setTimeout(resolve, 10));
+      await sleep(10);
     }
     return true;
   }
@@ -192,16 +193,8 @@ export class RedisStore implements StateStore {
         c.sgTakePermit(key, this.#keys.breaker(target), this.#clock.toFleet(nowMs), max, this.#clock.toFleet(nowMs) + ttlMs, ttl, id, generation ?? '').then(
           (taken) => {
             if (taken !== 0) return taken;
-            // The fleet's record is not the one this instance judged by. Usually its message is on the way; but where
-            // this instance's own write never reached Redis (a command lost with a Cluster master that failed over,
-            // too few timeouts in a row to go degraded), its view moved alone, no message or reconnect ever corrects
-            // it, and every probe was refused: the breaker stayed open for good on this instance alone. A re-read
-            // settles it by the reconnect's rule (what it opened alone and still holds open is written back).
-            // One re-read per target at a time: every request of a half-open window is refused alike.
-            if (!this.#reconciling.has(target)) {
-              this.#reconciling.add(target);
-              void this.refresh([target]).finally(() => this.#reconciling.delete(target));
-            }
+            // 0: the fleet's breaker record is not the generation this instance judged by.
+            this.#reconcile(target);
             return null;
           },
           (err: unknown) => {
@@ -398,6 +391,20 @@ export class RedisStore implements StateStore {
   #dropPermit(key: string, permitId: string): void {
     if (this.#health.closed || this.#health.misconfigured || this.#client.status !== 'ready') return;
     this.#client.zrem(key, permitId).catch(() => undefined);
+  }
+
+  /**
+   * Re-reads a target whose breaker record in Redis is not the one this instance judged by. Usually the fleet's message
+   * is on the way; but where this instance's own write never reached Redis (a command lost with a Cluster master that
+   * failed over, too few timeouts in a row to go degraded), its view moved alone, no message or reconnect ever corrects
+   * it, and every probe was refused: the breaker stayed open for good on this instance alone. A re-read settles it by
+   * the reconnect's rule (what it opened alone and still holds open is written back). One re-read per target at a
+   * time: every request of a half-open window is refused alike.
+   */
+  #reconcile(target: string): void {
+    if (this.#reconciling.has(target)) return;
+    this.#reconciling.add(target);
+    void this.refresh([target]).finally(() => this.#reconciling.delete(target));
   }
 
   /** The CAS script; applies the result to the cache (our record on success, the stored one on failure). */

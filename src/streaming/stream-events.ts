@@ -1,5 +1,6 @@
 // What one SSE event means for the gateway, per API: does it carry output (so the first-token timer stops and
-// headers may go to the client), does it end the answer, is it broken?
+// headers may go to the client), does it end the answer, is it broken? And the events the gateway writes itself: an
+// upstream error event in the shape the SDKs raise, the error that ends a broken stream, a missing end.
 import type { ApiKind } from '../routing/router.ts';
 import type { SseEvent } from './sse-parser.ts';
 import { stringOrNull } from '../errors.ts';
@@ -65,7 +66,7 @@ export function cutShort(api: ApiKind, ev: SseEvent): { left: SseEvent | undefin
   const rest = { ...chunk, choices };
   const data = JSON.stringify(rest);
   const carries = choicesMeaning(rest) !== 'keepalive' || present(chunk.usage);
-  return { left: carries ? { raw: `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}`, data, event: ev.event } : undefined, why: ABORTED_MESSAGE };
+  return { left: carries ? { raw: framed(ev.event, data), data, event: ev.event } : undefined, why: ABORTED_MESSAGE };
 }
 
 /**
@@ -122,7 +123,7 @@ function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMe
     case 'message_stop':
       return 'done';
     case 'message_delta':
-      return ev.delta?.stop_reason !== null && ev.delta?.stop_reason !== undefined ? 'finish' : 'keepalive';
+      return present(ev.delta?.stop_reason) ? 'finish' : 'keepalive';
     case 'content_block_start': {
       const block = ev.content_block;
       if (block?.type === 'text') return nonEmpty(block.text) ? 'output' : 'keepalive';
@@ -143,7 +144,7 @@ function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMe
 }
 
 function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMeaning {
-  if (chunk.error !== undefined && chunk.error !== null) return 'error';
+  if (present(chunk.error)) return 'error';
   if (!Array.isArray(chunk.choices)) return 'keepalive';
   if (aborted(chunk)) return 'error';
   let meaning: EventMeaning = 'keepalive';
@@ -240,7 +241,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
   } catch {
     parsed = undefined;
   }
-  if (parsed && typeof parsed === 'object' && parsed.error !== undefined && parsed.error !== null) {
+  if (parsed && typeof parsed === 'object' && present(parsed.error)) {
     // A bare string (`{"error": "model crashed"}`, as some compatible servers send it): the SDKs would raise it with
     // no code nor type, and its JSON-quoted text as the message.
     if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error', nextSequence);
@@ -297,10 +298,15 @@ const numbered = (sequence: number | undefined) => (sequence === undefined ? {} 
  */
 function typedErrorEvent(ev: SseEvent, parsed: { error?: unknown }): string {
   const e = parsed.error as { code?: unknown; param?: unknown };
-  const mistyped = (v: unknown) => v !== undefined && v !== null && typeof v !== 'string';
+  const mistyped = (v: unknown) => present(v) && typeof v !== 'string';
   if (typeof e !== 'object' || !(mistyped(e.code) || mistyped(e.param))) return `${ev.raw}\n\n`;
   const data = JSON.stringify({ ...parsed, error: { ...e, code: stringOrNull(e.code), param: stringOrNull(e.param) } });
-  return `${ev.event === null ? '' : `event: ${ev.event}\n`}data: ${data}\n\n`;
+  return `${framed(ev.event, data)}\n\n`;
+}
+
+/** An event's `event:` line (when it has a name) and its `data:` line, as an SseEvent's `raw` holds them. */
+function framed(event: string | null, data: string): string {
+  return `${event === null ? '' : `event: ${event}\n`}data: ${data}`;
 }
 
 export interface UpstreamStreamError {
