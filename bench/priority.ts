@@ -2,12 +2,14 @@
 // to a batch flood of ten times the capacity in flight, through one gateway whose pool is set above the provider's
 // real capacity: the adaptive limit has to find it from the 429s, and the priority classes have to keep online fast
 // while batch gets what online leaves. Writes bench/results/priority.{md,json}.
-//   npm run bench:priority -- [--strict] [--quick] [--latency-jitter-ms N] [--poisson]
+//   npm run bench:priority -- [--strict] [--quick] [--latency-jitter-ms N] [--poisson] [--tenants]
 // Exits 0 even when a target is missed (the table says so), unless --strict is given. --quick: a 40 s smoke test of the
 // bench itself, too short for the figures to mean anything; its report goes to $TMPDIR/stormgate-bench/priority/.
 // --latency-jitter-ms N: the provider adds a uniform 0..N ms to each answer; the report goes to
 // bench/results/priority.jitter.{md,json}, so the issue's run (a steady 200 ms) keeps its own files. --poisson: online
 // requests arrive with exponential gaps (seeded) instead of evenly spaced; the report goes to priority[.jitter].poisson.*.
+// --tenants: the flood is another tenant's (its own client key) in online's class, not batch: the fair share between a
+// class's clients keeps online fast, not the classes; the report goes to priority.tenants[...].*.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
@@ -22,7 +24,7 @@ import { checks, runFigures, timeline, windowsOf, type Timeline } from './priori
 import { scanGatewayLog } from './priority/gateway-log.ts';
 import { checksTable, writePriorityReport, type CpuFigures } from './priority/report.ts';
 import { startSampler } from './priority/sampler.ts';
-import { gatewayConfig, SETTINGS } from './priority/settings.ts';
+import { floodHeaders, gatewayConfig, SETTINGS, TENANT_KEYS } from './priority/settings.ts';
 import { batchClosedLoop, epochMs, onlineOpenLoop } from './priority/traffic.ts';
 
 const RESULTS_DIR = 'bench/results';
@@ -52,7 +54,7 @@ async function warmUp(url: string): Promise<void> {
       Array.from({ length: 20 }, async (_, i) => {
         const res = await request(`${url}/v1/chat/completions`, {
           method: 'POST',
-          headers: { 'content-type': 'application/json', authorization: 'Bearer sk-bench', ...(i % 2 === 1 && { 'x-stormgate-priority': 'batch' }) },
+          headers: { 'content-type': 'application/json', ...(i % 2 === 1 ? floodHeaders() : { authorization: `Bearer ${TENANT_KEYS.online}` }) },
           body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'warm-up' }] }),
         });
         const text = await res.body.text();
@@ -89,12 +91,13 @@ function cpuBetween(a: CpuMark, b: CpuMark): { other: number | undefined; cores:
 
 async function main(): Promise<number> {
   const { values } = parseArgs({
-    options: { strict: { type: 'boolean', default: false }, quick: { type: 'boolean', default: false }, 'latency-jitter-ms': { type: 'string' }, poisson: { type: 'boolean', default: false } },
+    options: { strict: { type: 'boolean', default: false }, quick: { type: 'boolean', default: false }, 'latency-jitter-ms': { type: 'string' }, poisson: { type: 'boolean', default: false }, tenants: { type: 'boolean', default: false } },
     strict: true,
   });
   const jitterMs = values['latency-jitter-ms'] === undefined ? 0 : Number(values['latency-jitter-ms']);
   if (!Number.isFinite(jitterMs) || jitterMs < 0) throw new Error(`--latency-jitter-ms wants a number of ms >= 0, got ${values['latency-jitter-ms']}`);
   if (values.poisson) SETTINGS.online.arrivals = 'poisson';
+  SETTINGS.tenants = values.tenants;
   if (jitterMs > 0) {
     SETTINGS.faults.latencyJitterMs = jitterMs;
     SETTINGS.capacityRps = SETTINGS.faults.capacity / ((SETTINGS.faults.latencyMs + jitterMs / 2) / 1000);
@@ -154,7 +157,7 @@ async function main(): Promise<number> {
     const figures = runFigures(t, online.records, batch.records, stats.perSecond, onlineHandlerMs);
     const result = checks(figures);
     const outDir = values.quick ? WORK_DIR : RESULTS_DIR;
-    const file = `priority${jitterMs > 0 ? '.jitter' : ''}${values.poisson ? '.poisson' : ''}`;
+    const file = `priority${values.tenants ? '.tenants' : ''}${jitterMs > 0 ? '.jitter' : ''}${values.poisson ? '.poisson' : ''}`;
     writePriorityReport(join(outDir, `${file}.md`), join(outDir, `${file}.json`), {
       date: new Date().toISOString(),
       node: process.version,

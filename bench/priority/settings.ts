@@ -59,8 +59,21 @@ export const SETTINGS = {
     upstream429: 0.01,
   },
   retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter' as const, baseMs: 25, capMs: 250 } },
+  /**
+   * `--tenants`: the flood is another tenant's, in online's own class (no x-stormgate-priority), each tenant with its
+   * client key: the fair share between a class's clients, not the classes, keeps online fast.
+   */
+  tenants: false,
   metricsEveryMs: 1_000,
 };
+
+/** The keys online and batch traffic send (checked only with `--tenants`, where they are the tenants' client keys). */
+export const TENANT_KEYS = { online: 'sk-tenant-online', batch: 'sk-tenant-flood' };
+
+/** The headers of the flood's requests: the batch class, or with `--tenants` another tenant in online's class. */
+export function floodHeaders(): Record<string, string> {
+  return SETTINGS.tenants ? { authorization: `Bearer ${TENANT_KEYS.batch}` } : { authorization: `Bearer ${TENANT_KEYS.batch}`, 'x-stormgate-priority': 'batch' };
+}
 
 /**
  * The gateway's config: the mock as its one provider with the default priority classes (online minShare 0.5, batch
@@ -70,6 +83,7 @@ export const SETTINGS = {
  */
 export function gatewayConfig(port: number, mockUrl: string): string {
   const r = SETTINGS.retry;
+  const auth = SETTINGS.tenants ? `auth: { keys: { online: ${TENANT_KEYS.online}, flood: ${TENANT_KEYS.batch} } }\n` : '';
   return `# Written by bench/priority.ts for one run; overwritten by the next.
 server: { host: 127.0.0.1, port: ${port}, logLevel: info }
 providers:
@@ -92,5 +106,5 @@ routes:
       backoff: { strategy: ${r.backoff.strategy}, baseMs: ${r.backoff.baseMs}, capMs: ${r.backoff.capMs} }
 # The bench stops the gateway with SIGTERM: no load balancer to wait for, so no pre-stop pause.
 drain: { preStopMs: 0, graceMs: 2000 }
-`;
+${auth}`;
 }

@@ -7,6 +7,7 @@ import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'undici';
 import { seededRandom } from '../../src/policy/random.ts';
+import { floodHeaders, TENANT_KEYS } from './settings.ts';
 
 const PATH = '/v1/chat/completions';
 const BODY = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
@@ -103,7 +104,7 @@ function arrivalTimes(o: Pick<OnlineOptions, 'rate' | 'startAt' | 'endAt' | 'arr
 /** Starts the open loop; resolves when every request it sent has been answered (or given up on by the client). */
 export async function onlineOpenLoop(o: OnlineOptions): Promise<OnlineResult> {
   const pool = new Pool(o.url, { connections: o.connections, pipelining: 1 });
-  const headers = { 'content-type': 'application/json', authorization: 'Bearer sk-bench', 'x-stormgate-timeout-ms': String(o.timeoutMs) };
+  const headers = { 'content-type': 'application/json', authorization: `Bearer ${TENANT_KEYS.online}`, 'x-stormgate-timeout-ms': String(o.timeoutMs) };
   const schedule = arrivalTimes(o);
   const total = schedule.length;
   const records: OnlineRecord[] = [];
@@ -158,8 +159,7 @@ export async function batchClosedLoop(o: BatchOptions): Promise<BatchResult> {
   const pool = new Pool(o.url, { connections: o.clients, pipelining: 1 });
   const headers = {
     'content-type': 'application/json',
-    authorization: 'Bearer sk-bench',
-    'x-stormgate-priority': 'batch',
+    ...floodHeaders(),
     'x-stormgate-timeout-ms': String(o.timeoutMs),
   };
   const records: BatchRecord[] = [];
