@@ -4,7 +4,9 @@
 // parked traffic), so the recovery is not a new storm. While the target is unavailable nothing parked is sent, except
 // the breaker's probes. The requests parked when a target comes back leave spread over a short window (a fifth of how
 // long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
-// at T.
+// at T. Within a class, the clients (auth.keys) take turns: the one with the fewest of its released requests still out
+// goes first, then deadline order, so a tenant that flooded the lot during an outage is not all released before
+// another tenant's requests after it.
 // A target's flex service tier (TargetPlan.holdOffKey) parks under a key of its own, for the hold-off that holds that
 // tier alone, but in its target's queue: one order and one limit for everything released to the target. Kept apart,
 // each tier's queue was paced to the limit, and twice the limit left for the target when a target-wide hold-off ended.
@@ -64,6 +66,8 @@ interface ParkOptions {
   bodyBytes?: number;
   /** Its class is its pool's lowest (batch): its body may fill only half of server.maxWaitingBodyBytes. */
   lowestClass?: boolean;
+  /** The client's key (auth.keys): the clients of a class take turns (unnamed: one client). */
+  client?: string | undefined;
 }
 
 interface ParkingLotDeps {
@@ -83,6 +87,7 @@ interface Entry {
   key: string;
   tier: Tier;
   cls: number;
+  client: LotClient;
   deadlineAtMs: number;
   /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
   cutoffMs: number;
@@ -102,6 +107,17 @@ interface Tier {
   state: TargetState;
 }
 
+/** A client's part of a target's queue: what its turn goes by. */
+interface LotClient {
+  name: string;
+  /** Its requests parked, per class. */
+  parked: number[];
+  /** Its requests released and not yet done. */
+  out: number;
+  /** When it last had one released (the queue's count of releases): of clients with as many out, the longest unserved goes. */
+  servedAt: number;
+}
+
 /** A target's queue: the requests parked for it under any of its keys, in one order, released under one limit. */
 interface Queue {
   /** By class, then deadline, whatever key they parked under. */
@@ -114,6 +130,9 @@ interface Queue {
   streamingByClass: number[];
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
+  /** Clients with a request parked or out. */
+  clients: Map<string, LotClient>;
+  releases: number;
 }
 
 const NO_TIMER = Number.POSITIVE_INFINITY;
@@ -159,6 +178,7 @@ export class ParkingLot {
     const target = targetOfHoldOffKey(key);
     const q = this.#queue(target);
     const tier = this.#tier(q, key);
+    const client = lotClient(q, opts.client ?? '');
     // It parks behind the release windows of the requests it queues behind (waiting()): its own key's and its target's.
     const windowEndMs = Math.max(tier.spreadUntilMs, q.tiers.get(target)?.spreadUntilMs ?? 0);
     return new Promise<ParkResult>((resolve) => {
@@ -169,6 +189,7 @@ export class ParkingLot {
         key,
         tier,
         cls: opts.cls ?? 0,
+        client,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
         notBeforeMs: notBefore(windowEndMs > this.#deps.now() ? Math.min(windowEndMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
@@ -193,6 +214,7 @@ export class ParkingLot {
       waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
       tier.parked++;
+      client.parked[entry.cls] = (client.parked[entry.cls] ?? 0) + 1;
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
       this.#deps.onParkedChange?.(opts.route, 1);
       this.#pump(target, q);
@@ -236,7 +258,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER }));
+    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, clients: new Map(), releases: 0 }));
     return q;
   }
 
@@ -289,27 +311,33 @@ export class ParkingLot {
       }
       const state = entry.tier.state;
       // Held by its key's own hold-off (a flex tier's): it holds back nobody parked under another key.
-      if (state.mode === 'blocked' || (entry.notBeforeMs !== undefined && entry.notBeforeMs > now)) {
+      if (!inItsWindow(entry, now)) {
         if (state.mode !== 'blocked') next = Math.min(next, entry.notBeforeMs!);
         i++;
         continue;
       }
       // Entries are in class order: one that may not go now (its class and the higher ones have `limit` out, whatever
       // key they parked under) holds back every one after it.
-      // While probing, the slots are the breaker's probes: a stream begun is no probe any more.
-      if (inflightUpTo(q, entry.cls, state.mode === 'probing') >= state.slots) break;
-      takeOut(q, i);
+      if (!hasSlot(q, entry)) break;
+      // The class's turn may be another client's (a later entry, which may go as well): the entry at i then waits on.
+      const j = turnAt(q, i, now);
+      const released = q.entries[j]!;
+      const { cls, client } = released;
+      client.out++;
+      client.servedAt = q.releases++;
+      takeOut(q, j);
       q.inflight++;
-      q.inflightByClass[entry.cls] = (q.inflightByClass[entry.cls] ?? 0) + 1;
-      const cls = entry.cls;
+      q.inflightByClass[cls] = (q.inflightByClass[cls] ?? 0) + 1;
       let reported = false;
       let streaming = false;
-      entry.settle({
+      released.settle({
         kind: 'released',
         ticket: {
           done: () => {
             if (reported) return;
             reported = true;
+            client.out--;
+            forgetIdle(q, client);
             q.inflight--;
             q.inflightByClass[cls]!--;
             if (streaming) q.streamingByClass[cls]!--;
@@ -376,6 +404,59 @@ export class ParkingLot {
 function takeOut(q: Queue, i: number): void {
   const [entry] = q.entries.splice(i, 1);
   if (--entry!.tier.parked === 0) entry!.tier.blockedSinceMs = undefined;
+  entry!.client.parked[entry!.cls]!--;
+  forgetIdle(q, entry!.client);
+}
+
+function lotClient(q: Queue, name: string): LotClient {
+  let c = q.clients.get(name);
+  if (!c) q.clients.set(name, (c = { name, parked: [], out: 0, servedAt: -1 }));
+  return c;
+}
+
+/** A client's entry goes once nothing of it is parked or out: client names come and go with the keys in use. */
+function forgetIdle(q: Queue, c: LotClient): void {
+  if (c.out === 0 && c.parked.every((n) => n === 0)) q.clients.delete(c.name);
+}
+
+/** May the entry leave now, by its key's state and its moment in the release window? */
+function inItsWindow(e: Entry, now: number): boolean {
+  return e.tier.state.mode !== 'blocked' && (e.notBeforeMs === undefined || e.notBeforeMs <= now);
+}
+
+/**
+ * Is there a slot for the entry: fewer of its class and the higher ones out than its key's state allows? While
+ * probing, the slots are the breaker's probes: a stream begun is no probe any more.
+ */
+function hasSlot(q: Queue, e: Entry): boolean {
+  const { state } = e.tier;
+  return state.mode !== 'blocked' && inflightUpTo(q, e.cls, state.mode === 'probing') < state.slots;
+}
+
+/**
+ * The entry whose turn it is, from the i-th (which may go now) on: of the entries of its class that may go now, the
+ * earliest-deadline one of the client with the fewest released requests out (of those, the one served longest ago).
+ * With one client in the class (no auth.keys), the i-th; with more, the scan ends once each has shown its first.
+ */
+function turnAt(q: Queue, i: number, now: number): number {
+  const first = q.entries[i]!;
+  let clients = 0;
+  for (const c of q.clients.values()) if ((c.parked[first.cls] ?? 0) > 0) clients++;
+  let best = i;
+  const seen = new Set<LotClient>([first.client]);
+  for (let j = i + 1; j < q.entries.length && seen.size < clients; j++) {
+    const e = q.entries[j]!;
+    if (e.cls !== first.cls) break;
+    if (seen.has(e.client) || now >= e.cutoffMs || !inItsWindow(e, now) || !hasSlot(q, e)) continue;
+    seen.add(e.client);
+    if (goesBefore(e.client, q.entries[best]!.client)) best = j;
+  }
+  return best;
+}
+
+/** Does client `a` take its turn before `b`: fewer released requests out, or as many and served longer ago? */
+function goesBefore(a: LotClient, b: LotClient): boolean {
+  return a.out !== b.out ? a.out < b.out : a.servedAt < b.servedAt;
 }
 
 /** The later of two moments an entry may not leave before, either unset. */

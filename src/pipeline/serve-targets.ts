@@ -284,6 +284,7 @@ export async function serveTargets(
       maxWaitMs: park.maxWaitMs === undefined ? undefined : Math.max(0, park.maxWaitMs - parkedMs),
       minAttemptMs: ctx.route.config.minAttemptMs,
       cls: first.plan.cls,
+      client: ctx.client,
       ...(ctx.bodyBytes !== undefined && { bodyBytes: ctx.bodyBytes, lowestClass: first.plan.cls > 0 && first.plan.lowestClass }),
       // A target that is probing may still have no permit for this request (others hold them, here or on another
       // instance): it waits for them rather than be released at once, refused, and parked again in a loop.

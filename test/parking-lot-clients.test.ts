@@ -1,0 +1,145 @@
+// The parking lot's turns between clients (auth.keys), on a fake clock: within a class, a parked request of the client
+// with the fewest released still out goes first (then the one served longest ago), then deadline order; classes and
+// the slots still come first; requests of no client keep the deadline order.
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { ParkingLot, type Ticket, type TargetState } from '../src/pipeline/parking-lot.ts';
+
+let state: TargetState;
+let lot: ParkingLot;
+
+beforeEach(() => {
+  vi.useFakeTimers({ now: 0 });
+  state = { mode: 'blocked', availableAtMs: 1_000 };
+  lot = new ParkingLot({ now: () => Date.now(), random: () => 0, stateOf: () => state });
+});
+afterEach(() => {
+  lot.close();
+  vi.useRealTimers();
+});
+
+const opts = (client: string | undefined, deadlineAtMs: number, cls = 0) => ({ route: 'chat', deadlineAtMs, signal: new AbortController().signal, maxQueue: 1_000, maxWaitMs: undefined, minAttemptMs: 0, cls, client });
+
+/** Parks `label`ed requests; records the order of release and keeps the tickets, in `out`, to end them one by one. */
+function park(order: string[], out: Ticket[], label: string, client: string | undefined, deadlineAtMs: number, cls = 0): void {
+  void lot.park('t', opts(client, deadlineAtMs, cls)).then((r) => {
+    if (r.kind !== 'released') return;
+    order.push(label);
+    out.push(r.ticket);
+  });
+}
+
+async function endOne(out: Ticket[]): Promise<void> {
+  out.shift()!.done();
+  await vi.advanceTimersByTimeAsync(0);
+}
+
+describe('the parking lot, between clients', () => {
+  it("releases a quiet client's request beside a flood parked before it, not after all of it", async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    for (let i = 0; i < 6; i++) park(order, out, `flood${i}`, 'flood', 10_000 + i);
+    park(order, out, 'quiet0', 'quiet', 20_000);
+    park(order, out, 'quiet1', 'quiet', 20_001);
+    state = { mode: 'available', slots: 2 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    // Two slots: the earliest deadline first, then the client with none out.
+    expect(order).toEqual(['flood0', 'quiet0']);
+    await endOne(out); // flood0's: flood 0 out, quiet 1
+    expect(order.at(-1)).toBe('flood1');
+    await endOne(out); // quiet0's: quiet 0 out, flood 1
+    expect(order.at(-1)).toBe('quiet1');
+    for (let i = 0; i < 5; i++) await endOne(out);
+    expect(order).toEqual(['flood0', 'quiet0', 'flood1', 'quiet1', 'flood2', 'flood3', 'flood4', 'flood5']);
+  });
+
+  it('takes turns between clients with as many out, longest served ago first', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    for (let i = 0; i < 3; i++) park(order, out, `a${i}`, 'a', 10_000 + i);
+    for (let i = 0; i < 3; i++) park(order, out, `b${i}`, 'b', 20_000 + i);
+    state = { mode: 'available', slots: 1 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (let i = 0; i < 5; i++) await endOne(out);
+    expect(order).toEqual(['a0', 'b0', 'a1', 'b1', 'a2', 'b2']);
+  });
+
+  it('goes by released requests out before turns: a client with two out waits for one with one, though served earlier', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    state = { mode: 'available', slots: 3 };
+    park(order, out, 'b0', 'b', 10_000);
+    park(order, out, 'b1', 'b', 10_001);
+    park(order, out, 'a0', 'a', 10_002);
+    await vi.advanceTimersByTimeAsync(0);
+    park(order, out, 'b2', 'b', 11_000);
+    park(order, out, 'a1', 'a', 12_000);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(order).toEqual(['b0', 'b1', 'a0']);
+    // a0 ends: a has none out, b two. a's turn, though b was served longer ago and b2's deadline is earlier.
+    out.splice(2, 1)[0]!.done();
+    await vi.advanceTimersByTimeAsync(0);
+    expect(order.at(-1)).toBe('a1');
+  });
+
+  it('keeps the deadline order for requests of no client', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    for (const d of [5_000, 3_000, 4_000, 6_000]) park(order, out, `d${d}`, undefined, d);
+    state = { mode: 'available', slots: 1 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (let i = 0; i < 3; i++) await endOne(out);
+    expect(order).toEqual(['d3000', 'd4000', 'd5000', 'd6000']);
+  });
+
+  it('lets a higher class go first, whatever the clients hold', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    park(order, out, 'batch-quiet', 'quiet', 5_000, 1);
+    park(order, out, 'online-flood0', 'flood', 9_000, 0);
+    park(order, out, 'online-flood1', 'flood', 9_001, 0);
+    state = { mode: 'available', slots: 1 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (let i = 0; i < 2; i++) await endOne(out);
+    expect(order).toEqual(['online-flood0', 'online-flood1', 'batch-quiet']);
+  });
+
+  it('passes over a client whose request may not go yet (the probe permits out until later), for one that may', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    state = { mode: 'available', slots: 1 };
+    park(order, out, 'flood0', 'flood', 10_000);
+    park(order, out, 'flood1', 'flood', 10_001);
+    // Not released before 3 s, its turn or not (SlotRequest's notBeforeMs: the probe permits are out until then).
+    void lot.park('t', { ...opts('quiet', 20_000), notBeforeMs: 3_000 }).then((r) => {
+      if (r.kind === 'released') (order.push('quiet-later'), out.push(r.ticket));
+    });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(order).toEqual(['flood0']);
+    await endOne(out);
+    expect(order).toEqual(['flood0', 'flood1']);
+    await vi.advanceTimersByTimeAsync(3_000);
+    await endOne(out);
+    expect(order).toEqual(['flood0', 'flood1', 'quiet-later']);
+  });
+
+  it('forgets a client once nothing of it is parked or out, and counts one that comes back afresh', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    park(order, out, 'gone0', 'gone', 5_000);
+    state = { mode: 'available', slots: 1 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    await endOne(out);
+    // 'gone' holds nothing now: parked again, it and another client take turns from even.
+    state = { mode: 'blocked', availableAtMs: 2_000 };
+    lot.notify('t');
+    park(order, out, 'other0', 'other', 6_000);
+    park(order, out, 'gone1', 'gone', 5_500);
+    park(order, out, 'other1', 'other', 8_000);
+    state = { mode: 'available', slots: 1 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (let i = 0; i < 2; i++) await endOne(out);
+    // Neither has been served since: the earliest deadline goes first (remembered, gone's release at 1 s would have put
+    // other first).
+    expect(order).toEqual(['gone0', 'gone1', 'other0', 'other1']);
+  });
+});
