@@ -95,7 +95,10 @@ interface Waiter {
 interface ClientUse {
   inUse: number;
   waiting: number;
-  /** When it was last given a slot (the pool's count of grants): of clients holding as many, the longest unserved goes. */
+  /**
+   * When it was last given a slot (the pool's count of grants; a client that comes, just before the latest): of clients
+   * holding as many, the longest unserved goes.
+   */
   servedAt: number;
 }
 
@@ -232,11 +235,11 @@ export class ProviderPool {
     if (displaced === null) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
     if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
-    // The bytes of the one it displaces are given back first: it leaves the queue either way.
-    if (displaced && this.#leave(displaced)) displaced.shed('queue_full');
     const bytes = req.bodyBytes ?? 0;
     if (req.released) this.bodies?.add(bytes);
-    else if (this.bodies && !this.bodies.take(bytes, req.cls > 0 && req.cls === this.settings.classes.length - 1)) return this.#shed(cls.name, 'body_bytes', expectedWaitMs);
+    else if (this.bodies && !this.#takeBytes(bytes, req.cls, displaced)) return this.#shed(cls.name, 'body_bytes', expectedWaitMs);
+    // Only once the newcomer waits: one whose body does not fit took no one's place.
+    if (displaced && this.#leave(displaced)) displaced.shed('queue_full');
     return new Promise<Acquired>((resolve) => {
       // Still waiting when less than minAttemptMs is left: shed then, while the client still waits for an answer,
       // rather than hold the request until its deadline and a 504.
@@ -457,7 +460,10 @@ export class ProviderPool {
   #clientUse(cls: number, client: string): ClientUse {
     const clients = this.#clients[cls]!;
     let use = clients.get(client);
-    if (!use) clients.set(client, (use = { inUse: 0, waiting: 0, servedAt: -1 }));
+    // A client that comes (or comes back, forgotten) counts as served just before the latest grant: after every client
+    // served earlier, before the one just served. As never served, clients served moments ago and forgotten between
+    // their requests went before one that kept a queue, every time: its turn never came.
+    if (!use) clients.set(client, (use = { inUse: 0, waiting: 0, servedAt: this.#grants - 0.5 }));
     return use;
   }
 
@@ -475,15 +481,32 @@ export class ProviderPool {
   #displaced(req: SlotRequest): Waiter | null {
     const client = req.client ?? NO_CLIENT;
     const own = this.#clients[req.cls]!.get(client)?.waiting ?? 0;
-    let fullest: string | undefined;
-    let most = own + 1;
-    for (const [name, use] of this.#clients[req.cls]!) {
-      if (use.waiting > most) [fullest, most] = [name, use.waiting];
+    // Fullest first; one whose waiters the parking lot all released has no place to give, the next may.
+    const fuller = [...this.#clients[req.cls]!].filter(([, use]) => use.waiting > own + 1).sort((a, b) => b[1].waiting - a[1].waiting);
+    for (const [name] of fuller) {
+      const newest = this.#newestOf(req.cls, name);
+      if (newest) return newest;
     }
-    if (fullest === undefined) return null;
+    return null;
+  }
+
+  /**
+   * Counts a newcomer's body against server.maxWaitingBodyBytes, with the body of the waiter it displaces given back
+   * first (it leaves the queue if the newcomer waits); false, counting nothing, when it does not fit.
+   */
+  #takeBytes(bytes: number, cls: number, displaced: Waiter | undefined): boolean {
+    const freed = displaced?.req.bodyBytes ?? 0;
+    this.bodies!.give(freed);
+    const fits = this.bodies!.take(bytes, cls > 0 && cls === this.settings.classes.length - 1);
+    this.bodies!.add(freed);
+    return fits;
+  }
+
+  /** A client's newest waiter of the class that the parking lot did not release. */
+  #newestOf(cls: number, client: string): Waiter | undefined {
     let newest: Waiter | undefined;
-    for (const lane of this.#lanes[req.cls]!.values()) {
-      if (lane.client !== fullest) continue;
+    for (const lane of this.#lanes[cls]!.values()) {
+      if (lane.client !== client) continue;
       for (let i = lane.waiters.length - 1; i >= lane.head; i--) {
         const w = lane.waiters[i]!;
         if (newest !== undefined && w.seq < newest.seq) break;
@@ -493,7 +516,7 @@ export class ProviderPool {
         }
       }
     }
-    return newest ?? null;
+    return newest;
   }
 
   /** Takes a waiter out of its lane (granted, expired or aborted); false when it was out already. */
@@ -532,6 +555,8 @@ export class ProviderPool {
    * slots as one whose answers take a second.
    */
   #first(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
+    // A full pool admits no one (#admissible): with a lane per client and target, the look was a scan of thousands.
+    if (this.#inUse >= this.#capacity) return undefined;
     let first: Waiter | undefined;
     let firstUse: ClientUse | undefined;
     const clients = this.#clients[cls]!;
@@ -565,7 +590,7 @@ export class ProviderPool {
     const client = req.client ?? NO_CLIENT;
     const use = this.#clientUse(req.cls, client);
     use.inUse++;
-    use.servedAt = this.#grants++;
+    use.servedAt = ++this.#grants;
     this.#inUse++;
     this.#inUseByClass[req.cls]!++;
     this.#notePeak(req.cls);
@@ -647,10 +672,11 @@ export class ProviderPool {
 
   /**
    * A request of class `cls` for `target` shed outside the pool's own queue (it waited behind parked requests the lot
-   * was letting go at this pool's limit): counted as the pool's sheds are, with the pool's wait estimate to come back after.
+   * was letting go at this pool's limit): counted as the pool's sheds are, with the pool's wait estimate for its client to
+   * come back after (without it, a flooding client was told one turn, not its queue).
    */
-  shedWaiting(cls: number, target: string): number {
-    const retryAfterMs = this.expectedWaitMs(cls, target);
+  shedWaiting(cls: number, target: string, client?: string): number {
+    const retryAfterMs = this.expectedWaitMs(cls, target, client);
     this.#shed(this.settings.classes[cls]!.name, 'deadline', retryAfterMs);
     return retryAfterMs;
   }
