@@ -81,6 +81,24 @@ describe('the parking lot, between clients', () => {
     expect(order.at(-1)).toBe('a1');
   });
 
+  it('does not let clients that come one request at a time starve one with a queue', async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    state = { mode: 'available', slots: 1 };
+    for (let i = 0; i < 4; i++) park(order, out, `q${i}`, 'queue', 10_000 + i);
+    await vi.advanceTimersByTimeAsync(0);
+    // Agents of their own keys, each parking one request while the slot is out, each forgotten once answered.
+    for (let n = 1; n <= 3; n++) {
+      park(order, out, `x${n}`, `agent${n}`, 5_000 + n);
+      await endOne(out);
+    }
+    await endOne(out);
+    await endOne(out);
+    // The queue's turns alternate with the newcomers'. Counted as never served, each newcomer went before the queue
+    // every time (q0, x1, x2, x3, q1: with agents enough, q1 never).
+    expect(order).toEqual(['q0', 'x1', 'q1', 'x2', 'x3', 'q2']);
+  });
+
   it('keeps the deadline order for requests of no client', async () => {
     const order: string[] = [];
     const out: Ticket[] = [];

@@ -114,7 +114,10 @@ interface LotClient {
   parked: number[];
   /** Its requests released and not yet done. */
   out: number;
-  /** When it last had one released (the queue's count of releases): of clients with as many out, the longest unserved goes. */
+  /**
+   * When it last had one released (the queue's count of releases; a client that comes, just before the latest): of
+   * clients with as many out, the longest unserved goes.
+   */
   servedAt: number;
 }
 
@@ -324,7 +327,7 @@ export class ParkingLot {
       const released = q.entries[j]!;
       const { cls, client } = released;
       client.out++;
-      client.servedAt = q.releases++;
+      client.servedAt = ++q.releases;
       takeOut(q, j);
       q.inflight++;
       q.inflightByClass[cls] = (q.inflightByClass[cls] ?? 0) + 1;
@@ -408,9 +411,14 @@ function takeOut(q: Queue, i: number): void {
   forgetIdle(q, entry!.client);
 }
 
+/**
+ * A client's part of the queue. One that comes (or comes back, forgotten) counts as served just before the latest
+ * release, after every client served earlier: as never served, clients parking one request at a time would each go
+ * before a client with a queue, and its turn might never come (the pools' rule, provider-pool.ts #clientUse).
+ */
 function lotClient(q: Queue, name: string): LotClient {
   let c = q.clients.get(name);
-  if (!c) q.clients.set(name, (c = { name, parked: [], out: 0, servedAt: -1 }));
+  if (!c) q.clients.set(name, (c = { name, parked: [], out: 0, servedAt: q.releases - 0.5 }));
   return c;
 }
 
