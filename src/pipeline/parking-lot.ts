@@ -13,6 +13,7 @@
 import type { RequestSignal } from './request-abort.ts';
 import { targetOfHoldOffKey } from '../state/hold-offs.ts';
 import type { WaitingBodies } from '../pools/waiting-bodies.ts';
+import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
 
 export type TargetState =
   /** Released requests may be in flight up to `slots` at a time: the target's adaptive limit. */
@@ -107,18 +108,11 @@ interface Tier {
   state: TargetState;
 }
 
-/** A client's part of a target's queue: what its turn goes by. */
-interface LotClient {
+/** A client's part of a target's queue: its standing (released requests still out, last release) and its parked. */
+interface LotClient extends Standing {
   name: string;
   /** Its requests parked, per class. */
   parked: number[];
-  /** Its requests released and not yet done. */
-  out: number;
-  /**
-   * When it last had one released (the queue's count of releases; a client that comes, just before the latest): of
-   * clients with as many out, the longest unserved goes.
-   */
-  servedAt: number;
 }
 
 /** A target's queue: the requests parked for it under any of its keys, in one order, released under one limit. */
@@ -326,7 +320,7 @@ export class ParkingLot {
       const j = turnAt(q, i, now);
       const released = q.entries[j]!;
       const { cls, client } = released;
-      client.out++;
+      client.held++;
       client.servedAt = ++q.releases;
       takeOut(q, j);
       q.inflight++;
@@ -339,7 +333,7 @@ export class ParkingLot {
           done: () => {
             if (reported) return;
             reported = true;
-            client.out--;
+            client.held--;
             forgetIdle(q, client);
             q.inflight--;
             q.inflightByClass[cls]!--;
@@ -411,20 +405,15 @@ function takeOut(q: Queue, i: number): void {
   forgetIdle(q, entry!.client);
 }
 
-/**
- * A client's part of the queue. One that comes (or comes back, forgotten) counts as served just before the latest
- * release, after every client served earlier: as never served, clients parking one request at a time would each go
- * before a client with a queue, and its turn might never come (the pools' rule, provider-pool.ts #clientUse).
- */
 function lotClient(q: Queue, name: string): LotClient {
   let c = q.clients.get(name);
-  if (!c) q.clients.set(name, (c = { name, parked: [], out: 0, servedAt: q.releases - 0.5 }));
+  if (!c) q.clients.set(name, (c = { name, parked: [], ...newcomer(q.releases) }));
   return c;
 }
 
 /** A client's entry goes once nothing of it is parked or out: client names come and go with the keys in use. */
 function forgetIdle(q: Queue, c: LotClient): void {
-  if (c.out === 0 && c.parked.every((n) => n === 0)) q.clients.delete(c.name);
+  if (c.held === 0 && c.parked.every((n) => n === 0)) q.clients.delete(c.name);
 }
 
 /** May the entry leave now, by its key's state and its moment in the release window? */
@@ -457,15 +446,11 @@ function turnAt(q: Queue, i: number, now: number): number {
     if (e.cls !== first.cls) break;
     if (seen.has(e.client) || now >= e.cutoffMs || !inItsWindow(e, now) || !hasSlot(q, e)) continue;
     seen.add(e.client);
-    if (goesBefore(e.client, q.entries[best]!.client)) best = j;
+    if (turnOrder(e.client, q.entries[best]!.client) < 0) best = j;
   }
   return best;
 }
 
-/** Does client `a` take its turn before `b`: fewer released requests out, or as many and served longer ago? */
-function goesBefore(a: LotClient, b: LotClient): boolean {
-  return a.out !== b.out ? a.out < b.out : a.servedAt < b.servedAt;
-}
 
 /** The later of two moments an entry may not leave before, either unset. */
 function notBefore(a: number | undefined, b: number | undefined): number | undefined {

@@ -9,6 +9,7 @@ import type { RequestSignal } from '../pipeline/request-abort.ts';
 import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
+import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
 
 export interface PoolClass {
   name: string;
@@ -91,22 +92,17 @@ interface Waiter {
   shed: (reason: ShedReason) => void;
 }
 
-/** One client's part of a class in this pool: what the fair share between the class's clients goes by. */
-interface ClientUse {
-  inUse: number;
+/** One client's part of a class in this pool: its standing (slots held, last grant) and its requests waiting. */
+interface ClientUse extends Standing {
   waiting: number;
-  /**
-   * When it was last given a slot (the pool's count of grants; a client that comes, just before the latest): of clients
-   * holding as many, the longest unserved goes.
-   */
-  servedAt: number;
 }
 
 /**
  * The waiters of one class and one client for one target, first attempts or retries: admission reads only those
  * (#admissible), so a lane's waiters may all go or none may, and the first waiter of a class that may go is a head of
- * its lanes that may (of the client holding the fewest slots, the earliest). A queue of thousands held back by one thing (the retry share, its target's limit) is one look,
- * not a scan: a scan bounded to the first 256 let a newcomer take the slot a waiter further down could use.
+ * its lanes that may (of the client whose turn it is, the earliest). A queue of thousands held back by one thing (the
+ * retry share, its target's limit) is one look, not a scan: a scan bounded to the first 256 let a newcomer take the
+ * slot a waiter further down could use.
  */
 interface Lane {
   key: string;
@@ -460,16 +456,13 @@ export class ProviderPool {
   #clientUse(cls: number, client: string): ClientUse {
     const clients = this.#clients[cls]!;
     let use = clients.get(client);
-    // A client that comes (or comes back, forgotten) counts as served just before the latest grant: after every client
-    // served earlier, before the one just served. As never served, clients served moments ago and forgotten between
-    // their requests went before one that kept a queue, every time: its turn never came.
-    if (!use) clients.set(client, (use = { inUse: 0, waiting: 0, servedAt: this.#grants - 0.5 }));
+    if (!use) clients.set(client, (use = { ...newcomer(this.#grants), waiting: 0 }));
     return use;
   }
 
   /** A client's entry goes once it holds and waits for nothing: client names come and go with the keys in use. */
   #forgetIdle(cls: number, client: string, use: ClientUse): void {
-    if (use.inUse === 0 && use.waiting === 0) this.#clients[cls]!.delete(client);
+    if (use.held === 0 && use.waiting === 0) this.#clients[cls]!.delete(client);
   }
 
   /**
@@ -549,10 +542,9 @@ export class ProviderPool {
 
   /**
    * The waiter of class `cls` that can take a slot now (and whose target passes `also`, when given): of the client
-   * holding the fewest of the class's slots (of those, the one served longest ago), the earliest. The one look both a
-   * newcomer (may it go first?) and a freed slot (who gets it?) take. Time left is not judged here. Fewest held rather
-   * than turns alone: a tenant whose answers take a minute holds its slots that long, and turns would give it as many
-   * slots as one whose answers take a second.
+   * whose turn it is (policy/client-turns.ts: the fewest of the class's slots held, then served longest ago), the
+   * earliest. The one look both a newcomer (may it go first?) and a freed slot (who gets it?) take. Time left is not
+   * judged here.
    */
   #first(cls: number, also?: (t: TargetUse) => boolean): Waiter | undefined {
     // A full pool admits no one (#admissible): with a lane per client and target, the look was a scan of thousands.
@@ -589,7 +581,7 @@ export class ProviderPool {
   #take(req: SlotRequest, t: TargetUse): Slot {
     const client = req.client ?? NO_CLIENT;
     const use = this.#clientUse(req.cls, client);
-    use.inUse++;
+    use.held++;
     use.servedAt = ++this.#grants;
     this.#inUse++;
     this.#inUseByClass[req.cls]!++;
@@ -608,7 +600,7 @@ export class ProviderPool {
         if (released) return;
         released = true;
         if (answered) this.#timeSlotHold(this.now() - grantedAtMs);
-        use.inUse--;
+        use.held--;
         this.#forgetIdle(req.cls, client, use);
         this.#inUse--;
         this.#inUseByClass[req.cls]!--;
@@ -687,9 +679,8 @@ export class ProviderPool {
   }
 }
 
-/** Does waiter `w` (of a client using `use`) go before `other`: its client holds fewer, was served longer ago, or it came first. */
+/** Does waiter `w` (of a client using `use`) go before `other`: its client's turn comes first, or it came first. */
 function goesBefore(use: ClientUse, w: Waiter, otherUse: ClientUse, other: Waiter): boolean {
-  if (use.inUse !== otherUse.inUse) return use.inUse < otherUse.inUse;
-  if (use !== otherUse && use.servedAt !== otherUse.servedAt) return use.servedAt < otherUse.servedAt;
-  return w.seq < other.seq;
+  const order = turnOrder(use, otherUse);
+  return order !== 0 ? order < 0 : w.seq < other.seq;
 }
