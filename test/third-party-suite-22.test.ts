@@ -253,6 +253,9 @@ describe('an instance killed with SIGKILL mid-flight', () => {
     const flood = Array.from({ length: 12 }, (_, i) => chat(podUrl, { model: 'slow', content: `flood ${i}` }).catch(() => undefined));
     const keyed = chat(podUrl, { model: 'slow', content: 'give user 7 a coupon', headers: { 'idempotency-key': key } }).catch(() => undefined);
     await eventually('the pod holds the pool', () => mock.stats().inflight >= 6, 8_000);
+    // The key is claimed in Redis, where B can see it (on a loaded machine the keyed call can reach the pod late, or
+    // its claim be kept locally while Redis is slow to answer: then B rightly runs it).
+    await eventually('the pod claimed the key in Redis', async () => (await admin().keys(`${keyPrefix}:idempotency:*`)).length === 1, 8_000);
     await sleep(1_200); // two demand exchanges: B's share is now what the pod's demand left it
     const keyedSent = mock.requests().filter((r) => r.headers['idempotency-key'] === key).length;
     pod.proc.kill('SIGKILL');
