@@ -6,39 +6,16 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
-import { ProviderPool, type Acquired, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { ProviderPool, Acquired, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import { clientPool, clientReq, flush, slot, type ClientPoolOptions } from './helpers/client-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { cc, delta, DONE } from './helpers/scripted-provider.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { metricSum, useStacks } from './helpers/stack.ts';
+import { recoveryConfig } from './helpers/recovery-config.ts';
 
-const flush = () => new Promise((r) => setImmediate(r));
-
-function pool({ capacity = 1, maxQueue = 100, bodies }: { capacity?: number; maxQueue?: number; bodies?: WaitingBodies } = {}) {
-  const classes = [
-    { name: 'online', minShare: 0, maxQueue },
-    { name: 'batch', minShare: 0, maxQueue },
-  ];
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes, decrease: 0.9, minLimit: 1 }, () => 0, {}, bodies);
-}
-
-const req = (client: string, extra: Partial<SlotRequest> = {}): SlotRequest => ({
-  cls: 0,
-  target: 'p/m',
-  retry: false,
-  deadlineAtMs: 600_000,
-  minAttemptMs: 0,
-  signal: new AbortController().signal,
-  client,
-  ...extra,
-});
-
-async function slot(p: ProviderPool, r: SlotRequest): Promise<Slot> {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-  return a.slot;
-}
+const pool = (o: ClientPoolOptions = {}) => clientPool({ capacity: 1, ...o });
+const req = (client: string, extra: Partial<SlotRequest> = {}) => clientReq(client, extra);
 
 /** Queues a request labelled `label`: its grant goes to `order` and its slot to `held`; its outcome to `out[label]`. */
 function queue(p: ProviderPool, label: string, r: SlotRequest, log: { order: string[]; held: Slot[]; out: Record<string, Acquired> }): void {
@@ -263,28 +240,14 @@ describe("a stream recovery's continuation, end to end", () => {
     finishAll = () => finishers.splice(0).forEach((f) => f());
     const pServer = await startProvider(primary);
     const qServer = await startProvider(backup);
-    const timeouts = { connectMs: 2_000, firstTokenMs: 10_000, idleMs: 10_000 };
     const s = await startStack({
       config: () =>
-        ({
-          server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-          auth: { keys: { flood: 'key-flood', quiet: 'key-quiet' } },
-          providers: {
-            p: { family: 'openai', baseUrl: `${pServer.origin}/v1`, apiKey: 'p-key-0123456789', breaker: false, timeouts },
-            q: { family: 'openai', baseUrl: `${qServer.origin}/v1`, apiKey: 'q-key-0123456789', breaker: false, timeouts, pools: { maxConcurrent: 1, classes: { online: { minShare: 0, maxQueue: 100 } } } },
-          },
-          routes: [
-            {
-              name: 'chat',
-              match: { path: '/v1/chat/completions' },
-              targets: [{ provider: 'p' }, { provider: 'q' }],
-              streamRecovery: 'continue',
-              retry: { maxAttempts: 1 },
-              budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-              park: false,
-            },
-          ],
-        }) as ConfigInput,
+        recoveryConfig({
+          pOrigin: pServer.origin,
+          qOrigin: qServer.origin,
+          qPools: { maxConcurrent: 1, classes: { online: { minShare: 0, maxQueue: 100 } } },
+          extra: { auth: { keys: { flood: 'key-flood', quiet: 'key-quiet' } } },
+        }),
     });
     const sdk = (apiKey: string) => new OpenAI({ baseURL: s.baseURL, apiKey, maxRetries: 0 });
     const streams: Array<Promise<string>> = [];

@@ -14,10 +14,10 @@ import { TargetKeys } from '../src/routing/target-keys.ts';
 import { defaultConfig, metricSum, useStacks, type Stack } from './helpers/stack.ts';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import OpenAI from 'openai';
-import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { cc, delta, DONE } from './helpers/scripted-provider.ts';
 import { streamUntil } from './helpers/chat-stream.ts';
+import { recoveryConfig } from './helpers/recovery-config.ts';
 
 const arrival = (body: string, over: Partial<Arrival> = {}): Arrival => ({ client: undefined, path: '/v1/chat/completions', query: '', priority: undefined, rawBody: Buffer.from(body), windowMs: 1_000, ...over });
 
@@ -434,28 +434,7 @@ describe("a stream recovery's continuation in the next target's pool", () => {
   async function start(pHandler: ReturnType<typeof primary>['handler'], qHandler: ReturnType<typeof backup>['handler'], qPools: Record<string, unknown>) {
     const pServer = await startProvider(pHandler);
     const qServer = await startProvider(qHandler);
-    const timeouts = { connectMs: 2_000, firstTokenMs: 10_000, idleMs: 10_000 };
-    const s = await startStack({
-      config: () =>
-        ({
-          server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-          providers: {
-            p: { family: 'openai', baseUrl: `${pServer.origin}/v1`, apiKey: 'p-key-0123456789', breaker: false, timeouts },
-            q: { family: 'openai', baseUrl: `${qServer.origin}/v1`, apiKey: 'q-key-0123456789', breaker: false, timeouts, pools: qPools },
-          },
-          routes: [
-            {
-              name: 'chat',
-              match: { path: '/v1/chat/completions' },
-              targets: [{ provider: 'p' }, { provider: 'q' }],
-              streamRecovery: 'continue',
-              retry: { maxAttempts: 1 },
-              budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-              park: false,
-            },
-          ],
-        }) as ConfigInput,
-    });
+    const s = await startStack({ config: () => recoveryConfig({ pOrigin: pServer.origin, qOrigin: qServer.origin, qPools }) });
     return { client: new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }), s };
   }
 

@@ -4,40 +4,18 @@
 // two tenants' `openai` SDK clients through a gateway with client keys, in front of the bundled mock.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
-import { ProviderPool, type Acquired, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { Acquired, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import { clientPool, clientReq, flush, slot } from './helpers/client-pool.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
-
-const flush = () => new Promise((r) => setImmediate(r));
 
 function pool({ capacity = 2, maxQueue = 100, retryCapacity = capacity }: { capacity?: number; maxQueue?: number; retryCapacity?: number } = {}) {
   const clock = { now: 0 };
-  const classes = [
-    { name: 'online', minShare: 0, maxQueue },
-    { name: 'batch', minShare: 0, maxQueue },
-  ];
   const sheds: string[] = [];
-  const p = new ProviderPool({ provider: 'p', capacity, retryCapacity, classes, decrease: 0.9, minLimit: 1 }, () => clock.now, {
-    onShed: (cls, reason) => sheds.push(`${cls} ${reason}`),
-  });
+  const p = clientPool({ capacity, maxQueue, retryCapacity, now: () => clock.now, observer: { onShed: (cls, reason) => sheds.push(`${cls} ${reason}`) } });
   return { p, clock, sheds };
 }
 
-const req = (client: string | undefined, extra: Partial<SlotRequest> = {}): SlotRequest => ({
-  cls: 0,
-  target: 'p/m',
-  retry: false,
-  deadlineAtMs: 600_000,
-  minAttemptMs: 0,
-  signal: new AbortController().signal,
-  ...(client !== undefined && { client }),
-  ...extra,
-});
-
-async function slot(p: ProviderPool, r: SlotRequest): Promise<Slot> {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-  return a.slot;
-}
+const req = clientReq;
 
 /** Queues requests named `label` and records, in `order`, the order in which they are granted; their slots in `held`. */
 function queue(p: ProviderPool, order: string[], held: Slot[], label: string, r: SlotRequest): Promise<Acquired> {

@@ -4,35 +4,12 @@
 // does not fit displaces no one, a request shed behind parked ones is told its own client's wait, and a thousand
 // clients' lanes cost a saturated pool's newcomers no scan.
 import { describe, expect, it } from 'vitest';
-import { ProviderPool, type Acquired, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { Acquired, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import { clientPool, clientReq, flush, slot } from './helpers/client-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 
-const flush = () => new Promise((r) => setImmediate(r));
-
-function pool({ capacity = 2, maxQueue = 100, bodies }: { capacity?: number; maxQueue?: number; bodies?: WaitingBodies } = {}) {
-  const classes = [
-    { name: 'online', minShare: 0, maxQueue },
-    { name: 'batch', minShare: 0, maxQueue },
-  ];
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes, decrease: 0.9, minLimit: 1 }, () => 0, {}, bodies);
-}
-
-const req = (client: string, extra: Partial<SlotRequest> = {}): SlotRequest => ({
-  cls: 0,
-  target: 'p/m',
-  retry: false,
-  deadlineAtMs: 600_000,
-  minAttemptMs: 0,
-  signal: new AbortController().signal,
-  client,
-  ...extra,
-});
-
-async function slot(p: ProviderPool, r: SlotRequest): Promise<Slot> {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-  return a.slot;
-}
+const pool = clientPool;
+const req = (client: string, extra: Partial<SlotRequest> = {}) => clientReq(client, extra);
 
 describe('turns between clients that hold as many', () => {
   it('does not let clients that go idle between requests starve one that keeps a queue', async () => {

@@ -8,12 +8,12 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
-import type { ConfigInput } from '../src/config/schema.ts';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { cc, delta, DONE } from './helpers/scripted-provider.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { metricSum, useStacks, type Stack } from './helpers/stack.ts';
 import { streamUntil } from './helpers/chat-stream.ts';
+import { recoveryConfig } from './helpers/recovery-config.ts';
 
 const role = cc([delta({ role: 'assistant', content: '' })]);
 const SSE = { 'content-type': 'text/event-stream' };
@@ -92,36 +92,16 @@ describe('a streamRecovery continuation takes a slot in the next target\'s pool'
     finishHeld = q.up.finish;
     const pServer = await startProvider(p.handler);
     const qServer = await startProvider(q.handler);
-    const timeouts = { connectMs: 2_000, firstTokenMs: 10_000, idleMs: 10_000 };
     const s = await startStack({
       ...(opts.metrics && { deps: { metrics: opts.metrics } }),
       config: () =>
-        ({
-          server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-          providers: {
-            p: { family: 'openai', baseUrl: `${pServer.origin}/v1`, apiKey: 'p-key-0123456789', breaker: false, timeouts: { ...timeouts, idleMs: opts.pIdleMs ?? timeouts.idleMs } },
-            q: {
-              family: 'openai',
-              baseUrl: `${qServer.origin}/v1`,
-              apiKey: 'q-key-0123456789',
-              breaker: false,
-              timeouts,
-              pools: { maxConcurrent: 1, classes: { online: { minShare: 0, maxQueue: opts.maxQueue ?? 100 } } },
-            },
-          },
-          routes: [
-            {
-              name: 'chat',
-              match: { path: '/v1/chat/completions' },
-              targets: [{ provider: 'p' }, { provider: 'q' }],
-              streamRecovery: 'continue',
-              retry: { maxAttempts: 1 },
-              budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-              park: false,
-            },
-          ],
-          ...(opts.graceMs !== undefined && { drain: { preStopMs: 0, graceMs: opts.graceMs } }),
-        }) as ConfigInput,
+        recoveryConfig({
+          pOrigin: pServer.origin,
+          qOrigin: qServer.origin,
+          pIdleMs: opts.pIdleMs,
+          qPools: { maxConcurrent: 1, classes: { online: { minShare: 0, maxQueue: opts.maxQueue ?? 100 } } },
+          ...(opts.graceMs !== undefined && { extra: { drain: { preStopMs: 0, graceMs: opts.graceMs } } }),
+        }),
     });
     return { client: new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 }), s, p, q: q.up };
   }

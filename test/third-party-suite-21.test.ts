@@ -26,6 +26,7 @@ import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { StateStore } from '../src/state/store.ts';
 import { startRedis } from './helpers/redis-server.ts';
+import { loopFor } from './helpers/load-loops.ts';
 import { defaultConfig, parseMetrics, useExtraMocks, useGateways, type MetricSample } from './helpers/stack.ts';
 
 const startGateway = useGateways();
@@ -81,21 +82,6 @@ const sumOf = (samples: MetricSample[], name: string, labels: Record<string, str
 function quantile(xs: number[], q: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))]!;
-}
-
-/** `workers` loops calling `fn` until `ms` have passed; each loop's answers, in order. */
-async function loopFor<T>(ms: number, workers: number, fn: () => Promise<T>, pauseMs = 0): Promise<T[]> {
-  const until = performance.now() + ms;
-  const out: T[] = [];
-  await Promise.all(
-    Array.from({ length: workers }, async () => {
-      while (performance.now() < until) {
-        out.push(await fn());
-        if (pauseMs > 0) await sleep(pauseMs);
-      }
-    }),
-  );
-  return out;
 }
 
 describe('a tenant whose agents loop on 429s with no backoff', () => {

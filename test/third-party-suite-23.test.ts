@@ -23,6 +23,7 @@ import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import type { MockServer } from '../src/mock/server.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { startRedis } from './helpers/redis-server.ts';
+import { loopFor } from './helpers/load-loops.ts';
 import { defaultConfig, scrapeMetrics, useExtraMocks, useGateways, type MetricSample } from './helpers/stack.ts';
 
 const startGateway = useGateways();
@@ -124,21 +125,6 @@ function tenantClient(url: string, tenant: Tenant, opts: { maxRetries?: number; 
     }
   };
   return { client, sent, call };
-}
-
-/** `workers` loops calling `fn` until `ms` have passed (each pausing `pauseMs` between calls); every answer. */
-async function loopFor<T>(ms: number, workers: number, fn: () => Promise<T>, pauseMs = 0): Promise<T[]> {
-  const until = performance.now() + ms;
-  const out: T[] = [];
-  await Promise.all(
-    Array.from({ length: workers }, async () => {
-      while (performance.now() < until) {
-        out.push(await fn());
-        if (pauseMs > 0) await sleep(pauseMs);
-      }
-    }),
-  );
-  return out;
 }
 
 function quantile(xs: number[], q: number): number {
