@@ -6,7 +6,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { Acquired, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { clientPool, clientReq, flush, slot } from './helpers/client-pool.ts';
-import { defaultConfig, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, scrapeMetrics, useStacks, type Stack } from './helpers/stack.ts';
 
 function pool({ capacity = 2, maxQueue = 100, retryCapacity = capacity }: { capacity?: number; maxQueue?: number; retryCapacity?: number } = {}) {
   const clock = { now: 0 };
@@ -239,6 +239,20 @@ describe('tenants sharing a class, end to end', () => {
     expect(quietLast).toBeLessThan(floodLast * 0.7);
     // Nothing was shed or refused: the flood's requests all waited their turn.
     expect(s.mock.requests().filter((r) => r.status === 200)).toHaveLength(28);
+  });
+
+  it('shows which client holds the slots and who waits, per class', async () => {
+    const s = await tenants(2, 400);
+    const flood = sdk(s, 'key-flood');
+    const calls = Array.from({ length: 8 }, () => flood.chat.completions.create({ model: 'gpt-4o', messages }));
+    await new Promise((r) => setTimeout(r, 200));
+    const byClient = async (name: string) =>
+      Object.fromEntries((await scrapeMetrics(s.url)).filter((m) => m.name === name && m.labels.priority === 'online').map((m) => [m.labels.client, m.value]));
+    expect(await byClient('stormgate_pool_client_in_use')).toEqual({ flood: 2, quiet: 0 });
+    expect(await byClient('stormgate_pool_client_queue_depth')).toEqual({ flood: 6, quiet: 0 });
+    await Promise.all(calls);
+    // Holding and waiting for nothing, back at 0 (not a stale 2).
+    expect(await byClient('stormgate_pool_client_in_use')).toEqual({ flood: 0, quiet: 0 });
   });
 
   it("gives a quiet tenant the place of the flooding tenant's newest when the class queue is full", async () => {

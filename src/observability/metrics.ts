@@ -29,6 +29,8 @@ export interface Metrics {
   readonly stateDegraded: Gauge;
   readonly poolInUse: Gauge<'provider' | 'priority'>;
   readonly poolQueueDepth: Gauge<'provider' | 'priority'>;
+  readonly poolClientInUse: Gauge<'provider' | 'priority' | 'client'>;
+  readonly poolClientQueueDepth: Gauge<'provider' | 'priority' | 'client'>;
   readonly poolWait: Histogram<'provider' | 'priority'>;
   readonly poolLimit: Gauge<'target'>;
   readonly waitingBodyBytes: Gauge;
@@ -213,6 +215,20 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_pool_queue_depth',
       help: 'Requests waiting for a slot in a provider\'s pool, by priority class.',
       labelNames: ['provider', 'priority'] as const,
+      registers,
+    }),
+    // Which tenant holds a class's slots, and who waits: the fair share between clients, seen. A series per client key
+    // (auth.keys: the label is bounded by the config) and class.
+    poolClientInUse: new Gauge({
+      name: 'stormgate_pool_client_in_use',
+      help: 'Attempts in flight in a provider\'s pool, by priority class and client (auth.keys).',
+      labelNames: ['provider', 'priority', 'client'] as const,
+      registers,
+    }),
+    poolClientQueueDepth: new Gauge({
+      name: 'stormgate_pool_client_queue_depth',
+      help: 'Requests waiting for a slot in a provider\'s pool, by priority class and client (auth.keys).',
+      labelNames: ['provider', 'priority', 'client'] as const,
       registers,
     }),
     poolWait: new Histogram({

@@ -68,20 +68,27 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
       else metrics.holdRemaining.set({ target, kind: 'hold_off', tier: 'flex' }, left(flexUntil));
     }
   };
-  collectPoolMetrics(metrics, pools, s.bodies);
+  collectPoolMetrics(metrics, pools, s.bodies, Object.keys(s.config.auth?.keys ?? {}));
   metrics.collectBudgets = async () => {
     for (const [route, remaining] of await budget.remainingByRoute()) metrics.budgetRemaining.set({ route }, remaining);
   };
 }
 
 /** Pool gauges (and the waiting bodies' bytes) are read when Prometheus scrapes, never kept up to date on the request path. */
-function collectPoolMetrics(metrics: Metrics, pools: Pools, bodies: WaitingBodies): void {
+function collectPoolMetrics(metrics: Metrics, pools: Pools, bodies: WaitingBodies, clients: readonly string[]): void {
   const collect = () => {
     for (const pool of pools.all()) {
       const snap = pool.snapshot();
       pool.settings.classes.forEach((c, i) => {
-        metrics.poolInUse.set({ provider: pool.settings.provider, priority: c.name }, snap.inUse[i] ?? 0);
-        metrics.poolQueueDepth.set({ provider: pool.settings.provider, priority: c.name }, snap.queued[i] ?? 0);
+        const labels = { provider: pool.settings.provider, priority: c.name };
+        metrics.poolInUse.set(labels, snap.inUse[i] ?? 0);
+        metrics.poolQueueDepth.set(labels, snap.queued[i] ?? 0);
+        // Every client key has its series in every class, at 0 while it holds and waits for nothing.
+        const active = new Map(snap.clients[i]);
+        for (const client of clients) {
+          metrics.poolClientInUse.set({ ...labels, client }, active.get(client)?.held ?? 0);
+          metrics.poolClientQueueDepth.set({ ...labels, client }, active.get(client)?.waiting ?? 0);
+        }
       });
       for (const [target, limit] of snap.limits) metrics.poolLimit.set({ target }, Math.floor(limit));
     }

@@ -389,11 +389,12 @@ export class ProviderPool {
     if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed) this.#drain();
   }
 
-  /** For metrics: in use and queued per class, and each target's limit. */
-  snapshot(): { inUse: number[]; queued: number[]; limits: Array<[string, number]> } {
+  /** For metrics: in use and queued per class, and per named client of each class; each target's limit. */
+  snapshot(): { inUse: number[]; queued: number[]; clients: Array<Array<[string, { held: number; waiting: number }]>>; limits: Array<[string, number]> } {
     return {
       inUse: [...this.#inUseByClass],
       queued: [...this.#queued],
+      clients: this.#clients.map((m) => [...m].filter(([name]) => name !== NO_CLIENT).map(([name, u]) => [name, { held: u.held, waiting: u.waiting }])),
       limits: [...this.#targets].map(([k, t]) => [k, t.limit.limit]),
     };
   }
