@@ -253,6 +253,13 @@ describe('tenants sharing a class, end to end', () => {
     await Promise.all(calls);
     // Holding and waiting for nothing, back at 0 (not a stale 2).
     expect(await byClient('stormgate_pool_client_in_use')).toEqual({ flood: 0, quiet: 0 });
+    // The log lines: the two first calls went at once, the six queued show their wait for a slot (in 400 ms steps).
+    const lines = s.logs.map((l) => JSON.parse(l) as { client?: string; attempts?: Array<{ slotWaitMs?: number }> }).filter((l) => l.client === 'flood' && l.attempts);
+    const waits = lines.map((l) => l.attempts![0]!.slotWaitMs ?? 0).sort((a, b) => a - b);
+    expect(waits).toHaveLength(8);
+    expect(waits.slice(0, 2)).toEqual([0, 0]);
+    expect(waits[2]).toBeGreaterThan(250);
+    expect(waits[7]).toBeGreaterThan(1_000);
   });
 
   it("gives a quiet tenant the place of the flooding tenant's newest when the class queue is full", async () => {

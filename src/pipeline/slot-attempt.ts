@@ -20,7 +20,7 @@ export type SlotAttempt =
    * outcome has done its work (a hold-off begun, the breaker told), so no request waiting for the slot goes out
    * between the provider's "stop" and the gateway's heeding it.
    */
-  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void }
+  | { kind: 'done'; result: AttemptResult; cls: Classification; durationMs: number; release: () => void; slotWaitMs: number }
   /**
    * The deadline passed, by the clock, or the request was aborted (deadline, client gone, shutdown) while it waited
    * for its slot: nothing went upstream (no attempt to record).
@@ -45,6 +45,7 @@ export async function attemptInSlot(
   now: () => number,
   stillAvailable?: StillAvailable,
 ): Promise<SlotAttempt> {
+  const askedAtMs = now();
   const acquired = await plan.pool.acquire({
     cls: plan.cls,
     target: plan.limitKey,
@@ -79,6 +80,8 @@ export async function attemptInSlot(
     return { kind: 'expired', result, cls: classify(result.outcome) };
   }
   const startedAt = now();
+  // For the log line's attempt: the wait in the pool's queue, which neither the backoff nor the attempt's duration holds.
+  const slotWaitMs = acquired.queued ? startedAt - askedAtMs : 0;
   const { path, headers, body, translator, errorMeaning, errorEventMeaning, hideUsage } = upstream;
   const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
@@ -90,7 +93,7 @@ export async function attemptInSlot(
   }
   if (result.stream) {
     result.stream.whenUpstreamDone(() => acquired.slot.release());
-    return { kind: 'done', result, cls, durationMs, release: () => {} };
+    return { kind: 'done', result, cls, durationMs, release: () => {}, slotWaitMs };
   }
-  return { kind: 'done', result, cls, durationMs, release: () => acquired.slot.release() };
+  return { kind: 'done', result, cls, durationMs, release: () => acquired.slot.release(), slotWaitMs };
 }

@@ -89,14 +89,14 @@ export function streamRecovery(
     // Shed (its class queue full, no slot within the wait), the target gone meanwhile, or the client or the shutdown
     // gone before it was sent: nothing went upstream, and the client has the original failure (or the shutdown's).
     if (attempt.kind !== 'done') return undefined;
-    const { result, cls, durationMs } = attempt;
+    const { result, cls, durationMs, slotWaitMs } = attempt;
     const live = result.stream;
     if (live) shutdown.addEventListener('abort', () => live.interrupt(), { once: true });
     // A second upstream request: in the request's log line (`attempts`) and stormgate_upstream_attempts_total, as
     // any other, or the amplification the operator watches misses every recovery; and a retry the budget paid for,
     // in stormgate_retry_count_total (with the break as its reason) as the budget's other retries are.
     const code = failureCode(result);
-    attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, durationMs, ...(code !== undefined && { code }) });
+    attempts.push({ target: next.label, attempt: 0, reason: cls.reason, ...(result.status !== undefined && { status: result.status }), waitMs: 0, ...(slotWaitMs > 0 && { slotWaitMs: Math.round(slotWaitMs) }), durationMs, ...(code !== undefined && { code }) });
     deps.onRetry?.(req.route.name, next.key, brokeBy, 0);
     deps.onAttempt?.(req.route.name, next.key, result, durationMs);
     // And in the target's guards, as any attempt on it: unrecorded, a backup that failed every continuation (a 503, a

@@ -28,8 +28,10 @@ export interface AttemptRecord {
   /** `ok`, `status_503`, `network`, `timeout_first_token`, ... */
   reason: string;
   status?: number;
-  /** The wait before this attempt. */
+  /** The wait before this attempt (backoff, wait hint, parked). */
   waitMs: number;
+  /** Its wait for a slot in the provider's pool, when it queued for one (the pool's share between clients shows here). */
+  slotWaitMs?: number;
   durationMs: number;
   probe?: boolean;
   /**
@@ -335,6 +337,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       reason: cls.reason,
       status: result.status,
       waitMs: run.waitMs,
+      ...(attempt.slotWaitMs > 0 && { slotWaitMs: Math.round(attempt.slotWaitMs) }),
       durationMs,
       ...(admission.probe && { probe: true }),
       ...(code !== undefined && { code }),
