@@ -121,6 +121,44 @@ describe('the parking lot, between clients', () => {
     expect(order).toEqual(['online-flood0', 'online-flood1', 'batch-quiet']);
   });
 
+  it("counts a client's released requests out in the class it takes turns in, not its requests of another class", async () => {
+    const order: string[] = [];
+    const out: Ticket[] = [];
+    state = { mode: 'available', slots: 3 };
+    // a's two batch requests and b's online one go at once: a holds two of batch's, b one of online's.
+    park(order, out, 'a-batch0', 'a', 5_000, 1);
+    park(order, out, 'a-batch1', 'a', 5_001, 1);
+    park(order, out, 'b-online0', 'b', 5_002, 0);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(order).toEqual(['a-batch0', 'a-batch1', 'b-online0']);
+    state = { mode: 'blocked', availableAtMs: 1_000 };
+    lot.notify('t');
+    park(order, out, 'a-online', 'a', 10_000, 0);
+    park(order, out, 'b-online1', 'b', 10_001, 0);
+    // Online has one slot left (its own class's one out of two); batch's out do not count against online's.
+    state = { mode: 'available', slots: 2 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    // In online, a holds none and b one: a's turn (as in the pools, whose fair share is per class).
+    expect(order.slice(3)).toEqual(['a-online']);
+  });
+
+  it("gives a quiet client's request one of the release window's first moments, not the last behind a flood's", async () => {
+    // Plenty of slots: the window is what paces the release after the outage, and its moments go out in turns too.
+    const draws = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
+    const spreading = new ParkingLot({ now: () => Date.now(), random: () => draws.shift()!, stateOf: () => state });
+    const order: string[] = [];
+    state = { mode: 'blocked', availableAtMs: 5_000 };
+    for (let i = 0; i < 9; i++) void spreading.park('t', opts('flood', 60_000 + i)).then((r) => r.kind === 'released' && order.push(`flood${i}`));
+    void spreading.park('t', opts('quiet', 70_000)).then((r) => r.kind === 'released' && order.push('quiet'));
+    await vi.advanceTimersByTimeAsync(4_999);
+    state = { mode: 'available', slots: 64 };
+    await vi.advanceTimersByTimeAsync(2_000);
+    spreading.close();
+    // Window: 0.2 x 5 s = 1 s. The quiet request parked after the flood's 9 goes with the flood's first, not at 0.9 s.
+    expect(order.slice(0, 2)).toEqual(['flood0', 'quiet']);
+    expect(order).toHaveLength(10);
+  });
+
   it('passes over a client whose request may not go yet (the probe permits out until later), for one that may', async () => {
     const order: string[] = [];
     const out: Ticket[] = [];

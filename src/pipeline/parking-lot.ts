@@ -3,10 +3,10 @@
 // the target's adaptive limit allows (after an outage it restarts at half and slow-starts: one controller for new and
 // parked traffic), so the recovery is not a new storm. While the target is unavailable nothing parked is sent, except
 // the breaker's probes. The requests parked when a target comes back leave spread over a short window (a fifth of how
-// long it was away, at most a second), in deadline order: a provider that said "come back at T" must not see them all
-// at T. Within a class, the clients (auth.keys) take turns: the one with the fewest of its released requests still out
-// goes first, then deadline order, so a tenant that flooded the lot during an outage is not all released before
-// another tenant's requests after it.
+// long it was away, at most a second), in turns between clients, then deadline order: a provider that said "come back
+// at T" must not see them all at T. Within a class, the clients (auth.keys) take turns: the one with the fewest of its
+// released requests of the class still out goes first, then deadline order, so a tenant that flooded the lot during
+// an outage is not all released before another tenant's requests after it.
 // A target's flex service tier (TargetPlan.holdOffKey) parks under a key of its own, for the hold-off that holds that
 // tier alone, but in its target's queue: one order and one limit for everything released to the target. Kept apart,
 // each tier's queue was paced to the limit, and twice the limit left for the target when a target-wide hold-off ended.
@@ -108,11 +108,15 @@ interface Tier {
   state: TargetState;
 }
 
-/** A client's part of a target's queue: its standing (released requests still out, last release) and its parked. */
+/**
+ * A client's part of a class of a target's queue: its standing there (released requests of the class still out, last
+ * release) and its requests of the class parked. Per class, as in the pools: its batch requests out do not cost it
+ * its online turns.
+ */
 interface LotClient extends Standing {
   name: string;
-  /** Its requests parked, per class. */
-  parked: number[];
+  cls: number;
+  parked: number;
 }
 
 /** A target's queue: the requests parked for it under any of its keys, in one order, released under one limit. */
@@ -127,8 +131,8 @@ interface Queue {
   streamingByClass: number[];
   timer: NodeJS.Timeout | undefined;
   timerAtMs: number;
-  /** Clients with a request parked or out. */
-  clients: Map<string, LotClient>;
+  /** Per class, clients with a request of it parked or out. */
+  clients: Map<string, LotClient>[];
   releases: number;
 }
 
@@ -175,7 +179,8 @@ export class ParkingLot {
     const target = targetOfHoldOffKey(key);
     const q = this.#queue(target);
     const tier = this.#tier(q, key);
-    const client = lotClient(q, opts.client ?? '');
+    const cls = opts.cls ?? 0;
+    const client = lotClient(q, cls, opts.client ?? '');
     // It parks behind the release windows of the requests it queues behind (waiting()): its own key's and its target's.
     const windowEndMs = Math.max(tier.spreadUntilMs, q.tiers.get(target)?.spreadUntilMs ?? 0);
     return new Promise<ParkResult>((resolve) => {
@@ -185,7 +190,7 @@ export class ParkingLot {
         route: opts.route,
         key,
         tier,
-        cls: opts.cls ?? 0,
+        cls,
         client,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
@@ -211,7 +216,7 @@ export class ParkingLot {
       waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
       tier.parked++;
-      client.parked[entry.cls] = (client.parked[entry.cls] ?? 0) + 1;
+      client.parked++;
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
       this.#deps.onParkedChange?.(opts.route, 1);
       this.#pump(target, q);
@@ -255,7 +260,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, clients: new Map(), releases: 0 }));
+    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, clients: [], releases: 0 }));
     return q;
   }
 
@@ -360,9 +365,9 @@ export class ParkingLot {
 
   /**
    * Keys are back: each request parked under them now gets its moment in the window, never past half its time left
-   * nor its cut-off. The random moments are sorted before they are handed out in deadline order: drawn per request, a
-   * request unlucky in window after window (a provider that keeps asking for short pauses) would wait out its whole
-   * deadline while later ones went.
+   * nor its cut-off. The random moments are sorted before they are handed out in turns, then deadline order: drawn
+   * per request, a request unlucky in window after window (a provider that keeps asking for short pauses) would wait
+   * out its whole deadline while later ones went.
    */
   #spread(q: Queue, back: Tier[], sinceMs: number, now: number): void {
     const windowMs = Math.min(MAX_RELEASE_SPREAD_MS, RELEASE_SPREAD_SHARE * (now - sinceMs));
@@ -372,7 +377,19 @@ export class ParkingLot {
     }
     const coming = back.length === q.tiers.size ? q.entries : q.entries.filter((e) => back.includes(e.tier));
     const moments = coming.map(() => windowMs * this.#deps.random()).sort((a, b) => a - b);
-    coming.forEach((e, i) => {
+    // Handed out in turns: in a class, each client's n-th request before any client's next, then deadline order. In
+    // deadline order alone, a flood parked in the outage took the window's first moments, and a quiet client's request
+    // parked after it the last, slots free or not.
+    const round = new Map<LotClient, number>();
+    const rounds = coming.map((e) => {
+      const n = round.get(e.client) ?? 0;
+      round.set(e.client, n + 1);
+      return n;
+    });
+    const byTurn = (a: number, b: number) => coming[a]!.cls - coming[b]!.cls || rounds[a]! - rounds[b]! || a - b;
+    const inTurns = coming.map((_, i) => i).sort(byTurn);
+    inTurns.forEach((k, i) => {
+      const e = coming[k]!;
       e.notBeforeMs = now + Math.min(moments[i]!, (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
     });
   }
@@ -401,19 +418,20 @@ export class ParkingLot {
 function takeOut(q: Queue, i: number): void {
   const [entry] = q.entries.splice(i, 1);
   if (--entry!.tier.parked === 0) entry!.tier.blockedSinceMs = undefined;
-  entry!.client.parked[entry!.cls]!--;
+  entry!.client.parked--;
   forgetIdle(q, entry!.client);
 }
 
-function lotClient(q: Queue, name: string): LotClient {
-  let c = q.clients.get(name);
-  if (!c) q.clients.set(name, (c = { name, parked: [], ...newcomer(q.releases) }));
+function lotClient(q: Queue, cls: number, name: string): LotClient {
+  const clients = (q.clients[cls] ??= new Map());
+  let c = clients.get(name);
+  if (!c) clients.set(name, (c = { name, cls, parked: 0, ...newcomer(q.releases) }));
   return c;
 }
 
 /** A client's entry goes once nothing of it is parked or out: client names come and go with the keys in use. */
 function forgetIdle(q: Queue, c: LotClient): void {
-  if (c.held === 0 && c.parked.every((n) => n === 0)) q.clients.delete(c.name);
+  if (c.held === 0 && c.parked === 0) q.clients[c.cls]!.delete(c.name);
 }
 
 /** May the entry leave now, by its key's state and its moment in the release window? */
@@ -432,16 +450,24 @@ function hasSlot(q: Queue, e: Entry): boolean {
 
 /**
  * The entry whose turn it is, from the i-th (which may go now) on: of the entries of its class that may go now, the
- * earliest-deadline one of the client with the fewest released requests out (of those, the one served longest ago).
- * With one client in the class (no auth.keys), the i-th; with more, the scan ends once each has shown its first.
+ * earliest-deadline one of the client with the fewest of the class's released requests out (of those, the one served
+ * longest ago). With one client in the class (no auth.keys), the i-th; with more, the scan ends once each has shown
+ * its first, or once the one found is of a client none goes before (a release of thousands at once scanned the class
+ * to its end each time: 4,096 slots for 6,000 parked, 0.3 s in one pump).
  */
 function turnAt(q: Queue, i: number, now: number): number {
   const first = q.entries[i]!;
   let clients = 0;
-  for (const c of q.clients.values()) if ((c.parked[first.cls] ?? 0) > 0) clients++;
+  let foremost = first.client;
+  for (const c of q.clients[first.cls]!.values()) {
+    if (c.parked === 0) continue;
+    clients++;
+    if (turnOrder(c, foremost) < 0) foremost = c;
+  }
   let best = i;
   const seen = new Set<LotClient>([first.client]);
   for (let j = i + 1; j < q.entries.length && seen.size < clients; j++) {
+    if (turnOrder(q.entries[best]!.client, foremost) <= 0) break;
     const e = q.entries[j]!;
     if (e.cls !== first.cls) break;
     if (seen.has(e.client) || now >= e.cutoffMs || !inItsWindow(e, now) || !hasSlot(q, e)) continue;
