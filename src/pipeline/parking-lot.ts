@@ -68,7 +68,7 @@ interface ParkOptions {
   /** Its class is its pool's lowest (batch): its body may fill only half of server.maxWaitingBodyBytes. */
   lowestClass?: boolean;
   /** The client's key (auth.keys): the clients of a class take turns (unnamed: one client). */
-  client?: string | undefined;
+  client?: string;
 }
 
 interface ParkingLotDeps {
@@ -476,7 +476,6 @@ function turnAt(q: Queue, i: number, now: number): number {
   }
   return best;
 }
-
 
 /** The later of two moments an entry may not leave before, either unset. */
 function notBefore(a: number | undefined, b: number | undefined): number | undefined {
