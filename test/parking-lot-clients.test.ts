@@ -3,6 +3,7 @@
 // the slots still come first; requests of no client keep the deadline order.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ParkingLot, type Ticket, type TargetState } from '../src/pipeline/parking-lot.ts';
+import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 
 let state: TargetState;
 let lot: ParkingLot;
@@ -197,5 +198,62 @@ describe('the parking lot, between clients', () => {
     // Neither has been served since: the earliest deadline goes first (remembered, gone's release at 1 s would have put
     // other first).
     expect(order).toEqual(['gone0', 'gone1', 'other0', 'other1']);
+  });
+});
+
+describe("a full route's parking queue, between clients", () => {
+  const parkAs = (client: string, maxQueue: number, extra: { bodyBytes?: number } = {}) => lot.park('t', { ...opts(client, 60_000), maxQueue, ...extra });
+
+  it("gives the newest place of the client with the most parked to a newcomer of another client", async () => {
+    const flood = [0, 1, 2, 3].map(() => parkAs('flood', 4));
+    const quiet = parkAs('quiet', 4);
+    // flood's newest is answered as a newcomer to a full queue would have been (503 park_queue_full upstream of here).
+    expect(await flood[3]).toEqual({ kind: 'full' });
+    expect(lot.waiting('t')).toBe(4);
+    // flood's own newcomer finds no one to displace: 3 of flood against 1 of quiet is one too few.
+    expect(await parkAs('flood', 4)).toEqual({ kind: 'full' });
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect((await quiet).kind).toBe('released');
+    for (const p of flood.slice(0, 3)) expect((await p).kind).toBe('released');
+  });
+
+  it('turns the newcomer away when no client has two more parked than its own', async () => {
+    const parked = [parkAs('a', 2), parkAs('b', 2)];
+    expect(await parkAs('c', 2)).toEqual({ kind: 'full' });
+    expect(await parkAs('a', 2)).toEqual({ kind: 'full' });
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (const p of parked) expect((await p).kind).toBe('released');
+  });
+
+  it('displaces no one for a newcomer whose body does not fit', async () => {
+    const bodies = new WaitingBodies(1_000);
+    lot = new ParkingLot({ now: () => Date.now(), random: () => 0, stateOf: () => state, bodies });
+    const flood = [0, 1].map(() => lot.park('t', { ...opts('flood', 60_000), maxQueue: 2, bodyBytes: 400 }));
+    expect(await lot.park('t', { ...opts('quiet', 60_000), maxQueue: 2, bodyBytes: 400 })).toEqual({ kind: 'full' });
+    expect(lot.waiting('t')).toBe(2);
+    expect(bodies.bytes).toBe(800);
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    for (const p of flood) expect((await p).kind).toBe('released');
+  });
+});
+
+describe("a full route's parking queue, counts", () => {
+  it("forgets what a client had parked once it left: a client that has gone is no one's place to take", async () => {
+    state = { mode: 'available', slots: 10 };
+    const gone = await Promise.all([0, 1, 2].map(() => lot.park('t', { ...opts('gone', 60_000), maxQueue: 3 })));
+    expect(gone.map((r) => r.kind)).toEqual(['released', 'released', 'released']);
+    for (const r of gone) if (r.kind === 'released') r.ticket.done();
+    state = { mode: 'blocked', availableAtMs: 5_000 };
+    lot.notify('t');
+    const a = [0, 1, 2].map(() => lot.park('t', { ...opts('a', 60_000), maxQueue: 3 }));
+    const quiet = lot.park('t', { ...opts('quiet', 60_000), maxQueue: 3 });
+    // 'a' holds the whole queue now: its newest gives its place.
+    expect(await a[2]).toEqual({ kind: 'full' });
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(5_000);
+    expect((await quiet).kind).toBe('released');
   });
 });

@@ -89,6 +89,8 @@ interface Entry {
   tier: Tier;
   cls: number;
   client: LotClient;
+  /** Arrival order in the lot: a full route's queue gives a fuller client's newest place away. */
+  seq: number;
   deadlineAtMs: number;
   /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
   cutoffMs: number;
@@ -148,6 +150,9 @@ export class ParkingLot {
   readonly #deps: ParkingLotDeps;
   readonly #queues = new Map<string, Queue>();
   readonly #perRoute = new Map<string, number>();
+  /** Per route, each client's requests parked: whose place a full route's queue gives away. */
+  readonly #perRouteClient = new Map<string, Map<string, number>>();
+  #seq = 0;
   #closing = false;
 
   constructor(deps: ParkingLotDeps) {
@@ -172,15 +177,19 @@ export class ParkingLot {
 
   park(key: string, opts: ParkOptions): Promise<ParkResult> {
     if (this.#closing) return Promise.resolve(this.#count(opts.route, { kind: 'closing' }));
-    if ((this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
+    const clientName = opts.client ?? '';
+    const displaced = (this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue ? this.#displaced(opts.route, clientName) : undefined;
+    if (displaced === null) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     if (opts.signal.aborted) return Promise.resolve(this.#count(opts.route, { kind: 'aborted' }));
     const bytes = opts.bodyBytes ?? 0;
     if (this.#deps.bodies && !this.#deps.bodies.take(bytes, opts.lowestClass === true)) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
+    // Only once the newcomer parks: one turned away for its body took no one's place.
+    if (displaced) this.#giveUp(displaced, { kind: 'full' });
     const target = targetOfHoldOffKey(key);
     const q = this.#queue(target);
     const tier = this.#tier(q, key);
     const cls = opts.cls ?? 0;
-    const client = lotClient(q, cls, opts.client ?? '');
+    const client = lotClient(q, cls, clientName);
     // It parks behind the release windows of the requests it queues behind (waiting()): its own key's and its target's.
     const windowEndMs = Math.max(tier.spreadUntilMs, q.tiers.get(target)?.spreadUntilMs ?? 0);
     return new Promise<ParkResult>((resolve) => {
@@ -192,6 +201,7 @@ export class ParkingLot {
         tier,
         cls,
         client,
+        seq: this.#seq++,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
         notBeforeMs: notBefore(windowEndMs > this.#deps.now() ? Math.min(windowEndMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
@@ -199,28 +209,61 @@ export class ParkingLot {
           clearTimeout(waitTimer);
           opts.signal.removeEventListener('abort', onAbort);
           this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 1) - 1);
+          this.#countClient(opts.route, clientName, -1);
           this.#deps.bodies?.give(bytes);
           this.#deps.onParkedChange?.(opts.route, -1);
           resolve(this.#count(opts.route, r));
         },
       };
-      const leave = (r: ParkResult) => {
-        const i = q.entries.indexOf(entry);
-        if (i === -1) return;
-        takeOut(q, i);
-        entry.settle(r);
-      };
-      const onAbort = () => leave({ kind: 'aborted' });
+      const onAbort = () => this.#giveUp(entry, { kind: 'aborted' });
       opts.signal.addEventListener('abort', onAbort, { once: true });
       const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, cutoffMs - this.#deps.now());
-      waitTimer = setTimeout(() => leave({ kind: 'timeout' }), Math.max(0, waitMs));
+      waitTimer = setTimeout(() => this.#giveUp(entry, { kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
       tier.parked++;
       client.parked++;
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
+      this.#countClient(opts.route, clientName, 1);
       this.#deps.onParkedChange?.(opts.route, 1);
       this.#pump(target, q);
     });
+  }
+
+  #countClient(route: string, client: string, delta: number): void {
+    let counts = this.#perRouteClient.get(route);
+    if (!counts) this.#perRouteClient.set(route, (counts = new Map()));
+    const n = (counts.get(client) ?? 0) + delta;
+    if (n > 0) counts.set(client, n);
+    else counts.delete(client);
+  }
+
+  /**
+   * The route's queue is full: the newest request of the client with the most parked on the route, when that is at
+   * least two more than the newcomer's client has (so the swap leaves it no fewer), as in the pools: a tenant that
+   * filled the queue in an outage would otherwise turn every other tenant's newcomers away. Null: no one to displace.
+   */
+  #displaced(route: string, client: string): Entry | null {
+    const counts = this.#perRouteClient.get(route);
+    if (!counts) return null;
+    const own = counts.get(client) ?? 0;
+    let fullest: string | undefined;
+    let most = own + 1;
+    for (const [name, n] of counts) if (n > most) [fullest, most] = [name, n];
+    if (fullest === undefined) return null;
+    let newest: Entry | undefined;
+    for (const q of this.#queues.values()) {
+      for (const e of q.entries) if (e.route === route && e.client.name === fullest && (newest === undefined || e.seq > newest.seq)) newest = e;
+    }
+    return newest ?? null;
+  }
+
+  /** Takes a parked entry out of its queue and answers it (once: an entry released or answered is out already). */
+  #giveUp(e: Entry, r: ParkResult): void {
+    const q = this.#queues.get(targetOfHoldOffKey(e.key));
+    const i = q ? q.entries.indexOf(e) : -1;
+    if (i === -1) return;
+    takeOut(q!, i);
+    e.settle(r);
   }
 
   /** The state of a target or of its flex tier may have changed (a breaker transition, a hold-off, a timer): release what may go. */
