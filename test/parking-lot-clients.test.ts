@@ -257,3 +257,49 @@ describe("a full route's parking queue, counts", () => {
     expect((await quiet).kind).toBe('released');
   });
 });
+
+describe("a full route's parking queue, between classes", () => {
+  it("gives no higher class's place to a newcomer of a lower class: a batch newcomer does not turn an online request away", async () => {
+    const online = [0, 1, 2].map(() => lot.park('t', { ...opts('flood', 60_000, 0), maxQueue: 3 }));
+    const outcomes: string[] = [];
+    online.forEach((p, i) => void p.then((r) => outcomes.push(`online${i}:${r.kind}`)));
+    const late = lot.park('t', { ...opts('quiet', 60_000, 1), maxQueue: 3 });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(await Promise.race([late, Promise.resolve({ kind: 'parked' })])).toEqual({ kind: 'full' });
+    expect(outcomes).toEqual([]);
+    expect(lot.waiting('t')).toBe(3);
+    // A flood entry of the newcomer's class or a lower one is its to take: the newest of those.
+    const batch = lot.park('t', { ...opts('flood', 60_000, 1), maxQueue: 4 });
+    const quiet = lot.park('t', { ...opts('quiet', 60_000, 1), maxQueue: 4 });
+    expect(await batch).toEqual({ kind: 'full' });
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect((await quiet).kind).toBe('released');
+    for (const p of online) expect((await p).kind).toBe('released');
+  });
+});
+
+describe("a full route's parking queue, counts through every way out", () => {
+  it('forgets a request that timed out, was aborted or was displaced: the client keeps no place it no longer holds', async () => {
+    const ac = new AbortController();
+    const flood = [
+      lot.park('t', { ...opts('flood', 60_000), maxQueue: 4, signal: ac.signal }),
+      lot.park('t', { ...opts('flood', 60_000), maxQueue: 4, maxWaitMs: 100 }),
+      lot.park('t', { ...opts('flood', 60_000), maxQueue: 4 }),
+      lot.park('t', { ...opts('flood', 60_000), maxQueue: 4 }),
+    ];
+    // Full: quiet takes flood's newest place (flood 3, quiet 1).
+    const quiet = lot.park('t', { ...opts('quiet', 60_000), maxQueue: 4 });
+    expect(await flood[3]).toEqual({ kind: 'full' });
+    ac.abort();
+    expect(await flood[0]).toEqual({ kind: 'aborted' });
+    await vi.advanceTimersByTimeAsync(100);
+    expect(await flood[1]).toEqual({ kind: 'timeout' });
+    // flood 1, quiet 1, and two places free: 'c' and 'd' park; then, full, no one has two more than 'e' (none).
+    const c = ['c', 'd'].map((name) => lot.park('t', { ...opts(name, 60_000), maxQueue: 4 }));
+    expect(lot.waiting('t')).toBe(4);
+    expect(await lot.park('t', { ...opts('e', 60_000), maxQueue: 4 })).toEqual({ kind: 'full' });
+    lot.close();
+    for (const p of [flood[2]!, quiet, ...c]) expect((await p).kind).toBe('closing');
+  });
+});

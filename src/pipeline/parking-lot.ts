@@ -178,7 +178,7 @@ export class ParkingLot {
   park(key: string, opts: ParkOptions): Promise<ParkResult> {
     if (this.#closing) return Promise.resolve(this.#count(opts.route, { kind: 'closing' }));
     const clientName = opts.client ?? '';
-    const displaced = (this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue ? this.#displaced(opts.route, clientName) : undefined;
+    const displaced = (this.#perRoute.get(opts.route) ?? 0) >= opts.maxQueue ? this.#displaced(opts.route, clientName, opts.cls ?? 0) : undefined;
     if (displaced === null) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     if (opts.signal.aborted) return Promise.resolve(this.#count(opts.route, { kind: 'aborted' }));
     const bytes = opts.bodyBytes ?? 0;
@@ -238,21 +238,27 @@ export class ParkingLot {
   }
 
   /**
-   * The route's queue is full: the newest request of the client with the most parked on the route, when that is at
-   * least two more than the newcomer's client has (so the swap leaves it no fewer), as in the pools: a tenant that
-   * filled the queue in an outage would otherwise turn every other tenant's newcomers away. Null: no one to displace.
+   * The route's queue is full: the newest request of its class or a lower one of the client with the most parked on
+   * the route, when that is at least two more than the newcomer's client has (so the swap leaves it no fewer), as in
+   * the pools: a tenant that filled the queue in an outage would otherwise turn every other tenant's newcomers away.
+   * Never one of a higher class: a batch newcomer turned online requests away. Null: no one to displace.
    */
-  #displaced(route: string, client: string): Entry | null {
+  #displaced(route: string, client: string, cls: number): Entry | null {
     const counts = this.#perRouteClient.get(route);
     if (!counts) return null;
     const own = counts.get(client) ?? 0;
-    let fullest: string | undefined;
-    let most = own + 1;
-    for (const [name, n] of counts) if (n > most) [fullest, most] = [name, n];
-    if (fullest === undefined) return null;
+    // No one fuller: the common case of a flood's own newcomers, answered without a scan.
+    let fuller = false;
+    for (const n of counts.values()) if (n > own + 1) fuller = true;
+    if (!fuller) return null;
     let newest: Entry | undefined;
+    let most = own + 1;
     for (const q of this.#queues.values()) {
-      for (const e of q.entries) if (e.route === route && e.client.name === fullest && (newest === undefined || e.seq > newest.seq)) newest = e;
+      for (const e of q.entries) {
+        if (e.route !== route || e.cls < cls) continue;
+        const n = counts.get(e.client.name) ?? 0;
+        if (n > most || (n === most && newest !== undefined && e.seq > newest.seq)) [newest, most] = [e, n];
+      }
     }
     return newest ?? null;
   }
