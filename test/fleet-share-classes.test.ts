@@ -91,8 +91,9 @@ describe('the fleet share of a pool', () => {
       await flood;
     }
     latencies.sort((x, y) => x - y);
-    // By total demand alone B got 1 of the 8 slots (2 of 62 demand): online waited seconds.
+    // By total demand alone B got 1 of the 8 slots (2 of 62 demand): online waited seconds (its 30th request ~9 s,
+    // 300 ms each through one slot). The slowest bound is generous: a loaded CI run saw 1.6 s, the tail of the machine.
     expect(latencies[Math.floor(latencies.length / 2)]!).toBeLessThan(700);
-    expect(latencies.at(-1)!).toBeLessThan(1_500);
+    expect(latencies.at(-1)!).toBeLessThan(3_000);
   }, 30_000);
 });
