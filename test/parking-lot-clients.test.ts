@@ -227,16 +227,31 @@ describe("a full route's parking queue, between clients", () => {
     for (const p of parked) expect((await p).kind).toBe('released');
   });
 
-  it('displaces no one for a newcomer whose body does not fit', async () => {
+  it('displaces no one for a newcomer whose body does not fit, even in the place of the one it would displace', async () => {
     const bodies = new WaitingBodies(1_000);
     lot = new ParkingLot({ now: () => Date.now(), random: () => 0, stateOf: () => state, bodies });
     const flood = [0, 1].map(() => lot.park('t', { ...opts('flood', 60_000), maxQueue: 2, bodyBytes: 400 }));
-    expect(await lot.park('t', { ...opts('quiet', 60_000), maxQueue: 2, bodyBytes: 400 })).toEqual({ kind: 'full' });
+    // 400 held once flood's newest gives its 400 back: 400 + 700 is over the 1,000.
+    expect(await lot.park('t', { ...opts('quiet', 60_000), maxQueue: 2, bodyBytes: 700 })).toEqual({ kind: 'full' });
     expect(lot.waiting('t')).toBe(2);
     expect(bodies.bytes).toBe(800);
     state = { mode: 'available', slots: 10 };
     await vi.advanceTimersByTimeAsync(1_000);
     for (const p of flood) expect((await p).kind).toBe('released');
+  });
+
+  it('counts the body of the request it displaces as freed: a newcomer that fits in its place parks', async () => {
+    const bodies = new WaitingBodies(1_000);
+    lot = new ParkingLot({ now: () => Date.now(), random: () => 0, stateOf: () => state, bodies });
+    const flood = [0, 1].map(() => lot.park('t', { ...opts('flood', 60_000), maxQueue: 2, bodyBytes: 400 }));
+    // 800 + 500 is over the cap; 400 + 500, once flood's newest gives its 400 back, is not.
+    const quiet = lot.park('t', { ...opts('quiet', 60_000), maxQueue: 2, bodyBytes: 500 });
+    expect(await flood[1]).toEqual({ kind: 'full' });
+    expect(bodies.bytes).toBe(900);
+    state = { mode: 'available', slots: 10 };
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect((await quiet).kind).toBe('released');
+    expect((await flood[0]!).kind).toBe('released');
   });
 });
 

@@ -91,6 +91,8 @@ interface Entry {
   client: LotClient;
   /** Arrival order in the lot: a full route's queue gives a fuller client's newest place away. */
   seq: number;
+  /** Its body's bytes, counted against the waiting bodies' cap while it is parked. */
+  bytes: number;
   deadlineAtMs: number;
   /** When it times out (deadline - minAttemptMs): its moment in a release window comes before it. */
   cutoffMs: number;
@@ -182,7 +184,7 @@ export class ParkingLot {
     if (displaced === null) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     if (opts.signal.aborted) return Promise.resolve(this.#count(opts.route, { kind: 'aborted' }));
     const bytes = opts.bodyBytes ?? 0;
-    if (this.#deps.bodies && !this.#deps.bodies.take(bytes, opts.lowestClass === true)) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
+    if (this.#deps.bodies && !this.#deps.bodies.takeInPlaceOf(bytes, opts.lowestClass === true, displaced?.bytes ?? 0)) return Promise.resolve(this.#count(opts.route, { kind: 'full' }));
     // Only once the newcomer parks: one turned away for its body took no one's place.
     if (displaced) this.#giveUp(displaced, { kind: 'full' });
     const target = targetOfHoldOffKey(key);
@@ -202,6 +204,7 @@ export class ParkingLot {
         cls,
         client,
         seq: this.#seq++,
+        bytes,
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
         notBeforeMs: notBefore(windowEndMs > this.#deps.now() ? Math.min(windowEndMs, cutoffMs - 1) : undefined, opts.notBeforeMs),

@@ -489,11 +489,7 @@ export class ProviderPool {
    * first (it leaves the queue if the newcomer waits); false, counting nothing, when it does not fit.
    */
   #takeBytes(bytes: number, cls: number, displaced: Waiter | undefined): boolean {
-    const freed = displaced?.req.bodyBytes ?? 0;
-    this.bodies!.give(freed);
-    const fits = this.bodies!.take(bytes, cls > 0 && cls === this.settings.classes.length - 1);
-    this.bodies!.add(freed);
-    return fits;
+    return this.bodies!.takeInPlaceOf(bytes, cls > 0 && cls === this.settings.classes.length - 1, displaced?.req.bodyBytes ?? 0);
   }
 
   /** A client's newest waiter of the class that the parking lot did not release. */

@@ -32,6 +32,17 @@ export class WaitingBodies {
     return true;
   }
 
+  /**
+   * As take, for a newcomer that takes a waiting request's place: the bytes that one gives back count as freed first,
+   * so a newcomer no larger than the one it displaces fits where it would.
+   */
+  takeInPlaceOf(bytes: number, lowest: boolean, freed: number): boolean {
+    this.#bytes -= freed;
+    const fits = this.take(bytes, lowest);
+    this.#bytes += freed;
+    return fits;
+  }
+
   /** Counts a body that waits whatever the cap says (a request the parking lot released was admitted when it parked). */
   add(bytes: number): void {
     this.#bytes += bytes;
