@@ -148,6 +148,44 @@ describe('SIGTERM', () => {
   });
 });
 
+describe('SIGTERM, a retry waiting out a wait hint', () => {
+  const ask = (url: string) =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+    }).then(async (r) => ({ status: r.status, retry: r.headers.get('x-should-retry'), retryAfterMs: Number(r.headers.get('retry-after-ms')), code: ((await r.json()) as { error?: { code: string } }).error?.code }));
+
+  it('answers at once, 503 gateway_draining with the wait as retry-after, when the wait would outlast the grace period; the exit does not wait for it', async () => {
+    // Grace ends 5 s after SIGTERM; the provider asks for 8 s. Waiting would hold the request (and the exit) 5 s for a
+    // 503 anyway; another instance can take the retry once the 8 s are over.
+    const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '8000' } }] });
+    const exited = once(proc!, 'exit');
+    proc!.kill('SIGTERM');
+    await sleep(100);
+    const sent = Date.now();
+    const answer = await ask(url);
+    expect(Date.now() - sent).toBeLessThan(2_500);
+    expect(answer).toMatchObject({ status: 503, retry: 'true', code: 'gateway_draining' });
+    expect(answer.retryAfterMs).toBeGreaterThanOrEqual(8_000);
+    expect(answer.retryAfterMs).toBeLessThanOrEqual(9_700);
+    expect(mock!.stats().total).toBe(1);
+    const [code] = await exited;
+    expect(code).toBe(0);
+    expect(Date.now() - sent).toBeLessThan(3_500);
+  });
+
+  it('still waits out a hint that ends within the grace period, and retries', async () => {
+    const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '300' } }] });
+    const exited = once(proc!, 'exit');
+    proc!.kill('SIGTERM');
+    await sleep(100);
+    expect(await ask(url)).toMatchObject({ status: 200 });
+    expect(mock!.stats().total).toBe(2);
+    expect((await exited)[0]).toBe(0);
+  });
+});
+
 describe('SIGTERM with a run under an idempotency key', () => {
   const redis = useRedisServer();
 

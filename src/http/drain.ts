@@ -26,6 +26,8 @@ export interface Drain {
   readonly phase: Phase;
   /** The grace period is over: whatever is still running is being ended. */
   readonly pastGrace: boolean;
+  /** From SIGTERM on, the time left before the grace period is over (preStopMs included); undefined while serving. */
+  graceLeftMs: () => number | undefined;
   /** The pipeline's abort for when the grace period is over (at once if it is); returns its removal. */
   onShutdown: (listener: () => void) => () => void;
   /** A run under an idempotency key, until it has ended in the store: a drain waits for it before the store closes. */
@@ -43,9 +45,11 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
   const detachedRuns = new Set<Promise<void>>();
   const inPipeline = new Set<() => void>();
   let pastGrace = false;
+  let graceEndsAtMs: number | undefined;
   app.decorate('drain', async () => {
     if (phase !== 'serving') return;
     phase = 'draining';
+    graceEndsAtMs = Date.now() + config.preStopMs + config.graceMs;
     logger.info({ preStopMs: config.preStopMs }, 'draining: readiness off');
     await sleep(config.preStopMs);
     phase = 'closing';
@@ -95,6 +99,7 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
     get pastGrace() {
       return pastGrace;
     },
+    graceLeftMs: () => (graceEndsAtMs === undefined ? undefined : graceEndsAtMs - Date.now()),
     onShutdown: (listener) => {
       if (pastGrace) {
         listener();

@@ -82,6 +82,7 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
           ...(arrival && runtime.repeats.isRepeat(arrival) && { repeat: true }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,
+          graceLeftMs: drain.graceLeftMs,
           ...(keyed && { idempotent: true }),
         },
         runtime.pipeline,

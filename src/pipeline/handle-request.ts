@@ -54,6 +54,8 @@ export interface ManagedRequest {
   onClientGone: (listener: () => void) => () => void;
   /** Registers a call for when the instance's drain grace period is over (at once if it is); returns its removal. */
   onShutdown?: (listener: () => void) => () => void;
+  /** While the instance drains, the time left before its grace period is over (a retry's wait past it is not taken). */
+  graceLeftMs?: () => number | undefined;
   /**
    * The request runs under an idempotency key (pipeline/idempotent-request.ts), detached from its client, which may
    * come back under the key for the answer: its deadline is the route's, not the client's timeout, and a client that
@@ -200,6 +202,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
         client: req.client,
+        graceLeftMs: req.graceLeftMs,
       },
       plans,
       contextFallback,
@@ -301,7 +304,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
       const outcome = served.failure.result.outcome;
       if (outcome.kind === 'aborted' && outcome.by === 'shutdown') {
         summary.outcome = 'unavailable';
-        return errorAnswer(drainingError());
+        return errorAnswer(drainingError(served.failure.retryAfterMs));
       }
       summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
       if (served.failure.why) summary.retriesStopped = served.failure.why;

@@ -12,7 +12,7 @@ import type { HoldOffs } from '../state/hold-offs.ts';
 import type { RetryBudget } from '../state/retry-budget.ts';
 import type { AttemptResult } from './attempt.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
-import { abortOutcome } from './abort-reasons.ts';
+import { GatewayShutdown, abortOutcome } from './abort-reasons.ts';
 import { attemptInSlot, type SlotAttempt } from './slot-attempt.ts';
 import type { ProviderPool, ShedReason } from '../pools/provider-pool.ts';
 import type { Prepared } from '../providers/families.ts';
@@ -149,6 +149,8 @@ export interface RequestContext {
   bodyBytes?: number;
   /** The client's key's name (auth.keys): its requests wait for slots in turn with other clients' (SlotRequest.client). */
   client?: string;
+  /** While the instance drains, the time left before its grace period is over (PipelineRequest.graceLeftMs). */
+  graceLeftMs?: () => number | undefined;
 }
 
 export interface Guards {
@@ -438,6 +440,12 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
+    // Draining, a wait past the grace period's end would be cut there (503 gateway_draining) and hold the exit until
+    // then: the request gets that answer now, told to come back (to another instance) when the wait is over.
+    if (delayMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
+      const outcome = abortOutcome(new GatewayShutdown());
+      return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs: delayMs };
+    }
     if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
     try {
