@@ -17,6 +17,22 @@ interface OverheadResults {
   figures: Figure[];
   references: Array<{ name: string; ratio: number; cpuUsPerRequest: number; ttftAddedMs: number | null }>;
 }
+interface StormRun {
+  amplification: number;
+  successRate: number;
+}
+interface StormResults {
+  date: string;
+  commit: string;
+  scenarios: Array<{ scenario: { name: string }; figures: Record<'direct-sdk' | 'direct-naive' | 'gateway', StormRun> }>;
+}
+
+/** A success rate as the README writes it: one decimal, two where one would round a failure away to 100%. */
+function percent(rate: number): string {
+  const one = (rate * 100).toFixed(1);
+  if (rate === 1) return '100%';
+  return `${one === '100.0' ? (rate * 100).toFixed(2) : one}%`;
+}
 
 describe('the README', () => {
   it('names every folder and top-level module under src/ in its layout', () => {
@@ -65,5 +81,19 @@ describe('the README', () => {
     // The paragraph is wrapped at 120 columns: compare with line breaks and indentation as single spaces.
     const text = paragraph.replace(/\s+/g, ' ');
     expect(quoted.filter((q) => !text.includes(q)), 'update the `npm run bench` paragraph of README.md from bench/results/overhead.md').toEqual([]);
+  });
+
+  it('quotes the latest storm bench run, bench/results/storm.json', () => {
+    const results = JSON.parse(readFileSync(new URL('../bench/results/storm.json', import.meta.url), 'utf8')) as StormResults;
+    const brownout = results.scenarios.find((s) => s.scenario.name === 'brownout-503')!.figures;
+    const paragraph = readme.slice(readme.indexOf('- `npm run bench:storm`'), readme.indexOf('- `npm run bench:priority`')).replace(/\s+/g, ' ');
+    const x = (run: StormRun) => `${run.amplification.toFixed(2)}x`;
+    const quoted = [
+      `Latest run (${results.date.slice(0, 10)}, commit ${results.commit})`,
+      `brownout amplification ${x(brownout.gateway)} through the gateway against ${x(brownout['direct-sdk'])} with SDK retries and ${x(brownout['direct-naive'])} with naive ones`,
+      `success ${percent(brownout.gateway.successRate)} against ${percent(brownout['direct-sdk'].successRate)} and ${percent(brownout['direct-naive'].successRate)}`,
+      `${percent(brownout.gateway.successRate)} of requests succeed`,
+    ];
+    expect(quoted.filter((q) => !paragraph.includes(q)), 'update the `npm run bench:storm` paragraph of README.md from bench/results/storm.md').toEqual([]);
   });
 });
