@@ -10,7 +10,7 @@ import type { PipelineAnswer } from './pipeline/handle-request.ts';
 import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
-import { RequestRecorder } from './observability/pipeline-metrics.ts';
+import { RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
@@ -151,18 +151,21 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // A replay used no provider tokens.
     if (summary && request.client !== undefined && summary.outcome !== 'replayed') limit?.used(request.client, [summary.usage, summary.continuationUsage?.usage]);
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
+    let rejected: RejectedOutcome | undefined;
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
     // it is a client request answered: without this count a client sending only invalid requests would not show.
     // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.) One whose client left
     // before any answer (a repeat waiting for its idempotency key's run) has no status to go by: counted all the same.
-    else if (router.paths.has(request.routeOptions.url ?? '')) {
-      if (sentNothing) recorder.rejected('client_gone');
-      else if (reply.statusCode >= 400) recorder.rejected(reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected');
+    if (!summary && router.paths.has(request.routeOptions.url ?? '')) {
+      if (sentNothing) rejected = 'client_gone';
+      else if (reply.statusCode >= 400) rejected = reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected';
+      if (rejected) recorder.rejected(rejected);
     }
     if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
     // Scrapes and probes come every few seconds from machines: a line each would bury the requests; failures still show.
     if (!summary && reply.statusCode < 400 && OPS_PATHS.has(request.routeOptions.url ?? '')) return;
-    logRequest(access, request, reply, gone, sentNothing);
+    // Its line says the outcome its count has, so a search of the logs finds what the metric counted.
+    logRequest(access, request, reply, gone, sentNothing, rejected);
   });
 
   const drain = gracefulDrain(app, config.drain, logger, runtime, sweep);

@@ -38,6 +38,25 @@ describe('requests refused before the pipeline', () => {
     expect(s.mock.stats().total).toBe(1);
   });
 
+  it('a request the pipeline answered is counted under its route alone, whatever the repeats watch says (windowS: 0)', async () => {
+    // With the watch off a failed request was counted twice: under its route, and again as rejected under route none.
+    const s = await startStack({ route: { budget: { repeats: { windowS: 0 } } }, faults: { errors: [{ status: 400, rate: 1 }] } });
+    const r = await fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }) });
+    expect(r.status).toBe(400);
+    await r.arrayBuffer();
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(await metricSum(s, 'stormgate_requests_total{route="none"')).toBe(0);
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
+  });
+
+  it("log the outcome they are counted under, as every request's line does", async () => {
+    const s = await startStack();
+    const r = await fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{not json' });
+    expect(r.status).toBe(400);
+    await r.arrayBuffer();
+    await vi.waitFor(() => expect(s.logs.map((l) => JSON.parse(l) as { status?: number; outcome?: string }).find((l) => l.status === 400)).toMatchObject({ outcome: 'rejected' }), { timeout: 2_000, interval: 20 });
+  });
+
   it('requests refused under their idempotency key count as rejected too: none went upstream', async () => {
     const s = await startStack();
     const post = (key: string, content: string) =>

@@ -4,6 +4,7 @@ import type { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
+import type { RejectedOutcome } from '../observability/pipeline-metrics.ts';
 
 /** `sentNothing`: the client left before the answer's status and headers were written to it. */
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean) => void;
@@ -110,7 +111,7 @@ export function plainSuccess(request: FastifyRequest, clientGone: boolean): bool
 }
 
 /** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
-export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean): void {
+export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean, rejected?: RejectedOutcome): void {
   const s = request.stormgate;
   const line = {
     reqId: request.id,
@@ -121,6 +122,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
     ...(request.client !== undefined && { client: request.client }),
+    ...(rejected && { outcome: rejected }),
     ...(s && {
       route: s.route,
       target: s.target,

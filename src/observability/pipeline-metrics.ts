@@ -51,6 +51,9 @@ export async function forgetTargetSeries(m: Metrics, target: string): Promise<vo
  * The labels of a request on a managed path answered before any route took it (invalid or oversized body, no usable
  * model, a bad timeout header, no client key, a draining instance): no route, target or priority served it.
  */
+/** The outcome of a request on a managed path answered before the pipeline took it. */
+export type RejectedOutcome = 'rejected' | 'gateway_error' | 'deadline' | 'client_gone';
+
 export const REJECTED_LABELS = { route: 'none', target: 'none', priority: 'none', outcome: 'rejected' } as const;
 
 /** Records each client request once its answer is complete (a stream: once it ended), and keeps the rate window. */
@@ -81,7 +84,7 @@ export class RequestRecorder {
    * counted, so the request count is every request a client sent, but out of the rate window and the histograms,
    * which are the pipeline's.
    */
-  rejected(outcome: 'rejected' | 'gateway_error' | 'deadline' | 'client_gone' = 'rejected'): void {
+  rejected(outcome: RejectedOutcome = 'rejected'): void {
     this.m.requests.inc({ ...REJECTED_LABELS, outcome });
   }
 
