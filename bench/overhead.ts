@@ -6,8 +6,8 @@
 import { mkdirSync, statSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { request } from 'undici';
+import { benchArgs } from './lib/args.ts';
 import { cpuWindow, readCpu } from './lib/cpu.ts';
 import { CHAT_PATH, closedLoop, openLoop, streamTtft } from './lib/load.ts';
 import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
@@ -122,14 +122,14 @@ async function round(i: number, targets: Side<Target>, refs: Reference[]): Promi
 }
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({
-    options: {
+  const values = benchArgs(
+    {
       strict: { type: 'boolean', default: false },
       rounds: { type: 'string', default: '3' },
       profile: { type: 'boolean', default: false },
     },
-    strict: true,
-  });
+    'usage: npm run bench -- [--rounds N] [--strict] [--profile]\n  --rounds N  rounds of each measurement, the median reported (default 3)\n  --strict    exit 1 when a target is missed\n  --profile   also write a CPU profile of the gateway\n',
+  );
   const rounds = Number(values.rounds);
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a positive integer, got ${values.rounds}`);
   mkdirSync(WORK_DIR, { recursive: true });

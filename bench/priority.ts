@@ -14,9 +14,9 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import type { MockStats } from '../src/mock/server.ts';
+import { benchArgs } from './lib/args.ts';
 import { cpuWindow, readCpu, type CpuReading } from './lib/cpu.ts';
 import { startGatewayProcess, startMockProcess, type Child } from './lib/processes.ts';
 import { commit, log } from './lib/run-info.ts';
@@ -90,10 +90,10 @@ function cpuBetween(a: CpuMark, b: CpuMark): { other: number | undefined; cores:
 }
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({
-    options: { strict: { type: 'boolean', default: false }, quick: { type: 'boolean', default: false }, 'latency-jitter-ms': { type: 'string' }, poisson: { type: 'boolean', default: false }, tenants: { type: 'boolean', default: false } },
-    strict: true,
-  });
+  const values = benchArgs(
+    { strict: { type: 'boolean', default: false }, quick: { type: 'boolean', default: false }, 'latency-jitter-ms': { type: 'string' }, poisson: { type: 'boolean', default: false }, tenants: { type: 'boolean', default: false } },
+    'usage: npm run bench:priority -- [--tenants] [--quick] [--poisson] [--latency-jitter-ms N] [--strict]\n  --tenants              the flood as another tenant of the online class (client keys), not as batch\n  --quick                a short smoke run\n  --poisson              Poisson arrivals for the online traffic\n  --latency-jitter-ms N  random extra latency at the mock\n  --strict               exit 1 when a target is missed\n',
+  );
   const jitterMs = values['latency-jitter-ms'] === undefined ? 0 : Number(values['latency-jitter-ms']);
   if (!Number.isFinite(jitterMs) || jitterMs < 0) throw new Error(`--latency-jitter-ms wants a number of ms >= 0, got ${values['latency-jitter-ms']}`);
   if (values.poisson) SETTINGS.online.arrivals = 'poisson';

@@ -7,7 +7,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
+import { benchArgs } from './lib/args.ts';
 import { upstreamChart } from './storm/chart.ts';
 import { runFigures, type RunFigures } from './storm/figures.ts';
 import { measurePropagation, type PropagationResult } from './storm/propagation.ts';
@@ -83,13 +83,13 @@ function writeChart(file: string, r: ScenarioReport): void {
 }
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({
-    options: {
+  const values = benchArgs(
+    {
       strict: { type: 'boolean', default: false },
       only: { type: 'string' },
     },
-    strict: true,
-  });
+    'usage: npm run bench:storm -- [--only brownout-503|hang|propagation] [--strict]\n  --only    run one scenario\n  --strict  exit 1 when a target is missed\n',
+  );
   const parts = [BROWNOUT_503.name, HANG.name, 'propagation'];
   if (values.only !== undefined && !parts.includes(values.only)) throw new Error(`--only takes one of ${parts.join(', ')}, got "${values.only}"`);
   const wanted = (name: string) => values.only === undefined || values.only === name;
