@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import type { buildServer } from './server.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
-const USAGE = 'usage: stormgate [--config <file>]   (default: $STORMGATE_CONFIG or config/gateway.yaml)\n';
+const USAGE = 'usage: stormgate [--config <file>] [--port <n>]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port)\n';
 
 /** Where src/early-signals.mjs, loaded before tsx by `npm start`, keeps a signal heard before this module ran. */
 const EARLY_SIGNALS = Symbol.for('stormgate.earlySignals');
@@ -34,9 +34,9 @@ async function main(): Promise<void> {
   // A signal heard while tsx and this module loaded (npm start: src/early-signals.mjs).
   const early = (globalThis as { [EARLY_SIGNALS]?: { takeOver(): string | undefined } })[EARLY_SIGNALS]?.takeOver();
   if (early !== undefined) shutdown(early);
-  let values: { config?: string; help?: boolean };
+  let values: { config?: string; port?: string; help?: boolean };
   try {
-    ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
+    ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, port: { type: 'string', short: 'p' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
   } catch (err) {
     throw new StartupError(`${(err as Error).message}\n${USAGE}`);
   }
@@ -47,6 +47,8 @@ async function main(): Promise<void> {
   // An empty --config (a variable that expanded to nothing) names no file; an empty STORMGATE_CONFIG is unset.
   if (values.config === '') throw new StartupError(`--config needs a file name\n${USAGE}`);
   const file = values.config ?? (process.env.STORMGATE_CONFIG || DEFAULT_CONFIG);
+  const portFlag = values.port === undefined ? undefined : Number(values.port);
+  if (portFlag !== undefined && !(/^\d+$/.test(values.port!) && portFlag <= 65_535)) throw new StartupError(`--port takes a port number from 0 to 65535, got "${values.port}"\n${USAGE}`);
   const { ConfigError, loadConfigFile } = await import('./config/load.ts');
   let config;
   try {
@@ -63,6 +65,8 @@ async function main(): Promise<void> {
     }
     throw err;
   }
+  // One config file for several instances on one machine (or an example tried beside a running gateway).
+  if (portFlag !== undefined) config = { ...config, server: { ...config.server, port: portFlag } };
   const server = await import('./server.ts');
   building = true;
   const app = await server.buildServer(config);
@@ -76,10 +80,11 @@ async function main(): Promise<void> {
   // a closing terminal sends it too. There is no reload: the signal is logged and ignored.
   process.on('SIGHUP', () => app.log.warn('SIGHUP ignored: the config is read at start only; restart the gateway (SIGTERM drains) to apply a change'));
   const { host, port } = config.server;
+  const portFrom = portFlag === undefined ? `server.port in ${file}` : '--port';
   const address = await app.listen({ host, port }).catch((err: NodeJS.ErrnoException) => {
     const why: Record<string, string> = {
-      EADDRINUSE: `port ${port} is in use on ${host} (server.port in ${file})`,
-      EACCES: `no permission to listen on port ${port} (server.port in ${file}; ports below 1024 need privileges)`,
+      EADDRINUSE: `port ${port} is in use on ${host} (${portFrom})`,
+      EACCES: `no permission to listen on port ${port} (${portFrom}; ports below 1024 need privileges)`,
       EADDRNOTAVAIL: `${host} is not an address of this machine (server.host in ${file})`,
       ENOTFOUND: `${host} does not resolve (server.host in ${file})`,
     };

@@ -81,6 +81,29 @@ describe('stormgate on the command line', () => {
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
+  it('listens on --port in place of server.port, and says a bad one in a line', async () => {
+    // The file's port is taken: --port alone lets a second instance (or an example) start from the same file.
+    blocker = createServer();
+    await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
+    const taken = (blocker.address() as { port: number }).port;
+    const file = gatewayConfig(taken, 'silent');
+    const free = createServer();
+    await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));
+    const port = (free.address() as { port: number }).port;
+    await new Promise((r) => free.close(r));
+    child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file, '--port', String(port)], { stdio: 'ignore' });
+    await expect.poll(() => fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.status, () => 0), { timeout: 20_000, interval: 100 }).toBe(200);
+    child.kill('SIGINT');
+    expect((await once(child, 'exit'))[0]).toBe(0);
+    const inUse = await run(['--config', file, '--port', String(taken)]);
+    expect(inUse.stderr).toContain(`cannot listen: port ${taken} is in use on 127.0.0.1 (--port)`);
+    for (const bad of ['abc', '70000', '']) {
+      const r = await run(['--config', file, `--port=${bad}`]);
+      expect(r.code).toBe(2);
+      expect(r.stderr).toMatch(/^stormgate: --port takes a port number from 0 to 65535/);
+    }
+  });
+
   // Before, `npm start` ran the tsx CLI: a SIGTERM while tsx and the gateway's modules loaded (a second or two on a busy
   // machine) ended the process with 143 (tsx relayed it, then killed the process that had not confirmed within 30 ms;
   // or the process had no handler yet). Once main.ts had one, the exit still waited for every module to load.
