@@ -5,6 +5,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
 import type { RejectedOutcome } from '../observability/pipeline-metrics.ts';
+import { errorCodeOf } from './send-answer.ts';
 
 /** `sentNothing`: the client left before the answer's status and headers were written to it. */
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean) => void;
@@ -113,12 +114,15 @@ export function plainSuccess(request: FastifyRequest, clientGone: boolean): bool
 /** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
 export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean, rejected?: RejectedOutcome): void {
   const s = request.stormgate;
+  const errorCode = sentNothing ? undefined : errorCodeOf(request);
   const line = {
     reqId: request.id,
     method: request.method,
     path: request.routeOptions.url ?? request.url.split('?')[0],
     // A client that left before any header was written never saw a status.
     status: sentNothing ? undefined : reply.statusCode,
+    // The error's code the client got, so the code a client reports (circuit_open, load_shed) finds its line.
+    ...(errorCode !== undefined && { errorCode }),
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
     ...(request.client !== undefined && { client: request.client }),

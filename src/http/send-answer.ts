@@ -10,9 +10,33 @@ import type { PipelineAnswer } from '../pipeline/handle-request.ts';
 import { StreamBody, writeOpening } from '../streaming/stream-body.ts';
 import { safeHeaders } from './header-safe.ts';
 
+/** The `code` of the error body each request was answered with, for its log line (`errorCode`). */
+const errorCodes = new WeakMap<FastifyRequest, string>();
+
+/** The error code the request's client was answered with (a status of 400 or more), if its body named one. */
+export function errorCodeOf(request: FastifyRequest): string | undefined {
+  return errorCodes.get(request);
+}
+
+function noteErrorCode(request: FastifyRequest, body: unknown): void {
+  let parsed = body;
+  // An upstream error passed on byte for byte; only a small one is read (an error body, not an answer).
+  if (Buffer.isBuffer(body)) {
+    if (body.length > 65_536) return;
+    try {
+      parsed = JSON.parse(body.toString('utf8').replace(/^\uFEFF/, ''));
+    } catch {
+      return;
+    }
+  }
+  const code = (parsed as { error?: { code?: unknown } } | undefined)?.error?.code;
+  if (typeof code === 'string') errorCodes.set(request, code.slice(0, 128));
+}
+
 /** An error the gateway answers itself, with the request's id: what the SDKs show, and what its log line carries. */
 export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   const answer = errorAnswer(err);
+  noteErrorCode(reply.request, answer.body);
   reply.header('x-request-id', reply.request.id);
   return reply.code(answer.status).headers(safeHeaders({ ...answer.headers, ...err.headers })).type('application/json').send(clientShaped(reply, answer.status, answer.body));
 }
@@ -49,6 +73,7 @@ export function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): Fastify
     // An error the gateway made itself has no provider's id: the SDKs show ours instead (err.requestID, request_id),
     // which is the one the gateway's log lines carry.
     if (answer.status >= 400 && answer.headers['x-request-id'] === undefined) reply.header('x-request-id', reply.request.id);
+    if (answer.status >= 400) noteErrorCode(reply.request, body);
     reply.headers(safeHeaders(answer.headers));
     return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(answer.status >= 400 ? clientShaped(reply, answer.status, body as OpenAIErrorBody) : body);
   }

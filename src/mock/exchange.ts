@@ -29,6 +29,7 @@ export class Exchange {
     this.entry = entry;
     this.family = family;
     this.requestId = requestId;
+    entry.requestId = requestId;
   }
 
   /** Resolves true after ms, or false at once when the client goes away (the timer is cleared). */

@@ -27,6 +27,8 @@ export interface MockRequestLog {
   status?: number | 'reset' | 'hang';
   /** The client went away before the response finished. */
   aborted: boolean;
+  /** The id this answer carries (`x-request-id`, or Anthropic's `request-id`): what the gateway logs as upstreamRequestId. */
+  requestId?: string;
   endedAt?: number;
   chunksSent?: number;
 }
