@@ -31,6 +31,8 @@ import { asAbortSignal, type RequestSignal } from './pipeline/request-abort.ts';
 
 export interface RuntimeDeps {
   logger: Logger;
+  /** The instance's name (loop-guard.ts instanceName), which its log lines carry; a new one when not given. */
+  instance?: string;
   metrics: Metrics;
   /** Replaces every provider's undici Pool (tests pass a MockAgent or a shared Agent). */
   dispatcher?: Dispatcher;
@@ -173,7 +175,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   collectAtScrape(metrics, { config, targetKeys, pools, bodies, board, holdOffs, budget, now, breakersChanged: () => lastBreakerState.keys() });
   const series = zeroSeries(config, metrics, targetKeys);
   const observer = metricsObserver(metrics);
-  const loop = loopGuard();
+  const loop = loopGuard(deps.instance);
   const pipeline: PipelineDeps = {
     via: loop.via,
     providers,

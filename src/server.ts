@@ -13,6 +13,7 @@ import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
+import { instanceName } from './http/loop-guard.ts';
 import { registerPassthrough } from './providers/passthrough.ts';
 import { admission } from './http/admission.ts';
 import { clientLimits } from './http/client-limits.ts';
@@ -58,10 +59,13 @@ const OPS_PATHS: ReadonlySet<string> = new Set(['/metrics', '/healthz', '/readyz
 const ANSWERED: ReadonlySet<string> = new Set(['success', 'degraded', 'replayed']);
 
 export async function buildServer(config: Config, deps: ServerDeps = {}): Promise<FastifyInstance> {
-  const logger = deps.logger ?? createLogger(config);
+  // Every line names the instance (the name its Via entry upstream carries): logs shipped without a pod's labels, or a
+  // provider quoting the Via, still say which instance of the fleet it was.
+  const instance = instanceName();
+  const logger = (deps.logger ?? createLogger(config)).child({ instance });
   const access = accessLogger(logger);
   const metrics = deps.metrics ?? createMetrics();
-  const runtime = await createRuntime(config, { ...deps, logger, metrics });
+  const runtime = await createRuntime(config, { ...deps, logger, metrics, instance });
   const now = deps.now ?? Date.now;
   const recorder = new RequestRecorder(metrics, now);
   const router = createRouter(config);

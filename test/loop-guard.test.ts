@@ -82,3 +82,16 @@ describe('a fleet whose provider baseUrl points at the fleet (its load balancer)
     expect(upstreamVia('1.1 stormgate-ffffffff', many).split(', ')).toHaveLength(17);
   });
 });
+
+describe("the instance's name in its log lines", () => {
+  it('is on every line, and is the name its via entry upstream carries', async () => {
+    const s = await startStack({ faults: { errors: [{ status: 503, rate: 1, times: 1 }] } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] });
+    const via = s.mock.requests()[0]!.headers.via;
+    expect(via).toMatch(/^1\.1 stormgate-[0-9a-f]{8}$/);
+    const lines = s.logs.map((l) => JSON.parse(l) as { instance?: string; msg?: string });
+    expect(lines.some((l) => l.msg === 'request')).toBe(true);
+    for (const line of lines) expect(line.instance).toBe(via!.slice('1.1 '.length));
+  });
+});

@@ -9,15 +9,22 @@
 import { randomUUID } from 'node:crypto';
 
 export interface LoopGuard {
+  /** This instance's name (`stormgate-` and 8 hex digits), in its Via entry and in every line it logs. */
+  readonly name: string;
   /** The `via` header of every request this instance sends upstream. */
   readonly via: string;
   /** Did this request come from this very instance? */
   cameBack(via: string | string[] | undefined): boolean;
 }
 
-export function loopGuard(): LoopGuard {
-  const name = `stormgate-${randomUUID().slice(0, 8)}`;
+/** A new instance's name: made once per process, at start. */
+export function instanceName(): string {
+  return `stormgate-${randomUUID().slice(0, 8)}`;
+}
+
+export function loopGuard(name = instanceName()): LoopGuard {
   return {
+    name,
     via: `1.1 ${name}`,
     cameBack: (via) => via !== undefined && (Array.isArray(via) ? via.join(', ') : via).includes(name),
   };
