@@ -95,3 +95,21 @@ describe("the instance's name in its log lines", () => {
     for (const line of lines) expect(line.instance).toBe(via!.slice('1.1 '.length));
   });
 });
+
+describe("the client's trace in the request's log line", () => {
+  it("logs traceparent's trace id, and none for a malformed or all-zero one", async () => {
+    const s = await startStack();
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
+    const ask = (traceparent: string, id: string) => client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }, { headers: { traceparent, 'x-request-id': id } });
+    await ask('00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'good');
+    await ask('not-a-trace', 'bad');
+    await ask('00-00000000000000000000000000000000-00f067aa0ba902b7-01', 'zero');
+    const byId = new Map(s.logs.map((l) => JSON.parse(l) as { reqId?: string; traceId?: string }).filter((l) => l.reqId).map((l) => [l.reqId, l]));
+    expect(byId.get('good')?.traceId).toBe('4bf92f3577b34da6a3ce929d0e0e4736');
+    expect(byId.get('bad')).toBeDefined();
+    expect(byId.get('bad')?.traceId).toBeUndefined();
+    expect(byId.get('zero')?.traceId).toBeUndefined();
+    // Forwarded upstream as it came.
+    expect(s.mock.requests()[0]!.headers.traceparent).toBe('00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+  });
+});

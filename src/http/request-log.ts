@@ -115,8 +115,11 @@ export function plainSuccess(request: FastifyRequest, clientGone: boolean): bool
 export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean, rejected?: RejectedOutcome): void {
   const s = request.stormgate;
   const errorCode = sentNothing ? undefined : errorCodeOf(request);
+  const traceId = traceIdOf(request.headers.traceparent);
   const line = {
     reqId: request.id,
+    // The W3C trace the client's call belongs to (forwarded upstream as it came): a trace finds its line by it.
+    ...(traceId !== undefined && { traceId }),
     method: request.method,
     path: request.routeOptions.url ?? request.url.split('?')[0],
     // A client that left before any header was written never saw a status.
@@ -159,4 +162,13 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
   // Dropped events are text the client never saw: worth a warning even when the stream ended well.
   else if (end && end.droppedMalformed > 0) log.warn(line, 'stream events dropped as malformed');
   else log.info(line, 'request');
+}
+
+const TRACEPARENT = /^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}(?:-|$)/;
+
+/** The trace id of a W3C `traceparent` (version-traceid-parentid-flags), when the header has that form. */
+function traceIdOf(traceparent: string | string[] | undefined): string | undefined {
+  if (typeof traceparent !== 'string') return undefined;
+  const m = TRACEPARENT.exec(traceparent.trim());
+  return m && m[1] !== '0'.repeat(32) ? m[1] : undefined;
 }
