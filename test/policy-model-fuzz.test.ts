@@ -787,7 +787,8 @@ function timeoutValue(g: Gen, unitMs: number): { text: string; ms: number | unde
   if (roll < 0.25) return { text: g.pick(['1e3', '0x10', '0b11', '-0', '+5', '.5', '5.']), ms: 'unknown' };
   if (roll < 0.35) return { text: '0', ms: unitMs === 1 ? undefined : 1_000 };
   const n = g.pick([g.int(1, 600), g.int(1, 10) / 10, g.int(1, 1e6), 1e12]);
-  const ms = unitMs === 1 ? n : Math.max(n, 1) * unitMs;
+  // Seconds: only a 0 (the JS SDK's truncated sub-second timeout) is read as 1 s; a fraction is the Python SDK's exact timeout.
+  const ms = unitMs === 1 ? n : n * unitMs;
   return { text: g.chance(0.1) ? ` ${n} ` : String(n), ms };
 }
 

@@ -68,11 +68,12 @@ export function timeoutHeaderMs(v: string | undefined): number | undefined {
 
 /**
  * The SDKs send their timeout in seconds (the JS SDK truncates to whole seconds, so a sub-second timeout arrives as 0,
- * which we read as 1 s; the Python SDK may send fractions).
+ * which we read as 1 s; the Python SDK may send fractions, which are its exact timeout: a `0.5` read as 1 s had the
+ * gateway answer a quarter of a second after the client gave up).
  */
 function stainlessSeconds(v: string | undefined): number | undefined {
   if (v === undefined || v.trim() === '') return undefined;
   const s = Number(v);
   if (!Number.isFinite(s) || s < 0) return undefined;
-  return Math.max(s, 1) * 1000;
+  return (s === 0 ? 1 : s) * 1000;
 }
