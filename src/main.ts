@@ -57,9 +57,9 @@ async function main(): Promise<void> {
     if (err instanceof ConfigError) {
       process.stderr.write(`stormgate: invalid config\n${err.message}\n`);
       if (err.missingEnv.length > 0) {
-        process.stderr.write(
-          `\nSet ${err.missingEnv.join(', ')} in the environment, or run \`npm run demo\` to try the gateway with the bundled mock provider and no keys.\n`,
-        );
+        // The demo is a source checkout's (tsx, the mock's scripts): the built image (dist/, no dev dependencies) has none.
+        const demo = import.meta.url.endsWith('.ts') ? ', or run `npm run demo` to try the gateway with the bundled mock provider and no keys' : '';
+        process.stderr.write(`\nSet ${err.missingEnv.join(', ')} in the environment${demo}.\n`);
       }
       process.exit(2);
     }
