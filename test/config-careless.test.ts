@@ -63,6 +63,30 @@ routes:
     ]);
   });
 
+  it('points an alias to an anchor never set, set below it, or merged from a scalar at its line and path (the library said neither)', () => {
+    const base = `x-timeouts: &timeouts { connectMs: 1000 }\nx-key: &key \${OPENAI_API_KEY}\n${valid()}`;
+    const typo = edit('family: openai', 'family: openai\n    timeouts: { <<: *timeoutz }', base);
+    expect(configError(typo).message).toBe('gw.yaml:6: providers.openai.timeouts: alias *timeoutz names no anchor set above it; did you mean *timeouts?');
+    const below = `${edit('family: openai', 'family: openai\n    timeouts: *later')}x-later: &later { connectMs: 5 }\n`;
+    expect(configError(below).message).toBe('gw.yaml:4: providers.openai.timeouts: alias *later comes before its anchor &later (line 11): move the anchored block above its first use');
+    const scalar = edit('family: openai', 'family: openai\n    timeouts: { <<: *key }', base);
+    const message = configError(scalar).message;
+    expect(message).toBe('gw.yaml:6: providers.openai.timeouts: merge key << takes a mapping (or a list of aliases to mappings): *key is a single value');
+    expect(message).not.toContain(env.OPENAI_API_KEY);
+  });
+
+  it('says auth.keys maps names to strings (it said "map of name to object"), without the key a list held', () => {
+    const message = configError(valid('auth:\n  keys: [ "${CLIENT_KEY}" ]\n'), { ...env, CLIENT_KEY: 'sg-client-SECRET-9' }).message;
+    expect(message).toBe('gw.yaml:11: auth.keys: expected map of name to string, received list');
+    expect(configError(valid('auth:\n  keys: { a: "k-1234567890" }\n  priority: batch\n')).message).toMatch(/auth\.priority: expected map of name to string, received string/);
+    expect(configError('providers: []\nroutes: []\n').message).toMatch(/providers: expected map of name to object, received list/);
+  });
+
+  it('reports a tab in the indentation once, not the lines the parser misread after it', () => {
+    const lines = configError(edit('    family: openai', '\tfamily: openai')).message.split('\n');
+    expect(lines).toEqual(['gw.yaml:3:1: Tabs are not allowed as indentation']);
+  });
+
   it('never prints a secret that an alias copied into another value', () => {
     const text = `x-key: &key \${OPENAI_API_KEY}\n${edit('baseUrl: https://api.openai.com/v1', 'baseUrl: *key')}`;
     const message = configError(text).message;

@@ -2,6 +2,7 @@
 // with the file and line, so a bad config fails at startup with a message that says what to fix.
 import { readFileSync } from 'node:fs';
 import { LineCounter, parseDocument, type Document, type Node } from 'yaml';
+import { anchorIssues } from './anchors.ts';
 import { caFileIssues } from './ca-file.ts';
 import { ConfigError, formatPath, type ConfigIssue } from './errors.ts';
 import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
@@ -46,8 +47,10 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   try {
     data = doc.toJS({ maxAliasCount: 100 });
   } catch (err) {
-    // Unknown aliases and alias bombs only surface when the tree is built.
-    throw new ConfigError(file, [{ path: '', message: (err as Error).message }]);
+    // Unknown aliases, merges of a non-mapping and alias bombs only surface when the tree is built: the first two are
+    // found again with their line and path, the library's words having neither.
+    const anchors = anchorIssues(doc, lineCounter);
+    throw new ConfigError(file, anchors.length > 0 ? anchors : [{ path: '', message: (err as Error).message }]);
   }
   if (data === null || data === undefined) {
     throw new ConfigError(file, [{ path: '', line: 1, message: 'the file is empty; expected a mapping with `providers` and `routes`' }]);
@@ -94,8 +97,12 @@ function stripQuoted(line: string): string {
 function parseYaml(text: string, file: string, lineCounter: LineCounter): Document {
   // Merge keys (`<<: *defaults`) are YAML 1.1's, which the 1.2 parser leaves off unless asked; configs use them.
   const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true, merge: true });
-  const problems = [...doc.errors, ...doc.warnings];
-  if (problems.length === 0) return doc;
+  const all = [...doc.errors, ...doc.warnings];
+  if (all.length === 0) return doc;
+  // A tab in the indentation makes the parser misread the lines after it too ("All mapping items must start at the
+  // same column" on lines that are fine): the tabs are the problems to fix.
+  const tabs = all.filter((e) => e.code === 'TAB_AS_INDENT');
+  const problems = tabs.length > 0 ? tabs : all;
   // The parser's own words for this one ("Unexpected flow-map-start at node end", and more on every later line)
   // do not say what to change.
   const first = problems[0]!;

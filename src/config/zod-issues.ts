@@ -1,5 +1,6 @@
 // Turns zod's issues into plain sentences about the YAML file: what was expected, what was found.
 import type { core } from 'zod';
+import { mapValueKind } from './schema-walk.ts';
 import { closest, explainUnknownKey } from './unknown-key.ts';
 
 /**
@@ -32,16 +33,24 @@ function describe(root: core.$ZodType, issue: core.$ZodIssue, base: PropertyKey[
       return describeUnion(root, issue, path, data);
     case 'invalid_key':
       return [{ path, message: `invalid name "${String(path.at(-1))}": ${issue.issues.map((i) => briefly(i, undefined, [])).join('; ')}` }];
-    default:
-      if (issue.code === 'invalid_type' && value === undefined && path.length > 0) {
-        return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected)})` }];
-      }
-      // A key of a fixed set of values (family) that is left out fails as a value, not as a type.
-      if (issue.code === 'invalid_value' && value === undefined && path.length > 0) {
-        return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected one of: ${issue.values.map(String).join(', ')})` }];
-      }
-      return [{ path, message: briefly(issue, value, path) }];
+    default: {
+      const said = describePlain(issue, value, path);
+      // typeName says "map of name to object", as most maps are; auth.keys and auth.priority map names to strings.
+      if (issue.code !== 'invalid_type' || issue.expected !== 'record') return said;
+      return said.map((d) => ({ ...d, message: d.message.replace('map of name to object', `map of name to ${mapValueKind(root, path)}`) }));
+    }
   }
+}
+
+function describePlain(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): PlainIssue[] {
+  if (issue.code === 'invalid_type' && value === undefined && path.length > 0) {
+    return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected)})` }];
+  }
+  // A key of a fixed set of values (family) that is left out fails as a value, not as a type.
+  if (issue.code === 'invalid_value' && value === undefined && path.length > 0) {
+    return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected one of: ${issue.values.map(String).join(', ')})` }];
+  }
+  return [{ path, message: briefly(issue, value, path) }];
 }
 
 // A union lists what each option wanted, unless the value had the right type for exactly one option:
