@@ -164,11 +164,15 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
   else log.info(line, 'request');
 }
 
-const TRACEPARENT = /^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}(?:-|$)/;
+const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-|$)/;
 
-/** The trace id of a W3C `traceparent` (version-traceid-parentid-flags), when the header has that form. */
+/**
+ * The trace id of a W3C `traceparent` (version-traceid-parentid-flags), when the header is valid: version ff, an
+ * all-zero trace or parent id, and a version-00 header with more after its flags are not (a later version may add fields).
+ */
 function traceIdOf(traceparent: string | string[] | undefined): string | undefined {
   if (typeof traceparent !== 'string') return undefined;
   const m = TRACEPARENT.exec(traceparent.trim());
-  return m && m[1] !== '0'.repeat(32) ? m[1] : undefined;
+  if (!m || m[1] === 'ff' || (m[1] === '00' && m[4] === '-') || m[2] === '0'.repeat(32) || m[3] === '0'.repeat(16)) return undefined;
+  return m[2];
 }

@@ -11,14 +11,15 @@ import { StreamBody, writeOpening } from '../streaming/stream-body.ts';
 import { safeHeaders } from './header-safe.ts';
 
 /** The `code` of the error body each request was answered with, for its log line (`errorCode`). */
-const errorCodes = new WeakMap<FastifyRequest, string>();
+const errorCodes = new WeakMap<object, string>();
 
 /** The error code the request's client was answered with (a status of 400 or more), if its body named one. */
 export function errorCodeOf(request: FastifyRequest): string | undefined {
   return errorCodes.get(request);
 }
 
-function noteErrorCode(request: FastifyRequest, body: unknown): void {
+/** Notes the error code of an answer's body (an OpenAI-shaped object, or the bytes of an upstream error passed on). */
+export function noteErrorCode(request: object, body: unknown): void {
   let parsed = body;
   // An upstream error passed on byte for byte; only a small one is read (an error body, not an answer).
   if (Buffer.isBuffer(body)) {

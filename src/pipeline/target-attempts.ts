@@ -441,8 +441,10 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
     // Draining, a wait past the grace period's end would be cut there (503 gateway_draining) and hold the exit until
-    // then: the request gets that answer now, told to come back (to another instance) when the wait is over.
-    if (delayMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
+    // then: the request gets that answer now, told to come back (to another instance) when the wait is over. The grace
+    // end is a deadline for the retry, by the one wait rule: a wait that leaves it less than minAttemptMs (one ending
+    // at the grace end, say) held the client to the end and answered it the same 503, told to come back in a second.
+    if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
       const outcome = abortOutcome(new GatewayShutdown());
       return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs: delayMs };
     }

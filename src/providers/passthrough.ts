@@ -14,6 +14,7 @@ import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
+import { noteErrorCode } from '../http/send-answer.ts';
 import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
 import { providerTls } from './provider-tls.ts';
@@ -248,7 +249,9 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
               'upstream_auth_error',
               `provider ${providerName} rejected the gateway's credentials or billing (status_${res.statusCode}); this is a gateway configuration problem, not the request's`,
             );
-            return reply.code(err.status).type('application/json').send(err.toBody());
+            const body = err.toBody();
+            noteErrorCode(request, body);
+            return reply.code(err.status).type('application/json').send(body);
           };
           // A 403 is read as well, as a managed route reads it: it may refuse the request's content, not the key. A 401
           // is the key whatever its body says.
@@ -264,7 +267,13 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
                 ({ bytes, decoded }) => {
                   if (credentials && !isContentRefusal(res.statusCode, bytes)) return authError();
                   // A content refusal goes on as on a managed route: the provider's reason, in the OpenAI shape.
-                  if (credentials) return void reply.removeHeader('content-encoding').removeHeader('content-length').type('application/json').send(normaliseUpstreamErrorBody(res.statusCode, bytes));
+                  if (credentials) {
+                    const body = normaliseUpstreamErrorBody(res.statusCode, bytes);
+                    noteErrorCode(request, body);
+                    return void reply.removeHeader('content-encoding').removeHeader('content-length').type('application/json').send(body);
+                  }
+                  // Its line names the error's code, as a managed path's does (a redirect's body has none to name).
+                  if (res.statusCode >= 400) noteErrorCode(request, bytes);
                   if (decoded) reply.removeHeader('content-encoding');
                   reply.removeHeader('content-length').send(bytes);
                 },
