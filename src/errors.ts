@@ -85,8 +85,9 @@ export class GatewayError extends Error {
 }
 
 /** A draining instance's answer to new work: another instance can serve it, so the SDK is invited back. */
-export function drainingError(retryAfterMs = 1_000): GatewayError {
-  return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs });
+export function drainingError(retryAfterMs = 0): GatewayError {
+  // At least a second: the load balancer is still taking the instance out of its list.
+  return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: Math.max(1_000, retryAfterMs) });
 }
 
 /** A path called with a method it does not serve; `allow` lists the ones it does (RFC 9110, 15.5.6). */

@@ -107,3 +107,48 @@ describe('errorCode on a passthrough path', () => {
     expect(byId.get('auth')?.errorCode).toBe('upstream_auth_error');
   });
 });
+
+describe('draining: a retry that cannot wait within the grace period, and one the grace end cuts', () => {
+  it('goes to the next target at once when the route has one, rather than the 503', async () => {
+    const primary = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
+    });
+    const backup = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('from the backup'));
+    });
+    const s = await stack({
+      config: () => {
+        const c = configFor(primary.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 5_000, capMs: 5_000 } } }, { preStopMs: 2_000, graceMs: 500 })();
+        return { ...c, providers: { ...c.providers, b: { family: 'openai', baseUrl: `${backup.origin}/v1`, apiKey: 'b-key-0123456789', breaker: false } }, routes: c.routes.map((r) => ({ ...r, targets: [{ provider: 'p' }, { provider: 'b' }] })) };
+      },
+    });
+    const drained = s.gateway.drain();
+    await sleep(50);
+    const sent = Date.now();
+    expect((await ask(s.url)).status).toBe(200);
+    expect(Date.now() - sent).toBeLessThan(1_500);
+    expect([primary.hits(), backup.hits()]).toEqual([1, 1]);
+    await drained;
+  });
+
+  it('cut at the grace end, is told the rest of its wait as retry-after, not a second', async () => {
+    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
+    });
+    // The wait (8 s) begins before the drain; the grace period ends 600 ms after the drain begins.
+    const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 8_000, capMs: 8_000 } }, minAttemptMs: 100 }, { preStopMs: 100, graceMs: 500 }) });
+    const answer = ask(s.url);
+    await sleep(300);
+    const drained = s.gateway.drain();
+    const got = await answer;
+    expect(got).toMatchObject({ status: 503, code: 'gateway_draining' });
+    // About 8,000 - 300 - 600 left of the wait; bounds for a loaded machine.
+    expect(got.retryAfterMs).toBeGreaterThan(5_000);
+    expect(got.retryAfterMs).toBeLessThanOrEqual(8_000);
+    expect(p.hits()).toBe(1);
+    await drained;
+  });
+});

@@ -445,6 +445,8 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // end is a deadline for the retry, by the one wait rule: a wait that leaves it less than minAttemptMs (one ending
     // at the grace end, say) held the client to the end and answered it the same 503, told to come back in a second.
     if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
+      // The next target takes no wait: it may answer within the grace period.
+      if (hasNext) return failed(hint?.delayMs);
       const outcome = abortOutcome(new GatewayShutdown());
       return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs: delayMs };
     }
@@ -456,7 +458,9 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     } catch {
       ctx.onWaited?.('backoff', deps.now() - sleptFromMs);
       const aborted = { outcome: abortOutcome(ctx.signal.reason) };
-      return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: undefined };
+      // Cut by the drain's grace end: come back (to another instance) when the wait would have ended.
+      const waitLeftMs = ctx.signal.reason instanceof GatewayShutdown ? Math.max(0, sleptFromMs + delayMs - deps.now()) : undefined;
+      return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: waitLeftMs };
     }
     if (!decision.fromHint) run.prevDelayMs = decision.delayMs;
     run.waitMs = delayMs;
