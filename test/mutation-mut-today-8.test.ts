@@ -112,6 +112,20 @@ describe('errorCode of an upstream error passed on byte for byte', () => {
     const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'bom');
     expect(line?.errorCode).toBe('rate_limit_exceeded');
   });
+
+  it("is read from Gemini's shape too: a list of errors, the code a number", async () => {
+    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      res.writeHead(429, { 'content-type': 'application/json' }).end('[{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}]');
+    });
+    const s = await stack({ config: configFor(p.origin, {}, { passthrough: { provider: 'p', paths: ['/v1/files'], methods: ['GET'] } }) });
+    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': 'gemini' } });
+    expect(res.status).toBe(429);
+    await res.text();
+    await sleep(50);
+    const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'gemini');
+    expect(line?.errorCode).toBe('429');
+  });
 });
 
 describe("a full pool queue's newcomer in a displaced request's place", () => {

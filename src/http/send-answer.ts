@@ -30,8 +30,10 @@ export function noteErrorCode(request: object, body: unknown): void {
       return;
     }
   }
-  const code = (parsed as { error?: { code?: unknown } } | undefined)?.error?.code;
-  if (typeof code === 'string') errorCodes.set(request, code.slice(0, 128));
+  // Gemini's errors, passed through, come in a list and give the HTTP status as a number.
+  const first: unknown = Array.isArray(parsed) ? parsed[0] : parsed;
+  const code = (first as { error?: { code?: unknown } } | null | undefined)?.error?.code;
+  if (typeof code === 'string' || (typeof code === 'number' && Number.isFinite(code))) errorCodes.set(request, String(code).slice(0, 128));
 }
 
 /** An error the gateway answers itself, with the request's id: what the SDKs show, and what its log line carries. */
