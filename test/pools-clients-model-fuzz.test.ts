@@ -18,10 +18,12 @@ import { canWait } from '../src/policy/retry-wait.ts';
 import { Pools } from '../src/pools/pools.ts';
 import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
+import { flexTierKey, isFlexTierKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
  * (`FUZZ_SEEDS=30 npx vitest run test/pools-clients-model-fuzz.test.ts` for a longer hunt); the default stays within seconds.
+ * FUZZ_TRACE=1 prints the lot's keys, parked and released requests after each step (with FUZZ_STEPS and -t to narrow).
  */
 const SEEDS = Number(process.env.FUZZ_SEEDS ?? 1);
 const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_611);
@@ -776,6 +778,9 @@ describe('the provider pool with clients against the README model', () => {
 interface LotReq {
   id: number;
   target: string;
+  /** The key it parks under: its target's, or (a flex-tier request) its target's flex key. */
+  key: string;
+  flex: boolean;
   route: string;
   cls: number;
   client: string;
@@ -803,10 +808,26 @@ interface LotReq {
   displacedBy?: { newcomer: LotReq; counts: Map<string, number> };
 }
 
-async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promise<{ steps: number }> {
+/**
+ * The flex tier in the lot fuzz. 'off': no flex keys (the draws of the runs before it). 'coupled': as production's
+ * targetStateOf composes it, the flex key stands where its target does but for its own hold-off (a 498), which holds
+ * it alone, ends by the clock (no notify: the lot's own timer) and may be extended. 'independent': each key's state is
+ * scripted on its own (blocked, probing, available with any slots), which production never does (a flex key's slots
+ * are its target's); there the pump's one order may keep a request whose key has a slot behind one of the other key
+ * that has none ("one that may not go now holds back every one after it"), which the check allows only there.
+ */
+type FlexMode = 'off' | 'coupled' | 'independent';
+
+async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMode: FlexMode = 'off'): Promise<{ steps: number }> {
   const g: Gen = gen(seededRandom(seed));
   const now = () => Date.now();
   const targets = ['p/a', 'p/b'].slice(0, g.int(1, 2));
+  const withFlex = flexMode !== 'off';
+  /** Every key requests park under: the targets', then (with the flex tier) their flex keys. */
+  const keys = withFlex ? [...targets, ...targets.map(flexTierKey)] : targets;
+  /** The keys whose state the run scripts (a coupled flex key's is derived from its target's and its own hold-off). */
+  const scripted = flexMode === 'independent' ? keys : targets;
+  const keysOf = (t: string) => (withFlex ? [t, flexTierKey(t)] : [t]);
   const routes = new Map(['chat', 'batch-chat'].map((r) => [r, g.chance(0.7) ? g.int(2, 8) : g.int(8, 24)]));
   const minAttemptMs = g.pick([0, 200, 1_000]);
   const classes = g.pick([1, 2, 3, 3]);
@@ -817,14 +838,29 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
    * drawn, only a second after the target came back (and after it parked).
    */
   const zeroSpread = g.chance(0.5);
-  const states = new Map<string, TargetState>(targets.map((t) => [t, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }]));
-  const stateSince = new Map<string, number>(targets.map((t) => [t, now()]));
-  /** When each target last came back from being blocked. */
-  const backAt = new Map<string, number>(targets.map((t) => [t, Number.NEGATIVE_INFINITY]));
+  const states = new Map<string, TargetState>(scripted.map((t) => [t, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }]));
+  /** Coupled: when each target's flex tier's own hold-off ends (a 498's), if one was ever started. */
+  const flexHold = new Map<string, number>();
+  /** Where a key stands at `atMs`: the lot's stateOf. */
+  const stateOfKey = (key: string, atMs = now()): TargetState => {
+    if (flexMode !== 'coupled' || !isFlexTierKey(key)) return states.get(key)!;
+    const target = targetOfHoldOffKey(key);
+    const ts = states.get(target)!;
+    const held = flexHold.get(target);
+    if (held === undefined || held <= atMs) return ts;
+    return { mode: 'blocked', availableAtMs: ts.mode === 'blocked' ? Math.max(held, ts.availableAtMs) : held };
+  };
+  /** Coupled: the flex keys' states as last seen, to date their changes. */
+  const derived = new Map<string, string>();
+  const stateSince = new Map<string, number>(keys.map((t) => [t, now()]));
+  /** When each key last came back from being blocked. */
+  const backAt = new Map<string, number>(keys.map((t) => [t, Number.NEGATIVE_INFINITY]));
+  /** When a parked request of each target last left unreleased (timed out, aborted, displaced): no pump follows. */
+  const leftAt = new Map<string, number>();
   const bodies = new WaitingBodies(MAX_BODY_BYTES);
   const metrics: Metrics = createMetrics({ defaultMetrics: false });
   /** Outcomes of waits the lot reported (answers at the door are taken out), in the order their promises settle: [kind, when, target pumped]. */
-  const outcomes: Array<[string, number, string | undefined, TargetState | undefined]> = [];
+  const outcomes: Array<[string, number, string | undefined, Map<string, TargetState> | undefined]> = [];
   let reported = 0;
   let answers = 0;
   let parkCalls = 0;
@@ -832,15 +868,15 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
   const lot = new ParkingLot({
     now,
     random: zeroSpread ? () => 0 : g.random,
-    stateOf: (target) => {
-      pumped = target;
-      return states.get(target)!;
+    stateOf: (key) => {
+      pumped = targetOfHoldOffKey(key);
+      return stateOfKey(key);
     },
     onParkedChange: (route, delta) => metrics.parked.inc({ route }, delta),
     onOutcome: (route, outcome) => {
       reported++;
       metrics.parkOutcomes.inc({ route, outcome });
-      outcomes.push([outcome, now(), outcome === 'released' ? pumped : undefined, outcome === 'released' ? states.get(pumped!) : undefined]);
+      outcomes.push([outcome, now(), outcome === 'released' ? pumped : undefined, outcome === 'released' ? new Map(keysOf(pumped!).map((k) => [k, stateOfKey(k)])) : undefined]);
     },
     bodies,
   });
@@ -854,9 +890,12 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
   /** The request whose park() call is being answered (until its own answer is handled), and the releases it let go to judge then. */
   let newcomer: LotReq | undefined;
   let judging: Array<(newcomerReleased: boolean) => void> = [];
+  /** Those released in the newcomer's park() call before its own answer is handled (they may have gone after it). */
+  let sameCall: LotReq[] = [];
   const judgeAll = (newcomerReleased: boolean) => {
     for (const judge of judging) judge(newcomerReleased);
     judging = [];
+    sameCall = [];
     newcomer = undefined;
   };
 
@@ -871,32 +910,54 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
    * it parked: the window after decides), and its window moment too: within a second of it parking (a newcomer waits
    * for the window in force) or of the target coming back; with moments 0, at once once its target was away.
    */
+  /**
+   * When a key last came back, as of `atMs`: a coupled flex key's hold-off ends by the clock, and the lot may release by
+   * it (its own timer) before the run dates the change after the time step.
+   */
+  const backAtOf = (key: string, atMs: number) => {
+    const b = backAt.get(key)!;
+    if (flexMode !== 'coupled' || !isFlexTierKey(key)) return b;
+    const held = flexHold.get(targetOfHoldOffKey(key));
+    return held !== undefined && held <= atMs && stateOfKey(key, atMs).mode !== 'blocked' ? Math.max(b, held) : b;
+  };
   const mayGo = (a: LotReq, atMs: number) => {
     if (a.notBeforeMs !== undefined && a.notBeforeMs > atMs && !a.awaySincePark) return false;
     if (zeroSpread && a.awaySincePark) return true;
-    return atMs >= Math.max(a.parkedAtMs, a.awaySincePark ? backAt.get(a.target)! : Number.NEGATIVE_INFINITY) + 1_000;
+    return atMs >= Math.max(a.parkedAtMs, a.awaySincePark ? backAtOf(a.key, atMs) : Number.NEGATIVE_INFINITY) + 1_000;
   };
+  /** Has the request a slot under `state` (its key's): fewer of its class and the higher ones out on its target, over both tiers. */
+  const hasSlot = (a: LotReq, state: TargetState, extra = 0) => state.mode !== 'blocked' && inflight(a.target, a.cls, state.mode === 'probing') + extra < state.slots;
   /** Released requests of a class still out on a target, of a client. */
   const out = (target: string, cls: number, client: string) => reqs.filter((x) => x.state === 'released' && x.target === target && x.cls === cls && x.client === client).length;
 
   /** The wait ended at `atMs` with `kind`: check it against the README. */
-  const ended = (r: LotReq, kind: string, atMs: number, releasedFrom: string | undefined, stateThen: TargetState | undefined, judged = true) => {
+  const ended = (r: LotReq, kind: string, atMs: number, releasedFrom: string | undefined, statesThen: Map<string, TargetState> | undefined, judged = true, others: LotReq[] = []) => {
     const waited = r.parkedMs + (atMs - r.parkedAtMs);
     r.parkedMs = waited;
     if (kind === 'released') {
-      const state = stateThen!;
+      // Released by its own key's state: a flex request by its tier's (held off alone, it stays even with its target
+      // available), a default-tier one by its target's (never held by the flex tier's hold-off).
+      const state = statesThen!.get(r.key)!;
       seen.add(`released while ${state.mode}`);
+      if (r.flex) {
+        seen.add('flex released');
+        if (statesThen!.get(r.target)!.mode === 'probing' && state.mode === 'probing') seen.add('flex released as a probe');
+      } else if (withFlex && statesThen!.get(flexTierKey(r.target))!.mode === 'blocked') seen.add('default released while the flex tier is blocked');
       if (r.state !== 'parked') fail(`request ${r.id} released while the model has it ${r.state}`);
       if (releasedFrom !== r.target) fail(`request ${r.id} released by a pump of ${releasedFrom}, parked for ${r.target}`);
-      if (state.mode === 'blocked') fail(`request ${r.id} released while ${r.target} is blocked`);
+      if (state.mode === 'blocked') fail(`request ${r.id} released while ${r.key} is blocked`);
       if (atMs >= cutoff(r)) fail(`request ${r.id} released with ${r.deadlineAtMs - atMs} ms left (minAttemptMs ${minAttemptMs})`);
       if (r.maxWaitMs !== undefined && waited > r.maxWaitMs) fail(`request ${r.id} released after ${waited} ms parked in all (maxWaitMs ${r.maxWaitMs})`);
       if (r.notBeforeMs !== undefined && !r.awaySincePark && atMs < r.notBeforeMs) fail(`request ${r.id} released at ${atMs}, before its notBeforeMs ${r.notBeforeMs}`);
       // Turns: of the requests of its class on its target that could go too (a slot for one is a slot for all of the
       // class there), none of a client with fewer of the class out, and none of its own client's ahead of it.
       const mine = out(r.target, r.cls, r.client);
+      // With flex keys, a rival's own key must let it go then, with a slot (coupled, a slot for one is one for all of
+      // the class; independent, the keys' slots differ: counted as if a newcomer released in the same call were out).
+      const pending = newcomer !== undefined && newcomer !== r && newcomer.target === r.target ? 1 : 0;
       const rivals = parked(r.target)
         .filter((a) => a !== r && a.cls === r.cls && atMs < cutoff(a) && mayGo(a, atMs))
+        .filter((a) => !withFlex || a.key === r.key || (flexMode === 'coupled' ? statesThen!.get(a.key)!.mode !== 'blocked' : hasSlot(a, statesThen!.get(a.key)!, pending)))
         .map((a) => ({ a, theirs: out(r.target, r.cls, a.client) }));
       const judge = (newcomerReleased: boolean) => {
         for (const { a, theirs: counted } of rivals) {
@@ -918,8 +979,12 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
       else if (judged) judge(false);
       r.state = 'released';
       r.streaming = false;
-      if (state.mode !== 'blocked' && inflight(r.target, r.cls, state.mode === 'probing') > state.slots) {
-        fail(`request ${r.id} (class ${r.cls}) released beyond ${state.mode} slots ${state.slots}: ${inflight(r.target, r.cls, state.mode === 'probing')} out`);
+      if (newcomer !== undefined && newcomer !== r) sameCall.push(r);
+      // Independent keys' slots differ: released in the same call under the other key's larger limit, others may
+      // have gone after the newcomer (with one limit, whatever order they went in, all fit in it).
+      const later = flexMode === 'independent' ? others.filter((x) => x.target === r.target && x.cls <= r.cls && x.key !== r.key && x.state === 'released').length : 0;
+      if (state.mode !== 'blocked' && inflight(r.target, r.cls, state.mode === 'probing') - later > state.slots) {
+        fail(`request ${r.id} (class ${r.cls}${r.flex ? ', flex' : ''}) released beyond ${state.mode} slots ${state.slots}: ${inflight(r.target, r.cls, state.mode === 'probing')} out`);
       }
       return;
     }
@@ -942,6 +1007,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     }
     if (r.state !== 'parked' && kind !== 'full') fail(`request ${r.id} answered ${kind} while the model has it ${r.state}`);
     r.state = 'done';
+    leftAt.set(r.target, atMs);
     if (kind === 'timeout') {
       seen.add('timeout');
       const due = Math.min(r.parkedAtMs + (r.waitLeftMs ?? Number.POSITIVE_INFINITY), cutoff(r));
@@ -955,7 +1021,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     r.parkedAtMs = now();
     r.waitLeftMs = r.maxWaitMs === undefined ? undefined : Math.max(0, r.maxWaitMs - r.parkedMs);
     r.notBeforeMs = notBeforeMs;
-    r.awaySincePark = states.get(r.target)!.mode === 'blocked';
+    r.awaySincePark = stateOfKey(r.key).mode === 'blocked';
     r.seq = seq++;
     // The model's answer at the door: the route's queue (a fuller client's newest of the class or a lower one gives
     // its place), the client gone, the bodies' bytes (the displaced one's given back).
@@ -987,7 +1053,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     r.state = expected === 'parked' ? 'parked' : 'done';
     const immediate = expected !== 'parked';
     void lot
-      .park(r.target, {
+      .park(r.key, {
         route: r.route,
         deadlineAtMs: r.deadlineAtMs,
         signal: r.ctrl.signal,
@@ -1004,6 +1070,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
         answers++;
         // The newcomer's own release, handled after the others of its call: judged only if it went alone.
         const judged = newcomer !== r || judging.length === 0;
+        const others = newcomer === r ? sameCall : [];
         if (newcomer === r) judgeAll(res.kind === 'released');
         if (immediate) {
           if (res.kind !== expected) fail(`request ${r.id} (client '${r.client}') answered ${res.kind} at the door, the model ${expected}`);
@@ -1013,7 +1080,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
         if (i === -1) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
         const o = outcomes.splice(i, 1)[0]!;
         if (res.kind === 'released') r.ticket = res.ticket;
-        ended(r, res.kind, o[1], o[2], o[3], judged);
+        ended(r, res.kind, o[1], o[2], o[3], judged, others);
       });
     // Answered at the door: the lot's first outcome in the call is the answer. Parked in a victim's place: the first is the victim's.
     const first = outcomes[before];
@@ -1028,9 +1095,13 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     const ctrl = new AbortController();
     if (g.chance(0.03)) ctrl.abort();
     const cls = g.int(0, classes - 1);
+    const target = g.pick(targets);
+    const flex = withFlex && g.chance(0.45);
     const r: LotReq = {
       id: reqs.length,
-      target: g.pick(targets),
+      target,
+      key: flex ? flexTierKey(target) : target,
+      flex,
       route: g.pick([...routes.keys()]),
       cls,
       client: clients.next(),
@@ -1055,23 +1126,39 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
   const check = async (): Promise<void> => {
     await settle();
     judgeAll(false);
-    if (problems.length > 0) expect(problems).toEqual([]);
+    if (problems.length > 0) expect.fail(problems.join('\n'));
     expect(outcomes, `outcomes without a request, ${where()}`).toEqual([]);
     expect(answers, `answers against outcomes reported, ${where()}`).toBe(reported);
     expect(reqs.filter((r) => r.displacedBy !== undefined).map((r) => r.id), `displaced and never answered, ${where()}`).toEqual([]);
-    for (const t of targets) {
-      const mine = parked(t);
-      expect(lot.waiting(t), `${t} waiting, ${where()}`).toBe(mine.length);
-      for (let k = 0; k < classes; k++) expect(lot.waiting(t, k), `${t} waiting up to class ${k}, ${where()}`).toBe(mine.filter((r) => r.cls <= k).length);
-      const state = states.get(t)!;
-      if (state.mode !== 'blocked' && now() - stateSince.get(t)! >= 1_250) {
-        for (const r of mine) {
-          if (r.notBeforeMs !== undefined && r.notBeforeMs > now() - 250) continue;
-          if (inflight(t, r.cls, state.mode === 'probing') < state.slots) {
-            expect.fail(`request ${r.id} (class ${r.cls}) still parked on ${t}, ${state.mode} with ${state.slots} slots for ${now() - stateSince.get(t)!} ms, ${where()}`);
-          }
+    for (const key of keys) {
+      // A flex newcomer queues behind those parked under its key or its target's; a default-tier one never behind flex ones.
+      const t = targetOfHoldOffKey(key);
+      const mine = parked(t).filter((r) => r.key === key || r.key === t);
+      expect(lot.waiting(key), `${key} waiting, ${where()}`).toBe(mine.length);
+      for (let k = 0; k < classes; k++) expect(lot.waiting(key, k), `${key} waiting up to class ${k}, ${where()}`).toBe(mine.filter((r) => r.cls <= k).length);
+      if (key !== t && mine.some((r) => r.key === t) && mine.some((r) => r.key === key)) seen.add('flex and default parked together');
+    }
+    // No lost wake-up: a request whose own key has let requests go, with a slot, for a while (past any release window:
+    // its key's, and for a flex one its target's, which flex newcomers queue behind) is not parked still.
+    for (const r of parked()) {
+      const state = stateOfKey(r.key);
+      if (state.mode === 'blocked' || now() - stateSince.get(r.key)! < 1_250) continue;
+      if (r.flex && now() - backAt.get(r.target)! < 1_250) continue;
+      if (r.notBeforeMs !== undefined && r.notBeforeMs > now() - 250) continue;
+      if (!hasSlot(r, state)) continue;
+      if (flexMode === 'independent') {
+        // The other key's state, changed unnotified, is not yet the lot's (its re-check comes within 250 ms).
+        if (keysOf(r.target).some((k) => now() - stateSince.get(k)! < 1_250)) continue;
+        // Nor is a blocker that left (timed out, aborted): leaving pumps nothing, the re-check 250 ms on does.
+        if (now() - (leftAt.get(r.target) ?? Number.NEGATIVE_INFINITY) < 300) continue;
+        // The pump's one order: an entry ahead that may not go for want of a slot (its key's) holds back every one after it.
+        const blocker = parked(r.target).find((a) => a !== r && a.key !== r.key && ahead(a, r) && stateOfKey(a.key).mode !== 'blocked' && !hasSlot(a, stateOfKey(a.key)));
+        if (blocker) {
+          seen.add(r.flex ? 'flex held behind a default-tier request with no slot' : 'default held behind a flex request with no slot');
+          continue;
         }
       }
+      expect.fail(`request ${r.id} (class ${r.cls}${r.flex ? ', flex' : ''}) still parked on ${r.key}, ${state.mode} with ${state.slots} slots for ${now() - stateSince.get(r.key)!} ms, ${where()}`);
     }
     for (const route of routes.keys()) {
       const count = reqs.filter((r) => r.state === 'parked' && r.route === route).length;
@@ -1082,12 +1169,38 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     if (new Set(parked().map((r) => r.client)).size >= 3) seen.add('three clients parked');
   };
 
+  /** A key's state changed to `next` (as the lot will read it): dates it, and marks its parked as away when blocked. */
+  const changed = (key: string, before: TargetState, next: TargetState) => {
+    if (before.mode === 'blocked' && next.mode !== 'blocked') backAt.set(key, now());
+    stateSince.set(key, now());
+    if (next.mode === 'blocked') for (const r of parked()) if (r.key === key) r.awaySincePark = true;
+  };
+  /** Coupled: the flex keys' states follow their targets' and their own hold-offs (which end by the clock). */
+  const deriveFlex = () => {
+    if (flexMode !== 'coupled') return;
+    for (const t of targets) {
+      const key = flexTierKey(t);
+      const next = stateOfKey(key);
+      const was = derived.get(key);
+      if (was === JSON.stringify(next)) continue;
+      derived.set(key, JSON.stringify(next));
+      changed(key, was === undefined ? next : (JSON.parse(was) as TargetState), next);
+    }
+  };
+  deriveFlex();
   const setState = (t: string, next: TargetState, notify: boolean) => {
-    if (states.get(t)!.mode === 'blocked' && next.mode !== 'blocked') backAt.set(t, now());
+    changed(t, states.get(t)!, next);
     states.set(t, next);
-    stateSince.set(t, now());
-    if (next.mode === 'blocked') for (const r of parked(t)) r.awaySincePark = true;
-    if (notify) lot.notify(t);
+    deriveFlex();
+    // Either key of a target wakes its one queue.
+    if (notify) lot.notify(withFlex && g.chance(0.5) ? g.pick(keysOf(targetOfHoldOffKey(t))) : t);
+  };
+  /** Coupled: a 498 holds off the target's flex tier alone (a start, or an extension), until `untilMs`. */
+  const holdFlex = (t: string, untilMs: number) => {
+    flexHold.set(t, Math.max(untilMs, flexHold.get(t) ?? 0));
+    deriveFlex();
+    lot.notify(g.pick(keysOf(t)));
+    seen.add('flex tier held off alone');
   };
 
   for (step = 0; step < steps; step++) {
@@ -1111,7 +1224,14 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
           op = 'probe failed, parks again';
           // What the done() let go is judged as things stood then, before the target is away again.
           await settle();
-          setState(r.target, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }, true);
+          if (r.flex && flexMode === 'coupled' && g.chance(0.5)) {
+            // Its 498: the flex tier alone is held off, and it parks again under the flex key.
+            op = 'flex probe got a 498, parks again';
+            holdFlex(r.target, g.evenAfter(now(), g.int(0, 3_000)) + 1);
+          } else {
+            const key = r.flex && flexMode === 'independent' && g.chance(0.5) ? r.key : r.target;
+            setState(key, { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) }, true);
+          }
           await settle();
           park(r);
           seen.add('parked again after a failed probe');
@@ -1127,7 +1247,13 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
       }
     } else if (roll < 0.72) {
       op = 'target state';
-      const t = g.pick(targets);
+      const t = g.pick(scripted);
+      if (flexMode === 'coupled' && g.chance(0.3)) {
+        op = 'flex tier held off';
+        holdFlex(t, g.evenAfter(now(), g.int(0, 3_000)) + 1);
+        await check();
+        continue;
+      }
       const before = states.get(t)!;
       const next: TargetState = g.pick([
         { mode: 'blocked', availableAtMs: g.evenAfter(now(), g.int(0, 3_000)) },
@@ -1137,16 +1263,19 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
       setState(t, next, before.mode === 'blocked' || next.mode === 'blocked' || g.chance(0.5));
     } else if (roll < 0.73) {
       op = 'forget';
-      lot.forget(g.pick(targets));
+      lot.forget(g.pick(keys));
     } else {
       op = 'time passes';
       await vi.advanceTimersByTimeAsync(g.pick([1, g.int(1, 400), g.int(1, 2_500)]));
-      for (const t of targets) {
+      for (const t of scripted) {
         const st = states.get(t)!;
         if (st.mode === 'blocked' && st.availableAtMs <= now() && g.chance(0.7)) setState(t, { mode: 'probing', slots: g.int(1, 3) }, true);
       }
+      // Coupled: flex hold-offs that ended meanwhile (the lot's own timer woke it; nobody notified).
+      deriveFlex();
     }
     await check();
+    if (process.env.FUZZ_TRACE) console.log(`${step} ${op} t=${now()} ${keys.map((k) => `${k}:${JSON.stringify(stateOfKey(k))}`).join(' ')} parked=${parked().map((r) => `${r.id}${r.target.slice(2)}${r.flex ? 'f' : ''}c${r.cls}d${r.deadlineAtMs}nb${r.notBeforeMs ?? ''}`).join(',')} out=${reqs.filter((r) => r.state === 'released').map((r) => `${r.id}${r.target.slice(2)}${r.flex ? 'f' : ''}c${r.cls}${r.streaming ? 's' : ''}`).join(',')}`);
   }
 
   // Everything leaves: nothing parked, no bytes, every park answered once; then the lot closes.
@@ -1157,11 +1286,11 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     r.ticket!.done();
   }
   await check();
-  for (const t of targets) expect(lot.waiting(t)).toBe(0);
+  for (const k of keys) expect(lot.waiting(k)).toBe(0);
   expect(bodies.bytes, `bytes left, ${where()}`).toBe(0);
   expect(answers, `every park answered once, ${where()}`).toBe(parkCalls);
   lot.close();
-  for (const t of targets) lot.forget(t);
+  for (const k of keys) lot.forget(k);
   expect(lot.size).toBe(0);
   return { steps };
 }
@@ -1180,6 +1309,19 @@ describe('the parking lot with clients against the README model', () => {
     for (let s = 0; s < 8 * SEEDS; s++) steps += (await runLotFuzz(BASE_SEED + s, STEPS, seen)).steps;
     if (process.env.FUZZ_SEEN) console.log('lot', steps, 'steps', [...seen]);
     for (const what of ['released while available', 'released while probing', 'released between clients', 'three clients parked', 'route queue full', 'displaced', 'displaced a lower class', 'bodies full', 'timeout', 'parked again after a failed probe']) {
+      expect(seen, `the runs reached: ${what}`).toContain(what);
+    }
+  }, 60_000 * SEEDS);
+
+  // README "Hold-offs" (a 498 holds off the flex tier alone) and "Parking": flex requests park under the flex key in
+  // their target's queue, released by their own key's state in one order and under one limit with the default tier's.
+  it('releases flex-tier requests by their own key, in the target\'s one order and limit, as the README says', async () => {
+    const seen = new Set<string>();
+    let steps = 0;
+    for (let s = 0; s < 6 * SEEDS; s++) steps += (await runLotFuzz(BASE_SEED + s, STEPS, seen, 'coupled')).steps;
+    for (let s = 0; s < 2 * SEEDS; s++) steps += (await runLotFuzz(BASE_SEED + 1_000 + s, STEPS, seen, 'independent')).steps;
+    if (process.env.FUZZ_SEEN) console.log('lot flex', steps, 'steps', [...seen]);
+    for (const what of ['flex released', 'flex released as a probe', 'default released while the flex tier is blocked', 'flex tier held off alone', 'flex and default parked together', 'released between clients', 'timeout', 'displaced', 'parked again after a failed probe']) {
       expect(seen, `the runs reached: ${what}`).toContain(what);
     }
   }, 60_000 * SEEDS);
