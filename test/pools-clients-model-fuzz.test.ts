@@ -1,24 +1,25 @@
 // Seeded model-based tests of tenant fair share (README "Tenants share a class fairly", and the parking lot's turns
 // and full queue in "Retry budget, circuit breaker, hold-offs, parking"): the priority pools and the parking lot driven
 // with 3 to 6 clients (one of them often flooding, sometimes the unnamed client) beside a plain model, as in
-// pools-model-fuzz.test.ts (whose generator and pool model this file copies and extends with clients). Beside the
+// pools-model-fuzz.test.ts (whose pool model this file copies and extends with clients; the generator and the pool's
+// config are shared, test/helpers/model-fuzz.ts). Beside the
 // model's answers, after every step: slots within the limits; each class's per-client counts (snapshot().clients) equal
 // both the model's and those the answers given so far imply; the waiting bodies' bytes equal the bodies still waiting;
 // every request answered once (granted, shed, aborted; in the lot released, full, timeout, aborted); a displaced request
 // is of a client with at least the newcomer's own + 2 waiting (the fullest), never of a higher class nor one the lot
 // released; a freed slot goes to the eligible client holding the fewest of its class's slots, in the pools and the lot.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ConfigSchema, type Config } from '../src/config/schema.ts';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
 import { MovingAverage } from '../src/policy/moving-average.ts';
-import { seededRandom, type Random } from '../src/policy/random.ts';
+import { seededRandom } from '../src/policy/random.ts';
 import { canWait } from '../src/policy/retry-wait.ts';
 import { Pools } from '../src/pools/pools.ts';
 import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { flexTierKey, isFlexTierKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
+import { CLASS_NAMES, gaugeValue, gen, MAX_BODY_BYTES, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -30,24 +31,6 @@ const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_611);
 /** Steps per seed (FUZZ_STEPS): longer histories reach states short ones do not. */
 const STEPS = Number(process.env.FUZZ_STEPS ?? 500);
 
-function gen(random: Random) {
-  const int = (lo: number, hi: number) => lo + Math.floor(random() * (hi - lo + 1));
-  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)]!;
-  const chance = (p: number) => random() < p;
-  /** An even moment at least `ms` from now: cut-offs are even and hold ends odd, so no two timers tie. */
-  const evenAfter = (nowMs: number, ms: number) => 2 * Math.ceil((nowMs + ms) / 2);
-  return { int, pick, chance, evenAfter, random };
-}
-type Gen = ReturnType<typeof gen>;
-
-/** Lets every promise settled by the step run its callbacks (a grant resolves through two async frames). */
-async function settle(): Promise<void> {
-  for (let i = 0; i < 10; i++) await Promise.resolve();
-}
-
-const PROVIDER = 'p';
-const CLASS_NAMES = ['critical', 'online', 'batch'];
-const MAX_BODY_BYTES = 1_000;
 
 /** 3 to 6 clients; the first floods (it sends about half the requests); the last is sometimes the unnamed one (''). */
 function clientsOf(g: Gen): { names: string[]; next: () => string } {
@@ -62,23 +45,6 @@ function bodyBytes(g: Gen): number {
   return g.pick([0, g.int(0, 300), g.int(200, 600), g.int(500, 1_200)]);
 }
 
-/** A config with one provider whose pool has these settings: the pools are built as the gateway builds them. */
-function poolConfig(capacity: number, retries: number | undefined, classes: readonly PoolClass[], decrease: number, minLimit: number): Config {
-  return ConfigSchema.parse({
-    server: { maxWaitingBodyBytes: MAX_BODY_BYTES },
-    providers: {
-      [PROVIDER]: {
-        family: 'openai',
-        baseUrl: 'http://127.0.0.1:9/v1',
-        apiKey: 'sk-test',
-        maxConnections: capacity,
-        breaker: false,
-        pools: { maxConcurrent: capacity, ...(retries !== undefined && { maxConcurrentRetries: retries }), classes: Object.fromEntries(classes.map((c) => [c.name, { minShare: c.minShare, maxQueue: c.maxQueue }])), decrease, minLimit },
-      },
-    },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: PROVIDER }] }],
-  });
-}
 
 // ------------------------------------------------------------------------------------------------------------------
 // The provider pool, with clients.
@@ -1295,9 +1261,6 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
   return { steps };
 }
 
-function gaugeValue(m: { values: Array<{ value: number; labels: Partial<Record<string, string | number>> }> }, labels: Record<string, string>): number | undefined {
-  return m.values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x))?.value;
-}
 
 describe('the parking lot with clients against the README model', () => {
   beforeEach(() => vi.useFakeTimers({ now: 1_000_000 }));

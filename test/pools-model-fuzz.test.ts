@@ -6,19 +6,19 @@
 // policy's (fuzzed in policy-model-fuzz.test.ts): the model runs the same pure functions on the same inputs, and
 // checks how the pool uses it. A disagreement found this way also has a small named test (at the end).
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ConfigSchema, type Config } from '../src/config/schema.ts';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { collectAtScrape } from '../src/observability/scrape-gauges.ts';
 import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
 import { MovingAverage } from '../src/policy/moving-average.ts';
-import { seededRandom, type Random } from '../src/policy/random.ts';
+import { seededRandom } from '../src/policy/random.ts';
 import { canWait } from '../src/policy/retry-wait.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
 import { Pools } from '../src/pools/pools.ts';
 import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { TargetKeys } from '../src/routing/target-keys.ts';
+import { CLASS_NAMES, gaugeValue, gen, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -27,41 +27,7 @@ import { TargetKeys } from '../src/routing/target-keys.ts';
 const SEEDS = Number(process.env.FUZZ_SEEDS ?? 1);
 const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_301);
 
-function gen(random: Random) {
-  const int = (lo: number, hi: number) => lo + Math.floor(random() * (hi - lo + 1));
-  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(random() * xs.length)]!;
-  const chance = (p: number) => random() < p;
-  /** An even moment at least `ms` from now: cut-offs are even and hold ends odd, so no two timers tie. */
-  const evenAfter = (nowMs: number, ms: number) => 2 * Math.ceil((nowMs + ms) / 2);
-  return { int, pick, chance, evenAfter, random };
-}
-type Gen = ReturnType<typeof gen>;
 
-/** Lets every promise settled by the step run its callbacks (a grant resolves through two async frames). */
-async function settle(): Promise<void> {
-  for (let i = 0; i < 10; i++) await Promise.resolve();
-}
-
-const PROVIDER = 'p';
-const CLASS_NAMES = ['critical', 'online', 'batch'];
-
-/** A config with one provider whose pool has these settings: the pools are built as the gateway builds them. */
-function poolConfig(capacity: number, retries: number | undefined, classes: readonly PoolClass[], decrease: number, minLimit: number): Config {
-  return ConfigSchema.parse({
-    server: { maxWaitingBodyBytes: 1_000 },
-    providers: {
-      [PROVIDER]: {
-        family: 'openai',
-        baseUrl: 'http://127.0.0.1:9/v1',
-        apiKey: 'sk-test',
-        maxConnections: capacity,
-        breaker: false,
-        pools: { maxConcurrent: capacity, ...(retries !== undefined && { maxConcurrentRetries: retries }), classes: Object.fromEntries(classes.map((c) => [c.name, { minShare: c.minShare, maxQueue: c.maxQueue }])), decrease, minLimit },
-      },
-    },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: PROVIDER }] }],
-  });
-}
 
 // ------------------------------------------------------------------------------------------------------------------
 // The provider pool, as the README's "Priority pools" paragraphs describe it.
@@ -576,9 +542,6 @@ function disagreement(p: PoolReq): string | undefined {
   return undefined;
 }
 
-function gaugeValue(m: { values: Array<{ value: number; labels: Partial<Record<string, string | number>> }> }, labels: Record<string, string>): number | undefined {
-  return m.values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x))?.value;
-}
 
 describe('the provider pool against the README model', () => {
   beforeEach(() => vi.useFakeTimers({ now: 1_000_000 }));
