@@ -84,7 +84,10 @@ export class GatewayError extends Error {
   }
 }
 
-/** A draining instance's answer to new work: another instance can serve it, so the SDK is invited back. */
+/**
+ * A draining instance's answer to new work, or to a retry it has no time left to wait for: another instance can serve
+ * it, so the SDK is invited back, after `retryAfterMs` (the retry's wait left) when that is longer than a second.
+ */
 export function drainingError(retryAfterMs = 0): GatewayError {
   // At least a second: the load balancer is still taking the instance out of its list.
   return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: Math.max(1_000, retryAfterMs) });

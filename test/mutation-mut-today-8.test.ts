@@ -126,6 +126,20 @@ describe('errorCode of an upstream error passed on byte for byte', () => {
     const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'gemini');
     expect(line?.errorCode).toBe('429');
   });
+
+  it("is read from a flat error body too (vLLM before 0.8, Mistral), as the client's error body is made", async () => {
+    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      res.writeHead(400, { 'content-type': 'application/json' }).end('{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":"invalid_prompt"}');
+    });
+    const s = await stack({ config: configFor(p.origin, {}, { passthrough: { provider: 'p', paths: ['/v1/files'], methods: ['GET'] } }) });
+    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': 'flat' } });
+    expect(res.status).toBe(400);
+    await res.text();
+    await sleep(50);
+    const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'flat');
+    expect(line?.errorCode).toBe('invalid_prompt');
+  });
 });
 
 describe("a full pool queue's newcomer in a displaced request's place", () => {

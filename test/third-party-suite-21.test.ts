@@ -423,10 +423,11 @@ describe('two gateways on one redis-server', () => {
       expect(shared.other + away.other + back.other).toBe(0);
       // One rate for the fleet: a burst and 20 a second, not twice that.
       expect(shared.admitted).toBeLessThanOrEqual(10 + 20 * shared.s + 3);
-      expect(shared.admitted).toBeGreaterThanOrEqual(10 + 20 * shared.s * 0.6);
+      // Not held below it: all it sent, when a loaded machine sent fewer (a CI run's loops sent 25 in 2.2 s, none refused).
+      expect(shared.admitted).toBeGreaterThanOrEqual(Math.min(shared.admitted + shared.refused, 10 + 20 * shared.s * 0.6));
       // Redis away: each instance the whole rate on its own, so at most twice it (a fresh burst each).
       expect(away.admitted).toBeLessThanOrEqual(2 * (10 + 20 * away.s) + 3);
-      expect(away.admitted).toBeGreaterThan(10 + 20 * away.s * 0.6);
+      expect(away.admitted).toBeGreaterThanOrEqual(Math.min(away.admitted + away.refused, 10 + 20 * away.s * 0.6));
       // Back on Redis (an empty one: a fresh burst), one rate again.
       expect(back.admitted).toBeLessThanOrEqual(10 + 20 * back.s + 3);
       expect(betaOk).toBe(true);

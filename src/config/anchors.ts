@@ -1,7 +1,7 @@
 // Says where an anchor is misused (`*timeoutz` for `*timeouts`, an alias above its anchor, `<<:` of a scalar): the
 // YAML library finds these only when it builds the tree, and its words carry no line ("Merge sources must be maps or
 // map aliases"), so a user could not tell which of the file's aliases to fix.
-import { isAlias, isCollection, isMap, isPair, isScalar, isSeq, visit, type Alias, type Document, type LineCounter, type Node } from 'yaml';
+import { isAlias, isCollection, isMap, isPair, isScalar, isSeq, visit, type Document, type LineCounter, type Node } from 'yaml';
 import { formatPath, type ConfigIssue } from './errors.ts';
 import { closest } from './unknown-key.ts';
 
@@ -29,13 +29,14 @@ export function anchorIssues(doc: Document, lineCounter: LineCounter): ConfigIss
       issues.push({ path: formatPath(dataPath(ancestors, alias)), line: lineAt(alias), message });
     },
     Pair(_key, pair, ancestors) {
-      if (!isScalar(pair.key) || typeof pair.key.value !== 'symbol' || !isPair(pair)) return;
+      // With merge on, the parser gives a `<<` key a symbol as its value: that is what tells a merge from a `"<<"` key.
+      if (!isScalar(pair.key) || typeof pair.key.value !== 'symbol') return;
       const sources = isSeq(pair.value) ? pair.value.items : [pair.value];
       for (const source of sources) {
         const target = isAlias(source) ? source.resolve(doc) : source;
         // An unresolved alias has its own issue above; a value is never quoted (it may be a key from the environment).
         if (target === undefined || isMap(target)) continue;
-        const what = isAlias(source) ? `*${(source as Alias).source} is ${isSeq(target) ? 'a list' : 'a single value'}` : 'its value is not a mapping';
+        const what = isAlias(source) ? `*${source.source} is ${isSeq(target) ? 'a list' : 'a single value'}` : 'its value is not a mapping';
         issues.push({ path: formatPath(dataPath(ancestors, pair)), line: lineAt(source as Node), message: `merge key << takes a mapping (or a list of aliases to mappings): ${what}` });
       }
     },

@@ -87,7 +87,7 @@ export function genericPath(root: Schema, path: readonly PropertyKey[]): string 
 }
 
 /** What a map's values are at `path` (`object` for providers, `string` for auth.keys), as the config reference says. */
-export function mapValueKind(root: Schema, path: readonly PropertyKey[]): string {
+export function mapValueKind(root: Schema, path: readonly PropertyKey[]): 'string' | 'object' {
   const s = schemaAt(root, path);
   const def = s ? (unwrap(s) as core.$ZodTypes)._zod.def : undefined;
   const value = def?.type === 'record' ? (unwrap(def.valueType) as core.$ZodTypes)._zod.def.type : undefined;

@@ -33,24 +33,22 @@ function describe(root: core.$ZodType, issue: core.$ZodIssue, base: PropertyKey[
       return describeUnion(root, issue, path, data);
     case 'invalid_key':
       return [{ path, message: `invalid name "${String(path.at(-1))}": ${issue.issues.map((i) => briefly(i, undefined, [])).join('; ')}` }];
-    default: {
-      const said = describePlain(issue, value, path);
-      // typeName says "map of name to object", as most maps are; auth.keys and auth.priority map names to strings.
-      if (issue.code !== 'invalid_type' || issue.expected !== 'record') return said;
-      return said.map((d) => ({ ...d, message: d.message.replace('map of name to object', `map of name to ${mapValueKind(root, path)}`) }));
-    }
+    default:
+      return describePlain(root, issue, value, path);
   }
 }
 
-function describePlain(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): PlainIssue[] {
+function describePlain(root: core.$ZodType, issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): PlainIssue[] {
+  // Most maps are of objects (providers); auth.keys and auth.priority map names to strings.
+  const mapOf = issue.code === 'invalid_type' && issue.expected === 'record' ? mapValueKind(root, path) : undefined;
   if (issue.code === 'invalid_type' && value === undefined && path.length > 0) {
-    return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected)})` }];
+    return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected ${typeName(issue.expected, mapOf)})` }];
   }
   // A key of a fixed set of values (family) that is left out fails as a value, not as a type.
   if (issue.code === 'invalid_value' && value === undefined && path.length > 0) {
     return [{ path: path.slice(0, -1), message: `missing required key "${String(path.at(-1))}" (expected one of: ${issue.values.map(String).join(', ')})` }];
   }
-  return [{ path, message: briefly(issue, value, path) }];
+  return [{ path, message: briefly(issue, value, path, mapOf) }];
 }
 
 // A union lists what each option wanted, unless the value had the right type for exactly one option:
@@ -80,13 +78,14 @@ function fitsType(issue: core.$ZodIssue, value: unknown): boolean {
   return true;
 }
 
-function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[]): string {
+/** `mapOf`: what a map's values are, when the issue is about a map (typeName). */
+function briefly(issue: core.$ZodIssue, value: unknown, path: PropertyKey[], mapOf?: string): string {
   switch (issue.code) {
     case 'invalid_type': {
       const hint = `${quotedHint(issue.expected, value)}${durationHint(issue.expected, value, path)}${typedHint(issue.expected, value)}`;
       // A hint that quotes the text found says it once; "received string" alone leaves the reader to find which.
       const found = hint.startsWith(' (') ? '' : quotedText(value, path);
-      return `expected ${typeName(issue.expected)}, received ${kindOf(value)}${found}${hint}`;
+      return `expected ${typeName(issue.expected, mapOf)}, received ${kindOf(value)}${found}${hint}`;
     }
     case 'invalid_value': {
       const options = issue.values.map(String);
@@ -189,10 +188,10 @@ function durationHint(expected: string, value: unknown, path: PropertyKey[]): st
 }
 
 // The config reference's words (list, map), which are YAML's, rather than JavaScript's (array, record).
-function typeName(expected: string): string {
+function typeName(expected: string, mapOf = 'object'): string {
   if (expected === 'int') return 'integer';
   if (expected === 'array') return 'list';
-  if (expected === 'record') return 'map of name to object';
+  if (expected === 'record') return `map of name to ${mapOf}`;
   return expected;
 }
 

@@ -9,22 +9,20 @@
 import { randomUUID } from 'node:crypto';
 
 export interface LoopGuard {
-  /** This instance's name (`stormgate-` and 8 hex digits), in its Via entry and in every line it logs. */
-  readonly name: string;
   /** The `via` header of every request this instance sends upstream. */
   readonly via: string;
   /** Did this request come from this very instance? */
   cameBack(via: string | string[] | undefined): boolean;
 }
 
-/** A new instance's name: made once per process, at start. */
+/** A new name for an instance (`stormgate-` and 8 hex digits): buildServer makes one, for its Via entry and its log lines. */
 export function instanceName(): string {
   return `stormgate-${randomUUID().slice(0, 8)}`;
 }
 
+/** `name`: the instance's (instanceName), which its log lines carry too. */
 export function loopGuard(name = instanceName()): LoopGuard {
   return {
-    name,
     via: `1.1 ${name}`,
     cameBack: (via) => via !== undefined && (Array.isArray(via) ? via.join(', ') : via).includes(name),
   };

@@ -5,7 +5,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
 import type { RejectedOutcome } from '../observability/pipeline-metrics.ts';
-import { errorCodeOf } from './send-answer.ts';
+import { answeredErrorCode } from './send-answer.ts';
 
 /** `sentNothing`: the client left before the answer's status and headers were written to it. */
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean) => void;
@@ -114,7 +114,7 @@ export function plainSuccess(request: FastifyRequest, clientGone: boolean): bool
 /** Writes the request's line through `log` (observability/logger.ts accessLogger), with the request's id. */
 export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean, rejected?: RejectedOutcome): void {
   const s = request.stormgate;
-  const errorCode = sentNothing ? undefined : errorCodeOf(request);
+  const errorCode = sentNothing ? undefined : answeredErrorCode(request);
   const traceId = traceIdOf(request.headers.traceparent);
   const line = {
     reqId: request.id,
@@ -165,6 +165,8 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
 }
 
 const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-|$)/;
+const ZERO_TRACE_ID = '0'.repeat(32);
+const ZERO_PARENT_ID = '0'.repeat(16);
 
 /**
  * The trace id of a W3C `traceparent` (version-traceid-parentid-flags), when the header is valid: version ff, an
@@ -173,6 +175,6 @@ const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-|
 function traceIdOf(traceparent: string | string[] | undefined): string | undefined {
   if (typeof traceparent !== 'string') return undefined;
   const m = TRACEPARENT.exec(traceparent.trim());
-  if (!m || m[1] === 'ff' || (m[1] === '00' && m[4] === '-') || m[2] === '0'.repeat(32) || m[3] === '0'.repeat(16)) return undefined;
+  if (!m || m[1] === 'ff' || (m[1] === '00' && m[4] === '-') || m[2] === ZERO_TRACE_ID || m[3] === ZERO_PARENT_ID) return undefined;
   return m[2];
 }

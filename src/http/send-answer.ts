@@ -3,36 +3,43 @@
 import type { OutgoingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { GatewayError, OpenAIErrorBody } from '../errors.ts';
+import { upstreamErrorFields, type GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { toAnthropicShape } from '../providers/anthropic/index.ts';
+import { MAX_ERROR_BODY_BYTES } from '../providers/read-capped.ts';
 import { errorAnswer } from '../pipeline/final-answer.ts';
 import type { PipelineAnswer } from '../pipeline/handle-request.ts';
 import { StreamBody, writeOpening } from '../streaming/stream-body.ts';
+import { withoutBom } from './byte-order-mark.ts';
 import { safeHeaders } from './header-safe.ts';
 
 /** The `code` of the error body each request was answered with, for its log line (`errorCode`). */
 const errorCodes = new WeakMap<object, string>();
 
-/** The error code the request's client was answered with (a status of 400 or more), if its body named one. */
-export function errorCodeOf(request: FastifyRequest): string | undefined {
+/**
+ * The error code the request's client was answered with (a status of 400 or more), if its body named one. Not
+ * providers/error-outcome.ts errorCodeOf, which is the code the outcome table classifies an upstream error by.
+ */
+export function answeredErrorCode(request: FastifyRequest): string | undefined {
   return errorCodes.get(request);
 }
 
-/** Notes the error code of an answer's body (an OpenAI-shaped object, or the bytes of an upstream error passed on). */
+/**
+ * Notes the error code of an answer's body (an OpenAI-shaped object, or the bytes of an upstream error passed on).
+ * `request` is any fastify request: passthrough's is typed for any raw server, which FastifyRequest's default is not.
+ */
 export function noteErrorCode(request: object, body: unknown): void {
   let parsed = body;
-  // An upstream error passed on byte for byte; only a small one is read (an error body, not an answer).
+  // An upstream error passed on byte for byte: parsed only when no larger than an error body is ever read (an answer is not).
   if (Buffer.isBuffer(body)) {
-    if (body.length > 65_536) return;
+    if (body.length > MAX_ERROR_BODY_BYTES) return;
     try {
-      parsed = JSON.parse(body.toString('utf8').replace(/^\uFEFF/, ''));
+      parsed = JSON.parse(withoutBom(body).toString('utf8'));
     } catch {
       return;
     }
   }
-  // Gemini's errors, passed through, come in a list and give the HTTP status as a number.
-  const first: unknown = Array.isArray(parsed) ? parsed[0] : parsed;
-  const code = (first as { error?: { code?: unknown } } | null | undefined)?.error?.code;
+  // Read as the client's error body is made (Gemini's list, a flat vLLM or Mistral body); Gemini's code is a number.
+  const code = upstreamErrorFields(parsed)?.code;
   if (typeof code === 'string' || (typeof code === 'number' && Number.isFinite(code))) errorCodes.set(request, String(code).slice(0, 128));
 }
 
@@ -73,10 +80,12 @@ export function sendAnswer(reply: FastifyReply, answer: PipelineAnswer): Fastify
   reply.code(answer.status);
   const { body } = answer;
   if (!(body instanceof Readable)) {
-    // An error the gateway made itself has no provider's id: the SDKs show ours instead (err.requestID, request_id),
-    // which is the one the gateway's log lines carry.
-    if (answer.status >= 400 && answer.headers['x-request-id'] === undefined) reply.header('x-request-id', reply.request.id);
-    if (answer.status >= 400) noteErrorCode(reply.request, body);
+    if (answer.status >= 400) {
+      // An error the gateway made itself has no provider's id: the SDKs show ours instead (err.requestID, request_id),
+      // which is the one the gateway's log lines carry.
+      if (answer.headers['x-request-id'] === undefined) reply.header('x-request-id', reply.request.id);
+      noteErrorCode(reply.request, body);
+    }
     reply.headers(safeHeaders(answer.headers));
     return Buffer.isBuffer(body) ? reply.send(body) : reply.type('application/json').send(answer.status >= 400 ? clientShaped(reply, answer.status, body as OpenAIErrorBody) : body);
   }

@@ -47,13 +47,13 @@ export async function forgetTargetSeries(m: Metrics, target: string): Promise<vo
   }
 }
 
+/** The outcome of a request on a managed path answered before the pipeline took it (its count's and its log line's). */
+export type RejectedOutcome = 'rejected' | 'gateway_error' | 'deadline' | 'client_gone';
+
 /**
  * The labels of a request on a managed path answered before any route took it (invalid or oversized body, no usable
  * model, a bad timeout header, no client key, a draining instance): no route, target or priority served it.
  */
-/** The outcome of a request on a managed path answered before the pipeline took it. */
-export type RejectedOutcome = 'rejected' | 'gateway_error' | 'deadline' | 'client_gone';
-
 export const REJECTED_LABELS = { route: 'none', target: 'none', priority: 'none', outcome: 'rejected' } as const;
 
 /** Records each client request once its answer is complete (a stream: once it ended), and keeps the rate window. */

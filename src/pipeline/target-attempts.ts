@@ -149,7 +149,7 @@ export interface RequestContext {
   bodyBytes?: number;
   /** The client's key's name (auth.keys): its requests wait for slots in turn with other clients' (SlotRequest.client). */
   client?: string;
-  /** While the instance drains, the time left before its grace period is over (PipelineRequest.graceLeftMs). */
+  /** While the instance drains, the time left before its grace period is over (ManagedRequest.graceLeftMs). */
   graceLeftMs?: () => number | undefined;
 }
 
@@ -440,10 +440,9 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
         ? Math.max(decision.delayMs, heldForMs)
         : waitPastHoldOff(decision.delayMs, heldForMs, deps.random);
     if (!canWait(deps.now(), delayMs, ctx.deadlineAtMs, minAttemptMs)) return failed(delayMs, hint || holdOffEnd !== undefined ? 'wait_hint' : 'deadline');
-    // Draining, a wait past the grace period's end would be cut there (503 gateway_draining) and hold the exit until
-    // then: the request gets that answer now, told to come back (to another instance) when the wait is over. The grace
-    // end is a deadline for the retry, by the one wait rule: a wait that leaves it less than minAttemptMs (one ending
-    // at the grace end, say) held the client to the end and answered it the same 503, told to come back in a second.
+    // Draining, the grace end is a deadline for the retry, by the one wait rule: a wait that leaves less than
+    // minAttemptMs before it would hold the client (and the exit) to the grace end, only to be cut there with the same
+    // 503 gateway_draining. The request gets that answer now, told to come back (to another instance) when the wait is over.
     if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
       // The next target takes no wait: it may answer within the grace period.
       if (hasNext) return failed(hint?.delayMs);

@@ -68,8 +68,8 @@ export function timeoutHeaderMs(v: string | undefined): number | undefined {
 
 /**
  * The SDKs send their timeout in seconds (the JS SDK truncates to whole seconds, so a sub-second timeout arrives as 0,
- * which we read as 1 s; the Python SDK may send fractions, which are its exact timeout: a `0.5` read as 1 s had the
- * gateway answer a quarter of a second after the client gave up).
+ * which we read as 1 s; the Python SDK may send fractions, which are its exact timeout: a `0.5` read as 1 s would have
+ * the gateway answer after the client gave up).
  */
 function stainlessSeconds(v: string | undefined): number | undefined {
   if (v === undefined || v.trim() === '') return undefined;

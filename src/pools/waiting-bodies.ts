@@ -33,13 +33,14 @@ export class WaitingBodies {
   }
 
   /**
-   * As take, for a newcomer that takes a waiting request's place: the bytes that one gives back count as freed first,
-   * so a newcomer no larger than the one it displaces fits where it would.
+   * As take, for a newcomer that takes a waiting request's place: the cap is checked as if the displaced request's
+   * `displacedBytes` were already given back, so a swap is not refused for bytes that leave with it. Counts only the
+   * newcomer's: the displaced request gives its own back when it leaves, as any waiter does.
    */
-  takeInPlaceOf(bytes: number, lowest: boolean, freed: number): boolean {
-    this.#bytes -= freed;
+  takeInPlaceOf(bytes: number, lowest: boolean, displacedBytes: number): boolean {
+    this.#bytes -= displacedBytes;
     const fits = this.take(bytes, lowest);
-    this.#bytes += freed;
+    this.#bytes += displacedBytes;
     return fits;
   }
 

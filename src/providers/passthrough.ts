@@ -242,7 +242,9 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         },
         onResponse: (request, reply, res) => {
           const credentials = CREDENTIAL_STATUSES.has(res.statusCode);
-          // The gateway's own answer to a refused key or billing, in place of the provider's (headers and body).
+          // The gateway's own answer to a refused key or billing, in place of the provider's (headers and body). Not
+          // through sendError: this answer's headers (x-should-retry: false, the provider's own with the key taken
+          // out) are set already, by rewriteHeaders above, as for every answer passed through.
           const authError = () => {
             for (const name of ['content-length', 'content-encoding', 'content-type', 'transfer-encoding']) reply.removeHeader(name);
             const err = new GatewayError(
