@@ -6,34 +6,18 @@ import { once } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
 import { drainingError } from '../src/errors.ts';
 import { errorAnswer } from '../src/pipeline/final-answer.ts';
 import type { Acquired } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { clientPool, clientReq, flush, slot } from './helpers/client-pool.ts';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
+import { ask, configFor } from './helpers/one-provider.ts';
 import { useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const stack = useStacks();
 
-const ask = (url: string, headers: Record<string, string> = {}) =>
-  fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...headers },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-  }).then(async (r) => ({ status: r.status, code: ((await r.json()) as { error?: { code?: string } }).error?.code }));
-
-/** One provider p at `origin` behind a chat route (no breaker, no parking), with `extra` merged into the config. */
-function configFor(origin: string, route: Partial<ConfigInput['routes'][number]>, extra: Partial<ConfigInput> = {}): () => ConfigInput {
-  return () => ({
-    server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-    providers: { p: { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'p-key-0123456789', breaker: false } },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'p' }], park: false, ...route }],
-    ...extra,
-  });
-}
 
 /** Spawns `args` under tsx; its exit code and what it wrote. */
 async function runTsx(args: string[], env: NodeJS.ProcessEnv = process.env): Promise<{ code: number | null; stdout: string; stderr: string }> {

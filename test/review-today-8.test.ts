@@ -10,29 +10,13 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../src/config/schema.ts';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
+import { ask, configFor } from './helpers/one-provider.ts';
 import { useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const stack = useStacks();
 
-const ask = (url: string, headers: Record<string, string> = {}) =>
-  fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...headers },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-  }).then(async (r) => ({ status: r.status, retryAfterMs: Number(r.headers.get('retry-after-ms')), code: ((await r.json()) as { error?: { code?: string } }).error?.code }));
-
-/** One provider p at `origin` behind a chat route (no breaker, no parking) with the given retry and drain settings. */
-function configFor(origin: string, route: Partial<ConfigInput['routes'][number]>, drain: ConfigInput['drain']): () => ConfigInput {
-  return () => ({
-    server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-    providers: { p: { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'p-key-0123456789', breaker: false } },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'p' }], park: false, ...route }],
-    drain,
-  });
-}
 
 describe('draining: a retry wait that leaves no time for its attempt before the grace period ends', () => {
   it('is not taken: answered 503 gateway_draining at once with the wait as retry-after, not cut at the grace end after it', async () => {
@@ -44,7 +28,7 @@ describe('draining: a retry wait that leaves no time for its attempt before the 
       if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
       setTimeout(() => res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('late')), 2_000).unref();
     });
-    const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 2_200, capMs: 2_200 } }, minAttemptMs: 1_000 }, { preStopMs: 2_000, graceMs: 500 }) });
+    const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 2_200, capMs: 2_200 } }, minAttemptMs: 1_000 }, { drain: { preStopMs: 2_000, graceMs: 500 } }) });
     const drained = s.gateway.drain();
     await sleep(50);
     const sent = Date.now();
@@ -120,7 +104,7 @@ describe('draining: a retry that cannot wait within the grace period, and one th
     });
     const s = await stack({
       config: () => {
-        const c = configFor(primary.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 5_000, capMs: 5_000 } } }, { preStopMs: 2_000, graceMs: 500 })();
+        const c = configFor(primary.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 5_000, capMs: 5_000 } } }, { drain: { preStopMs: 2_000, graceMs: 500 } })();
         return { ...c, providers: { ...c.providers, b: { family: 'openai', baseUrl: `${backup.origin}/v1`, apiKey: 'b-key-0123456789', breaker: false } }, routes: c.routes.map((r) => ({ ...r, targets: [{ provider: 'p' }, { provider: 'b' }] })) };
       },
     });
@@ -139,7 +123,7 @@ describe('draining: a retry that cannot wait within the grace period, and one th
       res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
     });
     // The wait (8 s) begins before the drain; the grace period ends 600 ms after the drain begins.
-    const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 8_000, capMs: 8_000 } }, minAttemptMs: 100 }, { preStopMs: 100, graceMs: 500 }) });
+    const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 8_000, capMs: 8_000 } }, minAttemptMs: 100 }, { drain: { preStopMs: 100, graceMs: 500 } }) });
     const answer = ask(s.url);
     await sleep(300);
     const drained = s.gateway.drain();

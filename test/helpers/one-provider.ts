@@ -1,0 +1,21 @@
+// One provider `p` behind a chat route, for tests that talk to a fake provider (helpers/fake-provider.ts) through a
+// stack (helpers/stack.ts), and the chat call they send.
+import type { ConfigInput } from '../../src/config/schema.ts';
+
+/** One provider p at `origin` behind a chat route (no breaker, no parking), with `extra` merged into the config. */
+export function configFor(origin: string, route: Partial<ConfigInput['routes'][number]>, extra: Partial<ConfigInput> = {}): () => ConfigInput {
+  return () => ({
+    server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+    providers: { p: { family: 'openai', baseUrl: `${origin}/v1`, apiKey: 'p-key-0123456789', breaker: false } },
+    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'p' }], park: false, ...route }],
+    ...extra,
+  });
+}
+
+/** A gpt-4o chat completion; its status, retry-after-ms and error code. */
+export const ask = (url: string, headers: Record<string, string> = {}) =>
+  fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  }).then(async (r) => ({ status: r.status, retryAfterMs: Number(r.headers.get('retry-after-ms')), code: ((await r.json()) as { error?: { code?: string } }).error?.code }));
