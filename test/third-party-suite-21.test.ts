@@ -358,21 +358,24 @@ describe("the SDK's own retries against client_rate_limited", () => {
       expect(s.at - prev.answeredAt!).toBeGreaterThanOrEqual(prev.toldMs! - 5);
     }
     // Per 100 ms window: admitted, refused, and refused clients coming back.
-    const windows = new Map<number, { admitted: number; refused: number; returns: number }>();
+    const windows = new Map<number, { admitted: number; refused: number; returns: number; returnsAdmitted: number }>();
     for (const s of sent) {
-      const w = windows.get(Math.floor(s.at / 100)) ?? { admitted: 0, refused: 0, returns: 0 };
+      const w = windows.get(Math.floor(s.at / 100)) ?? { admitted: 0, refused: 0, returns: 0, returnsAdmitted: 0 };
       if (s.status === 200) w.admitted++;
       else w.refused++;
       if (s.try > 0) w.returns++;
+      if (s.try > 0 && s.status === 200) w.returnsAdmitted++;
       windows.set(Math.floor(s.at / 100), w);
     }
     const rows = [...windows.entries()].sort((a, b) => a[0] - b[0]);
     const ok = results.filter(Boolean).length;
     const maxReturns = Math.max(...rows.map(([, w]) => w.returns));
-    const maxAdmittedLater = Math.max(...rows.filter(([k]) => k > 0).map(([, w]) => w.admitted));
+    // Returns only: first tries are timed as the test process sent them, and a loaded machine sent half of the 40 in
+    // the second window (a CI run: 13 admitted there, all first tries, let in as the gateway received them, at its rate).
+    const maxAdmittedLater = Math.max(...rows.filter(([k]) => k > 0).map(([, w]) => w.returnsAdmitted));
     console.info(
       `40 SDK agents, 600/min burst 5: ${ok} answered, ${sent.length} HTTP requests, last at ${Math.round(Math.max(...sent.map((s) => s.at)))} ms; ` +
-        `most returns in one 100 ms window ${maxReturns}, most admitted in one after the first ${maxAdmittedLater}; ` +
+        `most returns in one 100 ms window ${maxReturns}, most returns admitted in one after the first ${maxAdmittedLater}; ` +
         `windows (admitted/refused/returns): ${rows.map(([k, w]) => `${k}:${w.admitted}/${w.refused}/${w.returns}`).join(' ')}`,
     );
     // At ten a second, three tries each over a few seconds: most get in.
