@@ -472,9 +472,13 @@ describe("the SDK's own retries against client_rate_limited, across two gateways
       );
       const returns = sent.filter((s) => s.try > 0);
       const refusedAgain = returns.filter((s) => s.status === 429).length;
-      console.info(`two gateways, 40 SDK agents: ${results.filter(Boolean).length} answered, ${sent.length} HTTP requests, ${refusedAgain} of ${returns.length} returns refused again`);
+      // First tries let in past the burst of 5: a loaded test process sends the 40 over a second or more, and each one
+      // sent late takes a slot a refused agent was told, which refuses that agent again once (a CI run: 11 returns
+      // refused again, of about 30). With slots told twice it was half the returns whenever they were sent.
+      const lateFirstTries = Math.max(0, sent.filter((s) => s.try === 0 && s.status === 200).length - 5);
+      console.info(`two gateways, 40 SDK agents: ${results.filter(Boolean).length} answered, ${sent.length} HTTP requests, ${refusedAgain} of ${returns.length} returns refused again, ${lateFirstTries} first tries let in past the burst`);
       expect(results.filter(Boolean).length).toBeGreaterThanOrEqual(36);
-      expect(refusedAgain).toBeLessThanOrEqual(returns.length * 0.3);
+      expect(refusedAgain).toBeLessThanOrEqual(returns.length * 0.3 + lateFirstTries);
       expect(mock.stats().total).toBe(sent.filter((s) => s.status === 200).length);
     } finally {
       await redis.stop();
