@@ -208,6 +208,15 @@ function isStringErrorBody(v: unknown): v is { error: string } {
   return typeof e === 'string' && e !== '';
 }
 
+/** Whether an upstream error's bytes are JSON in the OpenAI shape already (`{"error": {"message", ...}}`). */
+export function isOpenAIErrorJson(body: Buffer): boolean {
+  try {
+    return isOpenAIErrorBody(JSON.parse(withoutBom(body).toString('utf8')));
+  } catch {
+    return false;
+  }
+}
+
 function isOpenAIErrorBody(v: unknown): v is { error: { message: string; type?: unknown; code?: unknown; param?: unknown } } {
   const e = (v as { error?: { message?: unknown } } | null)?.error;
   return typeof e === 'object' && e !== null && typeof e.message === 'string';

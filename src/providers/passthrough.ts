@@ -6,7 +6,7 @@ import proxy from '@fastify/http-proxy';
 import type { FastifyInstance } from 'fastify';
 import { Agent, Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
-import { GatewayError, normaliseUpstreamErrorBody } from '../errors.ts';
+import { GatewayError, isOpenAIErrorJson, normaliseUpstreamErrorBody } from '../errors.ts';
 import { classify } from '../policy/outcome.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
 import { errorCodeOf } from './error-outcome.ts';
@@ -81,13 +81,13 @@ function isContentRefusal(status: number, body: Buffer): boolean {
  * (or was cut encoded) must not go on encoded, the key unsearched in it. Any other (identity, an unknown name, bytes
  * that do not decode at all) is searched as it is.
  */
-async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean }> {
+async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean; whole: boolean }> {
   const encoding = encodingOf({ 'content-encoding': typeof contentEncoding === 'string' ? contentEncoding : undefined });
   const decoded = encoding && (await decodedPrefix(bytes, encoding, MAX_ERROR_BODY_BYTES));
   // A decoded prefix may end at the cap or where the data broke off, as a body read up to the cap does: either cut
-  // can fall inside a quoted key, whose start must not go on.
-  if (decoded) return { bytes: withoutKeyCut(decoded, apiKey), decoded: true };
-  return { bytes: whole ? withoutKey(bytes, apiKey) : withoutKeyCut(bytes, apiKey), decoded: false };
+  // can fall inside a quoted key, whose start must not go on. `whole`: what is sent is all of the provider's error.
+  if (decoded) return { bytes: withoutKeyCut(decoded, apiKey), decoded: true, whole: whole && decoded.length < MAX_ERROR_BODY_BYTES };
+  return { bytes: whole ? withoutKey(bytes, apiKey) : withoutKeyCut(bytes, apiKey), decoded: false, whole };
 }
 
 /**
@@ -266,10 +266,13 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
             return void readCapped(res.stream, MAX_ERROR_BODY_BYTES)
               .then(({ bytes, whole }) => errorWithoutKey(bytes, whole, reply.getHeader('content-encoding'), provider.apiKey))
               .then(
-                ({ bytes, decoded }) => {
+                ({ bytes, decoded, whole }) => {
                   if (credentials && !isContentRefusal(res.statusCode, bytes)) return authError();
-                  // A content refusal goes on as on a managed route: the provider's reason, in the OpenAI shape.
-                  if (credentials) {
+                  // A content refusal goes on as on a managed route: the provider's reason, in the OpenAI shape. So does
+                  // an error in another shape (a proxy's HTML page in front of the provider, a flat vLLM body): sent as
+                  // read, the SDKs gave the client no code and an HTML page as the message. One cut at the cap goes on
+                  // as read: its JSON cannot be read whole.
+                  if (credentials || (res.statusCode >= 400 && whole && !isOpenAIErrorJson(bytes))) {
                     const body = normaliseUpstreamErrorBody(res.statusCode, bytes);
                     noteErrorCode(request, body);
                     return void reply.removeHeader('content-encoding').removeHeader('content-length').type('application/json').send(body);
