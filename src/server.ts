@@ -11,6 +11,7 @@ import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
+import { passthroughPathLabel } from './observability/zero-series.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { instanceName } from './http/loop-guard.ts';
@@ -114,8 +115,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // its 100 Continue only when its body is about to be read (preParsing below); refused before, it never sends the body
   // (Node closes the connection after such an answer, since the body may still come).
   app.server.on('checkContinue', (req, res) => app.server.emit('request', req, res));
-  const passthroughPaths = config.passthrough?.paths.map((p) => p.replace(/\/+$/, '')) ?? [];
-  const isPassthrough = (path: string) => passthroughPaths.some((p) => path === p || path.startsWith(`${p}/`));
+  const passthroughPaths = config.passthrough?.paths.map(passthroughPathLabel) ?? [];
+  const passthroughPathOf = (path: string) => passthroughPaths.find((p) => path === p || path.startsWith(`${p}/`));
+  const isPassthrough = (path: string) => passthroughPathOf(path) !== undefined;
   // A callback hook, as the managed API's own preParsing: no promise per request.
   app.addHook('preParsing', (request, reply, payload, done) => {
     // Any other expectation was answered 417 (checkExpectation), and an HTTP/1.0 client is never sent a 100 (RFC 9110
@@ -164,6 +166,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       if (sentNothing) rejected = 'client_gone';
       else if (reply.statusCode >= 400) rejected = reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected';
       if (rejected) recorder.rejected(rejected);
+    }
+    // Passthrough requests (none has a summary): the metrics' other series are the managed routes'.
+    const passthroughPath = summary ? undefined : passthroughPathOf(request.url.split('?')[0]!);
+    if (passthroughPath !== undefined) {
+      metrics.passthroughRequests.inc({ path: passthroughPath, status_class: sentNothing ? 'client_gone' : `${Math.floor(reply.statusCode / 100)}xx` });
     }
     if (logSuccessRate < 1 && plainSuccess(request, gone) && Math.random() >= logSuccessRate) return;
     // Scrapes and probes come every few seconds from machines: a line each would bury the requests; failures still show.

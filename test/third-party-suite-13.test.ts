@@ -709,7 +709,11 @@ describe('every metric and label of the README table', () => {
       primary: { breaker: { consecutiveFailures: 5 } },
       route: { degraded: { message: 'busy' }, park: {} },
       // A client key with a rate (README "Client keys"), so the client-limit counter has a client to count.
-      extra: (c) => (c.auth = { keys: { agents: 'sk-agent-7Hq2' }, limits: { agents: { requestsPerMinute: 1, burst: 4 } } }),
+      // A passthrough path, so its counter has a path to count.
+      extra: (c) => {
+        c.auth = { keys: { agents: 'sk-agent-7Hq2' }, limits: { agents: { requestsPerMinute: 1, burst: 4 } } };
+        c.passthrough = { provider: 'primary', paths: ['/v1/files'] };
+      },
     });
     const client = sdk(gw.url);
     await chat(client, 'gpt-4o');

@@ -19,9 +19,10 @@
 // than the 64 KB read still goes on as read). Everything else held: uploads over bodyLimitBytes forwarded byte for byte
 // with their boundary, an 8 MB download streamed, every fault on a passthrough path sent once with
 // x-should-retry: false (so the SDK at maxRetries 2 never sent an upload twice), a routed moderation and image retried
-// by the route, keys swapped, aborts reaching the provider. Design questions (pinned as the gateway behaves, README now
-// says so): a passthrough call is bounded by passthrough.timeoutMs, not the client's timeout headers, so an SDK whose
-// own timeout is shorter gives up first and sends the upload again itself; passthrough traffic is in no metric.
+// by the route, keys swapped, aborts reaching the provider. Also found: a passthrough call was bounded by
+// passthrough.timeoutMs alone, not the client's timeout headers, so an SDK whose own timeout was shorter gave up first
+// and sent the upload again itself (three uploads for one call): now answered 504 deadline_exceeded before the
+// client's timeout, as a managed route is. Passthrough traffic was in no metric.
 import { createHash, randomBytes } from 'node:crypto';
 import type { IncomingHttpHeaders, RequestListener } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -512,37 +513,79 @@ describe('faults on a passthrough path: sent once, answered clearly, never a sec
   });
 });
 
-describe('what the README leaves to the client (design questions, pinned as the gateway behaves)', () => {
-  it('bounds a passthrough upload by passthrough.timeoutMs, not the SDK\'s timeout: an SDK that gives up first sends the upload again itself', async () => {
+describe('the client\'s own timeout on a passthrough path', () => {
+  it('answers 504 deadline_exceeded before an SDK\'s shorter timeout, x-should-retry false: one upload, ended upstream, not three', async () => {
     const fake = await startFakeOpenAI();
     fake.script('POST /v1/files', { kind: 'hang' }, { kind: 'hang' }, { kind: 'hang' });
     const s = await gateway(fake);
     const { sdk, requests } = client(s);
-    // A per-request timeout: the SDK sends it as x-stainless-timeout, which a managed route would answer before.
-    const err = await sdk.files.create({ file: await toFile(awkwardBytes(256 * 1024), 'a.jsonl'), purpose: 'batch' }, { timeout: 700 }).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(err).toBeInstanceOf(OpenAI.APIConnectionTimeoutError);
-    // The SDK's own retries (maxRetries 2): each a new upload. Each one the SDK left was ended upstream (no ghost).
-    expect(requests()).toBe(3);
+    // A per-request timeout: the SDK sends it as x-stainless-timeout (whole seconds). Bound by passthrough.timeoutMs
+    // alone, the SDK gave up first and sent the upload again itself, three times at maxRetries 2.
+    const started = Date.now();
+    const err = await sdkError(sdk.files.create({ file: await toFile(awkwardBytes(256 * 1024), 'a.jsonl'), purpose: 'batch' }, { timeout: 2_000 }));
+    expect(Date.now() - started).toBeLessThan(2_000);
+    expect(err.status).toBe(504);
+    expect(err.code).toBe('deadline_exceeded');
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(requests()).toBe(1);
     await sleep(300);
     const up = fake.seen.filter((r) => r.method === 'POST');
-    expect(up).toHaveLength(3);
-    expect(up.every((r) => r.cutAt !== undefined)).toBe(true);
+    expect(up).toHaveLength(1);
+    expect(up[0]!.cutAt).toBeDefined();
   });
 
-  it('counts passthrough traffic in no metric: only its log lines tell of it', async () => {
+  it('leaves a download whose headers came before the client\'s timeout to the client, however long it takes', async () => {
+    const fake = await startFakeOpenAI();
+    const bytes = randomBytes(64 * 1024);
+    fake.files.set('file-slow', { bytes, filename: 'out.jsonl', purpose: 'batch_output', contentType: 'application/octet-stream' });
+    // The headers and a first part at once, the rest a second later: past the client's 1 s.
+    fake.download = (res, all) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      res.write(all.subarray(0, 1024));
+      setTimeout(() => res.end(all.subarray(1024)), 1_000);
+    };
+    const s = await gateway(fake);
+    const res = await fetch(`${s.url}/v1/files/file-slow/content`, { headers: { authorization: `Bearer ${CLIENT_KEY}`, 'x-stormgate-timeout-ms': '1000' } });
+    expect(res.status).toBe(200);
+    expect(Buffer.from(await res.arrayBuffer()).equals(bytes)).toBe(true);
+  });
+});
+
+describe('passthrough traffic in the metrics', () => {
+  it('counts each passthrough request in stormgate_passthrough_requests_total by its path and answer class, none in the managed routes\' series', async () => {
     const fake = await startFakeOpenAI();
     fake.script('GET /v1/batches', { kind: 'answer', status: 503, body: errorBody('overloaded') });
+    fake.script('POST /v1/files', { kind: 'hang' });
     const s = await gateway(fake);
     const { sdk } = client(s);
+    const metric = async () =>
+      parseMetrics(await (await fetch(`${s.url}/metrics`)).text()).filter((m) => m.name === 'stormgate_passthrough_requests_total');
+    // Every path and class at zero from the start, so that increase() counts a first outage.
+    const before = await metric();
+    expect(before.filter((m) => m.labels.path === '/v1/batches').map((m) => [m.labels.status_class, m.value])).toEqual(
+      ['2xx', '3xx', '4xx', '5xx', 'client_gone'].map((c) => [c, 0]),
+    );
+    await sdk.files.list();
     await sdk.files.list();
     await sdkError(sdk.batches.list());
-    const samples = parseMetrics(await (await fetch(`${s.url}/metrics`)).text());
-    const counted = samples.filter((m) => /requests_total|upstream_attempts_total/.test(m.name) && m.value > 0);
-    expect(counted).toEqual([]);
-    expect(await linesFor(s, '/v1/', 2)).toHaveLength(2);
+    await sdk.files.retrieve('file-a');
+    const left = new AbortController();
+    const upload = sdk.files.create({ file: await toFile(awkwardBytes(1024), 'a.jsonl'), purpose: 'batch' }, { signal: left.signal, maxRetries: 0 });
+    const until = Date.now() + 5_000;
+    while (!fake.seen.some((r) => r.method === 'POST') && Date.now() < until) await sleep(20);
+    left.abort();
+    await expect(upload).rejects.toThrow();
+    await sleep(200);
+    const after = await metric();
+    const count = (path: string, status_class: string) => after.find((m) => m.labels.path === path && m.labels.status_class === status_class)?.value;
+    expect(count('/v1/files', '2xx')).toBe(3);
+    expect(count('/v1/batches', '5xx')).toBe(1);
+    expect(count('/v1/files', 'client_gone')).toBe(1);
+    const managed = parseMetrics(await (await fetch(`${s.url}/metrics`)).text()).filter(
+      (m) => /^stormgate_(requests|upstream_attempts)_total$/.test(m.name) && m.value > 0,
+    );
+    expect(managed).toEqual([]);
+    expect(await linesFor(s, '/v1/', 5)).toHaveLength(5);
   });
 });
 

@@ -97,6 +97,8 @@ export function toGatewayError(err: unknown, request: FastifyRequest): GatewayEr
   if (e.code !== undefined && (e.code.startsWith('FST_REPLY_FROM_') || e.code.startsWith('UND_ERR_') || e.code === 'ECONNRESET')) {
     // reply-from wraps undici's error: its code says which timer fired (UND_ERR_HEADERS_TIMEOUT: timeouts.firstTokenMs).
     const cause = (e as { cause?: { code?: unknown; message?: unknown } }).cause;
+    // The gateway's own reason for ending the upstream request (the client's deadline: providers/passthrough.ts).
+    if (cause instanceof GatewayError) return cause;
     const code = cause?.code ?? e.code;
     if (e.statusCode === 504 || code === 'UND_ERR_BODY_TIMEOUT') return new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${printable(String(code))})`);
     // The egress proxy's own failure (providers/egress-proxy.ts): its message names the proxy, never its credentials.

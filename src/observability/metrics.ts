@@ -37,6 +37,7 @@ export interface Metrics {
   readonly shed: Counter<'priority' | 'reason'>;
   readonly fallbacks: Counter<'route' | 'from' | 'to' | 'reason'>;
   readonly degraded: Counter<'route' | 'reason'>;
+  readonly passthroughRequests: Counter<'path' | 'status_class'>;
   /** Fill gauges at scrape time; set by whoever owns the numbers (scrape-gauges.ts, RequestRecorder). */
   collectPools: () => void;
   collectBreakers: () => void;
@@ -259,6 +260,12 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_degraded_total',
       help: 'Requests answered with the route\'s degraded answer, by route and reason.',
       labelNames: ['route', 'reason'] as const,
+      registers,
+    }),
+    passthroughRequests: new Counter({
+      name: 'stormgate_passthrough_requests_total',
+      help: 'Requests on passthrough paths, by the configured path they fell under and the class of their answer (client_gone: the client left before any).',
+      labelNames: ['path', 'status_class'] as const,
       registers,
     }),
     shed: new Counter({

@@ -88,6 +88,17 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
     for (const cls of Object.keys(p.pools.classes)) for (const reason of SHED_REASONS) metrics.shed.inc({ priority: cls, reason }, 0);
   }
   metrics.requests.inc(REJECTED_LABELS, 0);
+  for (const path of config.passthrough?.paths ?? []) {
+    for (const status_class of PASSTHROUGH_CLASSES) metrics.passthroughRequests.inc({ path: passthroughPathLabel(path), status_class }, 0);
+  }
+}
+
+/** Every value of stormgate_passthrough_requests_total's status_class: an answer's class, or none (the client left). */
+export const PASSTHROUGH_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'client_gone'] as const;
+
+/** A passthrough path as its label: the configured one without a trailing slash, as requests are matched to it. */
+export function passthroughPathLabel(path: string): string {
+  return path.replace(/\/+$/, '');
 }
 
 /** The reasons a streamRecovery continuation is counted as a retry for: how the stream it finishes broke (stream-break.ts). */

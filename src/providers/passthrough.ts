@@ -3,11 +3,12 @@
 // Bounded by connectMs to connect, the passthrough's timeoutMs for the answer's headers, idleMs between its chunks.
 import { randomUUID } from 'node:crypto';
 import proxy from '@fastify/http-proxy';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { Agent, Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError, isOpenAIErrorJson, normaliseUpstreamErrorBody } from '../errors.ts';
 import { classify } from '../policy/outcome.ts';
+import { computeDeadline } from '../policy/deadline.ts';
 import { withoutBom } from '../http/byte-order-mark.ts';
 import { errorCodeOf } from './error-outcome.ts';
 import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
@@ -166,6 +167,21 @@ class ClientBoundAgent extends Dispatcher {
 }
 
 /**
+ * A client whose own timeout (x-stainless-timeout, x-stormgate-timeout-ms) is shorter than passthrough.timeoutMs is
+ * answered 504 deadline_exceeded before it, with x-should-retry: false, as on a managed route, and the upstream request
+ * ended: left to time out on its own, the SDK sent the upload again, three uploads for one call at maxRetries 2.
+ * Only until the answer's headers: the SDKs' timeout ends there too, and a download under way is the client's to read.
+ */
+function clientDeadline(request: FastifyRequest, reply: FastifyReply, passthroughMs: number, upstream: AbortController): NodeJS.Timeout | undefined {
+  const { budgetMs, timeoutMs, source } = computeDeadline({ routeTimeoutMs: passthroughMs, marginMs: undefined, headers: request.headers });
+  if (source === 'route') return undefined;
+  return setTimeout(() => {
+    if (reply.sent || reply.raw.headersSent) return;
+    upstream.abort(new GatewayError('deadline_exceeded', `the provider did not answer the passthrough request within the client's timeout (${source}: ${timeoutMs} ms, answered ${timeoutMs - budgetMs} ms before it)`));
+  }, Math.max(0, budgetMs - reply.elapsedTime));
+}
+
+/**
  * `managedPaths`: the routes' paths. A passthrough path under one of them (`/v1/responses/`, opened for retrieve,
  * cancel and delete) also matches `POST /v1/responses/`, which the provider runs as the managed call itself: with the
  * company's key and none of the retries, budget, breaker or deadline the route promises. Such a request gets the 404
@@ -202,7 +218,9 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         const gone = new AbortController();
         agent.calls.set(call, gone.signal);
         request.headers[CALL_HEADER] = call;
+        const deadline = clientDeadline(request, reply, passthrough.timeoutMs, gone);
         reply.raw.once('close', () => {
+          clearTimeout(deadline);
           agent.calls.delete(call);
           if (!reply.raw.writableFinished) gone.abort();
         });
