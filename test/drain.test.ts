@@ -1,62 +1,47 @@
 // SIGTERM drains the real process: readiness off at once, requests still served for preStopMs, then new requests
 // refused with an OpenAI-shaped 503 (x-should-retry: true), in-flight streams finish (or, past the grace period, end
 // with an error event), and the process exits 0.
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
-import { stringify } from 'yaml';
 import { randomUUID } from 'node:crypto';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
 import { scopedKey } from '../src/policy/idempotency.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
+import { freePort } from './helpers/free-port.ts';
+import { useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 
+const startProcess = useGatewayProcesses();
 let mock: MockServer | undefined;
-let proc: ChildProcess | undefined;
-let dir: string | undefined;
+let gateway: GatewayProcess | undefined;
+let spawned = 0;
 afterEach(async () => {
-  if (proc && proc.exitCode === null) proc.kill('SIGKILL');
+  // Each test's process goes with it (the helper would only kill what is left after the file).
+  const proc = gateway?.proc;
+  if (proc && proc.exitCode === null && proc.signalCode === null) {
+    const gone = once(proc, 'exit');
+    proc.kill('SIGKILL');
+    await gone;
+  }
   await mock?.close();
-  if (dir) rmSync(dir, { recursive: true, force: true });
-  mock = proc = dir = undefined;
+  mock = gateway = undefined;
 });
 
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const { port } = srv.address() as { port: number };
-  await new Promise((r) => srv.close(r));
-  return port;
-}
-
-/** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once healthy. */
+/** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once ready. */
 async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }, faults: FaultSpec = {}, extra: Record<string, unknown> = {}): Promise<string> {
   mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 }, ...faults } });
   const port = await freePort();
-  dir = mkdtempSync(join(tmpdir(), 'stormgate-drain-'));
-  const file = join(dir, 'gateway.yaml');
-  writeFileSync(
-    file,
-    stringify({
-      server: { host: '127.0.0.1', port, logLevel: 'warn' },
-      providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-      drain,
-      ...extra,
-    }),
-  );
-  proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: 'ignore' });
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; i++) {
-    if (await fetch(`${url}/healthz`).then((r) => r.ok, () => false)) break;
-    await sleep(100);
-  }
-  return url;
+  gateway = startProcess(`gateway-${++spawned}`, {
+    server: { host: '127.0.0.1', port, logLevel: 'warn' },
+    providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
+    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+    drain,
+    ...extra,
+  });
+  await waitReady(gateway, port);
+  return `http://127.0.0.1:${port}`;
 }
 
 /** A stream through the gateway, with its first chunk read. */
@@ -85,8 +70,8 @@ describe('SIGTERM', () => {
     const url = await startGateway(12, { preStopMs: 400, graceMs: 10_000 });
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
     const reader = await openStream(url);
-    const exited = once(proc!, 'exit');
-    proc!.kill('SIGTERM');
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGTERM');
     await sleep(100);
     const ready = await fetch(`${url}/readyz`);
     expect(ready.status).toBe(503);
@@ -104,15 +89,15 @@ describe('SIGTERM', () => {
     if (late.status !== 0) expect(late).toEqual({ status: 503, retry: 'true', code: 'gateway_draining' });
     const text = await readRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
-    const [code] = await exited;
+    const code = await exited;
     expect(code).toBe(0);
   });
 
   it('ends a stream still running when the grace period is over with an error event the SDKs raise, not a reset', async () => {
     const url = await startGateway(100, { preStopMs: 0, graceMs: 500 });
     const reader = await openStream(url);
-    const exited = once(proc!, 'exit');
-    proc!.kill('SIGTERM');
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGTERM');
     // Reading ends cleanly (no network error), with the error event last and no [DONE] that would look complete.
     const text = await readRest(reader);
     const events = text.trim().split('\n\n');
@@ -120,7 +105,7 @@ describe('SIGTERM', () => {
     expect(last.error.code).toBe('stream_interrupted');
     expect(last.error.message).toMatch(/shutting down/);
     expect(text).not.toContain('[DONE]');
-    const [code] = await exited;
+    const code = await exited;
     expect(code).toBe(0);
   });
 
@@ -135,14 +120,14 @@ describe('SIGTERM', () => {
       }).then(async (r) => ({ status: r.status, retry: r.headers.get('x-should-retry'), code: ((await r.json()) as { error?: { code: string } }).error?.code }));
     const answers = Promise.all([ask(false), ask(true)]);
     await sleep(200);
-    const exited = once(proc!, 'exit');
+    const exited = gateway!.exited;
     const started = Date.now();
-    proc!.kill('SIGTERM');
+    gateway!.proc.kill('SIGTERM');
     expect(await answers).toEqual([
       { status: 503, retry: 'true', code: 'gateway_draining' },
       { status: 503, retry: 'true', code: 'gateway_draining' },
     ]);
-    const [code] = await exited;
+    const code = await exited;
     expect(code).toBe(0);
     expect(Date.now() - started).toBeLessThan(2_500);
   });
@@ -160,8 +145,8 @@ describe('SIGTERM, a retry waiting out a wait hint', () => {
     // Grace ends 5 s after SIGTERM; the provider asks for 8 s. Waiting would hold the request (and the exit) 5 s for a
     // 503 anyway; another instance can take the retry once the 8 s are over.
     const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '8000' } }] });
-    const exited = once(proc!, 'exit');
-    proc!.kill('SIGTERM');
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGTERM');
     await sleep(100);
     const sent = Date.now();
     const answer = await ask(url);
@@ -170,19 +155,19 @@ describe('SIGTERM, a retry waiting out a wait hint', () => {
     expect(answer.retryAfterMs).toBeGreaterThanOrEqual(8_000);
     expect(answer.retryAfterMs).toBeLessThanOrEqual(9_700);
     expect(mock!.stats().total).toBe(1);
-    const [code] = await exited;
+    const code = await exited;
     expect(code).toBe(0);
     expect(Date.now() - sent).toBeLessThan(3_500);
   });
 
   it('still waits out a hint that ends within the grace period, and retries', async () => {
     const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '300' } }] });
-    const exited = once(proc!, 'exit');
-    proc!.kill('SIGTERM');
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGTERM');
     await sleep(100);
     expect(await ask(url)).toMatchObject({ status: 200 });
     expect(mock!.stats().total).toBe(2);
-    expect((await exited)[0]).toBe(0);
+    expect(await exited).toBe(0);
   });
 });
 
@@ -203,9 +188,9 @@ describe('SIGTERM with a run under an idempotency key', () => {
     // The client leaves; the instance is told to go (a rolling deploy) while the run is still being read.
     abort.abort();
     await sleep(100);
-    const exited = once(proc!, 'exit');
-    proc!.kill('SIGTERM');
-    const [code] = await exited;
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGTERM');
+    const code = await exited;
     expect(code).toBe(0);
     expect(mock!.requests().filter((r) => r.path === '/v1/chat/completions').map((r) => ({ aborted: r.aborted, chunks: r.chunksSent }))).toEqual([{ aborted: false, chunks: 6 }]);
     const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
@@ -230,10 +215,10 @@ describe('SIGINT', () => {
     // Headers promise 1000 bytes of body; 10 come, then nothing (until requestTimeoutMs, 60 s, Node would wait).
     socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"model":"');
     await sleep(300);
-    const exited = once(proc!, 'exit');
+    const exited = gateway!.exited;
     const started = Date.now();
-    proc!.kill('SIGINT');
-    const [code] = (await Promise.race([exited, sleep(3_000, ['still running'])])) as [unknown];
+    gateway!.proc.kill('SIGINT');
+    const code = await Promise.race([exited, sleep(3_000, 'still running')]);
     socket.destroy();
     expect(code).toBe(0);
     expect(Date.now() - started).toBeLessThan(3_000);
@@ -247,10 +232,10 @@ describe('SIGHUP', () => {
   it('is ignored: the stream in flight completes and the gateway keeps serving', async () => {
     const url = await startGateway(4, { preStopMs: 0, graceMs: 1_000 });
     const reader = await openStream(url);
-    proc!.kill('SIGHUP');
+    gateway!.proc.kill('SIGHUP');
     expect(await readRest(reader)).toContain('data: [DONE]');
     await sleep(100);
-    expect(proc!.exitCode).toBeNull();
+    expect(gateway!.proc.exitCode).toBeNull();
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
   });
 });

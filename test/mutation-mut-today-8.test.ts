@@ -48,6 +48,29 @@ describe('draining: the time left to the grace period end', () => {
     expect(p.hits()).toBe(2);
     await drained;
   });
+
+  it("reads the pipeline's injected clock: once it says 2 s went by, the retry that fitted no longer does", async () => {
+    // The same retry as above; the clock the gateway is given (deps.now) moves 2 s on after the drain began, so 300 ms
+    // of preStopMs + graceMs are left by it, not the 800 ms backoff and its 200 ms attempt. Read off Date.now(), the
+    // grace end saw ~2.25 s left and the retry was made.
+    let n = 0;
+    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
+      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
+    });
+    let skewMs = 0;
+    const s = await stack({
+      config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 800, capMs: 800 } }, minAttemptMs: 200 }, { drain: { preStopMs: 2_000, graceMs: 300 } }),
+      deps: { now: () => Date.now() + skewMs },
+    });
+    const drained = s.gateway.drain();
+    await sleep(50);
+    skewMs = 2_000;
+    expect(await ask(s.url)).toMatchObject({ status: 503, code: 'gateway_draining' });
+    expect(p.hits()).toBe(1);
+    await drained;
+  });
 });
 
 describe('gateway_draining', () => {

@@ -1,8 +1,8 @@
 // Seeded model-based tests of tenant fair share (README "Tenants share a class fairly", and the parking lot's turns
 // and full queue in "Retry budget, circuit breaker, hold-offs, parking"): the priority pools and the parking lot driven
 // with 3 to 6 clients (one of them often flooding, sometimes the unnamed client) beside a plain model, as in
-// pools-model-fuzz.test.ts (whose pool model this file copies and extends with clients; the generator and the pool's
-// config are shared, test/helpers/model-fuzz.ts). Beside the
+// pools-model-fuzz.test.ts (the pool model is the one both share, test/helpers/pool-model.ts; the generator and the
+// pool's config are shared too, test/helpers/model-fuzz.ts). Beside the
 // model's answers, after every step: slots within the limits; each class's per-client counts (snapshot().clients) equal
 // both the model's and those the answers given so far imply; the waiting bodies' bytes equal the bodies still waiting;
 // every request answered once (granted, shed, aborted; in the lot released, full, timeout, aborted); a displaced request
@@ -11,15 +11,14 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
-import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
-import { MovingAverage } from '../src/policy/moving-average.ts';
+import { onRecovered, type LimitSettings } from '../src/policy/adaptive-limit.ts';
 import { seededRandom } from '../src/policy/random.ts';
-import { canWait } from '../src/policy/retry-wait.ts';
 import { Pools } from '../src/pools/pools.ts';
-import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import type { PoolClass, ProviderPool, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { flexTierKey, isFlexTierKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
 import { CLASS_NAMES, gaugeValue, gen, MAX_BODY_BYTES, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
+import { disagreement, PoolModel, type PoolReq } from './helpers/pool-model.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -50,337 +49,12 @@ function bodyBytes(g: Gen): number {
 // The provider pool, with clients.
 // ------------------------------------------------------------------------------------------------------------------
 
-type Expected =
-  | { kind: 'granted'; queued: boolean }
-  | { kind: 'shed'; reason: 'queue_full' | 'deadline' | 'body_bytes'; retryAfterMs: number }
-  | { kind: 'aborted' };
-
-interface PoolReq {
-  id: number;
-  req: SlotRequest;
-  client: string;
-  ctrl: AbortController;
-  /** The model's view: waiting in the queue, holding a slot, or answered without one. */
-  state: 'queued' | 'held' | 'done';
-  /** Arrival order in the queue (-1: never queued). */
-  seq: number;
-  expected?: Expected;
-  actual?: Acquired;
-  slot?: Slot;
-  grantedAtMs: number;
-  answered: boolean;
-  /** The model gave the slot back. */
-  slotGiven: boolean;
+/** A request of the pool fuzz with clients: the model's, and what the driver tracks besides. */
+interface ClientPoolReq extends PoolReq {
   /** The driver gave the pool's slot back. */
   gaveBack: boolean;
   /** The check that first saw its answer. */
   answeredAt?: number;
-}
-
-interface ModelTarget {
-  limit: LimitState;
-  lowerHeldUntilMs: number;
-  inUse: number;
-  byClass: number[];
-}
-
-/** A client's standing in a class (policy/client-turns.ts's Standing) and its requests waiting. */
-interface ModelClient {
-  held: number;
-  servedAt: number;
-  waiting: number;
-}
-
-/** At a grant from the queue: the granted client's slots of the class, and the fewest any other eligible waiting client held. */
-interface FairGrant {
-  held: number;
-  fewestOther: number;
-  clients: number;
-}
-
-/**
- * The pool model of pools-model-fuzz.test.ts, with the README's clients: within a class, a slot goes to the waiting
- * client that holds the fewest of the class's slots (then served longest ago: a client that comes back counts as
- * served just before the latest grant), then its earliest request; the wait estimate counts the higher classes'
- * queues, the client's own queue and of each other client's at most as many again and one; a full class queue gives a
- * newcomer the place of the newest waiter (not released by the lot) of the fullest client with at least own + 2 waiting.
- */
-class PoolModel {
-  capacity: number;
-  attainable: number;
-  retryCapacity: number;
-  inUseByClass: number[];
-  retriesInUse = 0;
-  readonly targets = new Map<string, ModelTarget>();
-  /** Waiters in arrival order. */
-  queue: PoolReq[] = [];
-  /**
-   * Per class, the clients holding or waiting. A Map, in the order the pool's entries come (a client forgotten once
-   * idle comes back at the end): of clients equally full, the README leaves open whose place a newcomer takes, and
-   * the pool takes the first; the model follows so that it can say which.
-   */
-  readonly clients: Array<Map<string, ModelClient>>;
-  grants = 0;
-  readonly roundTrip = new MovingAverage(1_000);
-  readonly slotHold = new MovingAverage(1_000);
-  bytes = 0;
-  #seq = 0;
-  /** What the step resolved, in order: grants and sheds of waiters (the queued path). */
-  order: number[] = [];
-  readonly fair = new Map<number, FairGrant>();
-  onAnswer?: (p: PoolReq) => void;
-  onNote?: (what: string) => void;
-
-  constructor(
-    readonly classes: readonly PoolClass[],
-    readonly settings: { capacity: number; retryCapacity: number; maxBytes: number },
-    readonly limitSettings: LimitSettings,
-    readonly now: () => number,
-  ) {
-    this.capacity = settings.capacity;
-    this.attainable = settings.capacity;
-    this.retryCapacity = settings.retryCapacity;
-    this.inUseByClass = classes.map(() => 0);
-    this.clients = classes.map(() => new Map());
-  }
-
-  get inUse(): number {
-    return this.inUseByClass.reduce((a, b) => a + b, 0);
-  }
-
-  queuedOf(cls: number): number {
-    return this.queue.filter((w) => w.req.cls === cls).length;
-  }
-
-  waitingOf(cls: number, client: string): number {
-    return this.queue.filter((w) => w.req.cls === cls && w.client === client).length;
-  }
-
-  use(cls: number, client: string): ModelClient {
-    let u = this.clients[cls]!.get(client);
-    if (!u) this.clients[cls]!.set(client, (u = { held: 0, servedAt: this.grants - 0.5, waiting: 0 }));
-    return u;
-  }
-
-  #forgetIdle(cls: number, client: string): void {
-    const u = this.clients[cls]!.get(client);
-    if (u && u.held === 0 && u.waiting === 0) this.clients[cls]!.delete(client);
-  }
-
-  target(key: string): ModelTarget {
-    let t = this.targets.get(key);
-    if (!t) this.targets.set(key, (t = { limit: initialLimit(this.limitSettings), lowerHeldUntilMs: 0, inUse: 0, byClass: this.classes.map(() => 0) }));
-    return t;
-  }
-
-  /** Can it take a slot now? `holdEndsLate`: a quota hold ending this very millisecond still holds (its timer is 1 ms after). */
-  admissible(r: SlotRequest, holdEndsLate = false): boolean {
-    const t = this.target(r.target);
-    if (this.inUse >= this.capacity) return false;
-    if (r.retry && this.retriesInUse >= this.retryCapacity) return false;
-    if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
-    if (r.cls > 0 && t.byClass[r.cls]! >= classLimit(t.limit, r.cls)) return false;
-    if (r.cls > 0 && (holdEndsLate ? t.lowerHeldUntilMs >= this.now() : t.lowerHeldUntilMs > this.now())) return false;
-    return true;
-  }
-
-  /** "the higher classes' queues, its client's queue, and of each other client's at most as many again and one". */
-  expectedWaitMs(cls: number, target: string, client: string): number {
-    let ahead = this.queue.filter((w) => w.req.cls < cls).length;
-    const own = this.waitingOf(cls, client);
-    ahead += own;
-    for (const other of new Set(this.queue.filter((w) => w.req.cls === cls && w.client !== client).map((w) => w.client))) {
-      ahead += Math.min(this.waitingOf(cls, other), own + 1);
-    }
-    const t = this.target(target);
-    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.roundTrip.value, this.slotHold.value);
-    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
-  }
-
-  /** The waiter a newcomer to a full class queue displaces: undefined, none (the newcomer is shed). */
-  displaced(p: PoolReq): PoolReq | undefined {
-    const own = this.waitingOf(p.req.cls, p.client);
-    const fuller = [...this.clients[p.req.cls]!.keys()].map((name) => [name, this.waitingOf(p.req.cls, name)] as const).filter(([, n]) => n >= own + 2);
-    fuller.sort((a, b) => b[1] - a[1]);
-    for (const [name] of fuller) {
-      const mine = this.queue.filter((w) => w.req.cls === p.req.cls && w.client === name && !w.req.released);
-      if (mine.length > 0) return mine.at(-1);
-    }
-    return undefined;
-  }
-
-  acquire(p: PoolReq): { victim?: PoolReq } {
-    const { req } = p;
-    const now = this.now();
-    if (req.signal.aborted) return this.#answer(p, { kind: 'aborted' }, false), {};
-    const mayGoAhead = this.queue.some((w) => w.req.cls <= req.cls && this.admissible(w.req));
-    if (!mayGoAhead && this.admissible(req)) {
-      this.#take(p);
-      return this.#answer(p, { kind: 'granted', queued: false }, false), {};
-    }
-    const c = this.classes[req.cls]!;
-    const expected = this.expectedWaitMs(req.cls, req.target, p.client);
-    let victim: PoolReq | undefined;
-    if (!req.released && this.queuedOf(req.cls) >= c.maxQueue) {
-      victim = this.displaced(p);
-      if (!victim) return this.#answer(p, { kind: 'shed', reason: 'queue_full', retryAfterMs: expected }, false), {};
-    }
-    if (!canWait(now, expected, req.deadlineAtMs, req.minAttemptMs)) return this.#answer(p, { kind: 'shed', reason: 'deadline', retryAfterMs: expected }, false), {};
-    const bytes = req.bodyBytes ?? 0;
-    const lowest = req.cls > 0 && req.cls === this.classes.length - 1;
-    const cap = lowest ? this.settings.maxBytes / 2 : this.settings.maxBytes;
-    const before = this.bytes - (victim?.req.bodyBytes ?? 0);
-    if (victim && before > 0 && before + bytes > cap) this.onNote?.('too large for a displaced body\'s place');
-    if (!req.released && before > 0 && before + bytes > cap) return this.#answer(p, { kind: 'shed', reason: 'body_bytes', retryAfterMs: expected }, false), {};
-    if (victim && this.bytes > 0 && this.bytes + bytes > cap) this.onNote?.('fit in the place of a displaced body');
-    if (victim) {
-      this.#leave(victim);
-      this.#answer(victim, { kind: 'shed', reason: 'queue_full', retryAfterMs: this.expectedWaitMs(victim.req.cls, victim.req.target, victim.client) }, true);
-    }
-    this.bytes += bytes;
-    p.seq = this.#seq++;
-    p.state = 'queued';
-    this.queue.push(p);
-    this.use(req.cls, p.client).waiting++;
-    this.drain();
-    return victim ? { victim } : {};
-  }
-
-  release(p: PoolReq): void {
-    if (p.slotGiven || p.state !== 'held') return;
-    p.slotGiven = true;
-    p.state = 'done';
-    if (p.answered && this.now() - p.grantedAtMs > 0) this.slotHold.add(this.now() - p.grantedAtMs);
-    const t = this.target(p.req.target);
-    this.inUseByClass[p.req.cls]!--;
-    t.inUse--;
-    t.byClass[p.req.cls]!--;
-    if (p.req.retry) this.retriesInUse--;
-    this.use(p.req.cls, p.client).held--;
-    this.#forgetIdle(p.req.cls, p.client);
-    this.drain();
-  }
-
-  abort(p: PoolReq): void {
-    if (p.state !== 'queued') return;
-    this.#leave(p);
-    this.#answer(p, { kind: 'aborted' }, true);
-  }
-
-  /** The pool's waiters whose last chance (minAttemptMs before the deadline) is now. */
-  expireAt(nowMs: number): void {
-    for (const w of [...this.queue]) {
-      if (w.req.deadlineAtMs - w.req.minAttemptMs === nowMs) this.#expire(w);
-    }
-  }
-
-  observe(target: string, signal: 'rate-limited' | 'success', roundTripMs: number): void {
-    const t = this.target(target);
-    if (signal === 'success') {
-      if (roundTripMs > 0) this.roundTrip.add(roundTripMs);
-      t.limit = onSuccess(t.limit, this.limitSettings, this.now(), this.roundTrip.value, this.slotHold.value);
-    } else {
-      const waiting = this.queue.filter((w) => w.req.target === target).length;
-      t.limit = onRateLimited(t.limit, this.limitSettings, this.now(), this.roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting });
-    }
-    this.drain();
-  }
-
-  setShare(share: number, othersDemand: number): void {
-    this.capacity = Math.max(1, Math.round(this.settings.capacity * share));
-    this.attainable = Math.max(this.capacity, this.settings.capacity - othersDemand);
-    this.retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
-    this.drain();
-  }
-
-  /** "first to classes under their minShare floor, then by class, then by client, then by arrival". */
-  drain(): void {
-    for (;;) {
-      const w = this.#underFloor() ?? this.#byPriority();
-      if (!w) return;
-      this.#take(w);
-      this.#answer(w, { kind: 'granted', queued: true }, true);
-    }
-  }
-
-  #underFloor(): PoolReq | undefined {
-    for (let k = this.classes.length - 1; k >= 1; k--) {
-      const share = this.classes[k]!.minShare;
-      if (this.inUseByClass[k]! >= Math.floor(share * this.capacity)) continue;
-      const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(share * Math.min(this.capacity, t.limit.limit)));
-      if (w) return w;
-    }
-    return undefined;
-  }
-
-  #byPriority(): PoolReq | undefined {
-    for (let k = 0; k < this.classes.length; k++) {
-      const w = this.#pick(k);
-      if (w) return w;
-    }
-    return undefined;
-  }
-
-  /** Of the class's waiters that may go, the earliest of the client whose turn it is; one with no time left is shed instead. */
-  #pick(cls: number, also?: (t: ModelTarget) => boolean): PoolReq | undefined {
-    for (;;) {
-      const eligible = this.queue.filter((x) => x.req.cls === cls && this.admissible(x.req) && (also === undefined || also(this.target(x.req.target))));
-      if (eligible.length === 0) return undefined;
-      const standing = (x: PoolReq) => this.clients[cls]!.get(x.client)!;
-      const w = eligible.reduce((best, x) => {
-        const a = standing(x);
-        const b = standing(best);
-        const order = a.held !== b.held ? a.held - b.held : a.servedAt - b.servedAt;
-        return order < 0 || (order === 0 && x.seq < best.seq) ? x : best;
-      });
-      if (canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
-        const others = new Set(eligible.filter((x) => x.client !== w.client).map((x) => x.client));
-        const fewestOther = Math.min(...[...others].map((c) => this.clients[cls]!.get(c)!.held));
-        this.fair.set(w.id, { held: standing(w).held, fewestOther, clients: others.size + 1 });
-        this.#leave(w);
-        return w;
-      }
-      this.#expire(w);
-    }
-  }
-
-  #expire(w: PoolReq): void {
-    this.#leave(w);
-    this.#answer(w, { kind: 'shed', reason: 'deadline', retryAfterMs: this.expectedWaitMs(w.req.cls, w.req.target, w.client) }, true);
-  }
-
-  #leave(w: PoolReq): void {
-    this.queue.splice(this.queue.indexOf(w), 1);
-    this.bytes -= w.req.bodyBytes ?? 0;
-    this.use(w.req.cls, w.client).waiting--;
-    this.#forgetIdle(w.req.cls, w.client);
-  }
-
-  #take(p: PoolReq): void {
-    const t = this.target(p.req.target);
-    this.inUseByClass[p.req.cls]!++;
-    t.inUse++;
-    t.byClass[p.req.cls]!++;
-    if (p.req.retry) this.retriesInUse++;
-    const u = this.use(p.req.cls, p.client);
-    u.held++;
-    u.servedAt = ++this.grants;
-    p.state = 'held';
-    p.grantedAtMs = this.now();
-  }
-
-  #answer(p: PoolReq, e: Expected, fromQueue: boolean): void {
-    this.onAnswer?.(p);
-    if (e.kind !== 'granted') p.state = 'done';
-    p.expected = e;
-    if (fromQueue) this.order.push(p.id);
-  }
-
-  /** No lost wake-up: nobody waits who could take a slot now, with time left for an attempt. */
-  idleWhileWaiting(): PoolReq | undefined {
-    return this.queue.find((w) => this.admissible(w.req, true) && canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs));
-  }
 }
 
 /** Per class, per client (by name): slots held and requests waiting, as a sorted plain object. */
@@ -412,7 +86,7 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   const pools = new Pools(config, now, { onWait: () => told.waits++, onShed: () => told.sheds++ }, bodies);
   const pool: ProviderPool = pools.of(PROVIDER);
   const limitSettings: LimitSettings = { max: capacity, min: minLimit, decrease, minShares: classes.map((c) => c.minShare) };
-  const model = new PoolModel(classes, { capacity, retryCapacity, maxBytes: bodies.maxBytes }, limitSettings, now);
+  const model = new PoolModel<ClientPoolReq>(classes, { capacity, retryCapacity, maxBytes: bodies.maxBytes }, limitSettings, now);
   model.onAnswer = (p) => touched.add(p);
   model.onNote = (what) => seen.add(what);
   const targets = ['p/a', 'p/b', 'p/c'].slice(0, g.int(1, 3));
@@ -423,19 +97,19 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   const releasedClient = g.chance(0.3) ? g.pick(clients.names) : undefined;
   /** How busy: the share of steps that bring a newcomer. */
   const arrivals = g.pick([0.3, 0.4, 0.55]);
-  const reqs: PoolReq[] = [];
+  const reqs: ClientPoolReq[] = [];
   let actualOrder: number[] = [];
   let step = 0;
   let op = '';
   const where = () => `seed ${seed}, step ${step} (${op}), t=${now()}`;
-  const touched = new Set<PoolReq>();
+  const touched = new Set<ClientPoolReq>();
   /** Checks so far: a request's answer is dated by the check that first sees it. */
   let checks = 0;
   /** A newcomer to a full queue this step, and each class's waiters per client (by the answers so far) before it came. */
-  let door: { p: PoolReq; waiting: Map<string, number>; releasedOnly: Set<string> } | undefined;
-  let waitingBeforeStep = new Set<PoolReq>();
+  let door: { p: ClientPoolReq; waiting: Map<string, number>; releasedOnly: Set<string> } | undefined;
+  let waitingBeforeStep = new Set<ClientPoolReq>();
 
-  const newReq = (): PoolReq => {
+  const newReq = (): ClientPoolReq => {
     const cls = g.int(0, classCount - 1);
     const ctrl = new AbortController();
     if (g.chance(0.03)) ctrl.abort();
@@ -461,7 +135,7 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   const countsFromAnswers = (named: boolean): ClientCounts =>
     classes.map((_, k) => {
       const m = new Map<string, { held: number; waiting: number }>();
-      const add = (p: PoolReq, what: 'held' | 'waiting') => {
+      const add = (p: ClientPoolReq, what: 'held' | 'waiting') => {
         if (p.req.cls !== k || (named && p.client === '')) return;
         const u = m.get(p.client) ?? { held: 0, waiting: 0 };
         u[what]++;
@@ -554,7 +228,7 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
     if (new Set(model.queue.map((w) => w.client)).size >= 3) seen.add('three clients waiting');
   };
 
-  const acquire = (p: PoolReq): void => {
+  const acquire = (p: ClientPoolReq): void => {
     reqs.push(p);
     touched.add(p);
     if (!p.req.released && model.queuedOf(p.req.cls) >= classes[p.req.cls]!.maxQueue) {
@@ -581,7 +255,7 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
     if (p.expected?.kind === 'granted' && !p.expected.queued) seen.add('granted at once');
   };
 
-  const release = (p: PoolReq): void => {
+  const release = (p: ClientPoolReq): void => {
     if (g.chance(0.7)) {
       p.slot!.answered();
       p.answered = true;
@@ -700,25 +374,6 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   expect(bodies.bytes, `bytes left, ${where()}`).toBe(0);
   pools.close();
   return { steps };
-}
-
-/** How the pool's answer to a request differs from the model's, if it does. */
-function disagreement(p: PoolReq): string | undefined {
-  const a = p.actual;
-  const e = p.expected;
-  if (e === undefined) return undefined;
-  if (p.state === 'queued') return a === undefined ? undefined : `answered ${JSON.stringify(a)} while the model has it waiting`;
-  if (a === undefined) return `still waiting while the model answered ${JSON.stringify(e)}`;
-  const got = a.ok ? { kind: 'granted', queued: a.queued } : a.reason === 'aborted' ? { kind: 'aborted' } : { kind: 'shed', reason: a.reason, retryAfterMs: a.retryAfterMs };
-  if (got.kind !== e.kind || ('queued' in got && 'queued' in e && got.queued !== e.queued) || ('reason' in got && 'reason' in e && got.reason !== e.reason)) {
-    return `answered ${JSON.stringify(got)}, the model ${JSON.stringify(e)}`;
-  }
-  if (got.kind === 'shed' && e.kind === 'shed') {
-    const after = got.retryAfterMs!;
-    if (!Number.isFinite(after) || after < 0) return `told to come back after ${after} ms`;
-    if (Math.abs(after - e.retryAfterMs) > 1e-6) return `told to come back after ${after} ms, the model ${e.retryAfterMs} ms`;
-  }
-  return undefined;
 }
 
 describe('the provider pool with clients against the README model', () => {

@@ -9,16 +9,15 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { collectAtScrape } from '../src/observability/scrape-gauges.ts';
 import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
-import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
-import { MovingAverage } from '../src/policy/moving-average.ts';
+import { onRecovered, type LimitSettings } from '../src/policy/adaptive-limit.ts';
 import { seededRandom } from '../src/policy/random.ts';
-import { canWait } from '../src/policy/retry-wait.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
 import { Pools } from '../src/pools/pools.ts';
 import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { TargetKeys } from '../src/routing/target-keys.ts';
 import { CLASS_NAMES, gaugeValue, gen, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
+import { disagreement, PoolModel, type PoolReq } from './helpers/pool-model.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -27,261 +26,9 @@ import { CLASS_NAMES, gaugeValue, gen, poolConfig, PROVIDER, settle, type Gen } 
 const SEEDS = Number(process.env.FUZZ_SEEDS ?? 1);
 const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_301);
 
-
-
 // ------------------------------------------------------------------------------------------------------------------
-// The provider pool, as the README's "Priority pools" paragraphs describe it.
+// The provider pool, as the README's "Priority pools" paragraphs describe it (the model: test/helpers/pool-model.ts).
 // ------------------------------------------------------------------------------------------------------------------
-
-type Expected =
-  | { kind: 'granted'; queued: boolean }
-  | { kind: 'shed'; reason: 'queue_full' | 'deadline' | 'body_bytes'; retryAfterMs: number }
-  | { kind: 'aborted' };
-
-/** One request for a slot, as the model and as the pool see it. */
-interface PoolReq {
-  id: number;
-  req: SlotRequest;
-  ctrl: AbortController;
-  /** The model's view: waiting in the queue, holding a slot, or answered without one. */
-  state: 'queued' | 'held' | 'done';
-  /** Arrival order in the queue. */
-  seq: number;
-  expected?: Expected;
-  actual?: Acquired;
-  slot?: Slot;
-  grantedAtMs: number;
-  answered: boolean;
-  slotGiven: boolean;
-}
-
-interface ModelTarget {
-  limit: LimitState;
-  lowerHeldUntilMs: number;
-  inUse: number;
-  byClass: number[];
-}
-
-/**
- * The pool from the README: a class may use any capacity the others leave idle, keeps minShare of it (of the target's
- * limit once that is cut) under contention; waiters are served by class, then arrival; bounded queues per class (a
- * request the lot released is not shed for a full one); a waiter held back by what does not hold a newcomer back does
- * not keep it from an idle slot; the one wait rule on arrival, at the grant and when minAttemptMs is left; retries at
- * most maxConcurrentRetries; lower classes wait out a nearly spent quota; waiting bodies bounded, batch to half.
- */
-class PoolModel {
-  capacity: number;
-  attainable: number;
-  retryCapacity: number;
-  inUseByClass: number[];
-  retriesInUse = 0;
-  readonly targets = new Map<string, ModelTarget>();
-  /** Waiters in arrival order. */
-  queue: PoolReq[] = [];
-  readonly roundTrip = new MovingAverage(1_000);
-  readonly slotHold = new MovingAverage(1_000);
-  bytes = 0;
-  #seq = 0;
-  /** What the step resolved, in order: grants and sheds of waiters (the queued path). */
-  order: number[] = [];
-  onAnswer?: (p: PoolReq) => void;
-  onNote?: (what: string) => void;
-
-  constructor(
-    readonly classes: readonly PoolClass[],
-    readonly settings: { capacity: number; retryCapacity: number; maxBytes: number },
-    readonly limitSettings: LimitSettings,
-    readonly now: () => number,
-  ) {
-    this.capacity = settings.capacity;
-    this.attainable = settings.capacity;
-    this.retryCapacity = settings.retryCapacity;
-    this.inUseByClass = classes.map(() => 0);
-  }
-
-  get inUse(): number {
-    return this.inUseByClass.reduce((a, b) => a + b, 0);
-  }
-
-  queuedOf(cls: number): number {
-    return this.queue.filter((w) => w.req.cls === cls).length;
-  }
-
-  target(key: string): ModelTarget {
-    let t = this.targets.get(key);
-    if (!t) this.targets.set(key, (t = { limit: initialLimit(this.limitSettings), lowerHeldUntilMs: 0, inUse: 0, byClass: this.classes.map(() => 0) }));
-    return t;
-  }
-
-  /** Can it take a slot now? `holdEndsLate`: a quota hold ending this very millisecond still holds (its timer is 1 ms after). */
-  admissible(r: SlotRequest, holdEndsLate = false): boolean {
-    const t = this.target(r.target);
-    if (this.inUse >= this.capacity) return false;
-    if (r.retry && this.retriesInUse >= this.retryCapacity) return false;
-    if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
-    if (r.cls > 0 && t.byClass[r.cls]! >= classLimit(t.limit, r.cls)) return false;
-    if (r.cls > 0 && (holdEndsLate ? t.lowerHeldUntilMs >= this.now() : t.lowerHeldUntilMs > this.now())) return false;
-    return true;
-  }
-
-  /** "the queue ahead of it, at the target's limit per round trip of a slot's hold; a lower class: at least the quota hold". */
-  expectedWaitMs(cls: number, target: string): number {
-    const ahead = this.queue.filter((w) => w.req.cls <= cls).length;
-    const t = this.target(target);
-    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.roundTrip.value, this.slotHold.value);
-    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
-  }
-
-  acquire(p: PoolReq): void {
-    const { req } = p;
-    const now = this.now();
-    if (req.signal.aborted) return this.#answer(p, { kind: 'aborted' }, false);
-    const mayGoAhead = this.queue.some((w) => w.req.cls <= req.cls && this.admissible(w.req));
-    if (!mayGoAhead && this.admissible(req)) {
-      this.#take(p);
-      return this.#answer(p, { kind: 'granted', queued: false }, false);
-    }
-    const c = this.classes[req.cls]!;
-    const expected = this.expectedWaitMs(req.cls, req.target);
-    if (!req.released && this.queuedOf(req.cls) >= c.maxQueue) return this.#answer(p, { kind: 'shed', reason: 'queue_full', retryAfterMs: expected }, false);
-    if (!canWait(now, expected, req.deadlineAtMs, req.minAttemptMs)) return this.#answer(p, { kind: 'shed', reason: 'deadline', retryAfterMs: expected }, false);
-    const bytes = req.bodyBytes ?? 0;
-    const lowest = req.cls > 0 && req.cls === this.classes.length - 1;
-    const cap = lowest ? this.settings.maxBytes / 2 : this.settings.maxBytes;
-    if (!req.released && this.bytes > 0 && this.bytes + bytes > cap) return this.#answer(p, { kind: 'shed', reason: 'body_bytes', retryAfterMs: expected }, false);
-    this.bytes += bytes;
-    p.seq = this.#seq++;
-    p.state = 'queued';
-    this.queue.push(p);
-    this.drain();
-  }
-
-  release(p: PoolReq): void {
-    if (p.slotGiven || p.state !== 'held') return;
-    p.slotGiven = true;
-    p.state = 'done';
-    if (p.answered && this.now() - p.grantedAtMs > 0) this.slotHold.add(this.now() - p.grantedAtMs);
-    const t = this.target(p.req.target);
-    this.inUseByClass[p.req.cls]!--;
-    t.inUse--;
-    t.byClass[p.req.cls]!--;
-    if (p.req.retry) this.retriesInUse--;
-    this.drain();
-  }
-
-  abort(p: PoolReq): void {
-    if (p.state !== 'queued') return;
-    this.#leave(p);
-    this.#answer(p, { kind: 'aborted' }, true);
-  }
-
-  /** The pool's waiters whose last chance (minAttemptMs before the deadline) is now. */
-  expireAt(nowMs: number): void {
-    for (const w of [...this.queue]) {
-      if (w.req.deadlineAtMs - w.req.minAttemptMs === nowMs) this.#expire(w);
-    }
-  }
-
-  observe(target: string, signal: 'rate-limited' | 'success', roundTripMs: number): void {
-    const t = this.target(target);
-    if (signal === 'success') {
-      if (roundTripMs > 0) this.roundTrip.add(roundTripMs);
-      t.limit = onSuccess(t.limit, this.limitSettings, this.now(), this.roundTrip.value, this.slotHold.value);
-    } else {
-      const waiting = this.queue.filter((w) => w.req.target === target).length;
-      const before = this.classes.map((_, k) => classLimit(t.limit, k));
-      t.limit = onRateLimited(t.limit, this.limitSettings, this.now(), this.roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting });
-      if (this.classes.some((_, k) => classLimit(t.limit, k) > before[k]!)) this.onNote?.('a 429 raised a class limit');
-    }
-    // Whatever the limit lets in goes now.
-    this.drain();
-  }
-
-  setShare(share: number, othersDemand: number): void {
-    const capacity = Math.max(1, Math.round(this.settings.capacity * share));
-    const retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
-    if (capacity <= this.capacity && retryCapacity > this.retryCapacity) this.onNote?.('the retry share grew alone');
-    this.capacity = capacity;
-    this.attainable = Math.max(this.capacity, this.settings.capacity - othersDemand);
-    this.retryCapacity = retryCapacity;
-    // Whatever the share lets in goes now.
-    this.drain();
-  }
-
-  /** "first to classes under their minShare floor, then by class, then by arrival". */
-  drain(): void {
-    for (;;) {
-      const w = this.#underFloor() ?? this.#byPriority();
-      if (!w) return;
-      this.#take(w);
-      this.#answer(w, { kind: 'granted', queued: true }, true);
-    }
-  }
-
-  #underFloor(): PoolReq | undefined {
-    for (let k = this.classes.length - 1; k >= 1; k--) {
-      const share = this.classes[k]!.minShare;
-      if (this.inUseByClass[k]! >= Math.floor(share * this.capacity)) continue;
-      const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(share * Math.min(this.capacity, t.limit.limit)));
-      if (w) return w;
-    }
-    return undefined;
-  }
-
-  #byPriority(): PoolReq | undefined {
-    for (let k = 0; k < this.classes.length; k++) {
-      const w = this.#pick(k);
-      if (w) return w;
-    }
-    return undefined;
-  }
-
-  /** The earliest waiter of the class that may go; one with no time left for an attempt is shed instead. */
-  #pick(cls: number, also?: (t: ModelTarget) => boolean): PoolReq | undefined {
-    for (;;) {
-      const w = this.queue.find((x) => x.req.cls === cls && this.admissible(x.req) && (also === undefined || also(this.target(x.req.target))));
-      if (!w) return undefined;
-      if (canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs)) {
-        this.#leave(w);
-        return w;
-      }
-      this.#expire(w);
-    }
-  }
-
-  #expire(w: PoolReq): void {
-    this.#leave(w);
-    this.#answer(w, { kind: 'shed', reason: 'deadline', retryAfterMs: this.expectedWaitMs(w.req.cls, w.req.target) }, true);
-  }
-
-  #leave(w: PoolReq): void {
-    this.queue.splice(this.queue.indexOf(w), 1);
-    this.bytes -= w.req.bodyBytes ?? 0;
-  }
-
-  #take(p: PoolReq): void {
-    const t = this.target(p.req.target);
-    this.inUseByClass[p.req.cls]!++;
-    t.inUse++;
-    t.byClass[p.req.cls]!++;
-    if (p.req.retry) this.retriesInUse++;
-    p.state = 'held';
-    p.grantedAtMs = this.now();
-  }
-
-  #answer(p: PoolReq, e: Expected, fromQueue: boolean): void {
-    this.onAnswer?.(p);
-    if (e.kind !== 'granted') p.state = 'done';
-    p.expected = e;
-    if (fromQueue) this.order.push(p.id);
-  }
-
-  /** No lost wake-up: nobody waits who could take a slot now, with time left for an attempt. */
-  idleWhileWaiting(): PoolReq | undefined {
-    return this.queue.find((w) => this.admissible(w.req, true) && canWait(this.now(), 0, w.req.deadlineAtMs, w.req.minAttemptMs));
-  }
-}
 
 async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
   const g: Gen = gen(seededRandom(seed));
@@ -331,7 +78,8 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
       ...(g.chance(0.1) && { released: true }),
       ...(g.chance(0.8) && { bodyBytes: g.int(0, 400) }),
     };
-    return { id: reqs.length, req, ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false };
+    // One client, the unnamed one: the shared model's turns between clients and displacement stay out of play.
+    return { id: reqs.length, req, client: '', ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false };
   };
   const held = () => reqs.filter((p) => p.state === 'held');
   /** Requests whose model answer or pool answer may have come in this step. */
@@ -522,25 +270,6 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   pools.close();
 }
 
-/** How the pool's answer to a request differs from the model's, if it does. */
-function disagreement(p: PoolReq): string | undefined {
-  const a = p.actual;
-  const e = p.expected;
-  if (e === undefined) return undefined;
-  if (p.state === 'queued') return a === undefined ? undefined : `answered ${JSON.stringify(a)} while the model has it waiting`;
-  if (a === undefined) return `still waiting while the model answered ${JSON.stringify(e)}`;
-  const got = a.ok ? { kind: 'granted', queued: a.queued } : a.reason === 'aborted' ? { kind: 'aborted' } : { kind: 'shed', reason: a.reason, retryAfterMs: a.retryAfterMs };
-  if (got.kind !== e.kind || ('queued' in got && 'queued' in e && got.queued !== e.queued) || ('reason' in got && 'reason' in e && got.reason !== e.reason)) {
-    return `answered ${JSON.stringify(got)}, the model ${JSON.stringify(e)}`;
-  }
-  if (got.kind === 'shed' && e.kind === 'shed') {
-    // Shed requests are told when to come back: a finite, non-negative wait, the model's estimate.
-    const after = got.retryAfterMs!;
-    if (!Number.isFinite(after) || after < 0) return `told to come back after ${after} ms`;
-    if (Math.abs(after - e.retryAfterMs) > 1e-6) return `told to come back after ${after} ms, the model ${e.retryAfterMs} ms`;
-  }
-  return undefined;
-}
 
 
 describe('the provider pool against the README model', () => {

@@ -1,19 +1,19 @@
 // What the Docker image runs: the TypeScript compiled by `npm run build` (tsconfig.build.json), started with plain node
 // and no tsx. The image has no dev dependencies and no demo, so a missing key says what to set, and nothing else.
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { stringify } from 'yaml';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { freePort } from './helpers/free-port.ts';
+import { useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
 
 // Inside the project, so the compiled modules find node_modules as the image's do under /app.
 mkdirSync(join(process.cwd(), '.tmp'), { recursive: true });
 const out = mkdtempSync(join(process.cwd(), '.tmp', 'build-'));
 let mock: MockServer | undefined;
-let gateway: ChildProcess | undefined;
+// Plain node on the compiled entry: no tsx.
+const startProcess = useGatewayProcesses({ entry: [join(out, 'main.js')] });
 
 beforeAll(() => {
   const tsc = spawnSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json', '--outDir', out], { encoding: 'utf8' });
@@ -22,7 +22,6 @@ beforeAll(() => {
 }, 120_000);
 
 afterAll(async () => {
-  if (gateway && gateway.exitCode === null) gateway.kill('SIGKILL');
   await mock?.close();
   rmSync(out, { recursive: true, force: true });
 });
@@ -39,18 +38,13 @@ describe('the production build', () => {
   it('serves a chat completion with plain node', async () => {
     mock = await startMock({ quiet: true });
     const port = await freePort();
-    const file = join(out, 'gw.yaml');
-    writeFileSync(
-      file,
-      stringify({
-        server: { host: '127.0.0.1', port, logLevel: 'warn' },
-        providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-        drain: { preStopMs: 0 },
-      }),
-    );
-    gateway = spawn(process.execPath, [join(out, 'main.js'), '--config', file], { stdio: 'ignore' });
-    await expect.poll(() => fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.status, () => 0), { timeout: 20_000, interval: 100 }).toBe(200);
+    const gateway = startProcess('gw', {
+      server: { host: '127.0.0.1', port, logLevel: 'warn' },
+      providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+      drain: { preStopMs: 0 },
+    });
+    await waitReady(gateway, port);
     const r = await fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
@@ -58,7 +52,7 @@ describe('the production build', () => {
     });
     expect(r.status).toBe(200);
     expect(((await r.json()) as { object: string }).object).toBe('chat.completion');
-    gateway.kill('SIGTERM');
-    expect((await once(gateway, 'exit'))[0]).toBe(0);
+    gateway.proc.kill('SIGTERM');
+    expect(await gateway.exited).toBe(0);
   });
 });

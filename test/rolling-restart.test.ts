@@ -4,77 +4,49 @@
 // keys), then A is sent SIGTERM and replaced by A', then B by B'. What is checked is the README's drain promise: no
 // request fails in a way the SDK could not retry safely, no stream is cut silently, nothing runs twice upstream
 // because of the restart, a key's run is answered once across it, and the provider sees about one request per call.
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI, { APIConnectionError, APIError } from 'openai';
 import { Agent, request as httpRequest, type IncomingMessage } from 'node:http';
 import { afterAll, describe, expect, it } from 'vitest';
-import { stringify } from 'yaml';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { answerText } from '../src/mock/content.ts';
 import { freePort } from './helpers/free-port.ts';
+import { useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { defaultConfig, startStack } from './helpers/stack.ts';
 
 const redis = useRedisServer();
-const children = new Set<ChildProcess>();
+// The info-level log lines of a whole run, to show an unsafe failure's request.
+const startProcess = useGatewayProcesses({ keepOutputChars: 2_000_000 });
 let mock: MockServer | undefined;
 let lb: LoadBalancer | undefined;
-let dir: string | undefined;
 afterAll(async () => {
-  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   await lb?.close();
   await mock?.close();
-  if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-/** A gateway process (a pod): its port and its exit. */
-interface Instance {
+/** A gateway process (a pod): its name and port besides. */
+interface Instance extends GatewayProcess {
   name: string;
   port: number;
-  proc: ChildProcess;
-  exited: Promise<number | null>;
-  stderr: () => string;
 }
 
 /** Starts `src/main.ts` on a fresh port, in front of the mock, on the shared Redis. */
 async function startInstance(name: string, keyPrefix: string): Promise<Instance> {
   const port = await freePort();
-  const file = join(dir!, `${name}.yaml`);
-  writeFileSync(
-    file,
-    stringify({
-      server: { host: '127.0.0.1', port, logLevel: 'info' },
-      providers: { mock: { family: 'openai', baseUrl: `${mock!.url}/v1`, apiKey: 'k', maxConnections: 64 } },
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-      state: { redis: redis().url, keyPrefix },
-      drain: { preStopMs: 1_000, graceMs: 10_000 },
-    }),
-  );
-  const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.add(proc);
-  let stderr = '';
-  proc.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-20_000)));
-  proc.stdout!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2_000_000)));
-  const exited = once(proc, 'exit').then(([code]) => code as number | null);
-  return { name, port, proc, exited, stderr: () => stderr };
+  const g = startProcess(name, {
+    server: { host: '127.0.0.1', port, logLevel: 'info' },
+    providers: { mock: { family: 'openai', baseUrl: `${mock!.url}/v1`, apiKey: 'k', maxConnections: 64 } },
+    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+    state: { redis: redis().url, keyPrefix },
+    drain: { preStopMs: 1_000, graceMs: 10_000 },
+  });
+  return { ...g, name, port };
 }
 
-async function waitReady(instance: Instance, withinMs = 15_000): Promise<void> {
-  const deadline = Date.now() + withinMs;
-  while (Date.now() < deadline) {
-    if (await fetch(`http://127.0.0.1:${instance.port}/readyz`).then((r) => r.ok, () => false)) return;
-    if (instance.proc.exitCode !== null) break;
-    await sleep(50);
-  }
-  throw new Error(`${instance.name} not ready:\n${instance.stderr()}`);
-}
+const ready = (instance: Instance) => waitReady(instance, instance.port, 15_000);
 
 interface LoadBalancer {
   port: number;
@@ -280,7 +252,6 @@ function unsafeFailure(a: Attempt): string | undefined {
 
 describe('a rolling restart of two gateways behind a load balancer', () => {
   it('loses no request the SDK could not retry, cuts no stream silently and runs nothing twice upstream', { timeout: 60_000 }, async () => {
-    dir = mkdtempSync(join(tmpdir(), 'stormgate-rolling-'));
     const keyPrefix = `rolling-${randomBytes(4).toString('hex')}`;
     mock = await startMock({
       quiet: true,
@@ -298,7 +269,7 @@ describe('a rolling restart of two gateways behind a load balancer', () => {
     lb = await startLoadBalancer();
     lb.add(a);
     lb.add(b);
-    await Promise.all([waitReady(a), waitReady(b)]);
+    await Promise.all([ready(a), ready(b)]);
     await sleep(250); // the LB has seen them ready
 
     const baseURL = `http://127.0.0.1:${lb.port}/v1`;
@@ -337,7 +308,7 @@ describe('a rolling restart of two gateways behind a load balancer', () => {
     const aPrime = await startInstance('A2', keyPrefix);
     lb.add(aPrime);
     const repeatOnB = makeCall(direct(`http://127.0.0.1:${b.port}/v1`), true, true, { key: streamKey, repeats: streamId });
-    await waitReady(aPrime);
+    await ready(aPrime);
     expect(await a.exited).toBe(0);
     roll.aExit = Date.now() - roll.startedAt;
     const repeatOnAPrime = makeCall(direct(`http://127.0.0.1:${aPrime.port}/v1`), true, true, { key: streamKey, repeats: streamId });
@@ -346,7 +317,7 @@ describe('a rolling restart of two gateways behind a load balancer', () => {
     b.proc.kill('SIGTERM');
     const bPrime = await startInstance('B2', keyPrefix);
     lb.add(bPrime);
-    await waitReady(bPrime);
+    await ready(bPrime);
     await sleep(1_500);
     traffic = false;
     await Promise.all(workers);
@@ -384,7 +355,7 @@ describe('a rolling restart of two gateways behind a load balancer', () => {
     console.log(JSON.stringify(figures, null, 1));
 
     const unsafe = attempts.map((x) => ({ x, why: unsafeFailure(x) })).filter((u) => u.why !== undefined);
-    for (const u of unsafe) for (const i of [a, b, aPrime, bPrime]) console.log(i.name, i.stderr().split('\n').filter((l) => l.includes(u.x.headers?.['x-stormgate-request-id'] ?? '??')).join('\n'));
+    for (const u of unsafe) for (const i of [a, b, aPrime, bPrime]) console.log(i.name, i.output().split('\n').filter((l) => l.includes(u.x.headers?.['x-stormgate-request-id'] ?? '??')).join('\n'));
     for (const u of unsafe) console.log(JSON.stringify({ why: u.why, attempt: u.x, upstream: upstream.filter((r) => r.headers['traceparent']?.includes(u.x.call)).map((r) => ({ status: r.status, at: r.receivedAt - roll.startedAt, ended: (r.endedAt ?? 0) - roll.startedAt, headers: r.headers })) }, null, 1));
     expect(unsafe.map((u) => u.why)).toEqual([]);
     // The SDK with retries loses nothing; without, only answers it was told to retry (or reached no instance).

@@ -37,7 +37,9 @@ export interface Drain {
 }
 
 /** Adds app.drain() and the close hooks; `sweep` closes the connections no answer is owed on. */
-export function gracefulDrain(app: FastifyInstance, config: Config['drain'], logger: Logger, runtime: Pick<Runtime, 'lot' | 'close'>, sweep: CloseSweep): Drain {
+export function gracefulDrain(app: FastifyInstance, config: Config['drain'], logger: Logger, runtime: Pick<Runtime, 'lot' | 'close' | 'pipeline'>, sweep: CloseSweep): Drain {
+  // The grace end on the pipeline's clock: the retry waits it bounds (target-attempts.ts) are read off that clock.
+  const { now } = runtime.pipeline;
   let phase: Phase = 'serving';
   /** Streams being sent, and the aborts of requests still in the pipeline, for the end of a drain's grace period. */
   const live = new Set<LiveStream>();
@@ -49,7 +51,7 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
   app.decorate('drain', async () => {
     if (phase !== 'serving') return;
     phase = 'draining';
-    graceEndsAtMs = Date.now() + config.preStopMs + config.graceMs;
+    graceEndsAtMs = now() + config.preStopMs + config.graceMs;
     logger.info({ preStopMs: config.preStopMs }, 'draining: readiness off');
     await sleep(config.preStopMs);
     phase = 'closing';
@@ -99,7 +101,7 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
     get pastGrace() {
       return pastGrace;
     },
-    graceLeftMs: () => (graceEndsAtMs === undefined ? undefined : graceEndsAtMs - Date.now()),
+    graceLeftMs: () => (graceEndsAtMs === undefined ? undefined : graceEndsAtMs - now()),
     onShutdown: (listener) => {
       if (pastGrace) {
         listener();

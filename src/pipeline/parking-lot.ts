@@ -213,7 +213,8 @@ export class ParkingLot {
           opts.signal.removeEventListener('abort', onAbort);
           this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 1) - 1);
           this.#countClient(opts.route, clientName, -1);
-          this.#deps.bodies?.give(bytes);
+          // The entry's own count: what it took is what it gives back.
+          this.#deps.bodies?.give(entry.bytes);
           this.#deps.onParkedChange?.(opts.route, -1);
           resolve(this.#count(opts.route, r));
         },

@@ -1,5 +1,6 @@
-// Runs `src/main.ts` as a child process (a pod), for tests of what only a real process shows: SIGKILL, SIGTERM, a
-// start-up that fails. Every child is killed when the test process exits, even after a failed test.
+// Runs `src/main.ts` (or another entry: the production build's main.js) as a child process (a pod), for tests of what
+// only a real process shows: SIGKILL, SIGTERM, a start-up that fails. Every child is killed when the test process
+// exits, even after a failed test.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -24,11 +25,19 @@ process.on('exit', () => {
   for (const child of children) child.kill('SIGKILL');
 });
 
+export interface GatewayProcessOptions {
+  /** What node runs before `--config FILE`. Default: `src/main.ts` under tsx. */
+  entry?: readonly string[];
+  /** How much of the latest output output() keeps, in characters. Default: 200,000. */
+  keepOutputChars?: number;
+}
+
 /**
  * Starts gateway processes for one test file from YAML (text, or an object turned into YAML) in a temp dir of the
  * file's own, with `env` added to (or, as undefined, taken from) the test's environment; kills what is left afterwards.
  */
-export function useGatewayProcesses(): (name: string, config: string | object, env?: Record<string, string | undefined>) => GatewayProcess {
+export function useGatewayProcesses(options: GatewayProcessOptions = {}): (name: string, config: string | object, env?: Record<string, string | undefined>) => GatewayProcess {
+  const { entry = ['--import', 'tsx', 'src/main.ts'], keepOutputChars = 200_000 } = options;
   let dir: string | undefined;
   afterAll(async () => {
     await Promise.all(
@@ -50,11 +59,11 @@ export function useGatewayProcesses(): (name: string, config: string | object, e
       if (v === undefined) delete childEnv[k];
       else childEnv[k] = v;
     }
-    const proc = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', '--config', file], { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = spawn(process.execPath, [...entry, '--config', file], { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'] });
     children.add(proc);
     proc.once('exit', () => children.delete(proc));
     let output = '';
-    const keep = (d: Buffer) => (output = (output + d.toString()).slice(-200_000));
+    const keep = (d: Buffer) => (output = (output + d.toString()).slice(-keepOutputChars));
     proc.stdout!.on('data', keep);
     proc.stderr!.on('data', keep);
     const exited = once(proc, 'exit').then(([code]) => code as number | null);

@@ -1,5 +1,6 @@
 // Shared by the seeded model-based fuzzers of the pools and the parking lot (pools-model-fuzz.test.ts and
-// pools-clients-model-fuzz.test.ts): the seeded generator, the settling of a step's promises, the pool's config.
+// pools-clients-model-fuzz.test.ts): the seeded generator, the settling of a step's promises, the pool's config
+// (their one model of the pools is beside it, pool-model.ts).
 import { ConfigSchema, type Config } from '../../src/config/schema.ts';
 import type { Random } from '../../src/policy/random.ts';
 import type { PoolClass } from '../../src/pools/provider-pool.ts';
