@@ -126,6 +126,8 @@ describe('the shipped rules and dashboard against a gateway under fault-injected
       ],
       // A client key with a rate it never reaches: the dashboard's client-limit panel has its series at zero.
       auth: { keys: { load: LOAD_KEY }, limits: { load: { requestsPerMinute: 6_000_000, burst: 1_000_000 } } },
+      // A passthrough path: the dashboard's passthrough panel has its series (at zero, from the start).
+      passthrough: { provider: 'backup', paths: ['/v1/files'] },
     };
     const config = ConfigSchema.parse(input);
     const sink = new Writable({ write: (_chunk, _enc, cb) => cb() });
