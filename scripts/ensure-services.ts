@@ -5,7 +5,7 @@ import { accessSync, constants } from 'node:fs';
 import { delimiter, join } from 'node:path';
 
 /** Binaries the tests start, and the Debian package that provides each. Add a row for a new one (e.g. prometheus). */
-const REQUIRED: ReadonlyArray<{ binary: string; debianPackage: string }> = [
+const REQUIRED: ReadonlyArray<{ binary: string; debianPackage: string; alsoIn?: readonly string[] }> = [
   { binary: 'redis-server', debianPackage: 'redis-server' },
   // redis-cli forms the throwaway Redis Cluster of test/state-redis-cluster.test.ts; openssl makes its TLS certificates.
   { binary: 'redis-cli', debianPackage: 'redis-tools' },
@@ -13,11 +13,14 @@ const REQUIRED: ReadonlyArray<{ binary: string; debianPackage: string }> = [
   // prometheus: test/observability-prometheus.test.ts starts one and runs promtool on the shipped config and rules.
   { binary: 'prometheus', debianPackage: 'prometheus' },
   { binary: 'promtool', debianPackage: 'prometheus' },
+  // nginx: test/third-party-suite-28.test.ts puts a real one in front of gateways. Debian installs it in /usr/sbin,
+  // which a non-root PATH often leaves out; test/helpers/nginx.ts looks there too.
+  { binary: 'nginx', debianPackage: 'nginx-light', alsoIn: ['/usr/sbin'] },
 ];
 
-/** True when `name` is an executable file in a PATH directory. */
-function onPath(name: string): boolean {
-  return (process.env.PATH ?? '').split(delimiter).some((dir) => {
+/** True when `name` is an executable file in a PATH directory (or in one of `alsoIn`). */
+function onPath(name: string, alsoIn: readonly string[] = []): boolean {
+  return [...(process.env.PATH ?? '').split(delimiter), ...alsoIn].some((dir) => {
     if (!dir) return false;
     try {
       accessSync(join(dir, name), constants.X_OK);
@@ -37,7 +40,7 @@ function run(command: string, args: string[]): void {
   }
 }
 
-const missing = REQUIRED.filter((r) => !onPath(r.binary));
+const missing = REQUIRED.filter((r) => !onPath(r.binary, r.alsoIn));
 if (missing.length > 0) {
   const packages = [...new Set(missing.map((r) => r.debianPackage))];
   const binaries = missing.map((r) => r.binary).join(', ');
@@ -50,7 +53,7 @@ if (missing.length > 0) {
   console.log(`ensure-services: installing ${packages.join(', ')} for the tests`);
   run('apt-get', ['update']);
   run('apt-get', ['install', '-y', ...packages]);
-  const still = missing.filter((r) => !onPath(r.binary));
+  const still = missing.filter((r) => !onPath(r.binary, r.alsoIn));
   if (still.length > 0) {
     console.error(`ensure-services: ${still.map((r) => r.binary).join(', ')} still not on PATH after installing`);
     process.exit(1);
