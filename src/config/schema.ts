@@ -332,7 +332,7 @@ const PassthroughSchema = z
     paths: z.array(z.string().startsWith('/')).min(1).describe('Paths forwarded as they are, with what is under them (no retries), e.g. /v1/files (also /v1/files/{id}/content).'),
     methods: z.array(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])).min(1).default(['GET'])
       .describe('HTTP methods forwarded on those paths. Default: [GET].'),
-    timeoutMs: positiveMs('Longest wait for the answer\'s headers once the request (its body included) is sent, in ms; then 504 upstream_timeout. Longer than the slowest call these paths serve (an image generation answers only when it is done). Default: 120000.').default(120000),
+    timeoutMs: positiveMs('Longest wait for the answer\'s headers once the request (its body included) is sent, in ms; then 504 upstream_timeout. Longer than the slowest call these paths serve (an image generation answers only when it is done). A client whose own timeout (x-stainless-timeout, x-stormgate-timeout-ms) is shorter gets 504 deadline_exceeded just before it instead. Default: 120000.').default(120000),
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
 
