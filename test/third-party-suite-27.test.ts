@@ -646,10 +646,27 @@ describe('logs of passthrough traffic', () => {
     const lines = await linesFor(s, '/v1/', 2);
     expect(lines).toHaveLength(2);
     expect(lines[0]).toMatchObject({ reqId: response.headers.get('x-stormgate-request-id'), status: 200 });
-    expect(lines[1]).toMatchObject({ status: 404, errorCode: 'not_found' });
+    // The path asked for, not the passthrough route's pattern (/v1/batches/*).
+    expect(lines[1]).toMatchObject({ status: 404, errorCode: 'not_found', path: '/v1/batches/batch_9' });
     for (const l of s.logs) {
       expect(l).not.toContain(PROVIDER_KEY);
       expect(l).not.toContain(CLIENT_KEY);
     }
+  });
+
+  it('writes one line, not two, for a request the provider never answered, with what failed as upstreamCode', async () => {
+    const fake = await startFakeOpenAI();
+    fake.script('GET /v1/batches/batch_7', { kind: 'hang' });
+    const s = await gateway(fake, { passthroughTimeoutMs: 500 });
+    const { sdk } = client(s);
+    const err = await sdkError(sdk.batches.retrieve('batch_7'));
+    expect(err.status).toBe(504);
+    await sleep(100);
+    const id = err.headers?.get('x-stormgate-request-id');
+    // Every line of the request (reply-from wrote a warn line "response errored" of its own, with a stack).
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    const all = s.logs.map((l) => JSON.parse(l) as Record<string, any>).filter((l) => l.reqId === id);
+    expect(all).toHaveLength(1);
+    expect(all[0]).toMatchObject({ msg: 'request', path: '/v1/batches/batch_7', status: 504, errorCode: 'upstream_timeout', upstreamCode: 'UND_ERR_HEADERS_TIMEOUT' });
   });
 });

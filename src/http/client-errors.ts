@@ -75,6 +75,14 @@ function closingHeaders(answer: ErrorAnswer, body: string, requestId: string): R
   return { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)), connection: 'close', 'x-stormgate-request-id': requestId, 'x-request-id': requestId, ...answer.headers };
 }
 
+/** Passthrough requests the provider could not answer, by the code of what failed (undici's), for their log line. */
+const upstreamCodes = new WeakMap<FastifyRequest, string>();
+
+/** Why a passthrough request got no answer from its provider (UND_ERR_HEADERS_TIMEOUT, ECONNREFUSED, ...), if it got none. */
+export function passthroughUpstreamCode(request: FastifyRequest): string | undefined {
+  return upstreamCodes.get(request);
+}
+
 /** fastify's own errors (body too large, bad media type, a URL it cannot decode) and passthrough's in the OpenAI shape. */
 export function toGatewayError(err: unknown, request: FastifyRequest): GatewayError {
   if (err instanceof GatewayError) return err;
@@ -100,6 +108,7 @@ export function toGatewayError(err: unknown, request: FastifyRequest): GatewayEr
     // The gateway's own reason for ending the upstream request (the client's deadline: providers/passthrough.ts).
     if (cause instanceof GatewayError) return cause;
     const code = cause?.code ?? e.code;
+    upstreamCodes.set(request, printable(String(code), 64));
     if (e.statusCode === 504 || code === 'UND_ERR_BODY_TIMEOUT') return new GatewayError('upstream_timeout', `the provider did not answer the passthrough request in time (${printable(String(code))})`);
     // The egress proxy's own failure (providers/egress-proxy.ts): its message names the proxy, never its credentials.
     const proxy = typeof code === 'string' && refusedByProxy(code) && typeof cause?.message === 'string' ? `: ${printable(cause.message)}` : '';

@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
 import type { RejectedOutcome } from '../observability/pipeline-metrics.ts';
 import { answeredErrorCode } from './send-answer.ts';
+import { passthroughUpstreamCode } from './client-errors.ts';
 
 /** `sentNothing`: the client left before the answer's status and headers were written to it. */
 type OnEnd = (request: FastifyRequest, reply: FastifyReply, clientGone: boolean, sentNothing: boolean) => void;
@@ -116,16 +117,21 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
   const s = request.stormgate;
   const errorCode = sentNothing ? undefined : answeredErrorCode(request);
   const traceId = traceIdOf(request.headers.traceparent);
+  const upstreamCode = passthroughUpstreamCode(request);
+  const route = request.routeOptions.url;
   const line = {
     reqId: request.id,
     // The W3C trace the client's call belongs to (forwarded upstream as it came): a trace finds its line by it.
     ...(traceId !== undefined && { traceId }),
     method: request.method,
-    path: request.routeOptions.url ?? request.url.split('?')[0],
+    // A passthrough request's own path (the file it asked for), not its route's pattern (`/v1/files/*`).
+    path: route === undefined || route.endsWith('*') ? request.url.split('?')[0]!.slice(0, 512) : route,
     // A client that left before any header was written never saw a status.
     status: sentNothing ? undefined : reply.statusCode,
     // The error's code the client got, so the code a client reports (circuit_open, load_shed) finds its line.
     ...(errorCode !== undefined && { errorCode }),
+    // What failed on the way to the provider of a passthrough request (a managed request's attempts say it each).
+    ...(upstreamCode !== undefined && { upstreamCode }),
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
     ...(request.client !== undefined && { client: request.client }),

@@ -3,7 +3,7 @@
 // Bounded by connectMs to connect, the passthrough's timeoutMs for the answer's headers, idleMs between its chunks.
 import { randomUUID } from 'node:crypto';
 import proxy from '@fastify/http-proxy';
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { Agent, Dispatcher } from 'undici';
 import type { Config, ProviderConfig } from '../config/schema.ts';
 import { GatewayError, isOpenAIErrorJson, normaliseUpstreamErrorBody } from '../errors.ts';
@@ -182,6 +182,19 @@ function clientDeadline(request: FastifyRequest, reply: FastifyReply, passthroug
 }
 
 /**
+ * The request's logger without reply-from's own line for a provider that gave no answer ("response errored", at warn,
+ * with a stack, for every such request): the request's one line says it, its errorCode and upstreamCode.
+ */
+function withoutProxyErrorLine(log: FastifyBaseLogger): FastifyBaseLogger {
+  // As pino makes its children: the logger as prototype, one method in place.
+  const quiet = Object.create(log) as FastifyBaseLogger;
+  quiet.warn = ((obj: unknown, msg?: string, ...args: unknown[]) => {
+    if (msg !== 'response errored') log.warn(obj as object, msg, ...args);
+  }) as FastifyBaseLogger['warn'];
+  return quiet;
+}
+
+/**
  * `managedPaths`: the routes' paths. A passthrough path under one of them (`/v1/responses/`, opened for retrieve,
  * cancel and delete) also matches `POST /v1/responses/`, which the provider runs as the managed call itself: with the
  * company's key and none of the retries, budget, breaker or deadline the route promises. Such a request gets the 404
@@ -219,6 +232,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         agent.calls.set(call, gone.signal);
         request.headers[CALL_HEADER] = call;
         const deadline = clientDeadline(request, reply, passthrough.timeoutMs, gone);
+        request.log = withoutProxyErrorLine(request.log);
         reply.raw.once('close', () => {
           clearTimeout(deadline);
           agent.calls.delete(call);
