@@ -116,8 +116,16 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // (Node closes the connection after such an answer, since the body may still come).
   app.server.on('checkContinue', (req, res) => app.server.emit('request', req, res));
   const passthroughPaths = config.passthrough?.paths.map(passthroughPathLabel) ?? [];
-  const passthroughPathOf = (path: string) => passthroughPaths.find((p) => path === p || path.startsWith(`${p}/`));
-  const isPassthrough = (path: string) => passthroughPathOf(path) !== undefined;
+  /**
+   * The configured passthrough path a request falls under. Not a managed route's own request: a passthrough path under
+   * the route's (`/v1/responses/`) is, without its slash, the route's path, which passthrough does not serve.
+   */
+  const passthroughPathOf = (request: FastifyRequest) => {
+    if (router.paths.has(request.routeOptions.url ?? '')) return undefined;
+    const path = request.url.split('?')[0]!;
+    return passthroughPaths.find((p) => path === p || path.startsWith(`${p}/`));
+  };
+  const isPassthrough = (request: FastifyRequest) => passthroughPathOf(request) !== undefined;
   // A callback hook, as the managed API's own preParsing: no promise per request.
   app.addHook('preParsing', (request, reply, payload, done) => {
     // Any other expectation was answered 417 (checkExpectation), and an HTTP/1.0 client is never sent a 100 (RFC 9110
@@ -128,7 +136,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       request.headers.expect !== undefined &&
       request.raw.httpVersionMinor === 1 &&
       request.raw.httpVersionMajor === 1 &&
-      continueWanted(request.headers, { managed: router.paths.has(request.routeOptions.url ?? ''), passthrough: isPassthrough(request.url.split('?')[0]!) }, config.server.bodyLimitBytes)
+      continueWanted(request.headers, { managed: router.paths.has(request.routeOptions.url ?? ''), passthrough: isPassthrough(request) }, config.server.bodyLimitBytes)
     ) {
       reply.raw.writeContinue();
     }
@@ -136,9 +144,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   });
   const sweep = closeSweep(app.server, (res) => {
     const reply = (res as RawWithReply)[REPLY];
-    const path = reply?.request.url.split('?')[0] ?? '';
     // A passthrough request forwards its body as it arrives, and its answer is the provider's to give: it is cut.
-    if (!reply || isPassthrough(path)) return false;
+    if (!reply || isPassthrough(reply.request)) return false;
     // The body's rest is never read: the connection closes after the answer.
     reply.header('connection', 'close');
     sendError(reply, drainingError());
@@ -168,7 +175,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       if (rejected) recorder.rejected(rejected);
     }
     // Passthrough requests (none has a summary): the metrics' other series are the managed routes'.
-    const passthroughPath = summary ? undefined : passthroughPathOf(request.url.split('?')[0]!);
+    const passthroughPath = summary ? undefined : passthroughPathOf(request);
     if (passthroughPath !== undefined) {
       metrics.passthroughRequests.inc({ path: passthroughPath, status_class: sentNothing ? 'client_gone' : `${Math.floor(reply.statusCode / 100)}xx` });
     }
@@ -216,6 +223,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Whatever the failed answer had set (a header that could not be written, a stream's content type) must not
     // leak into the error, or writing the error would fail the same way.
     clearHeaders(request, reply);
+    // A passthrough upload answered before all of it came in (the client's deadline, the provider gone mid-upload):
+    // its rest is never read, so the connection can carry no next request. Kept open, the next one hung unanswered.
+    // Draining, the onRequest hook's close, which clearHeaders took off, holds for an error too.
+    if (drain.phase !== 'serving' || (!request.raw.complete && isPassthrough(request))) reply.header('connection', 'close');
     if (request.stormgate?.outcome === 'success') request.stormgate.outcome = 'gateway_error';
     return sendError(reply, toGatewayError(err, request));
   });
@@ -272,7 +283,9 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const allowed = methods.includes('GET') ? [...methods, 'HEAD'] : methods;
     for (const path of paths) {
       methodGuard(app, path, allowed);
-      methodGuard(app, `${path}/*`, allowed, `${path}/...`);
+      // Under the path without its slash: `/v1/files/` guarded as `/v1/files//*` left a wrong method under it a 404.
+      const bare = passthroughPathLabel(path);
+      methodGuard(app, `${bare}/*`, allowed, `${bare}/...`);
     }
   }
 

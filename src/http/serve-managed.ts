@@ -7,7 +7,6 @@ import { GatewayError, missingModel } from '../errors.ts';
 import { firstHeader } from '../header-bag.ts';
 import { handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
-import { timeoutHeaderMs } from '../policy/deadline.ts';
 import type { Arrival } from '../state/client-repeats.ts';
 import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
 import type { CompiledRoute, Router } from '../routing/router.ts';
@@ -16,6 +15,7 @@ import type { Drain } from './drain.ts';
 import { printable, type ParsedBody } from './request-body.ts';
 import type { RequestEnds } from './request-log.ts';
 import { sendAnswer } from './send-answer.ts';
+import { checkTimeoutHeader } from './timeout-header.ts';
 
 interface ManagedDeps {
   config: Pick<Config, 'auth' | 'idempotency'>;
@@ -36,7 +36,7 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
     const body = request.body as ParsedBody | undefined;
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
     const route = routeFor(router, path, body.json);
-    checkTimeoutHeader(firstHeader(request.headers, 'x-stormgate-timeout-ms'));
+    checkTimeoutHeader(request.headers);
     const query = queryOf(request.url);
     // Built only for a request that has a key (or a route whose bodies are keys): the others (nearly all) pay a lookup.
     const keyed =
@@ -130,14 +130,6 @@ function routeFor(router: Router, path: string, json: Record<string, unknown>): 
   // A route that serves any model still needs one, unless every target names its own.
   if (model === undefined && !match.route.config.targets.every((t) => t.model !== undefined)) throw missingModel(given);
   return match.route;
-}
-
-/** A deadline the client asked for but wrote wrong must not be ignored in silence: the request would run for minutes. */
-function checkTimeoutHeader(text: string | undefined): void {
-  if (text === undefined) return;
-  if (timeoutHeaderMs(text) === undefined) {
-    throw new GatewayError('bad_request', `x-stormgate-timeout-ms must be a positive number of milliseconds, got "${printable(text, 40)}"`);
-  }
 }
 
 /** The request's query string, forwarded upstream (rewriteUrl has already cut any fragment). */

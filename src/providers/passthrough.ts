@@ -20,6 +20,7 @@ import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
 import { providerTls } from './provider-tls.ts';
 import { clientStallMs } from '../pipeline/live-stream.ts';
+import { checkTimeoutHeader } from '../http/timeout-header.ts';
 
 type Passthrough = NonNullable<Config['passthrough']>;
 
@@ -226,6 +227,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
       preHandler: async (request, reply) => {
         const path = request.url.split('?')[0]!;
         if (managed.has(plainPath(path))) throw new GatewayError('unknown_url', `no route for ${request.method} ${path}`);
+        // Its deadline is taken from it (clientDeadline), as on a managed route: written wrong, it is refused there too.
+        checkTimeoutHeader(request.headers);
         // The client leaving before its answer is written ends the upstream request (ClientBoundAgent).
         const call = randomUUID();
         const gone = new AbortController();
