@@ -11,8 +11,8 @@ import { errorAnswer } from '../src/pipeline/final-answer.ts';
 import type { Acquired } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { clientPool, clientReq, flush, slot } from './helpers/client-pool.ts';
-import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
-import { ask, configFor } from './helpers/one-provider.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { ask, busyOnceThen, configFor } from './helpers/one-provider.ts';
 import { useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -33,12 +33,7 @@ async function runTsx(args: string[], env: NodeJS.ProcessEnv = process.env): Pro
 describe('draining: the time left to the grace period end', () => {
   it('counts preStopMs: a retry whose wait and attempt fit before preStopMs + graceMs is made', async () => {
     // graceMs alone (300 ms) would not leave the 800 ms backoff and its 200 ms attempt: with preStopMs (2 s) it does.
-    let n = 0;
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
-      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
-    });
+    const p = await startProvider(busyOnceThen());
     const s = await stack({
       config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 800, capMs: 800 } }, minAttemptMs: 200 }, { drain: { preStopMs: 2_000, graceMs: 300 } }),
     });
@@ -53,12 +48,7 @@ describe('draining: the time left to the grace period end', () => {
     // The same retry as above; the clock the gateway is given (deps.now) moves 2 s on after the drain began, so 300 ms
     // of preStopMs + graceMs are left by it, not the 800 ms backoff and its 200 ms attempt. Read off Date.now(), the
     // grace end saw ~2.25 s left and the retry was made.
-    let n = 0;
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
-      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
-    });
+    const p = await startProvider(busyOnceThen());
     let skewMs = 0;
     const s = await stack({
       config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 800, capMs: 800 } }, minAttemptMs: 200 }, { drain: { preStopMs: 2_000, graceMs: 300 } }),

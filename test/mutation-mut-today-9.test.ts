@@ -4,8 +4,8 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
-import { ask, configFor } from './helpers/one-provider.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
+import { ask, busyOnceThen, configFor } from './helpers/one-provider.ts';
 import { parseMetrics, useStacks, type Stack } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -66,12 +66,7 @@ describe("draining: the grace end on the pipeline's clock", () => {
   it('is set by that clock too: a clock an hour ahead from the start still lets a retry that fits the grace be made', async () => {
     // As mutation-mut-today-8's first drain test, on a clock an hour off the wall's: the grace end taken off the wall
     // clock and its time left off the pipeline's, the grace had passed an hour before it began.
-    let n = 0;
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
-      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
-    });
+    const p = await startProvider(busyOnceThen());
     const s = await stack({
       config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 800, capMs: 800 } }, minAttemptMs: 200 }, { drain: { preStopMs: 2_000, graceMs: 300 } }),
       deps: { now: () => Date.now() + 3_600_000 },

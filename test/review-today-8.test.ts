@@ -11,7 +11,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
-import { ask, configFor } from './helpers/one-provider.ts';
+import { ask, busyOnceThen, configFor } from './helpers/one-provider.ts';
 import { useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -22,12 +22,7 @@ describe('draining: a retry wait that leaves no time for its attempt before the 
   it('is not taken: answered 503 gateway_draining at once with the wait as retry-after, not cut at the grace end after it', async () => {
     // The first attempt fails at once; the retry would answer in 2 s. The grace period ends 2.5 s after the drain
     // begins, the backoff is a fixed 2.2 s: it ends inside the grace period, but with less than minAttemptMs (1 s) left.
-    let n = 0;
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      if (n++ === 0) return void res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error","code":null}}');
-      setTimeout(() => res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('late')), 2_000).unref();
-    });
+    const p = await startProvider(busyOnceThen(2_000));
     const s = await stack({ config: configFor(p.origin, { retry: { backoff: { strategy: 'fixed', baseMs: 2_200, capMs: 2_200 } }, minAttemptMs: 1_000 }, { drain: { preStopMs: 2_000, graceMs: 500 } }) });
     const drained = s.gateway.drain();
     await sleep(50);
