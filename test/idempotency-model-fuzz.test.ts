@@ -34,8 +34,8 @@ vi.mock('node:timers/promises', async (importOriginal) => {
 const SEEDS = Number(process.env.FUZZ_SEEDS ?? 1);
 const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_611);
 
-// The README's numbers: a repeat looks every 75-150 ms; a claim lasts the route's timeoutMs plus 30 s, renewed every
-// 10 s while a stream is read.
+// The README's numbers: a repeat looks every 75-150 ms; a claim is a lease its run renews (idempotency.leaseMs) for
+// the route's timeoutMs plus 30 s at most, and while a stream is read.
 const LOOK_MAX_MS = 150;
 const TIMEOUT_MS = 20_000;
 const RUNNING_MS = TIMEOUT_MS + 30_000;
@@ -125,7 +125,7 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
   const g = gen(seededRandom(seed));
   const store: StateStore = new MemoryStore({ keptBytes: o.memoryBytes });
   const bodies = new WaitingBodies(1e12);
-  const deps: IdempotencyDeps = { store, config: { enabled: true, ttlMs: o.ttlMs, maxAnswerBytes: o.maxAnswerBytes, memoryBytes: o.memoryBytes }, now: () => Date.now(), random: seededRandom(seed ^ 0x5eed), bodies };
+  const deps: IdempotencyDeps = { store, config: { enabled: true, ttlMs: o.ttlMs, maxAnswerBytes: o.maxAnswerBytes, memoryBytes: o.memoryBytes, leaseMs: 10_000 }, now: () => Date.now(), random: seededRandom(seed ^ 0x5eed), bodies };
   const keys = Array.from({ length: o.keys }, (_, i) => `key-${i}`);
   const model = new Map<string, ModelKey>(keys.map((k) => [k, { kind: 'free', sinceMs: Date.now() }]));
   const requests: Req[] = [];
@@ -448,7 +448,7 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
   const g = gen(seededRandom(seed));
   const keyPrefix = `idemfuzz-${randomUUID()}`;
   const stores = [0, 1].map(() => new RedisStore({ config: { redis: redis.url, commandTimeoutMs: 250, keyPrefix } }));
-  const deps: IdempotencyDeps[] = stores.map((store, i) => ({ store, config: { enabled: true, ttlMs: FLEET_KEPT_MS, maxAnswerBytes: 2_000, memoryBytes: 1 << 20 }, now: Date.now, random: seededRandom(seed + i + 1) }));
+  const deps: IdempotencyDeps[] = stores.map((store, i) => ({ store, config: { enabled: true, ttlMs: FLEET_KEPT_MS, maxAnswerBytes: 2_000, memoryBytes: 1 << 20, leaseMs: 10_000 }, now: Date.now, random: seededRandom(seed + i + 1) }));
   const keys = ['key-0', 'key-1', 'key-2'];
   const usual = new Map(keys.map((k, i) => [k, `body-${i}`]));
   const runs: FleetRun[] = [];
@@ -637,7 +637,7 @@ describe('found by the fuzz', () => {
     const store = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 250, keyPrefix: `idemfuzz-${randomUUID()}` } });
     try {
       expect(await store.ready()).toBe(true);
-      const deps: IdempotencyDeps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 20 }, now: Date.now, random: () => 0.5 };
+      const deps: IdempotencyDeps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 20, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 };
       const request = (owner: string) => ({ key: 'coupon-call', fingerprint: 'body', owner, keptMs: 60_000, runningMs: RUNNING_MS, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false });
       const first = await claimKey(request('first'), deps);
       expect(first.kind).toBe('run');

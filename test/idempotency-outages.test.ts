@@ -2,6 +2,7 @@
 // going, and a Redis that stopped answering while a run under a key ended. Either way a key must not stay claimed by
 // a run that is over (its repeats, fleet-wide, would get 409 until the claim lapsed: timeoutMs plus ttlMs).
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { buildServer } from '../src/server.ts';
@@ -9,6 +10,7 @@ import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { KeptKeys } from '../src/state/kept-keys.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
+import { eventually } from './helpers/redis-stores.ts';
 import { defaultConfig, testLogSink, useGateways, useStacks, type Stack } from './helpers/stack.ts';
 
 const start = useStacks();
@@ -191,6 +193,38 @@ describe('a run claimed in the process while Redis was away', () => {
     expect(repeat.headers.get('idempotent-replayed')).toBe('true');
     expect((await run).status).toBe(200);
     expect(upstreamChats(s).filter((r) => r.model === 'gpt-4o-slow')).toHaveLength(1);
+  });
+});
+
+describe('a run whose lease lapsed in Redis while Redis was away', () => {
+  it('claims its key again once Redis is back: the repeat on another instance waits for it, not runs it a second time', async () => {
+    const s = await start({ faults: { latencyMs: 6000 } });
+    const config = fleetConfig(s, { idempotency: { leaseMs: 1000 } });
+    const [a, b] = await Promise.all([startGateway(config), startGateway(config)]);
+    const run = post(a, 'k-lease');
+    await sleep(300);
+    // Frozen three leases long: A's renewals time out, and its claim lapses in Redis (its clock runs on meanwhile).
+    const thaw = redis().freeze();
+    try {
+      await sleep(3000);
+    } finally {
+      thaw();
+    }
+    const admin = new Redis(redis().url);
+    try {
+      // A is back on Redis (its health check takes it back within a second or two) and has made its claim again.
+      await eventually(async () => {
+        const keys = await admin.keys(`${config.state.keyPrefix}:idempotency:*`);
+        return keys.length === 1 && (await admin.get(keys[0]!))?.includes('"state":"running"') === true;
+      }, 5000);
+    } finally {
+      admin.disconnect();
+    }
+    const repeat = await post(b, 'k-lease', { timeoutMs: 8000 });
+    expect(repeat.status).toBe(200);
+    expect(repeat.headers.get('idempotent-replayed')).toBe('true');
+    expect((await run).status).toBe(200);
+    expect(upstreamChats(s)).toHaveLength(1);
   });
 });
 

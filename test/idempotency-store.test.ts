@@ -202,7 +202,7 @@ describe('a claim whose reply is lost', () => {
       // Writes (the claim script among them) wait 300 ms: b's claim times out, and Redis runs it after.
       await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
       setTimeout(() => void a!.settleKey('k', DONE, 60_000, Date.now()), 450);
-      const deps = { store: b!, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const deps = { store: b!, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 };
       const repeat = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'instance-b', keptMs: 600_000, runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false }, deps);
       expect(repeat).toEqual({ kind: 'replay', answer: DONE.answer });
       expect(b!.degraded).toBe(false);
@@ -216,7 +216,7 @@ describe('a claim whose reply is lost', () => {
     try {
       expect(await store.ready()).toBe(true);
       await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
-      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 };
       const claim = await claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', keptMs: 600_000, runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => false, pastGrace: () => false }, deps);
       expect(claim.kind).toBe('run');
       expect(await store.readKey('k', Date.now())).toMatchObject({ state: 'running', owner: 'me' });
@@ -232,7 +232,7 @@ describe('a claim whose reply is lost', () => {
       expect(await store.ready()).toBe(true);
       // The claim times out, and Redis runs it after: the key is this request's, which does not know it.
       await admin().call('CLIENT', 'PAUSE', '300', 'WRITE');
-      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26 }, now: Date.now, random: () => 0.5 };
+      const deps = { store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 26, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 };
       const given = claimKey({ key: 'k', fingerprint: 'fp-1', owner: 'me', keptMs: 600_000, runningMs: 60_000, waitUntilMs: Date.now() + 5_000, clientGone: () => true, pastGrace: () => false }, deps);
       await expect(given).rejects.toMatchObject({ code: 'idempotency_key_in_progress' });
       // The pause over, Redis has run the claim (and whatever followed it on the connection).

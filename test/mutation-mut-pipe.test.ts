@@ -107,7 +107,7 @@ describe('idempotent-request: an answer of exactly maxAnswerBytes', () => {
   const keyed = (key: string) => ({ key, fingerprint: 'fp', owner: `o-${Math.random()}`, keptMs: 60_000, runningMs: 60_000, waitUntilMs: Date.now() + 1_000, clientGone: () => false, pastGrace: () => false });
 
   it('is kept, whole or streamed, and replayed: only a longer one is not', async () => {
-    const deps: IdempotencyDeps = { store: new MemoryStore(), config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: MAX, memoryBytes: 1 << 20 }, now: () => Date.now(), random: () => 0 };
+    const deps: IdempotencyDeps = { store: new MemoryStore(), config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: MAX, memoryBytes: 1 << 20, leaseMs: 10_000 }, now: () => Date.now(), random: () => 0 };
     const whole = await claimKey(keyed('whole'), deps);
     if (whole.kind !== 'run') throw new Error('expected to run');
     whole.keep({ status: 200, headers: {}, body: Buffer.alloc(MAX, 0x61), summary });

@@ -459,6 +459,7 @@ const IdempotencySchema = z
     ttlMs: positiveMs('How long an answer is kept for repeats of its key, from when it was given. Default: 600000 (10 minutes).').default(600_000),
     maxAnswerBytes: z.number().int().positive().max(64 * 1024 * 1024).default(1024 * 1024).describe('Longest answer kept for repeats (a stream counts its events). A longer one is not kept: a repeat of its key gets 409 idempotency_answer_not_kept. Default: 1048576.'),
     memoryBytes: z.number().int().positive().max(2 ** 40).default(64 * 1024 * 1024).describe('Without Redis (or while it is away): the most answer bytes kept in the process; the oldest go first. Default: 67108864.'),
+    leaseMs: z.number().int().min(1000).max(MAX_TIMER_MS).default(10_000).describe('How long a run\'s claim on its key lasts in the state store unless its instance renews it (every third of it, while the run goes on): an instance that dies mid-run holds the key this long at most, then a repeat runs the request. Renewals that fail this long in a row (Redis unreachable from the instance alone) let the claim lapse too. Default: 10000.'),
   })
   .describe('Idempotency keys on the managed routes (the Idempotency-Key header), kept in the state store: shared by a fleet through Redis.');
 

@@ -13,6 +13,7 @@ import { fingerprintOf, IDEMPOTENCY_HEADER, idempotencyKeyOf, nextLookMs, repeat
 import type { CompiledRoute } from '../routing/router.ts';
 import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
 import type { ManagedRequest, PipelineAnswer, RequestSummary } from './handle-request.ts';
+import { holdLease } from './key-lease.ts';
 import { backgroundRunsOn, endedWhole } from './stream-ends.ts';
 
 export interface IdempotencyDeps {
@@ -25,12 +26,11 @@ export interface IdempotencyDeps {
 }
 
 /**
- * How long a run's claim lasts past the route's timeout before it lapses (an instance that died mid-run holds the key
- * no longer), and how often a stream still being read renews it: a whole answer comes within the route's timeout, a
- * stream's output may run on for minutes after it.
+ * How long a run may hold its key past the route's timeout, its lease renewed (key-lease.ts), before it lets it go
+ * unless its answer is a stream still being read: a whole answer comes within the route's timeout, a stream's output
+ * may run on for minutes after it.
  */
 const CLAIM_SLACK_MS = 30_000;
-const RENEW_EVERY_MS = 10_000;
 
 interface KeyedRequest {
   /** scopedKey() of the client's key. */
@@ -43,7 +43,10 @@ interface KeyedRequest {
   owner: string;
   /** How long its answer is kept for repeats: idempotency.ttlMs for a key the client sent, the route's bodyAsKeyMs for its body. */
   keptMs: number;
-  /** How long a claim lasts unless renewed: the route's timeout and CLAIM_SLACK_MS. */
+  /**
+   * How long a run holds its key at most, from its claim, unless its answer is a stream still being read: the route's
+   * timeout and CLAIM_SLACK_MS. Within it the claim is a lease of idempotency.leaseMs its instance renews.
+   */
   runningMs: number;
   /** Bytes of the request's body: a repeat holds them while it waits, counted against server.maxWaitingBodyBytes. */
   bodyBytes?: number;
@@ -123,11 +126,18 @@ export async function claimKey(req: KeyedRequest, deps: IdempotencyDeps): Promis
 /** claimKey's loop; `held.waiting` once its body counts among the waiting ones. */
 async function claimOrWait(req: KeyedRequest, deps: IdempotencyDeps, held: { waiting: boolean }): Promise<KeyClaim> {
   const { store } = deps;
-  const claim = () => store.claimKey(req.key, { state: 'running', fingerprint: req.fingerprint, sinceMs: deps.now(), owner: req.owner }, req.runningMs);
+  let claimedAtMs = 0;
+  const claim = () => {
+    claimedAtMs = deps.now();
+    // A lease: the run renews it (key-lease.ts); a claim whose instance died lapses within it.
+    const leaseMs = Math.min(deps.config.leaseMs, req.runningMs);
+    return store.claimKey(req.key, { state: 'running', fingerprint: req.fingerprint, sinceMs: claimedAtMs, owner: req.owner }, leaseMs);
+  };
   let record = await claim();
   for (;;) {
+    if (record === undefined) return run(req, deps, claimedAtMs);
     // Its own claim found again: the reply to it was lost (a Redis timeout), and it is this request's to run.
-    if (record === undefined || (record.state === 'running' && record.owner === req.owner)) return run(req, deps);
+    if (record.state === 'running' && record.owner === req.owner) return run(req, deps, record.sinceMs);
     const verdict = repeatVerdict(record, req.fingerprint);
     if (verdict === 'replay') return { kind: 'replay', answer: (record as KeyRecord & { state: 'done' }).answer! };
     if (verdict === 'mismatch') {
@@ -177,20 +187,26 @@ function requestUnder(req: KeyedRequest): string {
  * The run's side of the key: keeps its answer when it is one (a whole 2xx, or a stream read to its end), else gives the
  * key back, and the next repeat runs the request again. A failure the provider may have run (a 500, a timeout) cannot
  * be told from one it did not, and kept, it would fail the key's every retry for ttlMs, for a chat call that costs only
- * tokens to run again. A stream is read to its end whether or not its client is still there, its claim renewed meanwhile.
+ * tokens to run again. A stream is read to its end whether or not its client is still there. The claim, made at
+ * `claimedAtMs`, is renewed from now until the run ends (key-lease.ts).
  */
-function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run' } {
+function run(req: KeyedRequest, deps: IdempotencyDeps, claimedAtMs: number): KeyClaim & { kind: 'run' } {
   const { store, config } = deps;
   const { key, fingerprint, owner } = req;
+  const lease = holdLease(key, owner, claimedAtMs + req.runningMs, { store, now: deps.now, leaseMs: config.leaseMs });
   let end!: () => void;
   const ended = new Promise<void>((resolve) => (end = resolve));
-  const giveBack = () => void store.releaseKey(key, owner).finally(end);
+  const giveBack = () => {
+    lease.stop();
+    void store.releaseKey(key, owner).finally(end);
+  };
   const keep = (answer: PipelineAnswer): PipelineAnswer => {
     if (answer.summary.outcome !== 'success') {
       giveBack();
       return answer;
     }
     const settle = (kind: 'whole' | 'stream', body: Buffer | undefined, bytes: number) => {
+      lease.stop();
       const { target, priority } = answer.summary;
       const kept = body !== undefined && { answer: { status: answer.status, headers: answer.headers, kind, body, target, priority } };
       void store.settleKey(key, { state: 'done', fingerprint, bytes, ...kept }, req.keptMs, deps.now(), owner).finally(end);
@@ -206,12 +222,11 @@ function run(req: KeyedRequest, deps: IdempotencyDeps): KeyClaim & { kind: 'run'
       giveBack();
       return answer;
     }
-    const renewal = setInterval(() => void store.renewKey(key, owner, req.runningMs, deps.now()), RENEW_EVERY_MS).unref();
+    lease.streaming();
     return {
       ...answer,
       // A client that stops reading is let go well before the stream would give up on it (and cut the run with it).
       body: readToTheEnd(body, config.maxAnswerBytes, live.clientStallMs / 2, (kept, bytes) => {
-        clearInterval(renewal);
         const how = answer.summary.streamEnd?.kind;
         if (how !== undefined && endedWhole(how)) settle('stream', kept, bytes);
         // A background response broken off while it may still run at the provider: a repeat that ran it again would
