@@ -421,7 +421,11 @@ interface FleetRun {
   fleetWide: boolean;
   /** Claimed in Redis (its instance was on it then). */
   inRedis: boolean;
-  ended?: { atMs: number; body?: Buffer; tooLong?: boolean; clean: boolean; epoch: number };
+  /**
+   * `underClaim`: another run held the key in Redis when this one ended, so its answer stayed on its instance.
+   * `offRedis`: its instance was off Redis when it ended, so its end waited for Redis to come back.
+   */
+  ended?: { atMs: number; body?: Buffer; tooLong?: boolean; clean: boolean; epoch: number; underClaim?: boolean; offRedis?: boolean };
 }
 
 interface FleetReq {
@@ -501,13 +505,16 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
         else if (isClean && r.fleetWide) fail(`r${req.id} runs ${req.key} on instance ${req.inst} while run ${r.id} on instance ${r.inst} holds it in Redis: twice in the fleet`);
       }
       if (isClean) {
-        const shared = endedRuns.filter((r) => r.ended!.clean && r.ended!.epoch === epoch && r.ended!.body && r.ended!.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS > t && r.ended!.atMs + SETTLED_MS < t);
+        const shared = endedRuns.filter((r) => r.ended!.clean && !r.ended!.underClaim && r.ended!.epoch === epoch && r.ended!.body && r.ended!.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS > t && r.ended!.atMs + SETTLED_MS < t);
         if (shared.length > 0) fail(`r${req.id} runs ${req.key} again while run ${shared.at(-1)!.id}'s answer is kept in Redis`);
         // A run that held its key in Redis and ended while its instance was off it: its answer is written there once
         // the instance is back (README), unless another run has touched the key since.
         for (const r of endedRuns) {
           const end = r.ended!;
-          if (end.clean || !r.inRedis || !end.body || end.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS <= t || cleanFromMs <= end.atMs) continue;
+          // Only an end its instance held for Redis's return, and only in the Redis it returned to: an end written while
+          // on Redis (in the moment before the claims are made again, too), or written back before a later restart,
+          // was lost with the rest when that Redis restarted empty (README: "A Redis that restarted empty"; seed 20250616).
+          if (!end.offRedis || epoch !== end.epoch + 1 || !r.inRedis || !end.body || end.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS <= t || cleanFromMs <= end.atMs) continue;
           if (runs.every((o) => o === r || o.key !== r.key || (o.ended !== undefined && o.ended.atMs <= end.atMs))) fail(`r${req.id} runs ${req.key} again: run ${r.id}'s answer, given while Redis was away, never reached Redis`);
         }
       } else for (const r of live) r.fleetWide = false; // the moment before the claims are made again: both may run (README)
@@ -544,7 +551,12 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
         run.claim.keep({ status: 502, headers: { 'content-type': 'application/json' }, body: Buffer.from('{"error":{}}'), summary: summary('upstream_error') });
       } else {
         const body = Buffer.from(JSON.stringify({ run: run.id, pad: 'x'.repeat(how === 'long' ? 2_500 : g.int(0, 300)) }));
-        run.ended = { atMs: t, clean: isClean, epoch, ...(how === 'long' ? { tooLong: true } : { body }) };
+        // README "Where keys live": a run claimed in the process while Redis was away is its instance's own, and a
+        // repeat on another instance runs, claiming the key in Redis. The first run's answer is then kept on its own
+        // instance, not over that claim in Redis; and if that claim's run ends in an error, it gives the key back
+        // ("Only answers are kept") and a repeat on the other instance runs again (seed 20250614).
+        const underClaim = runs.some((o) => o !== run && o.key === run.key && o.ended === undefined && o.inRedis);
+        run.ended = { atMs: t, clean: isClean, epoch, underClaim, offRedis: !redisUp || stores[run.inst]!.degraded, ...(how === 'long' ? { tooLong: true } : { body }) };
         run.claim.keep({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': `req-${run.id}` }, body, summary: summary('success') });
       }
       await run.claim.ended;
@@ -653,6 +665,48 @@ describe('found by the fuzz', () => {
       expect(repeat).toMatchObject({ kind: 'replay', answer: { status: 200, body } });
     } finally {
       await store.close();
+      await own.stop();
+    }
+  });
+
+  it('a run claimed in the process while Redis was away keeps its answer on its instance when another instance has claimed the key in Redis since', async () => {
+    // Found as "r21 runs key-2 again while run 10's answer is kept in Redis" (fleet seed 20250614): the model took
+    // every answer given while the fleet was on Redis as kept there. README "Where keys live": a run claimed in the
+    // process while Redis is away is its instance's own, and a repeat on another instance runs, in Redis; the first
+    // run's answer is not written over that claim, and when that run ends in an error it gives the key back ("Only
+    // answers are kept"), so a repeat waiting for it on that instance runs the request again.
+    const own = await startRedis();
+    const keyPrefix = `idemfuzz-${randomUUID()}`;
+    const stores = [0, 1].map(() => new RedisStore({ config: { redis: own.url, commandTimeoutMs: 250, keyPrefix } }));
+    try {
+      for (const s of stores) expect(await s.ready()).toBe(true);
+      const deps = stores.map((store): IdempotencyDeps => ({ store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 20, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 }));
+      const request = (owner: string) => ({ key: 'coupon-call', fingerprint: 'body', owner, keptMs: 60_000, runningMs: RUNNING_MS, waitUntilMs: Date.now() + 8_000, clientGone: () => false, pastGrace: () => false });
+      await own.stop();
+      await eventually(() => stores.every((s) => s.degraded), 5_000);
+      const first = await claimKey(request('first'), deps[0]!);
+      expect(first.kind).toBe('run');
+      await own.restart();
+      await eventually(() => stores.every((s) => !s.degraded), 10_000);
+      const second = await claimKey(request('second'), deps[1]!);
+      expect(second.kind).toBe('run');
+      let repeat: KeyClaim | undefined;
+      const repeated = claimKey(request('repeat'), deps[1]!).then((r) => (repeat = r));
+      const body = Buffer.from('{"coupon":"ONE"}');
+      const firstRun = first as KeyClaim & { kind: 'run' };
+      firstRun.keep({ status: 200, headers: { 'content-type': 'application/json' }, body, summary: summary('success') });
+      await firstRun.ended;
+      // Its own instance replays it; Redis still holds the second run's claim, which the repeat waits for.
+      expect(await claimKey(request('on-first'), deps[0]!)).toMatchObject({ kind: 'replay', answer: { status: 200, body } });
+      await sleep(400);
+      expect(repeat).toBeUndefined();
+      const secondRun = second as KeyClaim & { kind: 'run' };
+      secondRun.keep({ status: 502, headers: { 'content-type': 'application/json' }, body: Buffer.from('{"error":{}}'), summary: summary('upstream_error') });
+      await secondRun.ended;
+      await repeated;
+      expect(repeat?.kind).toBe('run');
+    } finally {
+      await Promise.all(stores.map((s) => s.close()));
       await own.stop();
     }
   });
