@@ -1,24 +1,25 @@
 // Seeded model-based tests of tenant fair share (README "Tenants share a class fairly", and the parking lot's turns
 // and full queue in "Retry budget, circuit breaker, hold-offs, parking"): the priority pools and the parking lot driven
 // with 3 to 6 clients (one of them often flooding, sometimes the unnamed client) beside a plain model, as in
-// pools-model-fuzz.test.ts (the pool model is the one both share, test/helpers/pool-model.ts; the generator and the
-// pool's config are shared too, test/helpers/model-fuzz.ts). Beside the
-// model's answers, after every step: slots within the limits; each class's per-client counts (snapshot().clients) equal
-// both the model's and those the answers given so far imply; the waiting bodies' bytes equal the bodies still waiting;
-// every request answered once (granted, shed, aborted; in the lot released, full, timeout, aborted); a displaced request
-// is of a client with at least the newcomer's own + 2 waiting (the fullest), never of a higher class nor one the lot
-// released; a freed slot goes to the eligible client holding the fewest of its class's slots, in the pools and the lot.
+// pools-model-fuzz.test.ts (both share the pool model, test/helpers/pool-model.ts, and its driver,
+// test/helpers/pool-fuzz-driver.ts; the lot request and its plain questions, test/helpers/lot-model.ts; the generator
+// and the pool's config, test/helpers/model-fuzz.ts). Beside the model's answers, after every step: slots within the
+// limits; each class's per-client counts (snapshot().clients) equal both the model's and those the answers given so
+// far imply; the waiting bodies' bytes equal the bodies still waiting; every request answered once (granted, shed,
+// aborted; in the lot released, full, timeout, aborted); a displaced request is of a client with at least the
+// newcomer's own + 2 waiting (the fullest), never of a higher class nor one the lot released; a freed slot goes to the
+// eligible client holding the fewest of its class's slots, in the pools and the lot.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
-import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
-import { onRecovered, type LimitSettings } from '../src/policy/adaptive-limit.ts';
+import { ParkingLot, type TargetState } from '../src/pipeline/parking-lot.ts';
 import { seededRandom } from '../src/policy/random.ts';
-import { Pools } from '../src/pools/pools.ts';
-import type { PoolClass, ProviderPool, SlotRequest } from '../src/pools/provider-pool.ts';
+import type { SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { flexTierKey, isFlexTierKey, targetOfHoldOffKey } from '../src/state/hold-offs.ts';
-import { CLASS_NAMES, gaugeValue, gen, MAX_BODY_BYTES, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
-import { disagreement, PoolModel, type PoolReq } from './helpers/pool-model.ts';
+import { gen, MAX_BODY_BYTES, settle, type Gen } from './helpers/model-fuzz.ts';
+import { beginWait, expectRouteQueues, letAllGo, lotQueries, parkOptions, takeOutcome, unparked, type LotOutcome, type LotReq as BaseLotReq } from './helpers/lot-model.ts';
+import { PoolFuzzDriver } from './helpers/pool-fuzz-driver.ts';
+import type { PoolReq } from './helpers/pool-model.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -66,30 +67,11 @@ function sortedCounts(entries: Iterable<readonly [string, { held: number; waitin
 
 async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Promise<{ steps: number }> {
   const g: Gen = gen(seededRandom(seed));
-  const classCount = g.int(2, 3);
-  let shareLeft = 1;
-  const classes: PoolClass[] = CLASS_NAMES.slice(3 - classCount).map((name, k) => {
-    const minShare = Math.min(shareLeft, k === 0 ? g.pick([0, 0.5]) : g.pick([0, 0.1, 0.25, 0.5]));
-    shareLeft -= minShare;
-    return { name, minShare, maxQueue: g.chance(0.7) ? g.int(1, 8) : g.int(8, 24) };
-  });
-  const capacity = g.int(1, 8);
-  const retries = g.chance(0.5) ? undefined : g.int(1, capacity);
-  const retryCapacity = retries ?? Math.max(1, Math.floor(capacity / 5));
-  const decrease = g.pick([0.5, 0.7, 0.9]);
-  const minLimit = g.int(1, 3);
-  const config = poolConfig(capacity, retries, classes, decrease, minLimit);
-  const now = () => Date.now();
-  const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes!);
   /** Every answer the pool gives is a wait (granted) or a shed; an abort is neither. */
   const told = { waits: 0, sheds: 0 };
-  const pools = new Pools(config, now, { onWait: () => told.waits++, onShed: () => told.sheds++ }, bodies);
-  const pool: ProviderPool = pools.of(PROVIDER);
-  const limitSettings: LimitSettings = { max: capacity, min: minLimit, decrease, minShares: classes.map((c) => c.minShare) };
-  const model = new PoolModel<ClientPoolReq>(classes, { capacity, retryCapacity, maxBytes: bodies.maxBytes }, limitSettings, now);
-  model.onAnswer = (p) => touched.add(p);
-  model.onNote = (what) => seen.add(what);
-  const targets = ['p/a', 'p/b', 'p/c'].slice(0, g.int(1, 3));
+  const d = new PoolFuzzDriver<ClientPoolReq>(seed, g, seen, () => (g.chance(0.7) ? g.int(1, 8) : g.int(8, 24)), { onWait: () => told.waits++, onShed: () => told.sheds++ });
+  const { classes, bodies, pools, pool, model, targets, reqs, now, where } = d;
+  const classCount = classes.length;
   const clients = clientsOf(g);
   /** Requests the parking lot released: a few, or many (a release after an outage). */
   const releasedShare = g.pick([0.05, 0.1, 0.3]);
@@ -97,12 +79,6 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   const releasedClient = g.chance(0.3) ? g.pick(clients.names) : undefined;
   /** How busy: the share of steps that bring a newcomer. */
   const arrivals = g.pick([0.3, 0.4, 0.55]);
-  const reqs: ClientPoolReq[] = [];
-  let actualOrder: number[] = [];
-  let step = 0;
-  let op = '';
-  const where = () => `seed ${seed}, step ${step} (${op}), t=${now()}`;
-  const touched = new Set<ClientPoolReq>();
   /** Checks so far: a request's answer is dated by the check that first sees it. */
   let checks = 0;
   /** A newcomer to a full queue this step, and each class's waiters per client (by the answers so far) before it came. */
@@ -127,8 +103,6 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
     };
     return { id: reqs.length, req, client, ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false, gaveBack: false };
   };
-  const held = () => reqs.filter((p) => p.state === 'held');
-  const queued = () => model.queue;
   /** What the pool's answers so far say: requests holding a slot, and requests not answered yet. */
   const holding = () => reqs.filter((p) => p.actual?.ok === true && !p.gaveBack);
   const waitingNow = () => reqs.filter((p) => p.actual === undefined);
@@ -148,10 +122,10 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
 
   const check = async (): Promise<void> => {
     await settle();
-    expect(actualOrder, `order of the queue's answers, ${where()}`).toEqual(model.order);
+    expect(d.actualOrder, `order of the queue's answers, ${where()}`).toEqual(model.order);
     // A freed slot went to the eligible waiting client holding the fewest of the class's slots (the order above is
     // the pool's; eligibility is the pool's #first: admissible, and under a floor, of a target under it).
-    for (const id of actualOrder) {
+    for (const id of d.actualOrder) {
       const a = reqs[id]!.actual;
       const f = model.fair.get(id);
       if (!a?.ok || !a.queued || f === undefined) continue;
@@ -160,13 +134,9 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
       expect(f.held, `request ${id} (client ${reqs[id]!.client}) granted holding ${f.held} of its class's slots while another eligible client held ${f.fewestOther}, ${where()}`).toBeLessThanOrEqual(f.fewestOther);
     }
     model.fair.clear();
-    actualOrder = [];
+    d.actualOrder = [];
     model.order = [];
-    for (const p of touched) {
-      const problem = disagreement(p);
-      expect(problem && `request ${p.id} (class ${p.req.cls}, client '${p.client}', ${p.req.target}${p.req.retry ? ', retry' : ''}${p.req.released ? ', released' : ''}): ${problem}`, where()).toBeUndefined();
-    }
-    touched.clear();
+    d.expectTouchedAgree((p) => `request ${p.id} (class ${p.req.cls}, client '${p.client}', ${p.req.target}${p.req.retry ? ', retry' : ''}${p.req.released ? ', released' : ''})`);
     // Displaced this step: waiting before, shed queue_full now. Only a newcomer to a full queue displaces, one at most,
     // of its class, not released by the lot, of a client then with at least its own + 2 waiting, and the fullest such.
     const displaced = [...waitingBeforeStep].filter((p) => p.actual?.ok === false && p.actual.reason === 'queue_full');
@@ -228,9 +198,8 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
     if (new Set(model.queue.map((w) => w.client)).size >= 3) seen.add('three clients waiting');
   };
 
+  /** The driver's acquire, noting first who waits in the class when the newcomer comes to a full queue (it may displace). */
   const acquire = (p: ClientPoolReq): void => {
-    reqs.push(p);
-    touched.add(p);
     if (!p.req.released && model.queuedOf(p.req.cls) >= classes[p.req.cls]!.maxQueue) {
       const waiting = new Map<string, number>();
       const unreleased = new Map<string, number>();
@@ -242,136 +211,36 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
       door = { p, waiting, releasedOnly: new Set([...waiting.keys()].filter((c) => !unreleased.has(c))) };
       seen.add('full queue');
     }
-    void pool.acquire(p.req).then((a) => {
-      touched.add(p);
-      p.actual = a;
-      p.answeredAt = checks;
-      if (a.ok) p.slot = a.slot;
-      if (a.ok ? a.queued : p.seq >= 0) actualOrder.push(p.id);
-    });
-    const { victim } = model.acquire(p);
-    if (victim) touched.add(victim);
-    if (p.expected?.kind === 'shed') seen.add(`shed ${p.expected.reason}`);
-    if (p.expected?.kind === 'granted' && !p.expected.queued) seen.add('granted at once');
+    d.acquire(p, () => (p.answeredAt = checks));
   };
 
-  const release = (p: ClientPoolReq): void => {
-    if (g.chance(0.7)) {
-      p.slot!.answered();
-      p.answered = true;
-    }
-    p.slot!.release();
-    p.gaveBack = true;
-    if (g.chance(0.1)) p.slot!.release();
-    model.release(p);
-  };
-
-  /** Advances the clock to `untilMs`, stopping at every moment a pool timer fires so the model does the same then. */
-  const advance = async (untilMs: number): Promise<void> => {
-    for (;;) {
-      const t = now();
-      const moments = [...model.queue.map((w) => w.req.deadlineAtMs - w.req.minAttemptMs), ...[...model.targets.values()].map((x) => x.lowerHeldUntilMs + 1)].filter((m) => m > t && m <= untilMs);
-      const next = moments.length > 0 ? Math.min(...moments) : untilMs;
-      waitingBeforeStep = new Set(waitingNow());
-      await vi.advanceTimersByTimeAsync(next - t);
-      model.expireAt(next);
-      if ([...model.targets.values()].some((x) => x.lowerHeldUntilMs + 1 === next)) model.drain();
-      await check();
-      if (next >= untilMs) return;
-    }
-  };
-
-  for (step = 0; step < steps; step++) {
-    waitingBeforeStep = new Set(waitingNow());
-    const roll = g.random();
-    if (roll < arrivals) {
-      op = 'acquire';
-      acquire(newReq());
-    } else if (roll < 0.6) {
-      op = 'release';
-      const h = held();
-      if (h.length > 0) release(g.pick(h));
-    } else if (roll < 0.66) {
-      op = 'abort a waiter';
-      const q = queued();
-      if (q.length > 0) {
-        const p = g.pick(q);
-        p.ctrl.abort();
-        model.abort(p);
-        seen.add('aborted while queued');
-      }
-    } else if (roll < 0.69) {
-      op = 'release and abort, one tick';
-      const h = held();
-      const q = queued();
-      if (h.length > 0 && q.length > 0) {
-        const slotOf = g.pick(h);
-        const waiter = g.pick(q);
-        if (g.chance(0.5)) {
-          release(slotOf);
-          waiter.ctrl.abort();
-          model.abort(waiter);
-        } else {
-          waiter.ctrl.abort();
-          model.abort(waiter);
-          release(slotOf);
-        }
-      }
-    } else if (roll < 0.76) {
-      op = 'success';
-      const target = g.pick(targets);
-      const rtt = g.pick([0, g.int(1, 3_000)]);
-      pool.observe(target, 'success', rtt);
-      model.observe(target, 'success', rtt);
-    } else if (roll < 0.81) {
-      op = '429';
-      const target = g.pick(targets);
-      pool.observe(target, 'rate-limited', 0);
-      model.observe(target, 'rate-limited', 0);
-    } else if (roll < 0.82) {
-      op = 'recovered';
-      const target = g.pick(targets);
-      pool.recovered(target);
-      const t = model.target(target);
-      t.limit = onRecovered(t.limit, limitSettings);
-    } else if (roll < 0.84) {
-      op = 'hold lower classes';
-      const target = g.pick(targets);
-      const untilMs = g.evenAfter(now(), g.int(1, 6_000));
-      pool.holdLowerClasses(target, untilMs);
-      const t = model.target(target);
-      t.lowerHeldUntilMs = Math.max(t.lowerHeldUntilMs, untilMs);
-    } else if (roll < 0.87) {
-      op = 'fleet share';
-      const share = g.pick([1, g.random(), 0.5, g.int(1, 2 * capacity) / (2 * capacity)]) || 1;
-      const others = g.int(0, capacity);
-      pool.setShare(share, others);
-      model.setShare(share, others);
-    } else {
-      op = 'time passes';
-      await advance(now() + g.pick([1, g.int(1, 300), g.int(1, 4_000)]));
-      continue;
-    }
-    await check();
-  }
+  await d.run(steps, {
+    mix: [
+      [arrivals, 'acquire'],
+      [0.6, 'release'],
+      [0.66, 'abort a waiter'],
+      [0.69, 'release and abort, one tick'],
+      [0.76, 'success'],
+      [0.81, '429'],
+      [0.82, 'recovered'],
+      [0.84, 'hold lower classes'],
+      [0.87, 'fleet share'],
+    ],
+    newReq,
+    check,
+    acquire,
+    gaveBack: (p) => (p.gaveBack = true),
+    // Displacement is judged against what waited before the step (or the timer moment).
+    beforeStep: () => (waitingBeforeStep = new Set(waitingNow())),
+  });
 
   // Everything given back or cancelled: every request answered once, nothing in use or waiting, no bytes held.
-  op = 'wind down';
+  d.op = 'wind down';
   waitingBeforeStep = new Set();
-  for (const p of [...queued()]) {
-    p.ctrl.abort();
-    model.abort(p);
-  }
-  for (let round = 0; held().length > 0; round++) {
-    for (const p of held()) release(p);
-    await check();
-    expect(round, 'everything given back').toBeLessThan(1_000);
-  }
-  await check();
+  await d.windDown();
   expect(reqs.filter((p) => p.actual === undefined).map((p) => p.id), `never answered, ${where()}`).toEqual([]);
   expect(pool.snapshot().inUse.every((n) => n === 0) && pool.snapshot().queued.every((n) => n === 0), where()).toBe(true);
   expect(pool.snapshot().clients.flat(), `clients left, ${where()}`).toEqual([]);
-  expect(bodies.bytes, `bytes left, ${where()}`).toBe(0);
   pools.close();
   return { steps };
 }
@@ -395,36 +264,12 @@ describe('the provider pool with clients against the README model', () => {
 // The parking lot, with clients.
 // ------------------------------------------------------------------------------------------------------------------
 
-/** One request parked (perhaps again and again, lent to probes that failed), as the driver and the model see it. */
-interface LotReq {
-  id: number;
-  target: string;
+/** A request of the lot fuzz with clients: the shared one, with its client and the key it parks under. */
+interface LotReq extends BaseLotReq {
   /** The key it parks under: its target's, or (a flex-tier request) its target's flex key. */
   key: string;
   flex: boolean;
-  route: string;
-  cls: number;
   client: string;
-  deadlineAtMs: number;
-  /** park.maxWaitMs: all its waits together. */
-  maxWaitMs: number | undefined;
-  /** Time parked before the current wait. */
-  parkedMs: number;
-  parkedAtMs: number;
-  /** The limit the current wait was given (what was left of maxWaitMs). */
-  waitLeftMs: number | undefined;
-  /** The explicit notBeforeMs of the current wait (probe permits out until then). */
-  notBeforeMs: number | undefined;
-  /** The target was unavailable at some moment of the current wait: its release window then decides when it goes. */
-  awaySincePark: boolean;
-  bytes: number;
-  lowest: boolean;
-  ctrl: AbortController;
-  state: 'parked' | 'released' | 'done';
-  /** Order of the current wait's arrival. */
-  seq: number;
-  ticket?: Ticket;
-  streaming: boolean;
   /** The model has it displaced by a newcomer (answered full while parked). */
   displacedBy?: { newcomer: LotReq; counts: Map<string, number> };
 }
@@ -481,7 +326,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
   const bodies = new WaitingBodies(MAX_BODY_BYTES);
   const metrics: Metrics = createMetrics({ defaultMetrics: false });
   /** Outcomes of waits the lot reported (answers at the door are taken out), in the order their promises settle: [kind, when, target pumped]. */
-  const outcomes: Array<[string, number, string | undefined, Map<string, TargetState> | undefined]> = [];
+  const outcomes: Array<LotOutcome<Map<string, TargetState>>> = [];
   let reported = 0;
   let answers = 0;
   let parkCalls = 0;
@@ -520,12 +365,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
     newcomer = undefined;
   };
 
-  const parked = (target?: string) => reqs.filter((r) => r.state === 'parked' && (target === undefined || r.target === target));
-  const inflight = (target: string, upTo: number, attemptsOnly: boolean) =>
-    reqs.filter((r) => r.state === 'released' && r.target === target && r.cls <= upTo && !(attemptsOnly && r.streaming)).length;
-  const cutoff = (r: LotReq) => r.deadlineAtMs - minAttemptMs;
-  /** Ahead in the lot's order: higher class, then earlier deadline, then earlier arrival. */
-  const ahead = (a: LotReq, b: LotReq) => a.cls < b.cls || (a.cls === b.cls && (a.deadlineAtMs < b.deadlineAtMs || (a.deadlineAtMs === b.deadlineAtMs && a.seq < b.seq)));
+  const { parked, inflight, cutoff, ahead } = lotQueries(reqs, minAttemptMs);
   /**
    * Surely past its moment in the release window at `atMs`: its own notBeforeMs passed (or the target was away since
    * it parked: the window after decides), and its window moment too: within a second of it parking (a newcomer waits
@@ -639,9 +479,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
   const park = (r: LotReq, notBeforeMs?: number): void => {
     const before = outcomes.length;
     parkCalls++;
-    r.parkedAtMs = now();
-    r.waitLeftMs = r.maxWaitMs === undefined ? undefined : Math.max(0, r.maxWaitMs - r.parkedMs);
-    r.notBeforeMs = notBeforeMs;
+    beginWait(r, now(), notBeforeMs);
     r.awaySincePark = stateOfKey(r.key).mode === 'blocked';
     r.seq = seq++;
     // The model's answer at the door: the route's queue (a fuller client's newest of the class or a lower one gives
@@ -674,19 +512,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
     r.state = expected === 'parked' ? 'parked' : 'done';
     const immediate = expected !== 'parked';
     void lot
-      .park(r.key, {
-        route: r.route,
-        deadlineAtMs: r.deadlineAtMs,
-        signal: r.ctrl.signal,
-        maxQueue: routes.get(r.route)!,
-        maxWaitMs: r.waitLeftMs,
-        minAttemptMs,
-        cls: r.cls,
-        bodyBytes: r.bytes,
-        lowestClass: r.lowest,
-        ...(notBeforeMs !== undefined && { notBeforeMs }),
-        ...(r.client !== '' || g.chance(0.5) ? { client: r.client } : {}),
-      })
+      .park(r.key, { ...parkOptions(r, routes.get(r.route)!, minAttemptMs), ...(r.client !== '' || g.chance(0.5) ? { client: r.client } : {}) })
       .then((res) => {
         answers++;
         // The newcomer's own release, handled after the others of its call: judged only if it went alone.
@@ -697,9 +523,8 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
           if (res.kind !== expected) fail(`request ${r.id} (client '${r.client}') answered ${res.kind} at the door, the model ${expected}`);
           return;
         }
-        const i = outcomes.findIndex((o) => o[0] === res.kind && (res.kind !== 'released' || o[2] === r.target));
-        if (i === -1) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
-        const o = outcomes.splice(i, 1)[0]!;
+        const o = takeOutcome(outcomes, res.kind, r.target);
+        if (o === undefined) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
         if (res.kind === 'released') r.ticket = res.ticket;
         ended(r, res.kind, o[1], o[2], o[3], judged, others);
       });
@@ -728,17 +553,10 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
       client: clients.next(),
       deadlineAtMs: g.evenAfter(now(), g.int(0, 12_000)),
       maxWaitMs: g.chance(0.5) ? undefined : g.int(0, 6_000),
-      parkedMs: 0,
-      parkedAtMs: now(),
-      waitLeftMs: undefined,
-      notBeforeMs: undefined,
-      awaySincePark: false,
       bytes: g.chance(0.8) ? bodyBytes(g) : 0,
       lowest: classes > 1 && cls === classes - 1,
       ctrl,
-      state: 'done',
-      seq: 0,
-      streaming: false,
+      ...unparked(now()),
     };
     reqs.push(r);
     return r;
@@ -781,11 +599,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
       }
       expect.fail(`request ${r.id} (class ${r.cls}${r.flex ? ', flex' : ''}) still parked on ${r.key}, ${state.mode} with ${state.slots} slots for ${now() - stateSince.get(r.key)!} ms, ${where()}`);
     }
-    for (const route of routes.keys()) {
-      const count = reqs.filter((r) => r.state === 'parked' && r.route === route).length;
-      expect(count, `${route}'s park.maxQueue, ${where()}`).toBeLessThanOrEqual(routes.get(route)!);
-      expect(gaugeValue(await metrics.parked.get(), { route }) ?? 0, `stormgate_parked_requests{route="${route}"}, ${where()}`).toBe(count);
-    }
+    await expectRouteQueues(reqs, routes, metrics, where());
     expect(bodies.bytes, `waiting body bytes, ${where()}`).toBe(parked().reduce((a, r) => a + r.bytes, 0));
     if (new Set(parked().map((r) => r.client)).size >= 3) seen.add('three clients parked');
   };
@@ -901,11 +715,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>, flexMo
 
   // Everything leaves: nothing parked, no bytes, every park answered once; then the lot closes.
   op = 'wind down';
-  for (const r of parked()) r.ctrl.abort();
-  for (const r of reqs.filter((x) => x.state === 'released')) {
-    r.state = 'done';
-    r.ticket!.done();
-  }
+  letAllGo(reqs);
   await check();
   for (const k of keys) expect(lot.waiting(k)).toBe(0);
   expect(bodies.bytes, `bytes left, ${where()}`).toBe(0);

@@ -8,16 +8,17 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createMetrics, type Metrics } from '../src/observability/metrics.ts';
 import { collectAtScrape } from '../src/observability/scrape-gauges.ts';
-import { ParkingLot, type TargetState, type Ticket } from '../src/pipeline/parking-lot.ts';
-import { onRecovered, type LimitSettings } from '../src/policy/adaptive-limit.ts';
+import { ParkingLot, type TargetState } from '../src/pipeline/parking-lot.ts';
 import { seededRandom } from '../src/policy/random.ts';
 import { fleetShare } from '../src/pools/fleet-share.ts';
 import { Pools } from '../src/pools/pools.ts';
-import type { Acquired, PoolClass, ProviderPool, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
+import type { Acquired, PoolClass, Slot, SlotRequest } from '../src/pools/provider-pool.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import { TargetKeys } from '../src/routing/target-keys.ts';
 import { CLASS_NAMES, gaugeValue, gen, poolConfig, PROVIDER, settle, type Gen } from './helpers/model-fuzz.ts';
-import { disagreement, PoolModel, type PoolReq } from './helpers/pool-model.ts';
+import { beginWait, expectRouteQueues, letAllGo, lotQueries, parkOptions, takeOutcome, unparked, type LotOutcome, type LotReq } from './helpers/lot-model.ts';
+import { PoolFuzzDriver } from './helpers/pool-fuzz-driver.ts';
+import type { PoolReq } from './helpers/pool-model.ts';
 
 /**
  * A failing case names its seed and step. FUZZ_SEED moves the runs to other seeds and FUZZ_SEEDS multiplies how many
@@ -32,36 +33,11 @@ const BASE_SEED = Number(process.env.FUZZ_SEED ?? 20_250_301);
 
 async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
   const g: Gen = gen(seededRandom(seed));
-  const classCount = g.int(2, 3);
-  // The config refuses minShare values over 1 in all: each class takes at most what the ones before it left.
-  let shareLeft = 1;
-  const classes: PoolClass[] = CLASS_NAMES.slice(3 - classCount).map((name, k) => {
-    const minShare = Math.min(shareLeft, k === 0 ? g.pick([0, 0.5]) : g.pick([0, 0.1, 0.25, 0.5]));
-    shareLeft -= minShare;
-    return { name, minShare, maxQueue: g.int(0, 6) };
-  });
-  const capacity = g.int(1, 8);
-  const retries = g.chance(0.5) ? undefined : g.int(1, capacity);
-  const retryCapacity = retries ?? Math.max(1, Math.floor(capacity / 5));
-  const decrease = g.pick([0.5, 0.7, 0.9]);
-  const minLimit = g.int(1, 3);
-  const config = poolConfig(capacity, retries, classes, decrease, minLimit);
-  const now = () => Date.now();
-  const bodies = new WaitingBodies(config.server.maxWaitingBodyBytes!);
-  const pools = new Pools(config, now, {}, bodies);
-  const pool: ProviderPool = pools.of(PROVIDER);
+  const d = new PoolFuzzDriver<PoolReq>(seed, g, seen, () => g.int(0, 6));
+  const { classes, bodies, pools, pool, model, targets, now, where } = d;
   const metrics = createMetrics({ defaultMetrics: false });
-  collectAtScrape(metrics, { config, targetKeys: new TargetKeys(config, now), pools, bodies, board: {} as never, holdOffs: {} as never, budget: {} as never, now, breakersChanged: () => [] });
-  const limitSettings: LimitSettings = { max: capacity, min: minLimit, decrease, minShares: classes.map((c) => c.minShare) };
-  const model = new PoolModel(classes, { capacity, retryCapacity, maxBytes: bodies.maxBytes }, limitSettings, now);
-  model.onAnswer = (p) => touched.add(p);
-  model.onNote = (what) => seen.add(what);
-  const targets = ['p/a', 'p/b', 'p/c'].slice(0, g.int(1, 3));
-  const reqs: PoolReq[] = [];
-  let actualOrder: number[] = [];
-  let step = 0;
-  let op = '';
-  const where = () => `seed ${seed}, step ${step} (${op}), t=${now()}`;
+  collectAtScrape(metrics, { config: d.config, targetKeys: new TargetKeys(d.config, now), pools, bodies, board: {} as never, holdOffs: {} as never, budget: {} as never, now, breakersChanged: () => [] });
+  const classCount = classes.length;
 
   const newReq = (): PoolReq => {
     const cls = g.int(0, classCount - 1);
@@ -79,24 +55,15 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
       ...(g.chance(0.8) && { bodyBytes: g.int(0, 400) }),
     };
     // One client, the unnamed one: the shared model's turns between clients and displacement stay out of play.
-    return { id: reqs.length, req, client: '', ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false };
+    return { id: d.reqs.length, req, client: '', ctrl, state: 'done', seq: -1, grantedAtMs: 0, answered: false, slotGiven: false };
   };
-  const held = () => reqs.filter((p) => p.state === 'held');
-  /** Requests whose model answer or pool answer may have come in this step. */
-  const touched = new Set<PoolReq>();
-  const queued = () => model.queue;
 
   const check = async (): Promise<void> => {
     await settle();
-    expect(actualOrder, `order of the queue's answers, ${where()}`).toEqual(model.order);
-    actualOrder = [];
+    expect(d.actualOrder, `order of the queue's answers, ${where()}`).toEqual(model.order);
+    d.actualOrder = [];
     model.order = [];
-    // Only the requests the step touched: a request's answer, once given, does not change.
-    for (const p of touched) {
-      const problem = disagreement(p);
-      expect(problem && `request ${p.id} (class ${p.req.cls}, ${p.req.target}${p.req.retry ? ', retry' : ''}${p.req.released ? ', released' : ''}): ${problem}`, where()).toBeUndefined();
-    }
-    touched.clear();
+    d.expectTouchedAgree((p) => `request ${p.id} (class ${p.req.cls}, ${p.req.target}${p.req.retry ? ', retry' : ''}${p.req.released ? ', released' : ''})`);
     const snap = pool.snapshot();
     expect(snap.inUse, `in use by class, ${where()}`).toEqual(model.inUseByClass);
     expect(snap.queued, `queued by class, ${where()}`).toEqual(classes.map((_, k) => model.queuedOf(k)));
@@ -125,152 +92,35 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
     expect(gaugeValue(await metrics.waitingBodyBytes.get(), {}), `stormgate_waiting_body_bytes, ${where()}`).toBe(model.bytes);
   };
 
-  const acquire = (p: PoolReq): void => {
-    reqs.push(p);
-    touched.add(p);
-    void pool.acquire(p.req).then((a) => {
-      touched.add(p);
-      p.actual = a;
-      if (a.ok) p.slot = a.slot;
-      if (a.ok ? a.queued : a.reason === 'aborted' ? p.seq >= 0 : p.seq >= 0) actualOrder.push(p.id);
-    });
-    model.acquire(p);
-    if (p.expected?.kind === 'shed') seen.add(`shed ${p.expected.reason}`);
-    if (p.expected?.kind === 'granted' && !p.expected.queued) seen.add('granted at once');
-  };
-
-  const release = (p: PoolReq): void => {
-    if (g.chance(0.7)) {
-      p.slot!.answered();
-      p.answered = true;
-    }
-    p.slot!.release();
-    if (g.chance(0.1)) p.slot!.release();
-    model.release(p);
-  };
-
-  /** Advances the clock to `untilMs`, stopping at every moment a pool timer fires so the model does the same then. */
-  const advance = async (untilMs: number): Promise<void> => {
-    for (;;) {
-      const t = now();
-      const moments = [
-        ...model.queue.map((w) => w.req.deadlineAtMs - w.req.minAttemptMs),
-        ...[...model.targets.values()].map((x) => x.lowerHeldUntilMs + 1),
-      ].filter((m) => m > t && m <= untilMs);
-      const next = moments.length > 0 ? Math.min(...moments) : untilMs;
-      await vi.advanceTimersByTimeAsync(next - t);
-      model.expireAt(next);
-      if ([...model.targets.values()].some((x) => x.lowerHeldUntilMs + 1 === next)) {
-        model.drain();
-        seen.add('quota hold ended');
-      }
-      await check();
-      if (next >= untilMs) return;
-    }
-  };
-
-  for (step = 0; step < steps; step++) {
-    const roll = g.random();
-    if (roll < 0.36) {
-      op = 'acquire';
-      acquire(newReq());
-    } else if (roll < 0.58) {
-      op = 'release';
-      const h = held();
-      if (h.length > 0) release(g.pick(h));
-    } else if (roll < 0.64) {
-      op = 'abort a waiter';
-      const q = queued();
-      if (q.length > 0) {
-        const p = g.pick(q);
-        p.ctrl.abort();
-        model.abort(p);
-        seen.add('aborted while queued');
-      }
-    } else if (roll < 0.67) {
-      // A cancellation racing a grant: a slot is given back and a waiter aborts in the same tick, either order.
-      op = 'release and abort, one tick';
-      const h = held();
-      const q = queued();
-      if (h.length > 0 && q.length > 0) {
-        const slotOf = g.pick(h);
-        const waiter = g.chance(0.5) ? q[0]! : g.pick(q);
-        if (g.chance(0.5)) {
-          release(slotOf);
-          waiter.ctrl.abort();
-          model.abort(waiter);
-        } else {
-          waiter.ctrl.abort();
-          model.abort(waiter);
-          release(slotOf);
-        }
-        seen.add('cancellation raced a grant');
-      }
-    } else if (roll < 0.69) {
-      op = 'abort a holder';
-      const h = held();
-      if (h.length > 0) g.pick(h).ctrl.abort();
-    } else if (roll < 0.77) {
-      op = 'success';
-      const target = g.pick(targets);
-      const rtt = g.pick([0, g.int(1, 3_000)]);
-      pool.observe(target, 'success', rtt);
-      model.observe(target, 'success', rtt);
-    } else if (roll < 0.83) {
-      op = '429';
-      const target = g.pick(targets);
-      pool.observe(target, 'rate-limited', 0);
-      model.observe(target, 'rate-limited', 0);
-      seen.add('429');
-    } else if (roll < 0.84) {
-      op = 'recovered';
-      const target = g.pick(targets);
-      pool.recovered(target);
-      const t = model.target(target);
-      t.limit = onRecovered(t.limit, limitSettings);
-    } else if (roll < 0.86) {
-      op = 'hold lower classes';
-      const target = g.pick(targets);
-      // Even ends: the pool's timer fires a millisecond after, at an odd moment no cut-off shares.
-      const untilMs = g.evenAfter(now(), g.int(1, 6_000));
-      pool.holdLowerClasses(target, untilMs);
-      const t = model.target(target);
-      t.lowerHeldUntilMs = Math.max(t.lowerHeldUntilMs, untilMs);
-    } else if (roll < 0.9) {
-      op = 'fleet share';
-      // Shares on and near the rounding of capacity and retry share as well as anywhere.
-      const share = g.pick([1, g.random(), 0.5, g.int(1, 2 * capacity) / (2 * capacity), g.int(1, 2 * retryCapacity) / (2 * retryCapacity)]) || 1;
-      const others = g.int(0, capacity);
-      pool.setShare(share, others);
-      model.setShare(share, others);
-    } else {
-      op = 'time passes';
-      await advance(now() + g.pick([1, g.int(1, 300), g.int(1, 4_000)]));
-      continue;
-    }
-    await check();
-    if (step % 97 === 0) await gauges();
-  }
+  await d.run(steps, {
+    mix: [
+      [0.36, 'acquire'],
+      [0.58, 'release'],
+      [0.64, 'abort a waiter'],
+      [0.67, 'release and abort, one tick'],
+      [0.69, 'abort a holder'],
+      [0.77, 'success'],
+      [0.83, '429'],
+      [0.84, 'recovered'],
+      [0.86, 'hold lower classes'],
+      [0.9, 'fleet share'],
+    ],
+    newReq,
+    check,
+    afterStep: async () => {
+      if (d.step % 97 === 0) await gauges();
+    },
+    raceHead: true,
+    shareNearRetryRounding: true,
+    opNotes: true,
+  });
 
   // Everything given back or cancelled: nothing in use, nothing queued, no bytes held, and the gauges say so.
-  op = 'wind down';
-  for (const p of [...queued()]) {
-    p.ctrl.abort();
-    model.abort(p);
-  }
-  for (let round = 0; held().length > 0; round++) {
-    for (const p of held()) release(p);
-    await check();
-    expect(round, 'everything given back').toBeLessThan(1_000);
-  }
-  await check();
+  await d.windDown();
   expect(pool.snapshot().inUse.every((n) => n === 0) && pool.snapshot().queued.every((n) => n === 0), where()).toBe(true);
-  expect(bodies.bytes).toBe(0);
   await gauges();
   pools.close();
 }
-
-
 
 describe('the provider pool against the README model', () => {
   beforeEach(() => vi.useFakeTimers({ now: 1_000_000 }));
@@ -290,37 +140,6 @@ describe('the provider pool against the README model', () => {
 // The parking lot, as the README's "Parking" paragraph describes it.
 // ------------------------------------------------------------------------------------------------------------------
 
-/** One request parked (perhaps again and again, lent to probes that failed), as the driver and the model see it. */
-interface LotReq {
-  id: number;
-  target: string;
-  route: string;
-  cls: number;
-  deadlineAtMs: number;
-  /** park.maxWaitMs: all its waits together. */
-  maxWaitMs: number | undefined;
-  /** Time parked before the current wait (serve-targets.ts's parkedMs). */
-  parkedMs: number;
-  parkedAtMs: number;
-  /** The limit the current wait was given (what was left of maxWaitMs). */
-  waitLeftMs: number | undefined;
-  /** The explicit notBeforeMs of the current wait (probe permits out until then). */
-  notBeforeMs: number | undefined;
-  /**
-   * The target was unavailable at some moment of the current wait: once it is back, the release window decides when
-   * the request goes, not the moment it parked with (a breaker another instance's probe closed early lets it go sooner).
-   */
-  awaySincePark: boolean;
-  bytes: number;
-  lowest: boolean;
-  ctrl: AbortController;
-  state: 'parked' | 'released' | 'done';
-  /** Order of the current wait's arrival. */
-  seq: number;
-  ticket?: Ticket;
-  streaming: boolean;
-}
-
 async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promise<void> {
   const g: Gen = gen(seededRandom(seed));
   const now = () => Date.now();
@@ -334,7 +153,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
   const bodies = new WaitingBodies(1_000);
   const metrics: Metrics = createMetrics({ defaultMetrics: false });
   /** Outcomes of waits the lot reported (answers at the door are taken out), in the order their promises settle: [kind, when, target pumped]. */
-  const outcomes: Array<[string, number, string | undefined, TargetState | undefined]> = [];
+  const outcomes: Array<LotOutcome<TargetState>> = [];
   let pumped: string | undefined;
   const lot = new ParkingLot({
     now,
@@ -358,12 +177,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
   const problems: string[] = [];
   const fail = (what: string) => problems.push(`${what}, ${where()}`);
 
-  const parked = (target?: string) => reqs.filter((r) => r.state === 'parked' && (target === undefined || r.target === target));
-  const inflight = (target: string, upTo: number, attemptsOnly: boolean) =>
-    reqs.filter((r) => r.state === 'released' && r.target === target && r.cls <= upTo && !(attemptsOnly && r.streaming)).length;
-  const cutoff = (r: LotReq) => r.deadlineAtMs - minAttemptMs;
-  /** Ahead in the lot's order: higher class, then earlier deadline, then earlier arrival. */
-  const ahead = (a: LotReq, b: LotReq) => a.cls < b.cls || (a.cls === b.cls && (a.deadlineAtMs < b.deadlineAtMs || (a.deadlineAtMs === b.deadlineAtMs && a.seq < b.seq)));
+  const { parked, inflight, cutoff, ahead } = lotQueries(reqs, minAttemptMs);
 
   /** The wait ended at `atMs` with `kind`: check it against the README. */
   const ended = (r: LotReq, kind: string, atMs: number, releasedFrom: string | undefined, stateThen: TargetState | undefined) => {
@@ -405,9 +219,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
 
   const park = (r: LotReq, notBeforeMs?: number): void => {
     const before = outcomes.length;
-    r.parkedAtMs = now();
-    r.waitLeftMs = r.maxWaitMs === undefined ? undefined : Math.max(0, r.maxWaitMs - r.parkedMs);
-    r.notBeforeMs = notBeforeMs;
+    beginWait(r, now(), notBeforeMs);
     r.awaySincePark = states.get(r.target)!.mode === 'blocked';
     r.seq = seq++;
     // The model's answer at the door: the route's queue, the client gone, the bodies' bytes.
@@ -419,28 +231,14 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
     r.state = expected === 'parked' ? 'parked' : 'done';
     let immediate = true;
     void lot
-      .park(r.target, {
-        route: r.route,
-        deadlineAtMs: r.deadlineAtMs,
-        signal: r.ctrl.signal,
-        maxQueue: routes.get(r.route)!,
-        maxWaitMs: r.waitLeftMs,
-        minAttemptMs,
-        cls: r.cls,
-        bodyBytes: r.bytes,
-        lowestClass: r.lowest,
-        ...(notBeforeMs !== undefined && { notBeforeMs }),
-      })
+      .park(r.target, parkOptions(r, routes.get(r.route)!, minAttemptMs))
       .then((res) => {
         if (immediate) {
           if (res.kind !== expected) fail(`request ${r.id} answered ${res.kind} at the door, the model ${expected}`);
           return;
         }
-        // Outcomes in settle order, but the promise of a request settled within its own park() call is handled after
-        // those of the others the call settled: the first outcome of its kind (and target) is its.
-        const i = outcomes.findIndex((o) => o[0] === res.kind && (res.kind !== 'released' || o[2] === r.target));
-        if (i === -1) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
-        const o = outcomes.splice(i, 1)[0]!;
+        const o = takeOutcome(outcomes, res.kind, r.target);
+        if (o === undefined) return fail(`request ${r.id} answered ${res.kind}, which the lot did not report`);
         if (res.kind === 'released') r.ticket = res.ticket;
         ended(r, res.kind, o[1], o[2], o[3]);
       });
@@ -462,17 +260,10 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
       cls,
       deadlineAtMs: g.evenAfter(now(), g.int(0, 12_000)),
       maxWaitMs: g.chance(0.5) ? undefined : g.int(0, 6_000),
-      parkedMs: 0,
-      parkedAtMs: now(),
-      waitLeftMs: undefined,
-      notBeforeMs: undefined,
-      awaySincePark: false,
       bytes: g.chance(0.7) ? g.int(0, 300) : 0,
       lowest: classes > 1 && cls === classes - 1,
       ctrl,
-      state: 'done',
-      seq: 0,
-      streaming: false,
+      ...unparked(now()),
     };
     reqs.push(r);
     return r;
@@ -498,11 +289,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
         }
       }
     }
-    for (const route of routes.keys()) {
-      const count = reqs.filter((r) => r.state === 'parked' && r.route === route).length;
-      expect(count, `${route}'s park.maxQueue, ${where()}`).toBeLessThanOrEqual(routes.get(route)!);
-      expect(gaugeValue(await metrics.parked.get(), { route }) ?? 0, `stormgate_parked_requests{route="${route}"}, ${where()}`).toBe(count);
-    }
+    await expectRouteQueues(reqs, routes, metrics, where());
     expect(bodies.bytes, `waiting body bytes, ${where()}`).toBe(parked().reduce((a, r) => a + r.bytes, 0));
     if (parked().length > 0) seen.add('parked');
   };
@@ -584,11 +371,7 @@ async function runLotFuzz(seed: number, steps: number, seen: Set<string>): Promi
 
   // Everything leaves: nothing parked, no bytes, no gauge left over; then the lot closes.
   op = 'wind down';
-  for (const r of parked()) r.ctrl.abort();
-  for (const r of reqs.filter((x) => x.state === 'released')) {
-    r.state = 'done';
-    r.ticket!.done();
-  }
+  letAllGo(reqs);
   await check();
   for (const t of targets) expect(lot.waiting(t)).toBe(0);
   expect(bodies.bytes).toBe(0);
