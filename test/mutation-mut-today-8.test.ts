@@ -96,46 +96,30 @@ describe("a bench's command line", () => {
 });
 
 describe('errorCode of an upstream error passed on byte for byte', () => {
-  it('is read through a byte order mark', async () => {
+  /** The errorCode of the log line of a passthrough request the provider answers `status` with `body`. */
+  async function loggedErrorCode(status: number, body: string, id: string): Promise<string | undefined> {
     const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
       req.resume();
-      res.writeHead(429, { 'content-type': 'application/json' }).end('\uFEFF{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}');
+      res.writeHead(status, { 'content-type': 'application/json' }).end(body);
     });
     const s = await stack({ config: configFor(p.origin, {}, { passthrough: { provider: 'p', paths: ['/v1/files'], methods: ['GET'] } }) });
-    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': 'bom' } });
-    expect(res.status).toBe(429);
+    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': id } });
+    expect(res.status).toBe(status);
     await res.text();
     await sleep(50);
-    const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'bom');
-    expect(line?.errorCode).toBe('rate_limit_exceeded');
+    return s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === id)?.errorCode;
+  }
+
+  it('is read through a byte order mark', async () => {
+    expect(await loggedErrorCode(429, '\uFEFF{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}', 'bom')).toBe('rate_limit_exceeded');
   });
 
   it("is read from Gemini's shape too: a list of errors, the code a number", async () => {
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      res.writeHead(429, { 'content-type': 'application/json' }).end('[{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}]');
-    });
-    const s = await stack({ config: configFor(p.origin, {}, { passthrough: { provider: 'p', paths: ['/v1/files'], methods: ['GET'] } }) });
-    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': 'gemini' } });
-    expect(res.status).toBe(429);
-    await res.text();
-    await sleep(50);
-    const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'gemini');
-    expect(line?.errorCode).toBe('429');
+    expect(await loggedErrorCode(429, '[{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}]', 'gemini')).toBe('429');
   });
 
   it("is read from a flat error body too (vLLM before 0.8, Mistral), as the client's error body is made", async () => {
-    const p = await startProvider((req: IncomingMessage, res: ServerResponse) => {
-      req.resume();
-      res.writeHead(400, { 'content-type': 'application/json' }).end('{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":"invalid_prompt"}');
-    });
-    const s = await stack({ config: configFor(p.origin, {}, { passthrough: { provider: 'p', paths: ['/v1/files'], methods: ['GET'] } }) });
-    const res = await fetch(`${s.url}/v1/files`, { headers: { 'x-request-id': 'flat' } });
-    expect(res.status).toBe(400);
-    await res.text();
-    await sleep(50);
-    const line = s.logs.map((l) => JSON.parse(l) as { reqId?: string; errorCode?: string }).find((l) => l.reqId === 'flat');
-    expect(line?.errorCode).toBe('invalid_prompt');
+    expect(await loggedErrorCode(400, '{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":"invalid_prompt"}', 'flat')).toBe('invalid_prompt');
   });
 });
 
