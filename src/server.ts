@@ -11,11 +11,10 @@ import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
-import { passthroughPathLabel } from './observability/zero-series.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { instanceName } from './http/loop-guard.ts';
-import { registerPassthrough } from './providers/passthrough.ts';
+import { passthroughBase, registerPassthrough } from './providers/passthrough.ts';
 import { admission } from './http/admission.ts';
 import { clientLimits } from './http/client-limits.ts';
 import { answerClientError, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
@@ -115,7 +114,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   // its 100 Continue only when its body is about to be read (preParsing below); refused before, it never sends the body
   // (Node closes the connection after such an answer, since the body may still come).
   app.server.on('checkContinue', (req, res) => app.server.emit('request', req, res));
-  const passthroughPaths = config.passthrough?.paths.map(passthroughPathLabel) ?? [];
+  const passthroughPaths = config.passthrough?.paths.map(passthroughBase) ?? [];
   /**
    * The configured passthrough path a request falls under. Not a managed route's own request: a passthrough path under
    * the route's (`/v1/responses/`) is, without its slash, the route's path, which passthrough does not serve.
@@ -284,7 +283,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     for (const path of paths) {
       methodGuard(app, path, allowed);
       // Under the path without its slash: `/v1/files/` guarded as `/v1/files//*` left a wrong method under it a 404.
-      const bare = passthroughPathLabel(path);
+      const bare = passthroughBase(path);
       methodGuard(app, `${bare}/*`, allowed, `${bare}/...`);
     }
   }

@@ -10,6 +10,7 @@ import { STREAM_END_KINDS } from '../pipeline/stream-ends.ts';
 import { PARK_OUTCOMES } from '../pipeline/parking-lot.ts';
 import { FALLBACK_REASONS } from '../pipeline/serve-targets.ts';
 import { limitOf } from '../policy/client-rate.ts';
+import { passthroughBase } from '../providers/passthrough.ts';
 import { retryReasons } from '../policy/outcome.ts';
 import { SHED_REASONS } from '../pools/provider-pool.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
@@ -89,17 +90,13 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
   }
   metrics.requests.inc(REJECTED_LABELS, 0);
   for (const path of config.passthrough?.paths ?? []) {
-    for (const status_class of PASSTHROUGH_CLASSES) metrics.passthroughRequests.inc({ path: passthroughPathLabel(path), status_class }, 0);
+    for (const status_class of PASSTHROUGH_CLASSES) metrics.passthroughRequests.inc({ path: passthroughBase(path), status_class }, 0);
   }
 }
 
 /** Every value of stormgate_passthrough_requests_total's status_class: an answer's class, or none (the client left). */
 export const PASSTHROUGH_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'client_gone'] as const;
 
-/** A passthrough path as its label: the configured one without a trailing slash, as requests are matched to it. */
-export function passthroughPathLabel(path: string): string {
-  return path.replace(/\/+$/, '');
-}
 
 /** The reasons a streamRecovery continuation is counted as a retry for: how the stream it finishes broke (stream-break.ts). */
 const RECOVERY_REASONS = ['stream_cut', 'stream_stalled'];

@@ -125,6 +125,15 @@ function withoutDotSegments(path: string): string {
   }
 }
 
+/**
+ * A configured passthrough path without its trailing slash: what the requests under it are matched to (server.ts), and
+ * the label they are counted under. `/v1/responses/` is configured with its slash so the proxy's prefix leaves the
+ * route's own `/v1/responses` alone.
+ */
+export function passthroughBase(path: string): string {
+  return path.replace(/\/+$/, '');
+}
+
 /** The gateway's own header naming a passthrough call to ClientBoundAgent; taken off before the request is sent. */
 const CALL_HEADER = 'x-stormgate-passthrough-call';
 
