@@ -59,8 +59,19 @@ export function useRedisServerWithAdmin(): { redis: () => RedisHandle; admin: ()
 
 /** Starts redis-server on a free port and resolves once it answers PING. */
 export async function startRedis(): Promise<RedisHandle> {
-  const port = await freePort();
-  let child = await launch(port);
+  let port = await freePort();
+  let child: ChildProcess;
+  // A port free when picked can be taken before redis-server binds it (another test file's process, in a full CI run):
+  // such a start is tried again on another port.
+  for (let tries = 1; ; tries++) {
+    try {
+      child = await launch(port);
+      break;
+    } catch (err) {
+      if (tries >= 5 || !String((err as Error).message).includes('Address already in use')) throw err;
+      port = await freePort();
+    }
+  }
   return {
     url: `redis://127.0.0.1:${port}`,
     port,
