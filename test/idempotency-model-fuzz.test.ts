@@ -22,6 +22,7 @@ import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeptAnswer, StateStore } from '../src/state/store.ts';
 import { startRedis, useRedisServerWithAdmin, type RedisHandle } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
+import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 // A repeat looks again after a sleep from node:timers/promises: routed through the global timers, so the fake clock of
 // the unit part drives the looks too (the fleet part runs on the real timers, which this is then).
@@ -417,12 +418,18 @@ interface FleetRun {
   key: string;
   fp: string;
   claim: KeyClaim & { kind: 'run' };
-  /** Claimed in Redis while the fleet was on it: no other instance may run the key beside it (README). */
+  /**
+   * No other instance may run the key beside it once the fleet is on Redis (README): claimed in Redis while the fleet
+   * was on it, or claimed in the process while Redis was away with no other record of the key about (no run of it,
+   * no answer another instance may keep), which its instance claims in Redis once back. False once another run
+   * starts beside it: in the moment before the claims are made again, both may run.
+   */
   fleetWide: boolean;
   /** Claimed in Redis (its instance was on it then). */
   inRedis: boolean;
   /**
-   * `underClaim`: another run held the key in Redis when this one ended, so its answer stayed on its instance.
+   * `underClaim`: another run was going when this one ended, and may have held the key in Redis, so its answer may
+   * have stayed on its instance.
    * `offRedis`: its instance was off Redis when it ended, so its end waited for Redis to come back.
    */
   ended?: { atMs: number; body?: Buffer; tooLong?: boolean; clean: boolean; epoch: number; underClaim?: boolean; offRedis?: boolean };
@@ -507,18 +514,23 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
       if (isClean) {
         const shared = endedRuns.filter((r) => r.ended!.clean && !r.ended!.underClaim && r.ended!.epoch === epoch && r.ended!.body && r.ended!.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS > t && r.ended!.atMs + SETTLED_MS < t);
         if (shared.length > 0) fail(`r${req.id} runs ${req.key} again while run ${shared.at(-1)!.id}'s answer is kept in Redis`);
-        // A run that held its key in Redis and ended while its instance was off it: its answer is written there once
-        // the instance is back (README), unless another run has touched the key since.
+        // A run that held its key in Redis, or claimed it in the process with no other record of it about, and ended
+        // while its instance was off Redis: its answer is written there once the instance is back (README), unless
+        // another run has touched the key since.
         for (const r of endedRuns) {
           const end = r.ended!;
           // Only an end its instance held for Redis's return, and only in the Redis it returned to: an end written while
           // on Redis (in the moment before the claims are made again, too), or written back before a later restart,
           // was lost with the rest when that Redis restarted empty (README: "A Redis that restarted empty"; seed 20250616).
-          if (!end.offRedis || epoch !== end.epoch + 1 || !r.inRedis || !end.body || end.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS <= t || cleanFromMs <= end.atMs) continue;
+          if (!end.offRedis || epoch !== end.epoch + 1 || !(r.inRedis || r.fleetWide) || !end.body || end.atMs + FLEET_KEPT_MS - FLEET_SLACK_MS <= t || cleanFromMs <= end.atMs) continue;
           if (runs.every((o) => o === r || o.key !== r.key || (o.ended !== undefined && o.ended.atMs <= end.atMs))) fail(`r${req.id} runs ${req.key} again: run ${r.id}'s answer, given while Redis was away, never reached Redis`);
         }
       } else for (const r of live) r.fleetWide = false; // the moment before the claims are made again: both may run (README)
-      runs.push({ id: req.id, inst: req.inst, key: req.key, fp: req.fp, claim: result, fleetWide: isClean, inRedis: redisUp && !stores[req.inst]!.degraded });
+      const inRedis = redisUp && !stores[req.inst]!.degraded;
+      // Claimed in the process: in Redis too once its instance is back, unless another instance's record of the key
+      // gets there first (a run beside it, or an answer that instance keeps and writes back).
+      const alone = live.length === 0 && !endedRuns.some((r) => r.inst !== req.inst && r.ended!.atMs + FLEET_KEPT_MS + FLEET_SLACK_MS > t);
+      runs.push({ id: req.id, inst: req.inst, key: req.key, fp: req.fp, claim: result, fleetWide: isClean || (!inRedis && alone), inRedis });
     };
 
     const send = () => {
@@ -551,11 +563,12 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
         run.claim.keep({ status: 502, headers: { 'content-type': 'application/json' }, body: Buffer.from('{"error":{}}'), summary: summary('upstream_error') });
       } else {
         const body = Buffer.from(JSON.stringify({ run: run.id, pad: 'x'.repeat(how === 'long' ? 2_500 : g.int(0, 300)) }));
-        // README "Where keys live": a run claimed in the process while Redis was away is its instance's own, and a
-        // repeat on another instance runs, claiming the key in Redis. The first run's answer is then kept on its own
-        // instance, not over that claim in Redis; and if that claim's run ends in an error, it gives the key back
-        // ("Only answers are kept") and a repeat on the other instance runs again (seed 20250614).
-        const underClaim = runs.some((o) => o !== run && o.key === run.key && o.ended === undefined && o.inRedis);
+        // README "Where keys live": a run claimed in the process while Redis was away claims its key in Redis once its
+        // instance is back; a repeat on another instance in the moment before runs, claiming the key in Redis first.
+        // Either way a run going when this one ends may hold the key in Redis: this answer is then kept on its own
+        // instance, not over that claim; and if that claim's run ends in an error, it gives the key back ("Only
+        // answers are kept") and a repeat on the other instance runs again (seed 20250614).
+        const underClaim = runs.some((o) => o !== run && o.key === run.key && o.ended === undefined);
         run.ended = { atMs: t, clean: isClean, epoch, underClaim, offRedis: !redisUp || stores[run.inst]!.degraded, ...(how === 'long' ? { tooLong: true } : { body }) };
         run.claim.keep({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': `req-${run.id}` }, body, summary: summary('success') });
       }
@@ -576,6 +589,7 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
         stops++;
         redisUp = false;
         note('redis stops');
+        cleanFromMs = Number.POSITIVE_INFINITY;
         await redis.stop();
         await eventually(() => stores.every((s) => s.degraded), 5_000);
       } else if (!redisUp && roll < 78) {
@@ -598,8 +612,10 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
     if (!redisUp) {
       note('redis restarts, empty');
       await redis.restart();
+      epoch++;
       redisUp = true;
       await eventually(() => stores.every((s) => !s.degraded), 10_000);
+      cleanFromMs = Date.now() + RECLAIM_GRACE_MS;
     }
     // Repeats answered and runs ended, again, until neither is left: a repeat may still turn into a run.
     for (let round = 0; round < 20 && (reqs.some((r) => r.pending) || runs.some((r) => r.ended === undefined)); round++) {
@@ -669,12 +685,11 @@ describe('found by the fuzz', () => {
     }
   });
 
-  it('a run claimed in the process while Redis was away keeps its answer on its instance when another instance has claimed the key in Redis since', async () => {
-    // Found as "r21 runs key-2 again while run 10's answer is kept in Redis" (fleet seed 20250614): the model took
-    // every answer given while the fleet was on Redis as kept there. README "Where keys live": a run claimed in the
-    // process while Redis is away is its instance's own, and a repeat on another instance runs, in Redis; the first
-    // run's answer is not written over that claim, and when that run ends in an error it gives the key back ("Only
-    // answers are kept"), so a repeat waiting for it on that instance runs the request again.
+  it('a run claimed in the process while Redis was away claims its key in Redis once its instance is back: a repeat on another instance waits for it and gets its answer', async () => {
+    // Found as "r21 runs key-2 again while run 10's answer is kept in Redis" (fleet seed 20250614), when a run claimed
+    // in the process stayed there: the repeat on the other instance found the key free in Redis and ran, and once that
+    // run failed and gave the key back, a repeat there ran a third time. README "Where keys live": its instance now
+    // claims it in Redis when it is back on Redis.
     const own = await startRedis();
     const keyPrefix = `idemfuzz-${randomUUID()}`;
     const stores = [0, 1].map(() => new RedisStore({ config: { redis: own.url, commandTimeoutMs: 250, keyPrefix } }));
@@ -688,8 +703,44 @@ describe('found by the fuzz', () => {
       expect(first.kind).toBe('run');
       await own.restart();
       await eventually(() => stores.every((s) => !s.degraded), 10_000);
+      // Its claim is sent as its instance comes back; read here from Redis, through the other instance.
+      await eventually(async () => (await stores[1]!.readKey('coupon-call', Date.now()))?.state === 'running', 2_000);
+      let repeat: KeyClaim | undefined;
+      const repeated = claimKey(request('repeat'), deps[1]!).then((r) => (repeat = r));
+      await sleep(400);
+      expect(repeat).toBeUndefined();
+      const body = Buffer.from('{"coupon":"ONE"}');
+      const firstRun = first as KeyClaim & { kind: 'run' };
+      firstRun.keep({ status: 200, headers: { 'content-type': 'application/json' }, body, summary: summary('success') });
+      await firstRun.ended;
+      await repeated;
+      expect(repeat).toMatchObject({ kind: 'replay', answer: { status: 200, body } });
+    } finally {
+      await Promise.all(stores.map((s) => s.close()));
+      await own.stop();
+    }
+  });
+
+  it('a run claimed in the process keeps its answer on its instance when another instance claimed the key in Redis before it was back', async () => {
+    // README "Where keys live": in the moment before an instance is back on Redis, a repeat on another instance finds
+    // the key free there and runs; the first run's answer is not written over that claim, and when that run ends in an
+    // error it gives the key back ("Only answers are kept"), so a repeat waiting for it on that instance runs again.
+    const own = await startRedis();
+    const proxy = await startTcpProxy(own.port);
+    const keyPrefix = `idemfuzz-${randomUUID()}`;
+    const stores = [`redis://127.0.0.1:${proxy.port}`, own.url].map((redis) => new RedisStore({ config: { redis, commandTimeoutMs: 250, keyPrefix } }));
+    try {
+      for (const s of stores) expect(await s.ready()).toBe(true);
+      const deps = stores.map((store): IdempotencyDeps => ({ store, config: { enabled: true, ttlMs: 60_000, maxAnswerBytes: 1 << 20, memoryBytes: 1 << 20, leaseMs: 10_000 }, now: Date.now, random: () => 0.5 }));
+      const request = (owner: string) => ({ key: 'coupon-call', fingerprint: 'body', owner, keptMs: 60_000, runningMs: RUNNING_MS, waitUntilMs: Date.now() + 8_000, clientGone: () => false, pastGrace: () => false });
+      await proxy.cut();
+      await eventually(() => stores[0]!.degraded, 5_000);
+      const first = await claimKey(request('first'), deps[0]!);
+      expect(first.kind).toBe('run');
       const second = await claimKey(request('second'), deps[1]!);
       expect(second.kind).toBe('run');
+      await proxy.resume();
+      await eventually(() => !stores[0]!.degraded, 10_000);
       let repeat: KeyClaim | undefined;
       const repeated = claimKey(request('repeat'), deps[1]!).then((r) => (repeat = r));
       const body = Buffer.from('{"coupon":"ONE"}');
@@ -707,6 +758,7 @@ describe('found by the fuzz', () => {
       expect(repeat?.kind).toBe('run');
     } finally {
       await Promise.all(stores.map((s) => s.close()));
+      await proxy.close();
       await own.stop();
     }
   });

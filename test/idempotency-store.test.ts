@@ -1,6 +1,7 @@
 // Idempotency keys in both state stores (the in-process one and Redis, on a real redis-server), and their wire format.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
 import { decodeKeyRecord, encodeKeyRecord, KeptKeys } from '../src/state/kept-keys.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
@@ -181,6 +182,58 @@ describe('RedisStore away mid-run', () => {
       expect(await fleet.claimKey('failed', running('fp', Date.now()), 60_000)).toBeUndefined();
       expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
     } finally {
+      await cut.close();
+      await fleet.close();
+      await proxy.close();
+      await own.stop();
+    }
+  });
+});
+
+describe('RedisStore back from away', () => {
+  it('claims in Redis the runs it claimed in the process meanwhile, and writes the answers it kept there, where the key is free', async () => {
+    const own = await startRedis();
+    const proxy = await startTcpProxy(own.port);
+    const keyPrefix = `idem-${randomUUID()}`;
+    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: 100, keyPrefix } });
+    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
+    const admin = new Redis(own.url);
+    try {
+      expect(await cut.ready()).toBe(true);
+      expect(await fleet.ready()).toBe(true);
+      await proxy.cut();
+      await eventually(() => cut.degraded, 3_000);
+      const now = Date.now();
+      expect(await cut.claimKey('running', running('fp', now, 'mine'), 60_000)).toBeUndefined();
+      expect(await cut.claimKey('answered', running('fp-1', now, 'mine-too'), 60_000)).toBeUndefined();
+      await cut.settleKey('answered', DONE, 60_000, now, 'mine-too');
+      expect(await cut.claimKey('given-back', running('fp', now, 'failed'), 60_000)).toBeUndefined();
+      await cut.releaseKey('given-back', 'failed');
+      // The fleet ran these keys meanwhile: what it holds in Redis stays.
+      expect(await cut.claimKey('theirs', running('fp', now, 'mine'), 60_000)).toBeUndefined();
+      expect(await fleet.claimKey('theirs', running('fp', now, 'theirs'), 60_000)).toBeUndefined();
+      expect(await cut.claimKey('answered-there', running('fp-1', now, 'mine'), 60_000)).toBeUndefined();
+      await cut.settleKey('answered-there', DONE, 60_000, now, 'mine');
+      const theirAnswer = { ...DONE, answer: { ...DONE.answer!, body: Buffer.from('theirs') } };
+      await fleet.settleKey('answered-there', theirAnswer, 60_000, now);
+      await proxy.resume();
+      await eventually(() => !cut.degraded, 8_000);
+      await eventually(async () => (await fleet.readKey('answered', Date.now())) !== undefined, 2_000);
+      expect(await fleet.readKey('running', Date.now())).toEqual(running('fp', now, 'mine'));
+      expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
+      expect(await fleet.readKey('given-back', Date.now())).toBeUndefined();
+      expect(await fleet.readKey('theirs', Date.now())).toEqual(running('fp', now, 'theirs'));
+      expect(await fleet.readKey('answered-there', Date.now())).toEqual(theirAnswer);
+      // The run claimed again is one of Redis's now: renewed there, and its end reaches it.
+      await cut.renewKey('running', 'mine', 120_000, Date.now());
+      expect(await admin.pttl(`${keyPrefix}:idempotency:{running}`)).toBeGreaterThan(60_000);
+      await cut.settleKey('running', DONE, 60_000, Date.now(), 'mine');
+      expect(await fleet.readKey('running', Date.now())).toEqual(DONE);
+      // Its instance's own record of the other run stays its own.
+      await cut.settleKey('theirs', DONE, 60_000, Date.now(), 'mine');
+      expect(await fleet.readKey('theirs', Date.now())).toEqual(running('fp', now, 'theirs'));
+    } finally {
+      admin.disconnect();
       await cut.close();
       await fleet.close();
       await proxy.close();

@@ -74,6 +74,14 @@ export class KeptKeys {
     if (entry && (owner === undefined || ownedBy(entry.record, owner))) this.#delete(key, entry);
   }
 
+  /**
+   * The records still in force, each with when it lapses, oldest first: the Redis store sends them to Redis once it is
+   * back (redis-kept-keys.ts sendLocalKeys). A walk over the Map, no copy: it holds what memoryBytes lets it.
+   */
+  *held(nowMs: number): Generator<[key: string, record: KeyRecord, untilMs: number]> {
+    for (const [key, { record, expiresAtMs }] of this.#entries) if (expiresAtMs > nowMs) yield [key, record, expiresAtMs];
+  }
+
   #put(key: string, record: KeyRecord, expiresAtMs: number): void {
     this.release(key);
     const bytes = sizeOf(key, record);

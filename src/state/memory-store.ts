@@ -187,6 +187,11 @@ export class MemoryStore implements StateStore {
     this.#keys.release(key, owner);
   }
 
+  /** The idempotency records this store holds, each with when it lapses (the Redis store's stand-in: see KeptKeys.held). */
+  heldKeys(nowMs: number): Generator<[key: string, record: KeyRecord, untilMs: number]> {
+    return this.#keys.held(nowMs);
+  }
+
   onChange(listener: (change: StateChange) => void): () => void {
     this.#listeners.add(listener);
     return () => this.#listeners.delete(listener);

@@ -187,6 +187,42 @@ export class RedisKeptKeys {
     }
   }
 
+  /**
+   * Redis is back: what this instance kept in the process while Redis was away goes there too, where Redis has nothing
+   * under the key. A run still going claims its key (the claim script, for what is left of its lease) and joins the
+   * runs claimed in Redis: its renewals and its end reach Redis, and it claims again after the next outage. An answer
+   * (or the record of one too long to keep) is written for the rest of its ttlMs. Else a repeat on another instance
+   * found the key free in Redis and ran the call a second time (and a third, when that run failed and gave the key
+   * back). A key the fleet claimed or answered in Redis meanwhile keeps what it has: both ran, and this record stays here.
+   */
+  sendLocalKeys(): void {
+    const { client, keys, local, health } = this.#deps;
+    const nowMs = this.#deps.now();
+    for (const [key, record, untilMs] of local.heldKeys(nowMs)) {
+      const redisKey = keys.idempotency(key);
+      const leftMs = Math.ceil(untilMs - nowMs);
+      const failed = (err: unknown) => health.failed(err, redisKey);
+      if (record.state === 'done') {
+        client.set(redisKey, encodeKeyRecord(record), 'PX', leftMs, 'NX').then(() => health.answered(), failed);
+        continue;
+      }
+      // A run of this instance that holds the key in Redis already (claimAgain claims it).
+      if (this.#claimedInRedis.get(key)?.claim !== undefined) continue;
+      const owner = record.owner!;
+      // Remembered before the answer, as a claim whose answer is lost is: a run that ends meanwhile ends in Redis too.
+      this.#claimedInRedis.set(key, { owner, untilMs });
+      client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(record).toString('utf8'), leftMs).then((held) => {
+        health.answered();
+        const claimed = this.#claimedInRedis.get(key);
+        if (claimed?.owner !== owner || claimed.claim !== undefined) return;
+        // Found held: by this very claim (an earlier one, whose answer was lost), or by another run, which keeps the key.
+        const found = held === null ? record : decodeKeyRecord(held);
+        if (found?.state === 'running' && found.owner === owner) claimed.claim = record;
+        else this.#claimedInRedis.delete(key);
+      }, failed);
+    }
+  }
+
   /** Redis is back: the runs that ended meanwhile end there too, unless their claims have lapsed by themselves. */
   sendKeyEnds(): void {
     const { client, keys, health } = this.#deps;

@@ -96,6 +96,7 @@ export class RedisStore implements StateStore {
         this.#budget.flush();
         this.#keptKeys.sendKeyEnds();
         this.#keptKeys.claimAgain();
+        this.#keptKeys.sendLocalKeys();
         void this.refresh(this.#watched);
       },
     });
