@@ -9,13 +9,16 @@ import { errorAnswer, type ErrorAnswer } from '../pipeline/final-answer.ts';
 import { refusedByProxy } from '../policy/outcome.ts';
 import { printable } from './request-body.ts';
 
-/** Connections whose request was answered before its body had come in (see markAnsweredEarly). */
-const ANSWERED_EARLY = new WeakSet<Socket>();
+/** The request of a connection that was answered before its body had come in (see markAnsweredEarly). */
+const ANSWERED_EARLY = new WeakMap<Socket, IncomingMessage>();
 
-/** An answer went out before the request's body was read to its end: that connection gets no second answer. */
+/**
+ * An answer went out before the request's body was read to its end: that request gets no second answer. Once Node has
+ * read (and dropped) the rest of its body, the kept-alive connection's next request is a new one, answered as any.
+ */
 export function markAnsweredEarly(request: FastifyRequest): void {
   const socket = request.raw.socket;
-  if (socket && !request.raw.complete) ANSWERED_EARLY.add(socket);
+  if (socket && !request.raw.complete) ANSWERED_EARLY.set(socket, request.raw);
 }
 
 /** Node's HTTP parser refused the request: answer in the OpenAI shape on the raw socket, then close it. */
@@ -25,7 +28,7 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   // The request was answered already (413, 400, 503 before its body came in) and its body then timed out: a second
   // answer on the same connection would be garbage to the client. Close it.
   const inFlight = (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
-  if (ANSWERED_EARLY.has(socket) || inFlight?.headersSent) {
+  if (ANSWERED_EARLY.get(socket)?.complete === false || inFlight?.headersSent) {
     socket.destroy();
     return;
   }
