@@ -242,6 +242,73 @@ describe('RedisStore back from away', () => {
   });
 });
 
+describe('RedisStore back from away, with much kept meanwhile', () => {
+  /** A store cut off Redis through a proxy, and one still on it (the fleet), sharing a key prefix. */
+  async function cutAndFleet(commandTimeoutMs = 100) {
+    const own = await startRedis();
+    const proxy = await startTcpProxy(own.port);
+    const keyPrefix = `idem-${randomUUID()}`;
+    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs, keyPrefix } });
+    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
+    const admin = new Redis(own.url);
+    expect(await cut.ready()).toBe(true);
+    expect(await fleet.ready()).toBe(true);
+    await proxy.cut();
+    await eventually(() => cut.degraded, 3_000);
+    const close = async () => {
+      admin.disconnect();
+      await cut.close();
+      await fleet.close();
+      await proxy.close();
+      await own.stop();
+    };
+    return { cut, fleet, admin, proxy, keyPrefix, close };
+  }
+
+  it('a run claimed in the process that ends once its instance is back keeps its answer there when the fleet answered the key in Redis meanwhile', async () => {
+    const { cut, fleet, proxy, close } = await cutAndFleet();
+    try {
+      const now = Date.now();
+      expect(await cut.claimKey('both-ran', running('fp-1', now, 'mine'), 60_000)).toBeUndefined();
+      expect(await fleet.claimKey('both-ran', running('fp-1', now, 'theirs'), 60_000)).toBeUndefined();
+      const theirAnswer = { ...DONE, answer: { ...DONE.answer!, body: Buffer.from('theirs') } };
+      await fleet.settleKey('both-ran', theirAnswer, 60_000, now, 'theirs');
+      await proxy.resume();
+      await eventually(() => !cut.degraded, 8_000);
+      await cut.settleKey('both-ran', DONE, 60_000, Date.now(), 'mine');
+      // The fleet's repeats got its answer: every later one gets the same (README "Where keys live").
+      expect(await fleet.readKey('both-ran', Date.now())).toEqual(theirAnswer);
+    } finally {
+      await close();
+    }
+  });
+
+  it('sends 48 MiB of answers kept while away a batch at a time: the request path on Redis is not held behind them past its timeout, and the store does not flap', async () => {
+    // maxAnswerBytes and memoryBytes as by default (1 MiB, 64 MiB); commandTimeoutMs twice its default, for a loaded machine.
+    const { cut, admin, proxy, keyPrefix, close } = await cutAndFleet(100);
+    try {
+      const now = Date.now();
+      const body = Buffer.alloc(1024 * 1024, 97);
+      for (let i = 0; i < 48; i++) {
+        await cut.claimKey(`big-${i}`, running('fp', now, `o-${i}`), 60_000);
+        await cut.settleKey(`big-${i}`, { ...DONE, bytes: body.length, answer: { ...DONE.answer!, body } }, 60_000, now, `o-${i}`);
+      }
+      await proxy.resume();
+      await eventually(() => !cut.degraded, 8_000);
+      // Requests on the instance, each with a Redis read: sent all at once, the answers held them past the timeout.
+      let flapped = false;
+      for (const until = Date.now() + 3_000; Date.now() < until; await sleep(10)) {
+        void cut.readKey('elsewhere', Date.now());
+        flapped ||= cut.degraded;
+      }
+      expect(flapped).toBe(false);
+      await eventually(async () => (await admin.exists(...Array.from({ length: 48 }, (_, i) => `${keyPrefix}:idempotency:{big-${i}}`))) === 48, 5_000);
+    } finally {
+      await close();
+    }
+  });
+});
+
 describe('a claim whose reply is lost', () => {
   const { redis, admin } = useRedisServerWithAdmin();
 

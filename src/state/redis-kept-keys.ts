@@ -10,6 +10,9 @@ import type { KeyRecord } from './store.ts';
 /** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
 type KeyEnd = { record: KeyRecord & { state: 'done' }; owner: string | undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
 
+/** sendLocalKeys' records sent before it waits for their replies: what a request's Redis command may wait behind. */
+const SEND_BATCH_BYTES = 256 * 1024;
+
 interface RedisKeptKeysDeps {
   client: ScriptClient;
   keys: RedisKeys;
@@ -35,6 +38,8 @@ export class RedisKeptKeys {
    * the route's timeout plus ttlMs, and every repeat on the fleet waited for a run that was over, then got a 409.
    */
   readonly #keyEnds = new Map<string, KeyEnd>();
+  /** Recoveries so far: a walk of sendLocalKeys goes on while it is the latest one's. */
+  #sendRounds = 0;
 
   constructor(deps: RedisKeptKeysDeps) {
     this.#deps = deps;
@@ -122,7 +127,8 @@ export class RedisKeptKeys {
     if (!health.usable()) return this.#endLater(key, { record, owner, untilMs: nowMs + ttlMs });
     const redisKey = keys.idempotency(key);
     try {
-      await this.#writeEnd(redisKey, record, owner, ttlMs);
+      // A run claimed in the process: a key the fleet answered in Redis meanwhile keeps that answer, which its repeats got.
+      await this.#writeEnd(redisKey, record, owner, ttlMs, local);
       health.answered();
       if (owner === undefined || this.#claimedInRedis.get(key)?.owner === owner) this.#claimedInRedis.delete(key);
     } catch (err) {
@@ -132,11 +138,14 @@ export class RedisKeptKeys {
     }
   }
 
-  /** How a run ended, in Redis: with its owner, not over another request's running claim (redis-scripts.ts SETTLE_KEY). */
-  #writeEnd(redisKey: string, record: KeyRecord & { state: 'done' }, owner: string | undefined, ttlMs: number): Promise<unknown> {
+  /**
+   * How a run ended, in Redis: with its owner, not over another request's running claim (redis-scripts.ts SETTLE_KEY);
+   * `ownOnly`, not over another run's answer either.
+   */
+  #writeEnd(redisKey: string, record: KeyRecord & { state: 'done' }, owner: string | undefined, ttlMs: number, ownOnly = false): Promise<unknown> {
     const bytes = encodeKeyRecord(record);
     const { client } = this.#deps;
-    return owner === undefined ? client.set(redisKey, bytes, 'PX', ttlMs) : client.sgSettleKey(redisKey, owner, bytes, ttlMs);
+    return owner === undefined ? client.set(redisKey, bytes, 'PX', ttlMs) : client.sgSettleKey(redisKey, owner, bytes, ttlMs, ownOnly ? '1' : '0');
   }
 
   async releaseKey(key: string, owner: string): Promise<void> {
@@ -196,14 +205,34 @@ export class RedisKeptKeys {
    * back). A key the fleet claimed or answered in Redis meanwhile keeps what it has: both ran, and this record stays here.
    */
   sendLocalKeys(): void {
+    void this.#sendLocalKeys(++this.#sendRounds);
+  }
+
+  /**
+   * sendLocalKeys' walk, a batch of SEND_BATCH_BYTES at a time: sent all at once, 64 MiB of kept answers held every
+   * request's Redis command behind them past commandTimeoutMs, the store degraded, recovered, sent them all again, and
+   * flapped for good. A later recovery's walk takes over from this one; one with Redis away again stops (the next sends all).
+   */
+  async #sendLocalKeys(round: number): Promise<void> {
     const { client, keys, local, health } = this.#deps;
-    const nowMs = this.#deps.now();
-    for (const [key, record, untilMs] of local.heldKeys(nowMs)) {
+    let batch: Promise<unknown>[] = [];
+    let bytes = 0;
+    for (const [key, record, untilMs] of local.heldKeys(this.#deps.now())) {
+      if (bytes >= SEND_BATCH_BYTES) {
+        await Promise.allSettled(batch);
+        batch = [];
+        bytes = 0;
+      }
+      if (round !== this.#sendRounds || !health.usable()) return;
+      const nowMs = this.#deps.now();
+      if (untilMs <= nowMs) continue;
       const redisKey = keys.idempotency(key);
       const leftMs = Math.ceil(untilMs - nowMs);
       const failed = (err: unknown) => health.failed(err, redisKey);
+      const encoded = encodeKeyRecord(record);
+      bytes += encoded.length;
       if (record.state === 'done') {
-        client.set(redisKey, encodeKeyRecord(record), 'PX', leftMs, 'NX').then(() => health.answered(), failed);
+        batch.push(client.set(redisKey, encoded, 'PX', leftMs, 'NX').then(() => health.answered(), failed));
         continue;
       }
       // A run of this instance that holds the key in Redis already (claimAgain claims it).
@@ -211,7 +240,7 @@ export class RedisKeptKeys {
       const owner = record.owner!;
       // Remembered before the answer, as a claim whose answer is lost is: a run that ends meanwhile ends in Redis too.
       this.#claimedInRedis.set(key, { owner, untilMs });
-      client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(record).toString('utf8'), leftMs).then((held) => {
+      const sent = client.sgClaimKeyBuffer(redisKey, encoded.toString('utf8'), leftMs).then((held) => {
         health.answered();
         const claimed = this.#claimedInRedis.get(key);
         if (claimed?.owner !== owner || claimed.claim !== undefined) return;
@@ -220,6 +249,7 @@ export class RedisKeptKeys {
         if (found?.state === 'running' && found.owner === owner) claimed.claim = record;
         else this.#claimedInRedis.delete(key);
       }, failed);
+      batch.push(sent);
     }
   }
 

@@ -116,12 +116,13 @@ return 0
 `;
 
 /**
- * KEYS: an idempotency key. ARGV: owner, the record, its lifetime (ms). Writes how the owner's run ended unless another
- * request's running claim holds the key (taken after the owner's lapsed): that run's answer is the one to keep.
+ * KEYS: an idempotency key. ARGV: owner, the record, its lifetime (ms), and '1' when only the owner's claim or nothing
+ * may be written over. Writes how the owner's run ended unless another request's running claim holds the key (taken
+ * after the owner's lapsed): that run's answer is the one to keep. With '1', not over another run's answer either.
  */
 const SETTLE_KEY = `${OWNS_CLAIM}
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, 18) == '{"state":"running"' and not owns(held) then return 0 end
+if held and not owns(held) and (ARGV[4] == '1' or string.sub(held, 1, 18) == '{"state":"running"') then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 `;
