@@ -24,6 +24,7 @@ import { continueWanted } from './http/expect-continue.ts';
 import { methodGuard } from './http/method-guard.ts';
 import { modelsRoutes } from './http/models-routes.ts';
 import { longestBudgetMs } from './policy/deadline.ts';
+import type { TokenEstimate } from './policy/client-rate.ts';
 import { contentEncoding, decodeBody, parseJsonBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
 import { clearHeaders, sendError } from './http/send-answer.ts';
@@ -39,6 +40,8 @@ declare module 'fastify' {
     client?: string;
     /** A managed request, as the watch for clients' undeclared retries knows it (state/client-repeats.ts). */
     arrival?: Arrival;
+    /** What the request reserved of its client's token rate (auth.limits), settled when it ends. */
+    tokensReserved?: TokenEstimate;
   }
 }
 
@@ -160,8 +163,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const ends = new RequestEnds((request, reply, gone, sentNothing) => {
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
-    // A replay used no provider tokens.
-    if (summary && request.client !== undefined && summary.outcome !== 'replayed') limit?.used(request.client, [summary.usage, summary.continuationUsage?.usage]);
+    // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
+    // without a summary: an error before the pipeline answered). A replay reserved nothing: it used no provider tokens.
+    if (request.tokensReserved && request.client !== undefined) {
+      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : []);
+    }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     let rejected: RejectedOutcome | undefined;
     // A managed path's request refused before the pipeline (bad body, no model, no key, draining) has no summary, yet
@@ -233,7 +239,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     sendError(reply, new GatewayError('unknown_url', `no route for ${request.method} ${request.url.split('?')[0]}`)),
   );
 
-  const serveManaged = managedHandler({ config, runtime, router, ends, drain });
+  const serveManaged = managedHandler({ config, limit, runtime, router, ends, drain });
   // The managed API lives in its own context, with a JSON parser that keeps the raw bytes to forward unchanged.
   await app.register(async (api) => {
     const bodyLimit = config.server.bodyLimitBytes;

@@ -6,7 +6,9 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { admitClient, clientRates, rateOf, spend, type ClientDues, type Rate } from '../src/policy/client-rate.ts';
+import { admitClient, clientRates, rateOf, reserveTokens, settlement, spend, type ClientDues, type Rate } from '../src/policy/client-rate.ts';
+import { tokenEstimate } from '../src/policy/token-estimate.ts';
+import { clientLimits } from '../src/http/client-limits.ts';
 import type { StateStore } from '../src/state/store.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
@@ -66,6 +68,49 @@ describe('the rate policy (GCRA)', () => {
     expect(admitClient({ requests: 2000 }, 0, { tokens, requests: rateOf(60, 1) })).toMatchObject({ admitted: false, waitMs: 2000, by: 'requests' });
   });
 
+  it('reserves a request\'s estimate when it fits what is left, else refuses it with the wait until it does and gives back the request counted', () => {
+    const rates = clientRates({ requestsPerMinute: 60, burst: 5, tokensPerMinute: 6000 }); // tokens: 100 a second
+    const withTokens = { ...rates, tokens: rates.tokens! };
+    const t = 1_000_000;
+    const dues: ClientDues = { requests: t + 1000 }; // admitClient counted this request
+    expect(reserveTokens(dues, t, withTokens, 4_000)).toEqual({ admitted: true, tokensDue: t + 40_000 });
+    dues.tokens = t + 40_000;
+    // 2,000 left: 3,000 do not fit until 1,000 more are back (10 s); the request admitClient counted is given back.
+    expect(reserveTokens(dues, t, withTokens, 3_000)).toEqual({ admitted: false, by: 'tokens', waitMs: 10_000, toldMs: t + 10_000, requestsDue: undefined });
+    expect(reserveTokens({ ...dues, requests: t + 3000 }, t, withTokens, 3_000)).toMatchObject({ admitted: false, requestsDue: t + 2000 });
+    // Refused behind one told to come at t + 10 s: a slot of its own estimate's time (30 s) after it.
+    expect(reserveTokens({ ...dues, told: t + 10_000 }, t, withTokens, 3_000)).toMatchObject({ admitted: false, waitMs: 40_000 });
+    // More than a minute's worth fits only a full bucket, which it overdraws; it could never fit otherwise.
+    expect(reserveTokens({}, t, { tokens: rates.tokens! }, 9_000)).toEqual({ admitted: true, tokensDue: t + 90_000 });
+    expect(reserveTokens({ tokens: t + 1 }, t, { tokens: rates.tokens! }, 9_000)).toMatchObject({ admitted: false, waitMs: 1 });
+  });
+
+  it('settles a reservation to the tokens used; without usage it keeps the prompt\'s estimate and gives back the completion cap', () => {
+    expect(settlement({ prompt: 1_500, completion: 500 }, 1_700)).toBe(-300);
+    expect(settlement({ prompt: 1_500, completion: 500 }, 2_600)).toBe(600);
+    expect(settlement({ prompt: 1_500, completion: 500 }, 0)).toBe(-2_000);
+    expect(settlement({ prompt: 1_500, completion: 500 }, undefined)).toBe(-500);
+    // A give-back that leaves the bucket full: no due time, as for a rate never used.
+    const { tokens } = clientRates({ tokensPerMinute: 6000 });
+    expect(spend(10_000, 5_000, tokens!, -600)).toBeUndefined();
+    expect(spend(10_000, 5_000, tokens!, -400)).toBe(6_000);
+  });
+
+  it('estimates a request\'s tokens as its body\'s bytes / 4 plus the completion cap its API names', () => {
+    expect(tokenEstimate('chat', 4_001, { max_tokens: 100 })).toEqual({ prompt: 1_001, completion: 100 });
+    // max_completion_tokens replaced max_tokens: sent both, the newer counts; n choices, n caps.
+    expect(tokenEstimate('chat', 400, { max_tokens: 100, max_completion_tokens: 300, n: 2 })).toEqual({ prompt: 100, completion: 600 });
+    expect(tokenEstimate('responses', 400, { max_output_tokens: 50, max_tokens: 9 })).toEqual({ prompt: 100, completion: 50 });
+    expect(tokenEstimate('messages', 400, { max_tokens: 1024 })).toEqual({ prompt: 100, completion: 1024 });
+    expect(tokenEstimate('completions', 400, { max_tokens: 16, n: 3 })).toEqual({ prompt: 100, completion: 48 });
+    expect(tokenEstimate('embeddings', 400, { max_tokens: 16 })).toEqual({ prompt: 100, completion: 0 });
+    // No cap, or one a provider would refuse: the prompt alone.
+    expect(tokenEstimate('chat', 400, {})).toEqual({ prompt: 100, completion: 0 });
+    expect(tokenEstimate('chat', 400, { max_tokens: '100' })).toEqual({ prompt: 100, completion: 0 });
+    expect(tokenEstimate('chat', 400, { max_tokens: null, max_completion_tokens: null })).toEqual({ prompt: 100, completion: 0 });
+    expect(tokenEstimate('chat', 400, { max_tokens: 1e15 }).completion).toBe(10_000_000);
+  });
+
   it('defaults the burst to ten seconds of the rate, at least one', () => {
     expect(rateOf(600)).toEqual({ intervalMs: 100, burst: 100 });
     expect(rateOf(3)).toEqual({ intervalMs: 20_000, burst: 1 });
@@ -93,6 +138,44 @@ describeEachStore((store) => {
     expect(await take(s, 'a', rate, now + 300)).toBe(1700);
     expect(await take(s, 'b', rate, now)).toBe(0);
     expect(await take(s, 'a', rate, now + 1000)).toBe(0);
+  });
+});
+
+describeEachStore((store) => {
+  it('reserveTokens: reserves what fits, refuses what does not with the request admitClient counted given back', async () => {
+    const s = store();
+    const rates = clientRates({ requestsPerMinute: 60, burst: 1, tokensPerMinute: 6000 });
+    const withTokens = { ...rates, tokens: rates.tokens! };
+    const now = Date.now();
+    expect(await s.admitClient('a', rates, now)).toBeUndefined();
+    expect(await s.reserveTokens('a', withTokens, 5_000, now)).toBeUndefined();
+    expect(await s.admitClient('a', rates, now + 1000)).toBeUndefined();
+    // 1,000 left (plus the second's 100 back): 2,000 wait 9 s, and the request counted a moment ago is given back.
+    expect(await s.reserveTokens('a', withTokens, 2_000, now + 1000)).toEqual({ waitMs: 9_000, by: 'tokens' });
+    expect(await s.admitClient('a', rates, now + 1000)).toBeUndefined();
+    // Settled for less than reserved: the difference is back at once.
+    s.spendTokens('a', rates.tokens!, -4_000, now + 1000);
+    expect(await s.reserveTokens('a', withTokens, 2_000, now + 1000)).toBeUndefined();
+  });
+});
+
+describe('clientLimits: a reservation settled', () => {
+  it('keeps the prompt\'s estimate of a request answered without usage, and reserves nothing without a token rate', async () => {
+    const store = new MemoryStore();
+    const limit = clientLimits({ agents: { tokensPerMinute: 600 }, batch: { requestsPerMinute: 60 } }, { store, now: () => 0, random: () => 0, onLimited: () => {} })!;
+    const spent: number[] = [];
+    const spendTokens = store.spendTokens.bind(store);
+    store.spendTokens = (client, rate, tokens, nowMs) => {
+      spent.push(tokens);
+      spendTokens(client, rate, tokens, nowMs);
+    };
+    expect(limit.reserve('batch', { prompt: 10, completion: 10 })).toBeUndefined();
+    expect(await limit.reserve('agents', { prompt: 400, completion: 200 })).toBeUndefined();
+    expect((await limit.reserve('agents', { prompt: 1, completion: 0 }))?.code).toBe('client_rate_limited');
+    limit.settle('agents', { prompt: 400, completion: 200 }, [undefined, undefined]);
+    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 300, completion: 50 } as never, { prompt: 20, completion: 30 } as never]);
+    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 400, completion: 200 } as never]);
+    expect(spent).toEqual([-200, -200]);
   });
 });
 
@@ -222,9 +305,11 @@ describe('client rate limits, end to end', () => {
     expect(slow.status).toBe(429);
   });
 
-  it('counts the tokens of each answered request, and refuses a client that used its minute\'s worth until they are back', async () => {
+  it('settles each request\'s reservation to the tokens its answer used, and refuses one whose estimate no longer fits until enough are back', async () => {
     const { url } = await gateway({ agents: { tokensPerMinute: 60 } });
     const agents = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'key-agents', maxRetries: 0 });
+    // What each reserves: its body's bytes / 4 (no completion cap), more than the mock's answer uses.
+    const estimate = Math.ceil(JSON.stringify({ model: 'gpt-4o-mini', messages }).length / 4);
     let used = 0;
     let answered = 0;
     let refused: unknown;
@@ -237,19 +322,61 @@ describe('client rate limits, end to end', () => {
         (e: unknown) => (refused = e),
       );
     }
-    // Admitted while any of the 60 tokens were left: the last one admitted overdrew them.
-    expect(used).toBeGreaterThanOrEqual(60);
+    // Admitted while its estimate fitted what was left, each settled to what it used (less: the rest given back), so
+    // more were admitted than 60 / estimate, and the one refused found fewer than its estimate left.
+    expect(answered).toBeGreaterThan(Math.floor(60 / estimate));
+    expect(used).toBeLessThanOrEqual(60);
+    expect(used + estimate).toBeGreaterThan(60);
     expect(refused).toBeInstanceOf(OpenAI.RateLimitError);
     const err = refused as InstanceType<typeof OpenAI.RateLimitError>;
     expect(err.code).toBe('client_rate_limited');
     expect(err.message).toContain('60 tokens per minute');
-    // The overdraft, at a token a second, is the wait (less the time the requests took), plus up to a fifth.
+    expect(err.message).toContain(`estimate: ${estimate} tokens`);
+    // The tokens missing for its estimate, at a token a second, are the wait (less the time the requests took), plus
+    // up to a fifth.
     const waitMs = Number(err.headers.get('retry-after-ms'));
-    expect(waitMs).toBeGreaterThan((used - 60) * 1000 - 5_000);
-    expect(waitMs).toBeLessThanOrEqual(Math.max(1, used - 60 + 1) * 1000 * 1.2 + 1);
+    expect(waitMs).toBeGreaterThan((used + estimate - 60) * 1000 - 5_000);
+    expect(waitMs).toBeLessThanOrEqual((used + estimate - 60) * 1000 * 1.2 + 1);
     const samples = parseMetrics(await (await fetch(`${url}/metrics`)).text());
     expect(samples.find((s) => s.name === 'stormgate_client_limited_total' && s.labels.client === 'agents')?.labels.by).toBe('tokens');
   });
+
+  it.each(['in-process', 'Redis'] as const)(
+    'bounds a burst sent at once by the token rate (%s store): each request reserves its prompt estimate and completion cap as it is admitted',
+    async (where) => {
+      // 50 requests at once, ~2,000 tokens each (a 7,600-character prompt, ~1,900 tokens, and max_tokens 100), against
+      // 10,000 tokens a minute: counted only once answered, all 50 were let in (10 minutes' worth).
+      const mock = await startMock({ faults: { latencyMs: 300 } });
+      const config = ConfigSchema.parse({
+        ...defaultConfig(mock.url, RETRY_LOOP_ONLY),
+        ...(where === 'Redis' && { state: { redis: redis().url, keyPrefix: `burst-${randomUUID()}`, commandTimeoutMs: 1000 } }),
+        auth: { keys: { agents: 'key-agents' }, limits: { agents: { tokensPerMinute: 10_000 } } },
+      });
+      const url = await startGateway(config);
+      const body = JSON.stringify({ model: 'gpt-4o-mini', max_tokens: 100, messages: [{ role: 'user', content: 'x'.repeat(7_600) }] });
+      const answers = await Promise.all(Array.from({ length: 50 }, () => fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: 'Bearer key-agents', 'content-type': 'application/json' },
+        body,
+      }).then(async (a) => ({ status: a.status, json: (await a.json()) as { usage?: { total_tokens: number }; error?: { code: string } }, retryAfterMs: Number(a.headers.get('retry-after-ms')) }))));
+      const admitted = answers.filter((a) => a.status === 200);
+      const used = admitted.reduce((sum, a) => sum + a.json.usage!.total_tokens, 0);
+      // Each reserves ~2,000 of the 10,000: four fit (the fifth finds ~1,950 left), never more than a minute's worth.
+      expect(admitted.length).toBeGreaterThanOrEqual(4);
+      expect(admitted.length).toBeLessThanOrEqual(5);
+      expect(used).toBeLessThanOrEqual(10_000);
+      expect(mock.stats().total).toBe(admitted.length);
+      const refused = answers.filter((a) => a.status === 429);
+      expect(refused.length).toBe(50 - admitted.length);
+      expect(refused.every((a) => a.json.error?.code === 'client_rate_limited')).toBe(true);
+      // Told to come back in the queue, each a reservation's time (~2,000 tokens at 10,000 a minute: ~12 s) after the
+      // one before, up to a minute past its own wait, not all at the moment the first of them fits.
+      const waits = refused.map((a) => a.retryAfterMs).sort((x, y) => x - y);
+      expect(waits[0]).toBeLessThan(12_000 * 1.2);
+      expect(waits[3]!).toBeGreaterThan(30_000);
+      expect(waits.at(-1)!).toBeLessThanOrEqual((12_000 + 60_000) * 1.2 + 1);
+    },
+  );
 
   it('spreads clients refused together over the slots they wait for, so they do not all come back for one', async () => {
     const { url } = await gateway({ agents: { requestsPerMinute: 600, burst: 5 } });

@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { admitClient, clientRates, QUEUE_AHEAD_MS, retryAfterOf, spend, type ClientDues } from '../src/policy/client-rate.ts';
+import { admitClient, clientRates, QUEUE_AHEAD_MS, reserveTokens, retryAfterOf, spend, type ClientDues } from '../src/policy/client-rate.ts';
 import { seededRandom } from '../src/policy/random.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { defineScripts } from '../src/state/redis-scripts.ts';
@@ -12,6 +12,12 @@ import { useRedisServer } from './helpers/redis-server.ts';
 
 /** The '%.3f' the script stores: within half a microsecond of the policy's due time (plus the double's own rounding). */
 const STORED_WITHIN_MS = 0.0005 + 1e-6;
+
+/** A due time Redis holds against the policy's: both none (a full bucket: no key), or the same within the rounding. */
+function expectDue(stored: number | undefined, policy: number | undefined): void {
+  if (policy === undefined) expect(stored).toBeUndefined();
+  else expect(Math.abs(stored! - policy)).toBeLessThanOrEqual(STORED_WITHIN_MS);
+}
 
 describe('the client-rate script answers as policy/client-rate.ts does', () => {
   const redis = useRedisServer();
@@ -21,7 +27,7 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
     ['a request rate and a small token rate', { requestsPerMinute: 600, tokensPerMinute: 5_000 }],
     ['the largest token rate (60 µs a token) with a request rate', { requestsPerMinute: 6_000_000, burst: 5, tokensPerMinute: 1_000_000_000 }],
     ['a token rate alone', { tokensPerMinute: 90_000 }],
-  ])('%s: same admissions, same waits (rounded up), same refusing rate, same due times stored', async (_name, limit) => {
+  ])('%s: same admissions and reservations, same waits (rounded up), same refusing rate, same due times stored, settled alike', async (_name, limit) => {
     const client = defineScripts(new Redis(redis().url));
     try {
       const keys = new RedisKeys(`parity-${randomUUID()}`);
@@ -38,6 +44,9 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
       const stepMs = Math.max(rates.requests?.intervalMs ?? 0, rates.tokens ? rates.tokens.intervalMs * rates.tokens.burst * 0.1 : 0);
       let nowMs = 1_700_000_000_000;
       let refused = 0;
+      let reserved = 0;
+      let reserveRefused = 0;
+      let emptied = 0;
       for (let i = 0; i < 300; i++) {
         nowMs += Math.floor(random() * stepMs);
         const dues: ClientDues = { requests: await dueOf(requestsKey), tokens: await dueOf(tokensKey), told: await dueOf(toldKey) };
@@ -62,14 +71,46 @@ describe('the client-rate script answers as policy/client-rate.ts does', () => {
           expect(await client.pttl(toldKey)).toBeGreaterThanOrEqual(Math.ceil(policy.toldMs - nowMs) + 1000 - 500);
         }
         if (rates.tokens !== undefined && random() < 0.6) {
-          const tokens = 1 + Math.floor(random() * random() * rates.tokens.burst * 0.4);
-          await client.sgSpendTokens(tokensKey, nowMs, rates.tokens.intervalMs, tokens);
-          expect(Math.abs((await dueOf(tokensKey))! - spend(dues.tokens, nowMs, rates.tokens, tokens))).toBeLessThanOrEqual(STORED_WITHIN_MS);
+          // Its body read, the request reserves its estimate (now and then more than the burst), whatever admitClient said.
+          const before: ClientDues = { requests: await dueOf(requestsKey), tokens: await dueOf(tokensKey), told: await dueOf(toldKey) };
+          const estimate = 1 + Math.floor(random() * random() * rates.tokens.burst * 1.2);
+          const reservation = reserveTokens(before, nowMs, { ...rates, tokens: rates.tokens }, estimate);
+          const [reserveWaitMs, reserveBy] = await client.sgReserveTokens(
+            requestsKey, tokensKey, toldKey, nowMs, rates.requests?.intervalMs ?? 0, rates.tokens.intervalMs, rates.tokens.burst, estimate, QUEUE_AHEAD_MS,
+          );
+          if (reservation.admitted) {
+            reserved++;
+            expect(reserveWaitMs).toBe(0);
+            expectDue(await dueOf(tokensKey), reservation.tokensDue);
+            expect(await dueOf(requestsKey)).toBe(before.requests);
+          } else {
+            reserveRefused++;
+            expect([reserveWaitMs, reserveBy]).toEqual([Math.ceil(reservation.waitMs), 2]);
+            // The request admitClient counted is given back; the token rate is as it was.
+            expectDue(await dueOf(requestsKey), reservation.requestsDue);
+            expectDue(await dueOf(toldKey), reservation.toldMs);
+            expect(await dueOf(tokensKey)).toBe(before.tokens);
+          }
+          // Settled later against what its answer used: up to twice the estimate, or less (given back, to a full
+          // bucket at times, where the script deletes the key).
+          if (!reservation.admitted) continue;
+          nowMs += Math.floor(random() * stepMs);
+          const settled = Math.round((random() * 1.6 - 0.6) * estimate);
+          const dueBefore = await dueOf(tokensKey);
+          await client.sgSpendTokens(tokensKey, nowMs, rates.tokens.intervalMs, settled);
+          const dueAfter = spend(dueBefore, nowMs, rates.tokens, settled);
+          if (dueAfter === undefined) emptied++;
+          expectDue(await dueOf(tokensKey), dueAfter);
         }
       }
       // The sequence reaches both sides of the limit, or it compared nothing worth comparing.
       expect(refused).toBeGreaterThan(10);
       expect(refused).toBeLessThan(290);
+      if (rates.tokens !== undefined) {
+        expect(reserved).toBeGreaterThan(10);
+        expect(reserveRefused).toBeGreaterThan(10);
+        expect(emptied).toBeGreaterThan(0);
+      }
     } finally {
       client.disconnect();
     }

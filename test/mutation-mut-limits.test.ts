@@ -1,5 +1,5 @@
-// Mutation-testing gaps in client rate limits (policy/client-rate.ts, http/client-limits.ts, the stores' admitClient and
-// spendTokens): each test pins a behaviour that a wrong change to that code went unnoticed by. Policy and wiring on a
+// Mutation-testing gaps in client rate limits (policy/client-rate.ts, http/client-limits.ts, the stores' admitClient,
+// reserveTokens and spendTokens): each test pins a behaviour that a wrong change to that code went unnoticed by. Policy and wiring on a
 // fake clock and a fixed random source, as the rest of the client-limit tests do.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -48,7 +48,7 @@ describe('clientLimits: what a refused client is told', () => {
   it('spreads requests refused by the token rate over a fifth of their wait', async () => {
     const { limit } = limitsOn({ agents: { tokensPerMinute: 600 } }, 0.5); // ten a second
     expect(await limit.admit('agents')).toBeUndefined();
-    limit.used('agents', [{ prompt: 600, completion: 10 } as never]); // ten over: one token back in 1,100 ms
+    limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 600, completion: 10 } as never]); // ten over: one token back in 1,100 ms
     const refusal = await limit.admit('agents');
     // Half of a fifth of the wait (110 ms) on top: told back together, they would all come for the same tokens.
     expect(refusal?.retryAfterMs).toBe(1210);
@@ -67,14 +67,14 @@ describe('clientLimits: tokens used', () => {
     const { limit, store } = limitsOn({ agents: { requestsPerMinute: 60, burst: 1 } }, 0);
     const spent: unknown[] = [];
     store.spendTokens = (...args) => void spent.push(args);
-    expect(() => limit.used('agents', [{ prompt: 10, completion: 5 } as never])).not.toThrow();
+    expect(() => limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 10, completion: 5 } as never])).not.toThrow();
     expect(spent).toEqual([]);
   });
 
   it('counts the tokens of a client that has its rates from "*", as it admits it by them', async () => {
     const { limit, limited } = limitsOn({ '*': { tokensPerMinute: 600 } }, 0);
     expect(await limit.admit('agents')).toBeUndefined();
-    limit.used('agents', [{ prompt: 600, completion: 10 } as never]);
+    limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 600, completion: 10 } as never]);
     expect((await limit.admit('agents'))?.code).toBe('client_rate_limited');
     expect(limited).toEqual(['agents:tokens']);
     expect(await limit.admit('batch')).toBeUndefined(); // a rate of its own
@@ -181,8 +181,7 @@ describe('client rate limits: a replayed answer', () => {
   const startGateway = useGateways();
   const startMock = useExtraMocks();
 
-  // The replay's summary carries no usage and server.ts skips replays as well: this pins the two together (either alone
-  // keeps it), which no other test did.
+  // A replay reserves nothing (serve-managed.ts reserves after the key's claim, for a run only) and has no usage.
   it('counts no tokens for an answer replayed for a repeated idempotency key: no provider used any', async () => {
     const mock = await startMock();
     const call = async (url: string, key: string) => {
@@ -199,14 +198,16 @@ describe('client rate limits: a replayed answer', () => {
     const probe = await startGateway(ConfigSchema.parse({ ...defaultConfig(mock.url, RETRY_LOOP_ONLY), auth: { keys: { agents: 'key-agents' } } }));
     const { tokens } = await call(probe, 'probe');
     expect(tokens).toBeGreaterThan(0);
-    // One token more than an answer: a second answer counted leaves none.
+    // What each request reserves (its body's bytes / 4, more than the answer uses) and one answer: once the first is
+    // settled to what it used, one more reservation fits, and none after that.
+    const estimate = Math.ceil(JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }] }).length / 4);
     const url = await startGateway(ConfigSchema.parse({
       ...defaultConfig(mock.url, RETRY_LOOP_ONLY),
-      auth: { keys: { agents: 'key-agents' }, limits: { agents: { tokensPerMinute: tokens + 1 } } },
+      auth: { keys: { agents: 'key-agents' }, limits: { agents: { tokensPerMinute: estimate + tokens } } },
     }));
     expect((await call(url, 'k1')).status).toBe(200);
     expect((await call(url, 'k1')).status).toBe(200); // replayed
-    expect((await call(url, 'k2')).status).toBe(200); // the token left
+    expect((await call(url, 'k2')).status).toBe(200); // the reservation left
     expect((await call(url, 'k3')).status).toBe(429);
   });
 });

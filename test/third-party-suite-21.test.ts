@@ -165,7 +165,7 @@ describe('a tenant with a token rate sending huge prompts (the overdraft)', () =
   // The mock counts a prompt's characters / 4 as its tokens: 40,000 characters are 10,000 prompt tokens.
   const huge = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'x'.repeat(40_000) }] };
 
-  it('admits a huge request while any tokens are left, counts it when answered, and holds the tenant until the overdraft is paid back', async () => {
+  it('admits a huge request on a full rate (more than a minute\'s worth, it fits no other way), and holds the tenant until the overdraft is paid back', async () => {
     const mock = await startMock();
     const logs: string[] = [];
     const url = await tenantGateway(mock, { limits: { analytics: { tokensPerMinute: 6000 }, research: { tokensPerMinute: 6000 } } }, { logs });
@@ -190,25 +190,28 @@ describe('a tenant with a token rate sending huge prompts (the overdraft)', () =
     expect(line?.usage?.prompt).toBeGreaterThanOrEqual(10_000);
   });
 
-  it('several huge requests at once are all admitted; the debt they leave past 60 s is told as such, and the SDK does not retry it', async () => {
+  it('of several huge requests at once only one is admitted (each reserves its estimate); a wait past 60 s is told as such, and the SDK does not retry it', async () => {
     const mock = await startMock({ faults: { latencyMs: 200 } });
     const url = await tenantGateway(mock, { limits: { analytics: { tokensPerMinute: 6000 } } });
-    // Three at once: each finds tokens left when it arrives (none is counted until answered).
-    const three = await Promise.all([call(url, 'analytics', huge), call(url, 'analytics', huge), call(url, 'analytics', huge)]);
-    expect(three.map((a) => a.status)).toEqual([200, 200, 200]);
+    // Three at once of 30,000 tokens each: the first reserves its estimate (five minutes' worth, so only on a full
+    // rate), which leaves none for the others; counted only once answered, all three were let in (15 minutes' worth).
+    const huger = { ...huge, messages: [{ role: 'user' as const, content: 'x'.repeat(120_000) }] };
+    const three = await Promise.all([call(url, 'analytics', huger), call(url, 'analytics', huger), call(url, 'analytics', huger)]);
+    expect(three.map((a) => a.status).sort()).toEqual([200, 429, 429]);
+    expect(mock.stats().total).toBe(1);
     let sent = 0;
     const sdk = new OpenAI({ baseURL: `${url}/v1`, apiKey: KEYS.analytics, fetch: async (u, init) => (sent++, fetch(u, init)) }); // maxRetries 2
     const err = (await sdk.chat.completions.create({ model: 'gpt-4o', messages }).catch((e: unknown) => e)) as InstanceType<typeof OpenAI.RateLimitError>;
     expect(err).toBeInstanceOf(OpenAI.RateLimitError);
     const waitMs = Number(err.headers.get('retry-after-ms'));
-    console.info(`three huge requests at once: all admitted, ~30,000 tokens on a 6,000/min rate; the next is told ${Math.round(waitMs / 1000)} s`);
+    console.info(`three huge requests at once: one admitted, ~30,000 tokens on a 6,000/min rate; the next is told ${Math.round(waitMs / 1000)} s`);
     // About 24,000 tokens over: about 240 s, past 60 s: x-should-retry false, and the SDK does not come back.
     expect(waitMs).toBeGreaterThan(200_000);
     expect(err.headers.get('x-should-retry')).toBe('false');
     expect(sent).toBe(1);
   });
 
-  it('a tenant streaming huge prompts without include_usage is counted only where the provider has streamUsage: true', async () => {
+  it('a tenant streaming huge prompts without include_usage is counted by its prompt\'s estimate, or its usage where the provider has streamUsage: true', async () => {
     const drain = async (stream: AsyncIterable<unknown>) => {
       for await (const _ of stream) void _;
     };
@@ -220,8 +223,9 @@ describe('a tenant with a token rate sending huge prompts (the overdraft)', () =
       await drain(await sdk.chat.completions.create({ ...huge, stream: true }));
       after[String(streamUsage)] = (await call(url, 'analytics')).status;
     }
-    // Without it the tenant's 10,000-token streams cost its rate nothing (README: such streams are not counted).
-    expect(after).toEqual({ false: 200, true: 429 });
+    // Without usage the stream keeps what it reserved for its prompt (README: its body's bytes / 4), so the tenant's
+    // 10,000-token streams no longer cost its rate nothing.
+    expect(after).toEqual({ false: 429, true: 429 });
   });
 });
 

@@ -1,8 +1,9 @@
-// auth.limits: a client past its rates is told when to come back, before its body is read or a provider is asked. A
-// fleet of agents retrying in a loop of its own is held to its rate here, whatever the provider's state.
+// auth.limits: a client past its rates is told when to come back, before its body is read or a provider is asked; a
+// request whose estimated tokens do not fit its client's token rate, once its body is read. A fleet of agents retrying
+// in a loop of its own is held to its rate here, whatever the provider's state.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, limitOf, retryAfterOf, type ClientRates, type Rate, type RateKind } from '../policy/client-rate.ts';
+import { clientRates, limitOf, retryAfterOf, settlement, type ClientRates, type ClientRefusal, type Rate, type RateKind, type TokenEstimate } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -10,12 +11,20 @@ import type { Usage } from '../streaming/usage.ts';
 export interface ClientLimit {
   /** The refusal for a client over its rates, or undefined when admitted; undefined (no promise) for a client without limits. */
   admit(client: string): Promise<GatewayError | undefined> | undefined;
-  /** Counts what a client's answered request used against its token rate, if it has one. */
-  used(client: string, usage: readonly (Usage | undefined)[]): void;
+  /**
+   * Reserves a managed request's estimated tokens (its body read) against its client's token rate: the refusal when
+   * they do not fit, else undefined; undefined (no promise) for a client without a token rate, which reserves nothing.
+   */
+  reserve(client: string, estimate: TokenEstimate): Promise<GatewayError | undefined> | undefined;
+  /**
+   * Settles what a request reserved once it has ended, against the tokens its answer says it used: `usage` as the token
+   * metrics have it (none came: undefined entries only).
+   */
+  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[]): void;
 }
 
 interface ClientLimitsDeps {
-  store: Pick<StateStore, 'admitClient' | 'spendTokens'>;
+  store: Pick<StateStore, 'admitClient' | 'reserveTokens' | 'spendTokens'>;
   now: () => number;
   random: Random;
   /** Counts a refusal, by client name and the rate that refused. */
@@ -31,20 +40,30 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
       const r = ratesOf(client);
       if (r === undefined) return undefined;
       const nowMs = deps.now();
-      return deps.store.admitClient(client, r, nowMs).then((refusal) => {
-        if (refusal === undefined) return undefined;
-        deps.onLimited(client, refusal.by);
-        const retryAfterMs = retryAfterOf(refusal, r, deps.random);
-        return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${rateText(r, refusal.by)}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
-      });
+      return deps.store.admitClient(client, r, nowMs).then((refusal) => refusal && refused(client, r, refusal));
     },
-    used(client, usage) {
+    reserve(client, estimate) {
+      const r = ratesOf(client);
+      if (r?.tokens === undefined) return undefined;
+      const tokens = estimate.prompt + estimate.completion;
+      return deps.store
+        .reserveTokens(client, { ...r, tokens: r.tokens }, tokens, deps.now())
+        .then((refusal) => refusal && refused(client, r, refusal, ` (this request's estimate: ${tokens} tokens, its body's bytes / 4 plus its completion cap)`));
+    },
+    settle(client, reserved, usage) {
       const rate = ratesOf(client)?.tokens;
       if (rate === undefined) return;
-      const tokens = usage.reduce((sum, u) => sum + (u ? u.prompt + u.completion : 0), 0);
-      if (tokens > 0) deps.store.spendTokens(client, rate, tokens, deps.now());
+      const used = usage.some((u) => u !== undefined) ? usage.reduce((sum, u) => sum + (u ? u.prompt + u.completion : 0), 0) : undefined;
+      const tokens = settlement(reserved, used);
+      if (tokens !== 0) deps.store.spendTokens(client, rate, tokens, deps.now());
     },
   };
+
+  function refused(client: string, r: ClientRates, refusal: ClientRefusal, why = ''): GatewayError {
+    deps.onLimited(client, refusal.by);
+    const retryAfterMs = retryAfterOf(refusal, r, deps.random);
+    return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${rateText(r, refusal.by)}${why}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
+  }
 }
 
 function rateText(r: ClientRates, by: RateKind): string {

@@ -11,6 +11,8 @@ import type { Arrival } from '../state/client-repeats.ts';
 import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
 import type { CompiledRoute, Router } from '../routing/router.ts';
 import type { Runtime } from '../runtime.ts';
+import { tokenEstimate } from '../policy/token-estimate.ts';
+import type { ClientLimit } from './client-limits.ts';
 import type { Drain } from './drain.ts';
 import { printable, type ParsedBody } from './request-body.ts';
 import type { RequestEnds } from './request-log.ts';
@@ -19,6 +21,8 @@ import { checkTimeoutHeader } from './timeout-header.ts';
 
 interface ManagedDeps {
   config: Pick<Config, 'auth' | 'idempotency'>;
+  /** auth.limits, when any client has one: a request's tokens are reserved here, its body read. */
+  limit?: ClientLimit | undefined;
   runtime: Pick<Runtime, 'pipeline' | 'store' | 'bodies' | 'repeats'>;
   router: Router;
   ends: RequestEnds;
@@ -28,7 +32,7 @@ interface ManagedDeps {
 /** A managed request: route it, run the pipeline, write its answer. */
 type ServeManaged = (path: string, request: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
 
-export function managedHandler({ config, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
+export function managedHandler({ config, limit, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
   // A Map, not the config's object: a client may be named `constructor`.
   const clientPriorities = new Map(Object.entries(config.auth?.priority ?? {}));
   const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random, bodies: runtime.bodies };
@@ -66,6 +70,19 @@ export function managedHandler({ config, runtime, router, ends, drain }: Managed
           return sendAnswer(reply, { ...replayed(claim.answer), summary: request.stormgate });
         }
         drain.holdRun(claim.ended);
+      }
+      // Its tokens reserved once its body is read (admission saw its headers alone); a replay uses no provider's, and
+      // a run refused here gives its key back (below). In the pipeline already: a client that leaves meanwhile ends its
+      // request after the reservation is on it, so what was reserved is settled (server.ts) whatever happens next.
+      if (limit && request.client !== undefined) {
+        const estimate = tokenEstimate(route.api, body.raw.length, body.json);
+        // No promise for a client without a token rate.
+        const reserving = limit.reserve(request.client, estimate);
+        if (reserving) {
+          const refusal = await reserving;
+          if (refusal) throw refusal;
+          request.tokensReserved = estimate;
+        }
       }
       answer = await handleManagedRequest(
         {

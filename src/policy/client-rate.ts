@@ -11,7 +11,7 @@ export interface Rate {
   burst: number;
 }
 
-/** A client's rates: requests are counted as they arrive, tokens once their answer says how many were used. */
+/** A client's rates: requests are counted as they arrive, tokens as an estimate once a body is read, then as used. */
 export interface ClientRates {
   requests?: Rate | undefined;
   tokens?: Rate | undefined;
@@ -65,16 +65,21 @@ function waitFor(dueMs: number | undefined, nowMs: number, rate: Rate, cost: num
   return nowMs < allowedAt ? allowedAt - nowMs : 0;
 }
 
-/** The due time after `cost` units are used at nowMs; may run past the burst (a request's tokens are owed all the same). */
-export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
-  return Math.max(dueMs ?? 0, nowMs) + cost * rate.intervalMs;
+/**
+ * The due time after `cost` units are used at nowMs; may run past the burst (a request's tokens are owed all the same).
+ * A negative cost gives units back (a reservation settled for less); undefined when that leaves the bucket full, as a
+ * due time not after nowMs is (the Redis script deletes the key then).
+ */
+export function spend(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number | undefined {
+  const dueAfter = Math.max(dueMs ?? 0, nowMs) + cost * rate.intervalMs;
+  return dueAfter > nowMs ? dueAfter : undefined;
 }
 
 /**
- * Whether a client's request at nowMs fits its rates: one request of the request rate, and at least one token left of
- * the token rate (what the request will use is not known until it is answered). Admitted: the request rate's new due
- * time, to store. Refused: the wait until its turn, the rate that refused, and the told time to store; the rates do not
- * change, so a refused request costs its client nothing.
+ * Whether a client's request at nowMs fits its rates, from its headers alone: one request of the request rate, and at
+ * least one token left of the token rate (what the request will use is estimated once its body is read: reserveTokens).
+ * Admitted: the request rate's new due time, to store. Refused: the wait until its turn, the rate that refused, and
+ * the told time to store; the rates do not change, so a refused request costs its client nothing.
  * Requests refused together all wait for the same next slot: each is told the slot after the last one told, as in a
  * queue, or they would all come back for that one slot, again and again. The told times run ahead of now only while
  * refusals come faster than the rate, that is while the client's backlog lasts. A token rate has no slot of its own (a
@@ -90,17 +95,67 @@ export function admitClient(dues: ClientDues, nowMs: number, rates: ClientRates)
   const requestWait = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, 1) : 0;
   if (tokenWait > 0 || requestWait > 0) {
     const by = tokenWait >= requestWait ? 'tokens' : 'requests';
-    const ownMs = nowMs + Math.max(tokenWait, requestWait);
-    const toldMs = Math.min(Math.max(ownMs, (dues.told ?? 0) + slotOf(rates, by)), ownMs + QUEUE_AHEAD_MS);
-    return { admitted: false, waitMs: toldMs - nowMs, by, toldMs };
+    return { admitted: false, ...queued(dues, nowMs, by, Math.max(tokenWait, requestWait), slotOf(rates, by)) };
   }
   return { admitted: true, requestsDue: rates.requests ? spend(dues.requests, nowMs, rates.requests, 1) : undefined };
+}
+
+/**
+ * Whether a request's estimated tokens (tokenEstimate: its prompt and its completion cap) fit what is left of its
+ * client's token rate at nowMs, once its body is read; admitClient let it in by its headers. Counting a request's
+ * tokens only once it was answered let a burst sent at once through whole: 50 requests of 2,000 tokens against 10,000
+ * a minute. Providers count a request the same way at arrival (OpenAI: its prompt plus its max_tokens).
+ * Admitted: the token rate's due time with the estimate spent (settled against the answer's usage later: settlement).
+ * A request of more than the burst (a minute's worth) fits once the bucket is full, as it never would otherwise, and
+ * overdraws it. Refused: the wait until the estimate fits, in the queue of refused requests with a slot of the time
+ * its estimate takes to come back (the 45 refused of that burst are told about 12 s apart, up to a minute past their
+ * own wait, not all the moment one of them fits), and the request rate's due time with the request admitClient counted given back: a refused
+ * request still costs its client nothing. The token rate does not change.
+ */
+export function reserveTokens(dues: ClientDues, nowMs: number, rates: ClientRates & { tokens: Rate }, estimate: number):
+  | { admitted: true; tokensDue: number | undefined }
+  | ({ admitted: false; toldMs: number; requestsDue: number | undefined } & ClientRefusal) {
+  const cost = Math.min(estimate, rates.tokens.burst);
+  const wait = waitFor(dues.tokens, nowMs, rates.tokens, cost);
+  if (wait > 0) {
+    const requestsDue = rates.requests && dues.requests !== undefined ? spend(dues.requests, nowMs, rates.requests, -1) : dues.requests;
+    return { admitted: false, ...queued(dues, nowMs, 'tokens', wait, cost * rates.tokens.intervalMs), requestsDue };
+  }
+  return { admitted: true, tokensDue: spend(dues.tokens, nowMs, rates.tokens, estimate) };
+}
+
+/** A request's token estimate, reserved as it is admitted: its prompt's and its completion cap (0 when it sets none). */
+export interface TokenEstimate {
+  prompt: number;
+  completion: number;
+}
+
+/**
+ * The tokens to spend (negative: to give back) once a request that reserved `reserved` has ended, given the tokens its
+ * answer says it used; undefined when no usage came (an error answer, a stream without usage, a client gone before the
+ * end). With usage, what was reserved becomes what was used. Without it, the prompt's estimate is kept and the
+ * completion cap given back: the prompt was sent, and a provider counts it even for most failures, while the cap is
+ * only a ceiling (a stream that ended without usage may have used any part of it). One rule, and never less than the
+ * nothing such a request counted before reservations.
+ */
+export function settlement(reserved: TokenEstimate, usedTokens: number | undefined): number {
+  return usedTokens === undefined ? -reserved.completion : usedTokens - reserved.prompt - reserved.completion;
+}
+
+/** A refusal by `by`, told its place in the queue of refused requests: its own wait, or a slot after the last one told. */
+function queued(dues: ClientDues, nowMs: number, by: RateKind, waitMs: number, slotMs: number): { waitMs: number; by: RateKind; toldMs: number } {
+  const ownMs = nowMs + waitMs;
+  const toldMs = Math.min(Math.max(ownMs, (dues.told ?? 0) + slotMs), ownMs + QUEUE_AHEAD_MS);
+  return { waitMs: toldMs - nowMs, by, toldMs };
 }
 
 /** How far past a refused request's own wait the queue of refused requests may tell it to come back. */
 export const QUEUE_AHEAD_MS = 60_000;
 
-/** The time between two turns of the refusal queue: the request rate's interval; none for a token rate. */
+/**
+ * The time between two turns of the refusal queue, as admitClient refuses: the request rate's interval; none for a
+ * token rate, as what a request will use is not known from its headers (reserveTokens has the estimate's time).
+ */
 function slotOf(rates: ClientRates, by: RateKind): number {
   return by === 'requests' ? (rates.requests?.intervalMs ?? 0) : 0;
 }

@@ -1,7 +1,7 @@
 // The in-process state store: the default when no Redis is configured, and the Redis store's stand-in while Redis
 // cannot be reached. Same semantics as the Redis store, for one instance.
 import { randomUUID } from 'node:crypto';
-import { admitClient, spend, type ClientDues, type ClientRates, type ClientRefusal, type Rate } from '../policy/client-rate.ts';
+import { admitClient, reserveTokens, spend, type ClientDues, type ClientRates, type ClientRefusal, type Rate } from '../policy/client-rate.ts';
 import {
   budgetOf,
   MAX_WINDOW_S,
@@ -137,6 +137,18 @@ export class MemoryStore implements StateStore {
       return undefined;
     }
     dues.told = verdict.toldMs;
+    return { waitMs: verdict.waitMs, by: verdict.by };
+  }
+
+  async reserveTokens(client: string, rates: ClientRates & { tokens: Rate }, estimate: number, nowMs: number): Promise<ClientRefusal | undefined> {
+    const dues = this.#dues(client);
+    const verdict = reserveTokens(dues, nowMs, rates, estimate);
+    if (verdict.admitted) {
+      dues.tokens = verdict.tokensDue;
+      return undefined;
+    }
+    dues.told = verdict.toldMs;
+    dues.requests = verdict.requestsDue;
     return { waitMs: verdict.waitMs, by: verdict.by };
   }
 

@@ -177,10 +177,21 @@ local function waitFor(due, now, interval, burst, cost)
 end
 local function spend(key, due, now, interval, cost)
   local nextDue = math.max(due, now) + cost * interval
-  redis.call('SET', key, string.format('%.3f', nextDue), 'PX', math.ceil(nextDue - now) + 1000)
+  -- A give-back (negative cost) that leaves the bucket full: no key, as for a rate never used.
+  if nextDue <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.3f', nextDue), 'PX', math.ceil(nextDue - now) + 1000)
+  end
 end
 local function dueOf(key)
   return tonumber(redis.call('GET', key) or '0') or 0
+end
+-- A refusal's place in the queue of refused requests (KEYS[3]); returns the ms until it, rounded up.
+local function queued(own, slot, now, ahead)
+  local told = math.min(math.max(own, dueOf(KEYS[3]) + slot), own + ahead)
+  redis.call('SET', KEYS[3], string.format('%.3f', told), 'PX', math.ceil(told - now) + 1000)
+  return math.ceil(told - now)
 end
 `;
 
@@ -201,16 +212,40 @@ if reqInterval > 0 then requestWait = waitFor(reqDue, now, reqInterval, reqBurst
 if tokenWait > 0 or requestWait > 0 then
   local by, slot = 2, 0
   if tokenWait < requestWait then by, slot = 1, reqInterval end
-  local own = now + math.max(tokenWait, requestWait)
-  local told = math.min(math.max(own, dueOf(KEYS[3]) + slot), own + tonumber(ARGV[6]))
-  redis.call('SET', KEYS[3], string.format('%.3f', told), 'PX', math.ceil(told - now) + 1000)
-  return { math.ceil(told - now), by }
+  return { queued(now + math.max(tokenWait, requestWait), slot, now, tonumber(ARGV[6])), by }
 end
 if reqInterval > 0 then spend(KEYS[1], reqDue, now, reqInterval, 1) end
 return { 0 }
 `;
 
-/** KEYS: the client's tokens key. ARGV: nowMs, intervalMs, tokens. Spends them, past the burst if need be. */
+/**
+ * KEYS: as ADMIT_CLIENT's. ARGV: nowMs, the request rate's intervalMs (0: none), the token rate's intervalMs and burst,
+ * the request's estimated tokens, QUEUE_AHEAD_MS. policy/client-rate.ts's `reserveTokens`, atomic across the fleet:
+ * returns [0] when the estimate fits (spent), else [ms until its turn (a slot: the estimate's time), rounded up; 2]
+ * with the told time stored, the
+ * request counted by ADMIT_CLIENT given back (if its key is still there: else the bucket is full anyway) and the
+ * token rate as it was.
+ */
+const RESERVE_TOKENS = `${CLIENT_RATE_LUA}
+local now, reqInterval = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tokInterval, tokBurst, estimate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local tokDue = dueOf(KEYS[2])
+local cost = math.min(estimate, tokBurst)
+local wait = waitFor(tokDue, now, tokInterval, tokBurst, cost)
+if wait > 0 then
+  local waitMs = queued(now + wait, cost * tokInterval, now, tonumber(ARGV[6]))
+  local reqDue = redis.call('GET', KEYS[1])
+  if reqInterval > 0 and reqDue then spend(KEYS[1], tonumber(reqDue), now, reqInterval, -1) end
+  return { waitMs, 2 }
+end
+spend(KEYS[2], tokDue, now, tokInterval, estimate)
+return { 0 }
+`;
+
+/**
+ * KEYS: the client's tokens key. ARGV: nowMs, intervalMs, tokens. Spends them, past the burst if need be; negative
+ * tokens give some back (a reservation settled for less).
+ */
 const SPEND_TOKENS = `${CLIENT_RATE_LUA}
 spend(KEYS[1], dueOf(KEYS[1]), tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
 return 1
@@ -270,6 +305,7 @@ interface ScriptCommands {
   sgAddCounts(key: string, ...args: Arg[]): Promise<number>;
   sgExchangeDemand(key: string, ...args: Arg[]): Promise<[string, number]>;
   sgAdmitClient(requestsKey: string, tokensKey: string, toldKey: string, ...args: Arg[]): Promise<[number, number?]>;
+  sgReserveTokens(requestsKey: string, tokensKey: string, toldKey: string, ...args: Arg[]): Promise<[number, number?]>;
   sgSpendTokens(key: string, ...args: Arg[]): Promise<number>;
   sgProbe(key: string, ...args: Arg[]): Promise<number>;
   sgClaimKey(key: string, ...args: Arg[]): Promise<string | null>;
@@ -296,6 +332,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgAddCounts: ADD_COUNTS,
     sgExchangeDemand: EXCHANGE_DEMAND,
     sgAdmitClient: ADMIT_CLIENT,
+    sgReserveTokens: RESERVE_TOKENS,
     sgSpendTokens: SPEND_TOKENS,
     sgProbe: PROBE,
     sgClaimKey: CLAIM_KEY,
@@ -304,7 +341,7 @@ export function defineScripts(client: Redis | Cluster): ScriptClient {
     sgSettleKey: SETTLE_KEY,
   } satisfies Record<keyof ScriptCommands, string>;
   // Every script touches one target's keys (one hash tag, one Cluster slot); the permit script reads its breaker too.
-  // The client script reads both of a client's rates and its told time (one hash tag).
-  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgAdmitClient' ? 3 : name === 'sgTakePermit' ? 2 : 1, lua });
+  // The client scripts read both of a client's rates and its told time (one hash tag).
+  for (const [name, lua] of Object.entries(scripts)) client.defineCommand(name, { numberOfKeys: name === 'sgAdmitClient' || name === 'sgReserveTokens' ? 3 : name === 'sgTakePermit' ? 2 : 1, lua });
   return client as ScriptClient;
 }

@@ -302,6 +302,26 @@ export class RedisStore implements StateStore {
     );
   }
 
+  // The estimate reserved in Redis is kept locally too, as spendTokens keeps its tokens: settled on both, the local
+  // debt stays what this instance admitted, for the while Redis is away.
+  reserveTokens(client: string, rates: ClientRates & { tokens: Rate }, estimate: number, nowMs: number): Promise<ClientRefusal | undefined> {
+    const { requests, tokens } = rates;
+    const tokensKey = this.#keys.clientRate(client, 'tokens', tokens);
+    return this.#run(
+      tokensKey,
+      async (c) => {
+        const [waitMs] = await c.sgReserveTokens(
+          this.#keys.clientRate(client, 'requests', requests), tokensKey, this.#keys.clientTold(client, rates), this.#clock.toFleet(nowMs),
+          requests?.intervalMs ?? 0, tokens.intervalMs, tokens.burst, estimate, QUEUE_AHEAD_MS,
+        );
+        if (waitMs > 0) return { waitMs, by: 'tokens' as const };
+        this.#local.spendTokens(client, tokens, estimate, nowMs);
+        return undefined;
+      },
+      () => this.#local.reserveTokens(client, rates, estimate, nowMs),
+    );
+  }
+
   // Not awaited (the request has been answered), so not through #run: its failure and its answer still count toward
   // Redis's health. The local debt is kept too, as addOutcomes keeps its window warm: an instance that loses Redis
   // still holds a client to the tokens it answered here. (Its local request due times are not: they start full.)

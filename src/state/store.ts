@@ -119,7 +119,17 @@ export interface StateStore {
    * Redis, one round trip; local while Redis is away.
    */
   admitClient(client: string, rates: ClientRates, nowMs: number): Promise<ClientRefusal | undefined>;
-  /** Counts the tokens a client's request used against its token rate; may overdraw it. Never awaited on the request path. */
+  /**
+   * Reserves a request's estimated tokens against its client's token rate once its body is read (reserveTokens in
+   * policy/client-rate.ts): undefined when admitted (the estimate spent), else the ms until it would fit, with the
+   * request admitClient counted given back and nothing reserved. Fleet-wide on Redis, one round trip; local while
+   * Redis is away.
+   */
+  reserveTokens(client: string, rates: ClientRates & { tokens: Rate }, estimate: number, nowMs: number): Promise<ClientRefusal | undefined>;
+  /**
+   * Counts tokens against a client's token rate: a settled reservation's difference, negative to give some back; may
+   * overdraw it. Never awaited on the request path.
+   */
   spendTokens(client: string, rate: Rate, tokens: number, nowMs: number): void;
 
   /** When the target's hold-off ends, as last seen; undefined when none. Synchronous. */
