@@ -22,7 +22,7 @@
 // Left as a design question: a 429 window told only by x-ratelimit-reset-* starts no hold-off, so its retries are the
 // retry budget's; at the default budget half of 20 concurrent calls got a final 429 with x-should-retry: false (and
 // retry-after-ms ~1 s) while the window had a second left. The window test gives the route a budget that allows them.
-import { request as httpRequest, Agent as HttpAgent, type IncomingMessage, type ServerResponse } from 'node:http';
+import { request as httpRequest, Agent as HttpAgent, type IncomingMessage } from 'node:http';
 import { connect } from 'node:net';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -35,7 +35,7 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { freePort } from './helpers/free-port.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
-import { cc, completion, delta, DONE, json, type Script } from './helpers/scripted-provider.ts';
+import { cc, completion, delta, DONE, json, play, type Script } from './helpers/scripted-provider.ts';
 import { metricSum, TEST_KEY, useStacks, type Stack } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -51,18 +51,6 @@ interface Received {
   at: number;
 }
 type Answer = (body: Record<string, unknown>, n: number, url: string) => Script;
-
-async function play(res: ServerResponse, script: Script): Promise<void> {
-  res.writeHead(script.status ?? 200, script.headers ?? { 'content-type': 'text/event-stream' });
-  res.flushHeaders();
-  for (const step of script.steps) {
-    if (res.destroyed) return;
-    if (typeof step === 'number') await sleep(step);
-    else if (typeof step === 'object' && 'destroy' in step) return void res.socket?.destroy();
-    else res.write(step);
-  }
-  if (!script.hold) res.end();
-}
 
 async function recorder(answer: Answer): Promise<{ origin: string; got: Received[] }> {
   const got: Received[] = [];

@@ -33,7 +33,8 @@ export function scripted(fn: (body: Record<string, unknown>, n: number) => Scrip
   };
 }
 
-async function play(res: ServerResponse, script: Script): Promise<void> {
+/** Plays a script on one response: its status and headers at once, then each step (a wait, bytes, a reset). */
+export async function play(res: ServerResponse, script: Script): Promise<void> {
   res.writeHead(script.status ?? 200, script.headers ?? { 'content-type': 'text/event-stream' });
   res.flushHeaders();
   for (const step of script.steps) {
