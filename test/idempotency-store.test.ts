@@ -1,15 +1,13 @@
 // Idempotency keys in both state stores (the in-process one and Redis, on a real redis-server), and their wire format.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
 import { decodeKeyRecord, encodeKeyRecord, KeptKeys } from '../src/state/kept-keys.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeyRecord } from '../src/state/store.ts';
 import { claimKey } from '../src/pipeline/idempotent-request.ts';
 import { startRedis, useRedisServerWithAdmin } from './helpers/redis-server.ts';
-import { describeEachStore, eventually } from './helpers/redis-stores.ts';
-import { startTcpProxy } from './helpers/tcp-proxy.ts';
+import { cutAndFleet, describeEachStore, eventually } from './helpers/redis-stores.ts';
 
 const T = 1_700_000_000_000;
 /** A running claim of `owner` (default: the fingerprint's own name), made at `sinceMs`. */
@@ -157,52 +155,33 @@ describe('RedisStore away', () => {
 describe('RedisStore away mid-run', () => {
   it('a key claimed in Redis whose run ended while Redis was away is given back, or its answer kept, in Redis once it is back', async () => {
     // One gateway loses Redis mid-run (a partition, a failover to a replica that has the claim); the fleet still reaches it.
-    const own = await startRedis();
-    const proxy = await startTcpProxy(own.port);
-    const keyPrefix = `idem-${randomUUID()}`;
-    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: 100, keyPrefix } });
-    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
+    const { cut, fleet, away, back, close } = await cutAndFleet();
     try {
-      expect(await cut.ready()).toBe(true);
-      expect(await fleet.ready()).toBe(true);
       const now = Date.now();
       expect(await cut.claimKey('failed', running('fp', now), 60_000)).toBeUndefined();
       expect(await cut.claimKey('answered', running('fp-1', now), 60_000)).toBeUndefined();
       // A repeat on the same instance gives up waiting (and gives back its own claim, if it had one): not the run's.
       await cut.releaseKey('answered', 'a-repeat-that-gave-up');
-      await proxy.cut();
-      await eventually(() => cut.degraded, 3_000);
+      await away();
       // The runs end while Redis is away: one without an answer, one with.
       await cut.releaseKey('failed', 'owner-fp');
       await cut.settleKey('answered', DONE, 60_000, Date.now());
-      await proxy.resume();
-      await eventually(() => !cut.degraded, 8_000);
+      await back();
       // Not 'running' for the claim's whole lifetime (the route's timeout plus ttlMs), every repeat a 409.
       await eventually(async () => (await fleet.readKey('failed', Date.now())) === undefined, 2_000);
       expect(await fleet.claimKey('failed', running('fp', Date.now()), 60_000)).toBeUndefined();
       expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
     } finally {
-      await cut.close();
-      await fleet.close();
-      await proxy.close();
-      await own.stop();
+      await close();
     }
   });
 });
 
 describe('RedisStore back from away', () => {
   it('claims in Redis the runs it claimed in the process meanwhile, and writes the answers it kept there, where the key is free', async () => {
-    const own = await startRedis();
-    const proxy = await startTcpProxy(own.port);
-    const keyPrefix = `idem-${randomUUID()}`;
-    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: 100, keyPrefix } });
-    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
-    const admin = new Redis(own.url);
+    const { cut, fleet, admin, keyPrefix, away, back, close } = await cutAndFleet();
     try {
-      expect(await cut.ready()).toBe(true);
-      expect(await fleet.ready()).toBe(true);
-      await proxy.cut();
-      await eventually(() => cut.degraded, 3_000);
+      await away();
       const now = Date.now();
       expect(await cut.claimKey('running', running('fp', now, 'mine'), 60_000)).toBeUndefined();
       expect(await cut.claimKey('answered', running('fp-1', now, 'mine-too'), 60_000)).toBeUndefined();
@@ -216,8 +195,7 @@ describe('RedisStore back from away', () => {
       await cut.settleKey('answered-there', DONE, 60_000, now, 'mine');
       const theirAnswer = { ...DONE, answer: { ...DONE.answer!, body: Buffer.from('theirs') } };
       await fleet.settleKey('answered-there', theirAnswer, 60_000, now);
-      await proxy.resume();
-      await eventually(() => !cut.degraded, 8_000);
+      await back();
       await eventually(async () => (await fleet.readKey('answered', Date.now())) !== undefined, 2_000);
       expect(await fleet.readKey('running', Date.now())).toEqual(running('fp', now, 'mine'));
       expect(await fleet.readKey('answered', Date.now())).toEqual(DONE);
@@ -233,48 +211,22 @@ describe('RedisStore back from away', () => {
       await cut.settleKey('theirs', DONE, 60_000, Date.now(), 'mine');
       expect(await fleet.readKey('theirs', Date.now())).toEqual(running('fp', now, 'theirs'));
     } finally {
-      admin.disconnect();
-      await cut.close();
-      await fleet.close();
-      await proxy.close();
-      await own.stop();
+      await close();
     }
   });
 });
 
 describe('RedisStore back from away, with much kept meanwhile', () => {
-  /** A store cut off Redis through a proxy, and one still on it (the fleet), sharing a key prefix. */
-  async function cutAndFleet(commandTimeoutMs = 100) {
-    const own = await startRedis();
-    const proxy = await startTcpProxy(own.port);
-    const keyPrefix = `idem-${randomUUID()}`;
-    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs, keyPrefix } });
-    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
-    const admin = new Redis(own.url);
-    expect(await cut.ready()).toBe(true);
-    expect(await fleet.ready()).toBe(true);
-    await proxy.cut();
-    await eventually(() => cut.degraded, 3_000);
-    const close = async () => {
-      admin.disconnect();
-      await cut.close();
-      await fleet.close();
-      await proxy.close();
-      await own.stop();
-    };
-    return { cut, fleet, admin, proxy, keyPrefix, close };
-  }
-
   it('a run claimed in the process that ends once its instance is back keeps its answer there when the fleet answered the key in Redis meanwhile', async () => {
-    const { cut, fleet, proxy, close } = await cutAndFleet();
+    const { cut, fleet, away, back, close } = await cutAndFleet();
     try {
+      await away();
       const now = Date.now();
       expect(await cut.claimKey('both-ran', running('fp-1', now, 'mine'), 60_000)).toBeUndefined();
       expect(await fleet.claimKey('both-ran', running('fp-1', now, 'theirs'), 60_000)).toBeUndefined();
       const theirAnswer = { ...DONE, answer: { ...DONE.answer!, body: Buffer.from('theirs') } };
       await fleet.settleKey('both-ran', theirAnswer, 60_000, now, 'theirs');
-      await proxy.resume();
-      await eventually(() => !cut.degraded, 8_000);
+      await back();
       await cut.settleKey('both-ran', DONE, 60_000, Date.now(), 'mine');
       // The fleet's repeats got its answer: every later one gets the same (README "Where keys live").
       expect(await fleet.readKey('both-ran', Date.now())).toEqual(theirAnswer);
@@ -285,16 +237,16 @@ describe('RedisStore back from away, with much kept meanwhile', () => {
 
   it('sends 48 MiB of answers kept while away a batch at a time: the request path on Redis is not held behind them past its timeout, and the store does not flap', async () => {
     // maxAnswerBytes and memoryBytes as by default (1 MiB, 64 MiB); commandTimeoutMs twice its default, for a loaded machine.
-    const { cut, admin, proxy, keyPrefix, close } = await cutAndFleet(100);
+    const { cut, admin, keyPrefix, away, back, close } = await cutAndFleet({ commandTimeoutMs: 100 });
     try {
+      await away();
       const now = Date.now();
       const body = Buffer.alloc(1024 * 1024, 97);
       for (let i = 0; i < 48; i++) {
         await cut.claimKey(`big-${i}`, running('fp', now, `o-${i}`), 60_000);
         await cut.settleKey(`big-${i}`, { ...DONE, bytes: body.length, answer: { ...DONE.answer!, body } }, 60_000, now, `o-${i}`);
       }
-      await proxy.resume();
-      await eventually(() => !cut.degraded, 8_000);
+      await back();
       // Requests on the instance, each with a Redis read: sent all at once, the answers held them past the timeout.
       let flapped = false;
       for (const until = Date.now() + 3_000; Date.now() < until; await sleep(10)) {

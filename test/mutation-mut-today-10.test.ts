@@ -1,17 +1,12 @@
 // Mutation tests for the day's changes (QA rev10): what an instance kept while Redis was away reaching Redis through a
 // second outage (src/state/redis-kept-keys.ts sendLocalKeys), and an early answer's mark per request on a kept-alive
 // connection (src/http/client-errors.ts).
-import { randomUUID } from 'node:crypto';
 import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeyRecord } from '../src/state/store.ts';
-import { startRedis } from './helpers/redis-server.ts';
-import { eventually } from './helpers/redis-stores.ts';
+import { cutAndFleet, eventually } from './helpers/redis-stores.ts';
 import { defaultConfig, useStacks } from './helpers/stack.ts';
-import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 const running = (owner: string, sinceMs: number): KeyRecord & { state: 'running' } => ({ state: 'running', fingerprint: 'fp', sinceMs, owner });
 const answer = (text: string): KeyRecord & { state: 'done' } => ({
@@ -23,23 +18,8 @@ const answer = (text: string): KeyRecord & { state: 'done' } => ({
 
 describe('a run claimed in the process while Redis was away, through a second outage', () => {
   it('claimed in Redis at the return (for what is left of its lease), its end reaches Redis after the next one; one whose key the fleet answered leaves that answer there', async () => {
-    const own = await startRedis();
-    const proxy = await startTcpProxy(own.port);
-    const keyPrefix = `mut10-${randomUUID()}`;
-    const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: 100, keyPrefix } });
-    const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
-    const admin = new Redis(own.url);
-    const away = async () => {
-      await proxy.cut();
-      await eventually(() => cut.degraded, 3_000);
-    };
-    const back = async () => {
-      await proxy.resume();
-      await eventually(() => !cut.degraded, 8_000);
-    };
+    const { cut, fleet, admin, keyPrefix, away, back, close } = await cutAndFleet({ prefix: 'mut10' });
     try {
-      expect(await cut.ready()).toBe(true);
-      expect(await fleet.ready()).toBe(true);
       await away();
       const now = Date.now();
       expect(await cut.claimKey('mine', running('run', now), 30_000)).toBeUndefined();
@@ -62,11 +42,7 @@ describe('a run claimed in the process while Redis was away, through a second ou
       await sleep(200);
       expect(await fleet.readKey('both', Date.now())).toEqual(answer('theirs'));
     } finally {
-      admin.disconnect();
-      await cut.close();
-      await fleet.close();
-      await proxy.close();
-      await own.stop();
+      await close();
     }
   });
 });

@@ -2,6 +2,7 @@
 // closed after each test. And `eventually`, for state that reaches a store a moment later (pub/sub, a reconnect).
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect } from 'vitest';
 import { MemoryStore } from '../../src/state/memory-store.ts';
@@ -9,6 +10,7 @@ import { RedisStore } from '../../src/state/redis-store.ts';
 import type { StateStore } from '../../src/state/store.ts';
 import { startRedis, type RedisHandle } from './redis-server.ts';
 import { testLogSink } from './stack.ts';
+import { startTcpProxy } from './tcp-proxy.ts';
 
 /** The ACL the README gives the gateway's Redis user (its command part). */
 export const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
@@ -83,4 +85,35 @@ export function describeEachStore(suite: (store: () => StateStore) => void): voi
     });
     suite(() => store);
   });
+}
+
+/**
+ * An instance's store that a test cuts off Redis (`away`, through a TCP proxy) and lets back (`back`), and the fleet's
+ * store that stays on it, sharing a key prefix; `admin` reads Redis itself. `close` stops all of it.
+ */
+export async function cutAndFleet(o: { prefix?: string; commandTimeoutMs?: number } = {}) {
+  const own = await startRedis();
+  const proxy = await startTcpProxy(own.port);
+  const keyPrefix = `${o.prefix ?? 'idem'}-${randomUUID()}`;
+  const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: o.commandTimeoutMs ?? 100, keyPrefix } });
+  const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
+  const admin = new Redis(own.url);
+  const away = async () => {
+    await proxy.cut();
+    await eventually(() => cut.degraded, 3_000);
+  };
+  const back = async () => {
+    await proxy.resume();
+    await eventually(() => !cut.degraded, 8_000);
+  };
+  const close = async () => {
+    admin.disconnect();
+    await cut.close();
+    await fleet.close();
+    await proxy.close();
+    await own.stop();
+  };
+  expect(await cut.ready()).toBe(true);
+  expect(await fleet.ready()).toBe(true);
+  return { cut, fleet, admin, proxy, keyPrefix, away, back, close };
 }
