@@ -136,8 +136,14 @@ const PoolsSchema = z
     decrease: z.number().gt(0).lt(1).default(0.9)
       .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded, except Groq\'s 498: its flex tier at capacity, not the target), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
     minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit; one above maxConcurrent is maxConcurrent. Default: 1.'),
+    // The same bounds as a client's rate (auth.limits): a due time a burst ahead stays within what a timer can hold.
+    requestsPerMinute: z.number().min(0.0001).max(6_000_000).optional()
+      .describe('Requests per minute each target (provider and model: OpenAI, Anthropic and Azure count their limits per model or deployment) is sent, the fleet\'s together: set it a little under the provider\'s limit and attempts beyond it wait in the pool, in class order, for their turn (under the one wait rule, so one that cannot expect its turn before its deadline is shed with the wait as its retry-after), instead of being sent to meet a 429. With a shared state store each instance paces at its share of the pool\'s slots. Optional; default: no rate (the adaptive limit and hold-offs follow the provider\'s 429s).'),
+    burst: z.number().int().min(1).max(1_000_000).optional()
+      .describe('Requests a target may be sent at once after a quiet spell, under requestsPerMinute. Optional; default: one second\'s worth (requestsPerMinute / 60, at least 1), as providers enforce a minute\'s limit over shorter spans.'),
   })
-  .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target.');
+  .refine((p) => p.burst === undefined || p.requestsPerMinute !== undefined, { message: 'burst is the request rate\'s: it needs requestsPerMinute', path: ['burst'] })
+  .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target, and optionally a request rate per target.');
 
 const thinkingBudget = (effort: string, tokens: number) =>
   z.number().int().min(1024).max(128000).default(tokens)

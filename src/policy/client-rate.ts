@@ -60,7 +60,7 @@ export function clientRates(limit: ClientLimitConfig): ClientRates {
  * `from`: in floating point the long form can land a hair past it, and a request exactly on time was refused for a
  * whole interval.
  */
-function waitFor(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
+export function waitFor(dueMs: number | undefined, nowMs: number, rate: Rate, cost: number): number {
   const allowedAt = Math.max(dueMs ?? 0, nowMs) - (rate.burst - cost) * rate.intervalMs;
   return nowMs < allowedAt ? allowedAt - nowMs : 0;
 }

@@ -2,7 +2,9 @@
 // over (a stream: when it ends); a request waiting for anything else (backoff, parking) holds none. Waiting requests
 // queue by class; within a class the client (auth.keys) holding the fewest of its slots goes first, then arrival. A
 // class may use whatever the others leave idle, keeps its minShare under contention, and each target (provider and
-// model) also lives under its adaptive limit (policy/adaptive-limit.ts).
+// model) also lives under its adaptive limit (policy/adaptive-limit.ts) and, when the provider's request rate is
+// configured, is granted a slot only at that rate (pools.requestsPerMinute): a storm's retries queue here, in class
+// order, instead of going out to meet the provider's 429s.
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
@@ -10,6 +12,7 @@ import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
+import { spend, waitFor, type Rate } from '../policy/client-rate.ts';
 
 export interface PoolClass {
   name: string;
@@ -24,6 +27,8 @@ interface PoolSettings {
   classes: readonly PoolClass[];
   decrease: number;
   minLimit: number;
+  /** Each target's request rate, the fleet's (pools.requestsPerMinute); an instance paces at its share of it. */
+  rate?: Rate | undefined;
 }
 
 export interface SlotRequest {
@@ -77,6 +82,8 @@ interface TargetUse {
   lowerHeldUntilMs: number;
   /** Requests queued for a slot on this target. */
   waiting: number;
+  /** The target's request rate, as GCRA's due time (policy/client-rate.ts): undefined while it is full. */
+  rateDue: number | undefined;
 }
 
 interface Waiter {
@@ -171,6 +178,11 @@ export class ProviderPool {
   #attainable: number;
   #retryCapacity: number;
   #holdTimer: NodeJS.Timeout | undefined;
+  /** This instance's part of settings.rate: all of it alone, its share of the fleet's capacity in a fleet. */
+  #rate: Rate | undefined;
+  /** One timer for the pool, at the earliest time a waiter held back by its target's rate may go. */
+  #rateTimer: NodeJS.Timeout | undefined;
+  #rateWakeAtMs = Number.POSITIVE_INFINITY;
   /** Higher classes wait for the fleet to make room before they take a floor slot it did not give (floor-hold.ts). */
   readonly #floor: FloorHold;
   #floorTimer: NodeJS.Timeout | undefined;
@@ -191,6 +203,7 @@ export class ProviderPool {
     this.#capacity = settings.capacity;
     this.#attainable = settings.capacity;
     this.#retryCapacity = settings.retryCapacity;
+    this.#rate = settings.rate;
     this.#lanes = settings.classes.map(() => new Map());
     this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
@@ -283,7 +296,8 @@ export class ProviderPool {
    * A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip;
    * for a lower class while the target's quota is nearly spent, at least until that hold ends (no slot comes before).
    * Ahead of it in its own class: its client's waiters, and of each other client's as many again and one (its turns
-   * alternate with theirs), not a flooding tenant's whole queue.
+   * alternate with theirs), not a flooding tenant's whole queue. Under a request rate, at least until the rate has
+   * room for the requests ahead of it on its target and itself.
    */
   expectedWaitMs(cls: number, target: string, client = NO_CLIENT): number {
     let ahead = 0;
@@ -292,7 +306,9 @@ export class ProviderPool {
     for (const [name, use] of this.#clients[cls]!) ahead += name === client ? own : Math.min(use.waiting, own + 1);
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
+    const slots = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
+    // Only the waiters for this target wait for its rate (of them, at most those counted ahead).
+    const queued = this.#rate ? Math.max(slots, waitFor(t.rateDue, this.now(), this.#rate, Math.min(ahead, t.waiting) + 1)) : slots;
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
@@ -375,6 +391,9 @@ export class ProviderPool {
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
+    // The rate in the same share as the slots this instance has (the pool's floor of one included).
+    const rateBefore = this.#rate;
+    if (this.settings.rate) this.#rate = partOf(this.settings.rate, this.#capacity / this.settings.capacity);
     if (this.#askShare) {
       const until = this.#floor.untilMs;
       this.#backed = backed;
@@ -386,7 +405,8 @@ export class ProviderPool {
     // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
     // waited beside the room.
     // So do fewer classes held: a class the fleet no longer backs waits for no room it would not get.
-    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed) this.#drain();
+    const rateUp = rateBefore !== undefined && this.#rate!.intervalMs < rateBefore.intervalMs;
+    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed || rateUp) this.#drain();
   }
 
   /** For metrics: in use and queued per class, and per named client of each class; each target's limit. */
@@ -402,6 +422,7 @@ export class ProviderPool {
   close(): void {
     clearTimeout(this.#holdTimer);
     clearTimeout(this.#floorTimer);
+    clearTimeout(this.#rateTimer);
   }
 
   /**
@@ -427,7 +448,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0 };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, rateDue: undefined };
       this.#targets.set(key, t);
     }
     return t;
@@ -572,7 +593,27 @@ export class ProviderPool {
     // request that can wait it out is held (the estimate leaves the hold out for that reason): one whose deadline is
     // nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
     if (this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
-    return true;
+    // Last: a wake-up is armed only for a waiter the rate alone holds back.
+    return this.#rate === undefined || this.#rateAllows(t, this.#rate);
+  }
+
+  /** Whether the target's rate has room for one more request now; if not, the pool looks again when it has. */
+  #rateAllows(t: TargetUse, rate: Rate): boolean {
+    const now = this.now();
+    const wait = waitFor(t.rateDue, now, rate, 1);
+    if (wait === 0) return true;
+    this.#armRateTimer(now + wait);
+    return false;
+  }
+
+  #armRateTimer(atMs: number): void {
+    if (atMs >= this.#rateWakeAtMs) return;
+    clearTimeout(this.#rateTimer);
+    this.#rateWakeAtMs = atMs;
+    this.#rateTimer = setTimeout(() => {
+      this.#rateWakeAtMs = Number.POSITIVE_INFINITY;
+      this.#drain();
+    }, Math.ceil(atMs - this.now())).unref();
   }
 
   #take(req: SlotRequest, t: TargetUse): Slot {
@@ -587,6 +628,7 @@ export class ProviderPool {
     t.byClass[req.cls]!++;
     if (req.retry) this.#retriesInUse++;
     const grantedAtMs = this.now();
+    if (this.#rate) t.rateDue = spend(t.rateDue, grantedAtMs, this.#rate, 1);
     let released = false;
     let answered = false;
     return {
@@ -630,7 +672,9 @@ export class ProviderPool {
       if (this.#inUseByClass[k]! < floor) {
         // The floor is a share of what the target takes now, not of the pool: once 429s cut a target's limit to 2, a
         // floor of 2 (a tenth of maxConcurrent 20) was all of it, and online waited behind batch.
-        const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(minShare * Math.min(this.#capacity, t.limit.limit)));
+        // Under a request rate, of what the rate lets be in flight: with slots to spare, a class under its floor of the
+        // pool took every turn of the rate, and online waited behind batch's backlog.
+        const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(minShare * Math.min(this.#capacity, t.limit.limit, this.#rate ? t.inUse + 1 : Infinity)));
         if (w) return w;
       }
     }
@@ -674,6 +718,11 @@ export class ProviderPool {
     this.observer.onShed?.(cls, reason);
     return { ok: false, reason, retryAfterMs };
   }
+}
+
+/** An instance's part of the fleet's rate: `share` of its requests, and of its burst (at least one). */
+function partOf(rate: Rate, share: number): Rate {
+  return { intervalMs: rate.intervalMs / share, burst: Math.max(1, Math.floor(rate.burst * share)) };
 }
 
 /** Does waiter `w` (of a client using `use`) go before `other`: its client's turn comes first, or it came first. */

@@ -1,0 +1,186 @@
+// A provider's request rate (pools.requestsPerMinute), with a fake clock: each target is granted slots at its rate,
+// in class order; a request that cannot expect its turn before its deadline is shed at once with the wait; a fleet's
+// instance paces at its share; a waiter that leaves spends nothing.
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { parseConfig } from '../src/config/load.ts';
+import { rateOf } from '../src/policy/client-rate.ts';
+import { Pools } from '../src/pools/pools.ts';
+import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+
+beforeEach(() => vi.useFakeTimers({ now: 0 }));
+afterEach(() => vi.useRealTimers());
+
+const CLASSES = [
+  { name: 'online', minShare: 0, maxQueue: 100 },
+  { name: 'batch', minShare: 0, maxQueue: 100 },
+];
+
+function pool(perMinute: number, burst: number, capacity = 50): ProviderPool {
+  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rate: rateOf(perMinute, burst) }, () => Date.now());
+}
+
+const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
+
+/** Asks for a slot and notes when (fake ms) and in what order it is granted; the slot goes back at once. */
+function track(p: ProviderPool, label: string, r: SlotRequest, log: Array<[string, number]>): Promise<Acquired> {
+  return p.acquire(r).then((a) => {
+    if (a.ok) {
+      log.push([label, Date.now()]);
+      a.slot.release();
+    }
+    return a;
+  });
+}
+
+describe('a pool with a request rate', () => {
+  it('grants a target its slots at the rate, whatever slots are free', async () => {
+    const p = pool(60, 1);
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log).toEqual([['a', 0]]);
+    await vi.advanceTimersByTimeAsync(999);
+    expect(log).toHaveLength(1);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(log).toEqual([['a', 0], ['b', 1_000]]);
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(log).toEqual([['a', 0], ['b', 1_000], ['c', 2_000]]);
+    p.close();
+  });
+
+  it('lets a burst go at once after a quiet spell, then paces', async () => {
+    const p = pool(60, 3);
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c', 'd']) void track(p, l, req(), log);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log.map(([, t]) => t)).toEqual([0, 0, 0]);
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(log.at(-1)).toEqual(['d', 1_000]);
+    // Quiet for the burst's time: three go at once again.
+    await vi.advanceTimersByTimeAsync(3_000);
+    const again: Array<[string, number]> = [];
+    for (const l of ['e', 'f', 'g']) void track(p, l, req(), again);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(again.map(([, t]) => t)).toEqual([4_000, 4_000, 4_000]);
+    p.close();
+  });
+
+  it('gives the next turn to the higher class, whoever came first, and paces retries as first attempts', async () => {
+    const p = pool(60, 1);
+    const log: Array<[string, number]> = [];
+    void track(p, 'first', req(), log);
+    await vi.advanceTimersByTimeAsync(0);
+    void track(p, 'batch', req({ cls: 1 }), log);
+    void track(p, 'online-retry', req({ retry: true }), log);
+    await vi.advanceTimersByTimeAsync(2_000);
+    expect(log).toEqual([['first', 0], ['online-retry', 1_000], ['batch', 2_000]]);
+    p.close();
+  });
+
+  it('keeps a lower class its minShare of the turns, as a share of what the rate lets be in flight', async () => {
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 50, retryCapacity: 50, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.25, maxQueue: 100 }], decrease: 0.9, minLimit: 1, rate: rateOf(60, 1) },
+      () => Date.now(),
+    );
+    // Slots are held (answers that take long), so in flight grows by one a turn; the pool has room to spare.
+    const order: string[] = [];
+    const hold = (label: string, r: SlotRequest) => void p.acquire(r).then((a) => a.ok && order.push(label));
+    hold('first', req());
+    await vi.advanceTimersByTimeAsync(0);
+    for (let i = 0; i < 8; i++) hold('b', req({ cls: 1 }));
+    for (let i = 0; i < 8; i++) hold('o', req());
+    await vi.advanceTimersByTimeAsync(8_000);
+    // A quarter of what is in flight is batch's (a floor of the pool's 50 slots would have given batch every turn).
+    expect(order).toEqual(['first', 'o', 'o', 'b', 'o', 'o', 'o', 'b', 'o']);
+    p.close();
+  });
+
+  it('paces each target apart', async () => {
+    const p = pool(60, 1);
+    const log: Array<[string, number]> = [];
+    void track(p, 'a1', req(), log);
+    void track(p, 'a2', req(), log);
+    void track(p, 'b1', req({ target: 'p/other' }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log).toEqual([['a1', 0], ['b1', 0]]);
+    p.close();
+  });
+
+  it('sheds at once a request that cannot expect its turn before its deadline, told the wait', async () => {
+    const p = pool(60, 1);
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c', 'd']) void track(p, l, req(), log);
+    await vi.advanceTimersByTimeAsync(0);
+    // Three ahead of it at one a second (one granted, three waiting): its turn is about 3 s away.
+    const late = await p.acquire(req({ deadlineAtMs: 2_500, minAttemptMs: 100 }));
+    expect(late).toEqual({ ok: false, reason: 'deadline', retryAfterMs: 4_000 });
+    // One that can wait is queued and gets its turn.
+    const patient = track(p, 'patient', req({ deadlineAtMs: 10_000, minAttemptMs: 100 }), log);
+    await vi.advanceTimersByTimeAsync(4_000);
+    expect((await patient).ok).toBe(true);
+    expect(log.at(-1)).toEqual(['patient', 4_000]);
+    p.close();
+  });
+
+  it('paces an instance of a fleet at its share of the rate', async () => {
+    const p = pool(60, 2, 10);
+    p.setShare(0.5);
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
+    await vi.advanceTimersByTimeAsync(4_000);
+    // Half of 1 a second, and half of the burst of 2.
+    expect(log).toEqual([['a', 0], ['b', 2_000], ['c', 4_000]]);
+    // Its share back to the whole: the next waiter goes a second after the last, not two.
+    void track(p, 'd', req(), log);
+    p.setShare(1);
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(log.at(-1)).toEqual(['d', 5_000]);
+    p.close();
+  });
+
+  it('spends nothing for a waiter that leaves before its turn', async () => {
+    const p = pool(60, 1);
+    const log: Array<[string, number]> = [];
+    void track(p, 'a', req(), log);
+    const gone = new AbortController();
+    const left = p.acquire(req({ signal: gone.signal }));
+    await vi.advanceTimersByTimeAsync(500);
+    gone.abort();
+    expect(await left).toEqual({ ok: false, reason: 'aborted' });
+    void track(p, 'b', req(), log);
+    await vi.advanceTimersByTimeAsync(500);
+    expect(log).toEqual([['a', 0], ['b', 1_000]]);
+    p.close();
+  });
+
+  it('holds back nothing without a rate', async () => {
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log.map(([, t]) => t)).toEqual([0, 0, 0]);
+    p.close();
+  });
+});
+
+describe('pools.requestsPerMinute in the config', () => {
+  const yaml = (pools: string) => `
+providers:
+  openai: { family: openai, baseUrl: "http://127.0.0.1:9/v1", apiKey: k, pools: ${pools} }
+routes:
+  - { name: chat, match: { path: /v1/chat/completions }, targets: [ { provider: openai } ] }
+`;
+
+  it('defaults the burst to one second\'s worth, at least one', () => {
+    const rateOfPool = (pools: string) => new Pools(parseConfig(yaml(pools), 'gw.yaml', {}), Date.now).of('openai').settings.rate;
+    expect(rateOfPool('{ requestsPerMinute: 600 }')).toEqual({ intervalMs: 100, burst: 10 });
+    expect(rateOfPool('{ requestsPerMinute: 30 }')).toEqual({ intervalMs: 2_000, burst: 1 });
+    expect(rateOfPool('{ requestsPerMinute: 600, burst: 3 }')).toEqual({ intervalMs: 100, burst: 3 });
+    expect(rateOfPool('{}')).toBeUndefined();
+  });
+
+  it('refuses a burst without a rate, naming the file and the path', () => {
+    expect(() => parseConfig(yaml('{ burst: 5 }'), 'gw.yaml', {})).toThrow(/gw\.yaml[\s\S]*providers\.openai\.pools\.burst[\s\S]*needs requestsPerMinute/);
+    expect(() => parseConfig(yaml('{ requestsPerMinute: 0 }'), 'gw.yaml', {})).toThrow(/providers\.openai\.pools\.requestsPerMinute/);
+  });
+});

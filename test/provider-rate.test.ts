@@ -1,0 +1,135 @@
+// A provider's request rate (pools.requestsPerMinute) end to end: the official `openai` SDK against the gateway in
+// front of the bundled mock over real HTTP, alone and as a fleet of two on a real redis-server. What the provider sees
+// is its arrival times: never more than the rate and its burst in any second, however many agents ask at once, with
+// online traffic served before a batch backlog and a request that cannot expect its turn told so at once.
+import { randomUUID } from 'node:crypto';
+import OpenAI from 'openai';
+import { describe, expect, it } from 'vitest';
+import { ConfigSchema } from '../src/config/schema.ts';
+import type { MockRequestLog } from '../src/mock/stats.ts';
+import { startMock } from '../src/mock/server.ts';
+import { useRedisServer } from './helpers/redis-server.ts';
+import { defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useGateways, useStacks } from './helpers/stack.ts';
+
+const start = useStacks(RETRY_LOOP_ONLY);
+const ask = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'hi' }] };
+
+/** The most arrivals in any window of `ms` (a window opening at each arrival). */
+function mostIn(requests: readonly MockRequestLog[], ms: number): number {
+  const at = requests.map((r) => r.receivedAt).sort((a, b) => a - b);
+  let most = 0;
+  for (let i = 0, j = 0; i < at.length; i++) {
+    while (at[i]! - at[j]! >= ms) j++;
+    most = Math.max(most, i - j + 1);
+  }
+  return most;
+}
+
+describe('a provider paced at its request rate', () => {
+  it('sends a crowd of SDK calls on at the rate and its burst, and answers every one', async () => {
+    // 10 a second, 2 at once: 24 calls at once take about 2.2 s to send.
+    const s = await start({ provider: { pools: { requestsPerMinute: 600, burst: 2 } } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client' });
+    const started = Date.now();
+    const answers = await Promise.all(Array.from({ length: 24 }, () => client.chat.completions.create(ask)));
+    expect(answers.every((a) => a.choices[0]?.message.content)).toBe(true);
+    const seen = s.mock.requests();
+    expect(seen).toHaveLength(24);
+    // The rate and the burst in any second (arrivals can bunch a little on the wire, never run ahead of the pacing) ...
+    expect(mostIn(seen, 1_000)).toBeLessThanOrEqual(13);
+    // ... so the crowd takes its time to go out: the last was sent at least ~2 s after the first.
+    const at = seen.map((r) => r.receivedAt);
+    expect(Math.max(...at) - Math.min(...at)).toBeGreaterThanOrEqual(1_800);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1_800);
+  });
+
+  it('gives the turns to online calls before a batch backlog', async () => {
+    const s = await start({ provider: { pools: { requestsPerMinute: 600, burst: 1 } } });
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client' });
+    const timed = async (priority: string) => {
+      const t0 = Date.now();
+      await client.chat.completions.create(ask, { headers: { 'x-stormgate-priority': priority } });
+      return { ms: Date.now() - t0, doneAt: Date.now() };
+    };
+    const batch = Array.from({ length: 20 }, () => timed('batch'));
+    // The backlog is queued (20 at 10 a second: 2 s) when the online calls come.
+    await new Promise((r) => setTimeout(r, 300));
+    const online = await Promise.all(Array.from({ length: 4 }, () => timed('online')));
+    const batchDone = await Promise.all(batch);
+    // Online waited for the next four turns, not behind the backlog: done well before the batch's last ...
+    expect(Math.max(...online.map((o) => o.ms))).toBeLessThan(Math.max(...batchDone.map((b) => b.ms)) / 2);
+    // ... with most of the backlog still to go.
+    const lastOnline = Math.max(...online.map((o) => o.doneAt));
+    expect(batchDone.filter((b) => b.doneAt > lastOnline).length).toBeGreaterThanOrEqual(10);
+  });
+
+  it('tells a call that cannot expect its turn before its deadline so at once, with the wait, and the SDK comes back', async () => {
+    // One a second: of 5 calls at once with 2.5 s to live, the first goes now, the next in 1 s and 2 s; the others
+    // cannot have their turn in time.
+    const s = await start({ provider: { pools: { requestsPerMinute: 60, burst: 1 } }, route: { minAttemptMs: 200 } });
+    const calls = await Promise.all(
+      Array.from({ length: 5 }, async () => {
+        const t0 = Date.now();
+        const res = await fetch(`${s.baseURL}/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '2500' },
+          body: JSON.stringify(ask),
+        });
+        return { status: res.status, ms: Date.now() - t0, headers: res.headers, body: (await res.json()) as { error?: { code: string } } };
+      }),
+    );
+    const ok = calls.filter((c) => c.status === 200);
+    const shed = calls.filter((c) => c.status !== 200);
+    expect(ok.length).toBeGreaterThanOrEqual(2);
+    expect(shed.length).toBeGreaterThanOrEqual(1);
+    for (const c of shed) {
+      expect(c.status).toBe(503);
+      expect(c.body.error?.code).toBe('load_shed');
+      // At once, not at its deadline, told to come back when its turn would be (seconds, not milliseconds).
+      expect(c.ms).toBeLessThan(1_500);
+      expect(c.headers.get('x-should-retry')).toBe('true');
+      expect(Number(c.headers.get('retry-after-ms'))).toBeGreaterThanOrEqual(2_000);
+    }
+    expect(s.mock.requests()).toHaveLength(ok.length);
+  });
+});
+
+describe('a fleet of two gateways on Redis paced at one provider rate', () => {
+  const redis = useRedisServer();
+  const gateway = useGateways();
+
+  it('sends no more than the rate between them', async () => {
+    const mock = await startMock({ quiet: true, apiKey: TEST_KEY });
+    try {
+      const config = ConfigSchema.parse({
+        ...defaultConfig(mock.url, { ...RETRY_LOOP_ONLY, provider: { ...RETRY_LOOP_ONLY.provider, pools: { maxConcurrent: 8, requestsPerMinute: 480, burst: 2 } } }),
+        state: { redis: redis().url, keyPrefix: `rate-${randomUUID()}`, commandTimeoutMs: 1000 },
+      });
+      const urls = await Promise.all([gateway(config), gateway(config)]);
+      // Both instances busy for about 4 s at 8 a second between them: each paces at its share of the slots.
+      const until = Date.now() + 4_000;
+      const agent = async (url: string) => {
+        const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 0 });
+        let ok = 0;
+        while (Date.now() < until) {
+          await client.chat.completions.create(ask);
+          ok++;
+        }
+        return ok;
+      };
+      const answered = await Promise.all(urls.flatMap((url) => Array.from({ length: 6 }, () => agent(url))));
+      const seen = mock.requests();
+      expect(answered.reduce((a, b) => a + b, 0)).toBe(seen.length);
+      // 8 a second between them: in the busy middle (past the first exchange of shares), any second holds at most
+      // the rate and a burst at each instance, with room for bunching on the wire; two instances each at the whole
+      // rate would send 16.
+      const at = seen.map((r) => r.receivedAt);
+      const middle = seen.filter((r) => r.receivedAt > Math.min(...at) + 1_000 && r.receivedAt < Math.max(...at) - 200);
+      expect(mostIn(middle, 1_000)).toBeLessThanOrEqual(12);
+      // Each instance did send its part.
+      for (const n of answered.slice(0, 6).concat(answered.slice(6))) expect(n).toBeGreaterThan(0);
+    } finally {
+      await mock.close();
+    }
+  });
+});
