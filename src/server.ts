@@ -164,9 +164,11 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
-    // without a summary: an error before the pipeline answered). A replay reserved nothing: it used no provider tokens.
+    // without a summary: an error before the pipeline answered), all of it given back when no attempt went upstream
+    // (the summary's attempts are those sent). A replay reserved nothing: it used no provider tokens.
     if (request.tokensReserved && request.client !== undefined) {
-      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : []);
+      const sent = summary !== undefined && summary.attempts.length > 0;
+      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent);
     }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     let rejected: RejectedOutcome | undefined;

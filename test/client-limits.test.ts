@@ -86,10 +86,10 @@ describe('the rate policy (GCRA)', () => {
   });
 
   it('settles a reservation to the tokens used; without usage it keeps the prompt\'s estimate and gives back the completion cap', () => {
-    expect(settlement({ prompt: 1_500, completion: 500 }, 1_700)).toBe(-300);
-    expect(settlement({ prompt: 1_500, completion: 500 }, 2_600)).toBe(600);
-    expect(settlement({ prompt: 1_500, completion: 500 }, 0)).toBe(-2_000);
-    expect(settlement({ prompt: 1_500, completion: 500 }, undefined)).toBe(-500);
+    expect(settlement({ prompt: 1_500, completion: 500 }, 1_700, true)).toBe(-300);
+    expect(settlement({ prompt: 1_500, completion: 500 }, 2_600, true)).toBe(600);
+    expect(settlement({ prompt: 1_500, completion: 500 }, 0, true)).toBe(-2_000);
+    expect(settlement({ prompt: 1_500, completion: 500 }, undefined, true)).toBe(-500);
     // A give-back that leaves the bucket full: no due time, as for a rate never used.
     const { tokens } = clientRates({ tokensPerMinute: 6000 });
     expect(spend(10_000, 5_000, tokens!, -600)).toBeUndefined();
@@ -172,9 +172,9 @@ describe('clientLimits: a reservation settled', () => {
     expect(limit.reserve('batch', { prompt: 10, completion: 10 })).toBeUndefined();
     expect(await limit.reserve('agents', { prompt: 400, completion: 200 })).toBeUndefined();
     expect((await limit.reserve('agents', { prompt: 1, completion: 0 }))?.code).toBe('client_rate_limited');
-    limit.settle('agents', { prompt: 400, completion: 200 }, [undefined, undefined]);
-    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 300, completion: 50 } as never, { prompt: 20, completion: 30 } as never]);
-    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 400, completion: 200 } as never]);
+    limit.settle('agents', { prompt: 400, completion: 200 }, [undefined, undefined], true);
+    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 300, completion: 50 } as never, { prompt: 20, completion: 30 } as never], true);
+    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 400, completion: 200 } as never], true);
     expect(spent).toEqual([-200, -200]);
   });
 });

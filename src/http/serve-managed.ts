@@ -71,19 +71,10 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
         }
         drain.holdRun(claim.ended);
       }
-      // Its tokens reserved once its body is read (admission saw its headers alone); a replay uses no provider's, and
-      // a run refused here gives its key back (below). In the pipeline already: a client that leaves meanwhile ends its
-      // request after the reservation is on it, so what was reserved is settled (server.ts) whatever happens next.
-      if (limit && request.client !== undefined) {
-        const estimate = tokenEstimate(route.api, body.raw.length, body.json);
-        // No promise for a client without a token rate.
-        const reserving = limit.reserve(request.client, estimate);
-        if (reserving) {
-          const refusal = await reserving;
-          if (refusal) throw refusal;
-          request.tokensReserved = estimate;
-        }
-      }
+      // After the claim: a replay uses no provider's tokens, and a run refused here gives its key back (below). In
+      // the pipeline already: a client that leaves meanwhile ends its request after the reservation is on it, so what
+      // was reserved is settled (server.ts) whatever happens next.
+      if (limit && request.client !== undefined) await reserveTokens(limit, request, request.client, route, body);
       answer = await handleManagedRequest(
         {
           route,
@@ -131,6 +122,20 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
     }
     return sendAnswer(reply, answer);
   };
+}
+
+/**
+ * Reserves a request's estimated tokens against its client's token rate once its body is read (admission saw its
+ * headers alone), and marks them on the request to settle when it ends; throws the refusal when they do not fit.
+ */
+async function reserveTokens(limit: ClientLimit, request: FastifyRequest, client: string, route: CompiledRoute, body: ParsedBody): Promise<void> {
+  const estimate = tokenEstimate(route.api, body.raw.length, body.json);
+  // No promise for a client without a token rate.
+  const reserving = limit.reserve(client, estimate);
+  if (!reserving) return;
+  const refusal = await reserving;
+  if (refusal) throw refusal;
+  request.tokensReserved = estimate;
 }
 
 /** The route for a managed request, or the error for a request without a usable model or one no route serves. */

@@ -132,22 +132,37 @@ export interface TokenEstimate {
 
 /**
  * The tokens to spend (negative: to give back) once a request that reserved `reserved` has ended, given the tokens its
- * answer says it used; undefined when no usage came (an error answer, a stream without usage, a client gone before the
- * end). With usage, what was reserved becomes what was used. Without it, the prompt's estimate is kept and the
- * completion cap given back: the prompt was sent, and a provider counts it even for most failures, while the cap is
- * only a ceiling (a stream that ended without usage may have used any part of it). One rule, and never less than the
- * nothing such a request counted before reservations.
+ * answer says it used (undefined when no usage came: an error answer, a stream without usage, a client gone before the
+ * end) and whether any attempt of it went upstream. With usage, what was reserved becomes what was used. Without it,
+ * the prompt's estimate is kept and the completion cap given back: the prompt was sent, and a provider counts it even
+ * for most failures, while the cap is only a ceiling (a stream that ended without usage may have used any part of it).
+ * A request no provider was sent (shed by a pool, a target unavailable, the deadline or its client gone before an
+ * attempt, an error of the gateway's) gives it all back: it used no provider's tokens, and kept, a client whose SDK
+ * retries a load_shed paid its estimate again at each retry until its own rate refused it.
  */
-export function settlement(reserved: TokenEstimate, usedTokens: number | undefined): number {
-  return usedTokens === undefined ? -reserved.completion : usedTokens - reserved.prompt - reserved.completion;
+export function settlement(reserved: TokenEstimate, usedTokens: number | undefined, sentUpstream: boolean): number {
+  if (usedTokens !== undefined) return usedTokens - reserved.prompt - reserved.completion;
+  return sentUpstream ? -reserved.completion : -(reserved.prompt + reserved.completion);
 }
 
-/** A refusal by `by`, told its place in the queue of refused requests: its own wait, or a slot after the last one told. */
+/**
+ * A refusal by `by`, told its place in the queue of refused requests: its own wait, or a slot after the last one told
+ * (forgotten TOLD_KEPT_MS after it, as the Redis scripts' key expires).
+ */
 function queued(dues: ClientDues, nowMs: number, by: RateKind, waitMs: number, slotMs: number): { waitMs: number; by: RateKind; toldMs: number } {
   const ownMs = nowMs + waitMs;
-  const toldMs = Math.min(Math.max(ownMs, (dues.told ?? 0) + slotMs), ownMs + QUEUE_AHEAD_MS);
+  const lastMs = dues.told !== undefined && nowMs < dues.told + TOLD_KEPT_MS ? dues.told : 0;
+  const toldMs = Math.min(Math.max(ownMs, lastMs + slotMs), ownMs + QUEUE_AHEAD_MS);
   return { waitMs: toldMs - nowMs, by, toldMs };
 }
+
+/**
+ * How long past the last told time the queue remembers it: the Redis scripts keep the told key until then (PX: the
+ * time to it plus a second). The in-process store kept it for good, and with a reservation's slot (the time its
+ * estimate takes to come back, up to a minute) a refusal seconds after the queue had run out was told a whole slot
+ * after it, where the fleet's told it its own wait.
+ */
+export const TOLD_KEPT_MS = 1_000;
 
 /** How far past a refused request's own wait the queue of refused requests may tell it to come back. */
 export const QUEUE_AHEAD_MS = 60_000;

@@ -187,9 +187,12 @@ end
 local function dueOf(key)
   return tonumber(redis.call('GET', key) or '0') or 0
 end
--- A refusal's place in the queue of refused requests (KEYS[3]); returns the ms until it, rounded up.
+-- A refusal's place in the queue of refused requests (KEYS[3]); returns the ms until it, rounded up. A told time a
+-- second past (TOLD_KEPT_MS) is forgotten, as its key's expiry forgets it by Redis's clock.
 local function queued(own, slot, now, ahead)
-  local told = math.min(math.max(own, dueOf(KEYS[3]) + slot), own + ahead)
+  local last = dueOf(KEYS[3])
+  if now >= last + 1000 then last = 0 end
+  local told = math.min(math.max(own, last + slot), own + ahead)
   redis.call('SET', KEYS[3], string.format('%.3f', told), 'PX', math.ceil(told - now) + 1000)
   return math.ceil(told - now)
 end
