@@ -26,6 +26,20 @@ describe('the request deadline', () => {
     expect(computeDeadline({ routeTimeoutMs: 120_000, marginMs: undefined, headers: { 'x-stainless-read-timeout': '2.5' } })).toMatchObject({ timeoutMs: 2_500, source: 'x-stainless-read-timeout' });
   });
 
+  it.each([
+    ['Anthropic/JS 0.39.0', 2_000],
+    ['Anthropic/JS 0.37.0', 2_000],
+    ['OpenAI/JS 4.83.0', 2_000],
+    ['OpenAI/JS 4.91.1', 2_000],
+    ['Anthropic/JS 0.40.0', 2_000_000],
+    ['OpenAI/JS 4.92.0', 2_000_000],
+    ['OpenAI/JS 4.104.0', 2_000_000],
+    ['OpenAI/Python 1.50.0', 2_000_000],
+  ])('reads x-stainless-timeout 2000 from %s as %i ms (the releases that sent milliseconds)', (ua, ms) => {
+    const d = computeDeadline({ routeTimeoutMs: 3_000_000_000, marginMs: undefined, headers: { 'x-stainless-timeout': '2000', 'user-agent': ua } });
+    expect(d.timeoutMs).toBe(ms);
+  });
+
   it('keeps the smallest of every timeout', () => {
     const d = computeDeadline({
       routeTimeoutMs: 60_000,

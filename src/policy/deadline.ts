@@ -31,7 +31,7 @@ export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineI
     }
   };
   consider(timeoutHeaderMs(firstHeader(headers, 'x-stormgate-timeout-ms')), 'x-stormgate-timeout-ms');
-  consider(stainlessSeconds(firstHeader(headers, 'x-stainless-timeout')), 'x-stainless-timeout');
+  consider(stainlessTimeoutMs(headers), 'x-stainless-timeout');
   consider(stainlessSeconds(firstHeader(headers, 'x-stainless-read-timeout')), 'x-stainless-read-timeout');
   const margin = marginMs === undefined ? Math.max(MIN_MARGIN_MS, Math.round(timeoutMs * MARGIN_SHARE)) : scaledMargin(marginMs, routeTimeoutMs, timeoutMs);
   // A margin larger than the timeout would leave nothing: keep at least a sliver so the request is tried.
@@ -64,6 +64,30 @@ export function timeoutHeaderMs(v: string | undefined): number | undefined {
   if (v === undefined || !DECIMAL.test(v)) return undefined;
   const n = Number(v);
   return Number.isFinite(n) && n > 0 ? n : undefined;
+}
+
+/**
+ * x-stainless-timeout in ms: in seconds, but for the JS SDK releases that sent milliseconds (a 2 s timeout as `2000`,
+ * which read as seconds left the route's deadline, so the SDK gave up and sent the call again by itself).
+ */
+function stainlessTimeoutMs(headers: HeaderBag): number | undefined {
+  const v = firstHeader(headers, 'x-stainless-timeout');
+  if (!sendsMilliseconds(firstHeader(headers, 'user-agent'))) return stainlessSeconds(v);
+  const s = stainlessSeconds(v);
+  return s === undefined ? undefined : Math.max(1, s / 1000);
+}
+
+/**
+ * The releases that sent x-stainless-timeout in milliseconds before both SDKs switched to seconds (their changelogs:
+ * "send X-Stainless-Timeout in seconds"): openai 4.83.0 to 4.91.x and @anthropic-ai/sdk 0.37.0 to 0.39.x, told by
+ * their user-agent (`OpenAI/JS 4.85.0`, `Anthropic/JS 0.39.0`).
+ */
+function sendsMilliseconds(userAgent: string | undefined): boolean {
+  const m = /^(OpenAI|Anthropic)\/JS (\d+)\.(\d+)\./.exec(userAgent ?? '');
+  if (!m) return false;
+  const major = Number(m[2]);
+  const minor = Number(m[3]);
+  return m[1] === 'OpenAI' ? major === 4 && minor >= 83 && minor <= 91 : major === 0 && minor >= 37 && minor <= 39;
 }
 
 /**
