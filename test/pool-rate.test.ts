@@ -16,7 +16,7 @@ const CLASSES = [
 ];
 
 function pool(perMinute: number, burst: number, capacity = 50): ProviderPool {
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rate: rateOf(perMinute, burst) }, () => Date.now());
+  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { requests: rateOf(perMinute, burst) } }, () => Date.now());
 }
 
 const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
@@ -79,7 +79,7 @@ describe('a pool with a request rate', () => {
 
   it('keeps a lower class its minShare of the turns, as a share of what the rate lets be in flight', async () => {
     const p = new ProviderPool(
-      { provider: 'p', capacity: 50, retryCapacity: 50, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.25, maxQueue: 100 }], decrease: 0.9, minLimit: 1, rate: rateOf(60, 1) },
+      { provider: 'p', capacity: 50, retryCapacity: 50, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.25, maxQueue: 100 }], decrease: 0.9, minLimit: 1, rates: { requests: rateOf(60, 1) } },
       () => Date.now(),
     );
     // Slots are held (answers that take long), so in flight grows by one a turn; the pool has room to spare.
@@ -153,6 +153,42 @@ describe('a pool with a request rate', () => {
     p.close();
   });
 
+  it('paces a target by its token rate, each request counted for its estimate', async () => {
+    // 6,000 tokens a minute (one every 10 ms), a minute's worth at once.
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    for (const l of ['a', 'b', 'c']) void track(p, l, req({ tokens: 2_500 }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    // Two fit the minute's worth; the third waits for the 1,500 tokens it lacks: 15 s.
+    expect(log).toEqual([['a', 0], ['b', 0]]);
+    await vi.advanceTimersByTimeAsync(14_999);
+    expect(log).toHaveLength(2);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(log.at(-1)).toEqual(['c', 15_000]);
+    // One larger than a minute's worth goes once the rate is full again (and overdraws it), not never.
+    void track(p, 'huge', req({ tokens: 50_000 }), log);
+    await vi.advanceTimersByTimeAsync(70_000);
+    expect(log.at(-1)).toEqual(['huge', 75_000]);
+    p.close();
+  });
+
+  it('holds a request to the rate that binds, of requests and tokens', async () => {
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { requests: rateOf(60, 1), tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    void track(p, 'a', req({ tokens: 10 }), log);
+    void track(p, 'b', req({ tokens: 10 }), log);
+    void track(p, 'c', req({ tokens: 6_000 }), log);
+    await vi.advanceTimersByTimeAsync(3_000);
+    // b by the request rate (1 s), though its tokens fit; c's 6,000 tokens (the whole minute's worth) fit again 0.2 s
+    // after a's and b's 20 were taken, so the request rate binds it too: its turn at 2 s.
+    expect(log).toEqual([['a', 0], ['b', 1_000], ['c', 2_000]]);
+    // A newcomer that cannot expect its turn before its deadline is told the longer of the two waits.
+    const late = await p.acquire(req({ tokens: 6_000, deadlineAtMs: Date.now() + 5_000 }));
+    expect(late.ok).toBe(false);
+    expect(!late.ok && late.reason !== 'aborted' && late.retryAfterMs).toBeGreaterThan(50_000);
+    p.close();
+  });
+
   it('holds back nothing without a rate', async () => {
     const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
     const log: Array<[string, number]> = [];
@@ -172,10 +208,12 @@ routes:
 `;
 
   it('defaults the burst to one second\'s worth, at least one', () => {
-    const rateOfPool = (pools: string) => new Pools(parseConfig(yaml(pools), 'gw.yaml', {}), Date.now).of('openai').settings.rate;
-    expect(rateOfPool('{ requestsPerMinute: 600 }')).toEqual({ intervalMs: 100, burst: 10 });
-    expect(rateOfPool('{ requestsPerMinute: 30 }')).toEqual({ intervalMs: 2_000, burst: 1 });
-    expect(rateOfPool('{ requestsPerMinute: 600, burst: 3 }')).toEqual({ intervalMs: 100, burst: 3 });
+    const rateOfPool = (pools: string) => new Pools(parseConfig(yaml(pools), 'gw.yaml', {}), Date.now).of('openai').settings.rates;
+    expect(rateOfPool('{ requestsPerMinute: 600 }')).toEqual({ requests: { intervalMs: 100, burst: 10 }, tokens: undefined });
+    expect(rateOfPool('{ requestsPerMinute: 30 }')).toEqual({ requests: { intervalMs: 2_000, burst: 1 }, tokens: undefined });
+    expect(rateOfPool('{ requestsPerMinute: 600, burst: 3 }')).toEqual({ requests: { intervalMs: 100, burst: 3 }, tokens: undefined });
+    // A token rate holds a minute's worth.
+    expect(rateOfPool('{ tokensPerMinute: 30000 }')).toEqual({ requests: undefined, tokens: { intervalMs: 2, burst: 30_000 } });
     expect(rateOfPool('{}')).toBeUndefined();
   });
 

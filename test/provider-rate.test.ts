@@ -94,6 +94,34 @@ describe('a provider paced at its request rate', () => {
   });
 });
 
+describe('a provider paced at its token rate', () => {
+  it('sends calls as their estimates fit, and tells those that cannot fit before their deadline to come back', async () => {
+    // 12,000 tokens a minute (200 a second); each call counts its body's bytes / 4 and its max_tokens: about 4,025.
+    const s = await start({ provider: { pools: { tokensPerMinute: 12_000 } } });
+    const calls = await Promise.all(
+      Array.from({ length: 6 }, async () => {
+        const t0 = Date.now();
+        const res = await fetch(`${s.baseURL}/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '5000' },
+          body: JSON.stringify({ ...ask, max_tokens: 4_000 }),
+        });
+        return { status: res.status, ms: Date.now() - t0, headers: res.headers, body: (await res.json()) as { error?: { code: string } } };
+      }),
+    );
+    // Two fit at once, the third a fraction of a second later; the next would wait about 20 s.
+    expect(calls.filter((c) => c.status === 200)).toHaveLength(3);
+    expect(s.mock.requests()).toHaveLength(3);
+    for (const c of calls.filter((c) => c.status !== 200)) {
+      expect(c.status).toBe(503);
+      expect(c.body.error?.code).toBe('load_shed');
+      expect(c.ms).toBeLessThan(2_500);
+      expect(c.headers.get('x-should-retry')).toBe('true');
+      expect(Number(c.headers.get('retry-after-ms'))).toBeGreaterThanOrEqual(15_000);
+    }
+  });
+});
+
 describe('a fleet of two gateways on Redis paced at one provider rate', () => {
   const redis = useRedisServer();
   const gateway = useGateways();

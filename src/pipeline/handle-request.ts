@@ -29,6 +29,7 @@ import { RequestAbort } from './request-abort.ts';
 import type { HoldOffs } from '../state/hold-offs.ts';
 import { EarlyStart } from './early-start.ts';
 import { firstHeader, type HeaderBag } from '../header-bag.ts';
+import { estimatedTokens } from '../policy/token-estimate.ts';
 
 export interface ManagedRequest {
   route: CompiledRoute;
@@ -202,6 +203,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
         client: req.client,
+        tokens: estimatedTokens(route.api, req.rawBody.length, req.json),
         graceLeftMs: req.graceLeftMs,
       },
       plans,

@@ -264,7 +264,7 @@ export async function serveTargets(
     // (one instance of a fleet counted 159 sheds through a 429 storm in which no client was shed).
     const unavailable = (): Served =>
       first.reason === 'pacing'
-        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: 'deadline', retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.limitKey, ctx.client), className: first.plan.className, lowestClass: first.plan.lowestClass } }
+        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: 'deadline', retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.limitKey, ctx.client, ctx.tokens), className: first.plan.className, lowestClass: first.plan.lowestClass } }
         : { kind: 'unavailable', plan: first.plan, reason: first.reason, availableAtMs: first.availableAtMs };
     const now = deps.now();
     const waitMs = Math.max(0, first.availableAtMs - now);

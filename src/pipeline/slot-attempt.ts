@@ -31,7 +31,7 @@ export type SlotAttempt =
  * What of a request its slot and attempt read: the request's own context, or the one a stream recovery's continuation
  * makes (its signal, and a deadline that bounds only its wait for the slot).
  */
-export type SlotContext = Pick<RequestContext, 'route' | 'api' | 'stream' | 'shape' | 'signal' | 'deadlineAtMs' | 'earlyStart' | 'bodyBytes' | 'client'>;
+export type SlotContext = Pick<RequestContext, 'route' | 'api' | 'stream' | 'shape' | 'signal' | 'deadlineAtMs' | 'earlyStart' | 'bodyBytes' | 'client' | 'tokens'>;
 
 /** Is the target still free to take requests? Undefined when it is; else why not and until when. */
 type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
@@ -56,6 +56,7 @@ export async function attemptInSlot(
     minAttemptMs: ctx.route.config.minAttemptMs,
     signal: ctx.signal,
     client: ctx.client,
+    ...(ctx.tokens !== undefined && { tokens: ctx.tokens }),
   });
   if (!acquired.ok) {
     if (acquired.reason !== 'aborted') return { kind: 'shed', reason: acquired.reason, retryAfterMs: acquired.retryAfterMs };

@@ -15,6 +15,7 @@ import { heldBack, type AttemptRecord, type TargetDeps, type TargetPlan } from '
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
 import { RequestAbort, type RequestSignal } from './request-abort.ts';
+import { estimatedTokens } from '../policy/token-estimate.ts';
 
 export function streamRecovery(
   req: ManagedRequest,
@@ -80,7 +81,8 @@ export function streamRecovery(
     // maxConcurrent and its adaptive limit, unseen by its in-use gauge. The wait has no request deadline to keep to
     // (it ended at the first output): the client's stream waits as long as its idle limit lets it go silent (less
     // minAttemptMs), from the break; once sent, the continuation's own timers bound it as before.
-    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes: Buffer.byteLength(upstream.body), client: req.client };
+    const bodyBytes = Buffer.byteLength(upstream.body);
+    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes, client: req.client, tokens: estimatedTokens('chat', bodyBytes, json) };
     const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, () => {
       const held = heldBack(deps.guards, next, false, now());
       return held && { kind: 'gone', ...held };

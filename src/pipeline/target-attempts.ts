@@ -149,6 +149,8 @@ export interface RequestContext {
   bodyBytes?: number;
   /** The client's key's name (auth.keys): its requests wait for slots in turn with other clients' (SlotRequest.client). */
   client?: string;
+  /** Its estimated tokens (policy/token-estimate.ts): what a target's token rate counts each attempt for. */
+  tokens?: number;
   /** While the instance drains, the time left before its grace period is over (ManagedRequest.graceLeftMs). */
   graceLeftMs?: () => number | undefined;
 }

@@ -52,6 +52,12 @@ export function tokenEstimate(api: ApiKind, bodyBytes: number, json: Readonly<Re
   return { prompt, completion: Math.min(cap * (isCount(n) && n > 1 ? n : 1), MAX_COMPLETION_ESTIMATE) };
 }
 
+/** tokenEstimate's total: what a target's token rate (pools.tokensPerMinute) counts a request for. */
+export function estimatedTokens(api: ApiKind, bodyBytes: number, json: Readonly<Record<string, unknown>>): number {
+  const { prompt, completion } = tokenEstimate(api, bodyBytes, json);
+  return prompt + completion;
+}
+
 /**
  * The base64 payloads a body sends inline, in any API's shape: a `data:` URL (chat's image_url.url, the Responses
  * API's input_image.image_url, file_data of a chat `file` or an input_file), or a `data` / `file_data` string that is

@@ -2,7 +2,7 @@
 import type { Config } from '../config/schema.ts';
 import { ProviderPool, type PoolObserver } from './provider-pool.ts';
 import type { WaitingBodies } from './waiting-bodies.ts';
-import { rateOf } from '../policy/client-rate.ts';
+import { targetRates } from '../policy/target-rate.ts';
 
 export class Pools {
   readonly #pools = new Map<string, ProviderPool>();
@@ -20,7 +20,7 @@ export class Pools {
             classes: Object.entries(p.pools.classes).map(([cls, c]) => ({ name: cls, ...c })),
             decrease: p.pools.decrease,
             minLimit: p.pools.minLimit,
-            rate: p.pools.requestsPerMinute === undefined ? undefined : rateOf(p.pools.requestsPerMinute, p.pools.burst ?? Math.max(1, Math.floor(p.pools.requestsPerMinute / 60))),
+            rates: targetRates(p.pools),
           },
           now,
           observer,

@@ -2,9 +2,9 @@
 // over (a stream: when it ends); a request waiting for anything else (backoff, parking) holds none. Waiting requests
 // queue by class; within a class the client (auth.keys) holding the fewest of its slots goes first, then arrival. A
 // class may use whatever the others leave idle, keeps its minShare under contention, and each target (provider and
-// model) also lives under its adaptive limit (policy/adaptive-limit.ts) and, when the provider's request rate is
-// configured, is granted a slot only at that rate (pools.requestsPerMinute): a storm's retries queue here, in class
-// order, instead of going out to meet the provider's 429s.
+// model) also lives under its adaptive limit (policy/adaptive-limit.ts) and, when the provider's rates are configured
+// (pools.requestsPerMinute, pools.tokensPerMinute), is granted slots only at those rates: a storm's retries queue here,
+// in class order, instead of going out to meet the provider's 429s.
 import { classLimit, initialLimit, onRateLimited, onRecovered, onSuccess, type LimitSettings, type LimitState } from '../policy/adaptive-limit.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import type { RequestSignal } from '../pipeline/request-abort.ts';
@@ -12,7 +12,7 @@ import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
-import { spend, waitFor, type Rate } from '../policy/client-rate.ts';
+import { rateSpend, rateWait, ratesPart, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
 
 export interface PoolClass {
   name: string;
@@ -27,8 +27,8 @@ interface PoolSettings {
   classes: readonly PoolClass[];
   decrease: number;
   minLimit: number;
-  /** Each target's request rate, the fleet's (pools.requestsPerMinute); an instance paces at its share of it. */
-  rate?: Rate | undefined;
+  /** Each target's rates, the fleet's (pools.requestsPerMinute, tokensPerMinute); an instance paces at its share. */
+  rates?: TargetRates | undefined;
 }
 
 export interface SlotRequest {
@@ -52,6 +52,8 @@ export interface SlotRequest {
    * tenant flooding its class queues behind its own requests, not in front of everyone else's. Unnamed, one client.
    */
   client?: string;
+  /** Its estimated tokens (policy/token-estimate.ts), for a target's token rate: at least 1 counted. */
+  tokens?: number;
 }
 
 export interface Slot {
@@ -82,8 +84,8 @@ interface TargetUse {
   lowerHeldUntilMs: number;
   /** Requests queued for a slot on this target. */
   waiting: number;
-  /** The target's request rate, as GCRA's due time (policy/client-rate.ts): undefined while it is full. */
-  rateDue: number | undefined;
+  /** The target's rates' due times (policy/target-rate.ts). */
+  dues: TargetDues;
 }
 
 interface Waiter {
@@ -178,8 +180,8 @@ export class ProviderPool {
   #attainable: number;
   #retryCapacity: number;
   #holdTimer: NodeJS.Timeout | undefined;
-  /** This instance's part of settings.rate: all of it alone, its share of the fleet's capacity in a fleet. */
-  #rate: Rate | undefined;
+  /** This instance's part of settings.rates: all of them alone, its share of the fleet's capacity in a fleet. */
+  #rates: TargetRates | undefined;
   /** One timer for the pool, at the earliest time a waiter held back by its target's rate may go. */
   #rateTimer: NodeJS.Timeout | undefined;
   #rateWakeAtMs = Number.POSITIVE_INFINITY;
@@ -203,7 +205,7 @@ export class ProviderPool {
     this.#capacity = settings.capacity;
     this.#attainable = settings.capacity;
     this.#retryCapacity = settings.retryCapacity;
-    this.#rate = settings.rate;
+    this.#rates = settings.rates;
     this.#lanes = settings.classes.map(() => new Map());
     this.#queued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
@@ -239,7 +241,7 @@ export class ProviderPool {
       return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
-    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target, req.client);
+    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target, req.client, tokensOf(req));
     const displaced = !req.released && this.#queued[req.cls]! >= cls.maxQueue ? this.#displaced(req) : undefined;
     if (displaced === null) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
@@ -277,7 +279,7 @@ export class ProviderPool {
       waiter.shed = (reason) => {
         clearTimeout(lastChance);
         req.signal.removeEventListener('abort', onAbort);
-        resolve(this.#shed(cls.name, reason, this.expectedWaitMs(req.cls, req.target, req.client)));
+        resolve(this.#shed(cls.name, reason, this.expectedWaitMs(req.cls, req.target, req.client, tokensOf(req))));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       waiter.lane.waiters.push(waiter);
@@ -296,10 +298,10 @@ export class ProviderPool {
    * A rough wait for a new request of this class: the queue ahead of it, served at the target's limit per round trip;
    * for a lower class while the target's quota is nearly spent, at least until that hold ends (no slot comes before).
    * Ahead of it in its own class: its client's waiters, and of each other client's as many again and one (its turns
-   * alternate with theirs), not a flooding tenant's whole queue. Under a request rate, at least until the rate has
-   * room for the requests ahead of it on its target and itself.
+   * alternate with theirs), not a flooding tenant's whole queue. Under its target's rates, at least until they have
+   * room for the requests ahead of it on its target and itself (each of `tokens`, as far as it can tell).
    */
-  expectedWaitMs(cls: number, target: string, client = NO_CLIENT): number {
+  expectedWaitMs(cls: number, target: string, client = NO_CLIENT, tokens = 1): number {
     let ahead = 0;
     for (let k = 0; k < cls; k++) ahead += this.#queued[k]!;
     const own = this.#clients[cls]!.get(client)?.waiting ?? 0;
@@ -308,7 +310,7 @@ export class ProviderPool {
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
     const slots = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
     // Only the waiters for this target wait for its rate (of them, at most those counted ahead).
-    const queued = this.#rate ? Math.max(slots, waitFor(t.rateDue, this.now(), this.#rate, Math.min(ahead, t.waiting) + 1)) : slots;
+    const queued = this.#rates ? Math.max(slots, rateWait(t.dues, this.#rates, this.now(), tokens, Math.min(ahead, t.waiting) + 1)) : slots;
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
   }
 
@@ -392,8 +394,7 @@ export class ProviderPool {
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
     // The rate in the same share as the slots this instance has (the pool's floor of one included).
-    const rateBefore = this.#rate;
-    if (this.settings.rate) this.#rate = partOf(this.settings.rate, this.#capacity / this.settings.capacity);
+    if (this.settings.rates) this.#rates = ratesPart(this.settings.rates, this.#capacity / this.settings.capacity);
     if (this.#askShare) {
       const until = this.#floor.untilMs;
       this.#backed = backed;
@@ -405,8 +406,7 @@ export class ProviderPool {
     // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
     // waited beside the room.
     // So do fewer classes held: a class the fleet no longer backs waits for no room it would not get.
-    const rateUp = rateBefore !== undefined && this.#rate!.intervalMs < rateBefore.intervalMs;
-    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed || rateUp) this.#drain();
+    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed) this.#drain();
   }
 
   /** For metrics: in use and queued per class, and per named client of each class; each target's limit. */
@@ -448,7 +448,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, rateDue: undefined };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, dues: {} };
       this.#targets.set(key, t);
     }
     return t;
@@ -594,13 +594,13 @@ export class ProviderPool {
     // nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
     if (this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
     // Last: a wake-up is armed only for a waiter the rate alone holds back.
-    return this.#rate === undefined || this.#rateAllows(t, this.#rate);
+    return this.#rates === undefined || this.#ratesAllow(req, t, this.#rates);
   }
 
-  /** Whether the target's rate has room for one more request now; if not, the pool looks again when it has. */
-  #rateAllows(t: TargetUse, rate: Rate): boolean {
+  /** Whether the target's rates have room for the request now; if not, the pool looks again when they have. */
+  #ratesAllow(req: SlotRequest, t: TargetUse, rates: TargetRates): boolean {
     const now = this.now();
-    const wait = waitFor(t.rateDue, now, rate, 1);
+    const wait = rateWait(t.dues, rates, now, tokensOf(req));
     if (wait === 0) return true;
     this.#armRateTimer(now + wait);
     return false;
@@ -628,7 +628,7 @@ export class ProviderPool {
     t.byClass[req.cls]!++;
     if (req.retry) this.#retriesInUse++;
     const grantedAtMs = this.now();
-    if (this.#rate) t.rateDue = spend(t.rateDue, grantedAtMs, this.#rate, 1);
+    if (this.#rates) rateSpend(t.dues, this.#rates, grantedAtMs, tokensOf(req));
     let released = false;
     let answered = false;
     return {
@@ -674,7 +674,7 @@ export class ProviderPool {
         // floor of 2 (a tenth of maxConcurrent 20) was all of it, and online waited behind batch.
         // Under a request rate, of what the rate lets be in flight: with slots to spare, a class under its floor of the
         // pool took every turn of the rate, and online waited behind batch's backlog.
-        const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(minShare * Math.min(this.#capacity, t.limit.limit, this.#rate ? t.inUse + 1 : Infinity)));
+        const w = this.#pick(k, (t) => t.byClass[k]! < Math.floor(minShare * Math.min(this.#capacity, t.limit.limit, this.#rates ? t.inUse + 1 : Infinity)));
         if (w) return w;
       }
     }
@@ -708,8 +708,8 @@ export class ProviderPool {
    * was letting go at this pool's limit): counted as the pool's sheds are, with the pool's wait estimate for its client to
    * come back after (without it, a flooding client was told one turn, not its queue).
    */
-  shedWaiting(cls: number, target: string, client?: string): number {
-    const retryAfterMs = this.expectedWaitMs(cls, target, client);
+  shedWaiting(cls: number, target: string, client?: string, tokens?: number): number {
+    const retryAfterMs = this.expectedWaitMs(cls, target, client, tokens);
     this.#shed(this.settings.classes[cls]!.name, 'deadline', retryAfterMs);
     return retryAfterMs;
   }
@@ -720,9 +720,9 @@ export class ProviderPool {
   }
 }
 
-/** An instance's part of the fleet's rate: `share` of its requests, and of its burst (at least one). */
-function partOf(rate: Rate, share: number): Rate {
-  return { intervalMs: rate.intervalMs / share, burst: Math.max(1, Math.floor(rate.burst * share)) };
+/** What a request counts for under a token rate: its estimate, at least one token. */
+function tokensOf(req: SlotRequest): number {
+  return Math.max(1, req.tokens ?? 1);
 }
 
 /** Does waiter `w` (of a client using `use`) go before `other`: its client's turn comes first, or it came first. */

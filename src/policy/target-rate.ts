@@ -1,0 +1,52 @@
+// A target's rates (pools.requestsPerMinute, pools.tokensPerMinute), as the pool paces its grants: the same GCRA as a
+// client's rates (client-rate.ts), one due time per rate, kept in the pool rather than a store: a grant is
+// synchronous, and a fleet splits the rates by the pool's share (fleet-share.ts) instead of asking Redis each time.
+import { rateOf, spend, waitFor, type Rate } from './client-rate.ts';
+
+/** A target's rates, each optional. */
+export interface TargetRates {
+  requests?: Rate | undefined;
+  tokens?: Rate | undefined;
+}
+
+/** Each rate's due time (undefined: full). */
+export interface TargetDues {
+  requests?: number | undefined;
+  tokens?: number | undefined;
+}
+
+/**
+ * The rates of a pool's config: requests with a burst of one second's worth by default (providers enforce a minute's
+ * limit over shorter spans: OpenAI's 60,000 a minute as 1,000 a second), tokens with a minute's worth, as providers'
+ * token limits hold.
+ */
+export function targetRates(perMinute: { requestsPerMinute?: number | undefined; burst?: number | undefined; tokensPerMinute?: number | undefined }): TargetRates | undefined {
+  const { requestsPerMinute: rpm, tokensPerMinute: tpm } = perMinute;
+  if (rpm === undefined && tpm === undefined) return undefined;
+  return {
+    requests: rpm === undefined ? undefined : rateOf(rpm, perMinute.burst ?? Math.max(1, Math.floor(rpm / 60))),
+    tokens: tpm === undefined ? undefined : rateOf(tpm, Math.max(1, Math.floor(tpm))),
+  };
+}
+
+/**
+ * How long until `count` requests of `tokens` each fit the rates at nowMs: 0 when one fits now. A request of more
+ * tokens than the burst fits once the bucket is full (and overdraws it), as it never would otherwise.
+ */
+export function rateWait(dues: TargetDues, rates: TargetRates, nowMs: number, tokens: number, count = 1): number {
+  const byRequests = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, count) : 0;
+  const byTokens = rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, count === 1 ? Math.min(tokens, rates.tokens.burst) : count * tokens) : 0;
+  return Math.max(byRequests, byTokens);
+}
+
+/** The due times once a request of `tokens` is sent at nowMs. */
+export function rateSpend(dues: TargetDues, rates: TargetRates, nowMs: number, tokens: number): void {
+  if (rates.requests) dues.requests = spend(dues.requests, nowMs, rates.requests, 1);
+  if (rates.tokens) dues.tokens = spend(dues.tokens, nowMs, rates.tokens, tokens);
+}
+
+/** An instance's part of the fleet's rates: `share` of each, and of its burst (at least one). */
+export function ratesPart(rates: TargetRates, share: number): TargetRates {
+  const part = (r: Rate | undefined): Rate | undefined => r && { intervalMs: r.intervalMs / share, burst: Math.max(1, Math.floor(r.burst * share)) };
+  return { requests: part(rates.requests), tokens: part(rates.tokens) };
+}
