@@ -86,49 +86,39 @@ function raised(err: unknown, partial = ''): Raised & { partial: string } {
   };
 }
 
-const V4: OldOpenAI = {
-  version: 'openai 4.104.0',
-  client(s, opts = {}) {
-    const c = new OpenAIv4({ baseURL: s.baseURL, apiKey: CLIENT_KEY, ...opts });
-    return {
-      async chat(o = {}) {
-        const r = await c.chat.completions.create(body, o);
-        return r.choices[0]?.message.content ?? '';
-      },
-      async stream() {
-        let text = '';
-        try {
-          for await (const chunk of await c.chat.completions.create({ ...body, stream: true })) text += chunk.choices[0]?.delta.content ?? '';
-        } catch (err) {
-          throw Object.assign(err as Error, { partial: text });
-        }
-        return text;
-      },
-    };
-  },
-};
+/** What of either older SDK's client the suite calls: the two versions' types differ, their calls do not. */
+interface ChatCreate {
+  chat: { completions: { create(body: object, opts?: object): Promise<any> } };
+}
 
-const V5: OldOpenAI = {
-  version: 'openai 5.23.2',
-  client(s, opts = {}) {
-    const c = new OpenAIv5({ baseURL: s.baseURL, apiKey: CLIENT_KEY, ...opts });
-    return {
-      async chat(o = {}) {
-        const r = await c.chat.completions.create(body, o);
-        return r.choices[0]?.message.content ?? '';
-      },
-      async stream() {
-        let text = '';
-        try {
-          for await (const chunk of await c.chat.completions.create({ ...body, stream: true })) text += chunk.choices[0]?.delta.content ?? '';
-        } catch (err) {
-          throw Object.assign(err as Error, { partial: text });
-        }
-        return text;
-      },
-    };
-  },
-};
+/** One face for an older openai SDK, given how to make its client. */
+function oldOpenAI(version: OpenAIVersion, make: (opts: { baseURL: string; apiKey: string; timeout?: number; defaultHeaders?: Record<string, string> }) => ChatCreate): OldOpenAI {
+  return {
+    version,
+    client(s, opts = {}) {
+      const c = make({ baseURL: s.baseURL, apiKey: CLIENT_KEY, ...opts });
+      return {
+        async chat(o = {}) {
+          const r = await c.chat.completions.create(body, o);
+          return (r.choices[0]?.message.content as string | null) ?? '';
+        },
+        async stream() {
+          let text = '';
+          try {
+            const chunks = (await c.chat.completions.create({ ...body, stream: true })) as AsyncIterable<{ choices: Array<{ delta: { content?: string | null } }> }>;
+            for await (const chunk of chunks) text += chunk.choices[0]?.delta.content ?? '';
+          } catch (err) {
+            throw Object.assign(err as Error, { partial: text });
+          }
+          return text;
+        },
+      };
+    },
+  };
+}
+
+const V4 = oldOpenAI('openai 4.104.0', (opts) => new OpenAIv4(opts));
+const V5 = oldOpenAI('openai 5.23.2', (opts) => new OpenAIv5(opts));
 
 const settle = <T>(p: Promise<T>) =>
   p.then(
