@@ -2,7 +2,7 @@
 // brownout, a hang), each run three ways (direct with the SDK's retries, direct with naive 1 s retries, through the
 // gateway) under open-loop traffic; then how fast a breaker change crosses Redis. Writes bench/results/storm.{md,json}
 // and the charts storm.svg (scenario 1) and storm-hang.svg (scenario 2).
-//   npm run bench:storm -- [--strict] [--only brownout-503|hang|propagation]
+//   npm run bench:storm -- [--strict] [--only brownout-503|hang|rate-limit|propagation]
 // Exits 0 even when a target is missed (the table says so), unless --strict is given.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
@@ -13,19 +13,19 @@ import { runFigures, type RunFigures } from './storm/figures.ts';
 import { measurePropagation, type PropagationResult } from './storm/propagation.ts';
 import { writeStormReport, type ScenarioReport } from './storm/report.ts';
 import { runMode, type RunResult } from './storm/run.ts';
-import { BROWNOUT_503, HANG, MODE_LABELS, MODES, type Mode, type Scenario } from './storm/scenarios.ts';
-import { checkBrownout503, checkHang, checkPropagation, type TargetCheck } from './storm/targets.ts';
+import { BROWNOUT_503, HANG, MODE_LABELS, modesOf, RATE_LIMIT, type Mode, type Scenario } from './storm/scenarios.ts';
+import { checkBrownout503, checkHang, checkPropagation, checkRateLimit, type TargetCheck } from './storm/targets.ts';
 import { commit, log } from './lib/run-info.ts';
 
 const RESULTS_DIR = 'bench/results';
 const WORK_DIR = join(tmpdir(), 'stormgate-bench', 'storm');
-const COLORS: Record<Mode, string> = { 'direct-sdk': '#d62728', 'direct-naive': '#ff7f0e', gateway: '#1f77b4' };
+const COLORS: Record<Mode, string> = { 'direct-sdk': '#d62728', 'direct-naive': '#ff7f0e', gateway: '#1f77b4', 'gateway-rate': '#2ca02c' };
 /** The gateway config's breaker openS (scenarios.ts), for the recovery target. */
 const OPEN_S = 5;
 
 function summary(f: RunFigures): string {
   const rec = f.recoveryS === null ? 'never' : `${f.recoveryS} s`;
-  return `upstream ${f.upstream}, amplification ${f.amplification.toFixed(2)}x, peak ${f.peakBrownoutRatio.toFixed(2)}x, success ${(100 * f.successRate).toFixed(1)}%, recovered ${rec}, p99 ${Math.round(f.p99Ms)} ms, late ${f.lateAnswers}, 429 after ${(100 * f.share429After).toFixed(1)}%`;
+  return `upstream ${f.upstream} (429s ${f.upstream429}), amplification ${f.amplification.toFixed(2)}x, peak ${f.peakBrownoutRatio.toFixed(2)}x, success ${(100 * f.successRate).toFixed(1)}%, recovered ${rec}, p99 ${Math.round(f.p99Ms)} ms, late ${f.lateAnswers}, 429 after ${(100 * f.share429After).toFixed(1)}%`;
 }
 
 /** Upstream requests per second since the start of traffic; the mock has no bucket for a second without arrivals. */
@@ -37,7 +37,7 @@ function upstreamSeries(r: RunResult): Array<[number, number]> {
 
 /**
  * A run during which neighbours took much of the machine and the load generator fell behind says more about the
- * neighbours than about retries: it is run again, at most RERUNS times per bench so the whole stays under 8 minutes.
+ * neighbours than about retries: it is run again, at most RERUNS times per bench so the whole stays under 12 minutes.
  * The report lists every discarded run.
  */
 const RERUNS = 2;
@@ -49,6 +49,7 @@ async function runScenario(s: Scenario): Promise<ScenarioReport> {
   const runs = {} as Record<Mode, RunResult>;
   const figures = {} as Record<Mode, RunFigures>;
   const discarded: ScenarioReport['discarded'] = [];
+  const MODES = modesOf(s);
   for (const mode of MODES) {
     for (;;) {
       log(`  ${MODE_LABELS[mode]} ...`);
@@ -77,7 +78,7 @@ async function runScenario(s: Scenario): Promise<ScenarioReport> {
 
 function writeChart(file: string, r: ScenarioReport): void {
   const s = r.scenario;
-  const series = MODES.map((m) => ({ label: MODE_LABELS[m], color: COLORS[m], points: r.series[m] }));
+  const series = modesOf(s).map((m) => ({ label: MODE_LABELS[m], color: COLORS[m], points: r.series[m] }));
   const xMax = (s.steadyMs + s.brownoutMs + s.recoveryMs) / 1000 + 10;
   writeFileSync(file, upstreamChart(`${s.title}: upstream requests per second`, series, r.brownoutS, xMax));
 }
@@ -88,9 +89,9 @@ async function main(): Promise<number> {
       strict: { type: 'boolean', default: false },
       only: { type: 'string' },
     },
-    'usage: npm run bench:storm -- [--only brownout-503|hang|propagation] [--strict]\n  --only    run one scenario\n  --strict  exit 1 when a target is missed\n',
+    'usage: npm run bench:storm -- [--only brownout-503|hang|rate-limit|propagation] [--strict]\n  --only    run one scenario\n  --strict  exit 1 when a target is missed\n',
   );
-  const parts = [BROWNOUT_503.name, HANG.name, 'propagation'];
+  const parts = [BROWNOUT_503.name, HANG.name, RATE_LIMIT.name, 'propagation'];
   if (values.only !== undefined && !parts.includes(values.only)) throw new Error(`--only takes one of ${parts.join(', ')}, got "${values.only}"`);
   const wanted = (name: string) => values.only === undefined || values.only === name;
   // One part alone must not replace the full run's report in bench/results (the README's figures): its report and
@@ -114,6 +115,12 @@ async function main(): Promise<number> {
     scenarios.push(r);
     checks.push(...checkHang('2: hang', r.figures, r.gatewayLog?.pastClientDeadline, r.upstreamPastDeadline.gateway));
     writeChart(join(out, `storm-${HANG.name}.svg`), r);
+  }
+  if (wanted(RATE_LIMIT.name)) {
+    const r = await runScenario(RATE_LIMIT);
+    scenarios.push(r);
+    checks.push(...checkRateLimit('3: rate limit', r.figures));
+    writeChart(join(out, `storm-${RATE_LIMIT.name}.svg`), r);
   }
   let propagation: PropagationResult | undefined;
   if (wanted('propagation')) {

@@ -32,6 +32,8 @@ export interface RunFigures {
   timedOutAttempts: number;
   /** Share of upstream requests answered 429 in the 10 s after the brownout. */
   share429After: number;
+  /** Upstream requests answered 429 over the whole run. */
+  upstream429: number;
   /** Final outcomes of the logical requests: '200', '503', 'timeout', ... */
   outcomes: Record<string, number>;
   unfinished: number;
@@ -84,6 +86,7 @@ export function runFigures(r: RunResult): RunFigures {
     lateAnswers: reqs.filter((q) => q.clientTimeouts > 0).length,
     timedOutAttempts: reqs.reduce((a, q) => a + q.clientTimeouts, 0),
     share429After: upstreamAfter === 0 ? 0 : sum(after, (s) => bySecond.get(s)?.byStatus['429'] ?? 0) / upstreamAfter,
+    upstream429: r.upstream.reduce((a, b) => a + (b.byStatus['429'] ?? 0), 0),
     outcomes,
     unfinished: reqs.length - finished.length,
     maxSendLagMs: r.traffic.maxSendLagMs,

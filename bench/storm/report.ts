@@ -6,7 +6,7 @@ import { dirname } from 'node:path';
 import type { RunFigures } from './figures.ts';
 import type { GatewayLogSummary } from './gateway-log.ts';
 import type { PropagationResult } from './propagation.ts';
-import { MODE_LABELS, MODES, type Mode, type Scenario } from './scenarios.ts';
+import { MODE_LABELS, modesOf, type Mode, type Scenario } from './scenarios.ts';
 import type { TargetCheck } from './targets.ts';
 
 export interface ScenarioReport {
@@ -52,6 +52,7 @@ const ROWS: Array<[string, (f: RunFigures) => string]> = [
   ['client latency p99 (retries included)', (f) => ms(f.p99Ms)],
   ['requests answered after the client\'s deadline', (f) => `${f.lateAnswers.toLocaleString('en-US')} (${f.timedOutAttempts.toLocaleString('en-US')} attempts timed out)`],
   ['upstream 429s in the 10 s after recovery', (f) => pct(f.share429After)],
+  ['upstream 429s (whole run)', (f) => f.upstream429.toLocaleString('en-US')],
   ['final outcomes', (f) => Object.entries(f.outcomes).sort(([, a], [, b]) => b - a).map(([k, v]) => `${k}: ${v}`).join(', ')],
   ['load generator: max send lag, CPU', (f) => `${ms(f.maxSendLagMs)}, ${f.loadGeneratorCores.toFixed(2)} cores`],
   ['CPU of the mock / the gateway', (f) => `${cores(f.mockCores)} / ${cores(f.gatewayCores)}`],
@@ -59,6 +60,7 @@ const ROWS: Array<[string, (f: RunFigures) => string]> = [
 ];
 
 function scenarioTable(r: ScenarioReport): string {
+  const MODES = modesOf(r.scenario);
   const head = `| Figure | ${MODES.map((m) => MODE_LABELS[m]).join(' | ')} |`;
   const rows = ROWS.map(([name, f]) => `| ${name} | ${MODES.map((m) => f(r.figures[m])).join(' | ')} |`);
   const past = `| upstream requests open longer than the client's timeout | ${MODES.map((m) => {
@@ -71,6 +73,7 @@ function scenarioTable(r: ScenarioReport): string {
 
 /** A load generator that fell behind, or a busy machine, makes the tails and the timeouts the neighbour's. */
 function noiseNote(r: ScenarioReport): string {
+  const MODES = modesOf(r.scenario);
   const rerun = r.discarded
     .map((d) => `Discarded and run again: ${MODE_LABELS[d.mode]} (other processes ${pct(d.otherCpuShare)} of the machine, load generator up to ${ms(d.maxSendLagMs)} behind; it had: ${d.summary}).\n\n`)
     .join('');

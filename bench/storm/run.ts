@@ -66,12 +66,13 @@ async function runOnce(s: Scenario, mode: Mode, workDir: string): Promise<RunRes
   let gateway: Child | undefined;
   const gatewayLogFile = join(workDir, `${tag}.gateway.log`);
   try {
-    if (mode === 'gateway') {
+    if (mode === 'gateway' || mode === 'gateway-rate') {
+      const rpm = mode === 'gateway-rate' ? s.gatewayRequestsPerMinute : undefined;
       gateway = await startGatewayProcess({
         mockUrl: mock.url,
         configFile: join(workDir, `${tag}.gateway.yaml`),
         logFile: gatewayLogFile,
-        config: (port, mockUrl) => gatewayConfig(port, mockUrl, 'info'),
+        config: (port, mockUrl) => gatewayConfig(port, mockUrl, 'info', rpm),
       });
     }
     const front = gateway ?? mock;
@@ -136,6 +137,6 @@ async function runOnce(s: Scenario, mode: Mode, workDir: string): Promise<RunRes
 /** Runs a scenario in one mode and, for the gateway, reads what its log says about the run. */
 export async function runMode(s: Scenario, mode: Mode, workDir: string): Promise<RunResult> {
   const r = await runOnce(s, mode, workDir);
-  if (mode === 'gateway') r.gatewayLog = scanGatewayLog(join(workDir, `${s.name}-${mode}.gateway.log`), { minAttemptMs: MIN_ATTEMPT_MS, clientTimeoutMs: s.clientTimeoutMs });
+  if (mode === 'gateway' || mode === 'gateway-rate') r.gatewayLog = scanGatewayLog(join(workDir, `${s.name}-${mode}.gateway.log`), { minAttemptMs: MIN_ATTEMPT_MS, clientTimeoutMs: s.clientTimeoutMs });
   return r;
 }

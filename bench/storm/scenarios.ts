@@ -1,16 +1,18 @@
-// The two incidents the storm bench replays, and the three ways each is run. Everything a reader needs to know about
+// The incidents the storm bench replays, and the ways each is run. Everything a reader needs to know about
 // the load (rate, phases, client timeout) and the provider (faults, brownout) is in this one file.
 import type { FaultSpec } from '../../src/mock/server.ts';
 
 /** How the clients reach the provider and retry. */
-export type Mode = 'direct-sdk' | 'direct-naive' | 'gateway';
+export type Mode = 'direct-sdk' | 'direct-naive' | 'gateway' | 'gateway-rate';
 
+/** The ways a scenario is run unless it names its own. */
 export const MODES: readonly Mode[] = ['direct-sdk', 'direct-naive', 'gateway'];
 
 export const MODE_LABELS: Record<Mode, string> = {
   'direct-sdk': 'direct, SDK retries (maxRetries 2)',
   'direct-naive': 'direct, naive 1 s retries (4 attempts)',
   gateway: 'through stormgate, SDK retries',
+  'gateway-rate': 'through stormgate, pools.requestsPerMinute',
 };
 
 export interface Scenario {
@@ -27,7 +29,13 @@ export interface Scenario {
   faults: FaultSpec;
   /** After the last arrival, how long to wait for answers before giving up on the rest (counted as unfinished). */
   drainMs: number;
+  /** The ways it is run. Default: MODES. */
+  modes?: readonly Mode[];
+  /** The provider's pools.requestsPerMinute in the gateway-rate mode. */
+  gatewayRequestsPerMinute?: number;
 }
+
+export const modesOf = (s: Scenario): readonly Mode[] => s.modes ?? MODES;
 
 /**
  * Scenario 1: a 15 s brownout of 503s (without retry-after, as the mock sends them) under steady traffic. The
@@ -67,11 +75,33 @@ export const HANG: Scenario = {
   drainMs: 25_000,
 };
 
+/**
+ * Scenario 3: scenario 1's brownout in front of a provider whose limit is a rate, as OpenAI's are: 24,000 requests per
+ * minute (400 a second, twice what users send), enforced over a second (burstSeconds: 1, as OpenAI may enforce a
+ * minute's limit over shorter spans), its 429s without retry-after, as OpenAI's are. The backlog the brownout leaves
+ * (retries, parked requests) meets the rate at recovery. Run a fourth way too: through the gateway with
+ * pools.requestsPerMinute 5% under the provider's limit, so the pool paces what it sends.
+ */
+export const RATE_LIMIT: Scenario = {
+  name: 'rate-limit',
+  title: 'Scenario 3: 15 s brownout in front of a 24,000 requests/min rate limit',
+  rate: 200,
+  steadyMs: 10_000,
+  brownoutMs: 15_000,
+  recoveryMs: 20_000,
+  brownoutMode: '503',
+  clientTimeoutMs: 20_000,
+  faults: { latencyMs: 200, capacity: 400, rateLimit: { requestsPerMinute: 24_000, burstSeconds: 1 } },
+  drainMs: 30_000,
+  modes: [...MODES, 'gateway-rate'],
+  gatewayRequestsPerMinute: 22_800,
+};
+
 /** The route's minAttemptMs (the gateway's default, not set in the config): no attempt may start with less left. */
 export const MIN_ATTEMPT_MS = 1000;
 
 /** The gateway's config for both scenarios: the mock as its one provider, a short breaker, parking on (its default). */
-export function gatewayConfig(port: number, mockUrl: string, logLevel: 'info' | 'warn'): string {
+export function gatewayConfig(port: number, mockUrl: string, logLevel: 'info' | 'warn', requestsPerMinute?: number): string {
   return `# Written by bench/storm.ts for one run; overwritten by the next.
 server: { host: 127.0.0.1, port: ${port}, logLevel: ${logLevel} }
 providers:
@@ -79,7 +109,7 @@ providers:
     family: openai
     baseUrl: "${mockUrl}/v1"
     apiKey: sk-bench
-    breaker: { openS: 5 }
+    breaker: { openS: 5 }${requestsPerMinute === undefined ? '' : `\n    pools: { requestsPerMinute: ${requestsPerMinute} }`}
 routes:
   - name: chat
     match: { path: /v1/chat/completions }

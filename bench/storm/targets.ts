@@ -67,6 +67,15 @@ export function checkHang(
   ];
 }
 
+/** Scenario 3: paced under the provider's rate, the gateway's recovery meets (almost) none of its 429s. */
+export function checkRateLimit(scenario: string, f: Record<Mode, RunFigures>): TargetCheck[] {
+  const g = f['gateway-rate'];
+  return [
+    { scenario, name: 'upstream 429s in the 10 s after recovery (pools.requestsPerMinute)', value: pct(g.share429After), target: '< 1%', pass: g.share429After < 0.01 },
+    { scenario, name: 'success rate (pools.requestsPerMinute)', value: pct(g.successRate), target: `≥ 99%`, pass: g.successRate >= 0.99 },
+  ];
+}
+
 export function checkPropagation(p99Ms: number): TargetCheck {
   return { scenario: 'propagation', name: 'breaker change on A seen by B through Redis, p99', value: `${p99Ms.toFixed(1)} ms`, target: '< 100 ms', pass: p99Ms < 100 };
 }

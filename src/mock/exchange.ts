@@ -1,6 +1,7 @@
 // One request's lifetime inside the mock: its timers, its socket and how it ended.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
+import type { RateLimit } from './faults.ts';
 import type { StreamIO } from './sse.ts';
 import type { MockRequestLog } from './stats.ts';
 
@@ -15,6 +16,8 @@ export class Exchange {
   destroyedByUs = false;
   /** performance.now() at which the provider would have finished it (set only with holdAbandoned). */
   wouldEndAt: number | undefined = undefined;
+  /** The rate limit in force for this request's model and the key of its bucket, for the x-ratelimit-* headers. */
+  rate: { limit: RateLimit; key: string } | undefined = undefined;
   private timer: NodeJS.Timeout | undefined = undefined;
   private wake: ((ok: boolean) => void) | undefined = undefined;
   readonly req: IncomingMessage;

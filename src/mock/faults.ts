@@ -1,6 +1,7 @@
 // Fault specification of the mock provider and the one function that decides a request's fate.
 // Decisions are deterministic (counters, not Math.random), so a test that asks for "30% 503s"
 // gets exactly 3 failures in every 10 matching requests and never flakes.
+import type { RateOutcome } from './rate-limit.ts';
 
 /** One way to fail with an HTTP error; rules are checked in order and the first that fires answers. */
 export interface ErrorRule {
@@ -41,6 +42,26 @@ export interface StreamFaults {
   pingBeforeFirstToken?: boolean;
 }
 
+/**
+ * A rate limit as OpenAI enforces one: per model (every model its own bucket, as OpenAI counts each model apart), a
+ * bucket per limit a minute's worth deep that refills continuously. A request counts 1 request, and its estimate at
+ * arrival (body bytes / 4 plus its max_tokens or max_completion_tokens, times n) in tokens; one that does not fit gets
+ * 429 and uses up nothing. See src/mock/rate-limit.ts.
+ */
+export interface RateLimit {
+  /** Requests per minute. Default: no request limit. */
+  requestsPerMinute?: number;
+  /** Tokens per minute. Default: no token limit. */
+  tokensPerMinute?: number;
+  /**
+   * Seconds' worth each bucket holds, 0 to 60: what may be sent at once after a quiet spell (OpenAI may enforce a
+   * minute's limit over shorter spans, 60,000 RPM as 1,000 a second). Default: 60 (a minute's worth).
+   */
+  burstSeconds?: number;
+  /** Also send retry-after-ms and retry-after on the 429s (OpenAI's RPM and TPM 429s usually carry neither). Default: false. */
+  retryAfter?: boolean;
+}
+
 /** Everything the mock can do wrong; see `decide` for the order in which the checks run. */
 export interface FaultSpec {
   /** Delay before the response headers (non-stream: before the whole response), in ms. Default: 0. */
@@ -53,6 +74,8 @@ export interface FaultSpec {
   capacity?: number;
   /** The requests-per-minute quota advertised in x-ratelimit-* headers (not enforced). Default: 100000. */
   requestsPerMinute?: number;
+  /** Requests and tokens per minute enforced with 429s and reported in x-ratelimit-* (or anthropic-ratelimit-*) headers. Default: none. */
+  rateLimit?: RateLimit;
   /** Headers on the capacity 429s. Default: none. */
   capacityHeaders?: Record<string, string>;
   /**
@@ -79,6 +102,7 @@ export type BrownoutMode = '503' | 'hang' | '429';
 export type Decision =
   | { kind: 'brownout'; mode: BrownoutMode }
   | { kind: 'capacity'; headers: Record<string, string> | undefined }
+  | { kind: 'rateLimit'; outcome: RateOutcome }
   | { kind: 'reset' }
   | { kind: 'hang' }
   | { kind: 'error'; rule: ErrorRule }
@@ -95,6 +119,8 @@ export interface RequestFacts {
   modelInflight: number;
   /** Active brownout, if any. */
   brownout: BrownoutMode | undefined;
+  /** The rate limit's verdict on this request (rateTake), when one is in force for its model. */
+  rate?: RateOutcome | undefined;
 }
 
 interface Counter {
@@ -173,7 +199,7 @@ export function effectiveSpec(spec: FaultSpec, model: string | undefined): Omit<
 }
 
 /**
- * Decides one request. Order: brownout, capacity, resetRate, hangRate, errors, then latency and a
+ * Decides one request. Order: brownout, capacity, rateLimit, resetRate, hangRate, errors, then latency and a
  * normal answer. Mutates only `counters`; `random` feeds the latency jitter alone.
  */
 export function decide(spec: FaultSpec, counters: FaultCounters, facts: RequestFacts, random: () => number): Decision {
@@ -188,6 +214,7 @@ export function decide(spec: FaultSpec, counters: FaultCounters, facts: RequestF
   if (eff.capacity !== undefined && inflight >= eff.capacity) {
     return { kind: 'capacity', headers: eff.capacityHeaders };
   }
+  if (facts.rate !== undefined && !facts.rate.admitted) return { kind: 'rateLimit', outcome: facts.rate };
   if (eff.resetRate !== undefined && eff.resetRate > 0) {
     if (countAndFire(counters, counterKey('resetRate', scopeOf(override, facts.model, 'resetRate')), eff.resetRate)) return { kind: 'reset' };
   }
@@ -238,9 +265,25 @@ export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {
     if (spec[k] !== undefined && typeof spec[k] !== 'number') throw new Error(`${k} must be a number`);
   }
+  if (spec['rateLimit'] !== undefined) assertRateLimit(spec['rateLimit']);
   if (spec['holdAbandoned'] !== undefined && typeof spec['holdAbandoned'] !== 'boolean') throw new Error('holdAbandoned must be a boolean');
   if (spec['models'] !== undefined) {
     if (typeof spec['models'] !== 'object' || spec['models'] === null) throw new Error('models must be an object');
     for (const m of Object.values(spec['models'] as Record<string, unknown>)) assertFaultSpec(m);
   }
+}
+
+function assertRateLimit(value: unknown): asserts value is RateLimit {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('rateLimit must be an object');
+  const r = value as Record<string, unknown>;
+  for (const k of Object.keys(r)) {
+    if (!['requestsPerMinute', 'tokensPerMinute', 'burstSeconds', 'retryAfter'].includes(k)) throw new Error(`rateLimit has no field ${k}`);
+  }
+  for (const k of ['requestsPerMinute', 'tokensPerMinute']) {
+    const v = r[k];
+    if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)) throw new Error(`rateLimit.${k} must be a positive number`);
+  }
+  const burst = r['burstSeconds'];
+  if (burst !== undefined && (typeof burst !== 'number' || !(burst > 0 && burst <= 60))) throw new Error('rateLimit.burstSeconds must be a number over 0 and at most 60');
+  if (r['retryAfter'] !== undefined && typeof r['retryAfter'] !== 'boolean') throw new Error('rateLimit.retryAfter must be a boolean');
 }

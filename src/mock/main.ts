@@ -9,6 +9,9 @@ const USAGE = `usage: npm run mock -- [options]
   --host H              host (default 127.0.0.1)
   --latency-ms N        delay before every answer
   --capacity N          requests in flight beyond N get 429
+  --rate-limit-rpm N    requests per minute per model, a token bucket refilled continuously; beyond it 429
+  --rate-limit-tpm N    tokens per minute per model (body bytes / 4 + max_tokens); beyond it 429
+  --rate-limit-retry-after  the rate limit's 429s carry retry-after-ms and retry-after (OpenAI's usually carry none)
   --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1
   --reset-rate R        share of requests whose socket is destroyed
   --hang-rate R         share of requests never answered
@@ -16,8 +19,8 @@ const USAGE = `usage: npm run mock -- [options]
   --faults-file PATH    fault spec from a JSON file
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr
-Control at runtime: GET/PUT/PATCH /_mock/faults, GET /_mock/stats, GET /_mock/requests,
-POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000}`;
+Control at runtime: GET/PUT/PATCH /_mock/faults (e.g. PATCH {"rateLimit":{"requestsPerMinute":60}}), GET /_mock/stats,
+GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000}`;
 
 function num(name: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
@@ -51,6 +54,15 @@ function faultsFromArgs(values: Record<string, string | boolean | string[] | und
   if (capacity !== undefined) spec.capacity = capacity;
   if (resetRate !== undefined) spec.resetRate = resetRate;
   if (hangRate !== undefined) spec.hangRate = hangRate;
+  const rpm = num('rate-limit-rpm', str('rate-limit-rpm'));
+  const tpm = num('rate-limit-tpm', str('rate-limit-tpm'));
+  if (rpm !== undefined || tpm !== undefined || values['rate-limit-retry-after'] === true) {
+    const rateLimit = { ...spec.rateLimit };
+    if (rpm !== undefined) rateLimit.requestsPerMinute = rpm;
+    if (tpm !== undefined) rateLimit.tokensPerMinute = tpm;
+    if (values['rate-limit-retry-after'] === true) rateLimit.retryAfter = true;
+    spec.rateLimit = rateLimit;
+  }
   const errors = values['error'];
   if (Array.isArray(errors) && errors.length > 0) spec.errors = [...(spec.errors ?? []), ...errors.map(parseErrorFlag)];
   assertFaultSpec(spec);
@@ -64,6 +76,9 @@ async function main(): Promise<void> {
       host: { type: 'string', default: '127.0.0.1' },
       'latency-ms': { type: 'string' },
       capacity: { type: 'string' },
+      'rate-limit-rpm': { type: 'string' },
+      'rate-limit-tpm': { type: 'string' },
+      'rate-limit-retry-after': { type: 'boolean' },
       error: { type: 'string', multiple: true },
       'reset-rate': { type: 'string' },
       'hang-rate': { type: 'string' },

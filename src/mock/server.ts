@@ -15,6 +15,7 @@ import { chatCompletion, chatStream, embeddings, MODELS_BODY, textCompletion, te
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
 import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
+import { rateHeaders, rateState, rateTake, refill, refusalHeaders, refusalMessage, requestTokens, type RateBucket, type RateOutcome } from './rate-limit.ts';
 
 export type { MockRequestLog, MockStats } from './stats.ts';
 export type { BrownoutMode, FaultSpec } from './faults.ts';
@@ -49,7 +50,7 @@ export interface MockServer {
   stats(): MockStats;
   /** The last 10000 requests, oldest first. */
   requests(): MockRequestLog[];
-  /** Clears stats, the request log and fault counters (not the fault spec). */
+  /** Clears stats, the request log, fault counters and the rate limit's buckets (not the fault spec). */
   reset(): void;
   /** Closes the server and destroys every socket, hanging requests included. */
   close(): Promise<void>;
@@ -84,6 +85,8 @@ class MockProvider implements MockServer {
   private readonly statsCollector = new StatsCollector();
   /** Requests counted against each quota this minute: '*' for the global one, a model name for a per-model override. */
   private readonly quota = new Map<string, { minute: number; used: number }>();
+  /** The rate limit's bucket of each model (rateLimit); '' for requests that name none. A new bucket starts full. */
+  private readonly buckets = new Map<string, RateBucket>();
   private readonly log = new RequestLogRing(10_000);
   private readonly modelInflight = new Map<string, number>();
   private readonly ids = idSource();
@@ -114,6 +117,7 @@ class MockProvider implements MockServer {
     assertFaultSpec(spec);
     this.spec = spec;
     this.counters.clear();
+    this.buckets.clear();
     this.note(`faults set: ${JSON.stringify(spec)}`);
   }
 
@@ -126,6 +130,8 @@ class MockProvider implements MockServer {
     assertFaultSpec(merged);
     this.spec = merged as FaultSpec;
     this.counters.forgetPatched(patch);
+    // A new limit starts with full buckets, as a counter restarts with its setting.
+    if ('rateLimit' in patch || 'models' in patch) this.buckets.clear();
     this.note(`faults patched: ${JSON.stringify(patch)}`);
   }
 
@@ -151,6 +157,7 @@ class MockProvider implements MockServer {
     this.statsCollector.reset();
     this.log.clear();
     this.counters.clear();
+    this.buckets.clear();
   }
 
   close(): Promise<void> {
@@ -237,13 +244,24 @@ class MockProvider implements MockServer {
       inflight: this.statsCollector.inflight,
       modelInflight: model === undefined ? 0 : (this.modelInflight.get(model) ?? 0),
       brownout: this.activeBrownout(),
+      rate: this.rateVerdict(x, raw.length, body),
     };
     const decision = decide(this.spec, this.counters, facts, this.random);
+    // A request turned away before the rate limit looked at it (brownout, capacity) uses up nothing.
+    if (facts.rate !== undefined && decision.kind !== 'brownout' && decision.kind !== 'capacity') this.buckets.set(x.rate!.key, facts.rate.bucket);
     if (decision.kind !== 'capacity') {
       this.admit(x);
       if (effectiveSpec(this.spec, model).holdAbandoned === true) x.wouldEndAt = x.startedAt + this.wouldBeLatency(decision, facts);
     }
     this.act(x, route, body, decision);
+  }
+
+  /** The rate limit's verdict on a request (not yet kept), when one is in force for its model; notes the limit on `x`. */
+  private rateVerdict(x: Exchange, bodyBytes: number, body: Body): RateOutcome | undefined {
+    const limit = effectiveSpec(this.spec, x.entry.model).rateLimit;
+    if (limit === undefined || (limit.requestsPerMinute === undefined && limit.tokensPerMinute === undefined)) return undefined;
+    x.rate = { limit, key: x.entry.model ?? '' };
+    return rateTake(limit, this.buckets.get(x.rate.key), Date.now(), requestTokens(bodyBytes, body));
   }
 
   /** How long the provider would have worked on an admitted request, for holdAbandoned. */
@@ -267,6 +285,14 @@ class MockProvider implements MockServer {
       case 'capacity':
         this.sendError(x, errorDetails(429), d.headers);
         return;
+      case 'rateLimit': {
+        const { outcome } = d;
+        const limit = outcome.refused === 'tokens' ? 'tokens' : 'requests';
+        this.statsCollector.rateLimited(limit);
+        const message = refusalMessage(x.family, x.entry.model, outcome);
+        this.sendError(x, { ...errorDetails(429), type: limit, message }, refusalHeaders(x.family, x.rate!.limit, outcome));
+        return;
+      }
       case 'reset':
         x.entry.status = 'reset';
         x.destroy();
@@ -337,6 +363,12 @@ class MockProvider implements MockServer {
       'x-ratelimit-remaining-requests': String(Math.max(0, limit - q.used)),
       'x-ratelimit-reset-requests': `${((minute + 1) * 60_000 - nowMs) / 1000}s`,
     };
+    if (x.rate !== undefined) {
+      // An enforced rate limit reports its buckets as they are now, in the API's own names, in place of the advertised quota.
+      const { limit: rate, key } = x.rate;
+      if (x.family === 'anthropic') for (const k of ['limit', 'remaining', 'reset']) delete h[`x-ratelimit-${k}-requests`];
+      Object.assign(h, rateHeaders(x.family, rateState(rate, refill(rate, this.buckets.get(key), nowMs)), nowMs));
+    }
     // Each API's own name for it, as the real ones send.
     h[x.family === 'anthropic' ? 'request-id' : 'x-request-id'] = x.requestId;
     return h;

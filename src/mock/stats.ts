@@ -9,6 +9,8 @@ export interface MockStats {
   /** By HTTP status, or 'reset', 'hang', 'aborted' (client left before any status). Counted when a request ends. */
   byStatus: Record<string, number>;
   byPath: Record<string, number>;
+  /** The rate limit's 429s (rateLimit) by the limit they name; they count in byStatus['429'] too. */
+  rateLimited: { requests: number; tokens: number };
   /** Arrivals (`total`) and endings (`byStatus`) per unix second, oldest first. */
   perSecond: Array<{ second: number; total: number; byStatus: Record<string, number> }>;
 }
@@ -45,6 +47,7 @@ export class StatsCollector {
   private aborted = 0;
   private byStatus: Record<string, number> = {};
   private byPath: Record<string, number> = {};
+  private rateLimitedBy = { requests: 0, tokens: 0 };
   private readonly seconds = new Map<number, Bucket>();
 
   get inflight(): number {
@@ -85,6 +88,10 @@ export class StatsCollector {
     b.byStatus[status] = (b.byStatus[status] ?? 0) + 1;
   }
 
+  rateLimited(limit: 'requests' | 'tokens'): void {
+    this.rateLimitedBy[limit]++;
+  }
+
   /** Clears the counters; requests still in flight stay counted as in flight. */
   reset(): void {
     this.total = 0;
@@ -92,6 +99,7 @@ export class StatsCollector {
     this.maxInflight = this.inflightNow;
     this.byStatus = {};
     this.byPath = {};
+    this.rateLimitedBy = { requests: 0, tokens: 0 };
     this.seconds.clear();
   }
 
@@ -103,6 +111,7 @@ export class StatsCollector {
       aborted: this.aborted,
       byStatus: { ...this.byStatus },
       byPath: { ...this.byPath },
+      rateLimited: { ...this.rateLimitedBy },
       perSecond: [...this.seconds.values()].map((b) => ({ second: b.second, total: b.total, byStatus: { ...b.byStatus } })),
     };
   }
