@@ -44,7 +44,7 @@ describe("the client's sub-second timeout", () => {
 
 /** A plan whose pool grants a slot at once and whose provider must never be reached. */
 function slotPlan(sent: string[]): TargetPlan {
-  const slot = { release: () => {}, answered: () => {} };
+  const slot = { release: () => {}, answered: () => {}, unsent: () => {} };
   return {
     pool: { acquire: async () => ({ ok: true, slot, queued: false }) },
     client: {

@@ -70,12 +70,14 @@ export async function attemptInSlot(
   // A slot had at once is had on the admission just made.
   const gone = acquired.queued ? stillAvailable?.() : undefined;
   if (gone) {
+    acquired.slot.unsent();
     acquired.slot.release();
     return gone;
   }
   // Nothing goes upstream at or past the deadline, whatever its timer says: on a busy event loop the timer can be late,
   // and a request released or woken in an I/O callback reaches this point first. Answered as the timer would have.
   if (now() >= ctx.deadlineAtMs) {
+    acquired.slot.unsent();
     acquired.slot.release();
     const result: AttemptResult = { outcome: { kind: 'aborted', by: 'deadline' } };
     return { kind: 'expired', result, cls: classify(result.outcome) };

@@ -12,7 +12,7 @@ import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
-import { rateSpend, rateWait, ratesPart, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
+import { rateGiveBack, rateSpend, rateWait, ratesPart, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
 
 export interface PoolClass {
   name: string;
@@ -61,6 +61,12 @@ export interface Slot {
   release(): void;
   /** Its attempt was answered: the time from its grant to its release (a stream's: its end) paces the wait estimates. */
   answered(): void;
+  /**
+   * Nothing was sent on it (its target went away while it waited, or its deadline came): the turn of its target's rates
+   * it took goes back. Kept, a backlog granted and parked by a breaker that opened took one turn a second, and the
+   * breaker's probe queued behind it waited as long.
+   */
+  unsent(): void;
 }
 
 export type Acquired =
@@ -84,6 +90,9 @@ interface TargetUse {
   lowerHeldUntilMs: number;
   /** Requests queued for a slot on this target. */
   waiting: number;
+  /** Of them, per class, and their tokens (SlotRequest.tokens): a wait for the target's rates counts only those ahead. */
+  waitingByClass: number[];
+  waitingTokensByClass: number[];
   /** The target's rates' due times (policy/target-rate.ts). */
   dues: TargetDues;
 }
@@ -288,6 +297,8 @@ export class ProviderPool {
       this.#queued[req.cls]!++;
       this.#notePeak(req.cls);
       t.waiting++;
+      t.waitingByClass[req.cls]!++;
+      t.waitingTokensByClass[req.cls]! += tokensOf(req);
       if (askShare) this.#askShare?.();
       // Waiters ahead may be blocked by their own target's limit or the retry cap, not by capacity.
       this.#drain();
@@ -305,13 +316,34 @@ export class ProviderPool {
     let ahead = 0;
     for (let k = 0; k < cls; k++) ahead += this.#queued[k]!;
     const own = this.#clients[cls]!.get(client)?.waiting ?? 0;
-    for (const [name, use] of this.#clients[cls]!) ahead += name === client ? own : Math.min(use.waiting, own + 1);
+    let aheadInClass = 0;
+    for (const [name, use] of this.#clients[cls]!) aheadInClass += name === client ? own : Math.min(use.waiting, own + 1);
+    ahead += aheadInClass;
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
     const slots = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
-    // Only the waiters for this target wait for its rate (of them, at most those counted ahead).
-    const queued = this.#rates ? Math.max(slots, rateWait(t.dues, this.#rates, this.now(), tokens, Math.min(ahead, t.waiting) + 1)) : slots;
+    const queued = this.#rates ? Math.max(slots, rateWait(t.dues, this.#rates, this.now(), tokens, this.#aheadOnTarget(t, cls, aheadInClass))) : slots;
     return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
+  }
+
+  /**
+   * The waiters for a target's rates ahead of a newcomer of class `cls`: its target's waiters of higher classes, and of
+   * its own class at most those counted ahead of it (at their average estimate). Lower classes and other targets'
+   * waiters are not: counted, an online newcomer behind ten batch waiters of its target and five online ones of another
+   * was told six turns, and shed, with its turn a second away.
+   */
+  #aheadOnTarget(t: TargetUse, cls: number, aheadInClass: number): RatesAhead {
+    const ahead = { requests: 0, tokens: 0 };
+    for (let k = 0; k < cls; k++) {
+      ahead.requests += t.waitingByClass[k]!;
+      ahead.tokens += t.waitingTokensByClass[k]!;
+    }
+    const inClass = Math.min(aheadInClass, t.waitingByClass[cls]!);
+    if (inClass > 0) {
+      ahead.requests += inClass;
+      ahead.tokens += (inClass * t.waitingTokensByClass[cls]!) / t.waitingByClass[cls]!;
+    }
+    return ahead;
   }
 
   /**
@@ -423,6 +455,7 @@ export class ProviderPool {
     clearTimeout(this.#holdTimer);
     clearTimeout(this.#floorTimer);
     clearTimeout(this.#rateTimer);
+    this.#rateWakeAtMs = Number.POSITIVE_INFINITY;
   }
 
   /**
@@ -448,7 +481,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, dues: {} };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, waitingByClass: this.settings.classes.map(() => 0), waitingTokensByClass: this.settings.classes.map(() => 0), dues: {} };
       this.#targets.set(key, t);
     }
     return t;
@@ -542,6 +575,8 @@ export class ProviderPool {
     this.#forgetIdle(w.req.cls, lane.client, use);
     this.#queued[w.req.cls]!--;
     lane.target.waiting--;
+    lane.target.waitingByClass[w.req.cls]!--;
+    lane.target.waitingTokensByClass[w.req.cls]! -= tokensOf(w.req);
     // An empty lane goes: lanes are per target, and targets come and go (made-up model names).
     if (lane.size === 0) this.#lanes[w.req.cls]!.delete(lane.key);
     return true;
@@ -631,9 +666,15 @@ export class ProviderPool {
     if (this.#rates) rateSpend(t.dues, this.#rates, grantedAtMs, tokensOf(req));
     let released = false;
     let answered = false;
+    let sent = true;
     return {
       answered: () => {
         answered = true;
+      },
+      unsent: () => {
+        if (released || !sent) return;
+        sent = false;
+        if (this.#rates) rateGiveBack(t.dues, this.#rates, this.now(), tokensOf(req));
       },
       release: () => {
         if (released) return;
