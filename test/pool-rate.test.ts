@@ -189,6 +189,57 @@ describe('a pool with a request rate', () => {
     p.close();
   });
 
+  it('keeps the tokens coming back for a larger request that waits, from smaller ones of its class and lower classes behind it', async () => {
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    // The minute's worth spent; then one request of 3,000 tokens, and after it small ones of another client and of batch.
+    void track(p, 'spent', req({ tokens: 6_000 }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    void track(p, 'large', req({ tokens: 3_000, client: 'a' }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    for (let i = 0; i < 20; i++) void track(p, 'small', req({ tokens: 10, client: 'b' }), log);
+    for (let i = 0; i < 20; i++) void track(p, 'batch', req({ cls: 1, tokens: 10 }), log);
+    await vi.advanceTimersByTimeAsync(29_999);
+    expect(log).toEqual([['spent', 0]]);
+    await vi.advanceTimersByTimeAsync(1);
+    // Its 3,000 tokens back (100 a second): it goes first, then the small ones as their tokens come, online first.
+    expect(log.at(-1)).toEqual(['large', 30_000]);
+    await vi.advanceTimersByTimeAsync(4_000);
+    const after = log.slice(2).map(([l]) => l);
+    expect(after.slice(0, 20)).toEqual(Array(20).fill('small'));
+    expect(after.slice(20)).toEqual(Array(20).fill('batch'));
+    p.close();
+  });
+
+  it('lets those behind a held-back request go as soon as it leaves', async () => {
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    void track(p, 'spent', req({ tokens: 6_000 }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    const gone = new AbortController();
+    void track(p, 'large', req({ tokens: 3_000, signal: gone.signal }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    void track(p, 'small', req({ tokens: 10, client: 'b' }), log);
+    await vi.advanceTimersByTimeAsync(500);
+    gone.abort();
+    await vi.advanceTimersByTimeAsync(0);
+    expect(log.at(-1)).toEqual(['small', 500]);
+    p.close();
+  });
+
+  it('lets a higher class pass a lower one its token rate holds back', async () => {
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const log: Array<[string, number]> = [];
+    void track(p, 'spent', req({ tokens: 6_000 }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    void track(p, 'large-batch', req({ cls: 1, tokens: 3_000 }), log);
+    await vi.advanceTimersByTimeAsync(0);
+    void track(p, 'online', req({ tokens: 10 }), log);
+    await vi.advanceTimersByTimeAsync(100);
+    expect(log.at(-1)).toEqual(['online', 100]);
+    p.close();
+  });
+
   it('holds back nothing without a rate', async () => {
     const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
     const log: Array<[string, number]> = [];

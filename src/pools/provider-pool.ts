@@ -95,6 +95,12 @@ interface TargetUse {
   waitingTokensByClass: number[];
   /** The target's rates' due times (policy/target-rate.ts). */
   dues: TargetDues;
+  /**
+   * The waiter its token rate holds back, of the highest class and then the earliest: the later ones of its class and
+   * those of lower classes wait behind it for the target's tokens. Without it, smaller requests took the tokens as they
+   * came back, and one of 3,000 tokens beside a stream of 10-token ones waited until its deadline.
+   */
+  tokenHold: TokenHold | undefined;
 }
 
 interface Waiter {
@@ -481,7 +487,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, waitingByClass: this.settings.classes.map(() => 0), waitingTokensByClass: this.settings.classes.map(() => 0), dues: {} };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, waitingByClass: this.settings.classes.map(() => 0), waitingTokensByClass: this.settings.classes.map(() => 0), dues: {}, tokenHold: undefined };
       this.#targets.set(key, t);
     }
     return t;
@@ -577,6 +583,11 @@ export class ProviderPool {
     lane.target.waiting--;
     lane.target.waitingByClass[w.req.cls]!--;
     lane.target.waitingTokensByClass[w.req.cls]! -= tokensOf(w.req);
+    // The held-back waiter gone (granted, shed, aborted): those behind it look again now.
+    if (lane.target.tokenHold?.seq === w.seq) {
+      lane.target.tokenHold = undefined;
+      this.#armRateTimer(this.now());
+    }
     // An empty lane goes: lanes are per target, and targets come and go (made-up model names).
     if (lane.size === 0) this.#lanes[w.req.cls]!.delete(lane.key);
     return true;
@@ -610,14 +621,15 @@ export class ProviderPool {
       if (w === undefined) continue;
       const use = clients.get(lane.client)!;
       if (first !== undefined && !goesBefore(use, w, firstUse!, first)) continue;
-      if (!this.#admissible(w.req, lane.target) || (also !== undefined && !also(lane.target))) continue;
+      if (!this.#admissible(w.req, lane.target, w.seq) || (also !== undefined && !also(lane.target))) continue;
       first = w;
       firstUse = use;
     }
     return first;
   }
 
-  #admissible(req: SlotRequest, t: TargetUse): boolean {
+  /** `seq`: a waiter's place in arrival order (a newcomer comes after every waiter). */
+  #admissible(req: SlotRequest, t: TargetUse, seq = Number.POSITIVE_INFINITY): boolean {
     if (this.#inUse >= this.#capacity) return false;
     if (req.retry && this.#retriesInUse >= this.#retryCapacity) return false;
     if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
@@ -629,15 +641,23 @@ export class ProviderPool {
     // nearer takes the floor slot at once, as it would have without the hold, rather than be shed.
     if (this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
     // Last: a wake-up is armed only for a waiter the rate alone holds back.
-    return this.#rates === undefined || this.#ratesAllow(req, t, this.#rates);
+    return this.#rates === undefined || this.#ratesAllow(req, t, this.#rates, seq);
   }
 
   /** Whether the target's rates have room for the request now; if not, the pool looks again when they have. */
-  #ratesAllow(req: SlotRequest, t: TargetUse, rates: TargetRates): boolean {
+  #ratesAllow(req: SlotRequest, t: TargetUse, rates: TargetRates, seq: number): boolean {
     const now = this.now();
+    // Behind the waiter the token rate holds back (the pool's timer wakes it), while its tokens are what hold it: held
+    // by something else (the retry cap), it keeps no one from tokens it could not take.
+    const hold = t.tokenHold;
+    if (hold !== undefined && !goesFirst(req.cls, seq, hold) && rates.tokens && rateWait(t.dues, { tokens: rates.tokens }, now, hold.tokens) > 0) return false;
     const wait = rateWait(t.dues, rates, now, tokensOf(req));
     if (wait === 0) return true;
     this.#armRateTimer(now + wait);
+    // A waiter (not a newcomer) its tokens hold back, rather than the request rate every request waits for alike.
+    if (rates.tokens && seq !== Number.POSITIVE_INFINITY && rateWait(t.dues, { tokens: rates.tokens }, now, tokensOf(req)) > 0 && (hold === undefined || goesFirst(req.cls, seq, hold))) {
+      t.tokenHold = { cls: req.cls, seq, tokens: tokensOf(req) };
+    }
     return false;
   }
 
@@ -759,6 +779,18 @@ export class ProviderPool {
     this.observer.onShed?.(cls, reason);
     return { ok: false, reason, retryAfterMs };
   }
+}
+
+/** The waiter a target's token rate holds back: its class, its place in arrival order and its tokens. */
+interface TokenHold {
+  cls: number;
+  seq: number;
+  tokens: number;
+}
+
+/** Does a request of class `cls` and arrival `seq` go before the waiter `hold` (of the higher class, then the earlier)? */
+function goesFirst(cls: number, seq: number, hold: TokenHold): boolean {
+  return cls < hold.cls || (cls === hold.cls && seq <= hold.seq);
 }
 
 /** What a request counts for under a token rate: its estimate, at least one token. */
