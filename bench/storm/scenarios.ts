@@ -83,16 +83,10 @@ export const HANG: Scenario = {
  * pools.requestsPerMinute 5% under the provider's limit, so the pool paces what it sends.
  */
 export const RATE_LIMIT: Scenario = {
+  ...BROWNOUT_503,
   name: 'rate-limit',
   title: 'Scenario 3: 15 s brownout in front of a 24,000 requests/min rate limit',
-  rate: 200,
-  steadyMs: 10_000,
-  brownoutMs: 15_000,
-  recoveryMs: 20_000,
-  brownoutMode: '503',
-  clientTimeoutMs: 20_000,
-  faults: { latencyMs: 200, capacity: 400, rateLimit: { requestsPerMinute: 24_000, burstSeconds: 1 } },
-  drainMs: 30_000,
+  faults: { ...BROWNOUT_503.faults, rateLimit: { requestsPerMinute: 24_000, burstSeconds: 1 } },
   modes: [...MODES, 'gateway-rate'],
   gatewayRequestsPerMinute: 22_800,
 };
