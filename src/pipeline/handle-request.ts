@@ -203,7 +203,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
         client: req.client,
-        tokens: estimatedTokens(route.api, req.rawBody.length, req.json),
+        // Read from the body only for a token rate: a large body's estimate walks it for inline images.
+        ...(deps.pools.countTokens && { tokens: estimatedTokens(route.api, req.rawBody.length, req.json) }),
         graceLeftMs: req.graceLeftMs,
       },
       plans,

@@ -82,7 +82,7 @@ export function streamRecovery(
     // (it ended at the first output): the client's stream waits as long as its idle limit lets it go silent (less
     // minAttemptMs), from the break; once sent, the continuation's own timers bound it as before.
     const bodyBytes = Buffer.byteLength(upstream.body);
-    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes, client: req.client, tokens: estimatedTokens('chat', bodyBytes, json) };
+    const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes, client: req.client, ...(next.pool.settings.rates?.tokens && { tokens: estimatedTokens('chat', bodyBytes, json) }) };
     const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, () => {
       const held = heldBack(deps.guards, next, false, now());
       return held && { kind: 'gone', ...held };

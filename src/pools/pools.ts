@@ -6,8 +6,11 @@ import { targetRates } from '../policy/target-rate.ts';
 
 export class Pools {
   readonly #pools = new Map<string, ProviderPool>();
+  /** Does any provider's pool have a token rate (pools.tokensPerMinute)? Only then is a request's estimate needed. */
+  readonly countTokens: boolean;
 
   constructor(config: Config, now: () => number, observer: PoolObserver = {}, bodies?: WaitingBodies) {
+    this.countTokens = Object.values(config.providers).some((p) => p.pools.tokensPerMinute !== undefined);
     for (const [name, p] of Object.entries(config.providers)) {
       const capacity = p.pools.maxConcurrent ?? p.maxConnections;
       this.#pools.set(

@@ -647,17 +647,17 @@ export class ProviderPool {
   /** Whether the target's rates have room for the request now; if not, the pool looks again when they have. */
   #ratesAllow(req: SlotRequest, t: TargetUse, rates: TargetRates, seq: number): boolean {
     const now = this.now();
+    const tokens = tokensOf(req);
+    const tokensShort = (n: number) => rates.tokens !== undefined && rateWait(t.dues, { tokens: rates.tokens }, now, n) > 0;
     // Behind the waiter the token rate holds back (the pool's timer wakes it), while its tokens are what hold it: held
     // by something else (the retry cap), it keeps no one from tokens it could not take.
     const hold = t.tokenHold;
-    if (hold !== undefined && !goesFirst(req.cls, seq, hold) && rates.tokens && rateWait(t.dues, { tokens: rates.tokens }, now, hold.tokens) > 0) return false;
-    const wait = rateWait(t.dues, rates, now, tokensOf(req));
+    if (hold !== undefined && !goesFirst(req.cls, seq, hold) && tokensShort(hold.tokens)) return false;
+    const wait = rateWait(t.dues, rates, now, tokens);
     if (wait === 0) return true;
     this.#armRateTimer(now + wait);
     // A waiter (not a newcomer) its tokens hold back, rather than the request rate every request waits for alike.
-    if (rates.tokens && seq !== Number.POSITIVE_INFINITY && rateWait(t.dues, { tokens: rates.tokens }, now, tokensOf(req)) > 0 && (hold === undefined || goesFirst(req.cls, seq, hold))) {
-      t.tokenHold = { cls: req.cls, seq, tokens: tokensOf(req) };
-    }
+    if (seq !== Number.POSITIVE_INFINITY && tokensShort(tokens) && (hold === undefined || goesFirst(req.cls, seq, hold))) t.tokenHold = { cls: req.cls, seq, tokens };
     return false;
   }
 
