@@ -1,19 +1,13 @@
 // A target's rates (pools.requestsPerMinute, pools.tokensPerMinute), as the pool paces its grants: the same GCRA as a
 // client's rates (client-rate.ts), one due time per rate, kept in the pool rather than a store: a grant is
 // synchronous, and a fleet splits the rates by the pool's share (fleet-share.ts) instead of asking Redis each time.
-import { rateOf, spend, waitFor, type Rate } from './client-rate.ts';
+import { rateOf, spend, waitFor, type ClientDues, type ClientRates, type Rate } from './client-rate.ts';
 
-/** A target's rates, each optional. */
-export interface TargetRates {
-  requests?: Rate | undefined;
-  tokens?: Rate | undefined;
-}
+/** A target's rates, each optional: the same pair as a client's. */
+export type TargetRates = ClientRates;
 
-/** Each rate's due time (undefined: full). */
-export interface TargetDues {
-  requests?: number | undefined;
-  tokens?: number | undefined;
-}
+/** Each rate's due time (undefined: full); a target has no queue of refused requests to tell. */
+export type TargetDues = Omit<ClientDues, 'told'>;
 
 /**
  * The rates of a pool's config: requests with a burst of one second's worth by default (providers enforce a minute's
