@@ -237,17 +237,17 @@ describe('the rate limit\'s flags', () => {
     child = undefined;
   });
 
-  it('--rate-limit-rpm, --rate-limit-tpm and --rate-limit-retry-after set the global rateLimit', async () => {
+  it('--rate-limit-rpm, --rate-limit-tpm, --rate-limit-burst-seconds and --rate-limit-retry-after set the global rateLimit', async () => {
     // node itself with tsx's loader, not the tsx binary: that one runs the mock in a child of its own, which a kill of
     // the binary would leave listening.
-    child = spawn(process.execPath, ['--import', 'tsx', 'src/mock/main.ts', '--port', '0', '--quiet', '--rate-limit-rpm', '120', '--rate-limit-tpm', '5000', '--rate-limit-retry-after'], {
+    child = spawn(process.execPath, ['--import', 'tsx', 'src/mock/main.ts', '--port', '0', '--quiet', '--rate-limit-rpm', '120', '--rate-limit-tpm', '5000', '--rate-limit-burst-seconds', '1', '--rate-limit-retry-after'], {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
     child.stdout!.on('data', (d: Buffer) => (out += String(d)));
     while (!/listening on (\S+)/.test(out)) await once(child.stdout!, 'data');
     const url = /listening on (\S+)/.exec(out)![1]!;
-    expect((await control(url, 'GET')).body).toEqual({ rateLimit: { requestsPerMinute: 120, tokensPerMinute: 5000, retryAfter: true } });
+    expect((await control(url, 'GET')).body).toEqual({ rateLimit: { requestsPerMinute: 120, tokensPerMinute: 5000, burstSeconds: 1, retryAfter: true } });
   }, 30_000);
 });
 

@@ -12,6 +12,7 @@ const USAGE = `usage: npm run mock -- [options]
   --rate-limit-rpm N    requests per minute per model, a token bucket refilled continuously; beyond it 429
   --rate-limit-tpm N    tokens per minute per model (body bytes / 4 + max_tokens); beyond it 429
   --rate-limit-retry-after  the rate limit's 429s carry retry-after-ms and retry-after (OpenAI's usually carry none)
+  --rate-limit-burst-seconds N  seconds' worth each rate limit bucket holds, 0 to 60 (default 60: a minute's worth)
   --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1
   --reset-rate R        share of requests whose socket is destroyed
   --hang-rate R         share of requests never answered
@@ -56,10 +57,12 @@ function faultsFromArgs(values: Record<string, string | boolean | string[] | und
   if (hangRate !== undefined) spec.hangRate = hangRate;
   const rpm = num('rate-limit-rpm', str('rate-limit-rpm'));
   const tpm = num('rate-limit-tpm', str('rate-limit-tpm'));
-  if (rpm !== undefined || tpm !== undefined || values['rate-limit-retry-after'] === true) {
+  const burstSeconds = num('rate-limit-burst-seconds', str('rate-limit-burst-seconds'));
+  if (rpm !== undefined || tpm !== undefined || burstSeconds !== undefined || values['rate-limit-retry-after'] === true) {
     const rateLimit = { ...spec.rateLimit };
     if (rpm !== undefined) rateLimit.requestsPerMinute = rpm;
     if (tpm !== undefined) rateLimit.tokensPerMinute = tpm;
+    if (burstSeconds !== undefined) rateLimit.burstSeconds = burstSeconds;
     if (values['rate-limit-retry-after'] === true) rateLimit.retryAfter = true;
     spec.rateLimit = rateLimit;
   }
@@ -79,6 +82,7 @@ async function main(): Promise<void> {
       'rate-limit-rpm': { type: 'string' },
       'rate-limit-tpm': { type: 'string' },
       'rate-limit-retry-after': { type: 'boolean' },
+      'rate-limit-burst-seconds': { type: 'string' },
       error: { type: 'string', multiple: true },
       'reset-rate': { type: 'string' },
       'hang-rate': { type: 'string' },
