@@ -6,6 +6,7 @@ import { parseConfig } from '../src/config/load.ts';
 import { rateOf } from '../src/policy/client-rate.ts';
 import { Pools } from '../src/pools/pools.ts';
 import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { TargetRates } from '../src/policy/target-rate.ts';
 
 beforeEach(() => vi.useFakeTimers({ now: 0 }));
 afterEach(() => vi.useRealTimers());
@@ -15,9 +16,14 @@ const CLASSES = [
   { name: 'batch', minShare: 0, maxQueue: 100 },
 ];
 
-function pool(perMinute: number, burst: number, capacity = 50): ProviderPool {
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { requests: rateOf(perMinute, burst) } }, () => Date.now());
+/** A pool of `capacity` slots with `rates` (a request rate of `perMinute` and `burst`, given as numbers). */
+function pool(rates: TargetRates | [perMinute: number, burst: number] | undefined, capacity = 50, classes = CLASSES): ProviderPool {
+  const r = Array.isArray(rates) ? { requests: rateOf(rates[0], rates[1]) } : rates;
+  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes, decrease: 0.9, minLimit: 1, rates: r }, () => Date.now());
 }
+
+/** 6,000 tokens a minute (one every 10 ms), a minute's worth at once. */
+const TOKENS_6K = { tokens: rateOf(6_000, 6_000) };
 
 const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
 
@@ -32,9 +38,17 @@ function track(p: ProviderPool, label: string, r: SlotRequest, log: Array<[strin
   });
 }
 
+/** TOKENS_6K's minute's worth spent at 0, then `label` (3,000 tokens) waits for its tokens: 30 s. */
+async function spentThenLarge(p: ProviderPool, log: Array<[string, number]>, label: string, large: Partial<SlotRequest> = {}): Promise<void> {
+  void track(p, 'spent', req({ tokens: 6_000 }), log);
+  await vi.advanceTimersByTimeAsync(0);
+  void track(p, label, req({ tokens: 3_000, ...large }), log);
+  await vi.advanceTimersByTimeAsync(0);
+}
+
 describe('a pool with a request rate', () => {
   it('grants a target its slots at the rate, whatever slots are free', async () => {
-    const p = pool(60, 1);
+    const p = pool([60, 1]);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
     await vi.advanceTimersByTimeAsync(0);
@@ -49,7 +63,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('lets a burst go at once after a quiet spell, then paces', async () => {
-    const p = pool(60, 3);
+    const p = pool([60, 3]);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c', 'd']) void track(p, l, req(), log);
     await vi.advanceTimersByTimeAsync(0);
@@ -66,7 +80,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('gives the next turn to the higher class, whoever came first, and paces retries as first attempts', async () => {
-    const p = pool(60, 1);
+    const p = pool([60, 1]);
     const log: Array<[string, number]> = [];
     void track(p, 'first', req(), log);
     await vi.advanceTimersByTimeAsync(0);
@@ -78,10 +92,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('keeps a lower class its minShare of the turns, as a share of what the rate lets be in flight', async () => {
-    const p = new ProviderPool(
-      { provider: 'p', capacity: 50, retryCapacity: 50, classes: [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.25, maxQueue: 100 }], decrease: 0.9, minLimit: 1, rates: { requests: rateOf(60, 1) } },
-      () => Date.now(),
-    );
+    const p = pool([60, 1], 50, [{ name: 'online', minShare: 0.5, maxQueue: 100 }, { name: 'batch', minShare: 0.25, maxQueue: 100 }]);
     // Slots are held (answers that take long), so in flight grows by one a turn; the pool has room to spare.
     const order: string[] = [];
     const hold = (label: string, r: SlotRequest) => void p.acquire(r).then((a) => a.ok && order.push(label));
@@ -96,7 +107,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('paces each target apart', async () => {
-    const p = pool(60, 1);
+    const p = pool([60, 1]);
     const log: Array<[string, number]> = [];
     void track(p, 'a1', req(), log);
     void track(p, 'a2', req(), log);
@@ -107,7 +118,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('sheds at once a request that cannot expect its turn before its deadline, told the wait', async () => {
-    const p = pool(60, 1);
+    const p = pool([60, 1]);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c', 'd']) void track(p, l, req(), log);
     await vi.advanceTimersByTimeAsync(0);
@@ -123,7 +134,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('paces an instance of a fleet at its share of the rate', async () => {
-    const p = pool(60, 2, 10);
+    const p = pool([60, 2], 10);
     p.setShare(0.5);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
@@ -139,7 +150,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('spends nothing for a waiter that leaves before its turn', async () => {
-    const p = pool(60, 1);
+    const p = pool([60, 1]);
     const log: Array<[string, number]> = [];
     void track(p, 'a', req(), log);
     const gone = new AbortController();
@@ -154,8 +165,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('paces a target by its token rate, each request counted for its estimate', async () => {
-    // 6,000 tokens a minute (one every 10 ms), a minute's worth at once.
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const p = pool(TOKENS_6K);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c']) void track(p, l, req({ tokens: 2_500 }), log);
     await vi.advanceTimersByTimeAsync(0);
@@ -173,7 +183,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('holds a request to the rate that binds, of requests and tokens', async () => {
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { requests: rateOf(60, 1), tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const p = pool({ requests: rateOf(60, 1), ...TOKENS_6K });
     const log: Array<[string, number]> = [];
     void track(p, 'a', req({ tokens: 10 }), log);
     void track(p, 'b', req({ tokens: 10 }), log);
@@ -190,13 +200,10 @@ describe('a pool with a request rate', () => {
   });
 
   it('keeps the tokens coming back for a larger request that waits, from smaller ones of its class and lower classes behind it', async () => {
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const p = pool(TOKENS_6K);
     const log: Array<[string, number]> = [];
     // The minute's worth spent; then one request of 3,000 tokens, and after it small ones of another client and of batch.
-    void track(p, 'spent', req({ tokens: 6_000 }), log);
-    await vi.advanceTimersByTimeAsync(0);
-    void track(p, 'large', req({ tokens: 3_000, client: 'a' }), log);
-    await vi.advanceTimersByTimeAsync(0);
+    await spentThenLarge(p, log, 'large', { client: 'a' });
     for (let i = 0; i < 20; i++) void track(p, 'small', req({ tokens: 10, client: 'b' }), log);
     for (let i = 0; i < 20; i++) void track(p, 'batch', req({ cls: 1, tokens: 10 }), log);
     await vi.advanceTimersByTimeAsync(29_999);
@@ -212,13 +219,10 @@ describe('a pool with a request rate', () => {
   });
 
   it('lets those behind a held-back request go as soon as it leaves', async () => {
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const p = pool(TOKENS_6K);
     const log: Array<[string, number]> = [];
-    void track(p, 'spent', req({ tokens: 6_000 }), log);
-    await vi.advanceTimersByTimeAsync(0);
     const gone = new AbortController();
-    void track(p, 'large', req({ tokens: 3_000, signal: gone.signal }), log);
-    await vi.advanceTimersByTimeAsync(0);
+    await spentThenLarge(p, log, 'large', { signal: gone.signal });
     void track(p, 'small', req({ tokens: 10, client: 'b' }), log);
     await vi.advanceTimersByTimeAsync(500);
     gone.abort();
@@ -228,12 +232,9 @@ describe('a pool with a request rate', () => {
   });
 
   it('lets a higher class pass a lower one its token rate holds back', async () => {
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 6_000) } }, () => Date.now());
+    const p = pool(TOKENS_6K);
     const log: Array<[string, number]> = [];
-    void track(p, 'spent', req({ tokens: 6_000 }), log);
-    await vi.advanceTimersByTimeAsync(0);
-    void track(p, 'large-batch', req({ cls: 1, tokens: 3_000 }), log);
-    await vi.advanceTimersByTimeAsync(0);
+    await spentThenLarge(p, log, 'large-batch', { cls: 1 });
     void track(p, 'online', req({ tokens: 10 }), log);
     await vi.advanceTimersByTimeAsync(100);
     expect(log.at(-1)).toEqual(['online', 100]);
@@ -241,7 +242,7 @@ describe('a pool with a request rate', () => {
   });
 
   it('holds back nothing without a rate', async () => {
-    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
+    const p = pool(undefined);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
     await vi.advanceTimersByTimeAsync(0);
