@@ -24,6 +24,7 @@ import { continueWanted } from './http/expect-continue.ts';
 import { methodGuard } from './http/method-guard.ts';
 import { modelsRoutes } from './http/models-routes.ts';
 import { longestBudgetMs } from './policy/deadline.ts';
+import { reachedProvider } from './policy/outcome.ts';
 import type { TokenEstimate } from './policy/client-rate.ts';
 import { contentEncoding, decodeBody, parseJsonBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
@@ -165,9 +166,10 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
     // without a summary: an error before the pipeline answered), all of it given back when no attempt went upstream
-    // (the summary's attempts are those sent). A replay reserved nothing: it used no provider tokens.
+    // (of the summary's attempts, those that reached a provider: a connection refused wrote nothing). A replay
+    // reserved nothing: it used no provider tokens.
     if (request.tokensReserved && request.client !== undefined) {
-      const sent = summary !== undefined && summary.attempts.length > 0;
+      const sent = summary !== undefined && summary.attempts.some(reachedProvider);
       limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent);
     }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));

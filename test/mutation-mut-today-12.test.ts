@@ -155,7 +155,7 @@ describe('the wait estimate under a target\'s rates, further', () => {
     for (let i = 0; i < 5; i++) void track(p, `online${i}`, req(), log);
     await vi.advanceTimersByTimeAsync(0);
     const batch = await p.acquire(req({ cls: 1, deadlineAtMs: 3_000, minAttemptMs: 100 }));
-    expect(batch).toEqual({ ok: false, reason: 'deadline', retryAfterMs: 6_000 });
+    expect(batch).toEqual({ ok: false, reason: 'request_rate', retryAfterMs: 6_000 });
     p.close();
   });
 

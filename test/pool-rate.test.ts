@@ -124,7 +124,7 @@ describe('a pool with a request rate', () => {
     await vi.advanceTimersByTimeAsync(0);
     // Three ahead of it at one a second (one granted, three waiting): its turn is about 3 s away.
     const late = await p.acquire(req({ deadlineAtMs: 2_500, minAttemptMs: 100 }));
-    expect(late).toEqual({ ok: false, reason: 'deadline', retryAfterMs: 4_000 });
+    expect(late).toEqual({ ok: false, reason: 'request_rate', retryAfterMs: 4_000 });
     // One that can wait is queued and gets its turn.
     const patient = track(p, 'patient', req({ deadlineAtMs: 10_000, minAttemptMs: 100 }), log);
     await vi.advanceTimersByTimeAsync(4_000);
@@ -239,6 +239,37 @@ describe('a pool with a request rate', () => {
     await vi.advanceTimersByTimeAsync(100);
     expect(log.at(-1)).toEqual(['online', 100]);
     p.close();
+  });
+
+  it('says which of its target\'s rates holds a request it sheds, and leaves a shed its slots hold to the capacity', async () => {
+    const sheds: string[] = [];
+    const observed = (rates: TargetRates, capacity: number) =>
+      new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rates }, () => Date.now(), { onShed: (_cls, reason) => sheds.push(reason) });
+    const shedOf = async (p: ProviderPool, r: SlotRequest) => {
+      const a = await p.acquire(r);
+      return a.ok || a.reason === 'aborted' ? undefined : a.reason;
+    };
+    // Its turn of a request a second is seconds away (one granted, three waiting).
+    const byRequests = observed({ requests: rateOf(60, 1), ...TOKENS_6K }, 50);
+    for (let i = 0; i < 4; i++) void byRequests.acquire(req({ tokens: 10 }));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(await shedOf(byRequests, req({ tokens: 10, deadlineAtMs: Date.now() + 2_500, minAttemptMs: 100 }))).toBe('request_rate');
+    expect(byRequests.rateShedWhy('request_rate', 'online')).toBe("provider p's request rate (60/min, pools.requestsPerMinute) leaves no turn for class online before the request's deadline");
+    // Its 3,000 tokens are 30 s away, its request's turn at once.
+    const byTokens = observed({ requests: rateOf(600, 10), ...TOKENS_6K }, 50);
+    void byTokens.acquire(req({ tokens: 6_000 }));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(await shedOf(byTokens, req({ tokens: 3_000, deadlineAtMs: Date.now() + 10_000 }))).toBe('token_rate');
+    expect(byTokens.rateShedWhy('token_rate', 'batch')).toBe("provider p's token rate (6000/min, pools.tokensPerMinute) leaves no turn for class batch before the request's deadline");
+    // Its one slot held (an answer takes a second until one is timed), with turns of the rate to spare: the capacity.
+    const bySlots = observed({ requests: rateOf(6_000, 100) }, 1);
+    void bySlots.acquire(req());
+    await vi.advanceTimersByTimeAsync(0);
+    expect(await shedOf(bySlots, req({ deadlineAtMs: Date.now() + 500, minAttemptMs: 100 }))).toBe('deadline');
+    expect(bySlots.rateShedWhy('deadline', 'online')).toBeUndefined();
+    // Counted as deadline sheds all three (stormgate_shed_total's reasons are unchanged).
+    expect(sheds).toEqual(['deadline', 'deadline', 'deadline']);
+    for (const p of [byRequests, byTokens, bySlots]) p.close();
   });
 
   it('holds back nothing without a rate', async () => {

@@ -35,7 +35,7 @@ function callsAtOnce(s: Stack, n: number, json: object, timeoutMs: number) {
         headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': String(timeoutMs) },
         body: JSON.stringify(json),
       });
-      return { status: res.status, ms: Date.now() - t0, headers: res.headers, body: (await res.json()) as { error?: { code: string } } };
+      return { status: res.status, ms: Date.now() - t0, headers: res.headers, body: (await res.json()) as { error?: { code: string; message: string } } };
     }),
   );
 }
@@ -100,6 +100,10 @@ describe('a provider paced at its request rate', () => {
     // At once, not at its deadline, told to come back when its turn would be (seconds, not milliseconds).
     expectToldToComeBack(calls, 2_000, 1_500);
     expect(s.mock.requests()).toHaveLength(ok.length);
+    // Told the rate it configured holds it, not that the provider is at capacity.
+    for (const c of calls.filter((c) => c.status !== 200)) {
+      expect(c.body.error?.message).toBe("provider mock's request rate (60/min, pools.requestsPerMinute) leaves no turn for class online before the request's deadline; retry later");
+    }
   });
 });
 
@@ -112,6 +116,7 @@ describe('a provider paced at its token rate', () => {
     expect(calls.filter((c) => c.status === 200)).toHaveLength(3);
     expect(s.mock.requests()).toHaveLength(3);
     expectToldToComeBack(calls, 15_000, 2_500);
+    for (const c of calls.filter((c) => c.status !== 200)) expect(c.body.error?.message).toContain("provider mock's token rate (12000/min, pools.tokensPerMinute) leaves no turn");
   });
 });
 

@@ -3,7 +3,7 @@
 // in a loop of its own is held to its rate here, whatever the provider's state.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, limitOf, retryAfterOf, settlement, type ClientRates, type ClientRefusal, type Rate, type RateKind, type TokenEstimate } from '../policy/client-rate.ts';
+import { clientRates, limitOf, perMinute, retryAfterOf, settlement, type ClientRates, type ClientRefusal, type RateKind, type TokenEstimate } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -67,6 +67,5 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
 }
 
 function rateText(r: ClientRates, by: RateKind): string {
-  const perMinute = (rate: Rate) => Math.round((60_000 / rate.intervalMs) * 1000) / 1000;
   return by === 'requests' ? `${perMinute(r.requests!)} requests per minute (burst ${r.requests!.burst})` : `${perMinute(r.tokens!)} tokens per minute`;
 }

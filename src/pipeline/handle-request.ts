@@ -359,7 +359,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
             ? `the requests waiting in this gateway hold as many bytes of request bodies as server.maxWaitingBodyBytes allows${lowestClass ? ` for class ${className}` : ''}`
             : `no slot for class ${className} can be expected before the request's deadline`;
       return errorAnswer(
-        new GatewayError('load_shed', `provider ${served.plan.client.name} is at capacity and ${why}; retry later`, {
+        new GatewayError('load_shed', `${served.plan.pool.rateShedWhy(reason, className) ?? `provider ${served.plan.client.name} is at capacity and ${why}`}; retry later`, {
           status: lowestClass ? 429 : 503,
           shouldRetry: true,
           retryAfterMs: Math.max(100, retryAfterMs),

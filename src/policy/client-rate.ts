@@ -46,6 +46,11 @@ export function rateOf(perMinute: number, burst?: number): Rate {
   return { intervalMs: 60_000 / perMinute, burst: burst ?? Math.max(1, Math.floor(perMinute / 6)) };
 }
 
+/** A rate as configured, per minute (to three decimals: 60,000 / intervalMs is not always a whole number in floating point). */
+export function perMinute(rate: Rate): number {
+  return Math.round((60_000 / rate.intervalMs) * 1000) / 1000;
+}
+
 /** The client's rates from its auth.limits entry; a token rate holds a minute's worth, as providers' limits do. */
 export function clientRates(limit: ClientLimitConfig): ClientRates {
   return {

@@ -436,6 +436,18 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
   }
 }
 
+/**
+ * Did an attempt reach its provider, as its log record has it (pipeline/target-attempts.ts AttemptRecord: its reason
+ * and network code)? Not one whose connection was never made (refused, unreachable, no socket, a TLS handshake
+ * refused, the egress proxy's refusal, the connect timer) nor one the gateway could not send: nothing of the request
+ * was written, and no provider counts its tokens. A connection lost once the request could be written may have.
+ */
+export function reachedProvider(attempt: { reason: string; code?: string | undefined }): boolean {
+  if (attempt.reason === timeoutReason('connect') || attempt.reason === 'internal') return false;
+  const { code } = attempt;
+  return code === undefined || !(NOT_SENT_CODES.has(code) || refusedTls(code) || refusedByProxy(code));
+}
+
 /** May this outcome be retried under the route's `retryOn`? */
 export function isRetryable(c: Classification, retryOn: readonly RetryOn[]): boolean {
   return OUTCOME_TABLE[c.cls].retryable && c.retryKey !== null && retryOn.includes(c.retryKey);

@@ -1,7 +1,7 @@
 // A target's rates (pools.requestsPerMinute, pools.tokensPerMinute), as the pool paces its grants: the same GCRA as a
 // client's rates (client-rate.ts), one due time per rate, kept in the pool rather than a store: a grant is
 // synchronous, and a fleet splits the rates by the pool's share (fleet-share.ts) instead of asking Redis each time.
-import { rateOf, spend, waitFor, type ClientDues, type ClientRates, type Rate } from './client-rate.ts';
+import { rateOf, spend, waitFor, type ClientDues, type ClientRates, type Rate, type RateKind } from './client-rate.ts';
 
 /** A target's rates, each optional: the same pair as a client's. */
 export type TargetRates = ClientRates;
@@ -36,9 +36,16 @@ export interface RatesAhead {
  * wait for a turn 20 s away, and shed.
  */
 export function rateWait(dues: TargetDues, rates: TargetRates, nowMs: number, tokens: number, ahead: RatesAhead = { requests: 0, tokens: 0 }): number {
-  const byRequests = rates.requests ? waitFor(dues.requests, nowMs, rates.requests, ahead.requests + 1) : 0;
-  const byTokens = rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, ahead.tokens + Math.min(tokens, rates.tokens.burst)) : 0;
-  return Math.max(byRequests, byTokens);
+  const waits = rateWaits(dues, rates, nowMs, tokens, ahead);
+  return Math.max(waits.requests, waits.tokens);
+}
+
+/** rateWait by each rate (0 for one not set): which of them holds a request, for the client to be told. */
+export function rateWaits(dues: TargetDues, rates: TargetRates, nowMs: number, tokens: number, ahead: RatesAhead = { requests: 0, tokens: 0 }): Record<RateKind, number> {
+  return {
+    requests: rates.requests ? waitFor(dues.requests, nowMs, rates.requests, ahead.requests + 1) : 0,
+    tokens: rates.tokens ? waitFor(dues.tokens, nowMs, rates.tokens, ahead.tokens + Math.min(tokens, rates.tokens.burst)) : 0,
+  };
 }
 
 /** The due times once a request of `tokens` is sent at nowMs. */

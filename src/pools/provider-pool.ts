@@ -12,7 +12,8 @@ import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
-import { rateGiveBack, rateSpend, rateWait, ratesPart, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
+import { rateGiveBack, rateSpend, rateWait, rateWaits, ratesPart, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
+import { perMinute } from '../policy/client-rate.ts';
 
 export interface PoolClass {
   name: string;
@@ -80,7 +81,13 @@ export type Acquired =
  * instance would pass server.maxWaitingBodyBytes.
  */
 export const SHED_REASONS = ['queue_full', 'deadline', 'body_bytes'] as const;
-export type ShedReason = (typeof SHED_REASONS)[number];
+/**
+ * A deadline shed whose wait is its target's rate (pools.requestsPerMinute, pools.tokensPerMinute), not its slots: the
+ * client is told that rate, which the operator set, rather than that the provider is at capacity. Counted as deadline.
+ */
+export type RateHold = 'request_rate' | 'token_rate';
+/** Why a request was shed, as its answer says it. */
+export type ShedReason = (typeof SHED_REASONS)[number] | RateHold;
 
 interface TargetUse {
   inUse: number;
@@ -256,11 +263,12 @@ export class ProviderPool {
       return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
-    const expectedWaitMs = this.expectedWaitMs(req.cls, req.target, req.client, tokensOf(req));
+    const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req));
+    const expectedWaitMs = expected.ms;
     const displaced = !req.released && this.#queued[req.cls]! >= cls.maxQueue ? this.#displaced(req) : undefined;
     if (displaced === null) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
     // The one wait rule: a request that cannot expect a slot before its deadline is told so now, not after waiting.
-    if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, 'deadline', expectedWaitMs);
+    if (!canWait(this.now(), expectedWaitMs, req.deadlineAtMs, req.minAttemptMs)) return this.#shed(cls.name, expected.heldBy ?? 'deadline', expectedWaitMs);
     const bytes = req.bodyBytes ?? 0;
     if (req.released) this.bodies?.add(bytes);
     else if (this.bodies && !this.#takeBytes(bytes, req.cls, displaced)) return this.#shed(cls.name, 'body_bytes', expectedWaitMs);
@@ -294,7 +302,8 @@ export class ProviderPool {
       waiter.shed = (reason) => {
         clearTimeout(lastChance);
         req.signal.removeEventListener('abort', onAbort);
-        resolve(this.#shed(cls.name, reason, this.expectedWaitMs(req.cls, req.target, req.client, tokensOf(req))));
+        const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req));
+        resolve(this.#shed(cls.name, reason === 'deadline' ? (expected.heldBy ?? reason) : reason, expected.ms));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
       waiter.lane.waiters.push(waiter);
@@ -319,6 +328,11 @@ export class ProviderPool {
    * room for the requests ahead of it on its target and itself (each of `tokens`, as far as it can tell).
    */
   expectedWaitMs(cls: number, target: string, client = NO_CLIENT, tokens = 1): number {
+    return this.#expectedWait(cls, target, client, tokens).ms;
+  }
+
+  /** expectedWaitMs, and the target's rate that makes it, when the wait for a turn of it is longer than for a slot. */
+  #expectedWait(cls: number, target: string, client = NO_CLIENT, tokens = 1): { ms: number; heldBy: RateHold | undefined } {
     let ahead = 0;
     for (let k = 0; k < cls; k++) ahead += this.#queued[k]!;
     const own = this.#clients[cls]!.get(client)?.waiting ?? 0;
@@ -328,8 +342,23 @@ export class ProviderPool {
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
     const slots = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
-    const queued = this.#rates ? Math.max(slots, rateWait(t.dues, this.#rates, this.now(), tokens, this.#aheadOnTarget(t, cls, aheadInClass))) : slots;
-    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
+    const held = cls > 0 ? Math.max(slots, t.lowerHeldUntilMs - this.now()) : slots;
+    if (this.#rates === undefined) return { ms: held, heldBy: undefined };
+    const rates = rateWaits(t.dues, this.#rates, this.now(), tokens, this.#aheadOnTarget(t, cls, aheadInClass));
+    const byRate = Math.max(rates.requests, rates.tokens);
+    if (byRate <= held) return { ms: held, heldBy: undefined };
+    return { ms: byRate, heldBy: rates.tokens > rates.requests ? 'token_rate' : 'request_rate' };
+  }
+
+  /**
+   * What holds a request shed for its target's rate (`reason`), for its client: which rate, as configured (the fleet's,
+   * which this instance paces a share of). Undefined for any other shed: the provider's capacity holds it.
+   */
+  rateShedWhy(reason: ShedReason, className: string): string | undefined {
+    const rate = reason === 'request_rate' ? this.settings.rates?.requests : reason === 'token_rate' ? this.settings.rates?.tokens : undefined;
+    if (rate === undefined) return undefined;
+    const [what, key] = reason === 'request_rate' ? ['request', 'requestsPerMinute'] : ['token', 'tokensPerMinute'];
+    return `provider ${this.settings.provider}'s ${what} rate (${perMinute(rate)}/min, pools.${key}) leaves no turn for class ${className} before the request's deadline`;
   }
 
   /**
@@ -776,7 +805,7 @@ export class ProviderPool {
   }
 
   #shed(cls: string, reason: ShedReason, retryAfterMs: number): Acquired {
-    this.observer.onShed?.(cls, reason);
+    this.observer.onShed?.(cls, reason === 'request_rate' || reason === 'token_rate' ? 'deadline' : reason);
     return { ok: false, reason, retryAfterMs };
   }
 }
