@@ -1,7 +1,8 @@
 // A client's token reservation (auth.limits.<name>.tokensPerMinute) for a request whose attempts found no provider
 // listening (connection refused): nothing reached a provider, so the reservation is given back whole, as for a request
 // shed before any attempt. Over real HTTP: a gateway whose first target is a port nothing listens on, with and without
-// a backup (the bundled mock) that answers.
+// a backup (the bundled mock) that answers. The provider's own rate turn (pools.requestsPerMinute) of such an attempt
+// goes back the same way.
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
@@ -70,5 +71,35 @@ describe('a client token reservation for attempts refused a connection', () => {
     const second = await call(JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x'.repeat(fits - 60) }] }));
     expect(second.json.error?.code).not.toBe('client_rate_limited');
     expect(second.status).toBe(200);
+  });
+});
+
+describe("a provider's rate turn for an attempt refused a connection", () => {
+  const gateway = useGateways();
+  const mocks = useExtraMocks();
+
+  it('goes back: the retries wait for their backoff, not for the turns the refusals spent, then the backup answers', async () => {
+    const backup = await mocks({ apiKey: TEST_KEY });
+    const down = `http://127.0.0.1:${await freePort()}/v1`;
+    const base = defaultConfig(backup.url, RETRY_LOOP_ONLY);
+    // One request a second, one at once: each refused attempt that kept its turn held the next one a second.
+    const config: ConfigInput = {
+      ...base,
+      providers: { ...base.providers, down: { family: 'openai', baseUrl: down, apiKey: 'down-key', breaker: false, pools: { requestsPerMinute: 60, burst: 1 } } },
+      routes: base.routes.map((r) => ({
+        ...r,
+        targets: [{ provider: 'down' }, { provider: 'mock' }],
+        retry: { maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 20, capMs: 40 }, retryOn: ['network'] },
+      })),
+    };
+    const url = await gateway(ConfigSchema.parse(config));
+    const t0 = Date.now();
+    const res = await fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    const ms = Date.now() - t0;
+    expect(res.status).toBe(200);
+    expect(res.headers.get('x-stormgate-target')).toContain('mock');
+    expect(res.headers.get('x-stormgate-attempts')).toBe('4');
+    // Three refused attempts and the backup's answer: backoffs of at most 40 ms each, where kept turns took ~2 s.
+    expect(ms).toBeLessThan(1_500);
   });
 });

@@ -3,7 +3,7 @@
 // over). How it went reaches the target's adaptive limit through recordOutcome (record-outcome.ts), which the caller
 // runs before it releases the slot. The attempt loop (target-attempts.ts) and a stream recovery's continuation
 // (stream-recovery.ts) both go through here: a continuation that took no slot went past the next target's pool.
-import { classify, type Classification } from '../policy/outcome.ts';
+import { classify, neverSent, type Classification } from '../policy/outcome.ts';
 import { quotaLowUntil } from '../policy/quota-headers.ts';
 import { runAttempt, type AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
@@ -89,6 +89,10 @@ export async function attemptInSlot(
   const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
+  // A connection refused (or the connect timer) wrote nothing: the provider counted no request or token of it, so the
+  // target's rate turn goes back, as for a request that never left (a retry to a target that refuses connections
+  // waits for its backoff, not for a turn its failures spent).
+  if (neverSent(result.outcome)) acquired.slot.unsent();
   if (cls.cls === 'success') acquired.slot.answered();
   if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());

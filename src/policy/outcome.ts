@@ -426,7 +426,7 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
       return outcome.phase !== 'connect';
     case 'network':
       // A TLS refusal comes in the handshake, before the provider reads a byte of the request.
-      return !NOT_SENT_CODES.has(outcome.code) && !refusedTls(outcome.code) && !refusedByProxy(outcome.code);
+      return !unwritten(outcome.code);
     case 'bad-stream':
       return outcome.ran;
     case 'http':
@@ -444,8 +444,20 @@ export function mayHaveRun(outcome: AttemptOutcome): boolean {
  */
 export function reachedProvider(attempt: { reason: string; code?: string | undefined }): boolean {
   if (attempt.reason === timeoutReason('connect') || attempt.reason === 'internal') return false;
-  const { code } = attempt;
-  return code === undefined || !(NOT_SENT_CODES.has(code) || refusedTls(code) || refusedByProxy(code));
+  return attempt.code === undefined || !unwritten(attempt.code);
+}
+
+/**
+ * An outcome no byte of the request was written for: the connect timer, a connection refused or unreachable, a TLS
+ * handshake or the egress proxy refusing it. The provider never saw it, so it used none of the provider's rate.
+ */
+export function neverSent(outcome: AttemptOutcome): boolean {
+  return outcome.kind === 'timeout' ? outcome.phase === 'connect' : outcome.kind === 'network' && unwritten(outcome.code);
+}
+
+/** A network error code raised before any of the request was written. */
+function unwritten(code: string): boolean {
+  return NOT_SENT_CODES.has(code) || refusedTls(code) || refusedByProxy(code);
 }
 
 /** May this outcome be retried under the route's `retryOn`? */
