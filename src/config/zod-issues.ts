@@ -13,8 +13,11 @@ interface PlainIssue {
   message: string;
 }
 
-// Values at these keys may be credentials, so messages never repeat them.
+// Values at these keys may be credentials, so messages never repeat them. Not a key named for a quantity
+// (tokensPerMinute, firstTokenMs, defaultMaxTokens): it holds a number, and the text found there is what to fix.
 const SECRET_KEY = /key|token|secret|password|credential/i;
+const QUANTITY_KEY = /(Ms|PerMinute|Tokens)$/;
+const isSecretKey = (key: PropertyKey | undefined): boolean => SECRET_KEY.test(String(key)) && !QUANTITY_KEY.test(String(key));
 
 export function describeZodIssues(root: core.$ZodType, issues: readonly core.$ZodIssue[], data: unknown): PlainIssue[] {
   // zod's own bound on every integer (the safe range) says nothing a key's own maximum does not say better.
@@ -124,7 +127,7 @@ function invalidFormat(issue: core.$ZodIssueInvalidStringFormat, value: unknown,
 
 function received(value: unknown, path: PropertyKey[]): string {
   if (value === undefined) return '';
-  if (typeof value === 'string' && SECRET_KEY.test(String(path.at(-1)))) return ', received a string';
+  if (typeof value === 'string' && isSecretKey(path.at(-1))) return ', received a string';
   if (typeof value === 'string') return `, received ${JSON.stringify(withoutPassword(value))}`;
   if (typeof value === 'number' || typeof value === 'boolean') return `, received ${JSON.stringify(value)}`;
   return `, received ${kindOf(value)}`;
@@ -135,7 +138,7 @@ function received(value: unknown, path: PropertyKey[]): string {
  * at a secret's key, nor anywhere in `auth`, whose strings are client keys (`auth: sk-...` for `auth: { keys: ... }`).
  */
 function quotedText(value: unknown, path: PropertyKey[]): string {
-  if (typeof value !== 'string' || value === '' || path[0] === 'auth' || SECRET_KEY.test(String(path.at(-1)))) return '';
+  if (typeof value !== 'string' || value === '' || path[0] === 'auth' || isSecretKey(path.at(-1))) return '';
   return ` (${JSON.stringify(withoutPassword(value))})`;
 }
 
