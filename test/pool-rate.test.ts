@@ -297,11 +297,14 @@ routes:
     expect(rateOfPool('{ requestsPerMinute: 600, burst: 3 }')).toEqual({ requests: { intervalMs: 100, burst: 3 }, tokens: undefined });
     // A token rate holds a minute's worth.
     expect(rateOfPool('{ tokensPerMinute: 30000 }')).toEqual({ requests: undefined, tokens: { intervalMs: 2, burst: 30_000 } });
+    // Unless tokenBurst says less: a provider that enforces its token limit by the second.
+    expect(rateOfPool('{ tokensPerMinute: 30000, tokenBurst: 1000 }')).toEqual({ requests: undefined, tokens: { intervalMs: 2, burst: 1_000 } });
     expect(rateOfPool('{}')).toBeUndefined();
   });
 
   it('refuses a burst without a rate, naming the file and the path', () => {
     expect(() => parseConfig(yaml('{ burst: 5 }'), 'gw.yaml', {})).toThrow(/gw\.yaml[\s\S]*providers\.openai\.pools\.burst[\s\S]*needs requestsPerMinute/);
+    expect(() => parseConfig(yaml('{ requestsPerMinute: 60, tokenBurst: 500 }'), 'gw.yaml', {})).toThrow(/gw\.yaml[\s\S]*providers\.openai\.pools\.tokenBurst[\s\S]*needs tokensPerMinute/);
     expect(() => parseConfig(yaml('{ requestsPerMinute: 0 }'), 'gw.yaml', {})).toThrow(/providers\.openai\.pools\.requestsPerMinute/);
   });
 });

@@ -503,6 +503,23 @@ describe('pacing under the provider\'s own rate limit (the mock\'s rateLimit)', 
     expect(paced.stats.byStatus['429']).toBeUndefined();
   });
 
+  it('paces a token rate the provider enforces by the second when tokenBurst says so: without it, a minute\'s worth at once meets token 429s', async () => {
+    // The provider: 60,000 tokens a minute, its bucket a second's worth (1,000). Each call counts ~520 (max_tokens 500).
+    const byTheSecond = { rateLimit: { tokensPerMinute: 60_000, burstSeconds: 1 } } as FaultSpec;
+    const crowd = async (pools: Pools) => {
+      const mock = await startMock({ apiKey: TEST_KEY, faults: byTheSecond });
+      const r = await gateway({ mock: openaiProvider(mock, pools) }, [route('chat', '/v1/chat/completions', [{ provider: 'mock' }], { retry: { maxAttempts: 1 } })]);
+      const client = clientOf(r, 10_000);
+      const outs = await Promise.all(Array.from({ length: 10 }, () => call(client, { max_tokens: 500 })));
+      return { refused: refused(outs).length, stats: mock.stats() };
+    };
+    const minuteDeep = await crowd({ tokensPerMinute: 54_000 });
+    expect(minuteDeep.stats.rateLimited.tokens).toBeGreaterThan(0);
+    const secondDeep = await crowd({ tokensPerMinute: 54_000, tokenBurst: 900 });
+    expect(secondDeep.refused).toBe(0);
+    expect(secondDeep.stats.rateLimited).toEqual({ requests: 0, tokens: 0 });
+  });
+
   it('paces Anthropic SDK agents on /v1/messages under the account\'s limit: all answered, none refused', async () => {
     const mock = await startMock({ apiKey: TEST_KEY, faults: limited });
     const r = await gateway({ claude: anthropicProvider(mock, { requestsPerMinute: 540, burst: 2 }) }, [route('messages', '/v1/messages', [{ provider: 'claude' }], { retry: { maxAttempts: 1 } })]);

@@ -143,8 +143,11 @@ const PoolsSchema = z
       .describe('Requests a target may be sent at once after a quiet spell, under requestsPerMinute. Optional; default: one second\'s worth (requestsPerMinute / 60, at least 1), as providers enforce a minute\'s limit over shorter spans.'),
     tokensPerMinute: z.number().min(1).max(1_000_000_000).optional()
       .describe('Tokens per minute each target is sent, the fleet\'s together, up to a minute\'s worth at once, paced as requestsPerMinute is. A request counts as OpenAI counts it at arrival: its body\'s bytes / 4 plus the completion cap it sets (max_tokens, max_completion_tokens, max_output_tokens; times n), each attempt again, and is never settled against the answer\'s usage (conservative against Anthropic, which counts output tokens as they are produced, not the cap at arrival); one larger than a minute\'s worth goes once the rate is full. Optional; default: no token rate.'),
+    tokenBurst: z.number().int().min(1).max(1_000_000_000).optional()
+      .describe('Tokens a target may be sent at once after a quiet spell, under tokensPerMinute; a request larger than it goes once the bucket is full. Set it to a few seconds\' worth when the provider enforces its token limit over shorter spans than a minute (a burst of requests sent at once is then refused with token 429s). Optional; default: a minute\'s worth (tokensPerMinute).'),
   })
   .refine((p) => p.burst === undefined || p.requestsPerMinute !== undefined, { message: 'burst is the request rate\'s: it needs requestsPerMinute', path: ['burst'] })
+  .refine((p) => p.tokenBurst === undefined || p.tokensPerMinute !== undefined, { message: 'tokenBurst is the token rate\'s: it needs tokensPerMinute', path: ['tokenBurst'] })
   .describe('Concurrency of a provider, shared by priority classes, with an adaptive (AIMD) limit per target, and optionally request and token rates per target.');
 
 const thinkingBudget = (effort: string, tokens: number) =>

@@ -11,15 +11,20 @@ export type TargetDues = Omit<ClientDues, 'told'>;
 
 /**
  * The rates of a pool's config: requests with a burst of one second's worth by default (providers enforce a minute's
- * limit over shorter spans: OpenAI's 60,000 a minute as 1,000 a second), tokens with a minute's worth, as providers'
- * token limits hold.
+ * limit over shorter spans: OpenAI's 60,000 a minute as 1,000 a second), tokens with a minute's worth by default, as
+ * providers' token limits hold (tokenBurst for one that enforces them over shorter spans too).
  */
-export function targetRates(perMinute: { requestsPerMinute?: number | undefined; burst?: number | undefined; tokensPerMinute?: number | undefined }): TargetRates | undefined {
+export function targetRates(perMinute: {
+  requestsPerMinute?: number | undefined;
+  burst?: number | undefined;
+  tokensPerMinute?: number | undefined;
+  tokenBurst?: number | undefined;
+}): TargetRates | undefined {
   const { requestsPerMinute: rpm, tokensPerMinute: tpm } = perMinute;
   if (rpm === undefined && tpm === undefined) return undefined;
   return {
     requests: rpm === undefined ? undefined : rateOf(rpm, perMinute.burst ?? Math.max(1, Math.floor(rpm / 60))),
-    tokens: tpm === undefined ? undefined : rateOf(tpm, Math.max(1, Math.floor(tpm))),
+    tokens: tpm === undefined ? undefined : rateOf(tpm, perMinute.tokenBurst ?? Math.max(1, Math.floor(tpm))),
   };
 }
 
