@@ -165,12 +165,12 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
-    // without a summary: an error before the pipeline answered), all of it given back when no attempt went upstream
-    // (of the summary's attempts, those that reached a provider: a connection refused wrote nothing). A replay
-    // reserved nothing: it used no provider tokens.
+    // without a summary: an error before the pipeline answered), or without usage the output its stream passed on,
+    // all of it given back when no attempt went upstream (of the summary's attempts, those that reached a provider: a
+    // connection refused wrote nothing). A replay reserved nothing: it used no provider tokens.
     if (request.tokensReserved && request.client !== undefined) {
       const sent = summary !== undefined && summary.attempts.some(reachedProvider);
-      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent);
+      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent, summary?.streamEnd?.outputChars);
     }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     let rejected: RejectedOutcome | undefined;

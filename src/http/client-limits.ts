@@ -18,9 +18,10 @@ export interface ClientLimit {
   reserve(client: string, estimate: TokenEstimate): Promise<GatewayError | undefined> | undefined;
   /**
    * Settles what a request reserved once it has ended, against the tokens its answer says it used: `usage` as the token
-   * metrics have it (none came: undefined entries only), and whether any of its attempts went upstream (settlement).
+   * metrics have it (none came: undefined entries only), whether any of its attempts went upstream, and the characters
+   * of output its client was passed, which stand for the completion when no usage came (settlement).
    */
-  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[], sentUpstream: boolean): void;
+  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[], sentUpstream: boolean, outputChars?: number): void;
 }
 
 interface ClientLimitsDeps {
@@ -50,11 +51,11 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
         .reserveTokens(client, { ...r, tokens: r.tokens }, tokens, deps.now())
         .then((refusal) => refusal && refused(client, r, refusal, ` (this request's estimate: ${tokens} tokens, its body's bytes / 4 plus its completion cap)`));
     },
-    settle(client, reserved, usage, sentUpstream) {
+    settle(client, reserved, usage, sentUpstream, outputChars = 0) {
       const rate = ratesOf(client)?.tokens;
       if (rate === undefined) return;
       const used = usage.some((u) => u !== undefined) ? usage.reduce((sum, u) => sum + (u ? u.prompt + u.completion : 0), 0) : undefined;
-      const tokens = settlement(reserved, used, sentUpstream);
+      const tokens = settlement(reserved, used, sentUpstream, outputChars);
       if (tokens !== 0) deps.store.spendTokens(client, rate, tokens, deps.now());
     },
   };

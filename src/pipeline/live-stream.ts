@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { cutShort, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
+import { cutShort, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type OutputTally, type StreamShape } from '../streaming/stream-events.ts';
 import { accountStatusOfError } from '../policy/outcome.ts';
 import type { FailureFacts } from '../state/breaker-board.ts';
 import { brokenBy, errorEventBreaks, type ErrorEventMeaning } from './stream-break.ts';
@@ -49,6 +49,13 @@ export interface StreamEnd {
   continuation?: { target: string; usage: Usage };
   /** It ended with an upstream error event that names the gateway's own account (a quota spent mid-answer). */
   accountRefused?: true;
+  /**
+   * The characters of output passed on to the client (text, reasoning, tool arguments: stream-events.ts outputChars),
+   * absent when none; with a streamRecovery continuation's all of it, as its provider generated it (one asked afresh
+   * generates the answer from its start, and the client is passed only the rest). A client's token rate is settled by
+   * it when no usage came (policy/client-rate.ts settlement).
+   */
+  outputChars?: number;
   /**
    * The provider broke the stream after it began (a cut, a stall, a server error event), whatever a recovery made of
    * it: a failure for its breaker in place of the success its first output counted (BreakerBoard.streamBroke).
@@ -179,6 +186,10 @@ export class LiveStream {
   #usage: Usage | undefined;
   /** What the streamRecovery continuation reported, once it has ended. */
   #continuationUsage: StreamEnd['continuation'];
+  /** The characters of output passed on (StreamEnd.outputChars), counted as each event's meaning is read. */
+  readonly #output: OutputTally = { chars: 0 };
+  /** A streamRecovery continuation's own outputChars, once it has ended. */
+  #continuationChars = 0;
   #idle: NodeJS.Timeout | undefined;
   /** Handed over before its first output, which has not come yet: the first-token timer bounds the upstream's silence. */
   #beforeOutput = false;
@@ -347,7 +358,8 @@ export class LiveStream {
   #take(batch: SseEvent[], out: string[]): boolean {
     const { api, shape } = this.#opts;
     for (const ev of batch) {
-      const meaning = eventMeaning(api, ev);
+      // A malformed event is not passed on, and counts nothing; an error event (cutShort's) carries no output.
+      const meaning = eventMeaning(api, ev, this.#output);
       if (meaning === 'malformed') {
         this.#dropped++;
         // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
@@ -462,6 +474,7 @@ export class LiveStream {
     // Its bill is its target's: the continuation is a request of its own at another provider.
     const billed = (end: StreamEnd | undefined) => {
       if (end?.usage) this.#continuationUsage = { target: rest.target, usage: end.usage };
+      if (end?.outputChars) this.#continuationChars = end.outputChars;
     };
     rest.whenEnded?.((end) => {
       billed(end);
@@ -533,7 +546,8 @@ export class LiveStream {
     // provider reported before the break (billed to it, as a cut stream's is), and its continuation's apart.
     const usage = this.#opts.translate?.usage() ?? this.#usage;
     const continuation = this.#continuationUsage;
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(continuation && { continuation }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
+    const outputChars = this.#output.chars + this.#continuationChars;
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(continuation && { continuation }), ...(outputChars > 0 && { outputChars }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
     this.#ended = end;
     const giveBack = this.#letGoUpstream(kind);
     this.onEnd?.(end);

@@ -4,6 +4,7 @@
 // Unlike a fixed window, nothing resets at a boundary: clients refused together are not all let in at once later.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import type { Random } from './random.ts';
+import { BYTES_PER_TOKEN } from './token-estimate.ts';
 
 /** A rate: one unit (a request, a token) per intervalMs on average, up to `burst` at once after a quiet spell. */
 export interface Rate {
@@ -138,16 +139,30 @@ export interface TokenEstimate {
 /**
  * The tokens to spend (negative: to give back) once a request that reserved `reserved` has ended, given the tokens its
  * answer says it used (undefined when no usage came: an error answer, a stream without usage, a client gone before the
- * end) and whether any attempt of it went upstream. With usage, what was reserved becomes what was used. Without it,
- * the prompt's estimate is kept and the completion cap given back: the prompt was sent, and a provider counts it even
- * for most failures, while the cap is only a ceiling (a stream that ended without usage may have used any part of it).
- * A request no provider was sent (shed by a pool, a target unavailable, the deadline or its client gone before an
- * attempt, an error of the gateway's) gives it all back: it used no provider's tokens, and kept, a client whose SDK
- * retries a load_shed paid its estimate again at each retry until its own rate refused it.
+ * end), whether any attempt of it went upstream, and the characters of output its client was passed (a stream's text,
+ * reasoning and tool arguments: StreamEnd.outputChars). With usage, what was reserved becomes what was used. Without it,
+ * the prompt's estimate is kept (the prompt was sent, and a provider counts it even for most failures) and the
+ * completion becomes the output delivered (deliveredTokens): given back whatever was generated, a client that streamed
+ * 4,000 tokens and left before the usage chunk (or whose provider sends none) paid its prompt alone, and outran its rate
+ * by as much. A request no provider was sent (shed by a pool, a target unavailable, the deadline or its client gone
+ * before an attempt, an error of the gateway's) gives it all back: it used no provider's tokens, and kept, a client
+ * whose SDK retries a load_shed paid its estimate again at each retry until its own rate refused it.
  */
-export function settlement(reserved: TokenEstimate, usedTokens: number | undefined, sentUpstream: boolean): number {
+export function settlement(reserved: TokenEstimate, usedTokens: number | undefined, sentUpstream: boolean, outputChars = 0): number {
   if (usedTokens !== undefined) return usedTokens - reserved.prompt - reserved.completion;
-  return sentUpstream ? -reserved.completion : -(reserved.prompt + reserved.completion);
+  if (!sentUpstream) return -(reserved.prompt + reserved.completion);
+  return deliveredTokens(outputChars, reserved.completion) - reserved.completion;
+}
+
+/**
+ * The completion tokens of `outputChars` characters of output, by the rule the estimate uses for bodies (4 to a token,
+ * rounded up), at most the completion cap the request reserved; a request without one (`completionCap` 0: a cap of 0
+ * is refused by providers) is not bounded. Providers count what they generated, which is at least what was delivered:
+ * hidden reasoning and a stream's undelivered rest are not seen here.
+ */
+export function deliveredTokens(outputChars: number, completionCap: number): number {
+  const tokens = Math.ceil(Math.max(0, outputChars) / BYTES_PER_TOKEN);
+  return completionCap > 0 ? Math.min(tokens, completionCap) : tokens;
 }
 
 /**

@@ -85,7 +85,19 @@ const RESPONSES_ITEM_DONE = 'response.output_item.done';
 const RESPONSES_FINISH = new Set(['response.completed', 'response.incomplete']);
 const RESPONSES_ERROR = new Set(['error', 'response.failed']);
 
-export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
+/**
+ * What the output events read so far carried for the client: the characters of their text, reasoning and tool
+ * arguments (outputChars), what a stream without usage is billed by (policy/client-rate.ts settlement).
+ */
+export interface OutputTally {
+  chars: number;
+}
+
+/**
+ * What an event means. With a `tally`, an output event's characters (outputChars) are added to it, from the same parse:
+ * a stream's every event is read here, and a second JSON.parse of each would double what reading a stream costs.
+ */
+export function eventMeaning(api: ApiKind, ev: SseEvent, tally?: OutputTally): EventMeaning {
   // `event: error` is an error whatever its data holds (some OpenAI-compatible servers send a bare {message}).
   if (ev.event === 'error') return 'error';
   if (ev.data === null) return 'keepalive';
@@ -99,8 +111,64 @@ export function eventMeaning(api: ApiKind, ev: SseEvent): EventMeaning {
     return 'malformed';
   }
   if (typeof parsed !== 'object' || parsed === null) return 'malformed';
-  if (api === 'responses') return responsesMeaning(parsed as { type?: unknown }, ev.event);
-  return api === 'messages' ? messagesMeaning(parsed as AnthropicEvent, ev.event) : choicesMeaning(parsed);
+  const meaning = api === 'responses'
+    ? responsesMeaning(parsed as { type?: unknown }, ev.event)
+    : api === 'messages' ? messagesMeaning(parsed as AnthropicEvent, ev.event) : choicesMeaning(parsed);
+  if (tally !== undefined && (meaning === 'output' || meaning === 'finish')) tally.chars += outputChars(api, parsed, ev.event);
+  return meaning;
+}
+
+/**
+ * The characters of output an event of `api` carries, parsed: every choice's text, reasoning, refusal and tool call
+ * (name and arguments), a Responses API text or arguments delta, an Anthropic text, thinking or tool input delta. Not
+ * counted: audio and images (their tokens are not their base64's characters), and a Responses API item's done event,
+ * whose content its deltas have already carried.
+ */
+export function outputChars(api: ApiKind, parsed: object, eventField: string | null = null): number {
+  if (api === 'responses') {
+    const ev = parsed as { type?: unknown; delta?: unknown };
+    const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
+    return type.endsWith('.delta') && !type.includes('audio.delta') ? charsOf(ev.delta) : 0;
+  }
+  if (api === 'messages') {
+    const { content_block: block, delta: d } = parsed as AnthropicEvent & { delta?: { type?: unknown } };
+    return charsOf(d?.text) + charsOf(d?.thinking) + charsOf(d?.partial_json) + charsOf(block?.text) + charsOf(block?.thinking);
+  }
+  const choices = (parsed as { choices?: unknown }).choices;
+  if (!Array.isArray(choices)) return 0;
+  let chars = 0;
+  for (const choice of choices as ChatChoice[]) {
+    chars += charsOf(choice?.text);
+    const d = choice?.delta as (ChatChoice['delta'] & { function_call?: ToolFunction; audio?: { transcript?: unknown } }) | undefined;
+    if (d === undefined || d === null) continue;
+    chars += charsOf(d.content) + charsOf(d.reasoning_content) + charsOf(d.reasoning) + charsOf(d.refusal) + charsOf(d.audio?.transcript);
+    chars += charsOf(d.function_call?.name) + charsOf(d.function_call?.arguments);
+    if (Array.isArray(d.tool_calls)) for (const call of d.tool_calls as Array<{ function?: ToolFunction } | null>) chars += charsOf(call?.function?.name) + charsOf(call?.function?.arguments);
+  }
+  return chars;
+}
+
+interface ToolFunction {
+  name?: unknown;
+  arguments?: unknown;
+}
+
+/**
+ * A string's length; a list of content parts' (`text`, or `thinking` as Mistral nests it: a list of text parts), a few
+ * levels deep at most (an upstream's data, not the gateway's).
+ */
+function charsOf(v: unknown, depth = 0): number {
+  if (typeof v === 'string') return v.length;
+  if (!Array.isArray(v) || depth > 2) return 0;
+  let chars = 0;
+  for (const part of v) {
+    if (typeof part === 'string') chars += part.length;
+    else if (typeof part === 'object' && part !== null) {
+      const p = part as { text?: unknown; thinking?: unknown };
+      chars += charsOf(p.text, depth + 1) + charsOf(p.thinking, depth + 1);
+    }
+  }
+  return chars;
 }
 
 interface AnthropicEvent {
