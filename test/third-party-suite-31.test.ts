@@ -194,6 +194,22 @@ describe('a rate with a backup target behind it', () => {
     }
   });
 
+  it('tells a call both targets shed the soonest either expects a turn for it, not the primary\'s wait', async () => {
+    // The primary: one every 20 s; the backup: one every 2 s. Each spends its burst of one on the first two calls.
+    const r = await withBackup({ requestsPerMinute: 3, burst: 1 }, { requestsPerMinute: 30, burst: 1 });
+    const client = clientOf(r, 1_000);
+    expect((await call(client)).ok).toBe(true);
+    expect((await call(client)).ok).toBe(true);
+    const third = await call(client);
+    expect(third.ok).toBe(false);
+    if (third.ok) return;
+    expect(third.code).toBe('load_shed');
+    // The backup's turn is about 2 s away (the primary's about 20 s): that is when the call can come back and be served.
+    expect(third.retryAfterMs).toBeGreaterThan(500);
+    expect(third.retryAfterMs).toBeLessThan(5_000);
+    expect(r.primary.requests().length + r.backup.requests().length).toBe(2);
+  });
+
   it('sends a retry the primary\'s rate cannot serve in time to the backup, and without one ends with the attempt\'s failure', async () => {
     // The primary fails every first attempt (503); its retry's turn is a second away, past a 1 s deadline.
     const failsFirst = { errors: [{ status: 503, firstAttemptsOnly: true }] } as FaultSpec;

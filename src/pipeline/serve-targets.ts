@@ -209,8 +209,10 @@ export async function serveTargets(
         continue;
       }
       if (r.kind === 'shed') {
-        // The provider's pool is full for this request's class: another provider may have room.
-        shed ??= { kind: 'shed', plan, shed: r };
+        // The provider's pool is full for this request's class: another provider may have room. Shed by all, the client
+        // is told the soonest any of them expects a turn for it: told the first's, it came back after the primary's
+        // 20 s wait where the backup had room in 2.
+        if (shed?.kind !== 'shed' || r.retryAfterMs < shed.shed.retryAfterMs) shed = { kind: 'shed', plan, shed: r };
         left = { plan, reason: 'shed' };
         markDown(i);
         continue;
