@@ -153,6 +153,11 @@ describe('values YAML types by their looks', () => {
     );
   });
 
+  it('quotes a number with a fraction where a whole number belongs, as it quotes text', () => {
+    expect(configError(valid('    timeoutMs: 1500.5\n')).message).toBe('gw.yaml:10: routes[0].timeoutMs: expected integer, received number (1500.5)');
+    expect(configError(valid(), { OPENAI_API_KEY: '2024.5' }).message).not.toContain('2024.5');
+  });
+
   it('says to write true or false for yes, no, on, off', () => {
     expect(configError(edit('family: openai', 'family: openai\n    optional: yes')).message).toBe(
       'gw.yaml:4: providers.openai.optional: expected boolean, received string ("yes"); write true or false',

@@ -136,9 +136,12 @@ function received(value: unknown, path: PropertyKey[]): string {
 /**
  * The text found, in quotes, where another type belongs; never a credential's (load.ts names a variable's instead): not
  * at a secret's key, nor anywhere in `auth`, whose strings are client keys (`auth: sk-...` for `auth: { keys: ... }`).
+ * A number is shown too (`tokenBurst: 1500.5` where a whole number belongs): "received number" alone names no value.
  */
 function quotedText(value: unknown, path: PropertyKey[]): string {
-  if (typeof value !== 'string' || value === '' || path[0] === 'auth' || isSecretKey(path.at(-1))) return '';
+  if (value === '' || path[0] === 'auth' || isSecretKey(path.at(-1))) return '';
+  if (typeof value === 'number') return Number.isFinite(value) ? ` (${String(value)})` : '';
+  if (typeof value !== 'string') return '';
   return ` (${JSON.stringify(withoutPassword(value))})`;
 }
 
