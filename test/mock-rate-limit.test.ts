@@ -58,8 +58,13 @@ describe('the rate limit\'s buckets (pure, fake clock)', () => {
     expect(refused).toMatchObject({ admitted: false, refused: 'requests', retryMs: 100, state: { requests: { limit: 600, remaining: 0, resetMs: 1_000 } } });
     expect(rateTake(limit, b, T0 + 100, 10).admitted).toBe(true);
     expect(refill(limit, b, T0 + 60_000)).toEqual({ requests: 10, tokens: 100, atMs: T0 + 60_000 });
-    // A request over what the token bucket holds never fits.
-    expect(rateTake(limit, undefined, T0, 101)).toMatchObject({ admitted: false, tooLarge: true });
+    // A request over what the shallower bucket holds goes once it is full, and overdraws it; one over the minute's
+    // limit never fits.
+    const large = rateTake(limit, undefined, T0, 150);
+    expect(large).toMatchObject({ admitted: true, tooLarge: false, bucket: { tokens: -50 } });
+    expect(rateTake(limit, large.bucket, T0 + 1_000, 150)).toMatchObject({ admitted: false, refused: 'tokens', tooLarge: false, retryMs: 500 });
+    expect(rateTake(limit, large.bucket, T0 + 1_500, 150).admitted).toBe(true);
+    expect(rateTake(limit, undefined, T0, 6_001)).toMatchObject({ admitted: false, tooLarge: true });
   });
 
   it('estimates a request as OpenAI counts it: body bytes / 4 plus the completion cap, times n', () => {
