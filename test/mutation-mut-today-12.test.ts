@@ -140,9 +140,9 @@ describe('the one rate timer of a pool', () => {
     for (const l of ['a', 'b', 'c']) void track(p, l, req(), log);
     await vi.advanceTimersByTimeAsync(500);
     p.setShare(0.5);
-    // b's turn was due at 1 s; after it, one every 2 s.
-    await vi.advanceTimersByTimeAsync(2_500);
-    expect(log).toEqual([['a', 0], ['b', 1_000], ['c', 3_000]]);
+    // At 0.5 s, a's half a request still owed takes 1 s at the half rate: b at 1.5 s; after it, one every 2 s.
+    await vi.advanceTimersByTimeAsync(3_000);
+    expect(log).toEqual([['a', 0], ['b', 1_500], ['c', 3_500]]);
     p.close();
   });
 });
@@ -191,13 +191,15 @@ describe('the wait estimate under a target\'s rates, further', () => {
 });
 
 describe('an instance of a fleet left only the pool\'s floor slot', () => {
-  it('paces at that slot\'s part of the rate (one slot of 10: a tenth), not at its smaller share', async () => {
+  it('paces at its share of the rate, not at that slot\'s part (a tenth): those, one at least each, summed past the rate', async () => {
     const p = pool({ requests: rateOf(60, 1) }, 10);
     p.setShare(0.04);
     const log: Array<[string, number]> = [];
     for (const l of ['a', 'b']) void track(p, l, req(), log);
-    await vi.advanceTimersByTimeAsync(10_000);
-    expect(log).toEqual([['a', 0], ['b', 10_000]]);
+    await vi.advanceTimersByTimeAsync(24_999);
+    expect(log).toEqual([['a', 0]]);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(log).toEqual([['a', 0], ['b', 25_000]]);
     p.close();
   });
 });

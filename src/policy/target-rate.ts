@@ -65,8 +65,34 @@ export function rateGiveBack(dues: TargetDues, rates: TargetRates, nowMs: number
   if (rates.tokens) dues.tokens = spend(dues.tokens, nowMs, rates.tokens, -tokens);
 }
 
-/** An instance's part of the fleet's rates: `share` of each, and of its burst (at least one). */
+/**
+ * The least part of a rate an instance paces at: a part of 0 (no demand here, and none left over by the others')
+ * would be an infinite interval, whose due times are not numbers. An instance this far down still has its burst of one
+ * for a first request, and what it owes is carried to the part the next exchange gives it (rescaleDues).
+ */
+export const LEAST_RATE_PART = 1e-6;
+
+/** An instance's part of the fleet's rates: `share` of each (at least LEAST_RATE_PART), and of its burst (at least one). */
 export function ratesPart(rates: TargetRates, share: number): TargetRates {
-  const part = (r: Rate | undefined): Rate | undefined => r && { intervalMs: r.intervalMs / share, burst: Math.max(1, Math.floor(r.burst * share)) };
+  const s = Math.max(LEAST_RATE_PART, share);
+  // A share summed in floating point lands a hair under a whole part (0.9999999999999999 alone), and its burst of 10 was 9.
+  const part = (r: Rate | undefined): Rate | undefined => r && { intervalMs: r.intervalMs / s, burst: Math.max(1, Math.floor(r.burst * s + 1e-9)) };
   return { requests: part(rates.requests), tokens: part(rates.tokens) };
+}
+
+/**
+ * The due times carried from the rates `from` to the rates `to` at nowMs (the fleet's exchange changed this
+ * instance's part): each keeps what it owes in units, not in time. A due time is a time, and read as it is under a
+ * faster rate, a request sent under a part of a millionth (an instance idle at the exchange) owed 10^6 intervals: the
+ * instance was stranded for days after its part grew to a half. Read as it is under a slower rate, it forgave units
+ * spent, which the fleet sent beyond its rate.
+ */
+export function rescaleDues(dues: TargetDues, from: TargetRates, to: TargetRates, nowMs: number): void {
+  dues.requests = carried(dues.requests, from.requests, to.requests, nowMs);
+  dues.tokens = carried(dues.tokens, from.tokens, to.tokens, nowMs);
+}
+
+function carried(dueMs: number | undefined, from: Rate | undefined, to: Rate | undefined, nowMs: number): number | undefined {
+  if (dueMs === undefined || dueMs <= nowMs || from === undefined || to === undefined) return dueMs;
+  return nowMs + (dueMs - nowMs) * (to.intervalMs / from.intervalMs);
 }

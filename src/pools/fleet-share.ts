@@ -55,6 +55,24 @@ export function fleetShare(capacity: number, classes: readonly PoolClass[], own:
   return Number.isFinite(share) ? Math.min(1, Math.max(0, share)) : 1 / Math.max(1, instances);
 }
 
+/** The most of a target's rates the fleet keeps for its instances' floors: a tenth. */
+export const RATE_FLOOR_RESERVE = 0.1;
+
+/**
+ * This instance's part (0..1] of the fleet's rates (pools.requestsPerMinute, tokensPerMinute), from its share of the
+ * pool: the share itself, not its slots (rounded to whole slots, at least one each, the parts summed to 1.5 times the
+ * rate for 6 instances of a pool of 4, and to 1.1 times for shares of 0.45 and 0.55 of 10). Each instance keeps a
+ * floor (one slot's part of the rate, as its floor slot gave it, but at most a tenth of the rate over the fleet), and
+ * the floors are taken out of the rate before the shares split it, so the parts of the fleet sum to the rate, not
+ * above it. The floor paces an idle instance's requests after its first (its burst of one takes that at once) until
+ * the next exchange counts its demand, and while the store cannot be asked.
+ */
+export function rateShare(share: number, capacity: number, instances: number): number {
+  const n = Math.max(1, instances);
+  const floor = Math.min(1 / Math.max(1, capacity), RATE_FLOOR_RESERVE / n);
+  return floor + (1 - n * floor) * Math.min(1, Math.max(0, share));
+}
+
 /**
  * For how many classes, from the highest, a newcomer of that class would get a slot of its own from the fleet (its share of `capacity`
  * rounding to one), the lowest class left out (the floor hold never holds it). Only those are worth holding for room
@@ -80,7 +98,8 @@ export function shareFleetCapacity(pools: Pools, store: StateStore, now: () => n
     const own = demand.reduce((a, b) => a + b, 0);
     const total = fleet.totals.reduce((a, b) => a + b, 0);
     const { capacity, classes } = pool.settings;
-    pool.setShare(fleetShare(capacity, classes, demand, fleet.totals, fleet.instances), Math.max(0, total - own), classesBacked(capacity, classes, demand, fleet.totals, fleet.instances));
+    const share = fleetShare(capacity, classes, demand, fleet.totals, fleet.instances);
+    pool.setShare(share, Math.max(0, total - own), classesBacked(capacity, classes, demand, fleet.totals, fleet.instances), rateShare(share, capacity, fleet.instances));
   };
   const refresh = async () => {
     for (const pool of pools.all()) await exchange(pool);

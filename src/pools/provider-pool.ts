@@ -12,8 +12,8 @@ import type { WaitingBodies } from './waiting-bodies.ts';
 import { MovingAverage } from '../policy/moving-average.ts';
 import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
-import { rateGiveBack, rateSpend, rateWait, rateWaits, ratesPart, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
-import { perMinute } from '../policy/client-rate.ts';
+import { rateGiveBack, rateSpend, rateWait, rateWaits, ratesPart, rescaleDues, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
+import { perMinute, type Rate } from '../policy/client-rate.ts';
 
 export interface PoolClass {
   name: string;
@@ -451,17 +451,18 @@ export class ProviderPool {
   /**
    * Takes `share` (0..1] of the configured capacity, so a fleet together stays within maxConcurrent; `othersDemand`,
    * the rest of the fleet's demand at that exchange, bounds what a burst here can expect next; `backed`, the classes
-   * from the highest for which a newcomer would get a slot of its own (only those are held for room, floor-hold.ts).
+   * from the highest for which a newcomer would get a slot of its own (only those are held for room, floor-hold.ts);
+   * `rateShare`, this instance's part of the target's rates (fleet-share.ts rateShare; the share itself by default).
    */
-  setShare(share: number, othersDemand = 0, backed = this.settings.classes.length - 1): void {
+  setShare(share: number, othersDemand = 0, backed = this.settings.classes.length - 1, rateShare = share): void {
     // NaN would become the capacity, which no count of slots in use ever reaches: the pool would stop limiting.
-    if (!Number.isFinite(share)) return;
+    if (!Number.isFinite(share) || !Number.isFinite(rateShare)) return;
     const before = { slots: this.#capacity, retries: this.#retryCapacity, backed: this.#backed };
     this.#capacity = Math.max(1, Math.round(this.settings.capacity * share));
     this.#attainable = Math.max(this.#capacity, this.settings.capacity - othersDemand);
     this.#retryCapacity = Math.max(1, Math.round(this.settings.retryCapacity * share));
-    // The rate in the same share as the slots this instance has (the pool's floor of one included).
-    if (this.settings.rates) this.#rates = ratesPart(this.settings.rates, this.#capacity / this.settings.capacity);
+    // The rates by the share itself, not by the slots it rounds to: those, one at least each, summed past the rate.
+    const ratesFaster = this.settings.rates !== undefined && this.#ratesTo(ratesPart(this.settings.rates, rateShare));
     if (this.#askShare) {
       const until = this.#floor.untilMs;
       this.#backed = backed;
@@ -473,7 +474,22 @@ export class ProviderPool {
     // share from 0.45 to 0.5 of 10 slots and 3 retries keeps 5 slots but makes 1 retry 2, and a retry waiting for it
     // waited beside the room.
     // So do fewer classes held: a class the fleet no longer backs waits for no room it would not get.
-    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed) this.#drain();
+    // So do faster rates: a waiter the rate held may go now, not when the timer armed at the slower rate fires.
+    if (this.#capacity > before.slots || this.#retryCapacity > before.retries || this.#backed < before.backed || ratesFaster) this.#drain();
+  }
+
+  /**
+   * Paces at `rates` from now, each target's due times carried over (target-rate.ts rescaleDues); true when a rate
+   * got faster or its burst larger, so a waiter it held may go sooner.
+   */
+  #ratesTo(rates: TargetRates): boolean {
+    const from = this.#rates;
+    this.#rates = rates;
+    if (from === undefined) return true;
+    const now = this.now();
+    for (const t of this.#targets.values()) rescaleDues(t.dues, from, rates, now);
+    const faster = (a: Rate | undefined, b: Rate | undefined) => a !== undefined && b !== undefined && (b.intervalMs < a.intervalMs || b.burst > a.burst);
+    return faster(from.requests, rates.requests) || faster(from.tokens, rates.tokens);
   }
 
   /** For metrics: in use and queued per class, and per named client of each class; each target's limit. */
