@@ -43,6 +43,14 @@ describe('configWarnings', () => {
     expect(warningsOf({ provider: { streamUsage: true } })).toEqual([]);
   });
 
+  it('warns about a burst or tokenBurst past a minute\'s worth of its rate, which no provider limited per minute takes at once', () => {
+    expect(warningsOf({ provider: { pools: { requestsPerMinute: 100, burst: 500 } } })).toEqual([
+      "provider p: pools.burst 500 is more than a minute's worth of pools.requestsPerMinute (100): after a quiet spell a target is sent 500 at once, past what a provider limited to 100 a minute takes; set it at most 100",
+    ]);
+    expect(warningsOf({ provider: { pools: { tokensPerMinute: 18_000, tokenBurst: 30_000 } } })).toEqual([expect.stringMatching(/^provider p: pools\.tokenBurst 30000 is more than a minute's worth of pools\.tokensPerMinute \(18000\)/)]);
+    expect(warningsOf({ provider: { pools: { requestsPerMinute: 100, burst: 100, tokensPerMinute: 18_000, tokenBurst: 18_000 } } })).toEqual([]);
+  });
+
   it('names the route, the statuses and why for retryOn statuses the gateway never retries, wherever retryOn is', () => {
     expect(warningsOf({ route: { retry: { retryOn: [400, 404, 422, 429, 500, 'network'] } } })).toEqual([
       'route chat: retry.retryOn lists 400 (the request itself is wrong), 404 (the request itself is wrong), 422 (the request itself is wrong), which the gateway never retries whatever retryOn says: the same request would get the same answer, so they are ignored',

@@ -10,7 +10,20 @@ export function configWarnings(config: Config): string[] {
 }
 
 function providerWarnings(config: Config): string[] {
-  return Object.entries(config.providers).flatMap(([name, p]) => [...baseUrlWarnings(name, p), ...streamUsageWarnings(name, p)]);
+  return Object.entries(config.providers).flatMap(([name, p]) => [...baseUrlWarnings(name, p), ...streamUsageWarnings(name, p), ...burstWarnings(name, p)]);
+}
+
+/**
+ * A burst past a minute's worth of its rate: no provider's bucket holds more than its minute's limit, so after a quiet
+ * spell the target is sent more at once than the provider takes, and the rest meet its 429s.
+ */
+function burstWarnings(name: string, p: Config['providers'][string]): string[] {
+  const { requestsPerMinute: rpm, burst, tokensPerMinute: tpm, tokenBurst } = p.pools;
+  const over = (what: string, b: number | undefined, rate: number | undefined, rateKey: string) =>
+    b !== undefined && rate !== undefined && b > rate
+      ? [`provider ${name}: pools.${what} ${b} is more than a minute's worth of pools.${rateKey} (${rate}): after a quiet spell a target is sent ${b} at once, past what a provider limited to ${rate} a minute takes; set it at most ${rate}`]
+      : [];
+  return [...over('burst', burst, rpm, 'requestsPerMinute'), ...over('tokenBurst', tokenBurst, tpm, 'tokensPerMinute')];
 }
 
 /** Azure refused stream_options before its 2024-09-01-preview api-version: every stream would get a 400. */
