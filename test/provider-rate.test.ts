@@ -124,16 +124,20 @@ describe('a fleet of two gateways on Redis paced at one provider rate', () => {
   const redis = useRedisServer();
   const gateway = useGateways();
 
-  it('sends no more than the rate between them', async () => {
+  /**
+   * Two gateways on one Redis with `pools`, each with `agents` SDK agents calling back to back for `ms`: the calls each
+   * agent had answered (the first instance's agents first), and what the provider saw past the first `settleMs` (the
+   * shares' first exchanges) and before the last 200 ms.
+   */
+  async function fleetRun(pools: object, agents: number, ms: number, settleMs: number) {
     const mock = await startMock({ quiet: true, apiKey: TEST_KEY });
     try {
       const config = ConfigSchema.parse({
-        ...defaultConfig(mock.url, { ...RETRY_LOOP_ONLY, provider: { ...RETRY_LOOP_ONLY.provider, pools: { maxConcurrent: 8, requestsPerMinute: 480, burst: 2 } } }),
+        ...defaultConfig(mock.url, { ...RETRY_LOOP_ONLY, provider: { ...RETRY_LOOP_ONLY.provider, pools } }),
         state: { redis: redis().url, keyPrefix: `rate-${randomUUID()}`, commandTimeoutMs: 1000 },
       });
       const urls = await Promise.all([gateway(config), gateway(config)]);
-      // Both instances busy for about 4 s at 8 a second between them: each paces at its share of the slots.
-      const until = Date.now() + 4_000;
+      const until = Date.now() + ms;
       const agent = async (url: string) => {
         const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 0 });
         let ok = 0;
@@ -143,55 +147,37 @@ describe('a fleet of two gateways on Redis paced at one provider rate', () => {
         }
         return ok;
       };
-      const answered = await Promise.all(urls.flatMap((url) => Array.from({ length: 6 }, () => agent(url))));
+      const answered = await Promise.all(urls.flatMap((url) => Array.from({ length: agents }, () => agent(url))));
       const seen = mock.requests();
       expect(answered.reduce((a, b) => a + b, 0)).toBe(seen.length);
-      // 8 a second between them: in the busy middle (past the first exchange of shares), any second holds at most
-      // the rate and a burst at each instance, with room for bunching on the wire; two instances each at the whole
-      // rate would send 16.
       const at = seen.map((r) => r.receivedAt);
-      const middle = seen.filter((r) => r.receivedAt > Math.min(...at) + 1_000 && r.receivedAt < Math.max(...at) - 200);
-      expect(mostIn(middle, 1_000)).toBeLessThanOrEqual(12);
-      // Each instance did send its part.
-      for (const n of answered.slice(0, 6).concat(answered.slice(6))) expect(n).toBeGreaterThan(0);
+      const middle = seen.filter((r) => r.receivedAt > Math.min(...at) + settleMs && r.receivedAt < Math.max(...at) - 200);
+      return { perInstance: [answered.slice(0, agents), answered.slice(agents)].map((a) => a.reduce((x, y) => x + y, 0)), middle };
     } finally {
       await mock.close();
     }
+  }
+
+  it('sends no more than the rate between them', async () => {
+    // Both instances busy for about 4 s at 8 a second between them: each paces at its share of the pool.
+    const { perInstance, middle } = await fleetRun({ maxConcurrent: 8, requestsPerMinute: 480, burst: 2 }, 6, 4_000, 1_000);
+    // 8 a second between them: in the busy middle (past the first exchange of shares), any second holds at most the
+    // rate and a burst at each instance, with room for bunching on the wire; two instances each at the whole rate
+    // would send 16.
+    expect(mostIn(middle, 1_000)).toBeLessThanOrEqual(12);
+    // Each instance did send its part.
+    for (const n of perInstance) expect(n).toBeGreaterThan(0);
   });
 
   it('sends no more than the rate between them when they outnumber the slots', async () => {
     // One slot for two instances: each keeps a slot of its own, and paced at that slot's part of the rate (all of it),
     // the two sent twice the rate. Each paces at its share of the rate instead (src/pools/fleet-share.ts rateShare).
-    const mock = await startMock({ quiet: true, apiKey: TEST_KEY });
-    try {
-      const config = ConfigSchema.parse({
-        ...defaultConfig(mock.url, { ...RETRY_LOOP_ONLY, provider: { ...RETRY_LOOP_ONLY.provider, pools: { maxConcurrent: 1, requestsPerMinute: 240, burst: 1 } } }),
-        state: { redis: redis().url, keyPrefix: `rate-${randomUUID()}`, commandTimeoutMs: 1000 },
-      });
-      const urls = await Promise.all([gateway(config), gateway(config)]);
-      const until = Date.now() + 5_000;
-      const agent = async (url: string) => {
-        const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'client', maxRetries: 0 });
-        let ok = 0;
-        while (Date.now() < until) {
-          await client.chat.completions.create(ask);
-          ok++;
-        }
-        return ok;
-      };
-      const answered = await Promise.all(urls.flatMap((url) => Array.from({ length: 3 }, () => agent(url))));
-      const seen = mock.requests();
-      expect(answered.reduce((a, b) => a + b, 0)).toBe(seen.length);
-      // 4 a second between them: past the first exchanges, a second holds the rate and the two instances' bursts of
-      // one at most (each at the whole rate: 8), and the busy middle about the rate.
-      const at = seen.map((r) => r.receivedAt);
-      const middle = seen.filter((r) => r.receivedAt > Math.min(...at) + 1_500 && r.receivedAt < Math.max(...at) - 200);
-      expect(mostIn(middle, 1_000)).toBeLessThanOrEqual(6);
-      const spanS = (Math.max(...middle.map((r) => r.receivedAt)) - Math.min(...middle.map((r) => r.receivedAt))) / 1000;
-      expect(middle.length).toBeLessThanOrEqual(4 * spanS + 3);
-      for (const n of [answered.slice(0, 3), answered.slice(3)].map((a) => a.reduce((x, y) => x + y, 0))) expect(n).toBeGreaterThan(0);
-    } finally {
-      await mock.close();
-    }
+    const { perInstance, middle } = await fleetRun({ maxConcurrent: 1, requestsPerMinute: 240, burst: 1 }, 3, 5_000, 1_500);
+    // 4 a second between them: past the first exchanges, a second holds the rate and the two instances' bursts of one
+    // at most (each at the whole rate: 8), and the busy middle about the rate.
+    expect(mostIn(middle, 1_000)).toBeLessThanOrEqual(6);
+    const spanS = (Math.max(...middle.map((r) => r.receivedAt)) - Math.min(...middle.map((r) => r.receivedAt))) / 1000;
+    expect(middle.length).toBeLessThanOrEqual(4 * spanS + 3);
+    for (const n of perInstance) expect(n).toBeGreaterThan(0);
   });
 });
