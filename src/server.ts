@@ -25,6 +25,7 @@ import { methodGuard } from './http/method-guard.ts';
 import { modelsRoutes } from './http/models-routes.ts';
 import { longestBudgetMs } from './policy/deadline.ts';
 import { reachedProvider } from './policy/outcome.ts';
+import { endedWhole } from './pipeline/stream-ends.ts';
 import type { TokenEstimate } from './policy/client-rate.ts';
 import { contentEncoding, decodeBody, parseJsonBody } from './http/request-body.ts';
 import { logRequest, plainSuccess, RequestEnds } from './http/request-log.ts';
@@ -167,10 +168,14 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
     // without a summary: an error before the pipeline answered), or without usage the output its stream passed on,
     // all of it given back when no attempt went upstream (of the summary's attempts, those that reached a provider: a
-    // connection refused wrote nothing). A replay reserved nothing: it used no provider tokens.
+    // connection refused wrote nothing). A replay reserved nothing: it used no provider tokens. A stream that did not
+    // end whole, or that its provider broke (a recovered one), has the usage it reported before its end at most: its
+    // completion counts at least the output passed on.
     if (request.tokensReserved && request.client !== undefined) {
       const sent = summary !== undefined && summary.attempts.some(reachedProvider);
-      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent, summary?.streamEnd?.outputChars);
+      const end = summary?.streamEnd;
+      const usagePartial = end !== undefined && (!endedWhole(end.kind) || end.upstreamBroke !== undefined);
+      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent, end?.outputChars, usagePartial);
     }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     let rejected: RejectedOutcome | undefined;

@@ -5,7 +5,7 @@
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { FaultSpec } from '../src/mock/faults.ts';
-import { deliveredTokens, settlement } from '../src/policy/client-rate.ts';
+import { deliveredTokens, settlement, usedTokens } from '../src/policy/client-rate.ts';
 import { eventMeaning, outputChars, type OutputTally } from '../src/streaming/stream-events.ts';
 import type { SseEvent } from '../src/streaming/sse-parser.ts';
 import { recoveryConfig } from './helpers/recovery-config.ts';
@@ -45,6 +45,21 @@ describe('settlement without usage: the output delivered as the completion', () 
   });
 });
 
+describe('settlement with usage that came only in part: the output delivered as the least completion', () => {
+  it('sums the usage reported, its completion at least the delivered output given (a stream that did not end whole)', () => {
+    expect(usedTokens([])).toBeUndefined();
+    expect(usedTokens([undefined, undefined], 7)).toBeUndefined();
+    expect(usedTokens([{ prompt: 12, completion: 1 }])).toBe(13);
+    // An Anthropic stream left mid-answer: message_start's prompt and output of 1, and 28 characters delivered.
+    expect(usedTokens([{ prompt: 12, completion: 1 }], 7)).toBe(19);
+    // A completion reported larger than the output delivered stands (reasoning not passed on, say).
+    expect(usedTokens([{ prompt: 12, completion: 40 }], 7)).toBe(52);
+    // A recovered stream: its broken part's usage and its continuation's, the delivered output over both.
+    expect(usedTokens([{ prompt: 12, completion: 1 }, { prompt: 20, completion: 14 }], 18)).toBe(12 + 20 + 18);
+    expect(usedTokens([undefined, { prompt: 20, completion: 14 }], 10)).toBe(34);
+  });
+});
+
 describe('the output an event carries (outputChars), counted as its meaning is read', () => {
   const ev = (data: unknown, event: string | null = null): SseEvent => {
     const text = typeof data === 'string' ? data : JSON.stringify(data);
@@ -73,6 +88,13 @@ describe('the output an event carries (outputChars), counted as its meaning is r
       ev('[DONE]'),
     ])).toBe(5 + 5 + 2 + 2 + 3 + 7 + 2 + 1);
     expect(counted('completions', [ev({ object: 'text_completion', choices: [{ index: 0, text: 'abc', finish_reason: null }] })])).toBe(3);
+  });
+
+  it('counts reasoning sent under both its names once (vLLM copies `reasoning` into `reasoning_content`)', () => {
+    const chunk = (delta: object) => ev({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] });
+    expect(counted('chat', [chunk({ reasoning: 'think', reasoning_content: 'think' }), chunk({ reasoning: null, reasoning_content: null, content: 'Hi' })])).toBe(5 + 2);
+    // One name alone, either of them, counts as before.
+    expect(counted('chat', [chunk({ reasoning_content: 'think' }), chunk({ reasoning: 'hmm' })])).toBe(5 + 3);
   });
 
   it('counts a Responses API stream\'s deltas (not audio\'s, nor an item\'s done) and an Anthropic stream\'s text, thinking and tool input', () => {
@@ -204,6 +226,29 @@ describe('a token rate settled for a stream that came without usage', () => {
     for await (const chunk of await agents.chat.completions.create(params)) total += chunk.usage?.total_tokens ?? 0;
     expect(total).toBeGreaterThan(0);
     expect(await charged(stack, agents)).toBe(total);
+  });
+
+  it('charges what was delivered before the client left an Anthropic stream, whose usage so far says an output of 1', async () => {
+    // The translator's usage when the client leaves: message_start's input (the mock's: the prompt's characters / 4)
+    // and output_tokens 1; message_delta, with the output's count, would come only at the end.
+    const stack = await start({
+      faults: { stream: { chunks: 8, stallAfterChunks: 4 } },
+      config: (mockUrl) => ({
+        server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+        providers: { claude: { family: 'anthropic', baseUrl: mockUrl, apiKey: TEST_KEY, breaker: false } },
+        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'claude', model: 'claude-sonnet-4-6' }], ...RETRY_LOOP_ONLY.route }],
+        auth: { keys: { agents: 'key-agents' }, limits: { agents: { tokensPerMinute: TOKENS_PER_MINUTE } } },
+      }),
+      deps: { random: () => 0 },
+    });
+    const agents = new OpenAI({ baseURL: stack.baseURL, apiKey: 'key-agents', maxRetries: 0 });
+    let text = '';
+    for await (const chunk of await agents.chat.completions.create({ model: 'gpt-4o-mini', messages, stream: true })) {
+      for (const c of chunk.choices) text += c.delta.content ?? '';
+      if (text.length === 4 * 7) break;
+    }
+    // 12 prompt tokens (46 characters), and 28 characters delivered: 7 tokens, not the 1 message_start reported.
+    expect(await charged(stack, agents)).toBe(Math.ceil(question.length / 4) + 7);
   });
 });
 

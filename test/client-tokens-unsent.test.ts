@@ -7,7 +7,8 @@ import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
 import { freePort } from './helpers/free-port.ts';
-import { reachedProvider } from '../src/policy/outcome.ts';
+import { classify, neverSent, reachedProvider, type AttemptOutcome } from '../src/policy/outcome.ts';
+import { failureCode } from '../src/pipeline/record-outcome.ts';
 
 /** About 1,118 tokens as the gateway estimates them: its 4,070 bytes / 4 and its max_tokens of 100. */
 const body = JSON.stringify({ model: 'gpt-4o-mini', max_tokens: 100, messages: [{ role: 'user', content: 'x'.repeat(4_000) }] });
@@ -24,6 +25,26 @@ describe('an attempt that reached its provider, as its log record says', () => {
     // A reset after the connection was made, a timeout waiting for the answer, any answer: it may have run.
     for (const a of [{ reason: 'network', code: 'ECONNRESET' }, { reason: 'network', code: 'UND_ERR_SOCKET' }, { reason: 'timeout_headers' }, { reason: 'status_503', status: 503 }, { reason: 'ok' }, { reason: 'deadline' }]) {
       expect(reachedProvider(a), JSON.stringify(a)).toBe(true);
+    }
+  });
+});
+
+describe("an attempt's rate turn and its client's reservation, given back alike", () => {
+  it('gives the turn back (neverSent) for exactly the attempts its log record says reached no provider', () => {
+    // A request the gateway could not send (an invalid header value) wrote nothing either: its client's reservation went
+    // back, and its target's rate turn must too, or a provider paced by pools.requestsPerMinute lost a turn for it.
+    const outcomes: AttemptOutcome[] = [
+      { kind: 'network', code: 'ECONNREFUSED' }, { kind: 'network', code: 'EMFILE' }, { kind: 'network', code: 'DEPTH_ZERO_SELF_SIGNED_CERT' },
+      { kind: 'network', code: 'PROXY_407' }, { kind: 'network', code: 'PROXY_CLOSED' }, { kind: 'network', code: 'ERR_SSL_TLSV1_ALERT_INTERNAL_ERROR' },
+      { kind: 'network', code: 'ECONNRESET' }, { kind: 'network', code: 'UND_ERR_SOCKET' }, { kind: 'timeout', phase: 'connect' },
+      { kind: 'timeout', phase: 'headers' }, { kind: 'timeout', phase: 'first-token' }, { kind: 'internal', code: 'ERR_INVALID_CHAR' },
+      { kind: 'internal', code: 'UND_ERR_INVALID_ARG' }, { kind: 'bad-stream', detail: 'x', ran: true }, { kind: 'aborted', by: 'deadline' },
+      { kind: 'http', status: 503, errorCode: null, hint: undefined }, { kind: 'ok' } as AttemptOutcome,
+    ];
+    for (const outcome of outcomes) {
+      const code = failureCode({ outcome } as never);
+      const record = { reason: classify(outcome).reason, ...(code !== undefined && { code }) };
+      expect(neverSent(outcome), JSON.stringify(outcome)).toBe(!reachedProvider(record));
     }
   });
 });

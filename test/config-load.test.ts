@@ -295,6 +295,19 @@ describe('config errors', () => {
     expect(issue!.message).toBe('expected one of: a, b, received a string');
   });
 
+  it('repeats a wrong value at every key named for a quantity, tokenBurst too, and still none at a credential\'s', () => {
+    // tokenBurst holds "token" but a number of tokens, as tokensPerMinute does: its value is what to fix.
+    const burst = configError(valid().replace('family: openai', 'family: openai\n    pools: { tokensPerMinute: 6000, tokenBurst: lots }'));
+    expect(burst.message).toMatch(/pools\.tokenBurst: expected number, received string \("lots"\)/);
+    const perMinute = configError(valid().replace('family: openai', 'family: openai\n    pools: { tokensPerMinute: lots }'));
+    expect(perMinute.message).toMatch(/pools\.tokensPerMinute: expected number, received string \("lots"\)/);
+    const schema = z.strictObject({ apiKey: z.number(), clientToken: z.number(), apiKeyMs: z.number() });
+    const data = { apiKey: 'sk-secret', clientToken: 'sk-secret', apiKeyMs: '30s' };
+    const messages = describeZodIssues(schema, schema.safeParse(data).error!.issues, data).map((i) => i.message);
+    expect(messages.slice(0, 2)).toEqual(['expected number, received string', 'expected number, received string']);
+    expect(messages[2]).toContain('"30s"');
+  });
+
   it('repeats a wrong URL without the password in it (a state.redis URL with a typo went to the log whole)', () => {
     const e = configError(valid('state:\n  redis: "redis://default:hunter2-PASSWORD@redis.internal:6379/0 "'));
     expect(e.message).not.toContain('hunter2-PASSWORD');

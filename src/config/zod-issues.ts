@@ -14,9 +14,10 @@ interface PlainIssue {
 }
 
 // Values at these keys may be credentials, so messages never repeat them. Not a key named for a quantity
-// (tokensPerMinute, firstTokenMs, defaultMaxTokens): it holds a number, and the text found there is what to fix.
+// (tokensPerMinute, firstTokenMs, defaultMaxTokens, tokenBurst): it holds a number, and the text found there is what
+// to fix.
 const SECRET_KEY = /key|token|secret|password|credential/i;
-const QUANTITY_KEY = /(Ms|PerMinute|Tokens)$/;
+const QUANTITY_KEY = /(Ms|PerMinute|Tokens|Burst)$/;
 const isSecretKey = (key: PropertyKey | undefined): boolean => SECRET_KEY.test(String(key)) && !QUANTITY_KEY.test(String(key));
 
 export function describeZodIssues(root: core.$ZodType, issues: readonly core.$ZodIssue[], data: unknown): PlainIssue[] {

@@ -3,7 +3,7 @@
 // in a loop of its own is held to its rate here, whatever the provider's state.
 import type { ClientLimitConfig } from '../config/schema.ts';
 import { GatewayError } from '../errors.ts';
-import { clientRates, limitOf, perMinute, retryAfterOf, settlement, type ClientRates, type ClientRefusal, type RateKind, type TokenEstimate } from '../policy/client-rate.ts';
+import { clientRates, deliveredTokens, limitOf, perMinute, retryAfterOf, settlement, usedTokens, type ClientRates, type ClientRefusal, type RateKind, type TokenEstimate } from '../policy/client-rate.ts';
 import type { Random } from '../policy/random.ts';
 import type { StateStore } from '../state/store.ts';
 import type { Usage } from '../streaming/usage.ts';
@@ -19,9 +19,10 @@ export interface ClientLimit {
   /**
    * Settles what a request reserved once it has ended, against the tokens its answer says it used: `usage` as the token
    * metrics have it (none came: undefined entries only), whether any of its attempts went upstream, and the characters
-   * of output its client was passed, which stand for the completion when no usage came (settlement).
+   * of output its client was passed, which stand for the completion when no usage came (settlement), and are the
+   * least completion counted when `usagePartial` (a stream that did not end whole: its usage may have come in part).
    */
-  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[], sentUpstream: boolean, outputChars?: number): void;
+  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[], sentUpstream: boolean, outputChars?: number, usagePartial?: boolean): void;
 }
 
 interface ClientLimitsDeps {
@@ -51,10 +52,10 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
         .reserveTokens(client, { ...r, tokens: r.tokens }, tokens, deps.now())
         .then((refusal) => refusal && refused(client, r, refusal, ` (this request's estimate: ${tokens} tokens, its body's bytes / 4 plus its completion cap)`));
     },
-    settle(client, reserved, usage, sentUpstream, outputChars = 0) {
+    settle(client, reserved, usage, sentUpstream, outputChars = 0, usagePartial = false) {
       const rate = ratesOf(client)?.tokens;
       if (rate === undefined) return;
-      const used = usage.some((u) => u !== undefined) ? usage.reduce((sum, u) => sum + (u ? u.prompt + u.completion : 0), 0) : undefined;
+      const used = usedTokens(usage, usagePartial ? deliveredTokens(outputChars, reserved.completion) : 0);
       const tokens = settlement(reserved, used, sentUpstream, outputChars);
       if (tokens !== 0) deps.store.spendTokens(client, rate, tokens, deps.now());
     },

@@ -89,9 +89,9 @@ export async function attemptInSlot(
   const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
-  // A connection refused (or the connect timer) wrote nothing: the provider counted no request or token of it, so the
-  // target's rate turn goes back, as for a request that never left (a retry to a target that refuses connections
-  // waits for its backoff, not for a turn its failures spent).
+  // A connection refused (or the connect timer, or a request the gateway could not send) wrote nothing: the provider
+  // counted no request or token of it, so the target's rate turn goes back, as for a request that never left (a retry
+  // to a target that refuses connections waits for its backoff, not for a turn its failures spent).
   if (neverSent(result.outcome)) acquired.slot.unsent();
   if (cls.cls === 'success') acquired.slot.answered();
   if (cls.cls === 'success' && result.headers) {

@@ -155,6 +155,28 @@ export function settlement(reserved: TokenEstimate, usedTokens: number | undefin
 }
 
 /**
+ * The tokens a request's answers say it used: prompt and completion summed over those that reported usage (a
+ * recovered stream's broken part and its continuation), undefined when none did (settlement then goes by the output
+ * delivered). `deliveredCompletion` (deliveredTokens of the output its client was passed) is the least completion
+ * counted, for a stream whose usage came only in part (it did not end whole, or broke before its recovery): an
+ * Anthropic stream tells its prompt and an output of 1 in message_start and its output's count in message_delta, at
+ * the end, so a client that left mid-stream was charged its prompt and 1 token of the thousands it was passed. A
+ * whole stream's usage is its provider's own count, taken as it is (0, the default).
+ */
+export function usedTokens(usage: readonly ({ prompt: number; completion: number } | undefined)[], deliveredCompletion = 0): number | undefined {
+  let reported = false;
+  let prompt = 0;
+  let completion = 0;
+  for (const u of usage) {
+    if (u === undefined) continue;
+    reported = true;
+    prompt += u.prompt;
+    completion += u.completion;
+  }
+  return reported ? prompt + Math.max(completion, deliveredCompletion) : undefined;
+}
+
+/**
  * The completion tokens of `outputChars` characters of output, by the rule the estimate uses for bodies (4 to a token,
  * rounded up), at most the completion cap the request reserved; a request without one (`completionCap` 0: a cap of 0
  * is refused by providers) is not bounded. Providers count what they generated, which is at least what was delivered:

@@ -449,9 +449,11 @@ export function reachedProvider(attempt: { reason: string; code?: string | undef
 
 /**
  * An outcome no byte of the request was written for: the connect timer, a connection refused or unreachable, a TLS
- * handshake or the egress proxy refusing it. The provider never saw it, so it used none of the provider's rate.
+ * handshake or the egress proxy refusing it, a request the gateway could not send (internal). The provider never saw
+ * it, so it used none of the provider's rate: the same attempts reachedProvider says did not reach one.
  */
 export function neverSent(outcome: AttemptOutcome): boolean {
+  if (outcome.kind === 'internal') return true;
   return outcome.kind === 'timeout' ? outcome.phase === 'connect' : outcome.kind === 'network' && unwritten(outcome.code);
 }
 

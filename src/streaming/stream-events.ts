@@ -141,7 +141,8 @@ export function outputChars(api: ApiKind, parsed: object, eventField: string | n
     chars += charsOf(choice?.text);
     const d = choice?.delta as (ChatChoice['delta'] & { function_call?: ToolFunction; audio?: { transcript?: unknown } }) | undefined;
     if (d === undefined || d === null) continue;
-    chars += charsOf(d.content) + charsOf(d.reasoning_content) + charsOf(d.reasoning) + charsOf(d.refusal) + charsOf(d.audio?.transcript);
+    // One of the reasoning's two names: vLLM sends its text under both (reasoning_content a copy, kept for old clients).
+    chars += charsOf(d.content) + Math.max(charsOf(d.reasoning_content), charsOf(d.reasoning)) + charsOf(d.refusal) + charsOf(d.audio?.transcript);
     chars += charsOf(d.function_call?.name) + charsOf(d.function_call?.arguments);
     if (Array.isArray(d.tool_calls)) for (const call of d.tool_calls as Array<{ function?: ToolFunction } | null>) chars += charsOf(call?.function?.name) + charsOf(call?.function?.arguments);
   }
