@@ -273,6 +273,28 @@ describe('a pool with a request rate', () => {
     for (const p of [byRequests, byTokens, bySlots]) p.close();
   });
 
+  // The estimate added a whole round trip for a slot even when 49 of 50 were free, so a request its rate's turn held
+  // 1 s was shed at a 3 s deadline, told the provider "is at capacity" and to come back in 5 s.
+  it('waits for its rate\'s turn with slots free, whatever the round trip: the rate alone holds it', async () => {
+    const p = pool([60, 1]);
+    // Answers of 5 s each, so the round trip the estimate uses is about that.
+    for (let i = 0; i < 12; i++) {
+      const a = await p.acquire(req());
+      if (!a.ok) throw new Error('no slot');
+      a.slot.answered();
+      await vi.advanceTimersByTimeAsync(5_000);
+      a.slot.release();
+    }
+    const log: Array<[string, number]> = [];
+    const t0 = Date.now();
+    void track(p, 'a', req(), log);
+    const b = track(p, 'b', req({ deadlineAtMs: t0 + 3_000, minAttemptMs: 100 }), log);
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect((await b).ok).toBe(true);
+    expect(log).toEqual([['a', t0], ['b', t0 + 1_000]]);
+    p.close();
+  });
+
   it('holds back nothing without a rate', async () => {
     const p = pool(undefined);
     const log: Array<[string, number]> = [];

@@ -346,7 +346,12 @@ export class ProviderPool {
     if (this.#rates === undefined) return { ms: held, heldBy: undefined };
     const rates = rateWaits(t.dues, this.#rates, this.now(), tokens, this.#aheadOnTarget(t, cls, aheadInClass));
     const byRate = Math.max(rates.requests, rates.tokens);
-    if (byRate <= held) return { ms: held, heldBy: undefined };
+    // A slot free for it and for every request ahead of it: its rate alone holds it, not a round trip for a slot (with
+    // 49 of 50 slots free, answers taking 5 s and its turn a second away, a request with 3 s to live was shed, told the
+    // provider was at capacity).
+    const free = Math.min(this.#capacity - this.#inUse, Math.floor(t.limit.limit) - t.inUse, cls > 0 ? Math.floor(classLimit(t.limit, cls)) - t.byClass[cls]! : Infinity);
+    const bySlots = byRate > 0 && ahead + 1 <= free ? (cls > 0 ? Math.max(0, t.lowerHeldUntilMs - this.now()) : 0) : held;
+    if (byRate <= bySlots) return { ms: bySlots, heldBy: undefined };
     return { ms: byRate, heldBy: rates.tokens > rates.requests ? 'token_rate' : 'request_rate' };
   }
 
