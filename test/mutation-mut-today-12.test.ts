@@ -5,7 +5,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { rateOf } from '../src/policy/client-rate.ts';
 import { rateGiveBack, rateSpend, rateWait, ratesPart, targetRates, type TargetDues } from '../src/policy/target-rate.ts';
-import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { ratePool, rateReq, trackGrant } from './helpers/rate-pool.ts';
 import { attemptInSlot } from '../src/pipeline/slot-attempt.ts';
 import { RequestAbort } from '../src/pipeline/request-abort.ts';
 import type { TargetPlan } from '../src/pipeline/target-attempts.ts';
@@ -13,27 +13,9 @@ import type { TargetPlan } from '../src/pipeline/target-attempts.ts';
 beforeEach(() => vi.useFakeTimers({ now: 0 }));
 afterEach(() => vi.useRealTimers());
 
-const CLASSES = [
-  { name: 'online', minShare: 0, maxQueue: 100 },
-  { name: 'batch', minShare: 0, maxQueue: 100 },
-];
-
-function pool(rates: ConstructorParameters<typeof ProviderPool>[0]['rates'], capacity = 50, classes = CLASSES): ProviderPool {
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes, decrease: 0.9, minLimit: 1, rates }, () => Date.now());
-}
-
-const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/a', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-
-/** Asks for a slot and notes when (fake ms) it is granted; the slot goes back at once unless `hold`. */
-function track(p: ProviderPool, label: string, r: SlotRequest, log: Array<[string, number]>, hold = false): Promise<Acquired> {
-  return p.acquire(r).then((a) => {
-    if (a.ok) {
-      log.push([label, Date.now()]);
-      if (!hold) a.slot.release();
-    }
-    return a;
-  });
-}
+const pool = ratePool;
+const req = rateReq;
+const track = trackGrant;
 
 describe('the wait estimate under a target\'s rates', () => {
   it('counts ahead of an online newcomer neither the batch waiters of its target nor the online waiters of another', async () => {

@@ -10,32 +10,14 @@ import { z } from 'zod';
 import { describeZodIssues } from '../src/config/zod-issues.ts';
 import { clientLimits } from '../src/http/client-limits.ts';
 import { deliveredTokens, rateOf } from '../src/policy/client-rate.ts';
-import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { ratePool, rateReq, trackGrant } from './helpers/rate-pool.ts';
 import type { StateStore } from '../src/state/store.ts';
 import { recoveryConfig } from './helpers/recovery-config.ts';
 import { TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
-const CLASSES = [
-  { name: 'online', minShare: 0, maxQueue: 100 },
-  { name: 'batch', minShare: 0, maxQueue: 100 },
-];
-
-function pool(rates: ConstructorParameters<typeof ProviderPool>[0]['rates'], capacity = 50): ProviderPool {
-  return new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes: CLASSES, decrease: 0.9, minLimit: 1, rates }, () => Date.now());
-}
-
-const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/a', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-
-/** Asks for a slot and notes when (fake ms) it is granted; the slot goes back at once unless `hold`. */
-function track(p: ProviderPool, label: string, r: SlotRequest, log: Array<[string, number]>, hold = false): Promise<Acquired> {
-  return p.acquire(r).then((a) => {
-    if (a.ok) {
-      log.push([label, Date.now()]);
-      if (!hold) a.slot.release();
-    }
-    return a;
-  });
-}
+const pool = ratePool;
+const req = rateReq;
+const track = trackGrant;
 
 describe('which wait a shed names (fake clock)', () => {
   beforeEach(() => vi.useFakeTimers({ now: 0 }));
