@@ -172,10 +172,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // end whole, or that its provider broke (a recovered one), has the usage it reported before its end at most: its
     // completion counts at least the output passed on.
     if (request.tokensReserved && request.client !== undefined) {
-      const sent = summary !== undefined && summary.attempts.some(reachedProvider);
       const end = summary?.streamEnd;
-      const usagePartial = end !== undefined && (!endedWhole(end.kind) || end.upstreamBroke !== undefined);
-      limit?.settle(request.client, request.tokensReserved, summary ? [summary.usage, summary.continuationUsage?.usage] : [], sent, end?.outputChars, usagePartial);
+      limit?.settle(request.client, request.tokensReserved, {
+        usage: summary ? [summary.usage, summary.continuationUsage?.usage] : [],
+        sentUpstream: summary !== undefined && summary.attempts.some(reachedProvider),
+        outputChars: end?.outputChars,
+        usagePartial: end !== undefined && (!endedWhole(end.kind) || end.upstreamBroke !== undefined),
+      });
     }
     if (summary && request.arrival) runtime.repeats.ended(request.arrival, !ANSWERED.has(summary.outcome));
     let rejected: RejectedOutcome | undefined;

@@ -172,9 +172,9 @@ describe('clientLimits: a reservation settled', () => {
     expect(limit.reserve('batch', { prompt: 10, completion: 10 })).toBeUndefined();
     expect(await limit.reserve('agents', { prompt: 400, completion: 200 })).toBeUndefined();
     expect((await limit.reserve('agents', { prompt: 1, completion: 0 }))?.code).toBe('client_rate_limited');
-    limit.settle('agents', { prompt: 400, completion: 200 }, [undefined, undefined], true);
-    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 300, completion: 50 } as never, { prompt: 20, completion: 30 } as never], true);
-    limit.settle('agents', { prompt: 400, completion: 200 }, [{ prompt: 400, completion: 200 } as never], true);
+    limit.settle('agents', { prompt: 400, completion: 200 }, { usage: [undefined, undefined], sentUpstream: true });
+    limit.settle('agents', { prompt: 400, completion: 200 }, { usage: [{ prompt: 300, completion: 50 } as never, { prompt: 20, completion: 30 } as never], sentUpstream: true });
+    limit.settle('agents', { prompt: 400, completion: 200 }, { usage: [{ prompt: 400, completion: 200 } as never], sentUpstream: true });
     expect(spent).toEqual([-200, -200]);
   });
 });

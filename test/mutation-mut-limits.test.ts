@@ -48,7 +48,7 @@ describe('clientLimits: what a refused client is told', () => {
   it('spreads requests refused by the token rate over a fifth of their wait', async () => {
     const { limit } = limitsOn({ agents: { tokensPerMinute: 600 } }, 0.5); // ten a second
     expect(await limit.admit('agents')).toBeUndefined();
-    limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 600, completion: 10 } as never], true); // ten over: one token back in 1,100 ms
+    limit.settle('agents', { prompt: 0, completion: 0 }, { usage: [{ prompt: 600, completion: 10 } as never], sentUpstream: true }); // ten over: one token back in 1,100 ms
     const refusal = await limit.admit('agents');
     // Half of a fifth of the wait (110 ms) on top: told back together, they would all come for the same tokens.
     expect(refusal?.retryAfterMs).toBe(1210);
@@ -67,14 +67,14 @@ describe('clientLimits: tokens used', () => {
     const { limit, store } = limitsOn({ agents: { requestsPerMinute: 60, burst: 1 } }, 0);
     const spent: unknown[] = [];
     store.spendTokens = (...args) => void spent.push(args);
-    expect(() => limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 10, completion: 5 } as never], true)).not.toThrow();
+    expect(() => limit.settle('agents', { prompt: 0, completion: 0 }, { usage: [{ prompt: 10, completion: 5 } as never], sentUpstream: true })).not.toThrow();
     expect(spent).toEqual([]);
   });
 
   it('counts the tokens of a client that has its rates from "*", as it admits it by them', async () => {
     const { limit, limited } = limitsOn({ '*': { tokensPerMinute: 600 } }, 0);
     expect(await limit.admit('agents')).toBeUndefined();
-    limit.settle('agents', { prompt: 0, completion: 0 }, [{ prompt: 600, completion: 10 } as never], true);
+    limit.settle('agents', { prompt: 0, completion: 0 }, { usage: [{ prompt: 600, completion: 10 } as never], sentUpstream: true });
     expect((await limit.admit('agents'))?.code).toBe('client_rate_limited');
     expect(limited).toEqual(['agents:tokens']);
     expect(await limit.admit('batch')).toBeUndefined(); // a rate of its own

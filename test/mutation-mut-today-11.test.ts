@@ -77,8 +77,8 @@ describe('a reservation settled for a request that never went upstream', () => {
     const spent: number[] = [];
     store.spendTokens = (_client, _rate, tokens) => void spent.push(tokens);
     const limit = clientLimits({ agents: { tokensPerMinute: 600 } }, { store, now: () => 0, random: () => 0, onLimited: () => {} })!;
-    limit.settle('agents', { prompt: 400, completion: 100 }, [], false);
-    limit.settle('agents', { prompt: 400, completion: 100 }, [undefined], true);
+    limit.settle('agents', { prompt: 400, completion: 100 }, { usage: [], sentUpstream: false });
+    limit.settle('agents', { prompt: 400, completion: 100 }, { usage: [undefined], sentUpstream: true });
     expect(spent).toEqual([-500, -100]);
   });
 

@@ -110,11 +110,11 @@ describe('the output delivered as a completion', () => {
     const limits = clientLimits({ agents: { tokensPerMinute: 6_000 } }, { store, now: () => 0, random: () => 0, onLimited: () => {} })!;
     const reserved = { prompt: 12, completion: 3 };
     // message_start's usage (12 in, 1 out) and 28 characters delivered (7 tokens), under a cap of 3: 15, as reserved.
-    limits.settle('agents', reserved, [{ prompt: 12, completion: 1 }], true, 28, true);
+    limits.settle('agents', reserved, { usage: [{ prompt: 12, completion: 1 }], sentUpstream: true, outputChars: 28, usagePartial: true });
     expect(spent).toEqual([]);
     // Uncapped, the 7 tokens delivered; ended whole, the usage alone.
-    limits.settle('agents', { prompt: 12, completion: 0 }, [{ prompt: 12, completion: 1 }], true, 28, true);
-    limits.settle('agents', reserved, [{ prompt: 12, completion: 1 }], true, 28, false);
+    limits.settle('agents', { prompt: 12, completion: 0 }, { usage: [{ prompt: 12, completion: 1 }], sentUpstream: true, outputChars: 28, usagePartial: true });
+    limits.settle('agents', reserved, { usage: [{ prompt: 12, completion: 1 }], sentUpstream: true, outputChars: 28, usagePartial: false });
     expect(spent).toEqual([7, -2]);
   });
 });

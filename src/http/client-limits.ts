@@ -16,13 +16,22 @@ export interface ClientLimit {
    * they do not fit, else undefined; undefined (no promise) for a client without a token rate, which reserves nothing.
    */
   reserve(client: string, estimate: TokenEstimate): Promise<GatewayError | undefined> | undefined;
+  /** Settles what a request reserved once it has ended, against what it used (settlement). */
+  settle(client: string, reserved: TokenEstimate, ended: RequestEnded): void;
+}
+
+/** What a request that reserved tokens ended with, for its settlement. */
+export interface RequestEnded {
+  /** Its answers' usage as the token metrics have it (none came: undefined entries only). */
+  usage: readonly (Usage | undefined)[];
+  /** Whether any of its attempts reached a provider. */
+  sentUpstream: boolean;
   /**
-   * Settles what a request reserved once it has ended, against the tokens its answer says it used: `usage` as the token
-   * metrics have it (none came: undefined entries only), whether any of its attempts went upstream, and the characters
-   * of output its client was passed, which stand for the completion when no usage came (settlement), and are the
-   * least completion counted when `usagePartial` (a stream that did not end whole: its usage may have come in part).
+   * The characters of output its client was passed: the completion when no usage came (settlement), and the least
+   * completion counted when `usagePartial` (a stream that did not end whole: its usage may have come in part).
    */
-  settle(client: string, reserved: TokenEstimate, usage: readonly (Usage | undefined)[], sentUpstream: boolean, outputChars?: number, usagePartial?: boolean): void;
+  outputChars?: number;
+  usagePartial?: boolean;
 }
 
 interface ClientLimitsDeps {
@@ -52,7 +61,7 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
         .reserveTokens(client, { ...r, tokens: r.tokens }, tokens, deps.now())
         .then((refusal) => refusal && refused(client, r, refusal, ` (this request's estimate: ${tokens} tokens, its body's bytes / 4 plus its completion cap)`));
     },
-    settle(client, reserved, usage, sentUpstream, outputChars = 0, usagePartial = false) {
+    settle(client, reserved, { usage, sentUpstream, outputChars = 0, usagePartial = false }) {
       const rate = ratesOf(client)?.tokens;
       if (rate === undefined) return;
       const used = usedTokens(usage, usagePartial ? deliveredTokens(outputChars, reserved.completion) : 0);
