@@ -123,7 +123,7 @@ async function main(): Promise<void> {
         `\nthe backup taking what the primary cannot serve), and SDK retries never multiply the gateway's (x-should-retry: false).` +
         `\nA 429 with retry-after holds the primary off for every request until then, so new requests go to the backup meanwhile.` +
         `\nTo watch the metrics yourself: npm run mock, then OPENAI_BASE_URL=http://127.0.0.1:9000/v1 OPENAI_API_KEY=any npm start,` +
-        `\nand curl http://127.0.0.1:8080/metrics; the full numbers: npm run bench.`,
+        `\nand curl http://127.0.0.1:8080/metrics; the full retry-storm benchmark: npm run bench:storm.`,
     );
   } finally {
     await gateway.close();
