@@ -206,6 +206,22 @@ describe('mock provider over HTTP', () => {
       expect(ids).toEqual(expect.arrayContaining(['gpt-4o', 'gpt-4o-mini', 'gpt-4.1', 'text-embedding-3-small', 'claude-sonnet-4-5']));
     });
 
+    it("lists Claude models in Anthropic's own shape to a client that asks as Anthropic's API is asked", async () => {
+      const models = [];
+      for await (const m of anthropic.models.list()) models.push(m);
+      expect(models.map((m) => m.id)).toEqual(['claude-haiku-4-5', 'claude-sonnet-4-5', 'claude-opus-4-1']);
+      expect(models[1]).toEqual({ type: 'model', id: 'claude-sonnet-4-5', display_name: 'Claude Sonnet 4.5', created_at: '2025-09-29T00:00:00Z' });
+      // Its errors are Anthropic's too: a wrong key is refused in Anthropic's error shape.
+      const keyed = await startMock({ apiKey: 'secret' });
+      try {
+        const res = await fetch(`${keyed.url}/v1/models`, { headers: { 'x-api-key': 'nope', 'anthropic-version': '2023-06-01' } });
+        expect(res.status).toBe(401);
+        expect(await res.json()).toMatchObject({ type: 'error', error: { type: 'authentication_error' } });
+      } finally {
+        await keyed.close();
+      }
+    });
+
     it('answers Anthropic messages, streamed, with tools and with a prefill', async () => {
       const base = { model: 'claude-mock', max_tokens: 64, messages: [{ role: 'user' as const, content: 'hello mock' }] };
       const m = await anthropic.messages.create(base);

@@ -171,3 +171,21 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
     });
   return { head, chunks, tail, done: ev('message_stop', {}), malformed: 'event: content_block_delta\ndata: {not json\n\n' };
 }
+
+/**
+ * GET /v1/models as Anthropic's API answers it (asked with `anthropic-version`): its own page shape, newest first, and
+ * only its own models, so the Anthropic SDK's models.list() reads what it would from Anthropic.
+ */
+const ANTHROPIC_MODELS: ReadonlyArray<[id: string, displayName: string, createdAt: string]> = [
+  ['claude-haiku-4-5', 'Claude Haiku 4.5', '2025-10-15T00:00:00Z'],
+  ['claude-sonnet-4-5', 'Claude Sonnet 4.5', '2025-09-29T00:00:00Z'],
+  ['claude-opus-4-1', 'Claude Opus 4.1', '2025-08-05T00:00:00Z'],
+];
+
+/** Built once: the model list never changes. */
+export const ANTHROPIC_MODELS_BODY = JSON.stringify({
+  data: ANTHROPIC_MODELS.map(([id, display_name, created_at]) => ({ type: 'model', id, display_name, created_at })),
+  has_more: false,
+  first_id: ANTHROPIC_MODELS[0]![0],
+  last_id: ANTHROPIC_MODELS[ANTHROPIC_MODELS.length - 1]![0],
+});

@@ -3,7 +3,7 @@
 import { createServer, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { message, messageStream, tokenCount } from './anthropic-responses.ts';
+import { ANTHROPIC_MODELS_BODY, message, messageStream, tokenCount } from './anthropic-responses.ts';
 import { flattenHeaders, parseJsonObject, pathOf, readBody } from './body.ts';
 import { idSource } from './content.ts';
 import { seededRandom } from '../policy/random.ts';
@@ -73,6 +73,9 @@ const ROUTES: Record<string, Route> = {
   'POST /v1/messages/count_tokens': { family: 'anthropic', answer: json(tokenCount) },
   'GET /v1/models': { family: 'openai', answer: () => MODELS_BODY },
 };
+
+/** GET /v1/models asked as Anthropic's API is (with `anthropic-version`): its shape, its errors. */
+const ANTHROPIC_MODELS_ROUTE: Route = { family: 'anthropic', answer: () => ANTHROPIC_MODELS_BODY };
 
 /** Requests per minute advertised in x-ratelimit-limit-requests when the spec sets no requestsPerMinute. */
 const DEFAULT_RPM = 100_000;
@@ -186,7 +189,8 @@ class MockProvider implements MockServer {
       return;
     }
     const method = req.method ?? 'GET';
-    const route = ROUTES[`${method} ${path}`];
+    const key = `${method} ${path}`;
+    const route = key === 'GET /v1/models' && req.headers['anthropic-version'] !== undefined ? ANTHROPIC_MODELS_ROUTE : ROUTES[key];
     const now = Date.now();
     const entry: MockRequestLog = {
       id: ++this.seq,
