@@ -308,6 +308,19 @@ describe('config errors', () => {
     expect(messages[2]).toContain('"30s"');
   });
 
+  it('repeats a wrong value at a client\'s rate in auth.limits, but none where auth holds a key', () => {
+    // auth hides what it holds (client keys), but a client's limits are numbers: the text found is what to fix.
+    const auth = (limits: string) => configError(valid(`auth:\n  keys: { agents: sk-agents-0123456789 }\n  limits: ${limits}\n`));
+    expect(auth('{ agents: { requestsPerMinute: lots } }').message).toMatch(/auth\.limits\.agents\.requestsPerMinute: expected number, received string \("lots"\)$/);
+    expect(auth('{ agents: { tokensPerMinute: 10k } }').message).toMatch(/auth\.limits\.agents\.tokensPerMinute: expected number, received string \("10k"\)$/);
+    expect(auth('{ "*": { requestsPerMinute: 60, burst: 1.5 } }').message).toMatch(/auth\.limits\["\*"\]\.burst: expected integer, received number \(1\.5\)$/);
+    // A key written where a client's limits belong, or where a client's key belongs, stays hidden.
+    expect(auth('{ agents: sk-agents-0123456789 }').message).not.toContain('sk-agents');
+    expect(configError(valid('auth: sk-secret-0123456789\n')).message).not.toContain('sk-secret');
+    expect(configError(valid('auth:\n  keys: { agents: [sk-secret-0123456789] }\n')).message).not.toContain('sk-secret');
+    expect(configError(valid('auth:\n  keys: { agents: 1234567890 }\n')).message).not.toContain('1234567890');
+  });
+
   it('repeats a wrong URL without the password in it (a state.redis URL with a typo went to the log whole)', () => {
     const e = configError(valid('state:\n  redis: "redis://default:hunter2-PASSWORD@redis.internal:6379/0 "'));
     expect(e.message).not.toContain('hunter2-PASSWORD');

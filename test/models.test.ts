@@ -108,6 +108,42 @@ describe('GET /v1/models lists what a client can request', () => {
       expect(e.headers.get('x-should-retry')).toBe('false');
     }
   });
+
+  it('leaves out a model whose every target is a disabled provider (optional, no key): asked for, it gets 503 no_target', async () => {
+    stack = await startStack({
+      config: (url) => ({
+        server: { host: '127.0.0.1', port: 0 },
+        providers: {
+          openai: { family: 'openai', baseUrl: `${url}/v1`, apiKey: TEST_KEY },
+          spare: { family: 'openai', baseUrl: `${url}/v1`, apiKey: '', optional: true },
+        },
+        routes: [
+          { name: 'spare-only', match: { path: '/v1/chat/completions', models: ['spare-model'] }, targets: [{ provider: 'spare' }] },
+          // Routing takes the first match: gpt-4o-mini goes here, not to the open route below whose provider lists it.
+          { name: 'spare-mini', match: { path: '/v1/chat/completions', models: ['gpt-4o-mini'] }, targets: [{ provider: 'spare' }] },
+          // Its disabled target leaves the other to answer.
+          { name: 'mixed', match: { path: '/v1/chat/completions', models: ['mixed-model'] }, targets: [{ provider: 'spare' }, { provider: 'openai' }] },
+          { name: 'chat', match: { path: '/v1/chat/completions', models: ['gpt-4o*'] }, targets: [{ provider: 'openai' }] },
+          // Any name answered by the first target's own model, which no enabled target serves.
+          { name: 'spare-any', match: { path: '/v1/completions' }, targets: [{ provider: 'spare', model: 'spare-llama' }] },
+        ],
+      }),
+    });
+    const client = sdk(stack);
+    for (const model of ['spare-model', 'gpt-4o-mini']) {
+      const err = await client.chat.completions.create({ model, messages }).catch((e: unknown) => e);
+      expect(err, model).toBeInstanceOf(OpenAI.InternalServerError);
+      expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
+      expect((err as InstanceType<typeof OpenAI.APIError>).code).toBe('no_target');
+    }
+    const ids: string[] = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    expect(ids.sort()).toEqual(['gpt-4o', 'mixed-model']);
+    for (const model of ids) expect((await client.chat.completions.create({ model, messages })).choices[0]!.message.content, model).toBeTruthy();
+    // Described by the provider that gets it, not by the disabled one listed first.
+    expect(await client.models.retrieve('mixed-model')).toMatchObject({ id: 'mixed-model', owned_by: 'openai' });
+    for (const id of ['spare-model', 'gpt-4o-mini', 'spare-llama']) await expect(client.models.retrieve(id), id).rejects.toBeInstanceOf(OpenAI.NotFoundError);
+  });
 });
 
 describe('GET /v1/models with a slow provider', () => {

@@ -273,6 +273,17 @@ describe('a pool with a request rate', () => {
     for (const p of [byRequests, byTokens, bySlots]) p.close();
   });
 
+  it('names pools.tokenBurst too when a burst under a minute\'s worth holds a request its token rate sheds', async () => {
+    // 6,000 a minute in bursts of 1,000: a second request of 1,000 tokens waits 10 s for its turn, not the minute's worth.
+    const p = new ProviderPool({ provider: 'p', capacity: 50, retryCapacity: 50, classes: CLASSES, decrease: 0.9, minLimit: 1, rates: { tokens: rateOf(6_000, 1_000) } }, () => Date.now());
+    const first = await p.acquire(req({ tokens: 1_000 }));
+    expect(first.ok).toBe(true);
+    const shed = await p.acquire(req({ tokens: 1_000, deadlineAtMs: Date.now() + 5_000 }));
+    expect(shed.ok ? undefined : shed.reason).toBe('token_rate');
+    expect(p.rateShedWhy('token_rate', 'online')).toBe("provider p's token rate (6000/min, pools.tokensPerMinute; at most 1000 at once, pools.tokenBurst) leaves no turn for class online before the request's deadline");
+    p.close();
+  });
+
   // The estimate added a whole round trip for a slot even when 49 of 50 were free, so a request its rate's turn held
   // 1 s was shed at a 3 s deadline, told the provider "is at capacity" and to come back in 5 s.
   it('waits for its rate\'s turn with slots free, whatever the round trip: the rate alone holds it', async () => {

@@ -1,10 +1,12 @@
 // stormgate_requests_total counts every client request a managed path answered, those refused before any route took
 // them too (outcome rejected): a client that sends only invalid requests must show on the dashboard, not only in logs.
+import { readFileSync } from 'node:fs';
+import { request as httpRequest } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { describe, expect, it, vi } from 'vitest';
 import { MemoryStore } from '../src/state/memory-store.ts';
-import { metricSum, useStacks, type Stack } from './helpers/stack.ts';
+import { defaultConfig, metricSum, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
 
@@ -73,6 +75,58 @@ describe('requests refused before the pipeline', () => {
     expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="rejected"}')).toBe(2);
     expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
     expect(s.mock.stats().total).toBe(1);
+  });
+
+  it('a client over its rate (requests, or tokens by its estimate) and every other refusal before a route count as rejected, each named in the README', async () => {
+    // The README's list of what `rejected` counts left out client_rate_limited, a request too large, a wrong method...
+    const s = await startStack({
+      config: (url) => ({
+        ...defaultConfig(url),
+        routes: defaultConfig(url).routes.map((r) => (r.name === 'chat' ? { ...r, match: { ...r.match, models: ['gpt-4o'] } } : r)),
+        server: { host: '127.0.0.1', port: 0, bodyLimitBytes: 2000 },
+        auth: { keys: { a: 'sk-client-a-0123456789', b: 'sk-client-b-0123456789' }, limits: { a: { requestsPerMinute: 1, burst: 1 }, b: { tokensPerMinute: 100 } } },
+      }),
+    });
+    const chat = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], ...extra });
+    // node:http, not fetch: fetch sets Host itself.
+    const send = (key: string | undefined, body: string, headers: Record<string, string> = {}, method = 'POST') =>
+      new Promise<{ status: number; code: string | null }>((resolve, reject) => {
+        const req = httpRequest(`${s.baseURL}/chat/completions`, { method, headers: { 'content-type': 'application/json', ...(key && { authorization: `Bearer ${key}` }), ...headers } }, (res) => {
+          let text = '';
+          res.on('data', (c: Buffer) => (text += c.toString()));
+          res.on('end', () => resolve({ status: res.statusCode!, code: res.statusCode === 200 ? null : (JSON.parse(text) as { error: { code: string } }).error.code }));
+        });
+        req.on('error', reject);
+        req.end(method === 'GET' ? undefined : body);
+      });
+    const a = 'sk-client-a-0123456789';
+    const b = 'sk-client-b-0123456789';
+    expect(await send(a, chat())).toEqual({ status: 200, code: null });
+    // One larger than a minute's worth is let in when the rate is full, and overdraws it: the next is refused.
+    expect(await send(b, chat({ max_tokens: 500 }))).toEqual({ status: 200, code: null });
+    // The Via entry this instance sends upstream, as a provider whose baseUrl points back at the gateway returns it.
+    const { instance } = JSON.parse(s.logs.find((l) => l.includes('"instance"'))!) as { instance: string };
+    const refused = [
+      await send(a, chat()),
+      await send(b, chat({ max_tokens: 500 })),
+      await send(undefined, chat()),
+      await send(b, '{not json'),
+      await send(b, JSON.stringify({ messages: [] })),
+      await send(b, chat({ model: 'nope' })),
+      await send(b, chat(), { 'x-stormgate-timeout-ms': 'soon' }),
+      await send(b, chat(), { 'content-type': 'text/plain' }),
+      await send(b, chat({ padding: 'x'.repeat(3000) })),
+      await send(b, '', {}, 'GET'),
+      await send(b, chat(), { host: 'evil.example.com' }),
+      await send(b, chat(), { via: `1.1 ${instance}` }),
+    ];
+    expect(refused.map((r) => r.status)).toEqual([429, 429, 401, 400, 400, 404, 400, 415, 413, 405, 403, 508]);
+    await vi.waitFor(async () => expect(await metricSum(s, 'stormgate_requests_total{route="none",target="none",priority="none",outcome="rejected"}')).toBe(refused.length), { timeout: 2_000, interval: 20 });
+    expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(2);
+    const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+    const rejected = /`rejected` \(with route, target and priority `none`\)[^|]*/.exec(readme)?.[0] ?? '';
+    const codes = [...new Set(refused.map((r) => r.code!))];
+    expect(codes.filter((code) => !rejected.includes(`\`${code}\``)), 'name these in the README\'s stormgate_requests_total row, under `rejected`').toEqual([]);
   });
 });
 

@@ -15,9 +15,9 @@ interface PlainIssue {
 
 // Values at these keys may be credentials, so messages never repeat them. Not a key named for a quantity
 // (tokensPerMinute, firstTokenMs, defaultMaxTokens, tokenBurst): it holds a number, and the text found there is what
-// to fix.
+// to fix. A client's `burst` (auth.limits) is one too.
 const SECRET_KEY = /key|token|secret|password|credential/i;
-const QUANTITY_KEY = /(Ms|PerMinute|Tokens|Burst)$/;
+const QUANTITY_KEY = /(Ms|PerMinute|Tokens|Burst)$|^burst$/;
 const isSecretKey = (key: PropertyKey | undefined): boolean => SECRET_KEY.test(String(key)) && !QUANTITY_KEY.test(String(key));
 
 export function describeZodIssues(root: core.$ZodType, issues: readonly core.$ZodIssue[], data: unknown): PlainIssue[] {
@@ -136,15 +136,18 @@ function received(value: unknown, path: PropertyKey[]): string {
 
 /**
  * The text found, in quotes, where another type belongs; never a credential's (load.ts names a variable's instead): not
- * at a secret's key, nor anywhere in `auth`, whose strings are client keys (`auth: sk-...` for `auth: { keys: ... }`).
+ * at a secret's key, nor anywhere in `auth`, whose strings are client keys (`auth: sk-...` for `auth: { keys: ... }`),
+ * but for a quantity of a client's limits (auth.limits.<client>.requestsPerMinute), which holds a number as pools' do.
  * A number is shown too (`tokenBurst: 1500.5` where a whole number belongs): "received number" alone names no value.
  */
 function quotedText(value: unknown, path: PropertyKey[]): string {
-  if (value === '' || path[0] === 'auth' || isSecretKey(path.at(-1))) return '';
+  if (value === '' || (path[0] === 'auth' && !isClientRate(path)) || isSecretKey(path.at(-1))) return '';
   if (typeof value === 'number') return Number.isFinite(value) ? ` (${String(value)})` : '';
   if (typeof value !== 'string') return '';
   return ` (${JSON.stringify(withoutPassword(value))})`;
 }
+
+const isClientRate = (path: PropertyKey[]): boolean => path.length === 4 && path[1] === 'limits' && QUANTITY_KEY.test(String(path[3]));
 
 /**
  * A URL's `user:password@` with the password masked: a state.redis URL with a typo would put it in the start-up log. To

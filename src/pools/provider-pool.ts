@@ -363,7 +363,9 @@ export class ProviderPool {
     const rate = reason === 'request_rate' ? this.settings.rates?.requests : reason === 'token_rate' ? this.settings.rates?.tokens : undefined;
     if (rate === undefined) return undefined;
     const [what, key] = reason === 'request_rate' ? ['request', 'requestsPerMinute'] : ['token', 'tokensPerMinute'];
-    return `provider ${this.settings.provider}'s ${what} rate (${perMinute(rate)}/min, pools.${key}) leaves no turn for class ${className} before the request's deadline`;
+    // A token burst under a minute's worth (the default) is pools.tokenBurst's: it holds a request as much as the rate.
+    const burst = reason === 'token_rate' && rate.burst < Math.floor(perMinute(rate)) ? `; at most ${rate.burst} at once, pools.tokenBurst` : '';
+    return `provider ${this.settings.provider}'s ${what} rate (${perMinute(rate)}/min, pools.${key}${burst}) leaves no turn for class ${className} before the request's deadline`;
   }
 
   /**

@@ -5,6 +5,7 @@
 import { interceptors, type Dispatcher } from 'undici';
 import type { ProviderClient } from '../providers/provider-client.ts';
 import { withoutKey } from '../providers/key-echo.ts';
+import type { TargetConfig } from '../config/schema.ts';
 import type { CompiledRoute, Router } from './router.ts';
 
 /** A provider's own fields (context windows, capabilities on some servers) are kept beside these. */
@@ -152,20 +153,35 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     return fetching;
   }
 
+  // A route whose every target's provider is disabled (optional, no key) answers each request 503 no_target.
+  const enabled = (t: TargetConfig): boolean => providers.get(t.provider)?.disabled !== true;
+  const servable = (route: CompiledRoute): boolean => route.config.targets.some(enabled);
+  // The provider that would get a name only the config gives: the first target's whose provider is enabled.
+  const owner = (route: CompiledRoute): string => (route.config.targets.find(enabled) ?? route.config.targets[0]!).provider;
+  // Whether a request for `id` on the route's path would reach a target: routing takes the first route that matches
+  // it, so one whose targets are all disabled also takes a model a later route lists.
+  const reachable = (route: CompiledRoute, id: string): boolean => {
+    const match = router.match(route.config.match.path, id);
+    return 'route' in match && servable(match.route);
+  };
+
   /** `paths`: only the models of routes on these paths (what the client can call); all routes' when not given. */
   async function list(paths?: ReadonlySet<string>): Promise<{ object: 'list'; data: ModelEntry[] }> {
     const routes = paths === undefined ? router.routes : router.routes.filter((r) => paths.has(r.config.match.path));
     const names = [...new Set(routes.flatMap(listingProviders))];
     const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
     const models = new Map<string, ModelEntry>();
+    const add = (route: CompiledRoute, m: ModelEntry): void => {
+      if (!models.has(m.id) && reachable(route, m.id)) models.set(m.id, m);
+    };
     // File order, first wins, as in routing: a model is described by the provider that would get it first. A name
     // only the config gives has no provider object: its owner is that provider's name in the config.
     for (const route of routes) {
-      for (const id of route.exactModels) if (!models.has(id)) models.set(id, { id, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
+      for (const id of route.exactModels) add(route, { id, object: 'model', created: 0, owned_by: owner(route) });
       const served = answeringModel(route);
-      if (served !== undefined && !models.has(served)) models.set(served, { id: served, object: 'model', created: 0, owned_by: route.config.targets[0]!.provider });
+      if (served !== undefined) add(route, { id: served, object: 'model', created: 0, owned_by: owner(route) });
       for (const provider of listingProviders(route)) {
-        for (const m of lists.get(provider) ?? []) if (!models.has(m.id) && route.matchesModel(m.id)) models.set(m.id, m);
+        for (const m of lists.get(provider) ?? []) if (route.matchesModel(m.id)) add(route, m);
       }
     }
     return { object: 'list', data: [...models.values()] };
