@@ -58,11 +58,12 @@ function listingProviders(route: CompiledRoute): string[] {
  * fallback): whatever name a client sends, its first target's model answers, so that name is the one to list (asked
  * for, it is served by that very model). No provider's list can say what such a route serves, and without it the
  * listing was empty. A fallback's model is not listed: asked for by name, the first target's would answer it.
+ * `targets`: the route's targets whose provider is enabled (a disabled one is skipped: the next answers every name).
  */
-function answeringModel(route: CompiledRoute): string | undefined {
-  const first = route.config.targets[0]?.model;
+function answeringModel(route: CompiledRoute, targets: readonly TargetConfig[]): string | undefined {
+  const first = targets[0]?.model;
   // Weighted targets answer by turns: no one model answers a name.
-  if (!route.open || first === undefined || route.config.strategy !== 'fallback' || route.config.targets.some((t) => t.model === undefined)) return undefined;
+  if (!route.open || first === undefined || route.config.strategy !== 'fallback' || targets.some((t) => t.model === undefined)) return undefined;
   return route.matchesModel(first) ? first : undefined;
 }
 
@@ -178,7 +179,7 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     // only the config gives has no provider object: its owner is that provider's name in the config.
     for (const route of routes) {
       for (const id of route.exactModels) add(route, { id, object: 'model', created: 0, owned_by: owner(route) });
-      const served = answeringModel(route);
+      const served = answeringModel(route, route.config.targets.filter(enabled));
       if (served !== undefined) add(route, { id: served, object: 'model', created: 0, owned_by: owner(route) });
       for (const provider of listingProviders(route)) {
         for (const m of lists.get(provider) ?? []) if (route.matchesModel(m.id)) add(route, m);
