@@ -206,11 +206,16 @@ describe('mock provider over HTTP', () => {
       expect(ids).toEqual(expect.arrayContaining(['gpt-4o', 'gpt-4o-mini', 'gpt-4.1', 'text-embedding-3-small', 'claude-sonnet-4-5']));
     });
 
-    it("lists Claude models in Anthropic's own shape to a client that asks as Anthropic's API is asked", async () => {
+    it("lists and retrieves models in the shape of the API the client asks as (Claude models in Anthropic's)", async () => {
       const models = [];
       for await (const m of anthropic.models.list()) models.push(m);
       expect(models.map((m) => m.id)).toEqual(['claude-haiku-4-5', 'claude-sonnet-4-5', 'claude-opus-4-1']);
       expect(models[1]).toEqual({ type: 'model', id: 'claude-sonnet-4-5', display_name: 'Claude Sonnet 4.5', created_at: '2025-09-29T00:00:00Z' });
+      expect(await anthropic.models.retrieve('claude-opus-4-1')).toMatchObject({ type: 'model', id: 'claude-opus-4-1', display_name: 'Claude Opus 4.1' });
+      await expect(anthropic.models.retrieve('gpt-4o')).rejects.toMatchObject({ status: 404, error: { type: 'error', error: { type: 'not_found_error' } } });
+      expect(await openai.models.retrieve('gpt-4.1')).toMatchObject({ id: 'gpt-4.1', object: 'model', owned_by: 'system' });
+      await expect(openai.models.retrieve('claude-opus-4-1')).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+      expect((await fetch(`${mock.url}/v1/models/%E0%A4%A`)).status).toBe(404);
       // Its errors are Anthropic's too: a wrong key is refused in Anthropic's error shape.
       const keyed = await startMock({ apiKey: 'secret' });
       try {

@@ -182,9 +182,18 @@ const ANTHROPIC_MODELS: ReadonlyArray<[id: string, displayName: string, createdA
   ['claude-opus-4-1', 'Claude Opus 4.1', '2025-08-05T00:00:00Z'],
 ];
 
+const ANTHROPIC_MODEL_OBJECTS = ANTHROPIC_MODELS.map(([id, display_name, created_at]) => ({ type: 'model', id, display_name, created_at }));
+
+/** GET /v1/models/{model_id} as Anthropic answers it: the model, or its 404 not_found_error. */
+export function anthropicModelObject(id: string): unknown {
+  const model = ANTHROPIC_MODEL_OBJECTS.find((m) => m.id === id);
+  if (model === undefined) throw new MockRequestError(404, `model: ${id}`);
+  return model;
+}
+
 /** Built once: the model list never changes. */
 export const ANTHROPIC_MODELS_BODY = JSON.stringify({
-  data: ANTHROPIC_MODELS.map(([id, display_name, created_at]) => ({ type: 'model', id, display_name, created_at })),
+  data: ANTHROPIC_MODEL_OBJECTS,
   has_more: false,
   first_id: ANTHROPIC_MODELS[0]![0],
   last_id: ANTHROPIC_MODELS[ANTHROPIC_MODELS.length - 1]![0],

@@ -259,8 +259,14 @@ const MODELS: ReadonlyArray<[id: string, ownedBy: string]> = [
   ['claude-sonnet-4-5', 'anthropic'],
 ];
 
+const MODEL_OBJECTS = MODELS.map(([id, owned_by]) => ({ id, object: 'model', created: 1_715_367_049, owned_by }));
+
 /** Built once: the model list never changes. */
-export const MODELS_BODY = JSON.stringify({
-  object: 'list',
-  data: MODELS.map(([id, owned_by]) => ({ id, object: 'model', created: 1_715_367_049, owned_by })),
-});
+export const MODELS_BODY = JSON.stringify({ object: 'list', data: MODEL_OBJECTS });
+
+/** GET /v1/models/{model}: one model of the list, or OpenAI's 404 for a model it does not have. */
+export function modelObject(id: string): unknown {
+  const model = MODEL_OBJECTS.find((m) => m.id === id);
+  if (model === undefined) throw new MockRequestError(404, `The model '${id}' does not exist`, { code: 'model_not_found', param: 'model' });
+  return model;
+}

@@ -3,7 +3,7 @@
 import { createServer, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { ANTHROPIC_MODELS_BODY, message, messageStream, tokenCount } from './anthropic-responses.ts';
+import { ANTHROPIC_MODELS_BODY, anthropicModelObject, message, messageStream, tokenCount } from './anthropic-responses.ts';
 import { flattenHeaders, parseJsonObject, pathOf, readBody } from './body.ts';
 import { idSource } from './content.ts';
 import { seededRandom } from '../policy/random.ts';
@@ -11,7 +11,7 @@ import { handleControl } from './control.ts';
 import { Exchange, streamIO, type Family } from './exchange.ts';
 import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, type ErrorDetails } from './errors.ts';
 import { assertFaultSpec, decide, effectiveSpec, FaultCounters, latencyFor, type BrownoutMode, type Decision, type FaultSpec, type RequestFacts } from './faults.ts';
-import { chatCompletion, chatStream, embeddings, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
+import { chatCompletion, chatStream, embeddings, modelObject, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
 import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
@@ -71,11 +71,29 @@ const ROUTES: Record<string, Route> = {
   'POST /v1/responses': { family: 'openai', answer: json(responseObject), stream: responseStream },
   'POST /v1/messages': { family: 'anthropic', answer: json(message), stream: messageStream },
   'POST /v1/messages/count_tokens': { family: 'anthropic', answer: json(tokenCount) },
-  'GET /v1/models': { family: 'openai', answer: () => MODELS_BODY },
 };
 
-/** GET /v1/models asked as Anthropic's API is (with `anthropic-version`): its shape, its errors. */
-const ANTHROPIC_MODELS_ROUTE: Route = { family: 'anthropic', answer: () => ANTHROPIC_MODELS_BODY };
+const MODELS_PREFIX = '/v1/models/';
+
+/** A path segment decoded; as sent when it is not valid percent-encoding (a model no list has). */
+function decodedSegment(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment;
+  }
+}
+
+/**
+ * GET /v1/models and GET /v1/models/{model}, each in the shape and with the errors of the API it is asked as: Anthropic's
+ * when the request carries `anthropic-version`, else OpenAI's. Undefined for any other request.
+ */
+function modelsRoute(method: string, path: string, anthropic: boolean): Route | undefined {
+  if (method !== 'GET' || (path !== '/v1/models' && !path.startsWith(MODELS_PREFIX))) return undefined;
+  const id = path === '/v1/models' ? undefined : decodedSegment(path.slice(MODELS_PREFIX.length));
+  if (anthropic) return { family: 'anthropic', answer: id === undefined ? () => ANTHROPIC_MODELS_BODY : json(() => anthropicModelObject(id)) };
+  return { family: 'openai', answer: id === undefined ? () => MODELS_BODY : json(() => modelObject(id)) };
+}
 
 /** Requests per minute advertised in x-ratelimit-limit-requests when the spec sets no requestsPerMinute. */
 const DEFAULT_RPM = 100_000;
@@ -189,8 +207,7 @@ class MockProvider implements MockServer {
       return;
     }
     const method = req.method ?? 'GET';
-    const key = `${method} ${path}`;
-    const route = key === 'GET /v1/models' && req.headers['anthropic-version'] !== undefined ? ANTHROPIC_MODELS_ROUTE : ROUTES[key];
+    const route = modelsRoute(method, path, req.headers['anthropic-version'] !== undefined) ?? ROUTES[`${method} ${path}`];
     const now = Date.now();
     const entry: MockRequestLog = {
       id: ++this.seq,
