@@ -616,19 +616,27 @@ describe('a fleet on Redis: another instance, a SIGKILL, Redis going away, a dra
     }
   }, 40_000);
 
-  it('Redis restarted empty mid-run: the running instance claims its key again, and a repeat on another instance waits for the run', async () => {
+  /**
+   * Two instances on one Redis: a keyed 5 s run on A, Redis (re)started empty at `restartAt` (mid-run, or after
+   * stopping it before the run), then a repeat on B once both are back on Redis: it waits for A's run, which ran once.
+   */
+  async function runAcrossRedisRestart(text: string, restartAt: 'mid-run' | 'away-before-run'): Promise<void> {
     const redis: RedisHandle = await startRedis();
     try {
       const mock = await startMock({ apiKey: TEST_KEY, faults: { latencyMs: 5_000 } });
       const prefix = freshPrefix();
       const a = await gateway(mock, { redis: redis.url, prefix });
       const b = await gateway(mock, { redis: redis.url, prefix });
-      const run = post(a.url, CHAT, body('flushed coupon'), { 'idempotency-key': 'flushed-1' });
+      if (restartAt === 'away-before-run') {
+        await redis.stop();
+        await until('A degraded to local state', () => readyz(a.url), (r) => r.degraded === true);
+      }
+      const run = post(a.url, CHAT, body(text), { 'idempotency-key': text });
       await until('the run upstream', () => stats(mock), (s) => s.inflight === 1);
       await redis.restart();
       await Promise.all([backOnRedis(a.url), backOnRedis(b.url)]);
       await sleep(1_500);
-      const repeat = await post(b.url, CHAT, body('flushed coupon'), { 'idempotency-key': 'flushed-1' });
+      const repeat = await post(b.url, CHAT, body(text), { 'idempotency-key': text });
       const answered = await run;
       expect([answered.status, repeat.status]).toEqual([200, 200]);
       expect(repeat.text).toBe(answered.text);
@@ -636,30 +644,14 @@ describe('a fleet on Redis: another instance, a SIGKILL, Redis going away, a dra
     } finally {
       await redis.stop();
     }
+  }
+
+  it('Redis restarted empty mid-run: the running instance claims its key again, and a repeat on another instance waits for the run', async () => {
+    await runAcrossRedisRestart('flushed-coupon', 'mid-run');
   }, 40_000);
 
   it('Redis away before the run: the claim taken in the process goes to Redis when it is back, and a repeat on another instance waits for the run', async () => {
-    const redis: RedisHandle = await startRedis();
-    try {
-      const mock = await startMock({ apiKey: TEST_KEY, faults: { latencyMs: 5_000 } });
-      const prefix = freshPrefix();
-      const a = await gateway(mock, { redis: redis.url, prefix });
-      const b = await gateway(mock, { redis: redis.url, prefix });
-      await redis.stop();
-      await until('A degraded to local state', () => readyz(a.url), (r) => r.degraded === true);
-      const run = post(a.url, CHAT, body('local coupon'), { 'idempotency-key': 'local-1' });
-      await until('the run upstream', () => stats(mock), (s) => s.inflight === 1);
-      await redis.restart();
-      await Promise.all([backOnRedis(a.url), backOnRedis(b.url)]);
-      await sleep(1_500);
-      const repeat = await post(b.url, CHAT, body('local coupon'), { 'idempotency-key': 'local-1' });
-      const answered = await run;
-      expect([answered.status, repeat.status]).toEqual([200, 200]);
-      expect(repeat.text).toBe(answered.text);
-      expect((await stats(mock)).total).toBe(1);
-    } finally {
-      await redis.stop();
-    }
+    await runAcrossRedisRestart('local-coupon', 'away-before-run');
   }, 40_000);
 
   it('Redis frozen while a run fails: once Redis answers again the key is given back, and a repeat on another instance runs at once rather than after the lease', async () => {
