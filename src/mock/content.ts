@@ -76,24 +76,24 @@ export function idSource(): (prefix: string) => string {
   return (prefix) => `${prefix}${base}${(n++).toString(16).padStart(10, '0')}`;
 }
 
-/** Dimensions of every mock embedding. */
+/** Dimensions of a mock embedding when the request asks for none. */
 const EMBEDDING_DIMENSIONS = 8;
 
 /** A deterministic unit vector for a text; values are float32-exact so base64 and float agree. */
-export function embeddingOf(text: string): number[] {
+export function embeddingOf(text: string, dimensions = EMBEDDING_DIMENSIONS): number[] {
   // FNV-1a over the text seeds the PRNG: same text, same vector.
   let h = 0x811c9dc5;
   for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
   const random = seededRandom(h);
-  const v: number[] = new Array(EMBEDDING_DIMENSIONS);
+  const v: number[] = new Array(dimensions);
   let norm = 0;
-  for (let i = 0; i < EMBEDDING_DIMENSIONS; i++) {
+  for (let i = 0; i < dimensions; i++) {
     const x = random() * 2 - 1;
     v[i] = x;
     norm += x * x;
   }
   norm = Math.sqrt(norm) || 1;
-  for (let i = 0; i < EMBEDDING_DIMENSIONS; i++) v[i] = Math.fround(v[i]! / norm);
+  for (let i = 0; i < dimensions; i++) v[i] = Math.fround(v[i]! / norm);
   return v;
 }
 

@@ -64,7 +64,7 @@ export interface RateLimit {
 
 /** Everything the mock can do wrong; see `decide` for the order in which the checks run. */
 export interface FaultSpec {
-  /** Delay before the response headers (non-stream: before the whole response), in ms. Default: 0. */
+  /** Delay before an answer's headers (non-stream: before the whole answer), in ms; faults (errors, brownouts, 429s) come at once. Default: 0. */
   latencyMs?: number;
   /** Adds a uniform random 0..this ms (seeded PRNG) to the latency. Default: 0. */
   latencyJitterMs?: number;

@@ -7,21 +7,21 @@ import { startMock } from './server.ts';
 const USAGE = `usage: npm run mock -- [options]
   --port N              port (default 9000; 0 picks a free one)
   --host H              host (default 127.0.0.1)
-  --latency-ms N        delay before every answer
+  --latency-ms N        delay before every answer that is not a fault (errors, brownouts and 429s come at once)
   --capacity N          requests in flight beyond N get 429
   --rate-limit-rpm N    requests per minute per model, a token bucket refilled continuously; beyond it 429
   --rate-limit-tpm N    tokens per minute per model (body bytes / 4 + max_tokens); beyond it 429
   --rate-limit-retry-after  the rate limit's 429s carry retry-after-ms and retry-after (OpenAI's usually carry none)
   --rate-limit-burst-seconds N  seconds' worth each rate limit bucket holds, 0 to 60 (default 60: a minute's worth)
   --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1
-  --reset-rate R        share of requests whose socket is destroyed
+  --reset-rate R        share of requests whose socket is closed before any byte (the client sees "other side closed")
   --hang-rate R         share of requests never answered
-  --faults JSON         full fault spec (flags above override its fields)
+  --faults JSON         full fault spec (the flags above override its fields; --error rules come after its errors)
   --faults-file PATH    fault spec from a JSON file
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr
 Control at runtime: GET/PUT/PATCH /_mock/faults (e.g. PATCH {"rateLimit":{"requestsPerMinute":60}}), GET /_mock/stats,
-GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000}`;
+GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} ("durationMs":0 ends one)`;
 
 function num(name: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;

@@ -235,15 +235,32 @@ function embeddingInputs(body: Body): string[] {
   return input.map((x) => (typeof x === 'string' ? x : JSON.stringify(x)));
 }
 
+/** Largest `dimensions` the mock honours (text-embedding-3-large's). */
+const MAX_EMBEDDING_DIMENSIONS = 3072;
+
+/**
+ * The `dimensions` asked for (text-embedding-3 models shorten their vectors to it), or undefined for the mock's default:
+ * a client that stores vectors of a fixed size must get that size back.
+ */
+function embeddingDimensions(body: Body): number | undefined {
+  const d = body['dimensions'];
+  if (d === undefined || d === null) return undefined;
+  if (typeof d !== 'number' || !Number.isInteger(d) || d < 1 || d > MAX_EMBEDDING_DIMENSIONS) {
+    throw new MockRequestError(400, `Invalid value for 'dimensions': expected an integer from 1 to ${MAX_EMBEDDING_DIMENSIONS}.`, { code: 'invalid_value', param: 'dimensions' });
+  }
+  return d;
+}
+
 /** `{ object: 'list', data: [embedding...] }`, base64 when asked (the openai SDK asks by default). */
 export function embeddings(body: Body): unknown {
   const model = requireModel(body);
   const inputs = embeddingInputs(body);
+  const dimensions = embeddingDimensions(body);
   const base64 = body['encoding_format'] === 'base64';
   let tokens = 0;
   const data = inputs.map((text, index) => {
     tokens += countTokens(text);
-    const v = embeddingOf(text);
+    const v = embeddingOf(text, dimensions);
     return { object: 'embedding', index, embedding: base64 ? float32Base64(v) : v };
   });
   return { object: 'list', data, model, usage: { prompt_tokens: tokens, total_tokens: tokens } };

@@ -364,8 +364,9 @@ class MockProvider implements MockServer {
   }
 
   /**
-   * Quota headers as OpenAI sends them: a requests-per-minute limit, what is left of it in the current minute, and the
-   * time until the minute (and so the quota) resets. Concurrency (`capacity`) is a separate limit, as at real providers.
+   * Quota headers as each API sends them (OpenAI's x-ratelimit-*, Anthropic's anthropic-ratelimit-*): a requests-per-minute
+   * limit, what is left of it in the current minute, and the time until the minute (and so the quota) resets.
+   * Concurrency (`capacity`) is a separate limit, as at real providers.
    */
   private headers(x: Exchange, contentType: string): OutgoingHttpHeaders {
     // A model's own requestsPerMinute (spec.models) is its own quota, counted apart, as providers limit each model.
@@ -377,18 +378,25 @@ class MockProvider implements MockServer {
     let q = this.quota.get(scope);
     if (q === undefined || q.minute !== minute) this.quota.set(scope, (q = { minute, used: 0 }));
     q.used++;
-    const h: OutgoingHttpHeaders = {
-      'content-type': contentType,
-      'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
-      'x-ratelimit-limit-requests': String(limit),
-      'x-ratelimit-remaining-requests': String(Math.max(0, limit - q.used)),
-      'x-ratelimit-reset-requests': `${((minute + 1) * 60_000 - nowMs) / 1000}s`,
-    };
+    const remaining = Math.max(0, limit - q.used);
+    const resetMs = (minute + 1) * 60_000 - nowMs;
+    // Each API's own names: Anthropic sends neither openai-processing-ms nor x-ratelimit-*, but anthropic-ratelimit-*.
+    const h: OutgoingHttpHeaders =
+      x.family === 'anthropic'
+        ? { 'content-type': contentType }
+        : {
+            'content-type': contentType,
+            'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
+            'x-ratelimit-limit-requests': String(limit),
+            'x-ratelimit-remaining-requests': String(remaining),
+            'x-ratelimit-reset-requests': `${resetMs / 1000}s`,
+          };
     if (x.rate !== undefined) {
       // An enforced rate limit reports its buckets as they are now, in the API's own names, in place of the advertised quota.
       const { limit: rate, key } = x.rate;
-      if (x.family === 'anthropic') for (const k of ['limit', 'remaining', 'reset']) delete h[`x-ratelimit-${k}-requests`];
       Object.assign(h, rateHeaders(x.family, rateState(rate, refill(rate, this.buckets.get(key), nowMs)), nowMs));
+    } else if (x.family === 'anthropic') {
+      Object.assign(h, rateHeaders('anthropic', { requests: { limit, remaining, resetMs }, tokens: undefined }, nowMs));
     }
     // Each API's own name for it, as the real ones send.
     h[x.family === 'anthropic' ? 'request-id' : 'x-request-id'] = x.requestId;
