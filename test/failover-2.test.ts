@@ -280,6 +280,35 @@ describe('a retry-after on the primary with a backup that can answer', () => {
   });
 });
 
+describe('a newcomer parked behind requests waiting for the backup, its primary held off', () => {
+  it('counts its answer from the backup as a fallback, as the request it queued behind', async () => {
+    // A: the primary asks for 10 s, the backup for 2 s (A gets the backup's 429). B comes next and parks for the
+    // backup; C comes while B waits: it finds the primary held off and B queued for the backup, and parks behind B.
+    // Both are answered by the backup when its pause ends.
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '10' } }] },
+      backupFaults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
+      route: { retry: { maxAttempts: 1 }, park: {} },
+    });
+    expect((await chat(s)).status).toBe(429);
+    const b = chat(s);
+    await new Promise((r) => setTimeout(r, 300));
+    const c = chat(s);
+    const answers = [await b, await c];
+    expect(answers.map((x) => [x.status, x.headers.get('x-stormgate-target'), x.headers.get('x-stormgate-fallback')])).toEqual([
+      [200, 'backup/gpt-4.1', 'held_off'],
+      [200, 'backup/gpt-4.1', 'held_off'],
+    ]);
+    const lines = logLines(s).filter((l) => l.msg === 'request').slice(1);
+    expect(lines.map((l) => l.fallback)).toEqual(['held_off', 'held_off']);
+    for (const l of lines) expect(l.skipped.map((k: { target: string }) => k.target)).toContain('mock/gpt-4o');
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/^stormgate_fallback_requests_total\{route="chat"\} 2$/m);
+    expect(metrics).toMatch(/^stormgate_fallbacks_total\{route="chat",from="mock\/gpt-4o",to="backup\/gpt-4.1",reason="held_off"\} 2$/m);
+  }, 15_000);
+});
+
 describe('a fallback that rejects the request', () => {
   const maxTokensError = { status: 400, type: 'invalid_request_error', message: 'max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens' };
 
