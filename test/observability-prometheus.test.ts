@@ -55,6 +55,7 @@ describe('promtool on the shipped Prometheus files', () => {
       'StormgateBreakerOpen',
       'StormgateCredentialsRefused',
       'StormgateFallbackRateHigh',
+      'StormgateRetryBudgetExhausted',
       'StormgateRetryRateHigh',
       'StormgateShedRateHigh',
       'StormgateStateStoreDegraded',
