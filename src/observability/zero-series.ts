@@ -112,12 +112,27 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
   for (const reason of HOLD_REASONS.holdOff) metrics.holdsStarted.inc({ target, kind: 'hold_off', tier: 'all', reason }, 0);
   for (const reason of HOLD_REASONS.flexTier) metrics.holdsStarted.inc({ target, kind: 'hold_off', tier: 'flex', reason }, 0);
   for (const reason of HOLD_REASONS.credentials) metrics.holdsStarted.inc({ target, kind: 'credentials', tier: 'all', reason }, 0);
-  for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority: route.priority, outcome }, 0);
+  for (const priority of routeClasses(config, route)) {
+    for (const outcome of REQUEST_OUTCOMES) metrics.requests.inc({ route: route.name, target, priority, outcome }, 0);
+  }
   metrics.budgetExhausted.inc({ route: route.name, target }, 0);
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
   const reasons = route.streamRecovery === 'continue' ? [...retryReasons(route.retry.retryOn), ...RECOVERY_REASONS] : retryReasons(route.retry.retryOn);
   for (const reason of reasons) metrics.retries.inc({ route: route.name, target, reason }, 0);
   for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
+}
+
+/**
+ * The classes a route's requests are counted under: its own and each lower one of its targets' pools, as
+ * x-stormgate-priority and auth.priority can lower a request's class (Pools.classFor), never raise it.
+ */
+function routeClasses(config: Config, route: Route): string[] {
+  const out = new Set([route.priority]);
+  for (const t of route.targets) {
+    const classes = Object.keys(config.providers[t.provider]?.pools.classes ?? {});
+    for (const name of classes.slice(Math.max(0, classes.indexOf(route.priority)))) out.add(name);
+  }
+  return [...out];
 }
 
 /** The keys a route's traffic to one target is counted under. */
