@@ -42,7 +42,7 @@ describe('the documented flags (npm run mock)', () => {
   it('--help lists every flag the CLI takes', async () => {
     const { out, exited } = await run(['--help']);
     await exited;
-    for (const flag of ['--port', '--host', '--latency-ms', '--capacity', '--rate-limit-rpm', '--rate-limit-tpm', '--rate-limit-retry-after', '--rate-limit-burst-seconds', '--error', '--reset-rate', '--hang-rate', '--faults', '--faults-file', '--api-key', '--quiet']) {
+    for (const flag of ['--port', '--host', '--latency-ms', '--capacity', '--rate-limit-rpm', '--rate-limit-tpm', '--rate-limit-retry-after', '--rate-limit-burst-seconds', '--error', '--error-after-chunks', '--reset-rate', '--hang-rate', '--faults', '--faults-file', '--api-key', '--quiet']) {
       expect(out()).toContain(`  ${flag} `);
     }
     expect(out()).toMatch(/\/_mock\/faults.*\/_mock\/stats[\s\S]*\/_mock\/requests.*\/_mock\/reset.*\/_mock\/brownout/);

@@ -1,5 +1,5 @@
 // Anthropic Messages answers (`POST /v1/messages`): the message object and its real event sequence.
-import { answerText, contentText, continuationText, countTokens, lastText, promptChars, schemaExample, splitText, TOOL_ARGUMENTS } from './content.ts';
+import { answerText, capText, contentText, continuationText, countTokens, lastText, promptChars, schemaExample, splitText, TOOL_ARGUMENTS } from './content.ts';
 import { checkMessagesRequest } from './anthropic-strict.ts';
 import { MockRequestError } from './errors.ts';
 import type { AnswerContext, Body } from './openai-responses.ts';
@@ -13,6 +13,8 @@ interface Parsed {
   inputTokens: number;
   /** The thinking block's text when the request asked for thinking (and for its text), which opens the answer. */
   thinking: string | undefined;
+  /** end_turn, tool_use, or max_tokens when the text answer was cut at max_tokens (thinking counted in). */
+  stopReason: 'end_turn' | 'tool_use' | 'max_tokens';
 }
 
 /**
@@ -28,6 +30,9 @@ function thinkingText(body: Body): string | undefined {
   const effort = (body['output_config'] as { effort?: unknown } | undefined)?.effort ?? 'high';
   return `Thinking it over (adaptive, effort ${String(effort)}).`;
 }
+
+/** Anthropic's mid-stream overload, as the API sends it inside a 200 stream (its last event). */
+const OVERLOADED_EVENT = namedEvent('error', { type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } });
 
 // Anthropic signs each thinking block so that it can check one sent back; the mock's is a fixed placeholder.
 const SIGNATURE = 'EqMBCkYIBxgCKkBtZXRob2Qtbm90LWEtcmVhbC1zaWduYXR1cmU=';
@@ -76,7 +81,16 @@ function parse(body: Body): Parsed {
     answer = { kind: 'text', text };
   }
   const chars = promptChars(messages) + contentText(body['system']).length;
-  return { model, answer, inputTokens: Math.max(1, Math.ceil(chars / 4)), thinking: thinkingText(body) };
+  const thinking = thinkingText(body);
+  let stopReason: Parsed['stopReason'] = answer.kind === 'text' ? 'end_turn' : 'tool_use';
+  if (answer.kind === 'text') {
+    const cut = capText(answer.text, body['max_tokens'] - (thinking ? countTokens(thinking) : 0));
+    if (cut !== undefined) {
+      answer = { kind: 'text', text: cut };
+      stopReason = 'max_tokens';
+    }
+  }
+  return { model, answer, inputTokens: Math.max(1, Math.ceil(chars / 4)), thinking, stopReason };
 }
 
 function outputTokens(answer: MessagesAnswer, thinking: string | undefined): number {
@@ -99,7 +113,7 @@ export function tokenCount(body: Body): unknown {
 
 /** Non-stream message. */
 export function message(body: Body, ctx: AnswerContext): unknown {
-  const { model, answer, inputTokens, thinking } = parse(body);
+  const { model, answer, inputTokens, thinking, stopReason } = parse(body);
   const content: unknown[] =
     answer.kind === 'text'
       ? [{ type: 'text', text: answer.text }]
@@ -111,7 +125,7 @@ export function message(body: Body, ctx: AnswerContext): unknown {
     role: 'assistant',
     model,
     content,
-    stop_reason: answer.kind === 'text' ? 'end_turn' : 'tool_use',
+    stop_reason: stopReason,
     stop_sequence: null,
     usage: usage(inputTokens, outputTokens(answer, thinking)),
   };
@@ -123,7 +137,7 @@ export function message(body: Body, ctx: AnswerContext): unknown {
  * blocks number on from 1.
  */
 export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
-  const { model, answer, inputTokens, thinking } = parse(body);
+  const { model, answer, inputTokens, thinking, stopReason } = parse(body);
   const ev = (type: string, fields: Record<string, unknown>) => namedEvent(type, { type, ...fields });
   const start = {
     id: ctx.id('msg_'),
@@ -166,10 +180,10 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
   const tail =
     ev('content_block_stop', { index: first + blocks - 1 }) +
     ev('message_delta', {
-      delta: { stop_reason: answer.kind === 'text' ? 'end_turn' : 'tool_use', stop_sequence: null },
+      delta: { stop_reason: stopReason, stop_sequence: null },
       usage: { output_tokens: outputTokens(answer, thinking) },
     });
-  return { head, chunks, tail, done: ev('message_stop', {}), malformed: 'event: content_block_delta\ndata: {not json\n\n' };
+  return { head, chunks, tail, done: ev('message_stop', {}), malformed: 'event: content_block_delta\ndata: {not json\n\n', error: () => OVERLOADED_EVENT };
 }
 
 /**

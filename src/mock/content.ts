@@ -34,6 +34,15 @@ export function countTokens(text: string): number {
   return Math.max(1, Math.ceil(text.length / 4));
 }
 
+/**
+ * The text cut at a token cap (max_tokens), as a model stops when it reaches one: countTokens of the cut text is the
+ * cap, so usage stays consistent. Undefined when there is no cap (absent, not a number, under 1) or the text fits.
+ */
+export function capText(text: string, maxTokens: unknown): string | undefined {
+  if (typeof maxTokens !== 'number' || !(maxTokens >= 1) || countTokens(text) <= maxTokens) return undefined;
+  return text.slice(0, Math.floor(maxTokens) * 4);
+}
+
 /** Text of a message `content`: a string, or an array of parts with `text` (OpenAI and Anthropic). */
 export function contentText(content: unknown): string {
   if (typeof content === 'string') return content;

@@ -1,5 +1,6 @@
 // Error bodies of the mock, in the shapes the official SDKs parse. One table of defaults by status,
 // so a fault rule only names the status and still gets the provider's real error type and code.
+import type { Family } from './exchange.ts';
 import type { ErrorRule } from './faults.ts';
 
 /** Everything needed to render an error in either API family. */
@@ -67,6 +68,15 @@ export function errorDetails(status: number, rule?: ErrorRule): ErrorDetails {
     code: rule?.code ?? d.code,
     param: rule?.param ?? null,
   };
+}
+
+/**
+ * Anthropic's overload for Anthropic paths (529 overloaded_error). OpenAI sends no 529: its documented overload is
+ * 503 "The engine is currently overloaded, please try again later", which OpenAI paths get instead.
+ */
+export function overloadedDetails(family: Family): ErrorDetails {
+  if (family === 'anthropic') return errorDetails(529);
+  return { ...errorDetails(503), code: null, message: 'The engine is currently overloaded, please try again later (mock).' };
 }
 
 /** `{ "error": { message, type, param, code } }` */

@@ -5,7 +5,7 @@ import type { RateOutcome } from './rate-limit.ts';
 
 /** One way to fail with an HTTP error; rules are checked in order and the first that fires answers. */
 export interface ErrorRule {
-  /** HTTP status to answer, e.g. 503, 429, 400, 401, 500, 529. */
+  /** HTTP status to answer, an integer from 400 to 599, e.g. 503, 429, 400, 401, 500, 529 (Anthropic's overloaded_error). */
   status: number;
   /** Share (0..1) of matching requests that fail, spread evenly: 0.3 fails exactly 3 of every 10. Default: 1. */
   rate?: number;
@@ -32,6 +32,12 @@ export interface StreamFaults {
   chunks?: number;
   /** Destroy the socket after this many content chunks (no finish event, no [DONE]). */
   cutAfterChunks?: number;
+  /**
+   * After this many content chunks, send the API's own mid-stream error event and end the response (no finish event,
+   * no [DONE]): chat and completions `data: {"error":{...,"type":"server_error"}}`, Messages `event: error` with an
+   * `overloaded_error`, the Responses API's `event: error` (`code: "server_error"`).
+   */
+  errorAfterChunks?: number;
   /** Stop sending after this many content chunks and keep the connection open until the client leaves. */
   stallAfterChunks?: number;
   /** Send `data: {not json` in place of content chunk N (0-based), then continue. */
@@ -96,7 +102,18 @@ export interface FaultSpec {
   models?: Record<string, Omit<FaultSpec, 'models'>>;
 }
 
-export type BrownoutMode = '503' | 'hang' | '429';
+/**
+ * What every request gets during a brownout. '529' is Anthropic's overload (529 overloaded_error) on Anthropic paths;
+ * OpenAI has no 529, so its paths get the overload it documents, 503 "The engine is currently overloaded".
+ */
+export type BrownoutMode = '503' | 'hang' | '429' | '529';
+
+export const BROWNOUT_MODES: readonly BrownoutMode[] = ['503', 'hang', '429', '529'];
+
+/** Whether a status can be an error rule's: an integer from 400 to 599 (anything else is no error a client could get). */
+export function isErrorStatus(status: unknown): status is number {
+  return typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599;
+}
 
 /** What the server must do with one request. */
 export type Decision =
@@ -257,9 +274,19 @@ export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   if (spec['errors'] !== undefined) {
     if (!Array.isArray(spec['errors'])) throw new Error('errors must be an array');
     for (const r of spec['errors']) {
-      if (typeof r !== 'object' || r === null || typeof (r as ErrorRule).status !== 'number') {
-        throw new Error('each error rule needs a numeric status');
-      }
+      if (typeof r !== 'object' || r === null) throw new Error('each error rule must be an object with a status');
+      const status = (r as ErrorRule).status;
+      if (!isErrorStatus(status)) throw new Error(`an error rule's status must be an integer from 400 to 599, got ${JSON.stringify(status) ?? 'none'}`);
+      const rate = (r as ErrorRule).rate;
+      if (rate !== undefined && !(typeof rate === 'number' && rate >= 0 && rate <= 1)) throw new Error(`an error rule's rate must be a number from 0 to 1, got ${JSON.stringify(rate)}`);
+    }
+  }
+  if (spec['stream'] !== undefined) {
+    const stream = spec['stream'];
+    if (typeof stream !== 'object' || stream === null || Array.isArray(stream)) throw new Error('stream must be an object');
+    const n = (stream as StreamFaults).errorAfterChunks;
+    if (n !== undefined && !(typeof n === 'number' && Number.isInteger(n) && n >= 0)) {
+      throw new Error('stream.errorAfterChunks must be a non-negative integer');
     }
   }
   for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {

@@ -1,7 +1,7 @@
 // CLI of the mock provider: `npm run mock -- --port 9000 --error 503:0.3 --latency-ms 50`.
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { assertFaultSpec, type ErrorRule, type FaultSpec } from './faults.ts';
+import { assertFaultSpec, isErrorStatus, type ErrorRule, type FaultSpec } from './faults.ts';
 import { startMock } from './server.ts';
 
 const USAGE = `usage: npm run mock -- [options]
@@ -13,7 +13,9 @@ const USAGE = `usage: npm run mock -- [options]
   --rate-limit-tpm N    tokens per minute per model (body bytes / 4 + max_tokens); beyond it 429
   --rate-limit-retry-after  the rate limit's 429s carry retry-after-ms and retry-after (OpenAI's usually carry none)
   --rate-limit-burst-seconds N  seconds' worth each rate limit bucket holds, 0 to 60 (default 60: a minute's worth)
-  --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1
+  --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1 (STATUS 400 to 599;
+                        --error 529 is Anthropic's overloaded_error on /v1/messages)
+  --error-after-chunks N  streams send the API's own error event after N content chunks and end (no [DONE])
   --reset-rate R        share of requests whose socket is closed before any byte (the client sees "other side closed")
   --hang-rate R         share of requests never answered
   --faults JSON         full fault spec (the flags above override its fields; --error rules come after its errors)
@@ -21,7 +23,9 @@ const USAGE = `usage: npm run mock -- [options]
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr
 Control at runtime: GET/PUT/PATCH /_mock/faults (e.g. PATCH {"rateLimit":{"requestsPerMinute":60}}), GET /_mock/stats,
-GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} ("durationMs":0 ends one)`;
+GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} ("durationMs":0 ends one;
+modes 503, 429, hang and 529: Anthropic's 529 overloaded_error on /v1/messages, elsewhere OpenAI's documented overload,
+503 "The engine is currently overloaded")`;
 
 function num(name: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
@@ -35,7 +39,8 @@ function parseErrorFlag(flag: string): ErrorRule {
   const [status, rate] = flag.split(':');
   const s = Number(status);
   const r = rate === undefined ? 1 : Number(rate);
-  if (!Number.isInteger(s) || s < 100 || s > 599 || !Number.isFinite(r) || r < 0 || r > 1) {
+  // The status rule is the spec's (assertFaultSpec), so a flag and a PUT /_mock/faults refuse the same rules.
+  if (!isErrorStatus(s) || !Number.isFinite(r) || r < 0 || r > 1) {
     throw new Error(`--error expects STATUS:RATE such as 503:0.3, got "${flag}"`);
   }
   return { status: s, rate: r };
@@ -55,6 +60,8 @@ function faultsFromArgs(values: Record<string, string | boolean | string[] | und
   if (capacity !== undefined) spec.capacity = capacity;
   if (resetRate !== undefined) spec.resetRate = resetRate;
   if (hangRate !== undefined) spec.hangRate = hangRate;
+  const errorAfterChunks = num('error-after-chunks', str('error-after-chunks'));
+  if (errorAfterChunks !== undefined) spec.stream = { ...spec.stream, errorAfterChunks };
   const rpm = num('rate-limit-rpm', str('rate-limit-rpm'));
   const tpm = num('rate-limit-tpm', str('rate-limit-tpm'));
   const burstSeconds = num('rate-limit-burst-seconds', str('rate-limit-burst-seconds'));
@@ -86,6 +93,7 @@ async function main(): Promise<void> {
       error: { type: 'string', multiple: true },
       'reset-rate': { type: 'string' },
       'hang-rate': { type: 'string' },
+      'error-after-chunks': { type: 'string' },
       faults: { type: 'string' },
       'faults-file': { type: 'string' },
       'api-key': { type: 'string' },

@@ -2,6 +2,7 @@
 // shaped as the official SDK parses them. Builders are pure: (request body, context) -> JSON / StreamPlan.
 import {
   answerText,
+  capText,
   countTokens,
   embeddingOf,
   float32Base64,
@@ -12,7 +13,7 @@ import {
   splitText,
   TOOL_ARGUMENTS,
 } from './content.ts';
-import { MockRequestError } from './errors.ts';
+import { errorDetails, MockRequestError, openaiErrorBody } from './errors.ts';
 import { dataEvent, DONE_EVENT, type StreamPlan } from './sse.ts';
 
 /** What every builder needs besides the request body. */
@@ -26,6 +27,9 @@ export interface AnswerContext {
 
 const SYSTEM_FINGERPRINT = 'fp_mock0001';
 const MALFORMED = 'data: {not json\n\n';
+/** OpenAI's mid-stream error: a data line with an `error` object and no choices, then the response ends (no [DONE]). */
+const STREAM_ERROR = `data: ${openaiErrorBody(errorDetails(500))}\n\n`;
+const streamError = () => STREAM_ERROR;
 
 /** A loosely typed JSON request body; builders check the fields they use. */
 export type Body = Record<string, unknown>;
@@ -50,7 +54,8 @@ function includeUsage(body: Body): boolean {
 
 // ---------- chat completions ----------
 
-type ChatAnswer = { kind: 'text'; text: string } | { kind: 'tool'; names: string[] };
+/** A text answer finishes with "length" when max_completion_tokens (or max_tokens) cut it short. */
+type ChatAnswer = { kind: 'text'; text: string; finish: 'stop' | 'length' } | { kind: 'tool'; names: string[] };
 
 function toolName(tool: unknown): string {
   const name = (tool as { function?: { name?: unknown } } | null)?.function?.name;
@@ -71,7 +76,9 @@ function chatAnswer(body: Body): ChatAnswer {
     const names = body['parallel_tool_calls'] === false ? [toolName(tools[0])] : tools.map(toolName);
     return { kind: 'tool', names };
   }
-  return { kind: 'text', text: structuredText(body['response_format']) ?? answerText(lastText(messages, 'user')) };
+  const text = structuredText(body['response_format']) ?? answerText(lastText(messages, 'user'));
+  const cut = capText(text, body['max_completion_tokens'] ?? body['max_tokens']);
+  return cut === undefined ? { kind: 'text', text, finish: 'stop' } : { kind: 'text', text: cut, finish: 'length' };
 }
 
 /** JSON that fits a `json_schema` response format (structured outputs), else undefined. */
@@ -122,7 +129,7 @@ export function chatCompletion(body: Body, ctx: AnswerContext): unknown {
             tool_calls: answer.names.map((name) => ({ id: ctx.id('call_'), type: 'function', function: { name, arguments: TOOL_ARGUMENTS } })),
           };
     const logprobs = top === undefined ? null : { content: answer.kind === 'text' ? logprobsOf(answer.text, top) : [], refusal: null };
-    choices.push({ index, message, logprobs, finish_reason: answer.kind === 'text' ? 'stop' : 'tool_calls' });
+    choices.push({ index, message, logprobs, finish_reason: answer.kind === 'text' ? answer.finish : 'tool_calls' });
   }
   return {
     id: ctx.id('chatcmpl-'),
@@ -152,7 +159,7 @@ export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
     return s;
   };
 
-  const finish = answer.kind === 'text' ? 'stop' : 'tool_calls';
+  const finish = answer.kind === 'text' ? answer.finish : 'tool_calls';
   let head: string;
   let chunks: string[];
   if (answer.kind === 'text') {
@@ -175,7 +182,7 @@ export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
   if (usage) {
     tail += dataEvent({ ...base, choices: [], usage: chatUsage(body, completionText(answer), n) });
   }
-  return { head, chunks, tail, done: DONE_EVENT, malformed: MALFORMED };
+  return { head, chunks, tail, done: DONE_EVENT, malformed: MALFORMED, error: streamError };
 }
 
 // ---------- legacy completions ----------
@@ -219,7 +226,7 @@ export function textCompletionStream(body: Body, ctx: AnswerContext): StreamPlan
     dataEvent({ ...base, choices: [{ text: piece, index: 0, logprobs: null, finish_reason: finish }] });
   let tail = event('', 'stop');
   if (includeUsage(body)) tail += dataEvent({ ...base, choices: [], usage: completionUsage(prompt, text) });
-  return { head: '', chunks: splitText(text, ctx.chunks).map((p) => event(p, null)), tail, done: DONE_EVENT, malformed: MALFORMED };
+  return { head: '', chunks: splitText(text, ctx.chunks).map((p) => event(p, null)), tail, done: DONE_EVENT, malformed: MALFORMED, error: streamError };
 }
 
 // ---------- embeddings ----------

@@ -99,11 +99,15 @@ export function responseStream(body: Body, ctx: AnswerContext): StreamPlan {
     ev('response.in_progress', { response: response(p, body, 'in_progress') }) +
     ev('response.output_item.added', { output_index: 0, item: message(p, 'in_progress', undefined) }) +
     ev('response.content_part.added', { ...where, part: { type: 'output_text', text: '', annotations: [], logprobs: [] } });
+  // An error event after k chunks takes the sequence_number the (k+1)-th chunk would have had.
+  const firstChunkSeq = seq;
   const chunks = splitText(p.text, ctx.chunks).map((delta) => ev('response.output_text.delta', { ...where, delta, logprobs: [] }));
   const tail =
     ev('response.output_text.done', { ...where, text: p.text, logprobs: [] }) +
     ev('response.content_part.done', { ...where, part: { type: 'output_text', text: p.text, annotations: [], logprobs: [] } }) +
     ev('response.output_item.done', { output_index: 0, item: message(p, 'completed', p.text) });
   const done = ev('response.completed', { response: response(p, body, 'completed') });
-  return { head, chunks, tail, done, malformed: 'event: response.output_text.delta\ndata: {not json\n\n' };
+  const error = (sent: number) =>
+    namedEvent('error', { type: 'error', sequence_number: firstChunkSeq + sent, code: 'server_error', message: 'The server had an error while processing your request (mock).', param: null });
+  return { head, chunks, tail, done, malformed: 'event: response.output_text.delta\ndata: {not json\n\n', error };
 }

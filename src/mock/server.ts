@@ -9,8 +9,8 @@ import { idSource } from './content.ts';
 import { seededRandom } from '../policy/random.ts';
 import { handleControl } from './control.ts';
 import { Exchange, streamIO, type Family } from './exchange.ts';
-import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, type ErrorDetails } from './errors.ts';
-import { assertFaultSpec, decide, effectiveSpec, FaultCounters, latencyFor, type BrownoutMode, type Decision, type FaultSpec, type RequestFacts } from './faults.ts';
+import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, overloadedDetails, type ErrorDetails } from './errors.ts';
+import { assertFaultSpec, BROWNOUT_MODES, decide, effectiveSpec, FaultCounters, latencyFor, type BrownoutMode, type Decision, type FaultSpec, type RequestFacts } from './faults.ts';
 import { chatCompletion, chatStream, embeddings, modelObject, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
@@ -161,7 +161,7 @@ class MockProvider implements MockServer {
   }
 
   brownout(mode: BrownoutMode, durationMs: number): void {
-    if (mode !== '503' && mode !== 'hang' && mode !== '429') throw new Error(`unknown brownout mode ${String(mode)}`);
+    if (!BROWNOUT_MODES.includes(mode)) throw new Error(`unknown brownout mode ${String(mode)} (one of ${BROWNOUT_MODES.join(', ')})`);
     this.brownoutState = { mode, until: Date.now() + durationMs };
     this.note(`brownout ${mode} for ${durationMs} ms`);
   }
@@ -289,7 +289,7 @@ class MockProvider implements MockServer {
   private wouldBeLatency(d: Decision, facts: RequestFacts): number {
     if (d.kind === 'answer') return d.latencyMs;
     if (d.kind === 'hang' || (d.kind === 'brownout' && d.mode === 'hang')) return latencyFor(this.spec, facts, this.random);
-    // Answered at once (an error, a 503 or 429 brownout, a reset): nothing left to hold.
+    // Answered at once (an error, a 503, 529 or 429 brownout, a reset): nothing left to hold.
     return 0;
   }
 
@@ -298,6 +298,7 @@ class MockProvider implements MockServer {
       case 'brownout':
         if (d.mode === 'hang') x.entry.status = 'hang';
         else if (d.mode === '503') this.sendError(x, errorDetails(503));
+        else if (d.mode === '529') this.sendError(x, overloadedDetails(x.family));
         else {
           const seconds = Math.max(1, Math.ceil((this.brownoutState!.until - Date.now()) / 1000));
           this.sendError(x, errorDetails(429), { 'retry-after': String(seconds) });

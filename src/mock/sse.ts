@@ -30,6 +30,11 @@ export interface StreamPlan {
   done: string;
   /** What `malformedAtChunk` sends in place of a content chunk. */
   malformed: string;
+  /**
+   * The API's own mid-stream error event that `errorAfterChunks` ends the stream with, given the content chunks sent
+   * (a function because the Responses API numbers every event, this one included).
+   */
+  error(chunksSent: number): string;
 }
 
 /** The connection as runStream sees it; the server owns sockets and timers. */
@@ -45,7 +50,7 @@ export interface StreamIO {
 }
 
 /** How a stream ended from the server's side. */
-type StreamEnd = 'done' | 'cut' | 'stalled' | 'gone';
+type StreamEnd = 'done' | 'cut' | 'stalled' | 'error' | 'gone';
 
 /**
  * Sends a plan with the faults applied. Events with no delay between them are written together,
@@ -55,6 +60,7 @@ export async function runStream(plan: StreamPlan, faults: StreamFaults, io: Stre
   const n = plan.chunks.length;
   const cutAt = faults.cutAfterChunks === undefined ? -1 : Math.min(faults.cutAfterChunks, n);
   const stallAt = faults.stallAfterChunks === undefined ? -1 : Math.min(faults.stallAfterChunks, n);
+  const errorAt = faults.errorAfterChunks === undefined ? -1 : Math.min(faults.errorAfterChunks, n);
   let pending = plan.head + (faults.pingBeforeFirstToken === true ? ': ping\n\n' : '');
 
   for (let i = 0; ; i++) {
@@ -66,6 +72,11 @@ export async function runStream(plan: StreamPlan, faults: StreamFaults, io: Stre
       // The connection stays open with nothing more to say, until the client gives up.
       io.write(pending);
       return 'stalled';
+    }
+    if (i === errorAt) {
+      // As the providers do: the error event is the stream's last, and the response ends cleanly after it.
+      io.end(pending + plan.error(i));
+      return 'error';
     }
     if (i === n) break;
     const delayMs = i === 0 ? (faults.firstTokenDelayMs ?? 0) : (faults.chunkDelayMs ?? 0);
