@@ -8,8 +8,9 @@ import { once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startMock, type MockServer } from '../src/mock/server.ts';
+import { mockWithSdks } from './helpers/mock-sdks.ts';
 
 const userMessages = [{ role: 'user' as const, content: 'hello mock' }];
 const chatBody = (extra: Record<string, unknown> = {}) => ({ model: 'gpt-4o', messages: userMessages, ...extra });
@@ -83,19 +84,8 @@ describe('the documented faults and control endpoints', () => {
   let mock: MockServer;
   let openai: OpenAI;
   let anthropic: Anthropic;
-  beforeAll(async () => {
-    mock = await startMock({ quiet: true });
-    openai = new OpenAI({ baseURL: `${mock.url}/v1`, apiKey: 'k', maxRetries: 0, logLevel: 'off' });
-    anthropic = new Anthropic({ baseURL: mock.url, apiKey: 'k', maxRetries: 0, logLevel: 'off' });
-  });
-  afterAll(async () => {
-    await mock.close();
-  });
-  beforeEach(() => {
-    mock.brownout('503', 0);
-    mock.setFaults({});
-    mock.reset();
-  });
+  const sdks = mockWithSdks();
+  beforeAll(() => void ({ mock, openai, anthropic } = sdks));
   const chatStatus = async (extra: Record<string, unknown> = {}) => {
     const res = await post(mock.url, '/v1/chat/completions', chatBody(extra));
     await res.arrayBuffer();

@@ -5,10 +5,11 @@ import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
-import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { mockWithSdks } from './helpers/mock-sdks.ts';
 
 const messages = [{ role: 'user' as const, content: 'hello mock' }];
 const chat = { model: 'gpt-4o', messages };
@@ -41,19 +42,8 @@ describe('the mock alone, with the official SDKs', () => {
   let mock: MockServer;
   let openai: OpenAI;
   let anthropic: Anthropic;
-  beforeAll(async () => {
-    mock = await startMock({ quiet: true });
-    openai = new OpenAI({ baseURL: `${mock.url}/v1`, apiKey: 'k', maxRetries: 0, logLevel: 'off' });
-    anthropic = new Anthropic({ baseURL: mock.url, apiKey: 'k', maxRetries: 0, logLevel: 'off' });
-  });
-  afterAll(async () => {
-    await mock.close();
-  });
-  beforeEach(() => {
-    mock.brownout('503', 0);
-    mock.setFaults({});
-    mock.reset();
-  });
+  const sdks = mockWithSdks();
+  beforeAll(() => void ({ mock, openai, anthropic } = sdks));
 
   it('errorAfterChunks: chat ends with OpenAI\'s error data line after N chunks, no finish and no [DONE]; the SDK raises it', async () => {
     mock.setFaults({ stream: { chunks: 5, errorAfterChunks: 2 } });
