@@ -3,14 +3,13 @@
 // Items that test/mock.test.ts, mock-cli, mock-rate-limit and mock-quota-per-model already check are left to them.
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { mockWithSdks } from './helpers/mock-sdks.ts';
+import { mockCli } from './helpers/mock-cli.ts';
 
 const userMessages = [{ role: 'user' as const, content: 'hello mock' }];
 const chatBody = (extra: Record<string, unknown> = {}) => ({ model: 'gpt-4o', messages: userMessages, ...extra });
@@ -24,21 +23,7 @@ const control = async (url: string, method: string, path: string, body?: unknown
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe('the documented flags (npm run mock)', () => {
-  let child: ChildProcess | undefined;
-  afterEach(() => {
-    if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    child = undefined;
-  });
-  /** Runs src/mock/main.ts with node and tsx's loader (not the tsx binary, whose child a kill would leave behind). */
-  const run = async (args: string[]) => {
-    child = spawn(process.execPath, ['--import', 'tsx', 'src/mock/main.ts', '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    child.stdout!.on('data', (d: Buffer) => (out += String(d)));
-    child.stderr!.on('data', (d: Buffer) => (out += String(d)));
-    const exited = once(child, 'exit');
-    while (!/listening on (\S+)/.test(out) && child.exitCode === null) await Promise.race([once(child.stdout!, 'data'), exited]);
-    return { url: /listening on (\S+)/.exec(out)?.[1], out: () => out, exited };
-  };
+  const run = mockCli();
 
   it('--help lists every flag the CLI takes', async () => {
     const { out, exited } = await run(['--help']);
@@ -63,14 +48,14 @@ describe('the documented flags (npm run mock)', () => {
   it('--faults-file reads the spec from a file; --api-key refuses other keys; a bad flag exits with the usage', async () => {
     const file = join(mkdtempSync(join(tmpdir(), 'mockfid-')), 'faults.json');
     writeFileSync(file, JSON.stringify({ errors: [{ status: 502, rate: 0.5 }] }));
-    const { url } = await run(['--quiet', '--faults-file', file, '--api-key', 'sekret']);
+    const { url, child } = await run(['--quiet', '--faults-file', file, '--api-key', 'sekret']);
     expect((await control(url!, 'GET', '/_mock/faults')).body).toEqual({ errors: [{ status: 502, rate: 0.5 }] });
     const openai = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'sekret', maxRetries: 0 });
     const statuses = [];
     for (let i = 0; i < 2; i++) statuses.push(await openai.chat.completions.create(chatBody() as OpenAI.ChatCompletionCreateParamsNonStreaming).then(() => 200, (e: { status: number }) => e.status));
     expect(statuses).toEqual([200, 502]);
     await expect(new OpenAI({ baseURL: `${url}/v1`, apiKey: 'other', maxRetries: 0 }).models.list()).rejects.toMatchObject({ status: 401 });
-    child!.kill('SIGKILL');
+    child.kill('SIGKILL');
 
     const bad = await run(['--error', '700:2']);
     const [code] = (await bad.exited) as [number];

@@ -3,13 +3,12 @@
 // Checked with the official SDKs against the mock, then once each through the gateway as its README says it handles them.
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 import { mockWithSdks } from './helpers/mock-sdks.ts';
+import { mockCli } from './helpers/mock-cli.ts';
 
 const messages = [{ role: 'user' as const, content: 'hello mock' }];
 const chat = { model: 'gpt-4o', messages };
@@ -170,25 +169,13 @@ describe('the mock alone, with the official SDKs', () => {
 });
 
 describe('the flags (npm run mock)', () => {
-  let child: ChildProcess | undefined;
-  afterEach(() => {
-    if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    child = undefined;
-  });
-  const run = async (args: string[]) => {
-    child = spawn(process.execPath, ['--import', 'tsx', 'src/mock/main.ts', '--port', '0', '--quiet', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    child.stdout!.on('data', (d: Buffer) => (out += String(d)));
-    child.stderr!.on('data', (d: Buffer) => (out += String(d)));
-    const exited = once(child, 'exit');
-    while (!/listening on (\S+)/.test(out) && child.exitCode === null) await Promise.race([once(child.stdout!, 'data'), exited]);
-    return { url: /listening on (\S+)/.exec(out)?.[1], out: () => out, exited };
-  };
+  const cli = mockCli();
+  const run = (args: string[]) => cli(['--quiet', ...args]);
 
   it('--error-after-chunks merges into the spec\'s stream faults; --error takes the same statuses as PUT /_mock/faults', async () => {
-    const { url } = await run(['--faults', JSON.stringify({ stream: { chunks: 3 } }), '--error-after-chunks', '1', '--error', '529:0.5']);
+    const { url, child } = await run(['--faults', JSON.stringify({ stream: { chunks: 3 } }), '--error-after-chunks', '1', '--error', '529:0.5']);
     expect((await control(url!, 'GET', '/_mock/faults')).body).toEqual({ stream: { chunks: 3, errorAfterChunks: 1 }, errors: [{ status: 529, rate: 0.5 }] });
-    child!.kill('SIGKILL');
+    child.kill('SIGKILL');
     for (const args of [['--error', '302'], ['--error', '600:1'], ['--error-after-chunks', '1.5']]) {
       const bad = await run(args);
       const [code] = (await bad.exited) as [number];
