@@ -106,9 +106,9 @@ export interface FaultSpec {
  * What every request gets during a brownout. '529' is Anthropic's overload (529 overloaded_error) on Anthropic paths;
  * OpenAI has no 529, so its paths get the overload it documents, 503 "The engine is currently overloaded".
  */
-export type BrownoutMode = '503' | 'hang' | '429' | '529';
+export const BROWNOUT_MODES = ['503', 'hang', '429', '529'] as const;
 
-export const BROWNOUT_MODES: readonly BrownoutMode[] = ['503', 'hang', '429', '529'];
+export type BrownoutMode = (typeof BROWNOUT_MODES)[number];
 
 /** Whether a status can be an error rule's: an integer from 400 to 599 (anything else is no error a client could get). */
 export function isErrorStatus(status: unknown): status is number {
