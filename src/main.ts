@@ -56,10 +56,16 @@ async function main(): Promise<void> {
   } catch (err) {
     if (err instanceof ConfigError) {
       process.stderr.write(`stormgate: invalid config\n${err.message}\n`);
-      if (err.missingEnv.length > 0) {
+      // A variable a client key reads is a secret of the operator's choosing: the demo (no provider keys) is no way around it.
+      const others = err.missingEnv.filter((name) => !err.clientKeyEnv.includes(name));
+      if (others.length > 0) {
         // The demo is a source checkout's (tsx, the mock's scripts): the built image (dist/, no dev dependencies) has none.
         const demo = import.meta.url.endsWith('.ts') ? ', or run `npm run demo` to try the gateway with the bundled mock provider and no keys' : '';
-        process.stderr.write(`\nSet ${err.missingEnv.join(', ')} in the environment${demo}.\n`);
+        process.stderr.write(`\nSet ${others.join(', ')} in the environment${demo}.\n`);
+      }
+      if (err.clientKeyEnv.length > 0) {
+        const them = err.clientKeyEnv.length === 1 ? 'a client key' : 'client keys';
+        process.stderr.write(`\nSet ${err.clientKeyEnv.join(', ')} in the environment: ${them} (auth.keys), the secret a client sends the gateway as its API key, of your choosing (not a provider's key).\n`);
       }
       process.exit(2);
     }

@@ -53,6 +53,23 @@ describe('stormgate on the command line', () => {
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
+  it('says a missing variable of auth.keys is a client key, and points to the demo only for a provider\'s key', async () => {
+    // The demo (the bundled mock, no provider keys) is no way around a client key the config itself asks for.
+    const file = gatewayConfig(0, 'silent', 'auth:\n  keys:\n    team: "${GAPS_TEAM_KEY}"\n');
+    const alone = await run(['--config', file]);
+    expect(alone.code).toBe(2);
+    expect(alone.stderr).toMatch(/auth\.keys\.team: environment variable GAPS_TEAM_KEY is not set/);
+    expect(alone.stderr).toMatch(/Set GAPS_TEAM_KEY in the environment: a client key \(auth\.keys\)/);
+    expect(alone.stderr).not.toMatch(/npm run demo/);
+    // With a provider's key missing too: each line says its own.
+    writeFileSync(file, readFileSync(file, 'utf8').replace('apiKey: k', 'apiKey: "${GAPS_PROVIDER_KEY}"'));
+    const both = await run(['--config', file]);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toMatch(/Set GAPS_PROVIDER_KEY in the environment, or run `npm run demo`/);
+    expect(both.stderr).toMatch(/Set GAPS_TEAM_KEY in the environment: a client key \(auth\.keys\)/);
+    expect(both.stderr).not.toMatch(/GAPS_TEAM_KEY[^\n]*npm run demo/);
+  });
+
   it('answers an unknown option with the usage line', async () => {
     const { code, stderr } = await run(['--confg', 'x.yaml']);
     expect(code).toBe(2);

@@ -146,6 +146,41 @@ describe('the mock alone, with the official SDKs', () => {
     expect(await anthropic.messages.create({ ...ask, max_tokens: 1000 })).toMatchObject({ stop_reason: 'end_turn', content: [{ text: whole }] });
   });
 
+  it('max_tokens cuts a longer legacy completion with finish_reason "length", streamed and not, usage consistent', async () => {
+    const legacy = { model: 'gpt-3.5-turbo-instruct', prompt: 'hello mock' };
+    const whole = (await openai.completions.create(legacy)).choices[0]!.text;
+    expect(whole.length).toBeGreaterThan(12);
+    const c = await openai.completions.create({ ...legacy, max_tokens: 3 });
+    expect(c.choices[0]).toMatchObject({ finish_reason: 'length', text: whole.slice(0, 12) });
+    expect(c.usage).toMatchObject({ completion_tokens: 3, total_tokens: c.usage!.prompt_tokens + 3 });
+    const { items } = await drain(await openai.completions.create({ ...legacy, max_tokens: 3, stream: true, stream_options: { include_usage: true } }));
+    expect(items.map((i) => i.choices[0]?.text ?? '').join('')).toBe(whole.slice(0, 12));
+    expect(items.map((i) => i.choices[0]?.finish_reason).filter(Boolean)).toEqual(['length']);
+    expect(items.at(-1)!.usage).toMatchObject({ completion_tokens: 3 });
+    const fits = await openai.completions.create({ ...legacy, max_tokens: 1000 });
+    expect(fits.choices[0]).toMatchObject({ finish_reason: 'stop', text: whole });
+  });
+
+  it('max_output_tokens cuts a longer Responses API answer: status "incomplete", incomplete_details max_output_tokens, streamed and not', async () => {
+    const input = { model: 'gpt-4o', input: 'hello mock' };
+    const whole = (await openai.responses.create(input)).output_text;
+    expect(whole.length).toBeGreaterThan(12);
+    const r = await openai.responses.create({ ...input, max_output_tokens: 3 });
+    expect(r).toMatchObject({ status: 'incomplete', incomplete_details: { reason: 'max_output_tokens' }, max_output_tokens: 3, output: [{ type: 'message', status: 'incomplete' }], usage: { output_tokens: 3 } });
+    expect(r.output_text).toBe(whole.slice(0, 12));
+    // Streamed: the text up to the cap, then the real API's terminal event for it, response.incomplete (no completed).
+    const { items } = await drain(await openai.responses.create({ ...input, max_output_tokens: 3, stream: true }));
+    const deltas = items.flatMap((e) => (e.type === 'response.output_text.delta' ? [e.delta] : []));
+    expect(deltas.join('')).toBe(whole.slice(0, 12));
+    expect(items.map((e) => e.type)).not.toContain('response.completed');
+    const last = items.at(-1)!;
+    expect(last.type).toBe('response.incomplete');
+    expect(last.type === 'response.incomplete' && last.response).toMatchObject({ status: 'incomplete', incomplete_details: { reason: 'max_output_tokens' }, output: [{ status: 'incomplete', content: [{ text: whole.slice(0, 12) }] }], usage: { output_tokens: 3 } });
+    expect(items.find((e) => e.type === 'response.output_item.done')).toMatchObject({ item: { status: 'incomplete' } });
+    // A cap the answer fits in changes nothing.
+    expect(await openai.responses.create({ ...input, max_output_tokens: 1000 })).toMatchObject({ status: 'completed', incomplete_details: null, output_text: whole });
+  });
+
   it('an error rule whose status is no error (outside 400-599, not an integer) is refused with 400 and the spec kept', async () => {
     const spec: FaultSpec = { errors: [{ status: 503, rate: 0.5 }] };
     await control(mock.url, 'PUT', '/_mock/faults', spec);

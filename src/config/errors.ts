@@ -17,11 +17,13 @@ export class ConfigError extends Error {
   /**
    * @param missingEnv environment variables the file needs but that are unset, so the CLI can point
    *   to the demo that needs no keys.
+   * @param clientKeyEnv of them, those a client key of auth.keys reads: the operator's own secret, which no demo replaces.
    */
   constructor(
     readonly file: string,
     readonly issues: readonly ConfigIssue[],
     readonly missingEnv: readonly string[] = [],
+    readonly clientKeyEnv: readonly string[] = [],
   ) {
     super(issues.map((issue) => formatIssue(file, issue)).join('\n'));
   }

@@ -36,6 +36,10 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   const fromEnv: Array<{ path: Array<string | number>; node: Node; names: string[] }> = [];
   const envIssues = interpolateDocument(doc, env, fromEnv);
   const missingEnv = [...new Set(envIssues.flatMap((i) => (i.missingVar ? [i.missingVar] : [])))];
+  // Client keys (auth.keys) are the operator's own secrets: the CLI says so, and offers no demo in their place.
+  const isClientKey = (path: ReadonlyArray<string | number>) => path[0] === 'auth' && path[1] === 'keys';
+  const elsewhere = new Set(envIssues.flatMap((i) => (i.missingVar && !isClientKey(i.path) ? [i.missingVar] : [])));
+  const clientKeyEnv = missingEnv.filter((name) => !elsewhere.has(name));
   const issues: Array<ConfigIssue & { at: readonly PropertyKey[] }> = envIssues.map((i) => ({
     at: i.path,
     path: formatPath(i.path),
@@ -76,7 +80,7 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
     if (failedRefs.some((ref) => startsWith(at, ref)) || failedNodes.has(node as Node)) continue;
     issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, node, fromEnv, data, at) });
   }
-  throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv);
+  throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv, clientKeyEnv);
 }
 
 /** Names of the environment variables a config text references, for `--check`-style reporting. */

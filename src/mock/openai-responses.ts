@@ -194,6 +194,13 @@ function promptText(body: Body): string {
   return JSON.stringify(prompt);
 }
 
+/** The completion's text, cut at max_tokens ("length") as chat's is. */
+function completionAnswer(body: Body, prompt: string): { text: string; finish: 'stop' | 'length' } {
+  const text = answerText(prompt);
+  const cut = capText(text, body['max_tokens']);
+  return cut === undefined ? { text, finish: 'stop' } : { text: cut, finish: 'length' };
+}
+
 function completionUsage(prompt: string, text: string) {
   const p = countTokens(prompt);
   const c = countTokens(text);
@@ -204,13 +211,13 @@ function completionUsage(prompt: string, text: string) {
 export function textCompletion(body: Body, ctx: AnswerContext): unknown {
   const model = requireModel(body);
   const prompt = promptText(body);
-  const text = answerText(prompt);
+  const { text, finish } = completionAnswer(body, prompt);
   return {
     id: ctx.id('cmpl-'),
     object: 'text_completion',
     created: ctx.created,
     model,
-    choices: [{ text, index: 0, logprobs: null, finish_reason: 'stop' }],
+    choices: [{ text, index: 0, logprobs: null, finish_reason: finish }],
     usage: completionUsage(prompt, text),
     system_fingerprint: SYSTEM_FINGERPRINT,
   };
@@ -220,11 +227,11 @@ export function textCompletion(body: Body, ctx: AnswerContext): unknown {
 export function textCompletionStream(body: Body, ctx: AnswerContext): StreamPlan {
   const model = requireModel(body);
   const prompt = promptText(body);
-  const text = answerText(prompt);
+  const { text, finish } = completionAnswer(body, prompt);
   const base = { id: ctx.id('cmpl-'), object: 'text_completion', created: ctx.created, model, system_fingerprint: SYSTEM_FINGERPRINT };
   const event = (piece: string, finish: string | null) =>
     dataEvent({ ...base, choices: [{ text: piece, index: 0, logprobs: null, finish_reason: finish }] });
-  let tail = event('', 'stop');
+  let tail = event('', finish);
   if (includeUsage(body)) tail += dataEvent({ ...base, choices: [], usage: completionUsage(prompt, text) });
   return { head: '', chunks: splitText(text, ctx.chunks).map((p) => event(p, null)), tail, done: DONE_EVENT, malformed: MALFORMED, error: streamError };
 }

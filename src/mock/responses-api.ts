@@ -1,5 +1,5 @@
 // OpenAI Responses API (`POST /v1/responses`): the Response object and its real event sequence.
-import { answerText, contentText, countTokens, lastText, promptChars, schemaExample, splitText } from './content.ts';
+import { answerText, capText, contentText, countTokens, lastText, promptChars, schemaExample, splitText } from './content.ts';
 import { requireModel, type AnswerContext, type Body } from './openai-responses.ts';
 import { namedEvent, type StreamPlan } from './sse.ts';
 
@@ -20,18 +20,29 @@ interface Parts {
   msgId: string;
   createdAt: number;
   text: string;
+  /** max_output_tokens cut the text: the Response ends `incomplete`, as the real API's does. */
+  cut: boolean;
   inputTokens: number;
 }
+
+/** How a finished Response ends: completed, or incomplete when max_output_tokens cut its text. */
+type Finished = 'completed' | 'incomplete';
 
 function parts(body: Body, ctx: AnswerContext): Parts {
   const model = requireModel(body);
   // Structured outputs (text.format json_schema): JSON that fits the schema, as responses.parse() expects.
   const format = (body['text'] as { format?: { type?: unknown; schema?: unknown } } | undefined)?.format;
-  const text = format?.type === 'json_schema' ? JSON.stringify(schemaExample(format.schema)) : answerText(promptOf(body));
-  return { model, respId: ctx.id('resp_'), msgId: ctx.id('msg_'), createdAt: ctx.created, text, inputTokens: promptTokens(body) };
+  const whole = format?.type === 'json_schema' ? JSON.stringify(schemaExample(format.schema)) : answerText(promptOf(body));
+  const cut = capText(whole, body['max_output_tokens']);
+  return { model, respId: ctx.id('resp_'), msgId: ctx.id('msg_'), createdAt: ctx.created, text: cut ?? whole, cut: cut !== undefined, inputTokens: promptTokens(body) };
 }
 
-function message(p: Parts, status: 'in_progress' | 'completed', text: string | undefined) {
+/** The status a finished Response and its message item take. */
+function finished(p: Parts): Finished {
+  return p.cut ? 'incomplete' : 'completed';
+}
+
+function message(p: Parts, status: 'in_progress' | Finished, text: string | undefined) {
   return {
     id: p.msgId,
     type: 'message',
@@ -42,8 +53,8 @@ function message(p: Parts, status: 'in_progress' | 'completed', text: string | u
 }
 
 /** The Response object; fields the SDK types declare non-optional are all present. */
-function response(p: Parts, body: Body, status: 'in_progress' | 'completed') {
-  const done = status === 'completed';
+function response(p: Parts, body: Body, status: 'in_progress' | Finished) {
+  const done = status !== 'in_progress';
   const outputTokens = countTokens(p.text);
   return {
     id: p.respId,
@@ -52,11 +63,11 @@ function response(p: Parts, body: Body, status: 'in_progress' | 'completed') {
     status,
     background: false,
     error: null,
-    incomplete_details: null,
+    incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
     instructions: typeof body['instructions'] === 'string' ? body['instructions'] : null,
     max_output_tokens: typeof body['max_output_tokens'] === 'number' ? body['max_output_tokens'] : null,
     model: p.model,
-    output: done ? [message(p, 'completed', p.text)] : [],
+    output: done ? [message(p, status, p.text)] : [],
     parallel_tool_calls: true,
     previous_response_id: null,
     reasoning: { effort: null, summary: null },
@@ -84,10 +95,11 @@ function response(p: Parts, body: Body, status: 'in_progress' | 'completed') {
 
 /** Non-stream Response. */
 export function responseObject(body: Body, ctx: AnswerContext): unknown {
-  return response(parts(body, ctx), body, 'completed');
+  const p = parts(body, ctx);
+  return response(p, body, finished(p));
 }
 
-/** created, in_progress, output_item.added, content_part.added, deltas, *.done, completed. */
+/** created, in_progress, output_item.added, content_part.added, deltas, *.done, completed (or incomplete, when cut). */
 export function responseStream(body: Body, ctx: AnswerContext): StreamPlan {
   const p = parts(body, ctx);
   let seq = 0;
@@ -105,8 +117,8 @@ export function responseStream(body: Body, ctx: AnswerContext): StreamPlan {
   const tail =
     ev('response.output_text.done', { ...where, text: p.text, logprobs: [] }) +
     ev('response.content_part.done', { ...where, part: { type: 'output_text', text: p.text, annotations: [], logprobs: [] } }) +
-    ev('response.output_item.done', { output_index: 0, item: message(p, 'completed', p.text) });
-  const done = ev('response.completed', { response: response(p, body, 'completed') });
+    ev('response.output_item.done', { output_index: 0, item: message(p, finished(p), p.text) });
+  const done = ev(`response.${finished(p)}`, { response: response(p, body, finished(p)) });
   const error = (sent: number) =>
     namedEvent('error', { type: 'error', sequence_number: firstChunkSeq + sent, code: 'server_error', message: 'The server had an error while processing your request (mock).', param: null });
   return { head, chunks, tail, done, malformed: 'event: response.output_text.delta\ndata: {not json\n\n', error };

@@ -170,6 +170,8 @@ export class ProviderPool {
   readonly #lanes: Array<Map<string, Lane>>;
   /** Per class: requests waiting. */
   readonly #queued: number[];
+  /** Per class: of them, retries (SlotRequest.retry), which wait for the retry cap too. */
+  readonly #retriesQueued: number[];
   #seq = 0;
   #grants = 0;
   readonly #inUseByClass: number[];
@@ -230,6 +232,7 @@ export class ProviderPool {
     this.#rates = settings.rates;
     this.#lanes = settings.classes.map(() => new Map());
     this.#queued = settings.classes.map(() => 0);
+    this.#retriesQueued = settings.classes.map(() => 0);
     this.#inUseByClass = settings.classes.map(() => 0);
     this.#clients = settings.classes.map(() => new Map());
     this.#peakByClass = settings.classes.map(() => 0);
@@ -263,7 +266,7 @@ export class ProviderPool {
       return { ok: true, slot: this.#take(req, t), queued: false };
     }
     const cls = this.settings.classes[req.cls]!;
-    const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req));
+    const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req), req.retry);
     const expectedWaitMs = expected.ms;
     const displaced = !req.released && this.#queued[req.cls]! >= cls.maxQueue ? this.#displaced(req) : undefined;
     if (displaced === null) return this.#shed(cls.name, 'queue_full', expectedWaitMs);
@@ -302,7 +305,7 @@ export class ProviderPool {
       waiter.shed = (reason) => {
         clearTimeout(lastChance);
         req.signal.removeEventListener('abort', onAbort);
-        const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req));
+        const expected = this.#expectedWait(req.cls, req.target, req.client, tokensOf(req), req.retry);
         resolve(this.#shed(cls.name, reason === 'deadline' ? (expected.heldBy ?? reason) : reason, expected.ms));
       };
       req.signal.addEventListener('abort', onAbort, { once: true });
@@ -310,6 +313,7 @@ export class ProviderPool {
       waiter.lane.size++;
       this.#clientUse(req.cls, waiter.lane.client).waiting++;
       this.#queued[req.cls]!++;
+      if (req.retry) this.#retriesQueued[req.cls]!++;
       this.#notePeak(req.cls);
       t.waiting++;
       t.waitingByClass[req.cls]!++;
@@ -325,14 +329,15 @@ export class ProviderPool {
    * for a lower class while the target's quota is nearly spent, at least until that hold ends (no slot comes before).
    * Ahead of it in its own class: its client's waiters, and of each other client's as many again and one (its turns
    * alternate with theirs), not a flooding tenant's whole queue. Under its target's rates, at least until they have
-   * room for the requests ahead of it on its target and itself (each of `tokens`, as far as it can tell).
+   * room for the requests ahead of it on its target and itself (each of `tokens`, as far as it can tell). (A retry's,
+   * #expectedWait's with `retry`, also waits for the retry cap: the longest of the holds on it is its wait.)
    */
   expectedWaitMs(cls: number, target: string, client = NO_CLIENT, tokens = 1): number {
     return this.#expectedWait(cls, target, client, tokens).ms;
   }
 
   /** expectedWaitMs, and the target's rate that makes it, when the wait for a turn of it is longer than for a slot. */
-  #expectedWait(cls: number, target: string, client = NO_CLIENT, tokens = 1): { ms: number; heldBy: RateHold | undefined } {
+  #expectedWait(cls: number, target: string, client = NO_CLIENT, tokens = 1, retry = false): { ms: number; heldBy: RateHold | undefined } {
     let ahead = 0;
     for (let k = 0; k < cls; k++) ahead += this.#queued[k]!;
     const own = this.#clients[cls]!.get(client)?.waiting ?? 0;
@@ -341,18 +346,34 @@ export class ProviderPool {
     ahead += aheadInClass;
     const t = this.#target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
-    const slots = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.#roundTrip.value, this.#slotHold.value);
+    const slotMs = Math.max(this.#roundTrip.value, this.#slotHold.value);
+    const slots = Math.ceil((ahead + 1) / perRoundTrip) * slotMs;
     const held = cls > 0 ? Math.max(slots, t.lowerHeldUntilMs - this.now()) : slots;
-    if (this.#rates === undefined) return { ms: held, heldBy: undefined };
+    // A retry waits for the retry cap as well, whatever else holds it: estimated by the rate alone (a turn a second
+    // away), a retry behind one holding the cap for a 20 s stream waited and was shed at its last chance.
+    const byRetryCap = retry ? this.#retryCapWait(cls, aheadInClass, slotMs) : 0;
+    if (this.#rates === undefined) return { ms: Math.max(held, byRetryCap), heldBy: undefined };
     const rates = rateWaits(t.dues, this.#rates, this.now(), tokens, this.#aheadOnTarget(t, cls, aheadInClass));
     const byRate = Math.max(rates.requests, rates.tokens);
     // A slot free for it and for every request ahead of it: its rate alone holds it, not a round trip for a slot (with
     // 49 of 50 slots free, answers taking 5 s and its turn a second away, a request with 3 s to live was shed, told the
     // provider was at capacity).
     const free = Math.min(this.#capacity - this.#inUse, Math.floor(t.limit.limit) - t.inUse, cls > 0 ? Math.floor(classLimit(t.limit, cls)) - t.byClass[cls]! : Infinity);
-    const bySlots = byRate > 0 && ahead + 1 <= free ? (cls > 0 ? Math.max(0, t.lowerHeldUntilMs - this.now()) : 0) : held;
+    const bySlots = Math.max(byRate > 0 && ahead + 1 <= free ? (cls > 0 ? Math.max(0, t.lowerHeldUntilMs - this.now()) : 0) : held, byRetryCap);
     if (byRate <= bySlots) return { ms: bySlots, heldBy: undefined };
     return { ms: byRate, heldBy: rates.tokens > rates.requests ? 'token_rate' : 'request_rate' };
+  }
+
+  /**
+   * The wait of a retry of class `cls` for the retry cap: none while retries in flight and those ahead of it leave
+   * room, else a slot's hold per round of the cap they fill (higher classes' waiting retries, and of its own class at
+   * most `aheadInClass`, go first).
+   */
+  #retryCapWait(cls: number, aheadInClass: number, slotMs: number): number {
+    let ahead = Math.min(aheadInClass, this.#retriesQueued[cls]!);
+    for (let k = 0; k < cls; k++) ahead += this.#retriesQueued[k]!;
+    const beyond = this.#retriesInUse + ahead + 1 - this.#retryCapacity;
+    return beyond > 0 ? Math.ceil(beyond / this.#retryCapacity) * slotMs : 0;
   }
 
   /**
@@ -364,7 +385,10 @@ export class ProviderPool {
     if (rate === undefined) return undefined;
     const [what, key] = reason === 'request_rate' ? ['request', 'requestsPerMinute'] : ['token', 'tokensPerMinute'];
     // A token burst under a minute's worth (the default) is pools.tokenBurst's: it holds a request as much as the rate.
-    const burst = reason === 'token_rate' && rate.burst < Math.floor(perMinute(rate)) ? `; at most ${rate.burst} at once, pools.tokenBurst` : '';
+    // The minute's worth is the default's, floor(tokensPerMinute), from the unrounded rate: perMinute's three decimals
+    // made 6000.9996 a 6001 whose default burst of 6000 read as one set under it. 60,000 / intervalMs can land a hair
+    // under a whole rate (29 reads 28.999999999999996), hence the relative margin.
+    const burst = reason === 'token_rate' && rate.burst < Math.floor((60_000 / rate.intervalMs) * (1 + 1e-12)) ? `; at most ${rate.burst} at once, pools.tokenBurst` : '';
     return `provider ${this.settings.provider}'s ${what} rate (${perMinute(rate)}/min, pools.${key}${burst}) leaves no turn for class ${className} before the request's deadline`;
   }
 
@@ -632,6 +656,7 @@ export class ProviderPool {
     use.waiting--;
     this.#forgetIdle(w.req.cls, lane.client, use);
     this.#queued[w.req.cls]!--;
+    if (w.req.retry) this.#retriesQueued[w.req.cls]!--;
     lane.target.waiting--;
     lane.target.waitingByClass[w.req.cls]!--;
     lane.target.waitingTokensByClass[w.req.cls]! -= tokensOf(w.req);

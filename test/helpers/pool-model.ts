@@ -146,18 +146,27 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     return true;
   }
 
-  /** "the higher classes' queues, its client's queue, and of each other client's at most as many again and one". */
-  expectedWaitMs(cls: number, target: string, client: string): number {
-    let ahead = this.queue.filter((w) => w.req.cls < cls).length;
+  /**
+   * "the higher classes' queues, its client's queue, and of each other client's at most as many again and one"; for a
+   * retry, at least its wait for the retry cap: a slot's hold per round of the cap that the retries in flight and those
+   * ahead of it (the higher classes' waiting retries, and of its own class at most as many as are ahead of it) fill.
+   */
+  expectedWaitMs(cls: number, target: string, client: string, retry = false): number {
+    const higher = this.queue.filter((w) => w.req.cls < cls).length;
     const own = this.waitingOf(cls, client);
-    ahead += own;
+    let inClass = own;
     for (const other of new Set(this.queue.filter((w) => w.req.cls === cls && w.client !== client).map((w) => w.client))) {
-      ahead += Math.min(this.waitingOf(cls, other), own + 1);
+      inClass += Math.min(this.waitingOf(cls, other), own + 1);
     }
     const t = this.target(target);
     const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.attainable));
-    const queued = Math.ceil((ahead + 1) / perRoundTrip) * Math.max(this.roundTrip.value, this.slotHold.value);
-    return cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
+    const slotMs = Math.max(this.roundTrip.value, this.slotHold.value);
+    const queued = Math.ceil((higher + inClass + 1) / perRoundTrip) * slotMs;
+    const held = cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
+    if (!retry) return held;
+    const retriesAhead = this.queue.filter((w) => w.req.retry && w.req.cls < cls).length + Math.min(inClass, this.queue.filter((w) => w.req.retry && w.req.cls === cls).length);
+    const beyond = this.retriesInUse + retriesAhead + 1 - this.retryCapacity;
+    return Math.max(held, beyond > 0 ? Math.ceil(beyond / this.retryCapacity) * slotMs : 0);
   }
 
   /** The waiter a newcomer to a full class queue displaces: undefined, none (the newcomer is shed). */
@@ -182,7 +191,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
       return this.#answer(p, { kind: 'granted', queued: false }, false), {};
     }
     const c = this.classes[req.cls]!;
-    const expected = this.expectedWaitMs(req.cls, req.target, p.client);
+    const expected = this.expectedWaitMs(req.cls, req.target, p.client, req.retry);
     let victim: R | undefined;
     if (!req.released && this.queuedOf(req.cls) >= c.maxQueue) {
       victim = this.displaced(p);
@@ -198,7 +207,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     if (victim && this.bytes > 0 && this.bytes + bytes > cap) this.onNote?.('fit in the place of a displaced body');
     if (victim) {
       this.#leave(victim);
-      this.#answer(victim, { kind: 'shed', reason: 'queue_full', retryAfterMs: this.expectedWaitMs(victim.req.cls, victim.req.target, victim.client) }, true);
+      this.#answer(victim, { kind: 'shed', reason: 'queue_full', retryAfterMs: this.expectedWaitMs(victim.req.cls, victim.req.target, victim.client, victim.req.retry) }, true);
     }
     this.bytes += bytes;
     p.seq = this.#seq++;
@@ -316,7 +325,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
 
   #expire(w: R): void {
     this.#leave(w);
-    this.#answer(w, { kind: 'shed', reason: 'deadline', retryAfterMs: this.expectedWaitMs(w.req.cls, w.req.target, w.client) }, true);
+    this.#answer(w, { kind: 'shed', reason: 'deadline', retryAfterMs: this.expectedWaitMs(w.req.cls, w.req.target, w.client, w.req.retry) }, true);
   }
 
   #leave(w: R): void {
