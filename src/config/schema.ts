@@ -163,8 +163,12 @@ const ThinkingSchema = z
   })
   .describe('Thinking budgets, in tokens, by reasoning_effort.');
 
-/** A URL's user and password, percent-decoded, as undici reads them for a proxy's Basic credentials. */
+/**
+ * A URL's user and password, percent-decoded, as undici reads them for a proxy's Basic credentials. True for a text that
+ * is no URL (`proxy: 10.0.0.1:3128`): the URL check says so, and a second line about a password would mislead.
+ */
 function userinfoDecodes(url: string): boolean {
+  if (!URL.canParse(url)) return true;
   try {
     const { username, password } = new URL(url);
     decodeURIComponent(username);
