@@ -28,6 +28,10 @@ describe('notAnAnswer', () => {
 
   it('refuses what is not a whole JSON object', () => {
     expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/html', ownFamily: true }, Buffer.from('<html></html>'))).toEqual({ detail: 'the upstream answered text/html, not JSON', ran: false });
+    // The label names what a body that is no object is; a whole answer labelled text/plain is still the answer.
+    const labelledPlain = '{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}';
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/plain; charset=utf-8', ownFamily: true }, Buffer.from(labelledPlain))).toBeUndefined();
+    expect(notAnAnswer({ api: 'chat', stream: false, contentType: 'text/plain', ownFamily: true }, Buffer.from(''))).toEqual({ detail: 'the upstream answered text/plain, not JSON', ran: false });
     expect(judge('chat', '  ')).toMatch(/empty body/);
     expect(judge('chat', '[1]')).toMatch(/not a whole JSON object/);
     expect(judge('chat', '{"choices":[]}]')).toMatch(/not a whole JSON object/);

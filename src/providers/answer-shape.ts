@@ -58,11 +58,14 @@ interface NotAnAnswer {
 export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerContext, body: Buffer): NotAnAnswer | undefined {
   if (api === 'other') return undefined;
   if (stream && STREAMING_APIS.has(api)) return not(`a stream was asked for and the upstream answered ${contentType ?? 'without a content-type'}`);
-  if (contentType !== undefined && !contentType.includes('json')) return not(`the upstream answered ${contentType.split(';')[0]}, not JSON`);
   // A byte order mark before the object is no reason to refuse the answer (the client gets it without, attempt.ts).
   const first = skipSpace(body, bomLength(body));
   let last = body.length - 1;
   while (last > first && WHITESPACE.has(body[last]!)) last--;
+  // The bytes decide, not the label: a whole completion some servers label `text/plain` (or send without a
+  // content-type) is the answer, which the client gets as `application/json`; refused for its label, it was run and
+  // billed once per attempt and the client got a 502. The label only names what a body that is no object is.
+  if (contentType !== undefined && !contentType.includes('json') && body[first] !== 0x7b) return not(`the upstream answered ${contentType.split(';')[0]}, not JSON`);
   if (first >= body.length) return not('the upstream answered with an empty body');
   if (body[first] !== 0x7b) return not('the upstream answer is not a whole JSON object');
   // Another family's answer is parsed by its translator anyway, which refuses a cut one: no scan for it. A framed body

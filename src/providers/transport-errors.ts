@@ -48,6 +48,7 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   // (No code only through an undici slip, which looks llhttp's code up by number in a table keyed by name: fixed, it
   // gives HPE_* codes, read the same.)
   if ((code === undefined || code.startsWith('HPE_')) && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
+  if (code === 'UND_ERR_SOCKET' && isUnreadableStatus(err)) return { kind: 'bad-stream', detail: 'the answer began with an informational status (100 or 101) the gateway never asked for', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
 
@@ -65,4 +66,15 @@ function errorCode(err: unknown): string | undefined {
 /** undici's HTTPParserError, itself or as the cause of the error that reports it. */
 function isParserError(err: unknown): boolean {
   return err instanceof errors.HTTPParserError || (err as { cause?: unknown } | undefined)?.cause instanceof errors.HTTPParserError;
+}
+
+/**
+ * undici refuses a `100 Continue` the gateway never asked for (RFC 9110 15.2 would have a client skip it; some servers
+ * and proxies send one before every answer) and a `101` without an upgrade: it destroys the connection with a
+ * SocketError whose only mark is its message, the code being every socket error's. The provider was answering, so
+ * it ran the request; read as a lost connection, the client was told it "could not be reached".
+ */
+function isUnreadableStatus(err: unknown): boolean {
+  const e = err instanceof errors.SocketError ? err : (err as { cause?: unknown } | undefined)?.cause;
+  return e instanceof errors.SocketError && (e.message === 'bad response' || e.message === 'bad upgrade');
 }
