@@ -66,6 +66,27 @@ describe('the wait a retry expects, held by both the retry cap and its target\'s
     p.close();
   });
 
+  it('counts the holder nearest its end: a retry behind one 19.5 s into a 20 s answer waits and is seated', async () => {
+    const p = pool();
+    await answersTake20s(p);
+    const inFlight = await granted(p, req({ retry: true }));
+    await vi.advanceTimersByTimeAsync(19_500);
+    // A first attempt takes the rate's turn: the retry's next is a second away, its slots free.
+    const first = await granted(p, req());
+    const next = settled(p.acquire(req({ retry: true, deadlineAtMs: Date.now() + 5_000 })));
+    await vi.advanceTimersByTimeAsync(0);
+    // Counted as a whole hold away it was shed at once, told 20 s.
+    expect(next()).toBeUndefined();
+    await vi.advanceTimersByTimeAsync(500);
+    inFlight.answered();
+    inFlight.release();
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(next()).toMatchObject({ ok: true });
+    if (next()?.ok) (next() as Extract<Acquired, { ok: true }>).slot.release();
+    first.release();
+    p.close();
+  });
+
   it('counts the retries waiting ahead for the cap, not only the one in flight', async () => {
     const p = pool(targetRates({ requestsPerMinute: 6_000, burst: 100 }));
     await answersTake20s(p);

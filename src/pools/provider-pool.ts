@@ -186,6 +186,8 @@ export class ProviderPool {
   readonly #peakByClass: number[];
   #inUse = 0;
   #retriesInUse = 0;
+  /** When each retry in flight was granted: the first of them to end frees the retry cap for the next. */
+  readonly #retryGrantsAtMs: number[] = [];
   readonly #roundTrip = new MovingAverage(INITIAL_ROUND_TRIP_MS);
   /**
    * How long an answered attempt holds its slot: a stream holds it until it ends, seconds or minutes after the first
@@ -372,8 +374,13 @@ export class ProviderPool {
   #retryCapWait(cls: number, aheadInClass: number, slotMs: number): number {
     let ahead = Math.min(aheadInClass, this.#retriesQueued[cls]!);
     for (let k = 0; k < cls; k++) ahead += this.#retriesQueued[k]!;
-    const beyond = this.#retriesInUse + ahead + 1 - this.#retryCapacity;
-    return beyond > 0 ? Math.ceil(beyond / this.#retryCapacity) * slotMs : 0;
+    // In flight beyond the cap (a fleet share just shrank it) they end within a slot's hold all the same, together.
+    const beyond = Math.min(this.#retriesInUse, this.#retryCapacity) + ahead + 1 - this.#retryCapacity;
+    if (beyond <= 0) return 0;
+    // The first round ends with the holder nearest its hold's end, not a whole hold away: counted whole, a retry behind
+    // one 19.5 s into a 20 s answer was shed at once, told 20 s, where it would have been seated half a second later.
+    // An estimate on the short side only lets a retry wait (it is still shed at its last chance), never sheds one.
+    return firstRetryRoundMs(this.#retryGrantsAtMs, this.now(), slotMs) + (Math.ceil(beyond / this.#retryCapacity) - 1) * slotMs;
   }
 
   /**
@@ -758,8 +765,11 @@ export class ProviderPool {
     this.#notePeak(req.cls);
     t.inUse++;
     t.byClass[req.cls]!++;
-    if (req.retry) this.#retriesInUse++;
     const grantedAtMs = this.now();
+    if (req.retry) {
+      this.#retriesInUse++;
+      this.#retryGrantsAtMs.push(grantedAtMs);
+    }
     if (this.#rates) rateSpend(t.dues, this.#rates, grantedAtMs, tokensOf(req));
     let released = false;
     let answered = false;
@@ -783,7 +793,10 @@ export class ProviderPool {
         this.#inUseByClass[req.cls]!--;
         t.inUse--;
         t.byClass[req.cls]!--;
-        if (req.retry) this.#retriesInUse--;
+        if (req.retry) {
+          this.#retriesInUse--;
+          this.#retryGrantsAtMs.splice(this.#retryGrantsAtMs.indexOf(grantedAtMs), 1);
+        }
         this.#drain();
       },
     };
@@ -879,4 +892,14 @@ function tokensOf(req: SlotRequest): number {
 function goesBefore(use: ClientUse, w: Waiter, otherUse: ClientUse, other: Waiter): boolean {
   const order = turnOrder(use, otherUse);
   return order !== 0 ? order < 0 : w.seq < other.seq;
+}
+
+/**
+ * How long until the first of the retries in flight (granted at `grantsAtMs`) is expected to end: a slot's hold after
+ * its grant, none once that is past; a whole hold when none is in flight (the queued ones ahead take the first round).
+ */
+export function firstRetryRoundMs(grantsAtMs: readonly number[], nowMs: number, slotMs: number): number {
+  let first = slotMs;
+  for (const at of grantsAtMs) first = Math.min(first, Math.max(0, slotMs - (nowMs - at)));
+  return first;
 }

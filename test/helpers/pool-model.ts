@@ -72,6 +72,8 @@ export class PoolModel<R extends PoolReq = PoolReq> {
   retryCapacity: number;
   inUseByClass: number[];
   retriesInUse = 0;
+  /** The retries holding slots (their grant times place the retry cap's first round). */
+  readonly heldRetries = new Set<R>();
   readonly targets = new Map<string, ModelTarget>();
   /** Waiters in arrival order. */
   queue: R[] = [];
@@ -165,8 +167,12 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     const held = cls > 0 ? Math.max(queued, t.lowerHeldUntilMs - this.now()) : queued;
     if (!retry) return held;
     const retriesAhead = this.queue.filter((w) => w.req.retry && w.req.cls < cls).length + Math.min(inClass, this.queue.filter((w) => w.req.retry && w.req.cls === cls).length);
-    const beyond = this.retriesInUse + retriesAhead + 1 - this.retryCapacity;
-    return Math.max(held, beyond > 0 ? Math.ceil(beyond / this.retryCapacity) * slotMs : 0);
+    const beyond = Math.min(this.retriesInUse, this.retryCapacity) + retriesAhead + 1 - this.retryCapacity;
+    if (beyond <= 0) return held;
+    // The first round ends with the retry in flight nearest its slot hold's end (a whole hold when none is in flight).
+    let first = slotMs;
+    for (const p of this.heldRetries) first = Math.min(first, Math.max(0, slotMs - (this.now() - p.grantedAtMs)));
+    return Math.max(held, first + (Math.ceil(beyond / this.retryCapacity) - 1) * slotMs);
   }
 
   /** The waiter a newcomer to a full class queue displaces: undefined, none (the newcomer is shed). */
@@ -228,6 +234,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     t.inUse--;
     t.byClass[p.req.cls]!--;
     if (p.req.retry) this.retriesInUse--;
+    this.heldRetries.delete(p);
     this.use(p.req.cls, p.client).held--;
     this.#forgetIdle(p.req.cls, p.client);
     this.drain();
@@ -346,6 +353,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     u.servedAt = ++this.grants;
     p.state = 'held';
     p.grantedAtMs = this.now();
+    if (p.req.retry) this.heldRetries.add(p);
   }
 
   #answer(p: R, e: Expected, fromQueue: boolean): void {
