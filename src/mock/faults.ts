@@ -60,8 +60,8 @@ export interface RateLimit {
   /** Tokens per minute. Default: no token limit. */
   tokensPerMinute?: number;
   /**
-   * Seconds' worth each bucket holds, 0 to 60: what may be sent at once after a quiet spell (OpenAI may enforce a
-   * minute's limit over shorter spans, 60,000 RPM as 1,000 a second). Default: 60 (a minute's worth).
+   * Seconds' worth each bucket holds, over 0 and at most 60: what may be sent at once after a quiet spell (OpenAI may
+   * enforce a minute's limit over shorter spans, 60,000 RPM as 1,000 a second). Default: 60 (a minute's worth).
    */
   burstSeconds?: number;
   /** Also send retry-after-ms and retry-after on the 429s (OpenAI's RPM and TPM 429s usually carry neither). Default: false. */

@@ -12,7 +12,7 @@ const USAGE = `usage: npm run mock -- [options]
   --rate-limit-rpm N    requests per minute per model, a token bucket refilled continuously; beyond it 429
   --rate-limit-tpm N    tokens per minute per model (body bytes / 4 + max_tokens); beyond it 429
   --rate-limit-retry-after  the rate limit's 429s carry retry-after-ms and retry-after (OpenAI's usually carry none)
-  --rate-limit-burst-seconds N  seconds' worth each rate limit bucket holds, 0 to 60 (default 60: a minute's worth)
+  --rate-limit-burst-seconds N  seconds' worth each rate limit bucket holds, over 0 to 60 (default 60: a minute's worth)
   --error STATUS:RATE   error rule, repeatable, e.g. --error 503:0.3 --error 429:0.1 (STATUS 400 to 599;
                         --error 529 is Anthropic's overloaded_error on /v1/messages)
   --error-after-chunks N  streams send the API's own error event after N content chunks and end (no [DONE])
@@ -23,7 +23,7 @@ const USAGE = `usage: npm run mock -- [options]
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr
 Control at runtime: GET/PUT/PATCH /_mock/faults (e.g. PATCH {"rateLimit":{"requestsPerMinute":60}}), GET /_mock/stats,
-GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} ("durationMs":0 ends one;
+GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} (defaults 503 and 10000; "durationMs":0 ends one;
 modes 503, 429, hang and 529: Anthropic's 529 overloaded_error on /v1/messages, elsewhere OpenAI's documented overload,
 503 "The engine is currently overloaded")`;
 
