@@ -148,8 +148,8 @@ describe('the documented faults and control endpoints', () => {
     mock.setFaults({ latencyMs: 300, latencyPerInflightMs: 250 });
     const started = Date.now();
     const times = await Promise.all([0, 40, 80].map((d) => sleep(d).then(() => chatStatus()).then((s) => (expect(s).toBe(200), Date.now() - started))));
-    // Arrivals at 0, 40 and 80 ms see 0, 1 and 2 others in flight: done about 300, 590 and 880 ms after the start.
-    expect(times[0]!).toBeLessThan(500);
+    // Arrivals at 0, 40 and 80 ms see 0, 1 and 2 others in flight: done about 300, 590 and 880 ms after the start. (One in flight would make the first 550.)
+    expect(times[0]!).toBeLessThan(545);
     expect(times[1]!).toBeGreaterThanOrEqual(580);
     expect(times[2]!).toBeGreaterThanOrEqual(870);
 

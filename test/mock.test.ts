@@ -301,7 +301,7 @@ describe('mock provider over HTTP', () => {
     });
 
     it('answers 429 at once beyond capacity', async () => {
-      mock.setFaults({ capacity: 2, latencyMs: 300, capacityHeaders: { 'retry-after': '1' } });
+      mock.setFaults({ capacity: 2, latencyMs: 1500, capacityHeaders: { 'retry-after': '1' } });
       const started = Date.now();
       const results = await Promise.all(
         Array.from({ length: 5 }, async () => {
@@ -312,7 +312,7 @@ describe('mock provider over HTTP', () => {
       );
       const rejected = results.filter((r) => r.status === 429);
       expect(rejected).toHaveLength(3);
-      expect(rejected.every((r) => r.ms < 250 && r.retryAfter === '1')).toBe(true);
+      expect(rejected.every((r) => r.ms < 1000 && r.retryAfter === '1')).toBe(true);
       expect(mock.stats().maxInflight).toBe(2);
     });
 
@@ -364,24 +364,25 @@ describe('mock provider over HTTP', () => {
     });
 
     it('keeps an abandoned request in flight until its latency has passed with holdAbandoned', async () => {
-      mock.setFaults({ latencyMs: 400, capacity: 1, holdAbandoned: true });
+      // Latencies long enough that the checks before they pass still fall inside them on a loaded machine.
+      mock.setFaults({ latencyMs: 1500, capacity: 1, holdAbandoned: true });
       await post('/v1/chat/completions', chatBody(), { signal: AbortSignal.timeout(50) }).catch(() => undefined);
       await waitForLog((log) => log[0]?.aborted === true);
       // The provider is still working on it: the slot stays taken and a newcomer is turned away.
       expect(mock.stats().inflight).toBe(1);
       expect((await post('/v1/chat/completions', chatBody())).status).toBe(429);
-      await new Promise((r) => setTimeout(r, 450));
+      await new Promise((r) => setTimeout(r, 1550));
       expect(mock.stats().inflight).toBe(0);
       expect((await post('/v1/chat/completions', chatBody())).status).toBe(200);
     });
 
     it('holds a request hung by a brownout for the latency it would have had, with holdAbandoned', async () => {
-      mock.setFaults({ latencyMs: 300, holdAbandoned: true });
+      mock.setFaults({ latencyMs: 1500, holdAbandoned: true });
       mock.brownout('hang', 5000);
       await post('/v1/chat/completions', chatBody(), { signal: AbortSignal.timeout(50) }).catch(() => undefined);
       await waitForLog((log) => log[0]?.aborted === true);
       expect(mock.stats().inflight).toBe(1);
-      await new Promise((r) => setTimeout(r, 350));
+      await new Promise((r) => setTimeout(r, 1550));
       expect(mock.stats().inflight).toBe(0);
       mock.brownout('hang', 0);
     });
