@@ -166,7 +166,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     const summary = request.stormgate;
     if (summary) recorder.record(summary, reply.elapsedTime / 1000);
     // What the request reserved of its client's token rate, settled against the tokens its answer used (none came
-    // without a summary: an error before the pipeline answered), or without usage the output its stream passed on,
+    // without a summary: an error before the pipeline answered), or without usage the output its answer passed on,
     // all of it given back when no attempt went upstream (of the summary's attempts, those that reached a provider: a
     // connection refused wrote nothing). A replay reserved nothing: it used no provider tokens. A stream that did not
     // end whole, or that its provider broke (a recovered one), has the usage it reported before its end at most: its
@@ -176,7 +176,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       limit?.settle(request.client, request.tokensReserved, {
         usage: summary ? [summary.usage, summary.continuationUsage?.usage] : [],
         sentUpstream: summary !== undefined && summary.attempts.some(reachedProvider),
-        outputChars: end?.outputChars,
+        outputChars: end?.outputChars ?? summary?.outputChars,
         usagePartial: end !== undefined && (!endedWhole(end.kind) || end.upstreamBroke !== undefined),
       });
     }

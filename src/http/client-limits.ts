@@ -27,7 +27,8 @@ export interface RequestEnded {
   /** Whether any of its attempts reached a provider. */
   sentUpstream: boolean;
   /**
-   * The characters of output its client was passed: the completion when no usage came (settlement), and the least
+   * The characters of output its client was passed (a stream's, or a whole answer's counted when it came without
+   * usage): the completion when no usage came (settlement), and the least
    * completion counted when `usagePartial` (a stream that did not end whole: its usage may have come in part).
    */
   outputChars?: number;

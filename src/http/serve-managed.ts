@@ -92,6 +92,7 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
           onShutdown: drain.onShutdown,
           graceLeftMs: drain.graceLeftMs,
           ...(keyed && { idempotent: true }),
+          ...(request.tokensReserved && { countOutput: true }),
         },
         runtime.pipeline,
       );

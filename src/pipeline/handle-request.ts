@@ -21,7 +21,7 @@ import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { StreamBody } from '../streaming/stream-body.ts';
-import { streamShapeOf } from '../streaming/stream-events.ts';
+import { outputCharsOfAnswer, streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
@@ -63,6 +63,11 @@ export interface ManagedRequest {
    * leaves does not stop it.
    */
   idempotent?: boolean;
+  /**
+   * Its client's token rate reserved tokens for it (auth.limits): a whole answer without usage has its output counted
+   * (RequestSummary.outputChars) for the settlement. Other requests never pay to parse their answer for it.
+   */
+  countOutput?: boolean;
 }
 
 export interface PipelineDeps extends ServeDeps {
@@ -138,6 +143,11 @@ export interface RequestSummary {
   usage?: Usage;
   /** A streamRecovery continuation's tokens, billed to the target it went to. */
   continuationUsage?: { target: string; usage: Usage };
+  /**
+   * A whole answer's characters of output (outputCharsOfAnswer), counted when it carried no usage and the request has
+   * countOutput: its client's token rate is settled by them, as by a stream's StreamEnd.outputChars.
+   */
+  outputChars?: number;
   /** Under an idempotency key: `run` (this request ran under it) or `replayed` (it got the run's answer again). */
   idempotency?: 'run' | 'replayed';
 }
@@ -441,5 +451,11 @@ function successAnswer(req: ManagedRequest, plan: TargetPlan, result: AttemptRes
   const body = result.body ?? Buffer.alloc(0);
   const usage = usageOfBody(body);
   if (usage) summary.usage = usage;
+  // Without usage (self-hosted servers often leave it out), the output delivered is what the client's token rate is
+  // charged: its prompt alone, a client on such a route could ask for answers of any length. Parsed only then.
+  else if (req.countOutput) {
+    const chars = outputCharsOfAnswer(req.route.api, body);
+    if (chars > 0) summary.outputChars = chars;
+  }
   return { status: result.status ?? 200, headers, body, summary, clientStallMs: clientStallMs(plan.client.config.timeouts.idleMs) };
 }

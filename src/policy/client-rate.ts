@@ -138,15 +138,17 @@ export interface TokenEstimate {
 
 /**
  * The tokens to spend (negative: to give back) once a request that reserved `reserved` has ended, given the tokens its
- * answer says it used (undefined when no usage came: an error answer, a stream without usage, a client gone before the
- * end), whether any attempt of it went upstream, and the characters of output its client was passed (a stream's text,
- * reasoning and tool arguments: StreamEnd.outputChars). With usage, what was reserved becomes what was used. Without it,
+ * answer says it used (undefined when no usage came: an error answer, a stream or a whole answer without usage, a
+ * client gone before the end), whether any attempt of it went upstream, and the characters of output its client was
+ * passed (text, reasoning and tool arguments: a stream's StreamEnd.outputChars, a whole answer's
+ * RequestSummary.outputChars). With usage, what was reserved becomes what was used. Without it,
  * the prompt's estimate is kept (the prompt was sent, and a provider counts it even for most failures) and the
  * completion becomes the output delivered (deliveredTokens): given back whatever was generated, a client that streamed
  * 4,000 tokens and left before the usage chunk (or whose provider sends none) paid its prompt alone, and outran its rate
- * by as much. A request no provider was sent (shed by a pool, a target unavailable, the deadline or its client gone
- * before an attempt, an error of the gateway's) gives it all back: it used no provider's tokens, and kept, a client
- * whose SDK retries a load_shed paid its estimate again at each retry until its own rate refused it.
+ * by as much; so did one whose server answers whole without usage (vLLM, llama.cpp, proxies). A request no provider
+ * was sent (shed by a pool, a target unavailable, the deadline or its client gone before an attempt, an error of the
+ * gateway's) gives it all back: it used no provider's tokens, and kept, a client whose SDK retries a load_shed paid its
+ * estimate again at each retry until its own rate refused it.
  */
 export function settlement(reserved: TokenEstimate, usedTokens: number | undefined, sentUpstream: boolean, outputChars = 0): number {
   if (usedTokens !== undefined) return usedTokens - reserved.prompt - reserved.completion;

@@ -134,17 +134,85 @@ export function outputChars(api: ApiKind, parsed: object, eventField: string | n
     const { content_block: block, delta: d } = parsed as AnthropicEvent & { delta?: { type?: unknown } };
     return charsOf(d?.text) + charsOf(d?.thinking) + charsOf(d?.partial_json) + charsOf(block?.text) + charsOf(block?.thinking);
   }
-  const choices = (parsed as { choices?: unknown }).choices;
+  return choicesChars((parsed as { choices?: unknown }).choices, 'delta');
+}
+
+/**
+ * The characters of output a whole (non-stream) answer of `api` carries, by the rule outputChars counts a stream's
+ * events by: every choice's text and message (its text, reasoning, refusal and tool calls), a Responses API answer's
+ * output items (text, refusal, reasoning, tool arguments and input, code), an Anthropic answer's content blocks (text,
+ * thinking, a tool's input as JSON, as its stream sends it). What a whole answer without usage is billed by (policy/
+ * client-rate.ts settlement): its body is parsed, a second time, only for that (0 when it cannot be).
+ */
+export function outputCharsOfAnswer(api: ApiKind, body: Buffer): number {
+  if (api === 'other' || api === 'embeddings') return 0;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    return 0;
+  }
+  if (typeof parsed !== 'object' || parsed === null) return 0;
+  if (api === 'responses') return responsesOutputChars((parsed as { output?: unknown }).output);
+  if (api === 'messages') return messagesOutputChars((parsed as { content?: unknown }).content);
+  return choicesChars((parsed as { choices?: unknown }).choices, 'message');
+}
+
+/** The characters of every choice's text and its `delta` (a stream's chunk) or `message` (a whole answer). */
+function choicesChars(choices: unknown, part: 'delta' | 'message'): number {
   if (!Array.isArray(choices)) return 0;
   let chars = 0;
-  for (const choice of choices as ChatChoice[]) {
+  for (const choice of choices as Array<(ChatChoice & { message?: ChatChoice['delta'] }) | null>) {
     chars += charsOf(choice?.text);
-    const d = choice?.delta as (ChatChoice['delta'] & { function_call?: ToolFunction; audio?: { transcript?: unknown } }) | undefined;
+    const d = choice?.[part] as (ChatChoice['delta'] & { function_call?: ToolFunction; audio?: { transcript?: unknown } }) | undefined;
     if (d === undefined || d === null) continue;
     // One of the reasoning's two names: vLLM sends its text under both (reasoning_content a copy, kept for old clients).
     chars += charsOf(d.content) + Math.max(charsOf(d.reasoning_content), charsOf(d.reasoning)) + charsOf(d.refusal) + charsOf(d.audio?.transcript);
     chars += charsOf(d.function_call?.name) + charsOf(d.function_call?.arguments);
     if (Array.isArray(d.tool_calls)) for (const call of d.tool_calls as Array<{ function?: ToolFunction } | null>) chars += charsOf(call?.function?.name) + charsOf(call?.function?.arguments);
+  }
+  return chars;
+}
+
+interface ResponsesItem {
+  content?: unknown;
+  summary?: unknown;
+  arguments?: unknown;
+  input?: unknown;
+  code?: unknown;
+}
+
+/**
+ * A Responses API answer's output items, as its stream's deltas carry them: a message's text and refusal parts, a
+ * reasoning item's summary and text, a function or MCP call's arguments, a custom tool call's input, a code
+ * interpreter's code. A search or an image generated is no text (its stream sends no delta for it either).
+ */
+function responsesOutputChars(output: unknown): number {
+  if (!Array.isArray(output)) return 0;
+  let chars = 0;
+  for (const item of output as Array<ResponsesItem | null>) {
+    if (typeof item !== 'object' || item === null) continue;
+    chars += partsChars(item.content) + partsChars(item.summary) + charsOf(item.arguments) + charsOf(item.input) + charsOf(item.code);
+  }
+  return chars;
+}
+
+/** Text and refusal parts (`output_text`, `refusal`, `summary_text`, `reasoning_text`). */
+function partsChars(parts: unknown): number {
+  if (!Array.isArray(parts)) return 0;
+  let chars = 0;
+  for (const part of parts as Array<{ text?: unknown; refusal?: unknown } | null>) chars += charsOf(part?.text) + charsOf(part?.refusal);
+  return chars;
+}
+
+/** An Anthropic answer's content blocks: text, thinking, and a tool's input as the JSON its stream's deltas send. */
+function messagesOutputChars(content: unknown): number {
+  if (!Array.isArray(content)) return 0;
+  let chars = 0;
+  for (const block of content as Array<{ text?: unknown; thinking?: unknown; input?: unknown } | null>) {
+    if (typeof block !== 'object' || block === null) continue;
+    chars += charsOf(block.text) + charsOf(block.thinking);
+    if (typeof block.input === 'object' && block.input !== null) chars += JSON.stringify(block.input).length;
   }
   return chars;
 }
