@@ -1,18 +1,10 @@
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { decide, FaultCounters, firesAt, type FaultSpec, type RequestFacts } from '../src/mock/faults.ts';
+import { decide, FaultCounters, firesAt, type FaultSpec } from '../src/mock/faults.ts';
 import { startMock, type MockRequestLog, type MockServer } from '../src/mock/server.ts';
+import { facts, noRandom } from './helpers/mock-facts.ts';
 
-const facts = (over: Partial<RequestFacts> = {}): RequestFacts => ({
-  model: 'gpt-4o',
-  isRetry: false,
-  inflight: 0,
-  modelInflight: 0,
-  brownout: undefined,
-  ...over,
-});
-const noRandom = () => 0;
 
 describe('fault decisions (pure)', () => {
   it('fails exactly 3 of every 10 at rate 0.3, evenly spread', () => {

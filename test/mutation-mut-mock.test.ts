@@ -2,19 +2,11 @@
 // suite let through (a per-model setting read from the global scope, a term dropped, a header left off, a counter
 // skipped), so it names the documented behaviour an outside failure-scenario suite relies on that the change broke.
 import { describe, expect, it } from 'vitest';
-import { decide, FaultCounters, latencyFor, type FaultSpec, type RequestFacts } from '../src/mock/faults.ts';
+import { decide, FaultCounters, latencyFor, type FaultSpec } from '../src/mock/faults.ts';
 import { mockCli } from './helpers/mock-cli.ts';
 import { mockWithSdks } from './helpers/mock-sdks.ts';
+import { facts, noRandom } from './helpers/mock-facts.ts';
 
-const facts = (over: Partial<RequestFacts> = {}): RequestFacts => ({
-  model: 'gpt-4o',
-  isRetry: false,
-  inflight: 0,
-  modelInflight: 0,
-  brownout: undefined,
-  ...over,
-});
-const noRandom = () => 0;
 /** Polls until cond holds (a socket's close reaches the mock a tick after the client's abort). */
 const until = async (cond: () => boolean, ms = 3000) => {
   const end = Date.now() + ms;
