@@ -224,8 +224,11 @@ function anthropicTranslator(model: string, includeUsage: boolean, toolNames: Re
       return {
         push: (ev) => reframe(translator.push({ event: ev.event, data: ev.data })),
         end: () => reframe(translator.end()),
-        // None before message_start: a stream broken before it reported nothing, not zero tokens.
-        usage: () => (Object.keys(translator.usage).length === 0 ? undefined : usageOf({ usage: translator.usage })),
+        // None before message_start, nor from a proxy that leaves usage out: nothing reported, not zero tokens.
+        usage: () => {
+          const usage = translator.usage;
+          return usage === undefined ? undefined : usageOf({ usage });
+        },
       };
     },
   };

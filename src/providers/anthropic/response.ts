@@ -30,6 +30,18 @@ export function toFinishReason(stopReason: string | null | undefined): OpenAIFin
 
 const count = (n: number | null | undefined) => (typeof n === 'number' ? n : 0);
 
+const COUNTS = ['input_tokens', 'output_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens'] as const;
+
+/**
+ * Did the upstream report usage: an object with at least one token count? Anthropic's API always does (a message's
+ * `usage`, a stream's message_start and message_delta); a proxy in front of it may leave it out, send `null` or `{}`.
+ * Then the translation reports none: zeros would read as a real usage of 0 tokens, to the client and to the gateway
+ * (its token metrics, a client's token rate), where no usage is settled from the prompt estimate and the output.
+ */
+export function reportsUsage(u: AnthropicUsage | null | undefined): u is AnthropicUsage {
+  return typeof u === 'object' && u !== null && COUNTS.some((k) => typeof u[k] === 'number');
+}
+
 /** Anthropic usage -> OpenAI usage. OpenAI's prompt_tokens include cached tokens; Anthropic counts them apart. */
 export function toOpenAIUsage(u: AnthropicUsage): OpenAIUsage {
   const cacheRead = count(u.cache_read_input_tokens);
@@ -51,8 +63,9 @@ function isBlock<T extends string>(b: AnthropicBlockLike, type: T): b is Anthrop
 }
 
 /**
- * Translates a non-streamed Messages answer. `model` is the answering model, else `opts.model`; `toolNames` gives tool
- * names respelled for Anthropic back their client's spelling (toAnthropicRequest's `toolNames`).
+ * Translates a non-streamed Messages answer, its usage only if the upstream reported it (reportsUsage). `model` is
+ * the answering model, else `opts.model`; `toolNames` gives tool names respelled for Anthropic back their client's
+ * spelling (toAnthropicRequest's `toolNames`).
  */
 export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; created?: number; toolNames?: ReadonlyMap<string, string> }): OpenAIChatCompletion {
   const text: string[] = [];
@@ -85,7 +98,8 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
     created: opts.created ?? Math.floor(Date.now() / 1000),
     model: msg.model || opts.model,
     choices: [{ index: 0, message, logprobs: null, finish_reason: toFinishReason(msg.stop_reason) }],
-    usage: toOpenAIUsage(msg.usage ?? {}),
+    // Left out when the upstream reported none, as OpenAI-compatible servers leave it out (reportsUsage).
+    ...(reportsUsage(msg.usage) && { usage: toOpenAIUsage(msg.usage) }),
   };
 }
 

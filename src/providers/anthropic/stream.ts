@@ -2,7 +2,7 @@
 // Anthropic numbers content blocks (text, thinking, tool_use, ...) in one sequence; OpenAI numbers tool calls
 // alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
 // a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
-import { clientToolName, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
+import { clientToolName, reportsUsage, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 
 type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
@@ -21,7 +21,7 @@ export class AnthropicStreamError extends Error {
 interface AnthropicStreamOptions {
   /** Used until message_start names the answering model, and if it never does. */
   model?: string;
-  /** The client asked for stream_options.include_usage: send a usage chunk before [DONE]. */
+  /** The client asked for stream_options.include_usage: send a usage chunk before [DONE], if the upstream reported usage. */
   includeUsage: boolean;
   /** Anthropic's name -> the client's, for tool names respelled for Anthropic (toAnthropicRequest's `toolNames`). */
   toolNames?: ReadonlyMap<string, string>;
@@ -68,9 +68,12 @@ export class AnthropicStreamTranslator {
     this.#created = opts.created ?? Math.floor(Date.now() / 1000);
   }
 
-  /** The upstream's usage so far (message_start's, updated by message_delta's), in Anthropic's terms. */
-  get usage(): AnthropicUsage {
-    return this.#usage;
+  /**
+   * The upstream's usage so far (message_start's, updated by message_delta's), in Anthropic's terms; undefined while
+   * it has reported none (before message_start, or from a proxy that leaves usage out), not zero tokens.
+   */
+  get usage(): AnthropicUsage | undefined {
+    return reportsUsage(this.#usage) ? this.#usage : undefined;
   }
 
   /** Takes one upstream event; returns the complete SSE events (`data: ...\n\n`) to send, possibly none. */
@@ -201,7 +204,10 @@ export class AnthropicStreamTranslator {
       this.#finish = 'stop';
       out.push(this.#chunk({}, 'stop'));
     }
-    if (this.#includeUsage) out.push(this.#frame({ ...this.#base(), choices: [], usage: toOpenAIUsage(this.#usage) }));
+    // Only usage the upstream reported: a usage chunk of zeros reads as a real usage of 0 tokens (reportsUsage). The
+    // client then has none, as from an OpenAI-compatible server that sends no usage chunk despite include_usage.
+    const usage = this.usage;
+    if (this.#includeUsage && usage) out.push(this.#frame({ ...this.#base(), choices: [], usage: toOpenAIUsage(usage) }));
     out.push(DONE);
     return out;
   }

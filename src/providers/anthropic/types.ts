@@ -139,7 +139,8 @@ export interface OpenAIChatCompletion {
     logprobs: null;
     finish_reason: OpenAIFinishReason;
   }>;
-  usage: OpenAIUsage;
+  /** Optional, as in OpenAI's own types: left out when the upstream reported none (never invented as zeros). */
+  usage?: OpenAIUsage;
 }
 
 export interface OpenAIChunkDelta {
@@ -249,5 +250,9 @@ export interface AnthropicMessage {
   content: readonly AnthropicBlockLike[];
   stop_reason: string | null;
   stop_sequence?: string | null;
-  usage: AnthropicUsage;
+  /**
+   * Anthropic's API always sends it (here, in message_start and in message_delta); a proxy in front of it may leave
+   * it out, and the translation then reports none rather than zeros.
+   */
+  usage?: AnthropicUsage | null;
 }
