@@ -109,6 +109,13 @@ export async function serveTargets(
   // A hand-over to a target found unavailable is owed until the request is sent there: parked for that target and
   // released to it, the request comes back with `left` naming that very target, and the hand-over was never counted.
   let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
+  /**
+   * The request's wait in the lot ran out (its last chance before its deadline, or park.maxWaitMs): it looks at every
+   * target once more, and parks no more. Parked for the target expected back first, it is not told when another comes
+   * back: a backup that recovered while the primary's probes kept failing found 25 of 30 parked requests ending in
+   * 503 circuit_open at their deadlines.
+   */
+  let lastLook = false;
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
   const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined);
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
@@ -281,7 +288,7 @@ export async function serveTargets(
     // The one this request's own answer started was judged by its hint, which the retry policy accepted: its spread
     // (up to a tenth more) must not turn the wait the request left to come back for into a refusal.
     const hintTooLong = first.reason === 'hold-off' && !first.own && waitMs > first.plan.retry.maxWaitHintMs;
-    if (!park || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
+    if (!park || lastLook || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       noteBlocked(blocked);
       return worst(unavailable);
     }
@@ -315,7 +322,9 @@ export async function serveTargets(
       case 'closing':
         return end({ kind: 'closing', plan: first.plan });
       case 'timeout':
-        return worst(unavailable);
+        if (blocked.length === 1) return worst(unavailable);
+        lastLook = true;
+        break;
       case 'aborted': {
         const result = { outcome: abortOutcome(ctx.signal.reason) };
         return end({ kind: 'failed', plan: first.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } });
