@@ -318,9 +318,10 @@ describe('two online tenants on one pool: the class shared between tenants', () 
     console.info(`quiet tenant's p50 beside 48 concurrent calls of another on 8 slots (300 ms answers): both online ${shared} ms; the noisy one at batch ${demoted} ms`);
     // Served by class, then by client (the one holding the fewest slots first): in one class the quiet tenant takes the
     // next slot freed, as it does with the noisy key at batch, instead of waiting its turn behind the other's queue
-    // (48 / 8 x 300 ms, about 1.8 s, by arrival alone).
-    expect(shared).toBeLessThan(1200);
-    expect(demoted).toBeLessThan(1200);
+    // (48 / 8 x 300 ms, about 1.8 s, by arrival alone, and its own 300 ms answer: 2.1 s a call). About 0.3 to 0.5 s on
+    // a quiet machine; a loaded 2-core one (a whole CI run beside other work) measured 1.48 s.
+    expect(shared).toBeLessThan(1600);
+    expect(demoted).toBeLessThan(1600);
   });
 });
 
