@@ -32,8 +32,27 @@ describe('parseRetryAfterMs', () => {
     expect(parseRetryAfterMs('Wed, 21 Oct 2015 07:27:00 GMT', now)).toBe(0);
   });
 
+  // RFC 9110 5.6.7: a recipient must accept the two obsolete formats too (test/third-party-suite-37.test.ts).
+  it.each([
+    ['Wednesday, 21-Oct-15 07:28:30 GMT', 30_000], ['Wed Oct 21 07:28:30 2015', 30_000], ['Wed Oct 21 07:29:00 2015', 60_000],
+    ['Sun Nov  6 08:49:37 1994', 0], ['Sunday, 06-Nov-94 08:49:37 GMT', 0],
+  ])('reads the obsolete HTTP-date %j', (value, ms) => {
+    expect(parseRetryAfterMs(value, now)).toBe(ms);
+  });
+
+  it('reads an RFC 850 year more than 50 years ahead as the latest past one with those digits', () => {
+    const in2060 = Date.UTC(2060, 0, 1);
+    expect(parseRetryAfterMs('Friday, 01-Jan-60 00:00:30 GMT', in2060)).toBe(30_000);
+    expect(parseRetryAfterMs('Thursday, 01-Jan-99 00:00:00 GMT', in2060)).toBe(Date.UTC(2099, 0, 1) - in2060); // 39 years ahead: 2099
+    expect(parseRetryAfterMs('Sunday, 01-Jan-11 00:00:00 GMT', in2060)).toBe(0); // 2111 is 51 years ahead: 2011
+    expect(parseRetryAfterMs('Friday, 01-Jan-66 00:00:00 GMT', now)).toBe(0); // 1966 from 2015, not 2066
+    expect(parseRetryAfterMs('Thursday, 01-Jan-65 00:00:00 GMT', now)).toBe(Date.UTC(2065, 0, 1) - now); // 50 years ahead: kept
+  });
+
   it.each(['-1', '1e3', '0x10', 'Infinity', 'NaN', '', 'soon', '1.', '21 Oct 2015 07:28:30 GMT',
-    'Wed, 21 Oct 2015 07:28:30 PST', 'Wed, 30 Feb 2015 07:28:30 GMT', 'Wed, 21 Oct 2015 25:28:30 GMT', '2015-10-21T07:28:30Z'])(
+    'Wed, 21 Oct 2015 07:28:30 PST', 'Wed, 30 Feb 2015 07:28:30 GMT', 'Wed, 21 Oct 2015 25:28:30 GMT', '2015-10-21T07:28:30Z',
+    'Wed, 21-Oct-15 07:28:30 GMT', 'Wednesday, 21-Oct-2015 07:28:30 GMT', 'Wednesday, 21-Oct-15 07:28:30', 'Wed Oct 21 07:28:30 2015 GMT',
+    'Wed Oct 21 7:28:30 2015', 'Wed Oct 32 07:28:30 2015'])(
     'rejects %j', value => {
       expect(parseRetryAfterMs(value, now)).toBeUndefined();
     });

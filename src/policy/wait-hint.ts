@@ -90,11 +90,11 @@ export function retryInfoHint(error: unknown): WaitHint | undefined {
   return undefined;
 }
 
-/** Retry-After as delta-seconds (a non-negative decimal like "1.5" is accepted too) or an IMF-fixdate HTTP-date; a past date is 0. */
+/** Retry-After as delta-seconds (a non-negative decimal like "1.5" is accepted too) or an HTTP-date; a past date is 0. */
 export function parseRetryAfterMs(value: string, nowMs: number): number | undefined {
   const seconds = parseNonNegativeDecimal(value);
   if (seconds !== undefined) return seconds * 1000;
-  const at = parseImfFixdateMs(value.trim());
+  const at = parseHttpDateMs(value.trim(), nowMs);
   return at === undefined ? undefined : Math.max(0, at - nowMs);
 }
 
@@ -162,14 +162,28 @@ function isZero(value: string | undefined): boolean {
 }
 
 const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
-const IMF_FIXDATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\d{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT$/;
+const MONTH = '(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)';
+const TIME = '(\\d{2}):(\\d{2}):(\\d{2})';
+const IMF_FIXDATE = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\\d{2}) ${MONTH} (\\d{4}) ${TIME} GMT$`);
+// The two obsolete forms RFC 9110 5.6.7 has every recipient accept: RFC 850's and C's asctime().
+const RFC850_DATE = new RegExp(`^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), (\\d{2})-${MONTH}-(\\d{2}) ${TIME} GMT$`);
+const ASCTIME_DATE = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ${MONTH} ( \\d|\\d{2}) ${TIME} (\\d{4})$`);
 const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:([Zz])|([+-])(\d{2}):(\d{2}))$/;
 
-// A strict grammar instead of Date.parse, which reads "1" or "May 5" as dates in the local time zone.
-function parseImfFixdateMs(value: string): number | undefined {
-  const m = IMF_FIXDATE.exec(value);
+// A strict grammar instead of Date.parse, which reads "1" or "May 5" as dates in the local time zone. A server may send
+// any of the three formats: dropped, an obsolete one left the gateway retrying into the pause it asked for.
+function parseHttpDateMs(value: string, nowMs: number): number | undefined {
+  let m = IMF_FIXDATE.exec(value);
+  if (m !== null) return utcMs(Number(m[3]), MONTHS.indexOf(m[2] ?? ''), Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+  m = ASCTIME_DATE.exec(value);
+  if (m !== null) return utcMs(Number(m[6]), MONTHS.indexOf(m[1] ?? ''), Number(m[2]), Number(m[3]), Number(m[4]), Number(m[5]));
+  m = RFC850_DATE.exec(value);
   if (m === null) return undefined;
-  return utcMs(Number(m[3]), MONTHS.indexOf(m[2] ?? ''), Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
+  // A two-digit year more than 50 years ahead is the latest past year with those digits (RFC 9110 5.6.7).
+  const nowYear = new Date(nowMs).getUTCFullYear();
+  let year = nowYear - (nowYear % 100) + Number(m[3]);
+  if (year > nowYear + 50) year -= 100;
+  return utcMs(year, MONTHS.indexOf(m[2] ?? ''), Number(m[1]), Number(m[4]), Number(m[5]), Number(m[6]));
 }
 
 export function parseRfc3339Ms(value: string): number | undefined {
