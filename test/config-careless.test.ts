@@ -174,6 +174,21 @@ describe('values YAML types by their looks', () => {
     expect(configError(valid('    timeoutMs: 1e20\n')).message).toBe('gw.yaml:10: routes[0].timeoutMs: must be <= 2147483647, got 100000000000000000000');
   });
 
+  it('says what a retryOn entry may be: an HTTP status from 400 to 599, network or timeout (it listed the words only)', () => {
+    const expected = 'expected an HTTP status as a whole number from 400 to 599 (503, not 5xx) or one of: network, timeout';
+    expect(configError(valid('    retry: { retryOn: [429, 5xx] }\n')).message).toBe(`gw.yaml:10: routes[0].retry.retryOn[1]: ${expected}, received "5xx"`);
+    expect(configError(valid('    retry: { retryOn: [429, "503"] }\n')).message).toBe(`gw.yaml:10: routes[0].retry.retryOn[1]: ${expected}, received "503"; write it without quotes so YAML reads it as a number`);
+    expect(configError(valid('    retry: { retryOn: [429.5, true] }\n')).message.split('\n')).toEqual([
+      `gw.yaml:10: routes[0].retry.retryOn[0]: ${expected}, received 429.5`,
+      `gw.yaml:10: routes[0].retry.retryOn[1]: ${expected}, received true`,
+    ]);
+    // A word near one it takes is still guessed; a status out of range still names the bound it breaks.
+    expect(configError(valid('    retry: { retryOn: [netwrk, 600] }\n')).message.split('\n')).toEqual([
+      `gw.yaml:10: routes[0].retry.retryOn[0]: ${expected}, received "netwrk"; did you mean "network"?`,
+      'gw.yaml:10: routes[0].retry.retryOn[1]: must be <= 599, got 600',
+    ]);
+  });
+
   it('reports a left-out family as a missing key', () => {
     expect(configError(edit('    family: openai\n', '')).message).toBe('gw.yaml:2: providers.openai: missing required key "family" (expected one of: openai, anthropic, azure-openai)');
   });
@@ -237,6 +252,19 @@ routes:
     expect(router.match('/v1/moderations', 'omni-moderation-latest')).toMatchObject({ route: { name: 'named' } });
     // Behind `*`, a route that names models is never used.
     expect(configError(text.replace('match: { path: /v1/moderations }', 'match: { path: /v1/moderations, models: [x] }')).message).toMatch(/route "unnamed" is never used/);
+  });
+
+  it('says once that a route or passthrough path needs its leading "/", and what to write (a second line called it no plain path)', () => {
+    expect(configError(edit('path: /v1/chat/completions', 'path: v1/embeddings')).message).toBe(
+      'gw.yaml:8: routes[0].match.path: must start with "/", received "v1/embeddings"; write "/v1/embeddings"',
+    );
+    expect(configError(valid('passthrough: { provider: openai, paths: [v1/files] }\n')).message).toBe(
+      'gw.yaml:10: passthrough.paths[0]: must start with "/", received "v1/files"; write "/v1/files"',
+    );
+    // No guess that would itself be refused: a parameter is no plain path, with the slash or without.
+    expect(configError(edit('path: /v1/chat/completions', 'path: "v1/files/:id"')).message).toBe(
+      'gw.yaml:8: routes[0].match.path: must start with "/", received "v1/files/:id"',
+    );
   });
 
   it('refuses a passthrough method listed twice (fastify ended start-up on it with a stack trace)', () => {

@@ -276,7 +276,7 @@ describe('config errors', () => {
     expect(e.message.split('\n')).toEqual([
       'gw.yaml:11: routes[0].retry.maxAttempts: must be >= 1, got 0',
       'gw.yaml:12: routes[0].retry.retryOn[0]: must be >= 400, got 200',
-      'gw.yaml:12: routes[0].retry.retryOn[1]: expected one of: network, timeout, received "flaky"',
+      'gw.yaml:12: routes[0].retry.retryOn[1]: expected an HTTP status as a whole number from 400 to 599 (503, not 5xx) or one of: network, timeout, received "flaky"',
     ]);
   });
 

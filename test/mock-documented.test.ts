@@ -177,6 +177,20 @@ describe('the documented faults and control endpoints', () => {
     expect(await chatStatus()).toBe(200);
   });
 
+  it('"durationMs":0 ends the brownout in force and names it (it answered mode "503" whatever ran), null when none ran', async () => {
+    await control(mock.url, 'POST', '/_mock/brownout', { mode: '429', durationMs: 5000 });
+    expect(await chatStatus()).toBe(429);
+    expect((await control(mock.url, 'POST', '/_mock/brownout', { durationMs: 0 })).body).toEqual({ ok: true, ended: '429', durationMs: 0 });
+    expect(await chatStatus()).toBe(200);
+    // Nothing in force: nothing ended, whatever mode the call names.
+    expect((await control(mock.url, 'POST', '/_mock/brownout', { mode: 'hang', durationMs: 0 })).body).toEqual({ ok: true, ended: null, durationMs: 0 });
+    // One whose time ran out is over already.
+    await control(mock.url, 'POST', '/_mock/brownout', { mode: '529', durationMs: 50 });
+    await sleep(150);
+    expect((await control(mock.url, 'POST', '/_mock/brownout', { durationMs: 0 })).body).toEqual({ ok: true, ended: null, durationMs: 0 });
+    expect(await chatStatus()).toBe(200);
+  });
+
   it('latency delays answers only: errors come at once; reset leaves a brownout in force; a reset closes before any byte', async () => {
     mock.setFaults({ latencyMs: 400, errors: [{ status: 503, rate: 0.5 }] });
     const timed = async () => {

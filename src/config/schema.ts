@@ -34,7 +34,8 @@ const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter'
 const RetryOnEntry = z.union([
   z.number().int().min(400).max(599),
   z.enum(['network', 'timeout']),
-]);
+  // Said whole (zod-issues.ts): `5xx` is text, and the word branch alone answered "expected one of: network, timeout".
+], { error: 'expected an HTTP status as a whole number from 400 to 599 (503, not 5xx) or one of: network, timeout' });
 
 const BackoffSchema = z
   .strictObject({
@@ -592,7 +593,9 @@ export const ConfigSchema = z
       const p = route.match.path;
       // fastify would read these as a parameter or wildcard, or the route would collide with the gateway's own:
       // start-up would fail on a FastifyError and its stack trace rather than on this line.
-      if (!LITERAL_PATH.test(p)) {
+      if (!p.startsWith('/')) {
+        // Its own line already, from the field's startsWith, with what to write: "not a plain path" said it again, wrongly.
+      } else if (!LITERAL_PATH.test(p)) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
       } else if (GATEWAY_PATHS.some((own) => p.replace(/\/+$/, '') === own || p.startsWith(`${own}/`))) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `"${p}" is one of the gateway's own paths (${GATEWAY_PATHS.join(', ')})` });
@@ -613,6 +616,7 @@ export const ConfigSchema = z
     const passed = new Map<string, number>();
     cfg.passthrough?.paths.forEach((p, i) => {
       const bare = p.replace(/\/+$/, '') || '/';
+      if (!p.startsWith('/')) return; // the field's startsWith says so, as for a route's path
       if (!LITERAL_PATH.test(p)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" must be a plain path: no ":", "*", "?", "#" or spaces` });
       else if (passed.has(bare)) ctx.addIssue({ code: 'custom', path: ['passthrough', 'paths', i], message: `"${p}" is listed already (passthrough.paths[${passed.get(bare)}])` });
       else passed.set(bare, i);

@@ -56,7 +56,9 @@ function describePlain(root: core.$ZodType, issue: core.$ZodIssue, value: unknow
 }
 
 // A union lists what each option wanted, unless the value had the right type for exactly one option:
-// then that option's complaint is the useful one (`600` in retryOn is a number, so "must be <= 599").
+// then that option's complaint is the useful one (`600` in retryOn is a number, so "must be <= 599"). A union whose
+// schema says in its own words what it takes (retryOn's entries) says that instead, but for a number out of bounds:
+// `5xx` is text, and the words' option alone named the words only, not the statuses.
 function describeUnion(
   root: core.$ZodType,
   issue: core.$ZodIssueInvalidUnion,
@@ -65,7 +67,10 @@ function describeUnion(
 ): PlainIssue[] {
   const value = valueAt(data, path);
   const typed = issue.errors.filter((branch) => branch.every((i) => i.path.length > 0 || fitsType(i, value)));
-  if (typed.length === 1) return typed[0]!.flatMap((i) => describe(root, i, path, data));
+  const whole = issue.message.startsWith('Invalid') ? undefined : issue.message;
+  const outOfBounds = typed.length === 1 && typed[0]!.every((i) => i.code === 'too_small' || i.code === 'too_big');
+  if (typed.length === 1 && (whole === undefined || outOfBounds)) return typed[0]!.flatMap((i) => describe(root, i, path, data));
+  if (whole !== undefined) return [{ path, message: `${whole}${received(value, path)}${unionHint(issue, value)}` }];
   const wanted = issue.errors.map((branch) => {
     const first = branch[0];
     if (first?.code === 'invalid_type') return typeName(first.expected);
@@ -73,6 +78,15 @@ function describeUnion(
     return first ? briefly(first, undefined, []) : 'something else';
   });
   return [{ path, message: `expected ${wanted.join(' or ')}${received(value, path)}` }];
+}
+
+/** A word near one of the union's (`netwrk`), or digits written in quotes (`"503"`, text in YAML). */
+function unionHint(issue: core.$ZodIssueInvalidUnion, value: unknown): string {
+  if (typeof value !== 'string') return '';
+  if (/^\s*\d+\s*$/.test(value)) return '; write it without quotes so YAML reads it as a number';
+  const words = issue.errors.flat().flatMap((i) => (i.code === 'invalid_value' && i.path.length === 0 ? i.values.map(String) : []));
+  const guess = closest(value, words);
+  return guess ? `; did you mean "${guess}"?` : '';
 }
 
 // Whether a root-level issue means "right type, wrong value" rather than "wrong type".
@@ -120,10 +134,18 @@ function invalidFormat(issue: core.$ZodIssueInvalidStringFormat, value: unknown,
   const got = received(value, path);
   if (issue.format === 'url' && path.at(-1) === 'proxy') return `expected an http:// or https:// proxy URL such as http://proxy.example.com:3128 (SOCKS is not supported), or "" for none${got}`;
   if (issue.format === 'url') return `expected a URL such as https://api.example.com/v1${got}`;
-  if (issue.format === 'starts_with' && 'prefix' in issue) return `must start with "${String(issue.prefix)}"${got}`;
+  if (issue.format === 'starts_with' && 'prefix' in issue) return `must start with "${String(issue.prefix)}"${got}${pathHint(issue.prefix, value)}`;
   // A regex with its own message ("letters, digits...") says what is allowed; zod's default only says "Invalid".
   if (issue.format === 'regex' && !issue.message.startsWith('Invalid')) return `expected ${issue.message}${got}`;
   return `${stripPrefix(issue.message)}${got}`;
+}
+
+/**
+ * A path without its leading "/" (`v1/embeddings`): what to write, when that is a plain path the config takes (no
+ * parameter, wildcard, query or space, which schema.ts refuses once the "/" is there).
+ */
+function pathHint(prefix: unknown, value: unknown): string {
+  return prefix === '/' && typeof value === 'string' && /^[^\s:*?#/][^\s:*?#]*$/.test(value) ? `; write "/${value}"` : '';
 }
 
 function received(value: unknown, path: PropertyKey[]): string {

@@ -46,8 +46,9 @@ export function handleControl(mock: MockServer, req: IncomingMessage, res: Serve
           const mode = String(body?.['mode'] ?? '503') as BrownoutMode;
           const durationMs = Number(body?.['durationMs'] ?? 10_000);
           if (!Number.isFinite(durationMs) || durationMs < 0) throw new Error('durationMs must be a non-negative number');
-          mock.brownout(mode, durationMs);
-          return reply(res, 200, { ok: true, mode, durationMs });
+          const before = mock.brownout(mode, durationMs);
+          // Ending one names the brownout that ran (null: none was in force), not the mode this call named or defaulted to.
+          return reply(res, 200, durationMs === 0 ? { ok: true, ended: before ?? null, durationMs } : { ok: true, mode, durationMs });
         }
         default:
           return reply(res, 404, { error: `unknown control endpoint ${route}` });

@@ -23,7 +23,7 @@ const USAGE = `usage: npm run mock -- [options]
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr
 Control at runtime: GET/PUT/PATCH /_mock/faults (e.g. PATCH {"rateLimit":{"requestsPerMinute":60}}), GET /_mock/stats,
-GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} (defaults 503 and 10000; "durationMs":0 ends one;
+GET /_mock/requests, POST /_mock/reset, POST /_mock/brownout {"mode":"503","durationMs":15000} (defaults 503 and 10000; "durationMs":0 ends one, its answer's "ended" naming the mode that ran;
 modes 503, 429, hang and 529: Anthropic's 529 overloaded_error on /v1/messages, elsewhere OpenAI's documented overload,
 503 "The engine is currently overloaded")`;
 

@@ -45,8 +45,11 @@ export interface MockServer {
   patchFaults(spec: Partial<FaultSpec>): void;
   /** Current fault spec. */
   faults(): FaultSpec;
-  /** Every request gets the brownout answer for durationMs from now. */
-  brownout(mode: BrownoutMode, durationMs: number): void;
+  /**
+   * Every request gets the brownout answer for durationMs from now; 0 ends the one in force. Returns the brownout that
+   * was in force before (ended or replaced), if any.
+   */
+  brownout(mode: BrownoutMode, durationMs: number): BrownoutMode | undefined;
   stats(): MockStats;
   /** The last 10000 requests, oldest first. */
   requests(): MockRequestLog[];
@@ -160,10 +163,17 @@ class MockProvider implements MockServer {
     return this.spec;
   }
 
-  brownout(mode: BrownoutMode, durationMs: number): void {
+  brownout(mode: BrownoutMode, durationMs: number): BrownoutMode | undefined {
     if (!BROWNOUT_MODES.includes(mode)) throw new Error(`unknown brownout mode ${String(mode)} (one of ${BROWNOUT_MODES.join(', ')})`);
+    const before = this.activeBrownout();
+    if (durationMs === 0) {
+      this.brownoutState = undefined;
+      if (before !== undefined) this.note(`brownout ${before} ended`);
+      return before;
+    }
     this.brownoutState = { mode, until: Date.now() + durationMs };
     this.note(`brownout ${mode} for ${durationMs} ms`);
+    return before;
   }
 
   stats(): MockStats {

@@ -24,6 +24,7 @@ import type { EarlyStart } from './early-start.ts';
 
 export interface AttemptRecord {
   target: string;
+  /** Requests the gateway had sent this target for the request before this one, probes included (x-retry-attempt). */
   attempt: number;
   /** `ok`, `status_503`, `network`, `timeout_first_token`, ... */
   reason: string;
@@ -332,12 +333,13 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // or one that carried a probe, is a retry too, and a backoff cut short by the client or the deadline sent nothing.
     // Counted at the backoff instead, a fleet's retry count missed the retries an outage parked, the ones it makes most.
     if (retryOf) deps.onRetry?.(ctx.route.name, plan.key, retryOf.reason, run.waitMs);
-    run.sent++;
+    // Numbered as sent (x-retry-attempt), not by run.attempts: a failed probe costs none, and shared its number with the next.
+    const sentBefore = run.sent++;
     const row = OUTCOME_TABLE[cls.cls];
     const code = failureCode(result);
     ctx.attempts.push({
       target: plan.label,
-      attempt: run.attempts,
+      attempt: sentBefore,
       reason: cls.reason,
       status: result.status,
       waitMs: run.waitMs,
