@@ -1,7 +1,8 @@
 // A request parked for the target expected back first (the primary, its probes failing) is not told when another
 // target comes back. Found in a new user's run: with both breakers open, then the backup recovered while the primary
 // still failed, 25 of 30 parked requests waited to their deadlines and got 503 circuit_open from a healthy backup.
-// At its last chance the request now looks at every target once more before it ends.
+// At its last chance the request now looks at every target once more before it ends; and the backup, an alternate it
+// watches while parked, moves it as soon as its breaker closes (a newcomer's probe), not only then.
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
@@ -56,5 +57,43 @@ describe('a request parked for a primary that stays down', () => {
     const answers = await Promise.all(Array.from({ length: 30 }, () => ask(6_000)));
     expect(answers.map((a) => a.status)).toEqual(Array(30).fill(200));
     expect(answers.every((a) => a.target?.startsWith('backup'))).toBe(true);
+  });
+
+  it('leaves the lot for the backup as soon as the backup closes its breaker, long before its own deadline', { timeout: 40_000 }, async () => {
+    const primary = await startMock();
+    const backup = await startMock();
+    const url = await startGateway(parseConfig(yaml(primary.url, backup.url), 'park-backup-moved.yaml', {}));
+    const ask = (timeoutMs: number) => {
+      const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, logLevel: 'off', defaultHeaders: { 'x-stormgate-timeout-ms': String(timeoutMs) } });
+      const started = Date.now();
+      return client.chat.completions
+        .create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] })
+        .withResponse()
+        .then((r) => ({ status: 200, target: r.response.headers.get('x-stormgate-target'), atMs: Date.now() }))
+        .catch((e: { status?: number; code?: string }) => ({ status: e.status ?? 0, target: e.code ?? null, atMs: Date.now() }))
+        .then((a) => ({ ...a, tookMs: a.atMs - started }));
+    };
+    await brownout(primary, { mode: '503', durationMs: 120_000 });
+    await brownout(backup, { mode: '503', durationMs: 120_000 });
+    for (let i = 0; i < 20; i++) void ask(1_500);
+    await sleep(1_800);
+    // Parked with 25 s to go: their last chance is 20 s away.
+    const parked = Array.from({ length: 10 }, () => ask(25_000));
+    await sleep(300);
+    await brownout(backup, { durationMs: 0 });
+    const backAtMs = Date.now();
+    // Newcomers: once the backup's breaker may probe (openS, 2 s), one of them probes it and closes it.
+    const newcomers: Array<ReturnType<typeof ask>> = [];
+    for (let i = 0; i < 8; i++) {
+      newcomers.push(ask(6_000));
+      await sleep(400);
+    }
+    const answers = await Promise.all(parked);
+    expect(answers.map((a) => a.status)).toEqual(Array(10).fill(200));
+    expect(answers.every((a) => a.target?.startsWith('backup'))).toBe(true);
+    // Closed within about 2 s of its recovery (openS), and left within a second of that: 12 s leaves room for a loaded
+    // machine and is still far before their last chance (about 22 s after this moment).
+    for (const a of answers) expect(a.atMs - backAtMs).toBeLessThan(12_000);
+    await Promise.all(newcomers);
   });
 });

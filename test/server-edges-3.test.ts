@@ -124,7 +124,7 @@ describe('metrics of a fresh gateway', () => {
       },
     });
     const text = await (await fetch(`${stack.url}/metrics`)).text();
-    for (const outcome of ['released', 'full', 'timeout', 'aborted', 'closing']) {
+    for (const outcome of ['released', 'moved', 'full', 'timeout', 'aborted', 'closing']) {
       expect(text).toMatch(new RegExp(`^stormgate_park_outcomes_total\\{route="chat",outcome="${outcome}"\\} 0$`, 'm'));
     }
     for (const reason of ['failed', 'unavailable', 'deadline', 'shed', 'park_full']) {

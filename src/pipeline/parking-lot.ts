@@ -34,10 +34,12 @@ export interface Ticket {
 }
 
 /** How a parked request leaves the lot (stormgate_park_outcomes_total's outcome label). */
-export const PARK_OUTCOMES = ['released', 'full', 'timeout', 'aborted', 'closing'] as const;
+export const PARK_OUTCOMES = ['released', 'moved', 'full', 'timeout', 'aborted', 'closing'] as const;
 
 type ParkResult =
   | { kind: 'released'; ticket: Ticket }
+  /** One of its alternates came back while its own target is still away: it looks at every target again. */
+  | { kind: 'moved' }
   | { kind: 'full' }
   | { kind: 'timeout' }
   | { kind: 'aborted' }
@@ -69,6 +71,13 @@ interface ParkOptions {
   lowestClass?: boolean;
   /** The client's key (auth.keys): the clients of a class take turns (unnamed: one client). */
   client?: string;
+  /**
+   * The keys of the request's other targets, unavailable too when it parked: should one come back (its breaker closed,
+   * its hold-off over) while the request's own key is still away, the request leaves the lot (`moved`) to try it, at
+   * its moment in a release window as the parked of that key would. Parked for the one expected back first, it was
+   * otherwise told only at its last chance, and a backup that came back waited out the primary's outage unused.
+   */
+  alternates?: readonly string[];
 }
 
 interface ParkingLotDeps {
@@ -98,6 +107,10 @@ interface Entry {
   cutoffMs: number;
   /** Its moment in the release window after the target came back; undefined: as soon as a slot is free. */
   notBeforeMs: number | undefined;
+  /** ParkOptions.alternates: those not available when it parked (one available then would move it at once, in a loop). */
+  alternates: readonly string[] | undefined;
+  /** When it leaves for an alternate that came back (its moment in that one's window); undefined: none back yet. */
+  moveAtMs: number | undefined;
   settle: (r: ParkResult) => void;
 }
 
@@ -138,6 +151,8 @@ interface Queue {
   /** Per class, clients with a request of it parked or out. */
   clients: Map<string, LotClient>[];
   releases: number;
+  /** Entries with alternates to watch: only then does a pump look at other targets' states. */
+  watching: number;
 }
 
 const NO_TIMER = Number.POSITIVE_INFINITY;
@@ -208,8 +223,11 @@ export class ParkingLot {
         deadlineAtMs: opts.deadlineAtMs,
         cutoffMs,
         notBeforeMs: notBefore(windowEndMs > this.#deps.now() ? Math.min(windowEndMs, cutoffMs - 1) : undefined, opts.notBeforeMs),
+        alternates: this.#watchable(opts.alternates),
+        moveAtMs: undefined,
         settle: (r) => {
           clearTimeout(waitTimer);
+          if (entry.alternates) q.watching--;
           opts.signal.removeEventListener('abort', onAbort);
           this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 1) - 1);
           this.#countClient(opts.route, clientName, -1);
@@ -224,6 +242,7 @@ export class ParkingLot {
       const waitMs = Math.min(opts.maxWaitMs ?? Number.POSITIVE_INFINITY, cutoffMs - this.#deps.now());
       waitTimer = setTimeout(() => this.#giveUp(entry, { kind: 'timeout' }), Math.max(0, waitMs));
       insertByDeadline(q.entries, entry);
+      if (entry.alternates) q.watching++;
       tier.parked++;
       client.parked++;
       this.#perRoute.set(opts.route, (this.#perRoute.get(opts.route) ?? 0) + 1);
@@ -276,11 +295,56 @@ export class ParkingLot {
     e.settle(r);
   }
 
-  /** The state of a target or of its flex tier may have changed (a breaker transition, a hold-off, a timer): release what may go. */
+  /**
+   * The state of a target or of its flex tier may have changed (a breaker transition, a hold-off, a timer): release what
+   * may go, and move what was parked elsewhere watching it.
+   */
   notify(key: string): void {
     const target = targetOfHoldOffKey(key);
-    const q = this.#queues.get(target);
-    if (q) this.#pump(target, q);
+    for (const [t, q] of this.#queues) if (t === target || (q.watching > 0 && q.entries.some((e) => e.alternates?.some((a) => targetOfHoldOffKey(a) === target)))) this.#pump(t, q);
+  }
+
+  /** The alternates worth watching: those not available now. */
+  #watchable(keys: readonly string[] | undefined): readonly string[] | undefined {
+    const away = keys?.filter((k) => this.#deps.stateOf(k).mode !== 'available');
+    return away && away.length > 0 ? away : undefined;
+  }
+
+  /**
+   * Entries whose own key is away and one of whose alternates is back leave at a random moment of the next second
+   * (never past half their time left), as a key's own parked leave over its release window: a backup that closed its
+   * breaker must not get every request parked for the primary in one burst. Returns when to look again: the next
+   * such moment, or the end of an alternate's hold-off.
+   */
+  #moveToAlternates(q: Queue, now: number): number {
+    let next = Number.POSITIVE_INFINITY;
+    const states = new Map<string, TargetState>();
+    const stateOf = (k: string) => states.get(k) ?? (states.set(k, this.#deps.stateOf(k)), states.get(k)!);
+    for (let i = 0; i < q.entries.length; ) {
+      const e = q.entries[i]!;
+      // Past its cut-off, it times out (the release loop below): never sent anywhere with no time left.
+      if (!e.alternates || e.tier.state.mode === 'available' || now >= e.cutoffMs) {
+        i++;
+        continue;
+      }
+      if (e.moveAtMs === undefined) {
+        let back = false;
+        for (const a of e.alternates) {
+          const s = stateOf(a);
+          if (s.mode === 'available') back = true;
+          else if (s.mode === 'blocked') next = Math.min(next, s.availableAtMs);
+        }
+        if (back) e.moveAtMs = now + Math.min(MAX_RELEASE_SPREAD_MS * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
+      }
+      if (e.moveAtMs !== undefined && e.moveAtMs <= now) {
+        takeOut(q, i);
+        e.settle({ kind: 'moved' });
+        continue;
+      }
+      if (e.moveAtMs !== undefined) next = Math.min(next, e.moveAtMs);
+      i++;
+    }
+    return next;
   }
 
   /** Targets the lot keeps a queue for (a flex tier's requests are in their target's). */
@@ -313,7 +377,7 @@ export class ParkingLot {
 
   #queue(target: string): Queue {
     let q = this.#queues.get(target);
-    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, clients: [], releases: 0 }));
+    if (!q) this.#queues.set(target, (q = { entries: [], tiers: new Map(), inflight: 0, inflightByClass: [], streamingByClass: [], timer: undefined, timerAtMs: NO_TIMER, clients: [], releases: 0, watching: 0 }));
     return q;
   }
 
@@ -346,8 +410,9 @@ export class ParkingLot {
         backSinceMs = Math.min(backSinceMs, tier.blockedSinceMs);
       }
     }
+    const moveAtMs = q.watching > 0 ? this.#moveToAlternates(q, now) : Number.POSITIVE_INFINITY;
     if (!open) {
-      this.#wakeAt(target, q, blockedUntilMs);
+      this.#wakeAt(target, q, Math.min(blockedUntilMs, moveAtMs));
       return;
     }
     // Keys back at once (a target-wide hold-off over) share one window, their requests their moments in one order.
@@ -413,7 +478,7 @@ export class ParkingLot {
     // nothing reports back.
     let openLeft = false;
     for (const tier of q.tiers.values()) if (tier.parked > 0 && tier.state.mode !== 'blocked') openLeft = true;
-    this.#wakeAt(target, q, Math.min(next, blockedUntilMs, openLeft ? now + 250 : Number.POSITIVE_INFINITY));
+    this.#wakeAt(target, q, Math.min(next, blockedUntilMs, moveAtMs, openLeft ? now + 250 : Number.POSITIVE_INFINITY));
   }
 
   /**

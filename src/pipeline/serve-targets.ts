@@ -111,9 +111,9 @@ export async function serveTargets(
   let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
   /**
    * The request's wait in the lot ran out (its last chance before its deadline, or park.maxWaitMs): it looks at every
-   * target once more, and parks no more. Parked for the target expected back first, it is not told when another comes
-   * back: a backup that recovered while the primary's probes kept failing found 25 of 30 parked requests ending in
-   * 503 circuit_open at their deadlines.
+   * target once more, and parks no more. Parked for the target expected back first, it is told when another comes
+   * back only once that one's breaker has closed (`moved`): a backup merely half-open, which no newcomer probed, found
+   * 25 of 30 parked requests ending in 503 circuit_open at their deadlines.
    */
   let lastLook = false;
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
@@ -305,6 +305,7 @@ export async function serveTargets(
       // A target that is probing may still have no permit for this request (others hold them, here or on another
       // instance): it waits for them rather than be released at once, refused, and parked again in a loop.
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
+      alternates: blocked.filter((b) => b !== first && b.reason !== 'pacing').map((b) => b.plan.holdOffKey),
     });
     const waited = deps.now() - now;
     parkedMs += waited;
@@ -315,6 +316,9 @@ export async function serveTargets(
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
         // The log's attempt record shows the time parked as the wait before the attempt it leads to.
         runs[released.index]!.waitMs = deps.now() - now;
+        break;
+      case 'moved':
+        // Another target came back while the one it parked for is still away: every target is looked at again.
         break;
       case 'full':
         // A request that already went upstream ends with what it got there, not with an invitation to come back.
