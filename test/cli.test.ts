@@ -50,6 +50,8 @@ describe('stormgate on the command line', () => {
     expect(code).toBe(2);
     expect(stderr).toMatch(/OPENAI_API_KEY/);
     expect(stderr).toMatch(/npm run demo/);
+    // No client key is missing: no line about one (an empty "Set  in the environment: client keys").
+    expect(stderr).not.toMatch(/auth\.keys/);
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
