@@ -13,7 +13,7 @@ import { notAnAnswer } from '../src/providers/answer-shape.ts';
 import { outputCharsOfAnswer } from '../src/streaming/stream-events.ts';
 import { reportsUsage, toOpenAIResponse } from '../src/providers/anthropic/response.ts';
 import { AnswerCut, transportOutcome } from '../src/providers/transport-errors.ts';
-import { firstRetryRoundMs, ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { retryTurnMs, ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
 import type { MockServer } from '../src/mock/server.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 
@@ -145,10 +145,22 @@ describe('the wait a retry expects for the retry cap', () => {
   });
 
   it('counts a holder past its hold as ending now, never as having ended in the past', () => {
-    expect(firstRetryRoundMs([], 5_000, 1_000)).toBe(1_000);
-    expect(firstRetryRoundMs([4_600, 4_900], 5_000, 1_000)).toBe(600);
-    // Granted 10 s ago for an answer that takes 1 s: the first round is now, not 9 s ago (the next rounds would shrink).
-    expect(firstRetryRoundMs([-5_000, 4_900], 5_000, 1_000)).toBe(0);
+    // None in flight, a full round of the cap ahead (the queued ones take the first round): a whole hold.
+    expect(retryTurnMs([], 5_000, 1_000, 2, 2)).toBe(1_000);
+    expect(retryTurnMs([4_600, 4_900], 5_000, 1_000, 2, 0)).toBe(600);
+    // Granted 10 s ago for an answer that takes 1 s: its place frees now, not 9 s ago (the next rounds would shrink).
+    expect(retryTurnMs([-5_000, 4_900], 5_000, 1_000, 2, 0)).toBe(0);
+  });
+
+  it('waits for the place that frees for it, not the first: one retry ahead takes the nearest holder\'s place', () => {
+    // Cap 2, holders ending in 0.5 s and 20 s, one retry ahead: its turn is the second place, 20 s away.
+    expect(retryTurnMs([-19_500, 0], 0, 20_000, 2, 1)).toBe(20_000);
+    // One in flight, one place unused: the retry ahead takes the unused one, this one the holder's at 0.5 s.
+    expect(retryTurnMs([-19_500], 0, 20_000, 2, 1)).toBe(500);
+    // Three rounds ahead of it: the places free again a hold after each one's first turn.
+    expect(retryTurnMs([-19_500, 0], 0, 20_000, 2, 5)).toBe(20_000 + 2 * 20_000);
+    // More in flight than the cap (a fleet share shrank it to 1): a place frees once the excess has ended.
+    expect(retryTurnMs([-19_500, -10_000, 0], 0, 20_000, 1, 0)).toBe(20_000);
   });
 });
 

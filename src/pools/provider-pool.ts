@@ -374,13 +374,9 @@ export class ProviderPool {
   #retryCapWait(cls: number, aheadInClass: number, slotMs: number): number {
     let ahead = Math.min(aheadInClass, this.#retriesQueued[cls]!);
     for (let k = 0; k < cls; k++) ahead += this.#retriesQueued[k]!;
-    // In flight beyond the cap (a fleet share just shrank it) they end within a slot's hold all the same, together.
-    const beyond = Math.min(this.#retriesInUse, this.#retryCapacity) + ahead + 1 - this.#retryCapacity;
-    if (beyond <= 0) return 0;
-    // The first round ends with the holder nearest its hold's end, not a whole hold away: counted whole, a retry behind
-    // one 19.5 s into a 20 s answer was shed at once, told 20 s, where it would have been seated half a second later.
-    // An estimate on the short side only lets a retry wait (it is still shed at its last chance), never sheds one.
-    return firstRetryRoundMs(this.#retryGrantsAtMs, this.now(), slotMs) + (Math.ceil(beyond / this.#retryCapacity) - 1) * slotMs;
+    // Room for it and every retry ahead: the common case, answered without looking at the holders.
+    if (this.#retriesInUse + ahead + 1 <= this.#retryCapacity) return 0;
+    return retryTurnMs(this.#retryGrantsAtMs, this.now(), slotMs, this.#retryCapacity, ahead);
   }
 
   /**
@@ -895,11 +891,17 @@ function goesBefore(use: ClientUse, w: Waiter, otherUse: ClientUse, other: Waite
 }
 
 /**
- * How long until the first of the retries in flight (granted at `grantsAtMs`) is expected to end: a slot's hold after
- * its grant, none once that is past; a whole hold when none is in flight (the queued ones ahead take the first round).
+ * When a retry with `ahead` retries queued before it gets a place under the retry cap: each retry in flight is expected
+ * to end a slot's hold after its grant (`grantsAtMs`; now, once that is past), each place it frees goes to the next
+ * in line, who holds it a slot's hold. Its own turn is at the place that frees `ahead`-th: the holder nearest its end
+ * frees the first (counted a whole hold away, a retry behind one 19.5 s into a 20 s answer was shed at once, told
+ * 20 s, where it would have been seated half a second later), but one with another retry ahead of it waits for the
+ * second (taken as the first, it was told 0.5 s with the other holder 19 s from its end).
  */
-export function firstRetryRoundMs(grantsAtMs: readonly number[], nowMs: number, slotMs: number): number {
-  let first = slotMs;
-  for (const at of grantsAtMs) first = Math.min(first, Math.max(0, slotMs - (nowMs - at)));
-  return first;
+export function retryTurnMs(grantsAtMs: readonly number[], nowMs: number, slotMs: number, capacity: number, ahead: number): number {
+  const ends = grantsAtMs.map((at) => Math.max(0, slotMs - (nowMs - at))).sort((a, b) => a - b);
+  // The cap's places free at these moments: unused ones now; with more in flight than the cap (a fleet share just
+  // shrank it), a place frees only once the excess has ended.
+  const places = ends.length >= capacity ? ends.slice(ends.length - capacity) : [...new Array<number>(capacity - ends.length).fill(0), ...ends];
+  return places[ahead % capacity]! + Math.floor(ahead / capacity) * slotMs;
 }
