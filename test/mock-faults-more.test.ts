@@ -201,6 +201,21 @@ describe('the mock alone, with the official SDKs', () => {
     expect((await control(mock.url, 'PATCH', '/_mock/faults', { errors: [{ status: 400 }, { status: 599 }] })).status).toBe(200);
     expect(() => mock.setFaults({ errors: [{ status: 200 }] })).toThrow(/from 400 to 599/);
   });
+
+  it('a misspelt field or a negative delay is refused with 400 and the spec kept, not silently ignored', async () => {
+    const spec: FaultSpec = { errors: [{ status: 503, rate: 0.5 }] };
+    await control(mock.url, 'PUT', '/_mock/faults', spec);
+    const unknown = 'unknown fault spec field "erors"; did you mean "errors"?';
+    expect(await control(mock.url, 'PATCH', '/_mock/faults', { erors: [{ status: 503 }] })).toEqual({ status: 400, body: { error: unknown } });
+    expect(await control(mock.url, 'PUT', '/_mock/faults', { erors: [{ status: 503 }] })).toEqual({ status: 400, body: { error: unknown } });
+    expect(await control(mock.url, 'PATCH', '/_mock/faults', { models: { m: { latencyMS: 5 } } })).toEqual({ status: 400, body: { error: 'unknown fault spec field "latencyMS"; did you mean "latencyMs"?' } });
+    for (const k of ['latencyMs', 'capacity', 'hangRate']) {
+      expect(await control(mock.url, 'PATCH', '/_mock/faults', { [k]: -5 })).toEqual({ status: 400, body: { error: `${k} must be a non-negative number` } });
+    }
+    expect(mock.faults()).toEqual(spec);
+    // null still removes a field, as documented.
+    expect((await control(mock.url, 'PATCH', '/_mock/faults', { errors: null })).body).toEqual({});
+  });
 });
 
 describe('the flags (npm run mock)', () => {

@@ -1,6 +1,7 @@
 // Fault specification of the mock provider and the one function that decides a request's fate.
 // Decisions are deterministic (counters, not Math.random), so a test that asks for "30% 503s"
 // gets exactly 3 failures in every 10 matching requests and never flakes.
+import { closest } from '../config/unknown-key.ts';
 import type { RateOutcome } from './rate-limit.ts';
 
 /** One way to fail with an HTTP error; rules are checked in order and the first that fires answers. */
@@ -267,10 +268,23 @@ export function latencyFor(spec: FaultSpec, facts: RequestFacts, random: () => n
   );
 }
 
+/** Every field of a FaultSpec (the compiler checks the list is whole), so an unknown one is refused. */
+const SPEC_FIELDS = {
+  latencyMs: true, latencyJitterMs: true, latencyPerInflightMs: true, capacity: true, requestsPerMinute: true, rateLimit: true,
+  capacityHeaders: true, holdAbandoned: true, errors: true, resetRate: true, hangRate: true, stream: true, models: true,
+} satisfies Record<keyof FaultSpec, true>;
+
 /** Throws a readable error when a value (e.g. a PUT body) is not a plausible FaultSpec. */
 export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('fault spec must be a JSON object');
   const spec = value as Record<string, unknown>;
+  // A misspelt field would otherwise be kept and ignored: the scenario runs without the fault it asked for.
+  for (const k of Object.keys(spec)) {
+    if (!Object.hasOwn(SPEC_FIELDS, k)) {
+      const guess = closest(k, Object.keys(SPEC_FIELDS));
+      throw new Error(`unknown fault spec field ${JSON.stringify(k)}${guess ? `; did you mean "${guess}"?` : ''}`);
+    }
+  }
   if (spec['errors'] !== undefined) {
     if (!Array.isArray(spec['errors'])) throw new Error('errors must be an array');
     for (const r of spec['errors']) {
@@ -291,6 +305,7 @@ export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   }
   for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {
     if (spec[k] !== undefined && typeof spec[k] !== 'number') throw new Error(`${k} must be a number`);
+    if (typeof spec[k] === 'number' && !(spec[k] >= 0)) throw new Error(`${k} must be a non-negative number`);
   }
   if (spec['rateLimit'] !== undefined) assertRateLimit(spec['rateLimit']);
   if (spec['holdAbandoned'] !== undefined && typeof spec['holdAbandoned'] !== 'boolean') throw new Error('holdAbandoned must be a boolean');
