@@ -27,6 +27,7 @@ import type { Metrics } from './observability/metrics.ts';
 import { forgetTargetSeries, metricsObserver } from './observability/pipeline-metrics.ts';
 import { BREAKER_STATE_VALUE, collectAtScrape } from './observability/scrape-gauges.ts';
 import { zeroSeries } from './observability/zero-series.ts';
+import { HoldOffLog } from './observability/hold-off-log.ts';
 import { asAbortSignal, type RequestSignal } from './pipeline/request-abort.ts';
 
 export interface RuntimeDeps {
@@ -73,16 +74,18 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     },
   });
   // One line per hold that starts (not per answer that extends it): the operator's record of what turned a target away.
-  // Counted once fleet-wide, as breaker transitions are: by the instance the store says started it.
+  // A hold-off started again and again (a share of 429s with short hints) is one line, then one per window counting
+  // the starts since (hold-off-log.ts). Counted once fleet-wide, as breaker transitions are: by the instance the store
+  // says started it.
+  const holdOffLog = new HoldOffLog(logger, now);
   const holdOffs = new HoldOffs(
     store,
     now,
     random,
     (h) => {
-      const until = new Date(h.untilMs).toISOString();
-      if (h.kind === 'hold-off') logger.warn({ target: h.target, tier: h.tier, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until }, 'hold-off started: the provider asked for a pause');
+      if (h.kind === 'hold-off') holdOffLog.started(h);
       // A refused key is the configuration's fault and stays until someone fixes it: error level, as a Redis misconfiguration.
-      else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until }, 'credentials refused: target held');
+      else logger.error({ target: h.target, reason: h.reason, status: h.status, holdS: Math.round((h.untilMs - now()) / 1000), until: new Date(h.untilMs).toISOString() }, 'credentials refused: target held');
     },
     (h) => metrics.holdsStarted.inc({ target: h.target, kind: h.kind === 'hold-off' ? 'hold_off' : 'credentials', tier: h.tier ?? 'all', reason: h.reason }),
   );
@@ -223,6 +226,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       pools.close();
       unsubscribe();
       unsubscribeDegraded();
+      holdOffLog.close();
       await store.close();
       await closeProviderClients(providers, deps.dispatcher === undefined);
     },
@@ -239,7 +243,7 @@ async function createStore(config: Config, logger: Logger, now: () => number): P
   // credential hold) for every target it has not asked Redis about yet. A Redis that is away does not hold up the
   // start for long: the store serves on local state and catches up when Redis comes.
   if (!(await store.ready(STORE_STARTUP_WAIT_MS))) {
-    logger.warn({ waitedMs: STORE_STARTUP_WAIT_MS }, 'starting on local state: Redis is not ready yet');
+    logger.warn({ redis: store.address, waitedMs: STORE_STARTUP_WAIT_MS }, 'starting on local state: Redis is not ready yet');
     store.startWithoutRedis();
   }
   return store;

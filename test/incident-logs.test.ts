@@ -160,7 +160,7 @@ describe('incidents as the log tells them', () => {
     expect(attemptsSent(reqs)).toBe(stack.mock.stats().total);
   }, 30_000);
 
-  it('a 429 storm with retry-after: one hold-off line per hold-off, held-off requests name the hold-off and the time parked', async () => {
+  it('a 429 storm with retry-after: one hold-off line for the target, not one per hold-off, held-off requests name the hold-off and the time parked', async () => {
     stack = await startStack({ config: (url) => config(url, { route: { timeoutMs: 2500 } }) });
     stack.mock.setFaults({ errors: [{ status: 429, headers: { 'retry-after': '1' } }] });
     const storm = drive(stack, { workers: 6, forMs: 3500 });
@@ -171,9 +171,11 @@ describe('incidents as the log tells them', () => {
     const reqs = checkCommon(lines, calls, { slackMs: 500 });
     const others = otherLines(lines);
     const holdOffs = others.filter((l) => l.msg === 'hold-off started: the provider asked for a pause');
-    // A hold-off of about a second, started again after it is over while the storm lasts (2 s): a few lines, not one per 429.
-    expect(holdOffs.length).toBeGreaterThanOrEqual(1);
-    expect(holdOffs.length).toBeLessThanOrEqual(5);
+    // A hold-off of about a second, started again after it is over while the storm lasts (2 s): one line at the first
+    // start; the starts after it within HOLD_OFF_LOG_WINDOW_MS (10 s, longer than the run) are counted into one line at
+    // the window's end, not written one per start.
+    expect(holdOffs).toHaveLength(1);
+    expect(others.filter((l) => l.msg === 'hold-off started again: the provider keeps asking for pauses')).toEqual([]);
     for (const l of holdOffs) expect(l).toMatchObject({ level: 40, target: 'mock/gpt-4o', status: 429, retryAfterMs: 1000, until: expect.any(String) });
     const rateLimited = reqs.filter((l) => (l.attempts as Line[]).some((a) => a.reason === 'status_429')).length;
     expect(rateLimited).toBeGreaterThan(holdOffs.length);

@@ -270,7 +270,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     shed: new Counter({
       name: 'stormgate_shed_total',
-      help: 'Requests shed by a pool (its class queue full, the bodies of waiting requests at server.maxWaitingBodyBytes, or no slot expected before the deadline), by priority and reason.',
+      help: 'Requests shed by a pool (its class queue full, the bodies of waiting requests at server.maxWaitingBodyBytes, or no slot expected before the deadline, or none within the route\'s park.maxWaitMs), by priority and reason.',
       labelNames: ['priority', 'reason'] as const,
       registers,
     }),

@@ -367,7 +367,9 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
           ? `its queue for class ${className} is full`
           : reason === 'body_bytes'
             ? `the requests waiting in this gateway hold as many bytes of request bodies as server.maxWaitingBodyBytes allows${lowestClass ? ` for class ${className}` : ''}`
-            : `no slot for class ${className} can be expected before the request's deadline`;
+            : reason === 'max_wait'
+              ? `no slot for class ${className} came within the route's park.maxWaitMs`
+              : `no slot for class ${className} can be expected before the request's deadline`;
       return errorAnswer(
         new GatewayError('load_shed', `${served.plan.pool.rateShedWhy(reason, className) ?? `provider ${served.plan.client.name} is at capacity and ${why}`}; retry later`, {
           status: lowestClass ? 429 : 503,

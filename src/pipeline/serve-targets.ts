@@ -116,6 +116,12 @@ export async function serveTargets(
    * 25 of 30 parked requests ending in 503 circuit_open at their deadlines.
    */
   let lastLook = false;
+  /**
+   * What bounded the request's last wait in the lot, when it ran out: its deadline, or the route's park.maxWaitMs. One
+   * whose maxWaitMs ran out behind the requests being let go after a hold-off, 20 s before its deadline, was counted as a
+   * deadline shed and told no slot could come before its deadline.
+   */
+  let waitBound: 'deadline' | 'max_wait' = 'deadline';
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
   const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined);
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
@@ -143,7 +149,19 @@ export async function serveTargets(
    * the log line names them as it names a fallback's passed-over targets, or it says `unavailable` and nothing of why.
    */
   const noteBlocked = (blocked: Blocked[]): void => {
-    for (const b of blocked) if (b.reason !== 'pacing') notePassedOver({ plan: b.plan, reason: b.reason === 'breaker' ? 'breaker_open' : 'held_off' });
+    for (const b of blocked) {
+      if (b.reason !== 'pacing') {
+        notePassedOver({ plan: b.plan, reason: b.reason === 'breaker' ? 'breaker_open' : 'held_off' });
+        continue;
+      }
+      // Back, but its parked requests still being let go: what held the request there last is capacity, whatever
+      // held it when it first passed the target over (a hold-off since ended).
+      if (ctx.attempts.some((a) => a.target === b.plan.label)) continue;
+      const i = ctx.skipped.findIndex((s) => s.target === b.plan.label);
+      const skip = { target: b.plan.label, reason: PACING_WHY };
+      if (i >= 0) ctx.skipped[i] = skip;
+      else ctx.skipped.push(skip);
+    }
   };
   const ok = (plan: TargetPlan, result: AttemptResult): Served => ({ kind: 'ok', plan, result, fallback: plan === plans[0] ? undefined : fallback });
   // Whatever the request ends with carries the fallback's rejection, if there was one: not a success, and not a verdict
@@ -280,7 +298,7 @@ export async function serveTargets(
     // (one instance of a fleet counted 159 sheds through a 429 storm in which no client was shed).
     const unavailable = (): Served =>
       first.reason === 'pacing'
-        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: 'deadline', retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.limitKey, ctx.client, ctx.tokens), className: first.plan.className, lowestClass: first.plan.lowestClass } }
+        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: waitBound, retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.limitKey, ctx.client, ctx.tokens, waitBound), className: first.plan.className, lowestClass: first.plan.lowestClass } }
         : { kind: 'unavailable', plan: first.plan, reason: first.reason, availableAtMs: first.availableAtMs };
     const now = deps.now();
     const waitMs = Math.max(0, first.availableAtMs - now);
@@ -292,12 +310,15 @@ export async function serveTargets(
       noteBlocked(blocked);
       return worst(unavailable);
     }
+    const maxWaitMs = park.maxWaitMs === undefined ? undefined : Math.max(0, park.maxWaitMs - parkedMs);
+    // The lot's own choice of timer (parking-lot.ts: the sooner of maxWaitMs and the deadline less minAttemptMs).
+    waitBound = maxWaitMs !== undefined && maxWaitMs < ctx.deadlineAtMs - ctx.route.config.minAttemptMs - now ? 'max_wait' : 'deadline';
     const parked = await deps.lot.park(first.plan.holdOffKey, {
       route: ctx.route.name,
       deadlineAtMs: ctx.deadlineAtMs,
       signal: ctx.signal,
       maxQueue: park.maxQueue,
-      maxWaitMs: park.maxWaitMs === undefined ? undefined : Math.max(0, park.maxWaitMs - parkedMs),
+      maxWaitMs,
       minAttemptMs: ctx.route.config.minAttemptMs,
       cls: first.plan.cls,
       client: ctx.client,
@@ -310,7 +331,9 @@ export async function serveTargets(
     const waited = deps.now() - now;
     parkedMs += waited;
     ctx.onWaited?.('parked', waited);
-    if (parked.kind !== 'released') noteBlocked(blocked);
+    // A wait that ran out with other targets to look at once more is noted by that last look, as they are then: noted
+    // now, a target whose hold-off ended as the wait did (the request then pacing behind the release) was named held off.
+    if (parked.kind !== 'released' && !(parked.kind === 'timeout' && blocked.length > 1)) noteBlocked(blocked);
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
@@ -336,6 +359,9 @@ export async function serveTargets(
     }
   }
 }
+
+/** A target left at the end because the requests parked for it before this one were still being let go at its limit. */
+const PACING_WHY = 'at capacity: the requests parked for it before this one were still being let go at its limit';
 
 /**
  * Why a target with parked requests is unavailable, and until when: its hold-off, else its breaker, else (back, its

@@ -78,9 +78,10 @@ export type Acquired =
 
 /**
  * Why a request was shed (stormgate_shed_total's reason label). body_bytes: the bodies of the requests waiting in the
- * instance would pass server.maxWaitingBodyBytes.
+ * instance would pass server.maxWaitingBodyBytes. max_wait: a request parked behind the requests the lot was letting go
+ * reached the route's park.maxWaitMs (its deadline still ahead) with no slot for it (see shedWaiting).
  */
-export const SHED_REASONS = ['queue_full', 'deadline', 'body_bytes'] as const;
+export const SHED_REASONS = ['queue_full', 'deadline', 'body_bytes', 'max_wait'] as const;
 /**
  * A deadline shed whose wait is its target's rate (pools.requestsPerMinute, pools.tokensPerMinute), not its slots: the
  * client is told that rate, which the operator set, rather than that the provider is at capacity. Counted as deadline.
@@ -853,11 +854,12 @@ export class ProviderPool {
   /**
    * A request of class `cls` for `target` shed outside the pool's own queue (it waited behind parked requests the lot
    * was letting go at this pool's limit): counted as the pool's sheds are, with the pool's wait estimate for its client to
-   * come back after (without it, a flooding client was told one turn, not its queue).
+   * come back after (without it, a flooding client was told one turn, not its queue). `reason`: what its wait ran into,
+   * its deadline or the route's park.maxWaitMs.
    */
-  shedWaiting(cls: number, target: string, client?: string, tokens?: number): number {
+  shedWaiting(cls: number, target: string, client?: string, tokens?: number, reason: 'deadline' | 'max_wait' = 'deadline'): number {
     const retryAfterMs = this.expectedWaitMs(cls, target, client, tokens);
-    this.#shed(this.settings.classes[cls]!.name, 'deadline', retryAfterMs);
+    this.#shed(this.settings.classes[cls]!.name, reason, retryAfterMs);
     return retryAfterMs;
   }
 

@@ -83,6 +83,21 @@ export function connectRedis(config: StateConfig, opts: { subscriber: boolean })
   throw new Error('state.redis needs a URL, `sentinels` with `name`, or `cluster`');
 }
 
+/**
+ * Where `state.redis` points, for the log: host:port of a URL (6379 when it names none), or the Sentinel master's name
+ * and its sentinels, or the Cluster's seed nodes. Never a user name or password.
+ */
+export function redisAddress(redis: NonNullable<StateConfig['redis']>): string {
+  const nodes = (list: Array<{ host: string; port: number }>) => list.map((n) => `${n.host}:${n.port}`).join(',');
+  if (typeof redis !== 'string') {
+    if (redis.cluster) return `cluster ${nodes(redis.cluster)}`;
+    return `sentinel ${redis.name ?? ''} via ${nodes(redis.sentinels ?? [])}`;
+  }
+  if (!URL.canParse(redis)) return 'an unparsable state.redis URL';
+  const { hostname, port } = new URL(redis);
+  return `${hostname}:${port || '6379'}`;
+}
+
 function keepHostName(hostname: string, callback: (err: NodeJS.ErrnoException | null, address: string) => void): void {
   callback(null, hostname);
 }

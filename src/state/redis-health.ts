@@ -40,6 +40,8 @@ interface RedisHealthDeps {
   /** The store's clock (when Redis last refused the configuration, when the store last recovered). */
   now: () => number;
   commandTimeoutMs: number;
+  /** Where `state.redis` points (redisAddress: host:port, no credentials), named in the degraded and recovered lines. */
+  address: string;
   /** Redis's clock has been read on this connection: until then the store stays off it. */
   clockRead: () => boolean;
   /** Redis is usable again: what waited for it is sent, and the view read again. */
@@ -53,6 +55,7 @@ export class RedisHealth {
   readonly #now: () => number;
   readonly #clockRead: () => boolean;
   readonly #onRecovered: () => void;
+  readonly #address: string;
   readonly #degradedListeners = new Set<(degraded: boolean) => void>();
   #probeTimer: NodeJS.Timeout | undefined;
   #lastError: unknown;
@@ -78,6 +81,8 @@ export class RedisHealth {
   #cleanProbes = 0;
   #cleanProbesNeeded = 1;
   #recoveredAtMs = Number.NEGATIVE_INFINITY;
+  /** When the store last degraded (the store's clock): the recovered line says how long it was on local state. */
+  #degradedAtMs = 0;
 
   constructor(deps: RedisHealthDeps) {
     this.#client = deps.client;
@@ -87,6 +92,7 @@ export class RedisHealth {
     this.#commandTimeoutMs = deps.commandTimeoutMs;
     this.#clockRead = deps.clockRead;
     this.#onRecovered = deps.onRecovered;
+    this.#address = deps.address;
     // 'connect' comes before AUTH and SELECT are answered: a new connection starts with a clean slate.
     this.#client.on('connect', () => (this.#misconfigured = undefined));
     // A connection that closes without an error event (a killed Redis) must not be reported with an older error.
@@ -223,7 +229,8 @@ export class RedisHealth {
     if (degraded) {
       this.#cleanProbesNeeded = this.#now() - this.#recoveredAtMs < FLAP_WINDOW_MS ? Math.min(MAX_CLEAN_PROBES, this.#cleanProbesNeeded * 2) : 1;
       this.#cleanProbes = 0;
-      this.#logger?.warn({ error: safeError(this.#lastError), ...(this.#cleanProbesNeeded > 1 && { flapping: true }) }, 'state store degraded: using local state');
+      this.#degradedAtMs = this.#now();
+      this.#logger?.warn({ redis: this.#address, error: safeError(this.#lastError), ...(this.#cleanProbesNeeded > 1 && { flapping: true }) }, 'state store degraded: using local state');
       // ioredis reconnects a dropped connection and emits 'ready'; a live but slow one needs a probe to come back.
       this.#probeTimer = setInterval(() => this.#probe(), PROBE_INTERVAL_MS).unref();
     } else {
@@ -233,7 +240,7 @@ export class RedisHealth {
       this.#failedKey = undefined;
       this.#readOnly = false;
       this.#recoveredAtMs = this.#now();
-      this.#logger?.info('state store recovered: using Redis');
+      this.#logger?.info({ redis: this.#address, degradedMs: this.#recoveredAtMs - this.#degradedAtMs }, 'state store recovered: using Redis');
       clearInterval(this.#probeTimer);
       this.#probeTimer = undefined;
     }

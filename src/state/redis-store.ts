@@ -15,7 +15,7 @@ import type { StateConfig } from '../config/schema.ts';
 import { outranksFleet } from '../policy/breaker.ts';
 import { QUEUE_AHEAD_MS, type ClientRates, type ClientRefusal, type Rate } from '../policy/client-rate.ts';
 import { MemoryStore } from './memory-store.ts';
-import { connectRedis, type RedisConnection } from './redis-client.ts';
+import { connectRedis, redisAddress, type RedisConnection } from './redis-client.ts';
 import { decodeBreaker, encodeBreaker, encodeChange, RedisKeys, type ChangeMessage } from './redis-keys.ts';
 import { defineScripts, type ScriptClient } from './redis-scripts.ts';
 import { FleetClock } from './fleet-clock.ts';
@@ -80,17 +80,21 @@ export class RedisStore implements StateStore {
   readonly #keptKeys: RedisKeptKeys;
   readonly #subscriber: RedisSubscriber;
   readonly #clockReader: RedisClockReader;
+  /** Where `state.redis` points, for the log (redisAddress: host:port, never a credential). */
+  readonly address: string;
 
   constructor(opts: RedisStoreOptions) {
     this.#local = new MemoryStore({ ...(opts.keptBytes !== undefined && { keptBytes: opts.keptBytes }) });
     this.#keys = new RedisKeys(opts.config.keyPrefix);
     this.#logger = opts.logger;
     this.#now = opts.now ?? Date.now;
+    this.address = redisAddress(opts.config.redis!);
     this.#view = new FleetView((err) => this.#logger?.error({ err }, 'state store change listener threw'));
     this.#client = defineScripts(connectRedis(opts.config, { subscriber: false }));
     this.#sub = connectRedis(opts.config, { subscriber: true });
     this.#health = new RedisHealth({
       client: this.#client, keys: this.#keys, logger: this.#logger, now: this.#now, commandTimeoutMs: opts.config.commandTimeoutMs,
+      address: this.address,
       clockRead: () => this.#clockReader.done,
       onRecovered: () => {
         this.#budget.flush();

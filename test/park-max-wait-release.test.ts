@@ -1,0 +1,87 @@
+// A request whose park.maxWaitMs runs out after the hold-off it parked for has ended, while the requests parked before
+// it are still being let go at the target's limit: it waited for a slot, not for its deadline (20 s away) nor for a
+// hold-off (over). Its load_shed is counted as stormgate_shed_total{reason="max_wait"}, not "deadline", its message
+// names park.maxWaitMs, and its log line names as held off only the target still held off, the other as at capacity.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { describe, expect, it } from 'vitest';
+import { parseConfig } from '../src/config/load.ts';
+import { useExtraMocks, useGateways } from './helpers/stack.ts';
+
+const startGateway = useGateways();
+const startMock = useExtraMocks();
+
+interface Answer {
+  status: number;
+  code: string | undefined;
+  message: string | undefined;
+  reqId: string | null;
+}
+
+describe('a parked request whose park.maxWaitMs runs out behind the release after a hold-off', () => {
+  it('is shed as max_wait, not deadline, and its line names as held off only the target still held off', { timeout: 40_000 }, async () => {
+    // The primary asks once for a 1 s pause, then takes 2 s per answer with room for one at a time; the backup asks for
+    // 30 s pauses, so it stays held off throughout.
+    const primary = await startMock({ faults: { latencyMs: 2_000, errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] } });
+    const backup = await startMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] } });
+    const logs: string[] = [];
+    const url = await startGateway(
+      parseConfig(
+        `
+server: { host: 127.0.0.1, port: 0 }
+providers:
+  primary: { family: openai, baseUrl: "${primary.url}/v1", apiKey: sk-primary, pools: { maxConcurrent: 1 } }
+  backup: { family: openai, baseUrl: "${backup.url}/v1", apiKey: sk-backup }
+routes:
+  - name: chat
+    match: { path: /v1/chat/completions }
+    targets: [ { provider: primary }, { provider: backup } ]
+    retry: { maxAttempts: 1, maxWaitHintMs: 60000 }
+    park: { maxWaitMs: 1500 }
+`,
+        'park-max-wait.yaml',
+        {},
+      ),
+      { logs },
+    );
+    const ask = (): Promise<Answer> =>
+      fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '25000' },
+        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+      }).then(async (res) => {
+        const body = (await res.json()) as { error?: { code?: string; message?: string } };
+        return { status: res.status, code: body.error?.code, message: body.error?.message, reqId: res.headers.get('x-request-id') };
+      });
+    // The first request starts both hold-offs (the primary's 429, then the backup's).
+    const first = ask();
+    await sleep(300);
+    // Parked for the primary, one after the other: when its hold-off ends one is let go at a time, and the later ones
+    // are still parked when the earlier ones' park.maxWaitMs runs out.
+    const parked: Array<Promise<Answer>> = [];
+    for (let i = 0; i < 4; i++) {
+      parked.push(ask());
+      await sleep(150);
+    }
+    const answers = await Promise.all([first, ...parked]);
+    const shed = answers.filter((a) => a.code === 'load_shed');
+    expect(shed.length).toBeGreaterThan(0);
+    for (const a of shed) {
+      expect(a.status).toBe(503);
+      expect(a.message).toContain('park.maxWaitMs');
+      expect(a.message).not.toContain('deadline');
+    }
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    expect(metrics).toMatch(new RegExp(`^stormgate_shed_total\\{priority="online",reason="max_wait"\\} ${shed.length}$`, 'm'));
+    expect(metrics).toMatch(/^stormgate_shed_total\{priority="online",reason="deadline"\} 0$/m);
+    const lines = logs.map((l) => JSON.parse(l) as { msg?: string; errorCode?: string; skipped?: Array<{ target: string; reason: string }> });
+    const shedLines = lines.filter((l) => l.errorCode === 'load_shed');
+    expect(shedLines).toHaveLength(shed.length);
+    // The primary is named for what held the request there last (capacity), not for the hold-off that had ended.
+    for (const l of shedLines) {
+      expect(l.skipped).toEqual([
+        { target: 'primary/gpt-4o', reason: expect.stringContaining('at capacity') },
+        { target: 'backup/gpt-4o', reason: expect.stringContaining('held off') },
+      ]);
+    }
+  });
+});
