@@ -62,7 +62,8 @@ describe('a request parked for a primary that stays down', () => {
   it('leaves the lot for the backup as soon as the backup closes its breaker, long before its own deadline', { timeout: 40_000 }, async () => {
     const primary = await startMock();
     const backup = await startMock();
-    const url = await startGateway(parseConfig(yaml(primary.url, backup.url), 'park-backup-moved.yaml', {}));
+    const logs: string[] = [];
+    const url = await startGateway(parseConfig(yaml(primary.url, backup.url), 'park-backup-moved.yaml', {}), { logs });
     const ask = (timeoutMs: number) => {
       const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, logLevel: 'off', defaultHeaders: { 'x-stormgate-timeout-ms': String(timeoutMs) } });
       const started = Date.now();
@@ -95,5 +96,10 @@ describe('a request parked for a primary that stays down', () => {
     // machine and is still far before their last chance (about 22 s after this moment).
     for (const a of answers) expect(a.atMs - backAtMs).toBeLessThan(12_000);
     await Promise.all(newcomers);
+    // Their log lines name the primary as passed over, never the backup that answered them.
+    type Line = { status?: number; target?: string; skipped?: Array<{ target: string }> };
+    const served = logs.map((l) => JSON.parse(l) as Line).filter((l) => l.status === 200 && l.target?.startsWith('backup'));
+    expect(served.length).toBeGreaterThanOrEqual(10);
+    for (const l of served) expect((l.skipped ?? []).map((k) => k.target).filter((t) => t.startsWith('backup'))).toEqual([]);
   });
 });

@@ -74,8 +74,9 @@ interface ParkOptions {
   /**
    * The keys of the request's other targets, unavailable too when it parked: should one come back (its breaker closed,
    * its hold-off over) while the request's own key is still away, the request leaves the lot (`moved`) to try it, at
-   * its moment in a release window as the parked of that key would. Parked for the one expected back first, it was
-   * otherwise told only at its last chance, and a backup that came back waited out the primary's outage unused.
+   * a random moment of the next second, as the parked of a key that came back leave over a window. Parked for the one
+   * expected back first, it was otherwise told only at its last chance, and a backup that came back waited out the
+   * primary's outage unused.
    */
   alternates?: readonly string[];
 }
@@ -109,7 +110,7 @@ interface Entry {
   notBeforeMs: number | undefined;
   /** ParkOptions.alternates: those not available when it parked (one available then would move it at once, in a loop). */
   alternates: readonly string[] | undefined;
-  /** When it leaves for an alternate that came back (its moment in that one's window); undefined: none back yet. */
+  /** When it leaves for an alternate that came back (a moment of the second after); undefined: none back yet. */
   moveAtMs: number | undefined;
   settle: (r: ParkResult) => void;
 }

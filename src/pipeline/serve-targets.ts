@@ -129,6 +129,9 @@ export async function serveTargets(
     if (from) notePassedOver(from);
     const sentBefore = run.sent;
     const r = await tryTarget(ctx, plan, run, deps, others, ticket);
+    // The log's `skipped` lists the targets left without an attempt: one passed over earlier (down when the request
+    // first came, back when it came again, from the lot) is no longer one.
+    if (run.sent > sentBefore) forgetSkipped(ctx, plan);
     if (from && run.sent > sentBefore) {
       deps.onFallback?.(ctx.route.name, from.plan.key, plan.key, from.reason);
       fallback = from.reason;
@@ -333,7 +336,8 @@ export async function serveTargets(
     ctx.onWaited?.('parked', waited);
     // A wait that ran out with other targets to look at once more is noted by that last look, as they are then: noted
     // now, a target whose hold-off ended as the wait did (the request then pacing behind the release) was named held off.
-    if (parked.kind !== 'released' && !(parked.kind === 'timeout' && blocked.length > 1)) noteBlocked(blocked);
+    // So is one moved to a target that came back: noted now, the backup that then answered it was named as passed over.
+    if (parked.kind !== 'released' && parked.kind !== 'moved' && !(parked.kind === 'timeout' && blocked.length > 1)) noteBlocked(blocked);
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
@@ -358,6 +362,11 @@ export async function serveTargets(
       }
     }
   }
+}
+
+function forgetSkipped(ctx: RequestContext, plan: TargetPlan): void {
+  const i = ctx.skipped.findIndex((s) => s.target === plan.label);
+  if (i >= 0) ctx.skipped.splice(i, 1);
 }
 
 /** A target left at the end because the requests parked for it before this one were still being let go at its limit. */
