@@ -97,9 +97,12 @@ describe('a request parked for a primary that stays down', () => {
     for (const a of answers) expect(a.atMs - backAtMs).toBeLessThan(12_000);
     await Promise.all(newcomers);
     // Their log lines name the primary as passed over, never the backup that answered them.
-    type Line = { status?: number; target?: string; skipped?: Array<{ target: string }> };
+    type Line = { status?: number; target?: string; skipped?: Array<{ target: string }>; attempts?: Array<{ target: string; waitMs: number }> };
     const served = logs.map((l) => JSON.parse(l) as Line).filter((l) => l.status === 200 && l.target?.startsWith('backup'));
     expect(served.length).toBeGreaterThanOrEqual(10);
     for (const l of served) expect((l.skipped ?? []).map((k) => k.target).filter((t) => t.startsWith('backup'))).toEqual([]);
+    // The parked ones' backup attempt shows the seconds they waited in the lot before it.
+    const waits = served.map((l) => l.attempts?.find((a) => a.target.startsWith('backup'))?.waitMs ?? 0);
+    expect(waits.filter((w) => w >= 1_500).length).toBeGreaterThanOrEqual(10);
   });
 });

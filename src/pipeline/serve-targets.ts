@@ -122,13 +122,18 @@ export async function serveTargets(
    * deadline shed and told no slot could come before its deadline.
    */
   let waitBound: 'deadline' | 'max_wait' = 'deadline';
+  /** How long the request was parked before the lot moved it to a target that came back, until an attempt shows it. */
+  let movedWaitMs: number | undefined;
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
   const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined);
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
     const from = handedFrom(plan);
     if (from) notePassedOver(from);
     const sentBefore = run.sent;
+    // Moved from the lot: the time parked is the wait before the first attempt it leads to, wherever that goes.
+    if (movedWaitMs !== undefined) run.waitMs = movedWaitMs;
     const r = await tryTarget(ctx, plan, run, deps, others, ticket);
+    if (run.sent > sentBefore) movedWaitMs = undefined;
     // The log's `skipped` lists the targets left without an attempt: one passed over earlier (down when the request
     // first came, back when it came again, from the lot) is no longer one.
     if (run.sent > sentBefore) forgetSkipped(ctx, plan);
@@ -346,6 +351,7 @@ export async function serveTargets(
         break;
       case 'moved':
         // Another target came back while the one it parked for is still away: every target is looked at again.
+        movedWaitMs = waited;
         break;
       case 'full':
         // A request that already went upstream ends with what it got there, not with an invitation to come back.
