@@ -336,6 +336,8 @@ export async function serveTargets(
       ...(first.availableAtMs > now && { notBeforeMs: first.availableAtMs }),
       alternates: blocked.filter((b) => b !== first && b.reason !== 'pacing').map((b) => b.plan.holdOffKey),
     });
+    // Only a wait that ran out is what bounded the request: after any other, a later shed is its deadline's.
+    if (parked.kind !== 'timeout') waitBound = 'deadline';
     const waited = deps.now() - now;
     parkedMs += waited;
     ctx.onWaited?.('parked', waited);
