@@ -209,6 +209,7 @@ describe('the mock alone, with the official SDKs', () => {
     expect(await control(mock.url, 'PATCH', '/_mock/faults', { erors: [{ status: 503 }] })).toEqual({ status: 400, body: { error: unknown } });
     expect(await control(mock.url, 'PUT', '/_mock/faults', { erors: [{ status: 503 }] })).toEqual({ status: 400, body: { error: unknown } });
     expect(await control(mock.url, 'PATCH', '/_mock/faults', { models: { m: { latencyMS: 5 } } })).toEqual({ status: 400, body: { error: 'unknown fault spec field "latencyMS"; did you mean "latencyMs"?' } });
+    expect(await control(mock.url, 'PATCH', '/_mock/faults', { models: { m: { models: { n: { latencyMs: 5 } } } } })).toEqual({ status: 400, body: { error: "models.m: a model's fault spec cannot have models of its own" } });
     for (const k of ['latencyMs', 'capacity', 'hangRate']) {
       expect(await control(mock.url, 'PATCH', '/_mock/faults', { [k]: -5 })).toEqual({ status: 400, body: { error: `${k} must be a non-negative number` } });
     }

@@ -311,7 +311,11 @@ export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
   if (spec['holdAbandoned'] !== undefined && typeof spec['holdAbandoned'] !== 'boolean') throw new Error('holdAbandoned must be a boolean');
   if (spec['models'] !== undefined) {
     if (typeof spec['models'] !== 'object' || spec['models'] === null) throw new Error('models must be an object');
-    for (const m of Object.values(spec['models'] as Record<string, unknown>)) assertFaultSpec(m);
+    for (const [name, m] of Object.entries(spec['models'] as Record<string, unknown>)) {
+      // A model's own spec has no models of its own: kept, they would be ignored, as a misspelt field was.
+      if (typeof m === 'object' && m !== null && Object.hasOwn(m, 'models')) throw new Error(`models.${name}: a model's fault spec cannot have models of its own`);
+      assertFaultSpec(m);
+    }
   }
 }
 
