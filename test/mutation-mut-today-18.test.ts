@@ -11,6 +11,7 @@ import { parseConfig } from '../src/config/load.ts';
 import { HOLD_OFF_LOG_WINDOW_MS, HoldOffLog } from '../src/observability/hold-off-log.ts';
 import type { HoldStart } from '../src/state/hold-offs.ts';
 import { assertFaultSpec } from '../src/mock/faults.ts';
+import { heldOffBackupStack } from './helpers/held-off-backup.ts';
 import { testLogSink, useExtraMocks, useGateways } from './helpers/stack.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
 
@@ -59,28 +60,7 @@ describe('the log line of requests parked behind the release after a hold-off', 
   it('never names a target both as attempted and as passed over', { timeout: 60_000 }, async () => {
     // As park-max-wait-release.test.ts: the primary asks once for a 1 s pause then answers one at a time, 1 s each; the
     // backup stays held off. Requests parked at different moments end every way: served after parking, shed.
-    const primary = await startMock({ faults: { latencyMs: 1_000, errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] } });
-    const backup = await startMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] } });
-    const logs: string[] = [];
-    const url = await startGateway(
-      parseConfig(
-        `
-server: { host: 127.0.0.1, port: 0 }
-providers:
-  primary: { family: openai, baseUrl: "${primary.url}/v1", apiKey: sk-primary, pools: { maxConcurrent: 1 } }
-  backup: { family: openai, baseUrl: "${backup.url}/v1", apiKey: sk-backup }
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: primary }, { provider: backup } ]
-    retry: { maxAttempts: 2, maxWaitHintMs: 60000 }
-    park: { maxWaitMs: 1500 }
-`,
-        'park-log.yaml',
-        {},
-      ),
-      { logs },
-    );
+    const { url, logs } = await heldOffBackupStack(startMock, startGateway, { latencyMs: 1_000, maxAttempts: 2 });
     const ask = (timeoutMs = 10_000) =>
       fetch(`${url}/v1/chat/completions`, {
         method: 'POST',

@@ -4,7 +4,7 @@
 // names park.maxWaitMs, and its log line names as held off only the target still held off, the other as at capacity.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { parseConfig } from '../src/config/load.ts';
+import { heldOffBackupStack } from './helpers/held-off-backup.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
@@ -21,28 +21,7 @@ describe('a parked request whose park.maxWaitMs runs out behind the release afte
   it('is shed as max_wait, not deadline, and its line names as held off only the target still held off', { timeout: 40_000 }, async () => {
     // The primary asks once for a 1 s pause, then takes 2 s per answer with room for one at a time; the backup asks for
     // 30 s pauses, so it stays held off throughout.
-    const primary = await startMock({ faults: { latencyMs: 2_000, errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] } });
-    const backup = await startMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] } });
-    const logs: string[] = [];
-    const url = await startGateway(
-      parseConfig(
-        `
-server: { host: 127.0.0.1, port: 0 }
-providers:
-  primary: { family: openai, baseUrl: "${primary.url}/v1", apiKey: sk-primary, pools: { maxConcurrent: 1 } }
-  backup: { family: openai, baseUrl: "${backup.url}/v1", apiKey: sk-backup }
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: primary }, { provider: backup } ]
-    retry: { maxAttempts: 1, maxWaitHintMs: 60000 }
-    park: { maxWaitMs: 1500 }
-`,
-        'park-max-wait.yaml',
-        {},
-      ),
-      { logs },
-    );
+    const { url, logs } = await heldOffBackupStack(startMock, startGateway, { latencyMs: 2_000, maxAttempts: 1 });
     const ask = (): Promise<Answer> =>
       fetch(`${url}/v1/chat/completions`, {
         method: 'POST',
