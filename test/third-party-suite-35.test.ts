@@ -13,6 +13,7 @@ import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
 import type { MockServer } from '../src/mock/server.ts';
 import { answerText } from '../src/mock/content.ts';
+import { mockControl } from './helpers/mock-control.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { scrapeMetrics, useExtraMocks, useGateways, type MetricSample } from './helpers/stack.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
@@ -25,16 +26,7 @@ const DEGRADED_TEXT = 'The assistant is busy right now; please try again in a mi
 
 // --- the mock, driven through its documented control endpoint -------------------------------------------------
 
-async function control(mock: MockServer, method: string, path: string, body?: unknown): Promise<unknown> {
-  const res = await fetch(`${mock.url}/_mock/${path}`, {
-    method,
-    headers: body === undefined ? {} : { 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  expect(res.status, `${method} /_mock/${path}: ${text}`).toBeLessThan(300);
-  return text ? JSON.parse(text) : undefined;
-}
+const control = mockControl;
 const putFaults = (m: MockServer, spec: unknown) => control(m, 'PUT', 'faults', spec);
 const brownout = (m: MockServer, mode: string, durationMs: number) => control(m, 'POST', 'brownout', { mode, durationMs });
 const mockStats = (m: MockServer) => control(m, 'GET', 'stats') as Promise<{ total: number; aborted: number; byStatus: Record<string, number> }>;

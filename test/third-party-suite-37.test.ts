@@ -27,6 +27,7 @@ import OpenAI from 'openai';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
 import type { MockServer } from '../src/mock/server.ts';
+import { mockControl } from './helpers/mock-control.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
@@ -213,16 +214,7 @@ const retryAfterS = (h: Headers | undefined) => Number(h?.get('retry-after') ?? 
 
 // --- the mock, through its control endpoint --------------------------------------------------------------------------
 
-async function control(mock: MockServer, method: string, path: string, body?: unknown): Promise<unknown> {
-  const res = await fetch(`${mock.url}/_mock/${path}`, {
-    method,
-    headers: body === undefined ? {} : { 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  expect(res.status, `${method} /_mock/${path}: ${text}`).toBeLessThan(300);
-  return text ? JSON.parse(text) : undefined;
-}
+const control = mockControl;
 const mockStats = (m: MockServer) => control(m, 'GET', 'stats') as Promise<{ total: number; byStatus: Record<string, number> }>;
 
 // =====================================================================================================================
