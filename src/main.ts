@@ -60,7 +60,7 @@ async function main(): Promise<void> {
       const others = err.missingEnv.filter((name) => !err.clientKeyEnv.includes(name));
       if (others.length > 0) {
         // The demo is a source checkout's (tsx, the mock's scripts): the built image (dist/, no dev dependencies) has none.
-        const demo = import.meta.url.endsWith('.ts') ? ', or run `npm run demo` to try the gateway with the bundled mock provider and no keys' : '';
+        const demo = import.meta.url.endsWith('.ts') && err.providerKeyEnv.length > 0 ? ', or run `npm run demo` to try the gateway with the bundled mock provider and no keys' : '';
         process.stderr.write(`\nSet ${others.join(', ')} in the environment${demo}.\n`);
       }
       if (err.clientKeyEnv.length > 0) {

@@ -72,6 +72,22 @@ describe('stormgate on the command line', () => {
     expect(both.stderr).not.toMatch(/GAPS_TEAM_KEY[^\n]*npm run demo/);
   });
 
+  it('points to the demo for a missing provider key, not for a missing variable that is no key', async () => {
+    // The demo replaces provider keys; a provider's URL or a Redis URL from the environment is no key, and the demo no way around it.
+    const file = gatewayConfig(0, 'silent');
+    writeFileSync(file, readFileSync(file, 'utf8').replace('"http://127.0.0.1:9/v1"', '"${GAPS_URL}"'));
+    const url = await run(['--config', file]);
+    expect(url.code).toBe(2);
+    expect(url.stderr).toMatch(/providers\.p\.baseUrl: environment variable GAPS_URL is not set/);
+    expect(url.stderr).toMatch(/Set GAPS_URL in the environment\.\n/);
+    expect(url.stderr).not.toMatch(/npm run demo/);
+    // With a provider's key missing too, one line names both, and the demo is offered for the key.
+    writeFileSync(file, readFileSync(file, 'utf8').replace('apiKey: k', 'apiKey: "${GAPS_PROVIDER_KEY}"'));
+    const both = await run(['--config', file]);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toMatch(/Set GAPS_URL, GAPS_PROVIDER_KEY in the environment, or run `npm run demo`/);
+  });
+
   it('answers an unknown option with the usage line', async () => {
     const { code, stderr } = await run(['--confg', 'x.yaml']);
     expect(code).toBe(2);

@@ -18,12 +18,14 @@ export class ConfigError extends Error {
    * @param missingEnv environment variables the file needs but that are unset, so the CLI can point
    *   to the demo that needs no keys.
    * @param clientKeyEnv of them, those a client key of auth.keys reads: the operator's own secret, which no demo replaces.
+   * @param providerKeyEnv of them, those a provider's apiKey reads: the only ones the demo does without.
    */
   constructor(
     readonly file: string,
     readonly issues: readonly ConfigIssue[],
     readonly missingEnv: readonly string[] = [],
     readonly clientKeyEnv: readonly string[] = [],
+    readonly providerKeyEnv: readonly string[] = [],
   ) {
     super(issues.map((issue) => formatIssue(file, issue)).join('\n'));
   }

@@ -40,6 +40,10 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   const isClientKey = (path: ReadonlyArray<string | number>) => path[0] === 'auth' && path[1] === 'keys';
   const elsewhere = new Set(envIssues.flatMap((i) => (i.missingVar && !isClientKey(i.path) ? [i.missingVar] : [])));
   const clientKeyEnv = missingEnv.filter((name) => !elsewhere.has(name));
+  // Only a provider's key is what the demo (the bundled mock) does without: a URL or a port it does not replace. Any
+  // `apiKey`, so that one in an anchor's block (`x-provider: &defaults { apiKey: ... }`) counts too.
+  const isProviderKey = (path: ReadonlyArray<string | number>) => path[path.length - 1] === 'apiKey';
+  const providerKeyEnv = [...new Set(envIssues.flatMap((i) => (i.missingVar && isProviderKey(i.path) ? [i.missingVar] : [])))];
   const issues: Array<ConfigIssue & { at: readonly PropertyKey[] }> = envIssues.map((i) => ({
     at: i.path,
     path: formatPath(i.path),
@@ -80,7 +84,7 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
     if (failedRefs.some((ref) => startsWith(at, ref)) || failedNodes.has(node as Node)) continue;
     issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, node, fromEnv, data, at) });
   }
-  throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv, clientKeyEnv);
+  throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv, clientKeyEnv, providerKeyEnv);
 }
 
 /** Names of the environment variables a config text references, for `--check`-style reporting. */
