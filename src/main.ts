@@ -49,13 +49,13 @@ async function main(): Promise<void> {
   const file = values.config ?? (process.env.STORMGATE_CONFIG || DEFAULT_CONFIG);
   const portFlag = values.port === undefined ? undefined : Number(values.port);
   if (portFlag !== undefined && !(/^\d+$/.test(values.port!) && portFlag <= 65_535)) throw new StartupError(`--port takes a port number from 0 to 65535, got "${values.port}"\n${USAGE}`);
-  const { ConfigError, loadConfigFile } = await import('./config/load.ts');
+  const { ConfigError, UnreadableConfigError, loadConfigFile } = await import('./config/load.ts');
   let config;
   try {
     config = loadConfigFile(file);
   } catch (err) {
     if (err instanceof ConfigError) {
-      process.stderr.write(`stormgate: invalid config\n${err.message}\n`);
+      process.stderr.write(`stormgate: ${err instanceof UnreadableConfigError ? 'cannot read config' : 'invalid config'}\n${err.message}\n`);
       // A variable a client key reads is a secret of the operator's choosing: the demo (no provider keys) is no way around it.
       const others = err.missingEnv.filter((name) => !err.clientKeyEnv.includes(name));
       if (others.length > 0) {

@@ -55,6 +55,13 @@ describe('stormgate on the command line', () => {
     expect(stderr).not.toMatch(/\n\s+at /);
   });
 
+  it('says a config file it cannot read is unreadable, not invalid', async () => {
+    const { code, stderr } = await run(['--config', '/nonexistent/stormgate.yaml']);
+    expect(code).toBe(2);
+    expect(stderr.split('\n')[0]).toBe('stormgate: cannot read config');
+    expect(stderr).toMatch(/\/nonexistent\/stormgate\.yaml: cannot read the config file: ENOENT/);
+  });
+
   it('says a missing variable of auth.keys is a client key, and points to the demo only for a provider\'s key', async () => {
     // The demo (the bundled mock, no provider keys) is no way around a client key the config itself asks for.
     const file = gatewayConfig(0, 'silent', 'auth:\n  keys:\n    team: "${GAPS_TEAM_KEY}"\n');

@@ -31,6 +31,13 @@ export class ConfigError extends Error {
   }
 }
 
+/** The file itself cannot be read (missing, a directory, no permission): nothing in it is invalid yet. */
+export class UnreadableConfigError extends ConfigError {
+  constructor(file: string, cause: Error) {
+    super(file, [{ path: '', message: `cannot read the config file: ${cause.message}` }]);
+  }
+}
+
 /** `<file>:<line>[:<col>]: <path>: <message>`; parts that are unknown are left out. */
 function formatIssue(file: string, issue: ConfigIssue): string {
   const where = issue.line === undefined ? file : `${file}:${issue.line}${issue.col === undefined ? '' : `:${issue.col}`}`;

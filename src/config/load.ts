@@ -4,13 +4,13 @@ import { readFileSync } from 'node:fs';
 import { LineCounter, parseDocument, type Document, type Node } from 'yaml';
 import { anchorIssues } from './anchors.ts';
 import { caFileIssues } from './ca-file.ts';
-import { ConfigError, formatPath, type ConfigIssue } from './errors.ts';
+import { ConfigError, UnreadableConfigError, formatPath, type ConfigIssue } from './errors.ts';
 import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
 import { keyAtOffset, lineOf, nodeAt } from './locate.ts';
 import { ConfigSchema, type Config } from './schema.ts';
 import { describeZodIssues } from './zod-issues.ts';
 
-export { ConfigError } from './errors.ts';
+export { ConfigError, UnreadableConfigError } from './errors.ts';
 
 /** Loads and validates a config file; throws ConfigError listing every problem. */
 export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.env): Config {
@@ -18,7 +18,7 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   try {
     text = readFileSync(file, 'utf8');
   } catch (err) {
-    throw new ConfigError(file, [{ path: '', message: `cannot read the config file: ${(err as Error).message}` }]);
+    throw new UnreadableConfigError(file, err as Error);
   }
   const config = parseConfig(text, file, env);
   // The files the config names, once it is valid: a CA file that cannot be used fails start-up as a config problem.
