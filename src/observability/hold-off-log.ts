@@ -5,7 +5,7 @@
 // ends, for as long as they go on. The level stays warn: a target turned away is what the operator must see, and a
 // quieter level would not have made fewer lines at the default one. stormgate_holds_started_total still counts each.
 import type { Logger } from 'pino';
-import type { HoldStart } from '../state/hold-offs.ts';
+import { flexTierKey, type HoldStart } from '../state/hold-offs.ts';
 
 /** How long the starts that follow a target's logged one are counted before one line reports them. */
 export const HOLD_OFF_LOG_WINDOW_MS = 10_000;
@@ -22,19 +22,22 @@ interface Window {
 }
 
 export class HoldOffLog {
+  readonly #logger: Logger;
+  readonly #now: () => number;
+  readonly #windowMs: number;
   readonly #windows = new Map<string, Window>();
   #closed = false;
 
-  constructor(
-    private readonly logger: Logger,
-    private readonly now: () => number,
-    private readonly windowMs: number = HOLD_OFF_LOG_WINDOW_MS,
-  ) {}
+  constructor(logger: Logger, now: () => number, windowMs: number = HOLD_OFF_LOG_WINDOW_MS) {
+    this.#logger = logger;
+    this.#now = now;
+    this.#windowMs = windowMs;
+  }
 
   /** A hold-off this instance started (HoldOffs' onStart, kind 'hold-off'). */
   started(h: HoldStart): void {
     if (this.#closed) return;
-    const key = h.tier === undefined ? h.target : `${h.target}#${h.tier}`;
+    const key = h.tier === 'flex' ? flexTierKey(h.target) : h.target;
     const open = this.#windows.get(key);
     if (open) {
       open.starts++;
@@ -43,7 +46,7 @@ export class HoldOffLog {
       open.untilMs = Math.max(open.untilMs, h.untilMs);
       return;
     }
-    this.logger.warn(
+    this.#logger.warn(
       { target: h.target, tier: h.tier, reason: h.reason, status: h.status, retryAfterMs: h.hintMs, until: new Date(h.untilMs).toISOString() },
       'hold-off started: the provider asked for a pause',
     );
@@ -66,18 +69,18 @@ export class HoldOffLog {
       this.#windows.delete(key);
       // Starts went on through the window: a new one counts the next, so a long run of them is a line per window.
       if (this.#report(w)) this.#open(key, target, tier);
-    }, this.windowMs).unref();
-    this.#windows.set(key, { timer, target, tier, starts: 0, longestRetryAfterMs: undefined, statuses: new Set(), untilMs: this.now() });
+    }, this.#windowMs).unref();
+    this.#windows.set(key, { timer, target, tier, starts: 0, longestRetryAfterMs: undefined, statuses: new Set(), untilMs: this.#now() });
   }
 
   #report(w: Window): boolean {
     if (w.starts === 0) return false;
-    this.logger.warn(
+    this.#logger.warn(
       {
         target: w.target,
         tier: w.tier,
         starts: w.starts,
-        windowS: this.windowMs / 1000,
+        windowS: this.#windowMs / 1000,
         statuses: [...w.statuses],
         longestRetryAfterMs: w.longestRetryAfterMs,
         until: new Date(w.untilMs).toISOString(),
