@@ -341,10 +341,7 @@ export async function serveTargets(
     const waited = deps.now() - now;
     parkedMs += waited;
     ctx.onWaited?.('parked', waited);
-    // A wait that ran out with other targets to look at once more is noted by that last look, as they are then: noted
-    // now, a target whose hold-off ended as the wait did (the request then pacing behind the release) was named held off.
-    // So is one moved to a target that came back: noted now, the backup that then answered it was named as passed over.
-    if (parked.kind !== 'released' && parked.kind !== 'moved' && !(parked.kind === 'timeout' && blocked.length > 1)) noteBlocked(blocked);
+    // A request that ends here names the targets that held it back (noteBlocked); one that goes on is noted later.
     switch (parked.kind) {
       case 'released':
         released = { index: plans.indexOf(first.plan), ticket: parked.ticket };
@@ -352,19 +349,28 @@ export async function serveTargets(
         runs[released.index]!.waitMs = deps.now() - now;
         break;
       case 'moved':
-        // Another target came back while the one it parked for is still away: every target is looked at again.
+        // Another target came back while the one it parked for is still away: every target is looked at again. Not
+        // noted now: the backup that then answered it would be named as passed over.
         movedWaitMs = waited;
         break;
       case 'full':
+        noteBlocked(blocked);
         // A request that already went upstream ends with what it got there, not with an invitation to come back.
         return end(lastFailure ?? { kind: 'park-full', plan: first.plan, availableAtMs: first.availableAtMs });
       case 'closing':
+        noteBlocked(blocked);
         return end({ kind: 'closing', plan: first.plan });
       case 'timeout':
-        if (blocked.length === 1) return worst(unavailable);
+        if (blocked.length === 1) {
+          noteBlocked(blocked);
+          return worst(unavailable);
+        }
+        // Other targets to look at once more: that last look notes them as they are then. Noted now, a target whose
+        // hold-off ended as the wait did (the request then pacing behind the release) was named held off.
         lastLook = true;
         break;
       case 'aborted': {
+        noteBlocked(blocked);
         const result = { outcome: abortOutcome(ctx.signal.reason) };
         return end({ kind: 'failed', plan: first.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } });
       }
