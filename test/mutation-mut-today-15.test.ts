@@ -5,27 +5,13 @@
 // (the pool's first guess, nothing timed).
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ConfigError, parseConfig } from '../src/config/load.ts';
-import { ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import type { Acquired, ProviderPool, SlotRequest } from '../src/pools/provider-pool.ts';
+import { slot } from './helpers/client-pool.ts';
+import { track } from './helpers/floor-pool.ts';
+import { rateReq, retryCapPool, retryReq } from './helpers/rate-pool.ts';
 
 beforeEach(() => vi.useFakeTimers({ now: 0 }));
 afterEach(() => vi.useRealTimers());
-
-const CLASSES = [
-  { name: 'online', minShare: 0, maxQueue: 100 },
-  { name: 'batch', minShare: 0, maxQueue: 100 },
-];
-
-const pool = (capacity: number, retryCapacity: number) =>
-  new ProviderPool({ provider: 'p', capacity, retryCapacity, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
-
-const req = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-const retry = (extra: Partial<SlotRequest> = {}) => req({ retry: true, ...extra });
-
-async function granted(p: ProviderPool, r: SlotRequest) {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not granted: ${a.reason}`);
-  return a.slot;
-}
 
 /** Queues `r` (its deadline far, so it waits). */
 function waiting(p: ProviderPool, r: SlotRequest): void {
@@ -34,60 +20,59 @@ function waiting(p: ProviderPool, r: SlotRequest): void {
 
 /** What a newcomer's acquire comes to at once: undefined while it waits. */
 async function atOnce(p: ProviderPool, r: SlotRequest): Promise<Acquired | undefined> {
-  let out: Acquired | undefined;
-  void p.acquire(r).then((a) => (out = a));
+  const acquired = track(p.acquire(r));
   await vi.advanceTimersByTimeAsync(0);
-  return out;
+  return acquired.answer;
 }
 
 describe('the retries a retry expects ahead of it for the retry cap', () => {
   it('are of another client\'s at most as many again and one, not its whole queue', async () => {
-    const p = pool(10, 1);
-    await granted(p, retry({ client: 'c' }));
-    for (let i = 0; i < 3; i++) waiting(p, retry({ client: 'b' }));
+    const p = retryCapPool(10, 1);
+    await slot(p, retryReq({ client: 'c' }));
+    for (let i = 0; i < 3; i++) waiting(p, retryReq({ client: 'b' }));
     // One of b's goes before it, then it: two rounds, 2 s, within its 2.5 s (b's whole queue: four rounds).
-    expect(await atOnce(p, retry({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
+    expect(await atOnce(p, retryReq({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
     p.close();
   });
 
   it('are retries: its client\'s first attempts waiting for a slot take none of the cap', async () => {
-    const p = pool(2, 1);
-    await granted(p, req({ client: 'a' }));
-    await granted(p, retry({ client: 'c' }));
-    for (let i = 0; i < 3; i++) waiting(p, req({ client: 'a' }));
+    const p = retryCapPool(2, 1);
+    await slot(p, rateReq({ client: 'a' }));
+    await slot(p, retryReq({ client: 'c' }));
+    for (let i = 0; i < 3; i++) waiting(p, rateReq({ client: 'a' }));
     // Its slot comes in two rounds (four ahead of it and itself, two slots a round), 2 s; the cap in one.
-    expect(await atOnce(p, retry({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
+    expect(await atOnce(p, retryReq({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
     p.close();
   });
 
   it('count its own class\'s waiting retries once', async () => {
-    const p = pool(10, 1);
-    await granted(p, retry({ client: 'c' }));
-    waiting(p, retry({ client: 'a' }));
+    const p = retryCapPool(10, 1);
+    await slot(p, retryReq({ client: 'c' }));
+    waiting(p, retryReq({ client: 'a' }));
     // Its client's retry, then it: 2 s.
-    expect(await atOnce(p, retry({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
+    expect(await atOnce(p, retryReq({ client: 'a', deadlineAtMs: Date.now() + 2_500 }))).toBeUndefined();
     p.close();
   });
 
   it('include every higher class\'s waiting retry: a batch retry behind two online ones is shed at once', async () => {
-    const p = pool(10, 1);
-    await granted(p, retry());
-    waiting(p, retry());
-    waiting(p, retry());
+    const p = retryCapPool(10, 1);
+    await slot(p, retryReq());
+    waiting(p, retryReq());
+    waiting(p, retryReq());
     // Three rounds of the cap (3 s) before its turn; its slot alone would come in one.
-    expect(await atOnce(p, retry({ cls: 1, deadlineAtMs: Date.now() + 2_500 }))).toMatchObject({ ok: false, reason: 'deadline' });
+    expect(await atOnce(p, retryReq({ cls: 1, deadlineAtMs: Date.now() + 2_500 }))).toMatchObject({ ok: false, reason: 'deadline' });
     p.close();
   });
 
   it('fill a round a cap\'s worth at a time, a part round counting whole', async () => {
-    const p = pool(10, 2);
-    await granted(p, retry());
-    await granted(p, retry());
-    waiting(p, retry());
+    const p = retryCapPool(10, 2);
+    await slot(p, retryReq());
+    await slot(p, retryReq());
+    waiting(p, retryReq());
     // Both in flight end and the one waiting and it go: one round, 1 s.
-    expect(await atOnce(p, retry({ deadlineAtMs: Date.now() + 1_500 }))).toBeUndefined();
+    expect(await atOnce(p, retryReq({ deadlineAtMs: Date.now() + 1_500 }))).toBeUndefined();
     // Now two wait ahead: the third of the round after, 2 s (half a round is a whole one).
-    expect(await atOnce(p, retry({ deadlineAtMs: Date.now() + 1_500 }))).toMatchObject({ ok: false, reason: 'deadline' });
+    expect(await atOnce(p, retryReq({ deadlineAtMs: Date.now() + 1_500 }))).toMatchObject({ ok: false, reason: 'deadline' });
     p.close();
   });
 });

@@ -13,8 +13,11 @@ import { notAnAnswer } from '../src/providers/answer-shape.ts';
 import { outputCharsOfAnswer } from '../src/streaming/stream-events.ts';
 import { reportsUsage, toOpenAIResponse } from '../src/providers/anthropic/response.ts';
 import { AnswerCut, transportOutcome } from '../src/providers/transport-errors.ts';
-import { retryTurnMs, ProviderPool, type Acquired, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { retryTurnMs } from '../src/pools/provider-pool.ts';
 import type { MockServer } from '../src/mock/server.ts';
+import { slot } from './helpers/client-pool.ts';
+import { track } from './helpers/floor-pool.ts';
+import { retryCapPool, retryReq } from './helpers/rate-pool.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
@@ -98,46 +101,31 @@ describe('the wait a retry expects for the retry cap', () => {
     beforeEach(() => vi.useFakeTimers({ now: 0 }));
     afterEach(() => vi.useRealTimers());
 
-    const CLASSES = [
-      { name: 'online', minShare: 0, maxQueue: 100 },
-      { name: 'batch', minShare: 0, maxQueue: 100 },
-    ];
-    const pool = (capacity: number, retryCapacity: number) =>
-      new ProviderPool({ provider: 'p', capacity, retryCapacity, classes: CLASSES, decrease: 0.9, minLimit: 1 }, () => Date.now());
-    const retry = (extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls: 0, target: 'p/m', retry: true, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-    const settled = (a: Promise<Acquired>): (() => Acquired | undefined) => {
-      let out: Acquired | undefined;
-      void a.then((r) => (out = r));
-      return () => out;
-    };
-
     it('no longer counts a higher class\'s retry that waited and was seated', async () => {
-      const p = pool(10, 1);
-      const first = await p.acquire(retry());
-      if (!first.ok) throw new Error('not granted');
-      const waited = settled(p.acquire(retry()));
-      first.slot.release();
+      const p = retryCapPool(10, 1);
+      const first = await slot(p, retryReq());
+      const waited = track(p.acquire(retryReq()));
+      first.release();
       await vi.advanceTimersByTimeAsync(0);
-      expect(waited()).toMatchObject({ ok: true });
+      expect(waited.answer).toMatchObject({ ok: true });
       // One online retry in flight, none waiting: the batch retry's turn is a round away (1 s), within its 1.5 s.
-      const batch = settled(p.acquire(retry({ cls: 1, deadlineAtMs: Date.now() + 1_500 })));
+      const batch = track(p.acquire(retryReq({ cls: 1, deadlineAtMs: Date.now() + 1_500 })));
       await vi.advanceTimersByTimeAsync(0);
-      expect(batch()).toBeUndefined();
+      expect(batch.answer).toBeUndefined();
       p.close();
     });
 
     it('tells a retry shed at its last chance the rounds of the cap still ahead of it', async () => {
-      const p = pool(10, 1);
-      const holder = await p.acquire(retry());
-      if (!holder.ok) throw new Error('not granted');
-      for (let i = 0; i < 3; i++) void p.acquire(retry());
+      const p = retryCapPool(10, 1);
+      await slot(p, retryReq());
+      for (let i = 0; i < 3; i++) void p.acquire(retryReq());
       // Four rounds of the cap (4 s) within its 4.5 s: it waits; the holder never ends, and at its last chance the
       // three ahead of it are still three rounds away (its slot alone, one).
-      const last = settled(p.acquire(retry({ deadlineAtMs: Date.now() + 4_500 })));
+      const last = track(p.acquire(retryReq({ deadlineAtMs: Date.now() + 4_500 })));
       await vi.advanceTimersByTimeAsync(0);
-      expect(last()).toBeUndefined();
+      expect(last.answer).toBeUndefined();
       await vi.advanceTimersByTimeAsync(4_600);
-      const shed = last();
+      const shed = last.answer;
       expect(shed).toMatchObject({ ok: false, reason: 'deadline' });
       expect((shed as { retryAfterMs: number }).retryAfterMs).toBeGreaterThanOrEqual(2_500);
       p.close();
