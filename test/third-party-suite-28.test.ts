@@ -191,7 +191,7 @@ describe('a client that leaves, through nginx', () => {
     const { at } = await timedStream(clientOf(ng), ac.signal, (n) => n === 2 && ac.abort());
     expect(at).toHaveLength(2);
     await eventually('the provider saw the stream aborted', () => upstreamChats(s.mock)[0]?.aborted === true);
-    expect(s.mock.stats().inflight).toBe(0);
+    await expect.poll(() => s.mock.stats().inflight, { timeout: 2_000 }).toBe(0);
   });
 
   it.each(SETUPS)('$name: an abort during a retry backoff ends the retries (no ghost attempts)', async ({ conf }) => {
@@ -236,7 +236,7 @@ describe("nginx's proxy_read_timeout against the gateway's deadline", () => {
     expect(attempts).toBeGreaterThanOrEqual(5);
     await sleep(1_500);
     expect(upstreamChats(s.mock)).toHaveLength(attempts);
-    expect(s.mock.stats().inflight).toBe(0);
+    await expect.poll(() => s.mock.stats().inflight, { timeout: 2_000 }).toBe(0);
     console.info(`proxy_read_timeout 1s < the gateway's retries: 1 call, 3 SDK requests, ${attempts} upstream attempts`);
   });
 
