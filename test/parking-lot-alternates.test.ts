@@ -40,19 +40,86 @@ describe('a parked request and its alternates', () => {
     expect(lot.waiting('primary')).toBe(0);
   });
 
-  it('does not leave for an alternate that is only probing (its probe goes with a newcomer), nor without alternates', async () => {
+  it('sends one request, the first in order, to carry the probe of an alternate only probing; none without alternates', async () => {
     const results: string[] = [];
     void lot.park('primary', opts(30_000, ['backup'])).then((r) => results.push(`a:${r.kind}`));
-    void lot.park('primary', opts(30_000)).then((r) => results.push(`b:${r.kind}`));
+    void lot.park('primary', opts(20_000, ['backup'])).then((r) => results.push(`b:${r.kind}:${r.kind === 'moved' ? r.probe : ''}`));
+    void lot.park('primary', opts(10_000)).then((r) => results.push(`c:${r.kind}`));
     states.set('backup', { mode: 'probing', slots: 1 });
     lot.notify('backup');
-    await vi.advanceTimersByTimeAsync(1_000);
-    expect(results).toEqual([]);
+    await vi.advanceTimersByTimeAsync(0);
+    // Agents that each wait for their answer, all parked: no newcomer would probe the backup. It is told whose probe
+    // it carries (it parks for that target should its breaker give the probe only to a parked request).
+    expect(results).toEqual(['b:moved:backup']);
+    expect(outcomes).toEqual(['moved']);
+    expect(lot.waiting('primary')).toBe(2);
+    // Its probe out, the backup stays probing: nobody else goes, however often the lot looks.
+    for (let i = 0; i < 4; i++) {
+      lot.notify('backup');
+      await vi.advanceTimersByTimeAsync(200);
+    }
+    expect(results).toEqual(['b:moved:backup']);
+    // The probe closed the breaker: the others watching it leave over the next second.
     states.set('backup', { mode: 'available', slots: 4 });
     lot.notify('backup');
     await vi.advanceTimersByTimeAsync(0);
-    expect(results).toEqual(['a:moved']);
+    expect(results).toEqual(['b:moved:backup', 'a:moved']);
     expect(lot.waiting('primary')).toBe(1);
+  });
+
+  it('moves no more while the one moved waits parked for the alternate itself (no permit for it), nor after a failed probe', async () => {
+    const results: string[] = [];
+    for (const [name, d] of [['a', 10_000], ['b', 20_000], ['c', 30_000]] as const) void lot.park('primary', opts(d, ['backup'])).then((r) => results.push(`${name}:${r.kind}`));
+    states.set('backup', { mode: 'probing', slots: 1 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(0);
+    expect(results).toEqual(['a:moved']);
+    // Another instance's probe holds the permit: the moved request parks again, for the backup, until one is free.
+    void lot.park('backup', { ...opts(10_000, ['primary']), notBeforeMs: Date.now() + 5_000 }).then((r) => results.push(`a2:${r.kind}`));
+    await vi.advanceTimersByTimeAsync(3_000);
+    expect(results).toEqual(['a:moved']);
+    // The probe failed: the breaker reopens, and nothing moves until it may probe again.
+    states.set('backup', { mode: 'blocked', availableAtMs: 8_000 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(results).toEqual(['a:moved']);
+  });
+
+  it('sends another once the window is over when the alternate still waits for a probe (the one moved was lost), and again after a failed probe', async () => {
+    const results: string[] = [];
+    for (const [name, d] of [['a', 10_000], ['b', 20_000], ['c', 30_000]] as const) void lot.park('primary', opts(d, ['backup'])).then((r) => results.push(`${name}:${r.kind}`));
+    states.set('backup', { mode: 'probing', slots: 1 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(999);
+    expect(results).toEqual(['a:moved']);
+    // Its client left on the way: nothing probes the backup. A second later the lot looks by its own timer.
+    await vi.advanceTimersByTimeAsync(1);
+    expect(results).toEqual(['a:moved', 'b:moved']);
+    // That probe failed: the breaker reopens until 5 s; then the last one carries the next probe.
+    states.set('backup', { mode: 'blocked', availableAtMs: 5_000 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(2_000);
+    expect(results).toEqual(['a:moved', 'b:moved']);
+    states.set('backup', { mode: 'probing', slots: 1 });
+    await vi.advanceTimersByTimeAsync(2_000);
+    expect(results).toEqual(['a:moved', 'b:moved', 'c:moved']);
+  });
+
+  it('fills the probe slots a half-open alternate has after its first probe succeeded, not more', async () => {
+    const results: string[] = [];
+    for (let i = 0; i < 6; i++) void lot.park('primary', opts(10_000 + i, ['backup'])).then((r) => results.push(`${i}:${r.kind}`));
+    states.set('backup', { mode: 'probing', slots: 1 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(50);
+    expect(results).toEqual(['0:moved']);
+    // Half-open: three probes at a time, one of them the first (its answer in, but within the window).
+    states.set('backup', { mode: 'probing', slots: 3 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(0);
+    expect(results).toEqual(['0:moved', '1:moved', '2:moved']);
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(500);
+    expect(results).toHaveLength(3);
   });
 
   it('leaves when an alternate held off comes back by the clock (no one tells the lot a hold-off ended)', async () => {

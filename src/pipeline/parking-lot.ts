@@ -38,8 +38,11 @@ export const PARK_OUTCOMES = ['released', 'moved', 'full', 'timeout', 'aborted',
 
 type ParkResult =
   | { kind: 'released'; ticket: Ticket }
-  /** One of its alternates came back while its own target is still away: it looks at every target again. */
-  | { kind: 'moved' }
+  /**
+   * One of its alternates came back, or may be probed and has no one parked to carry its probe, while its own target
+   * is still away: it looks at every target again. `probe`: the key of the alternate whose probe it is to carry.
+   */
+  | { kind: 'moved'; probe?: string }
   | { kind: 'full' }
   | { kind: 'timeout' }
   | { kind: 'aborted' }
@@ -76,7 +79,7 @@ interface ParkOptions {
    * its hold-off over) while the request's own key is still away, the request leaves the lot (`moved`) to try it, at
    * a random moment of the next second, as the parked of a key that came back leave over a window. Parked for the one
    * expected back first, it was otherwise told only at its last chance, and a backup that came back waited out the
-   * primary's outage unused.
+   * primary's outage unused. One only probing takes, at once, as many as it has probe slots, to carry its probes.
    */
   alternates?: readonly string[];
 }
@@ -169,6 +172,12 @@ const AVAILABLE: TargetState = { mode: 'available', slots: 0 };
 const RELEASE_SPREAD_SHARE = 0.2;
 /** ...and at most this long, so the end of a long outage does not hold the parked back for long. */
 const MAX_RELEASE_SPREAD_MS = 1_000;
+/**
+ * How long the requests moved to carry an alternate's probes (ParkingLot.#probeMoves) count against its probe slots:
+ * a moved request that found no permit (another's probe out) parks again, for the alternate, and must not draw the
+ * next one after it at once; and one lost on its way (its client gone) must not leave the alternate unprobed.
+ */
+const PROBE_MOVE_GAP_MS = 1_000;
 
 export class ParkingLot {
   readonly #deps: ParkingLotDeps;
@@ -176,6 +185,12 @@ export class ParkingLot {
   readonly #perRoute = new Map<string, number>();
   /** Per route, each client's requests parked: whose place a full route's queue gives away. */
   readonly #perRouteClient = new Map<string, Map<string, number>>();
+  /**
+   * Per alternate key that is probing (half-open, or open past its parked probe time), the requests moved from the lot
+   * to carry its probes, in the window that began at `sinceMs` (PROBE_MOVE_GAP_MS): at most its probe slots per window.
+   * Lot-wide: a target's probes are its own, whichever queues watch it. Dropped once the lot sees it not probing.
+   */
+  readonly #probeMoves = new Map<string, { sinceMs: number; n: number }>();
   #seq = 0;
   #closing = false;
 
@@ -320,21 +335,36 @@ export class ParkingLot {
   /**
    * Entries whose own key is away and one of whose alternates is back leave at a random moment of the next second
    * (never past half their time left), as a key's own parked leave over its release window: a backup that closed its
-   * breaker must not get every request parked for the primary in one burst. Returns when to look again: the next
-   * such moment, or the end of an alternate's hold-off.
+   * breaker must not get every request parked for the primary in one burst. An alternate only probing takes as many
+   * as it has probe slots, at once, first in the queue's order, once per PROBE_MOVE_GAP_MS: with no newcomers (agents
+   * that each wait for their answer, all parked) nothing else probes it, and a backup that recovered while the
+   * primary's own probe hung waited out that probe's permit (30 s) unused. Returns when to look again: the next such
+   * moment, the end of an alternate's hold-off, or the end of a probing alternate's window.
    */
   #moveToAlternates(q: Queue, now: number): number {
     let next = Number.POSITIVE_INFINITY;
     let anyBack = false;
+    /** Probing alternates with probe slots the lot may still fill, and how many. */
+    let probing: Map<string, number> | undefined;
     const states = new Map<string, TargetState>();
     for (const a of q.watched.keys()) {
       const s = this.#deps.stateOf(a);
       states.set(a, s);
+      if (s.mode !== 'probing') this.#probeMoves.delete(a);
       if (s.mode === 'available') anyBack = true;
       else if (s.mode === 'blocked') next = Math.min(next, s.availableAtMs);
+      else {
+        const free = this.#probeMovesLeft(a, s.slots, now);
+        if (free > 0) (probing ??= new Map()).set(a, free);
+        else {
+          const moved = this.#probeMoves.get(a);
+          if (moved) next = Math.min(next, moved.sinceMs + PROBE_MOVE_GAP_MS);
+        }
+      }
     }
-    // Nothing back and no one about to leave: nothing to look for entry by entry (the common case of every pump).
-    if (!anyBack && q.moving === 0) return next;
+    // Nothing back, no probe to carry and no one about to leave: nothing to look for entry by entry (the common case
+    // of every pump).
+    if (!anyBack && probing === undefined && q.moving === 0) return next;
     for (let i = 0; i < q.entries.length; ) {
       const e = q.entries[i]!;
       // Past its cut-off, it times out (the release loop below): never sent anywhere with no time left.
@@ -346,6 +376,17 @@ export class ParkingLot {
         if (anyBack && e.alternates.some((a) => states.get(a)!.mode === 'available')) {
           e.moveAtMs = now + Math.min(MAX_RELEASE_SPREAD_MS * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
           q.moving++;
+        } else if (probing !== undefined) {
+          const a = e.alternates.find((k) => (probing!.get(k) ?? 0) > 0);
+          if (a !== undefined) {
+            probing.set(a, probing.get(a)! - 1);
+            this.#probeMoved(a, now);
+            // Looked at again once its window is over: a probe still wanted then goes with the next in order.
+            next = Math.min(next, now + PROBE_MOVE_GAP_MS);
+            takeOut(q, i);
+            e.settle({ kind: 'moved', probe: a });
+            continue;
+          }
         }
       }
       if (e.moveAtMs !== undefined && e.moveAtMs <= now) {
@@ -357,6 +398,24 @@ export class ParkingLot {
       i++;
     }
     return next;
+  }
+
+  /**
+   * How many more requests the lot may move to carry a probing alternate's probes now: its probe slots, less those
+   * moved in the current window; none while requests parked for the alternate itself wait for its probes or carry
+   * as many as it has slots (they are its probes; a stream begun is no probe any more, as in hasSlot).
+   */
+  #probeMovesLeft(key: string, slots: number, now: number): number {
+    const own = this.#queues.get(targetOfHoldOffKey(key));
+    if (own && (own.entries.length > 0 || inflightUpTo(own, own.inflightByClass.length - 1, true) >= slots)) return 0;
+    const moved = this.#probeMoves.get(key);
+    return moved === undefined || now >= moved.sinceMs + PROBE_MOVE_GAP_MS ? slots : slots - moved.n;
+  }
+
+  #probeMoved(key: string, now: number): void {
+    const moved = this.#probeMoves.get(key);
+    if (moved === undefined || now >= moved.sinceMs + PROBE_MOVE_GAP_MS) this.#probeMoves.set(key, { sinceMs: now, n: 1 });
+    else moved.n++;
   }
 
   /** Targets the lot keeps a queue for (a flex tier's requests are in their target's). */
@@ -372,6 +431,7 @@ export class ParkingLot {
    */
   forget(key: string): void {
     const target = targetOfHoldOffKey(key);
+    this.#probeMoves.delete(key);
     const q = this.#queues.get(target);
     if (!q || q.entries.length > 0 || q.inflight > 0) return;
     clearTimeout(q.timer);

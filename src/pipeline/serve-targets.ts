@@ -112,8 +112,8 @@ export async function serveTargets(
   /**
    * The request's wait in the lot ran out (its last chance before its deadline, or park.maxWaitMs): it looks at every
    * target once more, and parks no more. Parked for the target expected back first, it is told when another comes
-   * back only once that one's breaker has closed (`moved`): a backup merely half-open, which no newcomer probed, found
-   * 25 of 30 parked requests ending in 503 circuit_open at their deadlines.
+   * back (`moved`), or sent to carry the probe of one only probing; without this last look, a backup merely half-open,
+   * which no newcomer probed, found 25 of 30 parked requests ending in 503 circuit_open at their deadlines.
    */
   let lastLook = false;
   /**
@@ -124,6 +124,13 @@ export async function serveTargets(
   let waitBound: 'deadline' | 'max_wait' = 'deadline';
   /** How long the request was parked before the lot moved it to a target that came back, until an attempt shows it. */
   let movedWaitMs: number | undefined;
+  /**
+   * The key of the target the lot moved the request to carry a probe for (ParkResult `moved`'s probe), for its next
+   * park: with the breaker open, that probe is a parked request's, and the request parks for that target even when
+   * another (the primary, its own probe out) says it is probing too. Parked for the primary again, it waited there,
+   * and the lot moved one request a second in a loop until the backup's openS was over.
+   */
+  let probeFor: string | undefined;
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
   const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined);
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
@@ -299,7 +306,9 @@ export async function serveTargets(
     // when the request parked, are looked at again before it ends or parks again; they may be back sooner.
     if (unlooked) continue;
     if (blocked.length === 0) return worst(() => rejectedAsFailure(rejected) ?? { kind: 'no-target', plan: plans[0]!, skips });
-    const first = blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
+    const probing = probeFor === undefined ? undefined : blocked.find((b) => b.plan.holdOffKey === probeFor && b.reason === 'breaker' && b.availableAtMs <= deps.now());
+    probeFor = undefined;
+    const first = probing ?? blocked.reduce((a, b) => (b.availableAtMs < a.availableAtMs ? b : a));
     // Behind parked requests the lot is letting go, the request waited for a slot: when none comes in time it is shed
     // (the provider at capacity, a wait to come back after), not told of a breaker that never opened. Made only when
     // it is the answer: the shed is counted then, not for every request that parks behind the release and is served
@@ -349,9 +358,12 @@ export async function serveTargets(
         runs[released.index]!.waitMs = deps.now() - now;
         break;
       case 'moved':
-        // Another target came back while the one it parked for is still away: every target is looked at again. Not
-        // noted now: the backup that then answered it would be named as passed over.
+        // Another target came back (or may be probed, and this request is to carry the probe) while the one it parked
+        // for is still away: every target is looked at again. Not noted now: the backup that then answered it would be
+        // named as passed over. A probe the backup's breaker gives only to parked requests (open, before openS is
+        // over) it takes by parking for the backup, which releases it at once with the probe slot free.
         movedWaitMs = waited;
+        probeFor = parked.probe;
         break;
       case 'full':
         noteBlocked(blocked);
