@@ -357,14 +357,22 @@ export class ParkingLot {
         const free = this.#probeMovesLeft(a, s.slots, now);
         if (free > 0) (probing ??= new Map()).set(a, free);
         else {
+          // Looked at again when the window ends; or, while the alternate's own parked hold its probes (they may leave
+          // without one: their clients gone, their wait over), a window from now. Never at a moment past: woken for the
+          // end of a window long over, the lot looked every millisecond while the one moved waited for a permit.
           const moved = this.#probeMoves.get(a);
-          if (moved) next = Math.min(next, moved.sinceMs + PROBE_MOVE_GAP_MS);
+          const windowEndMs = moved === undefined ? now : moved.sinceMs + PROBE_MOVE_GAP_MS;
+          next = Math.min(next, windowEndMs > now ? windowEndMs : now + PROBE_MOVE_GAP_MS);
         }
       }
     }
+    // A probe is carried only by a request whose own key is away: with every key of the queue back (its parked being
+    // let go, each release's end a pump), looking for one scanned every parked request per pump.
+    let probesLeft = 0;
+    if (probing !== undefined && awayParked(q)) for (const n of probing.values()) probesLeft += n;
     // Nothing back, no probe to carry and no one about to leave: nothing to look for entry by entry (the common case
     // of every pump).
-    if (!anyBack && probing === undefined && q.moving === 0) return next;
+    if (!anyBack && probesLeft === 0 && q.moving === 0) return next;
     for (let i = 0; i < q.entries.length; ) {
       const e = q.entries[i]!;
       // Past its cut-off, it times out (the release loop below): never sent anywhere with no time left.
@@ -376,10 +384,11 @@ export class ParkingLot {
         if (anyBack && e.alternates.some((a) => states.get(a)!.mode === 'available')) {
           e.moveAtMs = now + Math.min(MAX_RELEASE_SPREAD_MS * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
           q.moving++;
-        } else if (probing !== undefined) {
+        } else if (probesLeft > 0) {
           const a = e.alternates.find((k) => (probing!.get(k) ?? 0) > 0);
           if (a !== undefined) {
-            probing.set(a, probing.get(a)! - 1);
+            probing!.set(a, probing!.get(a)! - 1);
+            probesLeft--;
             this.#probeMoved(a, now);
             // Looked at again once its window is over: a probe still wanted then goes with the next in order.
             next = Math.min(next, now + PROBE_MOVE_GAP_MS);
@@ -407,9 +416,18 @@ export class ParkingLot {
    */
   #probeMovesLeft(key: string, slots: number, now: number): number {
     const own = this.#queues.get(targetOfHoldOffKey(key));
-    if (own && (own.entries.length > 0 || inflightUpTo(own, own.inflightByClass.length - 1, true) >= slots)) return 0;
+    if (own && (this.#holdsOwnProbes(own) || inflightUpTo(own, own.inflightByClass.length - 1, true) >= slots)) return 0;
     const moved = this.#probeMoves.get(key);
     return moved === undefined || now >= moved.sinceMs + PROBE_MOVE_GAP_MS ? slots : slots - moved.n;
+  }
+
+  /**
+   * Are requests parked in the target's queue under a key that is not blocked (they may carry its probes)? Those of a
+   * flex tier its own hold-off holds carry none: counted, they kept the lot from probing the target until it ended.
+   */
+  #holdsOwnProbes(q: Queue): boolean {
+    for (const [k, tier] of q.tiers) if (tier.parked > 0 && this.#deps.stateOf(k).mode !== 'blocked') return true;
+    return false;
   }
 
   #probeMoved(key: string, now: number): void {
@@ -622,6 +640,12 @@ function lotClient(q: Queue, cls: number, name: string): LotClient {
 /** Does an entry of the queue watch a key of the target (an alternate of its, or that alternate's flex tier)? */
 function watches(q: Queue, target: string): boolean {
   for (const a of q.watched.keys()) if (targetOfHoldOffKey(a) === target) return true;
+  return false;
+}
+
+/** Are requests parked in the queue under a key that is away (not available when the lot last looked)? */
+function awayParked(q: Queue): boolean {
+  for (const tier of q.tiers.values()) if (tier.parked > 0 && tier.state.mode !== 'available') return true;
   return false;
 }
 
