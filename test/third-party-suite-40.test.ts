@@ -573,6 +573,16 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
   });
 });
 
+/** Anthropic's 429 for a spent per-minute requests limit: its reset 30 s away, `extra` headers beside it. */
+function requestsSpent(res: ServerResponse, extra: Record<string, string> = {}): void {
+  json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
+    ...extra,
+    'anthropic-ratelimit-requests-limit': '50',
+    'anthropic-ratelimit-requests-remaining': '0',
+    'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
+  });
+}
+
 // ---- wait hints in Anthropic's headers, and the SDK's own timeout ------------------------------------------------
 
 describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
@@ -608,12 +618,7 @@ describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
     const primary = await fakeAnthropic((res, n) =>
       n > 1
         ? json(res, 200, message())
-        : json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
-            'retry-after': '1',
-            'anthropic-ratelimit-requests-limit': '50',
-            'anthropic-ratelimit-requests-remaining': '0',
-            'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
-          }),
+        : requestsSpent(res, { 'retry-after': '1' }),
     );
     const url = await gateway({ primary: primary.origin });
     const counter = { requests: 0 };
@@ -630,12 +635,7 @@ describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
     const primary = await fakeAnthropic((res, n) =>
       n > 1
         ? json(res, 200, message())
-        : json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
-            'request-id': 'req_primary_429',
-            'anthropic-ratelimit-requests-limit': '50',
-            'anthropic-ratelimit-requests-remaining': '0',
-            'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
-          }),
+        : requestsSpent(res, { 'request-id': 'req_primary_429' }),
     );
     const url = await gateway({ primary: primary.origin });
     const err = (await claude(url)
@@ -655,11 +655,7 @@ describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
 
   it('a requests reset past the SDK\'s timeout moves the call to the backup at once (wait_hint), answered well before the SDK would give up', async () => {
     const primary = await fakeAnthropic((res) =>
-      json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
-        'anthropic-ratelimit-requests-limit': '50',
-        'anthropic-ratelimit-requests-remaining': '0',
-        'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
-      }),
+      requestsSpent(res),
     );
     const backup = await fakeAnthropic((res) => json(res, 200, message(), { 'request-id': 'req_backup_rl' }));
     const url = await gateway({ primary: primary.origin, backup: backup.origin });
