@@ -114,6 +114,24 @@ const anthropicError = (type: string, message: string) => ({ type: 'error', erro
 const overloaded = (res: ServerResponse, n: number, headers: Record<string, string> = {}) =>
   json(res, 529, anthropicError('overloaded_error', 'Overloaded'), { 'request-id': `req_primary_${n}`, ...headers });
 
+/** The API error a call the test expects to fail raised (its class, status, type and request id are asserted). */
+async function apiError(call: Promise<unknown>): Promise<InstanceType<typeof Anthropic.APIError>> {
+  return (await call.then(
+    () => undefined,
+    (e: unknown) => e,
+  )) as InstanceType<typeof Anthropic.APIError>;
+}
+
+/** Anthropic's 429 for a spent per-minute requests limit: its reset 30 s away, `extra` headers beside it. */
+function requestsSpent(res: ServerResponse, extra: Record<string, string> = {}): void {
+  json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
+    ...extra,
+    'anthropic-ratelimit-requests-limit': '50',
+    'anthropic-ratelimit-requests-remaining': '0',
+    'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
+  });
+}
+
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- a Message's fields, as the test writes them
 const message = (extra: Record<string, any> = {}) => ({
   id: 'msg_01Backup',
@@ -425,9 +443,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     const backup = await fakeAnthropic((res) => json(res, 200, message()));
     const url = await gateway({ primary: primary.origin, backup: backup.origin });
     const counter = { requests: 0 };
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('hi'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('hi')));
     expect(err).toBeInstanceOf(Anthropic.BadRequestError);
     expect(err.status).toBe(400);
     expect(err.type).toBe('invalid_request_error');
@@ -443,9 +459,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     const backup = await fakeAnthropic((res) => json(res, 200, message()));
     const url = await gateway({ primary: primary.origin, backup: backup.origin });
     const counter = { requests: 0 };
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('hi'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('hi')));
     expect(err).toBeInstanceOf(Anthropic.ContentTooLargeError);
     expect(err.type).toBe('request_too_large');
     expect(err.requestID).toBe('req_primary_413');
@@ -458,9 +472,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     const primary = await fakeAnthropic((res, n) => overloaded(res, n, { 'x-should-retry': 'true' }));
     const url = await gateway({ primary: primary.origin });
     const counter = { requests: 0 };
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('hi'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('hi')));
     expect(err).toBeInstanceOf(Anthropic.OverloadedError);
     expect(err.headers?.get('x-should-retry')).toBe('false');
     expect(err.requestID).toBe('req_primary_2');
@@ -486,9 +498,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     expect(primary.hits).toHaveLength(1);
     const counter = { requests: 0 };
     const started = Date.now();
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('second'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('second')));
     expect(err).toBeInstanceOf(Anthropic.RateLimitError);
     expect((err.error as { error?: { code?: string } }).error?.code).toBe('provider_held_off');
     expect(err.headers?.get('x-should-retry')).toBe('false');
@@ -503,9 +513,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     const primary = await startMock();
     const url = await gateway({ primary: primary.url });
     const counter = { requests: 0 };
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create({ ...ask('hi'), model: 'gpt-4o' })
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create({ ...ask('hi'), model: 'gpt-4o' }));
     expect(err).toBeInstanceOf(Anthropic.NotFoundError);
     expect(err.status).toBe(404);
     expect(err.type).toBe('not_found_error');
@@ -523,9 +531,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     primary.brownout('529', 60_000);
     backup.brownout('529', 60_000);
     const counter = { requests: 0 };
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('hi'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('hi')));
     expect(err).toBeInstanceOf(Anthropic.OverloadedError);
     expect(err.status).toBe(529);
     expect(err.type).toBe('overloaded_error');
@@ -540,9 +546,7 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     const primary = await fakeAnthropic((res, n) => (n === 1 ? overloaded(res, n, { 'retry-after': '2' }) : json(res, 200, message(), { 'request-id': `req_ok_${n}` })));
     const url = await gateway({ primary: primary.origin, retry: '{ maxAttempts: 2, maxWaitHintMs: 500, backoff: { baseMs: 10, capMs: 20 } }' });
     // The first agent meets the 529 itself: its hint is longer than maxWaitHintMs, so it is answered with it.
-    const first = (await claude(url)
-      .messages.create(ask('first'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const first = await apiError(claude(url).messages.create(ask('first')));
     expect(first).toBeInstanceOf(Anthropic.OverloadedError);
     expect(Number(first.headers?.get('retry-after'))).toBeGreaterThanOrEqual(2);
     // The second comes during the hold-off: told to come back, it does, once, and is answered.
@@ -572,16 +576,6 @@ describe('errors the Anthropic SDK raises, and how often it sends', () => {
     expect(primary.hits[1]!.at - primary.hits[0]!.at).toBeGreaterThanOrEqual(1_900);
   });
 });
-
-/** Anthropic's 429 for a spent per-minute requests limit: its reset 30 s away, `extra` headers beside it. */
-function requestsSpent(res: ServerResponse, extra: Record<string, string> = {}): void {
-  json(res, 429, anthropicError('rate_limit_error', 'Number of requests has exceeded your per-minute rate limit'), {
-    ...extra,
-    'anthropic-ratelimit-requests-limit': '50',
-    'anthropic-ratelimit-requests-remaining': '0',
-    'anthropic-ratelimit-requests-reset': new Date(Date.now() + 30_000).toISOString(),
-  });
-}
 
 // ---- wait hints in Anthropic's headers, and the SDK's own timeout ------------------------------------------------
 
@@ -638,9 +632,7 @@ describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
         : requestsSpent(res, { 'request-id': 'req_primary_429' }),
     );
     const url = await gateway({ primary: primary.origin });
-    const err = (await claude(url)
-      .messages.create(ask('hi'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url).messages.create(ask('hi')));
     expect(err).toBeInstanceOf(Anthropic.RateLimitError);
     expect(err.type).toBe('rate_limit_error');
     expect(err.requestID).toBe('req_primary_429');
@@ -692,9 +684,7 @@ describe("Anthropic's rate-limit headers and the SDK's timeout", () => {
     const url = await gateway({ primary: primary.origin });
     const counter = { requests: 0 };
     const started = Date.now();
-    const err = (await claude(url, { maxRetries: 2, counter })
-      .messages.create(ask('hi'), { timeout: 3_000 })
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(url, { maxRetries: 2, counter }).messages.create(ask('hi'), { timeout: 3_000 }));
     const took = Date.now() - started;
     expect(err).toBeInstanceOf(Anthropic.GatewayTimeoutError);
     expect(err.type).toBe('timeout_error');
@@ -823,9 +813,7 @@ describe('two gateway instances sharing a real Redis, seen by the Anthropic SDK'
     expect(errA).toBeInstanceOf(Anthropic.OverloadedError);
     expect(requestsTo(primary)).toHaveLength(2); // the first attempt and the window's one retry
     const counter = { requests: 0 };
-    const errB = (await claude(b, { maxRetries: 2, counter })
-      .messages.create(ask('agent b'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const errB = await apiError(claude(b, { maxRetries: 2, counter }).messages.create(ask('agent b')));
     expect(errB).toBeInstanceOf(Anthropic.OverloadedError);
     expect(errB.headers?.get('x-should-retry')).toBe('false');
     expect(counter.requests).toBe(1);
@@ -852,9 +840,7 @@ describe('two gateway instances sharing a real Redis, seen by the Anthropic SDK'
     }
     const sentByA = requestsTo(primary).length;
     const counter = { requests: 0 };
-    const err = (await claude(b, { maxRetries: 2, counter })
-      .messages.create(ask('agent b'))
-      .catch((e: unknown) => e)) as InstanceType<typeof Anthropic.APIError>;
+    const err = await apiError(claude(b, { maxRetries: 2, counter }).messages.create(ask('agent b')));
     expect(err).toBeInstanceOf(Anthropic.ServiceUnavailableError);
     expect(err.status).toBe(503);
     expect((err.error as { error?: { code?: string } }).error?.code).toBe('circuit_open');
