@@ -67,7 +67,7 @@ const TimeoutsSchema = z
   .strictObject({
     connectMs: positiveMs('Time to open a TCP/TLS connection to the provider, in ms. Default: 5000.').default(5000),
     firstTokenMs: positiveMs('For streams: time from sending the request to the first event that carries output (text, tool call, reasoning, refusal or audio; any Responses API delta or finished output item); role-only chunks and pings do not count. Longer than the longest silent thinking of a reasoning model. Default: 30000.').default(30000),
-    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. On passthrough paths: longest gap between two chunks of the answer\'s body. Default: 30000.').default(30000),
+    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. On passthrough paths: longest gap between two chunks of the answer\'s body, timed by undici, whose timer can fire up to about a second late. Default: 30000.').default(30000),
     responseMs: positiveMs('For non-streaming requests: per-attempt limit on the whole answer, in ms. Optional; unset, only the deadline bounds it, since long answers take minutes.').optional(),
     keepAliveMs: positiveMs('How long a connection to the provider is kept idle for the next request, in ms; below the provider\'s own idle timeout (many servers close at 5 s, without saying so), or a request sent as it closes the connection fails. A provider\'s Keep-Alive hint may shorten it, never lengthen it. Default: 4000.').default(4000),
   })
@@ -348,7 +348,7 @@ const PassthroughSchema = z
     paths: z.array(z.string().startsWith('/')).min(1).describe('Paths forwarded as they are, with what is under them (no retries), e.g. /v1/files (also /v1/files/{id}/content).'),
     methods: z.array(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])).min(1).default(['GET'])
       .describe('HTTP methods forwarded on those paths. Default: [GET].'),
-    timeoutMs: positiveMs('Longest wait for the answer\'s headers once the request (its body included) is sent, in ms; then 504 upstream_timeout. Longer than the slowest call these paths serve (an image generation answers only when it is done). A client whose own timeout (x-stainless-timeout, x-stormgate-timeout-ms) is shorter gets 504 deadline_exceeded just before it instead. Default: 120000.').default(120000),
+    timeoutMs: positiveMs('Longest wait for the answer\'s headers once the request (its body included) is sent, in ms; then 504 upstream_timeout (timed by undici, whose timer can fire up to about a second late: 1000 fired after about 1.5 s). Longer than the slowest call these paths serve (an image generation answers only when it is done). A client whose own timeout (x-stainless-timeout, x-stormgate-timeout-ms) is shorter gets 504 deadline_exceeded just before it instead. Default: 120000.').default(120000),
   })
   .describe('Paths outside the managed routes that are forwarded unchanged. Optional; off by default, so the gateway is no open relay for the provider key.');
 
