@@ -411,14 +411,17 @@ export class ParkingLot {
 
   /**
    * How many more requests the lot may move to carry a probing alternate's probes now: its probe slots, less those
-   * moved in the current window; none while requests parked for the alternate itself wait for its probes or carry
-   * as many as it has slots (they are its probes; a stream begun is no probe any more, as in hasSlot).
+   * released from its own queue and still out (they are its probes; a stream begun is no probe any more, as in hasSlot)
+   * and those moved in the current window; none while requests parked for the alternate itself wait for its probes.
+   * Counted only by the moved, a half-open alternate with one of its three probes out had three more moved, and the
+   * last found no permit and parked again.
    */
   #probeMovesLeft(key: string, slots: number, now: number): number {
     const own = this.#queues.get(targetOfHoldOffKey(key));
-    if (own && (this.#holdsOwnProbes(own) || inflightUpTo(own, own.inflightByClass.length - 1, true) >= slots)) return 0;
+    if (own && this.#holdsOwnProbes(own)) return 0;
+    const out = own ? inflightUpTo(own, own.inflightByClass.length - 1, true) : 0;
     const moved = this.#probeMoves.get(key);
-    return moved === undefined || now >= moved.sinceMs + PROBE_MOVE_GAP_MS ? slots : slots - moved.n;
+    return slots - out - (moved === undefined || now >= moved.sinceMs + PROBE_MOVE_GAP_MS ? 0 : moved.n);
   }
 
   /**
