@@ -205,6 +205,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       lot.forget(key);
+      weighted.forget(key);
       void forgetTargetSeries(metrics, key);
     },
   };

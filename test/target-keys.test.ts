@@ -68,4 +68,42 @@ describe('target keys', () => {
     // Configured models are never learned, so never evicted.
     expect(keys.key('openai', 'gpt-4o')).toBe('openai/gpt-4o');
   });
+
+  it('gives back, without refusing it, the place a name took at a provider no request has tried it at', () => {
+    const keys = new TargetKeys(config);
+    // A made-up name takes a place at the backup too when it is planned; the primary's 404 ends its request.
+    for (let i = 0; i < 40; i++) {
+      expect(keys.key('backup', `made-up-${i}`)).toBe(`backup/made-up-${i}`);
+      expect(keys.release('backup', `made-up-${i}`)).toBe(`backup/made-up-${i}`);
+    }
+    expect(keys.key('backup', 'real-model-b')).toBe('backup/real-model-b');
+    // Not refused: the backup may serve the name, and learns it again when a request brings it back.
+    expect(keys.key('backup', 'made-up-0')).toBe('backup/made-up-0');
+    // A name some request has tried at the provider keeps its place there; so do configured names and `other`.
+    keys.tried('backup/made-up-0');
+    expect(keys.release('backup', 'made-up-0')).toBeUndefined();
+    expect(keys.key('backup', 'made-up-0')).toBe('backup/made-up-0');
+    expect(keys.release('openai', 'gpt-4o')).toBeUndefined();
+    expect(keys.release('openai', 'never-seen')).toBeUndefined();
+    // Given back once: a second release (a request in flight at once) finds nothing to give.
+    keys.key('backup', 'made-up-twice');
+    expect(keys.release('backup', 'made-up-twice')).toBe('backup/made-up-twice');
+    expect(keys.release('backup', 'made-up-twice')).toBeUndefined();
+  });
+
+  it('says when the key a request planned under no longer holds its place, however it was given back', () => {
+    const keys = new TargetKeys(config);
+    const planned = keys.key('backup', 'made-up');
+    expect(keys.givenBack('backup', 'made-up', planned)).toBe(false);
+    keys.release('backup', 'made-up');
+    expect(keys.givenBack('backup', 'made-up', planned)).toBe(true);
+    // Learned again by another request since: the key is held again, nothing to drop.
+    keys.key('backup', 'made-up');
+    expect(keys.givenBack('backup', 'made-up', planned)).toBe(false);
+    keys.forget('backup', 'made-up');
+    expect(keys.givenBack('backup', 'made-up', planned)).toBe(true);
+    // A request counted under `other` kept nothing under the name, and configured names hold their places.
+    expect(keys.givenBack('backup', 'made-up', 'backup/other')).toBe(false);
+    expect(keys.givenBack('openai', 'gpt-4o', 'openai/gpt-4o')).toBe(false);
+  });
 });

@@ -224,7 +224,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     );
     summary.target = served.plan.key;
     // A key given back is counted under the provider's shared one from now on, this request's own count included.
-    if (forgetUnknownModels(summary.attempts, plans, deps).includes(served.plan.key)) summary.target = `${served.plan.client.name}/other`;
+    if (forgetUnknownModels(summary.attempts, contextFallback ? [...plans, contextFallback] : plans, deps).includes(served.plan.key)) summary.target = `${served.plan.client.name}/other`;
     if (served.kind === 'ok') {
       summary.outcome = 'success';
       if (served.fallback) summary.fallback = served.fallback;
@@ -270,8 +270,10 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
  */
 function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], deps: PipelineDeps): string[] {
   const forgotten: string[] = [];
+  let unknownModel = false;
   for (const a of attempts) {
     if (a.status !== 404 || a.param !== undefined) continue;
+    unknownModel = true;
     const plan = plans.find((p) => p.label === a.target);
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
     // Only a request counted under the model's own key has something to drop (a later one is under `other` already).
@@ -280,12 +282,25 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
     deps.onTargetForgotten?.(key);
     forgotten.push(key);
   }
-  // Another request's 404 may have given a key back while this one was in flight under it and ended otherwise (its
-  // client left, its deadline passed): what this one counted under the key since (its attempt's series, the route's
-  // zeroed series, a pool entry) goes too, or each made-up name sent twice at once could leave its series behind.
+  // The 404 ended the request (the primary's rejection has the last word) before its fallbacks were tried: the places
+  // the name took at them when it was planned go back too, unless some request has tried it there (a real model the
+  // primary serves keeps its place at the backup for failover). Not refused: the backup may serve the name. Else 40
+  // made-up names took all 32 places of a backup, and real models failing over there shared one breaker for an hour.
+  if (unknownModel) {
+    for (const plan of plans) {
+      if (plan.model === undefined || plan.key === `${plan.client.name}/other` || forgotten.includes(plan.key)) continue;
+      if (deps.targetKeys.release(plan.client.name, plan.model) !== plan.key) continue;
+      deps.onTargetForgotten?.(plan.key);
+      forgotten.push(plan.key);
+    }
+  }
+  // Another request may have given a key back while this one was in flight under it (a 404, a release) and ended
+  // otherwise (its client left, its deadline passed, it went on to the fallback): what this one counted under the key
+  // since (its attempt's series, the route's zeroed series, a pool entry) goes too, or each made-up name sent twice at
+  // once could leave its series behind.
   for (const plan of plans) {
     if (plan.model === undefined || forgotten.includes(plan.key)) continue;
-    if (deps.targetKeys.givenBack(plan.client.name, plan.model) !== plan.key) continue;
+    if (!deps.targetKeys.givenBack(plan.client.name, plan.model, plan.key)) continue;
     deps.onTargetForgotten?.(plan.key);
     forgotten.push(plan.key);
   }

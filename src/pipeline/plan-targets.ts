@@ -51,16 +51,19 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
       skipped.push({ target: label, reason: 'provider disabled (optional, no key)' });
       return undefined;
     }
+    // Learned here for every target of the route, a fallback's included: a name only planned for one is given its
+    // place back there should the request end with a 404 for it (handle-request.ts), once tried it is not.
+    const key = deps.targetKeys.key(target.provider, model);
     // Prepared when the target is first tried: a fallback's request (an Anthropic translation, say) costs nothing
     // on the many requests the primary answers.
     let prepared: Prepared | undefined;
     const upstream = (): Prepared => {
       if (prepared) return prepared;
+      deps.targetKeys.tried(key);
       prepared = prepareUpstream(client.config, { api: route.api, clientPath: req.path, query: req.query, json: req.json, rawBody: req.rawBody, model, anthropicVersion });
       if (prepared.ok) prepared = { ok: true, request: { ...prepared.request, headers: { ...forwarded, ...prepared.request.headers } } };
       return prepared;
     };
-    const key = deps.targetKeys.key(target.provider, model);
     const pool = deps.pools.of(target.provider);
     // The client's key and its header can each only lower the route's class: the lower of the two applies.
     const asked = deps.pools.classFor(target.provider, route.config.priority, askedPriority);

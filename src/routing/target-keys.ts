@@ -2,9 +2,11 @@
 // overloaded"), so each model gets its own breaker, hold-off, budget and metric label. Models the config names always
 // do; others are learned as clients send them, up to MAX_LEARNED_MODELS per provider, and past that share
 // `<provider>/other`, so clients cannot grow Redis keys or label sets without bound. A name the provider answers with
-// 404 (no such model) gives its place back, so made-up names cannot use the places up; so does a model unused for
-// LEARNED_IDLE_MS when a new name needs its place, so a gateway that runs for months follows the models clients move
-// to instead of lumping every newer one into `other`. Each instance learns for itself. Without learning, every model of a route that serves any model (the default config) would share one
+// 404 (no such model) gives its place back, so made-up names cannot use the places up, and so do its places at the
+// other targets of the request's route no request has tried it at yet (planned for a fallback the 404 kept it from),
+// or made-up names would use up the backup's; so does a model unused for LEARNED_IDLE_MS when a new name needs its
+// place, so a gateway that runs for months follows the models clients move to instead of lumping every newer one
+// into `other`. Each instance learns for itself. Without learning, every model of a route that serves any model (the default config) would share one
 // breaker, and one broken model would open it for all.
 import type { Config } from '../config/schema.ts';
 import { settingsForModel, type BreakerSettings } from '../policy/breaker.ts';
@@ -25,6 +27,11 @@ export class TargetKeys {
   readonly #learned = new Map<string, Map<string, number>>();
   /** `<provider>/<model>` names the provider answered 404: never learned again (until pushed out by newer ones). */
   readonly #refused = new Set<string>();
+  /**
+   * `<provider>/<model>` of learned names no request has tried at the provider yet: planned for a fallback only. Given
+   * back (release) when the name's request ends with a 404 for it; a subset of the learned ones, so bounded as they are.
+   */
+  readonly #untried = new Set<string>();
   readonly #config: Config;
   readonly #now: () => number;
   /** Told of a learned key that gave its place to a new name, so what was kept under it goes too. */
@@ -59,6 +66,7 @@ export class TargetKeys {
   forget(provider: string, model: string): string | undefined {
     const key = `${provider}/${model}`;
     this.#settings.delete(key);
+    this.#untried.delete(key);
     if (!this.#learned.get(provider)?.delete(model)) return this.#refused.has(key) ? key : undefined;
     this.#refused.add(key);
     // Bounded too: the oldest refusal goes first (a Set keeps insertion order).
@@ -66,15 +74,33 @@ export class TargetKeys {
     return key;
   }
 
+  /** A request is about to try the target of this key: a learned name's place there is no longer only planned. */
+  tried(key: string): void {
+    this.#untried.delete(key);
+  }
+
   /**
-   * The key a name had of its own when a 404 has given it back since (see forget), else undefined: a request still in
-   * flight under it when that 404 came (a client that left, a timeout) drops what it counted under it as well.
+   * Another target of the route answered 404 for the name, which no request has tried at this provider: the place it
+   * took here when its request was planned goes back, but the name is not refused (this provider may serve it).
+   * Returns the key it had, when it gave it back now.
    */
-  givenBack(provider: string, model: string): string | undefined {
-    // Asked at the end of every request: nothing to build while no name was ever refused.
-    if (this.#refused.size === 0) return undefined;
+  release(provider: string, model: string): string | undefined {
     const key = `${provider}/${model}`;
-    return this.#refused.has(key) && !this.#learned.get(provider)?.has(model) ? key : undefined;
+    if (!this.#untried.delete(key)) return undefined;
+    this.#learned.get(provider)?.delete(model);
+    this.#settings.delete(key);
+    return key;
+  }
+
+  /**
+   * The request planned a target under `key` and its name holds no place of its own now: a 404 (forget), another
+   * request's release, or an eviction gave it back while the request was in flight (a client that left, a timeout,
+   * a failover there), so what it counted under the key since goes as well.
+   */
+  givenBack(provider: string, model: string, key: string): boolean {
+    // Asked at the end of every request: a name that holds its place (nearly all) costs two lookups.
+    if (this.#known.has(model) || this.#learned.get(provider)?.has(model)) return false;
+    return key !== `${provider}/other`;
   }
 
   #learn(provider: string, model: string): boolean {
@@ -91,6 +117,7 @@ export class TargetKeys {
     if (model === 'other' || !KEYABLE_MODEL.test(model)) return false;
     if (learned.size >= MAX_LEARNED_MODELS && !this.#evictIdle(provider, learned, now)) return false;
     learned.set(model, now);
+    this.#untried.add(`${provider}/${model}`);
     return true;
   }
 
@@ -100,6 +127,7 @@ export class TargetKeys {
     if (now - usedAt < LEARNED_IDLE_MS) return false;
     learned.delete(oldest);
     this.#settings.delete(`${provider}/${oldest}`);
+    this.#untried.delete(`${provider}/${oldest}`);
     this.onEvicted?.(`${provider}/${oldest}`);
     return true;
   }

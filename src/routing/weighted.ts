@@ -29,4 +29,20 @@ export class WeightedPicker<W extends Weighted = Weighted> {
     current.set(best!.key, current.get(best!.key)! - total);
     return [best!, ...targets.filter((t) => t !== best)];
   }
+
+  /**
+   * Drops a target key given back (TargetKeys: a made-up model's, an idle one's) from every route: a route of any model
+   * keeps a count for each key it ever ordered, so such names would grow it without bound. A key still in use starts
+   * again from zero, a round's worth of unevenness.
+   */
+  forget(key: string): void {
+    for (const current of this.#current.values()) current.delete(key);
+  }
+
+  /** The counts kept, all routes together. */
+  get size(): number {
+    let n = 0;
+    for (const current of this.#current.values()) n += current.size;
+    return n;
+  }
 }
