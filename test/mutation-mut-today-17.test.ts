@@ -76,20 +76,26 @@ describe('a parked request watching alternates', () => {
     expect(at).toBe(3_100);
   });
 
-  it('keeps the moment it was given to leave though the alternate went away again before it (it looks again then)', async () => {
+  it('drops the moment it was given to leave when the alternate went away again before it, and gets a new one when it is back', async () => {
     const at: number[] = [];
-    const draws = [0.5, 0.9];
+    const draws = [0.5, 0.9, 0.3, 0.6];
     lot = new ParkingLot({ now: () => Date.now(), random: () => draws.shift() ?? 0, stateOf: (k) => states.get(k) ?? { mode: 'available', slots: 10 } });
     for (let i = 0; i < 2; i++) void lot.park('primary', opts(30_000, { alternates: ['backup'] })).then((r) => r.kind === 'moved' && at.push(Date.now()));
     await vi.advanceTimersByTimeAsync(1_000);
     states.set('backup', { mode: 'available', slots: 4 });
     lot.notify('backup');
     await vi.advanceTimersByTimeAsync(200);
-    // Its breaker open again (a failed request), its probe 60 s away.
+    // Its breaker open again (a failed request), its probe 60 s away: leaving at 1.5 and 1.9 s, they found every
+    // target away and parked again (test/parking-lot-edges.test.ts).
     states.set('backup', { mode: 'blocked', availableAtMs: 60_000 });
     lot.notify('backup');
     await vi.advanceTimersByTimeAsync(1_000);
-    expect(at).toEqual([1_500, 1_900]);
+    expect(at).toEqual([]);
+    // Back again at 2.2 s: new moments (the ones kept from 1.5 and 1.9 s would send both at once).
+    states.set('backup', { mode: 'available', slots: 4 });
+    lot.notify('backup');
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(at).toEqual([2_500, 2_800]);
   });
 
   it('stops watching once each watcher has left, however it left (moved, released, timeout, aborted, displaced)', async () => {

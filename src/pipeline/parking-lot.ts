@@ -113,7 +113,10 @@ interface Entry {
   notBeforeMs: number | undefined;
   /** ParkOptions.alternates: those not available when it parked (one available then would move it at once, in a loop). */
   alternates: readonly string[] | undefined;
-  /** When it leaves for an alternate that came back (a moment of the second after); undefined: none back yet. */
+  /**
+   * When it leaves for an alternate that came back (a moment of the second after); undefined: none back (yet, or any
+   * more: one away again before the moment takes it back).
+   */
   moveAtMs: number | undefined;
   settle: (r: ParkResult) => void;
 }
@@ -379,6 +382,13 @@ export class ParkingLot {
       if (!e.alternates || e.tier.state.mode === 'available' || now >= e.cutoffMs) {
         i++;
         continue;
+      }
+      if (e.moveAtMs !== undefined && !e.alternates.some((a) => states.get(a)!.mode === 'available')) {
+        // The alternate it was to leave for is away again: gone at its moment, it found every target away and parked
+        // again, a `moved` for nothing, in a new place a full queue may have given a newcomer meanwhile. It stays, and
+        // gets a new moment once one is back.
+        e.moveAtMs = undefined;
+        q.moving--;
       }
       if (e.moveAtMs === undefined) {
         if (anyBack && e.alternates.some((a) => states.get(a)!.mode === 'available')) {
