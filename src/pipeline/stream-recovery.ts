@@ -172,6 +172,11 @@ function contentChunk(ev: SseEvent): ContentChunk | undefined {
   }
 }
 
+/** The finish_reason of a content chunk's first choice, null when it has none. */
+function finishOf(ev: SseEvent): unknown {
+  return (contentChunk(ev)?.choices![0] as { finish_reason?: unknown } | undefined)?.finish_reason ?? null;
+}
+
 function contentOf(ev: SseEvent): string | undefined {
   return contentChunk(ev)?.choices![0]!.delta!.content as string | undefined;
 }
@@ -182,6 +187,8 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
   let text = '';
   const after: string[] = [];
   let template: Record<string, unknown> | undefined;
+  /** The finish_reason of the chunk that reached the delivered text's length: an answer's last chunk may carry text and its finish both. */
+  let finish: unknown = null;
   for (;;) {
     const { value, done } = await body.next();
     if (done) break;
@@ -194,6 +201,7 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
       if (c === undefined) continue;
       template ??= JSON.parse(ev.data!) as Record<string, unknown>;
       text += c;
+      if (text.length >= delivered.length) finish = finishOf(ev);
     }
     if (text.length >= delivered.length) break;
   }
@@ -203,7 +211,7 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
     return undefined;
   }
   const remainder = text.slice(delivered.length);
-  const first = remainder && template ? `data: ${JSON.stringify({ ...template, choices: [{ index: 0, delta: { content: remainder }, logprobs: null, finish_reason: null }] })}\n\n` : '';
+  const first = (remainder || finish !== null) && template ? `data: ${JSON.stringify({ ...template, choices: [{ index: 0, delta: remainder ? { content: remainder } : {}, logprobs: null, finish_reason: finish }] })}\n\n` : '';
   return (async function* () {
     if (first) yield first;
     if (after.length > 0) yield after.join('');
