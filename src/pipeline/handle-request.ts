@@ -273,8 +273,11 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
   let unknownModel = false;
   for (const a of attempts) {
     if (a.status !== 404 || a.param !== undefined) continue;
-    unknownModel = true;
     const plan = plans.find((p) => p.label === a.target);
+    // A target's own model (the operator's, a retired one) says nothing of the client's name, and the next target was
+    // tried: the name's places at the others are not only planned. Counted, a route whose first target sends a retired
+    // model gave back a real model's place at the backup with every request the second target served.
+    if (plan !== undefined && !plan.ownModel) unknownModel = true;
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
     // Only a request counted under the model's own key has something to drop (a later one is under `other` already).
     if (key === undefined || key !== plan!.key || forgotten.includes(key)) continue;
