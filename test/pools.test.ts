@@ -521,3 +521,17 @@ describe('a class queue longer than anyone looks down at once', () => {
     }
   });
 });
+
+describe('forget', () => {
+  // A route on a path the gateway has no API for holds its slots under `<target> <route>` (plan-targets.ts limitKey):
+  // forgotten by the bare key alone (a made-up model's 404), each such name left its entry behind for good.
+  it('drops the entries a route of its own kept under the target, not only the bare one', async () => {
+    const { p } = onlineAndBatch(10);
+    for (const target of ['p/made-up', 'p/made-up audio', 'p/made-up-2 audio']) {
+      const a = await p.acquire({ cls: 0, target, retry: false, deadlineAtMs: 1e9, minAttemptMs: 0, signal: new AbortController().signal });
+      if (a.ok) a.slot.release();
+    }
+    p.forget('p/made-up');
+    expect(p.snapshot().limits.map(([k]) => k)).toEqual(['p/made-up-2 audio']);
+  });
+});
