@@ -9,6 +9,7 @@ import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { countingClient, defaultConfig, RETRY_LOOP_ONLY, useExtraMocks, useStacks, type ClientOptions, type Stack } from './helpers/stack.ts';
+import { weatherTool as runnable } from './helpers/weather-tool.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 const startBackup = useExtraMocks();
@@ -43,23 +44,6 @@ async function streamedCalls(stream: AsyncIterable<OpenAI.ChatCompletionChunk>) 
     }
   }
   return { calls, finish };
-}
-
-/** A runnable tool for runTools() that records its calls. */
-function runnable(calls: unknown[]) {
-  return {
-    type: 'function' as const,
-    function: {
-      name: 'get_weather',
-      description: 'Weather of a city',
-      parameters: { type: 'object', properties: { x: { type: 'number' } } },
-      function: (args: { x: number }) => {
-        calls.push(args);
-        return `sunny, ${args.x} degree`;
-      },
-      parse: (text: string) => JSON.parse(text) as { x: number },
-    },
-  };
 }
 
 describe('openai SDK surfaces through the gateway', () => {

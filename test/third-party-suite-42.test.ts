@@ -53,6 +53,7 @@ import { mockControl } from './helpers/mock-control.ts';
 import { expectOpenAIError, sdkError, type APIError } from './helpers/openai-error.ts';
 import { completion, json, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
 import { defaultConfig, requestLine, RETRY_LOOP_ONLY, useStacks, type ClientOptions, type Stack } from './helpers/stack.ts';
+import { weatherTool } from './helpers/weather-tool.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 const startScripted = useScriptedGateway();
@@ -107,23 +108,6 @@ async function rejection(p: Promise<unknown>): Promise<unknown> {
     },
     (e: unknown) => e,
   );
-}
-
-/** A runnable tool for runTools() that records its calls. */
-function weatherTool(calls: unknown[]) {
-  return {
-    type: 'function' as const,
-    function: {
-      name: 'get_weather',
-      description: 'Weather of a city',
-      parameters: { type: 'object', properties: { x: { type: 'number' } } },
-      function: (args: { x: number }) => {
-        calls.push(args);
-        return `sunny, ${args.x} degree`;
-      },
-      parse: (text: string) => JSON.parse(text) as { x: number },
-    },
-  };
 }
 
 describe('chat.completions.stream() (ChatCompletionStream) under faults', () => {
