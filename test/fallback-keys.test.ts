@@ -11,6 +11,7 @@ import { createMetrics } from '../src/observability/metrics.ts';
 import type { TargetPlan } from '../src/pipeline/target-attempts.ts';
 import { createRuntime } from '../src/runtime.ts';
 import { testLogSink } from './helpers/stack.ts';
+import { attempts, status } from './helpers/model-places.ts';
 
 const start = useStacks();
 const extraMock = useExtraMocks();
@@ -29,18 +30,6 @@ async function primaryAndBackup(primaryFaults: Parameters<MockServer['setFaults'
     }),
   });
 }
-
-async function status(client: OpenAI, model: string): Promise<number> {
-  try {
-    await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] });
-    return 200;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError && err.status !== undefined) return err.status;
-    throw err;
-  }
-}
-
-const attempts = (s: Stack, target: string, statusClass: string) => metricSum(s, `stormgate_upstream_attempts_total{target="${target}",status_class="${statusClass}"}`);
 
 describe('places at a fallback', () => {
   it('keeps made-up names the primary answers 404 from taking the backup\'s places: real models failing over keep breakers of their own', async () => {

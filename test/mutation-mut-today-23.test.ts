@@ -2,25 +2,14 @@
 // forgetUnknownModels in handle-request.ts), with tests that kill hand mutations of those lines.
 import OpenAI from 'openai';
 import { describe, expect, it, vi } from 'vitest';
-import { metricSum, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { metricSum, TEST_KEY, useExtraMocks, useStacks } from './helpers/stack.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { LEARNED_IDLE_MS, MAX_LEARNED_MODELS, TargetKeys } from '../src/routing/target-keys.ts';
+import { attempts, status } from './helpers/model-places.ts';
 
 const start = useStacks();
 const extraMock = useExtraMocks();
-
-async function status(client: OpenAI, model: string): Promise<number> {
-  try {
-    await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'hi' }] });
-    return 200;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError && err.status !== undefined) return err.status;
-    throw err;
-  }
-}
-
-const attempts = (s: Stack, target: string, statusClass: string) => metricSum(s, `stormgate_upstream_attempts_total{target="${target}",status_class="${statusClass}"}`);
 
 const config = ConfigSchema.parse({
   providers: {
