@@ -59,9 +59,16 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
     let claim: KeyClaim | undefined;
     /** The pipeline's own stream: under a key, read to its end after the client's copy of it has closed. */
     let pipelineStream: Readable | undefined;
+    /**
+     * How long the request waited for a run under its key before it ran the request itself (that run gave the key
+     * back): not taken from the route's timeout, which a run has whole (its client's timeout headers do not apply).
+     */
+    let waitedForRunMs = 0;
     try {
       if (keyed) {
+        const claimingAtMs = reply.elapsedTime;
         claim = await claimKey(keyed, idempotencyDeps);
+        waitedForRunMs = reply.elapsedTime - claimingAtMs;
         if (claim.kind === 'replay') {
           // The summary first: a client that left meanwhile ends the request as it leaves the pipeline, and is counted
           // by its summary (client_gone, under the run's labels).
@@ -85,7 +92,7 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
           headers: request.headers,
           requestId: request.id,
           // Since onRequest, right after the head arrived: the body's upload (and decoding) took this much of the deadline.
-          receivedMs: reply.elapsedTime,
+          receivedMs: reply.elapsedTime - waitedForRunMs,
           ...(request.client !== undefined && { client: request.client, clientPriority: clientPriorities.get(request.client) }),
           ...(arrival && runtime.repeats.isRepeat(arrival) && { repeat: true }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
