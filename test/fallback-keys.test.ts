@@ -2,7 +2,7 @@
 // backup's (they were never sent there), while a real name the primary serves keeps its place for failover.
 import OpenAI from 'openai';
 import { describe, expect, it, vi } from 'vitest';
-import { metricSum, TEST_KEY, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
+import { metricSum, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 import type { MockServer } from '../src/mock/server.ts';
 import { MAX_LEARNED_MODELS } from '../src/routing/target-keys.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
@@ -11,7 +11,7 @@ import { createMetrics } from '../src/observability/metrics.ts';
 import type { TargetPlan } from '../src/pipeline/target-attempts.ts';
 import { createRuntime } from '../src/runtime.ts';
 import { testLogSink } from './helpers/stack.ts';
-import { attempts, status } from './helpers/model-places.ts';
+import { attempts, primaryAndBackupConfig, status } from './helpers/model-places.ts';
 
 const start = useStacks();
 const extraMock = useExtraMocks();
@@ -20,14 +20,7 @@ const extraMock = useExtraMocks();
 async function primaryAndBackup(primaryFaults: Parameters<MockServer['setFaults']>[0], backup: MockServer): Promise<Stack> {
   return start({
     faults: primaryFaults,
-    config: (mockUrl) => ({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers: {
-        mock: { family: 'openai', baseUrl: `${mockUrl}/v1`, apiKey: TEST_KEY, breaker: false },
-        backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: TEST_KEY, breaker: { consecutiveFailures: 2 } },
-      },
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1 }, park: false }],
-    }),
+    config: (mockUrl) => primaryAndBackupConfig(mockUrl, backup.url),
   });
 }
 

@@ -3,8 +3,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
 import { defaultConfig, useStacks, type Stack, metricSum, requestLine } from './helpers/stack.ts';
 import { startMock } from '../src/mock/server.ts';
-import { MemoryStore } from '../src/state/memory-store.ts';
 import { LEARNED_IDLE_MS, MAX_LEARNED_MODELS } from '../src/routing/target-keys.ts';
+import { WatchingStore } from './helpers/watching-store.ts';
 
 const start = useStacks();
 const FAST = { maxAttempts: 3, backoff: { strategy: 'fixed' as const, baseMs: 5, capMs: 5 } };
@@ -145,22 +145,6 @@ describe('the circuit breaker', () => {
   it('forgets every state key a made-up model name was looked up under, its credential hold\'s included', async () => {
     // A store that notes which keys the gateway asked about: the Redis store watches each one (and re-reads them all
     // from Redis at every reconnect) until it is told to forget it.
-    class WatchingStore extends MemoryStore {
-      readonly asked = new Set<string>();
-      readonly forgotten = new Set<string>();
-      override getBreaker(target: string) {
-        this.asked.add(target);
-        return super.getBreaker(target);
-      }
-      override getHoldOff(target: string) {
-        this.asked.add(target);
-        return super.getHoldOff(target);
-      }
-      override forget(target: string) {
-        this.forgotten.add(target);
-        super.forget(target);
-      }
-    }
     const store = new WatchingStore();
     const s = await start({ faults: { errors: [{ status: 404, code: 'model_not_found' }] }, deps: { store } });
     for (let i = 0; i < 20; i++) expect((await chat(s, {}, `made-up-${i}`)).res.status).toBe(404);

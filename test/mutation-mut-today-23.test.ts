@@ -4,9 +4,9 @@ import OpenAI from 'openai';
 import { describe, expect, it, vi } from 'vitest';
 import { metricSum, TEST_KEY, useExtraMocks, useStacks } from './helpers/stack.ts';
 import { ConfigSchema } from '../src/config/schema.ts';
-import { MemoryStore } from '../src/state/memory-store.ts';
 import { LEARNED_IDLE_MS, MAX_LEARNED_MODELS, TargetKeys } from '../src/routing/target-keys.ts';
-import { attempts, status } from './helpers/model-places.ts';
+import { attempts, primaryAndBackupConfig, status } from './helpers/model-places.ts';
+import { WatchingStore } from './helpers/watching-store.ts';
 
 const start = useStacks();
 const extraMock = useExtraMocks();
@@ -73,18 +73,6 @@ describe('places a name takes at a route\'s fallbacks', () => {
   it('forgets the keys a weighted route looked up for a made-up name\'s untried places (the Redis store would watch them for good)', async () => {
     // A store that notes which keys the gateway asked about, as guards-http.test.ts's: the weighted picker asks about
     // every target of the route when it orders them, the one the request never went to included.
-    class WatchingStore extends MemoryStore {
-      readonly asked = new Set<string>();
-      readonly forgotten = new Set<string>();
-      override getBreaker(target: string) {
-        this.asked.add(target);
-        return super.getBreaker(target);
-      }
-      override forget(target: string) {
-        this.forgotten.add(target);
-        super.forget(target);
-      }
-    }
     const store = new WatchingStore();
     const backup = await extraMock({ faults: { errors: [{ status: 404, code: 'model_not_found' }] } });
     const s = await start({
@@ -114,14 +102,7 @@ describe('places a name has been tried at', () => {
     const backup = await extraMock({ faults: { models: { 'moving-model': { errors: [{ status: 503 }] } } } });
     const s = await start({
       faults: { models: { 'moving-model': { errors: [{ status: 503 }] } } },
-      config: (mockUrl) => ({
-        server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-        providers: {
-          mock: { family: 'openai', baseUrl: `${mockUrl}/v1`, apiKey: TEST_KEY, breaker: false },
-          backup: { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: TEST_KEY, breaker: { consecutiveFailures: 2 } },
-        },
-        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }, { provider: 'backup' }], retry: { maxAttempts: 1 }, park: false }],
-      }),
+      config: (mockUrl) => primaryAndBackupConfig(mockUrl, backup.url),
     });
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
     // Down at both: it fails over, and its breaker at the backup opens under its own key.
