@@ -172,15 +172,6 @@ function contentChunk(ev: SseEvent): ContentChunk | undefined {
   }
 }
 
-/** The finish_reason of a content chunk's first choice, null when it has none. */
-function finishOf(ev: SseEvent): unknown {
-  return (contentChunk(ev)?.choices![0] as { finish_reason?: unknown } | undefined)?.finish_reason ?? null;
-}
-
-function contentOf(ev: SseEvent): string | undefined {
-  return contentChunk(ev)?.choices![0]!.delta!.content as string | undefined;
-}
-
 /** Reads the new answer until it is as long as what was delivered; splices it on only if it starts with exactly that. */
 async function splice(body: AsyncGenerator<string>, delivered: string, abandon: () => void): Promise<AsyncIterable<string> | undefined> {
   const parser = new SseParser();
@@ -197,11 +188,13 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
         after.push(`${ev.raw}\n\n`);
         continue;
       }
-      const c = contentOf(ev);
-      if (c === undefined) continue;
-      template ??= JSON.parse(ev.data!) as Record<string, unknown>;
-      text += c;
-      if (text.length >= delivered.length) finish = finishOf(ev);
+      // One parse per event: its text, the template of the remainder's chunk, and its finish.
+      const chunk = contentChunk(ev);
+      if (chunk === undefined) continue;
+      const choice = chunk.choices![0]! as { delta: { content: string }; finish_reason?: unknown };
+      template ??= chunk as Record<string, unknown>;
+      text += choice.delta.content;
+      if (text.length >= delivered.length) finish = choice.finish_reason ?? null;
     }
     if (text.length >= delivered.length) break;
   }
