@@ -1,32 +1,11 @@
 // Edge cases of the parking lot's waits reported in review: a request parked behind another instance's probe permit
 // when the breaker closes; the probe moves a probing backup draws while another instance holds its permit; a request
 // given a moment to move to an alternate that went away again before that moment.
-import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ParkingLot, type TargetState } from '../src/pipeline/parking-lot.ts';
+import { describe, expect, it, vi } from 'vitest';
+import { useLotFixture } from './helpers/lot-fixture.ts';
 
-const states = new Map<string, TargetState>();
-let lot: ParkingLot;
-let random: () => number;
-const outcomes: string[] = [];
-
-beforeEach(() => {
-  vi.useFakeTimers({ now: 0 });
-  states.clear();
-  states.set('primary', { mode: 'blocked', availableAtMs: 60_000 });
-  states.set('backup', { mode: 'blocked', availableAtMs: 60_000 });
-  outcomes.length = 0;
-  random = () => 0;
-  lot = new ParkingLot({
-    now: () => Date.now(),
-    random: () => random(),
-    stateOf: (k) => states.get(k) ?? { mode: 'available', slots: 10 },
-    onOutcome: (_r, o) => outcomes.push(o),
-  });
-});
-afterEach(() => {
-  lot.close();
-  vi.useRealTimers();
-});
+const f = useLotFixture();
+const { states } = f;
 
 const opts = (deadlineAtMs: number, more: { alternates?: string[]; notBeforeMs?: number; maxQueue?: number } = {}) => ({
   route: 'chat',
@@ -43,11 +22,11 @@ describe('a request parked with a probe time (notBeforeMs) when the breaker clos
   it('parked while the breaker was open (blocked) leaves when it closes, before the probe time it parked with', async () => {
     states.set('primary', { mode: 'blocked', availableAtMs: 5_000 });
     let atMs: number | undefined;
-    void lot.park('primary', opts(30_000, { notBeforeMs: 5_000 })).then((r) => r.kind === 'released' && (atMs = Date.now()));
+    void f.lot.park('primary', opts(30_000, { notBeforeMs: 5_000 })).then((r) => r.kind === 'released' && (atMs = Date.now()));
     await vi.advanceTimersByTimeAsync(2_000);
     // Another instance's probe closed it: the release window (a fifth of 2 s; random 0: its start) decides.
     states.set('primary', { mode: 'available', slots: 4 });
-    lot.notify('primary');
+    f.lot.notify('primary');
     await vi.advanceTimersByTimeAsync(0);
     expect(atMs).toBe(2_000);
   });
@@ -62,11 +41,11 @@ describe('a request parked with a probe time (notBeforeMs) when the breaker clos
   it.skip('parked while the breaker was probing (a permit out elsewhere) leaves when it closes, not at the permit\'s end', async () => {
     states.set('primary', { mode: 'probing', slots: 1 });
     let atMs: number | undefined;
-    void lot.park('primary', opts(30_000, { notBeforeMs: 1_000 })).then((r) => r.kind === 'released' && (atMs = Date.now()));
+    void f.lot.park('primary', opts(30_000, { notBeforeMs: 1_000 })).then((r) => r.kind === 'released' && (atMs = Date.now()));
     await vi.advanceTimersByTimeAsync(300);
     expect(atMs).toBeUndefined();
     states.set('primary', { mode: 'available', slots: 4 });
-    lot.notify('primary');
+    f.lot.notify('primary');
     await vi.advanceTimersByTimeAsync(0);
     expect(atMs).toBe(300);
   });
@@ -84,7 +63,7 @@ async function churn(backupSlots: number, parked: number, seconds: number): Prom
   states.set('primary', { mode: 'probing', slots: 1 });
   states.set('backup', { mode: 'probing', slots: backupSlots });
   const park = (deadlineAtMs: number): void => {
-    void lot.park('primary', opts(deadlineAtMs, { alternates: ['backup'], notBeforeMs: Date.now() + 1_000 })).then((r) => {
+    void f.lot.park('primary', opts(deadlineAtMs, { alternates: ['backup'], notBeforeMs: Date.now() + 1_000 })).then((r) => {
       const second = Math.floor(Date.now() / 1_000);
       if (second >= seconds) return;
       if (r.kind === 'moved') moved[second]!++;
@@ -120,34 +99,34 @@ describe('probe moves while another instance holds the probing backup\'s permits
 
 describe('a request given a moment to move to an alternate that came back', () => {
   it('stays parked when the alternate goes away again before that moment, and moves when it is back', async () => {
-    random = () => 0.5;
+    f.random = () => 0.5;
     const results: string[] = [];
-    void lot.park('primary', opts(30_000, { alternates: ['backup'] })).then((r) => results.push(`${r.kind}@${Date.now()}`));
+    void f.lot.park('primary', opts(30_000, { alternates: ['backup'] })).then((r) => results.push(`${r.kind}@${Date.now()}`));
     await vi.advanceTimersByTimeAsync(5_000);
     // The backup's breaker closes: the request is given a moment half a second on.
     states.set('backup', { mode: 'available', slots: 4 });
-    lot.notify('backup');
+    f.lot.notify('backup');
     await vi.advanceTimersByTimeAsync(200);
     // It reopens before then: leaving, the request would find every target away and park again.
     states.set('backup', { mode: 'blocked', availableAtMs: 8_000 });
-    lot.notify('backup');
+    f.lot.notify('backup');
     await vi.advanceTimersByTimeAsync(1_000);
     expect(results).toEqual([]);
-    expect(lot.waiting('primary')).toBe(1);
+    expect(f.lot.waiting('primary')).toBe(1);
     // Back for good: a new moment, half a second on.
     await vi.advanceTimersByTimeAsync(1_800);
     states.set('backup', { mode: 'available', slots: 4 });
-    lot.notify('backup');
+    f.lot.notify('backup');
     await vi.advanceTimersByTimeAsync(1_000);
     expect(results).toEqual(['moved@8500']);
   });
 
   it('keeps its place in a full queue: a newcomer after the alternate went away again is the one refused', async () => {
-    random = () => 0.5;
+    f.random = () => 0.5;
     const results: string[] = [];
     // The pipeline parks a moved request again when it finds every target away (a store round trip later).
     const park = (name: string): void => {
-      void lot.park('primary', opts(30_000, { alternates: ['backup'], maxQueue: 1 })).then((r) => {
+      void f.lot.park('primary', opts(30_000, { alternates: ['backup'], maxQueue: 1 })).then((r) => {
         results.push(`${name}:${r.kind}`);
         if (r.kind === 'moved') setTimeout(() => park(`${name}-again`), 5);
       });
@@ -155,15 +134,15 @@ describe('a request given a moment to move to an alternate that came back', () =
     park('old');
     await vi.advanceTimersByTimeAsync(5_000);
     states.set('backup', { mode: 'available', slots: 4 });
-    lot.notify('backup');
+    f.lot.notify('backup');
     await vi.advanceTimersByTimeAsync(200);
     states.set('backup', { mode: 'blocked', availableAtMs: 60_000 });
-    lot.notify('backup');
+    f.lot.notify('backup');
     await vi.advanceTimersByTimeAsync(302);
     // A newcomer for the same route, the queue's one place held.
     park('new');
     await vi.advanceTimersByTimeAsync(100);
     expect(results).toEqual(['new:full']);
-    expect(lot.waiting('primary')).toBe(1);
+    expect(f.lot.waiting('primary')).toBe(1);
   });
 });
