@@ -68,6 +68,17 @@ async function mockStats(m: MockServer): Promise<Stats> {
 
 let prefixes = 0;
 /** A gateway from YAML; `{{name}}` in it is replaced by that mock's URL. */
+/** The plainest config: one chat route, one mock target, the route's defaults. */
+const ONE_MOCK = `
+server: { host: 127.0.0.1, port: 0 }
+providers:
+  mock: { family: openai, baseUrl: "{{m}}/v1", apiKey: ${KEY}, maxConnections: 64 }
+routes:
+  - name: chat
+    match: { path: /v1/chat/completions }
+    targets: [ { provider: mock } ]
+`;
+
 async function gateway(yaml: string, mocks: Record<string, MockServer>, logs: string[] = []): Promise<string> {
   let text = yaml;
   for (const [name, m] of Object.entries(mocks)) text = text.replaceAll(`{{${name}}}`, m.url);
@@ -162,22 +173,23 @@ async function herd(strategy: string, n = 24): Promise<number[]> {
   return waits;
 }
 const spread = (xs: number[]) => Math.max(...xs) - Math.min(...xs);
+/** Every wait in [lo, hi). */
+function expectEachWithin(waits: number[], lo: number, hi: number): void {
+  for (const w of waits) {
+    expect(w).toBeGreaterThanOrEqual(lo);
+    expect(w).toBeLessThan(hi);
+  }
+}
 
 describe('backoff strategies as the provider sees them: 24 requests that failed together', () => {
   it('fixed: every retry comes baseMs after its failure', async () => {
     const waits = await herd('fixed');
-    for (const w of waits) {
-      expect(w).toBeGreaterThanOrEqual(580);
-      expect(w).toBeLessThan(1100);
-    }
+    expectEachWithin(waits, 580, 1100);
   });
 
   it('exponential (no jitter): the first retries all come back together, exp = baseMs after the failure: the herd', async () => {
     const waits = await herd('exponential');
-    for (const w of waits) {
-      expect(w).toBeGreaterThanOrEqual(580);
-      expect(w).toBeLessThan(1100);
-    }
+    expectEachWithin(waits, 580, 1100);
     expect(spread(waits)).toBeLessThan(250);
   });
 
@@ -190,19 +202,13 @@ describe('backoff strategies as the provider sees them: 24 requests that failed 
 
   it('equal-jitter: never less than exp/2, spread over exp/2..exp', async () => {
     const waits = await herd('equal-jitter');
-    for (const w of waits) {
-      expect(w).toBeGreaterThanOrEqual(280);
-      expect(w).toBeLessThan(1100);
-    }
+    expectEachWithin(waits, 280, 1100);
     expect(spread(waits)).toBeGreaterThan(100);
   });
 
   it('decorrelated-jitter: never less than baseMs nor more than capMs, and spread', async () => {
     const waits = await herd('decorrelated-jitter');
-    for (const w of waits) {
-      expect(w).toBeGreaterThanOrEqual(580);
-      expect(w).toBeLessThan(2400 + 500);
-    }
+    expectEachWithin(waits, 580, 2400 + 500);
     expect(spread(waits)).toBeGreaterThan(150);
   });
 });
@@ -288,15 +294,7 @@ routes:
   it("a 429 brownout's retry-after holds the provider off: 20 agents, nothing reaches it during the pause, all answered", async () => {
     const m = await startMock();
     const url = await gateway(
-      `
-server: { host: 127.0.0.1, port: 0 }
-providers:
-  mock: { family: openai, baseUrl: "{{m}}/v1", apiKey: ${KEY}, maxConnections: 64 }
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: mock } ]
-`,
+      ONE_MOCK,
       { m },
     );
     await mockControl(m, 'POST', 'brownout', { mode: '429', durationMs: 1_500 });
@@ -399,15 +397,7 @@ describe('incident 1 compressed: a 1.5 s brownout under 60 agents that retry eve
   it('the provider sees the first wave, the probes and one answer per agent, not an attempt per agent per 100 ms', async () => {
     const m = await startMock();
     const url = await gateway(
-      `
-server: { host: 127.0.0.1, port: 0 }
-providers:
-  mock: { family: openai, baseUrl: "{{m}}/v1", apiKey: ${KEY}, maxConnections: 64 }
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: mock } ]
-`,
+      ONE_MOCK,
       { m },
     );
     await mockControl(m, 'POST', 'brownout', { mode: '503', durationMs: 1_500 });
