@@ -5,7 +5,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { endedBroken } from '../pipeline/stream-ends.ts';
 import type { RejectedOutcome } from '../observability/pipeline-metrics.ts';
-import { answeredErrorCode } from './send-answer.ts';
+import { answeredErrorCode, passthroughRequestId } from './send-answer.ts';
 import { passthroughUpstreamCode } from './client-errors.ts';
 
 /** `sentNothing`: the client left before the answer's status and headers were written to it. */
@@ -118,6 +118,8 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
   const errorCode = sentNothing ? undefined : answeredErrorCode(request);
   const traceId = traceIdOf(request.headers.traceparent);
   const upstreamCode = passthroughUpstreamCode(request);
+  // A passthrough answer's provider id (a managed request's is in its summary, below): support asks for it.
+  const upstreamRequestId = s ? undefined : passthroughRequestId(request);
   const route = request.routeOptions.url;
   const line = {
     reqId: request.id,
@@ -132,6 +134,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
     ...(errorCode !== undefined && { errorCode }),
     // What failed on the way to the provider of a passthrough request (a managed request's attempts say it each).
     ...(upstreamCode !== undefined && { upstreamCode }),
+    ...(upstreamRequestId !== undefined && { upstreamRequestId }),
     durationMs: Math.round(reply.elapsedTime),
     ...(clientGone && { clientGone: true }),
     ...(request.client !== undefined && { client: request.client }),

@@ -43,6 +43,19 @@ export function noteErrorCode(request: object, body: unknown): void {
   if (typeof code === 'string' || (typeof code === 'number' && Number.isFinite(code))) errorCodes.set(request, String(code).slice(0, 128));
 }
 
+/** The provider's request id of a passthrough answer passed on, for its log line (`upstreamRequestId`). */
+const passthroughRequestIds = new WeakMap<object, string>();
+
+/** Notes a passthrough answer's request id (`x-request-id`), read from the provider's headers without its key. */
+export function notePassthroughRequestId(request: object, id: string): void {
+  passthroughRequestIds.set(request, id.slice(0, 256));
+}
+
+/** The provider's request id of the passthrough answer the request was given, if it carried one. */
+export function passthroughRequestId(request: FastifyRequest): string | undefined {
+  return passthroughRequestIds.get(request);
+}
+
 /** An error the gateway answers itself, with the request's id: what the SDKs show, and what its log line carries. */
 export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply {
   const answer = errorAnswer(err);

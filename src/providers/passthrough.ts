@@ -15,7 +15,7 @@ import { headerWithoutKey, withoutKey, withoutKeyCut } from './key-echo.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
-import { noteErrorCode } from '../http/send-answer.ts';
+import { noteErrorCode, notePassthroughRequestId } from '../http/send-answer.ts';
 import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
 import { providerTls } from './provider-tls.ts';
@@ -286,6 +286,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         },
         onResponse: (request, reply, res) => {
           const credentials = CREDENTIAL_STATUSES.has(res.statusCode);
+          // Its line names the provider's id of the answer, as a managed request's does (rewriteHeaders above took out
+          // the key a provider may echo in it).
+          const upstreamId = reply.getHeader('x-request-id') ?? reply.getHeader('request-id');
+          if (typeof upstreamId === 'string') notePassthroughRequestId(request, upstreamId);
           // The gateway's own answer to a refused key or billing, in place of the provider's (headers and body). Not
           // through sendError: this answer's headers (x-should-retry: false, the provider's own with the key taken
           // out) are set already, by rewriteHeaders above, as for every answer passed through.
