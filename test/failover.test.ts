@@ -240,6 +240,21 @@ describe('failover to another provider', () => {
     for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
     expect(text).toBe('We are busy; your order status will be emailed.');
   });
+
+  it('logs what stopped the retries of a request answered with the degraded message, as for a failed one', async () => {
+    const s = await withBackup({
+      faults: { errors: [{ status: 503, rate: 1 }] },
+      backupFaults: { errors: [{ status: 503, rate: 1 }] },
+      family: 'openai',
+      route: { degraded: { message: 'We are busy.' } },
+    });
+    const { response } = await sdk(s).chat.completions.create({ model: 'gpt-4o', messages }).withResponse();
+    expect(response.headers.get('x-stormgate-degraded')).toBe('true');
+    const line = await requestLine(s);
+    expect(line.outcome).toBe('degraded');
+    expect(line.retriesStopped).toBe('retries_exhausted');
+    expect(line.attempts.map((a: { target: string }) => a.target)).toEqual(['mock/gpt-4o', 'mock/gpt-4o', 'backup/claude-sonnet-4-5', 'backup/claude-sonnet-4-5']);
+  });
 });
 
 describe('stream recovery (streamRecovery: continue)', () => {

@@ -239,6 +239,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     const degraded = route.config.degraded && degradedFits(req.json) && degradedReason(served);
     if (degraded) {
       summary.outcome = 'degraded';
+      // A failed request answered in its stead: its line says what stopped the retries, as a failed one's does.
+      if (served.kind === 'failed' && served.failure.why) summary.retriesStopped = served.failure.why;
       deps.onDegraded?.(route.name, degraded);
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
       return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
