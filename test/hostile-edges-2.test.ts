@@ -7,6 +7,7 @@ import { request as httpRequest, type IncomingHttpHeaders, type IncomingMessage,
 import { describe, expect, it } from 'vitest';
 import { configServedBy, useStacks } from './helpers/stack.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
+import { rawGet as get } from './helpers/passthrough-files.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { MAX_ERROR_BODY_BYTES } from '../src/providers/read-capped.ts';
 
@@ -24,20 +25,6 @@ function filesPassthrough(origin: string, methods: Array<'GET' | 'POST' | 'DELET
       routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: NAME }], retry: { maxAttempts: 1 }, park: false }],
       passthrough: { provider: NAME, paths: ['/v1/files'], methods },
     }),
-  });
-}
-
-/** A GET through node:http, so that every header is sent as written (fetch adds and drops some of its own). */
-function get(url: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest(url, { headers }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (d: string) => (body += d));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
-    });
-    req.on('error', reject);
-    req.end();
   });
 }
 

@@ -3,44 +3,23 @@
 // credential refusal answered readable, the 128-character cut of a log line's errorCode, a stream body destroyed when
 // its client left before it was sent, and a second drain() that changes nothing.
 import { gzipSync } from 'node:zlib';
-import { request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import Fastify from 'fastify';
 import { describe, expect, it } from 'vitest';
 import { sendAnswer } from '../src/http/send-answer.ts';
 import type { PipelineAnswer } from '../src/pipeline/handle-request.ts';
-import { configServedBy, defaultConfig, requestLine, useStacks } from './helpers/stack.ts';
+import { defaultConfig, requestLine, useStacks } from './helpers/stack.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { useFakeProviders } from './helpers/fake-provider.ts';
+import { filesPassthrough as filesPassthroughOf, rawGet as get } from './helpers/passthrough-files.ts';
 import { ask, configFor } from './helpers/one-provider.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
 
-/** configServedBy gives the provider `<name>-key` (in TEST_SECRETS: the run's logs are checked for it too). */
-const NAME = 'files';
-
-/** A gateway whose passthrough forwards GET /v1/files to a provider of the test's own. */
-function filesPassthrough(origin: string) {
-  return startStack({
-    config: (mockUrl) => ({ ...configServedBy(mockUrl, NAME, `${origin}/v1`), passthrough: { provider: NAME, paths: ['/v1/files'], methods: ['GET'] } }),
-  });
-}
-
-/** A GET through node:http, so that every header is sent as written (fetch refuses `connection`). */
-function get(url: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest(url, { headers, agent: false }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (d: string) => (body += d));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
+const filesPassthrough = (origin: string) => filesPassthroughOf(startStack, origin);
 
 describe("a passthrough answer's account headers", () => {
   it('drops the provider\'s openai-project, anthropic-ratelimit-* and x-stormgate-* headers, and keeps the others', async () => {

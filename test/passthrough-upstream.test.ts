@@ -4,19 +4,13 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import { describe, expect, it } from 'vitest';
 import { configServedBy, defaultConfig, useStacks } from './helpers/stack.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
+import { FILES_PROVIDER, filesPassthrough as filesPassthroughOf } from './helpers/passthrough-files.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
 
-/** configServedBy gives the provider `<name>-key` (in TEST_SECRETS: the run's logs are checked for it too). */
-const NAME = 'files';
-
-/** A gateway whose passthrough forwards GET /v1/files to a provider of the test's own. */
-function filesPassthrough(origin: string) {
-  return startStack({
-    config: (mockUrl) => ({ ...configServedBy(mockUrl, NAME, `${origin}/v1`), passthrough: { provider: NAME, paths: ['/v1/files'], methods: ['GET'] } }),
-  });
-}
+const NAME = FILES_PROVIDER;
+const filesPassthrough = (origin: string) => filesPassthroughOf(startStack, origin);
 
 describe('passthrough retries', () => {
   it('sends a GET the provider answers 503 (with retry-after) once, and passes the 503 on', async () => {
