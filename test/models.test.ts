@@ -90,6 +90,35 @@ describe('GET /v1/models lists what a client can request', () => {
     expect(stack.mock.requests().map((r) => r.status)).toEqual([503, 200]);
   });
 
+  it('answers 502 upstream_unavailable, not an empty list or a 404, while the only provider to ask cannot list its models', async () => {
+    // Every listing answered 503 (the undici retry's two more included): nothing to stand in for the list.
+    stack = await startStack({ faults: { errors: [{ status: 503, rate: 1 }] } });
+    const client = sdk(stack);
+    for (const call of [() => client.models.list(), () => client.models.retrieve('gpt-4o')]) {
+      const err = await call().catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.APIError);
+      const e = err as InstanceType<typeof OpenAI.APIError>;
+      expect(e.status).toBe(502);
+      expect(e.code).toBe('upstream_unavailable');
+      expect(e.message).toContain('`mock`');
+      expect(e.headers?.get('x-should-retry')).toBe('false');
+    }
+    // The failure is cached: the second call asked the provider nothing.
+    expect(stack.mock.stats().total).toBe(3);
+    // Back, the provider is asked again once the failure expires (30 s); its last good list stands in after that.
+  });
+
+  it('lists the models it knows when one of two providers cannot list its own', async () => {
+    stack = await startStack({ config: fallbackConfig, faults: { errors: [{ status: 503, rate: 1 }] } });
+    const ids: string[] = [];
+    const client = sdk(stack);
+    for await (const m of client.models.list()) ids.push(m.id);
+    expect(ids.sort()).toEqual(['meta-llama/Llama-3-8b', 'text-embedding-3-small']);
+    // A name the failed provider may serve is not known to be missing; one no route takes is.
+    await expect(client.models.retrieve('gpt-4o')).rejects.toMatchObject({ status: 502, code: 'upstream_unavailable' });
+    await expect(client.models.retrieve('nope')).rejects.toBeInstanceOf(OpenAI.NotFoundError);
+  });
+
   it('retrieves a listed model with the SDK, and answers 404 model_not_found for one it does not list', async () => {
     stack = await startStack({ config: fallbackConfig });
     const client = sdk(stack);

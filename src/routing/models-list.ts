@@ -7,6 +7,7 @@ import type { ProviderClient } from '../providers/provider-client.ts';
 import { withoutKey } from '../providers/key-echo.ts';
 import type { TargetConfig } from '../config/schema.ts';
 import type { CompiledRoute, Router } from './router.ts';
+import { GatewayError } from '../errors.ts';
 
 /** A provider's own fields (context windows, capabilities on some servers) are kept beside these. */
 interface ModelEntry {
@@ -81,6 +82,10 @@ function modelEntry(raw: unknown, client: ProviderClient): ModelEntry | undefine
   const created = typeof m.created_at === 'string' ? Math.floor(Date.parse(m.created_at) / 1000) : Number.NaN;
   // Its own fields stay beside the OpenAI ones: an Anthropic client listing through the gateway reads them.
   return { ...m, id: m.id, object: 'model', created: Number.isFinite(created) ? created : 0, owned_by: client.name };
+}
+
+function unlistedError(providers: string[]): GatewayError {
+  return new GatewayError('upstream_unavailable', `the model list of ${providers.map((p) => `\`${p}\``).join(', ')} could not be fetched; try again later`);
 }
 
 /** A listed model as Anthropic's API describes one (`type`, `display_name`, `created_at`), its other fields kept. */
@@ -166,11 +171,15 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     return 'route' in match && servable(match.route);
   };
 
-  /** `paths`: only the models of routes on these paths (what the client can call); all routes' when not given. */
-  async function list(paths?: ReadonlySet<string>): Promise<{ object: 'list'; data: ModelEntry[] }> {
+  /**
+   * `paths`: only the models of routes on these paths (what the client can call); all routes' when not given.
+   * `unlisted`: the providers whose list could not be fetched, with no good one to stand in for it.
+   */
+  async function listing(paths?: ReadonlySet<string>): Promise<{ data: ModelEntry[]; unlisted: string[]; routes: readonly CompiledRoute[] }> {
     const routes = paths === undefined ? router.routes : router.routes.filter((r) => paths.has(r.config.match.path));
     const names = [...new Set(routes.flatMap(listingProviders))];
     const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
+    const unlisted = names.filter((name) => cache.get(name)?.ok === false && lists.get(name)!.length === 0);
     const models = new Map<string, ModelEntry>();
     const add = (route: CompiledRoute, m: ModelEntry): void => {
       if (!models.has(m.id) && reachable(route, m.id)) models.set(m.id, m);
@@ -185,14 +194,30 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
         for (const m of lists.get(provider) ?? []) if (route.matchesModel(m.id)) add(route, m);
       }
     }
-    return { object: 'list', data: [...models.values()] };
+    return { data: [...models.values()], unlisted, routes };
   }
 
   return {
-    list,
-    /** The model object for GET /v1/models/{model}, when the listing holds it. */
+    /**
+     * The listing. Nothing to list because the providers that would say could not be asked is their outage, not "no
+     * models": an empty list there read as the gateway serving none, and clients that list at start showed no models.
+     */
+    async list(paths?: ReadonlySet<string>): Promise<{ object: 'list'; data: ModelEntry[] }> {
+      const { data, unlisted } = await listing(paths);
+      if (data.length === 0 && unlisted.length > 0) throw unlistedError(unlisted);
+      return { object: 'list', data };
+    },
+    /**
+     * The model object for GET /v1/models/{model}, when the listing holds it; undefined when it does not. A name a
+     * provider that could not be asked may serve (a route would send it there) is not known to be missing: its
+     * outage, not a 404 model_not_found.
+     */
     async retrieve(id: string, paths?: ReadonlySet<string>): Promise<ModelEntry | undefined> {
-      return (await list(paths)).data.find((m) => m.id === id);
+      const { data, unlisted, routes } = await listing(paths);
+      const found = data.find((m) => m.id === id);
+      const unknowable = (r: CompiledRoute) => r.matchesModel(id) && listingProviders(r).some((p) => unlisted.includes(p));
+      if (found === undefined && routes.some(unknowable)) throw unlistedError(unlisted);
+      return found;
     },
   };
 }
