@@ -31,8 +31,13 @@ interface ModelsListOptions {
 interface CacheEntry {
   at: number;
   ok: boolean;
+  /** A failure that says nothing of what it lists: a 5xx, no answer, a broken body. Not a 4xx (it lists none here). */
+  outage?: boolean;
   models: ModelEntry[];
 }
+
+/** A listing the provider answered with a 4xx: it has none to give (no such path, a key that may not list). */
+class NoListing extends Error {}
 
 /** How a family lists its models; azure-openai deployments are not listable with a key, and disabled providers are not asked. */
 function modelsRequest(client: ProviderClient): { path: string; headers: Record<string, string> } | undefined {
@@ -125,7 +130,7 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     const res = await dispatcherOf(client).request({ path: listing.path, method: 'GET', headers: listing.headers, signal: AbortSignal.timeout(fetchTimeoutMs) });
     if (res.statusCode !== 200) {
       await res.body.dump();
-      throw new Error(`status ${res.statusCode}`);
+      throw res.statusCode >= 400 && res.statusCode < 500 ? new NoListing(`status ${res.statusCode}`) : new Error(`status ${res.statusCode}`);
     }
     // A server that echoes the credentials it was sent (in an id, an owner) must not put the key in the listing.
     const body = JSON.parse(withoutKey(await res.body.text(), client.config.apiKey)) as { data?: unknown[] };
@@ -146,11 +151,11 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
         cache.set(name, { at: now(), ok: true, models });
         return models;
       },
-      () => {
+      (err: unknown) => {
         // A provider that cannot list its models must not break the listing, nor be asked again at every listing:
         // its last good list stands until the failure expires.
         const models = hit?.models ?? [];
-        cache.set(name, { at: now(), ok: false, models });
+        cache.set(name, { at: now(), ok: false, outage: !(err instanceof NoListing), models });
         return models;
       },
     );
@@ -179,7 +184,7 @@ export function createModelsList(router: Router, providers: ReadonlyMap<string, 
     const routes = paths === undefined ? router.routes : router.routes.filter((r) => paths.has(r.config.match.path));
     const names = [...new Set(routes.flatMap(listingProviders))];
     const lists = new Map(await Promise.all(names.map(async (name) => [name, await providerModels(name)] as const)));
-    const unlisted = names.filter((name) => cache.get(name)?.ok === false && lists.get(name)!.length === 0);
+    const unlisted = names.filter((name) => cache.get(name)?.outage === true && lists.get(name)!.length === 0);
     const models = new Map<string, ModelEntry>();
     const add = (route: CompiledRoute, m: ModelEntry): void => {
       if (!models.has(m.id) && reachable(route, m.id)) models.set(m.id, m);
