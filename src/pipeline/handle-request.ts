@@ -272,6 +272,11 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
  */
 function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], deps: PipelineDeps): string[] {
   const forgotten: string[] = [];
+  const drop = (key: string): void => {
+    // Made-up names must not leave a metric series or a pool entry each behind either.
+    deps.onTargetForgotten?.(key);
+    forgotten.push(key);
+  };
   let unknownModel = false;
   for (const a of attempts) {
     if (a.status !== 404 || a.param !== undefined) continue;
@@ -282,10 +287,7 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
     if (plan !== undefined && !plan.ownModel) unknownModel = true;
     const key = plan?.model === undefined ? undefined : deps.targetKeys.forget(plan.client.name, plan.model);
     // Only a request counted under the model's own key has something to drop (a later one is under `other` already).
-    if (key === undefined || key !== plan!.key || forgotten.includes(key)) continue;
-    // Made-up names must not leave a metric series or a pool entry each behind either.
-    deps.onTargetForgotten?.(key);
-    forgotten.push(key);
+    if (key !== undefined && key === plan!.key && !forgotten.includes(key)) drop(key);
   }
   // The 404 ended the request (the primary's rejection has the last word) before its fallbacks were tried: the places
   // the name took at them when it was planned go back too, unless some request has tried it there (a real model the
@@ -294,9 +296,7 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
   if (unknownModel) {
     for (const plan of plans) {
       if (plan.model === undefined || plan.key === `${plan.client.name}/other` || forgotten.includes(plan.key)) continue;
-      if (deps.targetKeys.release(plan.client.name, plan.model) !== plan.key) continue;
-      deps.onTargetForgotten?.(plan.key);
-      forgotten.push(plan.key);
+      if (deps.targetKeys.release(plan.client.name, plan.model) === plan.key) drop(plan.key);
     }
   }
   // Another request may have given a key back while this one was in flight under it (a 404, a release) and ended
@@ -305,9 +305,7 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
   // once could leave its series behind.
   for (const plan of plans) {
     if (plan.model === undefined || forgotten.includes(plan.key)) continue;
-    if (!deps.targetKeys.givenBack(plan.client.name, plan.model, plan.key)) continue;
-    deps.onTargetForgotten?.(plan.key);
-    forgotten.push(plan.key);
+    if (deps.targetKeys.givenBack(plan.client.name, plan.model, plan.key)) drop(plan.key);
   }
   return forgotten;
 }

@@ -383,7 +383,8 @@ export class ParkingLot {
         i++;
         continue;
       }
-      if (e.moveAtMs !== undefined && !e.alternates.some((a) => states.get(a)!.mode === 'available')) {
+      const alternateBack = anyBack && e.alternates.some((a) => states.get(a)!.mode === 'available');
+      if (e.moveAtMs !== undefined && !alternateBack) {
         // The alternate it was to leave for is away again: gone at its moment, it found every target away and parked
         // again, a `moved` for nothing, in a new place a full queue may have given a newcomer meanwhile. It stays, and
         // gets a new moment once one is back.
@@ -391,7 +392,7 @@ export class ParkingLot {
         q.moving--;
       }
       if (e.moveAtMs === undefined) {
-        if (anyBack && e.alternates.some((a) => states.get(a)!.mode === 'available')) {
+        if (alternateBack) {
           e.moveAtMs = now + Math.min(MAX_RELEASE_SPREAD_MS * this.#deps.random(), (e.deadlineAtMs - now) / 2, e.cutoffMs - 1 - now);
           q.moving++;
         } else if (probesLeft > 0) {
