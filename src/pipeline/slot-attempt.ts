@@ -13,8 +13,8 @@ import type { ShedReason } from '../pools/provider-pool.ts';
 
 export type SlotAttempt =
   | { kind: 'shed'; reason: ShedReason; retryAfterMs: number }
-  /** The target went away while the request waited for its slot (a hold-off began, the breaker opened). */
-  | { kind: 'gone'; reason: 'hold-off' | 'breaker'; availableAtMs: number }
+  /** The target went away while the request waited for its slot (a hold-off or credential hold began, the breaker opened). */
+  | { kind: 'gone'; reason: 'hold-off' | 'breaker' | 'credentials'; availableAtMs: number }
   /**
    * `release` gives a whole answer's slot back (a stream's goes when its upstream is done): the caller calls it once the
    * outcome has done its work (a hold-off begun, the breaker told), so no request waiting for the slot goes out

@@ -214,9 +214,15 @@ export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | und
   return plan.sharesHoldOffs ? holdOffs.until(plan.holdOffKey) : undefined;
 }
 
-/** The target's state now, for a request that was admitted before it waited for a pool slot. */
-function goneMeanwhile(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
-  const held = heldBack(deps.guards, plan, ctx.parkable, deps.now());
+/**
+ * The target's state now, for a request that was admitted before it waited for a pool slot. A credential hold begun
+ * meanwhile too: a queue behind the first 401 of a revoked key went out with it one by one as slots freed up, each one
+ * more refusal and a round trip lost before the backup.
+ */
+export function goneMeanwhile(guards: Guards, plan: TargetPlan, parkable: boolean, nowMs: number): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
+  const authHeldUntil = guards.holdOffs.credentialsHeldUntil(plan.key);
+  if (authHeldUntil !== undefined) return { kind: 'gone', reason: 'credentials', availableAtMs: authHeldUntil };
+  const held = heldBack(guards, plan, parkable, nowMs);
   return held && { kind: 'gone', ...held };
 }
 
@@ -301,7 +307,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     const heldTicket = ticket;
     const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
     // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
-    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : () => goneMeanwhile(ctx, plan, deps));
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : () => goneMeanwhile(deps.guards, plan, ctx.parkable, deps.now()));
     clearTimeout(slotTimer);
     // Nothing went upstream: a probe's permit goes back at once (or nobody may probe until it expires), and the lot's place.
     const notSent = () => {
@@ -317,6 +323,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     }
     if (attempt.kind === 'gone') {
       ticket?.done();
+      if (attempt.reason === 'credentials') return { kind: 'auth-held', untilMs: attempt.availableAtMs };
       // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
       if (run.sent > 0) run.retryPaid = true;
       return { kind: 'unavailable', reason: attempt.reason, availableAtMs: attempt.availableAtMs };
