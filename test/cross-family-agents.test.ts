@@ -254,6 +254,8 @@ describe("the mock's Anthropic endpoint refuses what the real Messages API refus
     ['a tool_result after text', { messages: [user('q'), { role: 'assistant', content: [use('t1')] }, user([{ type: 'text', text: 'hi' }, result('t1')])], tools }, 'messages.2: Did not find 1 `tool_result` block(s) at the beginning of this message'],
     ['a tool_result of no call', { messages: [user('q'), { role: 'assistant', content: [use('t1')] }, user([result('t1'), result('t9')])], tools }, 'unexpected `tool_use_id` found in `tool_result` blocks: t9'],
     ['a repeated tool_use id', { messages: [user('q'), { role: 'assistant', content: [use('t1')] }, user([result('t1')]), { role: 'assistant', content: [use('t1')] }, user([result('t1')])], tools }, '`tool_use` ids must be unique'],
+    ['a tool_choice forcing a tool the request does not define', { messages: [user('q')], tools, tool_choice: { type: 'tool', name: 'nope' } }, "tool_choice.name: Tool 'nope' not found in tools"],
+    ['a tool_choice of no known type', { messages: [user('q')], tools, tool_choice: { type: 'function', name: 'a' } }, "tool_choice: Input tag 'function' found using 'type' does not match any of the expected tags"],
     ['tool blocks without tools', { messages: [user('q'), { role: 'assistant', content: [use('t1')] }, user([result('t1')])] }, 'Requests which include `tool_use` or `tool_result` blocks must define tools.'],
     ['temperature over 1', { messages: [user('q')], temperature: 2 }, 'temperature: Input should be less than or equal to 1'],
     ['a whitespace-only stop sequence', { messages: [user('q')], stop_sequences: ['\n'] }, 'stop_sequences: each stop sequence must contain non-whitespace'],

@@ -29,6 +29,7 @@ const IMAGE_TYPES: ReadonlySet<string> = new Set(['image/jpeg', 'image/png', 'im
 export function checkMessagesRequest(body: Body): void {
   checkScalars(body);
   const tools = checkTools(body['tools']);
+  checkToolChoice(body['tool_choice'], body['tools']);
   checkSystem(body['system']);
   const turns = mergedTurns(body['messages']);
   checkToolPairs(turns, tools);
@@ -63,6 +64,24 @@ function checkTools(tools: unknown): Set<string> {
     names.add(name as string);
   }
   return names;
+}
+
+const TOOL_CHOICE_TYPES = ['auto', 'any', 'tool', 'none'];
+
+/**
+ * tool_choice: one of its four types, and a forced `tool` names one the request defines (a client tool or a server
+ * tool's name). The API refuses a name it has no tool for (the wording of that 400 is not in public reports: this
+ * one is ours). Without this check, a translation that forced a tool the request does not send passed every test.
+ */
+function checkToolChoice(choice: unknown, tools: unknown): void {
+  if (choice === undefined || choice === null) return;
+  const type = (choice as Block)['type'];
+  if (!TOOL_CHOICE_TYPES.includes(String(type))) refuse(`tool_choice: Input tag '${String(type)}' found using 'type' does not match any of the expected tags: 'auto', 'any', 'tool', 'none'`);
+  if (type !== 'tool') return;
+  const name = (choice as Block)['name'];
+  if (typeof name !== 'string') refuse('tool_choice.tool.name: Field required');
+  const defined = Array.isArray(tools) && (tools as Block[]).some((t) => t?.['name'] === name);
+  if (!defined) refuse(`tool_choice.name: Tool '${String(name)}' not found in tools`);
 }
 
 function checkSystem(system: unknown): void {
