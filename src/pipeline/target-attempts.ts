@@ -261,6 +261,9 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffUntil(holdOffs, plan);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
+    // A hold-off capped short of what the provider asked for has ended: one request asks again, the rest wait for it.
+    const reask = plan.sharesHoldOffs ? holdOffs.reask(plan.holdOffKey) : undefined;
+    if (reask !== undefined && !(await reask)) continue;
     // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
     // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
     // answering the first. Without responseMs, firstTokenMs still bounds the permit: a hung probe must not hold it

@@ -78,9 +78,16 @@ export function targetOfCredentialHold(key: string): string {
 
 /**
  * The longest hold-off one answer starts. A provider that asks for more (retry-after: 120) is asked again by one
- * request when it ends; a hint that is wrong by hours cannot take a target out for hours.
+ * request when it ends (reask); a hint that is wrong by hours cannot take a target out for hours.
  */
 export const MAX_HOLD_OFF_MS = 60_000;
+
+/**
+ * How long the request that asks a provider again at the end of a capped hold-off holds the others back: the time a
+ * refusal takes to come back, with room. Every request that arrived before the first answer went too, and at high
+ * traffic a provider that had asked for an hour (a daily quota) got a burst of them each minute, each one refused.
+ */
+export const REASK_HOLD_MS = 2_000;
 
 /**
  * Does this answer start a fleet-wide hold-off? A fleet-wide hint of any length: one longer than the route waits
@@ -200,6 +207,34 @@ export class HoldOffs {
     const until = this.#until(key);
     if (until === undefined || this.store.getHoldOff(key + LONG_SUFFIX) !== until) return until;
     return Math.max(until, this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0);
+  }
+
+  /**
+   * For a request about to go to a target: undefined when it may (nothing to ask again); else, the end of a hold-off
+   * capped short of what the provider asked for (a hint over MAX_HOLD_OFF_MS) has come, the provider's own end has
+   * not, and this request is the one to ask again when the promise resolves true: its claim holds the others back for
+   * REASK_HOLD_MS (a short hold-off, fleet-wide; of instances claiming at once, only the one the store heard first
+   * asks), so they wait for its answer rather than all go into the refusal it is likely to get. False: another one
+   * asks, and its hold is in force. A flex tier's key asks for the target's own capped hold-off too.
+   */
+  reask(key: string): Promise<boolean> | undefined {
+    const target = targetOfHoldOffKey(key);
+    const due = this.#reaskDue(key) ? key : key !== target && this.#reaskDue(target) ? target : undefined;
+    if (due === undefined) return undefined;
+    const now = this.now();
+    return this.store.setHoldOff(due, Math.ceil(now + REASK_HOLD_MS), now);
+  }
+
+  /**
+   * Is the hold-off of this key a capped one that has ended, before the end the provider asked for? The stored end,
+   * kept after it passed, is still the capped hold-off's (`#long`): once a request asked again, it is that request's
+   * short hold's, so the next request after it goes as any other.
+   */
+  #reaskDue(key: string): boolean {
+    const ended = this.store.getHoldOff(key);
+    const now = this.now();
+    if (ended === undefined || ended > now || this.store.getHoldOff(key + LONG_SUFFIX) !== ended) return false;
+    return (this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0) > now;
   }
 
   /** When the target's credential hold ends, if it is still in force. */

@@ -4,7 +4,7 @@ import OpenAI from 'openai';
 import type { ConfigInput } from '../../src/config/schema.ts';
 import { useFakeProviders } from './fake-provider.ts';
 import { scripted, type Answer, type Seen } from './scripted-provider.ts';
-import { useStacks, type Stack } from './stack.ts';
+import { useStacks, type Stack, type StackOptions } from './stack.ts';
 
 type RouteInput = ConfigInput['routes'][number];
 type ProviderInput = ConfigInput['providers'][string];
@@ -42,6 +42,8 @@ export interface UpstreamsOptions {
   providers?: Record<string, Partial<ProviderInput>>;
   /** Other top-level config. */
   extra?: Partial<ConfigInput>;
+  /** The gateway's injected parts (a clock, a random source). */
+  deps?: StackOptions['deps'];
 }
 
 /**
@@ -76,6 +78,7 @@ export function useScriptedUpstreams(): (ups: Record<string, Upstream>, targets:
         routes: [{ name: 'chat', match: { path: opts.path ?? '/v1/chat/completions' }, targets, ...FAST, ...opts.route }],
         ...opts.extra,
       }),
+      ...(opts.deps && { deps: opts.deps }),
     });
     return { s, seen, client: new OpenAI({ baseURL: s.baseURL, apiKey: 'sk-client-not-a-provider-key', maxRetries: 0 }) };
   };
