@@ -126,8 +126,8 @@ export function retryHeaders(shouldRetry: boolean, retryAfterMs: number | undefi
  * Anthropic one, whose `error` has a `message` too) passes as it is, its own fields kept (Azure's `innererror` says
  * which content filter fired, Anthropic's `details`), with any of the four the shape needs filled in; the flat
  * `{"object": "error", "message", ...}` of vLLM and Mistral is put in that shape, and so is an error that is only
- * its message (`{"error": "..."}`, Ollama's native API and TGI); anything else (an HTML page from a load balancer) is
- * wrapped.
+ * its message (`{"error": "..."}`, Ollama's native API and TGI); anything else is wrapped (an HTML page from a load
+ * balancer by its title or text, never its markup).
  */
 export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefined): OpenAIErrorBody {
   const raw = body && withoutBom(body);
@@ -154,8 +154,25 @@ export function normaliseUpstreamErrorBody(status: number, body: Buffer | undefi
       // not JSON: fall through to the wrapped form
     }
   }
-  const text = raw ? raw.toString('utf8', 0, Math.min(raw.length, 200)).replace(/\s+/g, ' ').trim() : '';
+  const text = raw ? wrappedText(raw) : '';
   return errorBody(`upstream answered ${status}${text ? `: ${text}` : ''}`, typeOfStatus(status), null);
+}
+
+const HTML_PAGE = /^\s*<(?:!doctype|html|head|body|title|center|h1|p)\b/i;
+
+/**
+ * The words of a body that is not an error of any known shape, cut at 200 characters. An HTML page (a load balancer's
+ * 502, a captive portal) gives its title, else its text without the tags: its markup in `error.message` went into
+ * every client's log ("upstream answered 502: <!DOCTYPE html><html><head>...").
+ */
+function wrappedText(raw: Buffer): string {
+  let text = raw.toString('utf8', 0, Math.min(raw.length, HTML_PAGE.test(raw.toString('utf8', 0, 64)) ? 8192 : 200));
+  if (HTML_PAGE.test(text)) {
+    const title = /<title[^>]*>([^<]*)</i.exec(text)?.[1];
+    text = title?.trim() ? title : text.replace(/<(script|style)\b[\s\S]*?(?:<\/\1>|$)/gi, ' ').replace(/<[^>]*>?/g, ' ');
+    text = text.replace(/&nbsp;/g, ' ').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&quot;/g, '"').replace(/&amp;/g, '&');
+  }
+  return text.replace(/\s+/g, ' ').trim().slice(0, 200);
 }
 
 function typeOfStatus(status: number): string {

@@ -136,3 +136,25 @@ describe('an upstream error with a numeric code, over HTTP', () => {
     expect((err as InstanceType<typeof OpenAI.APIError>).message).toContain('error event before any output: 500');
   });
 });
+
+describe('an HTML page an upstream (a load balancer, a proxy) answered with', () => {
+  const nginx = '<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n';
+  it('is wrapped by its title, never its markup', () => {
+    expect(normaliseUpstreamErrorBody(502, Buffer.from(nginx)).error.message).toBe('upstream answered 502: 502 Bad Gateway');
+    const cloudflare = `<!DOCTYPE html>\n<!--[if lt IE 7]> <html class="no-js ie6 oldie" lang="en-US"> <![endif]-->\n<html><head><title>api.example.com | 502: Bad gateway</title><style>body{color:red}</style></head><body>${'x'.repeat(3000)}</body></html>`;
+    expect(normaliseUpstreamErrorBody(502, Buffer.from(cloudflare)).error.message).toBe('upstream answered 502: api.example.com | 502: Bad gateway');
+  });
+
+  it('without a title, by its text: scripts and styles dropped, entities read, at most 200 characters', () => {
+    const page = '<html><head><style>h1 { color: red }</style><script>var a = "<b>";</script></head><body><h1>Service&nbsp;Unavailable</h1><p>Back &amp; running soon.</p></body></html>';
+    expect(normaliseUpstreamErrorBody(503, Buffer.from(page)).error.message).toBe('upstream answered 503: Service Unavailable Back & running soon.');
+    const long = `<html><body><p>${'word '.repeat(200)}</p></body></html>`;
+    const message = normaliseUpstreamErrorBody(503, Buffer.from(long)).error.message;
+    expect(message).not.toContain('<');
+    expect(message.length).toBeLessThanOrEqual('upstream answered 503: '.length + 200);
+  });
+
+  it('leaves a body that is no page as it was: its first 200 characters, spaces collapsed', () => {
+    expect(normaliseUpstreamErrorBody(500, Buffer.from('Internal   Server\nError <b>not a page</b>')).error.message).toBe('upstream answered 500: Internal Server Error <b>not a page</b>');
+  });
+});
