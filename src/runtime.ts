@@ -152,7 +152,8 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
         lot.notify(change.target);
         return;
       }
-      recoverWhenOver(change.target, change.untilMs);
+      // The short hold of a request asking a provider again: the limit restarted at half when the capped hold-off ended.
+      if (!holdOffs.isReaskHold(change.target, change.untilMs)) recoverWhenOver(change.target, change.untilMs);
     }
     lot.notify(change.target);
   });

@@ -155,5 +155,21 @@ describe('the end of a capped hold-off, through the gateway', () => {
     // The three held back went once the short hold was over (the clock is real apart from the skew).
     expect(Date.now() - started).toBeGreaterThanOrEqual(REASK_HOLD_MS - 100);
   });
+
+  it('with the state in Redis, one of a burst of twenty asks again', async () => {
+    let skewMs = 0;
+    const { client, seen } = await start({ primary: () => refusal(300) }, [{ provider: 'primary' }], {
+      deps: { now: () => Date.now() + skewMs, random: NO_SPREAD },
+      extra: { state: { redis: redis().url, keyPrefix: `reask-burst-${process.pid}-${Date.now()}` } },
+    });
+    const ask = () => client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }).then(() => 200, (e: { status?: number }) => e.status);
+    expect(await ask()).toBe(429);
+    skewMs += MAX_HOLD_OFF_MS + 1;
+    // The claim goes through Redis (its script says which instance asked first): the others hear of it from the view
+    // the claim wrote into at once, not a round trip later.
+    const burst = await Promise.all(Array.from({ length: 20 }, ask));
+    expect(burst.every((status) => status === 429)).toBe(true);
+    expect(seen.primary).toHaveLength(2);
+  });
 });
 

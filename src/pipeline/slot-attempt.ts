@@ -33,8 +33,13 @@ export type SlotAttempt =
  */
 export type SlotContext = Pick<RequestContext, 'route' | 'api' | 'stream' | 'shape' | 'signal' | 'deadlineAtMs' | 'earlyStart' | 'bodyBytes' | 'client' | 'tokens'>;
 
-/** Is the target still free to take requests? Undefined when it is; else why not and until when. */
-type StillAvailable = () => Extract<SlotAttempt, { kind: 'gone' }> | undefined;
+type Gone = Extract<SlotAttempt, { kind: 'gone' }>;
+/**
+ * Is the target still free to take requests, now that the request holds a slot (`queued`: after waiting for it)?
+ * Undefined when it is; else why not and until when. A promise only when the answer needs the fleet's word (asking a
+ * provider again at the end of a capped hold-off), so the common case awaits nothing.
+ */
+export type StillAvailable = (queued: boolean) => Gone | undefined | Promise<Gone | undefined>;
 
 export async function attemptInSlot(
   ctx: SlotContext,
@@ -67,8 +72,8 @@ export async function attemptInSlot(
   }
   // The wait for a slot can outlast the target: a backlog queued before a 429's retry-after or a brownout must not
   // all go out into it the moment slots free up. The slot goes to the next in line; this request parks or moves on.
-  // A slot had at once is had on the admission just made.
-  const gone = acquired.queued ? stillAvailable?.() : undefined;
+  const still = stillAvailable?.(acquired.queued);
+  const gone = still instanceof Promise ? await still : still;
   if (gone) {
     acquired.slot.unsent();
     acquired.slot.release();

@@ -11,7 +11,7 @@ import { prepareUpstream } from '../providers/families.ts';
 import { attemptInSlot, type SlotContext } from './slot-attempt.ts';
 import type { StreamEnd, StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
-import { goneMeanwhile, type AttemptRecord, type TargetDeps, type TargetPlan } from './target-attempts.ts';
+import { stillThere, type AttemptRecord, type TargetDeps, type TargetPlan } from './target-attempts.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
 import { RequestAbort, type RequestSignal } from './request-abort.ts';
@@ -83,7 +83,7 @@ export function streamRecovery(
     // minAttemptMs), from the break; once sent, the continuation's own timers bound it as before.
     const bodyBytes = Buffer.byteLength(upstream.body);
     const slotCtx: SlotContext = { route: req.route, api: 'chat', stream: true, shape, signal: attemptSignal, deadlineAtMs: now() + idleMs, bodyBytes, client: req.client, ...(next.pool.settings.rates?.tokens && { tokens: estimatedTokens('chat', bodyBytes, json) }) };
-    const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, () => goneMeanwhile(deps.guards, next, false, now()));
+    const attempt = await attemptInSlot(slotCtx, next, upstream, { retry: false, released: false }, now, stillThere(deps.guards, next, false, now));
     shutdown.removeEventListener('abort', stop);
     // Shed (its class queue full, no slot within the wait), the target gone meanwhile, or the client or the shutdown
     // gone before it was sent: nothing went upstream, and the client has the original failure (or the shutdown's).

@@ -13,7 +13,7 @@ import type { RetryBudget } from '../state/retry-budget.ts';
 import type { AttemptResult } from './attempt.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { GatewayShutdown, abortOutcome } from './abort-reasons.ts';
-import { attemptInSlot, type SlotAttempt } from './slot-attempt.ts';
+import { attemptInSlot, type SlotAttempt, type StillAvailable } from './slot-attempt.ts';
 import type { ProviderPool, ShedReason } from '../pools/provider-pool.ts';
 import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
@@ -227,6 +227,23 @@ export function goneMeanwhile(guards: Guards, plan: TargetPlan, parkable: boolea
 }
 
 /**
+ * For a request that holds its slot and is about to go (slot-attempt.ts): is the target still there? After a wait for
+ * the slot, whatever began meanwhile (goneMeanwhile); else a hold-off begun since this request looked (by another one
+ * that asks again, below). And at the end of a hold-off capped short of what the provider asked for, is this request
+ * the one that asks again (HoldOffs.reask)? Claimed here, as it goes: a claim made earlier held the others back for
+ * nothing when its request never went (a breaker, the budget, a shed), and turned its own request away while it
+ * waited for a slot.
+ */
+export function stillThere(guards: Guards, plan: TargetPlan, parkable: boolean, now: () => number): StillAvailable {
+  return (queued) => {
+    const heldUntil = queued ? undefined : holdOffUntil(guards.holdOffs, plan);
+    const gone = queued ? goneMeanwhile(guards, plan, parkable, now()) : heldUntil === undefined ? undefined : { kind: 'gone' as const, reason: 'hold-off' as const, availableAtMs: heldUntil };
+    if (gone !== undefined || !plan.sharesHoldOffs) return gone;
+    return guards.holdOffs.reask(plan.holdOffKey)?.then((asks) => (asks ? undefined : goneMeanwhile(guards, plan, parkable, now())));
+  };
+}
+
+/**
  * The request's other targets that may still answer: `later` ones in order, and `earlier` ones it left unavailable (held
  * off, breaker open), which it comes back for through the parking lot.
  */
@@ -261,9 +278,6 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     if (authHeldUntil !== undefined) return { kind: 'auth-held', untilMs: authHeldUntil };
     const heldUntil = holdOffUntil(holdOffs, plan);
     if (heldUntil !== undefined) return { kind: 'unavailable', reason: 'hold-off', availableAtMs: heldUntil };
-    // A hold-off capped short of what the provider asked for has ended: one request asks again, the rest wait for it.
-    const reask = plan.sharesHoldOffs ? holdOffs.reask(plan.holdOffKey) : undefined;
-    if (reask !== undefined && !(await reask)) continue;
     // The attempt's own limit (runAttempt's): firstTokenMs is a streams-only timer; a non-streaming probe runs until
     // responseMs, and a permit gone at firstTokenMs let a second and third probe out while a slow provider was still
     // answering the first. Without responseMs, firstTokenMs still bounds the permit: a hung probe must not hold it
@@ -310,7 +324,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     const heldTicket = ticket;
     const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
     // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
-    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : () => goneMeanwhile(deps.guards, plan, ctx.parkable, deps.now()));
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : stillThere(deps.guards, plan, ctx.parkable, deps.now));
     clearTimeout(slotTimer);
     // Nothing went upstream: a probe's permit goes back at once (or nobody may probe until it expires), and the lot's place.
     const notSent = () => {

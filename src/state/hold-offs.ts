@@ -237,6 +237,19 @@ export class HoldOffs {
     return (this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0) > now;
   }
 
+  /**
+   * Is a hold-off of this key that ends at untilMs the short hold of a request asking again (reask), not a pause the
+   * provider asked for? For listeners of changes: the target's adaptive limit restarted at half once at the capped
+   * hold-off's end, and the short hold's end halved it again. Within twice REASK_HOLD_MS, for a rival instance's claim
+   * made at the same moment.
+   */
+  isReaskHold(key: string, untilMs: number): boolean {
+    const now = this.now();
+    const long = this.store.getHoldOff(key + LONG_SUFFIX);
+    if (long === undefined || long > now || long === untilMs || untilMs > now + 2 * REASK_HOLD_MS) return false;
+    return (this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0) > now;
+  }
+
   /** When the target's credential hold ends, if it is still in force. */
   credentialsHeldUntil(target: string): number | undefined {
     return this.#until(target + CREDENTIALS_SUFFIX);
