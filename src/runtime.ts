@@ -10,7 +10,7 @@ import type { Random } from './policy/random.ts';
 import { createProviderClients, closeProviderClients } from './providers/provider-client.ts';
 import { TargetKeys } from './routing/target-keys.ts';
 import { BreakerBoard } from './state/breaker-board.ts';
-import { HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold } from './state/hold-offs.ts';
+import { HoldOffs, isCredentialHoldKey, isFlexTierKey, isSideKey, targetOfCredentialHold, targetOfHoldOffKey } from './state/hold-offs.ts';
 import { ClientRepeats } from './state/client-repeats.ts';
 import { RetryBudget } from './state/retry-budget.ts';
 import { MemoryStore } from './state/memory-store.ts';
@@ -120,6 +120,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
   // After an outage (a breaker that closes again, a provider that asked for a pause), the target's adaptive limit
   // restarts at half and slow-starts: new and parked requests ramp up together under that one limit.
   const lastBreakerState = new Map<string, string>();
+  // The targets a hold was taken in for (another instance's included), for the hold gauges: a target this instance
+  // never sent to has no pool series, yet its requests are turned away for the fleet's hold.
+  const heldTargets = new Set<string>();
   // Once per hold-off, when it is over: every 429 that extends it would otherwise halve the limit again.
   const recoveries = new Map<string, NodeJS.Timeout>();
   const recoverWhenOver = (target: string, untilMs: number): void => {
@@ -137,6 +140,9 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       lastBreakerState.set(change.target, change.record.state);
       if (change.record.state === 'closed' && before !== 'closed') poolOf(change.target).recovered(change.target);
     } else {
+      if (!isSideKey(change.target)) {
+        heldTargets.add(isCredentialHoldKey(change.target) ? targetOfCredentialHold(change.target) : targetOfHoldOffKey(change.target));
+      }
       // A credential hold has no capacity to regain; requests parked on the target for another reason go at once and
       // skip it (target-state.ts), to the next target or to their 502.
       if (isCredentialHoldKey(change.target)) {
@@ -176,7 +182,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       board.availability(plan.key, plan.breaker, false).kind !== 'open',
   );
   const budget = new RetryBudget(store, now);
-  collectAtScrape(metrics, { config, targetKeys, pools, bodies, board, holdOffs, budget, now, breakersChanged: () => lastBreakerState.keys() });
+  collectAtScrape(metrics, { config, targetKeys, pools, bodies, board, holdOffs, budget, now, breakersChanged: () => lastBreakerState.keys(), holdsLearnt: () => heldTargets });
   const series = zeroSeries(config, metrics, targetKeys);
   const observer = metricsObserver(metrics);
   const loop = loopGuard(deps.instance);
@@ -204,6 +210,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
       budget.forget(key);
       holdOffs.forget(key);
       lastBreakerState.delete(key);
+      heldTargets.delete(key);
       pools.of(key.slice(0, key.indexOf('/'))).forget(key);
       lot.forget(key);
       weighted.forget(key);

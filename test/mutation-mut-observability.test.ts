@@ -265,6 +265,7 @@ describe('the gauges read at scrape time', () => {
       budget: { remainingByRoute: async () => new Map([['chat', 7]]) } as never,
       now: () => now,
       breakersChanged: () => [],
+      holdsLearnt: () => [],
     });
     const read = async (name: string) =>
       parseMetrics(await m.registry.metrics())

@@ -36,7 +36,7 @@ async function runPoolFuzz(seed: number, steps: number, seen: Set<string>): Prom
   const d = new PoolFuzzDriver<PoolReq>(seed, g, seen, () => g.int(0, 6));
   const { classes, bodies, pools, pool, model, targets, now, where } = d;
   const metrics = createMetrics({ defaultMetrics: false });
-  collectAtScrape(metrics, { config: d.config, targetKeys: new TargetKeys(d.config, now), pools, bodies, board: {} as never, holdOffs: {} as never, budget: {} as never, now, breakersChanged: () => [] });
+  collectAtScrape(metrics, { config: d.config, targetKeys: new TargetKeys(d.config, now), pools, bodies, board: {} as never, holdOffs: {} as never, budget: {} as never, now, breakersChanged: () => [], holdsLearnt: () => [] });
   const classCount = classes.length;
 
   const newReq = (): PoolReq => {

@@ -27,16 +27,21 @@ interface ScrapeSources {
   now: () => number;
   /** The targets whose breaker record changed since the start (served here, or learnt from the fleet). */
   breakersChanged: () => Iterable<string>;
+  /**
+   * The targets a hold (hold-off or credential hold) was taken in for since the start: started here, or read from the
+   * fleet at a first sight or pushed by it, so an instance that turns requests away for another's hold says so.
+   */
+  holdsLearnt: () => Iterable<string>;
 }
 
 /** Sets the metrics' scrape-time collectors (collectBreakers, collectCredentials, collectHolds, collectPools, collectBudgets). */
 export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
   const { pools, board, holdOffs, budget, now } = s;
   const knownTargets = configuredTargetKeys(s.config, s.targetKeys);
-  /** The targets with a breaker and a credential series: every configured one, and every one served or changed since. */
+  /** The targets with a breaker and a hold series: every configured one, and every one served, changed or held since. */
   const reportedTargets = () => {
     const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
-    return new Set([...knownTargets, ...s.breakersChanged(), ...used]);
+    return new Set([...knownTargets, ...s.breakersChanged(), ...s.holdsLearnt(), ...used]);
   };
   metrics.collectBreakers = () => {
     // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
