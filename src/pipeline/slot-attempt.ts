@@ -35,11 +35,12 @@ export type SlotContext = Pick<RequestContext, 'route' | 'api' | 'stream' | 'sha
 
 type Gone = Extract<SlotAttempt, { kind: 'gone' }>;
 /**
- * Is the target still free to take requests, now that the request holds a slot (`queued`: after waiting for it)?
+ * Is the target still free to take requests, now that the request holds a slot (`queued`: after waiting for it;
+ * `late`: past its deadline, so it will not go whatever the answer)?
  * Undefined when it is; else why not and until when. A promise only when the answer needs the fleet's word (asking a
  * provider again at the end of a capped hold-off), so the common case awaits nothing.
  */
-export type StillAvailable = (queued: boolean) => Gone | undefined | Promise<Gone | undefined>;
+export type StillAvailable = (queued: boolean, late: boolean) => Gone | undefined | Promise<Gone | undefined>;
 
 export async function attemptInSlot(
   ctx: SlotContext,
@@ -72,8 +73,17 @@ export async function attemptInSlot(
   }
   // The wait for a slot can outlast the target: a backlog queued before a 429's retry-after or a brownout must not
   // all go out into it the moment slots free up. The slot goes to the next in line; this request parks or moves on.
-  const still = stillAvailable?.(acquired.queued);
-  const gone = still instanceof Promise ? await still : still;
+  // `late`: past its deadline it will not go, so it claims nothing (a claim held every other request back for nothing).
+  const late = now() >= ctx.deadlineAtMs;
+  const still = stillAvailable?.(acquired.queued, late);
+  let gone: Gone | undefined;
+  if (still instanceof Promise) {
+    gone = await still;
+    // The fleet's word took a round trip (Redis): the client, the shutdown or the deadline may have come meanwhile, and
+    // an aborted attempt handed to runAttempt counted as one that went upstream (metrics, log, breaker), its turn kept.
+    if (!gone && ctx.signal.aborted) return unsentNow(acquired.slot, abortOutcome(ctx.signal.reason));
+    if (!gone && now() >= ctx.deadlineAtMs) return unsentNow(acquired.slot, { kind: 'aborted', by: 'deadline' });
+  } else gone = still;
   if (gone) {
     acquired.slot.unsent();
     acquired.slot.release();
@@ -81,12 +91,7 @@ export async function attemptInSlot(
   }
   // Nothing goes upstream at or past the deadline, whatever its timer says: on a busy event loop the timer can be late,
   // and a request released or woken in an I/O callback reaches this point first. Answered as the timer would have.
-  if (now() >= ctx.deadlineAtMs) {
-    acquired.slot.unsent();
-    acquired.slot.release();
-    const result: AttemptResult = { outcome: { kind: 'aborted', by: 'deadline' } };
-    return { kind: 'expired', result, cls: classify(result.outcome) };
-  }
+  if (late) return unsentNow(acquired.slot, { kind: 'aborted', by: 'deadline' });
   const startedAt = now();
   // For the log line's attempt: the wait in the pool's queue, which neither the backoff nor the attempt's duration holds.
   const slotWaitMs = acquired.queued ? startedAt - askedAtMs : 0;
@@ -108,4 +113,12 @@ export async function attemptInSlot(
     return { kind: 'done', result, cls, durationMs, release: () => {}, slotWaitMs };
   }
   return { kind: 'done', result, cls, durationMs, release: () => acquired.slot.release(), slotWaitMs };
+}
+
+/** A slot given back before anything was sent: its rate turn too, and no attempt to record. */
+function unsentNow(slot: { unsent(): void; release(): void }, outcome: AttemptResult['outcome']): SlotAttempt {
+  slot.unsent();
+  slot.release();
+  const result: AttemptResult = { outcome };
+  return { kind: 'expired', result, cls: classify(outcome) };
 }

@@ -226,20 +226,28 @@ export function goneMeanwhile(guards: Guards, plan: TargetPlan, parkable: boolea
   return held && { kind: 'gone', ...held };
 }
 
+/** The target's hold-off as a reason it went away, if one is in force. */
+function heldOff(guards: Guards, plan: TargetPlan): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
+  const heldUntil = holdOffUntil(guards.holdOffs, plan);
+  return heldUntil === undefined ? undefined : { kind: 'gone', reason: 'hold-off', availableAtMs: heldUntil };
+}
+
 /**
  * For a request that holds its slot and is about to go (slot-attempt.ts): is the target still there? After a wait for
  * the slot, whatever began meanwhile (goneMeanwhile); else a hold-off begun since this request looked (by another one
  * that asks again, below). And at the end of a hold-off capped short of what the provider asked for, is this request
  * the one that asks again (HoldOffs.reask)? Claimed here, as it goes: a claim made earlier held the others back for
  * nothing when its request never went (a breaker, the budget, a shed), and turned its own request away while it
- * waited for a slot.
+ * waited for a slot. `probe`: the breaker's probe claims too, and looks at nothing else again.
  */
-export function stillThere(guards: Guards, plan: TargetPlan, parkable: boolean, now: () => number): StillAvailable {
-  return (queued) => {
-    const heldUntil = queued ? undefined : holdOffUntil(guards.holdOffs, plan);
-    const gone = queued ? goneMeanwhile(guards, plan, parkable, now()) : heldUntil === undefined ? undefined : { kind: 'gone' as const, reason: 'hold-off' as const, availableAtMs: heldUntil };
-    if (gone !== undefined || !plan.sharesHoldOffs) return gone;
-    return guards.holdOffs.reask(plan.holdOffKey)?.then((asks) => (asks ? undefined : goneMeanwhile(guards, plan, parkable, now())));
+export function stillThere(guards: Guards, plan: TargetPlan, parkable: boolean, now: () => number, probe = false): StillAvailable {
+  return (queued, late) => {
+    // A probe is the breaker's one attempt, allowed whatever the state: it looks at nothing again, yet claims the asking
+    // again like any other (three probes at a time went into the provider's likely refusal, where one asks).
+    const gone = probe ? undefined : queued ? goneMeanwhile(guards, plan, parkable, now()) : heldOff(guards, plan);
+    // Past its deadline the request does not go: its claim would hold the others back for nothing.
+    if (gone !== undefined || late || !plan.sharesHoldOffs) return gone;
+    return guards.holdOffs.reask(plan.holdOffKey)?.then((asks) => (asks ? undefined : probe ? heldOff(guards, plan) : goneMeanwhile(guards, plan, parkable, now())));
   };
 }
 
@@ -323,8 +331,8 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // the next probe (and every parked request) waiting until its own deadline. done() is once only.
     const heldTicket = ticket;
     const slotTimer = admission.probe && heldTicket ? setTimeout(() => heldTicket.done(), Math.max(permitTtlMs, 1)) : undefined;
-    // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again.
-    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, admission.probe ? undefined : stillThere(deps.guards, plan, ctx.parkable, deps.now));
+    // A probe is the breaker's one attempt, allowed whatever the state: only other requests look again (stillThere).
+    const attempt = await attemptInSlot(ctx, plan, { ...upstream, headers }, { retry: run.sent > 0, released: ticket !== undefined }, deps.now, stillThere(deps.guards, plan, ctx.parkable, deps.now, admission.probe !== undefined));
     clearTimeout(slotTimer);
     // Nothing went upstream: a probe's permit goes back at once (or nobody may probe until it expires), and the lot's place.
     const notSent = () => {
@@ -339,7 +347,8 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       return { kind: 'shed', reason: attempt.reason, retryAfterMs: attempt.retryAfterMs, className: plan.className, lowestClass: plan.lowestClass };
     }
     if (attempt.kind === 'gone') {
-      ticket?.done();
+      // A probe's too: one that lost the claim to ask a capped hold-off's provider again never went.
+      notSent();
       if (attempt.reason === 'credentials') return { kind: 'auth-held', untilMs: attempt.availableAtMs };
       // The retry this attempt would have been was paid for: the one that goes once the target is back uses it.
       if (run.sent > 0) run.retryPaid = true;

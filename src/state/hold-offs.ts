@@ -132,6 +132,9 @@ function later(a: number | undefined, b: number | undefined): number | undefined
 }
 
 export class HoldOffs {
+  /** Per key, the first claim heard of after the end of its capped hold-off (`long`: that end), for isReaskHold. */
+  readonly #claimsHeard = new Map<string, { long: number; untilMs: number }>();
+
   constructor(
     private readonly store: StateStore,
     private readonly now: () => number,
@@ -239,15 +242,21 @@ export class HoldOffs {
 
   /**
    * Is a hold-off of this key that ends at untilMs the short hold of a request asking again (reask), not a pause the
-   * provider asked for? For listeners of changes: the target's adaptive limit restarted at half once at the capped
-   * hold-off's end, and the short hold's end halved it again. Within twice REASK_HOLD_MS, for a rival instance's claim
-   * made at the same moment.
+   * provider asked for? For listeners of changes, once per change: the target's adaptive limit restarted at half once
+   * at the capped hold-off's end, and the short hold's end halved it again. The first short hold heard of after the
+   * capped hold-off's end is the claim (this instance's or a rival's), and so is one ending within REASK_HOLD_MS of it
+   * (a rival instance's claim made at the same moment); a later one is the provider's: the side keys stay until the
+   * end it asked for (an hour, for a daily quota), and every short hold-off in that hour was taken for a claim.
    */
   isReaskHold(key: string, untilMs: number): boolean {
     const now = this.now();
     const long = this.store.getHoldOff(key + LONG_SUFFIX);
     if (long === undefined || long > now || long === untilMs || untilMs > now + 2 * REASK_HOLD_MS) return false;
-    return (this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0) > now;
+    if ((this.store.getHoldOff(key + ASKED_SUFFIX) ?? 0) <= now) return false;
+    const claim = this.#claimsHeard.get(key);
+    if (claim?.long === long) return untilMs <= claim.untilMs + REASK_HOLD_MS;
+    this.#claimsHeard.set(key, { long, untilMs });
+    return true;
   }
 
   /** When the target's credential hold ends, if it is still in force. */
@@ -291,6 +300,7 @@ export class HoldOffs {
     this.store.forget(target + CREDENTIALS_SUFFIX);
     this.store.forget(target + LOCATION_SUFFIX);
     for (const key of [target, flexTierKey(target)]) {
+      this.#claimsHeard.delete(key);
       this.store.forget(key);
       this.store.forget(key + ASKED_SUFFIX);
       this.store.forget(key + LONG_SUFFIX);
