@@ -844,11 +844,11 @@ describe('the surfaces agree, over a mixed burst and across a fleet', () => {
     expect(fleet('stormgate_upstream_attempts_total')).toBe(primary.requests().length);
     const attemptsInLines = [...requestLines(a.logs), ...requestLines(b.logs)].reduce((s, l) => s + l.attempts.length, 0);
     expect(attemptsInLines).toBe(primary.requests().length);
-    // The fleet's view (max over instances) shows the hold-off. Pinned as it behaves (a design question in the report):
-    // B, which turned a request away for it but never sent an attempt to this learnt target, has no series for it.
+    // Both instances show the hold-off: B, which turned a request away for it but never sent an attempt to this learnt
+    // target, has its series too (it had none until the hold gauges took in the targets a hold was heard of).
     const held = (ms: MetricSample[]) => sumOf(ms, 'stormgate_hold_remaining_seconds', { target: 'mock/gpt-4o', kind: 'hold_off' });
-    expect(Math.max(held(ma), held(mb))).toBeGreaterThan(10);
-    expect(mb.filter((x) => x.name === 'stormgate_hold_remaining_seconds' && x.labels.target === 'mock/gpt-4o')).toEqual([]);
+    expect(held(ma)).toBeGreaterThan(10);
+    expect(held(mb)).toBeGreaterThan(10);
     // Each instance names itself upstream with one via entry; the provider's log tells the two apart.
     const vias = new Set(primary.requests().map((r) => r.headers.via));
     expect(vias.size).toBe(1);
