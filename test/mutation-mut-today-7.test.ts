@@ -110,7 +110,7 @@ async function recoveryTo(answer: (res: ServerResponse) => void, q: Partial<Conf
     now: Date.now,
     guards: {
       board: { availability: () => ({ kind: 'closed' }), current: () => ({ generation: 0 }), record: async () => undefined, streamBroke: () => undefined },
-      holdOffs: { until: () => undefined, credentialsHeldUntil: () => undefined, holdCredentials: () => undefined, start: () => 0 },
+      holdOffs: { until: () => undefined, credentialsHeldUntil: () => undefined, holdCredentials: () => undefined, start: () => 0, reask: () => undefined },
       budget: { tryRetry: async () => true },
     },
   } as unknown as Pick<TargetDeps, 'guards' | 'now' | 'onAttempt' | 'onRetry' | 'onBudgetExhausted'>;
