@@ -533,8 +533,9 @@ describe('waits that must leave minAttemptMs (1000 ms) for the attempt after the
       outcomes.push(`${r.status}/${attempts.length} in ${r.ms} ms`);
       if (attempts.length === 2) {
         expect(r.status).toBe(200);
-        // The retry started with at least minAttemptMs before the 2050 ms budget ran out.
-        expect(t0 + 2_050 - attempts[1]!.receivedAt, `retry of ${id} started with too little time left`).toBeGreaterThanOrEqual(1_000 - 30);
+        // The retry started with at least minAttemptMs before the 2050 ms budget ran out (less the test process's own
+        // lag between t0 and the send, and the mock's in noting its arrival: 30 ms failed under load, at c8815f1 too).
+        expect(t0 + 2_050 - attempts[1]!.receivedAt, `retry of ${id} started with too little time left`).toBeGreaterThanOrEqual(1_000 - 100);
       } else {
         expect(attempts).toHaveLength(1);
         expect(r.status).toBe(429);
