@@ -166,10 +166,11 @@ const HTML_PAGE = /^\s*<(?:!doctype|html|head|body|title|center|h1|p)\b/i;
  * every client's log ("upstream answered 502: <!DOCTYPE html><html><head>...").
  */
 function wrappedText(raw: Buffer): string {
-  let text = raw.toString('utf8', 0, Math.min(raw.length, HTML_PAGE.test(raw.toString('utf8', 0, 64)) ? 8192 : 200));
-  if (HTML_PAGE.test(text)) {
-    const title = /<title[^>]*>([^<]*)</i.exec(text)?.[1];
-    text = title?.trim() ? title : text.replace(/<(script|style)\b[\s\S]*?(?:<\/\1>|$)/gi, ' ').replace(/<[^>]*>?/g, ' ');
+  const head = raw.toString('utf8', 0, Math.min(raw.length, 8192));
+  let text = head.slice(0, 200);
+  if (HTML_PAGE.test(head)) {
+    const title = /<title[^>]*>([^<]*)</i.exec(head)?.[1];
+    text = title?.trim() ? title : head.replace(/<(script|style)\b[\s\S]*?(?:<\/\1>|$)/gi, ' ').replace(/<[^>]*>?/g, ' ');
     text = text.replace(/&nbsp;/g, ' ').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&quot;/g, '"').replace(/&amp;/g, '&');
   }
   return text.replace(/\s+/g, ' ').trim().slice(0, 200);
