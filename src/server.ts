@@ -306,6 +306,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
   }
 
+  // A probe or scraper set up with the wrong verb learns that, not that the path is gone.
+  for (const path of OPS_PATHS) methodGuard(app, path, ['GET', 'HEAD']);
   app.get('/metrics', async (_request, reply) => {
     reply.type(metrics.registry.contentType);
     return metrics.registry.metrics();

@@ -47,6 +47,18 @@ describe('bad input gets an OpenAI-shaped error', () => {
     expectOpenAIError(get.json(), 'method_not_allowed');
   });
 
+  it('answers a wrong method on its own endpoints (/healthz, /readyz, /metrics) with 405 and allow: GET, HEAD', async () => {
+    stack = await startStack({});
+    for (const url of ['/healthz', '/readyz', '/metrics']) {
+      const post = await stack.gateway.inject({ method: 'POST', url, payload: {} });
+      expect(post.statusCode, url).toBe(405);
+      expect(post.headers.allow, url).toBe('GET, HEAD');
+      expectOpenAIError(post.json(), 'method_not_allowed');
+      expect((await stack.gateway.inject({ method: 'HEAD', url })).statusCode, url).toBe(200);
+      expect((await stack.gateway.inject({ method: 'GET', url })).statusCode, url).toBe(200);
+    }
+  });
+
   it('answers a model no route serves with 404 model_not_found', async () => {
     stack = await startStack({ route: { match: { path: '/v1/chat/completions', models: ['gpt-4o*'] } } });
     const res = await stack.gateway.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'llama-3', messages: [] } });
