@@ -313,7 +313,7 @@ export class LiveStream {
         // broken, it may be one that sends the choices one after another, cut between two of them: [DONE] would have
         // the client take one answer of the `n` it asked for as all of them.
         this.#kind = 'done-added';
-        yield doneEvent(api) ?? '';
+        yield this.#addedEnd();
       } else if (reason instanceof GatewayShutdown) {
         this.#kind = 'shutdown';
         yield this.#shutdownError(reason);
@@ -329,6 +329,15 @@ export class LiveStream {
     } finally {
       this.#finish(this.#kind);
     }
+  }
+
+  /**
+   * The end written for an answer whose every choice finished when its upstream broke off: a translated stream's own
+   * (the usage chunk its client asked for, which the translator writes at the end it never got, then [DONE]), else [DONE].
+   */
+  #addedEnd(): string {
+    const end = this.#opts.translate?.end() ?? [];
+    return end.length > 0 ? end.map((ev) => `${ev.raw}\n\n`).join('') : (doneEvent(this.#opts.api) ?? '');
   }
 
   /** The error event that ends a broken answer (stream_interrupted), numbered on from the last event passed. */
@@ -381,7 +390,9 @@ export class LiveStream {
         return true;
       }
       this.#events++;
-      if (meaning === 'output' && !this.#outputSeen) {
+      // A finish is output too: a short answer's one chunk carries its text and its finish_reason together (Gemini's
+      // OpenAI-compatible API), and its time to first token went unmeasured.
+      if ((meaning === 'output' || meaning === 'finish') && !this.#outputSeen) {
         this.#outputSeen = true;
         this.onFirstOutput?.();
       }
@@ -407,7 +418,10 @@ export class LiveStream {
     }
     // Once per batch, not per event: the usage chunk the gateway asked for is taken out of the client's events (a
     // batch of none), and the wait for it is over all the same.
-    if (this.#progress.finished && !this.#graceArmed && !(shape.usage && this.#usage === undefined) && this.#opts.translate?.usageDue?.() !== true) {
+    // The usage the client asked for is due unless it has come; a translated stream's is the translator's, known from the
+    // upstream's own events (Anthropic's message_start) and written at the end: waited for, it kept the client idleMs.
+    const usageDue = shape.usage && (this.#opts.translate?.usage() ?? this.#usage) === undefined;
+    if (this.#progress.finished && !this.#graceArmed && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
       // After the last finish only [DONE] is left: wait afterFinishMs for it (a second; a whole idle period on Azure).
       this.#graceArmed = true;
       clearTimeout(this.#idle);
