@@ -179,7 +179,8 @@ export class LiveStream {
   #events = 0;
   #dropped = 0;
   readonly #progress: AnswerProgress;
-  #graceArmed = false;
+  /** When the wait for [DONE] after the last finish began (performance.now()), once it has. */
+  #graceArmedAt: number | undefined;
   #kind: StreamEndKind = 'client-gone';
   #accountRefused = false;
   #upstreamBroke: FailureFacts | undefined;
@@ -255,8 +256,9 @@ export class LiveStream {
     try {
       while (!over) {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
-        // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
-        if (progressed) this.#idle!.refresh();
+        // reads slowly (backpressure holds the generator at its yield) is not an upstream stall. After the last finish,
+        // pings put the wait for [DONE] off for idleMs at most: an upstream that pinged on for ever never got its end.
+        if (progressed && (this.#graceArmedAt === undefined || performance.now() - this.#graceArmedAt < this.#opts.idleMs)) this.#idle!.refresh();
         this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
         let read: IteratorResult<Buffer>;
@@ -421,9 +423,9 @@ export class LiveStream {
     // The usage the client asked for is due unless it has come; a translated stream's is the translator's, known from the
     // upstream's own events (Anthropic's message_start) and written at the end: waited for, it kept the client idleMs.
     const usageDue = shape.usage && (this.#opts.translate?.usage() ?? this.#usage) === undefined;
-    if (this.#progress.finished && !this.#graceArmed && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
+    if (this.#progress.finished && this.#graceArmedAt === undefined && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
       // After the last finish only [DONE] is left: wait afterFinishMs for it (a second; a whole idle period on Azure).
-      this.#graceArmed = true;
+      this.#graceArmedAt = performance.now();
       clearTimeout(this.#idle);
       this.#idle = this.#armIdle(Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
     }
