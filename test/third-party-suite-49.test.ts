@@ -18,8 +18,8 @@
 // Each scenario asserts what a gateway user sees: the answer after a retry, or the final status with an
 // OpenAI-shaped error (type, code), x-should-retry, x-stormgate-attempts, the upstream attempts the fake counted,
 // usage passed through, and streams ended properly.
-// Found here: no gateway bug. Two design questions, asserted as the gateway behaves today: LM Studio's 400 "No
-// models loaded" (no failover), and OpenRouter's in-band error with numeric code 429 (a broken stream, not a 429).
+// Found here: OpenRouter's in-band error with numeric code 429 was read as a broken stream, not the 429 it stands for
+// (fixed). A design question, asserted as the gateway behaves today: LM Studio's 400 "No models loaded" (no failover).
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
@@ -285,12 +285,10 @@ describe('OpenRouter', () => {
     expect(g.seen.b).toHaveLength(0);
   });
 
-  it('reads an in-band error chunk with numeric code 429 before any output as a broken stream: retried at once, then 502 (design question)', async () => {
-    // DESIGN QUESTION: OpenRouter's error `code` is a number, the HTTP status it stands for ("429: You are being rate
-    // limited"), and once its stream has begun it sends the error in a 200. The README reads an error event as the 429
-    // it stands for only when its code is `rate_limit_exceeded`; this one is a broken stream: retried with no wait,
-    // then a 502 upstream_bad_response with x-should-retry false, where a 429 would tell the client to come back.
-    // Asserted as the gateway behaves today.
+  it('reads an in-band error chunk with numeric code 429 before any output as the 429 it stands for: retried as a rate limit, then passed on as one', async () => {
+    // OpenRouter's error `code` is a number, the HTTP status it stands for ("429: You are being rate limited"), and once
+    // its stream has begun it sends the error in a 200. Read as a broken stream, it was a 502 upstream_bad_response and
+    // counted against the breaker, where the provider said it was rate limited (found by this suite, fixed).
     const rateLimited = (): Script => ({
       steps: [
         cc([delta({ role: 'assistant', content: '' })]),
@@ -300,9 +298,10 @@ describe('OpenRouter', () => {
     });
     const g = await gw({ a: rateLimited }, ONE);
     const err = await sdkError(g.client.chat.completions.create({ model: 'meta-llama/llama-3.3-70b-instruct:free', messages, stream: true }));
-    expect(err.status).toBe(502);
-    expect(err.code).toBe('upstream_bad_response');
-    expect(err.message).toContain('429');
+    expect(err.status).toBe(429);
+    expect(err.type).toBe('rate_limit_error');
+    expect(err.code).toBe('429');
+    expect(err.message).toContain('Rate limit exceeded: free-models-per-min.');
     expect(err.headers?.get('x-should-retry')).toBe('false');
     expect(err.headers?.get('x-stormgate-attempts')).toBe('2');
     expect(g.seen.a).toHaveLength(2);

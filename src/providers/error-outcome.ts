@@ -152,11 +152,12 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string)
 
 /**
  * The status an error code inside a 2xx stands for, when it is not a broken stream: 400 for one that blames the request
- * (a content policy, the context length, an input it cannot use); 429 for a rate limit (the Responses API reports one
+ * (a content policy, the context length, an input it cannot use); 429 for a rate limit, named or as its status (the Responses API reports one
  * as a response.failed or an error event after response.created: read as a broken stream, it was retried at the
  * backoff's pace, counted as a breaker failure, where a 429 never opens it, and ended as a 502).
  */
 function statusOfErrorCode(code: string): 400 | 429 | undefined {
-  if (RATE_LIMIT_CODES.has(code)) return 429;
+  // OpenRouter's code is the status it stands for, a number (`"code": 429`) sent in the 200 of a stream it had begun.
+  if (RATE_LIMIT_CODES.has(code) || code === '429') return 429;
   return CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code) ? 400 : undefined;
 }
