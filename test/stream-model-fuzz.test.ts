@@ -537,15 +537,15 @@ function streamed(c: Case, script: AttemptScript, from: number, times: number[],
   };
   for (const e of head) forward(e);
   let lastAt = startAt;
-  /** When the wait for the end after the last finish began: events put it off for idleMs from here, no longer. */
-  let graceAt: number | undefined;
+  /** When every choice had finished: events put the end off for idleMs from here, no longer (the usage asked for or not). */
+  let finishedAt: number | undefined;
   for (let i = from; i < script.events.length; i++) {
     const e = script.events[i]!;
-    if (graceAt === undefined && allFinished() && (!c.usage || usageSeen)) graceAt = lastAt;
+    if (finishedAt === undefined && allFinished()) finishedAt = lastAt;
     if (!outputSeen && times[i]! > firstOutputBy) return { ...broken('stalled'), pingsBeforeEndVary: true };
     // Past idleMs of pings after the finish, which of them came before the end depends on the machine's timing.
-    if (times[i]! - lastAt > quietMs()) return graceAt !== undefined && lastAt > graceAt ? { ...broken('stalled'), pingsBeforeEndVary: true } : broken('stalled');
-    if (graceAt === undefined || times[i]! < graceAt + idleMs) lastAt = Math.max(lastAt, times[i]!);
+    if (times[i]! - lastAt > quietMs()) return finishedAt !== undefined && lastAt > finishedAt ? { ...broken('stalled'), pingsBeforeEndVary: true } : broken('stalled');
+    if (finishedAt === undefined || times[i]! < finishedAt + idleMs) lastAt = Math.max(lastAt, times[i]!);
     const m = e.meaning;
     if (m.m === 'output' || m.m === 'finish') outputSeen = true;
     switch (m.m) {

@@ -179,8 +179,10 @@ export class LiveStream {
   #events = 0;
   #dropped = 0;
   readonly #progress: AnswerProgress;
-  /** When the wait for [DONE] after the last finish began (performance.now()), once it has. */
-  #graceArmedAt: number | undefined;
+  /** The wait for [DONE] after the last finish has begun. */
+  #graceArmed = false;
+  /** When every choice had finished (performance.now()), once they have: pings put the end off for idleMs from here at most. */
+  #finishedAt: number | undefined;
   #kind: StreamEndKind = 'client-gone';
   #accountRefused = false;
   #upstreamBroke: FailureFacts | undefined;
@@ -257,8 +259,9 @@ export class LiveStream {
       while (!over) {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
         // reads slowly (backpressure holds the generator at its yield) is not an upstream stall. After the last finish,
-        // pings put the wait for [DONE] off for idleMs at most: an upstream that pinged on for ever never got its end.
-        if (progressed && (this.#graceArmedAt === undefined || performance.now() - this.#graceArmedAt < this.#opts.idleMs)) this.#idle!.refresh();
+        // pings put the wait for the end off for idleMs at most: an upstream that pinged on for ever never got its end,
+        // whether [DONE] was waited for or a usage chunk that never came (a server that ignores include_usage).
+        if (progressed && (this.#finishedAt === undefined || performance.now() - this.#finishedAt < this.#opts.idleMs)) this.#idle!.refresh();
         this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
         let read: IteratorResult<Buffer>;
@@ -423,9 +426,10 @@ export class LiveStream {
     // The usage the client asked for is due unless it has come; a translated stream's is the translator's, known from the
     // upstream's own events (Anthropic's message_start) and written at the end: waited for, it kept the client idleMs.
     const usageDue = shape.usage && (this.#opts.translate?.usage() ?? this.#usage) === undefined;
-    if (this.#progress.finished && this.#graceArmedAt === undefined && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
+    if (this.#progress.finished) this.#finishedAt ??= performance.now();
+    if (this.#progress.finished && !this.#graceArmed && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
       // After the last finish only [DONE] is left: wait afterFinishMs for it (a second; a whole idle period on Azure).
-      this.#graceArmedAt = performance.now();
+      this.#graceArmed = true;
       clearTimeout(this.#idle);
       this.#idle = this.#armIdle(Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
     }
