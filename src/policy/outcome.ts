@@ -186,9 +186,10 @@ export function isContextLengthMessage(message: string): boolean {
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
 /**
  * Codes that name a rate limit: OpenAI's 429 `rate_limit_exceeded`, which the Responses API also reports inside a 2xx
- * (ResponseError.code of a `response.failed`, or an `error` event) once it has sent `response.created`.
+ * (ResponseError.code of a `response.failed`, or an `error` event) once it has sent `response.created`; and the status
+ * itself, which OpenRouter sends as the code (`"code": 429`, read as its digits) in the 200 of a stream it had begun.
  */
-export const RATE_LIMIT_CODES: ReadonlySet<string> = new Set(['rate_limit_exceeded']);
+export const RATE_LIMIT_CODES: ReadonlySet<string> = new Set(['rate_limit_exceeded', '429']);
 /**
  * Codes of the Responses API's `response.failed` (ResponseError.code) that say the request itself is at fault (an
  * input image it cannot use): sending it again, here or to another target, gets the same answer.

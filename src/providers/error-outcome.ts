@@ -157,7 +157,6 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string)
  * backoff's pace, counted as a breaker failure, where a 429 never opens it, and ended as a 502).
  */
 function statusOfErrorCode(code: string): 400 | 429 | undefined {
-  // OpenRouter's code is the status it stands for, a number (`"code": 429`) sent in the 200 of a stream it had begun.
-  if (RATE_LIMIT_CODES.has(code) || code === '429') return 429;
+  if (RATE_LIMIT_CODES.has(code)) return 429;
   return CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code) ? 400 : undefined;
 }
