@@ -4,9 +4,8 @@
 // the Redis parts on a real redis-server; the stream on a scripted upstream.
 import { describe, expect, it } from 'vitest';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { LiveStream, type StreamEnd } from '../src/pipeline/live-stream.ts';
-import { SseParser } from '../src/streaming/sse-parser.ts';
-import { upstream, type Step } from './helpers/live-stream.ts';
+import type { LiveStream, StreamEnd } from '../src/pipeline/live-stream.ts';
+import { handedOverStream, upstream, type Step } from './helpers/live-stream.ts';
 import { ProviderPool, type SlotRequest } from '../src/pools/provider-pool.ts';
 import { rateOf } from '../src/policy/client-rate.ts';
 import { flush } from './helpers/client-pool.ts';
@@ -113,24 +112,7 @@ const DONE = 'data: [DONE]\n\n';
 /** A chat stream handed over with its first output, reading `rest`, with its own idleMs and afterFinishMs. */
 function stream(rest: Step[], idleMs: number, afterFinishMs?: number): { live: LiveStream; ended: Promise<StreamEnd> } {
   const controller = new AbortController();
-  const parser = new SseParser();
-  const live = new LiveStream({
-    api: 'chat',
-    shape: { choices: 1, usage: false },
-    head: '',
-    pending: parser.push(Buffer.from(chunk('Hel'))),
-    parser,
-    iterator: upstream(controller, rest),
-    translate: undefined,
-    controller,
-    requestSignal: new AbortController().signal,
-    detach: () => undefined,
-    idleMs,
-    ...(afterFinishMs !== undefined && { afterFinishMs }),
-    apiKey: 'sk-provider',
-  });
-  const ended = new Promise<StreamEnd>((resolve) => (live.onEnd = resolve));
-  return { live, ended };
+  return handedOverStream({ first: chunk('Hel'), iterator: upstream(controller, rest), controller, idleMs, ...(afterFinishMs !== undefined && { afterFinishMs }) });
 }
 
 /** Reads the whole stream; after the part that holds the finish, takes nothing for `pauseMs`. */

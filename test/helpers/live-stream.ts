@@ -14,6 +14,8 @@ export function handedOverStream(o: {
   api?: ApiKind;
   shape?: StreamShape;
   idleMs?: number;
+  /** How long a finished answer waits for the upstream's own end; the LiveStream's default (a second) when absent. */
+  afterFinishMs?: number;
   apiKey?: string;
   /**
    * Handed over before its first output (`first` holds none: a role chunk, a background response's response.created),
@@ -36,6 +38,7 @@ export function handedOverStream(o: {
     requestSignal: new AbortController().signal,
     detach: () => undefined,
     idleMs: o.idleMs ?? 2_000,
+    ...(o.afterFinishMs !== undefined && { afterFinishMs: o.afterFinishMs }),
     ...(firstTokenTimer && { firstTokenTimer }),
     apiKey: o.apiKey ?? 'sk-provider',
   });
