@@ -124,10 +124,13 @@ function answer(r: Rng): Answer {
   return { blocks, stopReason: pick(r, STOP_REASONS), startUsage, deltaUsage };
 }
 
-/** The usage the answer ends with: message_start's, each field updated by a non-null message_delta one. */
+/**
+ * The usage the answer ends with: message_start's, each field updated by a non-null message_delta one. The counts are
+ * cumulative, so they only grow: a lower one (a compatible server's `input_tokens: 0`) leaves the count as it was.
+ */
 function finalUsage(a: Answer): Usage {
   const u: Record<string, unknown> = { ...a.startUsage };
-  for (const [k, v] of Object.entries(a.deltaUsage)) if (v !== null) u[k] = v;
+  for (const [k, v] of Object.entries(a.deltaUsage)) if (v !== null) u[k] = typeof u[k] === 'number' ? Math.max(u[k] as number, v) : v;
   return u as unknown as Usage;
 }
 

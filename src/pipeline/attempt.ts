@@ -217,6 +217,8 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     // An error object with a 200 that names the gateway's own account is the 429, 402, 401 or 403 it stands for.
     const account = wrong.ran ? undefined : accountErrorOf(raw);
     if (account) return accountResult(account, headers);
+    const meant = wrong.ran ? undefined : familyErrorIn200(req, raw, headers);
+    if (meant) return meant;
     return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   }
   // A Response whose status is failed is judged as its stream's response.failed before any output would be: retried
@@ -228,7 +230,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     // Another family's error object with a 200 (Anthropic's {"type":"error"}), read in OpenAI terms as above.
     const account = accountErrorOf(req.translator!.error(statusCode, raw).body);
     if (account) return accountResult(account, headers);
-    return { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
+    return familyErrorIn200(req, raw, headers) ?? { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   }
   return { outcome: { kind: 'ok', status }, status, headers, body };
 }
@@ -249,6 +251,18 @@ function failureResult(req: AttemptRequest, verdict: ErrorVerdict, status: numbe
   // One that stands for a status (the gateway's account) is logged with that status, as it would have come.
   const failedStatus = verdict.outcome?.kind === 'http' ? verdict.outcome.status : status;
   return { outcome: verdict.outcome ?? { kind: 'bad-stream', detail: verdict.failure, ran: true }, status: failedStatus, headers };
+}
+
+/**
+ * A family's own error object answered with a 200 (a relay in front of Anthropic that puts its errors in a 200 body):
+ * the error answer its type stands for, as the same object in an error event before a stream's first output is
+ * (`overloaded_error` a 529, ...). Read as a body that is not an answer, an overload reached the client as a 502.
+ */
+function familyErrorIn200(req: AttemptRequest, raw: Buffer, headers: HeaderBag): AttemptResult | undefined {
+  const meaning = req.errorEventMeaning?.(raw);
+  if (!meaning) return undefined;
+  const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.status, meaning.body), hint: undefined };
+  return { outcome, status: meaning.status, headers, body: withoutKey(req.translator ? meaning.body : raw, req.client.config.apiKey) };
 }
 
 function accountResult(account: { status: number; code: string }, headers: HeaderBag): AttemptResult {

@@ -242,6 +242,7 @@ function charsOf(v: unknown, depth = 0): number {
 
 interface AnthropicEvent {
   type?: unknown;
+  error?: unknown;
   content_block?: { type?: unknown; text?: unknown; thinking?: unknown };
   delta?: { type?: unknown; text?: unknown; thinking?: unknown; partial_json?: unknown; stop_reason?: unknown };
 }
@@ -250,7 +251,9 @@ interface AnthropicEvent {
  * Anthropic Messages events. Output: a content block's delta with something in it, or a block that opens with its
  * content (a tool call's name, a server tool's result); a text or thinking block opens empty, and is not. The answer
  * finishes with the message_delta that carries its stop_reason, and ends with message_stop. Types the API adds
- * later keep the stream alive, as pings do.
+ * later keep the stream alive, as pings do. An error object in data without a type is an error: a proxy may
+ * write its error as data alone (`{"error": {...}}`, no `event:` line, no `type`). Read as a keepalive, it held the
+ * stream until its first-token or idle timeout, and the client got a 504 or a stall for what was an overload.
  */
 function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMeaning {
   const type = typeof ev.type === 'string' ? ev.type : eventField ?? '';
@@ -276,7 +279,8 @@ function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMe
       return 'output';
     }
     default:
-      return 'keepalive';
+      // Only without a type of its own: an event type Anthropic adds may carry an error of a part (a tool's), not the stream's.
+      return typeof ev.type !== 'string' && present(ev.error) ? 'error' : 'keepalive';
   }
 }
 

@@ -40,6 +40,7 @@ interface Data {
   content_block?: { type?: unknown; id?: unknown; name?: unknown; input?: unknown; text?: unknown; thinking?: unknown };
   delta?: { type?: unknown; text?: unknown; partial_json?: unknown; thinking?: unknown; stop_reason?: unknown };
   usage?: AnthropicUsage;
+  error?: unknown;
 }
 
 const DONE = 'data: [DONE]\n\n';
@@ -105,11 +106,18 @@ export class AnthropicStreamTranslator {
       case 'ping':
         return [PING];
       case 'error':
-        this.#over = true;
-        return [`data: ${JSON.stringify({ error: toOpenAIError(0, data).body.error })}\n\n`];
+        return this.#error(data);
       default:
+        // An error object in data without a type is an error all the same: a proxy in front of Anthropic may write it
+        // so (`{"error": {...}}`, no `event:` line); dropped, the stream stalled until a timeout that named no overload.
+        if (typeof data.type !== 'string' && data.error != null) return this.#error(data);
         return []; // Anthropic may add event types within an API version; ignoring them is the documented contract
     }
+  }
+
+  #error(data: Data): string[] {
+    this.#over = true;
+    return [`data: ${JSON.stringify({ error: toOpenAIError(0, data).body.error })}\n\n`];
   }
 
   /** Call when the upstream stream ends: completes an answer that finished without its message_stop. */
@@ -188,9 +196,15 @@ export class AnthropicStreamTranslator {
 
   #messageDelta(data: Data): string[] {
     const u = data.usage ?? {};
-    // message_delta usage is cumulative; a null field means "unchanged since message_start".
+    // message_delta usage is cumulative; a null field means "unchanged since message_start". Counts only grow: an
+    // Anthropic-compatible server that writes `input_tokens: 0` there (SGLang did, on purpose) does not undo the input
+    // message_start reported, which billed the prompt as 0 tokens (laterUsage reads a native stream the same way).
     const usage = this.#usage as Record<string, unknown>;
-    for (const [key, value] of Object.entries(u)) if (value != null) usage[key] = value;
+    for (const [key, value] of Object.entries(u)) {
+      if (value == null) continue;
+      const before = usage[key];
+      usage[key] = typeof value === 'number' && typeof before === 'number' ? Math.max(before, value) : value;
+    }
     const stop = data.delta?.stop_reason;
     if (typeof stop !== 'string' || this.#finish !== null) return [];
     this.#finish = toFinishReason(stop);
