@@ -183,7 +183,7 @@ describe('a provider behind a private CA', () => {
         'routes:\n  - { name: chat, match: { path: /v1/chat/completions }, targets: [{ provider: vllm }] }\n',
     );
     expect(() => loadConfigFile(file, {})).toThrow(ConfigError);
-    expect(() => loadConfigFile(file, {})).toThrow(`${file}: providers.vllm.tls.caFile: cannot read ${certs.dir}/nope.pem (ENOENT)`);
+    expect(() => loadConfigFile(file, {})).toThrow(`${file}:2: providers.vllm.tls.caFile: cannot read ${certs.dir}/nope.pem (ENOENT)`);
   });
 
   it('refuses tls on a provider whose baseUrl is http://', () => {

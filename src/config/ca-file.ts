@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { X509Certificate } from 'node:crypto';
 import type { Config } from './schema.ts';
-import type { ConfigIssue } from './errors.ts';
+import { formatPath, type ConfigIssue } from './errors.ts';
 
 /** A CA file's PEM, or what is wrong with it, in words for the operator (the path, the errno; never its content). */
 export function readCaFile(file: string): { pem: string } | { problem: string } {
@@ -24,10 +24,11 @@ export function readCaFile(file: string): { pem: string } | { problem: string } 
   return { pem };
 }
 
-/** Every provider's caFile that cannot be used, as config issues. */
-export function caFileIssues(config: Config): ConfigIssue[] {
+/** Every provider's caFile that cannot be used, as config issues; `at` is the data path, for the issue's line. */
+export function caFileIssues(config: Config): Array<ConfigIssue & { at: string[] }> {
   return Object.entries(config.providers).flatMap(([name, p]) => {
     const read = p.tls?.caFile ? readCaFile(p.tls.caFile) : undefined;
-    return read && 'problem' in read ? [{ path: `providers.${name}.tls.caFile`, message: read.problem }] : [];
+    const at = ['providers', name, 'tls', 'caFile'];
+    return read && 'problem' in read ? [{ at, path: formatPath(at), message: read.problem }] : [];
   });
 }

@@ -21,9 +21,14 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
     throw new UnreadableConfigError(file, err as Error);
   }
   const config = parseConfig(text, file, env);
-  // The files the config names, once it is valid: a CA file that cannot be used fails start-up as a config problem.
+  // The files the config names, once it is valid: a CA file that cannot be used fails start-up as a config problem,
+  // at the line that names it.
   const issues = caFileIssues(config);
-  if (issues.length > 0) throw new ConfigError(file, issues);
+  if (issues.length > 0) {
+    const lineCounter = new LineCounter();
+    const doc = parseDocument(text, { lineCounter, merge: true });
+    throw new ConfigError(file, issues.map(({ at, ...issue }) => ({ ...issue, line: lineOf(doc, lineCounter, at) })));
+  }
   return config;
 }
 
@@ -66,6 +71,13 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
   // Top-level `x-` keys are the file's own (as in docker compose): a place for anchors that merge keys bring in.
   if (typeof data === 'object' && !Array.isArray(data)) {
     for (const key of Object.keys(data)) if (key.startsWith('x-')) delete (data as Record<string, unknown>)[key];
+  }
+
+  // An optional provider runs without its key, but only an empty one: an unset ${VAR} is still an error, which says how.
+  for (const [n, i] of envIssues.entries()) {
+    if (i.missingVar !== undefined && isProviderKey(i.path) && i.path.length === 3 && i.path[0] === 'providers' && optionalAt(data, i.path[1]!)) {
+      issues[n]!.message += `; the provider is optional: write "\${${i.missingVar}:-}" to start without it when the variable is unset`;
+    }
   }
 
   for (const at of reservedKeys(data, [])) {
@@ -140,6 +152,8 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
       // prettyErrors appends "at line L, column C:" and a source excerpt; the location goes in front instead.
       let message = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '');
       let path = '';
+      // The library's words name the call to make instead ("please use YAML.parseAllDocuments()").
+      if (e.code === 'MULTIPLE_DOCS') message = 'the file holds more than one YAML document (this --- line starts another): the gateway reads one; remove the line and what follows it, or merge them into one mapping';
       if (e.code === 'DUPLICATE_KEY') {
         const dup = keyAtOffset(doc, e.pos[0]);
         if (dup) {
@@ -161,9 +175,16 @@ function withoutEnvValues(message: string, node: unknown, fromEnv: ReadonlyArray
   const source = node === undefined ? undefined : fromEnv.find((f) => f.node === node);
   if (!source || source.names.length === 0) return message;
   const value = valueAt(data, at);
+  const named = `the value of ${source.names.map((n) => `$${n}`).join(', ')}`;
+  // A number or true/false, as YAML typed an unquoted ${VAR}, is shown where a message shows one (` (N)`, `received N`,
+  // `got N`): only there, a bare number being any message's.
+  if (typeof value === 'number' || typeof value === 'boolean') {
+    const shown = String(value);
+    return message.replaceAll(` (${shown})`, ` (${named})`).replaceAll(`received ${shown}`, `received ${named}`).replaceAll(`got ${shown}`, `got ${named}`);
+  }
   // Messages quote what they received ("..."): that quoted form is replaced, never bare text that could be any word.
   if (typeof value !== 'string' || value === '') return message;
-  return message.replaceAll(JSON.stringify(value), `the value of ${source.names.map((n) => `$${n}`).join(', ')}`);
+  return message.replaceAll(JSON.stringify(value), named);
 }
 
 /** Paths of `__proto__` keys, which the YAML parser keeps as keys but zod's maps leave out. */
@@ -171,6 +192,11 @@ function reservedKeys(value: unknown, path: Array<string | number>): Array<Array
   if (value === null || typeof value !== 'object') return [];
   const own = Object.hasOwn(value, '__proto__') ? [[...path, '__proto__']] : [];
   return [...own, ...Object.entries(value).flatMap(([key, v]) => reservedKeys(v, [...path, Array.isArray(value) ? Number(key) : key]))];
+}
+
+/** Whether `providers.<name>.optional` is true in the data. */
+function optionalAt(data: unknown, name: string | number): boolean {
+  return valueAt(data, ['providers', name, 'optional']) === true;
 }
 
 function valueAt(data: unknown, path: readonly PropertyKey[]): unknown {

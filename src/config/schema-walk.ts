@@ -93,3 +93,23 @@ export function mapValueKind(root: Schema, path: readonly PropertyKey[]): 'strin
   const value = def?.type === 'record' ? (unwrap(def.valueType) as core.$ZodTypes)._zod.def.type : undefined;
   return value === 'string' ? 'string' : 'object';
 }
+
+/**
+ * Where `key` is valid below `path`, at the nearest level down that has it (at most `maxDepth` levels): `retry.maxAttempts`
+ * for a route's `maxAttempts`, `targets[].provider` for its `provider`. Maps of names (`providers.<name>`) are not entered.
+ */
+export function placesBelow(root: Schema, path: readonly PropertyKey[], key: string, maxDepth = 2): string[] {
+  let level: Array<{ at: PropertyKey[]; shown: string }> = [{ at: [...path], shown: '' }];
+  for (let depth = 0; depth < maxDepth && level.length > 0; depth++) {
+    level = level.flatMap(({ at, shown }) =>
+      keysAt(root, at).map((child) => {
+        const s = schemaAt(root, [...at, child]);
+        const list = s !== undefined && (unwrap(s) as core.$ZodTypes)._zod.def.type === 'array';
+        return { at: list ? [...at, child, 0] : [...at, child], shown: `${shown ? `${shown}.` : ''}${child}${list ? '[]' : ''}` };
+      }),
+    );
+    const found = level.filter(({ at }) => keysAt(root, at).includes(key)).map(({ shown }) => `${shown}.${key}`);
+    if (found.length > 0) return found;
+  }
+  return [];
+}

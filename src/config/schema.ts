@@ -222,6 +222,12 @@ const ProviderSchema = z
       .describe('Egress proxy the provider is reached through, as an http:// or https:// URL, e.g. "${HTTPS_PROXY:-}" (empty: none). Connections are tunnelled with HTTP CONNECT; a user:password in the URL is sent as the proxy\'s Basic credentials and never logged. Default: none (the gateway does not read HTTPS_PROXY by itself: a provider on the company network usually must not go through it).'),
     tls: ProviderTlsSchema.optional(),
     apiKey: headerSecret()
+      // The Authorization header's scheme written with the key: the provider got "Bearer Bearer sk-..." and a 401.
+      // `$OPENAI_API_KEY` (shell and docker compose style) is text here: the provider got the variable's name as the key.
+      .superRefine((key, ctx) => {
+        if (/^\$[A-Za-z_][A-Za-z0-9_]*$/.test(key)) ctx.addIssue({ code: 'custom', message: `is "${key}", which is text, not a reference to the variable: write \${${key.slice(1)}}` });
+      })
+      .refine((key) => !/^bearer\s/i.test(key), { message: 'starts with "Bearer ", which the gateway writes itself (Authorization: Bearer <key>; x-api-key or api-key for anthropic and azure-openai): write the key alone, e.g. "${OPENAI_API_KEY}"' })
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.prefault({}),
     maxConnections: z.number().int().positive().default(128)

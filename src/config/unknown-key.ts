@@ -1,6 +1,6 @@
 // An unknown key is nearly always a typo or an old name, so the error says which key was meant.
 import type { core } from 'zod';
-import { genericPath, keysAt } from './schema-walk.ts';
+import { genericPath, keysAt, placesBelow } from './schema-walk.ts';
 
 /**
  * Keys that were renamed, by documented path (`routes[].retry.attempts`). A renamed key fails with a pointer
@@ -19,6 +19,11 @@ export function explainUnknownKey(root: core.$ZodType, parentPath: readonly Prop
   if (renamed) return `unknown key "${key}"; it was renamed to "${renamed}"`;
   const valid = keysAt(root, parentPath);
   const guess = closest(key, valid);
+  // A key of a level down, written a level too high (a route's `maxAttempts`, a provider's `connectMs`): where it goes,
+  // not the nearest word of this level (`minAttemptMs`). A key of this level one letter off (`provider` at the top) is
+  // that key misspelt.
+  const below = guess !== undefined && levenshtein(key.toLowerCase(), guess.toLowerCase()) <= 1 ? [] : placesBelow(root, parentPath, key);
+  if (below.length > 0) return `unknown key "${key}"; did you mean ${below.join(' or ')}?`;
   if (guess) return `unknown key "${key}"; did you mean "${guess}"?`;
   return valid.length ? `unknown key "${key}"; valid keys: ${valid.join(', ')}` : `unknown key "${key}"`;
 }

@@ -6,10 +6,32 @@ const REDACTED = '[redacted]';
 /** Shorter "keys" (a local server's `x`) would redact ordinary words. */
 const MIN_KEY_LENGTH = 8;
 
-/** `text` without `key`; the same object when the key is not in it (the common case costs one search). */
+/**
+ * The forms a provider may quote `key` in: as it is, and as a JSON encoder writes it in a string (`"` and `\\`
+ * escaped; `/` as `\/` in PHP's and some Java encoders; `<` `>` `&` as `\u003c` in Go's) or a URL encodes it. A key of
+ * letters, digits, `-` and `_` (most providers') has the one form. Made once per key: a gateway has a few.
+ */
+function formsOf(key: string): readonly string[] {
+  let forms = FORMS.get(key);
+  if (forms === undefined) {
+    const json = JSON.stringify(key).slice(1, -1);
+    const goJson = json.replace(/[<>&]/g, (c) => `\\u00${c.charCodeAt(0).toString(16)}`);
+    // Longest first, so that no form is replaced inside a longer one that holds it.
+    forms = [...new Set([key, json, json.replaceAll('/', '\\/'), goJson, goJson.replaceAll('/', '\\/'), encodeURIComponent(key)])].sort((a, b) => b.length - a.length);
+    FORMS.set(key, forms);
+  }
+  return forms;
+}
+const FORMS = new Map<string, readonly string[]>();
+
+/** `text` without `key` in any of its forms; the same object when none is in it (the common case costs one search). */
 export function withoutKey<T extends Buffer | string>(text: T, key: string): T {
-  if (key.length < MIN_KEY_LENGTH || !text.includes(key)) return text;
-  const clean = text.toString().replaceAll(key, REDACTED);
+  if (key.length < MIN_KEY_LENGTH) return text;
+  const forms = formsOf(key);
+  const found = forms.length === 1 ? (text.includes(key) ? forms : []) : forms.filter((form) => text.includes(form));
+  if (found.length === 0) return text;
+  let clean = text.toString();
+  for (const form of found) clean = clean.replaceAll(form, REDACTED);
   return (typeof text === 'string' ? clean : Buffer.from(clean)) as T;
 }
 
@@ -28,12 +50,19 @@ export function withoutKeyCut<T extends Buffer | string>(text: T, key: string): 
   const clean = withoutKey(text, key);
   if (key.length < MIN_KEY_LENGTH) return clean;
   const s = clean.toString();
-  for (let n = Math.min(key.length - 1, s.length); n >= MIN_KEY_START; n--) {
-    if (!s.endsWith(key.slice(0, n))) continue;
-    const cut = `${s.slice(0, s.length - n)}${REDACTED}`;
-    return (typeof text === 'string' ? cut : Buffer.from(cut)) as T;
+  // The longest start of any form: an escaped key's start may end like a shorter start of the key as it is.
+  let longest = 0;
+  for (const form of formsOf(key)) {
+    for (let n = Math.min(form.length - 1, s.length); n >= Math.max(MIN_KEY_START, longest + 1); n--) {
+      if (s.endsWith(form.slice(0, n))) {
+        longest = n;
+        break;
+      }
+    }
   }
-  return clean;
+  if (longest === 0) return clean;
+  const cut = `${s.slice(0, s.length - longest)}${REDACTED}`;
+  return (typeof text === 'string' ? cut : Buffer.from(cut)) as T;
 }
 
 /** A header value (one string, or a list of them) without `key`. */
