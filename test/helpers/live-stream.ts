@@ -3,6 +3,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AttemptTimeout } from '../../src/pipeline/abort-reasons.ts';
 import { LiveStream, type StreamEnd } from '../../src/pipeline/live-stream.ts';
+import type { StreamTranslator } from '../../src/providers/families.ts';
 import type { ApiKind } from '../../src/routing/router.ts';
 import { SseParser } from '../../src/streaming/sse-parser.ts';
 import type { StreamShape } from '../../src/streaming/stream-events.ts';
@@ -17,6 +18,10 @@ export function handedOverStream(o: {
   /** How long a finished answer waits for the upstream's own end; the LiveStream's default (a second) when absent. */
   afterFinishMs?: number;
   apiKey?: string;
+  /** What the client was sent before the hand-over (the events before the first output); none by default. */
+  head?: string;
+  /** A translated stream's translator (its upstream's events into the client's API); none by default. */
+  translate?: StreamTranslator;
   /**
    * Handed over before its first output (`first` holds none: a role chunk, a background response's response.created),
    * with this much left of the attempt's first-token timer, which then aborts `controller` as runAttempt's does.
@@ -29,11 +34,11 @@ export function handedOverStream(o: {
   const live = new LiveStream({
     api: o.api ?? 'chat',
     shape: o.shape ?? { choices: 1, usage: false },
-    head: '',
+    head: o.head ?? '',
     pending: parser.push(typeof o.first === 'string' ? Buffer.from(o.first) : o.first),
     parser,
     iterator: o.iterator,
-    translate: undefined,
+    translate: o.translate,
     controller: o.controller,
     requestSignal: new AbortController().signal,
     detach: () => undefined,
