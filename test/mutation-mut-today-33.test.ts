@@ -11,7 +11,8 @@ import { RedisBudget } from '../src/state/redis-budget.ts';
 import type { RedisHealth } from '../src/state/redis-health.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { defineScripts, type ScriptClient } from '../src/state/redis-scripts.ts';
-import { ProviderPool, type PoolClass, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { ProviderPool, type PoolClass, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { clientReq, slot } from './helpers/client-pool.ts';
 
 import { useRedisServer } from './helpers/redis-server.ts';
 import { cutAndFleet } from './helpers/redis-stores.ts';
@@ -32,12 +33,7 @@ function pool(capacity: number, opts: { retryCapacity?: number; classes?: PoolCl
   );
   return { p, clock };
 }
-const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-async function slot(p: ProviderPool, r: SlotRequest): Promise<Slot> {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-  return a.slot;
-}
+const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => clientReq(undefined, { cls, ...extra });
 
 describe('the provider pool: demand the fleet is told', () => {
   it('counts requests that queued and left before the exchange in the peak demand', async () => {

@@ -10,12 +10,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import type { LiveStream, StreamEnd } from '../src/pipeline/live-stream.ts';
 import { rateOf } from '../src/policy/client-rate.ts';
-import { ProviderPool, retryTurnMs, type Acquired, type PoolObserver, type Slot, type SlotRequest } from '../src/pools/provider-pool.ts';
+import { ProviderPool, retryTurnMs, type Acquired, type PoolObserver, type SlotRequest } from '../src/pools/provider-pool.ts';
 import type { StreamTranslator } from '../src/providers/families.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { SseParser } from '../src/streaming/sse-parser.ts';
-import { flush } from './helpers/client-pool.ts';
+import { clientReq, flush, slot } from './helpers/client-pool.ts';
 import { handedOverStream, readAll, upstream, type Step } from './helpers/live-stream.ts';
 import { useRedisServerWithAdmin } from './helpers/redis-server.ts';
 import { cutAndFleet, loggedStores, README_ACL } from './helpers/redis-stores.ts';
@@ -29,12 +29,7 @@ function pool(capacity: number, shares: Record<string, number>, rates?: Rates, o
   const p = new ProviderPool({ provider: 'p', capacity, retryCapacity: capacity, classes, decrease: 0.9, minLimit: 1, rates }, () => clock.now, observer);
   return { p, clock };
 }
-const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => ({ cls, target: 'p/m', retry: false, deadlineAtMs: 600_000, minAttemptMs: 0, signal: new AbortController().signal, ...extra });
-async function slot(p: ProviderPool, r: SlotRequest): Promise<Slot> {
-  const a = await p.acquire(r);
-  if (!a.ok) throw new Error(`not acquired: ${a.reason}`);
-  return a.slot;
-}
+const req = (cls: number, extra: Partial<SlotRequest> = {}): SlotRequest => clientReq(undefined, { cls, ...extra });
 /** Which of `waits` have been answered (granted or not) once pending work has run. */
 async function answered(waits: Promise<Acquired>[]): Promise<boolean[]> {
   const done = waits.map(() => false);
