@@ -325,7 +325,11 @@ async function runCall(clients: Map<string, OpenAI>, c: Call): Promise<Settled> 
         for await (const chunk of s as unknown as AsyncIterable<OpenAI.ChatCompletionChunk>) {
           if (chunk.choices[0]?.delta?.content) chunks++;
           finish ??= chunk.choices[0]?.finish_reason;
-          if (chunks >= afterChunks) ctrl.abort();
+          if (chunks >= afterChunks) {
+            // A user who cancels stops reading: a read after the abort can wait for ever in the client (cancel-storm.ts).
+            ctrl.abort();
+            break;
+          }
         }
         if (!finish) return done(ctrl.signal.aborted ? 'aborted' : `bad-answer chat stream ended cleanly after ${chunks} chunks without a finish_reason`);
         break;
@@ -347,7 +351,10 @@ async function runCall(clients: Map<string, OpenAI>, c: Call): Promise<Settled> 
         for await (const e of s as unknown as AsyncIterable<OpenAI.Responses.ResponseStreamEvent>) {
           if (e.type === 'response.output_text.delta') deltas++;
           if (e.type === 'response.completed') completed = true;
-          if (deltas >= afterChunks) ctrl.abort();
+          if (deltas >= afterChunks) {
+            ctrl.abort();
+            break;
+          }
         }
         if (!completed) return done(ctrl.signal.aborted ? 'aborted' : `bad-answer responses stream ended cleanly after ${deltas} deltas without response.completed`);
         break;

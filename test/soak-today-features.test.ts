@@ -355,7 +355,11 @@ async function tryOnce(client: OpenAI, c: Call, seen: string[]): Promise<Ending>
         text += content;
       }
       finish ??= chunk.choices[0]?.finish_reason;
-      if (c.cancel && 'afterChunks' in c.cancel && chunks >= c.cancel.afterChunks) ctrl.abort();
+      if (c.cancel && 'afterChunks' in c.cancel && chunks >= c.cancel.afterChunks) {
+        // A user who cancels stops reading: a read after the abort can wait for ever in the client (cancel-storm.ts).
+        ctrl.abort();
+        break;
+      }
     }
     if (!finish) return ctrl.signal.aborted ? 'aborted' : `bad stream ended clean after ${chunks} chunks without its finish`;
     const want = Array.from({ length: CHUNKS }, (_, i) => textOf(`soak8 call ${c.id}`, i)).join('');

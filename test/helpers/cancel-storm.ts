@@ -110,7 +110,13 @@ export async function run(clients: OpenAI[], c: Call): Promise<Ending> {
       let chunks = 0;
       for await (const chunk of s) {
         if (chunk.choices[0]?.delta?.content) chunks++;
-        if (c.cancel.kind === 'mid-stream' && chunks >= c.cancel.afterChunks) ctrl.abort();
+        // A user who cancels stops reading too: a read after the abort can wait for ever in the client (the fetch
+        // cancels a body its reader has locked, which throws, and no longer hears of the closed connection), while
+        // the gateway has ended the request.
+        if (c.cancel.kind === 'mid-stream' && chunks >= c.cancel.afterChunks) {
+          ctrl.abort();
+          return 'aborted';
+        }
       }
     } else {
       await client.chat.completions.create({ model, messages }, { headers, signal: ctrl.signal });
