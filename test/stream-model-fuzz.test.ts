@@ -537,15 +537,17 @@ function streamed(c: Case, script: AttemptScript, from: number, times: number[],
   };
   for (const e of head) forward(e);
   let lastAt = startAt;
-  /** When every choice had finished: events put the end off for idleMs from here, no longer (the usage asked for or not). */
+  /** When every choice had finished: the stream ends idleMs from here at the latest (the usage asked for or not). */
   let finishedAt: number | undefined;
   for (let i = from; i < script.events.length; i++) {
     const e = script.events[i]!;
     if (finishedAt === undefined && allFinished()) finishedAt = lastAt;
     if (!outputSeen && times[i]! > firstOutputBy) return { ...broken('stalled'), pingsBeforeEndVary: true };
     // Past idleMs of pings after the finish, which of them came before the end depends on the machine's timing.
-    if (times[i]! - lastAt > quietMs()) return finishedAt !== undefined && lastAt > finishedAt ? { ...broken('stalled'), pingsBeforeEndVary: true } : broken('stalled');
-    if (finishedAt === undefined || times[i]! < finishedAt + idleMs) lastAt = Math.max(lastAt, times[i]!);
+    if (times[i]! - lastAt > quietMs() || (finishedAt !== undefined && times[i]! > finishedAt + idleMs)) {
+      return finishedAt !== undefined && lastAt > finishedAt ? { ...broken('stalled'), pingsBeforeEndVary: true } : broken('stalled');
+    }
+    lastAt = Math.max(lastAt, times[i]!);
     const m = e.meaning;
     if (m.m === 'output' || m.m === 'finish') outputSeen = true;
     switch (m.m) {

@@ -181,8 +181,10 @@ export class LiveStream {
   readonly #progress: AnswerProgress;
   /** The wait for [DONE] after the last finish has begun. */
   #graceArmed = false;
-  /** When every choice had finished (performance.now()), once they have: pings put the end off for idleMs from here at most. */
+  /** When every choice had finished (performance.now()), once they have: the stream ends idleMs from here at the latest. */
   #finishedAt: number | undefined;
+  /** What the idle timer waits for now: idleMs, or afterFinishMs once only [DONE] is left. */
+  #idlePeriodMs = 0;
   #kind: StreamEndKind = 'client-gone';
   #accountRefused = false;
   #upstreamBroke: FailureFacts | undefined;
@@ -225,7 +227,8 @@ export class LiveStream {
    * (client gone) aborts the upstream; a `rest` never read is ended by abandon().
    */
   open(): { first: string; rest: AsyncGenerator<string> } {
-    this.#idle = this.#armIdle(this.#opts.idleMs);
+    this.#idlePeriodMs = this.#opts.idleMs;
+    this.#idle = this.#armIdle(this.#idlePeriodMs);
     // A stream whose first output is among its pending events stops the first-token timer as #take passes it.
     this.#beforeOutput = this.#opts.firstTokenTimer !== undefined;
     // An Anthropic stream tells its input tokens in message_start, before any output; with n > 1, the role chunks
@@ -258,10 +261,8 @@ export class LiveStream {
     try {
       while (!over) {
         // The idle timer counts the upstream's silence only, from when the next event is asked for: a client that
-        // reads slowly (backpressure holds the generator at its yield) is not an upstream stall. After the last finish,
-        // pings put the wait for the end off for idleMs at most: an upstream that pinged on for ever never got its end,
-        // whether [DONE] was waited for or a usage chunk that never came (a server that ignores include_usage).
-        if (progressed && (this.#finishedAt === undefined || performance.now() - this.#finishedAt < this.#opts.idleMs)) this.#idle!.refresh();
+        // reads slowly (backpressure holds the generator at its yield) is not an upstream stall.
+        if (progressed) this.#putIdleOff();
         this.#clientWaitMs = 0;
         this.#awaitingUpstream = true;
         let read: IteratorResult<Buffer>;
@@ -430,10 +431,27 @@ export class LiveStream {
     if (this.#progress.finished && !this.#graceArmed && !usageDue && this.#opts.translate?.usageDue?.() !== true) {
       // After the last finish only [DONE] is left: wait afterFinishMs for it (a second; a whole idle period on Azure).
       this.#graceArmed = true;
-      clearTimeout(this.#idle);
-      this.#idle = this.#armIdle(Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs));
+      this.#idlePeriodMs = Math.min(this.#opts.afterFinishMs ?? AFTER_FINISH_GRACE_MS, this.#opts.idleMs);
+      this.#rearmIdle();
     }
     return false;
+  }
+
+  /**
+   * Restarts the wait for the upstream's next event. After the last finish, never past idleMs from it: an upstream that
+   * pinged on for ever never got its end, whether [DONE] was waited for or a usage chunk that never came (a server
+   * that ignores include_usage), and pings that restarted each wait held the client idleMs and more past the finish.
+   */
+  #putIdleOff(): void {
+    if (this.#finishedAt === undefined) this.#idle!.refresh();
+    else if (performance.now() - this.#finishedAt < this.#opts.idleMs) this.#rearmIdle();
+  }
+
+  /** Arms the idle timer afresh for its period, or what is left of idleMs from the finish when that is less. */
+  #rearmIdle(): void {
+    clearTimeout(this.#idle);
+    const left = this.#finishedAt === undefined ? Infinity : Math.max(0, this.#finishedAt + this.#opts.idleMs - performance.now());
+    this.#idle = this.#armIdle(Math.min(this.#idlePeriodMs, left));
   }
 
   #noteUsage(ev: SseEvent): void {
