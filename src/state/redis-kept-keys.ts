@@ -61,12 +61,13 @@ export class RedisKeptKeys {
       return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
     } catch (err) {
       health.failed(err, redisKey);
+      // Such a claim may turn out not to be its own (the repeat gets the answer): nothing ends it; it goes once lapsed.
+      // First: another request's lapsed one under this key holds it no more, and must not keep this one out below.
+      for (const [k, c] of this.#claimedInRedis) if (c.untilMs <= claim.sinceMs) this.#claimedInRedis.delete(k);
       // The script may have run, and the claim be this request's in Redis: remembered, so its end reaches Redis. Not
       // over another request's here: that one holds the key, and this claim cannot have taken it.
       const remembered = this.#claimedInRedis.get(key);
       if (remembered === undefined || remembered.owner === claim.owner) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs });
-      // Such a claim may turn out not to be its own (the repeat gets the answer): nothing ends it; it goes once lapsed.
-      for (const [k, c] of this.#claimedInRedis) if (c.untilMs <= claim.sinceMs) this.#claimedInRedis.delete(k);
       // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
       // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
       if (health.usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
