@@ -4,17 +4,9 @@
 import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { KeyRecord } from '../src/state/store.ts';
-import { cutAndFleet, eventually } from './helpers/redis-stores.ts';
+import { answer, cutAndFleet, eventually, running } from './helpers/redis-stores.ts';
 import { defaultConfig, useStacks } from './helpers/stack.ts';
 
-const running = (owner: string, sinceMs: number): KeyRecord & { state: 'running' } => ({ state: 'running', fingerprint: 'fp', sinceMs, owner });
-const answer = (text: string): KeyRecord & { state: 'done' } => ({
-  state: 'done',
-  fingerprint: 'fp',
-  bytes: text.length,
-  answer: { status: 200, headers: { 'content-type': 'application/json' }, kind: 'whole', body: Buffer.from(text) },
-});
 
 describe('a run claimed in the process while Redis was away, through a second outage', () => {
   it('claimed in Redis at the return (for what is left of its lease), its end reaches Redis after the next one; one whose key the fleet answered leaves that answer there', async () => {

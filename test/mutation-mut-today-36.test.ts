@@ -20,18 +20,11 @@ import { RedisHealth } from '../src/state/redis-health.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { defineScripts, type ScriptClient } from '../src/state/redis-scripts.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
-import type { BreakerRecord, KeyRecord, StateChange } from '../src/state/store.ts';
+import type { BreakerRecord, StateChange } from '../src/state/store.ts';
 import { useRedisServer, useRedisServerWithAdmin } from './helpers/redis-server.ts';
-import { cutAndFleet, eventually, type LogLine } from './helpers/redis-stores.ts';
+import { answer, cutAndFleet, eventually, running, type LogLine } from './helpers/redis-stores.ts';
 import { testLogSink } from './helpers/stack.ts';
 
-const running = (owner: string, sinceMs: number): KeyRecord & { state: 'running' } => ({ state: 'running', fingerprint: 'fp', sinceMs, owner });
-const answer = (text: string): KeyRecord & { state: 'done' } => ({
-  state: 'done',
-  fingerprint: 'fp',
-  bytes: text.length,
-  answer: { status: 200, headers: { 'content-type': 'application/json' }, kind: 'whole', body: Buffer.from(text) },
-});
 const open = (generation: number): BreakerRecord => ({ state: 'open', sinceMs: Date.now(), openUntilMs: Date.now() + 30_000, probeSuccesses: 0, generation });
 
 describe('the Redis store: first reads and close', () => {

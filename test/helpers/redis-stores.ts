@@ -7,13 +7,23 @@ import pino from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect } from 'vitest';
 import { MemoryStore } from '../../src/state/memory-store.ts';
 import { RedisStore } from '../../src/state/redis-store.ts';
-import type { StateStore } from '../../src/state/store.ts';
+import type { KeyRecord, StateStore } from '../../src/state/store.ts';
 import { startRedis, type RedisHandle } from './redis-server.ts';
 import { testLogSink } from './stack.ts';
 import { startTcpProxy } from './tcp-proxy.ts';
 
 /** The ACL the README gives the gateway's Redis user (its command part). */
 export const README_ACL = ['+@scripting', '+@pubsub', '+@hash', '+@string', '+@sortedset', '+@keyspace', '+@connection', '+info'];
+
+/** An idempotency key's record while `owner` runs it (fingerprint 'fp'). */
+export const running = (owner: string, sinceMs: number): KeyRecord & { state: 'running' } => ({ state: 'running', fingerprint: 'fp', sinceMs, owner });
+/** An idempotency key's whole 200 answer of `text` (fingerprint 'fp'). */
+export const answer = (text: string): KeyRecord & { state: 'done' } => ({
+  state: 'done',
+  fingerprint: 'fp',
+  bytes: text.length,
+  answer: { status: 200, headers: { 'content-type': 'application/json' }, kind: 'whole', body: Buffer.from(text) },
+});
 
 export interface LogLine {
   level: number;
