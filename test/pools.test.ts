@@ -137,6 +137,14 @@ describe('the adaptive limit', () => {
     expect(cur).toBe(st);
   });
 
+  it('counts the 429s earlier in the round trip as in flight: a flood refused at once is our concurrency, however few it holds now', () => {
+    // 30 in flight of 100 when each comes (the refused gave their slots back at once, their retries sleep in backoff):
+    // alone, far from binding; with the 60 refused earlier in this round trip, within a tenth of the limit.
+    const st = initialLimit(settings);
+    expect(onRateLimited(st, settings, 1_000, 200, { total: 30, byClass: [30, 0], refusedLately: 59 })).toBe(st);
+    expect(onRateLimited(st, settings, 1_000, 200, { total: 30, byClass: [30, 0], refusedLately: 60 }).limit).toBeLessThan(100);
+  });
+
   it('never goes below minLimit', () => {
     let st = { ...initialLimit(settings), caps: [100, 10] };
     for (let i = 0; i < 200; i++) st = onRateLimited(st, settings, i * 10, 1, NONE);

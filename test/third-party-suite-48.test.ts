@@ -24,6 +24,7 @@ import { TOOL_ARGUMENTS } from '../src/mock/content.ts';
 import type { MockRequestLog, MockServer, MockStats } from '../src/mock/server.ts';
 import { mockControl } from './helpers/mock-control.ts';
 import { countingClient, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type ClientOptions, type Stack, type StackOptions } from './helpers/stack.ts';
+import { claudeBackupConfig } from './helpers/claude-backup.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 const startMock = useExtraMocks();
@@ -285,23 +286,7 @@ describe('parallel tool calls streamed', () => {
     const claude = await startMock({ apiKey: 'claude-key', faults: claudeFaults });
     const s = await startStack({
       faults: { errors: [{ status: 503 }] },
-      config: (url) => ({
-        server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-        providers: {
-          openai: { family: 'openai', baseUrl: `${url}/v1`, apiKey: TEST_KEY, breaker: false },
-          claude: { family: 'anthropic', baseUrl: claude.url, apiKey: 'claude-key', breaker: false },
-        },
-        routes: [
-          {
-            name: 'chat',
-            match: { path: CHAT },
-            targets: [{ provider: 'openai' }, { provider: 'claude', model: 'claude-sonnet-4-5' }],
-            retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 10, capMs: 10 } },
-            budget: { ratio: 10, windowS: 10, minRetriesPerSecond: 1000 },
-            park: false,
-          },
-        ],
-      }),
+      config: (url) => claudeBackupConfig(url, claude.url),
     });
     return { s, claude };
   }

@@ -186,11 +186,17 @@ interface InUse {
   total: number;
   byClass: readonly number[];
   waiting?: number;
+  /**
+   * The target's rate-limit signals earlier in this round trip. A 429 comes back in a few ms and gives its slot back at
+   * once, and its retry sleeps in its backoff, neither in flight nor waiting: a flood the provider refused looked like
+   * a few requests far below the limit, and each of its 429s was ignored (9 to 28 of them before the first answer).
+   */
+  refusedLately?: number;
 }
 
 /** Is the limit (or a class's cap) what holds the target's traffic back right now: requests wait, or in flight within a tenth of it? */
 function binding(st: LimitState, inUse: InUse): boolean {
-  if ((inUse.waiting ?? 0) > 0 || inUse.total >= Math.floor(st.limit * 0.9)) return true;
+  if ((inUse.waiting ?? 0) > 0 || inUse.total + (inUse.refusedLately ?? 0) >= Math.floor(st.limit * 0.9)) return true;
   for (let k = 1; k < st.caps.length; k++) if ((inUse.byClass[k] ?? 0) >= Math.floor(classLimit(st, k) * 0.9)) return true;
   return false;
 }

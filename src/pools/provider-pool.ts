@@ -109,6 +109,9 @@ interface TargetUse {
    * came back, and one of 3,000 tokens beside a stream of 10-token ones waited until its deadline.
    */
   tokenHold: TokenHold | undefined;
+  /** Rate-limit signals of the round trip that began at refusedFromMs (the adaptive limit's `refusedLately`). */
+  refusedFromMs: number;
+  refusedInRoundTrip: number;
 }
 
 interface Waiter {
@@ -428,7 +431,14 @@ export class ProviderPool {
       if (roundTripMs > 0) this.#roundTrip.add(roundTripMs);
       t.limit = onSuccess(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, this.#slotHold.value);
     } else {
-      t.limit = onRateLimited(t.limit, this.#limitSettings, this.now(), this.#roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting: t.waiting });
+      const now = this.now();
+      if (now - t.refusedFromMs >= this.#roundTrip.value) {
+        t.refusedFromMs = now;
+        t.refusedInRoundTrip = 0;
+      }
+      const inUse = { total: t.inUse, byClass: t.byClass, waiting: t.waiting, refusedLately: t.refusedInRoundTrip };
+      t.limit = onRateLimited(t.limit, this.#limitSettings, now, this.#roundTrip.value, inUse);
+      t.refusedInRoundTrip++;
     }
     // A 429 can raise a class's limit too: refusals judged not to be about our concurrency put the caps back where
     // their burst began, and a batch request waiting for its cap waited beside the room until another answer came.
@@ -571,7 +581,7 @@ export class ProviderPool {
   #target(key: string): TargetUse {
     let t = this.#targets.get(key);
     if (!t) {
-      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, waitingByClass: this.settings.classes.map(() => 0), waitingTokensByClass: this.settings.classes.map(() => 0), dues: {}, tokenHold: undefined };
+      t = { inUse: 0, byClass: this.settings.classes.map(() => 0), limit: initialLimit(this.#limitSettings), lowerHeldUntilMs: 0, waiting: 0, waitingByClass: this.settings.classes.map(() => 0), waitingTokensByClass: this.settings.classes.map(() => 0), dues: {}, tokenHold: undefined, refusedFromMs: Number.NEGATIVE_INFINITY, refusedInRoundTrip: 0 };
       this.#targets.set(key, t);
     }
     return t;

@@ -37,6 +37,9 @@ export interface ModelTarget {
   lowerHeldUntilMs: number;
   inUse: number;
   byClass: number[];
+  /** The README's rule: rate-limit signals earlier in the round trip count as in flight when a 429 is judged. */
+  refusedFromMs: number;
+  refusedInRoundTrip: number;
 }
 
 /** A client's standing in a class (policy/client-turns.ts's Standing) and its requests waiting. */
@@ -133,7 +136,7 @@ export class PoolModel<R extends PoolReq = PoolReq> {
 
   target(key: string): ModelTarget {
     let t = this.targets.get(key);
-    if (!t) this.targets.set(key, (t = { limit: initialLimit(this.limitSettings), lowerHeldUntilMs: 0, inUse: 0, byClass: this.classes.map(() => 0) }));
+    if (!t) this.targets.set(key, (t = { limit: initialLimit(this.limitSettings), lowerHeldUntilMs: 0, inUse: 0, byClass: this.classes.map(() => 0), refusedFromMs: Number.NEGATIVE_INFINITY, refusedInRoundTrip: 0 }));
     return t;
   }
 
@@ -261,7 +264,11 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     } else {
       const waiting = this.queue.filter((w) => w.req.target === target).length;
       const before = this.classes.map((_, k) => classLimit(t.limit, k));
-      t.limit = onRateLimited(t.limit, this.limitSettings, this.now(), this.roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting });
+      if (this.now() - t.refusedFromMs >= this.roundTrip.value) {
+        t.refusedFromMs = this.now();
+        t.refusedInRoundTrip = 0;
+      }
+      t.limit = onRateLimited(t.limit, this.limitSettings, this.now(), this.roundTrip.value, { total: t.inUse, byClass: t.byClass, waiting, refusedLately: t.refusedInRoundTrip++ });
       if (this.classes.some((_, k) => classLimit(t.limit, k) > before[k]!)) this.onNote?.('a 429 raised a class limit');
     }
     // Whatever the limit lets in goes now.
