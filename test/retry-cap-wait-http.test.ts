@@ -55,13 +55,17 @@ describe('a retry waiting for the retry cap, over HTTP', () => {
 
   it('is answered at once behind a stream holding the cap past its deadline, not at its last chance', async () => {
     const long = (chunks: number) => ({ errors: FIRST_FAILS, stream: { chunks, chunkDelayMs: 500 } });
-    // warm: a first attempt that times answers at 6 s a slot; holder: a retry that streams for 10 s.
-    const s = await start({ faults: { errors: FIRST_FAILS, models: { warm: { stream: { chunks: 12, chunkDelayMs: 500 } }, holder: long(20) } } });
+    // warm: a first attempt that times answers at 6 s a slot; holder: a retry that streams for 20 s (cut when done).
+    const s = await start({ faults: { errors: FIRST_FAILS, models: { warm: { stream: { chunks: 12, chunkDelayMs: 500 } }, holder: long(40) } } });
     const stop = new AbortController();
     const warm = streamFor(s, 'warm', stop.signal);
     const holder = streamFor(s, 'holder', stop.signal);
     await warm;
-    // The warm stream has ended (t ≈ 6 s); the holder's retry (from t ≈ 2 s) holds the one retry slot until t ≈ 12 s.
+    // The warm stream has ended (t ≈ 6 s); the holder's retry (from t ≈ 2 s) holds the one retry slot until t ≈ 22 s.
+    // Made sure of, for a loaded machine: its retry is streaming, with far more than the request's 5 s of it left.
+    const holding = () => s.mock.requests().some((r) => r.model === 'holder' && r.headers['x-retry-attempt'] !== undefined && r.endedAt === undefined && (r.chunksSent ?? 0) <= 24);
+    for (const until = Date.now() + 10_000; !holding() && Date.now() < until; ) await sleep(50);
+    expect(holding(), "the holder's retry streams, with most of its chunks to come").toBe(true);
     const behind = ask(s, 'gpt-4o', 5_000);
     const answer = await behind.done;
     stop.abort();
