@@ -25,6 +25,7 @@ import type { MockRequestLog, MockServer, MockStats } from '../src/mock/server.t
 import { mockControl } from './helpers/mock-control.ts';
 import { countingClient, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useStacks, type ClientOptions, type Stack, type StackOptions } from './helpers/stack.ts';
 import { claudeBackupConfig } from './helpers/claude-backup.ts';
+import { toolCalls } from './helpers/chat-stream.ts';
 
 const startStack = useStacks(RETRY_LOOP_ONLY);
 const startMock = useExtraMocks();
@@ -87,25 +88,6 @@ async function drain<T>(stream: AsyncIterable<T>): Promise<{ items: T[]; error?:
   } catch (error) {
     return { items, error };
   }
-}
-
-/** Tool calls as the deltas assemble them, by (choice, call) index, with how many deltas named each call's id. */
-function toolCalls(chunks: OpenAI.ChatCompletionChunk[], choice = 0) {
-  const calls: Record<number, { id?: string; name?: string; args: string; ids: number }> = {};
-  for (const chunk of chunks) {
-    for (const c of chunk.choices.filter((x) => x.index === choice)) {
-      for (const t of c.delta?.tool_calls ?? []) {
-        const call = (calls[t.index] ??= { args: '', ids: 0 });
-        if (t.id) {
-          call.id = t.id;
-          call.ids++;
-        }
-        if (t.function?.name) call.name = t.function.name;
-        call.args += t.function?.arguments ?? '';
-      }
-    }
-  }
-  return calls;
 }
 
 const text = (chunks: OpenAI.ChatCompletionChunk[], choice = 0) =>

@@ -37,6 +37,7 @@ import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { claudeBackupConfig } from './helpers/claude-backup.ts';
+import { toolCalls } from './helpers/chat-stream.ts';
 import { TOOL_ARGUMENTS } from '../src/mock/content.ts';
 import type { MockRequestLog, MockServer } from '../src/mock/server.ts';
 import { mockControl } from './helpers/mock-control.ts';
@@ -89,22 +90,6 @@ async function until(cond: () => boolean, what: string): Promise<void> {
   }
 }
 
-/** Tool calls as a stream's deltas assemble them, by index, with how many deltas named each call's id. */
-function toolCalls(chunks: OpenAI.ChatCompletionChunk[]) {
-  const calls: Record<number, { id?: string; name?: string; args: string; ids: number }> = {};
-  for (const chunk of chunks) {
-    for (const t of chunk.choices[0]?.delta?.tool_calls ?? []) {
-      const call = (calls[t.index] ??= { args: '', ids: 0 });
-      if (t.id) {
-        call.id = t.id;
-        call.ids++;
-      }
-      if (t.function?.name) call.name = t.function.name;
-      call.args += t.function?.arguments ?? '';
-    }
-  }
-  return calls;
-}
 
 /** The sum of a metric's series whose labels include all of `labels`. */
 async function metric(s: Stack, name: string, labels: Record<string, string> = {}): Promise<number> {

@@ -38,3 +38,22 @@ export async function streamUntil(client: OpenAI, wanted: string): Promise<{ res
   };
   return { rest, abort: () => stream.controller.abort() };
 }
+
+/** Tool calls as the deltas assemble them, by (choice, call) index, with how many deltas named each call's id. */
+export function toolCalls(chunks: ChatCompletionChunk[], choice = 0) {
+  const calls: Record<number, { id?: string; name?: string; args: string; ids: number }> = {};
+  for (const chunk of chunks) {
+    for (const c of chunk.choices.filter((x) => x.index === choice)) {
+      for (const t of c.delta?.tool_calls ?? []) {
+        const call = (calls[t.index] ??= { args: '', ids: 0 });
+        if (t.id) {
+          call.id = t.id;
+          call.ids++;
+        }
+        if (t.function?.name) call.name = t.function.name;
+        call.args += t.function?.arguments ?? '';
+      }
+    }
+  }
+  return calls;
+}
