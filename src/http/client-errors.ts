@@ -79,11 +79,24 @@ function closingHeaders(answer: ErrorAnswer, body: string, requestId: string): R
 }
 
 /** Passthrough requests the provider could not answer, by the code of what failed (undici's), for their log line. */
-const upstreamCodes = new WeakMap<FastifyRequest, string>();
+const upstreamCodes = new WeakMap<object, string>();
 
-/** Why a passthrough request got no answer from its provider (UND_ERR_HEADERS_TIMEOUT, ECONNREFUSED, ...), if it got none. */
+/**
+ * Why a passthrough request got no answer from its provider (UND_ERR_HEADERS_TIMEOUT, ECONNREFUSED, ...), if it got
+ * none, or why the answer broke off after its headers (notePassthroughBreak).
+ */
 export function passthroughUpstreamCode(request: FastifyRequest): string | undefined {
   return upstreamCodes.get(request);
+}
+
+/**
+ * A passthrough answer the provider broke off after its headers (reset, a gap over idleMs): the gateway then closes the
+ * client's connection itself, which is no client leaving (RequestEnds), and the line names what failed. `request` is
+ * any fastify request: passthrough's is typed for any raw server, which FastifyRequest's default is not.
+ */
+export function notePassthroughBreak(request: object, err: unknown): void {
+  const code = (err as { code?: unknown } | null)?.code;
+  upstreamCodes.set(request, printable(String(code ?? 'broken'), 64));
 }
 
 /** fastify's own errors (body too large, bad media type, a URL it cannot decode) and passthrough's in the OpenAI shape. */

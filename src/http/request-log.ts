@@ -81,8 +81,10 @@ export class RequestEnds {
       // error event can be written, so the gateway closed the connection itself. That close is no client leaving.
       // Judged when the connection closes, not when the line is written: a keyed run read on after its client left
       // may break later (it said status 200 and no clientGone for a client that never got a byte).
+      // Nor is a passthrough answer's close after its provider broke it off (notePassthroughBreak).
       const end = request.stormgate?.streamEnd;
-      this.#closed.set(request, { byClient: !(end && endedBroken(end.kind)), beforeHeaders: !reply.raw.headersSent });
+      const broken = (end !== undefined && endedBroken(end.kind)) || passthroughUpstreamCode(request) !== undefined;
+      this.#closed.set(request, { byClient: !broken, beforeHeaders: !reply.raw.headersSent });
     }
     if (this.#inPipeline.has(request)) return;
     const stream = this.#streams.get(request);

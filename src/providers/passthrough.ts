@@ -16,6 +16,7 @@ import { MAX_ERROR_BODY_BYTES, readCapped } from './read-capped.ts';
 import { decodedPrefix, encodingOf } from './content-decoding.ts';
 import { upstreamVia } from '../http/loop-guard.ts';
 import { noteErrorCode, notePassthroughRequestId } from '../http/send-answer.ts';
+import { notePassthroughBreak } from '../http/client-errors.ts';
 import { viaProxy } from './egress-proxy.ts';
 import { timedConnector } from './connect-timer.ts';
 import { providerTls } from './provider-tls.ts';
@@ -80,11 +81,15 @@ function isContentRefusal(status: number, body: Buffer): boolean {
 /**
  * A passthrough error's body without the key. One in an encoding the gateway decodes is decoded (`decoded`: sent
  * without its content-encoding), cut at MAX_ERROR_BODY_BYTES decoded as an identity one is: one that decodes to more
- * (or was cut encoded) must not go on encoded, the key unsearched in it. Any other (identity, an unknown name, bytes
- * that do not decode at all) is searched as it is.
+ * (or was cut encoded) must not go on encoded, the key unsearched in it. One in an encoding the gateway cannot decode
+ * (zstd, which the client may have asked the provider for; a stacked `gzip, gzip`) cannot be searched, and the
+ * client's fetch decodes it: it is not passed on at all (no bytes, sent without its content-encoding). Any other
+ * (identity, bytes that do not decode at all) is searched as it is.
  */
 async function errorWithoutKey(bytes: Buffer, whole: boolean, contentEncoding: unknown, apiKey: string): Promise<{ bytes: Buffer; decoded: boolean; whole: boolean }> {
-  const encoding = encodingOf({ 'content-encoding': typeof contentEncoding === 'string' ? contentEncoding : undefined });
+  const named = (Array.isArray(contentEncoding) ? contentEncoding.join(',') : typeof contentEncoding === 'string' ? contentEncoding : '').trim().toLowerCase();
+  const encoding = encodingOf({ 'content-encoding': named || undefined });
+  if (encoding === undefined && named !== '' && named !== 'identity') return { bytes: Buffer.alloc(0), decoded: true, whole: true };
   const decoded = encoding && (await decodedPrefix(bytes, encoding, MAX_ERROR_BODY_BYTES));
   // A decoded prefix may end at the cap or where the data broke off, as a body read up to the cap does: either cut
   // can fall inside a quoted key, whose start must not go on. `whole`: what is sent is all of the provider's error.
@@ -340,6 +345,12 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
             // a body paused by backpressure: it is given up on as a stream's client is. The socket's own timer: a write
             // that makes progress, however slow, postpones it (see server.ts); the 'close' then ends the upstream body.
             reply.raw.setTimeout(clientStallMs(provider.timeouts.idleMs), () => reply.raw.destroy());
+            // The provider breaking its answer off (a reset, a gap over idleMs) closes the client's connection: its line
+            // says so, not that the client left. Heard before fastify's own listener, which closes the connection. One
+            // whose client has gone already (its close ends the upstream body) is the client's leaving.
+            res.stream.once('error', (err: unknown) => {
+              if (!reply.raw.destroyed) notePassthroughBreak(request, err);
+            });
             return reply.send(res.stream);
           }
           res.stream.resume();
