@@ -428,6 +428,13 @@ interface FleetRun {
   /** Claimed in Redis (its instance was on it then). */
   inRedis: boolean;
   /**
+   * Claimed outside the clean fleet while another instance's record of the key was about (an answer or an end it may
+   * keep and write back once on Redis): that record may be what Redis holds when this run ends, so this run's answer
+   * may stay on its own instance, as under a claim (seed 7784 under load: instance 1's end of a run of another body,
+   * written back after Redis restarted, held the key when instance 0's run of body-0 ended).
+   */
+  contested: boolean;
+  /**
    * `underClaim`: another run was going when this one ended, and may have held the key in Redis, so its answer may
    * have stayed on its instance.
    * `offRedis`: its instance was off Redis when it ended, so its end waited for Redis to come back.
@@ -530,7 +537,7 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
       // Claimed in the process: in Redis too once its instance is back, unless another instance's record of the key
       // gets there first (a run beside it, or an answer that instance keeps and writes back).
       const alone = live.length === 0 && !endedRuns.some((r) => r.inst !== req.inst && r.ended!.atMs + FLEET_KEPT_MS + FLEET_SLACK_MS > t);
-      runs.push({ id: req.id, inst: req.inst, key: req.key, fp: req.fp, claim: result, fleetWide: isClean || (!inRedis && alone), inRedis });
+      runs.push({ id: req.id, inst: req.inst, key: req.key, fp: req.fp, claim: result, fleetWide: isClean || (!inRedis && alone), inRedis, contested: !isClean && !alone });
     };
 
     const send = () => {
@@ -568,7 +575,7 @@ async function fleetSequence(seed: number, redis: RedisHandle, admin: () => impo
         // Either way a run going when this one ends may hold the key in Redis: this answer is then kept on its own
         // instance, not over that claim; and if that claim's run ends in an error, it gives the key back ("Only
         // answers are kept") and a repeat on the other instance runs again (seed 20250614).
-        const underClaim = runs.some((o) => o !== run && o.key === run.key && o.ended === undefined);
+        const underClaim = run.contested || runs.some((o) => o !== run && o.key === run.key && o.ended === undefined);
         run.ended = { atMs: t, clean: isClean, epoch, underClaim, offRedis: !redisUp || stores[run.inst]!.degraded, ...(how === 'long' ? { tooLong: true } : { body }) };
         run.claim.keep({ status: 200, headers: { 'content-type': 'application/json', 'x-request-id': `req-${run.id}` }, body, summary: summary('success') });
       }
