@@ -277,7 +277,8 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
   };
 
   /** Everything the store holds agrees with the model: the key's claim or answer, nothing past ttl, memory bounded. */
-  const probe = async (stepStartMs: number, aliveAtStart: Array<{ key: string; m: ModelKey & { kind: 'done' } }>) => {
+  /** `claimsDuring`: the runs that may have held a claim at some moment of the step (live at its start, or started in it). */
+  const probe = async (stepStartMs: number, aliveAtStart: Array<{ key: string; m: ModelKey & { kind: 'done' } }>, claimsDuring: number) => {
     const t = Date.now();
     let presentLower = 0;
     const present = new Map<string, ModelKey & { kind: 'done' }>();
@@ -306,7 +307,9 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
     // Oldest first: an answer dropped for room leaves none older than it kept; and only when room was short.
     for (const e of evictions.splice(0)) {
       for (const [key, m] of present) if (m.seq < e.seq) fail(`${e.key}'s answer (#${e.seq}) was dropped for room while ${key}'s, older (#${m.seq}), is still kept`);
-      const running = keys.map((k) => model.get(k)!).filter((m) => m.kind === 'running').length;
+      // A claim is counted against the cap while held: one held when the answer was dropped may have ended since (the
+      // sequence's end ends every run in one step; seed 9004).
+      const running = Math.max(claimsDuring, keys.map((k) => model.get(k)!).filter((m) => m.kind === 'running').length);
       const newer = aliveAtStart.filter(({ m }) => m.seq >= e.seq).reduce((n, { key, m }) => n + upperBytes(key, m.fp, m.answer), 0);
       const justKept = [...model.entries()].filter(([, m]) => m.kind === 'done' && m.sinceMs >= stepStartMs).reduce((n, [key, m]) => n + upperBytes(key, (m as ModelKey & { kind: 'done' }).fp, (m as ModelKey & { kind: 'done' }).answer), 0);
       if (newer + justKept + running * 600 <= o.memoryBytes) fail(`${e.key}'s answer (#${e.seq}) was dropped with room to spare (${newer + justKept} bytes of answers, memoryBytes ${o.memoryBytes})`);
@@ -331,6 +334,7 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
       return m.kind === 'done' ? [{ key, m }] : [];
     });
     const live = runs.filter((r) => r.phase !== 'ended');
+    const runsAtStart = runs.length;
     const pending = requests.filter((r) => r.state === 'pending');
     const roll = g.int(0, 99);
     if (roll < 30) send();
@@ -358,7 +362,7 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
       await vi.advanceTimersByTimeAsync(ms);
     }
     await flush();
-    await probe(stepStartMs, aliveAtStart);
+    await probe(stepStartMs, aliveAtStart, live.length + runs.length - runsAtStart);
   }
 
   // The sequence's end: every run ends, every repeat is answered, and no key is left held by a claim.
@@ -367,6 +371,8 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
     const m = viewAt(model.get(key)!, endStartMs);
     return m.kind === 'done' ? [{ key, m }] : [];
   });
+  const liveAtEnd = runs.filter((r) => r.phase !== 'ended').length;
+  const runsAtEnd = runs.length;
   for (const run of runs.filter((r) => r.phase !== 'ended')) {
     if (run.phase === 'pipeline') endWhole(run);
     else await endStream(run);
@@ -376,7 +382,7 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
   for (const run of runs.filter((r) => r.phase === 'pipeline')) endWhole(run);
   await flush();
   step = o.steps;
-  await probe(endStartMs, aliveAtEnd);
+  await probe(endStartMs, aliveAtEnd, liveAtEnd + runs.length - runsAtEnd);
   if (requests.some((r) => r.state === 'pending')) fail('repeats still waiting at the end');
   for (const key of keys) {
     const r = await store.readKey(key, Date.now());

@@ -60,6 +60,19 @@ describe('KeptKeys (in the process)', () => {
     expect(keys.read('running', T)?.state).toBe('running');
   });
 
+  it('makes room from expired records wherever they sit before dropping an older answer still in force', () => {
+    // A key the client sent is kept ttlMs, a body that is its key a route's bodyAsKeyMs: the one written later may lapse
+    // first, and was counted against the cap until read, so an older answer in force was dropped for room (fuzz seed 12033).
+    const big: KeyRecord & { state: 'done' } = { ...DONE, bytes: 10_000, answer: { ...DONE.answer!, body: Buffer.alloc(10_000) } };
+    const keys = new KeptKeys(2 * 10_000 + 2048);
+    keys.settle('sent-key', big, 60_000, T);
+    keys.settle('body-key', big, 1_000, T);
+    keys.settle('next', big, 60_000, T + 2_000);
+    expect(keys.read('sent-key', T + 2_000)).toEqual(big);
+    expect(keys.read('next', T + 2_000)).toEqual(big);
+    expect(keys.read('body-key', T + 2_000)).toBeUndefined();
+  });
+
   it('counts an answer\'s headers and its record against the cap, not its body alone: small answers do not pass it', () => {
     // A provider's answer carries a kilobyte of headers (ids, rate limits, timings); a tool's body may be a few bytes.
     const headers = Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`x-upstream-header-${i}`, 'v'.repeat(40)]));

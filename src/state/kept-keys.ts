@@ -94,8 +94,13 @@ export class KeptKeys {
     this.#bytes -= entry.bytes;
   }
 
-  /** Drops expired records from the oldest end, then the oldest ended ones while over the byte cap. */
+  /**
+   * Drops expired records from the oldest end, then, while over the byte cap, every expired record and the oldest
+   * ended ones. Expired ones first wherever they are: records live for different times (ttlMs, a route's bodyAsKeyMs),
+   * so one that lapsed may sit behind an older one still in force, and must not cost it its place.
+   */
   #evict(nowMs: number): void {
+    if (this.#bytes > this.#maxBytes) for (const [key, entry] of this.#entries) if (entry.expiresAtMs <= nowMs) this.#delete(key, entry);
     for (const [key, entry] of this.#entries) {
       if (entry.expiresAtMs > nowMs && this.#bytes <= this.#maxBytes) return;
       // A running record is a claim, not memory: it stays until its request ends or its claim lapses.
