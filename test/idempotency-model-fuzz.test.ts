@@ -17,6 +17,7 @@ import type { LiveStream } from '../src/pipeline/live-stream.ts';
 import { STREAM_END_KINDS, endedWhole, type StreamEndKind } from '../src/pipeline/stream-ends.ts';
 import { seededRandom, type Random } from '../src/policy/random.ts';
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
+import { SWEEP_EVERY_MS } from '../src/state/kept-keys.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import type { KeptAnswer, StateStore } from '../src/state/store.ts';
@@ -329,8 +330,9 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
 
   for (step = 0; step < o.steps && problems.length === 0; step++) {
     const stepStartMs = Date.now();
+    // For the room an answer dropped for room had: one expired less than SWEEP_EVERY_MS ago may still take some.
     const aliveAtStart = keys.flatMap((key) => {
-      const m = viewAt(model.get(key)!, stepStartMs);
+      const m = viewAt(model.get(key)!, stepStartMs - SWEEP_EVERY_MS);
       return m.kind === 'done' ? [{ key, m }] : [];
     });
     const live = runs.filter((r) => r.phase !== 'ended');
@@ -368,7 +370,7 @@ async function unitSequence(seed: number, o: UnitOptions): Promise<string[]> {
   // The sequence's end: every run ends, every repeat is answered, and no key is left held by a claim.
   const endStartMs = Date.now();
   const aliveAtEnd = keys.flatMap((key) => {
-    const m = viewAt(model.get(key)!, endStartMs);
+    const m = viewAt(model.get(key)!, endStartMs - SWEEP_EVERY_MS);
     return m.kind === 'done' ? [{ key, m }] : [];
   });
   const liveAtEnd = runs.filter((r) => r.phase !== 'ended').length;

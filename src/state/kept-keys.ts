@@ -15,6 +15,9 @@ interface Entry {
  */
 const RECORD_OVERHEAD_BYTES = 256;
 
+/** How often a store over its cap looks for expired records among all it holds (#evict). */
+export const SWEEP_EVERY_MS = 1_000;
+
 /** The bytes a record is counted for against the cap. */
 function sizeOf(key: string, record: KeyRecord): number {
   let bytes = RECORD_OVERHEAD_BYTES + key.length + record.fingerprint.length;
@@ -34,6 +37,7 @@ export class KeptKeys {
   readonly #entries = new Map<string, Entry>();
   readonly #maxBytes: number;
   #bytes = 0;
+  #sweptAtMs = Number.NEGATIVE_INFINITY;
 
   constructor(maxBytes: number) {
     this.#maxBytes = maxBytes;
@@ -97,10 +101,15 @@ export class KeptKeys {
   /**
    * Drops expired records from the oldest end, then, while over the byte cap, every expired record and the oldest
    * ended ones. Expired ones first wherever they are: records live for different times (ttlMs, a route's bodyAsKeyMs),
-   * so one that lapsed may sit behind an older one still in force, and must not cost it its place.
+   * so one that lapsed may sit behind an older one still in force, and must not cost it its place. That walk is over
+   * every record (a millisecond for 50,000), so at most once in SWEEP_EVERY_MS: a full store is over its cap at every
+   * answer kept.
    */
   #evict(nowMs: number): void {
-    if (this.#bytes > this.#maxBytes) for (const [key, entry] of this.#entries) if (entry.expiresAtMs <= nowMs) this.#delete(key, entry);
+    if (this.#bytes > this.#maxBytes && nowMs - this.#sweptAtMs >= SWEEP_EVERY_MS) {
+      this.#sweptAtMs = nowMs;
+      for (const [key, entry] of this.#entries) if (entry.expiresAtMs <= nowMs) this.#delete(key, entry);
+    }
     for (const [key, entry] of this.#entries) {
       if (entry.expiresAtMs > nowMs && this.#bytes <= this.#maxBytes) return;
       // A running record is a claim, not memory: it stays until its request ends or its claim lapses.
