@@ -10,7 +10,7 @@ import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.t
 import { scopedKey } from '../src/policy/idempotency.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { freePort } from './helpers/free-port.ts';
-import { useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
+import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 
 const startProcess = useGatewayProcesses();
@@ -19,12 +19,7 @@ let gateway: GatewayProcess | undefined;
 let spawned = 0;
 afterEach(async () => {
   // Each test's process goes with it (the helper would only kill what is left after the file).
-  const proc = gateway?.proc;
-  if (proc && proc.exitCode === null && proc.signalCode === null) {
-    const gone = once(proc, 'exit');
-    proc.kill('SIGKILL');
-    await gone;
-  }
+  await killNow(gateway?.proc);
   await mock?.close();
   mock = gateway = undefined;
 });

@@ -3,14 +3,13 @@
 // same key) sent to the other instance. What it costs is how long that retry waits, and what it gets meanwhile. Before
 // leases the dead run's claim lived for the route's timeoutMs + 30 s (measured here: 40 s of 409s with a 10 s route
 // timeout; 150 s with the default one); now it lapses within idempotency.leaseMs (a short one here, 2 s).
-import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { freePort } from './helpers/free-port.ts';
-import { useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
+import { killNow, useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 
 const redis = useRedisServer();
@@ -36,12 +35,7 @@ async function startGateway(name: string, keyPrefix: string): Promise<{ url: str
   await waitReady(g, port);
   return {
     url: `http://127.0.0.1:${port}`,
-    kill: async () => {
-      if (g.proc.exitCode !== null || g.proc.signalCode !== null) return;
-      const gone = once(g.proc, 'exit');
-      g.proc.kill('SIGKILL');
-      await gone;
-    },
+    kill: () => killNow(g.proc),
   };
 }
 

@@ -40,14 +40,7 @@ export function useGatewayProcesses(options: GatewayProcessOptions = {}): (name:
   const { entry = ['--import', 'tsx', 'src/main.ts'], keepOutputChars = 200_000 } = options;
   let dir: string | undefined;
   afterAll(async () => {
-    await Promise.all(
-      [...children].map(async (child) => {
-        if (child.exitCode !== null || child.signalCode !== null) return;
-        const gone = once(child, 'exit');
-        child.kill('SIGKILL');
-        await gone;
-      }),
-    );
+    await Promise.all([...children].map(killNow));
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
   return (name, config, env = {}) => {
@@ -69,6 +62,14 @@ export function useGatewayProcesses(options: GatewayProcessOptions = {}): (name:
     const exited = once(proc, 'exit').then(([code]) => code as number | null);
     return { proc, file, exited, output: () => output };
   };
+}
+
+/** SIGKILLs a child still running and resolves once it is gone (a test's own process, ended with the test). */
+export async function killNow(child: ChildProcess | undefined): Promise<void> {
+  if (!child || child.exitCode !== null || child.signalCode !== null) return;
+  const gone = once(child, 'exit');
+  child.kill('SIGKILL');
+  await gone;
 }
 
 /** Resolves once the process's /readyz answers 200; fails with its output if it exits or takes longer than `withinMs`. */
