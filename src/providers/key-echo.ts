@@ -8,16 +8,20 @@ const MIN_KEY_LENGTH = 8;
 
 /**
  * The forms a provider may quote `key` in: as it is, and as a JSON encoder writes it in a string (`"` and `\\`
- * escaped; `/` as `\/` in PHP's and some Java encoders; `<` `>` `&` as `\u003c` in Go's) or a URL encodes it. A key of
- * letters, digits, `-` and `_` (most providers') has the one form. Made once per key: a gateway has a few.
+ * escaped; `/` as `\/` in PHP's and some Java encoders; `<` `>` `&` as `\u003c` in Go's, and `=` `'` too in Gson's,
+ * Java's default) or a URL encodes it. A key of letters, digits, `-` and `_` (most providers') has the one form. Made
+ * once per key: a gateway has a few.
  */
 function formsOf(key: string): readonly string[] {
   let forms = FORMS.get(key);
   if (forms === undefined) {
     const json = JSON.stringify(key).slice(1, -1);
-    const goJson = json.replace(/[<>&]/g, (c) => `\\u00${c.charCodeAt(0).toString(16)}`);
+    const hex = (c: string) => `\\u00${c.charCodeAt(0).toString(16)}`;
+    const goJson = json.replace(/[<>&]/g, hex);
+    // Gson escapes `=` by default: a base64 key quoted by a Java server differed from the key in its padding alone.
+    const gson = json.replace(/[<>&=']/g, hex);
     // Longest first, so that no form is replaced inside a longer one that holds it.
-    forms = [...new Set([key, json, json.replaceAll('/', '\\/'), goJson, goJson.replaceAll('/', '\\/'), encodeURIComponent(key)])].sort((a, b) => b.length - a.length);
+    forms = [...new Set([key, json, json.replaceAll('/', '\\/'), goJson, goJson.replaceAll('/', '\\/'), gson, encodeURIComponent(key)])].sort((a, b) => b.length - a.length);
     FORMS.set(key, forms);
   }
   return forms;
