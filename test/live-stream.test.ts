@@ -313,7 +313,7 @@ describe('LiveStream: handed over before its first output (started early, a back
   const created = `event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1', status: 'queued', background: true } })}\n\n`;
   const delta = (n: number, text: string) => `event: response.output_text.delta\ndata: ${JSON.stringify({ type: 'response.output_text.delta', sequence_number: n, delta: text })}\n\n`;
   const completed = (n: number) => `event: response.completed\ndata: ${JSON.stringify({ type: 'response.completed', sequence_number: n, response: { id: 'resp_1', status: 'completed' } })}\n\n`;
-  const BACKGROUND: StreamShape = { choices: 1, usage: false, background: true };
+  const BACKGROUND: StreamShape = { choices: 1, usage: false, startsAtCreated: 'background' };
   /** A ping every 100 ms, `n` of them. */
   const pings = (n: number): Step[] => Array.from({ length: n }, () => [100, ': ping\n\n'] as Step[]).flat();
 

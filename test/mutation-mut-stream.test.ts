@@ -50,9 +50,10 @@ describe('the shape of a streamed answer', () => {
     for (const n of [1, 0, 2.5, '2', undefined]) expect(streamShapeOf('chat', { n }).choices).toBe(1);
   });
 
-  it('starts only a background response at its response.created', () => {
+  it('starts only a background or conversation response at its response.created', () => {
     const created = ev({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1' } }, 'response.created');
-    expect(startsAnswer('responses', { choices: 1, usage: false, background: true }, created)).toBe(true);
+    expect(startsAnswer('responses', { choices: 1, usage: false, startsAtCreated: 'background' }, created)).toBe(true);
+    expect(startsAnswer('responses', { choices: 1, usage: false, startsAtCreated: 'conversation' }, created)).toBe(true);
     expect(startsAnswer('responses', { choices: 1, usage: false }, created)).toBe(false);
   });
 });
@@ -175,7 +176,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
   it('starts a background response at its response.created, before any output', async () => {
     const up = manualUpstream();
     const created = `event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1', status: 'queued' } })}\n\n`;
-    const first = readUntilFirstOutput('responses', { choices: 1, usage: false, background: true }, up.iterator, undefined, undefined);
+    const first = readUntilFirstOutput('responses', { choices: 1, usage: false, startsAtCreated: 'background' }, up.iterator, undefined, undefined);
     await up.send(created);
     const started = await settledSoon(first);
     expect(started).not.toBe('pending');

@@ -90,7 +90,7 @@ describe('LiveStream: its timers and its upstream once it has ended', () => {
     vi.useFakeTimers();
     const controller = new AbortController();
     const created = `event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1', status: 'queued', background: true } })}\n\n`;
-    const { live, ended } = handedOverStream({ first: created, iterator: upstream(controller, [60_000]), controller, api: 'responses', shape: { choices: 1, usage: false, background: true }, idleMs: 100, firstTokenLeftMs: 60_000 });
+    const { live, ended } = handedOverStream({ first: created, iterator: upstream(controller, [60_000]), controller, api: 'responses', shape: { choices: 1, usage: false, startsAtCreated: 'background' }, idleMs: 100, firstTokenLeftMs: 60_000 });
     live.open(); // the head is taken, then nothing more is read
     await vi.advanceTimersByTimeAsync(1_000);
     expect((await ended).kind).toBe('client-stalled');

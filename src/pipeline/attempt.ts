@@ -115,13 +115,13 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       return failureResult(req, first, status, headers);
     }
     handedOff = true;
-    // Handed over before its first output (started early at the client's deadline, or a background response at its
-    // response.created), the stream's silence until that output is the first-token timer's, as it was until now:
-    // pings do not put it back. Otherwise the first token is here: from now on the stream's idle timer bounds it.
-    const beforeOutput = first.pendingRead !== undefined || req.shape.background === true;
+    // Handed over before its first output (started early at the client's deadline, or a background or conversation
+    // response at its response.created), the stream's silence until that output is the first-token timer's, as it was
+    // until now: pings do not put it back. Otherwise the first token is here: from now on the stream's idle timer bounds it.
+    const beforeOutput = first.pendingRead !== undefined || req.shape.startsAtCreated !== undefined;
     if (!beforeOutput) clearTimeout(timer);
     else if (first.pendingRead === undefined) {
-      // A background response's answer starts at its response.created: its silence until its first output (a model
+      // Such a response's answer starts at its response.created: its silence until its first output (a model
       // thinking, a job queued) may last firstTokenMs from there, or idleMs when that is longer, as any started stream's.
       clearTimeout(timer);
       const quietMs = Math.max(firstTokenMs, idleMs);

@@ -21,7 +21,7 @@ import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { StreamBody } from '../streaming/stream-body.ts';
-import { outputCharsOfAnswer, streamShapeOf } from '../streaming/stream-events.ts';
+import { addsToConversation, outputCharsOfAnswer, streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
@@ -199,6 +199,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         api: route.api,
         stream,
         shape,
+        commitsOnSend: addsToConversation(route.api, req.json),
         signal: controller.signal,
         deadlineAtMs,
         earlyStart,

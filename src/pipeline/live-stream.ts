@@ -82,10 +82,10 @@ interface LiveStreamOptions {
   detach: () => void;
   idleMs: number;
   /**
-   * For a stream handed over before its first output (started early at the client's deadline, or a background
-   * response at its response.created): the attempt's first-token timer, still running. Until the first output (or a
-   * finish) it alone bounds the upstream's silence, as it did before the hand-over: pings and role chunks do not put
-   * it back, and idleMs, kept short for gaps within an answer, cut a model thinking within its firstTokenMs. The
+   * For a stream handed over before its first output (started early at the client's deadline, or a background or
+   * conversation response at its response.created: StreamShape.startsAtCreated): the attempt's first-token timer,
+   * still running. Until the first output (or a finish) it alone bounds the upstream's silence, as it did before the
+   * hand-over: pings and role chunks do not put it back, and idleMs, kept short for gaps within an answer, cut a model thinking within its firstTokenMs. The
    * stream stops it at that output; idleMs bounds the gaps from there (and a client that reads nothing, throughout).
    */
   firstTokenTimer?: NodeJS.Timeout;

@@ -14,7 +14,7 @@ import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import type { AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
-import { classify, isRetryable, mayHaveRun, OUTCOME_TABLE } from '../policy/outcome.ts';
+import { classify, mayHaveRun, maySendAgain, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
 import { heldBack, newRun, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
@@ -295,8 +295,9 @@ export async function serveTargets(
       lastFailure = { kind: 'failed', plan, failure: r };
       if (OUTCOME_TABLE[r.cls.cls].failover !== 'next') return end(lastFailure);
       // A request the provider may already have run goes to the next target only with the route's consent to run it
-      // twice: a route that leaves `timeout` out of retryOn (it creates something) gets no second run anywhere.
-      if (mayHaveRun(r.result.outcome) && !isRetryable(r.cls, plan.retry.retryOn)) return end(lastFailure);
+      // twice: a route that leaves `timeout` out of retryOn (it creates something) gets no second run anywhere; nor does
+      // a request that commits at the provider as it is taken (maySendAgain).
+      if (mayHaveRun(r.result.outcome) && !maySendAgain(r.cls, r.result.outcome, plan.retry.retryOn, ctx.commitsOnSend)) return end(lastFailure);
       left = { plan, reason: r.why ?? OUTCOME_TABLE[r.cls.cls].fallback };
       markDown(i);
     }

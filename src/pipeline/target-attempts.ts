@@ -1,7 +1,7 @@
 // The attempt loop on one target: gate (hold-off, breaker) -> attempt -> record -> classify -> answer, or take a
 // retry from the budget, wait by the one wait rule, and go again. Every wait is cut short by the request's signal.
 import type { ProviderClient } from '../providers/provider-client.ts';
-import { classify, isRetryable, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+import { classify, maySendAgain, OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
 import { canWait, decideRetryWait } from '../policy/retry-wait.ts';
 import { availableAtMs, type BreakerSettings } from '../policy/breaker.ts';
 import type { Random } from '../policy/random.ts';
@@ -128,6 +128,11 @@ export interface RequestContext {
   stream: boolean;
   /** What a whole streamed answer holds (the request's `n`, include_usage). */
   shape: StreamShape;
+  /**
+   * The request commits at the provider as it is taken (a Responses API request with a `conversation`): once an
+   * attempt may have been taken unanswered, it is not sent again (policy/outcome.ts maySendAgain).
+   */
+  commitsOnSend: boolean;
   signal: RequestSignal;
   deadlineAtMs: number;
   /** A stream on the client's deadline: the deadline starts an answer that has begun upstream (early-start.ts). */
@@ -419,7 +424,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // Past that end, a spread of its own: every client told the same end would come back at once.
     const failed = (retryAfterMs: number | undefined, why?: RetriesStopped): TargetResult & { kind: 'failed' } =>
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now(), deps.random), ...(why && { why }) });
-    if (!isRetryable(cls, retry.retryOn)) return failed(hint?.delayMs);
+    if (!maySendAgain(cls, result.outcome, retry.retryOn, ctx.commitsOnSend)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
     // here rather than at its first attempt, which needed none when it was answered.

@@ -320,17 +320,31 @@ export interface StreamShape {
   choices: number;
   usage: boolean;
   /**
-   * A Responses API background stream: the response lives on at the provider once created, whatever becomes of the
-   * connection, and is resumed by its id. It starts at its `response.created` (startsAnswer), not its first output.
+   * A Responses API stream whose answer starts at its `response.created` (startsAnswer), not its first output, and why:
+   * a `background` response lives on at the provider once created, whatever becomes of the connection, and is resumed
+   * by its id; a response in a `conversation` has its turn appended to that stored conversation. Either way a second
+   * request would start a second response beside the first.
    */
-  background?: true;
+  startsAtCreated?: 'background' | 'conversation';
 }
 
 export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): StreamShape {
-  if (api === 'responses') return { choices: 1, usage: false, ...(json.background === true && { background: true as const }) };
+  if (api === 'responses') {
+    const startsAtCreated = json.background === true ? 'background' : addsToConversation(api, json) ? 'conversation' : undefined;
+    return { choices: 1, usage: false, ...(startsAtCreated && { startsAtCreated }) };
+  }
   if (api === 'messages') return { choices: 1, usage: false };
   const n = json.n;
   return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: asksUsage(json) };
+}
+
+/**
+ * Does a Responses API request add to a stored conversation (the Conversations API's `conversation`, an id or {id})?
+ * The provider appends the request's input, and the response's output, to it as it takes the request: sent twice,
+ * the agent's history has the turn twice.
+ */
+export function addsToConversation(api: ApiKind, json: Record<string, unknown>): boolean {
+  return api === 'responses' && Boolean(json.conversation);
 }
 
 /** The client asked for a chat or completions stream's usage chunk (stream_options.include_usage). */
@@ -339,13 +353,15 @@ export function asksUsage(json: Record<string, unknown>): boolean {
 }
 
 /**
- * Does this event start the client's answer before any output? A background response's `response.created` does: the
- * job runs on at the provider after its connection is gone, so a retry before its first output (a reasoning model
- * thinking past firstTokenMs, a queue) started another that ran and billed beside it, and the client, held until the
- * first output, never learnt the id it would poll, cancel or resume (`starting_after`) the first one by.
+ * Does this event start the client's answer before any output? The `response.created` of a response that a second
+ * request would duplicate does (StreamShape.startsAtCreated). A background job runs on at the provider after its
+ * connection is gone, and a conversation has the turn appended to it: a retry before the first output (a reasoning
+ * model thinking past firstTokenMs, a queue) started another that ran and billed beside it, or added the turn to the
+ * conversation twice; and the client, held until the first output, never learnt the id it would poll, cancel or resume
+ * (`starting_after`) a background one by.
  */
 export function startsAnswer(api: ApiKind, shape: StreamShape, ev: SseEvent): boolean {
-  if (api !== 'responses' || shape.background !== true || ev.data === null) return false;
+  if (api !== 'responses' || shape.startsAtCreated === undefined || ev.data === null) return false;
   try {
     return (JSON.parse(ev.data) as { type?: unknown } | null)?.type === 'response.created';
   } catch {
