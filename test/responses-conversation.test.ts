@@ -121,6 +121,13 @@ describe('a whole Responses request that adds to a conversation', () => {
     expect(g.seen).toHaveLength(1);
   });
 
+  it('with background: true is not sent again once it timed out after it was sent either: a second job would run beside the first', async () => {
+    const g = await gateway(() => 'hang', { responseMs: 500 });
+    const err = await g.client.responses.create({ model: 'o3-deep-research', input: 'a report on the market', background: true }).catch((e: unknown) => e);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(504);
+    expect(g.seen).toHaveLength(1);
+  });
+
   it('is retried on a 503: the provider answered, and took nothing', async () => {
     const g = await gateway((_b, n) => (n === 1 ? unavailable : whole), { responseMs: 2_000 });
     const r = await g.client.responses.create({ model: 'gpt-4.1', input: 'and then?', conversation: 'conv_123' });

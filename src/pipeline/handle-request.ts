@@ -21,7 +21,7 @@ import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
 import { StreamBody } from '../streaming/stream-body.ts';
-import { addsToConversation, outputCharsOfAnswer, streamShapeOf } from '../streaming/stream-events.ts';
+import { outputCharsOfAnswer, streamShapeOf } from '../streaming/stream-events.ts';
 import { degradedAnswer, degradedFits, degradedReason } from './degraded-answer.ts';
 import type { WeightedPicker } from '../routing/weighted.ts';
 import type { AttemptRecord, RetriesStopped, SkippedTarget, TargetPlan } from './target-attempts.ts';
@@ -199,7 +199,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         api: route.api,
         stream,
         shape,
-        commitsOnSend: addsToConversation(route.api, req.json),
+        // What a second request would run beside the first (a background job, a conversation's turn): sent once.
+        commitsOnSend: shape.startsAtCreated !== undefined,
         signal: controller.signal,
         deadlineAtMs,
         earlyStart,

@@ -129,8 +129,9 @@ export interface RequestContext {
   /** What a whole streamed answer holds (the request's `n`, include_usage). */
   shape: StreamShape;
   /**
-   * The request commits at the provider as it is taken (a Responses API request with a `conversation`): once an
-   * attempt may have been taken unanswered, it is not sent again (policy/outcome.ts maySendAgain).
+   * The request commits at the provider as it is taken (a Responses API request with a `conversation`, or with
+   * `background: true`: StreamShape.startsAtCreated): once an attempt may have been taken unanswered, it is not sent
+   * again (policy/outcome.ts maySendAgain).
    */
   commitsOnSend: boolean;
   signal: RequestSignal;

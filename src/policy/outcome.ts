@@ -471,9 +471,10 @@ export function isRetryable(c: Classification, retryOn: readonly RetryOn[]): boo
 /**
  * May a failed attempt's request be sent again, as a retry or to the next target? The route's `retryOn` decides
  * (isRetryable), except for a request that commits at the provider as it is taken (`commitsOnSend`: a Responses API
- * request with a `conversation`, whose input the provider appends to it). Such a request is never sent again after an
- * attempt that may have been taken and got no answer (a timeout once the connection was made, a connection lost once
- * the request was written, a stream broken before its first output): the conversation would have the turn twice. A
+ * request with a `conversation`, whose input the provider appends to it, or with `background: true`, a job that runs
+ * on at the provider once queued). Such a request is never sent again after an attempt that may have been taken and
+ * got no answer (a timeout once the connection was made, a connection lost once the request was written, a stream
+ * broken before its first output): the conversation would have the turn twice, or a second job would run. A
  * status the provider answered (a 429, a 5xx) is retried as retryOn says, as it is for any request.
  */
 export function maySendAgain(c: Classification, outcome: AttemptOutcome, retryOn: readonly RetryOn[], commitsOnSend: boolean): boolean {
