@@ -1,7 +1,8 @@
 // streamRecovery: continue (experimental): a text answer that broke after its first byte is finished by the next
 // target. A target that continues an assistant prefill (Claude before 4.6, or `prefill: true`) is sent the text
-// already delivered and streams the rest; an OpenAI-compatible one that does not is sent the original request, and its
-// answer is spliced on only if it begins with exactly the delivered text. A stream cut before any text (after its
+// already delivered and streams the rest (never for structured output, whose grammar starts the object again); an
+// OpenAI-compatible one that does not is sent the original request, and its answer is spliced on only if it begins
+// with exactly the delivered text. A stream cut before any text (after its
 // reasoning alone) has nothing to prefill or match: any next target is sent the original request, as a failover would
 // be. Anything else leaves the client with the original failure. The continuation is a retry taken from the budget,
 // and counted and recorded as one; it goes through the next target's pool as any attempt on it does (slot-attempt.ts).
@@ -45,7 +46,11 @@ export function streamRecovery(
     // whole, its own reasoning included: the thoughts behind the answer the client gets, where dropped they left it
     // silent for as long as the next model thought.
     const fresh = delivered.trim() === '';
-    const prefill = !fresh && takesPrefill(provider, next.model);
+    // Structured output (response_format json_schema or json_object) is decoded against its grammar from the
+    // answer's start: a model continuing a prefill under it writes a whole object again after the half the client has
+    // (or its provider refuses the pair), and the client's JSON no longer parses. Such an answer is only spliced on:
+    // the next target's own answer, whole, when it begins with what the client has.
+    const prefill = !fresh && !structuredOutput(req.json) && takesPrefill(provider, next.model);
     // Another family's model, asked again, is not going to begin with the very words the first one wrote: splicing
     // would spend a retry and an upstream request on nothing.
     if (!fresh && !prefill && provider.family === 'anthropic') return undefined;
@@ -116,13 +121,19 @@ export function streamRecovery(
     const whenEnded = (fn: (end: StreamEnd) => void) => (live.onEnd = fn);
     const abandon = () => live.abandon();
     const target = next.key;
-    if (fresh) return { text: delivered === '' ? body : withoutLeadingWhitespace(body), ended, whenEnded, abandon, target };
+    if (fresh) return { text: delivered === '' ? body : withoutWhitespaceHad(body, delivered), ended, whenEnded, abandon, target };
     if (!prefill) {
       const text = await splice(body, delivered, abandon);
       return text && { text, ended, whenEnded, abandon, target };
     }
-    return { text: prefillText.length < delivered.length ? withoutLeadingWhitespace(body) : body, ended, whenEnded, abandon, target };
+    return { text: prefillText.length < delivered.length ? withoutWhitespaceHad(body, delivered.slice(prefillText.length)) : body, ended, whenEnded, abandon, target };
   };
+}
+
+/** The request asks for JSON output (response_format json_schema or json_object), which a prefill cannot carry on. */
+function structuredOutput(json: Record<string, unknown>): boolean {
+  const type = (json.response_format as { type?: unknown } | null | undefined)?.type;
+  return type === 'json_schema' || type === 'json_object';
 }
 
 /**
@@ -135,9 +146,17 @@ function textOnly(json: Record<string, unknown>): Record<string, unknown> {
   return { ...rest, ...(json.tools !== undefined && { tool_choice: 'none' }), ...(json.functions !== undefined && { function_call: 'none' }) };
 }
 
-/** The continuation with the whitespace at its start taken out of its first content (the client has some already). */
-async function* withoutLeadingWhitespace(body: AsyncGenerator<string>): AsyncGenerator<string> {
+/**
+ * The continuation with the whitespace the client already has (`had`: the delivered text's trailing whitespace, which
+ * the prefill went without) taken off its start. Only that: a model that writes "\n    return 1" after a prefill cut
+ * at "def f():\n" keeps its indentation, and "\n\n" after "Title\n" keeps its paragraph break (all of the
+ * continuation's leading whitespace taken off, the code lost its indentation and the paragraph its break). A
+ * continuation whose whitespace does not begin with what the client has (a space after a line break) loses all of it.
+ */
+async function* withoutWhitespaceHad(body: AsyncGenerator<string>, had: string): AsyncGenerator<string> {
   const parser = new SseParser();
+  /** What of `had` the continuation has not written yet; undefined once its whitespace differs from it. */
+  let left: string | undefined = had;
   let trimming = true;
   for await (const text of body) {
     const out: string[] = [];
@@ -148,8 +167,19 @@ async function* withoutLeadingWhitespace(body: AsyncGenerator<string>): AsyncGen
         continue;
       }
       const delta: { content?: unknown } = chunk.choices![0]!.delta!;
-      delta.content = (delta.content as string).trimStart();
-      trimming = delta.content === '';
+      const content = delta.content as string;
+      let i = 0;
+      while (trimming && i < content.length && /\s/.test(content[i]!)) {
+        if (left !== undefined && content[i] !== left[0]) left = undefined;
+        i++;
+        if (left !== undefined) {
+          left = left.slice(1);
+          // All the client had is matched: the rest of the continuation's whitespace is its own.
+          if (left === '') trimming = false;
+        }
+      }
+      if (i < content.length) trimming = false;
+      delta.content = content.slice(i);
       out.push(`data: ${JSON.stringify(chunk)}\n\n`);
     }
     if (out.length > 0) yield out.join('');
@@ -174,8 +204,11 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
   const parser = new SseParser();
   let text = '';
   const after: string[] = [];
-  let template: Record<string, unknown> | undefined;
-  /** The finish_reason of the chunk that reached the delivered text's length: an answer's last chunk may carry text and its finish both. */
+  /**
+   * The chunk that reached the delivered text's length, the template of the remainder's: an answer's last chunk may
+   * carry text, its finish and (some compatible servers') its usage, which the client asked for, all at once.
+   */
+  let boundary: Record<string, unknown> | undefined;
   let finish: unknown = null;
   for (;;) {
     const { value, done } = await body.next();
@@ -189,9 +222,11 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
       const chunk = contentChunk(ev);
       if (chunk === undefined) continue;
       const choice = chunk.choices![0]! as { delta: { content: string }; finish_reason?: unknown };
-      template ??= chunk as Record<string, unknown>;
       text += choice.delta.content;
-      if (text.length >= delivered.length) finish = choice.finish_reason ?? null;
+      if (text.length >= delivered.length) {
+        boundary = chunk as Record<string, unknown>;
+        finish = choice.finish_reason ?? null;
+      }
     }
     if (text.length >= delivered.length) break;
   }
@@ -201,7 +236,8 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
     return undefined;
   }
   const remainder = text.slice(delivered.length);
-  const first = (remainder || finish !== null) && template ? `data: ${JSON.stringify({ ...template, choices: [{ index: 0, delta: remainder ? { content: remainder } : {}, logprobs: null, finish_reason: finish }] })}\n\n` : '';
+  const carries = remainder !== '' || finish !== null || (boundary?.usage ?? null) !== null;
+  const first = carries && boundary ? `data: ${JSON.stringify({ ...boundary, choices: [{ index: 0, delta: remainder ? { content: remainder } : {}, logprobs: null, finish_reason: finish }] })}\n\n` : '';
   return (async function* () {
     if (first) yield first;
     if (after.length > 0) yield after.join('');
