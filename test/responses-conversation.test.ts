@@ -3,41 +3,24 @@
 // taken, the agent's history gets the turn twice. So a stream with one starts at its response.created, as a background
 // one does (no retry after it), and a request with one that timed out once sent is not sent again; a status the
 // provider answered (a 503: it took nothing) is still retried. The official `openai` SDK against scripted upstreams.
-import type { RequestListener } from 'node:http';
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
 import { classify, maySendAgain, type AttemptOutcome } from '../src/policy/outcome.ts';
 import { addsToConversation, streamShapeOf } from '../src/streaming/stream-events.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
-import { baseResponse, fastRetries, json, play, responsesHead, responsesTail, rev, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { baseResponse, fastRetries, json, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
 import { configServedBy, requestLine, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
 
-/** A reply to the upstream's `n`th request (from 1): a script, or `hang` (no status, no body, ever). */
-type Reply = Script | 'hang';
-
-function upstream(fn: (body: Record<string, unknown>, n: number) => Reply, seen: Seen[]): RequestListener {
-  return (req, res) => {
-    let raw = '';
-    req.on('data', (d: Buffer) => (raw += d.toString()));
-    req.on('end', () => {
-      const body = JSON.parse(raw) as Record<string, unknown>;
-      seen.push({ body, headers: req.headers, url: req.url ?? '' });
-      const reply = fn(body, seen.length);
-      if (reply !== 'hang') void play(res, reply);
-    });
-  };
-}
-
 /**
  * A gateway whose routes go to one scripted provider (three quick attempts, default retryOn, which lists `timeout`),
  * and an SDK client of it with the SDK's own retries on (it reads x-should-retry): what the agent's code would use.
  */
-async function gateway(fn: (body: Record<string, unknown>, n: number) => Reply, timeouts: Record<string, number>) {
+async function gateway(fn: (body: Record<string, unknown>, n: number) => Script | 'hang', timeouts: Record<string, number>) {
   const seen: Seen[] = [];
-  const p = await startProvider(upstream(fn, seen));
+  const p = await startProvider(scripted(fn, seen));
   const s = await startStack({
     config: (mockUrl) => {
       const c = configServedBy(mockUrl, 'p', `${p.origin}/v1`);

@@ -21,14 +21,16 @@ export interface Seen {
   url: string;
 }
 
-export function scripted(fn: (body: Record<string, unknown>, n: number) => Script, seen: Seen[] = []): RequestListener {
+/** An upstream that answers its `n`th request (from 1) with a script, or `hang`: no status, no body, ever. */
+export function scripted(fn: (body: Record<string, unknown>, n: number) => Script | 'hang', seen: Seen[] = []): RequestListener {
   return (req, res) => {
     let raw = '';
     req.on('data', (d: Buffer) => (raw += d.toString()));
     req.on('end', () => {
       const body = JSON.parse(raw) as Record<string, unknown>;
       seen.push({ body, headers: req.headers, url: req.url ?? '' });
-      void play(res, fn(body, seen.length));
+      const reply = fn(body, seen.length);
+      if (reply !== 'hang') void play(res, reply);
     });
   };
 }
