@@ -17,19 +17,7 @@ import { useFakeProviders } from './helpers/fake-provider.ts';
 import { FILES_PROVIDER, filesPassthrough } from './helpers/passthrough-files.ts';
 import { requestLine, useStacks } from './helpers/stack.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
-import { completion, json, responsesHead, responsesTail, textDelta, type Script } from './helpers/scripted-provider.ts';
-
-const anthropicMessage = (text: string) =>
-  json(200, {
-    id: 'msg_01',
-    type: 'message',
-    role: 'assistant',
-    model: 'claude-sonnet-4-6',
-    content: [{ type: 'text', text }],
-    stop_reason: 'end_turn',
-    stop_sequence: null,
-    usage: { input_tokens: 10, output_tokens: 2 },
-  });
+import { anthropicMessage, completion, json, responsesHead, responsesTail, textDelta, type Script } from './helpers/scripted-provider.ts';
 
 describe('an Anthropic error object in a 200 stands for its status and code (attempt familyErrorIn200)', () => {
   const start = useScriptedUpstreams();

@@ -185,6 +185,19 @@ export const completion = (content: string | null, model: string, finish = 'stop
     usage: { prompt_tokens: 12, completion_tokens: 4, total_tokens: 16 },
   });
 
+/** A whole Anthropic Messages answer of one text block, as the Messages API sends it. */
+export const anthropicMessage = (text: string, model = 'claude-sonnet-4-6'): Script =>
+  json(200, {
+    id: 'msg_01XFDUDYJgAACzvnptvVoYEL',
+    type: 'message',
+    role: 'assistant',
+    model,
+    content: [{ type: 'text', text }],
+    stop_reason: 'end_turn',
+    stop_sequence: null,
+    usage: { input_tokens: 10, output_tokens: 2 },
+  });
+
 /** A streamed answer: role chunk, text, finish, [DONE]. */
 export const streamed = (text: string): Script => ({
   steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({ content: text })]), cc([delta({}, 'stop')]), DONE],
