@@ -218,17 +218,22 @@ async function openParked(url: string): Promise<Array<Promise<Outcome>>> {
 const BREAKER = { consecutiveFailures: 3, openS: 0.8, halfOpenProbes: 3, closeAfter: 3 };
 
 // ---------------------------------------------------------------------------------------------------------------
+/** The breaker opened by a brownout, the provider healthy again and its counts cleared, and openS gone by: the probe's turn. */
+async function recoveredAfterOpenS(s: Stack): Promise<void> {
+  s.mock.brownout('503', 60_000);
+  await openWith(s.url, 3);
+  await mockControl(s.mock, 'POST', 'brownout', { durationMs: 0 });
+  await mockControl(s.mock, 'POST', 'reset');
+  await sleep(BREAKER.openS * 1.1 * 1000 + 100);
+}
+
 describe('1. the breaker\'s way back, one instance', () => {
   const noPark = (faults: StackOptions['faults'] = { latencyMs: 300 }): Promise<Stack> =>
     startStack({ faults, provider: { breaker: BREAKER, maxConnections: 16 }, route: { retry: { maxAttempts: 1 }, park: false } });
 
   it('after openS, a crowd of 12 agents at once: one request alone reaches the provider (the probe); the others are told 503 circuit_open with a retry-after (x-should-retry false), not sent', async () => {
     const s = await noPark();
-    s.mock.brownout('503', 60_000);
-    await openWith(s.url, 3);
-    await mockControl(s.mock, 'POST', 'brownout', { durationMs: 0 });
-    await mockControl(s.mock, 'POST', 'reset');
-    await sleep(BREAKER.openS * 1.1 * 1000 + 100);
+    await recoveredAfterOpenS(s);
     const crowd = await Promise.all(Array.from({ length: 12 }, () => raw(s.url)));
     expect(crowd.filter((c) => c.status === 200)).toHaveLength(1);
     const refused = crowd.filter((c) => c.status !== 200);
@@ -240,11 +245,7 @@ describe('1. the breaker\'s way back, one instance', () => {
 
   it('after the probe succeeds: at most halfOpenProbes (3) at a time at the provider until closeAfter (3) successes close the breaker; then the breaker reads closed', async () => {
     const s = await noPark();
-    s.mock.brownout('503', 60_000);
-    await openWith(s.url, 3);
-    await mockControl(s.mock, 'POST', 'brownout', { durationMs: 0 });
-    await mockControl(s.mock, 'POST', 'reset');
-    await sleep(BREAKER.openS * 1.1 * 1000 + 100);
+    await recoveredAfterOpenS(s);
     // 10 agents that keep calling (maxRetries 0, one call after another) through the half-open spell.
     const stop = Date.now() + 2_000;
     const loops = Array.from({ length: 10 }, async () => {
