@@ -628,6 +628,28 @@ describe('4. hold-offs from a retry-after, and the way back from them', () => {
     expect(mostInWindow(arrivals(log), 100)).toBeLessThanOrEqual(12);
   });
 
+  it('Redis restarts (empty) during a 2 s hold-off: neither instance that knew of it sends anything before it ends', async () => {
+    const mock = await startMock({ apiKey: TEST_KEY, faults: { latencyMs: 30 } });
+    const [a, b] = await fleet(2, holdInput(mock.url, false, 1_000));
+    await warm([a!, b!]);
+    await mockControl(mock, 'PUT', 'faults', { latencyMs: 30, errors: [{ status: 429, times: 1, code: 'rate_limit_exceeded', headers: { 'retry-after': '2' } }] });
+    expect((await raw(a!)).status).toBe(429);
+    const t429 = chatLog(mock).find((r) => r.status === 429)!.endedAt!;
+    // B hears of it by pub/sub, a moment after A's answer: read from its gauge, so the wait itself sends nothing.
+    await until(async () => (await gauge(b!, 'stormgate_hold_remaining_seconds', { target: TARGET, kind: 'hold_off', tier: 'all' })) > 0, 'B held off too', 2_000);
+    await redisServer().restart();
+    // Agents keep calling both instances (parking off: turned away with provider_held_off) until the hold-off is over.
+    const seen: string[] = [];
+    while (Date.now() - t429 < 1_800) {
+      for (const u of [a!, b!]) seen.push((await raw(u)).code ?? '200');
+      await sleep(50);
+    }
+    expect(chatLog(mock).filter((r) => r.receivedAt > t429 && r.receivedAt < t429 + 1_950)).toEqual([]);
+    expect(seen.every((c) => c === 'provider_held_off')).toBe(true);
+    await sleep(600);
+    expect((await raw(b!)).status).toBe(200);
+  });
+
   it('a 429 with retry-after: 0 starts no hold-off: the agents beside it are not held back', async () => {
     const mock = await startMock({ apiKey: TEST_KEY });
     const [a] = await fleet(1, holdInput(mock.url, false));
