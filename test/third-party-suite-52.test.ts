@@ -243,6 +243,36 @@ describe('1. the breaker\'s way back, one instance', () => {
     expect(chatLog(s.mock)).toHaveLength(1);
   });
 
+  it('after the probe succeeds: at most halfOpenProbes (3) at a time at the provider until closeAfter (3) successes close the breaker; then the breaker reads closed', async () => {
+    const s = await noPark();
+    await recoveredAfterOpenS(s);
+    // 10 agents that keep calling (maxRetries 0, one call after another) through the half-open spell.
+    const stop = Date.now() + 2_000;
+    const loops = Array.from({ length: 10 }, async () => {
+      const seen: Outcome[] = [];
+      while (Date.now() < stop) {
+        const o = await call(agent(s.url, 0));
+        seen.push(o);
+        if (o.status !== 200) await sleep(30);
+      }
+      return seen;
+    });
+    await Promise.all(loops);
+    const log = chatLog(s.mock);
+    expect(log.every((r) => r.status === 200)).toBe(true);
+    // Up to the third success (the close): never more than three in flight.
+    const closeAt = log.map((r) => r.endedAt!).sort((a, b) => a - b)[2]!;
+    const halfOpen = log.filter((r) => r.receivedAt < closeAt);
+    // In flight is what halfOpenProbes bounds: a probe answered frees its slot for another before the close, so up to
+    // one more per success short of it may go (CI saw 5: the probe, three, and one into the second's slot).
+    expect(halfOpen.length).toBeLessThanOrEqual(1 + BREAKER.halfOpenProbes + BREAKER.closeAfter - 1);
+    expect(mostInFlight(halfOpen)).toBeLessThanOrEqual(3);
+    // The first went alone (the probe after openS).
+    const t = arrivals(log);
+    expect(t[1]! - t[0]!).toBeGreaterThanOrEqual(250);
+    expect(await breakerState(s.url)).toBe(0);
+  });
+
   it('a probe that fails reopens it: while the provider stays down, the provider sees one request per openS, never two together', async () => {
     const s = await noPark({});
     s.mock.brownout('503', 60_000);
