@@ -172,10 +172,14 @@ export class PoolModel<R extends PoolReq = PoolReq> {
     const retriesAhead = this.queue.filter((w) => w.req.retry && w.req.cls < cls).length + Math.min(inClass, this.queue.filter((w) => w.req.retry && w.req.cls === cls).length);
     const beyond = Math.min(this.retriesInUse, this.retryCapacity) + retriesAhead + 1 - this.retryCapacity;
     if (beyond <= 0) return held;
-    // The first round ends with the retry in flight nearest its slot hold's end (a whole hold when none is in flight).
-    let first = slotMs;
-    for (const p of this.heldRetries) first = Math.min(first, Math.max(0, slotMs - (this.now() - p.grantedAtMs)));
-    return Math.max(held, first + (Math.ceil(beyond / this.retryCapacity) - 1) * slotMs);
+    // "each retry in flight expected to end a slot's hold after it began, each place it frees taken by the next retry in
+    // line": the places free as the holders end (an unused one at once; with more in flight than the cap, after a
+    // fleet share shrank it, a place frees only once the excess has ended), and its own is the one that frees after
+    // the retries ahead of it have taken theirs, round after round of slot holds.
+    const ends = [...this.heldRetries].map((p) => Math.max(0, slotMs - (this.now() - p.grantedAtMs))).sort((a, b) => a - b);
+    const cap = this.retryCapacity;
+    const places = ends.length >= cap ? ends.slice(ends.length - cap) : [...Array<number>(cap - ends.length).fill(0), ...ends];
+    return Math.max(held, places[retriesAhead % cap]! + Math.floor(retriesAhead / cap) * slotMs);
   }
 
   /** The waiter a newcomer to a full class queue displaces: undefined, none (the newcomer is shed). */
