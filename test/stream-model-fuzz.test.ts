@@ -489,7 +489,9 @@ function expected(c: Case): Expected {
       last = fail;
       t = failAt;
     }
-    if (!retryable(last)) break;
+    // README, Retries: a background request is sent once once it may have been taken: after a timeout or a stream
+    // broken before its response.created it is not sent again; a status the provider answered is retried as ever.
+    if (!retryable(last) || (c.background && last.kind !== 'status')) break;
     t += 10;
   }
   if (last.kind === 'status') return { status: last.status, attempts };
