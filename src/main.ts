@@ -21,7 +21,13 @@ async function main(): Promise<void> {
   let building = false;
   let closing: string | undefined;
   const shutdown = (signal: string) => {
-    if (closing !== undefined) return;
+    if (closing !== undefined) {
+      // A repeat changes nothing: npm passes on the signal its process group got (Ctrl-C at a terminal; systemd's
+      // KillMode=control-group signals every process), so the gateway hears each one twice. With `once`, the second
+      // fell to Node's default and killed the process mid-drain: every stream cut with a reset, exit 143 or 130.
+      running?.log.info({ signal, closing }, 'signal ignored: already shutting down');
+      return;
+    }
     closing = signal;
     if (running) stop(running, signal);
     // Nothing built yet (the modules and the config still loading, a second or two under tsx on a busy machine):
@@ -29,8 +35,8 @@ async function main(): Promise<void> {
     else if (!building) stoppedBeforeBuild(signal);
     // Otherwise the server is being built: the rest of main() closes what was built.
   };
-  process.once('SIGTERM', () => shutdown('SIGTERM'));
-  process.once('SIGINT', () => shutdown('SIGINT'));
+  process.on('SIGTERM', () => shutdown('SIGTERM'));
+  process.on('SIGINT', () => shutdown('SIGINT'));
   // A signal heard while tsx and this module loaded (npm start: src/early-signals.mjs).
   const early = (globalThis as { [EARLY_SIGNALS]?: { takeOver(): string | undefined } })[EARLY_SIGNALS]?.takeOver();
   if (early !== undefined) shutdown(early);

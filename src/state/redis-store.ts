@@ -70,6 +70,12 @@ export class RedisStore implements StateStore {
   /** Targets whose breaker or hold-off this instance has asked about: re-read from Redis after every reconnect. */
   readonly #watched = new Set<string>();
   readonly #toRead = new Set<string>();
+  /**
+   * Per target, the last breaker write whose answer never came (a command timeout): Redis still runs it once it gets to
+   * it (a paused Redis resumed), maybe after this instance, degraded, moved its view on (open, then half-open and closed
+   * by its own probes). See #refreshOne.
+   */
+  readonly #unanswered = new Map<string, BreakerRecord>();
   /** Targets re-read because Redis refused a permit for a breaker record this instance's view does not match. */
   readonly #reconciling = new Set<string>();
   /** First reads in flight, by target (see firstRead); the batch of #toRead they belong to. */
@@ -110,6 +116,10 @@ export class RedisStore implements StateStore {
     this.#subscriber = new RedisSubscriber({
       sub: this.#sub, channel: this.#keys.events, id: this.#id, health: this.#health, logger: this.#logger,
       onChange: (change) => this.#onMessage(change),
+      // Our own write, run late: a re-read settles it by #refreshOne's rule (this instance may have moved on since).
+      onOwnChange: (change) => {
+        if (change.kind === 'breaker' && this.#unanswered.has(change.target) && sameSpell(this.#unanswered.get(change.target)!, this.#toLocal(change.record))) this.#reconcile(change.target);
+      },
       // Messages sent while we were not subscribed are lost; read the current state instead.
       onSubscribed: () => void this.refresh(this.#watched),
     });
@@ -182,6 +192,7 @@ export class RedisStore implements StateStore {
       try {
         return await this.#casRemote(target, expectedGeneration, next);
       } catch (err) {
+        this.#unanswered.set(target, next);
         this.#health.failed(err, this.#keys.breaker(target));
       }
     }
@@ -378,6 +389,7 @@ export class RedisStore implements StateStore {
     this.#toRead.delete(target);
     // Taken out of its batch above, so the batch's end would not drop it.
     this.#reading.delete(target);
+    this.#unanswered.delete(target);
     this.#budget.forget(target);
   }
 
@@ -472,14 +484,24 @@ export class RedisStore implements StateStore {
     const fromRedis = decodeBreaker(raw);
     const stored = fromRedis && this.#toLocal(fromRedis);
     const cached = this.#view.breaker(target);
+    // Redis holds our own write that timed out, run late, and our view moved on from it while degraded (a paused Redis:
+    // the open it was sent before the store went degraded ran on resume, after this instance had probed and closed the
+    // breaker alone); taken as the fleet's word, it reopened the breaker here and on every instance. No other instance
+    // changed it since (it would not be that record), so our newer one stands.
+    const late = this.#unanswered.get(target);
+    const ownLateWrite = !!late && !!stored && sameSpell(late, stored) && !!cached && cached.generation > late.generation && cached.sinceMs >= stored.sinceMs;
+    // Past it (a later write stands in Redis), it cannot run any more: its compare-and-set expects an older generation.
+    if (late && stored && stored.generation > late.generation) this.#unanswered.delete(target);
     if (!stored) {
       if (cached) await this.#casRemote(target, 0, cached);
-    } else if (cached && outranksFleet(cached, stored, this.#now())) {
+    } else if (cached && (ownLateWrite || outranksFleet(cached, stored, this.#now()))) {
       // Generations were counted apart while we were away: ours must pass the fleet's for every view to take it.
       const next = { ...cached, generation: Math.max(cached.generation, stored.generation) + 1 };
       if (await this.#casRemote(target, stored.generation, next)) {
+        this.#unanswered.delete(target);
         const openUntil = new Date(next.openUntilMs).toISOString();
-        this.#logger?.info({ target, openUntil }, 'breaker opened while Redis was away: written back, the fleet keeps it open');
+        if (ownLateWrite) this.#logger?.info({ target, state: next.state }, 'breaker write Redis ran late (after its timeout) replaced by this instance\'s newer record');
+        else this.#logger?.info({ target, openUntil }, 'breaker opened while Redis was away: written back, the fleet keeps it open');
       }
     } else {
       // A message that landed while the read was in flight may be newer than the read: then only move forward.
@@ -488,7 +510,7 @@ export class RedisStore implements StateStore {
 
     const storedUntil = hold === null ? 0 : this.#clock.toLocal(Number(hold));
     const cachedUntil = this.#view.holdOff(target) ?? 0;
-    if (storedUntil > cachedUntil) this.#view.putHoldOff(target, storedUntil);
+    if (storedUntil > cachedUntil) this.#view.putHoldOff(target, storedUntil, this.#now());
     else if (cachedUntil > storedUntil && cachedUntil > this.#now()) await this.#pushHoldOff(target, cachedUntil);
   }
 
@@ -511,7 +533,25 @@ export class RedisStore implements StateStore {
     // gateway's breaker series. A target looked up later is read from Redis then (firstRead), as by a new instance.
     if (!this.#watched.has(change.target)) return;
     if (change.kind === 'breaker') this.#view.putBreaker(change.target, this.#toLocal(change.record), false);
-    else this.#view.putHoldOff(change.target, this.#clock.toLocal(change.untilMs));
+    else this.#view.putHoldOff(change.target, this.#clock.toLocal(change.untilMs), this.#now());
+  }
+
+  /**
+   * The first reads of a batch of targets. One that fails while the store stays on Redis (a single command timeout is no
+   * outage) is read again at the target's next lookup (every request looks its target up): kept as watched, it was never
+   * read again until the next reconnect, and the instance sent into the fleet's open breaker or hold-off meanwhile,
+   * having missed the message that started it. Degraded, the recovery's re-read covers it.
+   */
+  async #firstReads(targets: string[]): Promise<void> {
+    if (!this.#health.usable()) return;
+    await Promise.all(
+      targets.map((t) =>
+        this.#refreshOne(t).catch((err: unknown) => {
+          this.#health.failed(err);
+          if (!this.#health.degraded) this.#watched.delete(t);
+        }),
+      ),
+    );
   }
 
   /** First sight of a target: read its fleet state in the background, so a new instance learns of open breakers. */
@@ -523,10 +563,12 @@ export class RedisStore implements StateStore {
       this.#batch = new Promise((resolve) =>
         setImmediate(() => {
           const targets = [...this.#toRead];
+          const batch = this.#batch;
           this.#toRead.clear();
-          // refresh() never throws, and its commands time out after commandTimeoutMs.
-          void this.refresh(targets).finally(() => {
-            for (const t of targets) this.#reading.delete(t);
+          // Never throws, and its commands time out after commandTimeoutMs.
+          void this.#firstReads(targets).finally(() => {
+            // A target read again meanwhile (its read here failed) belongs to the next batch.
+            for (const t of targets) if (this.#reading.get(t) === batch) this.#reading.delete(t);
             resolve();
           });
         }),
@@ -535,6 +577,11 @@ export class RedisStore implements StateStore {
     this.#toRead.add(target);
     this.#reading.set(target, this.#batch!);
   }
+}
+
+/** Are these the same breaker record as written (a late write recognised in Redis)? */
+function sameSpell(a: BreakerRecord, b: BreakerRecord): boolean {
+  return a.generation === b.generation && a.state === b.state && a.sinceMs === b.sinceMs;
 }
 
 /** QUIT, but never wait long for it: a Redis that is away must not hold up shutdown. */

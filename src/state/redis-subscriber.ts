@@ -27,6 +27,8 @@ interface RedisSubscriberDeps {
   logger: Logger | undefined;
   /** A change another instance made. */
   onChange: (change: ChangeMessage) => void;
+  /** A change of this instance's own, heard back (a write Redis ran late, after its answer had timed out). */
+  onOwnChange?: (change: ChangeMessage) => void;
   /** Subscribed (again): messages sent while not subscribed are lost. */
   onSubscribed: () => void;
 }
@@ -61,9 +63,10 @@ export class RedisSubscriber {
   #onMessage(channel: string, message: string): void {
     if (channel !== this.#deps.channel) return;
     const change = decodeChange(message);
+    if (!change) return;
     // Our own changes already fired when we made them.
-    if (!change || change.src === this.#deps.id) return;
-    this.#deps.onChange(change);
+    if (change.src === this.#deps.id) this.#deps.onOwnChange?.(change);
+    else this.#deps.onChange(change);
   }
 
   async #subscribe(): Promise<void> {

@@ -67,11 +67,16 @@ export class FleetView {
     this.#holdOffs.delete(target);
   }
 
-  /** Extends the hold-off (never shortens it) and fires onChange if it moved. */
-  putHoldOff(target: string, untilMs: number): void {
+  /**
+   * Extends the hold-off (never shortens it) and fires onChange if it moved, and is still in force at `nowMs`. One over
+   * already (Redis keeps a hold-off's key a minute past its end, for a late reader) is kept without a word, as rebase
+   * does: announced, it read as one that had just ended, and the target's adaptive limit restarted at half (runtime.ts)
+   * on every instance that first looked the target up, or came back to Redis, within a minute of a hold-off it never saw.
+   */
+  putHoldOff(target: string, untilMs: number, nowMs = Number.NEGATIVE_INFINITY): void {
     if ((this.#holdOffs.get(target) ?? 0) >= untilMs) return;
     this.#holdOffs.set(target, untilMs);
-    this.#emit({ kind: 'hold-off', target, untilMs });
+    if (untilMs > nowMs) this.#emit({ kind: 'hold-off', target, untilMs });
   }
 
   onChange(listener: (change: StateChange) => void): () => void {
