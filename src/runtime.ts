@@ -230,7 +230,7 @@ export async function createRuntime(config: Config, deps: RuntimeDeps): Promise<
     async close() {
       for (const timer of recoveries.values()) clearTimeout(timer);
       lot.close();
-      board.close();
+      await board.close();
       stopSharing();
       pools.close();
       unsubscribe();

@@ -248,9 +248,14 @@ export class BreakerBoard {
     return last?.generation === generation && this.#deps.now() - last.atMs < s.windowS * 1000 ? last.facts : undefined;
   }
 
-  close(): void {
+  /**
+   * Stops the batching, and writes what it held: the last 50 ms of outcomes count in the fleet's window (a failure
+   * rate a stopping instance had seen the start of) instead of going with it.
+   */
+  async close(): Promise<void> {
     clearTimeout(this.#timer);
     this.#timer = undefined;
+    if (this.#pending.size > 0) await this.flush();
   }
 
   /** A probe that left the state as it was (a failed one reopens an open breaker): a detail, not a transition. */

@@ -64,8 +64,10 @@ export class RedisBudget {
     for (const pending of [this.#pending, this.#pendingRetries]) for (const key of pending.keys()) if (budgetOf(key, target)) pending.delete(key);
   }
 
+  /** Sends the counts not sent yet (Redis runs them before the QUIT that follows), and stops the batching. */
   close(): void {
     clearTimeout(this.#flushTimer);
+    this.flush();
   }
 
   /** One budget script call, with this instance's unsent request counts for the key; undefined when Redis failed. */

@@ -395,8 +395,9 @@ export class RedisStore implements StateStore {
 
   async close(): Promise<void> {
     if (this.#health.closed) return;
-    this.#health.close();
+    // The budget's last counts go first: a closed store sends nothing.
     this.#budget.close();
+    this.#health.close();
     this.#subscriber.close();
     this.#clockReader.close();
     await Promise.all([quitSoon(this.#client), quitSoon(this.#sub)]);
