@@ -10,6 +10,9 @@ const USAGE = 'usage: stormgate [--config <file>] [--port <n>]   (config default
 /** Where src/early-signals.mjs, loaded before tsx by `npm start`, keeps a signal heard before this module ran. */
 const EARLY_SIGNALS = Symbol.for('stormgate.earlySignals');
 
+/** A SIGINT this long after shutdown began is a person's second Ctrl-C, not npm's copy of the first: exit at once. */
+const FORCE_AFTER_MS = 1_000;
+
 /** A problem the person starting the gateway can fix, said in one line (no stack trace): exit code 2. */
 class StartupError extends Error {}
 
@@ -20,15 +23,24 @@ async function main(): Promise<void> {
   let running: App | undefined;
   let building = false;
   let closing: string | undefined;
+  let closingAt = 0;
   const shutdown = (signal: string) => {
     if (closing !== undefined) {
-      // A repeat changes nothing: npm passes on the signal its process group got (Ctrl-C at a terminal; systemd's
-      // KillMode=control-group signals every process), so the gateway hears each one twice. With `once`, the second
-      // fell to Node's default and killed the process mid-drain: every stream cut with a reset, exit 143 or 130.
+      // A Ctrl-C pressed again, once the first has had a moment: the person at the terminal will not wait for the
+      // drain (streams of minutes). Not sooner: npm passes on the signal its process group got, so one Ctrl-C reaches
+      // the gateway twice within milliseconds.
+      if (signal === 'SIGINT' && Date.now() - closingAt >= FORCE_AFTER_MS) {
+        process.stderr.write('stormgate: SIGINT again: exiting now, without waiting for the requests in flight\n');
+        process.exit(130);
+      }
+      // Any other repeat changes nothing: npm doubles every signal (Ctrl-C; systemd's KillMode=control-group signals
+      // every process), and with `once` the second fell to Node's default and killed the process mid-drain: every
+      // stream cut with a reset, exit 143 or 130.
       running?.log.info({ signal, closing }, 'signal ignored: already shutting down');
       return;
     }
     closing = signal;
+    closingAt = Date.now();
     if (running) stop(running, signal);
     // Nothing built yet (the modules and the config still loading, a second or two under tsx on a busy machine):
     // nothing to close, so the process ends now rather than once the imports are done.

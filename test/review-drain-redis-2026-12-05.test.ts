@@ -94,6 +94,23 @@ describe('a signal that arrives twice (npm forwards the one a process group got:
   });
 });
 
+describe('a person\'s second Ctrl-C', () => {
+  it('a SIGINT a second or more after the first exits at once (130), without waiting for the stream in flight', async () => {
+    const url = await startGateway(60, { preStopMs: 0, graceMs: 30_000 });
+    const reader = await openStream(url);
+    const exited = gateway!.exited;
+    gateway!.proc.kill('SIGINT');
+    await sleep(1_300);
+    const t = Date.now();
+    gateway!.proc.kill('SIGINT');
+    expect(await exited).toBe(130);
+    expect(Date.now() - t).toBeLessThan(3_000);
+    expect(gateway!.output()).toContain('SIGINT again: exiting now');
+    // The stream (60 chunks, 150 ms apart) had far from ended.
+    expect((await readRest(reader)).includes('data: [DONE]')).toBe(false);
+  });
+});
+
 describe('`npm start` under a signal sent to its process group (the terminal\'s Ctrl-C, systemd\'s stop)', () => {
   let group: ChildProcess | undefined;
   let dir: string | undefined;
