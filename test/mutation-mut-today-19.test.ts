@@ -240,6 +240,8 @@ describe('serve-targets.ts on its own (tryTarget scripted, the lot a stub)', () 
   it("ends with the failure a target gave when the wait for the other runs out, not the other's unavailability", async () => {
     script.answers.set('a', [failed]);
     script.answers.set('b', [down(3_000, 'hold-off')]);
+    // Still held off when the wait runs out (the request is answered for what holds the target then).
+    script.held.set('b', { reason: 'hold-off', availableAtMs: now + 3_000 });
     const r = await serve(['a', 'b'], [{ kind: 'timeout' }]);
     expect(r.served).toMatchObject({ kind: 'failed', plan: { key: 'a' } });
     expect(r.skipped).toEqual([{ target: 'b', reason: expect.stringContaining('held off') }]);

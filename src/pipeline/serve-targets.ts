@@ -314,10 +314,11 @@ export async function serveTargets(
     // (the provider at capacity, a wait to come back after), not told of a breaker that never opened. Made only when
     // it is the answer: the shed is counted then, not for every request that parks behind the release and is served
     // (one instance of a fleet counted 159 sheds through a 429 storm in which no client was shed).
-    const unavailable = (): Served =>
-      first.reason === 'pacing'
-        ? { kind: 'shed', plan: first.plan, shed: { kind: 'shed', reason: waitBound, retryAfterMs: first.plan.pool.shedWaiting(first.plan.cls, first.plan.limitKey, ctx.client, ctx.tokens, waitBound), className: first.plan.className, lowestClass: first.plan.lowestClass } }
-        : { kind: 'unavailable', plan: first.plan, reason: first.reason, availableAtMs: first.availableAtMs };
+    const unavailableAt = (b: Blocked) => (): Served =>
+      b.reason === 'pacing'
+        ? { kind: 'shed', plan: b.plan, shed: { kind: 'shed', reason: waitBound, retryAfterMs: b.plan.pool.shedWaiting(b.plan.cls, b.plan.limitKey, ctx.client, ctx.tokens, waitBound), className: b.plan.className, lowestClass: b.plan.lowestClass } }
+        : { kind: 'unavailable', plan: b.plan, reason: b.reason, availableAtMs: b.availableAtMs };
+    const unavailable = unavailableAt(first);
     const now = deps.now();
     const waitMs = Math.max(0, first.availableAtMs - now);
     // A hold-off is the provider's own wait hint: parked or retrying, the route waits out at most maxWaitHintMs of it.
@@ -375,8 +376,12 @@ export async function serveTargets(
         return end({ kind: 'closing', plan: first.plan });
       case 'timeout':
         if (blocked.length === 1) {
-          noteBlocked(blocked);
-          return worst(unavailable);
+          // Answered for what holds the target now, not when the request parked: a hold-off that has ended since (the
+          // request then waited behind the release at the target's limit) is a shed, not `provider_held_off` "for
+          // another 1 s", and a breaker that reopened after a failed probe tells its new probe time.
+          const holdsNow = { plan: first.plan, ...whatHolds(first.plan, ctx.parkable, deps) };
+          noteBlocked([holdsNow]);
+          return worst(unavailableAt(holdsNow));
         }
         // Other targets to look at once more: that last look notes them as they are then. Noted now, a target whose
         // hold-off ended as the wait did (the request then pacing behind the release) was named held off.
