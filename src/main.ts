@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import type { buildServer } from './server.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
-const USAGE = 'usage: stormgate [--config <file>] [--port <n>]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port)\n';
+const USAGE = 'usage: stormgate [-c, --config <file>] [-p, --port <n>]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port)\n';
 
 /** Where src/early-signals.mjs, loaded before tsx by `npm start`, keeps a signal heard before this module ran. */
 const EARLY_SIGNALS = Symbol.for('stormgate.earlySignals');

@@ -155,7 +155,7 @@ const ACCOUNT_PROBLEMS: ReadonlyArray<readonly [RegExp, ErrorDef]> = [
  */
 export function toOpenAIError(status: number, body: unknown): { status: number; body: OpenAIErrorBody } {
   const parsed = typeof body === 'string' ? tryJson(body) : body;
-  const error = (parsed as { error?: { type?: unknown; message?: unknown; details?: { error_code?: unknown } } } | null)?.error;
+  const error = (parsed as { error?: { type?: unknown; message?: unknown; code?: unknown; details?: { error_code?: unknown } } } | null)?.error;
   const type = typeof error?.type === 'string' ? error.type : undefined;
   const message = typeof error?.message === 'string' ? error.message : `the Anthropic target answered HTTP ${status}`;
   const account = type === 'invalid_request_error' ? ACCOUNT_PROBLEMS.find(([pattern]) => pattern.test(message))?.[1] : undefined;
@@ -163,7 +163,10 @@ export function toOpenAIError(status: number, body: unknown): { status: number; 
   const def = (type !== undefined ? ERRORS[type] : undefined) ?? byStatus(status);
   const finalStatus = status >= 400 ? status : def.status; // an error event inside a 200 stream has no status of its own
   const detailCode = typeof error?.details?.error_code === 'string' ? error.details.error_code : null;
-  const code = type === 'invalid_request_error' && CONTEXT_LENGTH.test(message) ? 'context_length_exceeded' : (def.code ?? detailCode);
+  // Anthropic's API names no code, but what stands in front of it may (another stormgate: its loop_detected on a
+  // native route); a code the upstream named is kept when the type maps to none, so the client gets it.
+  const ownCode = typeof error?.code === 'string' && error.code !== '' ? error.code : null;
+  const code = type === 'invalid_request_error' && CONTEXT_LENGTH.test(message) ? 'context_length_exceeded' : (def.code ?? detailCode ?? ownCode);
   return { status: finalStatus, body: errorBody(message, def.type, code) };
 }
 
