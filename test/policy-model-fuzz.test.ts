@@ -816,7 +816,9 @@ describe('the deadline against the README', () => {
       const share = (ms: number) => (expected!.timeoutMs >= routeTimeoutMs ? ms : Math.min(ms, Math.round(expected!.timeoutMs / 2)));
       const margin = marginMs === undefined ? Math.max(250, Math.round(expected.timeoutMs * 0.05)) : share(marginMs);
       // "minus a margin"; a margin as long as the timeout itself leaves a sliver (50 ms at most) rather than nothing.
-      const budgetMs = Math.max(Math.min(expected.timeoutMs, 50), expected.timeoutMs - margin);
+      const minus = (timeoutMs: number, m: number) => Math.max(Math.min(timeoutMs, 50), timeoutMs - m);
+      // "never more than the route's own timeout less its margin gives": a client asking for more never gets less.
+      const budgetMs = marginMs === undefined ? minus(expected.timeoutMs, margin) : Math.min(minus(expected.timeoutMs, margin), minus(routeTimeoutMs, marginMs));
       const want = { budgetMs, timeoutMs: expected.timeoutMs, source: expected.source };
       if (JSON.stringify(d) !== JSON.stringify(want)) expect({ routeTimeoutMs, marginMs, headers, d }).toEqual({ routeTimeoutMs, marginMs, headers, d: want });
       // A request whose route is not known yet gets the longest its routes would give it.

@@ -332,7 +332,7 @@ const RouteSchema = z
       .describe('When every target failed or is unavailable and nothing can be parked, answer a normal-looking completion with this text (x-stormgate-degraded: true) instead of an error. Optional; chat completions only.'),
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),
     minAttemptMs: ms('A wait (backoff, wait hint) is only taken if at least this much time is left for the attempt after it, before the deadline; otherwise the gateway answers at once. Default: 1000.').default(1000),
-    deadlineMarginMs: ms('Time kept back before the client\'s deadline so the gateway answers before the client gives up. Optional; default: the larger of 250 ms and 5% of the deadline. Set, it is kept back whole, but from a client\'s shorter timeout at most half of that timeout.').optional(),
+    deadlineMarginMs: ms('Time kept back before the client\'s deadline so the gateway answers before the client gives up. Optional; default: the larger of 250 ms and 5% of the deadline. Set, it is kept back whole, but from a client\'s shorter timeout at most half of that timeout, and never more time given than the route\'s own timeout less the margin.').optional(),
     retry: RetrySchema.prefault({}),
     priority: z.string().default('online')
       .describe('Priority class of the route\'s requests in its providers\' pools; the x-stormgate-priority header can only lower it. Default: online.'),

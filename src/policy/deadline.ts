@@ -45,7 +45,10 @@ export function computeDeadline({ routeTimeoutMs, marginMs, headers }: DeadlineI
  * route's own timeoutMs is the operator's, checked against the margin at start-up.)
  */
 function scaledMargin(marginMs: number, routeTimeoutMs: number, timeoutMs: number): number {
-  return timeoutMs >= routeTimeoutMs ? marginMs : Math.min(marginMs, Math.round(timeoutMs / 2));
+  if (timeoutMs >= routeTimeoutMs) return marginMs;
+  // Never more time than the route's own (its timeout less the whole margin): halved, a margin of 6 s on a 10 s route
+  // gave a client asking 9.999 s 5 s, and one asking 10 s (the route's) 4 s; more time asked got less.
+  return Math.max(Math.min(marginMs, Math.round(timeoutMs / 2)), timeoutMs - (routeTimeoutMs - marginMs));
 }
 
 /**
@@ -59,11 +62,15 @@ export function longestBudgetMs(routes: ReadonlyArray<{ timeoutMs: number; deadl
 /** A plain decimal: Number() alone would also read hex (`0x10`), exponents and binary. */
 const DECIMAL = /^\s*\d+(\.\d+)?\s*$/;
 
-/** x-stormgate-timeout-ms as a number of ms; undefined when absent or not a positive number (the server refuses those). */
+/**
+ * x-stormgate-timeout-ms as a number of ms; undefined when absent or not a positive number (the server refuses those).
+ * A decimal too long for a double reads as Infinity: longer than any route's timeout, so the route's applies (refused,
+ * it got a 400 saying it was not a positive number of milliseconds).
+ */
 export function timeoutHeaderMs(v: string | undefined): number | undefined {
   if (v === undefined || !DECIMAL.test(v)) return undefined;
   const n = Number(v);
-  return Number.isFinite(n) && n > 0 ? n : undefined;
+  return n > 0 ? n : undefined;
 }
 
 /**

@@ -18,17 +18,18 @@ export interface ProviderClient {
 interface ProviderClientOptions {
   /** Tests and embedders may pass their own dispatcher (e.g. an undici MockAgent). */
   dispatcher?: Dispatcher;
-  /** Coarse backstop for headers and body reads, in ms: above every route timeout. */
+  /** Coarse backstop for headers and body reads, in ms: above every route timeout (and this provider's stream timers). */
   backstopMs: number;
 }
 
 function createProviderClient(name: string, config: ProviderConfig, opts: ProviderClientOptions): ProviderClient {
   const { origin } = new URL(config.baseUrl);
+  const backstopMs = providerBackstopMs(config, opts.backstopMs);
   const poolOptions = {
     // An unset `connections` means unlimited in undici: always bound it.
     connections: config.maxConnections,
-    headersTimeout: opts.backstopMs,
-    bodyTimeout: opts.backstopMs,
+    headersTimeout: backstopMs,
+    bodyTimeout: backstopMs,
     // A provider's Keep-Alive hint may shorten the time, never lengthen it past what the config allows.
     keepAliveTimeout: config.timeouts.keepAliveMs,
     keepAliveMaxTimeout: config.timeouts.keepAliveMs,
@@ -43,13 +44,28 @@ function createProviderClient(name: string, config: ProviderConfig, opts: Provid
   return { name, config, dispatcher, disabled: config.optional && config.apiKey === '' };
 }
 
+/**
+ * undici's headers and body timers, a backstop only: above the routes' timeouts and above the provider's own stream
+ * timers. A started stream's gaps are idleMs's, and one started early at the client's deadline (or a background
+ * response) may be silent until firstTokenMs, as may a streamRecovery continuation, which no deadline bounds, until its
+ * headers: set from the routes' timeoutMs alone, undici cut an 8 s gap of a stream allowed 15 s on a 1 s route (a
+ * `cut` and a breaker failure, "Body Timeout Error") before the gateway's own timer was due.
+ */
+function providerBackstopMs(config: ProviderConfig, routesBackstopMs: number): number {
+  const { idleMs, firstTokenMs } = config.timeouts;
+  return Math.max(routesBackstopMs, Math.max(idleMs, firstTokenMs) + BACKSTOP_SLACK_MS);
+}
+
+/** How far undici's backstops lie past the timers they back (undici's own timers fire up to about a second late). */
+const BACKSTOP_SLACK_MS = 5_000;
+
 /** Requests name no origin (each provider has its own dispatcher): the proxy's agent, one for any origin, needs one. */
 function toOrigin(origin: string): Dispatcher.DispatcherComposeInterceptor {
   return (dispatch) => (options, handler) => dispatch({ ...options, origin }, handler);
 }
 
 export function createProviderClients(config: Config, dispatcher?: Dispatcher): Map<string, ProviderClient> {
-  const backstopMs = Math.max(...config.routes.map((r) => r.timeoutMs)) + 5_000;
+  const backstopMs = Math.max(...config.routes.map((r) => r.timeoutMs)) + BACKSTOP_SLACK_MS;
   const clients = new Map<string, ProviderClient>();
   for (const [name, provider] of Object.entries(config.providers)) {
     clients.set(name, createProviderClient(name, provider, { dispatcher, backstopMs }));
