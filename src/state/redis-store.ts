@@ -492,7 +492,9 @@ export class RedisStore implements StateStore {
     const late = this.#unanswered.get(target);
     const ownLateWrite = !!late && !!stored && sameSpell(late, stored) && !!cached && cached.generation > late.generation && cached.sinceMs >= stored.sinceMs;
     // Past it (a later write stands in Redis), it cannot run any more: its compare-and-set expects an older generation.
-    if (late && stored && stored.generation > late.generation) this.#unanswered.delete(target);
+    // Read back as our view holds it (our own message heard, see onOwnChange), it has run and we know: settled, as a
+    // write answered in time. Kept, it let a close this instance made alone in a later outage replace the fleet's open.
+    if (late && stored && (stored.generation > late.generation || (cached && sameSpell(cached, late) && sameSpell(late, stored)))) this.#unanswered.delete(target);
     if (!stored) {
       if (cached) await this.#casRemote(target, 0, cached);
     } else if (cached && (ownLateWrite || outranksFleet(cached, stored, this.#now()))) {
