@@ -9,6 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
 import { scopedKey } from '../src/policy/idempotency.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
+import { openRawStream, readRawRest } from './helpers/chat-stream.ts';
 import { freePort } from './helpers/free-port.ts';
 import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
@@ -39,32 +40,11 @@ async function startGateway(chunks: number, drain: { preStopMs: number; graceMs:
   return `http://127.0.0.1:${port}`;
 }
 
-/** A stream through the gateway, with its first chunk read. */
-async function openStream(url: string): Promise<ReadableStreamDefaultReader<Uint8Array>> {
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
-  });
-  const reader = res.body!.getReader();
-  await reader.read();
-  return reader;
-}
-
-async function readRest(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string> {
-  let text = '';
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return text;
-    text += new TextDecoder().decode(value);
-  }
-}
-
 describe('SIGTERM', () => {
   it('drains: readiness off, then new requests refused, the stream in flight completes, exit 0', async () => {
     const url = await startGateway(12, { preStopMs: 400, graceMs: 10_000 });
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     const exited = gateway!.exited;
     gateway!.proc.kill('SIGTERM');
     await sleep(100);
@@ -82,7 +62,7 @@ describe('SIGTERM', () => {
       () => ({ status: 0, retry: null, code: 'refused' }),
     );
     if (late.status !== 0) expect(late).toEqual({ status: 503, retry: 'true', code: 'gateway_draining' });
-    const text = await readRest(reader);
+    const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     const code = await exited;
     expect(code).toBe(0);
@@ -90,11 +70,11 @@ describe('SIGTERM', () => {
 
   it('ends a stream still running when the grace period is over with an error event the SDKs raise, not a reset', async () => {
     const url = await startGateway(100, { preStopMs: 0, graceMs: 500 });
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     const exited = gateway!.exited;
     gateway!.proc.kill('SIGTERM');
     // Reading ends cleanly (no network error), with the error event last and no [DONE] that would look complete.
-    const text = await readRest(reader);
+    const text = await readRawRest(reader);
     const events = text.trim().split('\n\n');
     const last = JSON.parse(events.at(-1)!.replace(/^data: /, '')) as { error: { code: string; message: string } };
     expect(last.error.code).toBe('stream_interrupted');
@@ -226,9 +206,9 @@ describe('SIGINT', () => {
 describe('SIGHUP', () => {
   it('is ignored: the stream in flight completes and the gateway keeps serving', async () => {
     const url = await startGateway(4, { preStopMs: 0, graceMs: 1_000 });
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     gateway!.proc.kill('SIGHUP');
-    expect(await readRest(reader)).toContain('data: [DONE]');
+    expect(await readRawRest(reader)).toContain('data: [DONE]');
     await sleep(100);
     expect(gateway!.proc.exitCode).toBeNull();
     expect((await fetch(`${url}/readyz`)).status).toBe(200);

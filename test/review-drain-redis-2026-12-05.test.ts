@@ -10,6 +10,7 @@ import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
+import { openRawStream, readRawRest } from './helpers/chat-stream.ts';
 import { defaultConfig, startStack } from './helpers/stack.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
@@ -46,35 +47,26 @@ async function startGateway(chunks: number, drain: { preStopMs: number; graceMs:
   return `http://127.0.0.1:${port}`;
 }
 
-async function openStream(url: string): Promise<ReadableStreamDefaultReader<Uint8Array>> {
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
-  });
-  const reader = res.body!.getReader();
-  await reader.read();
-  return reader;
-}
-
-async function readRest(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string> {
-  let text = '';
-  for (;;) {
-    const { value, done } = await reader.read().catch(() => ({ value: undefined, done: true as const, cut: true }));
-    if (done) return text;
-    text += new TextDecoder().decode(value);
-  }
+/** Stores of one fleet (one key prefix) on the test's Redis, with this command timeout; each closed after the test. */
+function fleetOf(commandTimeoutMs: number): (() => RedisStore) & { keyPrefix: string } {
+  const keyPrefix = `rev-${randomUUID()}`;
+  const make = () => {
+    const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs, keyPrefix } });
+    stores.push(store);
+    return store;
+  };
+  return Object.assign(make, { keyPrefix });
 }
 
 describe('a signal that arrives twice (npm forwards the one a process group got: Ctrl-C, systemd KillMode=control-group)', () => {
   it('a second SIGTERM during the drain does not kill the process: the stream in flight completes, exit 0', async () => {
     const url = await startGateway(8, { preStopMs: 200, graceMs: 10_000 });
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     const exited = gateway!.exited;
     gateway!.proc.kill('SIGTERM');
     await sleep(50);
     gateway!.proc.kill('SIGTERM');
-    const text = await readRest(reader);
+    const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(await exited).toBe(0);
     expect(gateway!.proc.signalCode).toBeNull();
@@ -82,12 +74,12 @@ describe('a signal that arrives twice (npm forwards the one a process group got:
 
   it('a second SIGINT does not kill the process either: the stream in flight completes, exit 0', async () => {
     const url = await startGateway(8, { preStopMs: 0, graceMs: 10_000 });
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     const exited = gateway!.exited;
     gateway!.proc.kill('SIGINT');
     await sleep(50);
     gateway!.proc.kill('SIGINT');
-    const text = await readRest(reader);
+    const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(await exited).toBe(0);
     expect(gateway!.proc.signalCode).toBeNull();
@@ -97,7 +89,7 @@ describe('a signal that arrives twice (npm forwards the one a process group got:
 describe('a person\'s second Ctrl-C', () => {
   it('a SIGINT a second or more after the first exits at once (130), without waiting for the stream in flight', async () => {
     const url = await startGateway(60, { preStopMs: 0, graceMs: 30_000 });
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     const exited = gateway!.exited;
     gateway!.proc.kill('SIGINT');
     await sleep(1_300);
@@ -107,7 +99,7 @@ describe('a person\'s second Ctrl-C', () => {
     expect(Date.now() - t).toBeLessThan(3_000);
     expect(gateway!.output()).toContain('SIGINT again: exiting now');
     // The stream (60 chunks, 150 ms apart) had far from ended.
-    expect((await readRest(reader)).includes('data: [DONE]')).toBe(false);
+    expect((await readRawRest(reader)).includes('data: [DONE]')).toBe(false);
   });
 });
 
@@ -139,9 +131,9 @@ describe('`npm start` under a signal sent to its process group (the terminal\'s 
     const exited = once(group, 'exit') as Promise<[number | null, string | null]>;
     await waitReady({ proc: group, file, exited: exited.then(([c]) => c), output: () => out }, port, 30_000);
     const url = `http://127.0.0.1:${port}`;
-    const reader = await openStream(url);
+    const reader = await openRawStream(url);
     process.kill(-group.pid!, 'SIGTERM');
-    const text = await readRest(reader);
+    const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(await exited).toEqual([0, null]);
   });
@@ -149,12 +141,7 @@ describe('`npm start` under a signal sent to its process group (the terminal\'s 
 
 describe('Redis paused (SIGSTOP) longer than a breaker is open, then resumed', () => {
   it('the late run of the open this instance sent before it went degraded does not reopen the breaker it closed since, here or on the fleet', async () => {
-    const keyPrefix = `rev-${randomUUID()}`;
-    const make = () => {
-      const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 100, keyPrefix } });
-      stores.push(store);
-      return store;
-    };
+    const make = fleetOf(100);
     const a = make();
     const b = make();
     expect(await a.ready()).toBe(true);
@@ -190,7 +177,7 @@ describe('Redis paused (SIGSTOP) longer than a breaker is open, then resumed', (
     expect(b.getBreaker(t)?.state).toBe('closed');
     const admin = new Redis(redis().url);
     try {
-      expect(await admin.hget(`${keyPrefix}:{${t}}:breaker`, 'state')).toBe('closed');
+      expect(await admin.hget(`${make.keyPrefix}:{${t}}:breaker`, 'state')).toBe('closed');
     } finally {
       admin.disconnect();
     }
@@ -199,12 +186,7 @@ describe('Redis paused (SIGSTOP) longer than a breaker is open, then resumed', (
 
 describe('a hold-off that ended a moment ago, read from Redis (its key outlives it by a minute)', () => {
   it('is no change to announce on an instance that first looks the target up (its adaptive limit must not restart at half for it)', async () => {
-    const keyPrefix = `rev-${randomUUID()}`;
-    const make = () => {
-      const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
-      stores.push(store);
-      return store;
-    };
+    const make = fleetOf(500);
     const a = make();
     expect(await a.ready()).toBe(true);
     const t = 'p/held';
@@ -257,12 +239,7 @@ describe('a hold-off that ended a moment ago, read from Redis (its key outlives 
 
 describe('a first read of a target that Redis answers too late (one command timeout: no outage yet)', () => {
   it('is read again, so the instance learns the fleet\'s hold-off instead of sending into it until the next reconnect', async () => {
-    const keyPrefix = `rev-${randomUUID()}`;
-    const make = () => {
-      const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 100, keyPrefix } });
-      stores.push(store);
-      return store;
-    };
+    const make = fleetOf(100);
     const a = make();
     const b = make();
     expect(await a.ready()).toBe(true);
@@ -288,12 +265,7 @@ describe('a first read of a target that Redis answers too late (one command time
 
 describe('the pub/sub connection lost while the command connection stays', () => {
   it('hears the fleet again and learns what changed while it was not subscribed (a hold-off, an open breaker)', async () => {
-    const keyPrefix = `rev-${randomUUID()}`;
-    const make = () => {
-      const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
-      stores.push(store);
-      return store;
-    };
+    const make = fleetOf(500);
     const a = make();
     const b = make();
     expect(await a.ready()).toBe(true);

@@ -57,3 +57,26 @@ export function toolCalls(chunks: ChatCompletionChunk[], choice = 0) {
   }
   return calls;
 }
+
+/** A chat stream opened with fetch (no SDK), its first chunk read: for tests that stop or signal the gateway mid-stream. */
+export async function openRawStream(url: string): Promise<ReadableStreamDefaultReader<Uint8Array>> {
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'a long answer' }], stream: true }),
+  });
+  const reader = res.body!.getReader();
+  await reader.read();
+  return reader;
+}
+
+/** The rest of a raw stream as text; a lost connection ends it (the text is then what the client had of it). */
+export async function readRawRest(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<string> {
+  const decoder = new TextDecoder();
+  let text = '';
+  for (;;) {
+    const { value, done } = await reader.read().catch(() => ({ value: undefined, done: true as const }));
+    if (done) return text;
+    text += decoder.decode(value, { stream: true });
+  }
+}
