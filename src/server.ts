@@ -17,11 +17,11 @@ import { instanceName } from './http/loop-guard.ts';
 import { passthroughBase, registerPassthrough } from './providers/passthrough.ts';
 import { admission } from './http/admission.ts';
 import { clientLimits } from './http/client-limits.ts';
-import { answerClientError, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
+import { answerClientError, answerConnect, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
 import { closeSweep } from './http/close-sweep.ts';
 import { gracefulDrain } from './http/drain.ts';
 import { continueWanted } from './http/expect-continue.ts';
-import { methodGuard } from './http/method-guard.ts';
+import { methodGuard, routeEveryMethod } from './http/method-guard.ts';
 import { modelsRoutes } from './http/models-routes.ts';
 import { longestBudgetMs } from './policy/deadline.ts';
 import { reachedProvider } from './policy/outcome.ts';
@@ -111,6 +111,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // Requests Node's HTTP parser refuses (headers or URL too large, a malformed request line, too slow to arrive).
     clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
   });
+  // Node keeps a request's first 2,000 headers and drops the rest without a word: a second Host line behind 2,000
+  // others passed the one-Host check. Their size stays bounded by Node's 16 KB of headers.
+  app.server.maxHeadersCount = 0;
+  // Every method Node parses, so a path's method guard answers TRACE or PROPFIND 405 too, not 404.
+  routeEveryMethod(app);
+  // CONNECT never reaches a route: without a listener Node closed the connection unanswered.
+  app.server.on('connect', (_req: IncomingMessage, socket: Socket) => answerConnect(socket, logger as FastifyBaseLogger));
   // An `expect` other than 100-continue: Node would answer an empty 417 itself; this answers in the OpenAI shape.
   app.server.on('checkExpectation', (req, res) => answerUnmetExpectation(req, res, requestIdOf(req), logger as FastifyBaseLogger));
   // `expect: 100-continue` (curl sends it with large bodies) asks whether the body is wanted before it is sent. Node

@@ -44,9 +44,24 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
       : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? new GatewayError('request_timeout', 'the request did not arrive in time')
         : new GatewayError('bad_request', `the HTTP request is malformed (${err.code ?? 'parse error'})`);
+  answerOnSocket(socket, gatewayError, err.code, log);
+}
+
+/**
+ * A CONNECT asks a forward proxy for a tunnel (RFC 9110 9.3.6), which the gateway is not. Node hands it to no request
+ * handler, and with no 'connect' listener closed the connection without a word.
+ */
+export function answerConnect(socket: Socket, log: FastifyBaseLogger): void {
+  // Node takes its own listeners off a CONNECT's socket: a client's reset would be an uncaught 'error'.
+  socket.on('error', () => socket.destroy());
+  answerOnSocket(socket, new GatewayError('bad_request', 'CONNECT is not served: the gateway is no forward proxy; send the request itself to it'), 'CONNECT', log);
+}
+
+/** An answer written on the raw socket (no request reached fastify), then the socket closed. */
+function answerOnSocket(socket: Socket, gatewayError: GatewayError, code: string | undefined, log: FastifyBaseLogger): void {
   // No request was parsed, so no id came with it: a fresh one, as every answer carries one (and the log line names it).
   const requestId = randomUUID();
-  log.info({ reqId: requestId, code: err.code, status: gatewayError.status }, 'client error');
+  log.info({ reqId: requestId, code, status: gatewayError.status }, 'client error');
   if (!socket.writable) {
     socket.destroy();
     return;

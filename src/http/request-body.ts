@@ -32,6 +32,9 @@ export function contentEncoding(header: string | undefined): string | undefined 
 export function decodeBody(payload: Readable, encoding: string, limit: number): Readable {
   const decoder = DECODERS[encoding]!();
   const out = Object.assign(new PassThrough(), { receivedEncodedLength: 0 });
+  // A body fastify never reads (GET /v1/models, a text/plain POST answered 415) is decoded all the same: its error,
+  // with no reader listening, was an uncaught exception that ended the process. A reader adds its own listener.
+  out.on('error', () => undefined);
   let decoded = 0;
   const fail = (err: GatewayError) => {
     payload.unpipe(decoder);
