@@ -18,9 +18,7 @@ import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { buildServer } from '../src/server.ts';
 import { classify } from '../src/policy/outcome.ts';
-import type { ParkingLot } from '../src/pipeline/parking-lot.ts';
-import { serveTargets, type ServeDeps } from '../src/pipeline/serve-targets.ts';
-import type { RequestContext, TargetPlan } from '../src/pipeline/target-attempts.ts';
+import { serveScripted, type ParkOutcome, type ScriptedServeOptions } from './helpers/scripted-serve.ts';
 import { scrapeMetrics, testLogSink, useExtraMocks } from './helpers/stack.ts';
 
 // serve-targets.ts alone (the tests at the end): tryTarget and heldBack answer from a script while one is set; the
@@ -52,7 +50,6 @@ vi.mock('../src/pipeline/target-attempts.ts', async (importOriginal) => {
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- a log line is JSON: tests read whatever field they check
 type Line = Record<string, any>;
-type ParkOutcome = Awaited<ReturnType<ParkingLot['park']>>;
 
 const startMock = useExtraMocks();
 const gateways: FastifyInstance[] = [];
@@ -171,54 +168,23 @@ describe('a request that cannot park names the target that held it back', () => 
 });
 
 describe('serve-targets.ts on its own (tryTarget scripted, the lot a stub)', () => {
-  let now = 1_000_000;
+  const clock = { now: 1_000_000 };
+  const serve = (keys: string[], parks: ParkOutcome[], o?: ScriptedServeOptions) => serveScripted(clock, keys, parks, o);
   beforeEach(() => {
     script.on = true;
     script.answers.clear();
     script.held.clear();
-    now = 1_000_000;
+    clock.now = 1_000_000;
   });
   afterEach(() => {
     script.on = false;
   });
 
-  const plan = (key: string): TargetPlan =>
-    ({ key, label: key, holdOffKey: key, limitKey: key, cls: 0, className: 'online', lowestClass: false, ownModel: false, retry: { maxWaitHintMs: 10_000, retryOn: ['5xx', 'timeout'] }, pool: { shedWaiting: () => 1_234 } }) as unknown as TargetPlan;
   const http503 = { outcome: { kind: 'http' as const, status: 503, errorCode: null, hint: undefined }, status: 503, headers: {}, body: Buffer.from('') };
   const failed = { kind: 'failed', result: http503, cls: classify(http503.outcome), retryAfterMs: undefined, sent: true };
   const ok = { kind: 'ok', result: { outcome: { kind: 'ok' } }, sent: true };
-  const down = (inMs: number, reason: 'breaker' | 'hold-off' = 'breaker') => ({ kind: 'unavailable', reason, availableAtMs: now + inMs });
+  const down = (inMs: number, reason: 'breaker' | 'hold-off' = 'breaker') => ({ kind: 'unavailable', reason, availableAtMs: clock.now + inMs });
 
-  /** Serves a request on targets `keys`; the lot answers `parks` in turn (each wait taking `parkMs`), then `timeout`. */
-  async function serve(keys: string[], parks: ParkOutcome[], o: { parkMs?: number; waiting?: (key: string, parks: number) => number; park?: false | { maxQueue: number; maxWaitMs?: number } } = {}) {
-    const parked: string[] = [];
-    const opts: Array<Record<string, unknown>> = [];
-    const fallbacks: string[] = [];
-    const ctx = {
-      route: { name: 'chat', config: { minAttemptMs: 100 } },
-      deadlineAtMs: now + 30_000,
-      signal: new AbortController().signal,
-      skipped: [],
-      attempts: [],
-      parkable: true,
-    } as unknown as RequestContext;
-    const deps = {
-      now: () => now,
-      lot: {
-        waiting: (key: string) => o.waiting?.(key, parked.length) ?? 0,
-        park: async (key: string, asked: Record<string, unknown>) => {
-          parked.push(key);
-          opts.push(asked);
-          now += o.parkMs ?? 0;
-          return parks.shift() ?? { kind: 'timeout' };
-        },
-      },
-      guards: { holdOffs: { credentialsHeldFor: () => undefined } },
-      onFallback: (_route: string, from: string, to: string) => fallbacks.push(`${from}>${to}`),
-    } as unknown as ServeDeps;
-    const served = await serveTargets(ctx, keys.map(plan), undefined, o.park ?? { maxQueue: 100 }, deps);
-    return { served, parked, opts, fallbacks, skipped: ctx.skipped, attempts: ctx.attempts };
-  }
 
   it('takes a last look at every target when its wait runs out with two down, and is served by one back by then', async () => {
     script.answers.set('a', [down(5_000), down(5_000)]);
@@ -241,7 +207,7 @@ describe('serve-targets.ts on its own (tryTarget scripted, the lot a stub)', () 
     script.answers.set('a', [failed]);
     script.answers.set('b', [down(3_000, 'hold-off')]);
     // Still held off when the wait runs out (the request is answered for what holds the target then).
-    script.held.set('b', { reason: 'hold-off', availableAtMs: now + 3_000 });
+    script.held.set('b', { reason: 'hold-off', availableAtMs: clock.now + 3_000 });
     const r = await serve(['a', 'b'], [{ kind: 'timeout' }]);
     expect(r.served).toMatchObject({ kind: 'failed', plan: { key: 'a' } });
     expect(r.skipped).toEqual([{ target: 'b', reason: expect.stringContaining('held off') }]);

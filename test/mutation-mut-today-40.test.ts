@@ -6,12 +6,10 @@ import { Pool } from 'undici';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { startMock, type MockServer } from '../src/mock/server.ts';
-import type { ParkingLot } from '../src/pipeline/parking-lot.ts';
-import { serveTargets, type ServeDeps } from '../src/pipeline/serve-targets.ts';
-import type { RequestContext, TargetPlan } from '../src/pipeline/target-attempts.ts';
 import { toOpenAIError } from '../src/providers/anthropic/response.ts';
 import { createProviderClients } from '../src/providers/provider-client.ts';
 import { freePort } from './helpers/free-port.ts';
+import { serveScripted } from './helpers/scripted-serve.ts';
 import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
 
 // serve-targets.ts alone: tryTarget and heldBack answer from a script while one is set (heldBack noting the
@@ -41,50 +39,26 @@ vi.mock('../src/pipeline/target-attempts.ts', async (importOriginal) => {
 });
 
 describe("a route's only target, when the request's wait in the lot runs out (answered for what holds it then)", () => {
-  let now = 1_000_000;
+  const clock = { now: 1_000_000 };
   beforeEach(() => {
     script.on = true;
     script.answers.clear();
     script.held.clear();
     script.parkableAsked.length = 0;
-    now = 1_000_000;
+    clock.now = 1_000_000;
   });
   afterEach(() => {
     script.on = false;
   });
 
-  const plan = (key: string): TargetPlan =>
-    ({ key, label: key, holdOffKey: key, limitKey: key, cls: 0, className: 'online', lowestClass: false, ownModel: false, retry: { maxWaitHintMs: 10_000, retryOn: ['5xx', 'timeout'] }, pool: { shedWaiting: () => 1_234 } }) as unknown as TargetPlan;
-  const down = (inMs: number, reason: 'breaker' | 'hold-off') => ({ kind: 'unavailable', reason, availableAtMs: now + inMs });
+  const down = (inMs: number, reason: 'breaker' | 'hold-off') => ({ kind: 'unavailable', reason, availableAtMs: clock.now + inMs });
 
   /** Serves a request on target 'a', whose wait in the lot (`parkMs`) runs out. */
-  async function serveTimedOut(parkMs: number) {
-    const ctx = {
-      route: { name: 'chat', config: { minAttemptMs: 100 } },
-      deadlineAtMs: now + 30_000,
-      signal: new AbortController().signal,
-      skipped: [],
-      attempts: [],
-      parkable: true,
-    } as unknown as RequestContext;
-    const deps = {
-      now: () => now,
-      lot: {
-        waiting: () => 0,
-        park: async (): Promise<Awaited<ReturnType<ParkingLot['park']>>> => {
-          now += parkMs;
-          return { kind: 'timeout' };
-        },
-      },
-      guards: { holdOffs: { credentialsHeldFor: () => undefined } },
-    } as unknown as ServeDeps;
-    const served = await serveTargets(ctx, [plan('a')], undefined, { maxQueue: 100, maxWaitMs: 2_000 }, deps);
-    return { served, skipped: ctx.skipped };
-  }
+  const serveTimedOut = (parkMs: number) => serveScripted(clock, ['a'], [], { parkMs, park: { maxQueue: 100, maxWaitMs: 2_000 } });
 
   it('parked under a hold-off, its breaker open by then: circuit_open with the breaker\'s time, and the line names the breaker', async () => {
     script.answers.set('a', [down(1_000, 'hold-off')]);
-    script.held.set('a', { reason: 'breaker', availableAtMs: now + 2_000 + 1_500 });
+    script.held.set('a', { reason: 'breaker', availableAtMs: clock.now + 2_000 + 1_500 });
     const r = await serveTimedOut(2_000);
     expect(r.served).toMatchObject({ kind: 'unavailable', reason: 'breaker', availableAtMs: 1_003_500 });
     expect(r.skipped).toEqual([{ target: 'a', reason: 'circuit breaker open' }]);
