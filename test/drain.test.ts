@@ -4,40 +4,20 @@
 import { once } from 'node:events';
 import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { randomUUID } from 'node:crypto';
-import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
+import type { FaultSpec } from '../src/mock/server.ts';
 import { scopedKey } from '../src/policy/idempotency.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { openRawStream, readRawRest } from './helpers/chat-stream.ts';
-import { freePort } from './helpers/free-port.ts';
-import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
+import { useOneGatewayProcess } from './helpers/gateway-process.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 
-const startProcess = useGatewayProcesses();
-let mock: MockServer | undefined;
-let gateway: GatewayProcess | undefined;
-let spawned = 0;
-afterEach(async () => {
-  // Each test's process goes with it (the helper would only kill what is left after the file).
-  await killNow(gateway?.proc);
-  await mock?.close();
-  mock = gateway = undefined;
-});
+const one = useOneGatewayProcess();
 
 /** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once ready. */
 async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }, faults: FaultSpec = {}, extra: Record<string, unknown> = {}): Promise<string> {
-  mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 }, ...faults } });
-  const port = await freePort();
-  gateway = startProcess(`gateway-${++spawned}`, {
-    server: { host: '127.0.0.1', port, logLevel: 'warn' },
-    providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-    drain,
-    ...extra,
-  });
-  await waitReady(gateway, port);
-  return `http://127.0.0.1:${port}`;
+  return (await one.start({ faults: { stream: { chunks, chunkDelayMs: 150 }, ...faults }, drain, extra })).url;
 }
 
 describe('SIGTERM', () => {
@@ -45,8 +25,8 @@ describe('SIGTERM', () => {
     const url = await startGateway(12, { preStopMs: 400, graceMs: 10_000 });
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
     const reader = await openRawStream(url);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(100);
     const ready = await fetch(`${url}/readyz`);
     expect(ready.status).toBe(503);
@@ -71,8 +51,8 @@ describe('SIGTERM', () => {
   it('ends a stream still running when the grace period is over with an error event the SDKs raise, not a reset', async () => {
     const url = await startGateway(100, { preStopMs: 0, graceMs: 500 });
     const reader = await openRawStream(url);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     // Reading ends cleanly (no network error), with the error event last and no [DONE] that would look complete.
     const text = await readRawRest(reader);
     const events = text.trim().split('\n\n');
@@ -95,9 +75,9 @@ describe('SIGTERM', () => {
       }).then(async (r) => ({ status: r.status, retry: r.headers.get('x-should-retry'), code: ((await r.json()) as { error?: { code: string } }).error?.code }));
     const answers = Promise.all([ask(false), ask(true)]);
     await sleep(200);
-    const exited = gateway!.exited;
+    const exited = one.gateway!.exited;
     const started = Date.now();
-    gateway!.proc.kill('SIGTERM');
+    one.gateway!.proc.kill('SIGTERM');
     expect(await answers).toEqual([
       { status: 503, retry: 'true', code: 'gateway_draining' },
       { status: 503, retry: 'true', code: 'gateway_draining' },
@@ -120,8 +100,8 @@ describe('SIGTERM, a retry waiting out a wait hint', () => {
     // Grace ends 5 s after SIGTERM; the provider asks for 8 s. Waiting would hold the request (and the exit) 5 s for a
     // 503 anyway; another instance can take the retry once the 8 s are over.
     const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '8000' } }] });
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(100);
     const sent = Date.now();
     const answer = await ask(url);
@@ -129,7 +109,7 @@ describe('SIGTERM, a retry waiting out a wait hint', () => {
     expect(answer).toMatchObject({ status: 503, retry: 'true', code: 'gateway_draining' });
     expect(answer.retryAfterMs).toBeGreaterThanOrEqual(8_000);
     expect(answer.retryAfterMs).toBeLessThanOrEqual(9_700);
-    expect(mock!.stats().total).toBe(1);
+    expect(one.mock!.stats().total).toBe(1);
     const code = await exited;
     expect(code).toBe(0);
     expect(Date.now() - sent).toBeLessThan(3_500);
@@ -137,11 +117,11 @@ describe('SIGTERM, a retry waiting out a wait hint', () => {
 
   it('still waits out a hint that ends within the grace period, and retries', async () => {
     const url = await startGateway(1, { preStopMs: 1_000, graceMs: 4_000 }, { errors: [{ status: 429, rate: 1, times: 1, headers: { 'retry-after-ms': '300' } }] });
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(100);
     expect(await ask(url)).toMatchObject({ status: 200 });
-    expect(mock!.stats().total).toBe(2);
+    expect(one.mock!.stats().total).toBe(2);
     expect(await exited).toBe(0);
   });
 });
@@ -163,11 +143,11 @@ describe('SIGTERM with a run under an idempotency key', () => {
     // The client leaves; the instance is told to go (a rolling deploy) while the run is still being read.
     abort.abort();
     await sleep(100);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     const code = await exited;
     expect(code).toBe(0);
-    expect(mock!.requests().filter((r) => r.path === '/v1/chat/completions').map((r) => ({ aborted: r.aborted, chunks: r.chunksSent }))).toEqual([{ aborted: false, chunks: 6 }]);
+    expect(one.mock!.requests().filter((r) => r.path === '/v1/chat/completions').map((r) => ({ aborted: r.aborted, chunks: r.chunksSent }))).toEqual([{ aborted: false, chunks: 6 }]);
     const store = new RedisStore({ config: { redis: redis().url, commandTimeoutMs: 500, keyPrefix } });
     try {
       expect(await store.ready()).toBe(true);
@@ -190,9 +170,9 @@ describe('SIGINT', () => {
     // Headers promise 1000 bytes of body; 10 come, then nothing (until requestTimeoutMs, 60 s, Node would wait).
     socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"model":"');
     await sleep(300);
-    const exited = gateway!.exited;
+    const exited = one.gateway!.exited;
     const started = Date.now();
-    gateway!.proc.kill('SIGINT');
+    one.gateway!.proc.kill('SIGINT');
     const code = await Promise.race([exited, sleep(3_000, 'still running')]);
     socket.destroy();
     expect(code).toBe(0);
@@ -207,10 +187,10 @@ describe('SIGHUP', () => {
   it('is ignored: the stream in flight completes and the gateway keeps serving', async () => {
     const url = await startGateway(4, { preStopMs: 0, graceMs: 1_000 });
     const reader = await openRawStream(url);
-    gateway!.proc.kill('SIGHUP');
+    one.gateway!.proc.kill('SIGHUP');
     expect(await readRawRest(reader)).toContain('data: [DONE]');
     await sleep(100);
-    expect(gateway!.proc.exitCode).toBeNull();
+    expect(one.gateway!.proc.exitCode).toBeNull();
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
   });
 });

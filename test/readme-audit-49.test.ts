@@ -19,9 +19,8 @@ import { parse as parseYaml } from 'yaml';
 import { loadConfigFile } from '../src/config/load.ts';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
-import { startMock, type MockServer } from '../src/mock/server.ts';
 import { freePort } from './helpers/free-port.ts';
-import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
+import { useOneGatewayProcess } from './helpers/gateway-process.ts';
 import { mockCli } from './helpers/mock-cli.ts';
 import { mockControl } from './helpers/mock-control.ts';
 import { RETRY_LOOP_ONLY, TEST_KEY, defaultConfig, requestLine, useExtraMocks, useStacks } from './helpers/stack.ts';
@@ -74,28 +73,8 @@ function nodeRequest(url: string, path: string, opts: { method?: string; body?: 
 }
 
 describe('Health, readiness, shutdown (README), on a real gateway process', () => {
-  const startProcess = useGatewayProcesses();
-  let mock: MockServer | undefined;
-  let gateway: GatewayProcess | undefined;
-  let spawned = 0;
-  afterEach(async () => {
-    await killNow(gateway?.proc);
-    await mock?.close();
-    mock = gateway = undefined;
-  });
-
-  async function start(drain: { preStopMs: number; graceMs: number }, stream = { chunks: 4, chunkDelayMs: 10 }): Promise<{ url: string; port: number }> {
-    mock = await startMock({ quiet: true, faults: { stream } });
-    const port = await freePort();
-    gateway = startProcess(`gateway-${++spawned}`, {
-      server: { host: '127.0.0.1', port, logLevel: 'info' },
-      providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-      drain,
-    });
-    await waitReady(gateway, port);
-    return { url: `http://127.0.0.1:${port}`, port };
-  }
+  const one = useOneGatewayProcess();
+  const start = (drain: { preStopMs: number; graceMs: number }, stream = { chunks: 4, chunkDelayMs: 10 }) => one.start({ faults: { stream }, drain, logLevel: 'info' });
 
   it('SIGTERM: /readyz 503 "draining" (naming the store) at once, requests still served for preStopMs with Connection: close, then idle connections closed, new ones refused, and exit 0 long before graceMs', async () => {
     const { url, port } = await start({ preStopMs: 1_500, graceMs: 30_000 });
@@ -108,7 +87,7 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     expect(JSON.parse(ready.body)).toEqual({ status: 'ready', store: 'memory', degraded: false });
 
     const sentAt = Date.now();
-    gateway!.proc.kill('SIGTERM');
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(150);
     const draining = await nodeRequest(url, '/readyz');
     expect(draining.status).toBe(503);
@@ -133,7 +112,7 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     await sleep(300);
     const late = await nodeRequest(url, '/healthz').then(() => 'answered', (err: NodeJS.ErrnoException) => err.code);
     expect(late).toBe('ECONNREFUSED');
-    expect(await gateway!.exited).toBe(0);
+    expect(await one.gateway!.exited).toBe(0);
     expect(Date.now() - sentAt).toBeLessThan(10_000);
   });
 
@@ -143,7 +122,7 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     const streamBody = JSON.stringify({ ...CHAT, stream: true });
     conn.socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(streamBody)}\r\n\r\n${streamBody}`);
     while (!conn.received().includes('data: ')) await sleep(10);
-    gateway!.proc.kill('SIGTERM');
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(800);
     const body = JSON.stringify(CHAT);
     conn.socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
@@ -155,7 +134,7 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     expect(second).toMatch(/\r\nx-should-retry: true\r\n/i);
     expect(Number(/\r\nretry-after: (\d+)\r\n/i.exec(second)?.[1])).toBeGreaterThanOrEqual(1);
     expect(second).toContain('"code":"gateway_draining"');
-    expect(await gateway!.exited).toBe(0);
+    expect(await one.gateway!.exited).toBe(0);
   });
 
   it('a SIGTERM during start-up\'s wait for Redis stops it once that wait is over: the Redis connections closed, the port never opened, exit 0', async () => {
@@ -172,7 +151,7 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     await once(silentRedis, 'listening');
     try {
       const port = await freePort();
-      gateway = startProcess(`gateway-${++spawned}`, {
+      const gateway = one.spawn({
         server: { host: '127.0.0.1', port },
         providers: { p: { family: 'openai', baseUrl: 'http://127.0.0.1:1/v1', apiKey: 'k' } },
         routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'p' }] }],
@@ -203,17 +182,17 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
   it('SIGINT closes at once (no preStopMs), exit 0; SIGHUP is logged as a warning and ignored', async () => {
     const { url } = await start({ preStopMs: 10_000, graceMs: 30_000 });
     // The file is read once, at start: a changed file and a SIGHUP change nothing.
-    writeFileSync(gateway!.file, readFileSync(gateway!.file, 'utf8').replace('/v1/chat/completions', '/v1/embeddings'));
-    gateway!.proc.kill('SIGHUP');
+    writeFileSync(one.gateway!.file, readFileSync(one.gateway!.file, 'utf8').replace('/v1/chat/completions', '/v1/embeddings'));
+    one.gateway!.proc.kill('SIGHUP');
     await sleep(300);
-    expect(gateway!.proc.exitCode).toBeNull();
+    expect(one.gateway!.proc.exitCode).toBeNull();
     expect((await nodeRequest(url, '/readyz')).status).toBe(200);
     expect((await nodeRequest(url, '/v1/chat/completions', { body: CHAT })).status).toBe(200);
-    const warning = gateway!.output().split('\n').filter(Boolean).map((l) => JSON.parse(l) as { level: number; msg: string }).find((l) => l.msg.startsWith('SIGHUP ignored'));
+    const warning = one.gateway!.output().split('\n').filter(Boolean).map((l) => JSON.parse(l) as { level: number; msg: string }).find((l) => l.msg.startsWith('SIGHUP ignored'));
     expect(warning?.level).toBe(40);
     const sentAt = Date.now();
-    gateway!.proc.kill('SIGINT');
-    expect(await gateway!.exited).toBe(0);
+    one.gateway!.proc.kill('SIGINT');
+    expect(await one.gateway!.exited).toBe(0);
     expect(Date.now() - sentAt).toBeLessThan(5_000);
   });
 
@@ -223,13 +202,13 @@ describe('Health, readiness, shutdown (README), on a real gateway process', () =
     const stream = await client.chat.completions.create({ ...CHAT, stream: true });
     let chunks = 0;
     const failure = (async () => {
-      for await (const _ of stream) if (++chunks === 1) gateway!.proc.kill('SIGTERM');
+      for await (const _ of stream) if (++chunks === 1) one.gateway!.proc.kill('SIGTERM');
     })().then(() => undefined, (err: Error) => err);
     const err = await failure;
     expect(err).toBeInstanceOf(OpenAI.APIError);
     expect(err!.message).toContain('the gateway instance is shutting down');
     expect(chunks).toBeGreaterThan(1);
-    expect(await gateway!.exited).toBe(0);
+    expect(await one.gateway!.exited).toBe(0);
   });
 });
 

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
-import { startMock, type MockServer } from '../src/mock/server.ts';
+import { startMock } from '../src/mock/server.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { openRawStream, readRawRest } from './helpers/chat-stream.ts';
 import { defaultConfig, startStack } from './helpers/stack.ts';
@@ -16,35 +16,18 @@ import type { BreakerRecord } from '../src/state/store.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
 import { freePort } from './helpers/free-port.ts';
-import { killNow, useGatewayProcesses, waitReady, type GatewayProcess } from './helpers/gateway-process.ts';
+import { useOneGatewayProcess, waitReady } from './helpers/gateway-process.ts';
 
-const startProcess = useGatewayProcesses();
 const redis = useRedisServer();
 const stores: RedisStore[] = [];
 afterEach(async () => {
   await Promise.all(stores.splice(0).map((s) => s.close()));
 });
-let mock: MockServer | undefined;
-let gateway: GatewayProcess | undefined;
-let spawned = 0;
-afterEach(async () => {
-  await killNow(gateway?.proc);
-  await mock?.close();
-  mock = gateway = undefined;
-});
+const one = useOneGatewayProcess();
 
 /** The real gateway process in front of a mock whose streams take `chunks` x 150 ms; resolves its URL once ready. */
 async function startGateway(chunks: number, drain: { preStopMs: number; graceMs: number }): Promise<string> {
-  mock = await startMock({ quiet: true, faults: { stream: { chunks, chunkDelayMs: 150 } } });
-  const port = await freePort();
-  gateway = startProcess(`gateway-${++spawned}`, {
-    server: { host: '127.0.0.1', port, logLevel: 'warn' },
-    providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
-    routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
-    drain,
-  });
-  await waitReady(gateway, port);
-  return `http://127.0.0.1:${port}`;
+  return (await one.start({ faults: { stream: { chunks, chunkDelayMs: 150 } }, drain })).url;
 }
 
 /** Stores of one fleet (one key prefix) on the test's Redis, with this command timeout; each closed after the test. */
@@ -62,27 +45,27 @@ describe('a signal that arrives twice (npm forwards the one a process group got:
   it('a second SIGTERM during the drain does not kill the process: the stream in flight completes, exit 0', async () => {
     const url = await startGateway(8, { preStopMs: 200, graceMs: 10_000 });
     const reader = await openRawStream(url);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGTERM');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGTERM');
     await sleep(50);
-    gateway!.proc.kill('SIGTERM');
+    one.gateway!.proc.kill('SIGTERM');
     const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(await exited).toBe(0);
-    expect(gateway!.proc.signalCode).toBeNull();
+    expect(one.gateway!.proc.signalCode).toBeNull();
   });
 
   it('a second SIGINT does not kill the process either: the stream in flight completes, exit 0', async () => {
     const url = await startGateway(8, { preStopMs: 0, graceMs: 10_000 });
     const reader = await openRawStream(url);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGINT');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGINT');
     await sleep(50);
-    gateway!.proc.kill('SIGINT');
+    one.gateway!.proc.kill('SIGINT');
     const text = await readRawRest(reader);
     expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(await exited).toBe(0);
-    expect(gateway!.proc.signalCode).toBeNull();
+    expect(one.gateway!.proc.signalCode).toBeNull();
   });
 });
 
@@ -90,14 +73,14 @@ describe('a person\'s second Ctrl-C', () => {
   it('a SIGINT a second or more after the first exits at once (130), without waiting for the stream in flight', async () => {
     const url = await startGateway(60, { preStopMs: 0, graceMs: 30_000 });
     const reader = await openRawStream(url);
-    const exited = gateway!.exited;
-    gateway!.proc.kill('SIGINT');
+    const exited = one.gateway!.exited;
+    one.gateway!.proc.kill('SIGINT');
     await sleep(1_300);
     const t = Date.now();
-    gateway!.proc.kill('SIGINT');
+    one.gateway!.proc.kill('SIGINT');
     expect(await exited).toBe(130);
     expect(Date.now() - t).toBeLessThan(3_000);
-    expect(gateway!.output()).toContain('SIGINT again: exiting now');
+    expect(one.gateway!.output()).toContain('SIGINT again: exiting now');
     // The stream (60 chunks, 150 ms apart) had far from ended.
     expect((await readRawRest(reader)).includes('data: [DONE]')).toBe(false);
   });
@@ -113,7 +96,7 @@ describe('`npm start` under a signal sent to its process group (the terminal\'s 
   });
 
   it('SIGTERM to the group (npm passes it on: the gateway hears it twice) drains: the stream completes, npm exits 0', async () => {
-    mock = await startMock({ quiet: true, faults: { stream: { chunks: 8, chunkDelayMs: 150 } } });
+    const mock = (one.mock = await startMock({ quiet: true, faults: { stream: { chunks: 8, chunkDelayMs: 150 } } }));
     const port = await freePort();
     dir = mkdtempSync(join(tmpdir(), 'stormgate-npm-'));
     const file = join(dir, 'gateway.yaml');

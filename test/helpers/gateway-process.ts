@@ -7,8 +7,10 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll } from 'vitest';
+import { afterAll, afterEach } from 'vitest';
 import { stringify } from 'yaml';
+import { startMock, type FaultSpec, type MockServer } from '../../src/mock/server.ts';
+import { freePort } from './free-port.ts';
 
 export interface GatewayProcess {
   proc: ChildProcess;
@@ -81,4 +83,45 @@ export async function waitReady(g: GatewayProcess, port: number, withinMs = 20_0
     await sleep(50);
   }
   throw new Error(`gateway on ${port} not ready:\n${g.output()}`);
+}
+
+export interface OneGatewayProcess {
+  /** The test's gateway process and its mock, each killed or closed after the test. */
+  gateway?: GatewayProcess;
+  mock?: MockServer;
+  /** Starts a gateway process from any config as the test's own. */
+  spawn: (config: string | object) => GatewayProcess;
+  /**
+   * Starts a quiet mock with `faults` and a gateway process with one chat route to it (and `extra` config sections);
+   * resolves the gateway's URL and port once it is ready.
+   */
+  start: (o: { faults?: FaultSpec; drain: { preStopMs: number; graceMs: number }; logLevel?: string; extra?: Record<string, unknown> }) => Promise<{ url: string; port: number }>;
+}
+
+/** One gateway process per test, in front of a mock of its own: for tests of signals, draining and what a pod does. */
+export function useOneGatewayProcess(): OneGatewayProcess {
+  const startProcess = useGatewayProcesses();
+  let spawned = 0;
+  const one: OneGatewayProcess = {
+    spawn: (config) => (one.gateway = startProcess(`gateway-${++spawned}`, config)),
+    async start({ faults = {}, drain, logLevel = 'warn', extra = {} }) {
+      const mock = (one.mock = await startMock({ quiet: true, faults }));
+      const port = await freePort();
+      const gateway = one.spawn({
+        server: { host: '127.0.0.1', port, logLevel },
+        providers: { mock: { family: 'openai', baseUrl: `${mock.url}/v1`, apiKey: 'k' } },
+        routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }] }],
+        drain,
+        ...extra,
+      });
+      await waitReady(gateway, port);
+      return { url: `http://127.0.0.1:${port}`, port };
+    },
+  };
+  afterEach(async () => {
+    await killNow(one.gateway?.proc);
+    await one.mock?.close();
+    one.gateway = one.mock = undefined;
+  });
+  return one;
 }
