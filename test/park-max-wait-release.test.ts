@@ -2,46 +2,21 @@
 // it are still being let go at the target's limit: it waited for a slot, not for its deadline (20 s away) nor for a
 // hold-off (over). Its load_shed is counted as stormgate_shed_total{reason="max_wait"}, not "deadline", its message
 // names park.maxWaitMs, and its log line names as held off only the target still held off, the other as at capacity.
-import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { heldOffBackupStack } from './helpers/held-off-backup.ts';
+import { askFirstThenParked, heldOffBackupStack } from './helpers/held-off-backup.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
 const startMock = useExtraMocks();
-
-interface Answer {
-  status: number;
-  code: string | undefined;
-  message: string | undefined;
-  reqId: string | null;
-}
 
 describe('a parked request whose park.maxWaitMs runs out behind the release after a hold-off', () => {
   it('is shed as max_wait, not deadline, and its line names as held off only the target still held off', { timeout: 40_000 }, async () => {
     // The primary asks once for a 1 s pause, then takes 2 s per answer with room for one at a time; the backup asks for
     // 30 s pauses, so it stays held off throughout.
     const { url, logs } = await heldOffBackupStack(startMock, startGateway, { latencyMs: 2_000, maxAttempts: 1 });
-    const ask = (): Promise<Answer> =>
-      fetch(`${url}/v1/chat/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '25000' },
-        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-      }).then(async (res) => {
-        const body = (await res.json()) as { error?: { code?: string; message?: string } };
-        return { status: res.status, code: body.error?.code, message: body.error?.message, reqId: res.headers.get('x-request-id') };
-      });
-    // The first request starts both hold-offs (the primary's 429, then the backup's).
-    const first = ask();
-    await sleep(300);
-    // Parked for the primary, one after the other: when its hold-off ends one is let go at a time, and the later ones
-    // are still parked when the earlier ones' park.maxWaitMs runs out.
-    const parked: Array<Promise<Answer>> = [];
-    for (let i = 0; i < 4; i++) {
-      parked.push(ask());
-      await sleep(150);
-    }
-    const answers = await Promise.all([first, ...parked]);
+    // The first request starts both hold-offs (the primary's 429, then the backup's); the later ones park for the
+    // primary and, when its hold-off ends, leave one at a time: the last are still parked when park.maxWaitMs runs out.
+    const answers = await askFirstThenParked(url);
     const shed = answers.filter((a) => a.code === 'load_shed');
     expect(shed.length).toBeGreaterThan(0);
     for (const a of shed) {

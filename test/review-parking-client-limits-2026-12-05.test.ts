@@ -8,16 +8,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
+import { askFirstThenParked } from './helpers/held-off-backup.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
 const startMock = useExtraMocks();
-
-interface Answer {
-  status: number;
-  code: string | undefined;
-  message: string | undefined;
-}
 
 describe('a request parked on a route\'s only target whose wait runs out behind the release after the target came back', () => {
   it('is shed (load_shed, max_wait), not told the hold-off that has ended', { timeout: 40_000 }, async () => {
@@ -35,23 +30,7 @@ routes:
     park: { maxWaitMs: 1500 }
 `;
     const url = await startGateway(parseConfig(yaml, 'review.yaml', {}));
-    const ask = (): Promise<Answer> =>
-      fetch(`${url}/v1/chat/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '25000' },
-        body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
-      }).then(async (res) => {
-        const body = (await res.json()) as { error?: { code?: string; message?: string } };
-        return { status: res.status, code: body.error?.code, message: body.error?.message };
-      });
-    const first = ask();
-    await sleep(300);
-    const parked: Array<Promise<Answer>> = [];
-    for (let i = 0; i < 4; i++) {
-      parked.push(ask());
-      await sleep(150);
-    }
-    const answers = await Promise.all([first, ...parked]);
+    const answers = await askFirstThenParked(url);
     // None is told the provider holds requests off: the hold-off ended a second in, and what held the later ones back
     // was the release at the provider's limit.
     for (const a of answers.slice(1)) expect(a.code).not.toBe('provider_held_off');

@@ -1,5 +1,6 @@
 // A primary that asks once for a 1 s pause, then answers one request at a time (`latencyMs` each), behind a backup that
 // asks for 30 s pauses and so stays held off: the requests parked for the primary leave behind its release, paced.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { parseConfig } from '../../src/config/load.ts';
 import type { MockOptions, MockServer } from '../../src/mock/server.ts';
 import type { Config } from '../../src/config/schema.ts';
@@ -29,4 +30,37 @@ routes:
 `;
   const url = await startGateway(parseConfig(yaml, 'held-off-backup.yaml', {}), { logs });
   return { url, logs, primary, backup };
+}
+
+export interface ParkAnswer {
+  status: number;
+  code: string | undefined;
+  message: string | undefined;
+}
+
+/** A chat call that leaves the gateway 25 s (longer than any park wait here); resolves its status and error. */
+function askChat(url: string): Promise<ParkAnswer> {
+  return fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-stormgate-timeout-ms': '25000' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  }).then(async (res) => {
+    const body = (await res.json()) as { error?: { code?: string; message?: string } };
+    return { status: res.status, code: body.error?.code, message: body.error?.message };
+  });
+}
+
+/**
+ * One request that meets the primary's 429, then four more 150 ms apart from 300 ms on, which park behind its
+ * one-second hold-off and leave one at a time when it ends; resolves all five answers in the order they were sent.
+ */
+export async function askFirstThenParked(url: string): Promise<ParkAnswer[]> {
+  const first = askChat(url);
+  await sleep(300);
+  const parked: Array<Promise<ParkAnswer>> = [];
+  for (let i = 0; i < 4; i++) {
+    parked.push(askChat(url));
+    await sleep(150);
+  }
+  return Promise.all([first, ...parked]);
 }
