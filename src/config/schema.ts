@@ -460,7 +460,7 @@ const AuthSchema = z
     priority: z
       .record(z.string(), z.string().describe('A priority class of the providers\' pools, e.g. batch.'))
       .optional()
-      .describe('Priority class a client\'s requests take at most, by client name (e.g. batch-jobs: batch): like the x-stormgate-priority header, it can only lower the route\'s class. Optional; default: the route\'s class.'),
+      .describe('Priority class a client\'s requests take at most, by client name (e.g. batch-jobs: batch): like the x-stormgate-priority header, it can only lower the route\'s class. Every provider a route sends to must have the class. Optional; default: the route\'s class.'),
     limits: z
       .record(z.string(), ClientLimitSchema)
       .optional()
@@ -543,8 +543,13 @@ export const ConfigSchema = z
         });
       }
     }
+    // A class a pool does not have is no class there: the request would take the route's, the top one by default.
+    // A contextWindowFallback goes out in the route's class too, and a client's auth.priority caps it at every
+    // provider its routes send to (left out at one, the batch team's key took online capacity there).
+    const routedProviders = new Map<string, string>();
     cfg.routes.forEach((route, i) => {
-      route.targets.forEach((t) => {
+      [...route.targets, ...(route.contextWindowFallback ? [route.contextWindowFallback] : [])].forEach((t) => {
+        if (!routedProviders.has(t.provider)) routedProviders.set(t.provider, route.name);
         const classes = own(cfg.providers, t.provider)?.pools.classes;
         if (classes && !Object.hasOwn(classes, route.priority)) {
           ctx.addIssue({
@@ -569,6 +574,17 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `no client "${name}" in auth.keys; expected one of: ${Object.keys(cfg.auth!.keys).join(', ')}` });
       } else if (!classNames.includes(cls)) {
         ctx.addIssue({ code: 'custom', path: ['auth', 'priority', name], message: `"${cls}" is not a priority class of any provider; expected one of: ${classNames.join(', ')}` });
+      } else {
+        for (const [provider, route] of routedProviders) {
+          const classes = own(cfg.providers, provider)?.pools.classes;
+          if (!classes || Object.hasOwn(classes, cls)) continue;
+          ctx.addIssue({
+            code: 'custom',
+            path: ['auth', 'priority', name],
+            message: `"${cls}" is not a priority class of provider "${provider}", which route "${route}" sends to (its classes: ${Object.keys(classes).join(', ')}): the client's requests would not be held to it there; give every provider the class`,
+          });
+          break;
+        }
       }
     }
     for (const name of Object.keys(cfg.auth?.limits ?? {})) {
