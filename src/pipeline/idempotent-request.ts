@@ -148,7 +148,7 @@ async function claimOrWait(req: KeyedRequest, deps: IdempotencyDeps, held: { wai
       const again = req.bodyIsKey ? 'it runs again once bodyAsKeyMs has passed since that answer' : 'send a new key to run it again';
       throw new GatewayError(
         'idempotency_answer_not_kept',
-        `${requestUnder(req)} has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes and was not kept; ${again}`,
+        `${requestUnder(req)} has run, but its answer (${bytes} bytes) was longer than idempotency.maxAnswerBytes (or, kept in the process, idempotency.memoryBytes) and was not kept; ${again}`,
       );
     }
     // Running: look again shortly, until it ends, the repeat's own deadline, or its client leaves.

@@ -68,7 +68,10 @@ export class KeptKeys {
   settle(key: string, record: KeyRecord & { state: 'done' }, ttlMs: number, nowMs: number, owner?: string): void {
     const held = owner === undefined ? undefined : this.read(key, nowMs);
     if (held?.state === 'running' && held.owner !== owner) return;
-    this.#put(key, record, nowMs + ttlMs);
+    // An answer that alone passes the cap went at once, its key left free, and the agent's retry ran the call again:
+    // kept as an answer not kept instead (409 idempotency_answer_not_kept), as one past maxAnswerBytes is.
+    const fits = record.answer === undefined || sizeOf(key, record) <= this.#maxBytes;
+    this.#put(key, fits ? record : { state: 'done', fingerprint: record.fingerprint, bytes: record.bytes }, nowMs + ttlMs);
     this.#evict(nowMs);
   }
 
