@@ -123,3 +123,30 @@ describe('a stream started at the client\'s deadline, from a model that thinks p
     expect(await metricSum(s, 'stormgate_stream_ends_total{route="chat",end="stalled"}')).toBe(1);
   });
 });
+
+describe('a stream under an Idempotency-Key, from a model that thinks past the client\'s timeout', () => {
+  // The run is bounded by the route's timeout, not the client's (its repeats wait for its answer), but the client's
+  // timeout still starts its stream: held to its first token, the SDK gave up at 1 s, its retries found the run still
+  // going (409 after 409), and the answer was kept for no one.
+  it('starts at the client\'s deadline as without a key; the answer is kept, and a repeat gets it again', async () => {
+    const s = await startStack({ faults: { stream: { firstTokenDelayMs: 2_000, chunks: 3 } }, provider: { breaker: false, timeouts: { firstTokenMs: 5_000, idleMs: 400 } } });
+    // The SDK's timeout as a call passes it (sent as x-stainless-timeout: 1).
+    const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
+    const body = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'hi' }], stream: true as const };
+    const headers = { 'Idempotency-Key': 'thinking-call-1' };
+    const started = Date.now();
+    const { data: stream, response } = await client.chat.completions.create(body, { headers, timeout: 1_000 }).withResponse();
+    expect(Date.now() - started).toBeLessThan(1_800);
+    const got = await readChat(stream);
+    expect(response.status).toBe(200);
+    expect(got.error).toBeUndefined();
+    expect(got.finish).toBe('stop');
+    expect(got.text.length).toBeGreaterThan(0);
+    expect(await requestLine(s)).toMatchObject({ startedEarly: true, streamEnd: 'complete', idempotency: 'run' });
+    // The answer was kept: the repeat gets it again, byte for byte, and nothing more goes upstream.
+    const again = await client.chat.completions.create(body, { headers, timeout: 5_000 }).withResponse();
+    expect(again.response.headers.get('idempotent-replayed')).toBe('true');
+    expect((await readChat(again.data)).text).toBe(got.text);
+    expect(s.mock.requests().filter((r) => r.path === '/v1/chat/completions')).toHaveLength(1);
+  });
+});

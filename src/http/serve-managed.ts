@@ -98,7 +98,7 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,
           graceLeftMs: drain.graceLeftMs,
-          ...(keyed && { idempotent: true }),
+          ...(keyed && { idempotent: true, waitedForRunMs }),
           ...(request.tokensReserved && { countOutput: true }),
         },
         runtime.pipeline,

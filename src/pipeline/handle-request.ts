@@ -60,9 +60,11 @@ export interface ManagedRequest {
   /**
    * The request runs under an idempotency key (pipeline/idempotent-request.ts), detached from its client, which may
    * come back under the key for the answer: its deadline is the route's, not the client's timeout, and a client that
-   * leaves does not stop it.
+   * leaves does not stop it. A stream still starts at the client's deadline (early-start.ts).
    */
   idempotent?: boolean;
+  /** A keyed request's wait for an earlier run under its key, before it ran the request itself: its client's time too. */
+  waitedForRunMs?: number;
   /**
    * Its client's token rate reserved tokens for it (auth.limits): a whole answer without usage has its output counted
    * (RequestSummary.outputChars) for the settlement. Other requests never pay to parse their answer for it.
@@ -154,7 +156,8 @@ export interface RequestSummary {
 
 export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDeps): Promise<PipelineAnswer> {
   const { route } = req;
-  const deadline = computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers: req.idempotent ? {} : req.headers });
+  const deadlineOf = (headers: HeaderBag) => computeDeadline({ routeTimeoutMs: route.config.timeoutMs, marginMs: route.config.deadlineMarginMs, headers });
+  const deadline = deadlineOf(req.idempotent ? {} : req.headers);
   // The deadline counts from the request's head, not from the end of its body: a large body sent over a slow link
   // spends seconds of the client's timeout before the pipeline sees it, and counted from here the answer came after
   // the client had given up (and its SDK had sent the request again).
@@ -163,10 +166,19 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   const deadlineAtMs = arrivedAtMs + deadline.budgetMs;
   const controller = new RequestAbort();
   const stream = req.json.stream === true;
-  const earlyStart = stream && deadline.source !== 'route' ? new EarlyStart() : undefined;
+  // A keyed run is bounded by the route's timeout, not its client's (the repeats wait for its answer), but its stream
+  // still starts at the client's deadline: held to its first token, the SDK gave up first, its retries found the run
+  // still going (409 after 409), and the thinking model's answer was kept for no one.
+  const clientDeadline = stream && req.idempotent ? deadlineOf(req.headers) : deadline;
+  const earlyStart = stream && clientDeadline.source !== 'route' ? new EarlyStart() : undefined;
   const deadlineTimer = setTimeout(() => {
-    if (!earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
+    if (clientDeadline !== deadline || !earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
   }, Math.max(0, deadline.budgetMs - receivedMs));
+  const earlyStartTimer = clientDeadline !== deadline && earlyStart ? setTimeout(() => earlyStart.take(), Math.max(0, clientDeadline.budgetMs - receivedMs - (req.waitedForRunMs ?? 0))) : undefined;
+  const clearDeadlineTimers = () => {
+    clearTimeout(deadlineTimer);
+    clearTimeout(earlyStartTimer);
+  };
   const stopWatchingClient = req.idempotent ? () => {} : req.onClientGone(() => controller.abort(new ClientGone()));
   // Past the drain's grace period nothing new goes upstream: the request is answered 503 gateway_draining.
   const stopWatchingShutdown = req.onShutdown?.(() => controller.abort(new GatewayShutdown()));
@@ -204,7 +216,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         signal: controller.signal,
         deadlineAtMs,
         earlyStart,
-        onStreamStarted: () => clearTimeout(deadlineTimer),
+        onStreamStarted: clearDeadlineTimers,
         attempts: summary.attempts,
         skipped: summary.skipped,
         parkable: route.config.park !== false,
@@ -262,7 +274,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     return { ...answer, summary };
   } finally {
     // The deadline bounds the time until the answer starts; a stream that has started is bounded by its idle timer.
-    clearTimeout(deadlineTimer);
+    clearDeadlineTimers();
     stopWatchingShutdown?.();
     if (!handedToStream) stopWatchingClient();
   }
