@@ -19,8 +19,10 @@ function lastN<T>(items: T[], limit: string | null): T[] {
 /** Answers one control request. */
 export function handleControl(mock: MockServer, req: IncomingMessage, res: ServerResponse, path: string): void {
   readBody(req, (raw) => {
+    // Read as no body, a PUT too large to read would clear every fault.
+    if (raw === undefined) return reply(res, 413, { error: 'request body too large' });
     try {
-      const body = raw === undefined ? undefined : parseJsonObject(raw);
+      const body = parseJsonObject(raw);
       const route = `${req.method ?? 'GET'} ${path}`;
       switch (route) {
         case 'GET /_mock/health':
@@ -34,18 +36,21 @@ export function handleControl(mock: MockServer, req: IncomingMessage, res: Serve
         case 'GET /_mock/faults':
           return reply(res, 200, mock.faults());
         case 'PUT /_mock/faults':
-          mock.setFaults((body ?? {}) as FaultSpec);
+          mock.setFaults(body as FaultSpec);
           return reply(res, 200, mock.faults());
         case 'PATCH /_mock/faults':
-          mock.patchFaults((body ?? {}) as Partial<FaultSpec>);
+          mock.patchFaults(body as Partial<FaultSpec>);
           return reply(res, 200, mock.faults());
         case 'POST /_mock/reset':
           mock.reset();
           return reply(res, 200, { ok: true });
         case 'POST /_mock/brownout': {
-          const mode = String(body?.['mode'] ?? '503') as BrownoutMode;
-          const durationMs = Number(body?.['durationMs'] ?? 10_000);
-          if (!Number.isFinite(durationMs) || durationMs < 0) throw new Error('durationMs must be a non-negative number');
+          // A misspelt field or a duration that is no number would brown out for the default 10 s instead.
+          const unknown = Object.keys(body).find((k) => k !== 'mode' && k !== 'durationMs');
+          if (unknown !== undefined) throw new Error(`unknown brownout field ${JSON.stringify(unknown)} (the fields are "mode" and "durationMs")`);
+          const mode = String(body['mode'] ?? '503') as BrownoutMode;
+          const durationMs = body['durationMs'] ?? 10_000;
+          if (typeof durationMs !== 'number' || !Number.isFinite(durationMs) || durationMs < 0) throw new Error('durationMs must be a non-negative number');
           const before = mock.brownout(mode, durationMs);
           // Ending one names the brownout that ran (null: none was in force), not the mode this call named or defaulted to.
           return reply(res, 200, durationMs === 0 ? { ok: true, ended: before ?? null, durationMs } : { ok: true, mode, durationMs });

@@ -274,46 +274,95 @@ const SPEC_FIELDS = {
   capacityHeaders: true, holdAbandoned: true, errors: true, resetRate: true, hangRate: true, stream: true, models: true,
 } satisfies Record<keyof FaultSpec, true>;
 
+/** Every field of an ErrorRule and of StreamFaults, so a misspelt one inside a rule or a stream is refused too. */
+const RULE_FIELDS = {
+  status: true, rate: true, firstAttemptsOnly: true, code: true, type: true, message: true, param: true, headers: true, times: true,
+} satisfies Record<keyof ErrorRule, true>;
+const STREAM_FIELDS = {
+  firstTokenDelayMs: true, chunkDelayMs: true, chunks: true, cutAfterChunks: true, errorAfterChunks: true, stallAfterChunks: true,
+  malformedAtChunk: true, omitDone: true, pingBeforeFirstToken: true,
+} satisfies Record<keyof StreamFaults, true>;
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** Refuses a field `fields` does not have, naming the closest one. */
+function assertKnownFields(value: Record<string, unknown>, fields: object, what: string): void {
+  for (const k of Object.keys(value)) {
+    if (!Object.hasOwn(fields, k)) {
+      const guess = closest(k, Object.keys(fields));
+      throw new Error(`unknown ${what} field ${JSON.stringify(k)}${guess ? `; did you mean "${guess}"?` : ''}`);
+    }
+  }
+}
+
+function assertNonNegative(value: unknown, name: string, integer: boolean): void {
+  if (value === undefined) return;
+  if (typeof value !== 'number') throw new Error(`${name} must be a number`);
+  if (!(value >= 0)) throw new Error(`${name} must be a non-negative number`);
+  if (integer && !Number.isInteger(value)) throw new Error(`${name} must be a whole number, got ${value}`);
+}
+
+/** Response headers (a rule's, the capacity 429s'): an object of strings or numbers. */
+function assertHeaders(value: unknown, name: string): void {
+  if (value === undefined) return;
+  if (!isObject(value) || !Object.values(value).every((v) => typeof v === 'string' || typeof v === 'number')) {
+    throw new Error(`${name} must be an object of header names to values`);
+  }
+}
+
+function assertErrorRule(r: unknown): void {
+  if (!isObject(r)) throw new Error('each error rule must be an object with a status');
+  const status = r['status'];
+  if (!isErrorStatus(status)) throw new Error(`an error rule's status must be an integer from 400 to 599, got ${JSON.stringify(status) ?? 'none'}`);
+  assertKnownFields(r, RULE_FIELDS, 'error rule');
+  const rate = r['rate'];
+  if (rate !== undefined && !(typeof rate === 'number' && rate >= 0 && rate <= 1)) throw new Error(`an error rule's rate must be a number from 0 to 1, got ${JSON.stringify(rate)}`);
+  assertNonNegative(r['times'], "an error rule's times", true);
+  assertHeaders(r['headers'], "an error rule's headers");
+  if (r['firstAttemptsOnly'] !== undefined && typeof r['firstAttemptsOnly'] !== 'boolean') throw new Error("an error rule's firstAttemptsOnly must be a boolean");
+  for (const k of ['code', 'type', 'message', 'param'] as const) {
+    if (r[k] !== undefined && r[k] !== null && typeof r[k] !== 'string') throw new Error(`an error rule's ${k} must be a string or null`);
+  }
+}
+
+function assertStreamFaults(stream: unknown): void {
+  if (!isObject(stream)) throw new Error('stream must be an object');
+  assertKnownFields(stream, STREAM_FIELDS, 'stream');
+  for (const k of ['firstTokenDelayMs', 'chunkDelayMs'] as const) assertNonNegative(stream[k], `stream.${k}`, false);
+  for (const k of ['chunks', 'cutAfterChunks', 'stallAfterChunks', 'malformedAtChunk'] as const) assertNonNegative(stream[k], `stream.${k}`, true);
+  const n = stream['errorAfterChunks'];
+  if (n !== undefined && !(typeof n === 'number' && Number.isInteger(n) && n >= 0)) throw new Error('stream.errorAfterChunks must be a non-negative integer');
+  for (const k of ['omitDone', 'pingBeforeFirstToken'] as const) {
+    if (stream[k] !== undefined && typeof stream[k] !== 'boolean') throw new Error(`stream.${k} must be a boolean`);
+  }
+}
+
 /** Throws a readable error when a value (e.g. a PUT body) is not a plausible FaultSpec. */
 export function assertFaultSpec(value: unknown): asserts value is FaultSpec {
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('fault spec must be a JSON object');
-  const spec = value as Record<string, unknown>;
+  if (!isObject(value)) throw new Error('fault spec must be a JSON object');
+  const spec = value;
   // A misspelt field would otherwise be kept and ignored: the scenario runs without the fault it asked for.
-  for (const k of Object.keys(spec)) {
-    if (!Object.hasOwn(SPEC_FIELDS, k)) {
-      const guess = closest(k, Object.keys(SPEC_FIELDS));
-      throw new Error(`unknown fault spec field ${JSON.stringify(k)}${guess ? `; did you mean "${guess}"?` : ''}`);
-    }
-  }
+  assertKnownFields(spec, SPEC_FIELDS, 'fault spec');
   if (spec['errors'] !== undefined) {
     if (!Array.isArray(spec['errors'])) throw new Error('errors must be an array');
-    for (const r of spec['errors']) {
-      if (typeof r !== 'object' || r === null) throw new Error('each error rule must be an object with a status');
-      const status = (r as ErrorRule).status;
-      if (!isErrorStatus(status)) throw new Error(`an error rule's status must be an integer from 400 to 599, got ${JSON.stringify(status) ?? 'none'}`);
-      const rate = (r as ErrorRule).rate;
-      if (rate !== undefined && !(typeof rate === 'number' && rate >= 0 && rate <= 1)) throw new Error(`an error rule's rate must be a number from 0 to 1, got ${JSON.stringify(rate)}`);
-    }
+    for (const r of spec['errors']) assertErrorRule(r);
   }
-  if (spec['stream'] !== undefined) {
-    const stream = spec['stream'];
-    if (typeof stream !== 'object' || stream === null || Array.isArray(stream)) throw new Error('stream must be an object');
-    const n = (stream as StreamFaults).errorAfterChunks;
-    if (n !== undefined && !(typeof n === 'number' && Number.isInteger(n) && n >= 0)) {
-      throw new Error('stream.errorAfterChunks must be a non-negative integer');
-    }
+  if (spec['stream'] !== undefined) assertStreamFaults(spec['stream']);
+  for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) assertNonNegative(spec[k], k, k === 'capacity');
+  // Shares, as an error rule's rate is: over 1 would read as "every request".
+  for (const k of ['resetRate', 'hangRate']) {
+    if (typeof spec[k] === 'number' && spec[k] > 1) throw new Error(`${k} must be a number from 0 to 1, got ${spec[k]}`);
   }
-  for (const k of ['latencyMs', 'latencyJitterMs', 'latencyPerInflightMs', 'capacity', 'resetRate', 'hangRate']) {
-    if (spec[k] !== undefined && typeof spec[k] !== 'number') throw new Error(`${k} must be a number`);
-    if (typeof spec[k] === 'number' && !(spec[k] >= 0)) throw new Error(`${k} must be a non-negative number`);
-  }
+  const rpm = spec['requestsPerMinute'];
+  if (rpm !== undefined && !(typeof rpm === 'number' && Number.isFinite(rpm) && rpm > 0)) throw new Error('requestsPerMinute must be a positive number');
+  assertHeaders(spec['capacityHeaders'], 'capacityHeaders');
   if (spec['rateLimit'] !== undefined) assertRateLimit(spec['rateLimit']);
   if (spec['holdAbandoned'] !== undefined && typeof spec['holdAbandoned'] !== 'boolean') throw new Error('holdAbandoned must be a boolean');
   if (spec['models'] !== undefined) {
-    if (typeof spec['models'] !== 'object' || spec['models'] === null) throw new Error('models must be an object');
-    for (const [name, m] of Object.entries(spec['models'] as Record<string, unknown>)) {
+    if (!isObject(spec['models'])) throw new Error('models must be an object of model names to fault specs');
+    for (const [name, m] of Object.entries(spec['models'])) {
       // A model's own spec has no models of its own: kept, they would be ignored, as a misspelt field was.
-      if (typeof m === 'object' && m !== null && Object.hasOwn(m, 'models')) throw new Error(`models.${name}: a model's fault spec cannot have models of its own`);
+      if (isObject(m) && Object.hasOwn(m, 'models')) throw new Error(`models.${name}: a model's fault spec cannot have models of its own`);
       assertFaultSpec(m);
     }
   }

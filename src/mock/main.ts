@@ -29,28 +29,42 @@ modes 503, 429, hang and 529: Anthropic's 529 overloaded_error on /v1/messages, 
 
 function num(name: string, value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
-  const n = Number(value);
+  // Number('') is 0: an empty value (`--latency-ms=`) would otherwise run the scenario without the fault.
+  const n = value.trim() === '' ? NaN : Number(value);
   if (!Number.isFinite(n) || n < 0) throw new Error(`--${name} must be a non-negative number, got "${value}"`);
   return n;
 }
 
 /** "503:0.3" -> { status: 503, rate: 0.3 }; the rate defaults to 1. */
 function parseErrorFlag(flag: string): ErrorRule {
-  const [status, rate] = flag.split(':');
+  const parts = flag.split(':');
+  const [status, rate] = parts;
   const s = Number(status);
-  const r = rate === undefined ? 1 : Number(rate);
+  // `503:` is no rate (Number('') is 0: a rule that never fires), and `503:0.3:9` has a part too many.
+  const r = rate === undefined ? 1 : rate.trim() === '' ? NaN : Number(rate);
   // The status rule is the spec's (assertFaultSpec), so a flag and a PUT /_mock/faults refuse the same rules.
-  if (!isErrorStatus(s) || !Number.isFinite(r) || r < 0 || r > 1) {
+  if (parts.length > 2 || !isErrorStatus(s) || !Number.isFinite(r) || r < 0 || r > 1) {
     throw new Error(`--error expects STATUS:RATE such as 503:0.3, got "${flag}"`);
   }
   return { status: s, rate: r };
 }
 
+/** A fault spec read as JSON, checked before the other flags are merged into it; an error names the flag. */
+function specFrom(flag: string, read: () => string): FaultSpec {
+  try {
+    const spec: unknown = JSON.parse(read());
+    assertFaultSpec(spec);
+    return spec;
+  } catch (err) {
+    throw new Error(`${flag}: ${err instanceof Error ? err.message : String(err)}`);
+  }
+}
+
 /** Builds the fault spec from the flags: --faults/--faults-file first, then the single-field flags. */
 function faultsFromArgs(values: Record<string, string | boolean | string[] | undefined>): FaultSpec {
   let spec: FaultSpec = {};
-  if (typeof values['faults-file'] === 'string') spec = JSON.parse(readFileSync(values['faults-file'], 'utf8')) as FaultSpec;
-  if (typeof values['faults'] === 'string') spec = JSON.parse(values['faults']) as FaultSpec;
+  if (typeof values['faults-file'] === 'string') spec = specFrom('--faults-file', () => readFileSync(values['faults-file'] as string, 'utf8'));
+  if (typeof values['faults'] === 'string') spec = specFrom('--faults', () => values['faults'] as string);
   const str = (k: string) => (typeof values[k] === 'string' ? values[k] : undefined);
   const latencyMs = num('latency-ms', str('latency-ms'));
   const capacity = num('capacity', str('capacity'));

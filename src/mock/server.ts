@@ -15,7 +15,7 @@ import { chatCompletion, chatStream, embeddings, modelObject, MODELS_BODY, textC
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
 import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
-import { rateHeaders, rateState, rateTake, refill, refusalHeaders, refusalMessage, requestTokens, type RateBucket, type RateOutcome } from './rate-limit.ts';
+import { goDuration, rateHeaders, rateState, rateTake, refill, refusalHeaders, refusalMessage, requestTokens, type RateBucket, type RateOutcome } from './rate-limit.ts';
 
 export type { MockRequestLog, MockStats } from './stats.ts';
 export type { BrownoutMode, FaultSpec } from './faults.ts';
@@ -400,7 +400,7 @@ class MockProvider implements MockServer {
             'openai-processing-ms': String(Math.round(performance.now() - x.startedAt)),
             'x-ratelimit-limit-requests': String(limit),
             'x-ratelimit-remaining-requests': String(remaining),
-            'x-ratelimit-reset-requests': `${resetMs / 1000}s`,
+            'x-ratelimit-reset-requests': goDuration(resetMs),
           };
     if (x.rate !== undefined) {
       // An enforced rate limit reports its buckets as they are now, in the API's own names, in place of the advertised quota.
