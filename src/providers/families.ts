@@ -6,7 +6,7 @@ import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { takeUsageOut } from '../streaming/hidden-usage.ts';
 import { asksUsage } from '../streaming/stream-events.ts';
-import { AnthropicStreamTranslator, isAnthropicErrorType, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
+import { AnthropicStreamTranslator, isAnthropicErrorType, mayHoldLongNumbers, parseExact, stringifyExact, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
 
 /** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
 export interface ResponseTranslator {
@@ -86,8 +86,10 @@ export function prepareUpstream(provider: ProviderConfig, input: FamilyInput): P
 function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
   const basePath = basePathOf(provider);
   const usageAsked = provider.family !== 'anthropic' && provider.streamUsage && usageToAsk(input);
-  const json = usageAsked ? { ...input.json, stream_options: { ...(input.json.stream_options as object | null | undefined), include_usage: true } } : input.json;
-  const body = !usageAsked && (input.model === undefined || input.model === input.json.model) ? input.rawBody : JSON.stringify({ ...json, ...(input.model !== undefined && { model: input.model }) });
+  const asSent = !usageAsked && (input.model === undefined || input.model === input.json.model);
+  const client = asSent ? input.json : exactJson(input);
+  const json = usageAsked ? { ...client, stream_options: { ...(client.stream_options as object | null | undefined), include_usage: true } } : client;
+  const body = asSent ? input.rawBody : stringifyExact({ ...json, ...(input.model !== undefined && { model: input.model }) });
   const hidden = usageAsked ? { hideUsage: usageHidingStream } : undefined;
   if (input.api === 'messages' && provider.family !== 'anthropic') return { ok: false, reason: `${provider.family} targets do not serve the Anthropic Messages API` };
   switch (provider.family) {
@@ -114,6 +116,15 @@ function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
     case 'anthropic':
       return prepareAnthropic(provider, basePath, input, body);
   }
+}
+
+/**
+ * The client's body to write again (its model swapped, its usage asked for): read from its bytes when it may hold a
+ * number a double rounds, as a 64-bit id in a tool_use input on /v1/messages (exact-json.ts), else as parsed.
+ */
+function exactJson(input: FamilyInput): Record<string, unknown> {
+  const text = input.rawBody.toString('utf8');
+  return mayHoldLongNumbers(text) ? (parseExact(text) as Record<string, unknown>) : input.json;
 }
 
 /**
@@ -166,7 +177,7 @@ function prepareAnthropic(provider: ProviderConfig, basePath: string, input: Fam
   // overload read as a broken stream reached chat clients as a 502, and did not lower the target's concurrency as the
   // same overload answered with a 529 does.
   const translator = anthropicTranslator(input.model, translated.includeUsage, translated.toolNames);
-  return { ok: true, request: { path, headers, body: JSON.stringify(translated.body), translator, errorEventMeaning: anthropicErrorEventMeaning } };
+  return { ok: true, request: { path, headers, body: stringifyExact(translated.body), translator, errorEventMeaning: anthropicErrorEventMeaning } };
 }
 
 /**
@@ -213,10 +224,11 @@ function anthropicTranslator(model: string, includeUsage: boolean, toolNames: Re
   return {
     error: anthropicErrorMeaning,
     body(body) {
-      const msg = JSON.parse(body.toString('utf8')) as AnthropicMessage | null;
+      // Exact: a tool input's 64-bit id keeps its digits (exact-json.ts).
+      const msg = parseExact(body.toString('utf8')) as AnthropicMessage | null;
       // Anything but a message (`{}`, an error with a 200) would become an empty "successful" completion.
       if (msg?.type !== 'message' || !Array.isArray(msg.content)) throw new Error('the answer is not an Anthropic message');
-      return Buffer.from(JSON.stringify(toOpenAIResponse(msg, { model, toolNames })));
+      return Buffer.from(stringifyExact(toOpenAIResponse(msg, { model, toolNames })));
     },
     stream() {
       const translator = new AnthropicStreamTranslator({ model, includeUsage, toolNames });

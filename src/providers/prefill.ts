@@ -4,8 +4,11 @@
 
 import type { ProviderConfig } from '../config/schema.ts';
 
-/** Major and minor version in Claude model ids: claude-sonnet-4-6, claude-opus-4-7-20260101, us.anthropic.claude-opus-4-6-v1. */
-const CLAUDE_VERSION = /claude-(?:opus|sonnet|haiku)-(\d+)(?:-(\d{1,2}))?(?!\d)/;
+/**
+ * Major and minor version in Claude model ids: claude-sonnet-4-6, claude-opus-4-7-20260101, us.anthropic.claude-opus-4-6-v1,
+ * and dotted as OpenRouter and LiteLLM spell them (anthropic/claude-sonnet-4.6: read as 4.0, it was sent a prefill it refuses).
+ */
+const CLAUDE_VERSION = /claude-(?:opus|sonnet|haiku)-(\d+)(?:[-.](\d{1,2}))?(?!\d)/;
 
 /**
  * The provider's `prefill` when set; otherwise none, except for an Anthropic model older than Claude 4.6 (the older

@@ -17,6 +17,8 @@ export interface Script {
 }
 export interface Seen {
   body: Record<string, unknown>;
+  /** The body as it came, for what JSON.parse would change (a number past 2^53). */
+  raw?: string;
   headers: IncomingMessage['headers'];
   url: string;
 }
@@ -28,7 +30,7 @@ export function scripted(fn: (body: Record<string, unknown>, n: number) => Scrip
     req.on('data', (d: Buffer) => (raw += d.toString()));
     req.on('end', () => {
       const body = JSON.parse(raw) as Record<string, unknown>;
-      seen.push({ body, headers: req.headers, url: req.url ?? '' });
+      seen.push({ body, raw, headers: req.headers, url: req.url ?? '' });
       const reply = fn(body, seen.length);
       if (reply !== 'hang') void play(res, reply);
     });

@@ -13,6 +13,7 @@ import type {
   OpenAITextPart,
 } from './types.ts';
 import type { ToolNames } from './tool-names.ts';
+import { parseExact } from './exact-json.ts';
 
 /** The request asks for something the Anthropic target cannot do; the message says what, `param` which field. */
 export class Inexpressible extends Error {
@@ -250,7 +251,8 @@ function toolInput(args: unknown, at: string): Record<string, unknown> {
   if (args === undefined || args === '') return {};
   let parsed: unknown;
   try {
-    parsed = JSON.parse(String(args));
+    // Exact: a 64-bit id keeps its digits; the request is written with stringifyExact (families.ts).
+    parsed = parseExact(String(args));
   } catch {
     throw new Inexpressible(`${at}.function.arguments is not valid JSON`, `${at}.function.arguments`);
   }

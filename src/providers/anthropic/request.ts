@@ -56,7 +56,10 @@ type AnthropicRequestResult =
   /** `param`: the request field at fault, when one is (OpenAI's error `param`). */
   | { ok: false; reason: string; param?: string };
 
-/** Translates a chat.completions request into a Messages request; `{ ok: false }` when the target cannot express it. */
+/**
+ * Translates a chat.completions request into a Messages request; `{ ok: false }` when the target cannot express it.
+ * Write `body` with stringifyExact (exact-json.ts): a tool call's long numbers are held in it as tagged strings.
+ */
 export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicRequestOptions): AnthropicRequestResult {
   try {
     refuseInexpressible(body, opts.sampling ?? 'drop');

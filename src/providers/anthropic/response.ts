@@ -1,6 +1,7 @@
 // An Anthropic Messages answer -> an OpenAI chat.completion, and an Anthropic error -> an OpenAI error body.
 // The status of an error is kept: the gateway's outcome table classifies by status and `error.code`.
 import { errorBody, type OpenAIErrorBody } from '../../errors.ts';
+import { stringifyExact } from './exact-json.ts';
 import type {
   AnthropicBlockLike,
   AnthropicMessage,
@@ -79,7 +80,8 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
       toolCalls.push({
         id: String(block['id']),
         type: 'function',
-        function: { name: clientToolName(block['name'], opts.toolNames), arguments: JSON.stringify(block['input'] ?? {}) },
+        // The input as Anthropic wrote it, when read with parseExact: a 64-bit id keeps its digits.
+        function: { name: clientToolName(block['name'], opts.toolNames), arguments: stringifyExact(block['input'] ?? {}) },
       });
     }
   }

@@ -2,6 +2,7 @@
 // Anthropic numbers content blocks (text, thinking, tool_use, ...) in one sequence; OpenAI numbers tool calls
 // alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
 // a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
+import { parseExact, stringifyExact } from './exact-json.ts';
 import { clientToolName, reportsUsage, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 
@@ -82,7 +83,7 @@ export class AnthropicStreamTranslator {
     if (this.#over || event.data === null) return [];
     let data: Data;
     try {
-      data = JSON.parse(event.data) as Data;
+      data = parseExact(event.data) as Data; // a tool input given whole keeps its digits (#blockStop)
     } catch {
       throw new AnthropicStreamError('malformed_event', `malformed ${event.event ?? 'unnamed'} event: ${event.data.slice(0, 200)}`);
     }
@@ -191,7 +192,7 @@ export class AnthropicStreamTranslator {
     if (block?.kind !== 'tool' || block.args) return [];
     block.args = true;
     const input = block.input !== null && typeof block.input === 'object' ? block.input : {};
-    return [this.#chunk({ tool_calls: [{ index: block.toolIndex, function: { arguments: JSON.stringify(input) } }] })];
+    return [this.#chunk({ tool_calls: [{ index: block.toolIndex, function: { arguments: stringifyExact(input) } }] })];
   }
 
   #messageDelta(data: Data): string[] {
