@@ -81,6 +81,19 @@ describe('a stream started at the client\'s deadline', () => {
   });
 });
 
+/** A stream call whose head comes at the client's deadline (1 s), well before its first token; resolves its whole text. */
+async function wholeAnswerStartedEarly(call: () => Promise<{ data: AsyncIterable<OpenAI.Chat.Completions.ChatCompletionChunk>; response: Response }>): Promise<string> {
+  const started = Date.now();
+  const { data: stream, response } = await call();
+  expect(Date.now() - started).toBeLessThan(1_800);
+  const got = await readChat(stream);
+  expect(response.status).toBe(200);
+  expect(got.error).toBeUndefined();
+  expect(got.finish).toBe('stop');
+  expect(got.text.length).toBeGreaterThan(0);
+  return got.text;
+}
+
 describe('a stream started at the client\'s deadline, from a model that thinks past it (the bundled mock)', () => {
   /** The mock sends its headers and role chunk at once, and its first token `thinkMs` later; idleMs is far shorter. */
   const thinking = (thinkMs: number) =>
@@ -89,14 +102,7 @@ describe('a stream started at the client\'s deadline, from a model that thinks p
   it('waits for the first token as long as firstTokenMs allows, not idleMs: the whole answer comes', async () => {
     // Started at ~750 ms; the first token at ~2 s is over 1 s of silence later, past idleMs, within firstTokenMs.
     const s = await thinking(2_000);
-    const started = Date.now();
-    const { data: stream, response } = await clientOf(s.baseURL).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true }).withResponse();
-    expect(Date.now() - started).toBeLessThan(1_800);
-    const got = await readChat(stream);
-    expect(response.status).toBe(200);
-    expect(got.error).toBeUndefined();
-    expect(got.finish).toBe('stop');
-    expect(got.text.length).toBeGreaterThan(0);
+    await wholeAnswerStartedEarly(() => clientOf(s.baseURL).chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], stream: true }).withResponse());
     const line = await requestLine(s);
     expect(line).toMatchObject({ startedEarly: true, streamEnd: 'complete' });
     // Its time to first token is the token's, not the early start's.
@@ -134,19 +140,12 @@ describe('a stream under an Idempotency-Key, from a model that thinks past the c
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
     const body = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'hi' }], stream: true as const };
     const headers = { 'Idempotency-Key': 'thinking-call-1' };
-    const started = Date.now();
-    const { data: stream, response } = await client.chat.completions.create(body, { headers, timeout: 1_000 }).withResponse();
-    expect(Date.now() - started).toBeLessThan(1_800);
-    const got = await readChat(stream);
-    expect(response.status).toBe(200);
-    expect(got.error).toBeUndefined();
-    expect(got.finish).toBe('stop');
-    expect(got.text.length).toBeGreaterThan(0);
+    const text = await wholeAnswerStartedEarly(() => client.chat.completions.create(body, { headers, timeout: 1_000 }).withResponse());
     expect(await requestLine(s)).toMatchObject({ startedEarly: true, streamEnd: 'complete', idempotency: 'run' });
     // The answer was kept: the repeat gets it again, byte for byte, and nothing more goes upstream.
     const again = await client.chat.completions.create(body, { headers, timeout: 5_000 }).withResponse();
     expect(again.response.headers.get('idempotent-replayed')).toBe('true');
-    expect((await readChat(again.data)).text).toBe(got.text);
+    expect((await readChat(again.data)).text).toBe(text);
     expect(s.mock.requests().filter((r) => r.path === '/v1/chat/completions')).toHaveLength(1);
   });
 });
