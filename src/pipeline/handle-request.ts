@@ -169,12 +169,13 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   // A keyed run is bounded by the route's timeout, not its client's (the repeats wait for its answer), but its stream
   // still starts at the client's deadline: held to its first token, the SDK gave up first, its retries found the run
   // still going (409 after 409), and the thinking model's answer was kept for no one.
-  const clientDeadline = stream && req.idempotent ? deadlineOf(req.headers) : deadline;
+  const keyedStream = stream && req.idempotent === true;
+  const clientDeadline = keyedStream ? deadlineOf(req.headers) : deadline;
   const earlyStart = stream && clientDeadline.source !== 'route' ? new EarlyStart() : undefined;
   const deadlineTimer = setTimeout(() => {
-    if (clientDeadline !== deadline || !earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
+    if (keyedStream || !earlyStart?.take()) controller.abort(new DeadlineReached(deadline.budgetMs));
   }, Math.max(0, deadline.budgetMs - receivedMs));
-  const earlyStartTimer = clientDeadline !== deadline && earlyStart ? setTimeout(() => earlyStart.take(), Math.max(0, clientDeadline.budgetMs - receivedMs - (req.waitedForRunMs ?? 0))) : undefined;
+  const earlyStartTimer = keyedStream && earlyStart ? setTimeout(() => earlyStart.take(), Math.max(0, clientDeadline.budgetMs - receivedMs - (req.waitedForRunMs ?? 0))) : undefined;
   const clearDeadlineTimers = () => {
     clearTimeout(deadlineTimer);
     clearTimeout(earlyStartTimer);
