@@ -157,7 +157,8 @@ export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_lengt
  * DeepSeek ("This model's maximum context length is 8192 tokens. However, ..."; vLLM 0.11 to 0.15, when the prompt and
  * max_tokens together pass the window: "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum
  * context length is ..."; vLLM 0.16 on: "You passed 9000 input tokens and requested 1000 output tokens. However, the
- * model's context length is only 8192 tokens, ..."), OpenRouter ("This endpoint's maximum
+ * model's context length is only 8192 tokens, ..."), xAI ("This model's maximum prompt length is 131072 but the request
+ * contains 136973 tokens.", the body's `error` string), OpenRouter ("This endpoint's maximum
  * context length is ..."), SGLang and Together ("The input (9000 tokens) is longer than the model's context length
  * (8192 tokens)."), Mistral ("Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum
  * context length"), Gemini ("The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."),
@@ -168,7 +169,7 @@ export const CONTEXT_LENGTH_CODES: ReadonlySet<string> = new Set(['context_lengt
  * read as one.
  */
 const CONTEXT_LENGTH_MESSAGE =
-  /^(?:this (?:model|endpoint)'s maximum context length is \d|'max_tokens' or 'max_completion_tokens' is too large: \d+\. this model's maximum context length is \d|you passed \d+ input (?:tokens|characters)\b[^.]*\. however, the model's context length is only \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed|input validation error: `inputs` (?:tokens \+ `max_new_tokens` must be <= \d|must have less than \d+ tokens\. given: \d))/i;
+  /^(?:this (?:model|endpoint)'s maximum context length is \d|this model's maximum prompt length is \d+ but the request contains \d+ tokens|'max_tokens' or 'max_completion_tokens' is too large: \d+\. this model's maximum context length is \d|you passed \d+ input (?:tokens|characters)\b[^.]*\. however, the model's context length is only \d|the input \(\d+ tokens\) is longer than the model's context length|prompt contains \d+ tokens\b[^.]*\btoo large for model with \d+ maximum context length|requested token count exceeds the model's maximum context length|the request exceeds the available context size|the input token count \(\d+\) exceeds the maximum number of tokens allowed|input validation error: `inputs` (?:tokens \+ `max_new_tokens` must be <= \d|must have less than \d+ tokens\. given: \d))/i;
 
 /**
  * Does an error's `code` name what went wrong? Not the status as digits (`"400"`, vLLM, OpenRouter), nor its `type`
