@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 import { cc, delta, json, type Script } from './helpers/scripted-provider.ts';
-import { parseExact, stringifyExact } from '../src/providers/anthropic/exact-json.ts';
+import { parseExact, stringifyExact } from '../src/providers/exact-json.ts';
 
 const start = useScriptedUpstreams();
 
@@ -98,7 +98,7 @@ describe('stream recovery onto an Anthropic model named with a dot (OpenRouter a
 });
 
 
-describe('exact JSON (src/providers/anthropic/exact-json.ts)', () => {
+describe('exact JSON (src/providers/exact-json.ts)', () => {
   it('keeps every number a double would round, wherever it sits, and reads the rest as JSON.parse does', () => {
     const text = '{"id":-1729384756102938475,"f":12345678901234.56789,"big":1e400,"small":1.5,"n":[9007199254740993,2],"s":"12345678901234567890 \\"q\\" \\\\","id2":1,"id2":2}';
     const parsed = parseExact(text) as Record<string, unknown>;

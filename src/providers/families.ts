@@ -6,7 +6,8 @@ import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { laterUsage, usageOf, type Usage } from '../streaming/usage.ts';
 import { takeUsageOut } from '../streaming/hidden-usage.ts';
 import { asksUsage } from '../streaming/stream-events.ts';
-import { AnthropicStreamTranslator, isAnthropicErrorType, mayHoldLongNumbers, parseExact, stringifyExact, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
+import { AnthropicStreamTranslator, isAnthropicErrorType, toAnthropicRequest, toOpenAIError, toOpenAIResponse, type AnthropicMessage, type OpenAIChatRequest } from './anthropic/index.ts';
+import { parseExact, stringifyExact } from './exact-json.ts';
 
 /** Turns a family's answers into the OpenAI shape. Absent for OpenAI-compatible families. */
 export interface ResponseTranslator {
@@ -123,8 +124,7 @@ function prepareFor(provider: ProviderConfig, input: FamilyInput): Prepared {
  * number a double rounds, as a 64-bit id in a tool_use input on /v1/messages (exact-json.ts), else as parsed.
  */
 function exactJson(input: FamilyInput): Record<string, unknown> {
-  const text = input.rawBody.toString('utf8');
-  return mayHoldLongNumbers(text) ? (parseExact(text) as Record<string, unknown>) : input.json;
+  return parseExact(input.rawBody.toString('utf8'), input.json) as Record<string, unknown>;
 }
 
 /**

@@ -70,8 +70,9 @@ export class KeptKeys {
     if (held?.state === 'running' && held.owner !== owner) return;
     // An answer that alone passes the cap went at once, its key left free, and the agent's retry ran the call again:
     // kept as an answer not kept instead (409 idempotency_answer_not_kept), as one past maxAnswerBytes is.
-    const fits = record.answer === undefined || sizeOf(key, record) <= this.#maxBytes;
-    this.#put(key, fits ? record : { state: 'done', fingerprint: record.fingerprint, bytes: record.bytes }, nowMs + ttlMs);
+    const bytes = sizeOf(key, record);
+    if (bytes <= this.#maxBytes) this.#put(key, record, nowMs + ttlMs, bytes);
+    else this.#put(key, { state: 'done', fingerprint: record.fingerprint, bytes: record.bytes }, nowMs + ttlMs);
     this.#evict(nowMs);
   }
 
@@ -89,9 +90,8 @@ export class KeptKeys {
     for (const [key, { record, expiresAtMs }] of this.#entries) if (expiresAtMs > nowMs) yield [key, record, expiresAtMs];
   }
 
-  #put(key: string, record: KeyRecord, expiresAtMs: number): void {
+  #put(key: string, record: KeyRecord, expiresAtMs: number, bytes = sizeOf(key, record)): void {
     this.release(key);
-    const bytes = sizeOf(key, record);
     this.#entries.set(key, { record, expiresAtMs, bytes });
     this.#bytes += bytes;
   }

@@ -6,8 +6,6 @@
 //             toAnthropicShape    the gateway's OpenAI error body -> one the Anthropic SDKs read too (native routes)
 //   thinking: thinkingFields      reasoning_effort -> thinking, where the target takes it (part of toAnthropicRequest)
 //   stream:   AnthropicStreamTranslator  Messages SSE events -> chat.completion.chunk SSE events and [DONE]
-//   json:     parseExact, stringifyExact  tool inputs read and written with their long numbers as written
-export { mayHoldLongNumbers, parseExact, stringifyExact } from './exact-json.ts';
 export { toAnthropicRequest, type AnthropicRequestOptions } from './request.ts';
 export { isAnthropicErrorType, toAnthropicShape, toOpenAIError, toOpenAIResponse } from './response.ts';
 export { AnthropicStreamError, AnthropicStreamTranslator } from './stream.ts';

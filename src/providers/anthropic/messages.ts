@@ -13,7 +13,7 @@ import type {
   OpenAITextPart,
 } from './types.ts';
 import type { ToolNames } from './tool-names.ts';
-import { parseExact } from './exact-json.ts';
+import { parseExact } from '../exact-json.ts';
 
 /** The request asks for something the Anthropic target cannot do; the message says what, `param` which field. */
 export class Inexpressible extends Error {

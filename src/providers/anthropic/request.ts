@@ -58,7 +58,7 @@ type AnthropicRequestResult =
 
 /**
  * Translates a chat.completions request into a Messages request; `{ ok: false }` when the target cannot express it.
- * Write `body` with stringifyExact (exact-json.ts): a tool call's long numbers are held in it as tagged strings.
+ * Write `body` with stringifyExact (../exact-json.ts): a tool call's long numbers are held in it as tagged strings.
  */
 export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicRequestOptions): AnthropicRequestResult {
   try {

@@ -1,7 +1,7 @@
 // An Anthropic Messages answer -> an OpenAI chat.completion, and an Anthropic error -> an OpenAI error body.
 // The status of an error is kept: the gateway's outcome table classifies by status and `error.code`.
 import { errorBody, type OpenAIErrorBody } from '../../errors.ts';
-import { stringifyExact } from './exact-json.ts';
+import { stringifyExact } from '../exact-json.ts';
 import type {
   AnthropicBlockLike,
   AnthropicMessage,

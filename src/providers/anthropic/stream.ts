@@ -2,7 +2,7 @@
 // Anthropic numbers content blocks (text, thinking, tool_use, ...) in one sequence; OpenAI numbers tool calls
 // alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
 // a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
-import { parseExact, stringifyExact } from './exact-json.ts';
+import { parseExact, stringifyExact } from '../exact-json.ts';
 import { clientToolName, reportsUsage, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 

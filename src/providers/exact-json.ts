@@ -15,14 +15,13 @@ const MAYBE_LONG = /\d[\d.]{15}/;
 const NUMBER = /-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/y;
 const TAGGED = new RegExp(`"\\\\u0000${NONCE}:(-?[0-9][0-9.eE+-]*)"`, 'g');
 
-/** May `text` hold a number a double would round? False is certain; true only a maybe. */
-export function mayHoldLongNumbers(text: string): boolean {
-  return MAYBE_LONG.test(text);
-}
-
-/** JSON.parse, with numbers a double would round read as tagged strings that stringifyExact writes back as they came. */
-export function parseExact(text: string): unknown {
-  return JSON.parse(MAYBE_LONG.test(text) ? tagLongNumbers(text) : text);
+/**
+ * JSON.parse, with numbers a double would round read as tagged strings that stringifyExact writes back as they came.
+ * `parsed`, the text already read by JSON.parse, is returned as it is when the text holds no such number.
+ */
+export function parseExact(text: string, parsed?: unknown): unknown {
+  if (!MAYBE_LONG.test(text)) return parsed === undefined ? JSON.parse(text) : parsed;
+  return JSON.parse(tagLongNumbers(text));
 }
 
 /** JSON.stringify, with the numbers parseExact tagged written as they were read. */
