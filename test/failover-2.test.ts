@@ -1,6 +1,7 @@
 // Failover edge cases, over real HTTP with the bundled mock: a credential hold skips its target at once (never parked,
 // never a 429), a fallback's rejection never hides the primary's outage, a request no target can express is the
 // client's 400, and the final error names the target that failed last.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
@@ -148,11 +149,18 @@ describe('credential hold', () => {
 });
 
 describe('a retry-after on the primary with a backup that can answer', () => {
-  it('sends the request that got the hint to the backup at once, as the hold-off sends every newcomer, not after waiting it out', async () => {
+  const parkings: Array<[string, ConfigInput['routes'][number]['park']]> = [
+    ['parking on', {}],
+    // It cannot come back through the lot, and did not leave: it waited the 3 s out while every newcomer got the
+    // backup's answer at once (20 s, for a retry-after of 20).
+    ['parking off', false],
+    ['a park.maxWaitMs shorter than the hold-off', { maxWaitMs: 500 }],
+  ];
+  it.each(parkings)('sends the request that got the hint to the backup at once, as the hold-off sends every newcomer, not after waiting it out (%s)', async (_name, park) => {
     const s = await stackWith({
       family: 'openai',
       faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '3' } }] },
-      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: {} },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park },
     });
     const first = await chat(s);
     expect(first.status).toBe(200);
@@ -213,9 +221,9 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     ['a backup that fails', 'openai', { errors: [{ status: 503 }] }, {}],
     ['an Anthropic backup that cannot express the request (n: 2)', 'anthropic', undefined, { n: 2 }],
   ];
-  it.each(backupsThatFail)('with parking off, still waits its own hint out on the primary and gets its answer there, given %s', async (_name, family, backupFaults, extra) => {
-    // It cannot come back for the primary through the parking lot: moved on, it got the backup's 503 (or the
-    // primary's 429) at once where waiting 2 s got an answer.
+  it.each(backupsThatFail)('with parking off, comes back to wait its own hint out on the primary and gets its answer there, given %s', async (_name, family, backupFaults, extra) => {
+    // It cannot come back for the primary through the parking lot: ended where it moved on, it got the backup's 503
+    // (or the primary's 429) at once where waiting 2 s got an answer.
     const s = await stackWith({
       family,
       faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
@@ -227,7 +235,43 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     expect(first.status).toBe(200);
     expect(first.headers.get('x-stormgate-target')).toBe('mock/gpt-4o');
     expect(first.ms).toBeGreaterThanOrEqual(1_900);
-    expect(backup!.stats().total).toBe(0);
+    expect(backup!.stats().total).toBe(backupFaults ? 1 : 0);
+    expect(s.mock.stats().total).toBe(2);
+  });
+
+  it('with parking off, ends with the backup\'s failure at once when its deadline leaves no time to wait the hold-off out', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '3' } }] },
+      backupFaults: { errors: [{ status: 503 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const first = await chat(s, {}, { 'x-stormgate-timeout-ms': '2500' });
+    expect(first.status).toBe(503);
+    expect(first.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
+    expect(first.ms).toBeLessThan(1_500);
+    expect([s.mock.stats().total, backup!.stats().total]).toEqual([1, 1]);
+  });
+
+  it('with parking off, sends nothing more once its client leaves during the wait for the primary', async () => {
+    const s = await stackWith({
+      family: 'openai',
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
+      backupFaults: { errors: [{ status: 503 }] },
+      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false },
+      backupRetry: { maxAttempts: 1 },
+    });
+    const gone = fetch(`${s.baseURL}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+      signal: AbortSignal.timeout(700),
+    }).catch((e: Error) => e.name);
+    expect(await gone).toBe('TimeoutError');
+    await sleep(2_500);
+    expect([s.mock.stats().total, backup!.stats().total]).toEqual([1, 1]);
+    expect(logLines(s).map((l) => l.outcome)).toEqual(['client_gone']);
   });
 
   it('waits its own hint out on the primary when park.maxWaitMs could not cover the hold-off after a backup that fails', async () => {

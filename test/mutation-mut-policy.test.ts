@@ -6,7 +6,7 @@ import { BreakerSchema } from '../src/config/schema.ts';
 import { afterProbe, availableAtMs, opened, outranksFleet, settingsForModel, tripsOnConsecutive, tripsOnWindow } from '../src/policy/breaker.ts';
 import { classLimit, initialLimit, onRateLimited, onSuccess, type LimitSettings, type LimitState } from '../src/policy/adaptive-limit.ts';
 import { computeDeadline, longestBudgetMs } from '../src/policy/deadline.ts';
-import { leavesUntil, waitPastHoldOff } from '../src/policy/hold-off-wait.ts';
+import { leavesUntil, waitPastHoldOff, waitsOutOwnHoldOff } from '../src/policy/hold-off-wait.ts';
 import { accountStatusOfError, classify, isContextLengthMessage, mayHaveRun, namesError, OUTCOME_TABLE, type AttemptOutcome } from '../src/policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, type WaitHint } from '../src/policy/wait-hint.ts';
 import { INITIAL_BREAKER, type BreakerRecord } from '../src/state/store.ts';
@@ -73,17 +73,21 @@ describe('the deadline, at its edges', () => {
 describe('the hold-off waits, at their edges', () => {
   const hint = (delayMs: number): WaitHint => ({ delayMs, source: 'retry-after', fleetWide: true });
 
-  it('moves a request on to the next target only for a pause of a second or more it could park for', () => {
+  it('moves a request on to the next target only for a pause of a second or more', () => {
+    expect(leavesUntil(hint(999), 5_000)).toBeUndefined();
+    expect(leavesUntil(hint(1_000), 5_000)).toBe(5_000);
+    expect(leavesUntil(undefined, 5_000)).toBeUndefined();
+    expect(leavesUntil(hint(5_000), undefined)).toBeUndefined();
+  });
+
+  it('has a request that left for its own hold-off wait the rest out itself only where it cannot park for it', () => {
     const park = { maxQueue: 10 };
-    expect(leavesUntil(park, hint(999), 5_000, 0)).toBeUndefined();
-    expect(leavesUntil(park, hint(1_000), 5_000, 0)).toBe(5_000);
-    expect(leavesUntil(park, undefined, 5_000, 0)).toBeUndefined();
-    expect(leavesUntil(park, hint(5_000), undefined, 0)).toBeUndefined();
-    // Parking off: it could never come back for the hold-off's end.
-    expect(leavesUntil(false, hint(5_000), 5_000, 0)).toBeUndefined();
-    // park.maxWaitMs bounds it, its last millisecond included.
-    expect(leavesUntil({ ...park, maxWaitMs: 5_000 }, hint(5_000), 6_000, 1_000)).toBe(6_000);
-    expect(leavesUntil({ ...park, maxWaitMs: 4_999 }, hint(5_000), 6_000, 1_000)).toBeUndefined();
+    expect(waitsOutOwnHoldOff(false, 5_000, 0)).toBe(true);
+    expect(waitsOutOwnHoldOff(park, 60_000, 0)).toBe(false);
+    // park.maxWaitMs bounds the request's whole time parked, its last millisecond included.
+    expect(waitsOutOwnHoldOff({ ...park, maxWaitMs: 5_000 }, 5_000, 0)).toBe(false);
+    expect(waitsOutOwnHoldOff({ ...park, maxWaitMs: 5_000 }, 5_001, 0)).toBe(true);
+    expect(waitsOutOwnHoldOff({ ...park, maxWaitMs: 5_000 }, 4_000, 1_001)).toBe(true);
   });
 
   it('keeps a retry\'s own wait when the hold-off ends exactly with it: no spread on top', () => {

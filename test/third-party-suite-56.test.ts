@@ -20,8 +20,8 @@
 // Bounds are generous: a loaded 2-core machine.
 // Found here: no gateway bug; every case behaves as the README says. One README wording fixed: x-stormgate-target keeps
 // a space as it is (only what is outside visible ASCII and the space is percent-encoded). Pinned as documented and
-// reported as design questions: with `park: false`, a 429's retry-after on a primary that has a healthy fallback is
-// waited out in place (20 s) rather than moved past; names past the 32 learned places share one `<provider>/other`
+// reported as design questions: with `park: false`, a 429's retry-after on a primary that has a healthy fallback was
+// waited out in place (20 s) rather than moved past (since changed: it moves on); names past the 32 learned places share one `<provider>/other`
 // breaker and hold-off, so one broken overflow model turns every other overflow name away with circuit_open.
 import { setTimeout as sleep } from 'node:timers/promises';
 import OpenAI from 'openai';
@@ -283,9 +283,9 @@ describe('3. a failing model falls back to a cheaper one on the same provider', 
     expect(samples(m, 'stormgate_breaker_transitions_total', { target: 'mock/gpt-4.1', to: 'open' }).map((x) => x.value)).toEqual([1]);
   });
 
-  it('a per-model 429 with retry-after holds off that model alone: newcomers skip it, the provider\'s other models are not held', async () => {
-    // Parking on (the default): with it off, the README has the request wait the hint out in place, not move on.
-    const s = await setup({ park: true, faults: { models: { 'gpt-4.1': { errors: [{ status: 429, headers: { 'retry-after': '20' } }] } } } });
+  it.each([true, false])('a per-model 429 with retry-after holds off that model alone: newcomers skip it, the provider\'s other models are not held (parking %s)', async (park) => {
+    // The request that got the 429 moves on at once, parking or not (with it off, it waited the 20 s out in place).
+    const s = await setup({ park, faults: { models: { 'gpt-4.1': { errors: [{ status: 429, headers: { 'retry-after': '20' } }] } } } });
     const first = await rawChat(s.url, 'fast');
     expect([first.status, first.body.model]).toEqual([200, 'gpt-4o-mini']);
     expect(upstreamModels(s.mock)).toEqual(['gpt-4.1', 'gpt-4o-mini']);

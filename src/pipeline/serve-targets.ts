@@ -12,11 +12,12 @@
 // request.
 import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
+import { HOLD_OFF_SLACK_MS, waitsOutOwnHoldOff } from '../policy/hold-off-wait.ts';
 import type { AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import { classify, mayHaveRun, maySendAgain, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
-import { heldBack, newRun, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
+import { heldBack, newRun, payWaitedOutRetry, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
 export function endedWithVerdict(served: Served): boolean {
@@ -188,6 +189,30 @@ export async function serveTargets(
    * `otherwise`, made only when it is the answer (making a shed counts it).
    */
   const worst = (otherwise: () => Served): Served => end(lastFailure ?? authHeld ?? shed ?? otherwise());
+  /**
+   * The request left a target for the hold-off its own answer started (leavesUntil), and no other target answered; it
+   * cannot park for that target (parking off, a hold-off longer than park.maxWaitMs): it waits the rest out itself, as
+   * it would have had it stayed, and its retry there is paced as that wait's would have been. `cannot`: the wait does
+   * not fit before the deadline or the drain's grace end.
+   */
+  const waitOutOwnHoldOff = async (own: Blocked): Promise<'back' | 'cannot' | Served> => {
+    const startMs = deps.now();
+    const waitMs = Math.max(0, own.availableAtMs - startMs) + HOLD_OFF_SLACK_MS;
+    const { minAttemptMs } = ctx.route.config;
+    if (!canWait(startMs, waitMs, ctx.deadlineAtMs, minAttemptMs) || waitMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) return 'cannot';
+    const index = plans.indexOf(own.plan);
+    try {
+      await deps.sleep(waitMs, ctx.signal);
+    } catch {
+      const result = { outcome: abortOutcome(ctx.signal.reason) };
+      return { kind: 'failed', plan: own.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } };
+    } finally {
+      ctx.onWaited?.('backoff', deps.now() - startMs);
+    }
+    runs[index]!.waitMs = deps.now() - startMs;
+    await payWaitedOutRetry(ctx, own.plan, runs[index]!, deps);
+    return 'back';
+  };
   for (;;) {
     const blocked: Blocked[] = [];
     /** Whether this pass left targets unlooked at (it was for the one the lot released): the next pass does. */
@@ -325,6 +350,12 @@ export async function serveTargets(
     // The one this request's own answer started was judged by its hint, which the retry policy accepted: its spread
     // (up to a tenth more) must not turn the wait the request left to come back for into a refusal.
     const hintTooLong = first.reason === 'hold-off' && !first.own && waitMs > first.plan.retry.maxWaitHintMs;
+    const own = blocked.find((b) => b.own);
+    if (own && waitsOutOwnHoldOff(park, own.availableAtMs - now, parkedMs)) {
+      const outcome = await waitOutOwnHoldOff(own);
+      if (outcome === 'back') continue;
+      if (outcome !== 'cannot') return end(outcome);
+    }
     if (!park || lastLook || hintTooLong || !canWait(now, waitMs, ctx.deadlineAtMs, ctx.route.config.minAttemptMs)) {
       noteBlocked(blocked);
       return worst(unavailable);

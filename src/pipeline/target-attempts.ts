@@ -458,11 +458,11 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // The target went away (its breaker opened, someone's hold-off outlasts this wait): the retry waits for it,
     // parked or elsewhere. The hold-off this very answer started is waited out here, like its hint, unless the request
     // leaves for the next target meanwhile, as every newcomer does (leavesUntil): waiting, it took seconds longer than
-    // they did.
+    // they did (with parking off, 20 s of a primary's retry-after while a healthy backup answered every newcomer).
     // An earlier target it left counts too: the request parks for whichever is back first (a fallback's 3 s hint waited
     // out in place while the primary's 1 s hold-off had long ended). Only here: a silent fallback is still retried
     // while the earlier target is away, since that one may not be back before the deadline.
-    const movesOnUntil = hasNext || others.earlier ? leavesUntil(ctx.route.config.park, hint, ownHoldOff, deps.now()) : undefined;
+    const movesOnUntil = hasNext || others.earlier ? leavesUntil(hint, ownHoldOff) : undefined;
     const unavailable: Unavailable | undefined =
       movesOnUntil !== undefined ? { kind: 'unavailable', reason: 'hold-off', availableAtMs: movesOnUntil, own: true } : unavailableNow(ctx, plan, deps, decision.delayMs, ownHoldOff);
     if (unavailable) {
@@ -514,6 +514,14 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
 function paramOf(prepared: Prepared & { ok: false }): { param?: string } {
   const param = 'param' in prepared ? prepared.param : undefined;
   return typeof param === 'string' ? { param } : {};
+}
+
+/**
+ * Pays now for the retry of a request that waited out, outside the parking lot, the hold-off its own answer started
+ * (serve-targets.ts): paced, as the same wait taken before it left would have been.
+ */
+export async function payWaitedOutRetry(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
+  run.retryPaid = await payRetry(ctx, plan, deps, true);
 }
 
 /** Pays for a retry: one paced by a hold-off is counted in the budget and always allowed; any other is taken from it. */

@@ -39,14 +39,22 @@ export function toldPastHoldOff(heldForMs: number, random: Random): number {
 
 /**
  * The end of the hold-off the request's own answer started, when it leaves the target for the next one meanwhile: a
- * pause (a hint of MOVE_ON_AFTER_MS or more) it could park for, should no other target answer. With parking off, or a
- * hold-off longer than park.maxWaitMs, it could not come back, and a backup that failed left it an error where the
- * wait gets an answer.
+ * pause (a hint of MOVE_ON_AFTER_MS or more), as every newcomer leaves it. Should no other target answer, it comes back
+ * for this one: parked, or, with parking off or a hold-off longer than park.maxWaitMs, waiting the rest out itself
+ * (serve-targets.ts).
  */
-export function leavesUntil(park: ParkConfig | false, hint: WaitHint | undefined, ownHoldOff: number | undefined, nowMs: number): number | undefined {
+export function leavesUntil(hint: WaitHint | undefined, ownHoldOff: number | undefined): number | undefined {
   if (ownHoldOff === undefined || hint === undefined || hint.delayMs < MOVE_ON_AFTER_MS) return undefined;
-  const mayPark = park !== false && (park.maxWaitMs === undefined || ownHoldOff - nowMs <= park.maxWaitMs);
-  return mayPark ? ownHoldOff : undefined;
+  return ownHoldOff;
+}
+
+/**
+ * Whether a request that left a target for the hold-off its own answer started waits the rest of it out itself when no
+ * other target answered, rather than in the parking lot: with parking off, or a hold-off longer than what is left of
+ * park.maxWaitMs. It waited there before it left; moving on must not cost it the answer the wait gets.
+ */
+export function waitsOutOwnHoldOff(park: ParkConfig | false, heldForMs: number, parkedMs: number): boolean {
+  return park === false || (park.maxWaitMs !== undefined && heldForMs > park.maxWaitMs - parkedMs);
 }
 
 /**
