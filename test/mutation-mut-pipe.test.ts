@@ -29,17 +29,17 @@ describe('stream-break: what a break after the first output means to the breaker
   });
 
   it('counts a server error event against the provider, and not one that blames the request or is a rate limit', () => {
-    expect(errorEventBreaks(err('server_error'), ev('{}'), undefined)).toEqual({ reason: 'stream_error', code: 'server_error' });
-    expect(errorEventBreaks(err(undefined), ev(null), undefined)).toEqual({ reason: 'stream_error' });
-    expect(errorEventBreaks(err('content_filter'), ev('{}'), undefined)).toBeUndefined();
-    expect(errorEventBreaks(err('rate_limit_exceeded'), ev('{}'), undefined)).toBeUndefined();
+    expect(errorEventBreaks(err('server_error'), ev('{}'), undefined, '')).toEqual({ reason: 'stream_error', code: 'server_error' });
+    expect(errorEventBreaks(err(undefined), ev(null), undefined, '')).toEqual({ reason: 'stream_error' });
+    expect(errorEventBreaks(err('content_filter'), ev('{}'), undefined, '')).toBeUndefined();
+    expect(errorEventBreaks(err('rate_limit_exceeded'), ev('{}'), undefined, '')).toBeUndefined();
   });
 
   it("reads a family's own event by its family when the codes say nothing: a request's fault is no breaker failure", () => {
     const invalid = () => ({ status: 400, body: Buffer.from('{"error":{"type":"invalid_request_error","message":"bad"}}') });
-    expect(errorEventBreaks(err(undefined), ev('{"type":"error"}'), invalid)).toBeUndefined();
+    expect(errorEventBreaks(err(undefined), ev('{"type":"error"}'), invalid, '')).toBeUndefined();
     const overloaded = () => ({ status: 529, body: Buffer.from('{"error":{"type":"overloaded_error"}}') });
-    expect(errorEventBreaks(err(undefined), ev('{"type":"error"}'), overloaded)).toEqual({ reason: 'stream_error' });
+    expect(errorEventBreaks(err(undefined), ev('{"type":"error"}'), overloaded, '')).toEqual({ reason: 'stream_error' });
   });
 });
 

@@ -168,21 +168,21 @@ describe('httpOutcome', () => {
 describe('errorVerdict', () => {
   const err = (e: Partial<{ message: string; code: string; type: string; param: string | null }>) => ({ message: undefined, code: undefined, type: undefined, param: null, ...e });
   it('reads a rate-limit code inside a 2xx as a 429, answered with a rate_limit_error', () => {
-    const v = errorVerdict(err({ code: 'rate_limit_exceeded', message: 'slow down' }), 'the stream failed');
+    const v = errorVerdict(err({ code: 'rate_limit_exceeded', message: 'slow down' }), 'the stream failed', '');
     expect(v.outcome).toMatchObject({ kind: 'http', status: 429, errorCode: 'rate_limit_exceeded' });
     expect(JSON.parse(v.answer!.toString()).error).toEqual({ message: 'slow down', type: 'rate_limit_error', param: null, code: 'rate_limit_exceeded' });
   });
   it('reads a code that blames the request (an unusable image) as a 400', () => {
-    const v = errorVerdict(err({ code: 'invalid_image', message: 'bad image' }), 'the stream failed');
+    const v = errorVerdict(err({ code: 'invalid_image', message: 'bad image' }), 'the stream failed', '');
     expect(v.outcome).toMatchObject({ kind: 'http', status: 400, errorCode: 'invalid_image' });
     expect(JSON.parse(v.answer!.toString()).error.type).toBe('invalid_request_error');
   });
   it('reads an over-long prompt from the message when no code names it', () => {
-    const v = errorVerdict(err({ message: "This model's maximum context length is 8192 tokens" }), 'the stream failed');
+    const v = errorVerdict(err({ message: "This model's maximum context length is 8192 tokens" }), 'the stream failed', '');
     expect(v.outcome).toMatchObject({ kind: 'http', status: 400, errorCode: 'context_length_exceeded' });
   });
   it("keeps the provider's code printable and short in the failure", () => {
-    const v = errorVerdict(err({ code: 'x\u0000'.padEnd(100, 'y') }), 'the stream failed');
+    const v = errorVerdict(err({ code: 'x\u0000'.padEnd(100, 'y') }), 'the stream failed', '');
     expect(v.failure).toBe(`the stream failed: x?${'y'.repeat(62)}...`);
     expect(v.outcome).toBeUndefined();
   });

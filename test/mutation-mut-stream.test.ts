@@ -140,14 +140,14 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
   it('ends the attempt as the deadline\'s when the early start comes just as a read fails it', async () => {
     const malformed = manualUpstream();
     const early = new EarlyStart();
-    const first = readUntilFirstOutput('chat', ONE, malformed.iterator, undefined, early);
+    const first = readUntilFirstOutput('chat', ONE, malformed.iterator, undefined, early, '');
     await malformed.send('data: {"choices":[\n\n');
     expect(early.take()).toBe(true);
     expect(await first).toEqual({ failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } });
 
     const reset = manualUpstream();
     const early2 = new EarlyStart();
-    const second = readUntilFirstOutput('chat', ONE, reset.iterator, undefined, early2);
+    const second = readUntilFirstOutput('chat', ONE, reset.iterator, undefined, early2, '');
     (await reset.pending()).reject(new Error('socket hang up'));
     expect(early2.take()).toBe(true);
     expect(await second).toEqual({ failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } });
@@ -155,7 +155,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
 
   it('reads an error event the upstream left unterminated at its end as that error, with the upstream\'s data', async () => {
     const up = manualUpstream();
-    const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+    const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined, '');
     const data = '{"error":{"message":"This model\'s maximum context length is 8192 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}';
     await up.send(`event: error\ndata: ${data}`);
     await up.end();
@@ -167,7 +167,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
 
   it('fails the attempt at a [DONE] before any output, without waiting for the upstream to close', async () => {
     const up = manualUpstream();
-    const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+    const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined, '');
     await up.send('data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\ndata: [DONE]\n\n');
     // The upstream keeps its connection open: the attempt must not wait for its first-token timer.
     expect(await settledSoon(first)).toEqual({ failure: 'stream ended before any output' });
@@ -176,7 +176,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
   it('starts a background response at its response.created, before any output', async () => {
     const up = manualUpstream();
     const created = `event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_1', status: 'queued' } })}\n\n`;
-    const first = readUntilFirstOutput('responses', { choices: 1, usage: false, startsAtCreated: 'background' }, up.iterator, undefined, undefined);
+    const first = readUntilFirstOutput('responses', { choices: 1, usage: false, startsAtCreated: 'background' }, up.iterator, undefined, undefined, '');
     await up.send(created);
     const started = await settledSoon(first);
     expect(started).not.toBe('pending');
@@ -188,7 +188,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
     const error = 'data: {"error":{"message":"overloaded","type":"server_error","code":"server_error"}}\n\n';
     const datas = async (text: string) => {
       const up = manualUpstream();
-      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined, '');
       await up.send(text);
       const out = await first;
       return 'failure' in out ? out.failure : out.pending.map((e) => e.data);
@@ -206,7 +206,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
   it('fails the attempt at an oversized event that came in one read after events without output, at the next read or the end', async () => {
     for (const then of ['more', 'end'] as const) {
       const up = manualUpstream();
-      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined);
+      const first = readUntilFirstOutput('chat', ONE, up.iterator, undefined, undefined, '');
       await up.send(`: ping\n\ndata: ${'a'.repeat(MAX_EVENT_BYTES)}`);
       if (then === 'more') await up.send('aaaa');
       else await up.end();
@@ -218,7 +218,7 @@ describe('a stream before its first output (readUntilFirstOutput)', () => {
     const up = manualUpstream();
     // A translator that makes two chat chunks of one upstream event (as Anthropic's translation can).
     const twice: StreamTranslator = { push: (e) => [e, { ...e, raw: e.raw.replace('Hi', ' there'), data: e.data!.replace('Hi', ' there') }], end: () => [], usage: () => undefined };
-    const first = readUntilFirstOutput('chat', ONE, up.iterator, twice, undefined);
+    const first = readUntilFirstOutput('chat', ONE, up.iterator, twice, undefined, '');
     await up.send(chatChunk('Hi'));
     const out = (await first) as { pending: SseEvent[] };
     expect(out.pending.map((e) => JSON.parse(e.data!).choices[0].delta.content)).toEqual(['Hi', ' there']);

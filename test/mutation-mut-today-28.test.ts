@@ -68,12 +68,12 @@ describe('a stream before its first output (first-output.ts)', () => {
     // Left offered, a later attempt of the same request (a retry still waiting for its answer's headers) was taken for
     // one that had begun: the deadline "started" it, aborted nothing, and the request ran on past the client's deadline.
     const early = new EarlyStart();
-    const first = await readUntilFirstOutput('chat', ONE, upstreamOf(chatChunk('Hi')), undefined, early);
+    const first = await readUntilFirstOutput('chat', ONE, upstreamOf(chatChunk('Hi')), undefined, early, '');
     expect('failure' in first).toBe(false);
     expect(early.take()).toBe(false);
 
     const failed = new EarlyStart();
-    expect(await readUntilFirstOutput('chat', ONE, upstreamOf('data: {not json\n\n'), undefined, failed)).toEqual({ failure: 'malformed event before any output' });
+    expect(await readUntilFirstOutput('chat', ONE, upstreamOf('data: {not json\n\n'), undefined, failed, '')).toEqual({ failure: 'malformed event before any output' });
     expect(failed.take()).toBe(false);
   });
 
@@ -85,7 +85,7 @@ describe('a stream before its first output (first-output.ts)', () => {
       end: () => [],
       usage: () => undefined,
     };
-    const verdict = await readUntilFirstOutput('chat', ONE, upstreamOf(`event: error\ndata: ${overloaded}\n\n`), toChat, undefined);
+    const verdict = await readUntilFirstOutput('chat', ONE, upstreamOf(`event: error\ndata: ${overloaded}\n\n`), toChat, undefined, '');
     expect('failure' in verdict && verdict.event?.toString()).toBe(overloaded);
   });
 
@@ -97,7 +97,7 @@ describe('a stream before its first output (first-output.ts)', () => {
       end: () => [],
       usage: () => undefined,
     };
-    expect(await readUntilFirstOutput('chat', ONE, upstreamOf('event: message_start\ndata: {"type":\n\n'), throwing, undefined)).toEqual({ failure: 'malformed event before any output' });
+    expect(await readUntilFirstOutput('chat', ONE, upstreamOf('event: message_start\ndata: {"type":\n\n'), throwing, undefined, '')).toEqual({ failure: 'malformed event before any output' });
   });
 });
 

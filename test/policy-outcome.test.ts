@@ -232,8 +232,8 @@ describe('a request larger than the whole token limit', () => {
     // Its retry-after is a rate limit's habit, after which the request fits no better: no hint.
     const whole = Buffer.from(JSON.stringify({ error: { message: openai, type: 'tokens', param: null, code: 'rate_limit_exceeded' } }));
     expect(httpOutcome(429, { 'retry-after': '20' }, whole, 0)).toEqual({ kind: 'http', status: 429, errorCode: OVER_RATE_LIMIT_CODE, hint: undefined });
-    const v = errorVerdict({ code: 'rate_limit_exceeded', message: openai, type: undefined, param: null }, 'response.failed');
+    const v = errorVerdict({ code: 'rate_limit_exceeded', message: openai, type: undefined, param: null }, 'response.failed', '');
     expect(v.outcome).toMatchObject({ kind: 'http', status: 429, errorCode: OVER_RATE_LIMIT_CODE });
-    expect(errorVerdict({ code: 'rate_limit_exceeded', message: 'Rate limit reached for gpt-4o', type: undefined, param: null }, 'response.failed').outcome).toMatchObject({ errorCode: 'rate_limit_exceeded' });
+    expect(errorVerdict({ code: 'rate_limit_exceeded', message: 'Rate limit reached for gpt-4o', type: undefined, param: null }, 'response.failed', '').outcome).toMatchObject({ errorCode: 'rate_limit_exceeded' });
   });
 });

@@ -1,7 +1,7 @@
 // Reads the gateway's YAML config: parse, interpolate ${ENV}, validate, and report every problem at once
 // with the file and line, so a bad config fails at startup with a message that says what to fix.
 import { readFileSync } from 'node:fs';
-import { LineCounter, parseDocument, type Document, type Node } from 'yaml';
+import { isScalar, LineCounter, parseDocument, type Document, type Node } from 'yaml';
 import { anchorIssues } from './anchors.ts';
 import { caFileIssues } from './ca-file.ts';
 import { ConfigError, UnreadableConfigError, formatPath, type ConfigIssue } from './errors.ts';
@@ -22,13 +22,17 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   }
   const config = parseConfig(text, file, env);
   // The files the config names, once it is valid: a CA file that cannot be used fails start-up as a config problem,
-  // at the line that names it.
-  const issues = caFileIssues(config);
-  if (issues.length > 0) {
-    const lineCounter = new LineCounter();
-    const doc = parseDocument(text, { lineCounter, merge: true });
-    throw new ConfigError(file, issues.map(({ at, ...issue }) => ({ ...issue, line: lineOf(doc, lineCounter, at) })));
-  }
+  // at the line that names it. The text as written, not yet interpolated: a path a variable gave is named as the file
+  // writes it (`the file ${VLLM_CA} names`), since the variable may hold a secret instead (a key swapped with it, the
+  // PEM itself from a Kubernetes secret), which "cannot read <value>" printed to the start-up log.
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(text, { lineCounter, merge: true });
+  const issues = caFileIssues(config, (at, path) => {
+    const written = nodeAt(doc, at);
+    const raw = isScalar(written) && typeof written.value === 'string' ? written.value : undefined;
+    return raw !== undefined && raw.includes('${') ? `the file ${raw} names` : path;
+  });
+  if (issues.length > 0) throw new ConfigError(file, issues.map(({ at, ...issue }) => ({ ...issue, line: lineOf(doc, lineCounter, at) })));
   return config;
 }
 

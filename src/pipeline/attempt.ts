@@ -109,7 +109,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     }
     // Another family's events translated, or an OpenAI-family stream's usage that only the gateway asked for taken out.
     const translate = req.translator?.stream() ?? req.hideUsage?.();
-    const first = await readUntilFirstOutput(req.api, req.shape, bodyChunks(body, signal), translate, req.earlyStart).catch((err: unknown) => brokenBeforeOutput(err, signal));
+    const first = await readUntilFirstOutput(req.api, req.shape, bodyChunks(body, signal), translate, req.earlyStart, req.client.config.apiKey).catch((err: unknown) => brokenBeforeOutput(err, signal));
     if ('failure' in first) {
       body.destroy();
       return failureResult(req, first, status, headers);
@@ -224,7 +224,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   // A Response whose status is failed is judged as its stream's response.failed before any output would be: retried
   // (or the 400, or the credentials path, that its error code stands for), never handed on as an answer.
   const failed = req.translator ? undefined : failedResponse(req.api, raw);
-  if (failed) return failureResult(req, errorVerdict(upstreamErrorIn(failed), 'the response failed'), status, headers);
+  if (failed) return failureResult(req, errorVerdict(upstreamErrorIn(failed), 'the response failed', req.client.config.apiKey), status, headers);
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) {
     // Another family's error object with a 200 (Anthropic's {"type":"error"}), read in OpenAI terms as above.

@@ -30,8 +30,9 @@ export function brokenBeforeOutput(err: unknown, signal: RequestSignal): FirstOu
  * Reads events until one carries output; everything before it (role chunk, pings) is kept to forward in order.
  * Events are translated one at a time: once output has come, an event the translator cannot read is judged by the
  * LiveStream as any malformed one, even when it arrived in the same read; only before any output does it fail the attempt.
+ * `apiKey`, the key the provider was sent, is kept out of the failure an error event's code is quoted in.
  */
-export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined): Promise<FirstOutput> {
+export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, early: EarlyStart | undefined, apiKey: string): Promise<FirstOutput> {
   const parser = new SseParser();
   let taken = false;
   let withdraw: (() => void) | undefined;
@@ -44,7 +45,7 @@ export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, ite
       });
     });
   try {
-    const first = await readEvents(api, shape, parser, iterator, translate, started);
+    const first = await readEvents(api, shape, parser, iterator, translate, started, apiKey);
     // The deadline came just as the read that failed the attempt did: it took the early start instead of aborting the
     // request, so the attempt ends as the deadline's (no retry goes past it) rather than as a retryable failure.
     return taken && 'failure' in first ? DEADLINE_PASSED : first;
@@ -58,7 +59,7 @@ export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, ite
 
 const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
 
-async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined): Promise<FirstOutput> {
+async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined, apiKey: string): Promise<FirstOutput> {
   let head = '';
   for (;;) {
     const read = iterator.next();
@@ -91,7 +92,7 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
         const ev = events[i]!;
         const meaning = eventMeaning(api, ev);
         if (meaning === 'malformed') return { failure: 'malformed event before any output' };
-        if (meaning === 'error') return errorBeforeOutput(ev, raw[r]!);
+        if (meaning === 'error') return errorBeforeOutput(ev, raw[r]!, apiKey);
         if (meaning === 'done') return { failure: 'stream ended before any output' };
         if (meaning === 'output' || meaning === 'finish' || startsAnswer(api, shape, ev)) {
           // The first output event itself is re-read by the LiveStream, which tracks finish and [DONE].
@@ -110,8 +111,8 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
  * and loses the provider's reason; it is answered as the upstream's 400 instead. One that names the gateway's own
  * account is the 429, 402, 401 or 403 it stands for (policy/outcome.ts accountStatusOfError).
  */
-function errorBeforeOutput(ev: SseEvent, upstream: SseEvent): FirstOutput {
-  const verdict = errorVerdict(upstreamErrorOf(ev), 'error event before any output');
+function errorBeforeOutput(ev: SseEvent, upstream: SseEvent, apiKey: string): FirstOutput {
+  const verdict = errorVerdict(upstreamErrorOf(ev), 'error event before any output', apiKey);
   // The event as the upstream sent it, before any translation: its family reads the status it stands for from it
   // (Anthropic's overloaded_error is its 529), which its translation for another API's clients no longer carries.
   return upstream.data === null ? verdict : { ...verdict, event: Buffer.from(upstream.data) };

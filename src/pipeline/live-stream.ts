@@ -417,7 +417,7 @@ export class LiveStream {
         if (end === 'upstream-error') {
           const err = upstreamErrorOf(ev);
           this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
-          this.#upstreamBroke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning);
+          this.#upstreamBroke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning, this.#opts.apiKey);
         }
         return true;
       }

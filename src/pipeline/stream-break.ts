@@ -3,6 +3,7 @@
 // output is. Pure: the live stream reports what broke, this says whether it counts and how the breaker's line names it.
 import { classify, OUTCOME_TABLE } from '../policy/outcome.ts';
 import { errorCodeOf, errorVerdict } from '../providers/error-outcome.ts';
+import { withoutKey } from '../providers/key-echo.ts';
 import type { FailureFacts } from '../state/breaker-board.ts';
 import type { SseEvent } from '../streaming/sse-parser.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
@@ -25,11 +26,12 @@ export function brokenBy(reason: unknown, err: unknown): FailureFacts {
  * event is read by its family, as there: Anthropic's names no code, only a type (`invalid_request_error`,
  * `rate_limit_error` on /v1/messages), which its translation for a chat client keeps; read as codes alone, a request's
  * fault counted against the provider. `ev` is the event as the client gets it: the upstream's, or its translation.
+ * `apiKey`, the key the provider was sent, is kept out of the code the breaker's log line names.
  */
-export function errorEventBreaks(err: UpstreamStreamError | undefined, ev: SseEvent, familyMeaning: ErrorEventMeaning | undefined): FailureFacts | undefined {
-  const verdict = errorVerdict(err, 'error event');
+export function errorEventBreaks(err: UpstreamStreamError | undefined, ev: SseEvent, familyMeaning: ErrorEventMeaning | undefined, apiKey: string): FailureFacts | undefined {
+  const verdict = errorVerdict(err, 'error event', apiKey);
   const meaning = verdict.outcome === undefined && ev.data !== null ? familyMeaning?.(Buffer.from(ev.data)) : undefined;
   const outcome = verdict.outcome ?? (meaning && { kind: 'http' as const, status: meaning.status, errorCode: errorCodeOf(meaning.status, meaning.body), hint: undefined });
   if (outcome !== undefined && OUTCOME_TABLE[classify(outcome).cls].breaker !== 'failure') return undefined;
-  return { reason: 'stream_error', ...(err?.code !== undefined && { code: err.code.slice(0, 64) }) };
+  return { reason: 'stream_error', ...(err?.code !== undefined && { code: withoutKey(err.code, apiKey).slice(0, 64) }) };
 }

@@ -5,6 +5,7 @@ import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CO
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
+import { withoutKey } from './key-echo.ts';
 import { stringOrNull, upstreamErrorFields } from '../errors.ts';
 import type { HeaderBag } from '../header-bag.ts';
 
@@ -131,12 +132,17 @@ function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?
  */
 export type ErrorVerdict = { failure: string; outcome?: AttemptOutcome; answer?: Buffer; event?: Buffer };
 
-/** What an upstream error reported inside a 2xx means (pipeline/first-output.ts errorBeforeOutput); `what` names where it came. */
-export function errorVerdict(err: UpstreamStreamError | undefined, what: string): ErrorVerdict {
+/**
+ * What an upstream error reported inside a 2xx means (pipeline/first-output.ts errorBeforeOutput); `what` names where it
+ * came, `apiKey` is the key the provider was sent (key-echo.ts).
+ */
+export function errorVerdict(err: UpstreamStreamError | undefined, what: string, apiKey: string): ErrorVerdict {
   const code = err?.code;
   // The code says what went wrong (Anthropic's `overloaded_error`, OpenAI's `server_error`), where the client would
-  // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short.
-  const failure = code === undefined ? what : `${what}: ${printable(code, 64)}`;
+  // otherwise read only that the stream broke; it is the provider's word, so it goes printable and short. Without the
+  // key first: a server that quotes it there handed it to the client in the 502's message, cut at 64 characters
+  // (of a project key's 160) where no later search could find it.
+  const failure = code === undefined ? what : `${what}: ${printable(withoutKey(code, apiKey), 64)}`;
   // The gateway's own account (no quota, a refused key): the credentials row decides, never a retry on this target.
   const account = accountStatusOfError(code, err?.type);
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
