@@ -235,6 +235,11 @@ describe('config errors', () => {
     );
     // A sum of exactly 1, however the floating point adds it up, is the whole pool: allowed.
     expect(parseConfig(classes('online: { minShare: 0.1 }, batch: { minShare: 0.2 }, bulk: { minShare: 0.7 }'), 'gw.yaml', env).providers.openai!.pools.classes).toHaveProperty('bulk');
+    // A class may never hold less than it is promised under contention.
+    expect(configError(classes('online: { minShare: 0.5 }, batch: { minShare: 0.3, maxShare: 0.2 }')).message).toBe(
+      "gw.yaml:6: providers.openai.pools.classes.batch.maxShare: maxShare (0.2) is below the class's minShare (0.3): expected at least minShare, as the class may never hold what it is promised under contention",
+    );
+    expect(parseConfig(classes('online: { minShare: 0.5 }, batch: { minShare: 0.1, maxShare: 0.8 }'), 'gw.yaml', env).providers.openai!.pools.classes['batch']).toEqual({ minShare: 0.1, maxShare: 0.8, maxQueue: 1000 });
   });
 
   it('says which plain number a duration written with a unit means, in the unit its key names', () => {

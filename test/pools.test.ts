@@ -167,6 +167,39 @@ describe('the provider pool', () => {
     expect(await grantOrder(p, [await slot(p, req(1)), await slot(p, req(1))])).toEqual(['online', 'batch']);
   });
 
+  it('keeps what a class\'s maxShare leaves free for the others, idle or not: batch\'s long streams never take the last slots', async () => {
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 10, retryCapacity: 10, classes: [{ name: 'online', minShare: 0.5, maxQueue: 10 }, { name: 'batch', minShare: 0.1, maxShare: 0.8, maxQueue: 10 }], decrease: 0.9, minLimit: 1 },
+      () => 0,
+    );
+    const batch = await Promise.all(Array.from({ length: 8 }, () => slot(p, req(1))));
+    let ninth: Slot | undefined;
+    void p.acquire(req(1)).then((a) => a.ok && (ninth = a.slot));
+    await flush();
+    // The pool is idle past batch's 8 slots, and still the ninth batch request waits ...
+    expect(ninth).toBeUndefined();
+    // ... while online requests arriving take the two kept free at once.
+    const online = [await p.acquire(req(0)), await p.acquire(req(0))];
+    expect(online.map((a) => a.ok && !a.queued)).toEqual([true, true]);
+    // A batch slot given back goes to the batch waiter: it is back under its share.
+    batch[0]!.release();
+    await flush();
+    expect(ninth).toBeDefined();
+    expect(p.snapshot().inUse).toEqual([2, 8]);
+  });
+
+  it('gives a class with a maxShare too small for one slot of the pool one slot still', async () => {
+    const p = new ProviderPool(
+      { provider: 'p', capacity: 2, retryCapacity: 2, classes: [{ name: 'online', minShare: 0, maxQueue: 10 }, { name: 'batch', minShare: 0, maxShare: 0.1, maxQueue: 10 }], decrease: 0.9, minLimit: 1 },
+      () => 0,
+    );
+    expect((await p.acquire(req(1))).ok).toBe(true);
+    let second = false;
+    void p.acquire(req(1)).then((a) => (second = a.ok));
+    await flush();
+    expect(second).toBe(false);
+  });
+
   it('reads a class name from a header whatever its case and surrounding spaces', () => {
     const { p } = pool();
     expect(p.classIndex('batch')).toBe(1);

@@ -120,11 +120,12 @@ export const BreakerSchema = z
 const PoolClassSchema = z
   .strictObject({
     minShare: z.number().min(0).max(1).default(0).describe('Share of maxConcurrent this class keeps under contention; idle capacity is open to any class. The classes of a pool add up to 1 at most. Default: 0.'),
+    maxShare: z.number().gt(0).max(1).default(1).describe('Share of maxConcurrent this class may hold at most, idle capacity or not (at least one slot); below 1, the rest is kept free for the other classes. For a class whose requests hold their slots long (a batch job\'s minutes-long streams): taking every idle slot, they left an online request arriving to wait for one of them to end. At least minShare. Default: 1.'),
     maxQueue: z.number().int().min(0).default(1000).describe('Requests of this class that may wait for a slot; more are shed. Default: 1000.'),
   })
   .describe('A priority class of the provider\'s pool.');
 
-const DEFAULT_POOL_CLASSES = { online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10000 } };
+const DEFAULT_POOL_CLASSES = { online: { minShare: 0.5, maxShare: 1, maxQueue: 1000 }, batch: { minShare: 0.1, maxShare: 1, maxQueue: 10000 } };
 
 const PoolsSchema = z
   .strictObject({
@@ -534,6 +535,11 @@ export const ConfigSchema = z
       // Shares that add up to more than the pool cannot all be kept: under contention the pool keeps the lower classes'
       // floors first, and a higher class gets less than its minShare promised. A hair over 1 is floating point (0.34 + 0.56 + 0.1).
       const shares = Object.entries(p.pools.classes);
+      for (const [cls, c] of shares) {
+        if (c.maxShare < c.minShare) {
+          ctx.addIssue({ code: 'custom', path: ['providers', name, 'pools', 'classes', cls, 'maxShare'], message: `maxShare (${c.maxShare}) is below the class's minShare (${c.minShare}): expected at least minShare, as the class may never hold what it is promised under contention` });
+        }
+      }
       const total = shares.reduce((sum, [, c]) => sum + c.minShare, 0);
       if (total > 1 + 1e-9) {
         ctx.addIssue({

@@ -18,6 +18,8 @@ import { perMinute, type Rate } from '../policy/client-rate.ts';
 export interface PoolClass {
   name: string;
   minShare: number;
+  /** The most of the pool's capacity the class may hold, idle or not (config: pools.classes.<class>.maxShare); absent, all. */
+  maxShare?: number;
   maxQueue: number;
 }
 
@@ -730,6 +732,7 @@ export class ProviderPool {
     if (t.inUse >= Math.max(1, Math.floor(t.limit.limit))) return false;
     if (req.cls > 0 && t.byClass[req.cls]! >= classLimit(t.limit, req.cls)) return false;
     if (req.cls > 0 && t.lowerHeldUntilMs > this.now()) return false;
+    if (this.#atMaxShare(req.cls)) return false;
     // A floor hold, once a higher class started it, holds every class: a lower one let in would take the floor slot
     // the held request waits for, and be the request beyond the provider's capacity the hold keeps back. Only a
     // request that can wait it out is held (the estimate leaves the hold out for that reason): one whose deadline is
@@ -737,6 +740,12 @@ export class ProviderPool {
     if (this.#floor.holds() && canWait(this.now(), this.#floor.untilMs - this.now(), req.deadlineAtMs, req.minAttemptMs)) return false;
     // Last: a wake-up is armed only for a waiter the rate alone holds back.
     return this.#rates === undefined || this.#ratesAllow(req, t, this.#rates, seq);
+  }
+
+  /** Whether the class holds its maxShare of the pool (at least one slot) already: the rest is kept for the others. */
+  #atMaxShare(cls: number): boolean {
+    const maxShare = this.settings.classes[cls]!.maxShare;
+    return maxShare !== undefined && maxShare < 1 && this.#inUseByClass[cls]! >= Math.max(1, Math.floor(maxShare * this.#capacity));
   }
 
   /** Whether the target's rates have room for the request now; if not, the pool looks again when they have. */
