@@ -59,6 +59,27 @@ export class RedisBudget {
     return remote ? { requests: remote.requests, retries: remote.retries } : this.#deps.local.budgetWindow(budgetKey, cfg, nowMs);
   }
 
+  /**
+   * Redis's clock was read for the first time, skewMs off this instance's: the counts stamped before (on local state,
+   * the clocks taken to agree) move to Redis's clock too. Sent as stamped, an instance started minutes ahead while
+   * Redis did not answer put them minutes in the fleet's future, where every window counted them until then (and one
+   * behind, in the past, where none did).
+   */
+  firstClockReading(skewMs: number): void {
+    if (skewMs === 0) return;
+    for (const pending of [this.#pending, this.#pendingRetries]) {
+      for (const [budgetKey, seconds] of pending) {
+        const moved = new Map<number, number>();
+        // From the middle of the second stamped: off by half a second at most, as the clock's tolerance is.
+        for (const [s, n] of seconds) {
+          const to = second(s * 1000 + 500 - skewMs);
+          moved.set(to, (moved.get(to) ?? 0) + n);
+        }
+        pending.set(budgetKey, moved);
+      }
+    }
+  }
+
   /** Drops the unsent counts of the target's budgets (see StateStore.forget). */
   forget(target: string): void {
     for (const pending of [this.#pending, this.#pendingRetries]) for (const key of pending.keys()) if (budgetOf(key, target)) pending.delete(key);

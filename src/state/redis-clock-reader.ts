@@ -25,6 +25,8 @@ interface RedisClockReaderDeps {
   clockReadMs: number | undefined;
   /** This instance's clock stepped against Redis's by skewDeltaMs since the last reading. */
   onStep: (skewDeltaMs: number) => void;
+  /** The first reading found this instance's clock skewMs off Redis's (what was stamped before took them to agree). */
+  onFirstReading?: (skewMs: number) => void;
 }
 
 export class RedisClockReader {
@@ -71,6 +73,7 @@ export class RedisClockReader {
         else logger?.warn({ skewMs: clock.skewMs }, "this instance's clock is off Redis's: shared times are kept in Redis's");
         // Stepped since the last reading: what this instance holds moves with its clock, then is read again.
         if (this.#read) this.#deps.onStep(clock.skewMs - skewBeforeMs);
+        else this.#deps.onFirstReading?.(clock.skewMs);
       }
     } catch (err) {
       if (!this.#read) logger?.warn({ error: safeError(err) }, "state store could not read Redis's clock: instance clocks are taken to agree");

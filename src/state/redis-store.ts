@@ -129,6 +129,7 @@ export class RedisStore implements StateStore {
         this.#view.rebase(skewDeltaMs, this.#now());
         void this.refresh(this.#watched);
       },
+      onFirstReading: (skewMs) => this.#budget.firstClockReading(skewMs),
     });
     // Redis's clock is read before the store uses a new connection: the first times it writes must already be in it.
     this.#client.on('ready', () => void this.#clockReader.read().then(() => this.#client.status === 'ready' && this.#health.onConnected()));
@@ -535,8 +536,16 @@ export class RedisStore implements StateStore {
     // at their 404) would otherwise stay here for good, each in the view, the re-read at every reconnect and the
     // gateway's breaker series. A target looked up later is read from Redis then (firstRead), as by a new instance.
     if (!this.#watched.has(change.target)) return;
-    if (change.kind === 'breaker') this.#view.putBreaker(change.target, this.#toLocal(change.record), false);
-    else this.#view.putHoldOff(change.target, this.#clock.toLocal(change.untilMs), this.#now());
+    if (change.kind === 'breaker') {
+      const record = this.#toLocal(change.record);
+      const current = this.#view.breaker(change.target);
+      // Not newer than the view: a late message, or a record whose generations restarted because Redis lost the one we
+      // hold (FLUSHALL, eviction, its 7 days without a change) and an instance that never saw it (a newcomer, at 0)
+      // wrote first. Dropped as late, its open was ignored here until this instance tripped the breaker on its own.
+      // Redis's record tells the two apart: a re-read (one per target at a time) takes it as it stands.
+      if (current && current.generation >= record.generation && !sameSpell(current, record)) this.#reconcile(change.target);
+      else this.#view.putBreaker(change.target, record, false);
+    } else this.#view.putHoldOff(change.target, this.#clock.toLocal(change.untilMs), this.#now());
   }
 
   /**
