@@ -7,6 +7,7 @@ import { clientAuth } from '../src/http/client-auth.ts';
 import { defaultConfig, TEST_KEY, useStacks, type Stack } from './helpers/stack.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
 import { TEST_SECRETS } from './helpers/test-secrets.ts';
+import { useFakeProviders } from './helpers/fake-provider.ts';
 
 const [AGENTS_KEY, BATCH_KEY, WRONG_KEY] = TEST_SECRETS.slice(-3) as [string, string, string];
 const KEYS = { agents: AGENTS_KEY, 'batch-jobs': BATCH_KEY };
@@ -104,6 +105,35 @@ describe('client keys', () => {
     expect(check({ authorization: '', 'api-key': BATCH_KEY })).toEqual({ ok: true, client: 'batch-jobs' });
     expect(check({ authorization: 'Basic dXNlcjpwdw==' })).toEqual({ ok: false, reason: 'missing' });
     expect(clientAuth(undefined)).toBeUndefined();
+  });
+});
+
+describe('a client key in the query string', () => {
+  const startProvider = useFakeProviders();
+
+  it('is taken out of the URL the provider gets, on a managed path and a passthrough one; the other parameters go on', async () => {
+    const urls: string[] = [];
+    const provider = await startProvider((req, res) => {
+      urls.push(req.url ?? '');
+      res.setHeader('content-type', 'application/json');
+      if (req.url?.startsWith('/v1/files')) res.end(JSON.stringify({ object: 'list', data: [] }));
+      else res.end(JSON.stringify({ id: 'c1', object: 'chat.completion', created: 1, model: 'gpt-4o', choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop' }] }));
+    });
+    const s = await startStack({
+      config: () => ({ ...defaultConfig(provider.origin), auth: { keys: KEYS }, passthrough: { provider: 'mock', paths: ['/v1/files'], methods: ['GET'] } }),
+    });
+    const chat = await fetch(`${s.baseURL}/chat/completions?key=${AGENTS_KEY}&trace=1`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${AGENTS_KEY}` },
+      body: JSON.stringify({ model: 'gpt-4o', messages }),
+    });
+    expect(chat.status).toBe(200);
+    const files = await fetch(`${s.baseURL}/files?api-key=${encodeURIComponent(AGENTS_KEY)}&limit=2`, { headers: { 'x-api-key': AGENTS_KEY } });
+    expect(files.status).toBe(200);
+    const only = await fetch(`${s.baseURL}/files?key=${AGENTS_KEY}`, { headers: { 'x-api-key': AGENTS_KEY } });
+    expect(only.status).toBe(200);
+    expect(urls).toEqual(['/v1/chat/completions?trace=1', '/v1/files?limit=2', '/v1/files']);
+    expect(urls.join('')).not.toContain(AGENTS_KEY);
   });
 });
 

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { Config } from '../config/schema.ts';
 import { drainingError, GatewayError } from '../errors.ts';
-import { clientAuth } from './client-auth.ts';
+import { clientAuth, presentedKey, withoutKeyInQuery } from './client-auth.ts';
 import type { ClientLimit } from './client-limits.ts';
 import type { Drain } from './drain.ts';
 import { hostAllowance, hostHeaderFault } from './host-header.ts';
@@ -39,6 +39,8 @@ export function admission({ config, loop, logger, managedPaths, opsPaths, drain,
     const verdict = auth(request.headers);
     if (verdict.ok) {
       request.client = verdict.client;
+      const url = request.raw.url;
+      if (url !== undefined && url.includes('?')) request.raw.url = withoutKeyInQuery(url, presentedKey(request.headers)!);
       return true;
     }
     sendError(reply, unauthorized(verdict.reason));

@@ -11,7 +11,7 @@ type ClientAuth = (headers: IncomingHttpHeaders) => { ok: true; client: string }
  * so any SDK a team already uses works with its `apiKey` option. An `authorization` of another scheme (the Basic
  * credentials of a proxy in front) or an empty one holds no client key: the other two headers are still read.
  */
-function presentedKey(headers: IncomingHttpHeaders): string | undefined {
+export function presentedKey(headers: IncomingHttpHeaders): string | undefined {
   const bearer = headers.authorization === undefined ? undefined : /^Bearer[ \t]+(\S.*)$/i.exec(headers.authorization)?.[1]?.trim();
   if (bearer) return bearer;
   for (const name of ['x-api-key', 'api-key'] as const) {
@@ -37,4 +37,20 @@ export function clientAuth(keys: Readonly<Record<string, string>> | undefined): 
     const client = byDigest.get(digest(key));
     return client === undefined ? { ok: false, reason: 'invalid' } : { ok: true, client };
   };
+}
+
+/**
+ * `url` without the query parameters whose value is the client's key (`?key=`, `?api-key=`, as Gemini's and Azure's
+ * clients write it): the headers that carry a client key never reach a provider, and the query, forwarded as it is,
+ * handed the gateway's client key to every provider's logs. A URL that holds no such parameter is returned as it is.
+ */
+export function withoutKeyInQuery(url: string, key: string): string {
+  const q = url.indexOf('?');
+  if (q < 0) return url;
+  const params = new URLSearchParams(url.slice(q + 1));
+  const all = [...params];
+  const kept = all.filter(([, value]) => value.trim() !== key);
+  if (kept.length === all.length) return url;
+  const query = new URLSearchParams(kept).toString();
+  return url.slice(0, q) + (query === '' ? '' : `?${query}`);
 }
