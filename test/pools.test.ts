@@ -206,6 +206,11 @@ describe('the provider pool', () => {
     expect(p.classIndex(' Batch ')).toBe(1);
     expect(p.classIndex('ONLINE')).toBe(0);
     expect(p.classIndex('bulk')).toBeUndefined();
+    // Sent twice, the header is one comma-joined value: the lowest class it names.
+    expect(p.classIndex('batch, online')).toBe(1);
+    expect(p.classIndex('online,Batch')).toBe(1);
+    expect(p.classIndex('bulk, online')).toBe(0);
+    expect(p.classIndex('bulk, ')).toBeUndefined();
   });
 
   it('gives an idle slot to a first attempt queued behind retries waiting for the retry share, not a load_shed', async () => {

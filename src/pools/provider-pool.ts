@@ -256,6 +256,12 @@ export class ProviderPool {
   /** Index of a class by name, or undefined. */
   classIndex(name: string | undefined): number | undefined {
     if (name === undefined) return undefined;
+    // A header sent twice (a batch job's default headers and a proxy's, say) reaches the gateway as `batch, online`:
+    // the lowest of the classes it names, as each one alone could only lower the request's class.
+    if (name.includes(',')) {
+      const named = name.split(',').map((n) => this.classIndex(n)).filter((i) => i !== undefined);
+      return named.length === 0 ? undefined : Math.max(...named);
+    }
     // Header values are typed by people: `Batch` and ` batch` mean batch.
     const wanted = name.trim().toLowerCase();
     const i = this.settings.classes.findIndex((c) => c.name.toLowerCase() === wanted);
