@@ -2,7 +2,7 @@
 // What comes before (a role chunk, pings) is kept to forward in order; a failure before it (a malformed event, an
 // error event, an early end) fails the attempt, to be retried, where after it the LiveStream ends the answer.
 import type { ApiKind } from '../routing/router.ts';
-import { SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+import { MAX_EVENT_BYTES, SseEventTooLarge, SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import { eventMeaning, startsAnswer, upstreamErrorOf, type StreamShape } from '../streaming/stream-events.ts';
 import type { StreamTranslator } from '../providers/families.ts';
 import { cutOutcome } from '../providers/transport-errors.ts';
@@ -57,6 +57,14 @@ export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, ite
   }
 }
 
+/**
+ * The most a stream's head (its events before the first output, held to go out with it) may hold: two events of the
+ * largest size, as a Responses API stream's response.created and response.in_progress each echo the request. An
+ * upstream that sends more (pings, role chunks, by the megabyte) is a broken stream: the head was held whole until
+ * the first-token timeout, hundreds of MB of it, and then written to the client at once.
+ */
+export const MAX_HEAD_CHARS = 2 * MAX_EVENT_BYTES;
+
 const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
 
 async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, iterator: AsyncIterator<Buffer>, translate: StreamTranslator | undefined, started: Promise<'start'> | undefined, apiKey: string): Promise<FirstOutput> {
@@ -99,6 +107,7 @@ async function readEvents(api: ApiKind, shape: StreamShape, parser: SseParser, i
           return { head, pending: [...events.slice(i), ...translatedAfterOutput(raw.slice(r + 1), translate)], parser, iterator };
         }
         head += `${ev.raw}\n\n`;
+        if (head.length > MAX_HEAD_CHARS) return { failure: `more than ${MAX_HEAD_CHARS / 1024 / 1024} MB before any output` };
       }
     }
     if (done) return { failure: 'stream ended before any output' };

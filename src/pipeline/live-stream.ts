@@ -386,6 +386,16 @@ export class LiveStream {
         }
         continue;
       }
+      if (meaning === 'done' && this.#dropped > 0 && !this.#progress.whole()) {
+        // [DONE] before the finish, after an event dropped as malformed: a server that writes its failure as text
+        // (`data: Error: CUDA out of memory`, then its usual [DONE]). Passed on, the answer cut short reached the
+        // client as complete, where the SDK alone would have thrown on that event. A cut, as vLLM's abort is
+        // (streamRecovery may finish it); judged so only with an event dropped, as a server may send no finish_reason.
+        this.#kind = 'cut';
+        this.#upstreamBroke = { reason: 'stream_cut' };
+        this.#cutShortBy = 'a malformed event, then [DONE] before the answer\'s finish';
+        return true;
+      }
       const short = meaning === 'error' ? cutShort(api, ev) : undefined;
       if (short) {
         // What the chunk still carries goes on as any chunk would, then the answer ends as a cut (#rest recovers it).

@@ -58,6 +58,8 @@ export class AnthropicStreamTranslator {
   #started = false;
   #finish: OpenAIFinishReason | null = null;
   #over = false;
+  /** An event could not be read (push threw): a message_stop with no stop_reason before it is then no clean end. */
+  #unreadable = false;
   #tools = 0;
   readonly #blocks = new Map<number, Block>();
   #usage: AnthropicUsage = {};
@@ -81,6 +83,15 @@ export class AnthropicStreamTranslator {
   /** Takes one upstream event; returns the complete SSE events (`data: ...\n\n`) to send, possibly none. */
   push(event: { event: string | null; data: string | null }): string[] {
     if (this.#over || event.data === null) return [];
+    try {
+      return this.#push(event as { event: string | null; data: string });
+    } catch (err) {
+      this.#unreadable = true;
+      throw err;
+    }
+  }
+
+  #push(event: { event: string | null; data: string }): string[] {
     let data: Data;
     try {
       data = parseExact(event.data) as Data; // a tool input given whole keeps its digits (#blockStop)
@@ -215,7 +226,10 @@ export class AnthropicStreamTranslator {
   #stop(): string[] {
     this.#over = true;
     const out = this.#role();
-    if (this.#finish === null) {
+    // No message_delta came (a server that sends none): the answer stopped, unless an event that could not be read
+    // (that message_delta, cut or garbled, or an error written as text) went before: then no finish is made up, and
+    // the [DONE] with none before it is a cut for the gateway's live stream, not an answer ended well.
+    if (this.#finish === null && !this.#unreadable) {
       this.#finish = 'stop';
       out.push(this.#chunk({}, 'stop'));
     }
