@@ -437,7 +437,7 @@ describe('priority pools', () => {
     expect(ConfigSchema.safeParse(input).success).toBe(false);
     const fine = defaultConfig('http://127.0.0.1:9');
     const parsed = ConfigSchema.parse(fine).providers.mock!.pools;
-    expect(parsed.classes).toEqual({ online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10000 } });
+    expect(parsed.classes).toEqual({ online: { minShare: 0.5, maxShare: 1, maxQueue: 1000 }, batch: { minShare: 0.1, maxShare: 1, maxQueue: 10000 } });
   });
 });
 

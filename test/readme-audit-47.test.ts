@@ -84,7 +84,7 @@ describe('the configuration reference', () => {
     expect(p.timeouts.responseMs).toBeUndefined();
     expect(p.breaker).toMatchObject({ failureRate: 0.5, windowS: 10, minRequests: 20, consecutiveFailures: 5, slowCallMs: 5000, openS: 30, halfOpenProbes: 3, closeAfter: 3, probeWhileParkedMs: 1000, probeWhileParkedMaxMs: 5000 });
     expect(p.pools).toMatchObject({ decrease: 0.9, minLimit: 1 });
-    expect(p.pools.classes).toEqual({ online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10_000 } });
+    expect(p.pools.classes).toEqual({ online: { minShare: 0.5, maxShare: 1, maxQueue: 1000 }, batch: { minShare: 0.1, maxShare: 1, maxQueue: 10_000 } });
     const r = c.routes[0]!;
     expect(r).toMatchObject({ strategy: 'fallback', timeoutMs: 120_000, minAttemptMs: 1000, priority: 'online', streamRecovery: 'off' });
     expect(r.retry).toEqual({ maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 3000 }, retryOn: [429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'], maxWaitHintMs: 20_000 });

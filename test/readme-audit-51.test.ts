@@ -386,9 +386,9 @@ describe('the configuration reference\'s defaults', () => {
         routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'openai' }] }],
       });
     const untouched = parse({});
-    expect(untouched.success && untouched.data.providers.openai!.pools.classes).toEqual({ online: { minShare: 0.5, maxQueue: 1000 }, batch: { minShare: 0.1, maxQueue: 10_000 } });
+    expect(untouched.success && untouched.data.providers.openai!.pools.classes).toEqual({ online: { minShare: 0.5, maxShare: 1, maxQueue: 1000 }, batch: { minShare: 0.1, maxShare: 1, maxQueue: 10_000 } });
     const written = parse({ classes: { online: { maxQueue: 2000 } } });
-    expect(written.success && written.data.providers.openai!.pools.classes).toEqual({ online: { minShare: 0, maxQueue: 2000 } });
+    expect(written.success && written.data.providers.openai!.pools.classes).toEqual({ online: { minShare: 0, maxShare: 1, maxQueue: 2000 } });
     const doc = configFields().find((f) => f.path === 'providers.<name>.pools.classes')!.description!;
     expect(doc).toMatch(/replaces (these|the default classes) whole/);
     expect(doc).toMatch(/minShare 0, maxQueue 1000\)/);
