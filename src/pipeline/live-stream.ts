@@ -212,6 +212,11 @@ export class LiveStream {
   #upstreamEnded = false;
   /** What cut the answer short while its stream went on (vLLM's abort, stream-events.ts cutShort): a cut all the same. */
   #cutShortBy: string | undefined;
+  /**
+   * The provider's own error event after the first output (Anthropic's overloaded_error, OpenAI's server_error), held
+   * back while streamRecovery asks the next target for the rest; the client gets it only if none continues the answer.
+   */
+  #heldError: string | undefined;
   #awaitingUpstream = false;
   /** How long the client has taken nothing while the gateway had text for it (backpressure). */
   #clientWaitMs = 0;
@@ -302,6 +307,7 @@ export class LiveStream {
         else if (!(yield* this.#recovered())) yield this.#streamError('the upstream stream ended before the answer was complete');
       }
       if (this.#cutShortBy !== undefined && !(yield* this.#recovered())) yield this.#streamError(`the upstream stream was cut: ${this.#cutShortBy}`);
+      if (this.#heldError !== undefined && !(yield* this.#recovered())) yield this.#heldError;
     } catch (err) {
       const reason: unknown = controller.signal.reason;
       if (this.#opts.requestSignal.aborted) {
@@ -344,6 +350,23 @@ export class LiveStream {
   #addedEnd(): string {
     const end = this.#opts.translate?.end() ?? [];
     return end.length > 0 ? end.map((ev) => `${ev.raw}\n\n`).join('') : (doneEvent(this.#opts.api) ?? '');
+  }
+
+  /**
+   * Whether an error event after the first output is the provider's failure (one its breaker counts, not its account's
+   * refusal nor the request's fault) that streamRecovery may continue past: then it is held back (#heldError) and the
+   * stream ends as the upstream's error. The commonest break of all (an overload mid-answer) ended the client's stream
+   * where a cut or a stall at the same point was continued by the next target.
+   */
+  #holdsError(ev: SseEvent): boolean {
+    const err = upstreamErrorOf(ev);
+    if (accountStatusOfError(err?.code, err?.type) !== undefined) return false;
+    const broke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning, this.#opts.apiKey);
+    if (broke === undefined) return false;
+    this.#kind = 'upstream-error';
+    this.#upstreamBroke = broke;
+    this.#heldError = withoutKey(errorEventForClient(this.#opts.api, ev, this.#nextSequence()), this.#opts.apiKey);
+    return true;
   }
 
   /** The error event that ends a broken answer (stream_interrupted), numbered on from the last event passed. */
@@ -405,6 +428,7 @@ export class LiveStream {
         this.#cutShortBy = short.why;
         return true;
       }
+      if (meaning === 'error' && this.#recover && this.#outputSeen && this.#holdsError(ev)) return true;
       this.#events++;
       // A finish is output too: a short answer's one chunk carries its text and its finish_reason together (Gemini's
       // OpenAI-compatible API), and its time to first token went unmeasured.
