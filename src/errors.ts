@@ -93,6 +93,19 @@ export function drainingError(retryAfterMs = 0): GatewayError {
   return new GatewayError('gateway_draining', 'this gateway instance is shutting down; another instance can serve the request', { shouldRetry: true, retryAfterMs: Math.max(1_000, retryAfterMs) });
 }
 
+/**
+ * A draining instance's answer to a request the grace end cut while its attempt was in flight, when that request
+ * commits at the provider as it is taken (a background response, a conversation's turn): the provider may have taken
+ * it, so the SDK is not invited back. Sent again, by another instance, it would queue a second job beside the first,
+ * or add the turn to the conversation twice.
+ */
+export function drainingCutError(): GatewayError {
+  return new GatewayError(
+    'gateway_draining',
+    'this gateway instance is shutting down and cut the request after it was sent: the provider may have taken it (a background response runs on, a conversation has its turn), so it is not to be sent again as it is',
+  );
+}
+
 /** A path called with a method it does not serve; `allow` lists the ones it does (RFC 9110, 15.5.6). */
 export function methodNotAllowed(method: string, path: string, allowed: readonly string[]): GatewayError {
   return new GatewayError('method_not_allowed', `${method} is not allowed on ${path}; use ${allowed.join(' or ')}`, { headers: { allow: allowed.join(', ') } });

@@ -224,7 +224,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   // A Response whose status is failed is judged as its stream's response.failed before any output would be: retried
   // (or the 400, or the credentials path, that its error code stands for), never handed on as an answer.
   const failed = req.translator ? undefined : failedResponse(req.api, raw);
-  if (failed) return failureResult(req, errorVerdict(upstreamErrorIn(failed), 'the response failed', req.client.config.apiKey), status, headers);
+  if (failed) return createdResponse(failureResult(req, errorVerdict(upstreamErrorIn(failed), 'the response failed', req.client.config.apiKey), status, headers));
   const body = req.translator ? translateBody(req.translator, raw) : raw;
   if (body === undefined) {
     // Another family's error object with a 200 (Anthropic's {"type":"error"}), read in OpenAI terms as above.
@@ -233,6 +233,14 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     return familyErrorIn200(req, raw, headers) ?? { outcome: { kind: 'bad-stream', detail: 'the answer could not be translated', ran: false }, status, headers };
   }
   return { outcome: { kind: 'ok', status }, status, headers, body };
+}
+
+/**
+ * A failed Response's result: the status it stands for (a rate limit's 429) is one the provider answered after it had
+ * created the Response, which a request that commits on send is not sent again after (policy/outcome.ts maySendAgain).
+ */
+function createdResponse(result: AttemptResult): AttemptResult {
+  return result.outcome.kind === 'http' ? { ...result, outcome: { ...result.outcome, created: true } } : result;
 }
 
 /** The attempt's result for an upstream error reported inside a 2xx (errorVerdict). */

@@ -10,7 +10,7 @@ import type { Random } from '../policy/random.ts';
 import type { CompiledRoute } from '../routing/router.ts';
 import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
-import { drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
+import { drainingCutError, drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
 import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
@@ -198,6 +198,8 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
   let handedToStream = false;
   const { plans, contextFallback, skipped, disabled, unknownPriority } = planTargets(req, deps);
   const shape = streamShapeOf(route.api, req.json);
+  // What a second request would run beside the first (a background job, a conversation's turn): sent once.
+  const commitsOnSend = shape.startsAtCreated !== undefined;
   summary.priority = plans[0]?.className;
   if (unknownPriority !== undefined) summary.unknownPriority = unknownPriority;
   summary.skipped = skipped;
@@ -212,8 +214,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         api: route.api,
         stream,
         shape,
-        // What a second request would run beside the first (a background job, a conversation's turn): sent once.
-        commitsOnSend: shape.startsAtCreated !== undefined,
+        commitsOnSend,
         signal: controller.signal,
         deadlineAtMs,
         earlyStart,
@@ -260,7 +261,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
       const answer = degradedAnswer(req, route.config.degraded!.message, degraded);
       return { ...answer, headers: withStormgateHeaders({ ...answer.headers }, summary, served.plan.label), summary };
     }
-    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs, deps.random);
+    const answer = errorFor(served, summary, deadline.budgetMs, deps.now(), disabled > 0, deps.guards.holdOffs, deps.random, commitsOnSend);
     // An upstream error passed on carries the provider's id, which the SDK shows as err.requestID: the log line names
     // it too, or the id a developer quotes leads nowhere in the gateway's logs.
     // An error the gateway writes itself (a refused key's 502, say) names the provider's id of the answer it failed on:
@@ -336,20 +337,26 @@ function clientRetryCount(headers: HeaderBag): number {
   return Number.isInteger(n) && n > 0 ? n : 0;
 }
 
-/** `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request). */
-function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random): ErrorAnswer {
-  const answer = errorOf(served, summary, budgetMs, nowMs, disabled, holdOffs, random);
+/**
+ * `disabled`: a target of the route was left out because its provider is disabled (configuration, not the request).
+ * `commitsOnSend`: the request commits at the provider as it is taken (a background job, a conversation's turn).
+ */
+function errorFor(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random, commitsOnSend: boolean): ErrorAnswer {
+  const answer = errorOf(served, summary, budgetMs, nowMs, disabled, holdOffs, random, commitsOnSend);
   // no-target's message lists every skip already; a verdict on the request is the client's to fix wherever it goes.
   const noted = served.kind === 'no-target' || endedWithVerdict(served) ? answer : withSkipNote(answer, served.plan.label, summary.skipped);
   return served.rejected ? withRejectionNote(noted, { target: served.rejected.plan.label, result: served.rejected.failure.result }) : noted;
 }
 
-function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random): ErrorAnswer {
+function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummary, budgetMs: number, nowMs: number, disabled: boolean, holdOffs: HoldOffs, random: Random, commitsOnSend: boolean): ErrorAnswer {
   switch (served.kind) {
     case 'failed': {
       const outcome = served.failure.result.outcome;
       if (outcome.kind === 'aborted' && outcome.by === 'shutdown') {
         summary.outcome = 'unavailable';
+        // Cut in flight (its attempt is the last one recorded, the shutdown's; a cut wait or a queue sent nothing): such
+        // a request may have been taken, and is not sent again, as after a timeout once sent (policy/outcome.ts maySendAgain).
+        if (commitsOnSend && summary.attempts.at(-1)?.reason === 'shutdown') return errorAnswer(drainingCutError());
         return errorAnswer(drainingError(served.failure.retryAfterMs));
       }
       summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';

@@ -11,9 +11,11 @@ export type AttemptOutcome =
   | { kind: 'ok'; status: number }
   /**
    * `param`: for a 404, the request field the error names when it is not `model` (a `previous_response_id`, an `input`
-   * item the provider does not have): the request's own reference is missing, not the model.
+   * item the provider does not have): the request's own reference is missing, not the model. `created`: the status a
+   * failed Response stands for (a whole answer whose status is failed): the provider created and stored that Response,
+   * so it took the request, as a stream's response.created says it did.
    */
-  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string }
+  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string; created?: true }
   | { kind: 'network'; code: string }
   | { kind: 'timeout'; phase: TimeoutPhase }
   /**
@@ -475,10 +477,11 @@ export function isRetryable(c: Classification, retryOn: readonly RetryOn[]): boo
  * request with a `conversation`, whose input the provider appends to it, or with `background: true`, a job that runs
  * on at the provider once queued). Such a request is never sent again after an attempt that may have been taken and
  * got no answer (a timeout once the connection was made, a connection lost once the request was written, a stream
- * broken before its first output): the conversation would have the turn twice, or a second job would run. A
- * status the provider answered (a 429, a 5xx) is retried as retryOn says, as it is for any request.
+ * broken before its first output, a failed Response: its stream's response.created had begun the answer): the
+ * conversation would have the turn twice, or a second job would run. A status the provider answered (a 429, a 5xx)
+ * is retried as retryOn says, as it is for any request.
  */
 export function maySendAgain(c: Classification, outcome: AttemptOutcome, retryOn: readonly RetryOn[], commitsOnSend: boolean): boolean {
-  if (commitsOnSend && outcome.kind !== 'http' && mayHaveRun(outcome)) return false;
+  if (commitsOnSend && (outcome.kind === 'http' ? outcome.created === true : mayHaveRun(outcome))) return false;
   return isRetryable(c, retryOn);
 }
