@@ -70,12 +70,16 @@ describe('runs that went wrong', () => {
     expect(run).not.toHaveProperty('status');
   });
 
-  it('a background Responses stream that broke after response.created is kept: the repeat gets the same id, and the provider made one', async () => {
+  it.each([
+    ['a background', { background: true }],
+    // The conversation has the turn once response.created came: given back, the key let the repeat append it again.
+    ['a conversation\'s', { conversation: 'conv_q3' }],
+  ])('%s Responses stream that broke after response.created is kept: the repeat gets the same id, and the provider made one', async (_name, extra) => {
     const s = await start({ faults: { stream: { cutAfterChunks: 1 } } });
     const read = async () => {
       const seen: string[] = [];
       try {
-        for await (const ev of await sdk(s).responses.create({ model: 'gpt-4o', input: 'summarise the quarter', stream: true, background: true }, keyed('k-bg-cut'))) {
+        for await (const ev of await sdk(s).responses.create({ model: 'gpt-4o', input: 'summarise the quarter', stream: true, ...extra }, keyed('k-bg-cut'))) {
           if (ev.type === 'response.created') seen.push(ev.response.id);
         }
       } catch (err) {

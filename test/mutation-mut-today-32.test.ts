@@ -373,8 +373,8 @@ describe('idempotency: what the suite left open', () => {
         { route: { config: { timeoutMs: 10_000, deadlineMarginMs: 0 }, api } as unknown as CompiledRoute, path: '/v1/x', query: '', rawBody: Buffer.from(JSON.stringify(body)), json: body, headers: { 'idempotency-key': 'k-1' }, client: undefined, receivedMs: 0, clientGone: () => false, pastGrace: () => false },
         deps,
       );
-    expect(keyedOn('chat')?.background).toBe(false);
-    expect(keyedOn('responses')?.background).toBe(true);
+    expect(keyedOn('chat')?.committedAtCreated).toBe(false);
+    expect(keyedOn('responses')?.committedAtCreated).toBe(true);
   });
 
   it('takes a key with a comma in it: only ", " is how Node joins a header sent twice', () => {

@@ -15,6 +15,7 @@ import type { KeptAnswer, KeyRecord, StateStore } from '../state/store.ts';
 import type { ManagedRequest, PipelineAnswer, RequestSummary } from './handle-request.ts';
 import { holdLease } from './key-lease.ts';
 import { backgroundRunsOn, endedWhole } from './stream-ends.ts';
+import { streamShapeOf } from '../streaming/stream-events.ts';
 
 export interface IdempotencyDeps {
   store: StateStore;
@@ -57,10 +58,11 @@ interface KeyedRequest {
   /** True once the instance is past its drain's grace period: a waiting repeat is answered 503 gateway_draining. */
   pastGrace: () => boolean;
   /**
-   * A Responses API stream with `background: true`: once its response.created reached the client, the response runs on
-   * at the provider whatever becomes of the stream, so a stream that broke after it is kept, not given back.
+   * A Responses API stream with `background: true`, or one that adds to a stored `conversation`: once its
+   * response.created reached the client, the response runs on at the provider whatever becomes of the stream (or the
+   * conversation has the turn), so a stream that broke after it is kept, not given back.
    */
-  background?: boolean;
+  committedAtCreated?: boolean;
 }
 
 /** A managed request as the server has it, before the pipeline: what the pipeline gets, and whose it is. */
@@ -100,7 +102,7 @@ export function keyedRequest(req: ArrivedRequest, deps: IdempotencyDeps): KeyedR
     waitUntilMs: deps.now() - req.receivedMs + waited.budgetMs,
     clientGone: req.clientGone,
     pastGrace: req.pastGrace,
-    background: req.route.api === 'responses' && req.json.background === true,
+    committedAtCreated: streamShapeOf(req.route.api, req.json).startsAtCreated !== undefined,
   };
 }
 
@@ -231,7 +233,8 @@ function run(req: KeyedRequest, deps: IdempotencyDeps, claimedAtMs: number): Key
         if (how !== undefined && endedWhole(how)) settle('stream', kept, bytes);
         // A background response broken off while it may still run at the provider: a repeat that ran it again would
         // start a second one beside it (what the gateway never does itself). It gets the same id, to retrieve it by.
-        else if (req.background && how !== undefined && backgroundRunsOn(how)) settle('stream', kept, bytes);
+        // A conversation's turn likewise: given back, the key let a repeat append the turn to the conversation again.
+        else if (req.committedAtCreated && how !== undefined && backgroundRunsOn(how)) settle('stream', kept, bytes);
         else giveBack();
       }),
     };
