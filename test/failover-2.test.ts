@@ -239,14 +239,18 @@ describe('a retry-after on the primary with a backup that can answer', () => {
     expect(s.mock.stats().total).toBe(2);
   });
 
-  it('with parking off, ends with the backup\'s failure at once when its deadline leaves no time to wait the hold-off out', async () => {
-    const s = await stackWith({
+  /** The primary's one 429 with `retry-after`, a backup that fails, parking off. */
+  const failingBackupParkingOff = (retryAfter: string) =>
+    stackWith({
       family: 'openai',
-      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '3' } }] },
+      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': retryAfter } }] },
       backupFaults: { errors: [{ status: 503 }] },
       route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false },
       backupRetry: { maxAttempts: 1 },
     });
+
+  it('with parking off, ends with the backup\'s failure at once when its deadline leaves no time to wait the hold-off out', async () => {
+    const s = await failingBackupParkingOff('3');
     const first = await chat(s, {}, { 'x-stormgate-timeout-ms': '2500' });
     expect(first.status).toBe(503);
     expect(first.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
@@ -255,13 +259,7 @@ describe('a retry-after on the primary with a backup that can answer', () => {
   });
 
   it('with parking off, sends nothing more once its client leaves during the wait for the primary', async () => {
-    const s = await stackWith({
-      family: 'openai',
-      faults: { errors: [{ status: 429, times: 1, headers: { 'retry-after': '2' } }] },
-      backupFaults: { errors: [{ status: 503 }] },
-      route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } }, park: false },
-      backupRetry: { maxAttempts: 1 },
-    });
+    const s = await failingBackupParkingOff('2');
     const gone = fetch(`${s.baseURL}/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },

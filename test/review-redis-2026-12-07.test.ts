@@ -3,31 +3,21 @@
 // instances whose clocks disagree.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { BreakerSchema } from '../src/config/schema.ts';
 import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard } from '../src/state/breaker-board.ts';
 import { RedisStore } from '../src/state/redis-store.ts';
 import { RetryBudget } from '../src/state/retry-budget.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServerWithAdmin } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
 import { startTcpProxy } from './helpers/tcp-proxy.ts';
 
 const BUDGET = { ratio: 0.2, windowS: 10, minRetriesPerSecond: 0 };
 const KEY = RetryBudget.key('chat', 'online', 'p/m');
 
-let redis: RedisHandle;
-let admin: Redis;
+const server = useRedisServerWithAdmin();
 const stores: RedisStore[] = [];
-beforeAll(async () => {
-  redis = await startRedis();
-  admin = new Redis(redis.url);
-});
-afterAll(async () => {
-  admin?.disconnect();
-  await redis?.stop();
-});
 afterEach(async () => {
   await Promise.all(stores.splice(0).map((s) => s.close()));
 });
@@ -44,7 +34,7 @@ async function fleet(n: number, o: { offsetsMs?: number[]; commandTimeoutMs?: nu
   for (let i = 0; i < n; i++) {
     const offset = o.offsetsMs?.[i] ?? 0;
     const now = () => Date.now() + offset;
-    const store = new RedisStore({ config: { redis: redis.url, commandTimeoutMs: o.commandTimeoutMs ?? 200, keyPrefix }, now });
+    const store = new RedisStore({ config: { redis: server.redis().url, commandTimeoutMs: o.commandTimeoutMs ?? 200, keyPrefix }, now });
     stores.push(store);
     out.push({ store, now });
   }
@@ -81,7 +71,7 @@ describe('the shared retry budget across three instances', () => {
     for (const x of f) x.store.addRequests(KEY, 50, x.now());
     await sleep(150);
     expect(await drain(f)).toBe(30);
-    await redis.restart();
+    await server.redis().restart();
     await eventually(() => f.every((x) => !x.store.degraded), 10_000);
     // The 150 requests and 30 retries are gone together: the window restarts from what is counted from here.
     expect(await drain(f)).toBe(0);
@@ -109,7 +99,7 @@ describe('a breaker record Redis lost, and an instance that never saw it', () =>
     }
     expect(a!.store.getBreaker('p/m')).toMatchObject({ state: 'closed', generation: 4 });
     // Redis loses the record while it stays up (FLUSHALL, eviction under volatile-lru, or 7 days without a change).
-    await admin.flushall();
+    await server.admin().flushall();
     // A newcomer (autoscaled after the loss) starts from generation 0 and sees the provider fail first.
     const [c] = await fleet(1, { keyPrefix });
     await c!.store.firstRead('p/m');
@@ -128,7 +118,7 @@ describe('a paused Redis (SIGSTOP) on the request path', () => {
     const [a] = f;
     a!.store.addRequests(KEY, 100, a!.now());
     await sleep(150);
-    const resume = redis.freeze();
+    const resume = server.redis().freeze();
     try {
       const times: number[] = [];
       for (let i = 0; i < 6; i++) {
@@ -172,13 +162,13 @@ describe('a breaker held open by three instances, across a Redis restart', () =>
     await eventually(() => f.every((x) => x.store.getBreaker('p/r')?.state === 'open'), 2_000);
     const opened = f[0]!.store.getBreaker('p/r')!;
 
-    await redis.restart();
+    await server.redis().restart();
     await eventually(() => f.every((x) => !x.store.degraded), 10_000);
     // Redis came back empty; the instances still held the record, and one of them wrote it back.
-    await eventually(async () => (await admin.keys('*{p/r}:breaker')).length === 1, 3_000);
-    const key = (await admin.keys('*{p/r}:breaker'))[0]!;
-    expect(await admin.hget(key, 'state')).toBe('open');
-    expect(Number(await admin.hget(key, 'generation'))).toBe(opened.generation);
+    await eventually(async () => (await server.admin().keys('*{p/r}:breaker')).length === 1, 3_000);
+    const key = (await server.admin().keys('*{p/r}:breaker'))[0]!;
+    expect(await server.admin().hget(key, 'state')).toBe('open');
+    expect(Number(await server.admin().hget(key, 'generation'))).toBe(opened.generation);
     for (const x of f) expect(x.store.getBreaker('p/r')).toMatchObject({ state: 'open', generation: opened.generation });
 
     // Past openUntil: every instance asks at once, one probe goes.
@@ -200,7 +190,7 @@ describe('the subscriber connection killed (CLIENT KILL TYPE pubsub)', () => {
   it('resubscribes and re-reads, so a breaker opened while it was not subscribed reaches every instance', async () => {
     const f = await fleet(3);
     for (const x of f) await x.store.firstRead('p/sub');
-    await admin.client('KILL', 'TYPE', 'pubsub');
+    await server.admin().client('KILL', 'TYPE', 'pubsub');
     // Written at once, before the killed subscribers are back: the message is lost for them.
     expect(await f[0]!.store.casBreaker('p/sub', 0, { state: 'open', sinceMs: Date.now(), openUntilMs: Date.now() + 30_000, probeSuccesses: 0, generation: 1 })).toBe(true);
     await eventually(() => f.every((x) => x.store.getBreaker('p/sub')?.state === 'open'), 5_000);
@@ -219,7 +209,7 @@ describe('an instance whose clock is minutes off, started while Redis does not a
   ])('%s: what it counted before it first read Redis\'s clock lands in the fleet\'s window as of when it happened', async (_name, skewMs) => {
     const keyPrefix = `rv-${randomUUID()}`;
     const [b] = await fleet(1, { keyPrefix });
-    const proxy = await startTcpProxy(redis.port);
+    const proxy = await startTcpProxy(server.redis().port);
     await proxy.cut();
     try {
       const now = () => Date.now() + skewMs;
