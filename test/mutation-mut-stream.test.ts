@@ -41,6 +41,12 @@ describe('what an event means', () => {
     const chunk = { object: 'chat.completion.chunk', error: null, choices: [{ index: 0, delta: { content: 'Hi' }, finish_reason: null }] };
     expect(eventMeaning('chat', ev(chunk))).toBe('output');
   });
+
+  it('reads an error field as the SDKs do (`data && data.error`): false, "" or 0 is no error, any object or text is', () => {
+    const chunk = (error: unknown) => ev({ object: 'chat.completion.chunk', error, choices: [{ index: 0, delta: { content: 'Hi' }, finish_reason: null }] });
+    for (const none of [false, '', 0]) expect(eventMeaning('chat', chunk(none))).toBe('output');
+    for (const error of [{}, { message: 'boom' }, 'model crashed', true]) expect(eventMeaning('chat', chunk(error))).toBe('error');
+  });
 });
 
 describe('the shape of a streamed answer', () => {

@@ -31,6 +31,11 @@ const contentParts = (v: unknown) => Array.isArray(v) && v.length > 0;
 /** Set, not null: servers that serialise every field of the SDK's models send `"function_call": null` in each delta. */
 export const present = (v: unknown) => v !== undefined && v !== null;
 /**
+ * An `error` field the OpenAI SDKs raise: they test `data.error` for truth, so `false`, `""` or 0 (a server that
+ * serialises every field) is no error, where read as one it broke a stream the SDK alone would have read whole.
+ */
+const raised = (v: unknown) => Boolean(v);
+/**
  * Whether a choice's finish_reason says it finished. Some compatible servers (Ollama before 0.1.39, SGLang before
  * 0.4.4) send `""` on every chunk until the last: read as a finish, the answer was over from its first chunk, and a
  * pause of a second mid-answer ended it with [DONE], truncated.
@@ -61,7 +66,7 @@ export function cutShort(api: ApiKind, ev: SseEvent): { left: SseEvent | undefin
     return undefined;
   }
   // An error object makes the chunk the provider's error event, whatever its choices say (choicesMeaning).
-  if (typeof chunk !== 'object' || chunk === null || present(chunk.error) || !aborted(chunk)) return undefined;
+  if (typeof chunk !== 'object' || chunk === null || raised(chunk.error) || !aborted(chunk)) return undefined;
   const choices = (chunk.choices as ChatChoice[]).map((c) => (c?.finish_reason === ABORTED ? { ...c, finish_reason: null } : c));
   const rest = { ...chunk, choices };
   const data = JSON.stringify(rest);
@@ -285,7 +290,7 @@ function messagesMeaning(ev: AnthropicEvent, eventField: string | null): EventMe
 }
 
 function choicesMeaning(chunk: { error?: unknown; choices?: unknown }): EventMeaning {
-  if (present(chunk.error)) return 'error';
+  if (raised(chunk.error)) return 'error';
   if (!Array.isArray(chunk.choices)) return 'keepalive';
   if (aborted(chunk)) return 'error';
   let meaning: EventMeaning = 'keepalive';
@@ -398,7 +403,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
   } catch {
     parsed = undefined;
   }
-  if (parsed && typeof parsed === 'object' && present(parsed.error)) {
+  if (parsed && typeof parsed === 'object' && raised(parsed.error)) {
     // A bare string (`{"error": "model crashed"}`, as some compatible servers send it): the SDKs would raise it with
     // no code nor type, and its JSON-quoted text as the message.
     if (typeof parsed.error !== 'object') return streamErrorEvent(api, `the upstream stream failed: ${String(parsed.error)}`, 'upstream_error', nextSequence);
