@@ -18,7 +18,7 @@ import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { sdkError } from './helpers/openai-error.ts';
-import { baseResponse, msgItem, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
+import { baseResponse, msgItem, play as playScript, responsesHead, responsesTail, rev, scripted, textDelta, type Script, type Seen } from './helpers/scripted-provider.ts';
 import { metricSum, requestLine, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -77,9 +77,7 @@ async function provider(create: Answer, other?: (method: string, url: string) =>
     req.resume();
     seen.push({ body: {}, headers: req.headers, url: `${req.method} ${req.url}` });
     const s = other?.(req.method ?? '', req.url ?? '') ?? json({ error: { message: 'no such path', type: 'invalid_request_error', param: null, code: null } }, 404);
-    res.writeHead(s.status ?? 200, s.headers ?? { 'content-type': 'text/event-stream' });
-    for (const step of s.steps) if (typeof step === 'string') res.write(step);
-    res.end();
+    void playScript(res, s);
   };
   const p = await startProvider(handler);
   return { origin: p.origin, seen, times };
@@ -534,6 +532,23 @@ describe('background responses through the gateway', () => {
     expect(rest.events.map((e) => e.sequence_number)).toEqual([5, 6, 7, 8, 9]);
     expect(p.seen.filter((x) => x.url === '/v1/responses')).toHaveLength(1);
     expect(p.seen.map((x) => x.url)).toContain('GET /v1/responses/resp_bg?stream=true&starting_after=4');
+  });
+
+  it('keeps a resumed stream through a silence longer than idleMs but within firstTokenMs (the model thinking)', async () => {
+    // Added by the gateway's team: a resumed stream cut at idleMs ended in a bare `terminated` mid-thought.
+    const thinking = (method: string, url: string): Script | undefined => {
+      const m = /^\/v1\/responses\/resp_bg\?stream=true&starting_after=(\d+)$/.exec(url);
+      if (method !== 'GET' || !m) return undefined;
+      const rest = job().slice(Number(m[1]) + 1);
+      return { steps: [rest[0]!, 1_500, ...rest.slice(1)] };
+    };
+    const p = await provider(() => ({ steps: [...job().slice(0, 5), 20, { destroy: true }] }), thinking);
+    const s = await gateway(p, { passthrough: true, p: { timeouts: { ...timeouts, idleMs: 500, firstTokenMs: 5_000 } } });
+    const { client } = agent(s);
+    const first = await drain(await client.responses.create({ model: MODEL, input: 'long job', background: true, stream: true }));
+    const rest = await drain(await client.responses.retrieve('resp_bg', { stream: true, starting_after: first.events.at(-1)!.sequence_number }));
+    expect(rest.error).toBeUndefined();
+    expect(rest.events.map((e) => e.sequence_number)).toEqual([5, 6, 7, 8, 9]);
   });
 
   it('gives a background stream its response.created before any output, and after the client leaves does not create it again', async () => {

@@ -67,7 +67,7 @@ const TimeoutsSchema = z
   .strictObject({
     connectMs: positiveMs('Time to open a TCP/TLS connection to the provider, in ms. Default: 5000.').default(5000),
     firstTokenMs: positiveMs('For streams: time from sending the request to the first event that carries output (text, tool call, reasoning, refusal or audio; any Responses API delta or finished output item); role-only chunks and pings do not count. Longer than the longest silent thinking of a reasoning model. Default: 30000.').default(30000),
-    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. On passthrough paths: longest gap between two chunks of the answer\'s body, timed by undici, whose timer can fire up to about a second late. Default: 30000.').default(30000),
+    idleMs: positiveMs('For streams: longest gap between two events (pings count), in ms. On passthrough paths: longest gap between two chunks of the answer\'s body (under /v1/responses, the longer of this and firstTokenMs: a resumed stream may be in the model\'s thinking), timed by undici, whose timer can fire up to about a second late. Default: 30000.').default(30000),
     responseMs: positiveMs('For non-streaming requests: per-attempt limit on the whole answer, in ms. Optional; unset, only the deadline bounds it, since long answers take minutes.').optional(),
     keepAliveMs: positiveMs('How long a connection to the provider is kept idle for the next request, in ms; below the provider\'s own idle timeout (many servers close at 5 s, without saying so), or a request sent as it closes the connection fails. A provider\'s Keep-Alive hint may shorten it, never lengthen it. Default: 4000.').default(4000),
   })

@@ -223,8 +223,12 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
   for (const path of passthrough.paths) {
     // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung provider
     // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
-    // is a gap, not a length, so neither is a long download.
-    const options = { connections: 16, headersTimeout: passthrough.timeoutMs, bodyTimeout: provider.timeouts.idleMs };
+    // is a gap, not a length, so neither is a long download. A stored response's resumed stream (GET
+    // /v1/responses/{id}?stream=true) may be in the model's thinking, where no event comes for as long as a first
+    // token may take: cut at idleMs, a deep-research job resumed mid-thought ended in a bare `terminated`.
+    const { idleMs, firstTokenMs } = provider.timeouts;
+    const gapMs = path.startsWith('/v1/responses') ? Math.max(idleMs, firstTokenMs) : idleMs;
+    const options = { connections: 16, headersTimeout: passthrough.timeoutMs, bodyTimeout: gapMs };
     const tls = providerTls(providerName, provider);
     const agent = new ClientBoundAgent(
       provider.proxy
@@ -344,7 +348,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
             // the passthrough's few upstream connections for as long as it stays, and undici's body timer does not count
             // a body paused by backpressure: it is given up on as a stream's client is. The socket's own timer: a write
             // that makes progress, however slow, postpones it (see server.ts); the 'close' then ends the upstream body.
-            reply.raw.setTimeout(clientStallMs(provider.timeouts.idleMs), () => reply.raw.destroy());
+            reply.raw.setTimeout(clientStallMs(gapMs), () => reply.raw.destroy());
             // The provider breaking its answer off (a reset, a gap over idleMs) closes the client's connection: its line
             // says so, not that the client left. Heard before fastify's own listener, which closes the connection. One
             // whose client has gone already (its close ends the upstream body) is the client's leaving.
