@@ -82,6 +82,11 @@ export async function serveTargets(
   deps: ServeDeps,
 ): Promise<Served> {
   const runs = plans.map(() => newRun());
+  /**
+   * The end of the hold-off each target's answer to this request started, once it left for it: looked at again (every
+   * target is, after a release that left others unlooked), the target is held off by that same hold-off, still its own.
+   */
+  const ownHoldOffs: Array<number | undefined> = plans.map(() => undefined);
   /** The failure to answer with: the latest a target ended with (a fallback's rejection after an outage aside). */
   let lastFailure: Failed | undefined;
   let shed: Served | undefined;
@@ -255,7 +260,9 @@ export async function serveTargets(
       }
       if (r.kind === 'ok') return ok(plan, r.result);
       if (r.kind === 'unavailable') {
-        blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs, ...(r.own && { own: r.own }) });
+        if (r.own) ownHoldOffs[i] = r.availableAtMs;
+        const own = r.own ?? (r.reason === 'hold-off' && r.availableAtMs <= (ownHoldOffs[i] ?? Number.NEGATIVE_INFINITY) ? true : undefined);
+        blocked.push({ plan, reason: r.reason, availableAtMs: r.availableAtMs, ...(own && { own }) });
         // It failed before it went away (a failed probe, a breaker that opened during the retries, on that very failure
         // perhaps). Should the request end without an answer, it ends with this failure: it went upstream, and a
         // load_shed or hold-off from a target it never reached would invite the SDK to send it all over again.

@@ -10,8 +10,9 @@ import { randomUUID } from 'node:crypto';
 
 // A string no JSON text sent to or by the gateway holds: a NUL and a random id of this process.
 const NONCE = randomUUID();
-// The run of characters a number of 16 or more significant digits needs: texts without one skip the scan.
-const MAYBE_LONG = /\d[\d.]{15}/;
+// The run of characters a number of 16 or more significant digits needs, or the exponent of 3 digits one a double
+// cannot hold needs (1e400): texts without either skip the scan. Gated on the run alone, a lone 1e400 went out as null.
+const MAYBE_LONG = /\d(?:[\d.]{15}|[eE][+-]?\d{3})/;
 const NUMBER = /-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/y;
 const TAGGED = new RegExp(`"\\\\u0000${NONCE}:(-?[0-9][0-9.eE+-]*)"`, 'g');
 
