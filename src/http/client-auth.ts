@@ -42,15 +42,34 @@ export function clientAuth(keys: Readonly<Record<string, string>> | undefined): 
 /**
  * `url` without the query parameters whose value is the client's key (`?key=`, `?api-key=`, as Gemini's and Azure's
  * clients write it): the headers that carry a client key never reach a provider, and the query, forwarded as it is,
- * handed the gateway's client key to every provider's logs. A URL that holds no such parameter is returned as it is.
+ * handed the gateway's client key to every provider's logs. A value is the key percent-decoded either way: with a `+`
+ * read as a space (a form) or as itself (a base64 key, `openssl rand -base64`, written into the URL unencoded, whose
+ * `+` a form decoder turned into a space, so the key went on). The other parameters go on as they came, byte for byte.
+ * A URL that holds no such parameter is returned as it is.
  */
 export function withoutKeyInQuery(url: string, key: string): string {
   const q = url.indexOf('?');
   if (q < 0) return url;
-  const params = new URLSearchParams(url.slice(q + 1));
-  const all = [...params];
-  const kept = all.filter(([, value]) => value.trim() !== key);
-  if (kept.length === all.length) return url;
-  const query = new URLSearchParams(kept).toString();
+  const params = url.slice(q + 1).split('&');
+  const kept = params.filter((param) => !holdsKey(param, key));
+  if (kept.length === params.length) return url;
+  const query = kept.join('&');
   return url.slice(0, q) + (query === '' ? '' : `?${query}`);
+}
+
+/** Whether one `name=value` of a query holds `key` as its value, read as a form would or with `+` kept. */
+function holdsKey(param: string, key: string): boolean {
+  const eq = param.indexOf('=');
+  if (eq < 0) return false;
+  const raw = param.slice(eq + 1);
+  return decoded(raw.replaceAll('+', ' ')).trim() === key || decoded(raw).trim() === key;
+}
+
+/** A percent-decoded query value; one with a malformed escape (`%zz`) as it is. */
+function decoded(raw: string): string {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    return raw;
+  }
 }
