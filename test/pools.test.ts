@@ -188,6 +188,26 @@ describe('the provider pool', () => {
     expect(p.snapshot().inUse).toEqual([2, 8]);
   });
 
+  it('tells a class its maxShare holds back a wait of its share\'s turns, not of the idle pool\'s', async () => {
+    const share = (maxShare: number) => {
+      const p = new ProviderPool(
+        { provider: 'p', capacity: 10, retryCapacity: 10, classes: [{ name: 'online', minShare: 0, maxQueue: 10 }, { name: 'batch', minShare: 0, maxShare, maxQueue: 10 }], decrease: 0.9, minLimit: 1 },
+        () => 0,
+      );
+      return p;
+    };
+    const waitBehind = async (p: ProviderPool) => {
+      await slot(p, req(1));
+      await slot(p, req(1));
+      for (let i = 0; i < 4; i++) void p.acquire(req(1));
+      await flush();
+      return p.expectedWaitMs(1, 'p/m');
+    };
+    // Two slots of batch's share held, four queued: three rounds of two for the fifth. Estimated by the idle pool's
+    // eight spare slots, it was one round, as for a class with no share (whose four took slots at once).
+    expect(await waitBehind(share(0.2))).toBe(3 * (await waitBehind(share(1))));
+  });
+
   it('gives a class with a maxShare too small for one slot of the pool one slot still', async () => {
     const p = new ProviderPool(
       { provider: 'p', capacity: 2, retryCapacity: 2, classes: [{ name: 'online', minShare: 0, maxQueue: 10 }, { name: 'batch', minShare: 0, maxShare: 0.1, maxQueue: 10 }], decrease: 0.9, minLimit: 1 },

@@ -521,7 +521,8 @@ function paramOf(prepared: Prepared & { ok: false }): { param?: string } {
  * (serve-targets.ts): paced, as the same wait taken before it left would have been.
  */
 export async function payWaitedOutRetry(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
-  run.retryPaid = await payRetry(ctx, plan, deps, true);
+  // Once: a wait that found the target held off still (the hold-off's end read a millisecond late) pays nothing more.
+  if (!run.retryPaid) run.retryPaid = await payRetry(ctx, plan, deps, true);
 }
 
 /** Pays for a retry: one paced by a hold-off is counted in the budget and always allowed; any other is taken from it. */

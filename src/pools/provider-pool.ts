@@ -359,7 +359,8 @@ export class ProviderPool {
     for (const [name, use] of this.#clients[cls]!) aheadInClass += name === client ? own : Math.min(use.waiting, own + 1);
     ahead += aheadInClass;
     const t = this.#target(target);
-    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable));
+    // A class its maxShare bounds has no more turns a round trip than that share's slots, however idle the pool.
+    const perRoundTrip = Math.max(1, Math.min(classLimit(t.limit, cls), this.#attainable, this.#shareSlots(cls)));
     const slotMs = Math.max(this.#roundTrip.value, this.#slotHold.value);
     const slots = Math.ceil((ahead + 1) / perRoundTrip) * slotMs;
     const held = cls > 0 ? Math.max(slots, t.lowerHeldUntilMs - this.now()) : slots;
@@ -372,7 +373,7 @@ export class ProviderPool {
     // A slot free for it and for every request ahead of it: its rate alone holds it, not a round trip for a slot (with
     // 49 of 50 slots free, answers taking 5 s and its turn a second away, a request with 3 s to live was shed, told the
     // provider was at capacity).
-    const free = Math.min(this.#capacity - this.#inUse, Math.floor(t.limit.limit) - t.inUse, cls > 0 ? Math.floor(classLimit(t.limit, cls)) - t.byClass[cls]! : Infinity);
+    const free = Math.min(this.#capacity - this.#inUse, Math.floor(t.limit.limit) - t.inUse, cls > 0 ? Math.floor(classLimit(t.limit, cls)) - t.byClass[cls]! : Infinity, this.#shareSlots(cls) - this.#inUseByClass[cls]!);
     const bySlots = Math.max(byRate > 0 && ahead + 1 <= free ? (cls > 0 ? Math.max(0, t.lowerHeldUntilMs - this.now()) : 0) : held, byRetryCap);
     if (byRate <= bySlots) return { ms: bySlots, heldBy: undefined };
     return { ms: byRate, heldBy: rates.tokens > rates.requests ? 'token_rate' : 'request_rate' };
@@ -748,10 +749,15 @@ export class ProviderPool {
     return this.#rates === undefined || this.#ratesAllow(req, t, this.#rates, seq);
   }
 
-  /** Whether the class holds its maxShare of the pool (at least one slot) already: the rest is kept for the others. */
+  /** Whether the class holds its maxShare of the pool already: the rest is kept for the others. */
   #atMaxShare(cls: number): boolean {
+    return this.#inUseByClass[cls]! >= this.#shareSlots(cls);
+  }
+
+  /** The slots the class may hold at most by its maxShare (at least one); without one, no bound. */
+  #shareSlots(cls: number): number {
     const maxShare = this.settings.classes[cls]!.maxShare;
-    return maxShare !== undefined && maxShare < 1 && this.#inUseByClass[cls]! >= Math.max(1, Math.floor(maxShare * this.#capacity));
+    return maxShare !== undefined && maxShare < 1 ? Math.max(1, Math.floor(maxShare * this.#capacity)) : Number.POSITIVE_INFINITY;
   }
 
   /** Whether the target's rates have room for the request now; if not, the pool looks again when they have. */
