@@ -439,6 +439,17 @@ describe('2. priority pools: maxShare', () => {
 // ---------------------------------------------------------------------------------------------------------------
 describe('3. streamRecovery: continue after an error event mid-stream', () => {
   const recovery: Partial<RouteInput> = { streamRecovery: 'continue', park: false };
+  /** A primary of the test's own that streams `texts`, then the error event `error`; the bundled mock as its backup. */
+  const textThenError = async (texts: string[], error: Record<string, unknown>) => {
+    const up = await startUpstream(scripted(() => ({ steps: [chunk({ role: 'assistant', content: '' }), ...texts.map((content) => chunk({ content })), `data: ${JSON.stringify({ error })}\n\n`] })));
+    const backup = await startMock({ apiKey: TEST_KEY });
+    const g = await gateway({
+      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
+      providers: { primary: provider(`${up.origin}/v1`), backup: provider(`${backup.url}/v1`) },
+      routes: [{ name: 'chat', match: { path: CHAT }, targets: [{ provider: 'primary' }, { provider: 'backup' }], retry: FAST_RETRY, ...recovery }],
+    });
+    return { g, backup };
+  };
 
   it('an overload error event after the first output is continued by the backup: the SDK reads the whole answer, no error', async () => {
     // README: "on a cut or stall after the first byte ..., or the provider's own error event after it (an overload
@@ -506,13 +517,7 @@ describe('3. streamRecovery: continue after an error event mid-stream', () => {
     // delivered text ... Otherwise, or if the target rejects the attempt, the client gets the original failure as an
     // error event (the provider's own, when that was the break), never the fallback's rejection."
     const overload = { message: 'The server had an error while processing your request.', type: 'server_error', param: null, code: null };
-    const up = await startUpstream(scripted(() => ({ steps: [chunk({ role: 'assistant', content: '' }), chunk({ content: 'Totally ' }), chunk({ content: 'different' }), `data: ${JSON.stringify({ error: overload })}\n\n`] })));
-    const backup = await startMock({ apiKey: TEST_KEY });
-    const g = await gateway({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers: { primary: provider(`${up.origin}/v1`), backup: provider(`${backup.url}/v1`) },
-      routes: [{ name: 'chat', match: { path: CHAT }, targets: [{ provider: 'primary' }, { provider: 'backup' }], retry: FAST_RETRY, ...recovery }],
-    });
+    const { g, backup } = await textThenError(['Totally ', 'different'], overload);
     const got = await streamedText(await g.client().chat.completions.create({ model: 'gpt-4o', messages, stream: true }));
     expect(got.text).toBe('Totally different');
     expect(got.err).toBeInstanceOf(OpenAI.APIError);
@@ -528,13 +533,7 @@ describe('3. streamRecovery: continue after an error event mid-stream', () => {
   it.each(notContinued)('an error event after output that is %s reaches the client as it came; the backup is never asked', async (_name, error) => {
     // README: "one the breaker counts, not the request's fault nor the account's refusal, which reach the client as
     // they came".
-    const up = await startUpstream(scripted(() => ({ steps: [chunk({ role: 'assistant', content: '' }), chunk({ content: 'Mock ' }), chunk({ content: 'answer' }), `data: ${JSON.stringify({ error })}\n\n`] })));
-    const backup = await startMock({ apiKey: TEST_KEY });
-    const g = await gateway({
-      server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
-      providers: { primary: provider(`${up.origin}/v1`), backup: provider(`${backup.url}/v1`) },
-      routes: [{ name: 'chat', match: { path: CHAT }, targets: [{ provider: 'primary' }, { provider: 'backup' }], retry: FAST_RETRY, ...recovery }],
-    });
+    const { g, backup } = await textThenError(['Mock ', 'answer'], error);
     const got = await streamedText(await g.client().chat.completions.create({ model: 'gpt-4o', messages, stream: true }));
     expect(got.text).toBe('Mock answer');
     expect(got.err).toBeInstanceOf(OpenAI.APIError);
