@@ -25,14 +25,16 @@ export function loadConfigFile(file: string, env: NodeJS.ProcessEnv = process.en
   // at the line that names it. The text as written, not yet interpolated: a path a variable gave is named as the file
   // writes it (`the file ${VLLM_CA} names`), since the variable may hold a secret instead (a key swapped with it, the
   // PEM itself from a Kubernetes secret), which "cannot read <value>" printed to the start-up log.
+  // Read again only for a CA file, which few configs name.
   const lineCounter = new LineCounter();
-  const doc = parseDocument(text, { lineCounter, merge: true });
+  let doc: Document | undefined;
+  const written = () => (doc ??= parseDocument(text, { lineCounter, merge: true }));
   const issues = caFileIssues(config, (at, path) => {
-    const written = nodeAt(doc, at);
-    const raw = isScalar(written) && typeof written.value === 'string' ? written.value : undefined;
+    const node = nodeAt(written(), at);
+    const raw = isScalar(node) && typeof node.value === 'string' ? node.value : undefined;
     return raw !== undefined && raw.includes('${') ? `the file ${raw} names` : path;
   });
-  if (issues.length > 0) throw new ConfigError(file, issues.map(({ at, ...issue }) => ({ ...issue, line: lineOf(doc, lineCounter, at) })));
+  if (issues.length > 0) throw new ConfigError(file, issues.map(({ at, ...issue }) => ({ ...issue, line: lineOf(written(), lineCounter, at) })));
   return config;
 }
 

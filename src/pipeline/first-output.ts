@@ -63,7 +63,7 @@ export async function readUntilFirstOutput(api: ApiKind, shape: StreamShape, ite
  * upstream that sends more (pings, role chunks, by the megabyte) is a broken stream: the head was held whole until
  * the first-token timeout, hundreds of MB of it, and then written to the client at once.
  */
-export const MAX_HEAD_CHARS = 2 * MAX_EVENT_BYTES;
+const MAX_HEAD_CHARS = 2 * MAX_EVENT_BYTES;
 
 const DEADLINE_PASSED: FirstOutput = { failure: 'the deadline passed', outcome: { kind: 'aborted', by: 'deadline' } };
 

@@ -359,14 +359,18 @@ export class LiveStream {
    * where a cut or a stall at the same point was continued by the next target.
    */
   #holdsError(ev: SseEvent): boolean {
-    const err = upstreamErrorOf(ev);
-    if (accountStatusOfError(err?.code, err?.type) !== undefined) return false;
-    const broke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning, this.#opts.apiKey);
-    if (broke === undefined) return false;
+    const { accountRefused, broke } = this.#errorFacts(ev);
+    if (accountRefused || broke === undefined) return false;
     this.#kind = 'upstream-error';
     this.#upstreamBroke = broke;
     this.#heldError = withoutKey(errorEventForClient(this.#opts.api, ev, this.#nextSequence()), this.#opts.apiKey);
     return true;
+  }
+
+  /** What an upstream error event says of the provider: its account's refusal, or a failure its breaker counts. */
+  #errorFacts(ev: SseEvent): { accountRefused: boolean; broke: FailureFacts | undefined } {
+    const err = upstreamErrorOf(ev);
+    return { accountRefused: accountStatusOfError(err?.code, err?.type) !== undefined, broke: errorEventBreaks(err, ev, this.#opts.errorEventMeaning, this.#opts.apiKey) };
   }
 
   /** The error event that ends a broken answer (stream_interrupted), numbered on from the last event passed. */
@@ -449,9 +453,9 @@ export class LiveStream {
       if (end !== undefined) {
         this.#kind = end;
         if (end === 'upstream-error') {
-          const err = upstreamErrorOf(ev);
-          this.#accountRefused = accountStatusOfError(err?.code, err?.type) !== undefined;
-          this.#upstreamBroke = errorEventBreaks(err, ev, this.#opts.errorEventMeaning, this.#opts.apiKey);
+          const facts = this.#errorFacts(ev);
+          this.#accountRefused = facts.accountRefused;
+          this.#upstreamBroke = facts.broke;
         }
         return true;
       }
