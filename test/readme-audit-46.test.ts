@@ -69,8 +69,8 @@ describe('a config that sets nothing but providers and routes', () => {
     }
     expect(value(m, 'stormgate_pool_wait_seconds_count', { provider: 'mock', priority: 'online' })).toBe(2);
     expect(value(m, 'stormgate_pool_limit', { target })).toBe(64);
-    // Budget defaults: ratio 0.1 of 2 requests is under the floor, minRetriesPerSecond 1 × windowS 10.
-    expect(value(m, 'stormgate_retry_budget_remaining', { route: 'chat' })).toBe(10);
+    // Budget defaults: ratio 0.1 of 2 requests is under the floor, minRetriesPerSecond 10 × windowS 10.
+    expect(value(m, 'stormgate_retry_budget_remaining', { route: 'chat' })).toBe(100);
     expect(value(m, 'stormgate_state_degraded')).toBe(0);
     expect(value(m, 'stormgate_waiting_body_bytes')).toBe(0);
     expect(value(m, 'stormgate_breaker_state', { target })).toBe(0);
@@ -91,9 +91,9 @@ describe('a config that sets nothing but providers and routes', () => {
     expect(value(m, 'stormgate_client_retries_total', { route: 'chat', how: 'declared' })).toBe(1);
     expect(value(m, 'stormgate_ttft_seconds_count', { route: 'chat' })).toBe(1);
     expect(value(m, 'stormgate_stream_ends_total', { route: 'chat', end: 'complete' })).toBe(1);
-    // One budget per priority class (and target), each with its floor of 10: the gauge sums them; the declared client
+    // One budget per priority class (and target), each with its floor of 100: the gauge sums them; the declared client
     // retry took one from batch's, as the budget counts it a retry.
-    expect(value(m, 'stormgate_retry_budget_remaining', { route: 'chat' })).toBe(19);
+    expect(value(m, 'stormgate_retry_budget_remaining', { route: 'chat' })).toBe(199);
   });
 });
 
@@ -366,7 +366,7 @@ describe('two instances on one Redis', () => {
     const s = await startStack({ faults: { errors: [{ status: 500 }] } });
     const config = fleetConfig(s.mock.url, {
       providers: { mock: { family: 'openai', baseUrl: `${s.mock.url}/v1`, apiKey: TEST_KEY, breaker: false } },
-      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }], retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 1, capMs: 1 } }, park: false }],
+      routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'mock' }], retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 1, capMs: 1 } }, budget: { minRetriesPerSecond: 1 }, park: false }],
     });
     const a = await startGateway(config);
     const b = await startGateway(config);

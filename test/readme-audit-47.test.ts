@@ -88,7 +88,7 @@ describe('the configuration reference', () => {
     const r = c.routes[0]!;
     expect(r).toMatchObject({ strategy: 'fallback', timeoutMs: 120_000, minAttemptMs: 1000, priority: 'online', streamRecovery: 'off' });
     expect(r.retry).toEqual({ maxAttempts: 3, backoff: { strategy: 'full-jitter', baseMs: 200, capMs: 3000 }, retryOn: [429, 500, 502, 503, 504, 520, 524, 529, 'network', 'timeout'], maxWaitHintMs: 20_000 });
-    expect(r.budget).toEqual({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 1, repeats: { windowS: 60, countAsRetries: false } });
+    expect(r.budget).toEqual({ ratio: 0.1, windowS: 10, minRetriesPerSecond: 10, repeats: { windowS: 60, countAsRetries: false } });
     expect(r.park).toMatchObject({ maxQueue: 10_000 });
     expect(r.targets[0]).toMatchObject({ weight: 1 });
     expect(c.state).toMatchObject({ commandTimeoutMs: 50, keyPrefix: 'stormgate' });

@@ -355,8 +355,9 @@ describe('1. retry multiplication at the frameworks\' default retry settings', (
   it('a spent retry budget: the gateway stops retrying, the frameworks do not', async () => {
     compressFrameworkSleeps();
     for (const fw of FRAMEWORKS) {
-      // The default budget (a tenth of requests, at least 1 retry a second), no breaker, no parking.
-      const s = await startStack({ faults: { errors: [{ status: 503 }] }, route: { park: false, retry: THREE_FAST }, provider: { breaker: false } });
+      // A budget of a tenth of requests, at least 1 retry a second (the default floor is 10, which these few calls
+      // would not spend), no breaker, no parking.
+      const s = await startStack({ faults: { errors: [{ status: 503 }] }, route: { park: false, retry: THREE_FAST, budget: { minRetriesPerSecond: 1 } }, provider: { breaker: false } });
       const c = counted();
       const calls = 5;
       for (let i = 0; i < calls; i++) {
