@@ -328,7 +328,7 @@ const RouteSchema = z
     contextWindowFallback: ContextWindowFallbackSchema.optional()
       .describe('Target for requests the chosen target rejects with context_length_exceeded (e.g. a model with a larger window). Optional.'),
     streamRecovery: z.enum(['off', 'continue']).default('off')
-      .describe('Experimental, chat only: on a stream cut or stalled after its first byte, `continue` asks the next target for the rest of a text answer (never a half-sent tool call), or for the whole answer when only reasoning went out; otherwise the stream ends with an error event. Default: off.'),
+      .describe('Experimental, chat only: on a stream cut, stalled or broken off by the provider\'s own error event (an overload, a server error) after its first byte, `continue` asks the next target for the rest of a text answer (never a half-sent tool call), or for the whole answer when only reasoning went out; otherwise the stream ends with an error event. Default: off.'),
     degraded: z.strictObject({ message: z.string().min(1).describe('Text of the degraded answer.') }).optional()
       .describe('When every target failed or is unavailable and nothing can be parked, answer a normal-looking completion with this text (x-stormgate-degraded: true) instead of an error. Optional; chat completions only.'),
     timeoutMs: positiveMs('Longest time the gateway spends on a request, all attempts and waits included. The client\'s own timeout headers can shorten it. Default: 120000.').default(120000),
