@@ -156,7 +156,7 @@ describe('a client retrying without saying so, through the gateway', () => {
   });
 
   it('bounds a fixed-interval agent loop: its own retries are counted as such, and the gateway adds almost none of its own', async () => {
-    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: { maxAttempts: 3, backoff: FAST.backoff }, park: false, budget: { repeats: { countAsRetries: true } } }, provider: { breaker: false } });
+    const s = await start({ faults: { errors: [{ status: 503, rate: 1 }] }, route: { retry: { maxAttempts: 3, backoff: FAST.backoff }, park: false, budget: { minRetriesPerSecond: 1, repeats: { countAsRetries: true } } }, provider: { breaker: false } });
     // Twenty agents, each trying five times, 50 ms apart, without the SDK's retries (so without its header).
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0 });
     const agent = async (i: number): Promise<void> => {
@@ -169,8 +169,8 @@ describe('a client retrying without saying so, through the gateway', () => {
       }
     };
     await Promise.all(Array.from({ length: 20 }, (_, i) => agent(i)));
-    // 100 calls. Budget: 10% of the 20 first calls plus the floor (1 a second over 10 s): at most 12 retries of the
-    // gateway's own, where counting each repeat as a request allowed 20.
+    // 100 calls. Budget: 10% of the 20 first calls plus a floor of 1 a second over 10 s (set: the default, 10 a second,
+    // would retry them all): at most 12 retries of the gateway's own, where counting each repeat as a request allowed 20.
     const upstream = s.mock.stats().total;
     expect(upstream).toBeGreaterThanOrEqual(100);
     expect(upstream).toBeLessThanOrEqual(112);

@@ -255,7 +255,7 @@ describe('the incident list at the top of the README, replayed', () => {
     const rate: FaultSpec = { rateLimit: { requestsPerMinute: 600, burstSeconds: 1 } };
     const burst = async (provider: Partial<ProviderInput>) => {
       const mock = await startMock({ faults: rate });
-      const url = await gateway(mock, { provider, route: { retry: { maxAttempts: 5 } } });
+      const url = await gateway(mock, { provider, route: { retry: { maxAttempts: 5 }, budget: { minRetriesPerSecond: 1 } } });
       const { client, counter } = countingSdk(url);
       const outcomes = await Promise.all(Array.from({ length: 30 }, (_, i) => client.chat.completions.create(chatBody(`burst ${i}`)).then(() => undefined, (e: unknown) => e as InstanceType<typeof OpenAI.APIError>)));
       return { failed: outcomes.filter((e) => e !== undefined), sdkRequests: counter.requests, stats: await mockStats(mock), log: await mockLog(mock) };
@@ -264,7 +264,8 @@ describe('the incident list at the top of the README, replayed', () => {
     expect(unpaced.stats.rateLimited.requests).toBeGreaterThan(0);
     const retries = unpaced.log.filter((r) => r.headers['x-retry-attempt'] !== undefined);
     expect(retries.every((r) => r.headers['x-retry-reason'] === 'status_429')).toBe(true);
-    // The budget: a tenth of the 30 requests, with a floor of 1 a second over its 10 s window.
+    // The budget: a tenth of the 30 requests, with a floor of 1 a second over its 10 s window (set: the default floor
+    // of 10 a second would retry the whole burst).
     expect(retries.length).toBeLessThanOrEqual(10 + 3);
     expect(unpaced.failed.length).toBeGreaterThan(0);
     for (const err of unpaced.failed) {

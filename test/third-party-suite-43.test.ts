@@ -327,6 +327,7 @@ routes:
     match: { path: /v1/chat/completions }
     targets: [ { provider: mock } ]
     retry: { maxAttempts: 3, backoff: { strategy: fixed, baseMs: 20 } }
+    budget: { minRetriesPerSecond: 1 }
     park: false
 `,
       { m },
@@ -336,7 +337,8 @@ routes:
     const answers = await Promise.all(Array.from({ length: 40 }, (_, i) => post(url, chatBody({ user: `u${i}` }))));
     expect(answers.every((a) => a.status === 503 && a.headers.get('x-should-retry') === 'false')).toBe(true);
     const stats = await mockStats(m);
-    // Default budget: ratio 0.1 of 40 requests, plus the floor of 1 a second over a 10 s window: 14 retries at most.
+    // The budget: ratio 0.1 of 40 requests, plus a floor of 1 a second over a 10 s window: 14 retries at most (the
+    // default floor, 10 a second, would let all 80 through: with the breaker off, only the ratio binds at scale).
     expect(stats.total).toBeLessThanOrEqual(40 + 4 + 10);
     expect(stats.total).toBeGreaterThan(40);
     const metrics = await scrapeMetrics(url);
@@ -712,7 +714,7 @@ ${route}`;
 
   it('the retry budget is fleet-wide: 20 calls on each of two instances against a dead provider, one budget between them', async () => {
     const m = await startMock();
-    const cfg = fleetConfig(`tp43-${++prefixes}`, '    retry: { maxAttempts: 3, backoff: { strategy: fixed, baseMs: 20 } }', ', breaker: false');
+    const cfg = fleetConfig(`tp43-${++prefixes}`, '    retry: { maxAttempts: 3, backoff: { strategy: fixed, baseMs: 20 } }\n    budget: { minRetriesPerSecond: 1 }', ', breaker: false');
     const a = await gateway(cfg, { m });
     const b = await gateway(cfg, { m });
     await mockControl(m, 'POST', 'brownout', { mode: '503', durationMs: 20_000 });

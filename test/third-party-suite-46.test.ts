@@ -661,7 +661,9 @@ describe('idempotency keys across a fleet of three', () => {
 describe("a fleet's amplification during a brownout", () => {
   it('keeps upstream attempts per client request bounded across three instances under SDK clients with their default retries, and counts them as the provider saw them', async () => {
     const p = await startMock();
-    const f = await fleet(3, chatRoute(), { p });
+    // A floor of 1 retry a second: the default, 10, is more than this run of few calls would spend, which leaves the
+    // ratio nothing to bound.
+    const f = await fleet(3, chatRoute({ route: '    budget: { minRetriesPerSecond: 1 }' }), { p });
     for (const url of f.urls) expect((await post(url)).status).toBe(200);
     const warm = await mockTotal(p);
 
