@@ -19,9 +19,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { once } from 'node:events';
-import { Writable } from 'node:stream';
-import { appendFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -35,7 +32,7 @@ import { createMetrics } from '../src/observability/metrics.ts';
 import { buildServer } from '../src/server.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { leftOver } from './helpers/cancel-storm.ts';
-import { parseMetrics, type MetricSample } from './helpers/stack.ts';
+import { parseMetrics, testLogSink, type MetricSample } from './helpers/stack.ts';
 
 // ---------------------------------------------------------------------------------------------------------------
 // A forced GC without --expose-gc (vitest's config has no per-file execArgv): V8's flag set at run time, and `gc`
@@ -170,18 +167,6 @@ afterEach(async () => {
   for (const s of started.splice(0).reverse()) await s.close();
 });
 
-/** Log lines are not kept in memory (2,000 requests' worth would weigh on the heap reading); the run's log dir gets them. */
-function discardingSink(): Writable {
-  const dir = process.env.STORMGATE_TEST_LOG_DIR;
-  const file = dir ? join(dir, `${process.pid}.log`) : undefined;
-  return new Writable({
-    write(chunk, _enc, cb) {
-      if (file) appendFileSync(file, chunk);
-      cb();
-    },
-  });
-}
-
 interface Gateway {
   url: string;
   app: FastifyInstance;
@@ -221,7 +206,7 @@ async function startGateway(provider: Provider, over: { provider?: Record<string
     ...over.extra,
   } satisfies ConfigInput);
   const store = new MemoryStore({ keptBytes: config.idempotency.memoryBytes });
-  const app = await buildServer(config, { logger: createLogger(config, discardingSink()), metrics: createMetrics({ defaultMetrics: false }), store });
+  const app = await buildServer(config, { logger: createLogger(config, testLogSink()), metrics: createMetrics({ defaultMetrics: false }), store });
   started.push({ close: () => app.close() });
   const url = await app.listen({ host: '127.0.0.1', port: 0 });
   const metricsText = async () => (await fetch(`${url}/metrics`)).text();

@@ -24,11 +24,9 @@
 // expect.poll's own timers count as active Timeouts (readings are taken between finished sleeps).
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
-import { appendFileSync, readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -46,7 +44,7 @@ import { leftOver } from './helpers/cancel-storm.ts';
 import { freePort } from './helpers/free-port.ts';
 import { killNow, useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
-import { parseMetrics, type MetricSample } from './helpers/stack.ts';
+import { parseMetrics, testLogSink, type MetricSample } from './helpers/stack.ts';
 
 const MB = 1024 * 1024;
 const PROVIDER_KEY = 'sk-prov-suite59-0123456789abcdef';
@@ -69,10 +67,12 @@ async function settledHeap(): Promise<number> {
 /**
  * The gateway's TCP connections to a provider's port, from the kernel's table (undici unrefs its idle sockets, so the
  * process's active handles do not show the ones it keeps): ESTABLISHED, and CLOSE_WAIT (the provider closed it, the
- * gateway has not yet: a socket left open).
+ * gateway has not yet: a socket left open). The table is the whole machine's (every test process, other runs): only the
+ * sockets this process holds a descriptor of are counted.
  */
 function connectionsTo(port: number): number {
   const hex = `:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  const mine = ownSocketInodes();
   let n = 0;
   for (const file of ['/proc/self/net/tcp', '/proc/self/net/tcp6']) {
     let text = '';
@@ -83,14 +83,28 @@ function connectionsTo(port: number): number {
     }
     for (const line of text.split('\n').slice(1)) {
       const cols = line.trim().split(/\s+/);
-      // sl, local_address, rem_address, st (01 ESTABLISHED, 08 CLOSE_WAIT).
-      if (cols[2]?.endsWith(hex) && (cols[3] === '01' || cols[3] === '08')) n++;
+      // sl, local_address, rem_address, st (01 ESTABLISHED, 08 CLOSE_WAIT), ..., inode (the tenth).
+      if (cols[2]?.endsWith(hex) && (cols[3] === '01' || cols[3] === '08') && mine.has(cols[9]!)) n++;
     }
   }
   return n;
 }
 
 const fds = () => readdirSync('/proc/self/fd').length;
+
+/** The inodes of the sockets this process has descriptors of (`socket:[123]` links in /proc/self/fd). */
+function ownSocketInodes(): Set<string> {
+  const inodes = new Set<string>();
+  for (const fd of readdirSync('/proc/self/fd')) {
+    try {
+      const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/self/fd/${fd}`));
+      if (m) inodes.add(m[1]!);
+    } catch {
+      // Closed between the listing and the read.
+    }
+  }
+  return inodes;
+}
 const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
 
 /**
@@ -113,18 +127,6 @@ const started: Array<{ close(): Promise<void> }> = [];
 afterEach(async () => {
   for (const s of started.splice(0).reverse()) await s.close();
 });
-
-/** Log lines go to the run's log dir (the secrecy check), not to memory: thousands of them would weigh on the heap. */
-function discardingSink(): Writable {
-  const dir = process.env.STORMGATE_TEST_LOG_DIR;
-  const file = dir ? join(dir, `${process.pid}.log`) : undefined;
-  return new Writable({
-    write(chunk, _enc, cb) {
-      if (file) appendFileSync(file, chunk);
-      cb();
-    },
-  });
-}
 
 interface Gateway {
   url: string;
@@ -167,7 +169,7 @@ function gatewayConfig(upstream: string, o: { provider?: Partial<ProviderInput>;
 
 async function startGateway(input: ConfigInput): Promise<Gateway> {
   const config = ConfigSchema.parse(input);
-  const app = await buildServer(config, { logger: createLogger(config, discardingSink()), metrics: createMetrics({ defaultMetrics: false }) });
+  const app = await buildServer(config, { logger: createLogger(config, testLogSink()), metrics: createMetrics({ defaultMetrics: false }) });
   started.push({ close: () => app.close() });
   const url = await app.listen({ host: '127.0.0.1', port: 0 });
   // Each scrape on a connection of its own, closed after it: a kept one would read as a descriptor left over.
