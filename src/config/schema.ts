@@ -292,7 +292,7 @@ const BudgetSchema = z
   .strictObject({
     ratio: z.number().min(0).max(10).default(0.1).describe('Retries allowed as a share of requests over the window. Default: 0.1.'),
     windowS: z.number().int().min(1).max(300).default(10).describe('Sliding window of the budget, in seconds. Default: 10.'),
-    minRetriesPerSecond: z.number().min(0).default(10).describe('Fleet-wide floor, so a quiet route can still retry: minRetriesPerSecond × windowS whole retries per window (under 1 / windowS, none). Finagle\'s default: it decides only below ratio × requests, so at 100 requests a second and more the ratio alone bounds retries, while a small deployment\'s burst against a flaky provider is still retried. Default: 10.'),
+    minRetriesPerSecond: z.number().min(0).default(10).describe('Fleet-wide floor, so a quiet route can still retry: minRetriesPerSecond × windowS whole retries per window (under 1 / windowS, none). Finagle\'s default: it decides only below ratio × requests, so at 100 requests a second and more the ratio alone bounds retries, while a small deployment\'s burst against a flaky provider is still retried. A retry after a rate limit (a 429, a 529) has a floor of at most 1 a second: retrying adds to the load the provider refuses. Default: 10.'),
     repeats: z
       .strictObject({
         windowS: z.number().int().min(0).max(600).default(60)

@@ -325,7 +325,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       run.counted = true;
     } else if (!run.retryPaid && !admission.probe) {
       const unrefused = ticket !== undefined && !run.releasedUnrefused;
-      if (!(await payRetry(ctx, plan, deps, unrefused))) return { ...run.lastFailure!, why: 'budget' };
+      if (!(await payRetry(ctx, plan, run, deps, unrefused))) return { ...run.lastFailure!, why: 'budget' };
       if (unrefused) run.releasedUnrefused = true;
     }
     run.retryPaid = false;
@@ -470,7 +470,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       // not refused the first time, see the admission above); tried again without parking, it is taken from the budget.
       // One that moves on is paid only if it comes back: the next target answers most of them, and a retry counted for
       // each left the primary's budget spent on retries it never got.
-      if (paced && movesOnUntil === undefined) run.retryPaid = await payRetry(ctx, plan, deps, true);
+      if (paced && movesOnUntil === undefined) run.retryPaid = await payRetry(ctx, plan, run, deps, true);
       return unavailable;
     }
     // The hold-off this very answer started already has its random spread: waiting to its end keeps the wait within
@@ -492,7 +492,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       const outcome = abortOutcome(new GatewayShutdown());
       return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs: delayMs };
     }
-    if (!(await payRetry(ctx, plan, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
+    if (!(await payRetry(ctx, plan, run, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
     try {
       await deps.sleep(delayMs, ctx.signal);
@@ -522,18 +522,20 @@ function paramOf(prepared: Prepared & { ok: false }): { param?: string } {
  */
 export async function payWaitedOutRetry(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<void> {
   // Once: a wait that found the target held off still (the hold-off's end read a millisecond late) pays nothing more.
-  if (!run.retryPaid) run.retryPaid = await payRetry(ctx, plan, deps, true);
+  if (!run.retryPaid) run.retryPaid = await payRetry(ctx, plan, run, deps, true);
 }
 
 /** Pays for a retry: one paced by a hold-off is counted in the budget and always allowed; any other is taken from it. */
-async function payRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps, paced: boolean): Promise<boolean> {
-  if (!paced) return takeRetry(ctx, plan, deps);
+async function payRetry(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps, paced: boolean): Promise<boolean> {
+  if (!paced) return takeRetry(ctx, plan, run, deps);
   await deps.guards.budget.countRetry(plan.budgetKey, ctx.route.config.budget);
   return true;
 }
 
-async function takeRetry(ctx: RequestContext, plan: TargetPlan, deps: TargetDeps): Promise<boolean> {
-  if (await deps.guards.budget.tryRetry(plan.budgetKey, ctx.route.config.budget)) return true;
+async function takeRetry(ctx: RequestContext, plan: TargetPlan, run: TargetRun, deps: TargetDeps): Promise<boolean> {
+  const failure = run.lastFailure?.cls.cls;
+  const providerAtLimit = failure !== undefined && OUTCOME_TABLE[failure].limit === 'rate-limited';
+  if (await deps.guards.budget.tryRetry(plan.budgetKey, ctx.route.config.budget, providerAtLimit)) return true;
   deps.onBudgetExhausted?.(ctx.route.name, plan.key);
   return false;
 }

@@ -2,7 +2,7 @@
 // the request path); a retry takes one from the budget (one round trip). Client-declared retries (x-stainless-retry-count > 0) count as
 // retries too, so the budget sees retries from every layer.
 import type { BudgetSettings } from '../config/schema.ts';
-import { budgetOf, retryAllowance, type StateStore } from './store.ts';
+import { budgetForRetry, budgetOf, retryAllowance, type StateStore } from './store.ts';
 
 export class RetryBudget {
   /** Every budget used so far, for the remaining-budget gauge. */
@@ -31,10 +31,13 @@ export class RetryBudget {
     this.store.addRequests(key, 1, this.now());
   }
 
-  /** May the gateway retry? Takes the retry from the budget when it may. */
-  tryRetry(key: string, cfg: BudgetSettings): Promise<boolean> {
+  /**
+   * May the gateway retry? Takes the retry from the budget when it may. `providerAtLimit`: the failure retried said the
+   * provider is at its limit (budgetForRetry: the floor is lower).
+   */
+  tryRetry(key: string, cfg: BudgetSettings, providerAtLimit = false): Promise<boolean> {
     this.#remember(key, cfg);
-    return this.store.takeRetry(key, cfg, this.now());
+    return this.store.takeRetry(key, budgetForRetry(cfg, providerAtLimit), this.now());
   }
 
   /** Retries each route's budgets still allow in their current window, summed over its budgets (each priority class and target). */

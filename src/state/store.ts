@@ -191,3 +191,16 @@ export function budgetOf(budgetKey: string, target: string): boolean {
 export function retryAllowance(cfg: BudgetConfig, requests: number): number {
   return Math.max(cfg.ratio * requests, cfg.minRetriesPerSecond * cfg.windowS);
 }
+
+/** The floor, in retries a second, of a retry after the provider said it is at its limit (a 429, a 529). */
+export const AT_LIMIT_FLOOR_PER_SECOND = 1;
+
+/**
+ * The budget a retry is taken from. The floor is for a quiet route's flaky provider (a 503 now and then); a retry
+ * after a rate limit adds to the very load the provider refuses, and with no wait hint nothing else (no breaker, no
+ * hold-off) stops it: under 5 requests a second, 10 retries a second re-sent every request maxAttempts times.
+ */
+export function budgetForRetry(cfg: BudgetConfig, providerAtLimit: boolean): BudgetConfig {
+  if (!providerAtLimit || cfg.minRetriesPerSecond <= AT_LIMIT_FLOOR_PER_SECOND) return cfg;
+  return { ...cfg, minRetriesPerSecond: AT_LIMIT_FLOOR_PER_SECOND };
+}
