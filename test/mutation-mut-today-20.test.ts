@@ -9,7 +9,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { AttemptOutcome } from '../src/policy/outcome.ts';
 import { RequestAbort } from '../src/pipeline/request-abort.ts';
-import { newRun, tryTarget, type RequestContext, type TargetDeps, type TargetPlan, type TargetResult } from '../src/pipeline/target-attempts.ts';
+import { newRun, payWaitedOutRetry, tryTarget, type RequestContext, type TargetDeps, type TargetPlan, type TargetResult } from '../src/pipeline/target-attempts.ts';
 import type { Ticket } from '../src/pipeline/parking-lot.ts';
 import { RetrySchema } from '../src/config/schema.ts';
 
@@ -164,6 +164,31 @@ describe('a retry found its target gone while it waited for a slot (retryPaid)',
     expect(second.kind).toBe('ok');
     // One retry sent, one retry in the budget.
     expect(calls).toEqual(['countRequest', 'tryRetry']);
+  });
+});
+
+describe('a first attempt that found its target gone while it waited for a slot (counted)', () => {
+  it('is counted in the budget as one request, not again when it comes back and goes', async () => {
+    const ctx = context();
+    const p = plan();
+    const run = newRun();
+    answers('gone');
+    expect((await tryTarget(ctx, p, run, deps(), lone)).kind).toBe('unavailable');
+    answers('ok');
+    expect((await tryTarget(ctx, p, run, deps(), lone, ticket())).kind).toBe('ok');
+    // Mutation round 44: counted twice, every such request enlarged the budget (a share of requests) by a phantom one.
+    expect(calls).toEqual(['countRequest']);
+  });
+});
+
+describe('a retry that waited out its own hold-off outside the lot (payWaitedOutRetry)', () => {
+  it('is counted in the budget once, however often the wait found the target still held off', async () => {
+    const run = newRun();
+    await payWaitedOutRetry(context(), plan(), run, deps());
+    await payWaitedOutRetry(context(), plan(), run, deps());
+    // Paced: counted, never taken; and once (mutation round 44: paid at each look, one retry spent two).
+    expect(calls).toEqual(['countRetry']);
+    expect(run.retryPaid).toBe(true);
   });
 });
 
