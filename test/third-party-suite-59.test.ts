@@ -44,6 +44,7 @@ import { leftOver } from './helpers/cancel-storm.ts';
 import { freePort } from './helpers/free-port.ts';
 import { killNow, useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { seededRandom } from '../src/policy/random.ts';
 import { parseMetrics, testLogSink, type MetricSample } from './helpers/stack.ts';
 
 const MB = 1024 * 1024;
@@ -224,18 +225,6 @@ const sum = (samples: MetricSample[], name: string, labels: Record<string, strin
   series(samples, name)
     .filter((s) => Object.entries(labels).every(([k, v]) => s.labels[k] === v))
     .reduce((n, s) => n + s.value, 0);
-
-/** A seeded source (mulberry32), so a run's abort points can be replayed. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // An upstream of the suite's own, for what the mock does not do (trickles, big answers, bodies recorded by hash).
@@ -534,7 +523,7 @@ describe('suite 59: concurrency and memory', () => {
     await sleep(100);
     const fdBefore = fds();
     const timersBefore = timers();
-    const rnd = seeded(59);
+    const rnd = seededRandom(59);
     const agent = new Agent({ connections: 256 });
     const client = sdk(g.url, agent);
     const endings = await Promise.all(

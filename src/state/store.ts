@@ -193,7 +193,7 @@ export function retryAllowance(cfg: BudgetConfig, requests: number): number {
 }
 
 /** The floor, in retries a second, of a retry after the provider said it is at its limit (a 429, a 529). */
-export const AT_LIMIT_FLOOR_PER_SECOND = 1;
+const AT_LIMIT_FLOOR_PER_SECOND = 1;
 
 /**
  * The budget a retry is taken from. The floor is for a quiet route's flaky provider (a 503 now and then); a retry
