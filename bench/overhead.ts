@@ -127,10 +127,12 @@ async function main(): Promise<number> {
       strict: { type: 'boolean', default: false },
       rounds: { type: 'string', default: '3' },
       profile: { type: 'boolean', default: false },
+      'node-flags': { type: 'string', default: '' },
     },
-    'usage: npm run bench -- [--rounds N] [--strict] [--profile]\n  --rounds N  rounds of each measurement, the median reported (default 3)\n  --strict    exit 1 when a target is missed\n  --profile   also write a CPU profile of the gateway\n',
+    'usage: npm run bench -- [--rounds N] [--strict] [--profile] [--node-flags "FLAGS"]\n  --rounds N            rounds of each measurement, the median reported (default 3)\n  --strict              exit 1 when a target is missed\n  --profile             also write a CPU profile of the gateway\n  --node-flags "FLAGS"  node flags for the gateway process, e.g. "--max-semi-space-size=64"\n',
   );
   const rounds = Number(values.rounds);
+  const gatewayNodeFlags = values['node-flags'].split(' ').filter((f) => f !== '');
   if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a positive integer, got ${values.rounds}`);
   mkdirSync(WORK_DIR, { recursive: true });
   const profileDir = join(WORK_DIR, 'profiles');
@@ -145,7 +147,7 @@ async function main(): Promise<number> {
       mockUrl: mock.url,
       configFile: join(WORK_DIR, 'gateway.yaml'),
       logFile: gatewayLog,
-      nodeFlags: values.profile ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : [],
+      nodeFlags: [...gatewayNodeFlags, ...(values.profile ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : [])],
     });
     log(`mock ${mock.url}, gateway ${gateway.url} (logs in ${WORK_DIR})`);
     const benchPids = [process.pid, mock.proc.pid!, gateway.proc.pid!];
@@ -184,6 +186,7 @@ async function main(): Promise<number> {
     errors: { direct: errors('direct'), gateway: errors('gateway') },
     otherLoad: otherLoad(results),
     gatewayLog: { path: gatewayLog, bytes: statSync(gatewayLog).size },
+    gatewayNodeFlags,
   });
   process.stdout.write(`\n${markdownTable(figs)}\n\n${referenceTable(figs, refFigs)}\n\nWritten to ${RESULTS_DIR}/overhead.md and overhead.json.\n`);
   if (values.profile) process.stdout.write(`Gateway CPU profile (.cpuprofile) in ${profileDir}\n`);
