@@ -24,5 +24,4 @@ describe('bench command lines', () => {
     expect(r.stderr).toMatch(/Unknown option '--node-flag'/);
     expect(r.stderr).toContain('usage: npm run bench --');
   }, 40_000);
-
 });
