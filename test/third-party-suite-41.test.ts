@@ -19,39 +19,19 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { once } from 'node:events';
-import { setFlagsFromString } from 'node:v8';
-import { runInNewContext } from 'node:vm';
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { FastifyInstance } from 'fastify';
 import OpenAI from 'openai';
-import { Agent, fetch as undiciFetch } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
+import { Agent } from 'undici';
+import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
-import { createLogger } from '../src/observability/logger.ts';
-import { createMetrics } from '../src/observability/metrics.ts';
-import { buildServer } from '../src/server.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { leftOver } from './helpers/cancel-storm.ts';
-import { parseMetrics, testLogSink, type MetricSample } from './helpers/stack.ts';
+import { pooled, sdkOn, settledHeap, tally, useInProcessGateways, type InProcessGateway } from './helpers/in-process.ts';
+import type { MetricSample } from './helpers/stack.ts';
 
 // ---------------------------------------------------------------------------------------------------------------
 // A forced GC without --expose-gc (vitest's config has no per-file execArgv): V8's flag set at run time, and `gc`
 // taken from a fresh context, where V8 installs it.
-setFlagsFromString('--expose-gc');
-const gc = runInNewContext('gc') as () => void;
-setFlagsFromString('--no-expose-gc');
-
-/** The JS heap and the memory of Buffers, after a forced GC. */
-async function settledHeap(): Promise<number> {
-  for (let i = 0; i < 3; i++) {
-    gc();
-    await sleep(50);
-  }
-  // Buffers (a kept answer's body) live outside the heap: counted too.
-  const { heapUsed, external } = process.memoryUsage();
-  return heapUsed + external;
-}
-
 const MB = 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -162,21 +142,12 @@ async function startProvider(): Promise<Provider> {
 // ---------------------------------------------------------------------------------------------------------------
 // The gateway, in-process; the clients, on an Agent of their own.
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  for (const s of started.splice(0).reverse()) await s.close();
-});
+const { startGateway: startInProcess, closeAfter } = useInProcessGateways();
 
-interface Gateway {
-  url: string;
-  app: FastifyInstance;
-  store: MemoryStore;
-  metrics(): Promise<MetricSample[]>;
-  metricsText(): Promise<string>;
-}
+type Gateway = InProcessGateway & { store: MemoryStore };
 
 async function startGateway(provider: Provider, over: { provider?: Record<string, unknown>; route?: Record<string, unknown>; extra?: Partial<ConfigInput> } = {}): Promise<Gateway> {
-  const config = ConfigSchema.parse({
+  const input = {
     server: { host: '127.0.0.1', port: 0, logLevel: 'info' },
     providers: {
       p: {
@@ -204,43 +175,17 @@ async function startGateway(provider: Provider, over: { provider?: Record<string
       },
     ],
     ...over.extra,
-  } satisfies ConfigInput);
-  const store = new MemoryStore({ keptBytes: config.idempotency.memoryBytes });
-  const app = await buildServer(config, { logger: createLogger(config, testLogSink()), metrics: createMetrics({ defaultMetrics: false }), store });
-  started.push({ close: () => app.close() });
-  const url = await app.listen({ host: '127.0.0.1', port: 0 });
-  const metricsText = async () => (await fetch(`${url}/metrics`)).text();
-  return { url, app, store, metricsText, metrics: async () => parseMetrics(await metricsText()) };
+  } satisfies ConfigInput;
+  const store = new MemoryStore({ keptBytes: ConfigSchema.parse(input).idempotency.memoryBytes });
+  // Scrapes on a kept connection: a new one can be refused while hundreds of clients connect at once.
+  return { ...(await startInProcess(input, { store, keptScrapeConnection: true })), store };
 }
 
-function clientOn(url: string, agent: Agent, maxRetries = 0): OpenAI {
-  return new OpenAI({
-    baseURL: `${url}/v1`,
-    apiKey: 'sk-leak41-client',
-    maxRetries,
-    fetch: ((u: string, init: object) => undiciFetch(u, { ...init, dispatcher: agent })) as unknown as typeof fetch,
-  });
-}
-
-/** Runs `n` tasks, at most `width` at a time. */
-async function pooled<T>(n: number, width: number, task: (i: number) => Promise<T>): Promise<T[]> {
-  const out: T[] = new Array(n);
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: width }, async () => {
-      while (next < n) {
-        const i = next++;
-        out[i] = await task(i);
-      }
-    }),
-  );
-  return out;
-}
+const clientOn = (url: string, agent: Agent, maxRetries = 0): OpenAI => sdkOn(url, agent, { apiKey: 'sk-leak41-client', maxRetries });
 
 const statusOf = (err: unknown): string =>
   err instanceof OpenAI.APIUserAbortError ? 'aborted' : err instanceof OpenAI.APIError && err.status !== undefined ? `status ${err.status}` : `error ${(err as Error).message.slice(0, 50)}`;
 
-const tally = (xs: string[]) => Object.fromEntries([...xs.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), new Map<string, number>())].sort());
 
 /** Active resources by type (Timeout, TCPSocketWrap, ...). */
 function resources(): Record<string, number> {
@@ -283,7 +228,7 @@ describe('suite 41: back to baseline after fault storms', () => {
     const watch = watchProcess();
     try {
       const provider = await startProvider();
-      started.push(provider);
+      closeAfter(provider);
       const g = await startGateway(provider);
       // Warm-up on an agent closed before the baseline: the gateway's lazy parts (pools, series, the target) exist.
       const warm = new Agent({ connections: 4 });
@@ -365,7 +310,7 @@ describe('suite 41: back to baseline after fault storms', () => {
     const watch = watchProcess();
     try {
       const provider = await startProvider();
-      started.push(provider);
+      closeAfter(provider);
       provider.chunks = 30;
       provider.chunkGapMs = 60;
       // A small pool, so most calls queue for a slot; a configured model that is down, so its calls park.
@@ -455,7 +400,7 @@ describe('suite 41: back to baseline after fault storms', () => {
   it('thousands of distinct idempotency keys expire after idempotency.ttlMs: repeats run again, and the records and their bytes go', async () => {
     const TTL_MS = 1_500;
     const provider = await startProvider();
-    started.push(provider);
+    closeAfter(provider);
     provider.delayMs = 0;
     provider.padBytes = 16 * 1024;
     const g = await startGateway(provider, { extra: { idempotency: { ttlMs: TTL_MS } } });
@@ -494,7 +439,7 @@ describe('suite 41: back to baseline after fault storms', () => {
 
   it('hundreds of made-up model names answered 404 leave the target labels on /metrics bounded, and none of their series', async () => {
     const provider = await startProvider();
-    started.push(provider);
+    closeAfter(provider);
     const g = await startGateway(provider);
     const agent = new Agent({ connections: 64 });
     const client = clientOn(g.url, agent);

@@ -28,43 +28,25 @@ import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { setFlagsFromString } from 'node:v8';
-import { runInNewContext } from 'node:vm';
-import type { FastifyInstance } from 'fastify';
 import { Redis } from 'ioredis';
 import OpenAI from 'openai';
 import { Agent, fetch as undiciFetch, request } from 'undici';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.ts';
 import { startMock, type FaultSpec, type MockServer } from '../src/mock/server.ts';
-import { createLogger } from '../src/observability/logger.ts';
-import { createMetrics } from '../src/observability/metrics.ts';
-import { buildServer } from '../src/server.ts';
 import { leftOver } from './helpers/cancel-storm.ts';
 import { freePort } from './helpers/free-port.ts';
 import { killNow, useGatewayProcesses, waitReady } from './helpers/gateway-process.ts';
 import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
 import { seededRandom } from '../src/policy/random.ts';
-import { parseMetrics, testLogSink, type MetricSample } from './helpers/stack.ts';
+import { pooled, sdkOn, settledHeap, tally, useInProcessGateways } from './helpers/in-process.ts';
+import type { MetricSample } from './helpers/stack.ts';
 
 const MB = 1024 * 1024;
 const PROVIDER_KEY = 'sk-prov-suite59-0123456789abcdef';
 const CLIENT_KEY = 'sk-client-suite59-0123456789';
 
 // A forced GC without --expose-gc (as test/third-party-suite-41.test.ts does).
-setFlagsFromString('--expose-gc');
-const gc = runInNewContext('gc') as () => void;
-setFlagsFromString('--no-expose-gc');
-
-async function settledHeap(): Promise<number> {
-  for (let i = 0; i < 3; i++) {
-    gc();
-    await sleep(50);
-  }
-  const { heapUsed, external } = process.memoryUsage();
-  return heapUsed + external;
-}
-
 /**
  * The gateway's TCP connections to a provider's port, from the kernel's table (undici unrefs its idle sockets, so the
  * process's active handles do not show the ones it keeps): ESTABLISHED, and CLOSE_WAIT (the provider closed it, the
@@ -124,17 +106,7 @@ async function settlesTo(value: () => number, max: number, withinMs = 5_000): Pr
 // ---------------------------------------------------------------------------------------------------------------
 // Starting things, and closing them after each test.
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  for (const s of started.splice(0).reverse()) await s.close();
-});
-
-interface Gateway {
-  url: string;
-  app: FastifyInstance;
-  metrics(): Promise<MetricSample[]>;
-  metricsText(): Promise<string>;
-}
+const { startGateway, closeAfter } = useInProcessGateways();
 
 type ProviderInput = ConfigInput['providers'][string];
 type RouteInput = ConfigInput['routes'][number];
@@ -168,46 +140,13 @@ function gatewayConfig(upstream: string, o: { provider?: Partial<ProviderInput>;
   };
 }
 
-async function startGateway(input: ConfigInput): Promise<Gateway> {
-  const config = ConfigSchema.parse(input);
-  const app = await buildServer(config, { logger: createLogger(config, testLogSink()), metrics: createMetrics({ defaultMetrics: false }) });
-  started.push({ close: () => app.close() });
-  const url = await app.listen({ host: '127.0.0.1', port: 0 });
-  // Each scrape on a connection of its own, closed after it: a kept one would read as a descriptor left over.
-  const metricsText = async () => (await request(`${url}/metrics`, { reset: true })).body.text();
-  return { url, app, metricsText, metrics: async () => parseMetrics(await metricsText()) };
-}
-
 async function mockWith(faults: FaultSpec): Promise<MockServer> {
   const mock = await startMock({ quiet: true, faults });
-  started.push(mock);
+  closeAfter(mock);
   return mock;
 }
 
-/** An openai SDK client on an Agent of its own (closed by the test before its readings). */
-function sdk(url: string, agent: Agent, opts: { maxRetries?: number; apiKey?: string } = {}): OpenAI {
-  return new OpenAI({
-    baseURL: `${url}/v1`,
-    apiKey: opts.apiKey ?? CLIENT_KEY,
-    maxRetries: opts.maxRetries ?? 0,
-    fetch: ((u: string, init: object) => undiciFetch(u, { ...init, dispatcher: agent })) as unknown as typeof fetch,
-  });
-}
-
-/** Runs `n` tasks, at most `width` at a time. */
-async function pooled<T>(n: number, width: number, task: (i: number) => Promise<T>): Promise<T[]> {
-  const out: T[] = new Array(n);
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: width }, async () => {
-      while (next < n) {
-        const i = next++;
-        out[i] = await task(i);
-      }
-    }),
-  );
-  return out;
-}
+const sdk = (url: string, agent: Agent, opts: { maxRetries?: number; apiKey?: string } = {}): OpenAI => sdkOn(url, agent, { apiKey: CLIENT_KEY, ...opts });
 
 const statusOf = (err: unknown): string =>
   err instanceof OpenAI.APIUserAbortError
@@ -218,7 +157,6 @@ const statusOf = (err: unknown): string =>
         ? `stream error ${(err.error as { code?: string } | undefined)?.code ?? err.message.slice(0, 40)}`
         : `error ${(err as Error).message.slice(0, 60)}`;
 
-const tally = (xs: string[]) => Object.fromEntries([...xs.reduce((m, x) => m.set(x, (m.get(x) ?? 0) + 1), new Map<string, number>())].sort());
 
 const series = (samples: MetricSample[], name: string) => samples.filter((s) => s.name === name);
 const sum = (samples: MetricSample[], name: string, labels: Record<string, string> = {}) =>
@@ -268,7 +206,7 @@ async function startUpstream(handler: Handler): Promise<Upstream> {
       await new Promise((r) => server.close(r));
     },
   };
-  started.push(u);
+  closeAfter(u);
   return u;
 }
 
@@ -894,7 +832,7 @@ describe('suite 59: the gateway as a process', () => {
       },
       routes: [{ name: 'chat', match: { path: '/v1/chat/completions' }, targets: [{ provider: 'p' }], park: false, retry: { maxAttempts: 2, backoff: { baseMs: 20, capMs: 50 } }, budget: { ratio: 1, windowS: 10, minRetriesPerSecond: 200 } }],
     });
-    started.push({ close: () => killNow(gp.proc) });
+    closeAfter({ close: () => killNow(gp.proc) });
     await waitReady(gp, port);
     const url = `http://127.0.0.1:${port}`;
     const pid = gp.proc.pid!;
