@@ -191,6 +191,9 @@ function bodyCap(status: number): number {
  * not one. `whole` is false for an answer cut at its cap.
  */
 function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag, received: Buffer, whole: boolean): AttemptResult {
+  // llhttp reads any three digits as a status; HTTP has 100 to 599 (RFC 9110 15). One past them (LinkedIn's 999, a
+  // broken proxy's 600), passed on as the upstream's status, is one the gateway cannot write: it answered 500.
+  if (statusCode > 599) return { outcome: { kind: 'bad-stream', detail: `the answer's status ${statusCode} is no HTTP status`, ran: true }, status: statusCode, headers };
   if (statusCode < 200 || statusCode >= 300) {
     // A byte order mark before the JSON is dropped here, once: the client's JSON.parse would refuse it as the gateway's does.
     const error = withoutKey(withoutBom(received), req.client.config.apiKey);

@@ -48,6 +48,10 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   // (No code only through an undici slip, which looks llhttp's code up by number in a table keyed by name: fixed, it
   // gives HPE_* codes, read the same.)
   if ((code === undefined || code.startsWith('HPE_')) && isParserError(err)) return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1', ran: true };
+  // undici reports any parser error met once a content-length header was read (a second content-length that differs,
+  // one beside transfer-encoding, one that is no number, a control byte in a later header) as this mismatch, before
+  // the headers reach the gateway. The provider answered, in bytes that are not HTTP/1.1, as above.
+  if (code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1 (its length does not match its content-length)', ran: true };
   if (code === 'UND_ERR_SOCKET' && isUnreadableStatus(err)) return { kind: 'bad-stream', detail: 'the answer began with an informational status (100 or 101) the gateway never asked for', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
