@@ -3,6 +3,7 @@
 //   stormgate --config config/gateway.yaml      (or STORMGATE_CONFIG=...)
 import { parseArgs } from 'node:util';
 import type { buildServer } from './server.ts';
+import { isLoopback } from './http/host-header.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
 const USAGE = 'usage: stormgate [-c, --config <file>] [-p, --port <n>]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port)\n';
@@ -119,12 +120,6 @@ async function main(): Promise<void> {
   if (!config.auth && !isLoopback(host)) {
     app.log.warn(`listening on ${host} without auth.keys: anyone who reaches this port uses the providers' keys; set auth.keys (${file}) or put an authenticating proxy in front`);
   }
-}
-
-/** An address only this machine reaches. */
-function isLoopback(host: string): boolean {
-  const bare = host.replace(/^\[(.*)\]$/, '$1').toLowerCase();
-  return bare === 'localhost' || bare === '::1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/.test(bare);
 }
 
 type App = Awaited<ReturnType<typeof buildServer>>;

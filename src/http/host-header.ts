@@ -5,7 +5,7 @@
 // its own at 127.0.0.1 (DNS rebinding) and then call the gateway as its own origin, reading the answers paid for with
 // the company's keys. A browser can only send a DNS name with a dot there; a loopback IP, `localhost` and a name
 // without a dot are what local clients and proxies use.
-import { isIP } from 'node:net';
+import { BlockList, isIP } from 'node:net';
 import type { IncomingMessage } from 'node:http';
 
 /** Why the request's Host header makes it unanswerable, or undefined when it is usable. */
@@ -36,8 +36,15 @@ export function hostAllowance(server: { host: string; allowedHosts?: readonly st
   };
 }
 
-function isLoopback(address: string): boolean {
-  return address === 'localhost' || address === '::1' || address === '0:0:0:0:0:0:0:1' || /^(::ffff:)?127\.\d+\.\d+\.\d+$/i.test(address);
+const LOOPBACK = new BlockList();
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4');
+LOOPBACK.addAddress('::1', 'ipv6');
+
+/** An address only this machine reaches: `localhost`, 127.0.0.0/8, ::1 in any spelling (bracketed, IPv4-mapped too). */
+export function isLoopback(address: string): boolean {
+  const bare = address.replace(/^\[(.*)\]$/, '$1').toLowerCase();
+  const family = isIP(bare);
+  return bare === 'localhost' || (family !== 0 && LOOPBACK.check(bare, family === 4 ? 'ipv4' : 'ipv6'));
 }
 
 /** The name of a Host header, lower case, without its port. */
