@@ -209,6 +209,13 @@ describe("the client's key repeated in the query (client-auth.ts withoutKeyInQue
     expect(withoutKeyInQuery(`/v1/files?api-key=${KEY}&next=/v1/files?after=f1`, KEY)).toBe('/v1/files?next=/v1/files?after=f1');
   });
 
+  it('is taken out when written alone, with no name: the key pasted after the ?', () => {
+    expect(withoutKeyInQuery(`/v1/files?${KEY}`, KEY)).toBe('/v1/files');
+    expect(withoutKeyInQuery(`/v1/files?limit=5&${encodeURIComponent(KEY)}&order=asc`, KEY)).toBe('/v1/files?limit=5&order=asc');
+    // A bare parameter that is not the key goes on as it came.
+    expect(withoutKeyInQuery('/v1/files?verbose&limit=5', KEY)).toBe('/v1/files?verbose&limit=5');
+  });
+
   it('is taken out with the spaces or line end a client left around it, as the key is read from its header', () => {
     expect(withoutKeyInQuery(`/v1/files?limit=5&key=%20${KEY}%0A`, KEY)).toBe('/v1/files?limit=5');
   });

@@ -41,7 +41,7 @@ export function clientAuth(keys: Readonly<Record<string, string>> | undefined): 
 
 /**
  * `url` without the query parameters whose value is the client's key (`?key=`, `?api-key=`, as Gemini's and Azure's
- * clients write it): the headers that carry a client key never reach a provider, and the query, forwarded as it is,
+ * clients write it, or the key alone): the headers that carry a client key never reach a provider, and the query, forwarded as it is,
  * handed the gateway's client key to every provider's logs. A value is the key percent-decoded either way: with a `+`
  * read as a space (a form) or as itself (a base64 key, `openssl rand -base64`, written into the URL unencoded, whose
  * `+` a form decoder turned into a space, so the key went on). The other parameters go on as they came, byte for byte.
@@ -57,11 +57,12 @@ export function withoutKeyInQuery(url: string, key: string): string {
   return url.slice(0, q) + (query === '' ? '' : `?${query}`);
 }
 
-/** Whether one `name=value` of a query holds `key` as its value, read as a form would or with `+` kept. */
+/**
+ * Whether one `name=value` of a query holds `key` as its value, read as a form would or with `+` kept; a parameter
+ * with no `=` (`?sk-...`, the key pasted after the `?`) is read as a value too.
+ */
 function holdsKey(param: string, key: string): boolean {
-  const eq = param.indexOf('=');
-  if (eq < 0) return false;
-  const raw = param.slice(eq + 1);
+  const raw = param.slice(param.indexOf('=') + 1);
   return decoded(raw.replaceAll('+', ' ')).trim() === key || decoded(raw).trim() === key;
 }
 
