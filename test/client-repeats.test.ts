@@ -69,6 +69,39 @@ describe('ClientRepeats', () => {
     expect(repeats.size).toBe(2);
     expect(repeats.isRepeat(arrival('e'))).toBe(true);
   });
+
+  it("holds the body lengths of the failures it keeps, no more, through a trickle of failures that never all expire", () => {
+    let now = 0;
+    const repeats = new ClientRepeats(() => now, 50);
+    // A failure every 100 ms, each of a new length, each kept a second: some always kept, so nothing is cleared at once.
+    for (let i = 0; i < 2_000; i++, now += 100) repeats.ended(arrival('x'.repeat(i + 1)), true);
+    expect(repeats.size).toBe(10);
+    expect(repeats.lengthsHeld).toBe(10);
+    // A body of a length that is kept no more is not hashed; one still kept is found.
+    const old = arrival('x'.repeat(5));
+    expect(repeats.isRepeat(old)).toBe(false);
+    expect(old.key).toBeUndefined();
+    expect(repeats.isRepeat(arrival('x'.repeat(2_000)))).toBe(true);
+    // Two failures of one length: the length stays while either is kept.
+    now += 10_000;
+    repeats.ended(arrival('ab'), true);
+    repeats.ended(arrival('cd'), true);
+    // A repeat that succeeds is forgotten (its key worked out on arrival, as the gateway does).
+    const forget = (body: string) => {
+      const a = arrival(body);
+      expect(repeats.isRepeat(a)).toBe(true);
+      repeats.ended(a, false);
+    };
+    forget('ab');
+    const same = arrival('ef');
+    expect(repeats.isRepeat(same)).toBe(false);
+    expect(same.key).toBeDefined();
+    forget('cd');
+    const none = arrival('ef');
+    expect(repeats.isRepeat(none)).toBe(false);
+    expect(none.key).toBeUndefined();
+    expect(repeats.lengthsHeld).toBe(0);
+  });
 });
 
 const start = useStacks();

@@ -24,16 +24,23 @@ export interface Arrival {
 /** Enough for a storm of distinct failing bodies; past it the oldest are forgotten (their repeats count as requests). */
 const MAX_ENTRIES = 10_000;
 
+interface Failure {
+  /** When its failure stops making a repeat a retry. */
+  until: number;
+  bodyLength: number;
+}
+
 export class ClientRepeats {
-  /** Key -> when its failure stops making a repeat a retry. Oldest first: an entry is moved to the end when renewed. */
-  readonly #until = new Map<string, number>();
-  /** The latest of those ends: past it, every entry has expired. */
+  /** Key -> the failure kept. Oldest first: an entry is moved to the end when renewed. */
+  readonly #failures = new Map<string, Failure>();
+  /** The latest of their ends: past it, every entry has expired. */
   #lastUntilMs = 0;
   /**
-   * The body lengths of the failures kept (and of some forgotten since: cleared only with the map): a body of another
-   * length repeats none, and is not hashed. With a trickle of failures there is nearly always something kept.
+   * How many failures kept have each body length: a body of another length repeats none, and is not hashed. Counted,
+   * not a set, so it holds the lengths of the failures kept and no more (a set cleared only once every failure had
+   * expired grew with each new length for as long as failures kept coming).
    */
-  readonly #lengths = new Set<number>();
+  readonly #lengths = new Map<number, number>();
 
   constructor(
     private readonly now: () => number,
@@ -41,27 +48,32 @@ export class ClientRepeats {
   ) {}
 
   get size(): number {
-    return this.#until.size;
+    return this.#failures.size;
+  }
+
+  /** The distinct body lengths held (for tests: bounded by size). */
+  get lengthsHeld(): number {
+    return this.#lengths.size;
   }
 
   /** On arrival: whether the same client sent the same body to the same path (at the same priority) and this instance failed it, lately. */
   isRepeat(a: Arrival): boolean {
     // Nothing failed lately (nearly always): no body is hashed.
-    if (this.#until.size === 0) return false;
+    if (this.#failures.size === 0) return false;
     const now = this.now();
     // Every failure kept is past its window: forgotten at once, or with no later failure to sweep them, one failure
-    // long ago would have every body hashed for the rest of the process's life.
+    // long ago would have every body of its length hashed for the rest of the process's life.
     if (now >= this.#lastUntilMs) {
-      this.#until.clear();
+      this.#failures.clear();
       this.#lengths.clear();
       return false;
     }
     if (!this.#lengths.has(a.rawBody.length)) return false;
     const key = keyOf(a);
-    const until = this.#until.get(key);
-    if (until === undefined) return false;
-    if (until > now) return true;
-    this.#until.delete(key);
+    const failure = this.#failures.get(key);
+    if (failure === undefined) return false;
+    if (failure.until > now) return true;
+    this.#forget(key, failure);
     return false;
   }
 
@@ -72,14 +84,14 @@ export class ClientRepeats {
    */
   ended(a: Arrival, failed: boolean): void {
     if (!failed) {
-      if (a.key !== undefined) this.#until.delete(a.key);
+      if (a.key !== undefined) this.#forgetKey(a.key);
       return;
     }
     const key = keyOf(a);
-    this.#until.delete(key);
+    this.#forgetKey(key);
     const until = this.now() + a.windowMs;
-    this.#until.set(key, until);
-    this.#lengths.add(a.rawBody.length);
+    this.#failures.set(key, { until, bodyLength: a.rawBody.length });
+    this.#lengths.set(a.rawBody.length, (this.#lengths.get(a.rawBody.length) ?? 0) + 1);
     this.#lastUntilMs = Math.max(this.#lastUntilMs, until);
     this.#sweep();
   }
@@ -87,10 +99,22 @@ export class ClientRepeats {
   /** Drops expired entries from the oldest end, then the oldest past the cap. */
   #sweep(): void {
     const now = this.now();
-    for (const [key, until] of this.#until) {
-      if (until > now && this.#until.size <= this.maxEntries) break;
-      this.#until.delete(key);
+    for (const [key, failure] of this.#failures) {
+      if (failure.until > now && this.#failures.size <= this.maxEntries) break;
+      this.#forget(key, failure);
     }
+  }
+
+  #forgetKey(key: string): void {
+    const failure = this.#failures.get(key);
+    if (failure !== undefined) this.#forget(key, failure);
+  }
+
+  #forget(key: string, failure: Failure): void {
+    this.#failures.delete(key);
+    const left = (this.#lengths.get(failure.bodyLength) ?? 1) - 1;
+    if (left === 0) this.#lengths.delete(failure.bodyLength);
+    else this.#lengths.set(failure.bodyLength, left);
   }
 }
 
