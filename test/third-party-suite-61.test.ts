@@ -273,6 +273,28 @@ describe('the server demoted to a replica under the fleet (REPLICAOF: every writ
   });
 });
 
+describe("a key of the gateway's holding a value of another type (another application writing under its keyPrefix)", () => {
+  it('answers every request, and names the key once in an error line, however often the store degrades and recovers over it', async () => {
+    const f = await startFleet({}, [redis.url], BREAKER_CONFIG);
+    // The breaker record of a model the instance has not asked for yet: it reads the record when it first sees it.
+    const key = `${f.keyPrefix}:{mock/gpt-4o-mini}:breaker`;
+    await admin.set(key, 'not a hash');
+    cleanups.push(() => admin.del(key));
+    const seen: Seen[] = [];
+    for (const until = Date.now() + 3_000; Date.now() < until; ) seen.push(await ask(f.urls[0]!, {}, 'gpt-4o-mini'));
+    expect(seen.every((s) => s.status === 200)).toBe(true);
+    const lines = storeLines(f.logs[0]!);
+    const named = lines.filter((l) => l.msg.startsWith('state store: a key of the gateway holds a value of another type'));
+    expect(named, JSON.stringify(lines.map((l) => l.msg))).toHaveLength(1);
+    expect(named[0]).toMatchObject({ level: 50, keys: `${f.keyPrefix}:{mock/gpt-4o-mini}:*`, redisError: expect.stringMatching(/^WRONGTYPE/) });
+    // The store did meet it as a failure (the first degraded line names it).
+    expect(lines.find((l) => l.msg.startsWith('state store degraded'))?.error?.message).toMatch(/WRONGTYPE/);
+    // Gone, the store stays on Redis.
+    await admin.del(key);
+    await eventually(async () => !(await degradedOn(f.urls[0]!)), 20_000);
+  }, 40_000);
+});
+
 describe('a keyed run going on while its Redis is demoted and promoted again (the claim lost in the resync)', () => {
   it("claims its key again once back on Redis: a repeat on B waits for A's run and gets its answer, one upstream request", async () => {
     const primary = await startRedis();

@@ -97,6 +97,14 @@ export function isReadOnly(err: unknown): boolean {
   return err instanceof Error && /^READONLY\b/.test(err.message);
 }
 
+/**
+ * A key of the gateway's holds a value of another type (`WRONGTYPE ...`, from a script too): something else writes
+ * under its keyPrefix.
+ */
+export function isWrongType(err: unknown): boolean {
+  return err instanceof Error && /^WRONGTYPE\b/.test(err.message);
+}
+
 /** ioredis's commandTimeout rejects with a plain Error and no code: its message is all there is to tell it by. */
 export function isCommandTimeout(err: unknown): boolean {
   return err instanceof Error && err.message === 'Command timed out';

@@ -2,7 +2,7 @@
 // reports to, so one place decides when the fleet's state is decided locally.
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { configProblem, isCommandTimeout, isReadOnly, safeError, type ConfigProblem } from './redis-errors.ts';
+import { configProblem, isCommandTimeout, isReadOnly, isWrongType, safeError, type ConfigProblem } from './redis-errors.ts';
 import type { RedisKeys } from './redis-keys.ts';
 import type { ScriptClient } from './redis-scripts.ts';
 
@@ -171,6 +171,14 @@ export class RedisHealth {
     this.#lastError = err;
     if (key !== undefined) this.#failedKey = key;
     if (isReadOnly(err)) this.#readOnly = true;
+    // The store degrades all the same (which of its commands touch that key is not known here), but the health check
+    // writes a key of its own and passes, so it comes back, meets the key again and flaps, for as long as the key is
+    // there: named once, as what it is, not left to read as a Redis outage.
+    if (isWrongType(err)) {
+      // The keys of one target (or budget) share its hash tag: named by it, as a pattern `redis-cli --scan` takes.
+      const keys = key?.replace(/\}:[^{}]*$/, '}:*');
+      this.#reportOnce(`wrongtype:${keys}`, () => this.#logger?.error({ keys, redisError: safeError(err)?.message }, 'state store: a key of the gateway holds a value of another type: another application writes under state.redis.keyPrefix. Give each its own prefix, or delete the key'));
+    }
     const problem = configProblem(err);
     if (problem) {
       this.reportProblem(problem);
@@ -217,10 +225,13 @@ export class RedisHealth {
    * would otherwise fill the log (or, as a mere outage warning, hide among them). Never logs the failed command.
    */
   reportProblem(problem: ConfigProblem): void {
-    const key = `${problem.kind}:${problem.redisError}`;
+    this.#reportOnce(`${problem.kind}:${problem.redisError}`, () => this.#logger?.error({ problem: problem.kind, setting: problem.setting, redisError: problem.redisError }, problem.message));
+  }
+
+  #reportOnce(key: string, report: () => void): void {
     if (this.#reported.has(key)) return;
     this.#reported.add(key);
-    this.#logger?.error({ problem: problem.kind, setting: problem.setting, redisError: problem.redisError }, problem.message);
+    report();
   }
 
   setDegraded(degraded: boolean): void {

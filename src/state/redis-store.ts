@@ -376,11 +376,10 @@ export class RedisStore implements StateStore {
     const list = [...targets];
     list.forEach((t) => this.#watched.add(t));
     if (!this.#health.usable() || list.length === 0) return;
-    try {
-      await Promise.all(list.map((t) => this.#refreshOne(t)));
-    } catch (err) {
-      this.#health.failed(err);
-    }
+    // The first failure, with the target it was read for: its keys' slot is the one to check (and to name).
+    let failure: { err: unknown; target: string } | undefined;
+    await Promise.all(list.map((target) => this.#refreshOne(target).catch((err: unknown) => void (failure ??= { err, target }))));
+    if (failure) this.#health.failed(failure.err, this.#keys.breaker(failure.target));
   }
 
   forget(target: string): void {
@@ -559,7 +558,7 @@ export class RedisStore implements StateStore {
     await Promise.all(
       targets.map((t) =>
         this.#refreshOne(t).catch((err: unknown) => {
-          this.#health.failed(err);
+          this.#health.failed(err, this.#keys.breaker(t));
           if (!this.#health.degraded) this.#watched.delete(t);
         }),
       ),

@@ -87,6 +87,6 @@ export async function metricOf(url: string, name: string): Promise<number | unde
 }
 
 /** The log lines of one instance about the state store, parsed. */
-export function storeLines(lines: string[]): Array<{ level: number; msg: string; flapping?: boolean; error?: { message: string }; problem?: string }> {
+export function storeLines(lines: string[]): Array<{ level: number; msg: string; flapping?: boolean; error?: { message: string }; problem?: string; keys?: string; redisError?: string }> {
   return lines.map((l) => JSON.parse(l) as { level: number; msg: string }).filter((l) => l.msg.startsWith('state store'));
 }
