@@ -36,7 +36,7 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
   for (const kind of ANTHROPIC_KINDS) {
     consider(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`), () => {
       const reset = firstHeader(h, `anthropic-ratelimit-${kind}-reset`);
-      return reset === undefined ? undefined : parseRfc3339Ms(reset);
+      return reset === undefined ? undefined : parseRfc3339Ms(reset.trim());
     });
   }
   return until;
