@@ -109,7 +109,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
       ends.answered(request, reply);
     },
     // Requests Node's HTTP parser refuses (headers or URL too large, a malformed request line, too slow to arrive).
-    clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger),
+    clientErrorHandler: (err, socket) => answerClientError(err, socket, logger as FastifyBaseLogger, answerTimedOut),
   });
   // Node keeps a request's first 2,000 headers and drops the rest without a word: a second Host line behind 2,000
   // others passed the one-Host check. Their size stays bounded by Node's 16 KB of headers.
@@ -153,6 +153,17 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     done(null, payload);
   });
+  // A managed request whose body stopped arriving for requestTimeoutMs: its 408 goes through its own reply, so its
+  // line and count say what it got. A passthrough one's body went upstream as it came: it is answered on the socket,
+  // and its upstream request is aborted as the connection closes.
+  const answerTimedOut = (res: ServerResponse, error: GatewayError): boolean => {
+    const reply = (res as RawWithReply)[REPLY];
+    if (!reply || reply.sent || isPassthrough(reply.request)) return false;
+    // The body's rest is never read: the connection closes after the answer.
+    reply.header('connection', 'close');
+    sendError(reply, error);
+    return true;
+  };
   const sweep = closeSweep(app.server, (res) => {
     const reply = (res as RawWithReply)[REPLY];
     // A passthrough request forwards its body as it arrives, and its answer is the provider's to give: it is cut.

@@ -1,7 +1,7 @@
 // Errors raised outside the pipeline, in the OpenAI error shape: what Node's HTTP server refuses (on the raw socket or
 // response, before fastify sees a request), and fastify's own or passthrough's errors.
 import { randomUUID } from 'node:crypto';
-import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import { ServerResponse, STATUS_CODES, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify';
 import { GatewayError } from '../errors.ts';
@@ -21,8 +21,14 @@ export function markAnsweredEarly(request: FastifyRequest): void {
   if (socket && !request.raw.complete) ANSWERED_EARLY.set(socket, request.raw);
 }
 
+/**
+ * Answers a request fastify already has, whose body is still arriving, with `error` through its own reply (its id, its
+ * line and count); false when it cannot, and the answer goes on the raw socket instead.
+ */
+export type AnswerInFlight = (res: ServerResponse, error: GatewayError) => boolean;
+
 /** Node's HTTP parser refused the request: answer in the OpenAI shape on the raw socket, then close it. */
-export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger): void {
+export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger, answerInFlight?: AnswerInFlight): void {
   // A reset connection has no one to answer (https://nodejs.org/api/http.html#event-clienterror).
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
   // The request was answered already (413, 400, 503 before its body came in) and its body then timed out: a second
@@ -44,6 +50,9 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
       : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? new GatewayError('request_timeout', 'the request did not arrive in time')
         : new GatewayError('bad_request', `the HTTP request is malformed (${err.code ?? 'parse error'})`);
+  // A body that stopped arriving: its request was parsed and has an id, a log line and a count of its own. Answered on
+  // the raw socket, its 408 carried another id, and its line said the client had left (client_gone, no status).
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT' && inFlight instanceof ServerResponse && answerInFlight?.(inFlight, gatewayError)) return;
   answerOnSocket(socket, gatewayError, err.code, log);
 }
 
