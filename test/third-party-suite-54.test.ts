@@ -31,7 +31,7 @@
 import Anthropic from '@anthropic-ai/sdk';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
-import { request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { gzipSync } from 'node:zlib';
 import OpenAI from 'openai';
@@ -42,98 +42,25 @@ import type { FaultSpec } from '../src/mock/faults.ts';
 import { toolCalls } from './helpers/chat-stream.ts';
 import { useFakeProviders } from './helpers/fake-provider.ts';
 import { expectOpenAIError } from './helpers/openai-error.ts';
+import { dataOf, pacedUpstream, until, type PacedRequest, type Piece } from './helpers/paced-upstream.ts';
 import { cc, delta } from './helpers/scripted-provider.ts';
 import { configServedBy, defaultConfig, metricSum, requestLine, RETRY_LOOP_ONLY, useStacks, type Stack } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
 const startStack = useStacks();
 
-// ---------- a scripted upstream that honours backpressure ----------
+// ---------- a scripted upstream that honours backpressure (test/helpers/paced-upstream.ts) ----------
 
-/** One request the upstream got, and what became of its answer. */
-interface UpRequest {
-  body: Record<string, unknown>;
-  /** When its head arrived (performance.now()). */
-  arrivedAt: number;
-  headers: IncomingMessage['headers'];
-  /** When its body had come whole (performance.now()). */
-  bodyDoneAt: number;
-  /** Bytes handed to the socket so far (a write is made only once the one before it has drained). */
-  written: number;
-  /** Writes that found the socket full and waited for it to drain. */
-  waits: number;
-  /** The answer was written to its end. */
-  finished: boolean;
-  /** The gateway closed the connection before the answer's end. */
-  aborted: boolean;
-}
-
-type Piece = string | Buffer | { pauseMs: number };
 type Answer = (body: Record<string, unknown>, n: number) => { status?: number; headers?: Record<string, string>; pieces: Iterable<Piece> };
 
 interface Upstream {
   origin: string;
-  requests: UpRequest[];
-}
-
-/** Writes each piece only when the socket can take it (`write()` false: waits for 'drain'), as a well-behaved server does. */
-async function writeRespectingBackpressure(res: ServerResponse, rec: UpRequest, pieces: Iterable<Piece>): Promise<void> {
-  for (const piece of pieces) {
-    if (res.destroyed) return;
-    if (typeof piece === 'object' && 'pauseMs' in piece) {
-      await sleep(piece.pauseMs);
-      continue;
-    }
-    rec.written += Buffer.byteLength(piece);
-    if (!res.write(piece)) {
-      rec.waits++;
-      const drained = await new Promise<boolean>((resolve) => {
-        const settle = (v: boolean) => () => {
-          res.off('drain', onDrain);
-          res.off('close', onClose);
-          resolve(v);
-        };
-        const onDrain = settle(true);
-        const onClose = settle(false);
-        res.on('drain', onDrain);
-        res.on('close', onClose);
-      });
-      if (!drained) return;
-    }
-  }
-  if (!res.destroyed) {
-    res.end();
-    rec.finished = true;
-  }
+  requests: PacedRequest[];
 }
 
 async function upstream(answer: Answer): Promise<Upstream> {
-  const requests: UpRequest[] = [];
-  const p = await startProvider((req, res) => {
-    const arrivedAt = performance.now();
-    const chunks: Buffer[] = [];
-    req.on('data', (d: Buffer) => chunks.push(d));
-    req.on('end', () => {
-      const rec: UpRequest = {
-        body: JSON.parse(Buffer.concat(chunks).toString()) as Record<string, unknown>,
-        headers: req.headers,
-        arrivedAt,
-        bodyDoneAt: performance.now(),
-        written: 0,
-        waits: 0,
-        finished: false,
-        aborted: false,
-      };
-      requests.push(rec);
-      res.on('close', () => {
-        if (!res.writableFinished) rec.aborted = true;
-      });
-      const a = answer(rec.body, requests.length);
-      res.writeHead(a.status ?? 200, a.headers ?? { 'content-type': 'text/event-stream' });
-      res.flushHeaders();
-      void writeRespectingBackpressure(res, rec, a.pieces);
-    });
-  });
+  const { listener, requests } = pacedUpstream((rec, n) => answer(JSON.parse(rec.body) as Record<string, unknown>, n));
+  const p = await startProvider(listener);
   return { origin: p.origin, requests };
 }
 
@@ -259,22 +186,7 @@ function gatewayError(body: unknown, code: string): void {
   expect(e.code).toBe(code);
 }
 
-/** Polls `cond` every 20 ms until it holds or `ms` pass; whether it held. */
-async function until(cond: () => boolean | Promise<boolean>, ms = 15_000): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await cond()) return true;
-    await sleep(20);
-  }
-  return cond();
-}
 
-/** The data payloads of an SSE text, in order. */
-const dataOf = (sse: string) =>
-  sse
-    .split('\n\n')
-    .map((e) => e.split('\n').find((l) => l.startsWith('data: '))?.slice(6))
-    .filter((d): d is string => d !== undefined);
 
 // ======================================================================================================
 
@@ -802,7 +714,7 @@ describe('slow uploads', () => {
     expect(up.requests).toHaveLength(1);
     // Not streamed upstream as it came: the upstream request began only once the body was whole.
     expect(up.requests[0]!.arrivedAt).toBeGreaterThanOrEqual(t.lastWrittenAt());
-    expect((up.requests[0]!.body.messages as Array<{ content: string }>)[0]!.content).toBe(content);
+    expect((JSON.parse(up.requests[0]!.body).messages as Array<{ content: string }>)[0]!.content).toBe(content);
   });
 
   it('a client that leaves half-way through its upload: nothing upstream, and no connection left open', async () => {
