@@ -175,8 +175,7 @@ export class RedisHealth {
     // writes a key of its own and passes, so it comes back, meets the key again and flaps, for as long as the key is
     // there: named once, as what it is, not left to read as a Redis outage.
     if (isWrongType(err)) {
-      // The keys of one target (or budget) share its hash tag: named by it, as a pattern `redis-cli --scan` takes.
-      const keys = key?.replace(/\}:[^{}]*$/, '}:*');
+      const keys = key === undefined ? undefined : this.#keys.sameTag(key);
       this.#reportOnce(`wrongtype:${keys}`, () => this.#logger?.error({ keys, redisError: safeError(err)?.message }, 'state store: a key of the gateway holds a value of another type: another application writes under state.redis.keyPrefix. Give each its own prefix, or delete the key'));
     }
     const problem = configProblem(err);

@@ -52,6 +52,14 @@ export class RedisKeys {
     return key === undefined ? `${this.#prefix}{probe}:probe` : `${key}:probe`;
   }
 
+  /**
+   * Every key that shares `key`'s hash tag (one target's, or one budget's), as a pattern `redis-cli --scan --pattern`
+   * takes; a key with nothing after its tag (an idempotency record) is its own pattern.
+   */
+  sameTag(key: string): string {
+    return key.replace(/\}:[^{}]*$/, '}:*');
+  }
+
   /** An idempotency key's record (state/kept-keys.ts): `key` is already scoped and hashed, so each has a slot of its own. */
   idempotency(key: string): string {
     return `${this.#prefix}idempotency:{${key}}`;
