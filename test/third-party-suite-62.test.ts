@@ -218,8 +218,8 @@ const SHAPES: Shape[] = [
   },
   {
     name: 'a Responses API stream',
-    // idleMs restarts on whole events only (an open question), and its last events are 14 MB: on a loaded machine one
-    // took longer than 1 s to arrive whole after the reader resumed, and was cut as `stalled` (a full CI run).
+    // idleMs 3 s: on a loaded full CI run this shape was cut as `stalled` ("no event for 1000 ms", at event 2,952 of
+    // ~3,500) after the reader resumed: the idle verdict under load is an open question (see the header).
     opts: { timeouts: { idleMs: 3_000 } },
     path: '/v1/responses',
     body: JSON.stringify({ model: 'gpt-4.1', input: 'hi', stream: true }),
