@@ -203,6 +203,17 @@ describe('an upstream answer whose framing is broken', () => {
     expect(err.headers?.get('x-should-retry')).toBe('false');
   });
 
+  // llhttp reads any three digits, 000 to 099 too; undici then fails its own assertion (statusCode >= 100) inside the
+  // parser, and the gateway told the client the provider "could not be reached (last: ERR_ASSERTION)".
+  it.each([['099', false], ['000', false], ['099', true]])('an upstream status %s (stream %s): 502 upstream_bad_response, not unreachable', async (status, stream) => {
+    const up = await rawUpstream(() => `HTTP/1.1 ${status} Odd\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+    const g = await gatewayOver(up.origin);
+    const err = await sdkError(g.client.chat.completions.create({ ...CHAT, stream }));
+    expect(err.status).toBe(502);
+    expect((err.error as { code: string }).code).toBe('upstream_bad_response');
+    expect(err.message).not.toContain('ERR_ASSERTION');
+  });
+
   it('a body longer than its content-length on a kept-alive connection: the first answer is whole, the next request is answered too', async () => {
     const up = await rawUpstream(() => `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}GARBAGE AFTER THE BODY\r\n`, false);
     const g = await gatewayOver(up.origin);

@@ -52,6 +52,9 @@ export function transportOutcome(err: unknown): AttemptOutcome {
   // one beside transfer-encoding, one that is no number, a control byte in a later header) as this mismatch, before
   // the headers reach the gateway. The provider answered, in bytes that are not HTTP/1.1, as above.
   if (code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1 (its length does not match its content-length)', ran: true };
+  // llhttp reads any three digits as a status; below 100 (000-099) undici fails its own assertion while parsing the
+  // answer's head. Errors reach here only from a request undici was running, so that is undici refusing what it read.
+  if (code === 'ERR_ASSERTION') return { kind: 'bad-stream', detail: 'the answer is not valid HTTP/1.1 (undici refused its head: a status below 100?)', ran: true };
   if (code === 'UND_ERR_SOCKET' && isUnreadableStatus(err)) return { kind: 'bad-stream', detail: 'the answer began with an informational status (100 or 101) the gateway never asked for', ran: true };
   return { kind: 'network', code: code ?? 'UNKNOWN' };
 }
