@@ -330,8 +330,10 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     }
     run.retryPaid = false;
 
-    const previous = ctx.attempts.at(-1);
-    const retryOf = previous?.target === plan.label ? previous : undefined;
+    // A retry is any request to a target this request was sent to before, whatever went between: a parked request
+    // that tried the backup and comes back to the primary is its retry there (paid from the budget above), numbered by
+    // the requests sent there before it, and the provider and stormgate_retry_count_total must see it as one.
+    const retryOf = run.sent > 0 ? ctx.attempts.findLast((a) => a.target === plan.label) : undefined;
     const headers = retryOf ? { ...upstream.headers, 'x-retry-attempt': String(run.sent), 'x-retry-reason': retryOf.reason } : upstream.headers;
     // A probe holds the parking lot's probing slot no longer than the breaker's permit: one that hangs must not keep
     // the next probe (and every parked request) waiting until its own deadline. done() is once only.
