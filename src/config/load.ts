@@ -158,6 +158,8 @@ function parseYaml(text: string, file: string, lineCounter: LineCounter): Docume
       // prettyErrors appends "at line L, column C:" and a source excerpt; the location goes in front instead.
       let message = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '');
       let path = '';
+      // Brackets (or indentation) thousands of levels deep overflow the parser's stack; its words are the engine's.
+      if (e.code === 'RESOURCE_EXHAUSTION' && /call stack/i.test(message)) message = 'nests too deeply for the parser (thousands of levels of [ { or indentation): a config nests a few levels; look for brackets that repeat or never close';
       // The library's words name the call to make instead ("please use YAML.parseAllDocuments()").
       if (e.code === 'MULTIPLE_DOCS') message = 'the file holds more than one YAML document (this --- line starts another): the gateway reads one; remove the line and what follows it, or merge them into one mapping';
       if (e.code === 'DUPLICATE_KEY') {
@@ -190,7 +192,9 @@ function withoutEnvValues(message: string, node: unknown, fromEnv: ReadonlyArray
   }
   // Messages quote what they received ("..."): that quoted form is replaced, never bare text that could be any word.
   if (typeof value !== 'string' || value === '') return message;
-  return message.replaceAll(JSON.stringify(value), named);
+  // A hint that rewrites the value (`write "/<value>"` for a path without its "/") would print it whole: a variable's
+  // value is fixed where it is set, not here, so the hint goes.
+  return message.replaceAll(`; write ${JSON.stringify(`/${value}`)}`, '').replaceAll(JSON.stringify(value), named);
 }
 
 /** Paths of `__proto__` keys, which the YAML parser keeps as keys but zod's maps leave out. */

@@ -28,6 +28,14 @@ const headerSecret = () =>
       ctx.addIssue({ code: 'custom', message: `holds a character beyond ASCII (${code}, pasted with the key?): a key is letters, digits and punctuation` });
     });
 
+/**
+ * `$OPENAI_API_KEY` (shell and docker compose style) is text here, not a reference: a provider got the variable's name
+ * as its key, and a client key so written was the name, a key anyone who reads the config holds.
+ */
+const notShellReference = (key: string, ctx: z.RefinementCtx): void => {
+  if (/^\$[A-Za-z_][A-Za-z0-9_]*$/.test(key)) ctx.addIssue({ code: 'custom', message: `is "${key}", which is text, not a reference to the variable: write \${${key.slice(1)}}` });
+};
+
 const BACKOFF_STRATEGIES = ['full-jitter', 'equal-jitter', 'decorrelated-jitter', 'exponential', 'fixed'] as const;
 
 /** What an upstream outcome may be retried on: an HTTP status, or a transport failure class. */
@@ -224,10 +232,7 @@ const ProviderSchema = z
     tls: ProviderTlsSchema.optional(),
     apiKey: headerSecret()
       // The Authorization header's scheme written with the key: the provider got "Bearer Bearer sk-..." and a 401.
-      // `$OPENAI_API_KEY` (shell and docker compose style) is text here: the provider got the variable's name as the key.
-      .superRefine((key, ctx) => {
-        if (/^\$[A-Za-z_][A-Za-z0-9_]*$/.test(key)) ctx.addIssue({ code: 'custom', message: `is "${key}", which is text, not a reference to the variable: write \${${key.slice(1)}}` });
-      })
+      .superRefine(notShellReference)
       .refine((key) => !/^bearer\s/i.test(key), { message: 'starts with "Bearer ", which the gateway writes itself (Authorization: Bearer <key>; x-api-key or api-key for anthropic and azure-openai): write the key alone, e.g. "${OPENAI_API_KEY}"' })
       .describe('API key, usually from the environment: "${OPENAI_API_KEY}" (surrounding whitespace and line breaks are trimmed). Sent upstream as the credential; never logged. Required unless the provider is optional; a server that needs none takes any placeholder, e.g. "none".'),
     timeouts: TimeoutsSchema.prefault({}),
@@ -455,6 +460,7 @@ const AuthSchema = z
         // ASCII only (headerSecret): header bytes reach the gateway as Latin-1 while the config is UTF-8, so a key
         // beyond ASCII matched only for clients that send it as Latin-1 (fetch), never for those that send UTF-8 (curl).
         headerSecret()
+          .superRefine(notShellReference)
           .describe('A client key, usually from the environment: "${STORMGATE_KEY_AGENTS}" (surrounding whitespace trimmed); never logged.'),
       )
       .describe('Client keys by client name. A request must carry one as its API key (Authorization: Bearer, x-api-key or api-key), or it gets 401 invalid_api_key; the name is logged with the request. /healthz, /readyz and /metrics stay open.'),
@@ -515,6 +521,11 @@ export const ConfigSchema = z
           });
         }
       });
+      // Planned for every request of the route: a name not under providers would fail each of them, not start-up.
+      const wider = route.contextWindowFallback;
+      if (wider && !Object.hasOwn(cfg.providers, wider.provider)) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'contextWindowFallback', 'provider'], message: unknownProvider(wider.provider, cfg.providers) });
+      }
     });
     if (cfg.passthrough && !Object.hasOwn(cfg.providers, cfg.passthrough.provider)) {
       ctx.addIssue({
