@@ -279,6 +279,15 @@ describe('the listening address', () => {
     expect(configError(edit('https://api.openai.com/v1', 'http://127.0.0.1:0/v1')).message).toMatch(/gw\.yaml:4: providers\.openai\.baseUrl: has port 0/);
   });
 
+  // Found by suite 64: a zero-width space or a right-to-left mark pasted after a baseUrl loaded (the URL parser
+  // percent-encodes it into the path), and every request got the provider's 404.
+  it('refuses a baseUrl holding an invisible character, and still takes an international host name', () => {
+    for (const [ch, name] of [['\u200b', 'U+200B'], ['\u200f', 'U+200F'], ['\u2060', 'U+2060']] as const) {
+      expect(configError(edit('https://api.openai.com/v1', `https://api.openai.com/v1${ch}`)).message, name).toMatch(new RegExp(`gw\\.yaml:4: providers\\.openai\\.baseUrl: holds an invisible character \\(${name.replace('+', '\\+')}`));
+    }
+    expect(parseConfig(edit('https://api.openai.com/v1', 'https://bücher.example/v1'), 'gw.yaml', env).providers.openai!.baseUrl).toBe('https://bücher.example/v1');
+  });
+
   it('refuses an empty server.host, on which Node would listen on every interface', () => {
     const text = `server: { host: "\${HOST}" }\n${valid()}`;
     expect(configError(text, { ...env, HOST: '' }).message).toMatch(/gw\.yaml:1: server\.host: must not be empty/);

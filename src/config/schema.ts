@@ -222,7 +222,13 @@ const ProviderSchema = z
       .url({ protocol: /^https?$/ })
       // undici sends no userinfo: a user:password written here would be dropped without a word.
       .refine((url) => !/^[a-z]+:\/\/[^/?#]*@/i.test(url), { message: 'holds a user or password (user:password@), which is never sent; the provider\'s key goes in apiKey' })
-      .describe('Base URL the gateway adds each endpoint\'s path to: for openai with the version prefix (https://api.openai.com/v1), for anthropic the host (https://api.anthropic.com), for azure-openai the resource\'s endpoint (https://example.openai.azure.com). No endpoint path, query, fragment or user:password.'),
+      // A zero-width space or a direction mark pasted with the URL: the URL parser percent-encodes it into the path,
+      // and every request got the provider's 404.
+      .superRefine((url, ctx) => {
+        const ch = /\p{Cf}/u.exec(url)?.[0];
+        if (ch) ctx.addIssue({ code: 'custom', message: `holds an invisible character (U+${ch.codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}, pasted with the URL?), which would go into every request's path: remove it` });
+      })
+      .describe('Base URL the gateway adds each endpoint\'s path to: for openai with the version prefix (https://api.openai.com/v1), for anthropic the host (https://api.anthropic.com), for azure-openai the resource\'s endpoint (https://example.openai.azure.com). No endpoint path, query, fragment, user:password or invisible character (a zero-width space pasted with it).'),
     proxy: z
       .union([z.literal(''), z.url({ protocol: /^https?$/ })])
       // undici decodes the user and password once it starts: a bare % (a password such as "50%off") threw there.
