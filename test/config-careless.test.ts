@@ -75,6 +75,14 @@ routes:
     expect(message).not.toContain(env.OPENAI_API_KEY);
   });
 
+  // Suite 64's question: an alias bomb ("billion laughs") was refused in the library's words, with no line.
+  it('refuses an alias bomb at the line of the alias that expands past the limit, in its own words', () => {
+    const bomb = ['x-a: &a [x, x, x, x, x, x, x, x, x, x]', 'x-b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]', 'x-c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]', 'x-d: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]'].join('\n');
+    const message = configError(`${bomb}\n${valid()}`).message;
+    expect(message).toMatch(/^gw\.yaml:[34]: x-[cd]\[\d+\]: alias \*[bc] expands to more copies of anchored blocks than the gateway reads/);
+    expect(message).not.toMatch(/resource exhaustion/);
+  });
+
   it('says auth.keys maps names to strings (it said "map of name to object"), without the key a list held', () => {
     const message = configError(valid('auth:\n  keys: [ "${CLIENT_KEY}" ]\n'), { ...env, CLIENT_KEY: 'sg-client-SECRET-9' }).message;
     expect(message).toBe('gw.yaml:11: auth.keys: expected map of name to string, received list');

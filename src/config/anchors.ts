@@ -44,6 +44,26 @@ export function anchorIssues(doc: Document, lineCounter: LineCounter): ConfigIss
   return issues;
 }
 
+/**
+ * The alias that made the tree too large to build (the library's "Excessive alias count indicates a resource exhaustion
+ * attack", with no line): the first one whose anchor holds aliases itself, as every alias bomb nests them.
+ */
+export function aliasBombIssue(doc: Document, lineCounter: LineCounter): ConfigIssue | undefined {
+  let issue: ConfigIssue | undefined;
+  visit(doc, {
+    Alias(_key, alias, ancestors) {
+      const target = alias.resolve(doc);
+      let nests = false;
+      if (target && isCollection(target)) visit(target, { Alias: () => ((nests = true), visit.BREAK) });
+      if (!nests) return;
+      const line = alias.range ? lineCounter.linePos(alias.range[0]).line : undefined;
+      issue = { path: formatPath(dataPath(ancestors, alias)), line, message: `alias *${alias.source} expands to more copies of anchored blocks than the gateway reads (an anchor that holds aliases, aliased again: a YAML alias bomb?): write the repeated blocks out, or alias fewer times` };
+      return visit.BREAK;
+    },
+  });
+  return issue;
+}
+
 /** The data path of a node from visit's ancestors: map keys and list indexes; a merge key's own `<<` left out. */
 function dataPath(ancestors: readonly unknown[], node: unknown): Array<string | number> {
   const path: Array<string | number> = [];

@@ -2,7 +2,7 @@
 // with the file and line, so a bad config fails at startup with a message that says what to fix.
 import { readFileSync } from 'node:fs';
 import { isScalar, LineCounter, parseDocument, type Document, type Node } from 'yaml';
-import { anchorIssues } from './anchors.ts';
+import { aliasBombIssue, anchorIssues } from './anchors.ts';
 import { caFileIssues } from './ca-file.ts';
 import { ConfigError, UnreadableConfigError, formatPath, type ConfigIssue } from './errors.ts';
 import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
@@ -69,7 +69,8 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
     // Unknown aliases, merges of a non-mapping and alias bombs only surface when the tree is built: the first two are
     // found again with their line and path, the library's words having neither.
     const anchors = anchorIssues(doc, lineCounter);
-    throw new ConfigError(file, anchors.length > 0 ? anchors : [{ path: '', message: (err as Error).message }]);
+    const bomb = anchors.length > 0 ? undefined : aliasBombIssue(doc, lineCounter);
+    throw new ConfigError(file, anchors.length > 0 ? anchors : [bomb ?? { path: '', message: (err as Error).message }]);
   }
   if (data === null || data === undefined) {
     throw new ConfigError(file, [{ path: '', line: 1, message: 'the file is empty; expected a mapping with `providers` and `routes`' }]);
