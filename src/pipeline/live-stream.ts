@@ -207,6 +207,8 @@ export class LiveStream {
   #continuation: RequestAbort | undefined;
   /** interrupt() was called: a continuation asked for after it (the break read as the shutdown came) is not sent. */
   #interrupted = false;
+  /** Ends the streamRecovery continuation being passed on (StreamRecovery's abandon), once one is. */
+  #abandonContinuation: (() => void) | undefined;
   /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
   #recover: { continueFrom: StreamRecovery; delivered: DeliveredText } | undefined;
   #upstreamEnded = false;
@@ -543,6 +545,7 @@ export class LiveStream {
       return true;
     }
     if (!rest) return false;
+    this.#abandonContinuation = rest.abandon;
     // How this stream ends once its continuation has: the continuation's kind, or `recovered` for a whole answer.
     const endedAs = (end: StreamEnd): StreamEndKind => (endedWhole(end.kind) ? 'recovered' : end.kind);
     // A continuation can end while nobody reads it (its client stalled, on its own target's timer): this stream, held
@@ -610,6 +613,10 @@ export class LiveStream {
 
   /** The client went away before the stream was read to its end: free the upstream connection and the slot. */
   abandon(): void {
+    // A continuation being passed on ends first, at once: its end bills its target (whenEnded) before this stream's own
+    // end is told. Left to end by itself, a moment later, its usage (an Anthropic target's input tokens, in its first
+    // event) came after this stream's end had been counted, and was in no metric nor log line.
+    this.#abandonContinuation?.();
     this.#finish('client-gone');
   }
 

@@ -4,13 +4,14 @@
 // the LiveStream that acts on them (timers, error events, the upstream's end) is tested through whole streams.
 import type { ApiKind } from '../routing/router.ts';
 import type { SseEvent } from './sse-parser.ts';
-import { choiceIndexes, doneEvent, type EventMeaning, type StreamShape } from './stream-events.ts';
+import { choiceIndexes, choicesCalling, doneEvent, type EventMeaning, type StreamShape } from './stream-events.ts';
 
 /**
  * An event that carries a tool call: a non-empty `tool_calls` list (some servers send `"tool_calls":[]` with every
- * text delta), the Responses API's argument deltas, an Anthropic tool_use block or its input's deltas.
+ * text delta), a legacy `function_call` object (the `functions` parameter; not the `"function_call": null` some
+ * servers put in every delta), the Responses API's argument deltas, an Anthropic tool_use block or its input's deltas.
  */
-const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta|"type"\s*:\s*"(?:tool_use|input_json_delta)"/;
+const TOOL_CALL_DELTA = /"tool_calls"\s*:\s*\[\s*\{|"function_call"\s*:\s*\{|function_call_arguments\.delta|custom_tool_call_input\.delta|"type"\s*:\s*"(?:tool_use|input_json_delta)"/;
 /** An Anthropic answer has one "choice": its finish (the message_delta with a stop_reason) finishes the answer. */
 const ONE_FINISHED = { seen: [0], finished: [0] };
 
@@ -25,6 +26,11 @@ export class AnswerProgress {
   /** With n > 1, the choices that have come at all: a provider that ignores `n` sends only one. */
   readonly #seenIndexes = new Set<number>();
   #toolCallOpen = false;
+  /**
+   * With n > 1, the choices whose tool call is on its way: each finishes on its own, so one choice's finish does not
+   * close another's call (its arguments still streaming, a malformed event dropped then would have broken them).
+   */
+  readonly #callsOpen = new Set<number>();
 
   constructor(api: ApiKind, shape: StreamShape) {
     this.#api = api;
@@ -38,7 +44,7 @@ export class AnswerProgress {
 
   /** A tool call's arguments are on their way (until a finish): a malformed event now would corrupt them. */
   get toolCallOpen(): boolean {
-    return this.#toolCallOpen;
+    return this.#toolCallOpen || this.#callsOpen.size > 0;
   }
 
   /**
@@ -52,7 +58,10 @@ export class AnswerProgress {
 
   /** An event passed on to the client (a malformed one is not): how it ends the answer, or undefined. */
   passed(meaning: EventMeaning, ev: SseEvent): AnswerEnd | undefined {
-    if (meaning === 'finish') this.#toolCallOpen = false;
+    if (this.#shape.choices > 1) {
+      // Per choice (below): a choice's tool call is open from its first delta until that choice's own finish.
+      if ((meaning === 'output' || meaning === 'finish') && ev.data !== null && TOOL_CALL_DELTA.test(ev.data)) for (const i of choicesCalling(ev)) this.#callsOpen.add(i);
+    } else if (meaning === 'finish') this.#toolCallOpen = false;
     else if (meaning === 'output' && !this.#toolCallOpen && ev.data !== null) this.#toolCallOpen = TOOL_CALL_DELTA.test(ev.data);
     if (meaning === 'done') return 'complete';
     if (meaning === 'error') return 'upstream-error';
@@ -62,7 +71,10 @@ export class AnswerProgress {
     if (meaning === 'finish' || this.#shape.choices > 1) {
       const { seen, finished } = this.#api === 'messages' ? ONE_FINISHED : choiceIndexes(ev);
       for (const i of seen) this.#seenIndexes.add(i);
-      for (const i of finished) this.#finishedIndexes.add(i);
+      for (const i of finished) {
+        this.#finishedIndexes.add(i);
+        this.#callsOpen.delete(i);
+      }
       this.#finished = this.#finishedIndexes.size >= this.#shape.choices;
     }
     return undefined;

@@ -393,6 +393,27 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
 }
 
 /**
+ * The indexes of the choices a chat or completions chunk carries a tool call for (a non-empty `tool_calls` list, or a
+ * legacy `function_call` object): with n > 1, each choice's call is open until its own finish.
+ */
+export function choicesCalling(ev: SseEvent): number[] {
+  const out: number[] = [];
+  if (ev.data === null) return out;
+  try {
+    const chunk = JSON.parse(ev.data) as { choices?: Array<ChatChoice & { index?: unknown }> };
+    if (!Array.isArray(chunk.choices)) return out;
+    chunk.choices.forEach((c, i) => {
+      const d = c?.delta;
+      const calls = d !== undefined && d !== null && ((Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || (typeof d.function_call === 'object' && d.function_call !== null));
+      if (calls) out.push(typeof c.index === 'number' ? c.index : i);
+    });
+  } catch {
+    // a malformed event carries no choices
+  }
+  return out;
+}
+
+/**
  * An upstream error event as the SDKs read it: chat and completions streams need `{"error": {...}}` in the data for
  * the SDK to raise it (an `event: error` with a bare `{message}` would be handed to the user as a chunk).
  */
