@@ -114,7 +114,19 @@ export async function serveTargets(
   // backup traffic it never got (in a chaos run, 556 hand-overs for 331 requests the backup saw).
   // A hand-over to a target found unavailable is owed until the request is sent there: parked for that target and
   // released to it, the request comes back with `left` naming that very target, and the hand-over was never counted.
-  let owed: { to: TargetPlan; from: { plan: TargetPlan; reason: FallbackReason } } | undefined;
+  // Kept per target: a request that finds the backup and then a third target unavailable owes both hand-overs, and
+  // released to the backup it was counted from the third (and with the third's reason), a target it was never sent to.
+  const owed = new Map<TargetPlan, { plan: TargetPlan; reason: FallbackReason }>();
+  /**
+   * The last target the request was sent to, and why it left it: where a pass starts again (released or moved from the
+   * lot, a last look, a wait outside it) the request comes from there, not from the last target the pass before looked
+   * at, which may be one after it in order, found unavailable and never sent anything.
+   */
+  let lastSent: { plan: TargetPlan; reason: FallbackReason } | undefined;
+  const leave = (plan: TargetPlan, reason: FallbackReason): void => {
+    left = { plan, reason };
+    if (runs[plans.indexOf(plan)]!.sent > 0) lastSent = left;
+  };
   /**
    * The request's wait in the lot ran out (its last chance before its deadline, or park.maxWaitMs): it looks at every
    * target once more, and parks no more. Parked for the target expected back first, it is told when another comes
@@ -138,7 +150,7 @@ export async function serveTargets(
    */
   let probeFor: string | undefined;
   /** The target a request going to `plan` is handed over from, if it is a fallback at all. */
-  const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed?.to === plan ? owed.from : undefined);
+  const handedFrom = (plan: TargetPlan) => (plan === plans[0] ? undefined : left && left.plan !== plan ? left : owed.get(plan));
   const attempt = async (plan: TargetPlan, run: ReturnType<typeof newRun>, others: OtherTargets, ticket?: Ticket) => {
     const from = handedFrom(plan);
     if (from) notePassedOver(from);
@@ -150,13 +162,13 @@ export async function serveTargets(
     // The log's `skipped` lists the targets left without an attempt: one passed over earlier (down when the request
     // first came, back when it came again, from the lot) is no longer one.
     if (run.sent > sentBefore) forgetSkipped(ctx, plan);
+    if (run.sent > sentBefore) owed.delete(plan);
     if (from && run.sent > sentBefore) {
       deps.onFallback?.(ctx.route.name, from.plan.key, plan.key, from.reason);
       fallback = from.reason;
-      owed = undefined;
     } else if (from && r.kind === 'unavailable') {
       notePassedOver({ plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' });
-      owed = { to: plan, from };
+      owed.set(plan, from);
     }
     return r;
   };
@@ -219,6 +231,8 @@ export async function serveTargets(
     return 'back';
   };
   for (;;) {
+    // A pass starts at the first target again: the request comes from the last one it was sent to.
+    left = lastSent;
     const blocked: Blocked[] = [];
     /** Whether this pass left targets unlooked at (it was for the one the lot released): the next pass does. */
     let unlooked = false;
@@ -232,15 +246,18 @@ export async function serveTargets(
       }
       // Parked requests go first, in deadline order: a newcomer queues behind them, for what holds them (its real end,
       // so the one wait rule and the answer, should it not wait, say the truth).
-      if (!released && park && deps.lot.waiting(plan.holdOffKey, plan.cls) > 0) {
-        const holding = whatHolds(plan, ctx.parkable, deps);
+      // A route that neither starts nor obeys hold-offs (count_tokens: TargetPlan.sharesHoldOffs), with an adaptive limit
+      // of its own, queues behind them only for the breaker: behind /v1/messages requests parked for a hold-off (one
+      // queue per target), it waited that hold-off out.
+      const holding = !released && park && deps.lot.waiting(plan.holdOffKey, plan.cls) > 0 ? whatHolds(plan, ctx.parkable, deps) : undefined;
+      if (holding && (plan.sharesHoldOffs || holding.reason === 'breaker')) {
         blocked.push({ plan, ...holding });
         // Queued behind the backup's parked requests after the primary went away, the request owes that hand-over as
         // one that found the backup unavailable does: released to it, it was answered by the backup with no fallback
         // counted (58 of 3,080 in a brownout with both breakers open).
         const from = handedFrom(plan);
-        if (from) owed = { to: plan, from };
-        left = { plan, reason: holding.reason === 'hold-off' ? 'held_off' : holding.reason === 'pacing' ? 'shed' : 'breaker_open' };
+        if (from) owed.set(plan, from);
+        leave(plan, holding.reason === 'hold-off' ? 'held_off' : holding.reason === 'pacing' ? 'shed' : 'breaker_open');
         markDown(i);
         continue;
       }
@@ -267,7 +284,7 @@ export async function serveTargets(
         // perhaps). Should the request end without an answer, it ends with this failure: it went upstream, and a
         // load_shed or hold-off from a target it never reached would invite the SDK to send it all over again.
         if (run.lastFailure && run.lastFailure !== failedBefore) lastFailure = { kind: 'failed', plan, failure: run.lastFailure };
-        left = { plan, reason: r.reason === 'breaker' ? 'breaker_open' : 'held_off' };
+        leave(plan, r.reason === 'breaker' ? 'breaker_open' : 'held_off');
         markDown(i);
         continue;
       }
@@ -283,7 +300,7 @@ export async function serveTargets(
         authHeld ??= { kind: 'auth-held', plan, untilMs: r.untilMs };
         const refused = deps.guards.holdOffs.credentialsHeldFor(plan.key) === undefined ? "the gateway's credentials or billing" : 'the location the gateway calls from';
         ctx.skipped.push({ target: plan.label, reason: `held for ${Math.ceil((r.untilMs - deps.now()) / 1000)} s more: the provider refused ${refused}` });
-        left = { plan, reason: 'credentials' };
+        leave(plan, 'credentials');
         markDown(i);
         continue;
       }
@@ -292,19 +309,19 @@ export async function serveTargets(
         // is told the soonest any of them expects a turn for it: told the first's, it came back after the primary's
         // 20 s wait where the backup had room in 2.
         if (shed?.kind !== 'shed' || r.retryAfterMs < shed.shed.retryAfterMs) shed = { kind: 'shed', plan, shed: r };
-        left = { plan, reason: 'shed' };
+        leave(plan, 'shed');
         markDown(i);
         continue;
       }
       if (r.cls.cls === 'context-length' && contextFallback && plan !== contextFallback) {
-        left = { plan, reason: 'context_length' };
+        leave(plan, 'context_length');
         const c = await attempt(contextFallback, newRun(), { later: false, earlier: false });
         if (c.kind === 'ok') return ok(contextFallback, c.result);
         if (c.kind === 'skipped') ctx.skipped.push({ target: contextFallback.label, reason: c.reason });
         const last: Failed = c.kind === 'failed' ? { kind: 'failed', plan: contextFallback, failure: c } : { kind: 'failed', plan, failure: r };
         if (!downBefore(i) || OUTCOME_TABLE[last.failure.cls.cls].failover !== 'reject') return end(last);
         rejected ??= { plan: last.plan, failure: last.failure };
-        left = { plan, reason: 'error' };
+        leave(plan, 'error');
         continue;
       }
       if (ownModelNotFound(plan, r)) {
@@ -314,14 +331,14 @@ export async function serveTargets(
         // server with no /v1/responses, say) hid the primary's 503 and told the client its valid request was not found.
         if (downBefore(i)) rejected ??= { plan, failure: r };
         else lastFailure = { kind: 'failed', plan, failure: r };
-        left = { plan, reason: 'error' };
+        leave(plan, 'error');
         markDown(i);
         continue;
       }
       if (downBefore(i) && fallbacksOwnLimit(r)) {
         // A fallback's limits, not the client's mistake: the request moves on (or parks for the target that was down).
         rejected ??= { plan, failure: r };
-        left = { plan, reason: 'error' };
+        leave(plan, 'error');
         continue;
       }
       lastFailure = { kind: 'failed', plan, failure: r };
@@ -330,7 +347,7 @@ export async function serveTargets(
       // twice: a route that leaves `timeout` out of retryOn (it creates something) gets no second run anywhere; nor does
       // a request that commits at the provider as it is taken (maySendAgain).
       if (mayHaveRun(r.result.outcome) && !maySendAgain(r.cls, r.result.outcome, plan.retry.retryOn, ctx.commitsOnSend)) return end(lastFailure);
-      left = { plan, reason: r.why ?? OUTCOME_TABLE[r.cls.cls].fallback };
+      leave(plan, r.why ?? OUTCOME_TABLE[r.cls.cls].fallback);
       markDown(i);
     }
     released?.ticket.done();
