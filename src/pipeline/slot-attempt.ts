@@ -4,7 +4,7 @@
 // runs before it releases the slot. The attempt loop (target-attempts.ts) and a stream recovery's continuation
 // (stream-recovery.ts) both go through here: a continuation that took no slot went past the next target's pool.
 import { classify, neverSent, type Classification } from '../policy/outcome.ts';
-import { quotaLowUntil } from '../policy/quota-headers.ts';
+import { quotaLowUntil, quotaNotLow } from '../policy/quota-headers.ts';
 import { runAttempt, type AttemptResult } from './attempt.ts';
 import { abortOutcome } from './abort-reasons.ts';
 import type { RequestContext, TargetPlan } from './target-attempts.ts';
@@ -107,6 +107,7 @@ export async function attemptInSlot(
   if (cls.cls === 'success' && result.headers) {
     const lowUntil = quotaLowUntil(result.headers, now());
     if (lowUntil !== undefined) plan.pool.holdLowerClasses(plan.limitKey, lowUntil);
+    else if (quotaNotLow(result.headers)) plan.pool.endLowerHold(plan.limitKey);
   }
   if (result.stream) {
     result.stream.whenUpstreamDone(() => acquired.slot.release());

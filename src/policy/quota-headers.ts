@@ -42,5 +42,24 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
   return until;
 }
 
+/**
+ * Does the answer report its quota (a readable remaining of some limit), none of it nearly spent? Then a hold begun on
+ * an earlier answer is over, whatever reset that answer announced: the provider's window rolled over (or the reset it
+ * gave was skewed), and batch held to it was shed for the whole announced reset (an hour, `1h`) beside a quota of 990
+ * of 1,000 left.
+ */
+export function quotaNotLow(h: ResponseHeaders): boolean {
+  let reported = false;
+  const low = (limit: string | undefined, remaining: string | undefined): boolean => {
+    const r = num(remaining);
+    if (r === undefined) return false;
+    reported = true;
+    return r <= Math.max(1, (num(limit) ?? 0) * LOW_SHARE);
+  };
+  for (const kind of OPENAI_KINDS) if (low(firstHeader(h, `x-ratelimit-limit-${kind}`), firstHeader(h, `x-ratelimit-remaining-${kind}`))) return false;
+  for (const kind of ANTHROPIC_KINDS) if (low(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`))) return false;
+  return reported;
+}
+
 const OPENAI_KINDS = ['requests', 'tokens'];
 const ANTHROPIC_KINDS = ['requests', 'tokens', 'input-tokens', 'output-tokens'];

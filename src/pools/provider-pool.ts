@@ -14,6 +14,7 @@ import { FloorHold, onlyTheFloor, sharedSlots } from './floor-hold.ts';
 import { newcomer, turnOrder, type Standing } from '../policy/client-turns.ts';
 import { rateGiveBack, rateSpend, rateWait, rateWaits, ratesPart, rescaleDues, type RatesAhead, type TargetDues, type TargetRates } from '../policy/target-rate.ts';
 import { perMinute, type Rate } from '../policy/client-rate.ts';
+import { MAX_TIMER_MS } from '../config/schema.ts';
 
 export interface PoolClass {
   name: string;
@@ -468,6 +469,15 @@ export class ProviderPool {
     this.#armHoldTimer();
   }
 
+  /** The target's quota is no longer low (an answer said so): lower classes held back from it go now. */
+  endLowerHold(target: string): void {
+    const t = this.#targets.get(target);
+    if (t === undefined || t.lowerHeldUntilMs <= this.now()) return;
+    t.lowerHeldUntilMs = 0;
+    this.#armHoldTimer();
+    this.#drain();
+  }
+
   /** One timer for the pool, at the end of the earliest hold still in force: each hold's end lets its waiters go. */
   #armHoldTimer(): void {
     const now = this.now();
@@ -480,7 +490,9 @@ export class ProviderPool {
         : setTimeout(() => {
             this.#drain();
             this.#armHoldTimer();
-          }, next - now + 1).unref();
+            // A reset weeks away (a skewed reset date, `1000h`) is past what a timer can wait: Node fires it in 1 ms,
+            // and re-armed at the same delay it spun. Capped, it wakes up once per ~24.8 days and re-arms for the rest.
+          }, Math.min(MAX_TIMER_MS, next - now + 1)).unref();
   }
 
   limitOf(target: string): number {
