@@ -3,6 +3,7 @@
 import type { MemoryStore } from './memory-store.ts';
 import type { FleetClock } from './fleet-clock.ts';
 import type { RedisHealth } from './redis-health.ts';
+import { isCommandTimeout } from './redis-errors.ts';
 import type { RedisKeys } from './redis-keys.ts';
 import type { ScriptClient } from './redis-scripts.ts';
 import { budgetOf, MAX_WINDOW_S, type BudgetConfig, type BudgetWindow } from './store.ts';
@@ -43,10 +44,12 @@ export class RedisBudget {
 
   async takeRetry(budgetKey: string, cfg: BudgetConfig, nowMs: number, force: boolean): Promise<boolean> {
     const remote = await this.#budget(budgetKey, cfg, nowMs, force ? 'force' : 'take');
-    if (remote === undefined) {
+    if (remote === undefined || remote === 'late') {
       const allowed = await this.#deps.local.takeRetry(budgetKey, cfg, nowMs, force);
-      // Sent with the next flush on a usable Redis (the one after 'ready' at the latest).
-      if (allowed || force) addPending(this.#pendingRetries, budgetKey, this.#deps.clock.toFleet(nowMs), 1);
+      // Sent with the next flush on a usable Redis (the one after 'ready' at the latest). Not one whose script timed
+      // out: Redis still runs it once it gets to it (a paused or busy Redis runs what is queued), and counts the retry
+      // there; sent again, every retry taken while Redis was slow was counted twice, and the fleet's budget ran out at half.
+      if ((allowed || force) && remote === undefined) addPending(this.#pendingRetries, budgetKey, this.#deps.clock.toFleet(nowMs), 1);
       return allowed;
     }
     // Mirror the fleet's decision locally so the local window stays a fair stand-in.
@@ -56,7 +59,7 @@ export class RedisBudget {
 
   async budgetWindow(budgetKey: string, cfg: BudgetConfig, nowMs: number): Promise<BudgetWindow> {
     const remote = await this.#budget(budgetKey, cfg, nowMs, 'peek');
-    return remote ? { requests: remote.requests, retries: remote.retries } : this.#deps.local.budgetWindow(budgetKey, cfg, nowMs);
+    return remote && remote !== 'late' ? { requests: remote.requests, retries: remote.retries } : this.#deps.local.budgetWindow(budgetKey, cfg, nowMs);
   }
 
   /**
@@ -91,7 +94,10 @@ export class RedisBudget {
     this.flush();
   }
 
-  /** One budget script call, with this instance's unsent request counts for the key; undefined when Redis failed. */
+  /**
+   * One budget script call, with this instance's unsent request counts for the key; undefined when Redis failed,
+   * 'late' when it timed out (Redis may still run it).
+   */
   async #budget(budgetKey: string, cfg: BudgetConfig, nowMs: number, mode: 'peek' | 'take' | 'force') {
     const { client, keys, health, clock } = this.#deps;
     if (!health.usable()) return undefined;
@@ -107,7 +113,7 @@ export class RedisBudget {
       return { requests, retries, allowed: allowed === 1 };
     } catch (err) {
       health.failed(err, keys.budget(budgetKey));
-      return undefined;
+      return isCommandTimeout(err) ? ('late' as const) : undefined;
     }
   }
 

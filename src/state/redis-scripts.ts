@@ -67,7 +67,8 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return false end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+-- Extend only: a short permit (a request near its deadline) must not take the set's longer permits with it.
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 return ARGV[5]
 `;
 
