@@ -11,6 +11,12 @@ function num(v: string | undefined): number | undefined {
   return Number(v);
 }
 
+/** Whether a limit is nearly spent by its remaining value; undefined when the answer gives no readable remaining. */
+function nearlySpent(limit: string | undefined, remaining: string | undefined): boolean | undefined {
+  const r = num(remaining);
+  return r === undefined ? undefined : r <= Math.max(1, (num(limit) ?? 0) * LOW_SHARE);
+}
+
 /**
  * When the quota is nearly spent, the time (ms since the epoch) it resets; undefined when it is not, or the headers
  * say nothing usable. Reads OpenAI's x-ratelimit-* (limit, remaining, reset as a duration) and Anthropic's
@@ -20,8 +26,7 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
   let until: number | undefined;
   // Remaining first: on almost every answer it is far from zero, and then no reset needs parsing.
   const consider = (limit: string | undefined, remaining: string | undefined, resetAtMs: () => number | undefined) => {
-    const r = num(remaining);
-    if (r === undefined || r > Math.max(1, (num(limit) ?? 0) * LOW_SHARE)) return;
+    if (nearlySpent(limit, remaining) !== true) return;
     const at = resetAtMs();
     if (at !== undefined && at > nowMs) until = Math.max(until ?? 0, at);
   };
@@ -51,10 +56,9 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
 export function quotaNotLow(h: ResponseHeaders): boolean {
   let reported = false;
   const low = (limit: string | undefined, remaining: string | undefined): boolean => {
-    const r = num(remaining);
-    if (r === undefined) return false;
-    reported = true;
-    return r <= Math.max(1, (num(limit) ?? 0) * LOW_SHARE);
+    const spent = nearlySpent(limit, remaining);
+    reported ||= spent !== undefined;
+    return spent === true;
   };
   for (const kind of OPENAI_KINDS) if (low(firstHeader(h, `x-ratelimit-limit-${kind}`), firstHeader(h, `x-ratelimit-remaining-${kind}`))) return false;
   for (const kind of ANTHROPIC_KINDS) if (low(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`))) return false;
