@@ -433,6 +433,8 @@ function request(r: Rng): GeneratedRequest {
   const last = messages.at(-1)!;
   if (contributed.length === 0) g.refused.push(/needs at least one user or assistant message/);
   else if (last.role === 'user' && contributed.at(-1) === 'assistant') g.refused.push(/refuses a last message with no text/);
+  // A last system message after the assistant's turn: Anthropic would continue that turn too.
+  else if ((last.role === 'system' || last.role === 'developer') && contributed.at(-1) === 'assistant') g.refused.push(/cannot answer a (system|developer) message that follows the assistant's last turn/);
 
   if (tools.length > 0 && chance(r, 0.9)) {
     body.tools = tools.map((name) => ({ type: 'function', function: { name, description: `${name} tool`, parameters: { type: 'object', properties: { a: { type: 'string' } } } } }));

@@ -37,11 +37,10 @@ export function toAnthropicSchema(schema: Schema, at: string): Schema {
   const literal = 'enum' in out || 'const' in out;
   const type = take('type');
   take('$schema'); // names the dialect, constrains nothing
-  const anyOf = take('anyOf');
-  const oneOf = take('oneOf');
-  const allOf = take('allOf');
-  // oneOf as anyOf, as Anthropic's SDKs send it: the structured-output subset has no oneOf.
-  const either = Array.isArray(anyOf) ? anyOf : oneOf;
+  // oneOf as anyOf, as Anthropic's SDKs send it: the structured-output subset has no oneOf. One combinator per node:
+  // a second one (allOf beside anyOf, oneOf beside anyOf) stays in `rest`, so it goes to the description, not nowhere.
+  const either = Array.isArray(rest['anyOf']) ? take('anyOf') : Array.isArray(rest['oneOf']) ? take('oneOf') : undefined;
+  const allOf = either === undefined && Array.isArray(rest['allOf']) ? take('allOf') : undefined;
   if (Array.isArray(either)) out['anyOf'] = either.map((s, i) => node(s, `${at}.anyOf[${i}]`));
   else if (Array.isArray(allOf)) out['allOf'] = allOf.map((s, i) => node(s, `${at}.allOf[${i}]`));
   else if (!literal && type !== undefined) out['type'] = type;

@@ -81,6 +81,13 @@ export function toAnthropicConversation(input: unknown, names: ToolNames): Anthr
     const at = input.length - 1;
     throw new Inexpressible(`messages[${at}].content: an Anthropic target refuses a last message with no text`, `messages[${at}].content`);
   }
+  // So would a last system or developer message after the assistant's turn ("now summarize"): it joins the one system
+  // prompt, and the conversation ends on the assistant, which Anthropic continues (or, Claude 4.6 on, refuses) where
+  // OpenAI writes a new reply that follows the instruction.
+  if ((lastRole === 'system' || lastRole === 'developer') && turns.at(-1)?.role === 'assistant') {
+    const at = input.length - 1;
+    throw new Inexpressible(`messages[${at}]: an Anthropic target cannot answer a ${lastRole} message that follows the assistant's last turn (it would continue that turn); send it before the last assistant message, or add a user message after it`, `messages[${at}]`);
+  }
   if (turns[0]?.role === 'assistant') turns.unshift({ role: 'user', content: [{ type: 'text', text: OPENING_USER_TURN }] });
   return { system: system.length > 0 ? system.join('\n\n') : undefined, messages: turns };
 }
