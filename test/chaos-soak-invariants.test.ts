@@ -19,6 +19,7 @@ import type { FaultSpec, MockRequestLog, MockServer } from '../src/mock/server.t
 import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { seededRandom } from '../src/policy/random.ts';
+import { scopedKey } from '../src/policy/idempotency.ts';
 import { buildServer } from '../src/server.ts';
 import { leftOver, sums } from './helpers/cancel-storm.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
@@ -165,6 +166,12 @@ interface Call {
   startAtMs: number;
   /** Bytes of filler in the prompt, so waiting bodies weigh something. */
   padBytes?: number;
+}
+
+/** A call's Idempotency-Key as the provider gets it: scoped to the client key that sent it, and the path (README). */
+function upstreamKeyOf(call: Call): string {
+  const path = call.kind.startsWith('responses') ? '/v1/responses' : call.kind === 'embeddings' ? '/v1/embeddings' : CHAT;
+  return scopedKey(call.batch === 'key' ? 'batch-jobs' : 'agents', path, call.key!);
 }
 
 /** The keyed calls' windows: clear of Redis's outage, so their keys live in one Redis (checked below anyway). */
@@ -631,7 +638,7 @@ describe('a seeded chaos soak of a two-instance fleet on Redis', () => {
       }
       let keysChecked = 0;
       for (const [key, entries] of byKey) {
-        const mine = settled.filter((s) => s.call.key === key);
+        const mine = settled.filter((s) => s.call.key !== undefined && upstreamKeyOf(s.call) === key);
         const from = Math.min(...mine.map((s) => t0 + s.call.startAtMs));
         const to = Math.max(...mine.map((s) => s.settledAt), ...entries.map((e) => e.endedAt ?? quietAt));
         if (overlaps(offRedis, from, to)) continue;

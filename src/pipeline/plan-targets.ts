@@ -11,6 +11,7 @@ import { flexTierKey } from '../state/hold-offs.ts';
 import type { ManagedRequest, PipelineDeps } from './handle-request.ts';
 import type { TargetPlan } from './target-attempts.ts';
 import { firstHeader } from '../header-bag.ts';
+import { IDEMPOTENCY_HEADER, scopedKey } from '../policy/idempotency.ts';
 
 interface Plans {
   plans: TargetPlan[];
@@ -36,7 +37,12 @@ export function planTargets(req: ManagedRequest, deps: PipelineDeps): Plans {
   const { route } = req;
   const skipped: Plans['skipped'] = [];
   let disabled = 0;
-  const forwarded = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: upstreamVia(deps.via, req.headers.via) }) };
+  const forwarded: Record<string, string> = { ...forwardedRequestHeaders(req.headers), 'content-type': 'application/json', 'x-client-request-id': req.requestId, ...(deps.via && { via: upstreamVia(deps.via, req.headers.via) }) };
+  // A provider that honours Idempotency-Key knows one caller, the gateway's credentials: forwarded as sent, two client
+  // keys that picked the same key shared its answer there (team B got team A's coupon). Scoped as the gateway's own
+  // record is, and the same on every repeat of one client's key, so the provider still answers those once.
+  const sentKey = forwarded[IDEMPOTENCY_HEADER];
+  if (req.client !== undefined && sentKey !== undefined) forwarded[IDEMPOTENCY_HEADER] = scopedKey(req.client, req.path, sentKey);
   const askedPriority = firstHeader(req.headers, 'x-stormgate-priority');
   const clientModel = typeof req.json.model === 'string' ? req.json.model : undefined;
   const anthropicVersion = firstHeader(req.headers, 'anthropic-version');
