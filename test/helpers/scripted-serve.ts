@@ -6,9 +6,9 @@ import type { RequestContext, TargetPlan } from '../../src/pipeline/target-attem
 
 export type ParkOutcome = Awaited<ReturnType<ParkingLot['park']>>;
 
-/** A target plan with only what serveTargets reads: the pool's shed estimate is always 1,234 ms. */
+/** A target plan with only what serveTargets reads (a route that shares hold-offs, as chat does): the pool's shed estimate is always 1,234 ms. */
 export const scriptedPlan = (key: string): TargetPlan =>
-  ({ key, label: key, holdOffKey: key, limitKey: key, cls: 0, className: 'online', lowestClass: false, ownModel: false, retry: { maxWaitHintMs: 10_000, retryOn: ['5xx', 'timeout'] }, pool: { shedWaiting: () => 1_234 } }) as unknown as TargetPlan;
+  ({ key, label: key, holdOffKey: key, limitKey: key, sharesHoldOffs: true, cls: 0, className: 'online', lowestClass: false, ownModel: false, retry: { maxWaitHintMs: 10_000, retryOn: ['5xx', 'timeout'] }, pool: { shedWaiting: () => 1_234 } }) as unknown as TargetPlan;
 
 export interface ScriptedServeOptions {
   /** How long each wait in the lot takes on the clock. Default 0. */
