@@ -16,6 +16,7 @@ import { ProviderPool, type PoolClass, type SlotRequest } from '../src/pools/pro
 import { WaitingBodies } from '../src/pools/waiting-bodies.ts';
 import type { BreakerRecord } from '../src/state/store.ts';
 import type { WaitHint } from '../src/policy/wait-hint.ts';
+import { RacedStore } from './helpers/raced-store.ts';
 
 const T = 1_700_000_000_000;
 const hint = (delayMs: number, fleetWide = true): WaitHint => ({ delayMs, source: 'retry-after', fleetWide });
@@ -37,16 +38,6 @@ describe('the breaker board, mutants of its batching and compare-and-set', () =>
   const OTHER_OPEN: BreakerRecord = { state: 'open', sinceMs: T, openUntilMs: T + 30_000, probeSuccesses: 0, generation: 1 };
   const OTHER_CLOSED: BreakerRecord = { state: 'closed', sinceMs: T, openUntilMs: 0, probeSuccesses: 0, generation: 1 };
 
-  /** A store where another instance writes `record` just before this instance's next compare-and-set, which then loses. */
-  class RacedStore extends MemoryStore {
-    raceWith: BreakerRecord | undefined;
-    override async casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
-      const other = this.raceWith;
-      this.raceWith = undefined;
-      if (other) await super.casBreaker(target, this.getBreaker(target)?.generation ?? 0, other);
-      return super.casBreaker(target, expectedGeneration, next);
-    }
-  }
 
   function board(store = new RacedStore()) {
     let now = T;

@@ -35,6 +35,7 @@ import { settingsForModel } from '../src/policy/breaker.ts';
 import { BreakerBoard, type BreakerCause } from '../src/state/breaker-board.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import type { BreakerRecord, StateStore } from '../src/state/store.ts';
+import { RacedStore } from './helpers/raced-store.ts';
 
 const T = 1_700_000_000_000;
 const breaker = (fields: Record<string, unknown>) => settingsForModel(BreakerSchema.parse({ minRequests: 4, failureRate: 0.5, consecutiveFailures: 100, windowS: 10, ...fields }), undefined);
@@ -152,16 +153,6 @@ describe('BreakerBoard: the outcome batches', () => {
 });
 
 describe('BreakerBoard: a run of failures that loses the race to open', () => {
-  /** A store where another instance opens the breaker just before this instance's next compare-and-set. */
-  class RacedStore extends MemoryStore {
-    raceWith: BreakerRecord | undefined;
-    override async casBreaker(target: string, expectedGeneration: number, next: BreakerRecord): Promise<boolean> {
-      const other = this.raceWith;
-      this.raceWith = undefined;
-      if (other) await super.casBreaker(target, this.getBreaker(target)?.generation ?? 0, other);
-      return super.casBreaker(target, expectedGeneration, next);
-    }
-  }
 
   it('leaves the breaker as the instance that opened it first wrote it: no second opening with a later end', async () => {
     const store = new RacedStore();
