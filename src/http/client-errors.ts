@@ -31,9 +31,22 @@ export type AnswerInFlight = (res: ServerResponse, error: GatewayError) => boole
 export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger, answerInFlight?: AnswerInFlight): void {
   // A reset connection has no one to answer (https://nodejs.org/api/http.html#event-clienterror).
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  // The answer the connection is writing (Node's), if any.
+  const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage ?? undefined;
+  // A later request on the connection is malformed (pipelined behind requests still being answered, or bytes after a
+  // `connection: close` one): those requests were read whole and went upstream. Answered here, the 400 went out first,
+  // and the client read it as the first one's answer (billed, and lost); or, a stream's head already sent, the stream
+  // was cut. Their answers go out, then the connection closes.
+  if (inFlight instanceof ServerResponse && inFlight.req.complete) {
+    if (!CLOSING.has(socket)) {
+      CLOSING.add(socket);
+      log.info({ code: err.code }, 'client error after a request still being answered: the connection closes after its answers');
+      closeAfterAnswers(socket);
+    }
+    return;
+  }
   // The request was answered already (413, 400, 503 before its body came in) and its body then timed out: a second
   // answer on the same connection would be garbage to the client. Close it.
-  const inFlight = (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
   if (ANSWERED_EARLY.get(socket)?.complete === false || inFlight?.headersSent) {
     socket.destroy();
     return;
@@ -54,6 +67,25 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   // the raw socket, its 408 carried another id, and its line said the client had left (client_gone, no status).
   if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT' && inFlight instanceof ServerResponse && answerInFlight?.(inFlight, gatewayError)) return;
   answerOnSocket(socket, gatewayError, err.code, log);
+}
+
+/** Connections that close once the answers they owe are written (a malformed request behind them). */
+const CLOSING = new WeakSet<Socket>();
+
+/**
+ * Ends `socket` once the answer it is writing, and any queued behind it (Node hands the socket to the next one as the
+ * answer finishes, before this listener runs), are written.
+ */
+function closeAfterAnswers(socket: Socket): void {
+  const res = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+  if (!res) {
+    socket.end();
+    // A client that keeps its side open must not hold the socket.
+    setTimeout(() => socket.destroy(), 1_000).unref();
+    return;
+  }
+  // Not shouldKeepAlive = false: Node would close the connection after this answer, and drop those queued behind it.
+  res.once('close', () => setImmediate(() => closeAfterAnswers(socket)));
 }
 
 /**
