@@ -10,7 +10,7 @@ import type { PipelineAnswer } from './pipeline/handle-request.ts';
 import { createRouter } from './routing/router.ts';
 import { createModelsList } from './routing/models-list.ts';
 import { createMetrics } from './observability/metrics.ts';
-import { RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
+import { keptTargetLabel, RequestRecorder, type RejectedOutcome } from './observability/pipeline-metrics.ts';
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { instanceName } from './http/loop-guard.ts';
@@ -72,7 +72,7 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
   const metrics = deps.metrics ?? createMetrics();
   const runtime = await createRuntime(config, { ...deps, logger, metrics, instance });
   const now = deps.now ?? Date.now;
-  const recorder = new RequestRecorder(metrics, now);
+  const recorder = new RequestRecorder(metrics, now, keptTargetLabel(runtime.pipeline.targetKeys));
   const router = createRouter(config);
   const models = createModelsList(router, runtime.pipeline.providers);
 

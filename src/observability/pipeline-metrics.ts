@@ -2,6 +2,7 @@
 import type { AttemptResult } from '../pipeline/attempt.ts';
 import type { PipelineDeps, RequestSummary } from '../pipeline/handle-request.ts';
 import type { Counter, Gauge } from 'prom-client';
+import type { TargetKeys } from '../routing/target-keys.ts';
 import type { Metrics } from './metrics.ts';
 import { RateWindow } from './rate-window.ts';
 
@@ -47,6 +48,19 @@ export async function forgetTargetSeries(m: Metrics, target: string): Promise<vo
   }
 }
 
+/**
+ * The key a target is counted under now: its own while its model holds a place (configured, or learned and not given
+ * back), else its provider's shared `<provider>/other` (RequestRecorder's `labelOf`).
+ */
+export function keptTargetLabel(keys: Pick<TargetKeys, 'givenBack'>): (target: string) => string {
+  return (target) => {
+    const slash = target.indexOf('/');
+    if (slash < 0) return target;
+    const provider = target.slice(0, slash);
+    return keys.givenBack(provider, target.slice(slash + 1), target) ? `${provider}/other` : target;
+  };
+}
+
 /** The outcome of a request on a managed path answered before the pipeline took it (its count's and its log line's). */
 export type RejectedOutcome = 'rejected' | 'gateway_error' | 'deadline' | 'client_gone';
 
@@ -60,9 +74,16 @@ export const REJECTED_LABELS = { route: 'none', target: 'none', priority: 'none'
 export class RequestRecorder {
   readonly #window: RateWindow;
 
+  /**
+   * `labelOf`: the key a request's target is counted under now. A request counted as it ends (a stream: at its last
+   * event) may end after its made-up model name was given back (its twin's 404 came while it streamed): counted under
+   * the name, it made the series forgetTargetSeries had just removed again, for good; under `<provider>/other` it is
+   * counted once all the same. Defaults to the key as it is.
+   */
   constructor(
     private readonly m: Metrics,
     now: () => number,
+    private readonly labelOf: (target: string) => string = (target) => target,
   ) {
     this.#window = new RateWindow(60, now);
     m.collectRates = () => {
@@ -91,7 +112,8 @@ export class RequestRecorder {
   record(s: RequestSummary, durationS: number): void {
     const { m } = this;
     const route = s.route;
-    const target = s.target ?? 'none';
+    // A replay names the key of the run it repeats, which may be another instance's (never learned here): as it is.
+    const target = s.target === undefined ? 'none' : s.outcome === 'replayed' ? s.target : this.labelOf(s.target);
     m.requests.inc({ route, target, priority: s.priority ?? 'none', outcome: s.outcome });
     const retried = s.attempts.length > 1;
     const ok = s.outcome === 'success';
@@ -103,7 +125,8 @@ export class RequestRecorder {
     if (ok && s.fallback) m.fallbackRequests.inc({ route });
     if (s.clientRetry) m.clientRetries.inc({ route, how: s.clientRetry });
     if (s.ttftMs !== undefined) m.ttft.observe({ route }, s.ttftMs / 1000);
-    for (const [billed, usage] of [[target, s.usage], [s.continuationUsage?.target, s.continuationUsage?.usage]] as const) {
+    const continuation = s.continuationUsage && { target: this.labelOf(s.continuationUsage.target), usage: s.continuationUsage.usage };
+    for (const [billed, usage] of [[target, s.usage], [continuation?.target, continuation?.usage]] as const) {
       if (billed === undefined || usage === undefined) continue;
       m.tokens.inc({ route, target: billed, kind: 'prompt' }, usage.prompt);
       m.tokens.inc({ route, target: billed, kind: 'completion' }, usage.completion);

@@ -43,12 +43,20 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
     const used = [...pools.all()].flatMap((pool) => pool.snapshot().limits.map(([target]) => target));
     return new Set([...knownTargets, ...s.breakersChanged(), ...s.holdsLearnt(), ...used]);
   };
+  // A target reported at one scrape and not at the next (a made-up name given back once its last request, a stream
+  // that outlived its twin's 404, let go of its pool entry) loses its series, or they stood for good, one set per name.
+  const breakerTargets = new Reported((target) => metrics.breakerState.remove({ target }));
+  const credentialTargets = new Reported((target) => metrics.credentialsHeld.remove({ target }));
+  const holdTargets = new Reported((target) => {
+    for (const kind of ['hold_off', 'credentials']) metrics.holdRemaining.remove({ target, kind, tier: 'all' });
+    metrics.holdRemaining.remove({ target, kind: 'hold_off', tier: 'flex' });
+  });
   metrics.collectBreakers = () => {
     // Breaker states are read when Prometheus scrapes, so every configured target has a series (and a restarted
     // instance reports an open breaker it learnt from Redis) without waiting for a transition.
     // An open breaker whose time is over waits for a request to probe with: half-open, not open, for an alert on a
     // target nobody sends to would otherwise fire forever.
-    for (const target of reportedTargets()) {
+    for (const target of breakerTargets.now(reportedTargets())) {
       const rec = board.current(target);
       metrics.breakerState.set({ target }, BREAKER_STATE_VALUE[rec.state === 'open' && now() >= rec.openUntilMs ? 'half-open' : rec.state]);
     }
@@ -56,7 +64,7 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
   // A refused key shows nowhere else: the breaker stays closed (a 401 is no provider failure) and, with a fallback,
   // every request is answered. Read at scrape time for the same targets as the breaker states.
   metrics.collectCredentials = () => {
-    for (const target of reportedTargets()) {
+    for (const target of credentialTargets.now(reportedTargets())) {
       metrics.credentialsHeld.set({ target }, holdOffs.credentialsHeldUntil(target) === undefined ? 0 : 1);
     }
   };
@@ -64,7 +72,7 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
   // credential holds this instance knows of, another instance's included once the store has told it.
   metrics.collectHolds = () => {
     const left = (untilMs: number | undefined) => (untilMs === undefined ? 0 : Math.max(0, (untilMs - now()) / 1000));
-    for (const target of reportedTargets()) {
+    for (const target of holdTargets.now(reportedTargets())) {
       metrics.holdRemaining.set({ target, kind: 'hold_off', tier: 'all' }, left(holdOffs.until(target)));
       metrics.holdRemaining.set({ target, kind: 'credentials', tier: 'all' }, left(holdOffs.credentialsHeldUntil(target)));
       // A flex tier's series only while it is held: most targets have no flex tier.
@@ -81,7 +89,9 @@ export function collectAtScrape(metrics: Metrics, s: ScrapeSources): void {
 
 /** Pool gauges (and the waiting bodies' bytes) are read when Prometheus scrapes, never kept up to date on the request path. */
 function collectPoolMetrics(metrics: Metrics, pools: Pools, bodies: WaitingBodies, clients: readonly string[]): void {
+  const limitTargets = new Reported((target) => metrics.poolLimit.remove({ target }));
   const collect = () => {
+    const limits = new Map<string, number>();
     for (const pool of pools.all()) {
       const snap = pool.snapshot();
       pool.settings.classes.forEach((c, i) => {
@@ -95,9 +105,25 @@ function collectPoolMetrics(metrics: Metrics, pools: Pools, bodies: WaitingBodie
           metrics.poolClientQueueDepth.set({ ...labels, client }, active.get(client)?.waiting ?? 0);
         }
       });
-      for (const [target, limit] of snap.limits) metrics.poolLimit.set({ target }, Math.floor(limit));
+      for (const [target, limit] of snap.limits) limits.set(target, Math.floor(limit));
     }
+    for (const target of limitTargets.now(limits.keys())) metrics.poolLimit.set({ target }, limits.get(target)!);
     metrics.waitingBodyBytes.set(bodies.bytes);
   };
   metrics.collectPools = collect;
+}
+
+/** The targets a gauge reported at its last scrape: one left out now has its series removed (`drop`). */
+class Reported {
+  #last = new Set<string>();
+
+  constructor(private readonly drop: (target: string) => void) {}
+
+  /** This scrape's targets, as a set; the ones of the last scrape not among them are dropped first. */
+  now(targets: Iterable<string>): Set<string> {
+    const current = new Set(targets);
+    for (const target of this.#last) if (!current.has(target)) this.drop(target);
+    this.#last = current;
+    return current;
+  }
 }

@@ -115,6 +115,8 @@ interface TargetUse {
   /** Rate-limit signals of the round trip that began at refusedFromMs (the adaptive limit's `refusedLately`). */
   refusedFromMs: number;
   refusedInRoundTrip: number;
+  /** Given back (forget) while a slot was still held (a stream that outlived its twin's 404): dropped at its release. */
+  forgottenAs?: string;
 }
 
 interface Waiter {
@@ -595,7 +597,11 @@ export class ProviderPool {
     // left out, each made-up model such a route was sent left one behind for good. Rare (a name given back), so a walk.
     const routed = `${target} `;
     for (const [key, t] of this.#targets) {
-      if ((key === target || key.startsWith(routed)) && t.inUse === 0 && t.waiting === 0) this.#targets.delete(key);
+      if (key !== target && !key.startsWith(routed)) continue;
+      if (t.inUse === 0 && t.waiting === 0) this.#targets.delete(key);
+      // Kept for what still holds it, and dropped once that lets go, or each made-up name a stream was sent under
+      // while its twin got the 404 left an entry (and its gauges) for good.
+      else t.forgottenAs = key;
     }
   }
 
@@ -837,6 +843,7 @@ export class ProviderPool {
         this.#inUseByClass[req.cls]!--;
         t.inUse--;
         t.byClass[req.cls]!--;
+        if (t.forgottenAs !== undefined && t.inUse === 0 && t.waiting === 0 && this.#targets.get(t.forgottenAs) === t) this.#targets.delete(t.forgottenAs);
         if (req.retry) {
           this.#retriesInUse--;
           this.#retryGrantsAtMs.splice(this.#retryGrantsAtMs.indexOf(grantedAtMs), 1);
