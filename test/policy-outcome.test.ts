@@ -98,16 +98,16 @@ describe('the outcome table', () => {
 });
 
 describe('the table\'s failover columns', () => {
-  it('ends the request on a safety decision, a disconnect or a drain; rejects it on the client\'s own mistakes; otherwise hands over', () => {
+  it('ends the request on a safety decision, a thread only the client can replay, a disconnect or a drain; rejects it on the client\'s own mistakes; otherwise hands over', () => {
     const ends = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.failover === 'end').map(([cls]) => cls);
     const rejects = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.failover === 'reject').map(([cls]) => cls);
-    expect(ends.sort()).toEqual(['aborted', 'content-policy', 'shutdown']);
+    expect(ends.sort()).toEqual(['aborted', 'content-policy', 'shutdown', 'thread-state']);
     expect(rejects.sort()).toEqual(['client-error', 'context-length']);
   });
 
   it('passes on as a verdict exactly the upstream\'s judgements of the request, and only those it passes through', () => {
     const verdicts = Object.entries(OUTCOME_TABLE).filter(([, row]) => row.verdict).map(([cls]) => cls);
-    expect(verdicts.sort()).toEqual(['client-error', 'content-policy', 'context-length', 'over-rate-limit']);
+    expect(verdicts.sort()).toEqual(['client-error', 'content-policy', 'context-length', 'over-rate-limit', 'thread-state']);
     for (const cls of verdicts) expect(OUTCOME_TABLE[cls as keyof typeof OUTCOME_TABLE].passThrough).toBe(true);
   });
 

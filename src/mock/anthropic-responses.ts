@@ -111,16 +111,46 @@ export function tokenCount(body: Body): unknown {
   return { input_tokens: Math.max(1, Math.ceil(chars / 4)) };
 }
 
+/**
+ * A request on a message thread (the `thread` field, beta message-threads-2026-08-12) as the whole request it stands
+ * for: a `continue` gets the conversation, `system` and `tools` its thread holds put back, and a `previous_message_id`
+ * this mock holds no thread for is Anthropic's 404 `thread_not_found` (so a thread started at one account and
+ * continued at another fails as it would there, and the SDK replays the whole conversation). Also returns where to
+ * record the reply: a request with a `thread` field starts or extends one.
+ */
+function unthread(body: Body, ctx: AnswerContext): { body: Body; record: ((id: string, content: unknown[]) => void) | undefined } {
+  const thread = body['thread'] as { type?: unknown; previous_message_id?: unknown } | null | undefined;
+  if (thread == null || ctx.threads === undefined) return { body, record: undefined };
+  const { thread: _thread, ...rest } = body;
+  let full: Body = rest;
+  if (thread.type === 'continue') {
+    const held = typeof thread.previous_message_id === 'string' ? ctx.threads.get(thread.previous_message_id) : undefined;
+    if (held === undefined) {
+      throw new MockRequestError(404, `No thread state found for previous_message_id ${String(thread.previous_message_id)}.`, { anthropicErrorCode: 'thread_not_found' });
+    }
+    const messages = Array.isArray(rest['messages']) ? rest['messages'] : [];
+    full = { ...rest, system: held.system, tools: held.tools, messages: [...held.messages, ...messages] };
+  }
+  const threads = ctx.threads;
+  return {
+    body: full,
+    record: (id, content) => threads.set(id, { messages: [...(full['messages'] as unknown[]), { role: 'assistant', content }], system: full['system'], tools: full['tools'] }),
+  };
+}
+
 /** Non-stream message. */
-export function message(body: Body, ctx: AnswerContext): unknown {
+export function message(request: Body, ctx: AnswerContext): unknown {
+  const { body, record } = unthread(request, ctx);
   const { model, answer, inputTokens, thinking, stopReason } = parse(body);
   const content: unknown[] =
     answer.kind === 'text'
       ? [{ type: 'text', text: answer.text }]
       : answer.names.map((name) => ({ type: 'tool_use', id: ctx.id('toolu_'), name, input: { x: 1 } }));
   if (thinking !== undefined) content.unshift({ type: 'thinking', thinking, signature: SIGNATURE });
+  const id = ctx.id('msg_');
+  record?.(id, content);
   return {
-    id: ctx.id('msg_'),
+    id,
     type: 'message',
     role: 'assistant',
     model,
@@ -136,9 +166,12 @@ export function message(body: Body, ctx: AnswerContext): unknown {
  * With thinking, a thinking block (its text, then its signature) comes first, whole in the head, and the answer's
  * blocks number on from 1.
  */
-export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
+export function messageStream(request: Body, ctx: AnswerContext): StreamPlan {
+  const { body, record } = unthread(request, ctx);
   const { model, answer, inputTokens, thinking, stopReason } = parse(body);
   const ev = (type: string, fields: Record<string, unknown>) => namedEvent(type, { type, ...fields });
+  // The tool calls' ids, drawn before the message's own, as the non-stream answer draws them.
+  const toolIds = answer.kind === 'tool' ? answer.names.map(() => ctx.id('toolu_')) : [];
   const start = {
     id: ctx.id('msg_'),
     type: 'message',
@@ -152,7 +185,7 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
   const first = thinking === undefined ? 0 : 1; // the index of the answer's first block
   // One content block per tool call (indexes first, first + 1, ...), each opened, streamed and closed in turn.
   const block = (k: number) =>
-    answer.kind === 'text' ? { type: 'text', text: '' } : { type: 'tool_use', id: ctx.id('toolu_'), name: answer.names[k], input: {} };
+    answer.kind === 'text' ? { type: 'text', text: '' } : { type: 'tool_use', id: toolIds[k], name: answer.names[k], input: {} };
   const thought =
     thinking === undefined
       ? ''
@@ -183,6 +216,11 @@ export function messageStream(body: Body, ctx: AnswerContext): StreamPlan {
       delta: { stop_reason: stopReason, stop_sequence: null },
       usage: { output_tokens: outputTokens(answer, thinking) },
     });
+  if (record) {
+    const content: unknown[] = answer.kind === 'text' ? [{ type: 'text', text: answer.text }] : answer.names.map((name, k) => ({ type: 'tool_use', id: toolIds[k], name, input: { x: 1 } }));
+    if (thinking !== undefined) content.unshift({ type: 'thinking', thinking, signature: SIGNATURE });
+    record(start.id, content);
+  }
   return { head, chunks, tail, done: ev('message_stop', {}), malformed: 'event: content_block_delta\ndata: {not json\n\n', error: () => OVERLOADED_EVENT };
 }
 

@@ -11,6 +11,8 @@ export interface ErrorDetails {
   type: string;
   code: string | null;
   param: string | null;
+  /** Anthropic's `error.details.error_code` (e.g. `thread_not_found`), which the Anthropic SDK acts on. Default: none. */
+  anthropicErrorCode?: string;
 }
 
 /** A request the mock refuses before any fault is considered (bad JSON, missing field, bad key). */
@@ -18,16 +20,20 @@ export class MockRequestError extends Error {
   readonly status: number;
   readonly code: string | null;
   readonly param: string | null;
+  readonly anthropicErrorCode: string | undefined;
 
-  constructor(status: number, message: string, opts: { code?: string | null; param?: string | null } = {}) {
+  constructor(status: number, message: string, opts: { code?: string | null; param?: string | null; anthropicErrorCode?: string } = {}) {
     super(message);
     this.status = status;
     this.code = opts.code ?? null;
     this.param = opts.param ?? null;
+    this.anthropicErrorCode = opts.anthropicErrorCode;
   }
 
   details(): ErrorDetails {
-    return { ...errorDetails(this.status), message: this.message, code: this.code, param: this.param };
+    const d: ErrorDetails = { ...errorDetails(this.status), message: this.message, code: this.code, param: this.param };
+    if (this.anthropicErrorCode !== undefined) d.anthropicErrorCode = this.anthropicErrorCode;
+    return d;
   }
 }
 
@@ -90,5 +96,6 @@ export function openaiErrorBody(d: ErrorDetails): string {
  */
 export function anthropicErrorBody(d: ErrorDetails, requestId: string): string {
   const type = ANTHROPIC_TYPES[d.status] ?? (d.status >= 500 ? 'api_error' : 'invalid_request_error');
-  return JSON.stringify({ type: 'error', error: { type, message: d.message }, request_id: requestId });
+  const details = d.anthropicErrorCode === undefined ? {} : { details: { error_code: d.anthropicErrorCode } };
+  return JSON.stringify({ type: 'error', error: { type, message: d.message, ...details }, request_id: requestId });
 }

@@ -23,6 +23,15 @@ export interface AnswerContext {
   created: number;
   /** Content chunks of a streamed answer. */
   chunks: number;
+  /** The mock's message threads (Anthropic's `thread` field), by the id of each thread's last reply. */
+  threads?: Map<string, ThreadState>;
+}
+
+/** What a message thread holds after a reply: the whole conversation and the fields a `continue` leaves out. */
+export interface ThreadState {
+  messages: unknown[];
+  system: unknown;
+  tools: unknown;
 }
 
 const SYSTEM_FINGERPRINT = 'fp_mock0001';

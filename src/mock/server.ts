@@ -11,7 +11,7 @@ import { handleControl } from './control.ts';
 import { Exchange, streamIO, type Family } from './exchange.ts';
 import { anthropicErrorBody, errorDetails, MockRequestError, openaiErrorBody, overloadedDetails, type ErrorDetails } from './errors.ts';
 import { assertFaultSpec, BROWNOUT_MODES, decide, effectiveSpec, FaultCounters, latencyFor, type BrownoutMode, type Decision, type FaultSpec, type RequestFacts } from './faults.ts';
-import { chatCompletion, chatStream, embeddings, modelObject, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body } from './openai-responses.ts';
+import { chatCompletion, chatStream, embeddings, modelObject, MODELS_BODY, textCompletion, textCompletionStream, type AnswerContext, type Body, type ThreadState } from './openai-responses.ts';
 import { responseObject, responseStream } from './responses-api.ts';
 import { DEFAULT_CHUNKS, runStream, type StreamPlan } from './sse.ts';
 import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } from './stats.ts';
@@ -114,6 +114,8 @@ class MockProvider implements MockServer {
   private readonly log = new RequestLogRing(10_000);
   private readonly modelInflight = new Map<string, number>();
   private readonly ids = idSource();
+  /** Anthropic message threads this mock holds (`thread: {"type":"create"}`), by the id of their last reply. */
+  private readonly threads = new Map<string, ThreadState>();
   private readonly random: () => number;
   private brownoutState: { mode: BrownoutMode; until: number } | undefined = undefined;
   private seq = 0;
@@ -343,7 +345,7 @@ class MockProvider implements MockServer {
   }
 
   private async answer(x: Exchange, route: Route, body: Body, d: Extract<Decision, { kind: 'answer' }>): Promise<void> {
-    const ctx: AnswerContext = { id: this.ids, created: Math.floor(Date.now() / 1000), chunks: d.stream.chunks ?? DEFAULT_CHUNKS };
+    const ctx: AnswerContext = { id: this.ids, created: Math.floor(Date.now() / 1000), chunks: d.stream.chunks ?? DEFAULT_CHUNKS, threads: this.threads };
     // Build first: a request the provider would reject is rejected at once, without the latency.
     let text: string | undefined;
     let plan: StreamPlan | undefined;

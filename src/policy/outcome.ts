@@ -33,6 +33,7 @@ type OutcomeClass =
   | 'client-error'
   | 'context-length'
   | 'content-policy'
+  | 'thread-state'
   | 'credentials'
   | 'redirect'
   | 'rate-limited'
@@ -88,6 +89,10 @@ export const OUTCOME_TABLE: Readonly<Record<OutcomeClass, OutcomeRow>> = {
   'client-error': { retryable: true, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false }, // only statuses in retryOn (a 409, say), never NEVER_RETRY
   'context-length': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'reject', verdict: true, fallback: 'error', nextFirst: false },
   'content-policy': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'end', verdict: true, fallback: 'error', nextFirst: false },
+  // A conversation the provider holds for the client (Anthropic's message threads) that this target cannot continue:
+  // the client's SDK replays it whole, which any target can serve. After an outage it is no fallback's limit to hide
+  // behind the outage (the replay would be served; the earlier failure would leave the conversation stuck).
+  'thread-state': { retryable: false, passThrough: true, breaker: 'success', holdOff: false, limit: 'none', failover: 'end', verdict: true, fallback: 'error', nextFirst: false },
   // The gateway's key or billing: the provider's body can echo the key. Not the provider's health either.
   credentials: { retryable: false, passThrough: false, breaker: 'ignore', holdOff: false, limit: 'none', failover: 'next', verdict: false, fallback: 'credentials', nextFirst: false },
   // A 3xx on an API endpoint is the gateway's configuration (a baseUrl on http that the provider moves to https, a host
@@ -185,6 +190,12 @@ export function namesError(code: string, type: unknown): boolean {
 export function isContextLengthMessage(message: string): boolean {
   return CONTEXT_LENGTH_MESSAGE.test(message.trimStart());
 }
+/**
+ * Anthropic's `error.details.error_code` for a message thread this target cannot continue: the Anthropic SDK answers
+ * each by replaying the whole conversation (`thread_unsupported_request`: by going on without a thread).
+ */
+export const THREAD_STATE_CODES: ReadonlySet<string> = new Set(['thread_not_found', 'thread_already_continued', 'thread_continue_in_flight', 'thread_unsupported_request']);
+
 /** `invalid_prompt`: the Responses API's "your prompt was flagged as potentially violating our usage policy". */
 export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_policy_violation', 'content_filter', 'invalid_prompt', 'image_content_policy_violation']);
 /**
@@ -316,6 +327,7 @@ function classifyStatus(status: number, errorCode: string | null): Classificatio
   // request for authHoldS. A 401 or 402 is the key or the billing whatever code it names: passed on as a content
   // decision, its body (which can quote the key) reached the client and the backup was never asked.
   if (status !== 401 && status !== 402 && errorCode && CONTENT_POLICY_CODES.has(errorCode)) return { cls: 'content-policy', retryKey: null, reason: 'content_policy' };
+  if (status >= 400 && status < 500 && errorCode && THREAD_STATE_CODES.has(errorCode)) return { cls: 'thread-state', retryKey: null, reason: 'thread_state' };
   // A refused location is the gateway's deployment, not its key: the reason says so, where status_403 sent the operator to the key.
   if (status === 403 && errorCode === REGION_REFUSED_CODE) return { cls: 'credentials', retryKey: null, reason: REGION_REFUSED_CODE };
   // 402 Payment Required: Anthropic's billing_error, OpenRouter's credits; the company's billing, like a 429 insufficient_quota.

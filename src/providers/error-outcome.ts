@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, THREAD_STATE_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -58,6 +58,9 @@ export function errorCodeOf(status: number, body: Buffer): string | null {
   if ((status === 429 || status === 413) && typeof message === 'string' && isOverRateLimitMessage(message)) return OVER_RATE_LIMIT_CODE;
   if (status === 403 && (isModerationFlag(error) || (typeof message === 'string' && isContentRefusalMessage(message)))) return 'content_policy_violation';
   if (status === 429 && typeof message === 'string' && isAccountSpentMessage(message)) return 'insufficient_quota';
+  // Anthropic names what the SDK acts on in error.details.error_code, beside a generic type (not_found_error).
+  const detailCode = typeof error.details === 'object' && error.details !== null ? (error.details as { error_code?: unknown }).error_code : undefined;
+  if (typeof detailCode === 'string' && THREAD_STATE_CODES.has(detailCode)) return detailCode;
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
