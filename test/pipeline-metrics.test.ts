@@ -31,4 +31,13 @@ describe('the rate gauges', () => {
     expect(await text()).not.toMatch(/stormgate_retry_success_rate\{/);
     expect(await text()).not.toMatch(/stormgate_fallback_rate\{/);
   });
+
+  it('each read on its own (a registry asked for one metric) is up to date, not only after the other was read', async () => {
+    let now = 1_000_000;
+    const m = createMetrics({ defaultMetrics: false });
+    new RequestRecorder(m, () => now).record(retried, 0.02);
+    expect(await m.registry.getSingleMetricAsString('stormgate_fallback_rate')).toMatch(/stormgate_fallback_rate\{route="chat"\} 1/);
+    now += 61_000;
+    expect(await m.registry.getSingleMetricAsString('stormgate_fallback_rate')).not.toMatch(/stormgate_fallback_rate\{/);
+  });
 });

@@ -103,6 +103,8 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       help: 'Share of requests answered by a fallback target, over this instance\'s last 60 s (fleet figure: the recording rule stormgate:fallback:ratio_rate5m).',
       labelNames: ['route'] as const,
       registers,
+      // Its own read too: filled only by the retry rate's, it was as old as that gauge's last read.
+      collect: () => metrics.collectRates(),
     }),
     tokens: new Counter({
       name: 'stormgate_tokens_total',
