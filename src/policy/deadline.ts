@@ -68,9 +68,16 @@ const DECIMAL = /^\s*\d+(\.\d+)?\s*$/;
  * it got a 400 saying it was not a positive number of milliseconds).
  */
 export function timeoutHeaderMs(v: string | undefined): number | undefined {
-  if (v === undefined || !DECIMAL.test(v)) return undefined;
-  const n = Number(v);
-  return n > 0 ? n : undefined;
+  if (v === undefined) return undefined;
+  // Sent twice (a proxy in front that adds it again), Node joins the values with ", ": the shortest is the deadline.
+  let shortest: number | undefined;
+  for (const part of v.split(',')) {
+    if (!DECIMAL.test(part)) return undefined;
+    const n = Number(part);
+    if (!(n > 0)) return undefined;
+    shortest = shortest === undefined ? n : Math.min(shortest, n);
+  }
+  return shortest;
 }
 
 /**
