@@ -6,6 +6,7 @@ import OpenAI from 'openai';
 import { loadConfigFile } from '../src/config/load.ts';
 import { buildServer } from '../src/server.ts';
 import { startMock, type FaultSpec } from '../src/mock/server.ts';
+import { percent, percentile } from '../bench/lib/stats.ts';
 
 const REQUESTS = Number(process.env.DEMO_REQUESTS ?? 300);
 const CONCURRENCY = Number(process.env.DEMO_CONCURRENCY ?? 30);
@@ -64,18 +65,13 @@ async function burst(label: string, client: OpenAI, count: () => { attempts: num
   return { label, requests: REQUESTS, succeeded, upstreamAttempts: c.attempts, latenciesMs: latencies, retries: c.retries, fallbacks: c.fallbacks };
 }
 
-function percentile(values: number[], p: number): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? 0;
-}
-
 function table(results: RunResult[]): string {
   const rows: Array<[string, (r: RunResult) => string]> = [
     ['client requests', (r) => String(r.requests)],
     ['upstream attempts', (r) => String(r.upstreamAttempts)],
     ['retries', (r) => String(r.retries)],
     ['fallbacks to backup', (r) => String(r.fallbacks)],
-    ['successes', (r) => `${r.succeeded} (${((100 * r.succeeded) / r.requests).toFixed(1)}%)`],
+    ['successes', (r) => `${r.succeeded} (${percent(r.succeeded / r.requests)})`],
     ['p50 latency', (r) => `${percentile(r.latenciesMs, 50).toFixed(0)} ms`],
     ['p99 latency', (r) => `${percentile(r.latenciesMs, 99).toFixed(0)} ms`],
   ];

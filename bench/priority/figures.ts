@@ -1,7 +1,7 @@
 // The run's figures and targets, from the clients' records (online by scheduled time, batch by completion time), the
 // provider's per-second counts and the gateway's metrics samples; and the per-second timeline of the report.
 import type { MockStats } from '../../src/mock/server.ts';
-import { percentile } from '../lib/stats.ts';
+import { percent, percentile } from '../lib/stats.ts';
 import type { Sample } from './sampler.ts';
 import { SETTINGS } from './settings.ts';
 import type { BatchRecord, OnlineRecord } from './traffic.ts';
@@ -151,7 +151,7 @@ export function runFigures(
   };
 }
 
-const pct = (x: number, digits = 1) => `${(100 * x).toFixed(digits)}%`;
+const pct = (x: number, digits = 1) => percent(x, digits);
 
 export function checks(f: Figures): Check[] {
   const T = SETTINGS.targets;

@@ -3,6 +3,7 @@
 // The JSON has the same, with the metrics samples, but not the per-request records.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
+import { percent } from '../lib/stats.ts';
 import type { Check, Figures, OnlineFigures, SecondRow } from './figures.ts';
 import type { GatewayLog } from './gateway-log.ts';
 import type { Sample } from './sampler.ts';
@@ -33,7 +34,7 @@ interface PriorityReport {
   files: { workDir: string };
 }
 
-const pct = (x: number, d = 1) => (Number.isNaN(x) ? 'n/a' : `${(100 * x).toFixed(d)}%`);
+const pct = (x: number, d = 1) => percent(x, d);
 const ms = (x: number) => (Number.isNaN(x) ? 'n/a' : `${Math.round(x)} ms`);
 const counts = (r: Record<string, number>) =>
   Object.keys(r).length === 0

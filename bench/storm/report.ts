@@ -6,6 +6,7 @@ import { dirname } from 'node:path';
 import type { RunFigures } from './figures.ts';
 import type { GatewayLogSummary } from './gateway-log.ts';
 import type { PropagationResult } from './propagation.ts';
+import { percent } from '../lib/stats.ts';
 import { MODE_LABELS, modesOf, type Mode, type Scenario } from './scenarios.ts';
 import type { TargetCheck } from './targets.ts';
 
@@ -35,7 +36,7 @@ interface StormReport {
   durationS: number;
 }
 
-const pct = (x: number) => (Number.isNaN(x) ? 'n/a' : `${(100 * x).toFixed(1)}%`);
+const pct = (x: number) => percent(x);
 const cores = (x: number | undefined) => (x === undefined ? '–' : `${x.toFixed(2)} cores`);
 const ms = (x: number) => (Number.isNaN(x) ? 'n/a' : `${Math.round(x).toLocaleString('en-US')} ms`);
 

@@ -1,5 +1,6 @@
 // The issue's targets for the gateway, as checks on the figures. Scenario 1 (503 brownout) has the full list;
 // scenario 2 (hang) checks what the issue promises there: no new storm at recovery and no answer after a deadline.
+import { percent } from '../lib/stats.ts';
 import type { RunFigures } from './figures.ts';
 import type { Mode } from './scenarios.ts';
 
@@ -11,7 +12,7 @@ export interface TargetCheck {
   pass: boolean;
 }
 
-const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
+const pct = (x: number) => percent(x);
 
 export function checkBrownout503(scenario: string, f: Record<Mode, RunFigures>, openS: number, gatewayLate: number | undefined): TargetCheck[] {
   const g = f.gateway;
