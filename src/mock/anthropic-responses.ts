@@ -111,6 +111,9 @@ export function tokenCount(body: Body): unknown {
   return { input_tokens: Math.max(1, Math.ceil(chars / 4)) };
 }
 
+/** The most message threads a mock holds. */
+const MAX_THREADS = 10_000;
+
 /**
  * A request on a message thread (the `thread` field, beta message-threads-2026-08-12) as the whole request it stands
  * for: a `continue` gets the conversation, `system` and `tools` its thread holds put back, and a `previous_message_id`
@@ -134,7 +137,11 @@ function unthread(body: Body, ctx: AnswerContext): { body: Body; record: ((id: s
   const threads = ctx.threads;
   return {
     body: full,
-    record: (id, content) => threads.set(id, { messages: [...(full['messages'] as unknown[]), { role: 'assistant', content }], system: full['system'], tools: full['tools'] }),
+    record: (id, content) => {
+      threads.set(id, { messages: [...(full['messages'] as unknown[]), { role: 'assistant', content }], system: full['system'], tools: full['tools'] });
+      // A mock left running for days keeps the latest threads, not every one: the oldest goes (a continue of it: 404).
+      if (threads.size > MAX_THREADS) threads.delete(threads.keys().next().value!);
+    },
   };
 }
 
