@@ -70,8 +70,9 @@ const DECIMAL = /^\s*\d+(\.\d+)?\s*$/;
 export function timeoutHeaderMs(v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
   // Sent twice (a proxy in front that adds it again), Node joins the values with ", ": the shortest is the deadline.
+  // A bare comma is no such list but a typo (`1,5`: a decimal comma), refused as before.
   let shortest: number | undefined;
-  for (const part of v.split(',')) {
+  for (const part of v.split(', ')) {
     if (!DECIMAL.test(part)) return undefined;
     const n = Number(part);
     if (!(n > 0)) return undefined;
