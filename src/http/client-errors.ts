@@ -31,8 +31,7 @@ export type AnswerInFlight = (res: ServerResponse, error: GatewayError) => boole
 export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger, answerInFlight?: AnswerInFlight): void {
   // A reset connection has no one to answer (https://nodejs.org/api/http.html#event-clienterror).
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  // The answer the connection is writing (Node's), if any.
-  const inFlight = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage ?? undefined;
+  const inFlight = answerOn(socket);
   // A later request on the connection is malformed (pipelined behind requests still being answered, or bytes after a
   // `connection: close` one): those requests were read whole and went upstream. Answered here, the 400 went out first,
   // and the client read it as the first one's answer (billed, and lost); or, a stream's head already sent, the stream
@@ -69,6 +68,11 @@ export function answerClientError(err: Error & { code?: string }, socket: Socket
   answerOnSocket(socket, gatewayError, err.code, log);
 }
 
+/** The answer the connection is writing now (Node's own field: no public API names it), if any. */
+function answerOn(socket: Socket): ServerResponse | undefined {
+  return (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage ?? undefined;
+}
+
 /** Connections that close once the answers they owe are written (a malformed request behind them). */
 const CLOSING = new WeakSet<Socket>();
 
@@ -77,7 +81,7 @@ const CLOSING = new WeakSet<Socket>();
  * answer finishes, before this listener runs), are written.
  */
 function closeAfterAnswers(socket: Socket): void {
-  const res = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage;
+  const res = answerOn(socket);
   if (!res) {
     socket.end();
     // A client that keeps its side open must not hold the socket.
