@@ -128,6 +128,17 @@ describe('the mock alone, with the official SDKs', () => {
     }
   });
 
+  it('messages of the wrong JSON type is refused in OpenAI\'s words and code (invalid_type), so a suite matching on code sees it', async () => {
+    for (const [value, got] of [['nope', 'a string'], [{ role: 'user' }, 'an object'], [3, 'a number']] as const) {
+      const err = await openai.chat.completions.create({ model: 'gpt-4o', messages: value as never }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      expect((err as InstanceType<typeof OpenAI.BadRequestError>).error).toEqual({
+        message: `Invalid type for 'messages': expected an array of objects, but got ${got} instead.`,
+        type: 'invalid_request_error', param: 'messages', code: 'invalid_type',
+      });
+    }
+  });
+
   it('parallel tool calls stream through both SDKs\' helpers whole, with usage; a cut stream counts as its 200, a client gone mid-stream as aborted', async () => {
     const tools = ['get_weather', 'get_time'].map((name) => ({ type: 'function' as const, function: { name, parameters: { type: 'object', properties: {} } } }));
     const o = await openai.chat.completions.stream({ ...chat, tools, stream_options: { include_usage: true } }).finalChatCompletion();

@@ -73,7 +73,11 @@ function toolName(tool: unknown): string {
 
 function chatAnswer(body: Body): ChatAnswer {
   const messages = requireField(body, 'messages');
-  if (!Array.isArray(messages)) throw new MockRequestError(400, "Invalid type for 'messages': expected an array.", { param: 'messages' });
+  if (!Array.isArray(messages)) {
+    // OpenAI's own words and code for a JSON type it did not expect.
+    const got = typeof messages === 'object' ? 'an object' : `a ${typeof messages}`;
+    throw new MockRequestError(400, `Invalid type for 'messages': expected an array of objects, but got ${got} instead.`, { code: 'invalid_type', param: 'messages' });
+  }
   const tools = body['tools'];
   const last = messages[messages.length - 1] as { role?: unknown } | undefined;
   const choice = body['tool_choice'] as { type?: unknown; function?: { name?: unknown } } | string | undefined;
