@@ -26,8 +26,10 @@
 // it is raised, not failed over; a scripted socket destroyed at once drops the bytes still unwritten, so the gateway
 // saw a cut before the first output and (rightly) failed over. Reported as design questions: a malformed text event
 // after the first output is dropped, and the Anthropic SDK's finalMessage() (built from deltas alone) then resolves
-// `end_turn` with text one piece short; a path of Anthropic's API with no route (`/v1/messages/count_tokens`,
-// `/v1/messages/batches`) gets `404 unknown_url` in the OpenAI shape only, without `request-id`.
+// `end_turn` with text one piece short. Found and fixed after it: a path of Anthropic's API with no route
+// (`/v1/messages/batches`, or Claude Code's `/v1/messages/count_tokens` where only `/v1/messages` is routed) got
+// `404 unknown_url` in the OpenAI shape only, without `request-id`; from a client that sends anthropic-version it is in
+// Anthropic's now.
 // Bounds are generous: a loaded 2-core machine.
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
@@ -424,6 +426,24 @@ describe('countTokens and the error shapes each family gets', () => {
     expect(body.error.type).toBe('invalid_request_error');
     expect(seen(r.primary)).toBe(1);
     expect(seen(r.backup)).toBe(0);
+  });
+
+  it("an Anthropic client on a path of Anthropic's API no route serves: NotFoundError in Anthropic's shape with its request id; an openai client's 404 keeps the OpenAI shape", async () => {
+    const r = await rig();
+    // Message Batches is not routed here (count_tokens is): the SDK reads the gateway's 404 as Anthropic's own.
+    const err = await r.anthropic.messages.batches.list().then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(Anthropic.NotFoundError);
+    const body = (err as InstanceType<typeof Anthropic.NotFoundError>).error as { type: string; error: { type: string; code: string; message: string } };
+    expect(body).toMatchObject({ type: 'error', error: { type: 'not_found_error', code: 'unknown_url' } });
+    expect(body.error.message).toContain('/v1/messages/batches');
+    expect((err as InstanceType<typeof Anthropic.NotFoundError>).requestID).toBeTruthy();
+    const plain = await fetch(`${r.url}/v1/messages/batches`, { headers: { authorization: 'Bearer k' } });
+    expect(plain.status).toBe(404);
+    expect(await plain.json()).toEqual({ error: { message: 'no route for GET /v1/messages/batches', type: 'invalid_request_error', param: null, code: 'unknown_url' } });
+    expect(seen(r.primary) + seen(r.backup)).toBe(0);
   });
 
   it("an openai client's Responses model no route serves: 404 model_not_found in the OpenAI shape", async () => {

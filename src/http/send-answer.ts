@@ -65,12 +65,13 @@ export function sendError(reply: FastifyReply, err: GatewayError): FastifyReply 
 }
 
 /**
- * Is the request on a route whose clients speak Anthropic's API (the route's `anthropic` config), or on the model
- * listing by a client that sent `anthropic-version` (the listing answers it in Anthropic's shape)?
+ * Is the request on a route whose clients speak Anthropic's API (the route's `anthropic` config), or, from a client
+ * that sent `anthropic-version`, on the model listing (it answers in Anthropic's shape) or on a path no route serves
+ * (Claude Code's `/v1/messages/count_tokens` where only `/v1/messages` is routed: the SDK reads its 404 and request id)?
  */
 function speaksAnthropic(reply: FastifyReply): boolean {
   const config = reply.request.routeOptions.config as { anthropic?: boolean; anthropicByHeader?: boolean } | undefined;
-  return config?.anthropic === true || (config?.anthropicByHeader === true && sentAnthropicVersion(reply.request));
+  return config?.anthropic === true || ((config?.anthropicByHeader === true || reply.request.is404) && sentAnthropicVersion(reply.request));
 }
 
 /** A client that sends anthropic-version speaks Anthropic's API (the Anthropic SDKs always send it). */
