@@ -85,7 +85,7 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
   let handedOff = false;
   try {
     if (!req.stream) {
-      const answer = await requestWhole(req.client.dispatcher, { path: req.path, method: 'POST', headers: req.headers, body: req.body, signal, maxBytes: bodyCap });
+      const answer = await requestWhole(req.client.dispatcher, { path: req.path, method: 'POST', headers: req.headers, body: req.body, signal, maxBytes: bodyCap, errorGapMs: idleMs });
       const encoding = encodingOf(answer.headers);
       // An answer cut at its cap is judged by its size alone.
       if (encoding === undefined || (!answer.whole && answer.statusCode < 300)) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
@@ -102,9 +102,9 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
     const encoding = encodingOf(headers);
     const body = encoding === undefined ? res.body : decodedStream(res.body, encoding);
     // An error, or an answer that is not a stream after all: read whole (within its cap) and judged like any other;
-    // an error by its status and headers, with as much of its body as came before a break (read-capped.ts).
+    // an error by its status and headers, with as much of its body as came before a break or an idleMs silence (read-capped.ts).
     if (status < 200 || status >= 300 || !isEventStream(headers)) {
-      const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(): void }, bodyCap(status), () => status >= 300 && !signal.aborted);
+      const { bytes, whole } = await readCapped(body as AsyncIterable<Buffer> & { destroy(err?: Error): void }, bodyCap(status), () => status >= 300 && !signal.aborted, status >= 300 ? idleMs : undefined);
       return wholeResult(req, status, headers, bytes, whole);
     }
     // Another family's events translated, or an OpenAI-family stream's usage that only the gateway asked for taken out.

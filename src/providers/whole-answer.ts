@@ -25,6 +25,12 @@ interface WholeRequest {
   signal: RequestSignal;
   /** How much of the body to keep, by status: errors are read for their code, answers whole. */
   maxBytes: (statusCode: number) => number;
+  /**
+   * Longest silence inside an error's body (status 300 and up), in ms: past it the error is what came of it, as one
+   * whose body breaks off is. Its status and headers already said what it is; waiting for its wording until the
+   * deadline turned a balancer's 503 into a 504 with no backup asked, and a 429's retry-after into nothing.
+   */
+  errorGapMs?: number | undefined;
 }
 
 /**
@@ -48,6 +54,7 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
   #maxBytes = 0;
   #controller: Dispatcher.DispatchController | undefined;
   #settled = false;
+  #gap: NodeJS.Timeout | undefined;
   // Before the request has a connection (queued in the pool) there is nothing to abort yet: the promise settles at
   // once, and the request is dropped when undici gets to it.
   readonly #onAbort = () => {
@@ -69,16 +76,25 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     if (this.req.signal.aborted) controller.abort(this.req.signal.reason as Error);
   }
 
-  onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
+  onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
     // An informational answer (100, 103) is followed by the real one.
     if (statusCode < 200) return;
     this.#statusCode = statusCode;
     this.#headers = headers;
     this.#maxBytes = this.req.maxBytes(statusCode);
+    const gapMs = this.req.errorGapMs;
+    if (statusCode >= 300 && gapMs !== undefined) {
+      this.#gap = setTimeout(() => {
+        this.#settle(false);
+        // The rest is not waited for: the connection goes, rather than carry a half-read body to the next request.
+        controller.abort(new Error(`no byte of the error's body for ${gapMs} ms`));
+      }, gapMs);
+    }
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.#settled) return;
+    this.#gap?.refresh();
     if (this.#size + chunk.length > this.#maxBytes) {
       this.#chunks.push(chunk.subarray(0, this.#maxBytes - this.#size));
       this.#size = this.#maxBytes;
@@ -102,6 +118,7 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
     // the backoff's pace, its hint and hold-off lost, and counted by the breaker as the provider's failure.
     if (this.#statusCode >= 300 && err !== this.req.signal.reason) return this.#settle(false);
     this.#settled = true;
+    clearTimeout(this.#gap);
     this.req.signal.removeEventListener('abort', this.#onAbort);
     // After a 2xx's headers, the provider was answering: the error cut its answer (the signal's own reason aside).
     const answering = this.#statusCode >= 200 && this.#statusCode < 300;
@@ -111,6 +128,7 @@ class WholeAnswerHandler implements Dispatcher.DispatchHandler {
   #settle(whole: boolean): void {
     if (this.#settled) return;
     this.#settled = true;
+    clearTimeout(this.#gap);
     this.req.signal.removeEventListener('abort', this.#onAbort);
     const body = this.#chunks.length === 1 ? this.#chunks[0]! : Buffer.concat(this.#chunks, this.#size);
     this.resolve({ statusCode: this.#statusCode, headers: this.#headers, body, whole });
