@@ -25,6 +25,11 @@ export interface CloseSweep {
    * server closes without one); sweeps now.
    */
   cutUnfinishedBodies(): void;
+  /**
+   * The answers owed now and not started yet go out with `Connection: close` (a drain begins): the onRequest hook
+   * tells only the requests that arrive from now on.
+   */
+  closeAfterAnswers(): void;
   /** From onClose: the server has closed. */
   stop(): void;
 }
@@ -87,6 +92,10 @@ export function closeSweep(server: Server, answerUnfinished: AnswerUnfinished, e
     cutUnfinishedBodies() {
       cutting = true;
       sweep();
+    },
+    closeAfterAnswers() {
+      // Node writes `Connection: close` for it and closes the connection once the answer is written.
+      for (const res of current.values()) if (res && !res.headersSent) res.shouldKeepAlive = false;
     },
     stop() {
       clearInterval(timer);

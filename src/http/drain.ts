@@ -52,6 +52,9 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
     if (phase !== 'serving') return;
     phase = 'draining';
     graceEndsAtMs = now() + config.preStopMs + config.graceMs;
+    // A request already in flight is answered during the drain too: its keep-alive client must not send its next one
+    // into this instance (past preStopMs, into the idle-connection sweep: a reset no client retries for a POST).
+    sweep.closeAfterAnswers();
     logger.info({ preStopMs: config.preStopMs }, 'draining: readiness off');
     await sleep(config.preStopMs);
     phase = 'closing';

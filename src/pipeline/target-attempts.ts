@@ -488,12 +488,13 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // Draining, the grace end is a deadline for the retry, by the one wait rule: a wait that leaves less than
     // minAttemptMs before it would hold the client (and the exit) to the grace end, only to be cut there with the same
     // 503 gateway_draining. The request gets that answer now, told to come back (to another instance) when the wait is over.
-    if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) {
-      // The next target takes no wait: it may answer within the grace period.
+    // The next target takes no wait: it may answer within the grace period.
+    const drained = (retryAfterMs: number | undefined): TargetResult & { kind: 'failed' } => {
       if (hasNext) return failed(hint?.delayMs);
       const outcome = abortOutcome(new GatewayShutdown());
-      return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs: delayMs };
-    }
+      return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs };
+    };
+    if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) return drained(delayMs);
     if (!(await payRetry(ctx, plan, run, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
     try {
@@ -506,6 +507,9 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       const waitLeftMs = ctx.signal.reason instanceof GatewayShutdown ? Math.max(0, sleptFromMs + delayMs - deps.now()) : undefined;
       return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: waitLeftMs };
     }
+    // A wait that began before the drain had no grace end to be weighed against: it is weighed now it is over. With
+    // less than minAttemptMs left, the attempt would only go upstream to be cut at the grace end.
+    if ((ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY) < minAttemptMs) return drained(undefined);
     if (!decision.fromHint) run.prevDelayMs = decision.delayMs;
     run.waitMs = delayMs;
     run.retryPaid = true;
