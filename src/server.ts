@@ -204,7 +204,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     // it is a client request answered: without this count a client sending only invalid requests would not show.
     // (A 504 here is a deadline that passed while the body was still arriving: answerAtDeadline.) One whose client left
     // before any answer (a repeat waiting for its idempotency key's run) has no status to go by: counted all the same.
-    if (!summary && router.paths.has(request.routeOptions.url ?? '')) {
+    // A path no route serves too (a client with `/v1` twice in its base URL): the dashboards show it, not only the logs.
+    if (!summary && (router.paths.has(request.routeOptions.url ?? '') || request.is404)) {
       if (sentNothing) rejected = 'client_gone';
       else if (reply.statusCode >= 400) rejected = reply.statusCode === 500 ? 'gateway_error' : reply.statusCode === 504 ? 'deadline' : 'rejected';
       if (rejected) recorder.rejected(rejected);

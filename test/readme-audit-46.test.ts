@@ -228,8 +228,9 @@ describe('the error table', () => {
     expect((await errorOf(limited)).code).toBe('client_rate_limited');
     const m = await scrapeMetrics(s.url);
     expect(value(m, 'stormgate_client_limited_total', { client: 'paced', by: 'requests' })).toBe(1);
-    // Every refusal above on a managed path is `rejected` (the 405 and 404 off the managed paths are not): ten.
-    expect(value(m, 'stormgate_requests_total', { route: 'none', target: 'none', priority: 'none', outcome: 'rejected' })).toBe(10);
+    // Every refusal above on a managed path is `rejected`, and so is the 404 of a path no route serves (the 405 of an
+    // ops path is not): eleven.
+    expect(value(m, 'stormgate_requests_total', { route: 'none', target: 'none', priority: 'none', outcome: 'rejected' })).toBe(11);
   });
 
   it('answers 502 upstream_unavailable for a provider that refuses connections, and 503 circuit_open with retry-after once its breaker opens', async () => {

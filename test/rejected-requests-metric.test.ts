@@ -29,12 +29,12 @@ describe('requests refused before the pipeline', () => {
       await post(chat, { 'content-type': 'text/plain' }),
     ];
     expect(statuses).toEqual([400, 400, 400, 415]);
-    // An ops endpoint and an unknown path are no client requests of a route.
+    // An ops endpoint is no client request of a route; an unknown path's 404 is one refused before any route (rejected).
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
     expect((await fetch(`${s.url}/v1/nothing-here`, { method: 'POST' })).status).toBe(404);
     expect(await post(chat)).toBe(200);
     await new Promise((r) => setTimeout(r, 50));
-    expect(await metricSum(s, rejected)).toBe(4);
+    expect(await metricSum(s, rejected)).toBe(5);
     expect(await metricSum(s, 'stormgate_requests_total{route="chat"')).toBe(1);
     expect(await metricSum(s, 'stormgate_upstream_attempts_total')).toBe(1);
     expect(s.mock.stats().total).toBe(1);

@@ -272,7 +272,7 @@ describe('a refused request and its connection', () => {
     expect(received).toMatch(/^HTTP\/1\.1 429/);
   });
 
-  it('counts refusals on managed paths in stormgate_requests_total, and in client_limited_total wherever they are', async () => {
+  it('counts refusals on managed paths and on paths no route serves in stormgate_requests_total, and in client_limited_total wherever they are', async () => {
     const g = await limited();
     const h = { authorization: 'Bearer key-agents', 'content-type': 'application/json' };
     expect((await fetch(`${g.url}/v1/chat/completions`, { method: 'POST', headers: h, body })).status).toBe(200);
@@ -285,7 +285,8 @@ describe('a refused request and its connection', () => {
     const samples = parseMetrics(await (await fetch(`${g.url}/metrics`)).text());
     expect(samples.find((s) => s.name === 'stormgate_client_limited_total' && s.labels.client === 'agents')?.value).toBe(4);
     const rejected = samples.filter((s) => s.name === 'stormgate_requests_total' && s.labels.outcome === 'rejected').reduce((n, s) => n + s.value, 0);
-    expect(rejected).toBe(1);
+    // The chat completion's and /v1/nope's (no route serves it); /v1/models and the passthrough /v1/files are served paths.
+    expect(rejected).toBe(2);
     const lines = g.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.status === 429);
     expect(lines).toHaveLength(4);
     for (const l of lines) expect(l).toMatchObject({ client: 'agents' });

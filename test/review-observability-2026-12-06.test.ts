@@ -91,6 +91,10 @@ describe('label cardinality against clients that make names up', () => {
     expect(new Set(samples.map((x) => x.labels.priority).filter(Boolean))).toEqual(new Set(['online', 'batch', 'none']));
     expect(new Set(samples.map((x) => x.labels.route).filter(Boolean))).toEqual(new Set(['chat', 'embeddings', 'completions', 'responses', 'none']));
     for (const x of samples) for (const v of Object.values(x.labels)) expect(v).not.toMatch(/[0-9a-f]{8}-[0-9a-f]{4}-.*tier|\/x$/);
+    // The 1,000 on paths no route serves (404 unknown_url) are counted, as rejected, under no route: a client with a
+    // wrong base URL shows on the dashboards, not only in the logs.
+    const rejected = samples.find((x) => x.name === 'stormgate_requests_total' && x.labels.route === 'none' && x.labels.outcome === 'rejected');
+    expect(rejected?.value).toBe(1_000);
     // One request line each, paths without their query (a key in it stays out of the log).
     const lines = s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.reqId !== undefined);
     expect(lines).toHaveLength(2_000);
