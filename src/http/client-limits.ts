@@ -18,7 +18,18 @@ export interface ClientLimit {
   reserve(client: string, estimate: TokenEstimate): Promise<GatewayError | undefined> | undefined;
   /** Settles what a request reserved once it has ended, against what it used (settlement). */
   settle(client: string, reserved: TokenEstimate, ended: RequestEnded): void;
+  /**
+   * Whether a request of `client` that says it is its SDK's retry (x-stainless-retry-count) retries a refusal this
+   * instance told it to come back from: it takes one of those refusals (see toldBack).
+   */
+  retriesRefusal(client: string): boolean;
 }
+
+/**
+ * How long after the time it was told a refused request's retry is still taken for that refusal's: an SDK comes back
+ * at the time told, give or take a loaded event loop.
+ */
+const TOLD_BACK_SLACK_MS = 10_000;
 
 /** What a request that reserved tokens ended with, for its settlement. */
 export interface RequestEnded {
@@ -47,6 +58,14 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
   if (limits === undefined || Object.keys(limits).length === 0) return undefined;
   const rates: Record<string, ClientRates> = Object.fromEntries(Object.entries(limits).map(([name, l]) => [name, clientRates(l)]));
   const ratesOf = (client: string) => limitOf(rates, client);
+  /**
+   * Per client, the refusals told to come back within the minute (x-should-retry: true, so the SDKs do), until the
+   * last of those times: their retries are the client's rate at work, not a provider's failure retried, and the retry
+   * budget, shared by every client of a route, takes them as requests. Counted as retries, one tenant retrying the 429s
+   * of its own rate spent the budget another tenant's 503 then lacked. This instance's refusals only: a retry that
+   * reaches another instance of a fleet is a retry there, as before.
+   */
+  const toldBack = new Map<string, { owed: number; untilMs: number }>();
   return {
     admit(client) {
       const r = ratesOf(client);
@@ -69,11 +88,23 @@ export function clientLimits(limits: Record<string, ClientLimitConfig> | undefin
       const tokens = settlement(reserved, used, sentUpstream, outputChars);
       if (tokens !== 0) deps.store.spendTokens(client, rate, tokens, deps.now());
     },
+    retriesRefusal(client) {
+      const told = toldBack.get(client);
+      if (told === undefined) return false;
+      if (--told.owed <= 0 || deps.now() > told.untilMs) toldBack.delete(client);
+      return told.untilMs >= deps.now();
+    },
   };
 
   function refused(client: string, r: ClientRates, refusal: ClientRefusal, why = ''): GatewayError {
     deps.onLimited(client, refusal.by);
     const retryAfterMs = retryAfterOf(refusal, r, deps.random);
+    if (retryAfterMs <= 60_000) {
+      const told = toldBack.get(client);
+      const untilMs = deps.now() + retryAfterMs + TOLD_BACK_SLACK_MS;
+      if (told === undefined || told.untilMs < deps.now()) toldBack.set(client, { owed: 1, untilMs });
+      else toldBack.set(client, { owed: told.owed + 1, untilMs: Math.max(told.untilMs, untilMs) });
+    }
     return new GatewayError('client_rate_limited', `client "${client}" is over its rate of ${rateText(r, refusal.by)}${why}; retry after ${retryAfterMs} ms`, { shouldRetry: true, retryAfterMs });
   }
 }

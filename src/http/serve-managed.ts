@@ -5,7 +5,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config/schema.ts';
 import { GatewayError, missingModel } from '../errors.ts';
 import { firstHeader } from '../header-bag.ts';
-import { handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
+import { clientRetryCount, handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
 import type { Arrival } from '../state/client-repeats.ts';
 import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
@@ -95,6 +95,8 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
           receivedMs: reply.elapsedTime - waitedForRunMs,
           ...(request.client !== undefined && { client: request.client, clientPriority: clientPriorities.get(request.client) }),
           ...(arrival && runtime.repeats.isRepeat(arrival) && { repeat: true }),
+          // Taken once the request is admitted and its tokens reserved: a retry refused again owes its place still.
+          ...(limit && request.client !== undefined && clientRetryCount(request.headers) > 0 && limit.retriesRefusal(request.client) && { retriesRefusal: true }),
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,
           graceLeftMs: drain.graceLeftMs,

@@ -47,6 +47,11 @@ export interface ManagedRequest {
   /** The same body from the same client failed here a moment ago (state/client-repeats.ts): the client is retrying. */
   repeat?: boolean;
   /**
+   * The client's declared retry is of a 429 client_rate_limited this instance told it to come back from
+   * (http/client-limits.ts retriesRefusal): still its retry in the log and metrics, a request to the retry budget.
+   */
+  retriesRefusal?: boolean;
+  /**
    * How long the request had been arriving when it reached the pipeline: the upload of its body after its head. The
    * client's own timeout (x-stainless-timeout, x-stormgate-timeout-ms) has been running since it began to send.
    */
@@ -226,7 +231,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
           const field = kind === 'parked' ? 'parkedMs' : 'backoffMs';
           summary[field] = Math.round((summary[field] ?? 0) + ms);
         },
-        clientRetries: declaredRetries > 0 ? declaredRetries : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
+        clientRetries: declaredRetries > 0 ? (req.retriesRefusal ? 0 : declaredRetries) : req.repeat && route.config.budget.repeats.countAsRetries ? 1 : 0,
         bodyBytes: req.rawBody.length,
         client: req.client,
         // Read from the body only for a token rate: a large body's estimate walks it for inline images.
@@ -332,7 +337,8 @@ function requestIdOf(headers: HeaderBag | undefined, apiKey: string): string | u
   return typeof v === 'string' ? withoutKey(v, apiKey) : undefined;
 }
 
-function clientRetryCount(headers: HeaderBag): number {
+/** The retry the client says a request is (x-stainless-retry-count): 0 for its first try. */
+export function clientRetryCount(headers: HeaderBag): number {
   const n = Number(firstHeader(headers, 'x-stainless-retry-count'));
   return Number.isInteger(n) && n > 0 ? n : 0;
 }
