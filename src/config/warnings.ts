@@ -2,6 +2,7 @@
 // said once at start-up, so a new user learns it then rather than from a 404 or a retry that never comes.
 import { classify, isRetryable } from '../policy/outcome.ts';
 import { computeDeadline } from '../policy/deadline.ts';
+import { apiKindOf } from '../routing/router.ts';
 import type { Config, RetryConfig } from './schema.ts';
 
 /** One sentence per setting that cannot work as written, each naming where it is. Pure: runtime.ts logs them. */
@@ -63,6 +64,11 @@ function routeWarnings(config: Config): string[] {
     const { budgetMs } = computeDeadline({ routeTimeoutMs: route.timeoutMs, marginMs: route.deadlineMarginMs, headers: {} });
     if (budgetMs <= route.minAttemptMs) {
       out.push(`${at}: timeoutMs ${route.timeoutMs} leaves ${budgetMs} ms after its deadline margin, no more than minAttemptMs ${route.minAttemptMs}: no wait is ever taken, so a failed attempt is never retried and an unavailable target never parked; raise timeoutMs or lower minAttemptMs`);
+    }
+    // Stream recovery continues chat completion streams alone: set on another API's route (an Anthropic SDK's
+    // /v1/messages, the Responses API) it never runs, and every cut there reaches the client as its error event.
+    if (route.streamRecovery === 'continue' && apiKindOf(route.match.path) !== 'chat') {
+      out.push(`${at}: streamRecovery continue does nothing on ${route.match.path}: only chat completion streams (/v1/chat/completions) are continued; a stream cut here ends with its error event`);
     }
     return out;
   });

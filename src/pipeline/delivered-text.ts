@@ -3,9 +3,17 @@
 // continuation can splice onto. Not in stream-recovery.ts: that module runs attempts, whose streams are LiveStreams,
 // and the LiveStream that keeps this record would import the module that builds it.
 import { nonEmpty, present } from '../streaming/stream-events.ts';
+import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
+
+/** The id and created time of the completion a client began to get (its first chunk's). */
+export interface CompletionIdentity {
+  id: string;
+  created: unknown;
+}
 
 export class DeliveredText {
   #text = '';
+  #completion: CompletionIdentity | undefined;
   #reasoning = false;
   #notPlainText = false;
 
@@ -31,10 +39,16 @@ export class DeliveredText {
     return this.#notPlainText;
   }
 
+  /** The id and created time of the completion the client began to get, once a chunk has carried them. */
+  get completion(): CompletionIdentity | undefined {
+    return this.#completion;
+  }
+
   /** One event passed on to the client ([DONE] aside), by its data. */
   note(data: string): void {
     try {
-      const chunk = JSON.parse(data) as { choices?: Array<{ delta?: Record<string, unknown> }> };
+      const chunk = JSON.parse(data) as { id?: unknown; created?: unknown; choices?: Array<{ delta?: Record<string, unknown> }> };
+      if (this.#completion === undefined && typeof chunk.id === 'string') this.#completion = { id: chunk.id, created: chunk.created };
       const delta = chunk.choices?.[0]?.delta;
       if (delta === undefined) return;
       if (typeof delta.content === 'string') this.#text += delta.content;
@@ -44,5 +58,35 @@ export class DeliveredText {
     } catch {
       // malformed events are not forwarded and deliver nothing
     }
+  }
+}
+
+/**
+ * A continuation's events as chunks of the completion the client began to get: its id and created time on each (the
+ * model that wrote them is left as it is). OpenAI's chunks of one completion all carry the same ones; the next
+ * target's own, from the seam on, made the SDK helper's finalChatCompletion() report the continuation's id, and a
+ * client that groups chunks by id saw two answers.
+ */
+export async function* asSameCompletion(texts: AsyncIterable<string>, completion: CompletionIdentity): AsyncGenerator<string> {
+  const parser = new SseParser();
+  const framed = (events: SseEvent[]) => events.map((ev) => `${sameCompletion(ev, completion)}\n\n`).join('');
+  for await (const text of texts) {
+    const out = framed(parser.push(Buffer.from(text)));
+    if (out !== '') yield out;
+  }
+  const tail = parser.flush();
+  if (tail) yield framed([tail]);
+}
+
+/** One event's text, its chunk's id and created made the completion's (any other event as it came). */
+function sameCompletion(ev: SseEvent, completion: CompletionIdentity): string {
+  if (ev.data === null || ev.event !== null || !ev.data.startsWith('{')) return ev.raw;
+  try {
+    const chunk = JSON.parse(ev.data) as Record<string, unknown>;
+    if (typeof chunk.id !== 'string') return ev.raw;
+    if (chunk.id === completion.id && (completion.created === undefined || chunk.created === completion.created)) return ev.raw;
+    return `data: ${JSON.stringify({ ...chunk, id: completion.id, ...(completion.created !== undefined && { created: completion.created }) })}`;
+  } catch {
+    return ev.raw;
   }
 }

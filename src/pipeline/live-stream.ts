@@ -16,7 +16,7 @@ import { drainResponse } from '../providers/drain-response.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import { RequestAbort, type Aborter, type RequestSignal } from './request-abort.ts';
 import { endedWhole, type StreamEndKind } from './stream-ends.ts';
-import { DeliveredText } from './delivered-text.ts';
+import { asSameCompletion, DeliveredText } from './delivered-text.ts';
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue), given
@@ -561,7 +561,9 @@ export class LiveStream {
     });
     try {
       yield ': stormgate stream recovered from the next target\n\n';
-      for await (const text of rest.text) yield text;
+      // Chunks of the one completion the client began to get, whichever target wrote them.
+      const { completion } = delivered;
+      for await (const text of completion ? asSameCompletion(rest.text, completion) : rest.text) yield text;
     } finally {
       const end = rest.ended();
       billed(end);

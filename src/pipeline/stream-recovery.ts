@@ -210,6 +210,8 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
    */
   let boundary: Record<string, unknown> | undefined;
   let finish: unknown = null;
+  /** The boundary chunk's logprobs for its tokens past the seam, which the remainder carries (null when it has none). */
+  let logprobs: unknown = null;
   for (;;) {
     const { value, done } = await body.next();
     if (done) break;
@@ -221,11 +223,13 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
       // One parse per event: its text, the template of the remainder's chunk, and its finish.
       const chunk = contentChunk(ev);
       if (chunk === undefined) continue;
-      const choice = chunk.choices![0]! as { delta: { content: string }; finish_reason?: unknown };
+      const choice = chunk.choices![0]! as { delta: { content: string }; finish_reason?: unknown; logprobs?: unknown };
+      const startsAt = text.length;
       text += choice.delta.content;
       if (text.length >= delivered.length) {
         boundary = chunk as Record<string, unknown>;
         finish = choice.finish_reason ?? null;
+        logprobs = logprobsFrom(choice.logprobs, delivered.length - startsAt);
       }
     }
     if (text.length >= delivered.length) break;
@@ -237,10 +241,27 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
   }
   const remainder = text.slice(delivered.length);
   const carries = remainder !== '' || finish !== null || (boundary?.usage ?? null) !== null;
-  const first = carries && boundary ? `data: ${JSON.stringify({ ...boundary, choices: [{ index: 0, delta: remainder ? { content: remainder } : {}, logprobs: null, finish_reason: finish }] })}\n\n` : '';
+  const first = carries && boundary ? `data: ${JSON.stringify({ ...boundary, choices: [{ index: 0, delta: remainder ? { content: remainder } : {}, logprobs: remainder ? logprobs : null, finish_reason: finish }] })}\n\n` : '';
   return (async function* () {
     if (first) yield first;
     if (after.length > 0) yield after.join('');
     yield* body;
   })();
+}
+
+/**
+ * A chunk's logprobs from `offset` (characters into its text) on: the tokens that begin at or after it, which the
+ * remainder spliced on carries; a token the seam splits went out with the client's text and is left out. Dropped, the
+ * client's logprobs missed every token of the remainder and no longer spelled its text. Null when the chunk has none.
+ */
+function logprobsFrom(logprobs: unknown, offset: number): unknown {
+  const content = (logprobs as { content?: unknown } | null | undefined)?.content;
+  if (!Array.isArray(content)) return null;
+  let at = 0;
+  const kept = content.filter((t: { token?: unknown }) => {
+    const from = at;
+    at += typeof t?.token === 'string' ? t.token.length : 0;
+    return from >= offset;
+  });
+  return { ...(logprobs as object), content: kept };
 }

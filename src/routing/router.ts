@@ -35,7 +35,8 @@ const API_BY_PATH: Record<string, ApiKind> = {
   '/v1/messages': 'messages',
 };
 
-function apiKindOf(path: string): ApiKind {
+/** The API a route's path speaks, as the router reads it. */
+export function apiKindOf(path: string): ApiKind {
   return API_BY_PATH[path] ?? 'other';
 }
 
