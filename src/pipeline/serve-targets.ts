@@ -14,10 +14,10 @@ import type { ParkConfig } from '../config/schema.ts';
 import { canWait } from '../policy/retry-wait.ts';
 import { HOLD_OFF_SLACK_MS, waitsOutOwnHoldOff } from '../policy/hold-off-wait.ts';
 import type { AttemptResult } from './attempt.ts';
-import { abortOutcome } from './abort-reasons.ts';
+import { GatewayShutdown, abortOutcome } from './abort-reasons.ts';
 import { classify, mayHaveRun, maySendAgain, OUTCOME_TABLE } from '../policy/outcome.ts';
 import type { ParkingLot, Ticket } from './parking-lot.ts';
-import { heldBack, newRun, payWaitedOutRetry, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
+import { graceHolds, heldBack, newRun, payWaitedOutRetry, tryTarget, type OtherTargets, type RequestContext, type SkippedTarget, type TargetDeps, type TargetPlan, type TargetResult } from './target-attempts.ts';
 
 /** Whether the request ended with an upstream's verdict on the request itself (passed on without notes). */
 export function endedWithVerdict(served: Served): boolean {
@@ -216,16 +216,23 @@ export async function serveTargets(
     const startMs = deps.now();
     const waitMs = Math.max(0, own.availableAtMs - startMs) + HOLD_OFF_SLACK_MS;
     const { minAttemptMs } = ctx.route.config;
-    if (!canWait(startMs, waitMs, ctx.deadlineAtMs, minAttemptMs) || waitMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) return 'cannot';
+    if (!canWait(startMs, waitMs, ctx.deadlineAtMs, minAttemptMs) || !graceHolds(ctx, waitMs)) return 'cannot';
     const index = plans.indexOf(own.plan);
+    const endedBy = (reason: unknown): Served => {
+      const result = { outcome: abortOutcome(reason) };
+      return { kind: 'failed', plan: own.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } };
+    };
     try {
       await deps.sleep(waitMs, ctx.signal);
     } catch {
-      const result = { outcome: abortOutcome(ctx.signal.reason) };
-      return { kind: 'failed', plan: own.plan, failure: { kind: 'failed', result, cls: classify(result.outcome), retryAfterMs: undefined } };
+      return endedBy(ctx.signal.reason);
     } finally {
       ctx.onWaited?.('backoff', deps.now() - startMs);
     }
+    // A wait that began before SIGTERM is weighed against the grace end now it is over, as a backoff's is
+    // (target-attempts.ts): with less than minAttemptMs left, the attempt would only be cut there. The same answer as
+    // a wait the grace end cut.
+    if (!graceHolds(ctx, 0)) return endedBy(new GatewayShutdown());
     runs[index]!.waitMs = deps.now() - startMs;
     await payWaitedOutRetry(ctx, own.plan, runs[index]!, deps);
     return 'back';

@@ -494,7 +494,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       const outcome = abortOutcome(new GatewayShutdown());
       return { kind: 'failed', result: { outcome }, cls: classify(outcome), retryAfterMs };
     };
-    if (delayMs + minAttemptMs > (ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY)) return drained(delayMs);
+    if (!graceHolds(ctx, delayMs)) return drained(delayMs);
     if (!(await payRetry(ctx, plan, run, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
     try {
@@ -509,11 +509,21 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     }
     // A wait that began before the drain had no grace end to be weighed against: it is weighed now it is over. With
     // less than minAttemptMs left, the attempt would only go upstream to be cut at the grace end.
-    if ((ctx.graceLeftMs?.() ?? Number.POSITIVE_INFINITY) < minAttemptMs) return drained(undefined);
+    if (!graceHolds(ctx, 0)) return drained(undefined);
     if (!decision.fromHint) run.prevDelayMs = decision.delayMs;
     run.waitMs = delayMs;
     run.retryPaid = true;
   }
+}
+
+/**
+ * Draining, the one wait rule with the grace end for a deadline: whether a wait of `waitMs` from now leaves minAttemptMs
+ * for an attempt before the grace period is over (always, when the instance is not draining). Weighed again once a wait
+ * is over (waitMs 0): one that began before SIGTERM had no grace end to be weighed against.
+ */
+export function graceHolds(ctx: RequestContext, waitMs: number): boolean {
+  const graceLeftMs = ctx.graceLeftMs?.();
+  return graceLeftMs === undefined || canWait(0, waitMs, graceLeftMs, ctx.route.config.minAttemptMs);
 }
 
 /** The request field a family's refusal names, when the family says (a translator's `param`). */
