@@ -17,6 +17,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 import { sdkError } from './helpers/openai-error.ts';
+import { onRawRequests } from './helpers/raw-http.ts';
 import { useGateways } from './helpers/stack.ts';
 
 const startGateway = useGateways();
@@ -39,20 +40,7 @@ async function rawProvider(answer: Answer): Promise<{ origin: string; hits: () =
   const server = createServer((socket) => {
     connections++;
     rawSockets.push(socket);
-    socket.on('error', () => undefined);
-    let buf = '';
-    socket.on('data', (d: Buffer) => {
-      buf += d.toString('latin1');
-      for (;;) {
-        const end = buf.indexOf('\r\n\r\n');
-        if (end < 0) return;
-        const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
-        if (buf.length < end + 4 + length) return;
-        const request = buf.slice(0, end + 4 + length);
-        buf = buf.slice(end + 4 + length);
-        answer(socket, ++n, request);
-      }
-    });
+    onRawRequests(socket, (request) => answer(socket, ++n, request));
   });
   rawServers.push(server);
   server.listen(0, '127.0.0.1');

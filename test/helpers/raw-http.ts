@@ -87,6 +87,24 @@ export interface RawUpstream {
   requests: string[];
 }
 
+/** Reads a socket's requests as they come whole (head and content-length body), each as its raw text. */
+export function onRawRequests(socket: Socket, onRequest: (request: string) => void): void {
+  let buf = '';
+  socket.on('error', () => undefined);
+  socket.on('data', (d: Buffer) => {
+    buf += d.toString('latin1');
+    for (;;) {
+      const end = buf.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
+      if (buf.length < end + 4 + length) return;
+      const request = buf.slice(0, end + 4 + length);
+      buf = buf.slice(end + 4 + length);
+      onRequest(request);
+    }
+  });
+}
+
 /**
  * Registers the after-each clean-up; then each call starts a TCP server on 127.0.0.1 that, for every request it reads
  * whole (head and content-length body), writes `answer(n)` (n from 1) byte for byte and, with `close`, closes.
@@ -102,20 +120,10 @@ export function useRawUpstreams(): (answer: (n: number) => string | Buffer, clos
     const requests: string[] = [];
     const server = createServer((socket) => {
       sockets.push(socket);
-      let buf = '';
-      socket.on('error', () => undefined);
-      socket.on('data', (d: Buffer) => {
-        buf += d.toString('latin1');
-        for (;;) {
-          const end = buf.indexOf('\r\n\r\n');
-          if (end < 0) return;
-          const length = Number(/\r\ncontent-length: *(\d+)/i.exec(buf.slice(0, end))?.[1] ?? 0);
-          if (buf.length < end + 4 + length) return;
-          requests.push(buf.slice(0, end + 4 + length));
-          buf = buf.slice(end + 4 + length);
-          socket.write(answer(requests.length));
-          if (close) socket.end();
-        }
+      onRawRequests(socket, (request) => {
+        requests.push(request);
+        socket.write(answer(requests.length));
+        if (close) socket.end();
       });
     });
     servers.push(server);
