@@ -14,7 +14,7 @@ import { keptTargetLabel, RequestRecorder, type RejectedOutcome } from './observ
 import { createRuntime, type RuntimeDeps } from './runtime.ts';
 import { accessLogger, createLogger } from './observability/logger.ts';
 import { instanceName } from './http/loop-guard.ts';
-import { passthroughBase, registerPassthrough } from './providers/passthrough.ts';
+import { endPassthroughCall, passthroughBase, registerPassthrough } from './providers/passthrough.ts';
 import { admission } from './http/admission.ts';
 import { clientLimits } from './http/client-limits.ts';
 import { answerClientError, answerConnect, answerUnmetExpectation, markAnsweredEarly, toGatewayError } from './http/client-errors.ts';
@@ -153,12 +153,13 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     }
     done(null, payload);
   });
-  // A managed request whose body stopped arriving for requestTimeoutMs: its 408 goes through its own reply, so its
-  // line and count say what it got. A passthrough one's body went upstream as it came: it is answered on the socket,
-  // and its upstream request is aborted as the connection closes.
+  // A request whose body stopped arriving for requestTimeoutMs: its 408 goes through its own reply, so its line and
+  // count say what it got. A passthrough one's body went upstream as it came: its upstream call is ended with the
+  // 408 as the reason, which the error handler then answers (the connection closed after it).
   const answerTimedOut = (res: ServerResponse, error: GatewayError): boolean => {
     const reply = (res as RawWithReply)[REPLY];
-    if (!reply || reply.sent || isPassthrough(reply.request)) return false;
+    if (!reply || reply.sent) return false;
+    if (isPassthrough(reply.request)) return !reply.raw.headersSent && endPassthroughCall(reply.request, error);
     // The body's rest is never read: the connection closes after the answer.
     reply.header('connection', 'close');
     sendError(reply, error);

@@ -27,8 +27,8 @@
 // Noted: with idleMs 400 ms and three copies of this file at once on two cores, a paused reader's Responses stream was
 // once cut as `stalled` ("no event for 400 ms") right after the reader resumed (the upstream, held back by TCP, was
 // slow to start again, or an event-loop lag let the timer run before the socket's pending data was read); the shape
-// tests use idleMs 1 s. A passthrough upload stalled half-way still gets its 408 on the raw socket (its line says
-// clientGone, its count client_gone): its body went upstream as it came, and its answer is the provider's to give.
+// tests use idleMs 1 s. A passthrough upload stalled half-way got its 408 on the raw socket (its line said
+// clientGone, its count client_gone) until test/review-passthrough-2026-12-06.test.ts: now its own reply's, as here.
 import { once } from 'node:events';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { connect, type Socket } from 'node:net';

@@ -139,6 +139,22 @@ export function passthroughBase(path: string): string {
   return path.replace(/\/+$/, '');
 }
 
+/** Each passthrough request's upstream call, while it may still be ended before its answer (endPassthroughCall). */
+const CALLS = new WeakMap<object, AbortController>();
+
+/**
+ * Ends a passthrough request's upstream call with the gateway's own `reason`, which then becomes the request's answer
+ * (through fastify's error handler: its own id, log line and count). For a body that stopped arriving
+ * (server.requestTimeoutMs): answered on the bare socket instead, its 408 carried another id, and its line and count
+ * said the client had left. False when the request has no call to end (not yet forwarded, or answered already).
+ */
+export function endPassthroughCall(request: object, reason: GatewayError): boolean {
+  const call = CALLS.get(request);
+  if (call === undefined || call.signal.aborted) return false;
+  call.abort(reason);
+  return true;
+}
+
 /** The gateway's own header naming a passthrough call to ClientBoundAgent; taken off before the request is sent. */
 const CALL_HEADER = 'x-stormgate-passthrough-call';
 
@@ -251,12 +267,14 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
         const call = randomUUID();
         const gone = new AbortController();
         agent.calls.set(call, gone.signal);
+        CALLS.set(request, gone);
         request.headers[CALL_HEADER] = call;
         const deadline = clientDeadline(request, reply, passthrough.timeoutMs, gone);
         request.log = withoutProxyErrorLine(request.log);
         reply.raw.once('close', () => {
           clearTimeout(deadline);
           agent.calls.delete(call);
+          CALLS.delete(request);
           if (!reply.raw.writableFinished) gone.abort();
         });
       },
