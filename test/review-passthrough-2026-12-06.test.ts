@@ -258,6 +258,28 @@ describe('redirects from the provider', () => {
   });
 });
 
+describe('redirects to the provider\'s own address', () => {
+  it('an absolute Location under the provider\'s baseUrl comes back as the gateway\'s path; one elsewhere (a signed download) goes on as it is', async () => {
+    let origin = '';
+    const up = await upstream((req, res) => {
+      req.resume();
+      if (req.url === '/v1/files/file-r/content') return void res.writeHead(307, { location: `${origin}/v1/files/file-s/content?part=2` }).end();
+      if (req.url === '/v1/files/file-x/content') return void res.writeHead(302, { location: 'https://downloads.example.com/file-x?sig=abc' }).end();
+      if (req.url === '/v1/files/file-o/content') return void res.writeHead(302, { location: `${origin}/other/place` }).end();
+      json(res, 404, {});
+    });
+    origin = up.origin;
+    const s = await gateway(up.origin);
+    // Followed as given, the client would call the provider itself, without the key, past every policy.
+    const own = await rawHttp(`${s.url}/v1/files/file-r/content`);
+    expect(own.status).toBe(307);
+    expect(own.headers.location).toBe('/v1/files/file-s/content?part=2');
+    expect((await rawHttp(`${s.url}/v1/files/file-x/content`)).headers.location).toBe('https://downloads.example.com/file-x?sig=abc');
+    // Outside the baseUrl's path, no path of the gateway's reaches it: as it is.
+    expect((await rawHttp(`${s.url}/v1/files/file-o/content`)).headers.location).toBe(`${up.origin}/other/place`);
+  });
+});
+
 describe('the client leaving', () => {
   it('ends the upstream upload when the client goes mid-upload', async () => {
     const up = await upstream((req, res, s) => void s.done.then(() => json(res, 200, fileObject('f'))));

@@ -236,6 +236,8 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
   const managed = new Set(managedPaths.map((p) => p.replace(/\/+$/, '')));
   const base = new URL(provider.baseUrl);
   const basePath = base.pathname.replace(/\/+$/, '');
+  /** The provider's absolute URL of the gateway's `/v1/` (a passthrough path `/v1/x` goes to `${basePath}/x`). */
+  const ownPrefix = `${base.origin}${basePath}/`;
   for (const path of passthrough.paths) {
     // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung provider
     // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
@@ -308,6 +310,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           // A provider that echoes the credentials it was sent (in a request id, a www-authenticate) must not hand
           // the key to the client: it is taken out of every header passed on, as out of error bodies.
           for (const name in headers) if (!accountHeader(name) && !hop.has(name)) out[name] = headerWithoutKey(headers[name], provider.apiKey);
+          // A redirect to the provider's own address under its baseUrl points back at the gateway's path (nginx's
+          // proxy_redirect default): followed as given, the client called the provider itself, without the key, past
+          // every policy. One elsewhere (a signed download URL) is the provider's to give, and goes on as it is.
+          if (typeof out.location === 'string' && out.location.startsWith(ownPrefix)) out.location = `/v1/${out.location.slice(ownPrefix.length)}`;
           out['x-should-retry'] = 'false';
           return out as typeof headers;
         },
