@@ -278,6 +278,20 @@ describe('redirects to the provider\'s own address', () => {
     // Outside the baseUrl's path, no path of the gateway's reaches it: as it is.
     expect((await rawHttp(`${s.url}/v1/files/file-o/content`)).headers.location).toBe(`${up.origin}/other/place`);
   });
+
+  it('a passthrough path without /v1 gets its own path back, and one to a path passthrough does not serve goes on as it is', async () => {
+    let origin = '';
+    const up = await upstream((req, res) => {
+      req.resume();
+      if (req.url === '/v1/vector_stores/vs-1') return void res.writeHead(301, { location: `${origin}/v1/vector_stores/vs-2` }).end();
+      if (req.url === '/v1/vector_stores/vs-3') return void res.writeHead(302, { location: `${origin}/v1/models/m` }).end();
+      json(res, 404, {});
+    });
+    origin = up.origin;
+    const s = await gateway(up.origin, { paths: ['/vector_stores'] });
+    expect((await rawHttp(`${s.url}/vector_stores/vs-1`)).headers.location).toBe('/vector_stores/vs-2');
+    expect((await rawHttp(`${s.url}/vector_stores/vs-3`)).headers.location).toBe(`${up.origin}/v1/models/m`);
+  });
 });
 
 describe('the client leaving', () => {

@@ -236,8 +236,19 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
   const managed = new Set(managedPaths.map((p) => p.replace(/\/+$/, '')));
   const base = new URL(provider.baseUrl);
   const basePath = base.pathname.replace(/\/+$/, '');
-  /** The provider's absolute URL of the gateway's `/v1/` (a passthrough path `/v1/x` goes to `${basePath}/x`). */
-  const ownPrefix = `${base.origin}${basePath}/`;
+  /** Where the provider serves a passthrough path: `/v1/x` goes to `${basePath}/x`, as a path without `/v1` does. */
+  const upstreamPath = (path: string) => `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`;
+  const served = passthrough.paths.map((p) => ({ path: passthroughBase(p), upstream: passthroughBase(upstreamPath(p)) }));
+  /**
+   * A redirect's location as the client should follow it: one to the provider's own address under a passthrough
+   * path's upstream path is that path's at the gateway (nginx's proxy_redirect default); any other as it is.
+   */
+  const gatewayLocation = (location: string): string => {
+    if (!location.startsWith(`${base.origin}/`)) return location;
+    const rest = location.slice(base.origin.length);
+    const under = served.find(({ upstream }) => rest === upstream || (rest.startsWith(upstream) && /^[/?#]/.test(rest.slice(upstream.length))));
+    return under ? `${under.path}${rest.slice(under.upstream.length)}` : location;
+  };
   for (const path of passthrough.paths) {
     // reply-from passes these on to every request. undici's defaults (300 s each) held a client on a hung provider
     // for five minutes. The headers timer starts once the request body is sent, so a long upload is not cut; idleMs
@@ -258,7 +269,7 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
     await app.register(proxy, {
       upstream: base.origin,
       prefix: path,
-      rewritePrefix: `${basePath}${path.replace(/^\/v1(?=\/|$)/, '')}`,
+      rewritePrefix: upstreamPath(path),
       httpMethods: passthrough.methods,
       preHandler: async (request, reply) => {
         const path = request.url.split('?')[0]!;
@@ -310,10 +321,10 @@ export async function registerPassthrough(app: FastifyInstance, passthrough: Pas
           // A provider that echoes the credentials it was sent (in a request id, a www-authenticate) must not hand
           // the key to the client: it is taken out of every header passed on, as out of error bodies.
           for (const name in headers) if (!accountHeader(name) && !hop.has(name)) out[name] = headerWithoutKey(headers[name], provider.apiKey);
-          // A redirect to the provider's own address under its baseUrl points back at the gateway's path (nginx's
-          // proxy_redirect default): followed as given, the client called the provider itself, without the key, past
-          // every policy. One elsewhere (a signed download URL) is the provider's to give, and goes on as it is.
-          if (typeof out.location === 'string' && out.location.startsWith(ownPrefix)) out.location = `/v1/${out.location.slice(ownPrefix.length)}`;
+          // A redirect to the provider's own address points back at the gateway: followed as given, the client called
+          // the provider itself, without the key, past every policy. One elsewhere (a signed download URL) is the
+          // provider's to give, and goes on as it is.
+          if (typeof out.location === 'string') out.location = gatewayLocation(out.location);
           out['x-should-retry'] = 'false';
           return out as typeof headers;
         },
