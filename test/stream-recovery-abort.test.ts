@@ -19,9 +19,9 @@ async function read(client: OpenAI) {
   return streamedText(stream);
 }
 
-async function logLine(s: Stack): Promise<{ outcome: string; streamEnd: string; attempts: Array<{ target: string }> }> {
+async function logLine(s: Stack): Promise<{ outcome: string; streamEnd: string; msg: string; level: number; attempts: Array<{ target: string }> }> {
   await expect.poll(() => s.logs.find((l) => l.includes('"reqId"'))).toBeDefined();
-  return JSON.parse(s.logs.find((l) => l.includes('"reqId"'))!) as { outcome: string; streamEnd: string; attempts: Array<{ target: string }> };
+  return JSON.parse(s.logs.find((l) => l.includes('"reqId"'))!) as { outcome: string; streamEnd: string; msg: string; level: number; attempts: Array<{ target: string }> };
 }
 
 const toQ = (seen: Seen[]) => seen.filter((r) => r.headers.authorization === 'Bearer q-key');
@@ -40,6 +40,8 @@ describe('vLLM\'s finish_reason "abort" after the first output, with streamRecov
     const line = await logLine(s);
     expect(line.outcome).toBe('success');
     expect(line.streamEnd).toBe('recovered');
+    // A provider broke, the client never saw it: a warning that says so, not an abnormal end.
+    expect(line).toMatchObject({ msg: 'stream recovered from the next target', level: 40 });
   });
 
   it("keeps the text the abort chunk itself carried, once: the continuation carries on after it", async () => {

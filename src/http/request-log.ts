@@ -169,7 +169,10 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
     }),
   };
   const end = s?.streamEnd;
-  if (end && end.kind !== 'complete' && end.kind !== 'client-gone') log.warn(line, 'stream ended abnormally');
+  // A provider that never sends [DONE] (some OpenAI-compatible servers) ended its stream well: no warning each time.
+  // One broken and finished by the next target is a provider's failure the client never saw: said as such.
+  if (end?.kind === 'recovered') log.warn(line, 'stream recovered from the next target');
+  else if (end && end.kind !== 'complete' && end.kind !== 'done-added' && end.kind !== 'client-gone') log.warn(line, 'stream ended abnormally');
   // Dropped events are text the client never saw: worth a warning even when the stream ended well.
   else if (end && end.droppedMalformed > 0) log.warn(line, 'stream events dropped as malformed');
   else log.info(line, 'request');
