@@ -10,7 +10,7 @@ import { clientLimits } from '../src/http/client-limits.ts';
 import { asSameCompletion, DeliveredText } from '../src/pipeline/delivered-text.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
+import { failsOnce, useFakeProviders } from './helpers/fake-provider.ts';
 import { cc, delta, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 import { configServedBy, defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useGateways, useStacks } from './helpers/stack.ts';
@@ -142,15 +142,8 @@ describe('the streamRecovery warning', () => {
 
 describe('a client\'s first try after a refusal of its rate', () => {
   it('does not take the refusal\'s place: the SDK\'s retry that follows is still a request to the retry budget', async () => {
-    let failures = 0;
-    const provider = await startProvider((req, res) => {
-      let body = '';
-      req.on('data', (c: Buffer) => (body += c));
-      req.on('end', () => {
-        if (body.includes('flaky') && failures++ === 0) res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error"}}');
-        else res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
-      });
-    });
+    const flaky = failsOnce('flaky');
+    const provider = await startProvider(flaky);
     const base = defaultConfig('http://127.0.0.1:9', RETRY_LOOP_ONLY);
     const config = ConfigSchema.parse({
       ...base,
@@ -173,6 +166,6 @@ describe('a client\'s first try after a refusal of its rate', () => {
     // The budget's one retry is whole for the other client's provider failure.
     const other = await post('sg-mut50-other-2', 'flaky', { 'x-stainless-retry-count': '0' });
     expect(other.status).toBe(200);
-    expect(failures).toBe(2);
+    expect(flaky.sent()).toBe(2);
   });
 });

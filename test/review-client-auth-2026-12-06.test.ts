@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
 import { clientLimits } from '../src/http/client-limits.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
-import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
+import { failsOnce, useFakeProviders } from './helpers/fake-provider.ts';
 import { useRedisServer } from './helpers/redis-server.ts';
 import { defaultConfig, parseMetrics, RETRY_LOOP_ONLY, TEST_KEY, useExtraMocks, useGateways } from './helpers/stack.ts';
 
@@ -82,15 +82,7 @@ describe('a client key as each SDK sends it', () => {
 describe("a client's SDK retrying the 429s of its own rate", () => {
   it("does not spend the route's retry budget, which another client's provider failure then lacks", async () => {
     // The provider fails the other client's request once: the gateway retries it if the budget has room.
-    let failures = 0;
-    const provider = await startProvider((req, res) => {
-      let body = '';
-      req.on('data', (c: Buffer) => (body += c));
-      req.on('end', () => {
-        if (body.includes('flaky') && failures++ === 0) res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error"}}');
-        else res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
-      });
-    });
+    const provider = await startProvider(failsOnce('flaky'));
     const base = defaultConfig('http://127.0.0.1:9', RETRY_LOOP_ONLY);
     const logs: string[] = [];
     const config = ConfigSchema.parse({

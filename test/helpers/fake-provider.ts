@@ -53,6 +53,23 @@ export const chatCompletion = (content: string): string =>
 export const chatChunk = (delta: Record<string, string>, finish: string | null): string =>
   `data: ${JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
 
+/**
+ * A handler that answers 503 the first request whose body holds `word`, and a chat.completion every other; `sent()`
+ * counts the requests that held it.
+ */
+export function failsOnce(word: string): RequestListener & { sent: () => number } {
+  let sent = 0;
+  const handler: RequestListener = (req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => (body += c));
+    req.on('end', () => {
+      if (body.includes(word) && sent++ === 0) res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"busy","type":"server_error"}}');
+      else res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('ok'));
+    });
+  };
+  return Object.assign(handler, { sent: () => sent });
+}
+
 /** A handler that reads each request's body, then answers 200 with an event stream's head and leaves the rest to `then`. */
 export const eventStream =
   (then: (res: ServerResponse) => void): RequestListener =>
