@@ -300,12 +300,14 @@ describe('a keyed run going on while its Redis is demoted and promoted again (th
     const primary = await startRedis();
     cleanups.push(() => primary.stop());
     await promptSync(primary);
-    const f = await startFleet({ models: { 'gpt-4o-mini': { latencyMs: 3_500 } } }, [redis.url, redis.url], { ...BREAKER_CONFIG, idempotency: {} });
+    // The run must still be going when B's repeat comes, after up to ~16 s of demoting and promoting Redis on a loaded
+    // machine (3.5 s was outlasted in CI: the run ended while the store was degraded, and the repeat went upstream).
+    const f = await startFleet({ models: { 'gpt-4o-mini': { latencyMs: 9_000 } } }, [redis.url, redis.url], { ...BREAKER_CONFIG, idempotency: {} });
     const [a, b] = f.urls as [string, string];
     for (const url of f.urls) expect((await ask(url)).status).toBe(200);
     const key = randomUUID();
     const mini = () => f.mock.requests().filter((r) => r.model === 'gpt-4o-mini').length;
-    const run = ask(a, { 'Idempotency-Key': key, 'x-stormgate-timeout-ms': '10000' }, 'gpt-4o-mini');
+    const run = ask(a, { 'Idempotency-Key': key, 'x-stormgate-timeout-ms': '20000' }, 'gpt-4o-mini');
     await eventually(() => mini() === 1, 3_000);
     expect(await admin.keys(`${f.keyPrefix}:idempotency:*`)).toHaveLength(1);
     cleanups.push(() => admin.replicaof('NO', 'ONE'));
@@ -316,11 +318,11 @@ describe('a keyed run going on while its Redis is demoted and promoted again (th
     await admin.replicaof('NO', 'ONE');
     await eventually(async () => !(await degradedOn(a)), 3_000);
     await eventually(async () => (await admin.keys(`${f.keyPrefix}:idempotency:*`)).length === 1, 2_000);
-    const repeat = await ask(b, { 'Idempotency-Key': key, 'x-stormgate-timeout-ms': '10000' }, 'gpt-4o-mini');
+    const repeat = await ask(b, { 'Idempotency-Key': key, 'x-stormgate-timeout-ms': '20000' }, 'gpt-4o-mini');
     expect((await run).status).toBe(200);
     expect(repeat.status).toBe(200);
     expect(mini()).toBe(1);
-  });
+  }, 45_000);
 });
 
 describe('a 2 s link between one instance and Redis (every command answered 2 s late)', () => {
