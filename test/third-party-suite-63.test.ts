@@ -637,7 +637,9 @@ describe('third-party suite 63: seeded chaos against the mock, invariants that h
     const m = await scrapeMetrics(url);
     expect(sum(m, 'stormgate_breaker_transitions_total', { to: 'open' }), `${why0}: the breaker opened`).toBeGreaterThanOrEqual(1);
     expect(sum(m, 'stormgate_breaker_transitions_total', { to: 'closed' }), `${why0}: the breaker closed`).toBeGreaterThanOrEqual(1);
-    for (const s of m.filter((x) => x.name === 'stormgate_breaker_state')) expect(s.value, `${why0}: breaker of ${s.labels.target} closed`).toBe(0);
+    // None still open. The calls' kinds are drawn: a model whose breaker opened may see no call in the last streak,
+    // and its gauge then says half-open (its open time over, its next request probes), not closed.
+    for (const s of m.filter((x) => x.name === 'stormgate_breaker_state')) expect(s.value, `${why0}: breaker of ${s.labels.target} not open`).not.toBe(1);
     expect(await counterOnceAt(url, 'stormgate_requests_total', done.length), why0).toBe(done.length);
   }, 30_000);
 });
