@@ -87,7 +87,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     }),
     clientLimited: new Counter({
       name: 'stormgate_client_limited_total',
-      help: 'Requests refused 429 client_rate_limited because their client was past its rate (auth.limits), by client name and the rate that refused (requests or tokens); these are also in stormgate_requests_total{outcome="rejected"} when on a managed path.',
+      help: 'Requests refused 429 client_rate_limited because their client was past its rate (auth.limits), by client name and the rate that refused (requests or tokens); these are also in stormgate_requests_total{outcome="rejected"} when on a managed path or one no route serves.',
       labelNames: ['client', 'by'] as const,
       registers,
     }),
