@@ -12,7 +12,6 @@ import { loadConfigFile, parseConfig } from '../src/config/load.ts';
 import { serveTargets, type ServeDeps } from '../src/pipeline/serve-targets.ts';
 import { errorEventBreaks } from '../src/pipeline/stream-break.ts';
 import { newRun, type RequestContext } from '../src/pipeline/target-attempts.ts';
-import { classify } from '../src/policy/outcome.ts';
 import { ProviderPool, type SlotRequest } from '../src/pools/provider-pool.ts';
 import { errorVerdict } from '../src/providers/error-outcome.ts';
 import { parseExact, stringifyExact } from '../src/providers/exact-json.ts';
@@ -22,7 +21,7 @@ import { RedisBudget } from '../src/state/redis-budget.ts';
 import { RedisKeys } from '../src/state/redis-keys.ts';
 import { RetryBudget } from '../src/state/retry-budget.ts';
 import { configErrorOf, validConfigText } from './helpers/config-text.ts';
-import { scriptedPlan } from './helpers/scripted-serve.ts';
+import { scriptedAnswers, scriptedPlan } from './helpers/scripted-serve.ts';
 
 // serve-targets.ts alone: tryTarget answers from a script, noting the clock and the run it was called with; nothing
 // holds a target once the lot's wait ran out (heldBack).
@@ -132,10 +131,7 @@ describe('exact JSON numbers (parseExact, stringifyExact)', () => {
 
 describe('a request that left a target for the hold-off its own 429 started, no other target answering (serve-targets.ts waitOutOwnHoldOff)', () => {
   const clock = script.clock;
-  const http503 = { outcome: { kind: 'http', status: 503, errorCode: null, hint: undefined } } as const;
-  const failed503 = { kind: 'failed', result: http503, cls: classify(http503.outcome), retryAfterMs: undefined };
-  const ok = { kind: 'ok', result: { status: 200 } };
-  const ownHoldOff = (inMs: number) => ({ kind: 'unavailable', reason: 'hold-off', availableAtMs: clock.now + inMs, own: true });
+  const { failed503, ok, ownHoldOff } = scriptedAnswers(clock);
   beforeEach(() => {
     clock.now = 1_000_000;
     script.answers.clear();

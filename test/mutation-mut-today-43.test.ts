@@ -7,11 +7,10 @@ import { withoutKeyInQuery } from '../src/http/client-auth.ts';
 import { serveTargets, type ServeDeps } from '../src/pipeline/serve-targets.ts';
 import { newRun, type RequestContext } from '../src/pipeline/target-attempts.ts';
 import { rateOf } from '../src/policy/client-rate.ts';
-import { classify } from '../src/policy/outcome.ts';
 import { ProviderPool, type SlotRequest } from '../src/pools/provider-pool.ts';
 import { streamedText } from './helpers/chat-stream.ts';
 import { cc, delta, recoveringToNext, useScriptedGateway, type Script } from './helpers/scripted-provider.ts';
-import { scriptedPlan } from './helpers/scripted-serve.ts';
+import { scriptedAnswers, scriptedPlan } from './helpers/scripted-serve.ts';
 
 // serve-targets.ts alone, for the tests that set `script.on`: tryTarget answers from a script, noting the clock and the
 // run it was called with; nothing holds a target once the lot's wait ran out (heldBack). Otherwise the real code runs.
@@ -101,9 +100,7 @@ describe("a class its maxShare holds back, under its target's request rate (pool
 
 describe('a request waiting out the hold-off its own 429 started, no other target answering (serve-targets.ts waitOutOwnHoldOff)', () => {
   const clock = script.clock;
-  const http503 = { outcome: { kind: 'http', status: 503, errorCode: null, hint: undefined } } as const;
-  const failed503 = { kind: 'failed', result: http503, cls: classify(http503.outcome), retryAfterMs: undefined };
-  const ok = { kind: 'ok', result: { status: 200 } };
+  const { failed503, ok } = scriptedAnswers(clock);
   beforeEach(() => {
     script.on = true;
     clock.now = 1_000_000;

@@ -16,11 +16,10 @@ import { ConfigSchema } from '../src/config/schema.ts';
 import { serveTargets, type ServeDeps } from '../src/pipeline/serve-targets.ts';
 import { MAX_ERROR_BODY_BYTES } from '../src/providers/read-capped.ts';
 import type { RequestContext } from '../src/pipeline/target-attempts.ts';
-import { classify } from '../src/policy/outcome.ts';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 import { ask, busyOnceThen, configFor } from './helpers/one-provider.ts';
 import { rawGet } from './helpers/passthrough-files.ts';
-import { scriptedPlan } from './helpers/scripted-serve.ts';
+import { scriptedAnswers, scriptedPlan } from './helpers/scripted-serve.ts';
 import { defaultConfig, useGateways, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -52,10 +51,7 @@ vi.mock('../src/pipeline/target-attempts.ts', async (importOriginal) => {
 
 describe('a request waiting out the hold-off its own 429 started, after the backup failed, when SIGTERM comes during the wait (serve-targets.ts waitOutOwnHoldOff)', () => {
   const clock = script.clock;
-  const http503 = { outcome: { kind: 'http', status: 503, errorCode: null, hint: undefined } } as const;
-  const failed503 = { kind: 'failed', result: http503, cls: classify(http503.outcome), retryAfterMs: undefined };
-  const ok = { kind: 'ok', result: { status: 200 } };
-  const ownHoldOff = (inMs: number) => ({ kind: 'unavailable', reason: 'hold-off', availableAtMs: clock.now + inMs, own: true });
+  const { failed503, ok, ownHoldOff } = scriptedAnswers(clock);
   beforeEach(() => {
     clock.now = 1_000_000;
     script.answers.clear();

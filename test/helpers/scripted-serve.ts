@@ -3,6 +3,7 @@
 import type { ParkingLot } from '../../src/pipeline/parking-lot.ts';
 import { serveTargets, type ServeDeps } from '../../src/pipeline/serve-targets.ts';
 import type { RequestContext, TargetPlan } from '../../src/pipeline/target-attempts.ts';
+import { classify } from '../../src/policy/outcome.ts';
 
 export type ParkOutcome = Awaited<ReturnType<ParkingLot['park']>>;
 
@@ -51,4 +52,15 @@ export async function serveScripted(clock: { now: number }, keys: string[], park
   } as unknown as ServeDeps;
   const served = await serveTargets(ctx, keys.map(scriptedPlan), undefined, o.park ?? { maxQueue: 100 }, deps);
   return { served, parked, opts, fallbacks, skipped: ctx.skipped, attempts: ctx.attempts };
+}
+
+/** What a scripted tryTarget or heldBack answers: a 503 failure, a success, the target's own hold-off ending `inMs` from `clock.now`. */
+export function scriptedAnswers(clock: { now: number }) {
+  const http503 = { outcome: { kind: 'http', status: 503, errorCode: null, hint: undefined } } as const;
+  return {
+    http503,
+    failed503: { kind: 'failed', result: http503, cls: classify(http503.outcome), retryAfterMs: undefined },
+    ok: { kind: 'ok', result: { status: 200 } },
+    ownHoldOff: (inMs: number) => ({ kind: 'unavailable', reason: 'hold-off', availableAtMs: clock.now + inMs, own: true }),
+  };
 }
