@@ -317,9 +317,9 @@ function responsesMeaning(ev: { type?: unknown }, eventField: string | null): Ev
 }
 
 /**
- * What a whole streamed answer holds: a finish_reason for each of `choices` choices (the request's `n`), and, when
- * the client asked for it (stream_options.include_usage), a usage chunk after them. The Responses API ends with one
- * terminal event, whatever the request.
+ * What a whole streamed answer holds: a finish_reason for each of `choices` choices (the request's `n`, for each of a
+ * legacy completion's prompts), and, when the client asked for it (stream_options.include_usage), a usage chunk after
+ * them. The Responses API ends with one terminal event, whatever the request.
  */
 export interface StreamShape {
   choices: number;
@@ -340,7 +340,18 @@ export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): Stre
   }
   if (api === 'messages') return { choices: 1, usage: false };
   const n = json.n;
-  return { choices: typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1, usage: asksUsage(json) };
+  const perPrompt = typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1;
+  return { choices: perPrompt * (api === 'completions' ? promptCount(json.prompt) : 1), usage: asksUsage(json) };
+}
+
+/**
+ * The prompts of a legacy completions request: a list of strings or of token lists is a batch, answered with `n`
+ * choices for each prompt (index prompt × n + k), one stream for all. Counted as one, the first prompt's finish ended
+ * the answer: the others' text was cut off a second later (or by a cut) with a clean [DONE].
+ */
+function promptCount(prompt: unknown): number {
+  if (!Array.isArray(prompt) || prompt.length === 0) return 1;
+  return prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt.length : 1;
 }
 
 /**
