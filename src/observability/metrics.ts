@@ -135,7 +135,9 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_request_duration_seconds',
       help: 'Time from a request arriving to its answer ending (a stream: its last event; a client that left: its leaving), by whether it needed more than one attempt. Replays of an idempotency key\'s answer are out.',
       labelNames: ['route', 'attempt'] as const,
-      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+      // Past the default deadline (120 s): a started stream is bound by no deadline (only idleMs between its events),
+      // and a long generation runs for minutes; ending at 120, a p95 of 5-minute streams read 120 s.
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800],
       registers,
     }),
     ttft: new Histogram({
