@@ -52,8 +52,8 @@ export interface StreamFaults {
 /**
  * A rate limit as OpenAI enforces one: per model (every model its own bucket, as OpenAI counts each model apart), a
  * bucket per limit a minute's worth deep that refills continuously. A request counts 1 request, and its estimate at
- * arrival (body bytes / 4 plus its max_tokens or max_completion_tokens, times n) in tokens; one that does not fit gets
- * 429 and uses up nothing. See src/mock/rate-limit.ts.
+ * arrival (body bytes / 4 plus its max_tokens or max_completion_tokens, times n, for each prompt of a legacy
+ * completion's batch) in tokens; one that does not fit gets 429 and uses up nothing. See src/mock/rate-limit.ts.
  */
 export interface RateLimit {
   /** Requests per minute. Default: no request limit. */

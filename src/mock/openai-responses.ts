@@ -15,6 +15,7 @@ import {
 } from './content.ts';
 import { errorDetails, MockRequestError, openaiErrorBody } from './errors.ts';
 import { dataEvent, DONE_EVENT, type StreamPlan } from './sse.ts';
+import { promptsOf } from '../policy/token-estimate.ts';
 
 /** What every builder needs besides the request body. */
 export interface AnswerContext {
@@ -200,11 +201,9 @@ export function chatStream(body: Body, ctx: AnswerContext): StreamPlan {
 
 // ---------- legacy completions ----------
 
-function promptText(body: Body): string {
-  const prompt = requireField(body, 'prompt');
-  if (typeof prompt === 'string') return prompt;
-  if (Array.isArray(prompt) && typeof prompt[0] === 'string') return prompt[0];
-  return JSON.stringify(prompt);
+/** Each prompt's text (promptsOf: a batch of strings or of token lists, else one prompt), a token list as its JSON. */
+function promptTexts(body: Body): string[] {
+  return promptsOf(requireField(body, 'prompt')).map((p) => (typeof p === 'string' ? p : JSON.stringify(p)));
 }
 
 /** The completion's text, cut at max_tokens ("length") as chat's is. */
@@ -214,39 +213,51 @@ function completionAnswer(body: Body, prompt: string): { text: string; finish: '
   return cut === undefined ? { text, finish: 'stop' } : { text: cut, finish: 'length' };
 }
 
-function completionUsage(prompt: string, text: string) {
-  const p = countTokens(prompt);
-  const c = countTokens(text);
+/** As OpenAI answers a batch: `n` choices for each prompt, choice prompt × n + k answering prompt `prompt`. */
+function completionChoices(body: Body, prompts: string[]): Array<{ text: string; finish: 'stop' | 'length' }> {
+  const n = choiceCount(body);
+  return prompts.flatMap((prompt) => {
+    const answer = completionAnswer(body, prompt);
+    return Array.from({ length: n }, () => answer);
+  });
+}
+
+/** Every prompt counted once, every choice's text. */
+function completionUsage(prompts: string[], choices: Array<{ text: string }>) {
+  const p = prompts.reduce((sum, prompt) => sum + countTokens(prompt), 0);
+  const c = choices.reduce((sum, choice) => sum + countTokens(choice.text), 0);
   return { prompt_tokens: p, completion_tokens: c, total_tokens: p + c };
 }
 
 /** Non-stream `text_completion`. */
 export function textCompletion(body: Body, ctx: AnswerContext): unknown {
   const model = requireModel(body);
-  const prompt = promptText(body);
-  const { text, finish } = completionAnswer(body, prompt);
+  const prompts = promptTexts(body);
+  const choices = completionChoices(body, prompts);
   return {
     id: ctx.id('cmpl-'),
     object: 'text_completion',
     created: ctx.created,
     model,
-    choices: [{ text, index: 0, logprobs: null, finish_reason: finish }],
-    usage: completionUsage(prompt, text),
+    choices: choices.map(({ text, finish }, index) => ({ text, index, logprobs: null, finish_reason: finish })),
+    usage: completionUsage(prompts, choices),
     system_fingerprint: SYSTEM_FINGERPRINT,
   };
 }
 
-/** Streamed `text_completion` events. */
+/** Streamed `text_completion` events: at each step one event per choice, by its index, as chat's are. */
 export function textCompletionStream(body: Body, ctx: AnswerContext): StreamPlan {
   const model = requireModel(body);
-  const prompt = promptText(body);
-  const { text, finish } = completionAnswer(body, prompt);
+  const prompts = promptTexts(body);
+  const choices = completionChoices(body, prompts);
   const base = { id: ctx.id('cmpl-'), object: 'text_completion', created: ctx.created, model, system_fingerprint: SYSTEM_FINGERPRINT };
-  const event = (piece: string, finish: string | null) =>
-    dataEvent({ ...base, choices: [{ text: piece, index: 0, logprobs: null, finish_reason: finish }] });
-  let tail = event('', finish);
-  if (includeUsage(body)) tail += dataEvent({ ...base, choices: [], usage: completionUsage(prompt, text) });
-  return { head: '', chunks: splitText(text, ctx.chunks).map((p) => event(p, null)), tail, done: DONE_EVENT, malformed: MALFORMED, error: streamError };
+  const event = (index: number, piece: string, finish: string | null) =>
+    dataEvent({ ...base, choices: [{ text: piece, index, logprobs: null, finish_reason: finish }] });
+  const pieces = choices.map((c) => splitText(c.text, ctx.chunks));
+  const chunks = pieces[0]!.map((_, j) => pieces.map((p, i) => event(i, p[j]!, null)).join(''));
+  let tail = choices.map((c, i) => event(i, '', c.finish)).join('');
+  if (includeUsage(body)) tail += dataEvent({ ...base, choices: [], usage: completionUsage(prompts, choices) });
+  return { head: '', chunks, tail, done: DONE_EVENT, malformed: MALFORMED, error: streamError };
 }
 
 // ---------- embeddings ----------

@@ -3,6 +3,7 @@
 // tokens bucket at arrival, or is refused whole (a refused request uses up nothing). Pure: the buckets live in the
 // server, and every function takes the time.
 import type { RateLimit } from './faults.ts';
+import { promptCount } from '../policy/token-estimate.ts';
 
 /** A model's bucket levels at `atMs`; a level is undefined while its limit is unset. */
 export interface RateBucket {
@@ -101,12 +102,12 @@ const CAP_FIELDS = ['max_completion_tokens', 'max_tokens', 'max_output_tokens'] 
 
 /**
  * Tokens a request counts at arrival, as OpenAI counts them: the body's bytes / 4 (rounded up) plus the completion cap
- * it sets, times the choices it asks for (`n`).
+ * it sets, times the choices it asks for (`n`, for each prompt of a legacy completion's batch).
  */
 export function requestTokens(bodyBytes: number, body: Readonly<Record<string, unknown>>): number {
   const cap = CAP_FIELDS.map((f) => body[f]).find((v) => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0) as number | undefined;
   const n = typeof body['n'] === 'number' && Number.isSafeInteger(body['n']) && body['n'] > 1 ? body['n'] : 1;
-  return Math.ceil(bodyBytes / 4) + (cap ?? 0) * n;
+  return Math.ceil(bodyBytes / 4) + (cap ?? 0) * n * promptCount(body['prompt']);
 }
 
 /** A duration as OpenAI writes it (Go's time.Duration): `20ms`, `1.2s`, `6m0s`, `1m30.5s`; rounded up to the ms. */

@@ -36,8 +36,9 @@ const CAP_FIELDS: Record<ApiKind, readonly string[]> = {
 
 /**
  * A request's estimated tokens: the prompt as its body's bytes / 4, rounded up (the prompt is most of a body, and the
- * rest, the model's name and the JSON around it, keeps the estimate on the safe side), plus the completion cap the
- * body states, times the choices asked for (`n`, chat and completions). A body without a cap reserves its prompt only:
+ * rest, the model's name and the JSON around it, keeps the estimate on the safe side; every prompt of a batch is in
+ * it), plus the completion cap the body states, times the choices asked for (`n`, chat and completions, and on
+ * completions for each prompt of a batch, promptCount). A body without a cap reserves its prompt only:
  * what it will generate is unknown until its usage comes. A body over INLINE_WALK_FROM_BYTES is read for base64
  * payloads sent inline (inlinePayloads): their bytes leave the count, and each adds what a provider counts for it.
  */
@@ -49,7 +50,26 @@ export function tokenEstimate(api: ApiKind, bodyBytes: number, json: Readonly<Re
   const cap = CAP_FIELDS[api].map((f) => json[f]).find((v) => v !== undefined && v !== null);
   if (!isCount(cap)) return { prompt, completion: 0 };
   const n = api === 'chat' || api === 'completions' ? json.n : undefined;
-  return { prompt, completion: Math.min(cap * (isCount(n) && n > 1 ? n : 1), MAX_COMPLETION_ESTIMATE) };
+  const choices = (isCount(n) && n > 1 ? n : 1) * (api === 'completions' ? promptCount(json.prompt) : 1);
+  return { prompt, completion: Math.min(cap * choices, MAX_COMPLETION_ESTIMATE) };
+}
+
+/**
+ * The prompts of a legacy completion (`prompt`, /v1/completions): a list of strings or of token lists is a batch,
+ * answered with `n` choices for each prompt (index prompt × n + k), in one answer or one stream; anything else (a
+ * string, one token list: a list of numbers, a list of mixed kinds the provider refuses) is one prompt.
+ */
+export function promptsOf(prompt: unknown): readonly unknown[] {
+  if (!Array.isArray(prompt) || prompt.length === 0) return [prompt];
+  return prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt : [prompt];
+}
+
+/**
+ * How many prompts a legacy completion sends (promptsOf): counted as one, a batch's stream ended at its first
+ * prompt's finish (streamShapeOf), and its estimate reserved one prompt's completion cap for all.
+ */
+export function promptCount(prompt: unknown): number {
+  return promptsOf(prompt).length;
 }
 
 /** tokenEstimate's total: what a target's token rate (pools.tokensPerMinute) counts a request for. */

@@ -4,6 +4,7 @@
 import type { ApiKind } from '../routing/router.ts';
 import type { SseEvent } from './sse-parser.ts';
 import { stringOrNull } from '../errors.ts';
+import { promptCount } from '../policy/token-estimate.ts';
 
 export type EventMeaning =
   /** A comment, a ping, a role-only chunk, a usage chunk: keeps the stream alive, carries no output. */
@@ -342,16 +343,6 @@ export function streamShapeOf(api: ApiKind, json: Record<string, unknown>): Stre
   const n = json.n;
   const perPrompt = typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1;
   return { choices: perPrompt * (api === 'completions' ? promptCount(json.prompt) : 1), usage: asksUsage(json) };
-}
-
-/**
- * The prompts of a legacy completions request: a list of strings or of token lists is a batch, answered with `n`
- * choices for each prompt (index prompt × n + k), one stream for all. Counted as one, the first prompt's finish ended
- * the answer: the others' text was cut off a second later (or by a cut) with a clean [DONE].
- */
-function promptCount(prompt: unknown): number {
-  if (!Array.isArray(prompt) || prompt.length === 0) return 1;
-  return prompt.every((p) => typeof p === 'string' || Array.isArray(p)) ? prompt.length : 1;
 }
 
 /**
