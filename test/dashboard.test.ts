@@ -33,6 +33,34 @@ function exportedSeries(): Set<string> {
   return names;
 }
 
+/** The labels of each series the dashboard reads: an exported metric's own, or what a recording rule keeps. */
+function metricLabels(): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  for (const m of createMetrics({ defaultMetrics: false }).registry.getMetricsAsArray()) {
+    const { name, type, labelNames } = m as unknown as { name: string; type: string; labelNames?: string[] };
+    const labels = [...(labelNames ?? []), 'instance', 'job'];
+    out.set(name, labels);
+    if (type === 'histogram') for (const suffix of ['_bucket', '_sum', '_count']) out.set(name + suffix, suffix === '_bucket' ? [...labels, 'le'] : labels);
+  }
+  for (const rule of readRules(SHIPPED.recordingRules).groups.flatMap((g) => g.rules)) {
+    if (rule.record) out.set(rule.record, keptLabels(rule.expr, out) ?? []);
+  }
+  return out;
+}
+
+/** The labels a query's result keeps: its outermost aggregation's `by`, or a bare series' own; undefined if neither. */
+function keptLabels(expr: string, labels: Map<string, string[]>): string[] | undefined {
+  const e = expr.trim();
+  const list = (s: string) => s.split(',').map((l) => l.trim()).filter(Boolean);
+  const quantile = /^histogram_quantile\(\s*[\d.]+\s*,\s*(?:sum|max|min) by \(([^)]*)\)/.exec(e);
+  if (quantile) return list(quantile[1]!).filter((l) => l !== 'le');
+  const by = /^(?:sum|max|min|avg|count) by \(([^)]*)\)/.exec(e);
+  if (by) return list(by[1]!);
+  if (/^(?:sum|max|min|avg|count)\s*\(/.test(e)) return [];
+  const bare = /^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})?$/.exec(e);
+  return bare ? labels.get(bare[1]!) : undefined;
+}
+
 const dashboard = readDashboard();
 const datasource = (parseYaml(readFileSync(SHIPPED.datasources, 'utf8')) as DatasourceFile).datasources[0]!;
 
@@ -87,11 +115,42 @@ describe('grafana/dashboards/stormgate.json', () => {
       'stormgate_ttft_seconds_bucket',
       'stormgate_state_degraded',
       'stormgate_shed_total',
+      'stormgate:request_errors:ratio_rate5m',
     ]) {
       expect(exprs, needle).toContain(needle);
     }
     expect(exprs).toMatch(/histogram_quantile\(0\.5, sum by \(attempt, le\) \(rate\(stormgate_request_duration_seconds_bucket/);
     expect(exprs).toMatch(/histogram_quantile\(0\.99, sum by \(attempt, le\) \(rate\(stormgate_request_duration_seconds_bucket/);
+  });
+
+  it('names in each legend only labels its query keeps, and filters every figure with a route label by $route', () => {
+    const labels = metricLabels();
+    const problems: string[] = [];
+    let legends = 0;
+    for (const panel of allPanels(dashboard)) {
+      for (const t of (panel.targets ?? []) as Array<{ refId?: string; expr?: string; legendFormat?: string }>) {
+        const where = `panel ${panel.id} ${panel.title} ${t.refId}`;
+        const kept = keptLabels(t.expr ?? '', labels);
+        if (kept === undefined) {
+          problems.push(`${where}: cannot tell the labels of ${t.expr}`);
+          continue;
+        }
+        for (const m of (t.legendFormat ?? '').matchAll(/\{\{\s*(\w+)\s*\}\}/g)) {
+          legends++;
+          if (!kept.includes(m[1]!)) problems.push(`${where}: legend {{${m[1]}}} is not a label of ${t.expr} (${kept.join(', ') || 'none'})`);
+        }
+        // Every series with a route label follows the route variable; the per-instance amplification cannot (the
+        // attempts counter has no route label, so its denominator is fleet-wide as well).
+        if (panel.title === 'Amplification') continue;
+        for (const sel of (t.expr ?? '').matchAll(/([a-zA-Z_:][\w:]*)(\{[^}]*\})?(?=\s*(?:\[|\)|$|\s))/g)) {
+          const name = sel[1]!;
+          if (!labels.has(name) || !labels.get(name)!.includes('route')) continue;
+          if (!(sel[2] ?? '').includes('route=~"$route"')) problems.push(`${where}: ${name} not filtered by the route variable`);
+        }
+      }
+    }
+    expect(legends).toBeGreaterThan(30);
+    expect(problems).toEqual([]);
   });
 
   it('lays panels out on the 24-column grid without overlaps', () => {

@@ -53,6 +53,7 @@ describe('promtool on the shipped Prometheus files', () => {
     const alerts = readRules(SHIPPED.alertRules).groups.flatMap((g) => g.rules);
     expect(alerts.map((a) => a.alert).sort()).toEqual([
       'StormgateBreakerOpen',
+      'StormgateClientErrorRateHigh',
       'StormgateCredentialsRefused',
       'StormgateFallbackRateHigh',
       'StormgateRetryBudgetExhausted',
