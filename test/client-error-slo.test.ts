@@ -26,8 +26,11 @@ import { TEST_KEY, useStacks } from './helpers/stack.ts';
 const RULE = 'stormgate:request_errors:ratio_rate5m';
 /** Answers the client saw as a failure of the service: an error status, an error event mid-stream, a canned answer. */
 const ERRORS = ['degraded', 'deadline', 'gateway_error', 'shed', 'stream_error', 'unavailable', 'upstream_error'];
-/** Not errors: answered, or the client's doing (it left; its request was refused before any route took it). */
-const NOT_ERRORS = ['client_gone', 'rejected', 'replayed', 'success'];
+/**
+ * Not errors: answered (a verdict on the client's own request too, a provider's 400 or context length: invalid_request),
+ * or the client's doing (it left; its request was refused before any route took it).
+ */
+const NOT_ERRORS = ['client_gone', 'invalid_request', 'rejected', 'replayed', 'success'];
 /** Out of the figure altogether: the client did not wait for an answer; a replay's run was counted when it ran. */
 const LEFT_OUT = ['client_gone', 'replayed'];
 

@@ -475,8 +475,8 @@ describe('a request no target can express', () => {
     expect(a.body.error?.param).toBeTruthy();
     expect(a.headers.get('x-should-retry')).toBe('false');
     expect(backup!.stats().total).toBe(0);
-    // The client's error, not the gateway's: recorded like an upstream's 400 (there is no client-error outcome).
-    expect(logLines(s).at(-1)!.outcome).toBe('upstream_error');
+    // The client's error, not the gateway's: recorded like an upstream's 400, a verdict on the request.
+    expect(logLines(s).at(-1)!.outcome).toBe('invalid_request');
   });
 
   it('answers 503 no_target, not a 400, when a disabled provider\'s target was left out', async () => {

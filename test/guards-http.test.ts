@@ -117,7 +117,7 @@ describe('the circuit breaker', () => {
     await sleep(50);
     const text = await (await fetch(`${s.url}/metrics`)).text();
     expect(text).not.toContain('made-up-');
-    expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="upstream_error"\} 70/);
+    expect(text).toMatch(/stormgate_requests_total\{route="chat",target="mock\/other",priority="online",outcome="invalid_request"\} 70/);
   });
 
   it('keeps no series for a made-up name whose other request ended otherwise after its 404 (a client that left)', async () => {

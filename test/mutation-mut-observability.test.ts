@@ -395,6 +395,6 @@ describe('stormgate_requests_total on a fresh gateway', () => {
     const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'client-key', maxRetries: 0 });
     const err = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }, { headers: { 'x-stormgate-priority': 'batch' } }).catch((e: unknown) => e);
     expect((err as { status?: number }).status).toBe(400);
-    expect((await series('batch')).filter(([, v]) => v !== 0)).toEqual([['upstream_error', 1]]);
+    expect((await series('batch')).filter(([, v]) => v !== 0)).toEqual([['invalid_request', 1]]);
   });
 });

@@ -682,7 +682,7 @@ describe('the series a config names', () => {
       },
     });
     const m = await scrapeMetrics(s.url);
-    const outcomes = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'];
+    const outcomes = ['success', 'degraded', 'invalid_request', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'];
     for (const outcome of outcomes) {
       for (const priority of ['online', 'batch']) {
         expect(value(m, 'stormgate_requests_total', { route: 'chat', target: 'mock/m-one', priority, outcome }), `${priority} ${outcome}`).toBe(0);

@@ -258,7 +258,7 @@ describe('1. sequential ledgers against the mock provider: exact', () => {
     expect(m.find((x) => x.name === 'stormgate_fallback_rate' && x.labels.route === 'chat')?.value).toBe(0);
   });
 
-  it('a provider\'s 400 is neither retried nor a retried request: one attempt in 4xx, outcome upstream_error, x-should-retry false', async () => {
+  it('a provider\'s 400 is neither retried nor a retried request: one attempt in 4xx, outcome invalid_request (a verdict on the request, no error of the service), x-should-retry false', async () => {
     const s = await startStack({ route: FAST3 });
     await mockControl(s.mock, 'PUT', 'faults', { errors: [{ status: 400, code: 'invalid_value', message: 'bad temperature' }] });
     const client = sdk(s);
@@ -275,7 +275,8 @@ describe('1. sequential ledgers against the mock provider: exact', () => {
     const m = await scrape(s);
     expect(total(m, 'stormgate_retry_count_total')).toBe(0);
     expect(total(m, 'stormgate_retried_requests_total')).toBe(0);
-    expect(total(m, 'stormgate_requests_total', { outcome: 'upstream_error' })).toBe(2);
+    expect(total(m, 'stormgate_requests_total', { outcome: 'invalid_request' })).toBe(2);
+    expect(total(m, 'stormgate_requests_total', { outcome: 'upstream_error' })).toBe(0);
     // Nothing was retried in the last 60 s: the gauge is absent, not a stale or made-up value.
     expect(m.some((x) => x.name === 'stormgate_retry_success_rate')).toBe(false);
   });

@@ -63,7 +63,7 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
     registry,
     requests: new Counter({
       name: 'stormgate_requests_total',
-      help: 'Client requests answered, by route, the target that answered (or failed last), priority class and outcome.',
+      help: 'Client requests answered, by route, the target that answered (or failed last), priority class and outcome (invalid_request: a verdict on the client\'s own request, a provider\'s 400 or 422 say; upstream_error: the provider\'s failure passed on).',
       labelNames: ['route', 'target', 'priority', 'outcome'] as const,
       registers,
     }),

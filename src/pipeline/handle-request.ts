@@ -16,7 +16,7 @@ import type { AttemptResult } from './attempt.ts';
 import { attemptsByTarget, authHeldAnswer, errorAnswer, failureAnswer, inexpressibleAnswer, unavailableAnswer, withRejectionNote, withSkipNote, type ErrorAnswer } from './final-answer.ts';
 import { clientStallMs, type LiveStream, type StreamEnd } from './live-stream.ts';
 import { endedBroken } from './stream-ends.ts';
-import { endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
+import { endedWithClientVerdict, endedWithVerdict, serveTargets, type FallbackReason, type ServeDeps, type Served } from './serve-targets.ts';
 import { planTargets } from './plan-targets.ts';
 import { streamRecovery } from './stream-recovery.ts';
 import { usageOfBody, type Usage } from '../streaming/usage.ts';
@@ -109,7 +109,12 @@ export interface PipelineAnswer {
 export const CLIENT_RETRY_KINDS = ['declared', 'repeat'] as const;
 type ClientRetryKind = (typeof CLIENT_RETRY_KINDS)[number];
 
-export const REQUEST_OUTCOMES = ['success', 'degraded', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
+/**
+ * `invalid_request`: the answer is a verdict on the client's own request (the provider's 400, 404, 422, context length,
+ * content policy, ...; the gateway's 400 for a request no target can express), which the service gave correctly and
+ * the client has to fix; `upstream_error`: the provider's failure passed on (the edges: upstreamStatusOutcome).
+ */
+export const REQUEST_OUTCOMES = ['success', 'degraded', 'invalid_request', 'upstream_error', 'gateway_error', 'unavailable', 'shed', 'deadline', 'client_gone', 'stream_error', 'replayed'] as const;
 type RequestOutcome = (typeof REQUEST_OUTCOMES)[number];
 
 export interface RequestSummary {
@@ -365,7 +370,7 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         if (commitsOnSend && summary.attempts.at(-1)?.reason === 'shutdown') return errorAnswer(drainingCutError());
         return errorAnswer(drainingError(served.failure.retryAfterMs));
       }
-      summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? 'upstream_error' : 'gateway_error';
+      summary.outcome = outcome.kind === 'aborted' ? (outcome.by === 'client' ? 'client_gone' : 'deadline') : outcome.kind === 'http' ? upstreamStatusOutcome(served) : 'gateway_error';
       if (served.failure.why) summary.retriesStopped = served.failure.why;
       return failureAnswer({
         result: served.failure.result,
@@ -436,10 +441,26 @@ function errorOf(served: Exclude<Served, { kind: 'ok' }>, summary: RequestSummar
         summary.outcome = 'unavailable';
         return errorAnswer(noTargetError(summary));
       }
-      // The client's to fix, as an upstream's 400 would be (recorded like one: there is no client-error outcome).
-      summary.outcome = 'upstream_error';
+      // The client's to fix, as an upstream's 400 would be, and recorded like one.
+      summary.outcome = 'invalid_request';
       return inexpressibleAnswer(summary.route, served.skips);
   }
+}
+
+/**
+ * The outcome of a request that ended with an upstream's status. `invalid_request` when the status is the provider's
+ * verdict on the request itself (OUTCOME_TABLE's verdict column): a 400, 404, 409, 413 or 422 (a 409 the route retried
+ * included: what its retries left is the provider's word on the request), a context too long, a content policy
+ * refusal, a conversation the target cannot continue, a request larger than the provider's whole token limit per minute
+ * (no wait lets it through; the client is told to make it smaller). The service answered it correctly: no error of the
+ * service's, so no page for a client's flood of bad prompts. `upstream_error` for everything else: the provider's
+ * failure passed on (a 5xx; a 408 or 424, its own timeout or a model that failed while generating; a 429 or 529 after
+ * retries; Groq's 498), the gateway's own credentials, billing or location (401, 402, 403, a 429 insufficient_quota:
+ * answered 502 upstream_auth_error, whose fix is the operator's), a redirect (the gateway's baseUrl), and a 404 for a
+ * target's own model (the operator's model name, not the client's: every request of the route gets it).
+ */
+function upstreamStatusOutcome(served: Served & { kind: 'failed' }): RequestOutcome {
+  return endedWithClientVerdict(served) ? 'invalid_request' : 'upstream_error';
 }
 
 function noTargetError(summary: RequestSummary): GatewayError {

@@ -24,6 +24,14 @@ export function endedWithVerdict(served: Served): boolean {
   return served.kind === 'failed' && OUTCOME_TABLE[served.failure.cls.cls].verdict;
 }
 
+/**
+ * Did it end with a verdict on the client's own request (its outcome `invalid_request`)? Not a 404 for a target's own
+ * model (a retired model, a deleted deployment): that name is the operator's, and every request of the route gets it.
+ */
+export function endedWithClientVerdict(served: Served): boolean {
+  return served.kind === 'failed' && OUTCOME_TABLE[served.failure.cls.cls].verdict && !ownModelNotFound(served.plan, served.failure);
+}
+
 export const FALLBACK_REASONS = [
   'retries_exhausted',
   'budget',
