@@ -294,6 +294,40 @@ describe('the breaker board over a store', () => {
     expect(transitions).toEqual(['p/m:closed->open']);
   });
 
+  it('at start-up and after an idle spell, does not open on a burst\'s fast errors while the successes sent with them are still out', async () => {
+    const { b, transitions, advance } = board();
+    // A fresh instance, a burst of 30 at once against a provider failing a third of requests: its 503s come in 2 ms
+    // (the other attempts still out), its answers in 40 ms. A last success at -Infinity made the first five a trip.
+    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, 29 - i);
+    advance(38);
+    for (let i = 0; i < 20; i++) await b.record('p/m', s, 'success', 40, undefined, undefined, 19 - i);
+    // A minute idle, then the same burst: the success a minute ago is no quiet period either.
+    advance(60_000);
+    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, 29 - i);
+    advance(38);
+    await b.record('p/m', s, 'success', 40, undefined, undefined, 19);
+    await b.flush();
+    expect(transitions).toEqual([]);
+  });
+
+  it('with other attempts out, opens once the run\'s first failed attempt went out CONSECUTIVE_QUIET_MS ago; with none out, at once', async () => {
+    const { b, transitions, advance } = board();
+    // A provider down from the start, a request every 50 ms failing in 2 ms, others always out: the first went out at -2.
+    let failures = 0;
+    while (transitions.length === 0 && failures < 100) {
+      await b.record('p/m', s, 'failure', 2, undefined, undefined, 3);
+      failures++;
+      if (transitions.length === 0) advance(50);
+    }
+    expect(failures).toBe(6);
+    // The same run, its last failure with nothing else out: nothing can end it, so the fifth opens it (as before).
+    const other = board();
+    for (let i = 0; i < 4; i++) await other.b.record('p/m', s, 'failure', 2, undefined, undefined, 3);
+    expect(other.transitions).toEqual([]);
+    await other.b.record('p/m', s, 'failure', 2, undefined, undefined, 0);
+    expect(other.transitions).toEqual(['p/m:closed->open']);
+  });
+
   it('opens on the failure rate over the window when failures are not consecutive', async () => {
     const { b, transitions } = board();
     for (let i = 0; i < 20; i++) b.record('p/m', s, i % 2 === 0 ? 'failure' : 'success', 10, undefined);

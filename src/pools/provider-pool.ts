@@ -501,6 +501,11 @@ export class ProviderPool {
     return Math.min(this.#target(target).limit.limit, this.#capacity);
   }
 
+  /** Slots held for the target now: its attempts in flight (a stream's until its upstream is done). */
+  inUseOf(target: string): number {
+    return this.#targets.get(target)?.inUse ?? 0;
+  }
+
   /**
    * Demand on this pool per class, highest first: the most slots in use plus requests waiting at once since the last
    * call (the fleet's exchange), and at least what is in use and waiting now.
