@@ -88,3 +88,16 @@ describe('the dashboard\'s pool panels', () => {
     }
   });
 });
+
+describe('the time to first token and pool wait histograms on a route with a longer deadline than the default', () => {
+  it('keep buckets past 120 s, so a p95 of waits of minutes (a reasoning model\'s route, timeoutMs 600000) is not read as the last bucket', async () => {
+    const m = createMetrics({ defaultMetrics: false });
+    m.ttft.observe({ route: 'reasoning' }, 400);
+    m.poolWait.observe({ provider: 'p', priority: 'online' }, 400);
+    const text = await m.registry.metrics();
+    for (const [name, labels] of [['stormgate_ttft_seconds', 'route="reasoning"'], ['stormgate_pool_wait_seconds', 'provider="p",priority="online"']]) {
+      expect(text).toContain(`${name}_bucket{le="300",${labels}} 0`);
+      expect(text).toContain(`${name}_bucket{le="600",${labels}} 1`);
+    }
+  });
+});

@@ -144,8 +144,9 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_ttft_seconds',
       help: 'Time from a streamed request arriving to its first output event (retries and waits included; a stream started early at the client\'s deadline once its output comes).',
       labelNames: ['route'] as const,
-      // To the default deadline (120 s): a first token behind a queue comes late, and past the last bucket a quantile reads as it.
-      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120],
+      // Past the default deadline (120 s), to a route's longer one (a reasoning model's, minutes): a first token behind a
+      // queue comes late, and past the last bucket a quantile reads as it.
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600],
       registers,
     }),
     streamEnds: new Counter({
@@ -241,8 +242,8 @@ export function createMetrics(opts: { defaultMetrics?: boolean } = {}): Metrics 
       name: 'stormgate_pool_wait_seconds',
       help: 'Time requests waited for a pool slot, by provider and priority class.',
       labelNames: ['provider', 'priority'] as const,
-      // To the default deadline (120 s): ending at 30, a p95 of waits of 60 to 100 s read 30 s.
-      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+      // Past the default deadline (120 s), to a route's longer one: ending at 30, a p95 of waits of 60 to 100 s read 30 s.
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
       registers,
     }),
     poolLimit: new Gauge({
