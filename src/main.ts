@@ -1,12 +1,13 @@
 #!/usr/bin/env node
 // CLI: load the config, build the server, listen, shut down gracefully.
 //   stormgate --config config/gateway.yaml      (or STORMGATE_CONFIG=...)
+//   stormgate --check --config <file>           (validate the config and exit: 0 valid, 2 not)
 import { parseArgs } from 'node:util';
 import type { buildServer } from './server.ts';
 import { isLoopback } from './http/host-header.ts';
 
 const DEFAULT_CONFIG = 'config/gateway.yaml';
-const USAGE = 'usage: stormgate [-c, --config <file>] [-p, --port <n>]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port)\n';
+const USAGE = 'usage: stormgate [-c, --config <file>] [-p, --port <n>] [--check]   (config default: $STORMGATE_CONFIG or config/gateway.yaml; --port: in place of server.port; --check: validate the config, print its warnings and exit, 0 when valid)\n';
 
 /** Where src/early-signals.mjs, loaded before tsx by `npm start`, keeps a signal heard before this module ran. */
 const EARLY_SIGNALS = Symbol.for('stormgate.earlySignals');
@@ -53,9 +54,9 @@ async function main(): Promise<void> {
   // A signal heard while tsx and this module loaded (npm start: src/early-signals.mjs).
   const early = (globalThis as { [EARLY_SIGNALS]?: { takeOver(): string | undefined } })[EARLY_SIGNALS]?.takeOver();
   if (early !== undefined) shutdown(early);
-  let values: { config?: string; port?: string; help?: boolean };
+  let values: { config?: string; port?: string; help?: boolean; check?: boolean };
   try {
-    ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, port: { type: 'string', short: 'p' }, help: { type: 'boolean', short: 'h' } }, strict: true }));
+    ({ values } = parseArgs({ options: { config: { type: 'string', short: 'c' }, port: { type: 'string', short: 'p' }, help: { type: 'boolean', short: 'h' }, check: { type: 'boolean' } }, strict: true }));
   } catch (err) {
     throw new StartupError(`${(err as Error).message}\n${USAGE}`);
   }
@@ -92,6 +93,14 @@ async function main(): Promise<void> {
   }
   // One config file for several instances on one machine (or an example tried beside a running gateway).
   if (portFlag !== undefined) config = { ...config, server: { ...config.server, port: portFlag } };
+  // As `nginx -t`: for CI and a config review, without binding the port or waiting for Redis.
+  if (values.check) {
+    const { configWarnings } = await import('./config/warnings.ts');
+    for (const warning of configWarnings(config)) process.stderr.write(`stormgate: warning: ${warning}\n`);
+    const count = (n: number, what: string) => `${n} ${what}${n === 1 ? '' : 's'}`;
+    process.stdout.write(`stormgate: config ${file} is valid (${count(config.routes.length, 'route')}, ${count(Object.keys(config.providers).length, 'provider')})\n`);
+    return;
+  }
   const server = await import('./server.ts');
   building = true;
   const app = await server.buildServer(config);

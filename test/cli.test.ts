@@ -35,13 +35,15 @@ afterEach(async () => {
   blocker = dir = undefined;
 });
 
-async function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stderr: string }> {
+async function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stderr: string; stdout: string }> {
   const { OPENAI_API_KEY: _drop, STORMGATE_CONFIG: _drop2, ...base } = process.env;
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], { env: { ...base, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', ...args], { env: { ...base, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
+  let stdout = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
   const [code] = (await once(child, 'exit')) as [number | null];
-  return { code, stderr };
+  return { code, stderr, stdout };
 }
 
 describe('stormgate on the command line', () => {
@@ -53,6 +55,28 @@ describe('stormgate on the command line', () => {
     // No client key is missing: no line about one (an empty "Set  in the environment: client keys").
     expect(stderr).not.toMatch(/auth\.keys/);
     expect(stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('--check validates a config without listening: 0 and a line when valid, its warnings on stderr; 2 and the file, line and path when not', async () => {
+    // A port in use would stop a real start: --check binds nothing.
+    blocker = createServer();
+    await new Promise<void>((r) => blocker!.listen(0, '127.0.0.1', r));
+    const taken = (blocker.address() as { port: number }).port;
+    const good = gatewayConfig(taken, 'silent');
+    const ok = await run(['--check', '--config', good]);
+    expect(ok.code).toBe(0);
+    expect(ok.stdout).toBe(`stormgate: config ${good} is valid (1 route, 1 provider)\n`);
+    // A warning the gateway would log at start (streamRecovery where it does nothing) is printed, and still valid.
+    writeFileSync(good, readFileSync(good, 'utf8').replace('targets: [ { provider: p } ] }', 'targets: [ { provider: p } ] }\n  - { name: emb, match: { path: /v1/embeddings }, targets: [ { provider: p } ], streamRecovery: continue }'));
+    const warned = await run(['--check', '--config', good]);
+    expect(warned.code).toBe(0);
+    expect(warned.stderr).toMatch(/^stormgate: warning: .*streamRecovery/m);
+    writeFileSync(good, readFileSync(good, 'utf8').replace('apiKey: k', 'apiKey: k, maxConections: 3'));
+    const bad = await run(['--check', '--config', good]);
+    expect(bad.code).toBe(2);
+    expect(bad.stdout).toBe('');
+    expect(bad.stderr).toMatch(new RegExp(`${good.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:3: providers\\.p`));
+    expect(bad.stderr).toMatch(/maxConnections/);
   });
 
   it('says a config file it cannot read is unreadable, not invalid', async () => {
