@@ -30,6 +30,11 @@ export interface Drain {
   graceLeftMs: () => number | undefined;
   /** The pipeline's abort for when the grace period is over (at once if it is); returns its removal. */
   onShutdown: (listener: () => void) => () => void;
+  /**
+   * A call for when the drain begins (SIGTERM; at once if it has), with graceLeftMs set: a retry's wait begun before
+   * it is weighed against the grace end then, not only once it is over. Returns its removal.
+   */
+  onDrainStart: (listener: () => void) => () => void;
   /** A run under an idempotency key, until it has ended in the store: a drain waits for it before the store closes. */
   holdRun(ended: Promise<void>): void;
   /** A stream being sent, until `body` closes: the end of the grace period ends it with an error event. */
@@ -46,12 +51,16 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
   /** Runs under idempotency keys not yet ended in the store (pipeline/idempotent-request.ts), for a drain to wait for. */
   const detachedRuns = new Set<Promise<void>>();
   const inPipeline = new Set<() => void>();
+  /** Retry waits begun before SIGTERM, to be weighed against the grace end as the drain begins. */
+  const waiting = new Set<() => void>();
   let pastGrace = false;
   let graceEndsAtMs: number | undefined;
   app.decorate('drain', async () => {
     if (phase !== 'serving') return;
     phase = 'draining';
     graceEndsAtMs = now() + config.preStopMs + config.graceMs;
+    for (const listener of [...waiting]) listener();
+    waiting.clear();
     // A request already in flight is answered during the drain too: its keep-alive client must not send its next one
     // into this instance (past preStopMs, into the idle-connection sweep: a reset no client retries for a POST).
     sweep.closeAfterAnswers();
@@ -112,6 +121,14 @@ export function gracefulDrain(app: FastifyInstance, config: Config['drain'], log
       }
       inPipeline.add(listener);
       return () => inPipeline.delete(listener);
+    },
+    onDrainStart: (listener) => {
+      if (phase !== 'serving') {
+        listener();
+        return () => {};
+      }
+      waiting.add(listener);
+      return () => waiting.delete(listener);
     },
     holdRun: (ended) => {
       detachedRuns.add(ended);

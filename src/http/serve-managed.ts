@@ -100,6 +100,7 @@ export function managedHandler({ config, limit, runtime, router, ends, drain }: 
           onClientGone: (listener) => ends.onClientGone(request, reply, listener),
           onShutdown: drain.onShutdown,
           graceLeftMs: drain.graceLeftMs,
+          onDrainStart: drain.onDrainStart,
           ...(keyed && { idempotent: true, waitedForRunMs }),
           ...(request.tokensReserved && { countOutput: true }),
         },

@@ -62,6 +62,8 @@ export interface ManagedRequest {
   onShutdown?: (listener: () => void) => () => void;
   /** While the instance drains, the time left before its grace period is over (a retry's wait past it is not taken). */
   graceLeftMs?: () => number | undefined;
+  /** Registers a call for when the instance's drain begins (at once if it has); returns its removal. */
+  onDrainStart?: (listener: () => void) => () => void;
   /**
    * The request runs under an idempotency key (pipeline/idempotent-request.ts), detached from its client, which may
    * come back under the key for the answer: its deadline is the route's, not the client's timeout, and a client that
@@ -242,6 +244,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
         // Read from the body only for a token rate: a large body's estimate walks it for inline images.
         ...(deps.pools.countTokens && { tokens: estimatedTokens(route.api, req.rawBody.length, req.json) }),
         graceLeftMs: req.graceLeftMs,
+        onDrainStart: req.onDrainStart,
       },
       plans,
       contextFallback,

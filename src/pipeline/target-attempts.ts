@@ -19,7 +19,7 @@ import type { Prepared } from '../providers/families.ts';
 import type { RetryConfig } from '../config/schema.ts';
 import type { Ticket } from './parking-lot.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
-import type { RequestSignal } from './request-abort.ts';
+import { RequestAbort, type RequestSignal } from './request-abort.ts';
 import type { EarlyStart } from './early-start.ts';
 
 export interface AttemptRecord {
@@ -160,6 +160,8 @@ export interface RequestContext {
   tokens?: number;
   /** While the instance drains, the time left before its grace period is over (ManagedRequest.graceLeftMs). */
   graceLeftMs?: () => number | undefined;
+  /** Registers a call for when the instance's drain begins (ManagedRequest.onDrainStart); returns its removal. */
+  onDrainStart?: (listener: () => void) => () => void;
 }
 
 export interface Guards {
@@ -497,15 +499,21 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     if (!graceHolds(ctx, delayMs)) return drained(delayMs);
     if (!(await payRetry(ctx, plan, run, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
+    // With a next target, a drain that begins during the wait weighs it then (below).
+    const wake = hasNext ? drainWakes(ctx, () => sleptFromMs + delayMs - deps.now()) : undefined;
     try {
-      await deps.sleep(delayMs, ctx.signal);
+      await deps.sleep(delayMs, wake?.signal ?? ctx.signal);
       ctx.onWaited?.('backoff', delayMs);
     } catch {
       ctx.onWaited?.('backoff', deps.now() - sleptFromMs);
+      // Its retry no longer fits before the grace end: the next target now, as once the wait would have been over.
+      if (wake?.woken()) return drained(undefined);
       const aborted = { outcome: abortOutcome(ctx.signal.reason) };
       // Cut by the drain's grace end: come back (to another instance) when the wait would have ended.
       const waitLeftMs = ctx.signal.reason instanceof GatewayShutdown ? Math.max(0, sleptFromMs + delayMs - deps.now()) : undefined;
       return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: waitLeftMs };
+    } finally {
+      wake?.stop();
     }
     // A wait that began before the drain had no grace end to be weighed against: it is weighed now it is over. With
     // less than minAttemptMs left, the attempt would only go upstream to be cut at the grace end.
@@ -524,6 +532,35 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
 export function graceHolds(ctx: RequestContext, waitMs: number): boolean {
   const graceLeftMs = ctx.graceLeftMs?.();
   return graceLeftMs === undefined || canWait(0, waitMs, graceLeftMs, ctx.route.config.minAttemptMs);
+}
+
+/** The reason a backoff is woken with when the drain's start finds its retry past the grace end (drainWakes). */
+const WOKEN_BY_DRAIN = Symbol('woken by the drain');
+
+/**
+ * For a backoff begun before SIGTERM, by a request with a next target: the signal it sleeps on, which follows the
+ * request's own and is aborted too when the drain begins and the wait left (`waitLeftMs`) no longer fits before the
+ * grace end (graceHolds, the one rule). Weighed only once over, the wait was slept out (1.2 s and more) while a backup
+ * could have answered at once, spending the grace the request had left. Undefined while draining already (the wait
+ * was weighed before it began) or outside a drainable server.
+ */
+function drainWakes(ctx: RequestContext, waitLeftMs: () => number): { signal: RequestSignal; woken: () => boolean; stop: () => void } | undefined {
+  if (ctx.onDrainStart === undefined || ctx.graceLeftMs?.() !== undefined) return undefined;
+  const wake = new RequestAbort();
+  const follow = () => wake.abort(ctx.signal.reason);
+  if (ctx.signal.aborted) follow();
+  else ctx.signal.addEventListener('abort', follow, { once: true });
+  const stopWatching = ctx.onDrainStart(() => {
+    if (!graceHolds(ctx, waitLeftMs())) wake.abort(WOKEN_BY_DRAIN);
+  });
+  return {
+    signal: wake,
+    woken: () => wake.reason === WOKEN_BY_DRAIN,
+    stop: () => {
+      ctx.signal.removeEventListener('abort', follow);
+      stopWatching();
+    },
+  };
 }
 
 /** The request field a family's refusal names, when the family says (a translator's `param`). */
