@@ -72,7 +72,7 @@ export interface FailureFacts {
 export class BreakerBoard {
   readonly #deps: BreakerBoardDeps;
   /**
-   * Each target's run of failures while closed: how long, when its first failed attempt was sent, and when the target
+   * Each target's run of failures while closed: how many, when its first failed attempt was sent, and when the target
    * last answered well (-Infinity: not since this instance started).
    */
   readonly #runs = new Map<string, { failures: number; firstSentMs: number; lastSuccessMs: number }>();
