@@ -226,7 +226,7 @@ describe("recordOutcome and the target's adaptive limit", () => {
     let written!: () => void;
     const board = { record: () => new Promise<void>((r) => (written = r)).then(() => void order.push('breaker written')) };
     const guards = { board, holdOffs: {}, budget: {} } as unknown as Guards;
-    const plan = { key: 'p/m', limitKey: 'p/m', breaker: {}, sharesHoldOffs: true, client: { config: { authHoldS: 60 } }, pool: { observe: (_k: string, signal: string) => void order.push(`limit: ${signal}`), inUseOf: () => 1 } } as unknown as TargetPlan;
+    const plan = { key: 'p/m', limitKey: 'p/m', breaker: {}, sharesHoldOffs: true, client: { config: { authHoldS: 60 } }, pool: { observe: (_k: string, signal: string) => void order.push(`limit: ${signal}`), unansweredSince: () => false } } as unknown as TargetPlan;
     const result = { outcome: { kind: 'http', status: 429, errorCode: 'rate_limit_exceeded', hint: undefined }, status: 429 } as const;
     const recorded = recordOutcome(guards, plan, result, classify(result.outcome), 5, undefined);
     expect(order).toEqual(['limit: rate-limited']);

@@ -126,7 +126,7 @@ describe("recordOutcome: what an attempt tells its target's guards", () => {
   /** What the plan's pool heard: the adaptive limit's signal per attempt, with its round trip. */
   let limitSignals: Array<[string, string, number]> = [];
   const plan = (sharesHoldOffs = true) =>
-    ({ key: 'p/m', limitKey: 'p/m', breaker: {}, sharesHoldOffs, client: { config: { authHoldS: 60 } }, pool: { observe: (...a: [string, string, number]) => void limitSignals.push(a), inUseOf: () => 1 } }) as unknown as TargetPlan;
+    ({ key: 'p/m', limitKey: 'p/m', breaker: {}, sharesHoldOffs, client: { config: { authHoldS: 60 } }, pool: { observe: (...a: [string, string, number]) => void limitSignals.push(a), unansweredSince: () => false } }) as unknown as TargetPlan;
   const record = (guards: Guards, result: AttemptResult, p = plan()) => recordOutcome(guards, p, result, classify(result.outcome), 5, undefined);
   const http = (status: number, errorCode: string | null, delayMs?: number): AttemptResult => ({
     outcome: { kind: 'http', status, errorCode, hint: delayMs === undefined ? undefined : { delayMs, source: 'retry-after', fleetWide: true } },

@@ -294,37 +294,34 @@ describe('the breaker board over a store', () => {
     expect(transitions).toEqual(['p/m:closed->open']);
   });
 
-  it('at start-up and after an idle spell, does not open on a burst\'s fast errors while the successes sent with them are still out', async () => {
+  it('at start-up and after an idle spell, does not open on a burst\'s fast errors while attempts sent before them are still out', async () => {
     const { b, transitions, advance } = board();
-    // A fresh instance, a burst of 30 at once against a provider failing a third of requests: its 503s come in 2 ms
-    // (the other attempts still out), its answers in 40 ms. A last success at -Infinity made the first five a trip.
-    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, 29 - i);
-    advance(38);
-    for (let i = 0; i < 20; i++) await b.record('p/m', s, 'success', 40, undefined, undefined, 19 - i);
+    // A fresh instance, a burst of 30 against a provider failing a third of requests: its 503s come in 2 ms, the
+    // answers of the attempts sent before them seconds later. A last success at -Infinity made the first five a trip.
+    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, true);
+    advance(2_000);
+    for (let i = 0; i < 20; i++) await b.record('p/m', s, 'success', 2_000, undefined, undefined, i < 19);
     // A minute idle, then the same burst: the success a minute ago is no quiet period either.
     advance(60_000);
-    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, 29 - i);
-    advance(38);
-    await b.record('p/m', s, 'success', 40, undefined, undefined, 19);
+    for (let i = 0; i < 10; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, true);
+    advance(2_000);
+    await b.record('p/m', s, 'success', 2_000, undefined, undefined, true);
     await b.flush();
     expect(transitions).toEqual([]);
   });
 
-  it('with other attempts out, opens once the run\'s first failed attempt went out CONSECUTIVE_QUIET_MS ago; with none out, at once', async () => {
-    const { b, transitions, advance } = board();
-    // A provider down from the start, a request every 50 ms failing in 2 ms, others always out: the first went out at -2.
-    let failures = 0;
-    while (transitions.length === 0 && failures < 100) {
-      await b.record('p/m', s, 'failure', 2, undefined, undefined, 3);
-      failures++;
-      if (transitions.length === 0) advance(50);
-    }
-    expect(failures).toBe(6);
-    // The same run, its last failure with nothing else out: nothing can end it, so the fifth opens it (as before).
+  it('opens on the failure with no older attempt still out, as before; a run of LONG_RUN_FACTOR x consecutiveFailures whatever is out', async () => {
+    const { b, transitions } = board();
+    // A provider down from the start: a burst's failures, the attempts sent before each still out, then the last one.
+    for (let i = 0; i < 6; i++) await b.record('p/m', s, 'failure', 2, undefined, undefined, true);
+    expect(transitions).toEqual([]);
+    await b.record('p/m', s, 'failure', 2, undefined, undefined, false);
+    expect(transitions).toEqual(['p/m:closed->open']);
+    // Older attempts hanging while newer ones fail fast: the long run opens it.
     const other = board();
-    for (let i = 0; i < 4; i++) await other.b.record('p/m', s, 'failure', 2, undefined, undefined, 3);
+    for (let i = 0; i < LONG_RUN_FACTOR * 5 - 1; i++) await other.b.record('p/m', s, 'failure', 2, undefined, undefined, true);
     expect(other.transitions).toEqual([]);
-    await other.b.record('p/m', s, 'failure', 2, undefined, undefined, 0);
+    await other.b.record('p/m', s, 'failure', 2, undefined, undefined, true);
     expect(other.transitions).toEqual(['p/m:closed->open']);
   });
 

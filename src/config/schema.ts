@@ -85,7 +85,7 @@ const breakerFields = {
   failureRate: z.number().gt(0).lte(1).describe('Share of failed requests in the window that opens the breaker (with at least minRequests). Default: 0.5.'),
   windowS: z.number().int().min(1).max(300).describe('Sliding window of the failure rate, in seconds. Default: 10.'),
   minRequests: z.number().int().min(1).describe('Requests the window needs before the failure rate can open the breaker. Default: 20.'),
-  consecutiveFailures: z.number().int().min(1).describe('Failures in a row seen by one instance that open the breaker fleet-wide at once (as Envoy\'s consecutive_5xx), once that instance has had no success from the target for 250 ms (while its other requests to the target are out, since the later of its last success and the sending of the run\'s first failed request) or the run is four times as long. Default: 5.'),
+  consecutiveFailures: z.number().int().min(1).describe('Failures in a row seen by one instance that open the breaker fleet-wide at once (as Envoy\'s consecutive_5xx), once that instance has had no success from the target for 250 ms (with none of its requests to the target sent before the latest failure still unanswered) or the run is four times as long. Default: 5.'),
   slowCallMs: positiveMs('An attempt cut short by the client\'s deadline or disconnect counts as a failure only if it had waited longer than this. Default: 5000.'),
   openS: z.number().positive().max(MAX_TIMER_S).describe('How long the breaker stays open before probing, in seconds (plus up to 10% random jitter). Default: 30.'),
   halfOpenProbes: z.number().int().min(1).describe('Probe requests allowed through at a time across the fleet while half-open. Default: 3.'),

@@ -29,9 +29,9 @@ export async function recordOutcome(guards: Guards, plan: TargetPlan, result: At
   // Before any await, while the attempt's slot (if it took one) is still held: the limit learns how many were in
   // flight when the provider said no. A 429 without a wait hint starts no hold-off: the limit is all that hears it.
   plan.pool.observe(plan.limitKey, row.limit, durationMs);
-  // Its own slot is one of those in use.
-  const othersInFlight = Math.max(0, plan.pool.inUseOf(plan.limitKey) - 1);
-  await guards.board.record(plan.key, plan.breaker, row.breaker, durationMs, probe, { reason: cls.reason, ...(code !== undefined && { code }) }, othersInFlight);
+  // An attempt to the same target sent before this one and still unanswered may yet be a success that ends a run.
+  const olderUnanswered = plan.pool.unansweredSince(plan.key, durationMs);
+  await guards.board.record(plan.key, plan.breaker, row.breaker, durationMs, probe, { reason: cls.reason, ...(code !== undefined && { code }) }, olderUnanswered);
   // The gateway's own credentials or billing: no request goes to this target for authHoldS.
   if (cls.cls === 'credentials') guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
   if (outcome.kind !== 'http' || !row.holdOff || !plan.sharesHoldOffs || !startsHoldOff(outcome.status, outcome.hint)) return undefined;

@@ -96,7 +96,13 @@ export async function attemptInSlot(
   // For the log line's attempt: the wait in the pool's queue, which neither the backoff nor the attempt's duration holds.
   const slotWaitMs = acquired.queued ? startedAt - askedAtMs : 0;
   const { path, headers, body, translator, errorMeaning, errorEventMeaning, hideUsage } = upstream;
-  const result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
+  const answered = plan.pool.sending(plan.key);
+  let result: AttemptResult;
+  try {
+    result = await runAttempt({ client: plan.client, api: ctx.api, path, headers, body, stream: ctx.stream, shape: ctx.shape, translator, errorMeaning, errorEventMeaning, hideUsage, requestSignal: ctx.signal, earlyStart: ctx.earlyStart, now });
+  } finally {
+    answered();
+  }
   const durationMs = now() - startedAt;
   const cls = classify(result.outcome);
   // A connection refused (or the connect timer, or a request the gateway could not send) wrote nothing: the provider

@@ -95,8 +95,8 @@ export const CONSECUTIVE_QUIET_MS = 250;
 export const LONG_RUN_FACTOR = 4;
 
 /**
- * A target's current run of failures as one instance saw it, and how long it has gone without a success: since the
- * later of the last success and the sending of the run's first failed attempt (breaker-board.ts).
+ * A target's current run of failures as one instance saw it, and how long it has been since its last success (0 while
+ * an attempt sent before the run's latest failure is still out: breaker-board.ts).
  */
 interface FailureRun {
   failures: number;

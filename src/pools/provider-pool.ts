@@ -194,6 +194,8 @@ export class ProviderPool {
    */
   readonly #peakByClass: number[];
   #inUse = 0;
+  /** Attempts sent and not yet answered, by breaker target, with when each went out (sending). */
+  readonly #unanswered = new Map<string, Map<object, number>>();
   #retriesInUse = 0;
   /** When each retry in flight was granted: the first of them to end frees the retry cap for the next. */
   readonly #retryGrantsAtMs: number[] = [];
@@ -501,9 +503,29 @@ export class ProviderPool {
     return Math.min(this.#target(target).limit.limit, this.#capacity);
   }
 
-  /** Slots held for the target now: its attempts in flight (a stream's until its upstream is done). */
-  inUseOf(target: string): number {
-    return this.#targets.get(target)?.inUse ?? 0;
+  /**
+   * An attempt to `target` (a breaker's key: provider/model, whichever route sends it) goes out now; the call returned
+   * says it was answered (its whole answer, a stream's first output) or failed. Until then a success may still come
+   * from it, which the breaker's consecutive-failures rule waits for (unansweredSince).
+   */
+  sending(target: string): () => void {
+    let sent = this.#unanswered.get(target);
+    if (!sent) this.#unanswered.set(target, (sent = new Map()));
+    const token = {};
+    sent.set(token, this.now());
+    return () => {
+      sent.delete(token);
+      if (sent.size === 0 && this.#unanswered.get(target) === sent) this.#unanswered.delete(target);
+    };
+  }
+
+  /** Is an attempt to `target` sent `ageMs` ago or earlier still unanswered (sending)? */
+  unansweredSince(target: string, ageMs: number): boolean {
+    const sent = this.#unanswered.get(target);
+    if (!sent) return false;
+    const before = this.now() - ageMs;
+    for (const at of sent.values()) if (at <= before) return true;
+    return false;
   }
 
   /**

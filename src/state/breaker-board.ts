@@ -71,11 +71,8 @@ export interface FailureFacts {
 
 export class BreakerBoard {
   readonly #deps: BreakerBoardDeps;
-  /**
-   * Each target's run of failures while closed: how many, when its first failed attempt was sent, and when the target
-   * last answered well (-Infinity: not since this instance started).
-   */
-  readonly #runs = new Map<string, { failures: number; firstSentMs: number; lastSuccessMs: number }>();
+  /** Each target's run of failures while closed, and when it last answered well (-Infinity: not since this instance started). */
+  readonly #runs = new Map<string, { failures: number; lastSuccessMs: number }>();
   readonly #pending = new Map<string, Pending & { settings: BreakerSettings }>();
   /**
    * Each target's last failure counted in its window, for the line of a breaker the window opens: the batch that tips
@@ -132,10 +129,10 @@ export class BreakerBoard {
   /**
    * Records one attempt's outcome; `attemptMs` decides whether an aborted attempt was slow enough to count. Resolves
    * once a transition the outcome causes at once (a probe's result, a run of failures) is written; the window's
-   * failure rate is applied later, in batches. `othersInFlight`: this instance's other attempts to the target still
-   * out (each may yet be a success that ends a run of failures).
+   * failure rate is applied later, in batches. `olderUnanswered`: an attempt of this instance to the target, sent
+   * before this one, is still out (it may yet be a success that ends a run of failures).
    */
-  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined, facts?: FailureFacts, othersInFlight = 0): Promise<void> {
+  async record(target: string, s: BreakerSettings | undefined, verdict: BreakerVerdict | 'slow-call', attemptMs: number, probe: Probe | undefined, facts?: FailureFacts, olderUnanswered = false): Promise<void> {
     if (!s) return;
     const v = verdict === 'slow-call' ? abortedVerdict(attemptMs, s) : verdict;
     if (probe !== undefined) return this.#recordProbe(target, s, v, probe, facts);
@@ -143,20 +140,18 @@ export class BreakerBoard {
     // A run of failures is counted while the breaker is closed only: stragglers that fail while it is open (sent before
     // it opened) would otherwise reopen it at the first failure after probes closed it.
     const now = this.#deps.now();
-    const run = this.#runs.get(target) ?? { failures: 0, firstSentMs: now, lastSuccessMs: Number.NEGATIVE_INFINITY };
-    const counts = v === 'failure' && this.current(target).state === 'closed';
-    if (counts && run.failures === 0) run.firstSentMs = now - attemptMs;
-    run.failures = counts ? run.failures + 1 : 0;
+    const run = this.#runs.get(target) ?? { failures: 0, lastSuccessMs: Number.NEGATIVE_INFINITY };
+    run.failures = v === 'failure' && this.current(target).state === 'closed' ? run.failures + 1 : 0;
     if (v === 'success') run.lastSuccessMs = now;
     this.#runs.set(target, run);
     this.#pendingOutcome(target, s, { requests: 1, failures: v === 'failure' ? 1 : 0 }, facts);
-    // With other attempts still out, the quiet period runs from the later of the last success and the sending of the
-    // run's first failed attempt: at start-up, or after an idle spell, the last success is long ago, and a burst's
-    // first answers are its fast errors (a 503 comes in milliseconds, a completion later) while its successes are on
-    // their way. Counted from the last success, five of them opened the breaker fleet-wide for openS on a provider
-    // failing a third of requests (the demo's gpt-4o, every run). With none out, no success is coming to end the run.
-    const quietFromMs = othersInFlight > 0 ? Math.max(run.lastSuccessMs, run.firstSentMs) : run.lastSuccessMs;
-    const seen = { failures: run.failures, sinceSuccessMs: now - quietFromMs };
+    // No quiet period while an attempt sent before this failed one is still out: at start-up, or after an idle spell,
+    // the last success is long ago, and a burst's first answers are its fast errors (a 503 comes in milliseconds, a
+    // completion in seconds) while the successes sent before them are on their way. Counted from the last success
+    // alone, five of them opened the breaker fleet-wide for openS on a provider failing a third of requests (the
+    // demo's gpt-4o, every run). Failures of a provider that is down come in the order they were sent: the run's last
+    // one has none older still out, and opens it as before.
+    const seen = { failures: run.failures, sinceSuccessMs: olderUnanswered ? 0 : now - run.lastSuccessMs };
     if (tripsOnConsecutive(this.current(target), seen, s)) {
       run.failures = 0;
       await this.#transition(target, (rec) => (tripsOnConsecutive(rec, seen, s) ? opened(rec, s, this.#deps.now(), this.#deps.random) : undefined), {
