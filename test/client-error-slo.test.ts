@@ -6,7 +6,6 @@
 // timeseries on the dashboard. Which outcomes count as errors is decided once, here and in recording.yml.
 import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import { REQUEST_OUTCOMES } from '../src/pipeline/handle-request.ts';
 import { REJECTED_LABELS } from '../src/observability/pipeline-metrics.ts';
@@ -14,7 +13,8 @@ import { mockControl } from './helpers/mock-control.ts';
 import {
   SHIPPED,
   allPanels,
-  query,
+  queryScalar,
+  waitUntil as until,
   readDashboard,
   readRules,
   startPrometheus,
@@ -116,19 +116,7 @@ describe('a real Prometheus with the shipped rules, over traffic with a known er
     prometheus = undefined;
   });
 
-  const scalar = async (q: string): Promise<number | undefined> => {
-    const r = await query(prometheus!.url, q);
-    if (r.status !== 'success') throw new Error(`${q}: ${r.error}`);
-    const result = r.data!.result as Array<{ value: [number, string] }>;
-    if (result.length > 1) throw new Error(`${q}: ${result.length} series`);
-    return result[0] ? Number(result[0].value[1]) : undefined;
-  };
-  const until = async (what: string, check: () => Promise<boolean>, withinMs = 20_000): Promise<void> => {
-    for (const end = Date.now() + withinMs; !(await check()); ) {
-      if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
-      await sleep(100);
-    }
-  };
+  const scalar = (q: string): Promise<number | undefined> => queryScalar(prometheus!.url, q);
 
   it('records 3 failed of 12 answered on chat as 0.25 (clients that left and refused bodies left out), 2 degraded of 4 on solo as 0.5', async () => {
     const s = await startStack({

@@ -6,12 +6,11 @@
 // counts as an error: a client flooding prompts too long for the model paged the on-call (StormgateClientErrorRateHigh),
 // and nothing in the counter told the two apart. Now the verdicts are `invalid_request`, no error, yet counted among the
 // requests the figure divides by (the service answered them correctly, like a success).
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.ts';
 import type { ErrorRule } from '../src/mock/faults.ts';
 import { mockControl } from './helpers/mock-control.ts';
-import { query, SHIPPED, startPrometheus, type PrometheusHandle } from './helpers/prometheus.ts';
+import { queryScalar, waitUntil as until, SHIPPED, startPrometheus, type PrometheusHandle } from './helpers/prometheus.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, requestLine, scrapeMetrics, TEST_KEY, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -127,18 +126,7 @@ describe('stormgate:request_errors:ratio_rate5m over both, in a real Prometheus 
     await prometheus?.stop();
     prometheus = undefined;
   });
-  const scalar = async (q: string): Promise<number | undefined> => {
-    const r = await query(prometheus!.url, q);
-    if (r.status !== 'success') throw new Error(`${q}: ${r.error}`);
-    const result = r.data!.result as Array<{ value: [number, string] }>;
-    return result[0] ? Number(result[0].value[1]) : undefined;
-  };
-  const until = async (what: string, check: () => Promise<boolean>, withinMs = 20_000): Promise<void> => {
-    for (const end = Date.now() + withinMs; !(await check()); ) {
-      if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
-      await sleep(100);
-    }
-  };
+  const scalar = (q: string): Promise<number | undefined> => queryScalar(prometheus!.url, q);
 
   it('4 context-length 400s, 1 503 and 3 answers on chat read 1/8: the verdicts are requests answered, not errors', async () => {
     // The target's model named, so its series are made at zero at start-up and rate() counts the first requests.

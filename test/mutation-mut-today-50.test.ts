@@ -1,7 +1,6 @@
 // Mutation round on the last eight commits (mut-today-50): the passthrough's redirect rewrite, the refusals a client's
 // retry is taken for (clientLimits.retriesRefusal), the completion identity a continuation is given, the logprobs of a
 // splice that carries no text, and the streamRecovery start-up warning. Each test kills a hand mutant the suites let by.
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import type { ChatCompletionChunk } from 'openai/resources/chat/completions';
 import { describe, expect, it } from 'vitest';
 import { ConfigSchema } from '../src/config/schema.ts';
@@ -13,6 +12,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { failsOnce, useFakeProviders } from './helpers/fake-provider.ts';
 import { cc, delta, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
+import { rawGet } from './helpers/raw-http.ts';
 import { configServedBy, defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useGateways, useStacks } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -20,16 +20,6 @@ const startProvider = useFakeProviders();
 const startUpstreams = useScriptedUpstreams();
 const startGateway = useGateways();
 
-function rawGet(url: string): Promise<{ status: number; headers: IncomingHttpHeaders }> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest(url, { agent: false }, (res) => {
-      res.resume();
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
 
 describe('a passthrough redirect elsewhere that names the provider in its query', () => {
   it('goes on as it is: only a Location that begins with the provider\'s baseUrl is made the gateway\'s path', async () => {

@@ -38,7 +38,6 @@
 // origin without its slash (what follows an origin and is not `/` cannot start a path).
 // No bugs found.
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
@@ -49,6 +48,7 @@ import { tokenEstimate } from '../src/policy/token-estimate.ts';
 import { MemoryStore } from '../src/state/memory-store.ts';
 import { chatCompletion, useFakeProviders } from './helpers/fake-provider.ts';
 import { ask, busyOnceThen } from './helpers/one-provider.ts';
+import { rawGet } from './helpers/raw-http.ts';
 import { configServedBy, useGateways, useStacks } from './helpers/stack.ts';
 
 const startProvider = useFakeProviders();
@@ -257,16 +257,6 @@ describe('a backoff begun before SIGTERM that ends with less than minAttemptMs o
 });
 
 describe('a passthrough redirect to the provider\'s own address', () => {
-  function rawGet(url: string): Promise<{ status: number; headers: IncomingHttpHeaders }> {
-    return new Promise((resolve, reject) => {
-      const req = httpRequest(url, { agent: false }, (res) => {
-        res.resume();
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers }));
-      });
-      req.on('error', reject);
-      req.end();
-    });
-  }
 
   it('is mapped back when it is the passthrough path itself or has a query or fragment right after it; a sibling path that only begins the same goes on as it is', async () => {
     let origin = '';

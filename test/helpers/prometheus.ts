@@ -124,6 +124,23 @@ async function ready(url: string): Promise<boolean> {
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 
 /** Paths (absolute) of the files grafana/README.md describes. */
+/** Polls `check` every 100 ms until it holds (a scrape, a rule's evaluation), else fails naming `what`. */
+export async function waitUntil(what: string, check: () => Promise<boolean>, withinMs = 20_000): Promise<void> {
+  for (const end = Date.now() + withinMs; !(await check()); ) {
+    if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** A query's one value (undefined when it has none); more than one series is the test's mistake. */
+export async function queryScalar(prometheusUrl: string, promql: string): Promise<number | undefined> {
+  const r = await query(prometheusUrl, promql);
+  if (r.status !== 'success') throw new Error(`${promql}: ${r.error}`);
+  const result = r.data!.result as Array<{ value: [number, string] }>;
+  if (result.length > 1) throw new Error(`${promql}: ${result.length} series`);
+  return result[0] ? Number(result[0].value[1]) : undefined;
+}
+
 export const SHIPPED = {
   root: ROOT,
   dashboard: join(ROOT, 'grafana/dashboards/stormgate.json'),

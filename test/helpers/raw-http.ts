@@ -3,6 +3,7 @@
 // with a control byte). Each upstream is closed after the test that started it.
 import { once } from 'node:events';
 import { connect, createServer, type Server, type Socket } from 'node:net';
+import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterEach } from 'vitest';
 
 export interface RawAnswer {
@@ -131,4 +132,16 @@ export function useRawUpstreams(): (answer: (n: number) => string | Buffer, clos
     await once(server, 'listening');
     return { origin: `http://127.0.0.1:${(server.address() as { port: number }).port}`, requests };
   };
+}
+
+/** A GET on its own connection: the status and headers, the body read and dropped. */
+export function rawGet(url: string): Promise<{ status: number; headers: IncomingHttpHeaders }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { agent: false }, (res) => {
+      res.resume();
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
 }
