@@ -46,7 +46,7 @@ describe("the client's sub-second timeout", () => {
 function slotPlan(sent: string[]): TargetPlan {
   const slot = { release: () => {}, answered: () => {}, unsent: () => {} };
   return {
-    pool: { acquire: async () => ({ ok: true, slot, queued: false }) },
+    pool: { acquire: async () => ({ ok: true, slot, queued: false }), sending: () => () => {} },
     client: {
       config: { timeouts: { connectMs: 1000, firstTokenMs: 1000, idleMs: 1000 }, family: 'openai' },
       dispatcher: {

@@ -113,6 +113,7 @@ function spyPlan(queued = false, grant: 'ok' | 'aborted' = 'ok') {
       return grant === 'ok' ? { ok: true, slot, queued } : { ok: false, reason: 'aborted', retryAfterMs: 0 };
     },
     holdLowerClasses: (target: string, untilMs: number) => holds.push([target, untilMs]),
+    sending: () => () => {},
   };
   return { plan: { pool, cls: 0, limitKey: 'p/a', client: {} } as unknown as TargetPlan, done, asked, holds };
 }

@@ -23,7 +23,7 @@ function slotPlan() {
   const done: string[] = [];
   const sent: string[] = [];
   const slot = { release: () => done.push('release'), unsent: () => done.push('unsent'), answered: () => done.push('answered') };
-  const pool = { acquire: async () => ({ ok: true, slot, queued: false }), holdLowerClasses: () => {} };
+  const pool = { acquire: async () => ({ ok: true, slot, queued: false }), holdLowerClasses: () => {}, sending: () => () => {} };
   const client = new Proxy({}, { get: (_t, p) => (sent.push(String(p)), () => Promise.reject(new Error('sent'))) });
   const plan = { pool, cls: 0, limitKey: 'p/m', key: 'p/m', holdOffKey: 'p/m', sharesHoldOffs: true, client } as unknown as TargetPlan;
   return { plan, done, sent };
