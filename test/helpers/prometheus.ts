@@ -244,6 +244,20 @@ export function withoutThreshold(expr: string): string | undefined {
   return m ? m[1] : undefined;
 }
 
+/**
+ * The figures an alert expression compares, its threshold removed: the figure itself and, for a ratio alert with a
+ * minimum count, `(<ratio> and on (...) <events> >= N) > X`, the ratio and the event count (each has data under traffic
+ * even where the count is too small for the alert).
+ */
+export function alertFigures(expr: string): string[] | undefined {
+  const figure = withoutThreshold(expr);
+  if (figure === undefined) return undefined;
+  const guarded = /^\(([\s\S]+?) and on \([^)]*\) ([\s\S]+)\)$/.exec(figure.trim());
+  if (!guarded) return [figure];
+  const events = withoutThreshold(guarded[2]!);
+  return events === undefined ? undefined : [guarded[1]!, events];
+}
+
 const PROMQL_WORDS = new Set(['by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'bool', 'and', 'or', 'unless', 'offset', 'inf', 'nan', 'atan2']);
 
 /** Metric names a PromQL expression reads (functions, keywords, label names and durations left out). */
