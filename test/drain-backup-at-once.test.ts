@@ -3,8 +3,9 @@
 // began before SIGTERM used to be weighed against it only once it was over, so the request slept out the whole
 // backoff and only then went to the backup (which answered at once), wasting the grace it had left. The drain's start
 // now wakes it: a wait whose retry no longer fits before the grace end moves to the backup at once; one that fits
-// keeps its plan. A request with no backup is answered as before (503 gateway_draining once its wait is over), and
-// without a drain nothing changes.
+// keeps its plan. A request with no backup gets the drain's 503 gateway_draining at once (it used to wait the backoff
+// out for it, and hold the instance's exit), told to come back when its wait would have ended; without a drain nothing
+// changes.
 // Real HTTP: a primary of the test's own (503 once, then answers), the bundled mock as the backup, drain() as SIGTERM.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
@@ -92,16 +93,21 @@ describe('SIGTERM while a request sleeps in a backoff on its primary, with a bac
 });
 
 describe('SIGTERM while a request sleeps in a backoff on its only target', () => {
-  it('is answered as before: 503 gateway_draining once the wait is over, with the one second floor as retry-after', async () => {
+  it('is answered 503 gateway_draining as the drain begins, told to come back when its wait would have ended', async () => {
     // The same timing as the backup case: the wait ends at 3 s with 800 ms of grace left, less than minAttemptMs.
+    // Before, the request slept to 3 s for the same 503 (with the one second floor as retry-after).
     const p = await startProvider(busyOnceThen());
     const s = await startStack({ config: config(p.origin, { backup: false, graceMs: 3_000 }) });
     const startedAt = Date.now();
     const answer = ask(s.url);
     await sleep(300);
     const drained = s.gateway.drain();
-    expect(await answer).toEqual({ status: 503, code: 'gateway_draining', retryAfterMs: 1_000 });
-    expect(Date.now() - startedAt).toBeGreaterThanOrEqual(BACKOFF_MS - 100);
+    const got = await answer;
+    expect(Date.now() - startedAt).toBeLessThan(BACKOFF_MS - 1_000);
+    expect(got).toMatchObject({ status: 503, code: 'gateway_draining' });
+    // About 2.7 s: the backoff's 3 s less the 300 ms slept before the drain.
+    expect(got.retryAfterMs).toBeGreaterThan(1_500);
+    expect(got.retryAfterMs).toBeLessThanOrEqual(BACKOFF_MS);
     expect(p.hits()).toBe(1);
     await drained;
   });

@@ -499,19 +499,20 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     if (!graceHolds(ctx, delayMs)) return drained(delayMs);
     if (!(await payRetry(ctx, plan, run, deps, paced))) return { ...run.lastFailure!, why: 'budget' };
     const sleptFromMs = deps.now();
-    // With a next target, a drain that begins during the wait weighs it then (below).
-    const wake = hasNext ? drainWakes(ctx, () => sleptFromMs + delayMs - deps.now()) : undefined;
+    // A drain that begins during the wait weighs it then (below).
+    const waitLeftMs = () => Math.max(0, sleptFromMs + delayMs - deps.now());
+    const wake = drainWakes(ctx, waitLeftMs);
     try {
       await deps.sleep(delayMs, wake?.signal ?? ctx.signal);
       ctx.onWaited?.('backoff', delayMs);
     } catch {
       ctx.onWaited?.('backoff', deps.now() - sleptFromMs);
-      // Its retry no longer fits before the grace end: the next target now, as once the wait would have been over.
-      if (wake?.woken()) return drained(undefined);
+      // Its retry no longer fits before the grace end: the next target now, as once the wait would have been over; with
+      // none, the drain's 503 now, told to come back (to another instance) when the wait would have ended.
+      if (wake?.woken()) return drained(waitLeftMs());
       const aborted = { outcome: abortOutcome(ctx.signal.reason) };
       // Cut by the drain's grace end: come back (to another instance) when the wait would have ended.
-      const waitLeftMs = ctx.signal.reason instanceof GatewayShutdown ? Math.max(0, sleptFromMs + delayMs - deps.now()) : undefined;
-      return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: waitLeftMs };
+      return { kind: 'failed', result: aborted, cls: classify(aborted.outcome), retryAfterMs: ctx.signal.reason instanceof GatewayShutdown ? waitLeftMs() : undefined };
     } finally {
       wake?.stop();
     }
@@ -538,11 +539,12 @@ export function graceHolds(ctx: RequestContext, waitMs: number): boolean {
 const WOKEN_BY_DRAIN = Symbol('woken by the drain');
 
 /**
- * For a backoff begun before SIGTERM, by a request with a next target: the signal it sleeps on, which follows the
- * request's own and is aborted too when the drain begins and the wait left (`waitLeftMs`) no longer fits before the
- * grace end (graceHolds, the one rule). Weighed only once over, the wait was slept out (1.2 s and more) while a backup
- * could have answered at once, spending the grace the request had left. Undefined while draining already (the wait
- * was weighed before it began) or outside a drainable server.
+ * For a backoff begun before SIGTERM: the signal it sleeps on, which follows the request's own and is aborted too when
+ * the drain begins and the wait left (`waitLeftMs`) no longer fits before the grace end (graceHolds, the one rule).
+ * Weighed only once over, the wait was slept out (1.2 s and more) while a backup could have answered at once, spending
+ * the grace the request had left; with no backup, the client waited for the same 503 gateway_draining, and the
+ * instance's exit with it. Undefined while draining already (the wait was weighed before it began) or outside a
+ * drainable server.
  */
 function drainWakes(ctx: RequestContext, waitLeftMs: () => number): { signal: RequestSignal; woken: () => boolean; stop: () => void } | undefined {
   if (ctx.onDrainStart === undefined || ctx.graceLeftMs?.() !== undefined) return undefined;
