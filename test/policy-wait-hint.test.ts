@@ -116,6 +116,45 @@ describe('parseWaitHint', () => {
     expect(parseWaitHint({ 'x-ratelimit-reset-requests': '9999h' }, now)?.delayMs).toBe(MAX_WAIT_HINT_MS);
   });
 
+  describe("the upstream's clock (its Date header) against the gateway's", () => {
+    const httpDate = (ms: number) => new Date(ms).toUTCString();
+    const hour = 3_600_000;
+
+    it('reads a retry-after HTTP-date against the answer\'s Date when the clocks disagree by more than 2 s', () => {
+      // An upstream an hour ahead asking for 2 s: not an hour's hold-off; an hour behind: not a date already past.
+      for (const skew of [hour, -hour, 3_000, -3_000]) {
+        const headers = { date: httpDate(now + skew), 'retry-after': httpDate(now + skew + 2_000) };
+        expect(parseWaitHint(headers, now), `skew ${skew}`).toEqual({ delayMs: 2000, source: 'retry-after', fleetWide: true });
+      }
+    });
+
+    it("keeps the gateway's clock when the Date is within 2 s of it (its whole second and the answer's travel)", () => {
+      // Date a second and a half behind (as a whole second): the 2 s asked for are measured from the gateway's now.
+      const headers = { date: httpDate(now - 1_000), 'retry-after': httpDate(now + 2_000) };
+      expect(parseWaitHint(headers, now + 500)?.delayMs).toBe(1500);
+    });
+
+    it("ignores a malformed Date, and adds a cache's age to the Date it kept", () => {
+      expect(parseWaitHint({ date: 'yesterday', 'retry-after': httpDate(now + 2_000) }, now)?.delayMs).toBe(2000);
+      expect(parseWaitHint({ date: httpDate(now - hour), 'retry-after': httpDate(now + 2_000) }, now)?.delayMs).toBe(hour + 2000);
+      // Made 30 s ago by a clock in step with the gateway's, kept by a cache: 2 s from now, not 32.
+      const cached = { date: httpDate(now - 30_000), age: '30', 'retry-after': httpDate(now + 2_000) };
+      expect(parseWaitHint(cached, now)?.delayMs).toBe(2000);
+      expect(parseWaitHint({ ...cached, age: 'x' }, now)?.delayMs).toBe(32_000);
+    });
+
+    it("reads Anthropic's resets against it too, for the wait hint and for the token room", () => {
+      const skew = -90_000; // the gateway's clock 90 s ahead of Anthropic's
+      const reset = new Date(now + skew + 7_000).toISOString();
+      const headers = { date: httpDate(now + skew), 'anthropic-ratelimit-tokens-reset': reset };
+      expect(parseWaitHint(headers, now)).toEqual({ delayMs: 7000, source: 'anthropic-ratelimit-reset', fleetWide: false });
+      const room = { ...headers, 'anthropic-ratelimit-tokens-remaining': '10', 'anthropic-ratelimit-requests-remaining': '5' };
+      expect(tokenRoomHint(room, now)?.delayMs).toBe(7000);
+      // Durations (retry-after seconds, x-ratelimit-reset-*) need no clock.
+      expect(parseWaitHint({ date: httpDate(now + hour), 'retry-after': '3' }, now)?.delayMs).toBe(3000);
+    });
+  });
+
   describe('anthropic-ratelimit-*-reset', () => {
     it('reads RFC 3339 with an offset and fractional seconds, rounded up to whole ms', () => {
       const at = '2015-10-21T09:28:02.5005+02:00'; // 07:28:02.5005Z

@@ -29,7 +29,8 @@ const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimi
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
  */
-export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
+export function parseWaitHint(headers: ResponseHeaders, localNowMs: number): WaitHint | undefined {
+  const nowMs = upstreamNowMs(headers, localNowMs);
   const retryAfterMs = header(headers, 'retry-after-ms');
   const fromMs = retryAfterMs === undefined ? undefined : parseNonNegativeDecimal(retryAfterMs);
   if (fromMs !== undefined && fromMs > 0) return hint(fromMs, 'retry-after-ms', true);
@@ -48,12 +49,35 @@ export function parseWaitHint(headers: ResponseHeaders, nowMs: number): WaitHint
  * The token limits' resets (when they are full again, the first time the request surely fits) are its hint: without
  * it the retries went back at the backoff's pace into the same refusal.
  */
-export function tokenRoomHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
-  return resetHint(headers, nowMs, (h, pairs, parse) => {
+export function tokenRoomHint(headers: ResponseHeaders, localNowMs: number): WaitHint | undefined {
+  return resetHint(headers, upstreamNowMs(headers, localNowMs), (h, pairs, parse) => {
     const present = pairs.filter(([, remaining]) => header(h, remaining) !== undefined);
     if (present.length === 0 || present.some(([, remaining]) => isZero(header(h, remaining)))) return undefined;
     return latestResetMs(h, pairs.filter(([reset]) => reset.includes('tokens')), parse);
   });
+}
+
+/**
+ * How far the upstream's `Date` may stray from the gateway's clock before the two are taken to disagree: the header
+ * counts whole seconds (up to 1 s behind the moment it names) and the answer takes a moment to arrive.
+ */
+const CLOCK_SKEW_TOLERANCE_MS = 2_000;
+
+/**
+ * "Now" to measure the upstream's dates against (a `retry-after` HTTP-date, Anthropic's RFC 3339 resets): the answer's
+ * own `Date` when it is further than CLOCK_SKEW_TOLERANCE_MS from the gateway's clock, else the gateway's clock. Both
+ * dates are the upstream's: with either clock off, a provider asking for 2 s read as an hour (a fleet-wide hold-off,
+ * clients told not to retry) or as past (no hint, retries at the backoff's pace into the rate limit). Read against the
+ * whole second `Date` names, a hint waits up to a second too long, never too short.
+ */
+function upstreamNowMs(headers: ResponseHeaders, localNowMs: number): number {
+  const date = header(headers, 'date');
+  const dateMs = date === undefined ? undefined : parseHttpDateMs(date, localNowMs);
+  if (dateMs === undefined) return localNowMs;
+  // An answer a cache kept names when it was made; `age` (RFC 9111) is how long ago that was.
+  const age = header(headers, 'age');
+  const upstreamMs = dateMs + (age !== undefined && /^\d+$/.test(age) ? Number(age) * 1000 : 0);
+  return Math.abs(upstreamMs - localNowMs) > CLOCK_SKEW_TOLERANCE_MS ? upstreamMs : localNowMs;
 }
 
 type ResetPick = (headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined) => number | undefined;
