@@ -189,6 +189,30 @@ describe('parseWaitHint', () => {
     });
   });
 
+  describe('a bare x-ratelimit-reset (OpenRouter, Together and other OpenAI-compatible services)', () => {
+    it('reads Unix milliseconds and seconds as instants, smaller numbers as seconds from now', () => {
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'x-ratelimit-remaining': '0' }, now))
+        .toEqual({ delayMs: 4000, source: 'x-ratelimit-reset', fleetWide: false });
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now / 1000 + 7) }, now)?.delayMs).toBe(7000);
+      expect(parseWaitHint({ 'x-ratelimit-reset': '12' }, now)?.delayMs).toBe(12_000);
+      expect(parseWaitHint({ 'x-ratelimit-reset': '1.5' }, now)?.delayMs).toBe(1500);
+    });
+
+    it('skips a past instant, a malformed value and a limit with room left; yields to the other hints', () => {
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now - 1_000) }, now)).toBeUndefined();
+      expect(parseWaitHint({ 'x-ratelimit-reset': '-3' }, now)).toBeUndefined();
+      expect(parseWaitHint({ 'x-ratelimit-reset': 'soon' }, now)).toBeUndefined();
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'x-ratelimit-remaining': '3' }, now)).toBeUndefined();
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'retry-after': '2' }, now)?.delayMs).toBe(2000);
+      expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'x-ratelimit-reset-requests': '1s' }, now)?.delayMs).toBe(1000);
+    });
+
+    it("reads an instant against the answer's Date when the clocks disagree", () => {
+      const headers = { date: new Date(now - 600_000).toUTCString(), 'x-ratelimit-reset': String(now - 600_000 + 3_000) };
+      expect(parseWaitHint(headers, now)?.delayMs).toBe(3000);
+    });
+  });
+
   describe('x-ratelimit-reset-*', () => {
     it('uses the larger reset when no remaining headers are sent', () => {
       const headers = { 'x-ratelimit-reset-requests': '1s', 'x-ratelimit-reset-tokens': '6m0s' };

@@ -21,10 +21,12 @@ type LimitHeaders = readonly (readonly [reset: string, remaining: string])[];
 const ANTHROPIC_LIMITS: LimitHeaders = ['requests', 'tokens', 'input-tokens', 'output-tokens']
   .map(l => [`anthropic-ratelimit-${l}-reset`, `anthropic-ratelimit-${l}-remaining`] as const);
 const OPENAI_LIMITS: LimitHeaders = ['requests', 'tokens'].map(l => [`x-ratelimit-reset-${l}`, `x-ratelimit-remaining-${l}`] as const);
+// The bare pair many OpenAI-compatible services send (OpenRouter, Together, ...), whose reset is an instant.
+const BARE_LIMITS: LimitHeaders = [['x-ratelimit-reset', 'x-ratelimit-remaining']];
 
 /**
  * The upstream's wait hint: the first present, valid and non-zero of retry-after-ms, retry-after,
- * anthropic-ratelimit-*-reset, x-ratelimit-reset-*; never throws.
+ * anthropic-ratelimit-*-reset, x-ratelimit-reset-*, x-ratelimit-reset; never throws.
  * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
@@ -89,8 +91,21 @@ function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): Wa
     return atMs === undefined ? undefined : atMs - nowMs;
   });
   if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
-  const openai = pick(headers, OPENAI_LIMITS, parseDurationMs);
+  const openai = pick(headers, OPENAI_LIMITS, parseDurationMs) ?? pick(headers, BARE_LIMITS, v => bareResetMs(v, nowMs));
   return openai === undefined ? undefined : hint(openai, 'x-ratelimit-reset', false);
+}
+
+/**
+ * A bare `x-ratelimit-reset`, in ms from now: an instant in Unix milliseconds (OpenRouter) or seconds, told apart by
+ * size (from 10^12 ms, and 10^9 s, both in 2001), else seconds from now. Read as seconds, an OpenRouter reset was a
+ * wait of 55,000 years; dropped, the retries went back at the backoff's pace into the limit.
+ */
+function bareResetMs(value: string, nowMs: number): number | undefined {
+  const n = parseNonNegativeDecimal(value);
+  if (n === undefined) return undefined;
+  if (n >= 1e12) return n - nowMs;
+  if (n >= 1e9) return n * 1000 - nowMs;
+  return n * 1000;
 }
 
 /**
