@@ -98,8 +98,11 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
 export const PASSTHROUGH_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'client_gone'] as const;
 
 
-/** The reasons a streamRecovery continuation is counted as a retry for: how the stream it finishes broke (stream-break.ts). */
-const RECOVERY_REASONS = ['stream_cut', 'stream_stalled'];
+/**
+ * The reasons a streamRecovery continuation is counted as a retry for: how the stream it finishes broke (stream-break.ts:
+ * cut, stalled, or the provider's own error event after the first output, an overload mid-answer).
+ */
+const RECOVERY_REASONS = ['stream_cut', 'stream_stalled', 'stream_error'];
 
 /**
  * One route's series for one of its target keys, at zero, every label value the code can give them: a counter's
@@ -117,9 +120,21 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
   }
   metrics.budgetExhausted.inc({ route: route.name, target }, 0);
   for (const kind of ['prompt', 'completion']) metrics.tokens.inc({ route: route.name, target, kind }, 0);
-  const reasons = route.streamRecovery === 'continue' ? [...retryReasons(route.retry.retryOn), ...RECOVERY_REASONS] : retryReasons(route.retry.retryOn);
+  const reasons = new Set(targetRetryOn(route, target).flatMap((retryOn) => retryReasons(retryOn)));
+  if (route.streamRecovery === 'continue') for (const reason of RECOVERY_REASONS) reasons.add(reason);
   for (const reason of reasons) metrics.retries.inc({ route: route.name, target, reason }, 0);
   for (const status_class of STATUS_CLASSES) metrics.upstreamAttempts.inc({ target, status_class }, 0);
+}
+
+/**
+ * The retryOn lists a target key is retried under: those of the route's targets of its provider, each its own `retry`
+ * or else the route's (plan-targets.ts). A target's own replaces the route's whole, so the route's reasons alone left
+ * a target that retries 429s where its route does not without its first 429 retries in increase().
+ */
+function targetRetryOn(route: Route, target: string): Array<Route['retry']['retryOn']> {
+  const provider = target.slice(0, target.indexOf('/'));
+  const own = route.targets.filter((t) => t.provider === provider);
+  return own.length > 0 ? own.map((t) => (t.retry ?? route.retry).retryOn) : [route.retry.retryOn];
 }
 
 /**
