@@ -60,6 +60,9 @@ describe('a provider\'s verdict on the request is invalid_request; its failure s
   it.each<[string, number, string, ErrorRule]>([
     ['a 400 invalid_value', 400, 'invalid_request', { status: 400, code: 'invalid_value', message: 'bad temperature' }],
     ['a 404 for the client\'s model', 404, 'invalid_request', { status: 404, code: 'model_not_found', message: 'The model `gpt-5x` does not exist' }],
+    ['a 404 for the client\'s model from Ollama (no code)', 404, 'invalid_request', { status: 404, message: 'model "llama9" not found, try pulling it first' }],
+    ['a 404 for the client\'s deployment from Azure', 404, 'invalid_request', { status: 404, code: 'DeploymentNotFound', message: 'The API deployment for this resource does not exist.' }],
+    ['a 404 Invalid URL (the operator\'s baseUrl)', 404, 'upstream_error', { status: 404, message: 'Invalid URL (POST /v1/chat/completions)' }],
     ['a 409', 409, 'invalid_request', { status: 409, code: 'conflict' }],
     ['a 413', 413, 'invalid_request', { status: 413, code: 'request_too_large' }],
     ['a 422', 422, 'invalid_request', { status: 422 }],
@@ -96,6 +99,20 @@ describe('a provider\'s verdict on the request is invalid_request; its failure s
     const a = await chat(s);
     expect(a.status).toBe(404);
     expect(await outcomes(s)).toEqual({ upstream_error: 1 });
+    expect(await requestLine(s)).toMatchObject({ status: 404, outcome: 'upstream_error' });
+  });
+});
+
+describe('a wrong baseUrl: every request answered 404 by a URL the provider does not have', () => {
+  it('is counted and logged upstream_error, not the clients\' bad requests: the error share shows the outage', async () => {
+    const s = await startStack({
+      config: (mockUrl) => {
+        const c = defaultConfig(mockUrl, { route: TWO_ATTEMPTS, provider: RETRY_LOOP_ONLY.provider });
+        return { ...c, providers: { mock: { ...c.providers.mock!, baseUrl: `${mockUrl}/openai/v1` } } };
+      },
+    });
+    for (let i = 0; i < 3; i++) expect((await chat(s)).status).toBe(404);
+    expect(await outcomes(s)).toEqual({ upstream_error: 3 });
     expect(await requestLine(s)).toMatchObject({ status: 404, outcome: 'upstream_error' });
   });
 });

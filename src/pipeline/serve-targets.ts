@@ -27,9 +27,12 @@ export function endedWithVerdict(served: Served): boolean {
 /**
  * Did it end with a verdict on the client's own request (its outcome `invalid_request`)? Not a 404 for a target's own
  * model (a retired model, a deleted deployment): that name is the operator's, and every request of the route gets it.
+ * Nor a 404 for a URL the provider does not have (a wrong `baseUrl`): the operator's too.
  */
 export function endedWithClientVerdict(served: Served): boolean {
-  return served.kind === 'failed' && OUTCOME_TABLE[served.failure.cls.cls].verdict && !ownModelNotFound(served.plan, served.failure);
+  if (served.kind !== 'failed' || !OUTCOME_TABLE[served.failure.cls.cls].verdict) return false;
+  const { outcome } = served.failure.result;
+  return !ownModelNotFound(served.plan, served.failure) && !(outcome.kind === 'http' && outcome.unknownUrl);
 }
 
 export const FALLBACK_REASONS = [

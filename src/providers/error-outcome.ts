@@ -27,7 +27,21 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
   const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
   const param = status === 404 ? otherParamOf(body) : undefined;
-  return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }) };
+  const unknownUrl = status === 404 && param === undefined && !namesModel(errorCode, body);
+  return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }) };
+}
+
+/**
+ * Whether a 404 speaks of the model (or the deployment that stands for it): OpenAI's `model_not_found`, Anthropic's
+ * "model: claude-...", vLLM's "The model `x` does not exist", Ollama's "model \"x\" not found", Gemini's
+ * "models/... is not found", Azure's DeploymentNotFound. One that does not (OpenAI's "Invalid URL (POST ...)",
+ * a web server's page) says the URL is wrong: counted as the client's bad request, a wrong `baseUrl` failing every
+ * request read as clients sending bad ones, and the error-share alert stayed silent through the outage.
+ */
+function namesModel(errorCode: string | null, body: Buffer): boolean {
+  if (errorCode !== null && /model|deployment/i.test(errorCode)) return true;
+  const message = errorFieldsOf(body)?.message;
+  return typeof message === 'string' && /model|deployment/i.test(message);
 }
 
 /**
