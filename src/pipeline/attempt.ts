@@ -89,12 +89,13 @@ export async function runAttempt(req: AttemptRequest): Promise<AttemptResult> {
       const encoding = encodingOf(answer.headers);
       // An answer cut at its cap is judged by its size alone.
       if (encoding === undefined || (!answer.whole && answer.statusCode < 300)) return wholeResult(req, answer.statusCode, answer.headers, answer.body, answer.whole);
-      // An error cut short (at its cap, or on the wire) is read for what of it decodes, as a stream request's is: its
-      // compressed bytes, read as text, were the client's error message.
-      if (!answer.whole) return wholeResult(req, answer.statusCode, answer.headers, (await decodedPrefix(answer.body, encoding, MAX_ERROR_BODY_BYTES)) ?? Buffer.alloc(0), false);
-      const decoded = await decodedWhole(answer.body, encoding, bodyCap(answer.statusCode));
-      if (!decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data`, ran: false }, status: answer.statusCode, headers: answer.headers };
-      return wholeResult(req, answer.statusCode, answer.headers, decoded.bytes, decoded.whole);
+      const decoded = answer.whole ? await decodedWhole(answer.body, encoding, bodyCap(answer.statusCode)) : undefined;
+      if (answer.whole && !decoded) return { outcome: { kind: 'bad-stream', detail: `the answer is not valid ${encoding} data`, ran: false }, status: answer.statusCode, headers: answer.headers };
+      // An error cut short (at its cap, on the wire, or decoding past its cap though its compressed bytes were under
+      // it) is read for what of it decodes up to the cap, as a stream request's is: its compressed bytes, read as text,
+      // were the client's error message, and an error decoding past the cap was none at all.
+      if (!decoded?.whole && (answer.statusCode < 200 || answer.statusCode >= 300)) return wholeResult(req, answer.statusCode, answer.headers, (await decodedPrefix(answer.body, encoding, MAX_ERROR_BODY_BYTES)) ?? Buffer.alloc(0), false);
+      return wholeResult(req, answer.statusCode, answer.headers, decoded!.bytes, decoded!.whole);
     }
     const res = await untilAborted(req.client.dispatcher.request({ path: req.path, method: 'POST', headers: req.headers, body: req.body, signal: asAbortSignal(signal) }), signal);
     const { headers } = res;
