@@ -221,7 +221,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
     // An error object with a 200 that names the gateway's own account is the 429, 402, 401 or 403 it stands for.
     const account = wrong.ran ? undefined : accountErrorOf(raw);
     if (account) return accountResult(account, headers);
-    const meant = wrong.ran ? undefined : familyErrorIn200(req, raw, headers);
+    const meant = wrong.ran ? undefined : familyErrorIn200(req, raw, headers) ?? rateLimitIn200(req, raw, status, headers);
     if (meant) return meant;
     return { outcome: { kind: 'bad-stream', detail: wrong.detail, ran: wrong.ran }, status, headers };
   }
@@ -275,6 +275,24 @@ function familyErrorIn200(req: AttemptRequest, raw: Buffer, headers: HeaderBag):
   if (!meaning) return undefined;
   const outcome: AttemptOutcome = { kind: 'http', status: meaning.status, errorCode: errorCodeOf(meaning.status, meaning.body), hint: undefined };
   return { outcome, status: meaning.status, headers, body: withoutKey(req.translator ? meaning.body : raw, req.client.config.apiKey) };
+}
+
+/**
+ * A rate limit's error object answered with a 200 (OpenRouter's `{"error": {"message": "Provider returned error",
+ * "code": 429, ...}}`, BerriAI/litellm#8448): the 429 it stands for, as the same error in a stream's first event is
+ * (errorVerdict). Read as a body that is not an answer, each one counted as a breaker failure and the client was
+ * answered 502. Other errors in a 200 stay what the README says: a failed attempt, retried and failed over.
+ */
+function rateLimitIn200(req: AttemptRequest, raw: Buffer, status: number, headers: HeaderBag): AttemptResult | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return undefined;
+  const verdict = errorVerdict(upstreamErrorIn(parsed as Record<string, unknown>), 'an error in a 200 answer', req.client.config.apiKey);
+  return verdict.outcome?.kind === 'http' && verdict.outcome.status === 429 ? failureResult(req, verdict, status, headers) : undefined;
 }
 
 function accountResult(account: { status: number; code: string }, headers: HeaderBag): AttemptResult {

@@ -11,7 +11,7 @@
 // over 20 ms).
 import type { ApiKind } from '../routing/router.ts';
 import { bomLength } from '../http/byte-order-mark.ts';
-import { ABORTED_MESSAGE } from '../streaming/stream-events.ts';
+import { stoppedInBytes, stoppedMessage } from '../streaming/stream-events.ts';
 
 /** The APIs whose `stream: true` makes the provider answer with server-sent events; all of them answer JSON otherwise. */
 const STREAMING_APIS: ReadonlySet<ApiKind> = new Set(['chat', 'completions', 'responses', 'messages']);
@@ -80,11 +80,11 @@ export function notAnAnswer({ api, stream, contentType, ownFamily }: AnswerConte
   }
   const missing = ownFamily ? missingField(api, body) : undefined;
   if (missing !== undefined) return not(missing);
-  // vLLM's answer to a request its engine stopped (a replica shutting down, a pause): what it had so far, with this
-  // finish_reason, no OpenAI value. As bytes, it cannot be a string's content (its quotes would be escaped there).
-  if (ownFamily && (api === 'chat' || api === 'completions') && body.indexOf('"finish_reason":"abort"') !== -1) {
-    return { detail: ABORTED_MESSAGE, ran: true };
-  }
+  // An answer its server stopped short (vLLM's abort when its engine stopped the request, DeepSeek's
+  // insufficient_system_resource, OpenRouter's and Mistral's error): what it had so far, with a finish_reason that is
+  // no OpenAI value (stream-events.ts STOPPED). Passed on, the SDK returned the part (or nothing) as a whole completion.
+  const stopped = ownFamily && (api === 'chat' || api === 'completions') ? stoppedInBytes(body) : undefined;
+  if (stopped !== undefined) return { detail: stoppedMessage(stopped), ran: true };
   return undefined;
 }
 

@@ -2,7 +2,7 @@
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
 import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, THREAD_STATE_CODES, type AttemptOutcome } from '../policy/outcome.ts';
-import { parseWaitHint, retryInfoHint, tokenRoomHint } from '../policy/wait-hint.ts';
+import { MAX_WAIT_HINT_MS, parseWaitHint, retryInfoHint, tokenRoomHint, type WaitHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
 import { withoutKey } from './key-echo.ts';
@@ -25,7 +25,8 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // comes back after no reset, and its upstream_auth_error was told a retry-after from one.
   const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
   // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
-  const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(errorFieldsOf(body)) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
+  const fields = errorFieldsOf(body);
+  const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(fields) ?? relayedHint(fields, nowMs) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
   const param = status === 404 ? otherParamOf(body) : undefined;
   const unknownUrl = status === 404 && param === undefined && !namesModel(errorCode, body);
   return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }) };
@@ -42,6 +43,31 @@ function namesModel(errorCode: string | null, body: Buffer): boolean {
   if (errorCode !== null && /model|deployment/i.test(errorCode)) return true;
   const message = errorFieldsOf(body)?.message;
   return typeof message === 'string' && /model|deployment/i.test(message);
+}
+
+/**
+ * The wait a router relays in its error's metadata when no header of its own says it: OpenRouter's 429 puts the
+ * limit's headers there (its `free-models-per-day`: `"metadata": {"headers": {"X-RateLimit-Remaining": "0",
+ * "X-RateLimit-Reset": "<Unix ms>"}}`; a provider's limit behind it: `"retry_after_seconds": 17, "headers":
+ * {"Retry-After": "17"}`), read as those headers would be (wait-hint.ts). Without it the attempts went back into the
+ * limit at the backoff's pace, and a daily limit's client was told no wait. Like RetryInfo, this request's hint only:
+ * the limit may be one provider's behind the router, which routes the next request elsewhere (no hold-off).
+ */
+function relayedHint(error: { metadata?: unknown } | undefined, nowMs: number): WaitHint | undefined {
+  const metadata = error?.metadata as { headers?: unknown; retry_after_seconds?: unknown } | null | undefined;
+  if (metadata === null || typeof metadata !== 'object') return undefined;
+  const relayed = metadata.headers;
+  if (relayed !== null && typeof relayed === 'object' && !Array.isArray(relayed)) {
+    const bag: HeaderBag = {};
+    for (const [name, value] of Object.entries(relayed as Record<string, unknown>)) {
+      if (typeof value === 'string' || typeof value === 'number') bag[name.toLowerCase()] = String(value);
+    }
+    const fromHeaders = parseWaitHint(bag, nowMs);
+    if (fromHeaders !== undefined) return { ...fromHeaders, fleetWide: false };
+  }
+  const seconds = metadata.retry_after_seconds;
+  if (typeof seconds !== 'number' || !Number.isFinite(seconds) || seconds <= 0) return undefined;
+  return { delayMs: Math.min(MAX_WAIT_HINT_MS, Math.ceil(seconds * 1000)), source: 'retry-after', fleetWide: false };
 }
 
 /**

@@ -43,14 +43,33 @@ const raised = (v: unknown) => Boolean(v);
  */
 const finishes = (reason: unknown) => present(reason) && reason !== '';
 /**
- * vLLM ends a request its engine stopped (a replica shutting down or paused, an abort) with `finish_reason: "abort"`,
- * which is no OpenAI value, and then `[DONE]` (vLLM issue #57082). Read as a finish, the answer cut short reached the
- * client as complete. It is an error event before the first output (the attempt failed, and is retried); after it,
- * the answer cut short (cutShort): the provider stopped producing it, as when its connection drops.
+ * finish_reasons with no OpenAI value that say the provider stopped the answer short, each a whole answer's end on its
+ * server's wire (then `[DONE]`): vLLM's `abort` for a request its engine stopped (a replica shutting down or paused,
+ * vLLM issue #57082); `error`, which OpenRouter ("if the model finishes the request with an error", its choice
+ * carrying its own `error`, no top-level one), Mistral and Together send; DeepSeek's `insufficient_system_resource`
+ * ("the request is interrupted due to insufficient resource of the inference system"). Read as a finish, the answer
+ * cut short reached the client as complete, and one ended before any output was an empty answer. Each is an error
+ * event before the first output (the attempt failed, and is retried); after it, the answer cut short (cutShort): the
+ * provider stopped producing it, as when its connection drops.
  */
-const ABORTED = 'abort';
-export const ABORTED_MESSAGE = 'the provider aborted the answer (finish_reason "abort")';
-const aborted = (chunk: { choices?: unknown }) => Array.isArray(chunk.choices) && (chunk.choices as ChatChoice[]).some((c) => c?.finish_reason === ABORTED);
+const STOPPED: ReadonlySet<string> = new Set(['abort', 'error', 'insufficient_system_resource']);
+/** What ended an answer a STOPPED finish_reason ended, for the client's error and the log. */
+export const stoppedMessage = (reason: string) => `the provider aborted the answer (finish_reason "${reason}")`;
+export const ABORTED_MESSAGE = stoppedMessage('abort');
+/** The STOPPED finish_reason of a chunk's choices, if one has one. */
+const stoppedBy = (chunk: { choices?: unknown }): string | undefined => {
+  if (!Array.isArray(chunk.choices)) return undefined;
+  for (const c of chunk.choices as ChatChoice[]) if (typeof c?.finish_reason === 'string' && STOPPED.has(c.finish_reason)) return c.finish_reason;
+  return undefined;
+};
+const aborted = (chunk: { choices?: unknown }) => stoppedBy(chunk) !== undefined;
+/** Whether an event's text may hold a STOPPED finish_reason, before it is parsed. */
+const mayStop = (data: string) => data.includes('"abort"') || data.includes('"error"') || data.includes('"insufficient_system_resource"');
+/** A whole answer's bytes with a STOPPED finish_reason (as bytes, not a string's content, whose quotes are escaped). */
+export function stoppedInBytes(body: Buffer): string | undefined {
+  for (const reason of STOPPED) if (body.indexOf(`"finish_reason":"${reason}"`) !== -1) return reason;
+  return undefined;
+}
 
 /**
  * An event after the first output that ends the answer cut short though the upstream's stream goes on to its clean
@@ -59,7 +78,7 @@ const aborted = (chunk: { choices?: unknown }) => Array.isArray(chunk.choices) &
  * out, or undefined when it carries nothing else; `why` says what cut it. Undefined for any other event.
  */
 export function cutShort(api: ApiKind, ev: SseEvent): { left: SseEvent | undefined; why: string } | undefined {
-  if ((api !== 'chat' && api !== 'completions') || ev.data === null || !ev.data.includes(ABORTED)) return undefined;
+  if ((api !== 'chat' && api !== 'completions') || ev.data === null || !mayStop(ev.data)) return undefined;
   let chunk: { error?: unknown; choices?: unknown; usage?: unknown };
   try {
     chunk = JSON.parse(ev.data) as typeof chunk;
@@ -67,12 +86,19 @@ export function cutShort(api: ApiKind, ev: SseEvent): { left: SseEvent | undefin
     return undefined;
   }
   // An error object makes the chunk the provider's error event, whatever its choices say (choicesMeaning).
-  if (typeof chunk !== 'object' || chunk === null || raised(chunk.error) || !aborted(chunk)) return undefined;
-  const choices = (chunk.choices as ChatChoice[]).map((c) => (c?.finish_reason === ABORTED ? { ...c, finish_reason: null } : c));
+  if (typeof chunk !== 'object' || chunk === null || raised(chunk.error)) return undefined;
+  const reason = stoppedBy(chunk);
+  if (reason === undefined) return undefined;
+  // The choice's own `error` (OpenRouter's) goes too: the SDK's types have none, and the gateway's error event says it.
+  const choices = (chunk.choices as Array<ChatChoice & { error?: unknown }>).map((c) => {
+    if (typeof c?.finish_reason !== 'string' || !STOPPED.has(c.finish_reason)) return c;
+    const { error: _error, ...rest } = c;
+    return { ...rest, finish_reason: null };
+  });
   const rest = { ...chunk, choices };
   const data = JSON.stringify(rest);
   const carries = choicesMeaning(rest) !== 'keepalive' || present(chunk.usage);
-  return { left: carries ? { raw: framed(ev.event, data), data, event: ev.event } : undefined, why: ABORTED_MESSAGE };
+  return { left: carries ? { raw: framed(ev.event, data), data, event: ev.event } : undefined, why: stoppedMessage(reason) };
 }
 
 /**
@@ -452,7 +478,7 @@ export function errorEventForClient(api: ApiKind, ev: SseEvent, nextSequence?: n
     const sequence = nextSequenceNumber(parsed) ?? nextSequence;
     return `${ev.raw}\n\nevent: error\ndata: ${JSON.stringify({ type: 'error', ...numbered(sequence), code, message, param: error.param, error })}\n\n`;
   }
-  const message = typeof parsed?.message === 'string' ? parsed.message : parsed && aborted(parsed) ? ABORTED_MESSAGE : 'the upstream sent an error event';
+  const message = typeof parsed?.message === 'string' ? parsed.message : parsed && aborted(parsed) ? stoppedMessage(stoppedBy(parsed)!) : 'the upstream sent an error event';
   return streamErrorEvent(api, `the upstream stream failed: ${message}`, 'upstream_error', nextSequence);
 }
 
