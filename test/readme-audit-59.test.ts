@@ -60,3 +60,26 @@ describe('a route with streamRecovery: continue, before its first request', () =
     }
   });
 });
+
+// Audit 59's second design question, built: a route's contextWindowFallback is one of its targets for the counters
+// too. Its series (requests, retries, the hand-over to it) were made by its first use, which increase() does not count:
+// the first prompts too long for the primary showed no fallback at all.
+describe("a route's contextWindowFallback, before its first request", () => {
+  it('has its request and retry series at zero, and the context_length hand-over to it from each target', async () => {
+    const input = defaultConfig('http://127.0.0.1:9');
+    input.providers.backup = { family: 'openai', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'backup-key' };
+    for (const r of input.routes) {
+      r.targets = [{ provider: 'mock', model: 'gpt-4o' }];
+      if (r.name === 'chat') r.contextWindowFallback = { provider: 'backup', model: 'gpt-4.1-long', retry: { retryOn: [429] } };
+    }
+    const config = ConfigSchema.parse(input);
+    const metrics = createMetrics({ defaultMetrics: false });
+    zeroSeries(config, metrics, new TargetKeys(config));
+    const text = await metrics.registry.metrics();
+    expect(text).toContain('stormgate_requests_total{route="chat",target="backup/gpt-4.1-long",priority="online",outcome="success"} 0');
+    expect(text).toContain('stormgate_retry_count_total{route="chat",target="backup/gpt-4.1-long",reason="status_429"} 0');
+    expect(text).toContain('stormgate_fallbacks_total{route="chat",from="mock/gpt-4o",to="backup/gpt-4.1-long",reason="context_length"} 0');
+    // Only that hand-over: the fallback is tried for a prompt too long, for no other reason.
+    expect(text).not.toContain('to="backup/gpt-4.1-long",reason="retries_exhausted"');
+  });
+});

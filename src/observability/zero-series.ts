@@ -77,6 +77,12 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
         for (const to of byTarget.slice(i + 1).flat()) for (const reason of FALLBACK_REASONS) metrics.fallbacks.inc({ ...r, from, to, reason }, 0);
       }
     }
+    // The context-window fallback's series, and the one hand-over to it: a prompt too long for every target.
+    if (route.contextWindowFallback) {
+      const wider = routeTargetKeys(route, route.contextWindowFallback, keys);
+      for (const target of wider) zeroTarget(route.name, target);
+      for (const from of byTarget.flat()) for (const to of wider) if (from !== to) metrics.fallbacks.inc({ ...r, from, to, reason: 'context_length' }, 0);
+    }
   }
   // Each client with a rate, for each of its rates: the first refusals of a client show from their first burst.
   const limits = config.auth?.limits ?? {};
@@ -133,7 +139,7 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
  */
 function targetRetryOn(route: Route, target: string): Array<Route['retry']['retryOn']> {
   const provider = target.slice(0, target.indexOf('/'));
-  const own = route.targets.filter((t) => t.provider === provider);
+  const own = everyTarget(route).filter((t) => t.provider === provider);
   return own.length > 0 ? own.map((t) => (t.retry ?? route.retry).retryOn) : [route.retry.retryOn];
 }
 
@@ -143,11 +149,16 @@ function targetRetryOn(route: Route, target: string): Array<Route['retry']['retr
  */
 function routeClasses(config: Config, route: Route): string[] {
   const out = new Set([route.priority]);
-  for (const t of route.targets) {
+  for (const t of everyTarget(route)) {
     const classes = Object.keys(config.providers[t.provider]?.pools.classes ?? {});
     for (const name of classes.slice(Math.max(0, classes.indexOf(route.priority)))) out.add(name);
   }
   return [...out];
+}
+
+/** A route's targets and its context-window fallback, if any. */
+function everyTarget(route: Route): Array<Route['targets'][number]> {
+  return route.contextWindowFallback ? [...route.targets, route.contextWindowFallback] : route.targets;
 }
 
 /** The keys a route's traffic to one target is counted under. */
@@ -162,6 +173,8 @@ function routeTargetKeys(route: Route, t: Route['targets'][number], keys: Target
 /** Every target key the config names: each route target's model, or the models the route matches. */
 export function configuredTargetKeys(config: Config, keys: TargetKeys): string[] {
   const out = new Set<string>();
-  for (const route of config.routes) for (const t of route.targets) for (const k of routeTargetKeys(route, t, keys)) out.add(k);
+  for (const route of config.routes) {
+    for (const t of everyTarget(route)) for (const k of routeTargetKeys(route, t, keys)) out.add(k);
+  }
   return [...out];
 }
