@@ -17,6 +17,11 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // Nor is a location Google does not serve the client's: the gateway's deployment (where it calls from), which every
   // request from it meets. The 403 OpenAI answers the same refusal with, under its code.
   if (status === 400 && isGoogleLocationRefusal(errorFieldsOf(body))) return { kind: 'http', status: 403, errorCode: REGION_REFUSED_CODE, hint: undefined };
+  // OpenRouter's in-flight spending budget: the cost of the requests running now fills what the balance covers, and
+  // its 402 says when to come back (retry-after). Read as a 402, the gateway's billing, it held the target for 60 s
+  // fleet-wide and answered every client 502, though the next turn was seconds away: many concurrent agents are
+  // exactly what fills it. It is the 429 it stands for, a limit on concurrent spend.
+  if (status === 402 && isInFlightBudget(errorFieldsOf(body))) return httpOutcome(429, headers, body, nowMs);
   const errorCode = errorCodeOf(status, body);
   // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
   // passed on it invited the client to send it again then.
@@ -104,6 +109,12 @@ export function errorCodeOf(status: number, body: Buffer): string | null {
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
+}
+
+/** OpenRouter's 402 for a full in-flight budget (`error.metadata.limit_source`), which passes, unlike a spent balance. */
+function isInFlightBudget(error: { metadata?: unknown } | undefined): boolean {
+  const m = error?.metadata as { limit_source?: unknown } | null | undefined;
+  return typeof m === 'object' && m !== null && m.limit_source === 'openrouter_in_flight_budget';
 }
 
 /**
