@@ -13,9 +13,9 @@ export type AttemptOutcome =
    * `param`: for a 404, the request field the error names when it is not `model` (a `previous_response_id`, an `input`
    * item the provider does not have): the request's own reference is missing, not the model. `created`: the status a
    * failed Response stands for (a whole answer whose status is failed): the provider created and stored that Response,
-   * so it took the request, as a stream's response.created says it did. `unknownUrl`: a 404 that names neither a model
-   * nor a field of the request (OpenAI's "Invalid URL", a web server's "Not Found" page): the URL the gateway sent the
-   * request to is not there (a wrong `baseUrl`), which no client request can be faulted for.
+   * so it took the request, as a stream's response.created says it did. `unknownUrl`: a 404 that says the URL is not
+   * there (OpenAI's "Invalid URL", a bare "Not Found", a web server's page), not what of the request is missing: a
+   * wrong `baseUrl`, which no client request can be faulted for.
    */
   | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string; created?: true; unknownUrl?: true }
   | { kind: 'network'; code: string }

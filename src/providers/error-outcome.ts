@@ -33,21 +33,22 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   const fields = errorFieldsOf(body);
   const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(fields) ?? relayedHint(fields, nowMs) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
   const param = status === 404 ? otherParamOf(body) : undefined;
-  const unknownUrl = status === 404 && param === undefined && !namesModel(errorCode, body);
+  const unknownUrl = status === 404 && param === undefined && isUnknownUrl(errorCode, body);
   return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }) };
 }
 
 /**
- * Whether a 404 speaks of the model (or the deployment that stands for it): OpenAI's `model_not_found`, Anthropic's
- * "model: claude-...", vLLM's "The model `x` does not exist", Ollama's "model \"x\" not found", Gemini's
- * "models/... is not found", Azure's DeploymentNotFound. One that does not (OpenAI's "Invalid URL (POST ...)",
- * a web server's page) says the URL is wrong: counted as the client's bad request, a wrong `baseUrl` failing every
- * request read as clients sending bad ones, and the error-share alert stayed silent through the outage.
+ * Whether a 404 says the URL is not there, as a wrong `baseUrl` meets it on every request: OpenAI's "Invalid URL (POST
+ * /v1/...)", Anthropic's and Azure's bare "Not Found" / "Resource not found", or no error object at all (a web
+ * server's page, FastAPI's `{"detail": "Not Found"}`, Go's "404 page not found"). Counted as the client's bad request,
+ * it read as clients sending bad ones, and the error-share alert stayed silent through the outage. Any other 404 names
+ * something of the request (a model, a deployment, a conversation, a file): the client's.
  */
-function namesModel(errorCode: string | null, body: Buffer): boolean {
-  if (errorCode !== null && /model|deployment/i.test(errorCode)) return true;
-  const message = errorFieldsOf(body)?.message;
-  return typeof message === 'string' && /model|deployment/i.test(message);
+function isUnknownUrl(errorCode: string | null, body: Buffer): boolean {
+  const error = errorFieldsOf(body);
+  if (error === undefined || typeof error.message !== 'string') return true;
+  if (errorCode !== null && /model|deployment/i.test(errorCode)) return false;
+  return /^(?:invalid url\b|unknown url\b|cannot (?:get|post)\b|(?:resource |page )?not found\.?$)/i.test(error.message.trim());
 }
 
 /**
