@@ -134,6 +134,12 @@ describe('parseWaitHint', () => {
       expect(parseWaitHint(headers, now + 500)?.delayMs).toBe(1500);
     });
 
+    it('ignores a Date more than a day from the gateway\'s clock (1970, a frozen proxy): no clock to read by', () => {
+      expect(parseWaitHint({ date: httpDate(0), 'retry-after': httpDate(2_000) }, now)).toBeUndefined();
+      expect(parseWaitHint({ date: httpDate(now + 2 * 24 * hour), 'retry-after': httpDate(now + 2_000) }, now)?.delayMs).toBe(2000);
+      expect(parseWaitHint({ date: httpDate(now - 23 * hour), 'retry-after': httpDate(now - 23 * hour + 2_000) }, now)?.delayMs).toBe(2000);
+    });
+
     it("ignores a malformed Date, and adds a cache's age to the Date it kept", () => {
       expect(parseWaitHint({ date: 'yesterday', 'retry-after': httpDate(now + 2_000) }, now)?.delayMs).toBe(2000);
       expect(parseWaitHint({ date: httpDate(now - hour), 'retry-after': httpDate(now + 2_000) }, now)?.delayMs).toBe(hour + 2000);
@@ -202,6 +208,8 @@ describe('parseWaitHint', () => {
       expect(parseWaitHint({ 'x-ratelimit-reset': String(now - 1_000) }, now)).toBeUndefined();
       expect(parseWaitHint({ 'x-ratelimit-reset': '-3' }, now)).toBeUndefined();
       expect(parseWaitHint({ 'x-ratelimit-reset': 'soon' }, now)).toBeUndefined();
+      // Microseconds: no hint, not decades.
+      expect(parseWaitHint({ 'x-ratelimit-reset': String((now + 4_000) * 1000) }, now)).toBeUndefined();
       expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'x-ratelimit-remaining': '3' }, now)).toBeUndefined();
       expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'retry-after': '2' }, now)?.delayMs).toBe(2000);
       expect(parseWaitHint({ 'x-ratelimit-reset': String(now + 4_000), 'x-ratelimit-reset-requests': '1s' }, now)?.delayMs).toBe(1000);

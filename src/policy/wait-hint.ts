@@ -79,8 +79,14 @@ function upstreamNowMs(headers: ResponseHeaders, localNowMs: number): number {
   // An answer a cache kept names when it was made; `age` (RFC 9111) is how long ago that was.
   const age = header(headers, 'age');
   const upstreamMs = dateMs + (age !== undefined && /^\d+$/.test(age) ? Number(age) * 1000 : 0);
-  return Math.abs(upstreamMs - localNowMs) > CLOCK_SKEW_TOLERANCE_MS ? upstreamMs : localNowMs;
+  // Beyond a day apart it is no clock to trust (a `Date` of 1970, a proxy's frozen one): a 2 s hint read against it was
+  // a day's fleet-wide hold-off.
+  const skewMs = Math.abs(upstreamMs - localNowMs);
+  return skewMs > CLOCK_SKEW_TOLERANCE_MS && skewMs <= MAX_CLOCK_SKEW_MS ? upstreamMs : localNowMs;
 }
+
+/** The furthest an upstream's `Date` may be from the gateway's clock and still be read as its clock: a day. */
+const MAX_CLOCK_SKEW_MS = 24 * 60 * 60 * 1000;
 
 type ResetPick = (headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined) => number | undefined;
 
@@ -103,6 +109,8 @@ function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): Wa
 function bareResetMs(value: string, nowMs: number): number | undefined {
   const n = parseNonNegativeDecimal(value);
   if (n === undefined) return undefined;
+  // From 10^15 it would be microseconds, which no provider sends: no hint, rather than a wait of decades.
+  if (n >= 1e15) return undefined;
   if (n >= 1e12) return n - nowMs;
   if (n >= 1e9) return n * 1000 - nowMs;
   return n * 1000;
