@@ -124,6 +124,9 @@ const ERRORS: Record<string, ErrorDef> = {
   billing_error: { status: 402, type: 'insufficient_quota', code: 'insufficient_quota' },
   permission_error: { status: 403, type: 'permission_error', code: null },
   not_found_error: { status: 404, type: 'invalid_request_error', code: null },
+  // A resource changed concurrently (Anthropic's errors page documents it); without it, a native client got it as an
+  // invalid_request_error, and the gateway's own 409 on an Anthropic route had no Anthropic type of its status.
+  conflict_error: { status: 409, type: 'invalid_request_error', code: null },
   request_too_large: { status: 413, type: 'invalid_request_error', code: 'request_too_large' },
   rate_limit_error: { status: 429, type: 'rate_limit_error', code: 'rate_limit_exceeded' },
   api_error: { status: 500, type: 'server_error', code: null },
