@@ -90,7 +90,7 @@ const MAX_CLOCK_SKEW_MS = 24 * 60 * 60 * 1000;
 
 type ResetPick = (headers: ResponseHeaders, pairs: LimitHeaders, parseResetMs: (v: string) => number | undefined) => number | undefined;
 
-/** The reset `pick` chooses among Anthropic's limits, else among OpenAI's. */
+/** The reset `pick` chooses among Anthropic's limits, else among OpenAI's, else the bare pair's. */
 function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): WaitHint | undefined {
   const anthropic = pick(headers, ANTHROPIC_LIMITS, v => {
     const atMs = parseRfc3339Ms(v);
@@ -103,8 +103,8 @@ function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): Wa
 
 /**
  * A bare `x-ratelimit-reset`, in ms from now: an instant in Unix milliseconds (OpenRouter) or seconds, told apart by
- * size (from 10^12 ms, and 10^9 s, both in 2001), else seconds from now. Read as seconds, an OpenRouter reset was a
- * wait of 55,000 years; dropped, the retries went back at the backoff's pace into the limit.
+ * size (from 10^12 ms, and 10^9 s, both in 2001), else seconds from now. Read as seconds, an OpenRouter reset would be
+ * a wait of 55,000 years; not read, the retries went back at the backoff's pace into the limit.
  */
 function bareResetMs(value: string, nowMs: number): number | undefined {
   const n = parseNonNegativeDecimal(value);
