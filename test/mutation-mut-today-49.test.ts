@@ -236,16 +236,23 @@ describe("the drain's grace end, as the retry waits weigh it (drain.ts graceLeft
 });
 
 describe('a backoff begun before SIGTERM that ends with less than minAttemptMs of grace left (target-attempts.ts)', () => {
-  it('is answered 503 gateway_draining with retry-after-ms of the one second floor: its wait is over, none of it is left to wait', async () => {
-    // As review-shutdown-2026-12-06: a 1.5 s backoff from 0, the drain at 300 ms, the grace end at 1.8 s (minAttemptMs 1 s).
+  it('is answered 503 gateway_draining as the drain begins, with what is left of its wait as retry-after-ms', async () => {
+    // As review-shutdown-2026-12-06: a 1.5 s backoff from 0, the drain at 300 ms, the grace end at 1.8 s (minAttemptMs
+    // 1 s). Weighed as the drain begins (drain-backup-at-once), not once it is over (then it got the 1 s floor).
     const p = await startProvider(busyOnceThen(2_000));
     const s = await startStack({
       config: configFor(p.origin, { retry: { maxAttempts: 2, backoff: { strategy: 'fixed', baseMs: 1_500, capMs: 1_500 } }, minAttemptMs: 1_000 }, { drain: { preStopMs: 500, graceMs: 1_000 } }),
     });
+    const startedAt = Date.now();
     const answer = ask(s.url);
     await sleep(300);
     const drained = s.gateway.drain();
-    expect(await answer).toEqual({ status: 503, code: 'gateway_draining', retryAfterMs: 1_000 });
+    const got = await answer;
+    expect(Date.now() - startedAt).toBeLessThan(1_300);
+    expect(got).toMatchObject({ status: 503, code: 'gateway_draining' });
+    // About 1.2 s: the backoff's 1.5 s less the 300 ms slept before the drain.
+    expect(got.retryAfterMs).toBeGreaterThan(1_000);
+    expect(got.retryAfterMs).toBeLessThanOrEqual(1_500);
     await drained;
   });
 });
