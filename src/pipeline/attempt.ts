@@ -204,9 +204,7 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
       return { outcome: httpOutcome(meaning.status, headers, meaning.body, req.now()), status: statusCode, headers, body: error };
     }
     const { status, body } = req.translator ? req.translator.error(statusCode, error) : { status: statusCode, body: error };
-    const outcome = httpOutcome(status, headers, body, req.now());
-    // A status that stands for a rate limit (OpenRouter's in-flight budget 402) reaches the client as that 429.
-    return { outcome, status: outcome.kind === 'http' && outcome.status === 429 ? 429 : status, headers, body };
+    return { outcome: httpOutcome(status, headers, body, req.now()), status, headers, body };
   }
   const status = statusCode;
   if (!whole) return { outcome: { kind: 'bad-stream', detail: `the answer is larger than ${MAX_ANSWER_BYTES / 1024 / 1024} MB`, ran: true }, status, headers };
