@@ -6,7 +6,7 @@ import type { ProviderClient } from '../providers/provider-client.ts';
 import type { AttemptOutcome } from '../policy/outcome.ts';
 import { AnswerCut, cutOutcome, transportOutcome } from '../providers/transport-errors.ts';
 import type { ApiKind } from '../routing/router.ts';
-import { upstreamErrorIn, type StreamShape } from '../streaming/stream-events.ts';
+import { upstreamErrorIn, upstreamErrorInText, type StreamShape } from '../streaming/stream-events.ts';
 import { abortOutcome, AttemptTimeout } from './abort-reasons.ts';
 import { afterFinishWaitMs, LiveStream } from './live-stream.ts';
 import { brokenBeforeOutput, readUntilFirstOutput } from './first-output.ts';
@@ -284,14 +284,7 @@ function familyErrorIn200(req: AttemptRequest, raw: Buffer, headers: HeaderBag):
  * answered 502. Other errors in a 200 stay what the README says: a failed attempt, retried and failed over.
  */
 function rateLimitIn200(req: AttemptRequest, raw: Buffer, status: number, headers: HeaderBag): AttemptResult | undefined {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(raw.toString('utf8'));
-  } catch {
-    return undefined;
-  }
-  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return undefined;
-  const verdict = errorVerdict(upstreamErrorIn(parsed as Record<string, unknown>), 'an error in a 200 answer', req.client.config.apiKey);
+  const verdict = errorVerdict(upstreamErrorInText(raw.toString('utf8')), 'an error in a 200 answer', req.client.config.apiKey);
   return verdict.outcome?.kind === 'http' && verdict.outcome.status === 429 ? failureResult(req, verdict, status, headers) : undefined;
 }
 

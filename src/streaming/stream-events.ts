@@ -533,9 +533,14 @@ export interface UpstreamStreamError {
  * `response.failed` (`{response: {error: {code, message}}}`).
  */
 export function upstreamErrorOf(ev: SseEvent): UpstreamStreamError | undefined {
+  return ev.data === null ? undefined : upstreamErrorInText(ev.data);
+}
+
+/** The error a JSON text carries (an event's data, a whole answer's body), as upstreamErrorIn reads it. */
+export function upstreamErrorInText(text: string): UpstreamStreamError | undefined {
   let parsed: Record<string, unknown> | undefined;
   try {
-    parsed = ev.data === null ? undefined : (JSON.parse(ev.data) as Record<string, unknown>);
+    parsed = JSON.parse(text) as Record<string, unknown>;
   } catch {
     return undefined;
   }
