@@ -5,7 +5,7 @@
 // `retry-after` when it does not. Real HTTP: a scripted upstream and the official `openai` SDK.
 import { describe, expect, it } from 'vitest';
 import { sdkError } from './helpers/openai-error.ts';
-import { completion, json } from './helpers/scripted-provider.ts';
+import { failsThen, json } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 
 const startUpstreams = useScriptedUpstreams();
@@ -21,21 +21,13 @@ const limited = (inMs: number) =>
 
 describe("a 429 whose only hint is a bare x-ratelimit-reset in Unix milliseconds (OpenRouter's)", () => {
   it('is waited out (about 1.5 s, not the backoff of milliseconds) and retried', async () => {
-    const seenAt: number[] = [];
-    const g = await startUpstreams(
-      {
-        up: (_body, n) => {
-          seenAt.push(Date.now());
-          return n === 1 ? limited(1_500) : completion('ok', 'gpt-4o');
-        },
-      },
-      [{ provider: 'up' }],
-    );
+    const g = await startUpstreams({ up: failsThen(1, () => limited(1_500), 'ok') }, [{ provider: 'up' }]);
     const { data, response } = await g.client.chat.completions.create(ask).withResponse();
     expect(data.choices[0]?.message.content).toBe('ok');
     expect(response.headers.get('x-stormgate-attempts')).toBe('2');
-    expect(seenAt[1]! - seenAt[0]!).toBeGreaterThanOrEqual(1_400);
-    expect(seenAt[1]! - seenAt[0]!).toBeLessThan(6_000);
+    const waitedMs = g.seen.up![1]!.at - g.seen.up![0]!.at;
+    expect(waitedMs).toBeGreaterThanOrEqual(1_400);
+    expect(waitedMs).toBeLessThan(6_000);
   });
 
   it('longer than maxWaitHintMs, is passed on at once with the reset as retry-after', async () => {

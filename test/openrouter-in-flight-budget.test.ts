@@ -7,7 +7,7 @@
 // on as a 429. A spent balance's 402 keeps the credentials path. Real HTTP: scripted upstreams and the `openai` SDK.
 import { describe, expect, it } from 'vitest';
 import { sdkError } from './helpers/openai-error.ts';
-import { completion, json } from './helpers/scripted-provider.ts';
+import { failsThen, json } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 
 const startUpstreams = useScriptedUpstreams();
@@ -19,20 +19,11 @@ const balanceSpent = () => json(402, { error: { code: 402, message: 'Insufficien
 
 describe("OpenRouter's 402 for a full in-flight budget", () => {
   it('is retried after its retry-after and answered', async () => {
-    const seenAt: number[] = [];
-    const g = await startUpstreams(
-      {
-        up: (_body, n) => {
-          seenAt.push(Date.now());
-          return n === 1 ? inFlightFull() : completion('ok', 'gpt-4o');
-        },
-      },
-      [{ provider: 'up' }],
-    );
+    const g = await startUpstreams({ up: failsThen(1, inFlightFull, 'ok') }, [{ provider: 'up' }]);
     const { data, response } = await g.client.chat.completions.create(ask).withResponse();
     expect(data.choices[0]?.message.content).toBe('ok');
     expect(response.headers.get('x-stormgate-attempts')).toBe('2');
-    expect(seenAt[1]! - seenAt[0]!).toBeGreaterThanOrEqual(950);
+    expect(g.seen.up![1]!.at - g.seen.up![0]!.at).toBeGreaterThanOrEqual(950);
     expect(g.seen.up?.[1]?.headers['x-retry-reason']).toBe('status_429');
   });
 

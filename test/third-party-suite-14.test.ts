@@ -75,7 +75,7 @@ async function provider(create: Answer, other?: (method: string, url: string) =>
     res.on('close', () => (t.closedAt = Date.now()));
     if (req.method === 'POST' && req.url === '/v1/responses') return play(req, res);
     req.resume();
-    seen.push({ body: {}, headers: req.headers, url: `${req.method} ${req.url}` });
+    seen.push({ body: {}, headers: req.headers, url: `${req.method} ${req.url}`, at: Date.now() });
     const s = other?.(req.method ?? '', req.url ?? '') ?? json({ error: { message: 'no such path', type: 'invalid_request_error', param: null, code: null } }, 404);
     void playScript(res, s);
   };

@@ -92,7 +92,7 @@ async function account(answer: Answer): Promise<Account> {
     res.on('close', () => (t.closedAt = Date.now()));
     if (answer === HANG) {
       req.on('data', () => {});
-      req.on('end', () => seen.push({ body: {}, headers: req.headers, url: req.url ?? '' }));
+      req.on('end', () => seen.push({ body: {}, headers: req.headers, url: req.url ?? '', at: Date.now() }));
       return;
     }
     play(req, res);

@@ -22,6 +22,7 @@
 // (fixed). A design question, asserted as the gateway behaves today: LM Studio's 400 "No models loaded" (no failover).
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
+import { streamedText } from './helpers/chat-stream.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { cc, completion, delta, DONE, failsThen, healthy, json, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
@@ -32,22 +33,6 @@ const messages = [{ role: 'user' as const, content: 'Summarise the incident.' }]
 const ONE = [{ provider: 'a' }];
 
 type Chunk = OpenAI.Chat.Completions.ChatCompletionChunk;
-
-/** Reads a chat stream to its end: its text, its chunks, and the error the SDK raised, if any. */
-async function readAll(stream: AsyncIterable<Chunk>) {
-  let text = '';
-  const chunks: Chunk[] = [];
-  let err: unknown;
-  try {
-    for await (const c of stream) {
-      chunks.push(c);
-      text += c.choices[0]?.delta?.content ?? '';
-    }
-  } catch (e) {
-    err = e;
-  }
-  return { text, chunks, err };
-}
 
 /** A raw chat call over fetch, for what the SDK hides (the exact body, the headers, the stream's last bytes). */
 async function raw(g: UpstreamsGateway, body: Record<string, unknown>) {
@@ -81,7 +66,7 @@ describe('vLLM', () => {
     const asleep = { object: 'error', message: 'The engine is sleeping; wake it up with /wake_up.', type: 'ServiceUnavailableError', param: null, code: 503 };
     const g = await gw({ a: failsThen(1, () => json(503, asleep), 'awake now') }, ONE);
     const { data: stream, response } = await g.client.chat.completions.create({ model: 'Qwen/Qwen2.5-7B-Instruct', messages, stream: true }).withResponse();
-    const { text, err } = await readAll(stream);
+    const { text, err } = await streamedText(stream);
     expect(err).toBeUndefined();
     expect(text).toBe('awake now');
     expect(response.headers.get('x-stormgate-attempts')).toBe('2');
@@ -103,7 +88,7 @@ describe('vLLM', () => {
     const abortFirst = (): Script => ({ steps: [cc([delta({ role: 'assistant', content: '' })]), cc([delta({}, 'abort')]), DONE] });
     const g = await gw({ a: abortFirst, b: healthy('from the backup') }, [{ provider: 'a' }, { provider: 'b', model: 'gpt-4o-mini' }]);
     const { data: stream, response } = await g.client.chat.completions.create({ model: 'Qwen/Qwen2.5-7B-Instruct', messages, stream: true }).withResponse();
-    const { text, err } = await readAll(stream);
+    const { text, err } = await streamedText(stream);
     expect(err).toBeUndefined();
     expect(text).toBe('from the backup');
     expect(response.headers.get('x-stormgate-target')).toContain('b');
@@ -143,7 +128,7 @@ describe('Ollama (and SGLang): finish_reason "" until the last chunk, no [DONE]'
       steps: [chunk([{ index: 0, delta: { role: 'assistant', content: ' Hello' }, finish_reason: '' }]), chunk([{ index: 0, delta: { content: ' th' }, finish_reason: '' }]), 30, { destroy: true }],
     });
     const g = await gw({ a: cut }, ONE);
-    const { text, err } = await readAll(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true }));
+    const { text, err } = await streamedText(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true }));
     expect(text).toBe(' Hello th');
     expect(err).toBeInstanceOf(OpenAI.APIError);
     expect((err as InstanceType<typeof OpenAI.APIError>).code).toBe('stream_interrupted');
@@ -181,7 +166,7 @@ describe("llama.cpp's llama-server", () => {
     const { data: stream, response } = await g.client.chat.completions
       .create({ model: 'qwen2.5-7b-instruct-q4_k_m.gguf', messages, stream: true, stream_options: { include_usage: true } })
       .withResponse();
-    const { text, err, chunks } = await readAll(stream);
+    const { text, err, chunks } = await streamedText(stream);
     expect(err).toBeUndefined();
     expect(text).toBe('Disk full.');
     const last = chunks.at(-1)! as Chunk & { timings?: unknown };
@@ -255,7 +240,7 @@ describe('OpenRouter', () => {
     const { data: stream, response } = await g.client.chat.completions
       .create({ model: 'meta-llama/llama-3.3-70b-instruct', messages, stream: true, stream_options: { include_usage: true } })
       .withResponse();
-    const { text, err, chunks } = await readAll(stream);
+    const { text, err, chunks } = await streamedText(stream);
     expect(err).toBeUndefined();
     expect(text).toBe('All clear.');
     expect(chunks.at(-1)!.usage).toEqual(orUsage);
@@ -274,7 +259,7 @@ describe('OpenRouter', () => {
       ],
     });
     const g = await gw({ a: midError, b: healthy('never') }, [{ provider: 'a' }, { provider: 'b' }]);
-    const { text, err } = await readAll(await g.client.chat.completions.create({ model: 'anthropic/claude-3.5-sonnet', messages, stream: true }));
+    const { text, err } = await streamedText(await g.client.chat.completions.create({ model: 'anthropic/claude-3.5-sonnet', messages, stream: true }));
     expect(text).toBe('The root cause ');
     expect(err).toBeInstanceOf(OpenAI.APIError);
     const e = err as InstanceType<typeof OpenAI.APIError>;
@@ -385,7 +370,7 @@ describe('Together and Fireworks: 503s that are not JSON', () => {
   it("retries Together's text/plain Envoy 503 on a stream, and the SDK gets the retry's stream", async () => {
     const envoy = (): Script => ({ status: 503, headers: { 'content-type': 'text/plain', server: 'envoy' }, steps: [ENVOY_503] });
     const g = await gw({ a: failsThen(1, envoy, 'through envoy') }, ONE);
-    const { text, err } = await readAll(await g.client.chat.completions.create({ model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo', messages, stream: true }));
+    const { text, err } = await streamedText(await g.client.chat.completions.create({ model: 'meta-llama/Llama-3.3-70B-Instruct-Turbo', messages, stream: true }));
     expect(err).toBeUndefined();
     expect(text).toBe('through envoy');
     expect(g.seen.a).toHaveLength(2);
@@ -466,7 +451,7 @@ describe('Usage on the finish chunk itself, no [DONE], the connection left open 
   it('ends the stream of a client that asked for usage in seconds, not idleMs: the usage it waits for has come with the finish', async () => {
     const g = await gw({ a: finishWithUsage }, ONE, { provider: longIdle });
     const t0 = Date.now();
-    const { text, err, chunks } = await readAll(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true, stream_options: { include_usage: true } }));
+    const { text, err, chunks } = await streamedText(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true, stream_options: { include_usage: true } }));
     expect(Date.now() - t0).toBeLessThan(10_000);
     expect(err).toBeUndefined();
     expect(text).toBe('All good.');
@@ -477,7 +462,7 @@ describe('Usage on the finish chunk itself, no [DONE], the connection left open 
   it('with streamUsage (the client did not ask): ends in seconds, the usage cut from the client\'s chunk and counted', async () => {
     const g = await gw({ a: finishWithUsage }, ONE, { provider: { ...longIdle, streamUsage: true } });
     const t0 = Date.now();
-    const { text, err, chunks } = await readAll(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true }));
+    const { text, err, chunks } = await streamedText(await g.client.chat.completions.create({ model: 'llama3.2', messages, stream: true }));
     expect(Date.now() - t0).toBeLessThan(10_000);
     expect(err).toBeUndefined();
     expect(text).toBe('All good.');

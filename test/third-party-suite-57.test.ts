@@ -562,7 +562,7 @@ describe('4. client keys repeated in the query string', () => {
     const seen: Seen[] = [];
     const up = await startUpstream((req, res) => {
       if (req.method === 'GET') {
-        seen.push({ body: {}, headers: req.headers, url: req.url ?? '' });
+        seen.push({ body: {}, headers: req.headers, url: req.url ?? '', at: Date.now() });
         res.writeHead(200, { 'content-type': 'application/json' });
         res.end(JSON.stringify({ object: 'list', data: [] }));
         return;
@@ -618,7 +618,7 @@ describe('4. client keys repeated in the query string', () => {
     const BASE64_KEY = 'q3J+k9/Zx1v0bN7+Lw2aQe5Ft8yHc4RsUd6Gm0pVjXo=';
     const seen: Seen[] = [];
     const up = await startUpstream((req, res) => {
-      seen.push({ body: {}, headers: req.headers, url: req.url ?? '' });
+      seen.push({ body: {}, headers: req.headers, url: req.url ?? '', at: Date.now() });
       req.resume();
       req.on('end', () => void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'list', data: [] })));
     });

@@ -26,6 +26,7 @@
 // Bounds are generous: a loaded 2-core machine.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
+import { streamedText } from './helpers/chat-stream.ts';
 import { expectOpenAIError, sdkError } from './helpers/openai-error.ts';
 import { cc, completion, delta, DONE, healthy, json, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
@@ -33,20 +34,6 @@ import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-
 const gw = useScriptedUpstreams();
 const messages = [{ role: 'user' as const, content: 'Summarise the incident.' }];
 const ONE = [{ provider: 'a' }];
-
-type Chunk = OpenAI.Chat.Completions.ChatCompletionChunk;
-
-/** Reads a chat stream to its end: its text and the error the SDK raised, if any. */
-async function readAll(stream: AsyncIterable<Chunk>) {
-  let text = '';
-  let err: unknown;
-  try {
-    for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
-  } catch (e) {
-    err = e;
-  }
-  return { text, err };
-}
 
 /** A raw chat call over fetch, for the stream's last bytes. */
 async function raw(g: UpstreamsGateway, body: Record<string, unknown>) {
@@ -75,7 +62,7 @@ describe('a finish_reason that says the provider stopped the answer, without a t
   it("OpenRouter's per-choice error (finish_reason \"error\") after the first output: the SDK raises, never a clean end that looks complete", async () => {
     const g = await gw({ a: () => cutWith('error', orChoiceError(502, 'Provider disconnected unexpectedly')) }, ONE);
     const stream = await g.client.chat.completions.create({ model: 'meta-llama/llama-3.3-70b-instruct', messages, stream: true });
-    const { text, err } = await readAll(stream);
+    const { text, err } = await streamedText(stream);
     expect(text).toBe('The outage began at 09:14 when');
     expect(err).toBeInstanceOf(OpenAI.APIError);
     // On the wire: the gateway's error event, and no [DONE] after it.
@@ -88,14 +75,14 @@ describe('a finish_reason that says the provider stopped the answer, without a t
 
   it('Mistral\'s and Together\'s bare finish_reason "error" after the first output ends the stream with the error event the SDK raises', async () => {
     const g = await gw({ a: () => cutWith('error') }, ONE);
-    const { text, err } = await readAll(await g.client.chat.completions.create({ model: 'mistral-large-latest', messages, stream: true }));
+    const { text, err } = await streamedText(await g.client.chat.completions.create({ model: 'mistral-large-latest', messages, stream: true }));
     expect(text).toBe('The outage began at 09:14 when');
     expect(err).toBeInstanceOf(OpenAI.APIError);
   });
 
   it("DeepSeek's finish_reason \"insufficient_system_resource\" after the first output: the answer was interrupted, the SDK raises", async () => {
     const g = await gw({ a: () => cutWith('insufficient_system_resource') }, ONE);
-    const { text, err } = await readAll(await g.client.chat.completions.create({ model: 'deepseek-chat', messages, stream: true }));
+    const { text, err } = await streamedText(await g.client.chat.completions.create({ model: 'deepseek-chat', messages, stream: true }));
     expect(text).toBe('The outage began at 09:14 when');
     expect(err).toBeInstanceOf(OpenAI.APIError);
   });
@@ -107,7 +94,7 @@ describe('a finish_reason that says the provider stopped the answer, without a t
       ONE,
     );
     const { data: stream, response } = await g.client.chat.completions.create({ model: 'meta-llama/llama-3.3-70b-instruct', messages, stream: true }).withResponse();
-    const { text, err } = await readAll(stream);
+    const { text, err } = await streamedText(stream);
     expect(err).toBeUndefined();
     expect(text).toBe('09:14, a bad deploy');
     expect(response.headers.get('x-stormgate-attempts')).toBe('2');

@@ -21,6 +21,8 @@ export interface Seen {
   raw?: string;
   headers: IncomingMessage['headers'];
   url: string;
+  /** When the request's body had come (Date.now()), for the waits between attempts. */
+  at: number;
 }
 
 /** An upstream that answers its `n`th request (from 1) with a script, or `hang`: no status, no body, ever. */
@@ -30,7 +32,7 @@ export function scripted(fn: (body: Record<string, unknown>, n: number) => Scrip
     req.on('data', (d: Buffer) => (raw += d.toString()));
     req.on('end', () => {
       const body = JSON.parse(raw) as Record<string, unknown>;
-      seen.push({ body, raw, headers: req.headers, url: req.url ?? '' });
+      seen.push({ body, raw, headers: req.headers, url: req.url ?? '', at: Date.now() });
       const reply = fn(body, seen.length);
       if (reply !== 'hang') void play(res, reply);
     });
