@@ -416,7 +416,7 @@ const RedisSchema = z.union([
 const StateSchema = z
   .strictObject({
     redis: RedisSchema.optional().describe('Shared state for a fleet of gateways. Optional; default: in-process state (one instance).'),
-    commandTimeoutMs: positiveMs('Longest wait for Redis on the request path (a probe permit, a retry from the budget, a limited client\'s rates); past it the gateway decides on local state. Default: 50.').default(50),
+    commandTimeoutMs: positiveMs('Longest wait for Redis on the request path (a probe permit, a retry from the budget, a limited client\'s rates, an idempotency key\'s claim); past it the gateway decides on local state. Default: 50.').default(50),
     keyPrefix: z.string().regex(/^[A-Za-z0-9_:.-]*$/).default('stormgate').describe('Prefix of every Redis key and channel; one per fleet: keys name providers by their config name, so instances sharing a prefix must run the same providers. Default: stormgate.'),
   })
   .describe('Where the retry budget, breakers and hold-offs are kept.');
