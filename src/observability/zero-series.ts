@@ -139,8 +139,10 @@ function zeroTargetSeries(config: Config, metrics: Metrics, route: Route, target
  */
 function targetRetryOn(route: Route, target: string): Array<Route['retry']['retryOn']> {
   const provider = target.slice(0, target.indexOf('/'));
-  const own = everyTarget(route).filter((t) => t.provider === provider);
-  return own.length > 0 ? own.map((t) => (t.retry ?? route.retry).retryOn) : [route.retry.retryOn];
+  // The key was made from one of these targets (routeTargetKeys), so at least one matches.
+  return everyTarget(route)
+    .filter((t) => t.provider === provider)
+    .map((t) => (t.retry ?? route.retry).retryOn);
 }
 
 /**
