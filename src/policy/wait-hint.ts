@@ -26,7 +26,8 @@ const BARE_LIMITS: LimitHeaders = [['x-ratelimit-reset', 'x-ratelimit-remaining'
 
 /**
  * The upstream's wait hint: the first present, valid and non-zero of retry-after-ms, retry-after,
- * anthropic-ratelimit-*-reset, x-ratelimit-reset-*, x-ratelimit-reset; never throws.
+ * anthropic-ratelimit-*-reset, x-ratelimit-reset-*, x-ratelimit-reset, a used-up x-ratelimit-reset-*-{minute,hour,day}
+ * (Cerebras); never throws.
  * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
@@ -41,7 +42,28 @@ export function parseWaitHint(headers: ResponseHeaders, localNowMs: number): Wai
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
   if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
-  return resetHint(headers, nowMs, latestExhaustedResetMs);
+  return resetHint(headers, nowMs, latestExhaustedResetMs) ?? windowedResetHint(headers);
+}
+
+// Cerebras names each limit's window in its headers (`x-ratelimit-remaining-tokens-minute`,
+// `x-ratelimit-reset-requests-day`: "Time (in seconds) until your daily request limit resets", `11.382867097854614`).
+const WINDOWED_LIMITS: LimitHeaders = ['requests', 'tokens'].flatMap((l) =>
+  ['minute', 'hour', 'day'].map((w) => [`x-ratelimit-reset-${l}-${w}`, `x-ratelimit-remaining-${l}-${w}`] as const));
+
+/**
+ * The latest reset among the windowed limits whose `remaining` is 0: seconds from now (a Go duration accepted too).
+ * Only a limit said to be used up counts, never a reset beside room left: such a 429 hit a limit the headers do not
+ * show (Cerebras sends no requests-per-minute pair), and its day's reset would be a 9-hour misread. Unread, a
+ * tokens-per-minute 429 was retried at the backoff's pace into the same limit, and a spent daily limit reached the
+ * client with no retry-after.
+ */
+function windowedResetHint(headers: ResponseHeaders): WaitHint | undefined {
+  const exhausted = WINDOWED_LIMITS.filter(([, remaining]) => isZero(header(headers, remaining)));
+  const ms = latestResetMs(headers, exhausted, (v) => {
+    const seconds = parseNonNegativeDecimal(v);
+    return seconds === undefined ? parseDurationMs(v) : seconds * 1000;
+  });
+  return ms === undefined ? undefined : hint(ms, 'x-ratelimit-reset', false);
 }
 
 /**

@@ -203,11 +203,11 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string,
   if (account !== undefined) return { failure, outcome: { kind: 'http', status: account, errorCode: code ?? err?.type ?? null, hint: undefined } };
   // Without a named code (none, the status as digits, the type again), an over-long prompt is told by its words, as in a whole error.
   const named = code !== undefined && namesError(code, err?.type) ? code : err?.message !== undefined && isContextLengthMessage(err.message) ? 'context_length_exceeded' : code;
-  const status = named === undefined ? undefined : statusOfErrorCode(named);
+  const status = (named === undefined ? undefined : statusOfErrorCode(named)) ?? saidStatus(err);
   if (status === undefined) return { failure };
   const error = { message: err!.message ?? named, type: err!.type ?? (status === 429 ? 'rate_limit_error' : 'invalid_request_error'), param: err!.param ?? null, code: code ?? null };
   // A rate limit the request alone is larger than (the Responses API reports OpenAI's "Request too large" this way too).
-  const errorCode = status === 429 && err!.message !== undefined && isOverRateLimitMessage(err!.message) ? OVER_RATE_LIMIT_CODE : named!;
+  const errorCode = status === 429 && err!.message !== undefined && isOverRateLimitMessage(err!.message) ? OVER_RATE_LIMIT_CODE : named ?? null;
   return { failure, outcome: { kind: 'http', status, errorCode, hint: undefined }, answer: Buffer.from(JSON.stringify({ error })) };
 }
 
@@ -220,4 +220,13 @@ export function errorVerdict(err: UpstreamStreamError | undefined, what: string,
 function statusOfErrorCode(code: string): 400 | 429 | undefined {
   if (RATE_LIMIT_CODES.has(code)) return 429;
   return CONTENT_POLICY_CODES.has(code) || CONTEXT_LENGTH_CODES.has(code) || REQUEST_FAULT_CODES.has(code) ? 400 : undefined;
+}
+
+/**
+ * The status an error inside a 2xx says it stands for, when its code names none the gateway knows: Groq's stream
+ * error carries it (`"code": "tool_use_failed", "status_code": 400`, the 400 its whole answer gets). Read as a broken
+ * stream, the request was retried, counted by the breaker and ended as a 502 without Groq's message.
+ */
+function saidStatus(err: UpstreamStreamError | undefined): 400 | 429 | undefined {
+  return err?.status === 400 || err?.status === 429 ? err.status : undefined;
 }

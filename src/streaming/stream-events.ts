@@ -525,6 +525,8 @@ export interface UpstreamStreamError {
   code: string | undefined;
   type: string | undefined;
   param: string | null;
+  /** The HTTP status the provider says the error stands for, beside it (Groq's `"status_code": 400`). */
+  status?: number;
 }
 
 /**
@@ -559,7 +561,8 @@ export function upstreamErrorIn(parsed: Record<string, unknown>): UpstreamStream
     const str = (v: unknown) => (typeof v === 'string' ? v : undefined);
     const type = str(e.type);
     // A number (`"code": 500` from some compatible servers) is read as its digits, as errors.ts passes it on.
-    return { message: str(e.message), code: stringOrNull(e.code) ?? undefined, type: type === 'error' ? undefined : type, param: stringOrNull(e.param) };
+    const status = typeof e.status_code === 'number' && Number.isInteger(e.status_code) ? { status: e.status_code } : {};
+    return { message: str(e.message), code: stringOrNull(e.code) ?? undefined, type: type === 'error' ? undefined : type, param: stringOrNull(e.param), ...status };
   }
   return undefined;
 }
