@@ -237,3 +237,34 @@ describe('a request larger than the whole token limit', () => {
     expect(errorVerdict({ code: 'rate_limit_exceeded', message: 'Rate limit reached for gpt-4o', type: undefined, param: null }, 'response.failed', '').outcome).toMatchObject({ errorCode: 'rate_limit_exceeded' });
   });
 });
+
+describe("the upstream's own x-should-retry", () => {
+  const said = (status: number, shouldRetry: boolean, errorCode: string | null = null): AttemptOutcome => ({ kind: 'http', status, errorCode, hint: undefined, shouldRetry });
+  const body = Buffer.from(JSON.stringify({ error: { message: 'busy', type: 'server_error', param: null, code: null } }));
+
+  it('is read from an error answer as the SDKs read it: "true" or "false", anything else is not said', () => {
+    expect(httpOutcome(503, { 'x-should-retry': 'false' }, body, 0)).toMatchObject({ kind: 'http', status: 503, shouldRetry: false });
+    expect(httpOutcome(409, { 'x-should-retry': 'true' }, body, 0)).toMatchObject({ kind: 'http', status: 409, shouldRetry: true });
+    expect(httpOutcome(503, { 'x-should-retry': ['false', 'true'] }, body, 0)).toMatchObject({ shouldRetry: false });
+    for (const value of [undefined, 'False', 'yes', '']) expect(httpOutcome(503, value === undefined ? {} : { 'x-should-retry': value }, body, 0)).not.toHaveProperty('shouldRetry');
+  });
+
+  it('"false" marks the classification as no retry on this target, keeping its class, retry key and reason (so failover is unchanged)', () => {
+    for (const [status, code] of [[503, null], [500, null], [429, 'rate_limit_exceeded'], [529, 'overloaded_error'], [409, null]] as const) {
+      const plain = classify(http(status, code));
+      const told = classify(said(status, false, code));
+      expect(told).toEqual({ ...plain, upstreamNoRetry: true });
+      // retryOn's consent, which failover of an outcome that may have run goes by, is the operator's and stays.
+      expect(isRetryable(told, [...DEFAULT_RETRY_ON, 409])).toBe(isRetryable(plain, [...DEFAULT_RETRY_ON, 409]));
+    }
+  });
+
+  it('"true" adds no retry: a status retryOn leaves out, or one never retried, stays unretried', () => {
+    for (const status of [409, 408, 400, 404, 501]) {
+      const told = classify(said(status, true));
+      expect(told).toEqual(classify(http(status)));
+      expect(isRetryable(told, DEFAULT_RETRY_ON)).toBe(false);
+    }
+    expect(isRetryable(classify(said(400, true)), [400])).toBe(false);
+  });
+});

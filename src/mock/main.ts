@@ -18,7 +18,8 @@ const USAGE = `usage: npm run mock -- [options]
   --error-after-chunks N  streams send the API's own error event after N content chunks and end (no [DONE])
   --reset-rate R        share of requests whose socket is closed before any byte (the client sees "other side closed")
   --hang-rate R         share of requests never answered
-  --faults JSON         full fault spec (the flags above override its fields; --error rules come after its errors)
+  --faults JSON         full fault spec (the flags above override its fields; --error rules come after its errors);
+                        an error rule's own headers: {"errors":[{"status":503,"headers":{"x-should-retry":"false"}}]}
   --faults-file PATH    fault spec from a JSON file
   --api-key KEY         require this key (Bearer or x-api-key)
   --quiet               no notes on stderr

@@ -48,6 +48,7 @@ export const FALLBACK_REASONS = [
   'held_off',
   'shed',
   'context_length',
+  'upstream_no_retry',
 ] as const;
 export type FallbackReason = (typeof FALLBACK_REASONS)[number];
 

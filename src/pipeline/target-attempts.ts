@@ -198,8 +198,9 @@ type Unavailable = TargetResult & { kind: 'unavailable' };
 /**
  * What stopped a target's retries when the outcome itself did not (a fallback reason, and the log's retriesStopped).
  * `held_off`, `breaker_open`: the retry was due when the target went away, and the request ended without coming back.
+ * `upstream_no_retry`: the provider's own `x-should-retry: false` (Classification.upstreamNoRetry).
  */
-export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed' | 'held_off' | 'breaker_open';
+export type RetriesStopped = 'retries_exhausted' | 'budget' | 'wait_hint' | 'deadline' | 'timeout' | 'shed' | 'held_off' | 'breaker_open' | 'upstream_no_retry';
 
 export function newRun(): TargetRun {
   return { attempts: 0, sent: 0, prevDelayMs: undefined, waitMs: 0, noRetries: false, retryPaid: false, counted: false, releasedUnrefused: false, lastFailure: undefined, done: false };
@@ -431,6 +432,8 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
       (run.lastFailure = { kind: 'failed', result, cls, retryAfterMs: pastHoldOff(retryAfterMs, holdOffUntil(holdOffs, plan), deps.now(), deps.random), ...(why && { why }) });
     if (!maySendAgain(cls, result.outcome, retry.retryOn, ctx.commitsOnSend)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
+    // The provider said a repeat will not help (x-should-retry: false): not here; the next target is failover's call.
+    if (cls.upstreamNoRetry) return failed(hint?.delayMs, 'upstream_no_retry');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
     // here rather than at its first attempt, which needed none when it was answered.
     if (run.noRetries) {

@@ -15,9 +15,10 @@ export type AttemptOutcome =
    * failed Response stands for (a whole answer whose status is failed): the provider created and stored that Response,
    * so it took the request, as a stream's response.created says it did. `unknownUrl`: a 404 that says the URL is not
    * there (OpenAI's "Invalid URL", a bare "Not Found", a web server's page), not what of the request is missing: a
-   * wrong `baseUrl`, which no client request can be faulted for.
+   * wrong `baseUrl`, which no client request can be faulted for. `shouldRetry`: the upstream's own `x-should-retry`
+   * (`true` or `false`, as the OpenAI and Anthropic SDKs read it), when it sent one.
    */
-  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string; created?: true; unknownUrl?: true }
+  | { kind: 'http'; status: number; errorCode: string | null; hint: WaitHint | undefined; param?: string; created?: true; unknownUrl?: true; shouldRetry?: boolean }
   | { kind: 'network'; code: string }
   | { kind: 'timeout'; phase: TimeoutPhase }
   /**
@@ -277,6 +278,13 @@ export interface Classification {
   retryKey: RetryOn | null;
   /** Short, bounded reason for x-retry-reason, logs and metric labels. */
   reason: string;
+  /**
+   * The upstream said a repeat will not help (`x-should-retry: false`): no retry on the target that answered, whatever
+   * retryOn says (its retry key stays: whether the request may go to the next target is still retryOn's, as for the
+   * same status without the header). Its `true` is no column here: retryOn is the operator's policy, and a status it
+   * leaves out (a 409, a 408) or one never retried (NEVER_RETRY) is not retried because the provider invites it.
+   */
+  upstreamNoRetry?: true;
 }
 
 export function classify(outcome: AttemptOutcome): Classification {
@@ -298,8 +306,10 @@ export function classify(outcome: AttemptOutcome): Classification {
     case 'aborted':
       if (outcome.by === 'shutdown') return { cls: 'shutdown', retryKey: null, reason: 'shutdown' };
       return { cls: 'aborted', retryKey: null, reason: outcome.by === 'client' ? 'client_abort' : outcome.by };
-    case 'http':
-      return classifyStatus(outcome.status, outcome.errorCode);
+    case 'http': {
+      const c = classifyStatus(outcome.status, outcome.errorCode);
+      return outcome.shouldRetry === false ? { ...c, upstreamNoRetry: true } : c;
+    }
   }
 }
 

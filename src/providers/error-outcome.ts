@@ -7,7 +7,7 @@ import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
 import { withoutKey } from './key-echo.ts';
 import { stringOrNull, upstreamErrorFields } from '../errors.ts';
-import type { HeaderBag } from '../header-bag.ts';
+import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
@@ -34,7 +34,16 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(fields) ?? relayedHint(fields, nowMs) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
   const param = status === 404 ? otherParamOf(body) : undefined;
   const unknownUrl = status === 404 && param === undefined && isUnknownUrl(errorCode, body);
-  return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }) };
+  return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }), ...saidShouldRetry(headers) };
+}
+
+/**
+ * The upstream's own `x-should-retry`, read as the OpenAI and Anthropic SDKs read it (openai-node's shouldRetry):
+ * exactly `true` or `false`, else not said. Its meaning for the retry is the outcome table's (policy/outcome.ts classify).
+ */
+function saidShouldRetry(headers: HeaderBag): { shouldRetry?: boolean } {
+  const said = firstHeader(headers, 'x-should-retry');
+  return said === 'true' || said === 'false' ? { shouldRetry: said === 'true' } : {};
 }
 
 /**
