@@ -1,7 +1,8 @@
 // Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
 // One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
+import { parseList } from 'structured-headers';
 import { firstHeader, type HeaderBag } from '../header-bag.ts';
-type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'retry-info';
+type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'ratelimit' | 'retry-info';
 
 export interface WaitHint {
   /** Whole ms to wait, rounded up, at most MAX_WAIT_HINT_MS. */
@@ -27,7 +28,7 @@ const BARE_LIMITS: LimitHeaders = [['x-ratelimit-reset', 'x-ratelimit-remaining'
 /**
  * The upstream's wait hint: the first present, valid and non-zero of retry-after-ms, retry-after,
  * anthropic-ratelimit-*-reset, x-ratelimit-reset-*, x-ratelimit-reset, a used-up x-ratelimit-reset-*-{minute,hour,day}
- * (Cerebras); never throws.
+ * (Cerebras), then the IETF draft's fields of a gateway in front (RateLimit, RateLimit-Reset); never throws.
  * A zero (`retry-after: 0`, `retry-after-ms: 0`, a date or reset already past) says "now", which is no hint: taken at
  * its word, every request told it comes back at once, the storm the jittered backoff is there to spread. It is
  * skipped like a malformed value, and the client is never handed a `retry-after: 0` of the gateway's either.
@@ -42,7 +43,49 @@ export function parseWaitHint(headers: ResponseHeaders, localNowMs: number): Wai
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
   if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
-  return resetHint(headers, nowMs, latestExhaustedResetMs) ?? windowedResetHint(headers);
+  return resetHint(headers, nowMs, latestExhaustedResetMs) ?? windowedResetHint(headers) ?? ietfResetHint(headers, nowMs);
+}
+
+/**
+ * The wait the IETF RateLimit fields name (draft-ietf-httpapi-ratelimit-headers), as an API gateway in front of the
+ * provider sends them: the `RateLimit` field of draft 07 on (`"default";r=0;t=30`, Cloudflare's API), the latest `t`
+ * (seconds) among its used-up items (`r=0`); else the earlier drafts' `RateLimit-Reset` (seconds from now: Kong's
+ * rate-limiting plugin, Botpress; an instant in Unix seconds on GitLab, told apart by size as the bare
+ * x-ratelimit-reset is) unless `RateLimit-Remaining` says there is room. Unread, a 429 that named only these was
+ * retried at the backoff's pace into the limit. This request's hint only, as the other reset headers are.
+ */
+function ietfResetHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
+  const field = header(headers, 'ratelimit');
+  if (field !== undefined) {
+    const ms = exhaustedPolicyResetMs(field);
+    return ms === undefined ? undefined : hint(ms, 'ratelimit', false);
+  }
+  const reset = header(headers, 'ratelimit-reset');
+  const remaining = header(headers, 'ratelimit-remaining');
+  if (reset === undefined || (remaining !== undefined && !isZero(remaining))) return undefined;
+  const ms = bareResetMs(reset, nowMs);
+  return ms === undefined || ms <= 0 ? undefined : hint(ms, 'ratelimit', false);
+}
+
+/**
+ * The latest `t` of a `RateLimit` field's items whose `r` is 0, in ms; undefined when none is used up, or when the
+ * field is not a valid Structured Fields list (RFC 9651 has a malformed field ignored whole).
+ */
+function exhaustedPolicyResetMs(field: string): number | undefined {
+  let items;
+  try {
+    items = parseList(field);
+  } catch {
+    return undefined;
+  }
+  let latest: number | undefined;
+  for (const [, params] of items) {
+    const r = params.get('r');
+    const t = params.get('t');
+    if (r !== 0 || typeof t !== 'number' || !(t > 0)) continue;
+    if (latest === undefined || t * 1000 > latest) latest = t * 1000;
+  }
+  return latest;
 }
 
 // Cerebras names each limit's window in its headers (`x-ratelimit-remaining-tokens-minute`,
