@@ -10,8 +10,11 @@
 // Botpress; `RateLimit: "default";r=0;t=2` of draft 07 on, Cloudflare's API) was retried after the 5 ms backoff
 // straight into the limit. Fixed in src/policy/wait-hint.ts (ietfResetHint): read as a request's own hint, only for a
 // limit said to be used up, an instant in Unix seconds told apart from seconds so it is never a 54-year hold.
-// Design questions (reported, not built): APIM's quota-by-key 403 with its Retry-After (scenario 4) and Cloudflare AI
-// Gateway's 401 2009 are read as the gateway's own credentials.
+// And APIM's quota-by-key 403 with its Retry-After (scenario 4) was read as the gateway's own credentials refused: the
+// target held 60 s at a time through the quota period, probed again each time, and a client without a backup told of a
+// configuration problem (502 upstream_auth_error) with no wait. It is the 429 of a limit whose end is known now
+// (src/providers/error-outcome.ts). Design question (reported, not built): Cloudflare AI Gateway's 401 2009 is read
+// as the gateway's own credentials.
 // Bounds are generous: a loaded 2-core machine.
 import { describe, expect, it } from 'vitest';
 import { parseWaitHint } from '../src/policy/wait-hint.ts';
@@ -95,10 +98,7 @@ describe('Azure API Management in front of Azure OpenAI', () => {
     // quota-by-key-policy: "When the quota is exceeded, the caller receives a 403 Forbidden response status code, and
     // the response includes a Retry-After header whose value is the recommended retry interval in seconds." The body
     // is APIM's `{"statusCode": 403, "message": "Out of call volume quota. Quota will be replenished in 00:05:00."}`.
-    // DESIGN QUESTION (reported): today this is read as a refusal of the gateway's own credentials (authHoldS, 60 s,
-    // then a probe), where the quota's known end (300 s) would be a hold-off of its own, and without a backup the
-    // client gets 502 upstream_auth_error ("a gateway configuration problem") with no retry-after. Both readings
-    // keep the invariants asserted here.
+    // The 429 of a limit whose end is known: a hold-off to the quota's renewal, not a credentials hold probed every 60 s.
     const quota = () => json(403, { statusCode: 403, message: 'Out of call volume quota. Quota will be replenished in 00:05:00.' }, { 'retry-after': '300' });
     const g = await gw({ a: apim(quota), b: healthy('from the second region') }, APIM_TWO, { route: { retry: { ...FAST.retry, maxAttempts: 3 } } });
     const first = await chat(g);
@@ -109,8 +109,25 @@ describe('Azure API Management in front of Azure OpenAI', () => {
     expect(g.seen.a).toHaveLength(1);
   });
 
-  it('the same quota 403 with no backup: one upstream request, an OpenAI-shaped error that does not invite an SDK retry (today 502 upstream_auth_error)', async () => {
+  it('the same quota 403 with no backup: one upstream request, a 429 with the renewal as retry-after (no SDK retry: over 60 s), and the target held off until it', async () => {
     const quota = () => json(403, { statusCode: 403, message: 'Out of call volume quota. Quota will be replenished in 00:05:00.' }, { 'retry-after': '300' });
+    const g = await gw({ a: apim(quota) }, APIM_ONE, { route: { retry: { ...FAST.retry, maxAttempts: 3 } } });
+    const err = await sdkError(chat(g));
+    expect(err.status).toBe(429);
+    expect(JSON.stringify(err.error)).toContain('Out of call volume quota');
+    expect(Number(err.headers?.get('retry-after'))).toBeGreaterThanOrEqual(300);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(g.seen.a).toHaveLength(1);
+    // Held off, not a credentials hold: the next request is turned away without reaching APIM, told the wait left.
+    const next = await sdkError(chat(g));
+    expect(next.status).toBe(429);
+    expect((next.error as { code?: string }).code).toBe('provider_held_off');
+    expect(Number(next.headers?.get('retry-after'))).toBeGreaterThan(250);
+    expect(g.seen.a).toHaveLength(1);
+  });
+
+  it('a quota 403 without a Retry-After (its end unknown) keeps the credentials path: 502 upstream_auth_error', async () => {
+    const quota = () => json(403, { statusCode: 403, message: 'Out of bandwidth quota. Quota will be replenished in 00:05:00.' });
     const g = await gw({ a: apim(quota) }, APIM_ONE, { route: { retry: { ...FAST.retry, maxAttempts: 3 } } });
     const err = await sdkError(chat(g));
     expectOpenAIError({ error: err.error }, 'upstream_auth_error', 'server_error');

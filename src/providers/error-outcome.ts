@@ -11,18 +11,24 @@ import { firstHeader, type HeaderBag } from '../header-bag.ts';
 
 /** An HTTP error answer's outcome: its status, the code its body names, and the wait hint of its headers or body. */
 export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, nowMs: number): AttemptOutcome {
+  const fields = errorFieldsOf(body);
   // Google refuses a key it does not know with a 400: read as the client's request, the provider's answer reached the
   // client, nothing failed over and the target was never held. It is the gateway's key, the 401 it stands for.
-  if (status === 400 && isGoogleKeyRefusal(errorFieldsOf(body))) return { kind: 'http', status: 401, errorCode: 'invalid_api_key', hint: undefined };
+  if (status === 400 && isGoogleKeyRefusal(fields)) return { kind: 'http', status: 401, errorCode: 'invalid_api_key', hint: undefined };
   // Nor is a location Google does not serve the client's: the gateway's deployment (where it calls from), which every
   // request from it meets. The 403 OpenAI answers the same refusal with, under its code.
-  if (status === 400 && isGoogleLocationRefusal(errorFieldsOf(body))) return { kind: 'http', status: 403, errorCode: REGION_REFUSED_CODE, hint: undefined };
+  if (status === 400 && isGoogleLocationRefusal(fields)) return { kind: 'http', status: 403, errorCode: REGION_REFUSED_CODE, hint: undefined };
   // OpenRouter's in-flight spending budget: the cost of the requests running now fills what the balance covers, and
   // its 402 says when to come back (retry-after). Read as a 402, the gateway's billing, it held the target for 60 s
   // fleet-wide and answered every client 502, though the next turn was seconds away: many concurrent agents are
   // exactly what fills it. It is the 429 it stands for, a limit on concurrent spend.
-  if (status === 402 && isInFlightBudget(errorFieldsOf(body))) return httpOutcome(429, headers, body, nowMs);
-  const errorCode = errorCodeOf(status, body);
+  if (status === 402 && isInFlightBudget(fields)) return httpOutcome(429, headers, body, nowMs);
+  // Azure API Management's quota-by-key, in front of the provider, refuses a spent quota with a 403 and a Retry-After
+  // for when it renews. Read as the gateway's credentials refused, the target was held 60 s at a time through the
+  // whole quota period, probed again each time, and clients were told of a configuration problem with no wait. It is
+  // the 429 of a limit whose end is known. Without the Retry-After its end is not known: the credentials path stays.
+  if (status === 403 && isQuotaPeriodSpent(body) && parseWaitHint(headers, nowMs) !== undefined) return httpOutcome(429, headers, body, nowMs);
+  const errorCode = errorCodeOfFields(status, fields);
   // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
   // passed on it invited the client to send it again then.
   if (errorCode === OVER_RATE_LIMIT_CODE) return { kind: 'http', status, errorCode, hint: undefined };
@@ -30,10 +36,9 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // comes back after no reset, and its upstream_auth_error was told a retry-after from one.
   const rateLimited = classify({ kind: 'http', status, errorCode, hint: undefined }).cls === 'rate-limited';
   // Said before guessed: the provider's own hints, in its headers or its body's RetryInfo, come before the token reset.
-  const fields = errorFieldsOf(body);
   const hint = parseWaitHint(headers, nowMs) ?? retryInfoHint(fields) ?? relayedHint(fields, nowMs) ?? (rateLimited ? tokenRoomHint(headers, nowMs) : undefined);
-  const param = status === 404 ? otherParamOf(body) : undefined;
-  const unknownUrl = status === 404 && param === undefined && isUnknownUrl(errorCode, body);
+  const param = status === 404 ? otherParamOf(fields) : undefined;
+  const unknownUrl = status === 404 && param === undefined && isUnknownUrl(errorCode, fields);
   return { kind: 'http', status, errorCode, hint, ...(param !== undefined && { param }), ...(unknownUrl && { unknownUrl: true as const }), ...saidShouldRetry(headers) };
 }
 
@@ -53,8 +58,7 @@ function saidShouldRetry(headers: HeaderBag): { shouldRetry?: boolean } {
  * it read as clients sending bad ones, and the error-share alert stayed silent through the outage. Any other 404 names
  * something of the request (a model, a deployment, a conversation, a file): the client's.
  */
-function isUnknownUrl(errorCode: string | null, body: Buffer): boolean {
-  const error = errorFieldsOf(body);
+function isUnknownUrl(errorCode: string | null, error: ErrorFields | undefined): boolean {
   if (error === undefined || typeof error.message !== 'string') return true;
   if (errorCode !== null && /model|deployment/i.test(errorCode)) return false;
   return /^(?:invalid url\b|unknown url\b|cannot (?:get|post)\b|(?:resource |page )?not found\.?$)/i.test(error.message.trim());
@@ -90,8 +94,8 @@ function relayedHint(error: { metadata?: unknown } | undefined, nowMs: number): 
  * longer), an `input` item not kept under `store: false`. Such a 404 says the model exists; read as "no such model",
  * it gave a learned model's target key back, and that model's traffic went to `<provider>/other` for good.
  */
-function otherParamOf(body: Buffer): string | undefined {
-  const param = errorFieldsOf(body)?.param;
+function otherParamOf(error: ErrorFields | undefined): string | undefined {
+  const param = error?.param;
   return typeof param === 'string' && param !== '' && param !== 'model' ? param : undefined;
 }
 
@@ -107,7 +111,10 @@ function otherParamOf(body: Buffer): string | undefined {
  */
 export function errorCodeOf(status: number, body: Buffer): string | null {
   // The attempt (wholeResult) has already dropped a byte order mark.
-  const error = errorFieldsOf(body);
+  return errorCodeOfFields(status, errorFieldsOf(body));
+}
+
+function errorCodeOfFields(status: number, error: ErrorFields | undefined): string | null {
   if (error === undefined) return null;
   const { code, type, message } = error;
   if ((status === 429 || status === 413) && typeof message === 'string' && isOverRateLimitMessage(message)) return OVER_RATE_LIMIT_CODE;
@@ -119,6 +126,19 @@ export function errorCodeOf(status: number, body: Buffer): string | null {
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
+}
+
+/**
+ * API Management's refusal of a spent quota-by-key quota: `{"statusCode": 403, "message": "Out of call volume quota.
+ * Quota will be replenished in 00:05:00."}` (or "Out of bandwidth quota"), APIM's own body, not the provider's.
+ */
+function isQuotaPeriodSpent(body: Buffer): boolean {
+  try {
+    const parsed = JSON.parse(body.toString('utf8')) as { statusCode?: unknown; message?: unknown } | null;
+    return parsed?.statusCode === 403 && typeof parsed.message === 'string' && /^out of (?:call volume|bandwidth) quota\b/i.test(parsed.message);
+  } catch {
+    return false;
+  }
 }
 
 /** OpenRouter's 402 for a full in-flight budget (`error.metadata.limit_source`), which passes, unlike a spent balance. */
@@ -173,13 +193,16 @@ export function accountErrorOf(body: Buffer): { status: number; code: string } |
   return status === undefined ? undefined : { status, code: (code ?? type)! };
 }
 
+/** The fields of an upstream's error object the outcome is read from. */
+type ErrorFields = { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown; status?: unknown; param?: unknown };
+
 /**
  * The `error` object of an OpenAI-shaped body, when the body is JSON and has one (also inside the one-element list
  * Gemini's OpenAI-compatible endpoint answers, `[{"error": {...}}]`); the body itself in the flat shape vLLM
  * (before 0.8) and Mistral answer with, `{"object": "error", "message", "type", "code"}`; or, for an error that is only
  * its message (`{"error": "..."}`, Ollama's native API, TGI), that message (errors.ts upstreamErrorFields).
  */
-function errorFieldsOf(body: Buffer): { code?: unknown; type?: unknown; message?: unknown; metadata?: unknown; details?: unknown; status?: unknown; param?: unknown } | undefined {
+function errorFieldsOf(body: Buffer): ErrorFields | undefined {
   if (body.length === 0) return undefined;
   try {
     return upstreamErrorFields(JSON.parse(body.toString('utf8')));
