@@ -307,7 +307,8 @@ export async function buildServer(config: Config, deps: ServerDeps = {}): Promis
     );
     for (const path of router.paths) {
       const routeConfig = { anthropic: anthropic.has(path) };
-      api.post(path, { config: routeConfig }, async (request, reply) => serveManaged(path, request, reply));
+      // serveManaged's own promise: an async wrapper would add one more, and the ticks of resolving it with another.
+      api.post(path, { config: routeConfig }, (request, reply) => serveManaged(path, request, reply));
       methodGuard(api, path, ['POST'], path, routeConfig);
     }
     modelsRoutes(api, models, anthropic);

@@ -33,12 +33,14 @@ interface TargetSeries {
  * names now, those learnt from traffic (a route of any model) at their first attempt, through what this returns.
  */
 export function zeroSeries(config: Config, metrics: Metrics, keys: TargetKeys): TargetSeries {
-  const zeroed = new Set<string>();
+  // The target keys zeroed, by route: asked at every attempt, so by two lookups of the names as they come, not of a
+  // string joined from them (hashed anew each time).
+  const zeroed = new Map(config.routes.map((r) => [r.name, new Set<string>()]));
   const routesByName = new Map(config.routes.map((r) => [r.name, r]));
   const zeroOnce = (route: string, target: string): void => {
-    const seen = `${route}\n${target}`;
-    if (zeroed.has(seen)) return;
-    zeroed.add(seen);
+    const targets = zeroed.get(route)!;
+    if (targets.has(target)) return;
+    targets.add(target);
     zeroTargetSeries(config, metrics, routesByName.get(route)!, target);
   };
   for (const route of config.routes) if (route.park !== false) metrics.parked.inc({ route: route.name }, 0);
@@ -46,7 +48,7 @@ export function zeroSeries(config: Config, metrics: Metrics, keys: TargetKeys): 
   return {
     zeroOnce,
     forget: (target) => {
-      for (const seen of zeroed) if (seen.endsWith(`\n${target}`)) zeroed.delete(seen);
+      for (const targets of zeroed.values()) targets.delete(target);
     },
   };
 }

@@ -25,24 +25,19 @@ function nearlySpent(limit: string | undefined, remaining: string | undefined): 
 export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undefined {
   let until: number | undefined;
   // Remaining first: on almost every answer it is far from zero, and then no reset needs parsing.
-  const consider = (limit: string | undefined, remaining: string | undefined, resetAtMs: () => number | undefined) => {
-    if (nearlySpent(limit, remaining) !== true) return;
-    const at = resetAtMs();
+  for (const names of OPENAI_LIMITS) {
+    if (nearlySpent(firstHeader(h, names.limit), firstHeader(h, names.remaining)) !== true) continue;
+    const reset = firstHeader(h, names.reset);
+    const ms = reset === undefined ? undefined : parseDurationMs(reset);
+    const at = ms === undefined ? undefined : nowMs + ms;
     if (at !== undefined && at > nowMs) until = Math.max(until ?? 0, at);
-  };
-  for (const kind of OPENAI_KINDS) {
-    consider(firstHeader(h, `x-ratelimit-limit-${kind}`), firstHeader(h, `x-ratelimit-remaining-${kind}`), () => {
-      const reset = firstHeader(h, `x-ratelimit-reset-${kind}`);
-      const ms = reset === undefined ? undefined : parseDurationMs(reset);
-      return ms === undefined ? undefined : nowMs + ms;
-    });
   }
   if (h['anthropic-ratelimit-requests-remaining'] === undefined && h['anthropic-ratelimit-tokens-remaining'] === undefined) return until;
-  for (const kind of ANTHROPIC_KINDS) {
-    consider(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`), () => {
-      const reset = firstHeader(h, `anthropic-ratelimit-${kind}-reset`);
-      return reset === undefined ? undefined : parseRfc3339Ms(reset.trim());
-    });
+  for (const names of ANTHROPIC_LIMITS) {
+    if (nearlySpent(firstHeader(h, names.limit), firstHeader(h, names.remaining)) !== true) continue;
+    const reset = firstHeader(h, names.reset);
+    const at = reset === undefined ? undefined : parseRfc3339Ms(reset.trim());
+    if (at !== undefined && at > nowMs) until = Math.max(until ?? 0, at);
   }
   return until;
 }
@@ -55,15 +50,30 @@ export function quotaLowUntil(h: ResponseHeaders, nowMs: number): number | undef
  */
 export function quotaNotLow(h: ResponseHeaders): boolean {
   let reported = false;
-  const low = (limit: string | undefined, remaining: string | undefined): boolean => {
-    const spent = nearlySpent(limit, remaining);
+  for (const names of QUOTA_LIMITS) {
+    const spent = nearlySpent(firstHeader(h, names.limit), firstHeader(h, names.remaining));
+    if (spent === true) return false;
     reported ||= spent !== undefined;
-    return spent === true;
-  };
-  for (const kind of OPENAI_KINDS) if (low(firstHeader(h, `x-ratelimit-limit-${kind}`), firstHeader(h, `x-ratelimit-remaining-${kind}`))) return false;
-  for (const kind of ANTHROPIC_KINDS) if (low(firstHeader(h, `anthropic-ratelimit-${kind}-limit`), firstHeader(h, `anthropic-ratelimit-${kind}-remaining`))) return false;
+  }
   return reported;
 }
 
-const OPENAI_KINDS = ['requests', 'tokens'];
-const ANTHROPIC_KINDS = ['requests', 'tokens', 'input-tokens', 'output-tokens'];
+/** The headers of one limit: its size, what is left of it, and when it resets. */
+interface LimitHeaders {
+  limit: string;
+  remaining: string;
+  reset: string;
+}
+
+// Spelled out once, not per answer: every answer is read for each of them, and most carry none.
+const OPENAI_LIMITS: readonly LimitHeaders[] = ['requests', 'tokens'].map((kind) => ({
+  limit: `x-ratelimit-limit-${kind}`,
+  remaining: `x-ratelimit-remaining-${kind}`,
+  reset: `x-ratelimit-reset-${kind}`,
+}));
+const ANTHROPIC_LIMITS: readonly LimitHeaders[] = ['requests', 'tokens', 'input-tokens', 'output-tokens'].map((kind) => ({
+  limit: `anthropic-ratelimit-${kind}-limit`,
+  remaining: `anthropic-ratelimit-${kind}-remaining`,
+  reset: `anthropic-ratelimit-${kind}-reset`,
+}));
+const QUOTA_LIMITS = [...OPENAI_LIMITS, ...ANTHROPIC_LIMITS];
