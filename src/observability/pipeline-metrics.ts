@@ -2,7 +2,7 @@
 import type { AttemptResult } from '../pipeline/attempt.ts';
 import type { PipelineDeps, RequestSummary } from '../pipeline/handle-request.ts';
 import type { Counter, Gauge } from 'prom-client';
-import type { TargetKeys } from '../routing/target-keys.ts';
+import { sharedKey, type TargetKeys } from '../routing/target-keys.ts';
 import type { Metrics } from './metrics.ts';
 import { RateWindow } from './rate-window.ts';
 
@@ -57,7 +57,7 @@ export function keptTargetLabel(keys: Pick<TargetKeys, 'givenBack'>): (target: s
     const slash = target.indexOf('/');
     if (slash < 0) return target;
     const provider = target.slice(0, slash);
-    return keys.givenBack(provider, target.slice(slash + 1), target) ? `${provider}/other` : target;
+    return keys.givenBack(provider, target.slice(slash + 1), target) ? sharedKey(provider) : target;
   };
 }
 

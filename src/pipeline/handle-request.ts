@@ -8,7 +8,7 @@ import { computeDeadline } from '../policy/deadline.ts';
 import { toldPastHoldOff } from '../policy/hold-off-wait.ts';
 import type { Random } from '../policy/random.ts';
 import type { CompiledRoute } from '../routing/router.ts';
-import type { TargetKeys } from '../routing/target-keys.ts';
+import { sharedKey, type TargetKeys } from '../routing/target-keys.ts';
 import type { Pools } from '../pools/pools.ts';
 import { drainingCutError, drainingError, GatewayError, type OpenAIErrorBody } from '../errors.ts';
 import { ClientGone, DeadlineReached, GatewayShutdown } from './abort-reasons.ts';
@@ -253,7 +253,7 @@ export async function handleManagedRequest(req: ManagedRequest, deps: PipelineDe
     );
     summary.target = served.plan.key;
     // A key given back is counted under the provider's shared one from now on, this request's own count included.
-    if (forgetUnknownModels(summary.attempts, contextFallback ? [...plans, contextFallback] : plans, deps).includes(served.plan.key)) summary.target = `${served.plan.client.name}/other`;
+    if (forgetUnknownModels(summary.attempts, contextFallback ? [...plans, contextFallback] : plans, deps).includes(served.plan.key)) summary.target = sharedKey(served.plan.client.name);
     if (served.kind === 'ok') {
       summary.outcome = 'success';
       if (served.fallback) summary.fallback = served.fallback;
@@ -324,7 +324,7 @@ function forgetUnknownModels(attempts: AttemptRecord[], plans: TargetPlan[], dep
   // made-up names took all 32 places of a backup, and real models failing over there shared one breaker for an hour.
   if (unknownModel) {
     for (const plan of plans) {
-      if (plan.model === undefined || plan.key === `${plan.client.name}/other` || forgotten.includes(plan.key)) continue;
+      if (plan.model === undefined || plan.key === sharedKey(plan.client.name) || forgotten.includes(plan.key)) continue;
       if (deps.targetKeys.release(plan.client.name, plan.model) === plan.key) drop(plan.key);
     }
   }

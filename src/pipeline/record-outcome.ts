@@ -3,6 +3,7 @@
 // (stream-recovery.ts). Kept in one place so that no path sends upstream requests the target's breaker or limit never
 // hears of.
 import { OUTCOME_TABLE, type Classification } from '../policy/outcome.ts';
+import { sharedKey } from '../routing/target-keys.ts';
 import type { Probe } from '../state/breaker-board.ts';
 import { ACCOUNT_REFUSED_IN_STREAM, flexTierKey, startsHoldOff } from '../state/hold-offs.ts';
 import type { AttemptResult } from './attempt.ts';
@@ -33,13 +34,24 @@ export async function recordOutcome(guards: Guards, plan: TargetPlan, result: At
   const olderUnanswered = plan.pool.unansweredSince(plan.key, durationMs);
   await guards.board.record(plan.key, plan.breaker, row.breaker, durationMs, probe, { reason: cls.reason, ...(code !== undefined && { code }) }, olderUnanswered);
   // The gateway's own credentials or billing: no request goes to this target for authHoldS.
-  if (cls.cls === 'credentials') guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
+  if (cls.cls === 'credentials' && !refusesOneSharedModel(plan, result)) guards.holdOffs.holdCredentials(plan.key, plan.client.config.authHoldS * 1000, { reason: cls.reason, status: result.status });
   if (outcome.kind !== 'http' || !row.holdOff || !plan.sharesHoldOffs || !startsHoldOff(outcome.status, outcome.hint)) return undefined;
   const key = row.holdOff === 'flex-tier' ? flexTierKey(plan.key) : plan.key;
   const untilMs = guards.holdOffs.start(key, outcome.hint, { reason: cls.reason, status: outcome.status });
   // A flex tier's hold-off does not hold a request on another tier (one Groq answered 498 all the same): it is not
   // the request's own to wait out, and its answer's hint goes to it as a hint alone.
   return key === plan.key || key === plan.holdOffKey ? untilMs : undefined;
+}
+
+/**
+ * A refusal of the model alone (OpenAI's 403 `model_not_found`: "Project `proj_...` does not have access to model ...")
+ * under `<provider>/other`, the key every model past the learned ones shares: held, one client's request for a model
+ * the gateway's key may not use turned every other tenant's unlisted models away for authHoldS, fleet-wide. A learned
+ * model has a key of its own, and is held alone.
+ */
+function refusesOneSharedModel(plan: TargetPlan, result: AttemptResult): boolean {
+  const { outcome } = result;
+  return outcome.kind === 'http' && outcome.errorCode === 'model_not_found' && plan.key === sharedKey(plan.client.name);
 }
 
 /**

@@ -21,6 +21,11 @@ const MAX_REFUSED = 1_024;
 /** Model names fit for a key and a metric label: no separators or control characters, and not too long. */
 const KEYABLE_MODEL = /^[A-Za-z0-9._:@/+-]{1,100}$/;
 
+/** The key a provider's models share when they hold no place of their own. */
+export function sharedKey(provider: string): string {
+  return `${provider}/other`;
+}
+
 export class TargetKeys {
   readonly #known: ReadonlySet<string>;
   /** Per provider, each learned model and when a request last asked for it. */
@@ -53,9 +58,9 @@ export class TargetKeys {
 
   /** `<provider>/<model>` for a configured or learned model, else `<provider>/other`. */
   key(provider: string, upstreamModel: string | undefined): string {
-    if (upstreamModel === undefined) return `${provider}/other`;
+    if (upstreamModel === undefined) return sharedKey(provider);
     if (this.#known.has(upstreamModel) || this.#learn(provider, upstreamModel)) return `${provider}/${upstreamModel}`;
-    return `${provider}/other`;
+    return sharedKey(provider);
   }
 
   /**
@@ -100,7 +105,7 @@ export class TargetKeys {
   givenBack(provider: string, model: string, key: string): boolean {
     // Asked at the end of every request: a name that holds its place (nearly all) costs two lookups.
     if (this.#known.has(model) || this.#learned.get(provider)?.has(model)) return false;
-    return key !== `${provider}/other`;
+    return key !== sharedKey(provider);
   }
 
   #learn(provider: string, model: string): boolean {
