@@ -144,7 +144,7 @@ const PoolsSchema = z
     classes: z.record(z.string().regex(/^[a-z][a-z0-9_-]*$/), PoolClassSchema).default(DEFAULT_POOL_CLASSES)
       .describe('Priority classes, highest first (e.g. critical, online, batch). Default: online (minShare 0.5, maxQueue 1000), batch (minShare 0.1, maxQueue 10000). Written, the map replaces these whole: a class left out is gone, and a class written takes the defaults below (minShare 0, maxQueue 1000), not the values above.'),
     decrease: z.number().gt(0).lt(1).default(0.9)
-      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded, except Groq\'s 498: its flex tier at capacity, not the target), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
+      .describe('Factor the adaptive limit of a target (provider and model) is multiplied by on a 429 or 529 (or an error coded capacity_exceeded, server_is_overloaded or slow_down, except Groq\'s 498: its flex tier at capacity, not the target), at most once per round trip; successes raise it by one per round trip. Default: 0.9.'),
     minLimit: z.number().int().positive().default(1).describe('Floor of the adaptive limit; one above maxConcurrent is maxConcurrent. Default: 1.'),
     // The same bounds as a client's rate (auth.limits): a due time a burst ahead stays within what a timer can hold.
     requestsPerMinute: z.number().min(0.0001).max(6_000_000).optional()

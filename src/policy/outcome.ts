@@ -204,9 +204,10 @@ export const CONTENT_POLICY_CODES: ReadonlySet<string> = new Set(['content_polic
 /**
  * Codes that name a rate limit: OpenAI's 429 `rate_limit_exceeded`, which the Responses API also reports inside a 2xx
  * (ResponseError.code of a `response.failed`, or an `error` event) once it has sent `response.created`; and the status
- * itself, which OpenRouter sends as the code (`"code": 429`, read as its digits) in the 200 of a stream it had begun.
+ * itself, which OpenRouter sends as the code (`"code": 429`, read as its digits) in the 200 of a stream it had begun;
+ * OpenAI's `slow_down` (type rate_limit_error), a rate grown too fast.
  */
-export const RATE_LIMIT_CODES: ReadonlySet<string> = new Set(['rate_limit_exceeded', '429']);
+export const RATE_LIMIT_CODES: ReadonlySet<string> = new Set(['rate_limit_exceeded', '429', 'slow_down']);
 /**
  * Codes of the Responses API's `response.failed` (ResponseError.code) that say the request itself is at fault (an
  * input image it cannot use): sending it again, here or to another target, gets the same answer.
@@ -249,8 +250,12 @@ export function isAccountSpentMessage(message: string): boolean {
   return ACCOUNT_SPENT_MESSAGE.test(message.trimStart());
 }
 
-/** Codes that say the provider is at capacity, not that the request is wrong. */
-const CAPACITY_CODES: ReadonlySet<string> = new Set(['capacity_exceeded']);
+/**
+ * Codes that say the provider is at capacity, not that the request is wrong: Groq's `capacity_exceeded`; OpenAI's 503
+ * `server_is_overloaded` ("The server is overloaded") and `slow_down` (traffic grown faster than it can take; a 429 now,
+ * a 503 before), whose remedy is a lower rate, which read as a plain 5xx nothing lowered (no adaptive limit cut).
+ */
+const CAPACITY_CODES: ReadonlySet<string> = new Set(['capacity_exceeded', 'server_is_overloaded', 'slow_down']);
 
 /**
  * How a provider whose 403 code does not tell a refused request from a refused team says it is the request: xAI's
