@@ -4,9 +4,12 @@
 // a plain 5xx, neither cut the target's adaptive concurrency limit (a 529 or a 429 does): the gateway went on sending
 // as many at once into the overload. Now they are the provider at capacity (policy/outcome.ts CAPACITY_CODES):
 // retried and failed over as before, counted by the breaker, and each cuts the adaptive limit. A plain 503 still does
-// not. Inside a 200 stream, before any output, `slow_down` is the 429 it stands for.
+// not. Inside a 200 stream, before any output, `slow_down` is the 429 it stands for. The same guide's 429
+// `credit_balance_exhausted` (type insufficient_quota) was read by its code as a rate limit: retried and held off,
+// where no wait brings the credit back; its type says the account, the gateway's own (502 upstream_auth_error).
 // Real HTTP: scripted upstreams and the official `openai` SDK; the limit is read from /metrics.
 import { describe, expect, it } from 'vitest';
+import { errorCodeOf } from '../src/providers/error-outcome.ts';
 import { classify } from '../src/policy/outcome.ts';
 import { sdkError } from './helpers/openai-error.ts';
 import { cc, delta, json, type Script } from './helpers/scripted-provider.ts';
@@ -54,5 +57,27 @@ describe("OpenAI's overload codes", () => {
     expect(err.status).toBe(429);
     expect((err.error as { code?: string }).code).toBe('slow_down');
     expect(JSON.stringify(err.error)).toContain('reduce your request rate');
+  });
+});
+
+describe("OpenAI's spent-credit 429 with a code finer than its type", () => {
+  const spent = { error: { message: 'Your credit balance is exhausted. Add credits to continue.', type: 'insufficient_quota', param: null, code: 'credit_balance_exhausted' } };
+
+  it('is read by its type: the account, not a rate', () => {
+    expect(errorCodeOf(429, Buffer.from(JSON.stringify(spent)))).toBe('insufficient_quota');
+    expect(errorCodeOf(429, Buffer.from(JSON.stringify({ error: { ...spent.error, code: 'insufficient_quota' } })))).toBe('insufficient_quota');
+    // A rate limit's own type stays a rate limit.
+    expect(errorCodeOf(429, Buffer.from(JSON.stringify({ error: { ...spent.error, type: 'rate_limit_error', code: 'slow_down' } })))).toBe('slow_down');
+  });
+
+  it('is the gateway\'s own billing: tried once, 502 upstream_auth_error, the target held (the next request sends nothing)', async () => {
+    const g = await gw({ a: () => json(429, spent, { 'retry-after': '1' }) }, [{ provider: 'a' }], { route: { retry: { maxAttempts: 3 } } });
+    const err = await sdkError(g.client.chat.completions.create(ask));
+    expect(err.status).toBe(502);
+    expect((err.error as { code?: string }).code).toBe('upstream_auth_error');
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(g.seen.a).toHaveLength(1);
+    await sdkError(g.client.chat.completions.create(ask));
+    expect(g.seen.a).toHaveLength(1);
   });
 });

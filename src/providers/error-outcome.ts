@@ -1,7 +1,7 @@
 // What an upstream's error means for the attempt: the code, the wait hint and the account refusal read from an error
 // body, or from an error reported inside a 2xx (an error event, a failed Response). Bytes and headers in, an outcome
 // out: the attempt decides nothing here, the outcome table does.
-import { accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, THREAD_STATE_CODES, type AttemptOutcome } from '../policy/outcome.ts';
+import { ACCOUNT_429_CODES, accountStatusOfError, classify, CONTENT_POLICY_CODES, CONTEXT_LENGTH_CODES, isAccountSpentMessage, isContentRefusalMessage, isContextLengthMessage, isOverRateLimitMessage, namesError, OVER_RATE_LIMIT_CODE, RATE_LIMIT_CODES, REGION_REFUSED_CODE, REQUEST_FAULT_CODES, THREAD_STATE_CODES, type AttemptOutcome } from '../policy/outcome.ts';
 import { MAX_WAIT_HINT_MS, parseWaitHint, retryInfoHint, tokenRoomHint, type WaitHint } from '../policy/wait-hint.ts';
 import type { UpstreamStreamError } from '../streaming/stream-events.ts';
 import { printable } from '../http/request-body.ts';
@@ -123,6 +123,10 @@ function errorCodeOfFields(status: number, error: ErrorFields | undefined): stri
   // Anthropic names what the SDK acts on in error.details.error_code, beside a generic type (not_found_error).
   const detailCode = typeof error.details === 'object' && error.details !== null ? (error.details as { error_code?: unknown }).error_code : undefined;
   if (typeof detailCode === 'string' && THREAD_STATE_CODES.has(detailCode)) return detailCode;
+  // A spent account told by its type beside a finer code (OpenAI's 429 `credit_balance_exhausted`, type
+  // insufficient_quota): the type is what the classification knows. Read by the code, it was a rate limit, retried
+  // and held off as one, where no wait brings the credit back.
+  if (status === 429 && typeof type === 'string' && ACCOUNT_429_CODES.has(type) && !(typeof code === 'string' && ACCOUNT_429_CODES.has(code))) return type;
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
