@@ -7,7 +7,7 @@
 // (Suites 3, 4, 67 and thirdparty-scenarios-2 cover proxies' HTML pages, framing and hangs; this one covers what a
 // front gateway's own refusals say: its wait hints, its quota 403, its bodies that are not OpenAI's shape.)
 // Found here: a 429 whose only wait hint is in the IETF draft's fields (`RateLimit-Reset: 2` of draft 06 and Kong,
-// Botpress; `RateLimit: "default";r=0;t=2` of draft 07 on, Cloudflare's API) was retried after the 5 ms backoff
+// Botpress; `RateLimit: "default";r=0;t=2` of draft 08 on, Cloudflare's API) was retried after the 5 ms backoff
 // straight into the limit. Fixed in src/policy/wait-hint.ts (ietfResetHint): read as a request's own hint, only for a
 // limit said to be used up, an instant in Unix seconds told apart from seconds so it is never a 54-year hold.
 // And APIM's quota-by-key 403 with its Retry-After (scenario 4) was read as the gateway's own credentials refused: the

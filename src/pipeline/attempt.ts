@@ -10,7 +10,7 @@ import { upstreamErrorIn, upstreamErrorInText, type StreamShape } from '../strea
 import { abortOutcome, AttemptTimeout } from './abort-reasons.ts';
 import { afterFinishWaitMs, LiveStream } from './live-stream.ts';
 import { brokenBeforeOutput, readUntilFirstOutput } from './first-output.ts';
-import { accountErrorOf, errorCodeOf, errorVerdict, httpOutcome, type ErrorVerdict } from '../providers/error-outcome.ts';
+import { accountErrorOf, errorCodeOf, errorVerdict, httpOutcome, isQuotaRefusal, type ErrorVerdict } from '../providers/error-outcome.ts';
 import { requestWhole } from '../providers/whole-answer.ts';
 import { failedResponse, notAnAnswer } from '../providers/answer-shape.ts';
 import { MAX_ERROR_BODY_BYTES, readCapped } from '../providers/read-capped.ts';
@@ -198,6 +198,9 @@ function wholeResult(req: AttemptRequest, statusCode: number, headers: HeaderBag
   if (statusCode < 200 || statusCode >= 300) {
     // A byte order mark before the JSON is dropped here, once: the client's JSON.parse would refuse it as the gateway's does.
     const error = withoutKey(withoutBom(received), req.client.config.apiKey);
+    // A gateway in front of the provider refusing in its own words (APIM's spent quota) is no family's error: read as
+    // it came. Translated first, it was "the Anthropic target answered HTTP 403", the gateway's credentials refused.
+    if (isQuotaRefusal(statusCode, headers, error, req.now())) return { outcome: httpOutcome(statusCode, headers, error, req.now()), status: statusCode, headers, body: error };
     if (req.errorMeaning) {
       // The client gets the family's own error; the status and code it stands for decide the retry.
       const meaning = req.errorMeaning(statusCode, error);

@@ -1,6 +1,6 @@
 // Reads how long the upstream asks us to wait, from the headers of a 429/503/529 answer.
 // One function with tests, so no caller confuses seconds with milliseconds (see STYLE.md 3, reply-from).
-import { parseList } from 'structured-headers';
+import { parseDictionary, parseList } from 'structured-headers';
 import { firstHeader, type HeaderBag } from '../header-bag.ts';
 type WaitHintSource = 'retry-after-ms' | 'retry-after' | 'anthropic-ratelimit-reset' | 'x-ratelimit-reset' | 'ratelimit' | 'retry-info';
 
@@ -43,22 +43,25 @@ export function parseWaitHint(headers: ResponseHeaders, localNowMs: number): Wai
   const fromRetryAfter = retryAfter === undefined ? undefined : parseRetryAfterMs(retryAfter, nowMs);
   if (fromRetryAfter !== undefined && fromRetryAfter > 0) return hint(fromRetryAfter, 'retry-after', true);
 
-  return resetHint(headers, nowMs, latestExhaustedResetMs) ?? windowedResetHint(headers) ?? ietfResetHint(headers, nowMs);
+  return resetHint(headers, nowMs, latestExhaustedResetMs) ?? windowedResetHint(headers, nowMs) ?? ietfResetHint(headers, nowMs);
 }
 
 /**
  * The wait the IETF RateLimit fields name (draft-ietf-httpapi-ratelimit-headers), as an API gateway in front of the
- * provider sends them: the `RateLimit` field of draft 07 on (`"default";r=0;t=30`, Cloudflare's API), the latest `t`
- * (seconds) among its used-up items (`r=0`); else the earlier drafts' `RateLimit-Reset` (seconds from now: Kong's
- * rate-limiting plugin, Botpress; an instant in Unix seconds on GitLab, told apart by size as the bare
+ * provider sends them: the `RateLimit` field of draft 08 on (`"default";r=0;t=30`, Cloudflare's API), the latest `t`
+ * (seconds) among its used-up items (`r=0`), or draft 07's (`limit=100, remaining=0, reset=30`, express-rate-limit's
+ * `draft-7`), its `reset` unless `remaining` says there is room; else the earlier drafts' `RateLimit-Reset` (seconds
+ * from now: Kong's rate-limiting plugin, Botpress; an instant in Unix seconds on GitLab, told apart by size as the bare
  * x-ratelimit-reset is) unless `RateLimit-Remaining` says there is room. Unread, a 429 that named only these was
  * retried at the backoff's pace into the limit. This request's hint only, as the other reset headers are.
  */
 function ietfResetHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
-  const field = header(headers, 'ratelimit');
-  if (field !== undefined) {
-    const ms = exhaustedPolicyResetMs(field);
-    return ms === undefined ? undefined : hint(ms, 'ratelimit', false);
+  // A Structured Field sent on several lines is one field, its lines joined by commas (RFC 9651 4.2): one line a policy.
+  const lines = headers['ratelimit'];
+  const field = (Array.isArray(lines) ? lines.join(', ') : lines)?.trim();
+  if (field) {
+    const ms = exhaustedPolicyResetMs(field, nowMs);
+    return ms === undefined || ms <= 0 ? undefined : hint(ms, 'ratelimit', false);
   }
   const reset = header(headers, 'ratelimit-reset');
   const remaining = header(headers, 'ratelimit-remaining');
@@ -68,15 +71,16 @@ function ietfResetHint(headers: ResponseHeaders, nowMs: number): WaitHint | unde
 }
 
 /**
- * The latest `t` of a `RateLimit` field's items whose `r` is 0, in ms; undefined when none is used up, or when the
- * field is not a valid Structured Fields list (RFC 9651 has a malformed field ignored whole).
+ * The latest `t` of a `RateLimit` field's items whose `r` is 0, in ms; else, for draft 07's Dictionary, its reset
+ * (draft07ResetMs); undefined when none is used up, or when the field is neither (RFC 9651 has a malformed field
+ * ignored whole).
  */
-function exhaustedPolicyResetMs(field: string): number | undefined {
+function exhaustedPolicyResetMs(field: string, nowMs: number): number | undefined {
   let items;
   try {
     items = parseList(field);
   } catch {
-    return undefined;
+    return draft07ResetMs(field, nowMs);
   }
   let latest: number | undefined;
   for (const [, params] of items) {
@@ -88,24 +92,42 @@ function exhaustedPolicyResetMs(field: string): number | undefined {
   return latest;
 }
 
+/**
+ * Draft 07's `RateLimit: limit=100, remaining=0, reset=30`: the reset (seconds, or an instant told apart by size as a
+ * `RateLimit-Reset` is) when `remaining` is 0 or not said. Unread, such a 429 was retried after the backoff into the
+ * limit.
+ */
+function draft07ResetMs(field: string, nowMs: number): number | undefined {
+  let dict;
+  try {
+    dict = parseDictionary(field);
+  } catch {
+    return undefined;
+  }
+  const remaining = dict.get('remaining')?.[0];
+  const reset = dict.get('reset')?.[0];
+  if (typeof reset !== 'number' || (remaining !== undefined && remaining !== 0)) return undefined;
+  return bareResetMs(String(reset), nowMs);
+}
+
 // Cerebras names each limit's window in its headers (`x-ratelimit-remaining-tokens-minute`,
 // `x-ratelimit-reset-requests-day`: "Time (in seconds) until your daily request limit resets", `11.382867097854614`).
 const WINDOWED_LIMITS: LimitHeaders = ['requests', 'tokens'].flatMap((l) =>
   ['minute', 'hour', 'day'].map((w) => [`x-ratelimit-reset-${l}-${w}`, `x-ratelimit-remaining-${l}-${w}`] as const));
 
 /**
- * The latest reset among the windowed limits whose `remaining` is 0: seconds from now (a Go duration accepted too).
+ * The latest reset among the windowed limits whose `remaining` is 0: seconds from now (a Go duration accepted too), or
+ * an instant in Unix seconds or ms told apart by size, as a bare x-ratelimit-reset is: SambaNova sends the same names
+ * with an instant (`x-ratelimit-reset-requests-day: 1766229945`), which read as seconds was a day's hint, no retry,
+ * and `retry-after: 86400` for a limit that renewed seconds later.
  * Only a limit said to be used up counts, never a reset beside room left: such a 429 hit a limit the headers do not
  * show (Cerebras sends no requests-per-minute pair), and its day's reset would be a 9-hour misread. Unread, a
  * tokens-per-minute 429 was retried at the backoff's pace into the same limit, and a spent daily limit reached the
  * client with no retry-after.
  */
-function windowedResetHint(headers: ResponseHeaders): WaitHint | undefined {
+function windowedResetHint(headers: ResponseHeaders, nowMs: number): WaitHint | undefined {
   const exhausted = WINDOWED_LIMITS.filter(([, remaining]) => isZero(header(headers, remaining)));
-  const ms = latestResetMs(headers, exhausted, (v) => {
-    const seconds = parseNonNegativeDecimal(v);
-    return seconds === undefined ? parseDurationMs(v) : seconds * 1000;
-  });
+  const ms = latestResetMs(headers, exhausted, (v) => bareResetMs(v, nowMs) ?? parseDurationMs(v));
   return ms === undefined ? undefined : hint(ms, 'x-ratelimit-reset', false);
 }
 

@@ -27,7 +27,7 @@ export function httpOutcome(status: number, headers: HeaderBag, body: Buffer, no
   // for when it renews. Read as the gateway's credentials refused, the target was held 60 s at a time through the
   // whole quota period, probed again each time, and clients were told of a configuration problem with no wait. It is
   // the 429 of a limit whose end is known. Without the Retry-After its end is not known: the credentials path stays.
-  if (status === 403 && isQuotaPeriodSpent(body) && parseWaitHint(headers, nowMs) !== undefined) return httpOutcome(429, headers, body, nowMs);
+  if (isQuotaRefusal(status, headers, body, nowMs)) return httpOutcome(429, headers, body, nowMs);
   const errorCode = errorCodeOfFields(status, fields);
   // A request larger than the whole limit fits after no wait: its retry-after, a rate limit's habit, is no hint, and
   // passed on it invited the client to send it again then.
@@ -130,6 +130,14 @@ function errorCodeOfFields(status: number, error: ErrorFields | undefined): stri
   if (typeof code === 'string' && namesError(code, type)) return code;
   if (status >= 400 && status < 500 && typeof message === 'string' && isContextLengthMessage(message)) return 'context_length_exceeded';
   return typeof type === 'string' ? type : stringOrNull(code);
+}
+
+/**
+ * API Management's 403 for a spent quota-by-key quota whose renewal its Retry-After names: the 429 it stands for, in
+ * APIM's words whatever the family of the provider behind it (attempt.ts reads it before any family translates it).
+ */
+export function isQuotaRefusal(status: number, headers: HeaderBag, body: Buffer, nowMs: number): boolean {
+  return status === 403 && isQuotaPeriodSpent(body) && parseWaitHint(headers, nowMs) !== undefined;
 }
 
 /**
