@@ -1,10 +1,14 @@
 // The upstream's own x-should-retry, over real HTTP with the bundled mock (its error rules' `headers`). The OpenAI and
 // Anthropic SDKs obey it before they look at the status (openai/openai-node src/client.ts shouldRetry); the gateway
-// obeys its `false` on the target that sent it (no retry there; failover as the status would have it), never lets a
+// obeys its `false` on the target that sent it (no retry there; failover as the status would have it) unless the
+// answer names a wait (a gateway in front's open breaker), never lets a
 // `true` retry what the route's retryOn leaves out, and answers the client with its own x-should-retry rule.
 import { describe, expect, it } from 'vitest';
 import type { ConfigInput, RetryOn } from '../src/config/schema.ts';
 import type { FaultSpec, MockServer } from '../src/mock/server.ts';
+import { sdkError } from './helpers/openai-error.ts';
+import { completion, failsThen, json } from './helpers/scripted-provider.ts';
+import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 import { defaultConfig, RETRY_LOOP_ONLY, requestLine, scrapeMetrics, useExtraMocks, useStacks, type Stack } from './helpers/stack.ts';
 
 const startStack = useStacks();
@@ -94,18 +98,6 @@ describe('x-should-retry: false from the upstream', () => {
     await res.arrayBuffer();
     expect(s.mock.stats().total).toBe(1);
   });
-
-  it('passes a 429\'s retry-after on with the gateway\'s x-should-retry: false, sent once', async () => {
-    const s = await stackWith({ faults: says(429, 'false', { 'retry-after': '2' }) });
-    const res = await chat(s);
-    expect(res.status).toBe(429);
-    expect(res.headers.get('x-should-retry')).toBe('false');
-    // The provider's 2 s, to the end of the hold-off it started (its spread, up to a tenth, rounded up).
-    expect(['2', '3']).toContain(res.headers.get('retry-after'));
-    await res.arrayBuffer();
-    expect(s.mock.stats().total).toBe(1);
-    expect((await requestLine(s)).retriesStopped).toBe('upstream_no_retry');
-  });
 });
 
 describe('x-should-retry: true from the upstream', () => {
@@ -137,5 +129,45 @@ describe('x-should-retry: true from the upstream', () => {
     const s = await stackWith({ faults: says(409, 'true'), retryOn: [409, 503] });
     expect((await chat(s)).status).toBe(409);
     expect(s.mock.stats().total).toBe(3);
+  });
+});
+
+describe('x-should-retry: false beside a wait the upstream names', () => {
+  const gw = useScriptedUpstreams();
+  const ask = { model: 'gpt-4o', messages: [{ role: 'user' as const, content: 'hi' }] };
+  // What a gateway in front answers while its breaker is open (stormgate's own 503 circuit_open): the wait it means,
+  // and false, since the provider, not it, is what failed.
+  const circuitOpen = () =>
+    json(503, { error: { message: 'circuit open for mock/gpt-4o', type: 'server_error', param: null, code: 'circuit_open' } }, { 'retry-after': '1', 'x-should-retry': 'false' });
+
+  it("is waited out as without the header: a gateway behind a gateway whose breaker is open answers a second later", async () => {
+    const g = await gw({ a: failsThen(1, circuitOpen, 'served') }, [{ provider: 'a' }], { route: { retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } } });
+    const { data, response } = await g.client.chat.completions.create(ask).withResponse();
+    expect(data.choices[0]?.message.content).toBe('served');
+    expect(response.headers.get('x-stormgate-attempts')).toBe('2');
+    expect(g.seen.a![1]!.at - g.seen.a![0]!.at).toBeGreaterThanOrEqual(950);
+  });
+
+  it('without a wait named, still ends retries on that target', async () => {
+    const g = await gw({ a: () => json(503, { error: { message: 'upstream retried already', type: 'server_error', param: null, code: null } }, { 'x-should-retry': 'false' }) }, [{ provider: 'a' }], { route: { retry: { maxAttempts: 3 } } });
+    const err = await sdkError(g.client.chat.completions.create(ask));
+    expect(err.status).toBe(503);
+    expect(err.headers?.get('x-should-retry')).toBe('false');
+    expect(g.seen.a).toHaveLength(1);
+  });
+
+  it("costs a parked request nothing when it came to the breaker's probe the request carried: it parks again, and is served", async () => {
+    // 1: a 503 opens the breaker (one failure); 2: the probe a parked request carries gets false with no wait; 3: served.
+    const answers = [
+      () => json(503, { error: { message: 'overloaded', type: 'server_error', param: null, code: null } }),
+      () => json(503, { error: { message: 'upstream retried already', type: 'server_error', param: null, code: null } }, { 'x-should-retry': 'false' }),
+    ];
+    const g = await gw({ a: (body, n) => (n <= answers.length ? answers[n - 1]!() : completion('served', 'gpt-4o')) }, [{ provider: 'a' }], {
+      route: { park: {}, retry: { maxAttempts: 3, backoff: { strategy: 'fixed', baseMs: 5, capMs: 5 } } },
+      provider: { breaker: { consecutiveFailures: 1, openS: 1, halfOpenProbes: 1, closeAfter: 1, probeWhileParkedMs: 200, probeWhileParkedMaxMs: 400 } },
+    });
+    const { data } = await g.client.chat.completions.create(ask).withResponse();
+    expect(data.choices[0]?.message.content).toBe('served');
+    expect(g.seen.a).toHaveLength(3);
   });
 });

@@ -433,7 +433,10 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     if (!maySendAgain(cls, result.outcome, retry.retryOn, ctx.commitsOnSend)) return failed(hint?.delayMs);
     if (run.attempts >= retry.maxAttempts) return failed(hint?.delayMs, 'retries_exhausted');
     // The provider said a repeat will not help (x-should-retry: false): not here; the next target is failover's call.
-    if (cls.upstreamNoRetry) return failed(hint?.delayMs, 'upstream_no_retry');
+    // A wait it names is still its word on when one will (a gateway in front says false with the retry-after it means:
+    // stormgate's own open breaker, a hold-off): waited out as without the header, or a chain of gateways failed what
+    // it used to serve a second later. A failed probe costs the request nothing, this word included.
+    if (cls.upstreamNoRetry && hint === undefined && !(admission.probe && row.breaker === 'failure')) return failed(undefined, 'upstream_no_retry');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
     // here rather than at its first attempt, which needed none when it was answered.
     if (run.noRetries) {
