@@ -86,8 +86,10 @@ function exhaustedPolicyResetMs(field: string, nowMs: number): number | undefine
   for (const [, params] of items) {
     const r = params.get('r');
     const t = params.get('t');
-    if (r !== 0 || typeof t !== 'number' || !(t > 0)) continue;
-    if (latest === undefined || t * 1000 > latest) latest = t * 1000;
+    if (r !== 0 || typeof t !== 'number') continue;
+    // Seconds from now, as the draft has it; an instant sent in its place is read as one, never as decades.
+    const ms = bareResetMs(String(t), nowMs);
+    if (ms !== undefined && ms > 0 && (latest === undefined || ms > latest)) latest = ms;
   }
   return latest;
 }
@@ -184,7 +186,9 @@ function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): Wa
     return atMs === undefined ? undefined : atMs - nowMs;
   });
   if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
-  const openai = pick(headers, OPENAI_LIMITS, parseDurationMs) ?? pick(headers, BARE_LIMITS, v => bareResetMs(v, nowMs));
+  // A number with no unit is read as a bare reset is (SambaNova sends an instant in Unix seconds under OpenAI's names):
+  // as a duration it was no hint at all.
+  const openai = pick(headers, OPENAI_LIMITS, v => parseDurationMs(v) ?? bareResetMs(v, nowMs)) ?? pick(headers, BARE_LIMITS, v => bareResetMs(v, nowMs));
   return openai === undefined ? undefined : hint(openai, 'x-ratelimit-reset', false);
 }
 
