@@ -131,10 +131,15 @@ describe('a paused Redis (SIGSTOP) on the request path', () => {
       // Three calls in a row, each bounded by commandTimeoutMs (100 ms), and generous slack for a loaded machine.
       expect(Math.max(...times)).toBeLessThan(1_500);
       expect(a!.store.degraded).toBe(true);
-      // Degraded: no Redis wait at all.
-      const start = performance.now();
-      await a!.store.takeRetry(KEY, BUDGET, a!.now());
-      expect(performance.now() - start).toBeLessThan(50);
+      // Degraded: no Redis wait at all. A Redis wait would make every call take commandTimeoutMs (100 ms); a loaded
+      // machine's pause (GC, scheduling) delays one call, not five, so the fastest of five is held under that.
+      const degradedTimes: number[] = [];
+      for (let i = 0; i < 5; i++) {
+        const start = performance.now();
+        await a!.store.takeRetry(KEY, BUDGET, a!.now());
+        degradedTimes.push(performance.now() - start);
+      }
+      expect(Math.min(...degradedTimes)).toBeLessThan(50);
     } finally {
       resume();
     }
