@@ -674,19 +674,6 @@ function goDuration(g: Gen): HintValue {
   return { text: parts.map((p) => p.text).join(''), ms: parts.reduce((sum, p) => sum + p.ms, 0) };
 }
 
-/**
- * An x-ratelimit-reset-* value: a Go duration, or a number with no unit, which is seconds (README "Wait hints": read
- * as a bare x-ratelimit-reset is), not the malformed value it is as a Go duration.
- */
-function resetValue(g: Gen): HintValue {
-  if (g.chance(0.9)) {
-    const d = goDuration(g);
-    return /^\d+$/.test(d.text) && d.text !== '0' ? { text: d.text, ms: Number(d.text) * 1000 } : d;
-  }
-  const seconds = g.int(1, 90);
-  return { text: String(seconds), ms: seconds * 1000 };
-}
-
 const ANTHROPIC = ['requests', 'tokens', 'input-tokens', 'output-tokens'];
 const OPENAI = ['requests', 'tokens'];
 
@@ -732,7 +719,7 @@ function randomHintHeaders(g: Gen, nowMs: number, noisy: boolean): Map<string, H
     if (g.chance(0.3)) maybe(`anthropic-ratelimit-${l}-remaining`, remaining);
   }
   for (const l of OPENAI) {
-    if (g.chance(0.5)) maybe(`x-ratelimit-reset-${l}`, () => resetValue(g));
+    if (g.chance(0.5)) maybe(`x-ratelimit-reset-${l}`, () => goDuration(g));
     if (g.chance(0.4)) maybe(`x-ratelimit-remaining-${l}`, remaining);
   }
   return values;

@@ -186,9 +186,7 @@ function resetHint(headers: ResponseHeaders, nowMs: number, pick: ResetPick): Wa
     return atMs === undefined ? undefined : atMs - nowMs;
   });
   if (anthropic !== undefined) return hint(anthropic, 'anthropic-ratelimit-reset', false);
-  // A number with no unit is read as a bare reset is (SambaNova sends an instant in Unix seconds under OpenAI's names):
-  // as a duration it was no hint at all.
-  const openai = pick(headers, OPENAI_LIMITS, v => parseDurationMs(v) ?? bareResetMs(v, nowMs)) ?? pick(headers, BARE_LIMITS, v => bareResetMs(v, nowMs));
+  const openai = pick(headers, OPENAI_LIMITS, parseDurationMs) ?? pick(headers, BARE_LIMITS, v => bareResetMs(v, nowMs));
   return openai === undefined ? undefined : hint(openai, 'x-ratelimit-reset', false);
 }
 
