@@ -301,8 +301,9 @@ describe('a keyed run going on while its Redis is demoted and promoted again (th
     cleanups.push(() => primary.stop());
     await promptSync(primary);
     // The run must still be going when B's repeat comes, after up to ~16 s of demoting and promoting Redis on a loaded
-    // machine (3.5 s was outlasted in CI: the run ended while the store was degraded, and the repeat went upstream).
-    const f = await startFleet({ models: { 'gpt-4o-mini': { latencyMs: 9_000 } } }, [redis.url, redis.url], { ...BREAKER_CONFIG, idempotency: {} });
+    // machine (3.5 s was outlasted in CI: the run ended while the store was degraded, and the repeat went upstream;
+    // 9 s was met by the repeat at the run's very end once). The SDK's own 15 s timeout (askFleet) bounds it above.
+    const f = await startFleet({ models: { 'gpt-4o-mini': { latencyMs: 12_000 } } }, [redis.url, redis.url], { ...BREAKER_CONFIG, idempotency: {} });
     const [a, b] = f.urls as [string, string];
     for (const url of f.urls) expect((await ask(url)).status).toBe(200);
     const key = randomUUID();
