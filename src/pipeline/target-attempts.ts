@@ -396,7 +396,8 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // A failed probe was the breaker's attempt, lent by a parked request: it costs the request none of its own. A probe
     // the breaker does not judge (a 429 without a wait hint: the provider is there but refusing) is an answer the
     // request got, and costs one: free, it would be sent again at once, parked and released, until the deadline.
-    if (!admission.probe || row.breaker !== 'failure') run.attempts++;
+    const freeProbe = admission.probe !== undefined && row.breaker === 'failure';
+    if (!freeProbe) run.attempts++;
     deps.onAttempt?.(ctx.route.name, plan.key, result, durationMs);
     const hint = result.outcome.kind === 'http' ? result.outcome.hint : undefined;
     let ownHoldOff: number | undefined;
@@ -436,7 +437,7 @@ async function attemptsOn(ctx: RequestContext, plan: TargetPlan, run: TargetRun,
     // A wait it names is still its word on when one will (a gateway in front says false with the retry-after it means:
     // stormgate's own open breaker, a hold-off): waited out as without the header, or a chain of gateways failed what
     // it used to serve a second later. A failed probe costs the request nothing, this word included.
-    if (cls.upstreamNoRetry && hint === undefined && !(admission.probe && row.breaker === 'failure')) return failed(undefined, 'upstream_no_retry');
+    if (cls.upstreamNoRetry && hint === undefined && !freeProbe) return failed(undefined, 'upstream_no_retry');
     // A client's own retry the spent budget let through once: the retry it would need now is the one refused, counted
     // here rather than at its first attempt, which needed none when it was answered.
     if (run.noRetries) {
