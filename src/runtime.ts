@@ -247,7 +247,8 @@ async function createStore(config: Config, logger: Logger, now: () => number): P
   const keptBytes = config.idempotency.memoryBytes;
   if (redis === undefined || redis === '') return new MemoryStore({ keptBytes });
   const { RedisStore } = await import('./state/redis-store.ts');
-  const store = new RedisStore({ config: config.state, logger, now, keptBytes });
+  const { leaseMs: keyLeaseMs, waitForRedisMs } = config.idempotency;
+  const store = new RedisStore({ config: config.state, logger, now, keptBytes, keyLeaseMs, waitForRedisMs });
   // An instance that served before it subscribed would miss what the fleet decides meanwhile (a breaker opened, a
   // credential hold) for every target it has not asked Redis about yet. A Redis that is away does not hold up the
   // start for long: the store serves on local state and catches up when Redis comes.

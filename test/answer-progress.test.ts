@@ -138,3 +138,48 @@ describe('tool calls', () => {
     expect(feed('chat', ONE, [roleOnly]).progress.toolCallOpen).toBe(false);
   });
 });
+
+describe('a [DONE] before the answer is whole', () => {
+  const call = (index: number, a: string, id?: string) => chunk(choice(0, { tool_calls: [{ index, ...(id ? { id, type: 'function', function: { name: 'get_weather', arguments: a } } : { function: { arguments: a } }) }] }));
+  const cutBy = (shape: StreamShape, events: SseEvent[]) => feed('chat', shape, events).progress.cutByDone();
+
+  it('cuts a tool call whose arguments so far are not JSON, whichever call of several it is', () => {
+    expect(cutBy(ONE, [call(0, '', 'call_1'), call(0, '{"city": "Kra')])).toMatch(/tool call's arguments/);
+    expect(cutBy(ONE, [call(0, '{"city": "Zürich"}', 'call_1'), call(1, '', 'call_2'), call(1, '{"ci')])).toMatch(/tool call's arguments/);
+    const legacy = chunk(choice(0, { function_call: { name: 'get_weather', arguments: '{"city": ' } }));
+    expect(cutBy(ONE, [legacy])).toMatch(/tool call's arguments/);
+  });
+
+  it('is not shown by text, by whole arguments or by a call whose arguments have not begun: a server may send no finish_reason', () => {
+    expect(cutBy(ONE, [chunk(choice(0, { content: 'Hello' }))])).toBeUndefined();
+    expect(cutBy(ONE, [call(0, '', 'call_1'), call(0, '{"city": '), call(0, '"Zürich"}')])).toBeUndefined();
+    expect(cutBy(ONE, [call(0, '', 'call_1')])).toBeUndefined();
+    // Arguments as an object (some servers send one) are nothing to judge.
+    expect(cutBy(ONE, [chunk(choice(0, { tool_calls: [{ index: 0, function: { arguments: { city: 'Kra' } } }] }))])).toBeUndefined();
+  });
+
+  it('judges each call alone where a server numbers parallel calls under one index, a new id after whole arguments', () => {
+    expect(cutBy(ONE, [call(0, '{"city": "Zürich"}', 'call_1'), call(0, '{"city": "Kraków"}', 'call_2')])).toBeUndefined();
+    expect(cutBy(ONE, [call(0, '{"city": "Zürich"}', 'call_1'), call(0, '{"city": "Kra', 'call_2')])).toMatch(/tool call's arguments/);
+    // A proxy that gives every chunk of one call an id of its own: the pieces are still one call's.
+    expect(cutBy(ONE, [call(0, '{"ci', 'call_a'), call(0, 'ty": "Kra', 'call_b')])).toMatch(/tool call's arguments/);
+    expect(cutBy(ONE, [call(0, '{"ci', 'call_a'), call(0, 'ty": "Kraków"}', 'call_b')])).toBeUndefined();
+  });
+
+  it('is none once the answer is whole', () => {
+    expect(cutBy(ONE, [call(0, '{"city": "Kra', 'call_1'), chunk(choice(0, {}, 'tool_calls'))])).toBeUndefined();
+  });
+
+  it('cuts a choice still running when another has had its finish_reason', () => {
+    const TWO: StreamShape = { choices: 2, usage: false };
+    expect(cutBy(TWO, [chunk(choice(0, { content: 'a' }), choice(1, { content: 'b' })), chunk(choice(0, {}, 'stop'))])).toMatch(/every choice's finish/);
+    // A provider that ignores `n` sends one choice: whole at its finish.
+    expect(cutBy(TWO, [chunk(choice(0, { content: 'a' })), chunk(choice(0, {}, 'stop'))])).toBeUndefined();
+  });
+
+  it('stops judging arguments past 1 MiB in all', () => {
+    const big = 'x'.repeat(600 * 1024);
+    expect(cutBy(ONE, [call(0, `{"a": "${big}`, 'call_1')])).toMatch(/tool call's arguments/);
+    expect(cutBy(ONE, [call(0, `{"a": "${big}`, 'call_1'), call(0, big)])).toBeUndefined();
+  });
+});

@@ -272,11 +272,13 @@ describe('streams a Claude agent reads', () => {
           clearInterval(timer);
           const signature = ev('content_block_delta', { index: 0, delta: { type: 'signature_delta', signature: 'sig' } });
           res.end(signature + blockStop() + textOpen(1) + textDelta('Shipped.', 1) + blockStop(1) + finish() + ev('message_stop'));
-        }, 100);
+        }, 250);
         res.on('close', () => clearInterval(timer));
       }),
     );
-    const s = await stackOf(p.origin, { provider: { timeouts: { firstTokenMs: 300, idleMs: 300 } } });
+    // 2 s of thinking in steps of 250 ms against timers of 1 s: the 750 ms between a step and a timer is for a loaded
+    // CI machine, which can starve the gateway for a few hundred ms while the next step waits in its socket.
+    const s = await stackOf(p.origin, { provider: { timeouts: { firstTokenMs: 1_000, idleMs: 1_000 } } });
     const msg = await sdk(s).client.messages.stream({ ...ask, thinking: { type: 'enabled', budget_tokens: 1024 } }).finalMessage();
     expect(msg.content).toEqual([{ type: 'thinking', thinking: expect.stringMatching(/^step 0 .*step 7 $/), signature: 'sig' }, expect.objectContaining({ type: 'text', text: 'Shipped.' })]);
     expect(p.hits()).toBe(1);

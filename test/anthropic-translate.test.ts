@@ -425,6 +425,20 @@ describe('toOpenAIError', () => {
   });
 });
 
+describe('the completion id of a message without one (a compatible server)', () => {
+  it('is made for each answer, whole or streamed, and shared by all of one stream\'s chunks', () => {
+    const ids = [1, 2].map(() => toOpenAIResponse({ ...message([text('x')]), id: undefined as unknown as string }, { model: 'm' }).id);
+    for (const id of ids) expect(id).toMatch(/^chatcmpl-[0-9a-f]{32}$/);
+    expect(ids[0]).not.toBe(ids[1]);
+    const streamIds = [1, 2].map(() => {
+      const events = textStream().map((e) => (e.type === 'message_start' ? { ...e, message: { ...e.message, id: undefined as unknown as string } } : e));
+      return [...new Set(chunks(translateStream(events)).map((c) => c.id))];
+    });
+    for (const one of streamIds) expect(one).toEqual([expect.stringMatching(/^chatcmpl-[0-9a-f]{32}$/)]);
+    expect(streamIds[0]).not.toEqual(streamIds[1]);
+  });
+});
+
 describe('AnthropicStreamTranslator', () => {
   it('streams a text answer: role first, deltas, finish, usage, [DONE] last, pings as comments', () => {
     const out = translateStream(textStream());

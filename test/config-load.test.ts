@@ -3,7 +3,9 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { ConfigError, configEnvVars, loadConfigFile, parseConfig } from '../src/config/load.ts';
+import { parseDocument } from 'yaml';
+import { referencedEnvVars } from '../src/config/interpolate.ts';
+import { ConfigError, loadConfigFile, parseConfig } from '../src/config/load.ts';
 import { describeZodIssues } from '../src/config/zod-issues.ts';
 import { configErrorOf, validConfigText } from './helpers/config-text.ts';
 
@@ -71,7 +73,7 @@ describe('loadConfigFile', () => {
   });
 
   it('lists the variables a file references', () => {
-    expect(configEnvVars('a: ${A}\nb: [ "${B:-x}", "$${C}" ]\nc: "${A}"\n')).toEqual(['A', 'B']);
+    expect(referencedEnvVars(parseDocument('a: ${A}\nb: [ "${B:-x}", "$${C}" ]\nc: "${A}"\n'))).toEqual(['A', 'B']);
   });
 });
 

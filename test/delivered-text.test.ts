@@ -4,12 +4,13 @@
 // fields some servers send as null in every delta.
 import { describe, expect, it } from 'vitest';
 import { DeliveredText } from '../src/pipeline/delivered-text.ts';
+import { deliverData } from './helpers/live-stream.ts';
 
 const chunk = (delta: Record<string, unknown>) => JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] });
 
 function deliver(...deltas: Array<Record<string, unknown>>): DeliveredText {
   const d = new DeliveredText();
-  for (const delta of deltas) d.note(chunk(delta));
+  for (const delta of deltas) deliverData(d, chunk(delta));
   return d;
 }
 
@@ -39,8 +40,8 @@ describe('what a stream delivered, for its recovery', () => {
 
   it('leaves an empty tool call list and a malformed event out of it', () => {
     const d = deliver({ content: 'Hi', tool_calls: [] });
-    d.note('{"choices": [');
-    d.note(JSON.stringify({ choices: [{ index: 0, delta: null }] }));
+    deliverData(d, '{"choices": [');
+    deliverData(d, JSON.stringify({ choices: [{ index: 0, delta: null }] }));
     expect(d.notPlainText).toBe(false);
     expect(d.text).toBe('Hi');
   });

@@ -117,7 +117,8 @@ describe('credential hold', () => {
     expect(second.status).toBe(200);
     expect(second.headers.get('x-stormgate-target')).toBe('backup/gpt-4.1');
     expect(second.headers.get('x-stormgate-fallback')).toBe('credentials');
-    expect(second.ms).toBeLessThan(500);
+    // At once: parked, it would wait for its deadline (2 s with the header); 500 ms left a loaded machine little room.
+    expect(second.ms).toBeLessThan(1_500);
     expect(s.mock.stats().total).toBe(1);
     expect(backup!.stats().total).toBe(2);
     // The hold is not a hold-off: no 429 hint ever reaches a parked request or a later one.

@@ -363,7 +363,8 @@ describe('hold-offs', () => {
     await sleep(100);
     const started = Date.now();
     const { res, body } = await chat(s, { 'x-stormgate-timeout-ms': '1500' });
-    expect(Date.now() - started).toBeLessThan(250);
+    // At once, not parked to its deadline (1.25 s): the bound leaves a loaded machine's lag room on both sides.
+    expect(Date.now() - started).toBeLessThan(900);
     expect(res.status).toBe(429);
     expect(body.error?.code).toBe('provider_held_off');
     expect(res.headers.get('x-should-retry')).toBe('true');

@@ -439,5 +439,5 @@ it("the README's tool route loads as written", () => {
   const text = block.replace(/^ {2}/gm, '');
   const config = parseConfig(text, 'README.md', { COUPONS_TOKEN: 'tool-key' });
   expect(config.routes[0]).toMatchObject({ name: 'coupon-tool', match: { path: '/v1/tools/coupon' }, targets: [{ provider: 'coupons', model: 'coupon-tool' }] });
-  expect(config.idempotency).toEqual({ enabled: true, ttlMs: 600_000, maxAnswerBytes: 1024 * 1024, memoryBytes: 64 * 1024 * 1024, leaseMs: 10_000 });
+  expect(config.idempotency).toEqual({ enabled: true, ttlMs: 600_000, maxAnswerBytes: 1024 * 1024, memoryBytes: 64 * 1024 * 1024, leaseMs: 10_000, waitForRedisMs: 10_000 });
 });

@@ -116,6 +116,32 @@ describe('LiveStream: idle timer', () => {
     expect((await ended).kind).toBe('stalled');
   });
 
+  it('keeps a stream whose next event is waiting when a starved process runs its expired idle timer (the stall is decided after that turn\'s reads)', async () => {
+    const IDLE_MS = 100;
+    const controller = new AbortController();
+    let reads = 0;
+    // Like undici's body: a read fails once its request is aborted.
+    const iterator: AsyncIterator<Buffer> = {
+      next: () => {
+        if (++reads > 1) return Promise.resolve({ value: undefined, done: true });
+        return new Promise((resolve, reject) => {
+          controller.signal.addEventListener('abort', () => reject(controller.signal.reason as Error), { once: true });
+          // The event comes just after the idle timer expires, while the process is starved (the busy wait): when the
+          // loop next runs its timers both have expired, and the idle one, sooner, runs first in that same turn.
+          setTimeout(() => resolve({ value: Buffer.from(chunk(0, 'lo', 'stop') + DONE), done: false }), IDLE_MS + 5);
+          setImmediate(() => {
+            for (const until = performance.now() + 3 * IDLE_MS; performance.now() < until; );
+          });
+        });
+      },
+    };
+    const { live, ended } = handedOverStream({ first: chunk(0, 'Hel'), iterator, controller, idleMs: IDLE_MS, apiKey: KEY });
+    const text = await readAll(live);
+    expect(text).not.toContain('stalled');
+    expect(text.endsWith(DONE)).toBe(true);
+    expect((await ended).kind).toBe('complete');
+  });
+
   it('still ends an upstream that goes silent while the client waits', async () => {
     const { live, ended } = liveStream(chunk(0, 'a'), [chunk(0, 'b'), 60_000], { choices: 1, usage: false }, 150);
     const text = await readAll(live);

@@ -199,10 +199,11 @@ describe('GET /v1/models with a slow provider', () => {
     for (const page of listings) expect(page.data.map((m) => m.id).sort()).toEqual(['gpt-4o', 'gpt-4o-mini']);
     expect(extra.stats().byPath['/v1/models']).toBe(1);
     expect(stack.mock.stats().byPath['/v1/models']).toBe(1);
-    // The failure is cached: the next listing is immediate and the slow provider is not asked again.
+    // The failure is cached: the next listing is immediate (well within the listing's 2 s timeout, room for a loaded
+    // machine's lag) and the slow provider is not asked again.
     const again = Date.now();
     await sdk(stack).models.list();
-    expect(Date.now() - again).toBeLessThan(500);
+    expect(Date.now() - again).toBeLessThan(1_500);
     expect(extra.stats().byPath['/v1/models']).toBe(1);
     expect(stack.mock.stats().byPath['/v1/models']).toBe(1);
   });

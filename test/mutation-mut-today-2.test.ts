@@ -20,6 +20,7 @@ import { zeroSeries } from '../src/observability/zero-series.ts';
 import { TargetKeys } from '../src/routing/target-keys.ts';
 import { defaultConfig, useExtraMocks } from './helpers/stack.ts';
 import { cc, delta, recoveringToNext, useScriptedGateway, type ConfigShape, type Script } from './helpers/scripted-provider.ts';
+import { deliverData } from './helpers/live-stream.ts';
 
 describe('an error that is only its message', () => {
   it('is wrapped whole when the string is empty: an empty message tells the client nothing', () => {
@@ -72,7 +73,7 @@ describe('the retry counter at zero', () => {
 /** A DeliveredText that noted one chat chunk per delta, in order. */
 function delivered(...deltas: Array<Record<string, unknown>>): DeliveredText {
   const d = new DeliveredText();
-  for (const delta of deltas) d.note(JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] }));
+  for (const delta of deltas) deliverData(d, JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] }));
   return d;
 }
 

@@ -14,6 +14,7 @@ import { cc, delta, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 import { rawGet } from './helpers/raw-http.ts';
 import { configServedBy, defaultConfig, RETRY_LOOP_ONLY, TEST_KEY, useGateways, useStacks } from './helpers/stack.ts';
+import { deliverData } from './helpers/live-stream.ts';
 
 const startStack = useStacks();
 const startProvider = useFakeProviders();
@@ -61,8 +62,8 @@ describe('the completion a client began to get', () => {
 
   it('is the first chunk\'s id and created, whatever later chunks carry', () => {
     const d = new DeliveredText();
-    d.note(chunk('chatcmpl-A', 100, 'He'));
-    d.note(chunk('chatcmpl-B', 200, 'llo'));
+    deliverData(d, chunk('chatcmpl-A', 100, 'He'));
+    deliverData(d, chunk('chatcmpl-B', 200, 'llo'));
     expect(d.completion).toEqual({ id: 'chatcmpl-A', created: 100 });
     expect(d.text).toBe('Hello');
   });

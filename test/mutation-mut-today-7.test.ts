@@ -17,6 +17,7 @@ import { prepareUpstream } from '../src/providers/families.ts';
 import type { ProviderClient } from '../src/providers/provider-client.ts';
 import type { ManagedRequest } from '../src/pipeline/handle-request.ts';
 import { RequestAbort } from '../src/pipeline/request-abort.ts';
+import type { StreamRecovery } from '../src/pipeline/live-stream.ts';
 import { streamRecovery } from '../src/pipeline/stream-recovery.ts';
 import type { TargetDeps, TargetPlan } from '../src/pipeline/target-attempts.ts';
 import { createRuntime, type Runtime } from '../src/runtime.ts';
@@ -114,7 +115,7 @@ async function recoveryTo(answer: (res: ServerResponse) => void, q: Partial<Conf
       budget: { tryRetry: async () => true },
     },
   } as unknown as Pick<TargetDeps, 'guards' | 'now' | 'onAttempt' | 'onRetry' | 'onBudgetExhausted'>;
-  const recovery = streamRecovery(req, { choices: 1, usage: false }, plan, new RequestAbort(), deps, [])!;
+  const recovery = streamRecovery(req, { choices: 1, usage: false }, plan, new RequestAbort(), deps, []) as StreamRecovery;
   const inUse = () => pool.snapshot().inUse.reduce((a, b) => a + b, 0);
   return { recovery, seen, inUse, limit: () => pool.limitOf('q/gpt-4o') };
 }
@@ -172,7 +173,7 @@ describe("a continuation's answer, as its target's adaptive limit hears it", () 
       res.end(JSON.stringify({ error: { message: 'Rate limit reached', type: 'requests', code: 'rate_limit_exceeded' } }));
     });
     expect(limit()).toBe(2);
-    expect(await recovery('Hel', 'stream_cut', new RequestAbort(), 10_000)).toBeUndefined();
+    expect(await recovery('Hel', 'stream_cut', new RequestAbort(), 10_000)).toBe('failed');
     expect(seen.bodies).toHaveLength(1);
     expect(limit()).toBe(1);
     expect(inUse()).toBe(0);

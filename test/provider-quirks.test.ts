@@ -385,11 +385,12 @@ describe('a bare `data:` heartbeat in a stream', () => {
   });
 
   it('keeps an idle stream alive, like a comment, and reaches the client as one', async () => {
-    // idleMs 300; 900 ms without output, a heartbeat every 100 ms.
-    const gap = Array.from({ length: 9 }, () => [100, HB]).flat();
+    // idleMs 1 s; 1.6 s without output, a heartbeat every 200 ms. The 800 ms left between beats is for a loaded CI
+    // machine, where the gateway can be starved for a few hundred ms while the next beat waits in its socket.
+    const gap = Array.from({ length: 8 }, () => [200, HB]).flat();
     const { s, seen } = await scriptedGateway(
       () => ({ steps: [cc([delta({ role: 'assistant', content: 'one ' })]), ...gap, cc([delta({ content: 'two' }, 'stop')]), 'data: [DONE]\n\n'] }),
-      { idleMs: 300 },
+      { idleMs: 1_000 },
     );
     const res = await fetch(`${s.baseURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages, stream: true }) });
     const text = await res.text();

@@ -3,6 +3,7 @@
 // shared with the instances that stay up through a rolling deploy: each stream the shutdown caught at its break spent a
 // retry of theirs, and counted a budget refusal once the budget ran low, for a continuation that was never going to go.
 import { describe, expect, it } from 'vitest';
+import type { StreamRecovery } from '../src/pipeline/live-stream.ts';
 import { streamRecovery } from '../src/pipeline/stream-recovery.ts';
 import { RequestAbort } from '../src/pipeline/request-abort.ts';
 import { GatewayShutdown } from '../src/pipeline/abort-reasons.ts';
@@ -45,7 +46,7 @@ function setUp() {
 describe('a stream recovery asked for after the shutdown began', () => {
   it('takes no retry from the budget, nor counts a refusal, and sends nothing', async () => {
     const { req, next, deps, taken, exhausted } = setUp();
-    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
+    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, []) as StreamRecovery;
     const shutdown = new RequestAbort();
     shutdown.abort(new GatewayShutdown());
     expect(await recover('Hel', 'stream_cut', shutdown, 30_000)).toBeUndefined();
@@ -56,7 +57,7 @@ describe('a stream recovery asked for after the shutdown began', () => {
   it('nor once its client has gone', async () => {
     const { req, next, deps, taken } = setUp();
     const signal = new RequestAbort();
-    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, signal, deps, [])!;
+    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, signal, deps, []) as StreamRecovery;
     signal.abort(new Error('client gone'));
     expect(await recover('Hel', 'stream_cut', new RequestAbort(), 30_000)).toBeUndefined();
     expect(taken).toEqual([]);
@@ -64,8 +65,8 @@ describe('a stream recovery asked for after the shutdown began', () => {
 
   it('still asks the budget while neither has happened (the refusal counted)', async () => {
     const { req, next, deps, taken, exhausted } = setUp();
-    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, [])!;
-    expect(await recover('Hel', 'stream_cut', new RequestAbort(), 30_000)).toBeUndefined();
+    const recover = streamRecovery(req, { choices: 1, usage: false } as never, next, new RequestAbort(), deps, []) as StreamRecovery;
+    expect(await recover('Hel', 'stream_cut', new RequestAbort(), 30_000)).toBe('budget');
     expect(taken).toEqual(['chat q/gpt-4o']);
     expect(exhausted).toEqual(['q/gpt-4o']);
   });

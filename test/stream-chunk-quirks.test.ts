@@ -6,7 +6,7 @@
 // pause of a second mid-answer ended it with [DONE], truncated. A list of parts is output: held back as silence, a
 // model thinking longer than firstTokenMs was timed out and run again on every attempt.
 import { describe, expect, it } from 'vitest';
-import { choiceIndexes, eventMeaning } from '../src/streaming/stream-events.ts';
+import { choiceIndexes, eventMeaning, parsedData } from '../src/streaming/stream-events.ts';
 import type { SseEvent } from '../src/streaming/sse-parser.ts';
 import { cc, delta, useScriptedGateway } from './helpers/scripted-provider.ts';
 
@@ -26,7 +26,7 @@ describe('chat chunks of compatible servers', () => {
     expect(eventMeaning('chat', ev(nullRole))).toBe('keepalive');
     expect(eventMeaning('chat', ev(unfinished({ role: 'assistant', content: '' })))).toBe('keepalive');
     expect(eventMeaning('chat', ev(unfinished({ content: 'Hel' })))).toBe('output');
-    expect(choiceIndexes(ev(unfinished({ content: 'Hel' })))).toEqual({ seen: [0], finished: [] });
+    expect(choiceIndexes(parsedData(ev(unfinished({ content: 'Hel' }))))).toEqual({ seen: [0], finished: [] });
     // What they stand beside still counts: a legacy function call, a real finish.
     expect(eventMeaning('chat', ev(cc([delta({ function_call: { name: 'f', arguments: '' } })])))).toBe('output');
     expect(eventMeaning('chat', ev(cc([delta({}, 'stop')])))).toBe('finish');

@@ -176,6 +176,16 @@ function openLoop(clients: OpenAI[], o: { agents: number; everyMs: number; retry
   };
 }
 
+/**
+ * The agents' own load over [from, to): logical requests they started, per second (open loop, whatever the gateway
+ * does). On a CPU-starved machine the gateway and the mock run late, and the rate the provider saw in a one-second
+ * window can be a third of it, or nothing (a ratio against it read Infinity); ratios taken against what the agents
+ * sent in the same window still see a retry storm's 3-4x.
+ */
+function offered(done: Logical[], from: number, to: number): number {
+  return done.filter((l) => l.start >= from && l.start < to).length / ((to - from) / 1000);
+}
+
 /** Requests the mock received on `path` in [from, to), per second. */
 function rate(mock: MockServer, from: number, to: number, path = CHAT): number {
   return mock.requests().filter((r) => r.path === path && r.receivedAt >= from && r.receivedAt < to).length / ((to - from) / 1000);
@@ -247,8 +257,11 @@ describe('incident 1: a provider hiccup under 100-200 agents that retry on a fix
     await sleep(5_000);
     const done = await run.stop();
     // Before it: about 120 requests a second. During it: the breaker opened, the rest parked, and only probes went.
-    expect(before).toBeGreaterThan(60);
-    expect(during / before).toBeLessThan(1);
+    // Against the agents' load in the same window (offered): on a starved machine the provider saw 36-54 a second
+    // before it, and during / before read 1.06 with the backlog draining late.
+    const seen = `before ${before}/s, during ${during}/s, agents ${offered(done, t0 - 1_000, t0)}/s then ${offered(done, t0, t0 + 2_000)}/s`;
+    expect(offered(done, t0 - 1_000, t0), seen).toBeGreaterThan(60);
+    expect(during / offered(done, t0, t0 + 2_000), seen).toBeLessThan(1);
     // Every logical request was answered, nearly all without the agent's own loop: the parked requests waited out
     // the hiccup. What failed is the provider's 503 from the moment before the breaker opened (a run of failures and
     // 250 ms without a success), once the budget had no retry left for it, with x-should-retry: false.
@@ -264,8 +277,9 @@ describe('incident 1: a provider hiccup under 100-200 agents that retry on a fix
     // parked backlog of the brownout (2 s of traffic) was still draining at t0 + 4.5 s, 1.6-1.7x the load before it.
     // The incident's metastable storm, 3-4x and lasting, still fails it.
     const after = rate(mock, t0 + 5_500, t0 + 7_000);
-    expect(after / before).toBeGreaterThan(0.6);
-    expect(after / before).toBeLessThan(2);
+    const load = offered(done, t0 + 5_500, t0 + 7_000);
+    expect(after / load, `${seen}, after ${after}/s, agents ${load}/s`).toBeGreaterThan(0.6);
+    expect(after / load, `${seen}, after ${after}/s, agents ${load}/s`).toBeLessThan(2);
   }, 30_000);
 
   it('a 2 s hang: hung attempts time out (responseMs), the breaker opens, the backlog parks, and the provider is not flooded when it answers again', async () => {
@@ -868,9 +882,12 @@ describe('incident 6: three instances on one Redis, redis-server stopped and res
     await sleep(4_000);
     const done = await run.stop();
     const sdkDuring = clients.reduce((n, c) => n + c.wire.filter((w) => w.at >= t0 && w.at < t0 + 2_000).length, 0) / 2;
-    // The gateways add little to what the agents send, and together stay far from the incident's 3-4x.
-    expect(during / sdkDuring).toBeLessThan(1.25);
-    expect(during / before).toBeLessThan(3);
+    // The gateways add little to what the agents send, and together stay far from the incident's 3-4x (of the agents'
+    // load in the same window: on a starved machine the provider saw nothing in the second before, and during / before
+    // read Infinity or NaN).
+    const seen = `before ${before}/s, during ${during}/s, SDK ${sdkDuring}/s, agents ${offered(done, t0, t0 + 2_000)}/s`;
+    expect(during / sdkDuring, seen).toBeLessThan(1.25);
+    expect(during / offered(done, t0, t0 + 2_000), seen).toBeLessThan(3);
     // From 2 s after the capacity is back: hardly a 429, calls about as fast as before (no limit stuck low, which
     // queues calls for seconds; the bounds leave room for a loaded machine: 100 ms calls measured p50 100-105 ms alone).
     const late = received(mock, t0 + 4_000);
@@ -878,10 +895,12 @@ describe('incident 6: three instances on one Redis, redis-server stopped and res
     const lateCalls = done.filter((l) => l.start >= t0 + 4_000);
     expect(lateCalls.length).toBeGreaterThan(100);
     expect(share(lateCalls, (l) => l.ok && l.tries === 1)).toBeGreaterThan(0.97);
-    expect(pct(lateCalls.map((l) => l.end - l.start), 0.5)).toBeLessThan(1_000);
-    expect(pct(lateCalls.map((l) => l.end - l.start), 0.95)).toBeLessThan(3_000);
+    const late50 = pct(lateCalls.map((l) => l.end - l.start), 0.5);
+    const late95 = pct(lateCalls.map((l) => l.end - l.start), 0.95);
+    expect(late50, `p50 ${late50} ms, p95 ${late95} ms; ${seen}`).toBeLessThan(1_000);
+    expect(late95, `p50 ${late50} ms, p95 ${late95} ms; ${seen}`).toBeLessThan(3_000);
     await expectCountersAgree(g.urls, mock, clients.reduce((n, c) => n + c.wire.length, 0));
-  }, 40_000);
+  }, 60_000);
 
   const allBackOnRedis = (g: Gw) =>
     until('every instance is back on Redis', async () => (await Promise.all(g.urls.map((u) => gauge(u, 'stormgate_state_degraded')))).every((v) => v === 0), 8_000);

@@ -521,28 +521,40 @@ describe('the bytes of bodies parked behind a hold-off are bounded (server.maxWa
 
 describe('a body larger than the whole cap of waiting bytes', () => {
   it('an 8 MB request parks alone under a 6 MB cap (a body waits whatever the cap when nothing else does) and is answered after the hold-off; a second one meanwhile gets 503 park_queue_full', async () => {
+    // A hold-off of 8 s: both 8 MB bodies must be uploaded and parsed within it. On a starved 2-core machine that took
+    // over 3 s (with a hold-off of 2 s, neither arrived before it ended, and the second was answered 200).
+    const HOLD_S = 8;
     const up = await upstream((n) => ({
-      answer: (res) => (n === 1 ? send(res, 429, { error: { message: 'Rate limit reached', type: 'requests', param: null, code: 'rate_limit_exceeded' } }, { 'retry-after': '2' }) : send(res, 200, chatCompletion([`answer ${n}`]))),
+      answer: (res) => (n === 1 ? send(res, 429, { error: { message: 'Rate limit reached', type: 'requests', param: null, code: 'rate_limit_exceeded' } }, { 'retry-after': String(HOLD_S) }) : send(res, 200, chatCompletion([`answer ${n}`]))),
     }));
-    const { client } = await gatewayTo(up, { server: { maxWaitingBodyBytes: 6_000_000 }, route: { retry: { maxAttempts: 1 } } });
+    const { url, client } = await gatewayTo(up, { server: { maxWaitingBodyBytes: 6_000_000 }, route: { retry: { maxAttempts: 1 } } });
+    // Built before the hold-off starts: building them is the test's time, not the gateway's.
+    const big = multimodal(6_000_000, 5);
+    const other = multimodal(6_000_000, 6);
     const held = await sdkError(client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'small' }] }));
     expect(held.status).toBe(429);
+    const heldAt = Date.now();
 
-    const big = multimodal(6_000_000, 5);
     const parked = client.chat.completions.create(big);
-    // Let the first one park before the second comes.
-    await sleep(500);
-    const second = await sdkError(client.chat.completions.create(multimodal(6_000_000, 6)));
-    expect(second.status).toBe(503);
-    expect((second.error as { code?: string }).code).toBe('park_queue_full');
-    expect(second.headers?.get('x-should-retry')).toBe('true');
+    // The first one is parked (its bytes counted) before the second comes.
+    const parkedBytes = async () => (await scrapeMetrics(url)).find((s) => s.name === 'stormgate_waiting_body_bytes')?.value;
+    await vi.waitFor(async () => expect(await parkedBytes()).toBeGreaterThan(0), { timeout: 20_000, interval: 50 });
+    const parkedAt = Date.now() - heldAt;
+    const second = await client.chat.completions.create(other).then(
+      (r) => ({ status: 200, content: r.choices[0]?.message.content }),
+      (e: InstanceType<typeof OpenAI.APIError>) => ({ status: e.status, code: (e.error as { code?: string })?.code, retry: e.headers?.get('x-should-retry') }),
+    );
+    const secondAt = Date.now() - heldAt;
+    const when = `first parked ${parkedAt} ms, second answered ${secondAt} ms into a hold-off of ${HOLD_S} s`;
+    expect(second, when).toEqual({ status: 503, code: 'park_queue_full', retry: 'true' });
+    expect(secondAt, when).toBeLessThan(HOLD_S * 1_000);
 
     const answer = await parked;
     expect(answer.choices[0]!.message.content).toBe('answer 2');
     expect(up.hits).toHaveLength(2);
     expect(up.hits[1]!.raw.equals(Buffer.from(JSON.stringify(big)))).toBe(true);
-    expect(up.hits[1]!.at - up.hits[0]!.at).toBeGreaterThanOrEqual(1_800);
-  });
+    expect(up.hits[1]!.at - up.hits[0]!.at).toBeGreaterThanOrEqual(HOLD_S * 1_000 - 200);
+  }, 45_000);
 });
 
 describe('large answers, whole and streamed', () => {

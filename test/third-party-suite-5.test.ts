@@ -454,7 +454,8 @@ describe('the model list and unknown models', () => {
     expect(ids).toEqual(expect.arrayContaining(['smart', 'gpt-4o', 'text-embedding-3-small']));
     t0 = Date.now();
     for await (const model of g.client.models.list()) expect(model.id).toBeTruthy();
-    expect(Date.now() - t0).toBeLessThan(500);
+    // At once, not at the 2 s timeout again: the bound leaves a loaded machine's lag room.
+    expect(Date.now() - t0).toBeLessThan(1_500);
   });
 
   it('answers an unknown path with 404 unknown_url in the OpenAI shape', async () => {

@@ -549,9 +549,13 @@ describe('3. parked requests, released when the target is back', () => {
   });
 
   it('retries that waited parked are not refused by a tight budget (ratio 0.1): 20 agents whose first attempts hung (responseMs) are all answered once the provider is back, none refused', async () => {
-    // A hang timed out at responseMs: all 20 first attempts are in flight together when the breaker opens on three of
-    // them, so every one of them has a retry to make, and makes it from the lot.
-    const s = await parkStack({ route: { budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } }, provider: { timeouts: { responseMs: 300 } } });
+    // A hang timed out at responseMs: every first attempt fails, so every agent has a retry to make, and makes it from
+    // the lot. The breaker opens on the first failure: on three, a loaded machine spread the first three timeouts past
+    // the 20 ms backoff, and the first one's retry went out (into the hang, its last attempt) before the breaker opened.
+    const s = await parkStack({
+      route: { budget: { ratio: 0.1, windowS: 10, minRetriesPerSecond: 0.1 } },
+      provider: { breaker: { ...PARK_BREAKER, consecutiveFailures: 1 }, timeouts: { responseMs: 300 } },
+    });
     s.mock.brownout('hang', 60_000);
     const first = Array.from({ length: 20 }, () => call(agent(s.url, 0)));
     await until(async () => (await breakerState(s.url)) === 1, 'the breaker open');
@@ -655,7 +659,9 @@ describe('4. hold-offs from a retry-after, and the way back from them', () => {
     // 3, under a second). Seen here: 12 for 8 (one instance at 8 beside the other's 4) for a few hundred ms.
     expect(mostInFlight(log)).toBeLessThanOrEqual(Math.ceil((8 * 10) / 6));
     expect(msAbove(log, 8)).toBeLessThan(1_000);
-    expect(mostInWindow(arrivals(log), 100)).toBeLessThanOrEqual(12);
+    // Arrivals are stamped by the mock, whose process a loaded machine stalls too: a CI run saw 13 in 100 ms (12 at the
+    // release, one of the next wave stamped beside them). The bound is the in-flight one: a herd would be all 41.
+    expect(mostInWindow(arrivals(log), 100)).toBeLessThanOrEqual(Math.ceil((8 * 10) / 6));
   });
 
   it('Redis restarts (empty) during a 2 s hold-off: neither instance that knew of it sends anything before it ends', async () => {

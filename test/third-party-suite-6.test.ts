@@ -216,10 +216,11 @@ describe('o-series requests to an OpenAI target', () => {
 // ---------------------------------------------------------------------------------------------------------------
 describe('a model that thinks after its headers', () => {
   it('counts a reasoning_content delta as the first output: a thinker streaming its thoughts is not timed out at firstTokenMs', async () => {
-    // firstTokenMs 400; the thoughts start at 100 ms and the answer's text comes at ~1.2 s.
+    // firstTokenMs 1 s; the thoughts start at 100 ms and the answer's text comes at ~1.7 s. The timers leave 800 ms
+    // or more for a loaded CI machine, which can starve the gateway for a few hundred ms while bytes wait in its socket.
     const thoughts = ['Six', ' times', ' seven', ' is', ' forty-two.'];
     const g = await gateway(
-      { r1: { timeouts: { firstTokenMs: 400, idleMs: 1_000 }, script: () => ({ headers: SSE, steps: [roleChunk, ...thoughts.flatMap((t) => [100, thought(t)]), 600, said('42'), finished, DONE] }) } },
+      { r1: { timeouts: { firstTokenMs: 1_000, idleMs: 2_000 }, script: () => ({ headers: SSE, steps: [roleChunk, ...thoughts.flatMap((t) => [100, thought(t)]), 1_200, said('42'), finished, DONE] }) } },
       [chatRoute([{ provider: 'r1' }])],
     );
     let reasoning = '';
@@ -234,7 +235,7 @@ describe('a model that thinks after its headers', () => {
     expect(text).toBe('42');
     expect(g.seen.r1).toHaveLength(1);
     const line = await requestLine(g.s);
-    expect(line.ttftMs).toBeLessThan(400);
+    expect(line.ttftMs).toBeLessThan(1_000);
   });
 
   it('does not count pings as output: a thinker that only pings past firstTokenMs is timed out and retried, and the retry answers', async () => {
@@ -300,8 +301,9 @@ describe('a model that thinks after its headers', () => {
   });
 
   it('keeps a thinker that pauses between thoughts alive on its pings past idleMs, once its first thought is out', async () => {
+    // Pings 200 ms apart against idleMs 1 s: 800 ms for a loaded CI machine's lag (500 ms left it 300).
     const g = await gateway(
-      { r1: { timeouts: { firstTokenMs: 1_000, idleMs: 500 }, script: () => ({ headers: SSE, steps: [roleChunk, thought('Hmm,'), ...pings(1_500, 200), thought(' yes.'), said('42'), finished, DONE] }) } },
+      { r1: { timeouts: { firstTokenMs: 1_000, idleMs: 1_000 }, script: () => ({ headers: SSE, steps: [roleChunk, thought('Hmm,'), ...pings(2_000, 200), thought(' yes.'), said('42'), finished, DONE] }) } },
       [chatRoute([{ provider: 'r1' }])],
     );
     let text = '';
@@ -445,12 +447,13 @@ describe('a reasoning stream that breaks before its content', () => {
 // ---------------------------------------------------------------------------------------------------------------
 describe('the Responses API with reasoning', () => {
   it('passes reasoning effort and encrypted reasoning through, and counts a finished reasoning item as output, so a silent thinker is not timed out', async () => {
-    // firstTokenMs 400: the reasoning item (no summary asked for) is done at 200 ms; the text comes at ~1 s.
+    // firstTokenMs 1 s: the reasoning item (no summary asked for) is done at 200 ms; the text comes at ~1.5 s. The
+    // margins (800 ms, 700 ms) are for a loaded CI machine, which can starve the gateway while bytes wait in its socket.
     const text = 'Forty-two.';
     const g = await gateway(
       {
         o: {
-          timeouts: { firstTokenMs: 400, idleMs: 2_000 },
+          timeouts: { firstTokenMs: 1_000, idleMs: 2_000 },
           script: () => ({
             headers: SSE,
             steps: [
@@ -459,7 +462,7 @@ describe('the Responses API with reasoning', () => {
               rev('response.output_item.added', { output_index: 0, item: reasoningItem }, 2),
               200,
               rev('response.output_item.done', { output_index: 0, item: { ...reasoningItem, encrypted_content: 'gAAAAB-opaque' } }, 3),
-              800,
+              1_300,
               rev('response.output_item.added', { output_index: 1, item: msgItem('', 'in_progress') }, 4),
               rev('response.content_part.added', { item_id: 'msg_1', output_index: 1, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } }, 5),
               textDelta(text, 6),
@@ -641,9 +644,10 @@ describe('a reasoning request failed over to Claude', () => {
   });
 
   it('streams thinking deltas back as reasoning_content chunks before the text, ending in [DONE], with the usage billed to Claude', async () => {
+    // firstTokenMs 1 s, the first thinking delta at 100 ms and the text at 1.5 s: 900 ms for a loaded CI machine's lag.
     const g = await claudeBackup({
-      timeouts: { firstTokenMs: 400 },
-      script: () => ({ headers: SSE, steps: [A_START, aThinkingOpen, aev('ping'), 100, aThinking('Six sevens'), 300, aThinking(' are 42.'), aSignature, 300, ...aTextBlock('Forty-two.')] }),
+      timeouts: { firstTokenMs: 1_000 },
+      script: () => ({ headers: SSE, steps: [A_START, aThinkingOpen, aev('ping'), 100, aThinking('Six sevens'), 700, aThinking(' are 42.'), aSignature, 700, ...aTextBlock('Forty-two.')] }),
     });
     let reasoning = '';
     let text = '';
@@ -661,7 +665,7 @@ describe('a reasoning request failed over to Claude', () => {
     expect(text).toBe('Forty-two.');
     expect(order).toMatch(/^r+t+$/);
     expect(usage).toMatchObject({ prompt_tokens: 40, completion_tokens: 120 });
-    expect(g.seen.claude).toHaveLength(1); // the thinking deltas were output: firstTokenMs (400) did not cut a 700 ms think
+    expect(g.seen.claude).toHaveLength(1); // the thinking deltas were output: firstTokenMs (1 s) did not cut a 1.5 s think
     expect(await metric(g.s, 'stormgate_tokens_total', 'kind="completion"', 'claude')).toBe(120);
   });
 
@@ -735,7 +739,8 @@ describe('Claude agents thinking on /v1/messages', () => {
 
   it('forwards the thinking request as it is and counts a thinking delta as the first output, not the pings before it', async () => {
     const g = await gateway(
-      { claude: { family: 'anthropic', timeouts: { firstTokenMs: 400, idleMs: 2_000 }, script: () => ({ headers: SSE, steps: [A_START, aThinkingOpen, aev('ping'), 150, aThinking('First, the'), 400, aThinking(' invoices.'), aSignature, 400, ...aTextBlock('Plan ready.')] }) } },
+      // firstTokenMs 1 s, the first thinking delta at 150 ms and the text at 1.35 s: room for a loaded CI machine's lag.
+      { claude: { family: 'anthropic', timeouts: { firstTokenMs: 1_000, idleMs: 2_000 }, script: () => ({ headers: SSE, steps: [A_START, aThinkingOpen, aev('ping'), 150, aThinking('First, the'), 600, aThinking(' invoices.'), aSignature, 600, ...aTextBlock('Plan ready.')] }) } },
       [messagesRoute([{ provider: 'claude' }])],
     );
     const final = await g.anthropic.messages.stream(thinkingParams).finalMessage();

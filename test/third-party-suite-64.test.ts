@@ -29,7 +29,8 @@ import { resolve } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isMap, isScalar, isSeq, LineCounter, parse, parseDocument, stringify } from 'yaml';
-import { ConfigError, configEnvVars, loadConfigFile, parseConfig } from '../src/config/load.ts';
+import { referencedEnvVars } from '../src/config/interpolate.ts';
+import { ConfigError, loadConfigFile, parseConfig } from '../src/config/load.ts';
 import type { Config } from '../src/config/schema.ts';
 import { startMock, type MockServer } from '../src/mock/server.ts';
 import { createLogger } from '../src/observability/logger.ts';
@@ -138,7 +139,7 @@ const SECRET = (name: string) => `sk-fuzz-SECRET-${name}-7f3a9c`;
 
 function envFor(text: string): Record<string, string> {
   const env: Record<string, string> = {};
-  for (const name of configEnvVars(text)) {
+  for (const name of referencedEnvVars(parseDocument(text))) {
     if (/KEY|TOKEN|SECRET|PASSWORD/.test(name)) env[name] = SECRET(name);
     else if (/REDIS/.test(name)) env[name] = 'redis://127.0.0.1:1';
     else if (/ENDPOINT/.test(name)) env[name] = 'https://example.openai.azure.com';

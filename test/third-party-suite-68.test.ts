@@ -43,6 +43,7 @@ import { sdkError } from './helpers/openai-error.ts';
 import { baseResponse, rev, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams } from './helpers/scripted-upstreams.ts';
 import { useExtraMocks, useGateways } from './helpers/stack.ts';
+import { readResponseStream } from './helpers/responses-stream.ts';
 
 const startGateway = useGateways();
 const startMockProvider = useExtraMocks();
@@ -98,19 +99,6 @@ const seen = (mock: MockServer) => mock.stats().total;
 
 type ResponseEvent = OpenAI.Responses.ResponseStreamEvent;
 
-/** Reads a `responses.stream()` to its end: the events it yielded, and its finalResponse() or the error either raised. */
-async function readResponseStream(stream: ReturnType<OpenAI['responses']['stream']>) {
-  const events: ResponseEvent[] = [];
-  let error: unknown;
-  let final: OpenAI.Responses.Response | undefined;
-  try {
-    for await (const ev of stream) events.push(ev);
-    final = await stream.finalResponse();
-  } catch (e) {
-    error = e;
-  }
-  return { events, final, error };
-}
 
 const weatherTool: Anthropic.Tool = {
   name: 'get_weather',

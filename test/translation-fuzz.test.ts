@@ -327,7 +327,8 @@ function request(r: Rng): GeneratedRequest {
     const t = spaceOrText(r);
     const content = chance(r, 0.5) ? t : [{ type: 'text', text: t }, ...(chance(r, 0.3) ? [{ type: 'text', text: 'more' }] : [])];
     const joined = typeof content === 'string' ? content : content.map((p) => p.text).join('\n');
-    if (joined) systems.push(joined);
+    // Anthropic refuses a blank system prompt: a whitespace-only system message is left out (third-party-suite-78).
+    if (joined.trim() !== '') systems.push(joined);
     messages.push({ role: pick(r, ['system', 'developer']), content });
   };
   const user = () => {
@@ -493,6 +494,8 @@ function checkTranslated(g: GeneratedRequest, out: AnthropicMessagesRequest, def
   });
   const allText = turns.flatMap((t) => t.content.flatMap((b) => (b.type === 'tool_result' && Array.isArray(b.content) ? (b.content as AnyBlock[]) : [b])));
   for (const b of allText) if (b.type === 'text') expect(b.text!.trim()).not.toBe('');
+  // Nor is the system prompt (Anthropic: "system: text content blocks must contain non-whitespace text").
+  if (out.system !== undefined) expect(String(out.system).trim()).not.toBe('');
   // Tool uses: valid and unique ids; every one answered in the very next turn, which opens with its results only.
   const ids = turns.flatMap((t) => t.content.filter((b) => b.type === 'tool_use').map((b) => b.id!));
   for (const id of ids) expect(id).toMatch(ID);

@@ -112,7 +112,8 @@ describe('a provider slow to accept connections, and one slow to answer', () => 
     const s = await startStack({
       config: (mockUrl) =>
         served(mockUrl, port, (c) => {
-          c.providers.net!.timeouts = { connectMs: 300 };
+          // 150 ms: a timer that fires late on a loaded machine still ends well short of undici's 500 ms tick.
+          c.providers.net!.timeouts = { connectMs: 150 };
           retrying({ retryOn: [429, 503, 'timeout'] }, { timeoutMs: 5_000 })(c);
         }),
     });
@@ -126,7 +127,7 @@ describe('a provider slow to accept connections, and one slow to answer', () => 
       expect(err!.headers?.get('x-should-retry')).toBe('false');
       const line = await lastLine(s, i + 1);
       expect(reasons(line)).toEqual(['timeout_connect', 'timeout_connect']);
-      // Each attempt ended at its 300 ms: undici's own connect timer fired after 500 to 1000 ms.
+      // Each attempt ended at its 150 ms: undici's own connect timer fired after 500 to 1000 ms.
       for (const a of line.attempts) expect(a.durationMs).toBeLessThan(450);
       expect(Date.now() - started).toBeLessThan(1_000);
     }
@@ -136,7 +137,7 @@ describe('a provider slow to accept connections, and one slow to answer', () => 
     const s2 = await startStack({
       config: (mockUrl) =>
         served(mockUrl, port, (c) => {
-          c.providers.net!.timeouts = { connectMs: 300 };
+          c.providers.net!.timeouts = { connectMs: 150 };
           c.providers.backup = { family: 'openai', baseUrl: `${backup.url}/v1`, apiKey: TEST_KEY, breaker: false };
           for (const r of c.routes) r.targets = [{ provider: 'net' }, { provider: 'backup' }];
           retrying(NO_NETWORK, { timeoutMs: 5_000 })(c);
@@ -281,8 +282,10 @@ describe('a stream trickling slower than idleMs', () => {
   const tune = (c: ConfigInput) => void (c.providers.net!.timeouts = { idleMs: 300, firstTokenMs: 10_000 });
 
   it('only between events goes on; inside one event it is a stall, ended with the error event after the first output', async () => {
-    // 250 ms between events, their bytes at once: every gap within idleMs.
-    const gaps = await net(() => undefined, { faults: { stream: { chunks: 4, chunkDelayMs: 250 } }, tune });
+    // 250 ms between events, their bytes at once: every gap within idleMs, here 1 s. With idleMs 300 a loaded CI
+    // machine that starved the gateway for 50 ms while the next event waited in its socket would take it for a stall.
+    const roomy = (c: ConfigInput) => void (c.providers.net!.timeouts = { idleMs: 1_000, firstTokenMs: 10_000 });
+    const gaps = await net(() => undefined, { faults: { stream: { chunks: 4, chunkDelayMs: 250 } }, tune: roomy });
     expect(await streamed(gaps.client)).toContain('Mock answer');
     await gaps.s.close();
 

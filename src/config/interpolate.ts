@@ -105,7 +105,7 @@ export function interpolateDocument(
   return issues;
 }
 
-/** Names of the variables the document references, each once, in file order. */
+/** Names of the variables the document references, each once, in file order: what a test's environment must set. */
 export function referencedEnvVars(doc: Document): string[] {
   const names = new Set<string>();
   forEachStringScalar(doc.contents, [], (node) => {

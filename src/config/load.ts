@@ -5,7 +5,7 @@ import { isScalar, LineCounter, parseDocument, type Document, type Node } from '
 import { aliasBombIssue, anchorIssues } from './anchors.ts';
 import { caFileIssues } from './ca-file.ts';
 import { ConfigError, UnreadableConfigError, formatPath, type ConfigIssue } from './errors.ts';
-import { interpolateDocument, referencedEnvVars } from './interpolate.ts';
+import { interpolateDocument } from './interpolate.ts';
 import { keyAtOffset, lineOf, nodeAt } from './locate.ts';
 import { ConfigSchema, type Config } from './schema.ts';
 import { describeZodIssues } from './zod-issues.ts';
@@ -104,11 +104,6 @@ export function parseConfig(text: string, file: string, env: NodeJS.ProcessEnv =
     issues.push({ at, path: formatPath(issue.path), line: locate(at), message: withoutEnvValues(issue.message, node, fromEnv, data, at) });
   }
   throw new ConfigError(file, sortByLine(issues.map(({ at: _at, ...issue }) => issue)), missingEnv, clientKeyEnv, providerKeyEnv);
-}
-
-/** Names of the environment variables a config text references, for `--check`-style reporting. */
-export function configEnvVars(text: string): string[] {
-  return referencedEnvVars(parseDocument(text));
 }
 
 /** An unquoted ${...} after a flow mapping or list opened on the same line: `{ port: ${PORT} }`. */

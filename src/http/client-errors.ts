@@ -25,7 +25,7 @@ export function markAnsweredEarly(request: FastifyRequest): void {
  * Answers a request fastify already has, whose body is still arriving, with `error` through its own reply (its id, its
  * line and count); false when it cannot, and the answer goes on the raw socket instead.
  */
-export type AnswerInFlight = (res: ServerResponse, error: GatewayError) => boolean;
+type AnswerInFlight = (res: ServerResponse, error: GatewayError) => boolean;
 
 /** Node's HTTP parser refused the request: answer in the OpenAI shape on the raw socket, then close it. */
 export function answerClientError(err: Error & { code?: string }, socket: Socket, log: FastifyBaseLogger, answerInFlight?: AnswerInFlight): void {

@@ -32,7 +32,7 @@ export interface ClientLimit {
 const TOLD_BACK_SLACK_MS = 10_000;
 
 /** What a request that reserved tokens ended with, for its settlement. */
-export interface RequestEnded {
+interface RequestEnded {
   /** Its answers' usage as the token metrics have it (none came: undefined entries only). */
   usage: readonly (Usage | undefined)[];
   /** Whether any of its attempts reached a provider. */

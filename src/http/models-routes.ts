@@ -1,6 +1,7 @@
 // GET /v1/models over HTTP (what it lists is routing/models-list.ts): an Anthropic SDK reads it in Anthropic's shape.
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError } from '../errors.ts';
+import { shortModel } from '../pipeline/plan-targets.ts';
 import { asAnthropicModel, asAnthropicPage, type createModelsList } from '../routing/models-list.ts';
 import { methodGuard } from './method-guard.ts';
 import { printable } from './request-body.ts';
@@ -24,7 +25,7 @@ export function modelsRoutes(api: FastifyInstance, models: ReturnType<typeof cre
     const id = (request.params as { '*': string })['*'];
     if (id === '') throw new GatewayError('model_not_found', 'no model named: use GET /v1/models/{model}', { param: 'model' });
     const found = await models.retrieve(id, callable(request));
-    if (!found) throw new GatewayError('model_not_found', `the model \`${printable(id)}\` does not exist or is not served by this gateway`, { param: 'model' });
+    if (!found) throw new GatewayError('model_not_found', `the model \`${printable(shortModel(id))}\` does not exist or is not served by this gateway`, { param: 'model' });
     return sentAnthropicVersion(request) ? asAnthropicModel(found) : found;
   });
   methodGuard(api, '/v1/models/*', ['GET', 'HEAD'], undefined, modelsConfig);

@@ -159,6 +159,7 @@ export function logRequest(log: Logger, request: FastifyRequest, reply: FastifyR
       streamEnd: s.streamEnd?.kind,
       ...(s.clientStalled && { clientStalled: true }),
       ...(s.streamEnd?.droppedMalformed && { droppedMalformed: s.streamEnd.droppedMalformed }),
+      ...(s.streamEnd?.recoveryRefused && { recoveryRefused: s.streamEnd.recoveryRefused }),
       fallback: s.fallback,
       retriesStopped: s.retriesStopped,
       ...(s.skipped.length > 0 && { skipped: s.skipped }),

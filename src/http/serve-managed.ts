@@ -6,6 +6,7 @@ import type { Config } from '../config/schema.ts';
 import { GatewayError, missingModel } from '../errors.ts';
 import { firstHeader } from '../header-bag.ts';
 import { clientRetryCount, handleManagedRequest, type PipelineAnswer } from '../pipeline/handle-request.ts';
+import { shortModel } from '../pipeline/plan-targets.ts';
 import { claimKey, keyedRequest, replayed, replaySummary, type IdempotencyDeps, type KeyClaim } from '../pipeline/idempotent-request.ts';
 import type { Arrival } from '../state/client-repeats.ts';
 import { IDEMPOTENCY_HEADER } from '../policy/idempotency.ts';
@@ -35,7 +36,7 @@ type ServeManaged = (path: string, request: FastifyRequest, reply: FastifyReply)
 export function managedHandler({ config, limit, runtime, router, ends, drain }: ManagedDeps): ServeManaged {
   // A Map, not the config's object: a client may be named `constructor`.
   const clientPriorities = new Map(Object.entries(config.auth?.priority ?? {}));
-  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random, bodies: runtime.bodies };
+  const idempotencyDeps: IdempotencyDeps = { store: runtime.store, config: config.idempotency, now: runtime.pipeline.now, random: runtime.pipeline.random, bodies: runtime.bodies, runsHere: new Set() };
   return async function serveManaged(path, request, reply) {
     const body = request.body as ParsedBody | undefined;
     if (!body) throw new GatewayError('invalid_body', 'the request needs a JSON body (content-type: application/json)');
@@ -158,7 +159,7 @@ function routeFor(router: Router, path: string, json: Record<string, unknown>): 
   if ('error' in match) {
     if (match.error === 'unknown_url') throw new GatewayError('unknown_url', `no route for POST ${path}`);
     if (model === undefined) throw missingModel(given);
-    throw new GatewayError('model_not_found', `the model \`${printable(model)}\` is not served by this gateway`, { param: 'model' });
+    throw new GatewayError('model_not_found', `the model \`${printable(shortModel(model))}\` is not served by this gateway`, { param: 'model' });
   }
   // A route that serves any model still needs one, unless every target names its own.
   if (model === undefined && !match.route.config.targets.every((t) => t.model !== undefined)) throw missingModel(given);

@@ -13,7 +13,7 @@ export interface RateBucket {
 }
 
 /** One limit as the headers report it. */
-export interface LimitState {
+interface LimitState {
   limit: number;
   /** Whole units left now. */
   remaining: number;
@@ -22,7 +22,7 @@ export interface LimitState {
 }
 
 /** The limits after a request was judged. */
-export interface RateState {
+interface RateState {
   requests: LimitState | undefined;
   tokens: LimitState | undefined;
 }

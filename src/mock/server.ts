@@ -18,7 +18,7 @@ import { RequestLogRing, StatsCollector, type MockRequestLog, type MockStats } f
 import { goDuration, rateHeaders, rateState, rateTake, refill, refusalHeaders, refusalMessage, requestTokens, type RateBucket, type RateOutcome } from './rate-limit.ts';
 
 export type { MockRequestLog, MockStats } from './stats.ts';
-export type { BrownoutMode, FaultSpec } from './faults.ts';
+export type { FaultSpec } from './faults.ts';
 
 export interface MockOptions {
   /** Port to listen on; 0 picks a free one. Default: 0. */

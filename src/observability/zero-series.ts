@@ -103,7 +103,7 @@ function zeroCounters(config: Config, metrics: Metrics, keys: TargetKeys, zeroTa
 }
 
 /** Every value of stormgate_passthrough_requests_total's status_class: an answer's class, or none (the client left). */
-export const PASSTHROUGH_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'client_gone'] as const;
+const PASSTHROUGH_CLASSES = ['2xx', '3xx', '4xx', '5xx', 'client_gone'] as const;
 
 
 /**

@@ -6,10 +6,13 @@ import { nonEmpty, present } from '../streaming/stream-events.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 
 /** The id and created time of the completion a client began to get (its first chunk's). */
-export interface CompletionIdentity {
+interface CompletionIdentity {
   id: string;
   created: unknown;
 }
+
+/** A chat chunk as far as what it delivers is read. */
+export type DeliveredChunk = { id?: unknown; created?: unknown; choices?: Array<{ delta?: Record<string, unknown> }> };
 
 export class DeliveredText {
   #text = '';
@@ -44,20 +47,16 @@ export class DeliveredText {
     return this.#completion;
   }
 
-  /** One event passed on to the client ([DONE] aside), by its data. */
-  note(data: string): void {
-    try {
-      const chunk = JSON.parse(data) as { id?: unknown; created?: unknown; choices?: Array<{ delta?: Record<string, unknown> }> };
-      if (this.#completion === undefined && typeof chunk.id === 'string') this.#completion = { id: chunk.id, created: chunk.created };
-      const delta = chunk.choices?.[0]?.delta;
-      if (delta === undefined) return;
-      if (typeof delta.content === 'string') this.#text += delta.content;
-      if (nonEmpty(delta.reasoning_content) || nonEmpty(delta.reasoning)) this.#reasoning = true;
-      if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0) this.#notPlainText = true;
-      if (Array.isArray(delta.content) || nonEmpty(delta.refusal) || present(delta.function_call) || present(delta.audio)) this.#notPlainText = true;
-    } catch {
-      // malformed events are not forwarded and deliver nothing
-    }
+  /** One event passed on to the client ([DONE] aside), as readEvent parsed it (or a continuation's, read before its seam). */
+  noteChunk(chunk: DeliveredChunk | null): void {
+    if (typeof chunk !== 'object' || chunk === null) return;
+    if (this.#completion === undefined && typeof chunk.id === 'string') this.#completion = { id: chunk.id, created: chunk.created };
+    const delta = chunk.choices?.[0]?.delta;
+    if (typeof delta !== 'object' || delta === null) return;
+    if (typeof delta.content === 'string') this.#text += delta.content;
+    if (nonEmpty(delta.reasoning_content) || nonEmpty(delta.reasoning)) this.#reasoning = true;
+    if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0) this.#notPlainText = true;
+    if (Array.isArray(delta.content) || nonEmpty(delta.refusal) || present(delta.function_call) || present(delta.audio)) this.#notPlainText = true;
   }
 }
 

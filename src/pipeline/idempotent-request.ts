@@ -19,11 +19,17 @@ import { streamShapeOf } from '../streaming/stream-events.ts';
 
 export interface IdempotencyDeps {
   store: StateStore;
-  config: IdempotencyConfig;
+  /** waitForRedisMs is the Redis store's (redis-kept-keys.ts): the pipeline sees its claims only. */
+  config: Omit<IdempotencyConfig, 'waitForRedisMs'>;
   now: () => number;
   random: () => number;
   /** The bytes of waiting bodies, shared with the pools and the parking lot: a repeat holds its body while it waits. */
   bodies?: WaitingBodies;
+  /**
+   * The owners of this instance's runs still going: with the state store away, a repeat's 409 says its run may be on
+   * another instance only when it is none of these (a repeat of a run here was told to look elsewhere).
+   */
+  runsHere?: Set<string>;
 }
 
 /**
@@ -168,7 +174,11 @@ async function claimOrWait(req: KeyedRequest, deps: IdempotencyDeps, held: { wai
       if (req.pastGrace()) throw drainingError();
       const again = req.bodyIsKey ? 'send it again for its answer' : 'send it again, with the same key, for its answer';
       const full = shed ? ', and the request bodies waiting in the instance are at server.maxWaitingBodyBytes' : '';
-      throw new GatewayError('idempotency_key_in_progress', `${requestUnder(req)} is still running${full}; ${again}`, {
+      // Redis away: the run waited for may be one of another instance's, or one this instance cannot see (waitForRedisMs).
+      const runOwner = record.state === 'running' ? record.owner : undefined;
+      const elsewhere = store.degraded && !(runOwner !== undefined && deps.runsHere?.has(runOwner));
+      const running = elsewhere ? 'may still be running on another instance (the state store is away)' : 'is still running';
+      throw new GatewayError('idempotency_key_in_progress', `${requestUnder(req)} ${running}${full}; ${again}`, {
         shouldRetry: true,
         retryAfterMs: 1000,
       });
@@ -198,6 +208,8 @@ function run(req: KeyedRequest, deps: IdempotencyDeps, claimedAtMs: number): Key
   const lease = holdLease(key, owner, claimedAtMs + req.runningMs, { store, now: deps.now, leaseMs: config.leaseMs });
   let end!: () => void;
   const ended = new Promise<void>((resolve) => (end = resolve));
+  deps.runsHere?.add(owner);
+  void ended.finally(() => deps.runsHere?.delete(owner));
   const giveBack = () => {
     lease.stop();
     void store.releaseKey(key, owner).finally(end);

@@ -5,7 +5,7 @@
 // default), and every retry meanwhile waited for a run nobody was running, then got 409.
 import type { StateStore } from '../state/store.ts';
 
-export interface KeyLease {
+interface KeyLease {
   /** The run's answer is a stream, read on (past the claim's cap too) until stop(): renewed now and while it is read. */
   streaming(): void;
   /** The run has ended (its answer kept, or the key given back): no more renewals. */

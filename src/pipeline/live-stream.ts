@@ -3,7 +3,7 @@
 // with an error event the SDKs raise; a finished answer missing its `[DONE]` gets one.
 import { type ApiKind } from '../routing/router.ts';
 import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
-import { cutShort, doneEvent, errorEventForClient, eventMeaning, nextSequenceNumber, streamErrorEvent, upstreamErrorOf, type OutputTally, type StreamShape } from '../streaming/stream-events.ts';
+import { cutShort, doneEvent, errorEventForClient, nextSequenceNumber, readEvent, streamErrorEvent, upstreamErrorOf, type OutputTally, type StreamShape } from '../streaming/stream-events.ts';
 import { accountStatusOfError } from '../policy/outcome.ts';
 import type { FailureFacts } from '../state/breaker-board.ts';
 import { brokenBy, errorEventBreaks, type ErrorEventMeaning } from './stream-break.ts';
@@ -16,13 +16,24 @@ import { drainResponse } from '../providers/drain-response.ts';
 import { AttemptTimeout, GatewayShutdown } from './abort-reasons.ts';
 import { RequestAbort, type Aborter, type RequestSignal } from './request-abort.ts';
 import { endedWhole, type StreamEndKind } from './stream-ends.ts';
-import { asSameCompletion, DeliveredText } from './delivered-text.ts';
+import { asSameCompletion, DeliveredText, type DeliveredChunk } from './delivered-text.ts';
+
+/**
+ * Why a broken stream on a `streamRecovery: continue` route was not continued, for the request's log line: the next
+ * target's guards (its breaker not closed, a hold-off, the budget), what was delivered (not text alone, no text), what
+ * the next target is (another family that cannot take a prefill, a request it cannot be sent), or what became of the
+ * continuation (not sent, failed, or an answer that did not begin with the delivered text).
+ */
+export type RecoveryRefusal =
+  | 'no_next_target' | 'several_choices' | 'not_plain_text' | 'no_text' | 'breaker_not_closed' | 'held_off' | 'other_family'
+  | 'not_expressible' | 'budget' | 'not_sent' | 'failed' | 'no_match';
 
 /**
  * Asks the next target for the rest of a text answer that broke after its first byte (streamRecovery: continue), given
  * the text delivered (empty, or only whitespace, when the client had reasoning alone) and why the stream broke (the
  * breaker's reason: `stream_cut`, `stream_stalled`): the SSE text to send after what was delivered, and how that
- * continuation ended once it is read; or undefined when it cannot (the client then gets the original error).
+ * continuation ended once it is read; or, when it cannot (the client then gets the original error), why (undefined:
+ * the client or the instance's shutdown ended it first).
  * `shutdown` aborts (with GatewayShutdown) when the instance's shutdown ends the stream: the continuation ends with it.
  * `idleMs`: the broken stream's idle limit, the longest silence the client's stream is kept waiting for a pool slot.
  * `whenEnded` hears the continuation's end however it comes, even one it reaches by itself while nobody reads it (its
@@ -34,7 +45,7 @@ export type StreamRecovery = (
   brokeBy: string,
   shutdown: RequestSignal,
   idleMs: number,
-) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void; abandon?: () => void; target: string } | undefined>;
+) => Promise<{ text: AsyncIterable<string>; ended: () => StreamEnd | undefined; whenEnded?: (fn: (end: StreamEnd) => void) => void; abandon?: () => void; target: string } | RecoveryRefusal | undefined>;
 
 export interface StreamEnd {
   kind: StreamEndKind;
@@ -49,6 +60,8 @@ export interface StreamEnd {
   continuation?: { target: string; usage: Usage };
   /** It ended with an upstream error event that names the gateway's own account (a quota spent mid-answer). */
   accountRefused?: true;
+  /** It broke on a `streamRecovery: continue` route and was not continued: why. */
+  recoveryRefused?: RecoveryRefusal;
   /**
    * The characters of output passed on to the client (text, reasoning, tool arguments: stream-events.ts outputChars),
    * absent when none; with a streamRecovery continuation's all of it, as its provider generated it (one asked afresh
@@ -211,6 +224,10 @@ export class LiveStream {
   #abandonContinuation: (() => void) | undefined;
   /** With streamRecovery on: how to ask for the rest, and the text the client has had so far. */
   #recover: { continueFrom: StreamRecovery; delivered: DeliveredText } | undefined;
+  /** Why a break will not be, or was not, continued on a route that has streamRecovery (StreamEnd.recoveryRefused). */
+  #recoveryRefused: RecoveryRefusal | undefined;
+  /** Why this stream's route cannot continue it, known before it broke (no next target, n > 1). */
+  #unrecoverable: RecoveryRefusal | undefined;
   #upstreamEnded = false;
   /** What cut the answer short while its stream went on (vLLM's abort, stream-events.ts cutShort): a cut all the same. */
   #cutShortBy: string | undefined;
@@ -220,6 +237,8 @@ export class LiveStream {
    */
   #heldError: string | undefined;
   #awaitingUpstream = false;
+  /** Reads of the upstream that completed an event: an idle timer that fired tells by it whether one came in its turn. */
+  #progressedReads = 0;
   /** How long the client has taken nothing while the gateway had text for it (backpressure). */
   #clientWaitMs = 0;
 
@@ -287,6 +306,7 @@ export class LiveStream {
         const batch: string[] = [];
         const events = parser.push(value);
         progressed = events.length > 0;
+        if (progressed) this.#progressedReads++;
         over = this.#take(this.#translated(events), batch);
         if (batch.length > 0) yield batch.join('');
       }
@@ -403,7 +423,7 @@ export class LiveStream {
     const { api, shape } = this.#opts;
     for (const ev of batch) {
       // A malformed event is not passed on, and counts nothing; an error event (cutShort's) carries no output.
-      const meaning = eventMeaning(api, ev, this.#output);
+      const { meaning, parsed } = readEvent(api, ev, this.#output);
       if (meaning === 'malformed') {
         this.#dropped++;
         // Dropped text leaves a gap; dropped arguments leave a tool call that runs with garbage: that answer is broken.
@@ -415,14 +435,13 @@ export class LiveStream {
         }
         continue;
       }
-      if (meaning === 'done' && this.#dropped > 0 && !this.#progress.whole()) {
-        // [DONE] before the finish, after an event dropped as malformed: a server that writes its failure as text
-        // (`data: Error: CUDA out of memory`, then its usual [DONE]). Passed on, the answer cut short reached the
-        // client as complete, where the SDK alone would have thrown on that event. A cut, as vLLM's abort is
-        // (streamRecovery may finish it); judged so only with an event dropped, as a server may send no finish_reason.
+      const cutByDone = meaning === 'done' ? this.#cutByDone() : undefined;
+      if (cutByDone !== undefined) {
+        // Passed on, the answer cut short reached the client as complete. A cut, as vLLM's abort is (streamRecovery may
+        // finish it).
         this.#kind = 'cut';
         this.#upstreamBroke = { reason: 'stream_cut' };
-        this.#cutShortBy = 'a malformed event, then [DONE] before the answer\'s finish';
+        this.#cutShortBy = cutByDone;
         return true;
       }
       const short = meaning === 'error' ? cutShort(api, ev) : undefined;
@@ -449,9 +468,9 @@ export class LiveStream {
       }
       out.push(meaning === 'error' ? withoutKey(errorEventForClient(api, ev, this.#nextSequence()), this.#opts.apiKey) : `${ev.raw}\n\n`);
       if (api === 'responses' && ev.data !== null) this.#lastResponsesData = ev.data;
-      if (this.#recover && ev.data !== null && meaning !== 'done') this.#recover.delivered.note(ev.data);
+      if (this.#recover && parsed) this.#recover.delivered.noteChunk(parsed as DeliveredChunk);
       this.#noteUsage(ev);
-      const end = this.#progress.passed(meaning, ev);
+      const end = this.#progress.passed(meaning, ev, parsed);
       if (end !== undefined) {
         this.#kind = end;
         if (end === 'upstream-error') {
@@ -503,9 +522,10 @@ export class LiveStream {
     }
   }
 
-  /** Turns on streamRecovery for this stream (before it is read). */
-  recoverWith(recover: StreamRecovery | undefined): void {
-    this.#recover = recover && { continueFrom: recover, delivered: new DeliveredText() };
+  /** Turns on streamRecovery for this stream (before it is read), or says why its route's cannot be had. */
+  recoverWith(recover: StreamRecovery | RecoveryRefusal | undefined): void {
+    if (typeof recover === 'string') this.#unrecoverable = recover;
+    else this.#recover = recover && { continueFrom: recover, delivered: new DeliveredText() };
   }
 
   /**
@@ -518,9 +538,16 @@ export class LiveStream {
     const recover = this.#recover;
     // #ended: abandoned (the answer's body was destroyed): nobody would read a continuation. Reasoning alone is an
     // answer begun with no text to continue: the next target is asked afresh.
-    if (!recover || this.#ended || this.#opts.requestSignal.aborted) return false;
+    if (this.#ended || this.#opts.requestSignal.aborted) return false;
+    if (!recover) {
+      this.#recoveryRefused = this.#unrecoverable;
+      return false;
+    }
     const { delivered } = recover;
-    if (delivered.notPlainText || (delivered.text === '' && !delivered.reasoning)) return false;
+    if (delivered.notPlainText || (delivered.text === '' && !delivered.reasoning)) {
+      this.#recoveryRefused = delivered.notPlainText ? 'not_plain_text' : 'no_text';
+      return false;
+    }
     // The continuation is another stream with its own first-token, idle and client timers: this one's stop here.
     clearTimeout(this.#idle);
     clearTimeout(this.#opts.firstTokenTimer);
@@ -537,14 +564,17 @@ export class LiveStream {
     } catch {
       rest = undefined;
     }
-    if (!rest && shutdown.aborted) {
+    if (typeof rest !== 'object' && shutdown.aborted) {
       // The shutdown gave up the continuation's request before its first output: the client is told so, as any
       // stream the shutdown ends is, not that the stream was cut (sent again, the request would meet the same cut).
       this.#kind = 'shutdown';
       yield this.#shutdownError(shutdown.reason as GatewayShutdown);
       return true;
     }
-    if (!rest) return false;
+    if (typeof rest !== 'object') {
+      this.#recoveryRefused = rest;
+      return false;
+    }
     this.#abandonContinuation = rest.abandon;
     // How this stream ends once its continuation has: the continuation's kind, or `recovered` for a whole answer.
     const endedAs = (end: StreamEnd): StreamEndKind => (endedWhole(end.kind) ? 'recovered' : end.kind);
@@ -632,7 +662,7 @@ export class LiveStream {
     const usage = this.#opts.translate?.usage() ?? this.#usage;
     const continuation = this.#continuationUsage;
     const outputChars = this.#output.chars + this.#continuationChars;
-    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(continuation && { continuation }), ...(outputChars > 0 && { outputChars }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }) };
+    const end: StreamEnd = { kind, events: this.#events, droppedMalformed: this.#dropped, ...(usage && { usage }), ...(continuation && { continuation }), ...(outputChars > 0 && { outputChars }), ...(this.#accountRefused && { accountRefused: true }), ...(this.#upstreamBroke && { upstreamBroke: this.#upstreamBroke }), ...(this.#recoveryRefused && { recoveryRefused: this.#recoveryRefused }) };
     this.#ended = end;
     const giveBack = this.#letGoUpstream(kind);
     this.onEnd?.(end);
@@ -661,6 +691,16 @@ export class LiveStream {
     return draining ? () => drainResponse(iterator, () => controller.abort(STREAM_OVER), done) : done;
   }
 
+  /**
+   * Why a [DONE] that has come cut the answer short: after an event dropped as malformed, a server that writes its
+   * failure as text (`data: Error: CUDA out of memory`, then its usual [DONE]), where the SDK alone would have thrown
+   * on that event; or what the answer's progress shows (a server may send no finish_reason at all: [DONE] alone is not).
+   */
+  #cutByDone(): string | undefined {
+    if (this.#progress.whole()) return undefined;
+    return this.#dropped > 0 ? 'a malformed event, then [DONE] before the answer\'s finish' : this.#progress.cutByDone();
+  }
+
   get ended(): StreamEnd | undefined {
     return this.#ended;
   }
@@ -684,7 +724,17 @@ export class LiveStream {
       if (this.#awaitingUpstream) {
         // Before the first output the upstream's silence is the first-token timer's to bound; a client's is still this one's.
         if (this.#beforeOutput) timer.refresh();
-        else this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+        else {
+          // A process starved of CPU runs its expired timers before it reads the sockets: the upstream's next event may
+          // be waiting unread. The stall is decided after this turn's reads (setImmediate runs after the poll phase): an
+          // event read by then keeps the stream, and this timer counts again (the upstream's silence or the client's).
+          const reads = this.#progressedReads;
+          setImmediate(() => {
+            if (this.#ended) return;
+            if (this.#progressedReads === reads && this.#awaitingUpstream) this.#opts.controller.abort(new AttemptTimeout('idle', ms));
+            else if (this.#idle === timer) timer.refresh();
+          });
+        }
         return;
       }
       this.#clientWaitMs += ms;

@@ -488,7 +488,8 @@ function whatHolds(plan: TargetPlan, parkable: boolean, deps: ServeDeps): Omit<B
 
 /**
  * A 404 from a target that sends a model of its own in place of the client's, or a 400 that names the model
- * (Together's `model_not_available` for a model that needs a dedicated endpoint): it names no fault of the request
+ * (Together's `model_not_available` for a model that needs a dedicated endpoint; Azure's `OperationNotSupported` for
+ * a deployment whose model does not serve the API asked, as a Responses-only one): it names no fault of the request
  * (the client never chose that name) but the target's configuration, like a redirect or a refused key.
  */
 function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
@@ -500,7 +501,7 @@ function ownModelNotFound(plan: TargetPlan, r: Failure): boolean {
 }
 
 /** Codes that say the model named cannot be used here, whatever the status. */
-const MODEL_UNAVAILABLE_CODES: ReadonlySet<string> = new Set(['model_not_found', 'model_not_available']);
+const MODEL_UNAVAILABLE_CODES: ReadonlySet<string> = new Set(['model_not_found', 'model_not_available', 'OperationNotSupported']);
 
 /**
  * A verdict on the request that, from a fallback after an earlier target was down, speaks of that fallback's own limits:

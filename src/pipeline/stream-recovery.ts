@@ -10,13 +10,14 @@ import { SseParser, type SseEvent } from '../streaming/sse-parser.ts';
 import type { StreamShape } from '../streaming/stream-events.ts';
 import { prepareUpstream } from '../providers/families.ts';
 import { attemptInSlot, type SlotContext } from './slot-attempt.ts';
-import type { StreamEnd, StreamRecovery } from './live-stream.ts';
+import type { RecoveryRefusal, StreamEnd, StreamRecovery } from './live-stream.ts';
 import type { ManagedRequest } from './handle-request.ts';
 import { stillThere, type AttemptRecord, type TargetDeps, type TargetPlan } from './target-attempts.ts';
 import { failureCode, judgeStreamEnd, recordOutcome } from './record-outcome.ts';
 import { takesPrefill } from '../providers/prefill.ts';
 import { RequestAbort, type RequestSignal } from './request-abort.ts';
 import { estimatedTokens } from '../policy/token-estimate.ts';
+import { DeliveredText, type DeliveredChunk } from './delivered-text.ts';
 
 export function streamRecovery(
   req: ManagedRequest,
@@ -25,10 +26,11 @@ export function streamRecovery(
   signal: RequestSignal,
   deps: Pick<TargetDeps, 'guards' | 'now' | 'onAttempt' | 'onRetry' | 'onBudgetExhausted'>,
   attempts: AttemptRecord[],
-): StreamRecovery | undefined {
-  if (!next || req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
+): StreamRecovery | RecoveryRefusal | undefined {
+  if (req.route.config.streamRecovery !== 'continue' || req.route.api !== 'chat') return undefined;
+  if (!next) return 'no_next_target';
   // The delivered text is one choice's: with n > 1 there is no one text to continue.
-  if (shape.choices > 1) return undefined;
+  if (shape.choices > 1) return 'several_choices';
   const { now } = deps;
   return async (delivered, brokeBy, shutdown, idleMs) => {
     // A second upstream request, so the guards of any retry: when a provider's streams break by the hundred, their
@@ -37,8 +39,8 @@ export function streamRecovery(
     // Nothing goes once the shutdown has begun or the client has gone: nor is a retry taken from the (fleet's) budget
     // for it, which the instances staying up through a rolling deploy share.
     if (signal.aborted || shutdown.aborted) return undefined;
-    if (board.availability(next.key, next.breaker, false).kind !== 'closed') return undefined;
-    if (holdOffs.until(next.holdOffKey) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return undefined;
+    if (board.availability(next.key, next.breaker, false).kind !== 'closed') return 'breaker_not_closed';
+    if (holdOffs.until(next.holdOffKey) !== undefined || holdOffs.credentialsHeldUntil(next.key) !== undefined) return 'held_off';
     const provider = next.client.config;
     // No text of the answer went out (the client had its reasoning alone, perhaps a paragraph break): nothing to
     // prefill or to match, so the next target is asked the request as the client sent it, as a failover would ask it,
@@ -53,7 +55,7 @@ export function streamRecovery(
     const prefill = !fresh && !structuredOutput(req.json) && takesPrefill(provider, next.model);
     // Another family's model, asked again, is not going to begin with the very words the first one wrote: splicing
     // would spend a retry and an upstream request on nothing.
-    if (!fresh && !prefill && provider.family === 'anthropic') return undefined;
+    if (!fresh && !prefill && provider.family === 'anthropic') return 'other_family';
     // Anthropic refuses a prefill that ends in whitespace (400), and cuts often land after a space or a paragraph
     // break: the prefill goes without it, and the continuation without the whitespace the client already has.
     const prefillText = delivered.trimEnd();
@@ -62,12 +64,12 @@ export function streamRecovery(
     const json = prefill ? { ...asked, messages: [...messages, { role: 'assistant', content: prefillText }] } : asked;
     const prepared = json !== req.json ? prepareUpstream(provider, { api: 'chat', clientPath: req.path, query: req.query, json, rawBody: Buffer.from(JSON.stringify(json)), model: next.model }) : next.upstream();
     const planned = next.upstream();
-    if (!prepared.ok || !planned.ok) return undefined;
+    if (!prepared.ok || !planned.ok) return 'not_expressible';
     // Taken from the budget only for a request that can go: one the target cannot take spends no retry. A refusal is
     // counted as any retry's (stormgate_retry_budget_exhausted_total).
     if (!(await budget.tryRetry(next.budgetKey, req.route.config.budget))) {
       deps.onBudgetExhausted?.(req.route.name, next.key);
-      return undefined;
+      return 'budget';
     }
     if (signal.aborted || shutdown.aborted) return undefined;
     // The instance's shutdown ends the continuation as it ends any stream: until the continuation's first output its
@@ -92,7 +94,7 @@ export function streamRecovery(
     shutdown.removeEventListener('abort', stop);
     // Shed (its class queue full, no slot within the wait), the target gone meanwhile, or the client or the shutdown
     // gone before it was sent: nothing went upstream, and the client has the original failure (or the shutdown's).
-    if (attempt.kind !== 'done') return undefined;
+    if (attempt.kind !== 'done') return signal.aborted || shutdown.aborted ? undefined : 'not_sent';
     const { result, cls, durationMs, slotWaitMs } = attempt;
     const live = result.stream;
     if (live) shutdown.addEventListener('abort', () => live.interrupt(), { once: true });
@@ -114,7 +116,7 @@ export function streamRecovery(
     } finally {
       attempt.release();
     }
-    if (!live) return undefined;
+    if (!live) return 'failed';
     judgeStreamEnd(deps.guards, next, live, judgedIn);
     const body = live.body();
     const ended = () => live.ended;
@@ -124,7 +126,7 @@ export function streamRecovery(
     if (fresh) return { text: delivered === '' ? body : withoutWhitespaceHad(body, delivered), ended, whenEnded, abandon, target };
     if (!prefill) {
       const text = await splice(body, delivered, abandon);
-      return text && { text, ended, whenEnded, abandon, target };
+      return text ? { text, ended, whenEnded, abandon, target } : 'no_match';
     }
     return { text: prefillText.length < delivered.length ? withoutWhitespaceHad(body, delivered.slice(prefillText.length)) : body, ended, whenEnded, abandon, target };
   };
@@ -186,23 +188,35 @@ async function* withoutWhitespaceHad(body: AsyncGenerator<string>, had: string):
   }
 }
 
-type ContentChunk = { choices?: Array<{ delta?: { content?: unknown } }> };
+type ContentChunk = DeliveredChunk & { choices?: Array<{ delta?: { content?: unknown } }> };
 
-/** A chat chunk whose first choice carries text content, parsed; undefined for any other event. */
-function contentChunk(ev: SseEvent): ContentChunk | undefined {
+/** A chunk of the continuation, parsed once; undefined for [DONE], a keep-alive or a malformed event. */
+function parsedChunk(ev: SseEvent): ContentChunk | undefined {
   if (ev.data === null || ev.data === '[DONE]') return undefined;
+  let chunk: unknown;
   try {
-    const chunk = JSON.parse(ev.data) as ContentChunk;
-    return typeof chunk.choices?.[0]?.delta?.content === 'string' ? chunk : undefined;
+    chunk = JSON.parse(ev.data);
   } catch {
     return undefined;
   }
+  return typeof chunk === 'object' && chunk !== null ? (chunk as ContentChunk) : undefined;
 }
 
-/** Reads the new answer until it is as long as what was delivered; splices it on only if it starts with exactly that. */
+/** A chat chunk whose first choice carries text content, parsed; undefined for any other event. */
+function contentChunk(ev: SseEvent): ContentChunk | undefined {
+  const chunk = parsedChunk(ev);
+  return typeof chunk?.choices?.[0]?.delta?.content === 'string' ? chunk : undefined;
+}
+
+/**
+ * Reads the new answer until it is as long as what was delivered; splices it on only if it starts with exactly that,
+ * and with nothing but text: a tool call (or a refusal, audio) begun before the seam is not the rest of the client's
+ * text, and spliced, its opening (id, type, name) was dropped while its argument fragments after the seam went on.
+ */
 async function splice(body: AsyncGenerator<string>, delivered: string, abandon: () => void): Promise<AsyncIterable<string> | undefined> {
   const parser = new SseParser();
-  let text = '';
+  /** The continuation up to the seam: its text, and whether it was text alone. */
+  const beforeSeam = new DeliveredText();
   const after: string[] = [];
   /**
    * The chunk that reached the delivered text's length, the template of the remainder's: an answer's last chunk may
@@ -216,25 +230,27 @@ async function splice(body: AsyncGenerator<string>, delivered: string, abandon: 
     const { value, done } = await body.next();
     if (done) break;
     for (const ev of parser.push(Buffer.from(value))) {
-      if (text.length >= delivered.length) {
+      if (beforeSeam.text.length >= delivered.length) {
         after.push(`${ev.raw}\n\n`);
         continue;
       }
-      // One parse per event: its text, the template of the remainder's chunk, and its finish.
-      const chunk = contentChunk(ev);
+      // One parse per event: what it delivers, the template of the remainder's chunk, and its finish.
+      const chunk = parsedChunk(ev);
       if (chunk === undefined) continue;
-      const choice = chunk.choices![0]! as { delta: { content: string }; finish_reason?: unknown; logprobs?: unknown };
-      const startsAt = text.length;
-      text += choice.delta.content;
-      if (text.length >= delivered.length) {
+      const startsAt = beforeSeam.text.length;
+      beforeSeam.noteChunk(chunk);
+      if (typeof chunk.choices?.[0]?.delta?.content !== 'string') continue;
+      const choice = chunk.choices[0] as { finish_reason?: unknown; logprobs?: unknown };
+      if (beforeSeam.text.length >= delivered.length) {
         boundary = chunk as Record<string, unknown>;
         finish = choice.finish_reason ?? null;
         logprobs = logprobsFrom(choice.logprobs, delivered.length - startsAt);
       }
     }
-    if (text.length >= delivered.length) break;
+    if (beforeSeam.text.length >= delivered.length || beforeSeam.notPlainText) break;
   }
-  if (text.length < delivered.length || !text.startsWith(delivered)) {
+  const text = beforeSeam.text;
+  if (text.length < delivered.length || !text.startsWith(delivered) || beforeSeam.notPlainText) {
     await body.return(undefined);
     abandon();
     return undefined;

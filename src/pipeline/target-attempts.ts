@@ -228,7 +228,7 @@ export function holdOffUntil(holdOffs: HoldOffs, plan: TargetPlan): number | und
  * meanwhile too: a queue behind the first 401 of a revoked key went out with it one by one as slots freed up, each one
  * more refusal and a round trip lost before the backup.
  */
-export function goneMeanwhile(guards: Guards, plan: TargetPlan, parkable: boolean, nowMs: number): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
+function goneMeanwhile(guards: Guards, plan: TargetPlan, parkable: boolean, nowMs: number): Extract<SlotAttempt, { kind: 'gone' }> | undefined {
   const authHeldUntil = guards.holdOffs.credentialsHeldUntil(plan.key);
   if (authHeldUntil !== undefined) return { kind: 'gone', reason: 'credentials', availableAtMs: authHeldUntil };
   const held = heldBack(guards, plan, parkable, nowMs);

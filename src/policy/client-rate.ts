@@ -206,7 +206,7 @@ function queued(dues: ClientDues, nowMs: number, by: RateKind, waitMs: number, s
  * estimate takes to come back, up to a minute) a refusal seconds after the queue had run out was told a whole slot
  * after it, where the fleet's told it its own wait.
  */
-export const TOLD_KEPT_MS = 1_000;
+const TOLD_KEPT_MS = 1_000;
 
 /** How far past a refused request's own wait the queue of refused requests may tell it to come back. */
 export const QUEUE_AHEAD_MS = 60_000;

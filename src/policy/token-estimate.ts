@@ -87,7 +87,7 @@ export function estimatedTokens(api: ApiKind, bodyBytes: number, json: Readonly<
  * text PDF's few KB a page come to at bytes / 4, so a file keeps its size's count (base64's third over it aside).
  * One walk of the parsed body, without recursion (a deeply nested body must not overflow the stack).
  */
-export function inlinePayloads(json: unknown): { chars: number; tokens: number } {
+function inlinePayloads(json: unknown): { chars: number; tokens: number } {
   let chars = 0;
   let tokens = 0;
   const stack: unknown[] = [json];

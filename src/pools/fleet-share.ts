@@ -56,7 +56,7 @@ export function fleetShare(capacity: number, classes: readonly PoolClass[], own:
 }
 
 /** The most of a target's rates the fleet keeps for its instances' floors: a tenth. */
-export const RATE_FLOOR_RESERVE = 0.1;
+const RATE_FLOOR_RESERVE = 0.1;
 
 /**
  * This instance's part (0..1] of the fleet's rates (pools.requestsPerMinute, tokensPerMinute), from its share of the

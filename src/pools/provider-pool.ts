@@ -89,7 +89,7 @@ export const SHED_REASONS = ['queue_full', 'deadline', 'body_bytes', 'max_wait']
  * A deadline shed whose wait is its target's rate (pools.requestsPerMinute, pools.tokensPerMinute), not its slots: the
  * client is told that rate, which the operator set, rather than that the provider is at capacity. Counted as deadline.
  */
-export type RateHold = 'request_rate' | 'token_rate';
+type RateHold = 'request_rate' | 'token_rate';
 /** Why a request was shed, as its answer says it. */
 export type ShedReason = (typeof SHED_REASONS)[number] | RateHold;
 

@@ -4,7 +4,7 @@
 import { readCaFile } from '../config/ca-file.ts';
 import type { ProviderConfig } from '../config/schema.ts';
 
-export interface ProviderTls {
+interface ProviderTls {
   /** The CA certificates (PEM), in place of Node's public roots; unset: Node's roots. */
   ca?: string;
   rejectUnauthorized: boolean;

@@ -110,6 +110,11 @@ export class RedisHealth {
     return this.#degraded;
   }
 
+  /** How long the store has been degraded, by the store's clock; undefined while it is not. */
+  degradedForMs(): number | undefined {
+    return this.#degraded ? this.#now() - this.#degradedAtMs : undefined;
+  }
+
   get closed(): boolean {
     return this.#closed;
   }

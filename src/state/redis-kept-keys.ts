@@ -2,6 +2,7 @@
 // apart from the store, whose breaker and budget state never needs a run's owner.
 import type { MemoryStore } from './memory-store.ts';
 import { decodeKeyRecord, encodeKeyRecord } from './kept-keys.ts';
+import { isCommandTimeout } from './redis-errors.ts';
 import type { RedisHealth } from './redis-health.ts';
 import type { RedisKeys } from './redis-keys.ts';
 import type { ScriptClient } from './redis-scripts.ts';
@@ -9,6 +10,9 @@ import type { KeyRecord } from './store.ts';
 
 /** How a run under an idempotency key ended, to be written to Redis: its kept answer, or its owner's claim given back. */
 type KeyEnd = { record: KeyRecord & { state: 'done' }; owner: string | undefined; untilMs: number } | { record?: undefined; owner: string; untilMs: number };
+
+/** The most runs of other requests remembered as seen in Redis (#runsSeen): a few MB at most. */
+const MAX_SIGHTINGS = 10_000;
 
 /** sendLocalKeys' records sent before it waits for their replies: what a request's Redis command may wait behind. */
 const SEND_BATCH_BYTES = 256 * 1024;
@@ -19,6 +23,10 @@ interface RedisKeptKeysDeps {
   local: MemoryStore;
   health: RedisHealth;
   now: () => number;
+  /** How long a run's claim lasts unrenewed (idempotency.leaseMs): a run seen in Redis is taken as going on that long. */
+  keyLeaseMs: number;
+  /** idempotency.waitForRedisMs: see #claimAway. */
+  waitForRedisMs: number;
 }
 
 /**
@@ -38,6 +46,13 @@ export class RedisKeptKeys {
    * the route's timeout plus ttlMs, and every repeat on the fleet waited for a run that was over, then got a 409.
    */
   readonly #keyEnds = new Map<string, KeyEnd>();
+  /**
+   * Runs of other requests this instance found holding their keys in Redis, each until its claim would lapse unless
+   * renewed (a lease from the last sighting). While Redis is away, a repeat of such a run waits for it, and gets
+   * idempotency_key_in_progress at its deadline, rather than claim the key in the process and run the call beside it:
+   * Redis gone for a second while an agent's retry waited for the run on another instance, the coupon went out twice.
+   */
+  readonly #runsSeen = new Map<string, { record: KeyRecord & { state: 'running' }; untilMs: number }>();
   /** Recoveries so far: a walk of sendLocalKeys goes on while it is the latest one's. */
   #sendRounds = 0;
 
@@ -51,14 +66,16 @@ export class RedisKeptKeys {
     // claim the key there and run it a second time.
     const here = await local.readKey(key, claim.sinceMs);
     if (here !== undefined) return here;
-    if (!health.usable()) return this.#ownRun(key, claim.sinceMs) ?? local.claimKey(key, claim, runningMs);
+    if (!health.usable()) return this.#claimAway(key, claim, runningMs);
     const redisKey = keys.idempotency(key);
     try {
       const held = await client.sgClaimKeyBuffer(redisKey, encodeKeyRecord(claim).toString('utf8'), runningMs);
       health.answered();
       if (held === null) this.#claimedInRedis.set(key, { owner: claim.owner!, untilMs: claim.sinceMs + runningMs, claim });
       // A value this version cannot read (a newer one's, a damaged one) is taken as a request running under the key.
-      return held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
+      const found = held === null ? undefined : (decodeKeyRecord(held) ?? { state: 'running', fingerprint: '', sinceMs: claim.sinceMs });
+      this.#noteSighting(key, found, claim.sinceMs);
+      return found;
     } catch (err) {
       health.failed(err, redisKey);
       // Such a claim may turn out not to be its own (the repeat gets the answer): nothing ends it; it goes once lapsed.
@@ -71,8 +88,45 @@ export class RedisKeptKeys {
       // A lone timeout leaves the store on Redis: the request looks again (readKey) and finds out whether the claim is
       // its own, rather than claiming here while another instance may be running the key. Redis away: claimed here.
       if (health.usable()) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
-      return this.#ownRun(key, claim.sinceMs) ?? local.claimKey(key, claim, runningMs);
+      return this.#claimAway(key, claim, runningMs);
     }
+  }
+
+  /**
+   * A claim while Redis is away. A run this instance knows of under the key (its own, or another's it saw in Redis)
+   * is waited for. Else the request runs on local state (availability before run-once), unless Redis went away less
+   * than waitForRedisMs ago: then the key may be held in Redis by a run on another instance (an SDK's retry reaches
+   * another instance than its first attempt did), and taken for such a run, whose owner is unknown, the request waits
+   * for Redis as a repeat waits for a run, or gets idempotency_key_in_progress at its deadline. Redis frozen for 1.5 s
+   * under 36 agents whose SDKs retried each call after 1.2 s, 33 of the 36 calls ran twice without it.
+   */
+  #claimAway(key: string, claim: KeyRecord & { state: 'running' }, runningMs: number): Promise<KeyRecord | undefined> | KeyRecord {
+    const { health, local, waitForRedisMs } = this.#deps;
+    const known = this.#ownRun(key, claim.sinceMs) ?? this.#sightingOf(key, claim.sinceMs);
+    if (known !== undefined) return known;
+    const awayMs = health.degradedForMs();
+    if (awayMs !== undefined && awayMs < waitForRedisMs) return { state: 'running', fingerprint: claim.fingerprint, sinceMs: claim.sinceMs };
+    return local.claimKey(key, claim, runningMs);
+  }
+
+  /** What a command on Redis found under the key, for #runsSeen: another request's run, or anything else, which ends the sighting. */
+  #noteSighting(key: string, record: KeyRecord | undefined, nowMs: number): void {
+    this.#runsSeen.delete(key);
+    const mine = this.#claimedInRedis.get(key);
+    if (record?.state !== 'running' || (mine !== undefined && mine.owner === record.owner)) return;
+    this.#runsSeen.set(key, { record, untilMs: nowMs + this.#deps.keyLeaseMs });
+    // Oldest first (each sighting moves its key last): the lapsed ones go as new ones come, and past MAX_SIGHTINGS the
+    // oldest in force too (a long lease under many repeats): that repeat then runs on local state, as before sightings.
+    for (const [k, { untilMs }] of this.#runsSeen) {
+      if (untilMs > nowMs && this.#runsSeen.size <= MAX_SIGHTINGS) break;
+      this.#runsSeen.delete(k);
+    }
+  }
+
+  /** Another request's run this instance found holding the key in Redis, unless its claim would have lapsed by now. */
+  #sightingOf(key: string, nowMs: number): (KeyRecord & { state: 'running' }) | undefined {
+    const seen = this.#runsSeen.get(key);
+    return seen !== undefined && seen.untilMs > nowMs ? seen.record : undefined;
   }
 
   /**
@@ -88,20 +142,22 @@ export class RedisKeptKeys {
 
   async readKey(key: string, nowMs: number): Promise<KeyRecord | undefined> {
     const { client, keys, local, health } = this.#deps;
-    if (!health.usable()) return local.readKey(key, nowMs);
+    const away = async () => (await local.readKey(key, nowMs)) ?? this.#sightingOf(key, nowMs);
+    if (!health.usable()) return away();
     const redisKey = keys.idempotency(key);
     try {
       const raw = await client.getBuffer(redisKey);
       health.answered();
+      const record = raw === null ? undefined : decodeKeyRecord(raw);
+      this.#noteSighting(key, record, nowMs);
       if (raw === null) return local.readKey(key, nowMs);
-      const record = decodeKeyRecord(raw);
       // A claim whose reply was lost turns out to be this instance's: its request runs it now (idempotent-request.ts).
       const claimed = this.#claimedInRedis.get(key);
       if (record?.state === 'running' && claimed !== undefined && record.owner === claimed.owner) claimed.claim = record;
       return record;
     } catch (err) {
       health.failed(err, redisKey);
-      return local.readKey(key, nowMs);
+      return away();
     }
   }
 
@@ -218,18 +274,25 @@ export class RedisKeptKeys {
     const { client, keys, local, health } = this.#deps;
     let batch: Promise<unknown>[] = [];
     let bytes = 0;
+    /** A key the batch wrote, when one of its commands timed out. */
+    let timedOut: string | undefined;
     for (const [key, record, untilMs] of local.heldKeys(this.#deps.now())) {
       if (bytes >= SEND_BATCH_BYTES) {
         await Promise.allSettled(batch);
+        if (timedOut !== undefined) await this.#drained(timedOut, round);
         batch = [];
         bytes = 0;
+        timedOut = undefined;
       }
       if (round !== this.#sendRounds || !health.usable()) return;
       const nowMs = this.#deps.now();
       if (untilMs <= nowMs) continue;
       const redisKey = keys.idempotency(key);
       const leftMs = Math.ceil(untilMs - nowMs);
-      const failed = (err: unknown) => health.failed(err, redisKey);
+      const failed = (err: unknown) => {
+        if (isCommandTimeout(err)) timedOut = redisKey;
+        health.failed(err, redisKey);
+      };
       const encoded = encodeKeyRecord(record);
       bytes += encoded.length;
       if (record.state === 'done') {
@@ -251,6 +314,25 @@ export class RedisKeptKeys {
         else this.#claimedInRedis.delete(key);
       }, failed);
       batch.push(sent);
+    }
+  }
+
+  /**
+   * Until Redis has answered a read of `redisKey` sent after the batch (answers come in order, on the key's connection):
+   * a command that timed out is still on its way. Taken for answered, the walk sent the next batch every commandTimeoutMs
+   * while Redis had not taken the last, and requests waited behind several. The read's own timeouts are the walk's wait,
+   * not the request path's: they are not reported.
+   */
+  async #drained(redisKey: string, round: number): Promise<void> {
+    const { client, health } = this.#deps;
+    while (round === this.#sendRounds && health.usable()) {
+      try {
+        await client.exists(redisKey);
+        health.answered();
+        return;
+      } catch (err) {
+        if (!isCommandTimeout(err)) return;
+      }
     }
   }
 

@@ -36,6 +36,10 @@ interface RedisStoreOptions {
   now?: () => number;
   /** The most idempotency answer bytes kept in the process while Redis is away (config: idempotency.memoryBytes). */
   keptBytes?: number;
+  /** How long a run's claim on its idempotency key lasts unrenewed (config: idempotency.leaseMs). Default: 10000. */
+  keyLeaseMs?: number;
+  /** How long into an outage a keyed request the instance knows nothing of waits for Redis (config: idempotency.waitForRedisMs). Default: 0. */
+  waitForRedisMs?: number;
   /** How often Redis's clock is read again, in ms (see CLOCK_READ_MS in redis-clock-reader.ts). Default: 10000. */
   clockReadMs?: number;
 }
@@ -111,8 +115,10 @@ export class RedisStore implements StateStore {
       },
     });
     const parts = { client: this.#client, keys: this.#keys, local: this.#local, health: this.#health, now: this.#now };
+    const keyLeaseMs = opts.keyLeaseMs ?? 10_000;
+    const waitForRedisMs = opts.waitForRedisMs ?? 0;
     this.#budget = new RedisBudget({ ...parts, clock: this.#clock });
-    this.#keptKeys = new RedisKeptKeys(parts);
+    this.#keptKeys = new RedisKeptKeys({ ...parts, keyLeaseMs, waitForRedisMs });
     this.#subscriber = new RedisSubscriber({
       sub: this.#sub, channel: this.#keys.events, id: this.#id, health: this.#health, logger: this.#logger,
       onChange: (change) => this.#onMessage(change),

@@ -55,7 +55,6 @@ const finishes = (reason: unknown) => present(reason) && reason !== '';
 const STOPPED: ReadonlySet<string> = new Set(['abort', 'error', 'insufficient_system_resource']);
 /** What ended an answer a STOPPED finish_reason ended, for the client's error and the log. */
 export const stoppedMessage = (reason: string) => `the provider aborted the answer (finish_reason "${reason}")`;
-export const ABORTED_MESSAGE = stoppedMessage('abort');
 /** The STOPPED finish_reason of a chunk's choices, if one has one. */
 const stoppedBy = (chunk: { choices?: unknown }): string | undefined => {
   if (!Array.isArray(chunk.choices)) return undefined;
@@ -130,24 +129,35 @@ export interface OutputTally {
  * a stream's every event is read here, and a second JSON.parse of each would double what reading a stream costs.
  */
 export function eventMeaning(api: ApiKind, ev: SseEvent, tally?: OutputTally): EventMeaning {
+  return readEvent(api, ev, tally).meaning;
+}
+
+/** What an event means, and its data as parsed for that (none for an event without a JSON object), to read further. */
+export function readEvent(api: ApiKind, ev: SseEvent, tally?: OutputTally): { meaning: EventMeaning; parsed?: object } {
   // `event: error` is an error whatever its data holds (some OpenAI-compatible servers send a bare {message}).
-  if (ev.event === 'error') return 'error';
-  if (ev.data === null) return 'keepalive';
+  if (ev.event === 'error') return { meaning: 'error' };
+  if (ev.data === null) return { meaning: 'keepalive' };
   // A path the gateway has no API for: any data is output, whatever its format; the upstream's end is the answer's.
-  if (api === 'other') return 'output';
-  if (api !== 'responses' && api !== 'messages' && ev.data === '[DONE]') return 'done';
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(ev.data);
-  } catch {
-    return 'malformed';
-  }
-  if (typeof parsed !== 'object' || parsed === null) return 'malformed';
+  if (api === 'other') return { meaning: 'output' };
+  if (api !== 'responses' && api !== 'messages' && ev.data === '[DONE]') return { meaning: 'done' };
+  const parsed = parsedData(ev);
+  if (parsed === undefined) return { meaning: 'malformed' };
   const meaning = api === 'responses'
     ? responsesMeaning(parsed as { type?: unknown }, ev.event)
     : api === 'messages' ? messagesMeaning(parsed as AnthropicEvent, ev.event) : choicesMeaning(parsed);
   if (tally !== undefined && (meaning === 'output' || meaning === 'finish')) tally.chars += outputChars(api, parsed, ev.event);
-  return meaning;
+  return { meaning, parsed };
+}
+
+/** An event's data parsed, when it is a JSON object. */
+export function parsedData(ev: SseEvent): object | undefined {
+  if (ev.data === null) return undefined;
+  try {
+    const parsed: unknown = JSON.parse(ev.data);
+    return typeof parsed === 'object' && parsed !== null ? parsed : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /**
@@ -402,20 +412,26 @@ export function startsAnswer(api: ApiKind, shape: StreamShape, ev: SseEvent): bo
   }
 }
 
+/**
+ * A chat or completions chunk's choices (its data parsed: readEvent's, parsedData's), each with its index (its place
+ * in the list when it has none); none of a malformed event, and no choice that is not an object.
+ */
+function indexedChoices(chunk: object | undefined): Array<[index: number, choice: ChatChoice]> {
+  const choices = (chunk as { choices?: unknown } | undefined)?.choices;
+  if (!Array.isArray(choices)) return [];
+  return (choices as unknown[]).flatMap((c, i): Array<[number, ChatChoice]> => {
+    if (typeof c !== 'object' || c === null) return [];
+    const { index } = c as { index?: unknown };
+    return [[typeof index === 'number' ? index : i, c as ChatChoice]];
+  });
+}
+
 /** The indexes of the choices a chat or completions chunk carries, and of those it finishes (with a finish_reason). */
-export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[] } {
+export function choiceIndexes(chunk: object | undefined): { seen: number[]; finished: number[] } {
   const out = { seen: [] as number[], finished: [] as number[] };
-  if (ev.data === null) return out;
-  try {
-    const chunk = JSON.parse(ev.data) as { choices?: Array<{ index?: unknown; finish_reason?: unknown }> };
-    if (!Array.isArray(chunk.choices)) return out;
-    chunk.choices.forEach((c, i) => {
-      const index = typeof c.index === 'number' ? c.index : i;
-      out.seen.push(index);
-      if (finishes(c.finish_reason)) out.finished.push(index);
-    });
-  } catch {
-    // a malformed event carries no choices
+  for (const [index, c] of indexedChoices(chunk)) {
+    out.seen.push(index);
+    if (finishes(c.finish_reason)) out.finished.push(index);
   }
   return out;
 }
@@ -424,19 +440,35 @@ export function choiceIndexes(ev: SseEvent): { seen: number[]; finished: number[
  * The indexes of the choices a chat or completions chunk carries a tool call for (a non-empty `tool_calls` list, or a
  * legacy `function_call` object): with n > 1, each choice's call is open until its own finish.
  */
-export function choicesCalling(ev: SseEvent): number[] {
-  const out: number[] = [];
-  if (ev.data === null) return out;
-  try {
-    const chunk = JSON.parse(ev.data) as { choices?: Array<ChatChoice & { index?: unknown }> };
-    if (!Array.isArray(chunk.choices)) return out;
-    chunk.choices.forEach((c, i) => {
-      const d = c?.delta;
-      const calls = d !== undefined && d !== null && ((Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || (typeof d.function_call === 'object' && d.function_call !== null));
-      if (calls) out.push(typeof c.index === 'number' ? c.index : i);
-    });
-  } catch {
-    // a malformed event carries no choices
+export function choicesCalling(chunk: object | undefined): number[] {
+  return indexedChoices(chunk)
+    .filter(([, { delta: d }]) => d !== undefined && d !== null && ((Array.isArray(d.tool_calls) && d.tool_calls.length > 0) || (typeof d.function_call === 'object' && d.function_call !== null)))
+    .map(([index]) => index);
+}
+
+/** A piece of a tool call's arguments, keyed by choice and call; `opens` when it came with the call's id. */
+interface ArgumentPiece {
+  key: string;
+  piece: string;
+  opens: boolean;
+}
+
+/**
+ * The pieces of tool call arguments a chat completion chunk carries, keyed by choice and call (a legacy function_call
+ * by its choice alone). Arguments sent as anything but a string (some servers send an object) are not pieces.
+ */
+export function argumentPieces(chunk: object | undefined): ArgumentPiece[] {
+  const out: ArgumentPiece[] = [];
+  for (const [choice, { delta: d }] of indexedChoices(chunk)) {
+    if (d === undefined || d === null) continue;
+    if (Array.isArray(d.tool_calls)) {
+      d.tool_calls.forEach((call, j) => {
+        const { index, id, function: fn } = (call ?? {}) as { index?: unknown; id?: unknown; function?: { arguments?: unknown } };
+        if (typeof fn?.arguments === 'string') out.push({ key: `${choice}:${typeof index === 'number' ? index : j}`, piece: fn.arguments, opens: nonEmpty(id) });
+      });
+    }
+    const legacy = (d.function_call ?? undefined) as { arguments?: unknown } | undefined;
+    if (typeof legacy?.arguments === 'string') out.push({ key: `${choice}:function_call`, piece: legacy.arguments, opens: false });
   }
   return out;
 }

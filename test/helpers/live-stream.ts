@@ -6,7 +6,8 @@ import { LiveStream, type StreamEnd } from '../../src/pipeline/live-stream.ts';
 import type { StreamTranslator } from '../../src/providers/families.ts';
 import type { ApiKind } from '../../src/routing/router.ts';
 import { SseParser } from '../../src/streaming/sse-parser.ts';
-import type { StreamShape } from '../../src/streaming/stream-events.ts';
+import { readEvent, type StreamShape } from '../../src/streaming/stream-events.ts';
+import type { DeliveredChunk, DeliveredText } from '../../src/pipeline/delivered-text.ts';
 
 export function handedOverStream(o: {
   first: string | Buffer;
@@ -76,4 +77,10 @@ export async function readAll(live: LiveStream, pauseAfterFirstMs = 0): Promise<
     first = false;
   }
   return text;
+}
+
+/** An event's data handed to `d` as LiveStream hands it: the chunk readEvent parsed, nothing for a malformed event. */
+export function deliverData(d: DeliveredText, data: string): void {
+  const { parsed } = readEvent('chat', { raw: `data: ${data}`, data, event: null });
+  if (parsed) d.noteChunk(parsed as DeliveredChunk);
 }

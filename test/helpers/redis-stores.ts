@@ -99,13 +99,14 @@ export function describeEachStore(suite: (store: () => StateStore) => void): voi
 
 /**
  * An instance's store that a test cuts off Redis (`away`, through a TCP proxy) and lets back (`back`), and the fleet's
- * store that stays on it, sharing a key prefix; `admin` reads Redis itself. `close` stops all of it.
+ * store that stays on it, sharing a key prefix; `admin` reads Redis itself. `close` stops all of it. `keyLeaseMs`: the cut
+ * store's idempotency.leaseMs, how long a run it saw in Redis is waited for while Redis is away (10000).
  */
-export async function cutAndFleet(o: { prefix?: string; commandTimeoutMs?: number } = {}) {
+export async function cutAndFleet(o: { prefix?: string; commandTimeoutMs?: number; keyLeaseMs?: number } = {}) {
   const own = await startRedis();
   const proxy = await startTcpProxy(own.port);
   const keyPrefix = `${o.prefix ?? 'idem'}-${randomUUID()}`;
-  const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: o.commandTimeoutMs ?? 100, keyPrefix } });
+  const cut = new RedisStore({ config: { redis: `redis://127.0.0.1:${proxy.port}`, commandTimeoutMs: o.commandTimeoutMs ?? 100, keyPrefix }, ...(o.keyLeaseMs && { keyLeaseMs: o.keyLeaseMs }) });
   const fleet = new RedisStore({ config: { redis: own.url, commandTimeoutMs: 500, keyPrefix } });
   const admin = new Redis(own.url);
   const away = async () => {

@@ -9,5 +9,5 @@
 export { toAnthropicRequest, type AnthropicRequestOptions } from './request.ts';
 export { isAnthropicErrorType, toAnthropicShape, toOpenAIError, toOpenAIResponse } from './response.ts';
 export { AnthropicStreamError, AnthropicStreamTranslator } from './stream.ts';
-export { MIN_BUDGET_TOKENS, thinkingFields, thinkingForm, type ThinkingBudgets } from './thinking.ts';
+export { thinkingFields, thinkingForm, type ThinkingBudgets } from './thinking.ts';
 export type * from './types.ts';

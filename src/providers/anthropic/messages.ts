@@ -51,9 +51,11 @@ export function toAnthropicConversation(input: unknown, names: ToolNames): Anthr
     switch (msg?.role) {
       case 'system':
       case 'developer': {
-        // Anthropic has one system prompt; a late system message joins it (its position in the chat is lost).
+        // Anthropic has one system prompt; a late system message joins it (its position in the chat is lost). One
+        // with no non-whitespace text says nothing, and Anthropic refuses it (400 "system: text content blocks must
+        // contain non-whitespace text"), so it is left out, as whitespace-only text parts are.
         const text = textOf(msg.content, `messages[${i}]`);
-        if (text) system.push(text);
+        if (text.trim() !== '') system.push(text);
         break;
       }
       case 'user':

@@ -84,7 +84,8 @@ export function toAnthropicRequest(body: OpenAIChatRequest, opts: AnthropicReque
       }
       out.output_config = { format: { type: 'json_schema', schema: toAnthropicSchema(schema as Record<string, unknown>, 'response_format.json_schema.schema') } };
     }
-    const userId = body.safety_identifier ?? body.user;
+    // An empty safety_identifier names no one: the `user` beside it still does.
+    const userId = body.safety_identifier || body.user;
     if (typeof userId === 'string' && userId !== '') out.metadata = { user_id: opaqueUserId(userId) };
     if (opts.thinking) {
       const clientMaxTokens = body.max_completion_tokens != null || body.max_tokens != null;

@@ -1,5 +1,6 @@
 // An Anthropic Messages answer -> an OpenAI chat.completion, and an Anthropic error -> an OpenAI error body.
 // The status of an error is kept: the gateway's outcome table classifies by status and `error.code`.
+import { randomUUID } from 'node:crypto';
 import { errorBody, type OpenAIErrorBody } from '../../errors.ts';
 import { stringifyExact } from '../exact-json.ts';
 import type {
@@ -95,7 +96,7 @@ export function toOpenAIResponse(msg: AnthropicMessage, opts: { model: string; c
   if (toolCalls.length > 0) message.tool_calls = toolCalls;
   if (thinking.length > 0) message.reasoning_content = thinking.join('');
   return {
-    id: `chatcmpl-${msg.id}`,
+    id: completionId(msg.id),
     object: 'chat.completion',
     created: opts.created ?? Math.floor(Date.now() / 1000),
     model: msg.model || opts.model,
@@ -209,4 +210,12 @@ function tryJson(text: string): unknown {
   } catch {
     return null;
   }
+}
+
+/**
+ * The chat completion id of an Anthropic message: `chatcmpl-` and its id, or, from a compatible server that sends none,
+ * one made for this answer (a fixed one would merge different answers in tools that key on the completion id).
+ */
+export function completionId(messageId: unknown): string {
+  return typeof messageId === 'string' && messageId !== '' ? `chatcmpl-${messageId}` : `chatcmpl-${randomUUID().replaceAll('-', '')}`;
 }

@@ -3,7 +3,7 @@
 // alone, so the translator keeps a map from block index to what the block is. It never invents a clean end:
 // a stream cut before message_delta/message_stop is left for the gateway's live stream to end with its error event.
 import { parseExact, stringifyExact } from '../exact-json.ts';
-import { clientToolName, reportsUsage, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
+import { clientToolName, completionId, reportsUsage, toFinishReason, toOpenAIError, toOpenAIUsage } from './response.ts';
 import type { AnthropicUsage, OpenAIChatCompletionChunk, OpenAIChunkDelta, OpenAIFinishReason } from './types.ts';
 
 type AnthropicStreamErrorCode = 'malformed_event' | 'unexpected_event';
@@ -32,7 +32,8 @@ interface AnthropicStreamOptions {
   created?: number;
 }
 
-type Block = { kind: 'text' | 'thinking' | 'other' } | { kind: 'tool'; toolIndex: number; args: boolean; input: unknown };
+/** A tool_use block is `open` from its content_block_start to its content_block_stop: its input may be incomplete. */
+type Block = { kind: 'text' | 'thinking' | 'other' } | { kind: 'tool'; toolIndex: number; args: boolean; input: unknown; open: boolean };
 
 interface Data {
   type?: unknown;
@@ -140,7 +141,7 @@ export class AnthropicStreamTranslator {
 
   #start(data: Data): string[] {
     const msg = data.message ?? {};
-    if (this.#id === undefined && typeof msg.id === 'string') this.#id = `chatcmpl-${msg.id}`;
+    this.#id ??= completionId(msg.id);
     if (typeof msg.model === 'string' && msg.model !== '') this.#model = msg.model;
     this.#usage = { ...msg.usage };
     return this.#role();
@@ -159,7 +160,7 @@ export class AnthropicStreamTranslator {
     const out = this.#role();
     if (block.type === 'tool_use') {
       const toolIndex = this.#tools++;
-      this.#blocks.set(index, { kind: 'tool', toolIndex, args: false, input: block.input });
+      this.#blocks.set(index, { kind: 'tool', toolIndex, args: false, input: block.input, open: true });
       const fn = { name: clientToolName(block.name, this.#toolNames), arguments: '' };
       out.push(this.#chunk({ tool_calls: [{ index: toolIndex, id: String(block.id), type: 'function', function: fn }] }));
     } else if (block.type === 'text' || block.type === 'thinking') {
@@ -199,6 +200,7 @@ export class AnthropicStreamTranslator {
 
   #blockStop(data: Data): string[] {
     const block = this.#blocks.get(blockIndex(data));
+    if (block?.kind === 'tool') block.open = false;
     // A tool without parameters streams no input at all; OpenAI clients JSON.parse the arguments, so send "{}".
     if (block?.kind !== 'tool' || block.args) return [];
     block.args = true;
@@ -225,6 +227,10 @@ export class AnthropicStreamTranslator {
 
   #stop(): string[] {
     this.#over = true;
+    // A message_stop with no stop_reason while a tool_use block is still open (no content_block_stop): its input may
+    // be cut anywhere. Made up as a finish, the client got a call with half its arguments as a whole answer, which an
+    // agent would run; with no [DONE] either, the gateway's live stream ends it as the cut it is.
+    if (this.#finish === null && [...this.#blocks.values()].some((b) => b.kind === 'tool' && b.open)) return [];
     const out = this.#role();
     // No message_delta came (a server that sends none): the answer stopped, unless an event that could not be read
     // (that message_delta, cut or garbled, or an error written as text) went before: then no finish is made up, and
@@ -242,7 +248,8 @@ export class AnthropicStreamTranslator {
   }
 
   #base(): Omit<OpenAIChatCompletionChunk, 'choices'> {
-    const id = this.#id ?? 'chatcmpl-anthropic';
+    // Every chunk of one answer carries the same id, one made for it if no message_start named it.
+    const id = (this.#id ??= completionId(undefined));
     return { id, object: 'chat.completion.chunk', created: this.#created, model: this.#model, system_fingerprint: null };
   }
 

@@ -21,15 +21,15 @@ export interface ThinkingBudgets {
 }
 
 /** Anthropic's smallest budget_tokens. */
-export const MIN_BUDGET_TOKENS = 1024;
+const MIN_BUDGET_TOKENS = 1024;
 
 type Effort = keyof ThinkingBudgets;
 const EFFORTS: ReadonlySet<string> = new Set<Effort>(['low', 'medium', 'high', 'xhigh']);
 
 /** The fields a request with thinking gets in place of its own. */
-export type ThinkingFields = Pick<AnthropicMessagesRequest, 'thinking' | 'max_tokens' | 'output_config'>;
+type ThinkingFields = Pick<AnthropicMessagesRequest, 'thinking' | 'max_tokens' | 'output_config'>;
 
-export interface ThinkingInput {
+interface ThinkingInput {
   /** The client's reasoning_effort, as sent. */
   effort: unknown;
   /** The translated request, tools, sampling and conversation included. */
