@@ -16,6 +16,8 @@ const startFleet = useRedisFleets();
 const server = useRedisServer();
 
 const degradedOn = async (url: string) => (await metricOf(url, 'stormgate_state_degraded')) === 1;
+/** A repeat on the instance waits for a run it found under its key: it holds its body meanwhile. */
+const waitingOn = async (url: string) => ((await metricOf(url, 'stormgate_waiting_body_bytes')) ?? 0) > 0;
 const keyed = (key: string, timeoutMs: number) => ({ 'Idempotency-Key': key, 'x-stormgate-timeout-ms': String(timeoutMs) });
 
 describe('Redis away while a repeat on B waits for the run of its key on A', () => {
@@ -27,7 +29,9 @@ describe('Redis away while a repeat on B waits for the run of its key on A', () 
     const run = ask(a, keyed(key, 20_000));
     await eventually(() => upstream() === 1, 3_000);
     const repeat = ask(b, keyed(key, 20_000));
-    await sleep(500); // B has found A's run in Redis, and looks again every 75-150 ms
+    // B has found A's run in Redis (it holds its body while it waits), and looks again every 75-150 ms. Waited for, not
+    // slept on: a repeat that reaches B after Redis stops has seen no run, and runs on local state (the default).
+    await eventually(() => waitingOn(b), 5_000);
     await server().stop();
     await eventually(() => degradedOn(b), 5_000);
     await sleep(500); // B looks on local state a few times, where the key is free
@@ -46,7 +50,7 @@ describe('Redis away while a repeat on B waits for the run of its key on A', () 
     const run = ask(a, keyed(key, 20_000));
     await eventually(() => upstream() === 1, 3_000);
     const repeat = ask(b, keyed(key, 2_000));
-    await sleep(300);
+    await eventually(() => waitingOn(b), 1_500);
     await server().stop();
     expect(await repeat).toMatchObject({ status: 409, code: 'idempotency_key_in_progress', shouldRetry: 'true' });
     // A's run ends while Redis is away: its answer is kept on A, and a new repeat on B, still away, waits for it.
@@ -73,7 +77,9 @@ describe('a repeat on B, which never saw the run on A, while Redis is frozen (id
     try {
       const repeat = ask(b, keyed(key, 20_000));
       await eventually(() => degradedOn(b), 5_000);
-      await sleep(500);
+      // Degraded, B looks again within 150 ms: a run on local state is waited for (a loaded machine is slow to send
+      // it), and a repeat that waits for Redis is given a whole second to show it does not run.
+      for (const until = Date.now() + 1_000; upstream() < 2 && Date.now() < until; ) await sleep(10);
       const duringFreeze = upstream();
       thaw();
       return { run: await run, repeat: await repeat, duringFreeze, upstream: upstream() };
