@@ -442,7 +442,12 @@ describe("Redis evicting the gateway's keys with the shortest time to live (maxm
     expect(round.filter((x) => x.code === 'circuit_open')).toHaveLength(5);
     await eventually(async () => (await Promise.all(f.urls.map((u) => ask(u)))).every((x) => x.status === 200), 10_000);
     for (const url of f.urls) await eventually(async () => (await metricOf(url, BREAKER)) === 0, 3_000);
-    for (const url of f.urls) expect(await degradedOn(url)).toBe(false);
+    // Ends on Redis. Eviction itself degrades nothing; a loaded machine may (three 100 ms command timeouts in a row,
+    // once seen at this line), so only such a degradation is allowed, and it must be over within the probes' seconds.
+    for (const url of f.urls) await eventually(async () => !(await degradedOn(url)), 10_000);
+    for (const lines of f.logs) {
+      for (const l of storeLines(lines).filter((x) => x.msg.startsWith('state store degraded'))) expect(l.error?.message).toBe('Command timed out');
+    }
   });
 });
 

@@ -118,16 +118,16 @@ export function testLogSink(lines?: string[]): Writable {
   });
 }
 
-/** Starts stacks for one test file and closes whatever the last test started, after each test. */
+/** Starts stacks for one test file and closes every one a test started, after each test. */
 export function useStacks(defaults: StackOptions = {}): (opts?: StackOptions) => Promise<Stack> {
-  let current: Stack | undefined;
+  const started: Stack[] = [];
   afterEach(async () => {
-    await current?.close();
-    current = undefined;
+    await Promise.all(started.splice(0).map((s) => s.close()));
   });
   return async (opts = {}) => {
-    current = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route }, provider: { ...defaults.provider, ...opts.provider } });
-    return current;
+    const stack = await startStack({ ...defaults, ...opts, route: { ...defaults.route, ...opts.route }, provider: { ...defaults.provider, ...opts.provider } });
+    started.push(stack);
+    return stack;
   };
 }
 
