@@ -46,6 +46,7 @@ import { describe, expect, it } from 'vitest';
 import { sdkError } from './helpers/openai-error.ts';
 import { cc, completion, delta, DONE, json, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
+import { recordingFetch } from './helpers/stack.ts';
 import { aev, anthropicSse, args, FINISH_TOOLS, messageStart, opens, ROLE, runnableWeather, toolChunk } from './helpers/tool-stream.ts';
 
 const gw = useScriptedUpstreams();
@@ -60,11 +61,7 @@ function recordingClient(g: UpstreamsGateway, heads: Headers[], maxRetries = 0):
     baseURL: g.s.baseURL,
     apiKey: 'sk-client-not-a-provider-key',
     maxRetries,
-    fetch: async (url, init) => {
-      const r = await fetch(url, init);
-      heads.push(r.headers);
-      return r;
-    },
+    fetch: recordingFetch(heads),
   });
 }
 

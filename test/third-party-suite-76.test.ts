@@ -49,6 +49,7 @@ import { describe, expect, it } from 'vitest';
 import { sdkError } from './helpers/openai-error.ts';
 import { baseResponse, cc, delta, json, rev, type Script } from './helpers/scripted-provider.ts';
 import { useScriptedUpstreams, type UpstreamsGateway } from './helpers/scripted-upstreams.ts';
+import { recordingFetch } from './helpers/stack.ts';
 import { aev, anthropicSse, args, FINISH_TOOLS, messageStart, opens, ROLE, runnableWeather, toolChunk } from './helpers/tool-stream.ts';
 import { readResponseStream } from './helpers/responses-stream.ts';
 
@@ -84,12 +85,7 @@ function recordingClient(g: UpstreamsGateway, heads: Headers[], bodies: Array<Pr
     baseURL: g.s.baseURL,
     apiKey: 'sk-client-not-a-provider-key',
     maxRetries: 0,
-    fetch: async (url, init) => {
-      const r = await fetch(url, init);
-      heads.push(r.headers);
-      bodies.push(r.clone().text());
-      return r;
-    },
+    fetch: recordingFetch(heads, bodies),
   });
 }
 
@@ -456,11 +452,7 @@ function anthropicClient(g: UpstreamsGateway, heads: Headers[]): Anthropic {
     baseURL: g.s.url,
     apiKey: 'client-secret-key',
     maxRetries: 2,
-    fetch: async (url, init) => {
-      const r = await fetch(url, init);
-      heads.push(r.headers);
-      return r;
-    },
+    fetch: recordingFetch(heads),
   });
 }
 

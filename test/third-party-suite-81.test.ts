@@ -12,6 +12,7 @@
 // takes the failovers across families, the exact bytes and headers each provider gets, and the client-named deployment.
 import OpenAI from 'openai';
 import { describe, expect, it } from 'vitest';
+import { azureFilter400, FILTER_SAFE } from './helpers/azure-provider.ts';
 import { sdkError } from './helpers/openai-error.ts';
 import { completion, DONE, json, type Answer, type Script } from './helpers/scripted-provider.ts';
 import { countingClient } from './helpers/stack.ts';
@@ -39,18 +40,8 @@ const azureHeaders = (extra: Record<string, string> = {}) => ({
 });
 const azureJson = (status: number, body: unknown, headers: Record<string, string> = {}): Script => ({ status, headers: azureHeaders(headers), steps: [JSON.stringify(body)] });
 
-const FILTER_SAFE = { hate: { filtered: false, severity: 'safe' }, self_harm: { filtered: false, severity: 'safe' }, sexual: { filtered: false, severity: 'safe' }, violence: { filtered: false, severity: 'safe' } };
 /** The prompt filter's 400, as Azure answered it for a jailbreak attempt (Prompt Shields). */
-const AZURE_FILTER_400 = {
-  error: {
-    message: "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
-    type: null,
-    param: 'prompt',
-    code: 'content_filter',
-    status: 400,
-    innererror: { code: 'ResponsibleAIPolicyViolation', content_filter_result: { ...FILTER_SAFE, jailbreak: { filtered: true, detected: true } } },
-  },
-};
+const AZURE_FILTER_400 = azureFilter400({ ...FILTER_SAFE, jailbreak: { filtered: true, detected: true } });
 const AZURE_429 = {
   error: {
     code: '429',

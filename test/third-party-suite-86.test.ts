@@ -11,7 +11,6 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { FastifyInstance } from 'fastify';
-import { Redis } from 'ioredis';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
@@ -20,24 +19,18 @@ import { createLogger } from '../src/observability/logger.ts';
 import { createMetrics } from '../src/observability/metrics.ts';
 import { buildServer } from '../src/server.ts';
 import { metricOf } from './helpers/redis-fleet.ts';
-import { startRedis, type RedisHandle } from './helpers/redis-server.ts';
+import { useRedisServerWithAdmin } from './helpers/redis-server.ts';
 import { eventually } from './helpers/redis-stores.ts';
 import { defaultConfig, TEST_KEY, testLogSink } from './helpers/stack.ts';
 
-let redis: RedisHandle;
-let admin: Redis;
+const { redis, admin } = useRedisServerWithAdmin({ maxRetriesPerRequest: 1 });
 const unhandled: unknown[] = [];
 const onUnhandled = (err: unknown) => void unhandled.push(err);
-beforeAll(async () => {
-  redis = await startRedis();
-  admin = new Redis(redis.url, { maxRetriesPerRequest: 1 });
-  admin.on('error', () => undefined);
+beforeAll(() => {
   process.on('unhandledRejection', onUnhandled);
 });
-afterAll(async () => {
+afterAll(() => {
   process.off('unhandledRejection', onUnhandled);
-  admin?.disconnect();
-  await redis?.stop();
 });
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -63,7 +56,7 @@ afterEach(async () => {
   await Promise.all(gateways.splice(0).map((g) => g.close()));
   await Promise.all(mocks.splice(0).map((m) => m.close()));
   // A test that stopped Redis and failed before restarting it leaves it running for the next.
-  if ((await admin.ping().catch(() => 'down')) !== 'PONG') await redis.restart();
+  if ((await admin().ping().catch(() => 'down')) !== 'PONG') await redis().restart();
   expect(unhandled.splice(0)).toEqual([]);
 });
 
@@ -75,7 +68,7 @@ async function startFleet(n: number, faults: FaultSpec, o: FleetOptions = {}): P
   for (let i = 0; i < n; i++) {
     const mock = await startMock({ faults, quiet: true, apiKey: TEST_KEY });
     mocks.push(mock);
-    const input: ConfigInput = { ...defaultConfig(mock.url, o), state: { redis: redis.url, keyPrefix, commandTimeoutMs: 100 }, idempotency: o.idempotency ?? {} };
+    const input: ConfigInput = { ...defaultConfig(mock.url, o), state: { redis: redis().url, keyPrefix, commandTimeoutMs: 100 }, idempotency: o.idempotency ?? {} };
     const config = ConfigSchema.parse(input);
     const lines: string[] = [];
     const g = await buildServer(config, { logger: createLogger(config, testLogSink(lines)), metrics: createMetrics({ defaultMetrics: false }) });
@@ -281,9 +274,9 @@ describe('a crowd of 36 agents on 3 instances, the SDK retrying under each agent
 
   it('with Redis stopped mid-run and restarted empty 1.5 s later: a second run only inside the outage, never two on one instance, every agent answered', async () => {
     const c = await crowd(async () => {
-      await redis.stop();
+      await redis().stop();
       await sleep(1_500);
-      await redis.restart();
+      await redis().restart();
     });
     const twice = checkCrowd(c, { strict: false });
     await repeatAll(c, twice);
@@ -291,7 +284,7 @@ describe('a crowd of 36 agents on 3 instances, the SDK retrying under each agent
 
   it('with Redis frozen (SIGSTOP) for 1.5 s mid-run: the same, and the fleet back on Redis after it', async () => {
     const c = await crowd(async () => {
-      const thaw = redis.freeze();
+      const thaw = redis().freeze();
       thaws.push(thaw);
       await sleep(1_500);
       thaw();
@@ -303,7 +296,7 @@ describe('a crowd of 36 agents on 3 instances, the SDK retrying under each agent
   it('with Redis frozen 1.5 s and idempotency.waitForRedisMs 10000: exactly one upstream request per key, every agent answered', async () => {
     const c = await crowd(
       async () => {
-        const thaw = redis.freeze();
+        const thaw = redis().freeze();
         thaws.push(thaw);
         await sleep(1_500);
         thaw();
@@ -316,7 +309,7 @@ describe('a crowd of 36 agents on 3 instances, the SDK retrying under each agent
 
   it('with Redis writes paused (CLIENT PAUSE 1500 WRITE) mid-run: the same', async () => {
     const c = await crowd(async () => {
-      await admin.call('CLIENT', 'PAUSE', '1500', 'WRITE');
+      await admin().call('CLIENT', 'PAUSE', '1500', 'WRITE');
       await sleep(1_600);
     });
     const twice = checkCrowd(c, { strict: false });
@@ -336,11 +329,11 @@ describe('a repeat waiting on instance B for the run on A while Redis goes away'
     await eventually(() => upstreamOf(f, key).length === 1, 3_000);
     const repeat = once(b, key, { timeoutMs: 20_000 });
     await sleep(400); // B has found A's run in Redis
-    await redis.stop();
+    await redis().stop();
     const answer = await run; // ends on A while Redis is away
     expect(answer.status).toBe(200);
     await sleep(300);
-    await redis.restart();
+    await redis().restart();
     const replay = await repeat;
     expect(replay, JSON.stringify(replay)).toMatchObject({ status: 200, replayed: 'true', id: answer.id, content: answer.content });
     expect(upstreamOf(f, key)).toHaveLength(1);
@@ -357,9 +350,9 @@ describe('a repeat waiting on instance B for the run on A while Redis goes away'
     // SDK timeout 1.5 s, 4 retries: A, B, A, B, A, each attempt waiting for the run (or invited back by a 409).
     const end = agent(f.urls, 0, key, seen, { timeoutMs: 1_500, maxRetries: 4 });
     await eventually(() => upstreamOf(f, key).length === 1, 3_000);
-    await redis.stop();
+    await redis().stop();
     await sleep(500);
-    await redis.restart();
+    await redis().restart();
     await allOnRedis(f);
     const got = await end;
     expect(got, JSON.stringify({ got, seen })).toMatchObject({ status: 200, replayed: 'true' });
@@ -398,7 +391,7 @@ describe('a run that fails gives its key back', () => {
     const key = newKey(3);
     const run = once(a, key, { timeoutMs: 20_000 });
     await eventually(() => upstreamOf(f, key).length === 1, 3_000);
-    const thaw = redis.freeze();
+    const thaw = redis().freeze();
     thaws.push(thaw);
     const failed = await run;
     expect(failed).toMatchObject({ status: 504 });
@@ -432,11 +425,11 @@ describe('the same key with another body', () => {
     const f = await startFleet(2, { latencyMs: 300 });
     const [a, b] = f.urls as [string, string];
     const key = newKey(5);
-    await redis.stop();
+    await redis().stop();
     await eventually(() => degradedOn(a), 5_000);
     expect((await once(a, key)).status).toBe(200);
     expect(await once(a, key, { content: 'another call' })).toMatchObject({ status: 422, code: 'idempotency_key_reused' });
-    await redis.restart();
+    await redis().restart();
     await allOnRedis(f);
     await sleep(1_000); // A's kept answer reaches Redis
     expect(await once(b, key, { content: 'another call' })).toMatchObject({ status: 422, code: 'idempotency_key_reused' });
@@ -473,7 +466,7 @@ describe('a keyed stream with a repeat on another instance across Redis trouble'
     await eventually(() => upstreamOf(f, key).length === 1, 3_000);
     const repeat = read(b);
     await sleep(400); // B has found A's run in Redis
-    const thaw = redis.freeze();
+    const thaw = redis().freeze();
     thaws.push(thaw);
     await sleep(1_500);
     thaw();
@@ -492,9 +485,9 @@ describe('a keyed stream with a repeat on another instance across Redis trouble'
     const run = readStream(a, key);
     await eventually(() => upstreamOf(f, key).length === 1, 3_000);
     await sleep(300);
-    await redis.stop();
+    await redis().stop();
     await sleep(500);
-    await redis.restart();
+    await redis().restart();
     await allOnRedis(f);
     await sleep(300); // A's claim sent again
     const repeat = readStream(b, key);

@@ -36,8 +36,21 @@ interface AzureOptions {
   seen?: AzureSeen[];
 }
 
-const FILTER_SAFE = { hate: { filtered: false, severity: 'safe' }, self_harm: { filtered: false, severity: 'safe' }, sexual: { filtered: false, severity: 'safe' }, violence: { filtered: false, severity: 'safe' } };
+/** Azure's content filter results for a prompt or an answer that passed every category. */
+export const FILTER_SAFE = { hate: { filtered: false, severity: 'safe' }, self_harm: { filtered: false, severity: 'safe' }, sexual: { filtered: false, severity: 'safe' }, violence: { filtered: false, severity: 'safe' } };
 const FILTER_HIT = { ...FILTER_SAFE, violence: { filtered: true, severity: 'medium' }, jailbreak: { filtered: true, detected: true } };
+
+/** The prompt filter's 400 body, as Azure answers it, with the filter's results for the prompt. */
+export const azureFilter400 = (contentFilterResult: object = FILTER_HIT) => ({
+  error: {
+    message: "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+    type: null,
+    param: 'prompt',
+    code: 'content_filter',
+    status: 400,
+    innererror: { code: 'ResponsibleAIPolicyViolation', content_filter_result: contentFilterResult },
+  },
+});
 
 const azureHeaders = (extra: Record<string, string> = {}) => ({
   'apim-request-id': 'a0b1c2d3-0000-4000-8000-000000000001',
@@ -105,16 +118,7 @@ async function answer(opts: AzureOptions, fault: AzureFault, req: IncomingMessag
     case 'server-error':
       return json(res, 500, { error: { code: 'InternalServerError', message: 'The service is temporarily unable to process your request. Please try again later.' } });
     case 'prompt-filtered':
-      return json(res, 400, {
-        error: {
-          message: "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
-          type: null,
-          param: 'prompt',
-          code: 'content_filter',
-          status: 400,
-          innererror: { code: 'ResponsibleAIPolicyViolation', content_filter_result: FILTER_HIT },
-        },
-      });
+      return json(res, 400, azureFilter400());
     default:
   }
   if (op === 'embeddings') {

@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { afterAll, beforeAll } from 'vitest';
 import { freePort } from './free-port.ts';
 
@@ -41,14 +41,17 @@ export function useRedisServer(): () => RedisHandle {
 
 /**
  * useRedisServer, with a client of the test's own to drive the server with (CONFIG SET, CLIENT PAUSE, DEBUG SLEEP):
- * `redis()` and `admin()` are the server and that client, from beforeAll on.
+ * `redis()` and `admin()` are the server and that client, from beforeAll on. `options` are the client's (say
+ * maxRetriesPerRequest: 1, for a check that Redis is up to answer at once while it is stopped); its connection errors,
+ * which a test stopping or freezing the server causes, are expected and not reported.
  */
-export function useRedisServerWithAdmin(): { redis: () => RedisHandle; admin: () => Redis } {
+export function useRedisServerWithAdmin(options: RedisOptions = {}): { redis: () => RedisHandle; admin: () => Redis } {
   let redis: RedisHandle | undefined;
   let admin: Redis | undefined;
   beforeAll(async () => {
     redis = await startRedis();
-    admin = new Redis(redis.url);
+    admin = new Redis(redis.url, options);
+    admin.on('error', () => undefined);
   });
   afterAll(async () => {
     admin?.disconnect();

@@ -238,6 +238,16 @@ export function countingClient(s: Stack, opts: ClientOptions = {}): { client: Op
   return { client, counter };
 }
 
+/** An SDK client's fetch that records each answer's headers and, given a list, its body text (teed off, unread by the SDK). */
+export function recordingFetch(heads: Headers[], bodies?: Array<Promise<string>>): typeof fetch {
+  return async (url, init) => {
+    const r = await fetch(url, init);
+    heads.push(r.headers);
+    bodies?.push(r.clone().text());
+    return r;
+  };
+}
+
 /** What the SDK's HTTP requests were answered with: status, x-should-retry and the error code, one entry each. */
 interface Answered {
   status: number;
