@@ -16,6 +16,7 @@ import { parse as parseYaml } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.ts';
 import { ConfigSchema, type ConfigInput } from '../src/config/schema.ts';
+import { configErrorOf, validConfigText } from './helpers/config-text.ts';
 import { mockCli } from './helpers/mock-cli.ts';
 import { mockControl } from './helpers/mock-control.ts';
 import { defaultConfig, scrapeMetrics, useExtraMocks, useGateways, useStacks, type MetricSample } from './helpers/stack.ts';
@@ -145,25 +146,9 @@ describe('README "Logs and metrics": a fresh gateway\'s series, buckets and gaug
 });
 
 describe('README "Configuration reference": the YAML mistakes it names, as the loader says them', () => {
-  const base = `providers:
-  openai:
-    family: openai
-    baseUrl: https://api.openai.com/v1
-    apiKey: \${OPENAI_API_KEY}
-routes:
-  - name: chat
-    match: { path: /v1/chat/completions }
-    targets: [ { provider: openai } ]
-`;
+  const base = validConfigText();
   const env = { OPENAI_API_KEY: 'sk-audit62', PORT: '8123' };
-  const refusal = (text: string): string => {
-    try {
-      parseConfig(text, 'gw.yaml', env);
-    } catch (err) {
-      return (err as Error).message;
-    }
-    throw new Error('expected a refusal');
-  };
+  const refusal = (text: string): string => configErrorOf(text, env).message;
 
   it('a number from the environment: block style loads, `{ port: ${PORT} }` is a syntax error at its line with no YAML path, `"${PORT}"` a string refused with the fix', () => {
     expect(parseConfig(`${base}server:\n  port: \${PORT}\n`, 'gw.yaml', env).server.port).toBe(8123);
