@@ -42,10 +42,13 @@ async function restartRedis(urls: string[]): Promise<void> {
 }
 
 describe('a run claimed in the process while Redis was away, on a fleet', () => {
-  it('claims its key in Redis once its instance is back on it: a repeat on the other instance waits for it and gets its answer', async () => {
-    const s = await start({ faults: { models: { 'gpt-4o-slow': { latencyMs: 8000 } } } });
-    // A short lease: the claim made in Redis again lapses within a second unless the run's renewals reach Redis too.
-    const config = fleetConfig(s, { idempotency: { leaseMs: 1000 } });
+  it('claims its key in Redis once its instance is back on it: a repeat on the other instance waits for it and gets its answer', { timeout: 60_000 }, async () => {
+    // The run outlasts Redis's restart (up to 10 s on a loaded machine) and the two leases after it.
+    const s = await start({ faults: { models: { 'gpt-4o-slow': { latencyMs: 18_000 } } } });
+    // A short lease: the claim made in Redis again lapses within 2.5 s unless the run's renewals reach Redis too. Not
+    // the 1 s minimum: an event loop starved for a second (a loaded 2-core CI machine, both gateways in this process)
+    // misses every renewal of such a lease, and the claim lapses as the README says it then does.
+    const config = fleetConfig(s, { idempotency: { leaseMs: 2500 } });
     const [a, b] = await Promise.all([startGateway(config), startGateway(config)]);
     await stopRedis([a, b]);
     let ended = false;
@@ -56,9 +59,9 @@ describe('a run claimed in the process while Redis was away, on a fleet', () => 
     await sleep(300);
     await restartRedis([a, b]);
     // Two leases past A's return: its claim in Redis is held by the renewals alone.
-    await sleep(2000);
+    await sleep(5000);
     expect(ended).toBe(false);
-    const repeat = await post(b, 'k-away', 'gpt-4o-slow', 10_000);
+    const repeat = await post(b, 'k-away', 'gpt-4o-slow', 25_000);
     const first = await run;
     expect(first.status).toBe(200);
     expect(repeat.status).toBe(200);

@@ -27,14 +27,19 @@ interface Instance {
   now: () => number;
 }
 
-/** n instances of one fleet (one key prefix); instance i's clock is offsetsMs[i] off the machine's. */
+/**
+ * n instances of one fleet (one key prefix); instance i's clock is offsetsMs[i] off the machine's. Their commands
+ * time out after 5 s unless a test says otherwise: past a 200 ms timeout, a starved event loop (a loaded 2-core CI
+ * machine stalls it for a second) had a call answered from local state (a second probe, a retry the fleet had not
+ * granted), or three such calls degrade an instance that then wrote back what it held: not what these tests check.
+ */
 async function fleet(n: number, o: { offsetsMs?: number[]; commandTimeoutMs?: number; keyPrefix?: string } = {}): Promise<Instance[]> {
   const keyPrefix = o.keyPrefix ?? `rv-${randomUUID()}`;
   const out: Instance[] = [];
   for (let i = 0; i < n; i++) {
     const offset = o.offsetsMs?.[i] ?? 0;
     const now = () => Date.now() + offset;
-    const store = new RedisStore({ config: { redis: server.redis().url, commandTimeoutMs: o.commandTimeoutMs ?? 200, keyPrefix }, now });
+    const store = new RedisStore({ config: { redis: server.redis().url, commandTimeoutMs: o.commandTimeoutMs ?? 5_000, keyPrefix }, now });
     stores.push(store);
     out.push({ store, now });
   }

@@ -38,13 +38,19 @@ afterEach(async () => {
   await proxy.resume().catch(() => undefined); // a failed test may leave it cut
 });
 
-/** Instance A reaches Redis through the proxy (so it can be cut off alone); B reaches it directly. */
-async function pair(logs: string[] = []) {
+/**
+ * Instance A reaches Redis through the proxy (so it can be cut off alone); B reaches it directly. Commands time out
+ * after 5 s: past 100 ms, a starved event loop (a loaded 2-core CI machine stalls it for a second) had a store's read
+ * or retry answered from local state (the store's rule for a timeout), or three such degrade A before it was cut off.
+ * A cut drops A's connections, which degrades it at once; only a connection whose traffic is swallowed needs A's
+ * commands to time out: `aTimeoutMs` then.
+ */
+async function pair(logs: string[] = [], aTimeoutMs = 5_000) {
   const keyPrefix = `r-${randomUUID()}`;
   const logger = pino({ level: 'debug' }, new Writable({ write: (c, _e, cb) => cb(void logs.push(String(c))) }));
-  const config = (url: string) => ({ redis: url, commandTimeoutMs: 100, keyPrefix });
-  const a = new RedisStore({ config: config(`redis://127.0.0.1:${proxy.port}`), logger });
-  const b = new RedisStore({ config: config(redis.url) });
+  const config = (url: string, commandTimeoutMs: number) => ({ redis: url, commandTimeoutMs, keyPrefix });
+  const a = new RedisStore({ config: config(`redis://127.0.0.1:${proxy.port}`, aTimeoutMs), logger });
+  const b = new RedisStore({ config: config(redis.url, 5_000) });
   stores.push(a, b);
   expect(await a.ready()).toBe(true);
   expect(await b.ready()).toBe(true);
@@ -159,7 +165,7 @@ describe('an instance cut off from Redis, then back', () => {
 
 describe('a connection whose traffic a middlebox drops for a while, then passes again (toxiproxy\'s timeout toxic)', () => {
   it('is replaced: the store returns to Redis, rather than waiting forever for the answers that were lost', async () => {
-    const { a, b } = await pair();
+    const { a, b } = await pair([], 100);
     const budget = { ratio: 0.1, windowS: 10, minRetriesPerSecond: 1 };
     proxy.swallow(true);
     try {
@@ -183,7 +189,7 @@ describe('a connection whose traffic a middlebox drops for a while, then passes 
 
 describe('a path to Redis that goes dead for good while a new connection gets through (a replaced pod\'s old address)', () => {
   it('replaces both connections: back on Redis, and hearing the fleet\'s changes again, not only reporting itself back', async () => {
-    const { a, b } = await pair();
+    const { a, b } = await pair([], 100);
     a.getBreaker('p/m');
     a.getHoldOff('p/m');
     await sleep(100); // A has read the target: it follows its changes from here on

@@ -129,7 +129,9 @@ describe('a provider slow to accept connections, and one slow to answer', () => 
       expect(reasons(line)).toEqual(['timeout_connect', 'timeout_connect']);
       // Each attempt ended at its 150 ms: undici's own connect timer fired after 500 to 1000 ms.
       for (const a of line.attempts) expect(a.durationMs).toBeLessThan(450);
-      expect(Date.now() - started).toBeLessThan(1_000);
+      // Answered well before the route's 5 s timeout. Not under 1 s: the client's wall clock also counts the event-loop
+      // stalls of a loaded 2-core machine (2.2 s seen), which the attempts' own durations above leave out.
+      expect(Date.now() - started).toBeLessThan(4_000);
     }
 
     // Nothing was sent: the next target takes it even where timeouts are not retried. Slow to answer instead, the
@@ -305,7 +307,7 @@ describe('a stream trickling slower than idleMs', () => {
     const line = await lastLine(trickle.s, 1);
     expect(line.outcome).toBe('stream_error');
     expect(reasons(line)).toEqual(['ok']);
-  }, 20_000);
+  }, 60_000);
 });
 
 describe('a 2 MB embeddings answer at 50 KB/s', () => {
@@ -323,7 +325,9 @@ describe('a 2 MB embeddings answer at 50 KB/s', () => {
     expect(err!.status).toBe(504);
     expect(codeOf(err)).toBe('upstream_timeout');
     expect(err!.message).toMatch(/response timeout/);
-    expect(Date.now() - started).toBeLessThan(2_500);
+    // Before the client's 4 s: what the gateway promises. Two 800 ms attempts take about 1.7 s; a loaded 2-core
+    // machine's stalls made it 3.4 s. The reasons below say that responseMs, not the deadline, ended both.
+    expect(Date.now() - started).toBeLessThan(4_000);
     expect(reasons(await lastLine(n.s, 1))).toEqual(['timeout_response', 'timeout_response']);
     expect(n.mock!.requests().length).toBe(2);
     // Neither trickling answer is read on for nobody (a connection the pool opened and never used may idle on).

@@ -1,4 +1,4 @@
-// A primary that asks once for a 1 s pause, then answers one request at a time (`latencyMs` each), behind a backup that
+// A primary that asks once for a pause (1 s unless told), then answers one request at a time (`latencyMs` each), behind a backup that
 // asks for 30 s pauses and so stays held off: the requests parked for the primary leave behind its release, paced.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseConfig } from '../../src/config/load.ts';
@@ -11,9 +11,9 @@ type StartGateway = (config: Config, opts?: { logs?: string[] }) => Promise<stri
 export async function heldOffBackupStack(
   startMock: StartMock,
   startGateway: StartGateway,
-  o: { latencyMs: number; maxAttempts: number },
+  o: { latencyMs: number; maxAttempts: number; holdOffS?: number; maxWaitMs?: number },
 ): Promise<{ url: string; logs: string[]; primary: MockServer; backup: MockServer }> {
-  const primary = await startMock({ faults: { latencyMs: o.latencyMs, errors: [{ status: 429, times: 1, headers: { 'retry-after': '1' } }] } });
+  const primary = await startMock({ faults: { latencyMs: o.latencyMs, errors: [{ status: 429, times: 1, headers: { 'retry-after': String(o.holdOffS ?? 1) } }] } });
   const backup = await startMock({ faults: { errors: [{ status: 429, headers: { 'retry-after': '30' } }] } });
   const logs: string[] = [];
   const yaml = `
@@ -26,7 +26,7 @@ routes:
     match: { path: /v1/chat/completions }
     targets: [ { provider: primary }, { provider: backup } ]
     retry: { maxAttempts: ${o.maxAttempts}, maxWaitHintMs: 60000 }
-    park: { maxWaitMs: 1500 }
+    park: { maxWaitMs: ${o.maxWaitMs ?? 1500} }
 `;
   const url = await startGateway(parseConfig(yaml, 'held-off-backup.yaml', {}), { logs });
   return { url, logs, primary, backup };
@@ -50,13 +50,27 @@ function askChat(url: string): Promise<ParkAnswer> {
   });
 }
 
+/** Until the gateway at `url` holds off every target of `targets` (its stormgate_hold_remaining_seconds above 0). */
+export async function untilHeldOff(url: string, targets: string[], withinMs = 10_000): Promise<void> {
+  const end = Date.now() + withinMs;
+  const held = (metrics: string, target: string) =>
+    new RegExp(`^stormgate_hold_remaining_seconds\\{target="${target}",kind="hold_off",tier="all"\\} ([0-9.e+-]+)$`, 'm').exec(metrics);
+  for (;;) {
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    if (targets.every((t) => Number(held(metrics, t)?.[1] ?? 0) > 0)) return;
+    if (Date.now() > end) throw new Error(`${targets.join(', ')} not held off within ${withinMs} ms`);
+    await sleep(20);
+  }
+}
+
 /**
- * One request that meets the primary's 429, then four more 150 ms apart from 300 ms on, which park behind its
- * one-second hold-off and leave one at a time when it ends; resolves all five answers in the order they were sent.
+ * One request that meets the primary's 429, then four more 150 ms apart from 300 ms on (or from when `heldOff`
+ * resolves), which park behind its hold-off and leave one at a time when it ends; resolves all five answers in the
+ * order they were sent.
  */
-export async function askFirstThenParked(url: string): Promise<ParkAnswer[]> {
+export async function askFirstThenParked(url: string, heldOff: () => Promise<void> = () => sleep(300)): Promise<ParkAnswer[]> {
   const first = askChat(url);
-  await sleep(300);
+  await heldOff();
   const parked: Array<Promise<ParkAnswer>> = [];
   for (let i = 0; i < 4; i++) {
     parked.push(askChat(url));
