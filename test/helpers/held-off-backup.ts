@@ -4,6 +4,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { parseConfig } from '../../src/config/load.ts';
 import type { MockOptions, MockServer } from '../../src/mock/server.ts';
 import type { Config } from '../../src/config/schema.ts';
+import { eventually } from './redis-stores.ts';
+import { scrapeMetrics, type MetricSample } from './stack.ts';
 
 type StartMock = (opts?: MockOptions) => Promise<MockServer>;
 type StartGateway = (config: Config, opts?: { logs?: string[] }) => Promise<string>;
@@ -52,15 +54,12 @@ function askChat(url: string): Promise<ParkAnswer> {
 
 /** Until the gateway at `url` holds off every target of `targets` (its stormgate_hold_remaining_seconds above 0). */
 export async function untilHeldOff(url: string, targets: string[], withinMs = 10_000): Promise<void> {
-  const end = Date.now() + withinMs;
-  const held = (metrics: string, target: string) =>
-    new RegExp(`^stormgate_hold_remaining_seconds\\{target="${target}",kind="hold_off",tier="all"\\} ([0-9.e+-]+)$`, 'm').exec(metrics);
-  for (;;) {
-    const metrics = await (await fetch(`${url}/metrics`)).text();
-    if (targets.every((t) => Number(held(metrics, t)?.[1] ?? 0) > 0)) return;
-    if (Date.now() > end) throw new Error(`${targets.join(', ')} not held off within ${withinMs} ms`);
-    await sleep(20);
-  }
+  const heldOff = (samples: MetricSample[], target: string) =>
+    samples.some((m) => m.name === 'stormgate_hold_remaining_seconds' && m.value > 0 && m.labels.target === target && m.labels.kind === 'hold_off' && m.labels.tier === 'all');
+  await eventually(async () => {
+    const samples = await scrapeMetrics(url);
+    return targets.every((t) => heldOff(samples, t));
+  }, withinMs);
 }
 
 /**

@@ -20,6 +20,6 @@ export function measureLoopLag(tickMs = 10): LoopLag {
     const over = now - last - tickMs;
     if (over > STALL_MS) late += over;
     last = now;
-  }, tickMs);
+  }, tickMs).unref();
   return { lateMs: () => late, stop: () => clearInterval(timer) };
 }
